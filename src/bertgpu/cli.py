@@ -1,0 +1,81 @@
+"""The `bertgpu` command line: picks a subcommand and hands over to its module. No logic here.
+
+Each command module defines::
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None: ...
+    def main(args: argparse.Namespace) -> int: ...
+
+and, if it takes dotted config overrides (`--train.max_steps 10`), `ACCEPTS_OVERRIDES = True`;
+the unparsed `--a.b value` / `--a.b=value` words then arrive as `args.overrides` (a list of str).
+Only the chosen module is imported, so `bertgpu --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bertgpu import __version__
+from bertgpu.errors import BertgpuError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tokenizer": ("bertgpu.tokenizer", "train a WordPiece vocabulary (AutoTokenizer-loadable)"),
+    "prepare": ("bertgpu.prepare", "stream raw text into token shards with a manifest"),
+    "pretrain": ("bertgpu.pretrain", "pretrain BERT (MLM or MLM+NSP) on 1 or N devices"),
+    "export": ("bertgpu.export", "write a run's checkpoint in the Hugging Face layout"),
+    "finetune": ("bertgpu.finetune", "fine-tune on one GLUE task or SQuAD v1.1/v2.0"),
+    "glue": ("bertgpu.glue", "fine-tune on GLUE tasks x seeds and write the GLUE-dev table"),
+    "bench": ("bertgpu.bench", "throughput, MFU and scaling benchmarks"),
+    "report": ("bertgpu.report", "markdown report with tables and plots of runs and evaluations"),
+    "demo": ("bertgpu.demo", "the whole pipeline, tiny, offline, on a CPU in minutes"),
+}
+
+
+def _top_help() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = [
+        f"bertgpu {__version__}: pretrain and fine-tune BERT on the hardware you have.",
+        "",
+        "usage: bertgpu COMMAND [options]   (bertgpu COMMAND --help for its options)",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_top_help())
+        return 0
+    if argv[0] == "--version":
+        print(f"bertgpu {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"bertgpu {name}", description=text)
+    module.add_arguments(parser)
+    try:
+        if getattr(module, "ACCEPTS_OVERRIDES", False):
+            args, unknown = parser.parse_known_args(rest)
+            args.overrides = unknown
+        else:
+            args = parser.parse_args(rest)
+        return int(module.main(args) or 0)
+    except BertgpuError as exc:
+        print(f"bertgpu {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bertgpu {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""Learning-rate schedules as pure functions of training progress, and the wall-clock budget.
+
+The schedule sees only `progress` in [0, 1]: `step / max_steps` in step mode, or
+`elapsed / budget` in budget mode (Cramming, Geiping & Goldstein 2022). The peak lr is applied by
+the caller: `lr = peak_lr * lr_factor(progress, ...)`.
+
+In budget mode the clock is read on rank 0 only and broadcast, so every rank sets the same lr and
+takes the same stop decision (per-rank clocks drift apart and would desynchronise the schedule).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from bertgpu import distributed
+from bertgpu.errors import BertgpuError
+
+DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
+
+
+def lr_factor(
+    progress: float,
+    warmup: float,
+    decay: str,
+    min_ratio: float = 0.0,
+    power: float = 1.0,
+) -> float:
+    """Multiplier of the peak lr at `progress` (clamped to [0, 1]).
+
+    Linear warm-up from 0 to 1 over the first `warmup` fraction, then the decay shape from 1 down
+    to `min_ratio` at progress 1:
+      linear      straight line
+      cosine      half cosine (Loshchilov & Hutter 2017)
+      constant    stays at 1 (min_ratio unused)
+      polynomial  (1 - t) ** power, t the post-warm-up fraction (BERT's TF code uses power 1.0)
+      triangle / one-cycle  linear up to the peak at `warmup`, linear down to min_ratio; the same
+                  as linear here, named for Cramming's "one-cycle" recipe (warmup around 0.5)
+    """
+    if decay not in DECAYS:
+        raise BertgpuError(f"schedule.decay {decay!r}: expected one of {', '.join(DECAYS)}")
+    p = min(max(float(progress), 0.0), 1.0)
+    if warmup > 0.0 and p < warmup:
+        return p / warmup
+    if decay == "constant":
+        return 1.0
+    t = 1.0 if warmup >= 1.0 else (p - warmup) / (1.0 - warmup)  # post-warm-up fraction
+    if decay in ("linear", "triangle", "one-cycle"):
+        shape = 1.0 - t
+    elif decay == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * t))
+    else:  # polynomial
+        shape = (1.0 - t) ** power
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
+def progress_from_steps(step: int, max_steps: int) -> float:
+    """Fraction of training done after `step` optimizer steps."""
+    if max_steps <= 0:
+        return 1.0
+    return min(max(step / max_steps, 0.0), 1.0)
+
+
+def warmup_fraction(warmup_steps: int | None, warmup_fraction: float | None, max_steps: int) -> float:
+    """The warm-up as a fraction of training, from either knob (steps win when both are set)."""
+    if warmup_steps is not None:
+        return 0.0 if max_steps <= 0 else min(warmup_steps / max_steps, 1.0)
+    return float(warmup_fraction or 0.0)
+
+
+class BudgetClock:
+    """Training wall-clock for budget mode, shared by all ranks.
+
+    `elapsed_s` accumulates only while the clock runs and is stored in checkpoints, so a resumed
+    run continues the same budget instead of restarting it. Call `sync()` once per step (a
+    broadcast from rank 0); `progress()` and `expired()` then give the same answer on every rank.
+    """
+
+    def __init__(self, budget_s: float, time_fn: Callable[[], float] = time.monotonic) -> None:
+        if budget_s <= 0:
+            raise BertgpuError(f"train.budget_hours: expected a positive number, got {budget_s / 3600:g}")
+        self.budget_s = float(budget_s)
+        self.time_fn = time_fn
+        self.elapsed_s = 0.0
+        self._started_at: float | None = None
+
+    def start(self) -> None:
+        """(Re)start counting from now, on top of `elapsed_s`."""
+        self._started_at = self.time_fn()
+
+    def pause(self) -> None:
+        """Stop counting (e.g. around evaluation or checkpoint writes, if excluded from the budget)."""
+        self.sync()
+        self._started_at = None
+
+    def sync(self) -> float:
+        """Fold the time since the last call into `elapsed_s`, take rank 0's value everywhere."""
+        if self._started_at is not None:
+            now = self.time_fn()
+            self.elapsed_s += now - self._started_at
+            self._started_at = now
+        self.elapsed_s = float(distributed.broadcast_scalar(self.elapsed_s, src=0))
+        return self.elapsed_s
+
+    def progress(self) -> float:
+        """elapsed / budget, clamped to [0, 1], as of the last `sync()`."""
+        return min(self.elapsed_s / self.budget_s, 1.0)
+
+    def expired(self) -> bool:
+        """Collective: syncs the clock, True on every rank once the budget is used up."""
+        self.sync()
+        return self.elapsed_s >= self.budget_s
+
+    def state_dict(self) -> dict[str, float]:
+        return {"elapsed_s": float(self.elapsed_s), "budget_s": self.budget_s}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.elapsed_s = float(state["elapsed_s"])
+        if self._started_at is not None:
+            self._started_at = self.time_fn()
