@@ -131,7 +131,8 @@ def barrier() -> None:
         _dist().barrier()
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
+    """Where small tensors for collectives must live: the current GPU under NCCL, else CPU."""
     import torch
 
     if is_initialized() and _dist().get_backend() == "nccl":
@@ -150,7 +151,7 @@ def _reduce(x: Any, op_name: str) -> Any:
         dist.all_reduce(x, op=op)
         return x
     # Python scalar: float64 so integer counts up to 2**53 stay exact.
-    t = torch.tensor(float(x), dtype=torch.float64, device=_collective_device())
+    t = torch.tensor(float(x), dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=op)
     value = t.item()
     return int(value) if isinstance(x, int) and not isinstance(x, bool) else value
@@ -172,7 +173,7 @@ def broadcast_scalar(x: float, src: int = 0) -> float:
         return x
     import torch
 
-    t = torch.tensor(float(x), dtype=torch.float64, device=_collective_device())
+    t = torch.tensor(float(x), dtype=torch.float64, device=collective_device())
     _dist().broadcast(t, src=src)
     return t.item()
 

@@ -1,0 +1,309 @@
+"""The one optimizer step shared by pretraining and fine-tuning.
+
+`Engine.train_step(micro_batches, loss_fn, count_fn)` owns everything that must be exactly right
+and is easy to get subtly wrong: gradient accumulation, loss normalisation over the whole step,
+DDP synchronisation once per step, autocast, the fp16 loss scaler, clipping, and skipping
+non-finite steps consistently on every rank.
+
+Normalisation. `loss_fn` returns *summed* losses per term (e.g. MLM cross-entropy summed over
+masked tokens) and `count_fn` the matching counts. The counts of all micro batches on all ranks
+are summed *before* the first backward, and each micro batch contributes
+``sum_k loss_sum[k] / total_count[k]`` to the gradient. Micro batches then carry their true weight
+(a micro batch with 3 masked tokens weighs 3/N, not 1/k), so accumulation k x (B/k) equals one
+batch B, and DP=2 equals DP=1 with accumulation 2 (the Megatron-LM convention of normalising by
+the global number of tokens, rather than averaging per-micro-batch means).
+
+DDP averages gradients over ranks, so the loss is multiplied by world_size before backward to
+turn that average back into the sum the normalisation above expects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bertgpu import distributed
+from bertgpu.errors import BertgpuError
+
+Batch = Mapping[str, Any]
+LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
+CountFn = Callable[[Batch], Mapping[str, Any]]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class TrainingDiverged(BertgpuError):
+    """Raised after too many non-finite steps in a row."""
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did; every number is global (the same on every rank)."""
+
+    loss: float
+    """sum_k loss_sum[k] / count[k] over all micro batches and ranks."""
+    losses: dict[str, float]
+    """Per-term normalised losses, e.g. {"mlm": 2.1, "nsp": 0.6}."""
+    grad_norm: float
+    """Global L2 norm of the (unscaled) gradients before clipping; nan/inf on a skipped step."""
+    lr: float
+    """Learning rate applied to every parameter group at this step."""
+    skipped: bool
+    """True when the update was not applied (non-finite loss or gradients)."""
+    counts: dict[str, int]
+    """Totals of count_fn over all micro batches and ranks (e.g. masked tokens, sequences)."""
+    step_s: float = 0.0
+    """Wall time of the whole train_step call, in seconds."""
+    micro_batches: int = 0
+    """Number of micro batches on this rank (the accumulation steps)."""
+    extras: dict[str, float] = field(default_factory=dict)
+    """Global sums of any extra scalar outputs (keys of loss_fn's result starting with "_")."""
+
+
+def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.device != device:
+            # non_blocking pays off with pinned host memory (the loader pins on CUDA).
+            value = value.to(device, non_blocking=True)
+        out[key] = value
+    return out
+
+
+def make_grad_scaler(device_type: str) -> Any:
+    """A `torch.amp.GradScaler` for `device_type`; BertgpuError where this torch cannot."""
+    try:
+        return torch.amp.GradScaler(device_type)
+    except (AttributeError, TypeError, RuntimeError, ValueError) as exc:
+        if device_type == "cuda":
+            return torch.cuda.amp.GradScaler()
+        raise BertgpuError(
+            f"train.precision fp16: this torch ({torch.__version__}) has no loss scaler for "
+            f"{device_type}; use bf16 or fp32 ({exc})"
+        ) from None
+
+
+class Engine:
+    """Owns AMP, accumulation, DDP sync, clipping and skipping for one model + optimizer.
+
+    `lr_fn()` gives the lr of the step about to be taken (e.g. peak * schedule factor); it is set
+    on every param group before `optimizer.step()`. `ddp=None` detects a DDP-wrapped model.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        precision: str = "fp32",
+        device: str | torch.device = "cpu",
+        grad_clip: float | None = 1.0,
+        max_nonfinite_steps: int = 5,
+        lr_fn: Callable[[], float] | None = None,
+        ddp: bool | None = None,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise BertgpuError(f"train.precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.device = torch.device(device)
+        self.grad_clip = grad_clip
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.lr_fn = lr_fn
+        if ddp is None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = isinstance(model, DistributedDataParallel)
+        self.ddp = ddp
+        self.scaler = make_grad_scaler(self.device.type) if precision == "fp16" else None
+        # Counters (saved in checkpoints): each has one meaning.
+        self.step = 0  # train_step calls, skipped ones included
+        self.micro_step = 0  # forward/backward passes on this rank
+        self.skipped_steps = 0  # steps whose update was not applied, for any reason
+        self.overflow_steps = 0  # fp16 gradient overflows (normal while the scale settles)
+        self.nonfinite_in_row = 0  # consecutive non-finite steps; aborts at max_nonfinite_steps
+
+    # -- autocast -------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context of this precision (a no-op for fp32); also usable for eval."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def current_lr(self) -> float:
+        return float(self.lr_fn()) if self.lr_fn is not None else float(self.optimizer.param_groups[0]["lr"])
+
+    # -- the step -------------------------------------------------------------------------------
+    def train_step(
+        self,
+        micro_batches: Sequence[Batch],
+        loss_fn: LossFn,
+        count_fn: CountFn,
+    ) -> StepResult:
+        """Forward/backward every micro batch, then one (collectively skipped or applied) update.
+
+        `count_fn` must return the same keys on every rank (e.g. {"mlm": ..., "nsp": ...}), and
+        every loss term returned by `loss_fn` needs a count of the same name; keys starting with
+        "_" are extra scalars that are only summed and reported (e.g. "_mlm_correct")."""
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro batch")
+        t0 = time.perf_counter()
+        world = distributed.get_world_size()
+
+        # 1. Global counts, before any backward (one all-reduce of a small float64 vector).
+        local_counts: dict[str, float] = {}
+        for mb in micro_batches:
+            for key, value in count_fn(mb).items():
+                local_counts[key] = local_counts.get(key, 0.0) + float(value)
+        keys = sorted(local_counts)
+        counts_t = torch.tensor([local_counts[k] for k in keys], dtype=torch.float64)
+        counts_t = distributed.all_reduce_sum(counts_t.to(distributed.collective_device()))
+        totals = {k: float(c) for k, c in zip(keys, counts_t.tolist(), strict=True)}
+        divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
+        loss_scale = float(world) if self.ddp else 1.0
+
+        # 2. Accumulate gradients; DDP all-reduces only on the last micro batch.
+        self.optimizer.zero_grad(set_to_none=True)
+        term_sums: dict[str, torch.Tensor] = {}
+        extras: dict[str, torch.Tensor] = {}
+        n = len(micro_batches)
+        for i, mb in enumerate(micro_batches):
+            sync_ctx = (
+                self.model.no_sync()  # type: ignore[operator]
+                if self.ddp and i < n - 1
+                else contextlib.nullcontext()
+            )
+            with sync_ctx:  # covers forward too: DDP reads the sync flag in forward
+                batch = _to_device(mb, self.device)
+                with self.autocast():
+                    out = loss_fn(self.model, batch)
+                loss = torch.zeros((), dtype=torch.float32, device=self.device)
+                for key, value in out.items():
+                    value32 = value.float()
+                    if key.startswith("_"):
+                        extras[key] = extras.get(key, 0.0) + value32.detach()
+                        continue
+                    if key not in divisors:
+                        raise KeyError(f"loss_fn returned {key!r} but count_fn has no count for it")
+                    loss = loss + value32 / divisors[key]
+                    term_sums[key] = term_sums.get(key, 0.0) + value32.detach()
+                scaled = loss * loss_scale
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            self.micro_step += 1
+
+        # 3. Unscale, then measure/clip the true gradient norm (clipping a scaled gradient
+        #    would compare the threshold against a norm multiplied by the loss scale).
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
+        params = [p for p in self._params() if p.grad is not None]
+        grad_norm_t = (
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if params
+            else torch.zeros((), device=self.device)
+        )
+
+        # 4. One all-reduce for the loss terms, extras and non-finite flags: summing a flag is OR.
+        # Pack by the count keys (the same on every rank), not by what this rank's loss_fn
+        # happened to return, so every rank all-reduces a vector of the same length.
+        zero = torch.zeros((), device=self.device)
+        term_sums = {k: term_sums.get(k, zero) for k in keys}
+        term_keys = keys
+        extra_keys = sorted(extras)
+        local_loss = sum((term_sums[k] for k in term_keys), zero)
+        loss_bad = (~torch.isfinite(local_loss)).float()
+        grad_bad = (~torch.isfinite(grad_norm_t.float())).float()
+        packed = torch.stack(
+            [torch.as_tensor(term_sums[k], device=self.device).reshape(()).double() for k in term_keys]
+            + [torch.as_tensor(extras[k], device=self.device).reshape(()).double() for k in extra_keys]
+            + [loss_bad.double(), grad_bad.double()]
+        ).to(distributed.collective_device())
+        packed = distributed.all_reduce_sum(packed).tolist()  # one host sync per step
+        nt, ne = len(term_keys), len(extra_keys)
+        losses = {k: packed[i] / divisors[k] for i, k in enumerate(term_keys)}
+        extras_out = {k: packed[nt + i] for i, k in enumerate(extra_keys)}
+        any_loss_bad, any_grad_bad = packed[nt + ne] > 0, packed[nt + ne + 1] > 0
+        total_loss = float(sum(losses.values()))
+        grad_norm = float(grad_norm_t)
+
+        lr = self.current_lr()
+        self.step += 1
+        skipped = any_loss_bad or any_grad_bad
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            if self.scaler is not None:
+                # Back the scale off ourselves: the scaler cannot see a non-finite forward, and
+                # this keeps every rank's scale identical even if only one rank overflowed.
+                self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            if self.scaler is not None and not any_loss_bad:
+                self.overflow_steps += 1  # routine fp16 overflow: the scaler handles it
+            else:
+                self.nonfinite_in_row += 1
+                if self.nonfinite_in_row >= self.max_nonfinite_steps:
+                    raise TrainingDiverged(self._diverged_message(total_loss, grad_norm, lr))
+        else:
+            self.nonfinite_in_row = 0
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        return StepResult(
+            loss=total_loss,
+            losses=losses,
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=skipped,
+            counts={k: int(round(v)) for k, v in totals.items()},
+            step_s=time.perf_counter() - t0,
+            micro_batches=n,
+            extras=extras_out,
+        )
+
+    def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:
+        hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)", "train.grad_clip 1.0"]
+        if self.precision == "fp16":
+            hints.insert(0, "train.precision bf16 (fp16 overflows)")
+        return (
+            f"training diverged: {self.nonfinite_in_row} steps in a row with non-finite loss or "
+            f"gradients (step {self.step}, loss {loss}, grad norm {grad_norm}, lr {lr:.3g}); "
+            f"try {', '.join(hints)}; resume from the last checkpoint"
+        )
+
+    # -- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "micro_step": self.micro_step,
+            "skipped_steps": self.skipped_steps,
+            "overflow_steps": self.overflow_steps,
+            "nonfinite_in_row": self.nonfinite_in_row,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.micro_step = int(state.get("micro_step", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.overflow_steps = int(state.get("overflow_steps", 0))
+        self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])

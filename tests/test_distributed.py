@@ -1,0 +1,183 @@
+"""Two gloo processes on CPU: DP=2 equals DP=1 with accumulation, collective skipping, helpers."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from bertgpu import distributed
+from bertgpu.engine import Engine
+
+V, D, T, G, STEPS = 11, 8, 6, 8, 3  # G = global batch (sequences per optimizer step)
+
+
+class Toy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.body = nn.Sequential(nn.Linear(D, D), nn.Tanh())
+        self.mlm = nn.Linear(D, V)
+        self.nsp = nn.Linear(D, 2)
+
+    def forward(self, input_ids, labels, nsp_labels):
+        h = self.body(self.emb(input_ids))  # (B, T, D)
+        mask = labels != -100
+        return {
+            "mlm": nn.functional.cross_entropy(self.mlm(h[mask]), labels[mask], reduction="sum"),
+            "nsp": nn.functional.cross_entropy(self.nsp(h[:, 0]), nsp_labels, reduction="sum"),
+        }
+
+
+def loss_fn(model, batch):
+    out = model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
+    if "poison" in batch:
+        out["mlm"] = out["mlm"] * float("nan")
+    return out
+
+
+def count_fn(batch):
+    return {"mlm": int((batch["labels"] != -100).sum()), "nsp": batch["input_ids"].shape[0]}
+
+
+def global_batch(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    ids = torch.randint(0, V, (G, T), generator=g)
+    labels = torch.randint(0, V, (G, T), generator=g)
+    keep = torch.rand(G, T, generator=g) < torch.linspace(0.1, 0.9, G).unsqueeze(1)
+    keep[:, 0] = True
+    labels[~keep] = -100  # rows predict 1..6 tokens: ranks and micro batches weigh differently
+    return {"input_ids": ids, "labels": labels, "nsp_labels": torch.randint(0, 2, (G,), generator=g)}
+
+
+def rows(batch, lo, hi):
+    return {k: v[lo:hi] for k, v in batch.items()}
+
+
+def micro_batches(step: int, rank: int, world: int, accum: int) -> list[dict[str, torch.Tensor]]:
+    """The loader's contract: rank r takes rows [r*G/W, (r+1)*G/W), cut into `accum` pieces."""
+    batch = global_batch(step)
+    per_rank = G // world
+    mb = per_rank // accum
+    start = rank * per_rank
+    return [rows(batch, start + i * mb, start + (i + 1) * mb) for i in range(accum)]
+
+
+def fresh_model() -> Toy:
+    torch.manual_seed(0)
+    return Toy()
+
+
+def run(engine: Engine, rank: int, world: int, accum: int) -> list[float]:
+    return [engine.train_step(micro_batches(s, rank, world, accum), loss_fn, count_fn).loss for s in range(STEPS)]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    info = distributed.init_distributed("cpu")
+    try:
+        assert info.backend == "gloo" and info.world_size == world and info.rank == rank
+        result: dict = {}
+        # Collective helpers.
+        result["any_one"] = distributed.any_true(rank == 1)
+        result["any_none"] = distributed.any_true(False)
+        result["bcast"] = distributed.broadcast_scalar(3.5 if rank == 0 else -1.0)
+        result["sum_int"] = distributed.all_reduce_sum(rank + 1)
+        result["max"] = distributed.all_reduce_max(float(rank))
+
+        # DP=2 with accumulation 1 and 2, the model wrapped in DDP.
+        for accum in (1, 2):
+            ddp = distributed.wrap_ddp(fresh_model(), info)
+            engine = Engine(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2))
+            assert engine.ddp
+            result[f"losses_acc{accum}"] = run(engine, rank, world, accum)
+            result[f"params_acc{accum}"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+
+        # A NaN on rank 1 only skips the step on both ranks. Without DDP, rank 0's own gradients
+        # stay finite, so only the collective flag can make it skip.
+        for use_ddp in (True, False):
+            model = fresh_model()
+            wrapped = distributed.wrap_ddp(model, info) if use_ddp else model
+            engine = Engine(wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-2))
+            before = copy.deepcopy(model.state_dict())
+            mbs = micro_batches(0, rank, world, 2)
+            if rank == 1:
+                mbs[1] = {**mbs[1], "poison": torch.tensor(1)}
+            r = engine.train_step(mbs, loss_fn, count_fn)
+            unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+            result[f"nan_ddp{use_ddp}"] = (r.skipped, unchanged, engine.nonfinite_in_row)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        distributed.destroy()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+def test_two_gloo_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+    for r in results:
+        assert r["any_one"] is True and r["any_none"] is False
+        assert r["bcast"] == 3.5 and r["sum_int"] == 3 and r["max"] == 1.0
+        for use_ddp in (True, False):
+            skipped, unchanged, in_row = r[f"nan_ddp{use_ddp}"]
+            assert skipped and unchanged and in_row == 1, (use_ddp, r[f"nan_ddp{use_ddp}"])
+
+    # References on one process: DP=1 with accumulation 2 (resp. 4) over the same global batches.
+    for accum in (1, 2):
+        model = fresh_model()
+        engine = Engine(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        ref_losses = run(engine, 0, 1, accum * world)
+        for r in results:
+            assert r[f"losses_acc{accum}"] == pytest.approx(ref_losses, rel=1e-6)
+            for k, v in model.state_dict().items():
+                torch.testing.assert_close(r[f"params_acc{accum}"][k], v, rtol=1e-5, atol=1e-6)
+    # Both ranks hold identical weights.
+    for k, v in results[0]["params_acc2"].items():
+        assert torch.equal(v, results[1]["params_acc2"][k])
+
+
+def test_helpers_without_process_group(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    info = distributed.init_distributed("cpu")
+    assert info == distributed.DistInfo(0, 1, 0, "cpu", None) and info.is_main
+    assert distributed.all_reduce_sum(2.5) == 2.5 and distributed.all_reduce_max(3) == 3
+    assert distributed.broadcast_scalar(1.25) == 1.25 and distributed.any_true(True)
+    t = torch.ones(2)
+    assert distributed.all_reduce_sum(t) is t
+    model = nn.Linear(2, 2)
+    assert distributed.wrap_ddp(model, info) is model
+    distributed.barrier()
+    assert distributed.is_main() and distributed.get_world_size() == 1
+    assert distributed.resolve_nproc(3) == 3
+    assert distributed.resolve_nproc("auto") == (torch.cuda.device_count() if torch.cuda.is_available() else 1)
+    with pytest.raises(Exception, match="--nproc"):
+        distributed.resolve_nproc(0)
+
+
+def test_launch_local_runs_the_elastic_launcher(monkeypatch):
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd) or Done())
+    assert distributed.launch_local(2, ["pretrain", "cfg.toml"]) == 0
+    assert calls[0] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]

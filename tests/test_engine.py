@@ -1,0 +1,222 @@
+"""The optimizer step: accumulation equivalence, clipping after unscale, skipping, lr."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from bertgpu.engine import Engine, TrainingDiverged
+
+V, D, T = 11, 8, 6
+
+
+class ToyPretrain(nn.Module):
+    """A stand-in for BertForPreTraining: a token head (MLM-like) and a sequence head (NSP-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.body = nn.Sequential(nn.Linear(D, D), nn.Tanh())
+        self.LayerNorm = nn.LayerNorm(D)
+        self.mlm = nn.Linear(D, V)
+        self.nsp = nn.Linear(D, 2)
+
+    def forward(self, input_ids, labels, nsp_labels):
+        h = self.LayerNorm(self.body(self.emb(input_ids)))  # (B, T, D)
+        mask = labels != -100
+        mlm_sum = nn.functional.cross_entropy(self.mlm(h[mask]).float(), labels[mask], reduction="sum")
+        nsp_sum = nn.functional.cross_entropy(self.nsp(h[:, 0]).float(), nsp_labels, reduction="sum")
+        return {"mlm": mlm_sum, "nsp": nsp_sum}
+
+
+def loss_fn(model, batch):
+    if batch.get("poison") is not None and bool(batch["poison"]):
+        out = model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
+        return {"mlm": out["mlm"] * float("inf"), "nsp": out["nsp"]}
+    return model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
+
+
+def count_fn(batch):
+    return {"mlm": int((batch["labels"] != -100).sum()), "nsp": batch["input_ids"].shape[0]}
+
+
+def make_batch(n: int, seed: int) -> dict[str, torch.Tensor]:
+    """n sequences with a varying number of predicted tokens per sequence (as MLM masking gives)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (n, T), generator=g)
+    labels = torch.randint(0, V, (n, T), generator=g)
+    keep = torch.rand(n, T, generator=g) < torch.linspace(0.1, 0.9, n).unsqueeze(1)
+    keep[:, 0] = True  # at least one prediction per sequence
+    labels[~keep] = -100
+    return {"input_ids": ids, "labels": labels, "nsp_labels": torch.randint(0, 2, (n,), generator=g)}
+
+
+def split(batch, k):
+    return [{key: v for key, v in zip(batch, vals, strict=True)} for vals in zip(*(t.chunk(k) for t in batch.values()), strict=True)]
+
+
+def new_engine(model, **kw):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return Engine(model, opt, **kw)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_equals_one_big_batch(k):
+    torch.manual_seed(0)
+    ref = ToyPretrain()
+    acc = copy.deepcopy(ref)
+    e_ref, e_acc = new_engine(ref), new_engine(acc)
+    for step in range(4):
+        batch = make_batch(8, seed=step)
+        chunks = split(batch, k)
+        assert len({count_fn(c)["mlm"] for c in chunks}) > 1  # micro batches weigh differently
+        r1 = e_ref.train_step([batch], loss_fn, count_fn)
+        r2 = e_acc.train_step(chunks, loss_fn, count_fn)
+        assert r1.counts == r2.counts
+        assert r1.loss == pytest.approx(r2.loss, rel=1e-6)
+        assert r1.grad_norm == pytest.approx(r2.grad_norm, rel=1e-5)
+        for key in ("mlm", "nsp"):
+            assert r1.losses[key] == pytest.approx(r2.losses[key], rel=1e-6)
+    for p1, p2 in zip(ref.parameters(), acc.parameters(), strict=True):
+        torch.testing.assert_close(p1, p2, rtol=1e-5, atol=1e-6)
+    assert e_acc.micro_step == 4 * k and e_acc.step == 4
+
+
+def test_loss_is_normalised_by_step_totals():
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    batch = make_batch(6, seed=1)
+    with torch.no_grad():
+        out = model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
+    c = count_fn(batch)
+    expected = out["mlm"].item() / c["mlm"] + out["nsp"].item() / c["nsp"]
+    res = new_engine(model).train_step(split(batch, 3), loss_fn, count_fn)
+    assert res.loss == pytest.approx(expected, rel=1e-6)
+    assert res.counts == c and not res.skipped and res.step_s > 0 and res.micro_batches == 3
+
+
+def test_lr_fn_is_applied():
+    model = ToyPretrain()
+    lrs = iter([0.5, 0.25])
+    engine = new_engine(model, lr_fn=lambda: next(lrs))
+    r = engine.train_step([make_batch(4, 0)], loss_fn, count_fn)
+    assert r.lr == 0.5 and all(g["lr"] == 0.5 for g in engine.optimizer.param_groups)
+    r = engine.train_step([make_batch(4, 1)], loss_fn, count_fn)
+    assert r.lr == 0.25 and all(g["lr"] == 0.25 for g in engine.optimizer.param_groups)
+
+
+def test_nonfinite_step_is_skipped_and_aborts_after_n():
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    engine = new_engine(model, max_nonfinite_steps=3)
+    engine.train_step([make_batch(4, 0)], loss_fn, count_fn)  # create optimizer state
+    poisoned = [make_batch(2, 1), {**make_batch(2, 2), "poison": torch.tensor(True)}]
+    before = copy.deepcopy(model.state_dict())
+    opt_before = copy.deepcopy(engine.optimizer.state_dict())
+
+    r = engine.train_step(poisoned, loss_fn, count_fn)
+    assert r.skipped and not math.isfinite(r.loss)
+    assert engine.nonfinite_in_row == 1 and engine.skipped_steps == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in model.parameters())
+    assert engine.optimizer.state_dict()["state"][0]["step"] == opt_before["state"][0]["step"]
+
+    r = engine.train_step([make_batch(4, 3)], loss_fn, count_fn)  # a good step resets the run
+    assert not r.skipped and engine.nonfinite_in_row == 0 and engine.skipped_steps == 1
+
+    engine.train_step(poisoned, loss_fn, count_fn)
+    engine.train_step(poisoned, loss_fn, count_fn)
+    with pytest.raises(TrainingDiverged, match="3 steps in a row.*lower optim.lr"):
+        engine.train_step(poisoned, loss_fn, count_fn)
+    assert engine.skipped_steps == 4
+
+
+def test_nan_gradient_is_skipped():
+    model = ToyPretrain()
+    engine = new_engine(model)
+
+    def nan_grad_loss(model, batch):
+        out = loss_fn(model, batch)
+        # finite loss value, NaN gradient: sqrt'(0) * 0 = inf * 0
+        return {"mlm": out["mlm"] + (model.mlm.weight[0, 0] * 0).sqrt() * 0, "nsp": out["nsp"]}
+
+    w = model.mlm.weight.detach().clone()
+    r = engine.train_step([make_batch(4, 0)], nan_grad_loss, count_fn)
+    assert math.isfinite(r.loss) and not math.isfinite(r.grad_norm) and r.skipped
+    assert torch.equal(model.mlm.weight, w) and engine.nonfinite_in_row == 1
+
+
+def _cpu_scaler_available() -> bool:
+    try:
+        torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _cpu_scaler_available(), reason="this torch has no CPU fp16 autocast/GradScaler")
+def test_fp16_clips_after_unscale():
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    clip = 1e-3
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # delta = -clipped gradient
+    engine = Engine(model, opt, precision="fp16", grad_clip=clip)
+    engine.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    batch = make_batch(4, 0)
+
+    ref = copy.deepcopy(model)  # fp32 gradient norm for comparison
+    out = loss_fn(ref, batch)
+    c = count_fn(batch)
+    (out["mlm"] / c["mlm"] + out["nsp"] / c["nsp"]).backward()
+    true_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), math.inf).item()
+
+    before = [p.detach().clone() for p in model.parameters()]
+    r = engine.train_step([batch], loss_fn, count_fn)
+    assert not r.skipped
+    # The reported norm is the unscaled one (not x 1024) ...
+    assert r.grad_norm == pytest.approx(true_norm, rel=2e-2)
+    # ... and the update was clipped to `clip` in unscaled units.
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+    assert delta.norm().item() == pytest.approx(clip, rel=1e-3)
+    state = engine.state_dict()
+    assert state["scaler"]["scale"] == 2.0**10
+
+    # Loading the state restores counters and the loss scale.
+    other = Engine(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=1.0), precision="fp16")
+    other.load_state_dict(state)
+    assert other.step == 1 and other.scaler.get_scale() == 2.0**10
+
+
+def test_bf16_autocast_step_on_cpu():
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    r = new_engine(model, precision="bf16").train_step(split(make_batch(4, 0), 2), loss_fn, count_fn)
+    assert math.isfinite(r.loss) and not r.skipped
+
+
+def test_state_dict_round_trip():
+    engine = new_engine(ToyPretrain())
+    engine.train_step([make_batch(2, 0)], loss_fn, count_fn)
+    state = engine.state_dict()
+    other = new_engine(ToyPretrain())
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_extra_scalars_are_summed_not_backpropagated():
+    model = ToyPretrain()
+
+    def with_extras(model, batch):
+        out = dict(loss_fn(model, batch))
+        out["_sequences"] = torch.tensor(float(batch["input_ids"].shape[0]))
+        return out
+
+    r = new_engine(model).train_step(split(make_batch(6, 0), 3), with_extras, count_fn)
+    assert r.extras == {"_sequences": 6.0} and set(r.losses) == {"mlm", "nsp"}
