@@ -1,0 +1,169 @@
+"""GLUE metrics in plain numpy, and the GLUE score convention.
+
+The low-level metrics (`accuracy`, `f1`, `matthews_corrcoef`, `pearson`, `spearman`) return the
+raw value (0-1, or -1..1 for correlations) and match scikit-learn / scipy (tested against them;
+neither is a runtime dependency). `glue_metrics` returns the official metrics of a task on the
+0-100 scale that papers and the GLUE leaderboard report.
+
+GLUE score convention ("glue-score", the GLUE leaderboard's): a task's score is the unweighted
+mean of its official metrics (MRPC: (F1 + acc) / 2, QQP: (acc + F1) / 2, STS-B: (Pearson +
+Spearman) / 2, the others their single metric); MNLI's score is the mean of its matched and
+mismatched accuracy, so MNLI counts once; the GLUE average is the unweighted mean of the task
+scores over the tasks given (WNLI included when present). Note that the BERT paper's Table 1
+differs: one metric per task (F1 for MRPC/QQP, Spearman for STS-B), MNLI-m and MNLI-mm as two
+columns, WNLI left out. `glue_average` implements ours only, and the table should say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks import GlueTask, get_task
+
+__all__ = [
+    "accuracy",
+    "f1",
+    "glue_average",
+    "glue_metrics",
+    "matthews_corrcoef",
+    "pearson",
+    "rankdata",
+    "spearman",
+    "task_score",
+]
+
+
+def _pair(predictions: npt.ArrayLike, labels: npt.ArrayLike,
+          dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(predictions).reshape(-1).astype(dtype)
+    y = np.asarray(labels).reshape(-1).astype(dtype)
+    if p.shape != y.shape:
+        raise ValueError(f"{p.shape[0]} predictions for {y.shape[0]} labels")
+    if p.size == 0:
+        raise ValueError("no predictions to score")
+    return p, y
+
+
+def accuracy(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Fraction of predictions equal to the label."""
+    p, y = _pair(predictions, labels)
+    return float(np.mean(p == y))
+
+
+def f1(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Binary F1 of the positive class 1; 0 when there are no true positives (sklearn's
+    zero_division=0 behaviour)."""
+    p, y = _pair(predictions, labels)
+    tp = int(np.sum((p == 1) & (y == 1)))
+    fp = int(np.sum((p == 1) & (y != 1)))
+    fn = int(np.sum((p != 1) & (y == 1)))
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def matthews_corrcoef(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Matthews correlation (multi-class form, as sklearn); 0 when either side is constant."""
+    p, y = _pair(predictions, labels)
+    classes, inv = np.unique(np.concatenate([y, p]), return_inverse=True)
+    k = len(classes)
+    yi, pi = inv[: len(y)], inv[len(y):]
+    c = np.zeros((k, k), dtype=np.float64)  # confusion matrix, rows = true, cols = predicted
+    np.add.at(c, (yi, pi), 1.0)
+    t = c.sum(axis=1)  # times each class truly occurred
+    q = c.sum(axis=0)  # times each class was predicted
+    n = c.sum()
+    cov_yp = np.trace(c) * n - t @ q
+    cov_pp = n * n - q @ q
+    cov_yy = n * n - t @ t
+    denom = np.sqrt(cov_pp * cov_yy)
+    return 0.0 if denom == 0 else float(cov_yp / denom)
+
+
+def pearson(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Pearson correlation; nan when either side is constant (as scipy)."""
+    x, y = _pair(predictions, labels, np.float64)
+    xc, yc = x - x.mean(), y - y.mean()
+    denom = np.sqrt((xc @ xc) * (yc @ yc))
+    if denom == 0:
+        return float("nan")
+    return float(np.clip((xc @ yc) / denom, -1.0, 1.0))
+
+
+def rankdata(a: npt.ArrayLike) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank (scipy.stats.rankdata, method="average")."""
+    x = np.asarray(a, dtype=np.float64).reshape(-1)
+    order = np.argsort(x, kind="mergesort")
+    sx = x[order]
+    # Start of each run of equal values; a tie group spanning sorted positions i..j gets
+    # rank (i + j) / 2 + 1.
+    starts = np.concatenate([[True], sx[1:] != sx[:-1]])
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    last = np.concatenate([first[1:], [len(x)]]) - 1
+    avg = (first + last) / 2.0 + 1.0
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = avg[group]
+    return ranks
+
+
+def spearman(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Spearman rank correlation: Pearson of the average ranks (ties handled as scipy)."""
+    x, y = _pair(predictions, labels, np.float64)
+    return pearson(rankdata(x), rankdata(y))
+
+
+def _class_ids(predictions: npt.ArrayLike) -> np.ndarray:
+    p = np.asarray(predictions)
+    # (N, C) logits or probabilities -> class ids; (N,) already ids.
+    return p.argmax(axis=-1) if p.ndim == 2 else p.reshape(-1)
+
+
+def glue_metrics(task: GlueTask | str, predictions: npt.ArrayLike,
+                 labels: npt.ArrayLike) -> dict[str, float]:
+    """The task's official metrics on the 0-100 scale, e.g. {"f1": 88.9, "accuracy": 84.1}.
+
+    `predictions`: class ids (N,) or logits (N, C) for classification; scores (N,) or (N, 1) for
+    STS-B. `labels`: ids or scores. For MNLI call once per dev split (matched, mismatched).
+    A correlation of a constant prediction is undefined; it is reported as 0 so a collapsed
+    run scores 0 rather than poisoning the average with nan.
+    """
+    task = get_task(task)
+    if task.kind == "classification":
+        p = _class_ids(predictions)
+    else:
+        p = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    fns = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef,
+           "pearson": pearson, "spearman": spearman}
+    out: dict[str, float] = {}
+    for name in task.metrics:
+        v = fns[name](p, labels)
+        out[name] = 0.0 if np.isnan(v) else 100.0 * v
+    return out
+
+
+def task_score(task: GlueTask | str, metrics: Mapping[str, float]) -> float:
+    """A task's single score: the mean of its official metrics (same scale as `metrics`)."""
+    task = get_task(task)
+    missing = [m for m in task.metrics if m not in metrics]
+    if missing:
+        raise BertgpuError(
+            f"{task.name}: metrics lack {', '.join(missing)} (expected {', '.join(task.metrics)})"
+        )
+    return float(np.mean([metrics[m] for m in task.metrics]))
+
+
+def glue_average(scores: Mapping[str, float]) -> float:
+    """The GLUE average ("glue-score" convention, module docstring) of per-column task scores.
+
+    Keys are task names or results-table columns ("CoLA", "sst2", "MNLI-m", "MNLI-mm"); columns of
+    the same task (MNLI's matched and mismatched) are averaged first so the task counts once.
+    """
+    if not scores:
+        raise BertgpuError("GLUE average of no tasks")
+    per_task: dict[str, list[float]] = {}
+    for name, v in scores.items():
+        per_task.setdefault(get_task(name).key, []).append(float(v))
+    return float(np.mean([np.mean(v) for v in per_task.values()]))

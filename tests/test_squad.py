@@ -1,0 +1,365 @@
+"""SQuAD: official-format fixtures (tests/fixtures/squad), windows checked against transformers'
+BertTokenizerFast overflow windows, span decoding on synthetic logits, and the official EM/F1
+rules on hand-made cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+from bertgpu.errors import BertgpuError
+from bertgpu.squad import (
+    Features,
+    SquadExample,
+    exact_match,
+    f1_score,
+    featurize,
+    normalize_answer,
+    postprocess,
+    read_squad,
+    read_squad_counted,
+    squad_evaluate,
+    write_predictions,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "squad"
+V1 = FIX / "dev-v1.1-sample.json"
+V2 = FIX / "dev-v2.0-sample.json"
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _vocab(texts: list[str]) -> list[str]:
+    """A WordPiece vocabulary covering `texts`; words longer than 6 characters are only in the
+    vocabulary as two pieces ("bro", "##ncos") so the tests see sub-word tokens."""
+    pre = pre_tokenizers.BertPreTokenizer()
+    norm = normalizers.BertNormalizer(lowercase=True)
+    vocab = dict.fromkeys(SPECIALS)
+    for t in texts:
+        for word, _ in pre.pre_tokenize_str(norm.normalize_str(t)):
+            if len(word) > 6:
+                vocab.update(dict.fromkeys([word[:3], "##" + word[3:]]))
+            else:
+                vocab[word] = None
+    return list(vocab)
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    texts = []
+    for path in (V1, V2):
+        for e in read_squad(path):
+            texts += [e.question, e.context]
+    texts += [_long_example().context, _long_example().question]
+    path = tmp_path_factory.mktemp("tok") / "vocab.txt"
+    path.write_text("\n".join(_vocab(texts)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(vocab_file: Path) -> Tokenizer:
+    vocab = {w: i for i, w in enumerate(vocab_file.read_text(encoding="utf-8").split("\n")) if w}
+    t = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    t.normalizer = normalizers.BertNormalizer(lowercase=True)
+    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return t
+
+
+def _long_example(answer_at: int = 40) -> SquadExample:
+    # 60 numbered sentences; the answer is sentence number `answer_at`'s city.
+    words = [f"Station{i} lies in town{i}." for i in range(60)]
+    context = " ".join(words)
+    answer = f"town{answer_at}"
+    start = context.index(answer + ".")
+    return SquadExample("long", "t", "Where does station lie?", context, (answer,), (start,))
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def test_read_v1_and_v2_fixtures() -> None:
+    v1, bad = read_squad_counted(V1)
+    assert bad == 0 and len(v1) == 5 and not any(e.is_impossible for e in v1)
+    e = v1[1]
+    assert e.id == "56be4db0acb8001400a502ee" and e.title == "Super_Bowl_50"
+    assert e.answers[1] == "Levi's Stadium" and len(e.answers) == 3
+    for ex in v1:
+        for text, start in zip(ex.answers, ex.answer_starts, strict=True):
+            assert ex.context[start:start + len(text)] == text
+    v2 = read_squad(V2)
+    assert [e.is_impossible for e in v2] == [False, False, True, True]
+    assert v2[2].answers == () and v2[2].plausible_answers == ("Normans",)
+    france = v2[0].context.index("France")
+    assert v2[0].train_span == (france, france + len("France")) and v2[2].train_span is None
+
+
+def test_answer_start_mismatch_is_counted_and_fixed(tmp_path: Path) -> None:
+    doc = json.loads(V1.read_text(encoding="utf-8"))
+    qa = doc["data"][1]["paragraphs"][0]["qas"][0]
+    qa["answers"][0]["answer_start"] += 2  # off by two: moved back onto "France"
+    qa["answers"][1]["text"] = "Atlantis"  # not in the context at all
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    ex, bad = read_squad_counted(path)
+    assert bad == 2
+    e = next(x for x in ex if x.id == qa["id"])
+    assert e.context[e.answer_starts[0]:].startswith("France") and e.answer_starts[1] == -1
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["data"][1]["paragraphs"][0]["qas"][1].pop("id"),
+     'data[1].paragraphs[0].qas[1]: missing "id"'),
+    (lambda d: d["data"][0]["paragraphs"][0].pop("context"),
+     'data[0].paragraphs[0]: missing "context"'),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][2]["answers"][0].update(answer_start="7"),
+     "data[0].paragraphs[0].qas[2].answers[0].answer_start: expected int, found str"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][2].update(answers=[]),
+     "data[0].paragraphs[0].qas[2].answers: empty"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][1].update(id="56be4db0acb8001400a502ec"),
+     'data[0].paragraphs[0].qas[1]: duplicate id "56be4db0acb8001400a502ec"'),
+    (lambda d: d.pop("data"), 'top level: missing "data"'),
+])
+def test_errors_name_file_and_json_path(tmp_path: Path, mutate, message: str) -> None:
+    doc = json.loads(V1.read_text(encoding="utf-8"))
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(BertgpuError) as err:
+        read_squad(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_invalid_json_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"version": "1.1",\n "data": [}', encoding="utf-8")
+    with pytest.raises(BertgpuError, match=r"broken.json: invalid JSON at line 2"):
+        read_squad(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Featurisation
+
+
+def _span_text(ex: SquadExample, feats: Features, f: int, s: int, e: int) -> str:
+    return ex.context[feats.offsets[f][s][0]:feats.offsets[f][e][1]]
+
+
+def test_training_labels_decode_to_the_answer(tok: Tokenizer) -> None:
+    examples = read_squad(V1) + read_squad(V2)
+    feats = featurize(examples, tok, max_seq_len=128, doc_stride=32, is_training=True)
+    assert len(feats) == len(examples) and feats.skipped_examples == []
+    assert feats.input_ids.shape == (len(examples), 128)
+    for f, i in enumerate(feats.example_index):
+        ex = examples[i]
+        s, e = int(feats.start_positions[f]), int(feats.end_positions[f])
+        if ex.is_impossible:
+            assert (s, e) == (0, 0)
+        else:
+            assert _span_text(ex, feats, f, s, e) == ex.answers[0]
+            assert feats.token_type_ids[f, s] == 1 and feats.attention_mask[f, e] == 1
+    # "Broncos" is split into sub-word pieces in this vocabulary
+    assert tok.encode("Broncos", add_special_tokens=False).tokens == ["bro", "##ncos"]
+
+
+def test_windows_match_transformers_overflow(tok: Tokenizer, vocab_file: Path) -> None:
+    from transformers import BertTokenizerFast
+
+    ex = _long_example()
+    L, stride = 48, 12
+    feats = featurize([ex], tok, max_seq_len=L, doc_stride=stride)
+    # from_pretrained(folder with vocab.txt) reads the vocabulary in transformers 4.x and 5.x alike
+    ref = BertTokenizerFast.from_pretrained(str(vocab_file.parent), do_lower_case=True)(
+        ex.question, ex.context, truncation="only_second", max_length=L, stride=stride,
+        return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
+    assert len(feats) == len(ref["input_ids"]) > 3
+    np.testing.assert_array_equal(feats.input_ids, np.array(ref["input_ids"]))
+    np.testing.assert_array_equal(feats.token_type_ids, np.array(ref["token_type_ids"]))
+    np.testing.assert_array_equal(feats.attention_mask, np.array(ref["attention_mask"]))
+    for f in range(len(feats)):
+        for t, off in enumerate(feats.offsets[f]):
+            if off is not None:
+                assert off == tuple(ref["offset_mapping"][f][t])
+    # consecutive windows overlap by exactly `stride` context tokens
+    ctx = [[o for o in offs if o is not None] for offs in feats.offsets]
+    for a, b in zip(ctx, ctx[1:], strict=False):
+        assert a[-stride:] == b[:stride]
+    # every context token is "max context" in exactly one window
+    n_ctx = len(tok.encode(ex.context, add_special_tokens=False).ids)
+    assert int(feats.token_is_max_context.sum()) == n_ctx
+
+
+def test_answer_outside_window_and_impossible_map_to_cls(tok: Tokenizer) -> None:
+    ex = _long_example(answer_at=40)
+    feats = featurize([ex], tok, max_seq_len=48, doc_stride=12, is_training=True)
+    inside = [f for f in range(len(feats)) if feats.start_positions[f] != 0]
+    assert 1 <= len(inside) < len(feats)
+    for f in inside:
+        assert _span_text(ex, feats, f, feats.start_positions[f], feats.end_positions[f]) == "town40"
+    imp = SquadExample("x", "t", ex.question, ex.context, (), (), is_impossible=True)
+    feats = featurize([imp], tok, max_seq_len=48, doc_stride=12, is_training=True)
+    assert not feats.start_positions.any() and not feats.end_positions.any()
+    lost = SquadExample("y", "t", ex.question, ex.context, ("nowhere",), (-1,))
+    assert featurize([lost, ex], tok, max_seq_len=48, doc_stride=12,
+                     is_training=True).skipped_examples == [0]
+    with pytest.raises(BertgpuError, match="must exceed doc_stride=40"):
+        featurize([ex], tok, max_seq_len=48, doc_stride=40)
+
+
+# --------------------------------------------------------------------------------------------
+# Post-processing
+
+
+def _logits_for(feats: Features, spans: dict[int, tuple[int, int]], null: float = 0.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Logits that put start/end mass on the given (feature -> token span) and `null` on [CLS]."""
+    rng = np.random.default_rng(0)
+    sl = rng.normal(scale=0.1, size=feats.input_ids.shape) - 5.0
+    el = rng.normal(scale=0.1, size=feats.input_ids.shape) - 5.0
+    sl[:, 0] = el[:, 0] = null / 2
+    for f, (s, e) in spans.items():
+        sl[f, s] += 10.0
+        el[f, e] += 10.0
+    return sl, el
+
+
+def test_perfect_logits_give_perfect_scores(tok: Tokenizer) -> None:
+    for path in (V1, V2):
+        examples = read_squad(path)
+        feats = featurize(examples, tok, max_seq_len=40, doc_stride=8, is_training=True)
+        spans = {f: (int(s), int(e)) for f, (s, e) in
+                 enumerate(zip(feats.start_positions, feats.end_positions, strict=True)) if s}
+        sl, el = _logits_for(feats, spans, null=0.0)
+        v2 = path == V2
+        preds, nbest = postprocess(examples, feats, sl, el, version_2=v2)
+        assert squad_evaluate(examples, preds)["exact"] == pytest.approx(100.0)
+        assert squad_evaluate(examples, preds)["f1"] == pytest.approx(100.0)
+        for ex in examples:
+            probs = [d["probability"] for d in nbest[ex.id]]
+            assert sum(probs) == pytest.approx(1.0) and probs == sorted(probs, reverse=True)
+
+
+def _answer_windows(feats: Features) -> dict[int, tuple[int, int]]:
+    """feature -> labelled answer token span, for every window that holds the answer."""
+    assert feats.start_positions is not None and feats.end_positions is not None
+    return {f: (int(s), int(e)) for f, (s, e) in
+            enumerate(zip(feats.start_positions, feats.end_positions, strict=True)) if s}
+
+
+def test_span_recovered_across_windows_and_max_answer_len(tok: Tokenizer) -> None:
+    ex = _long_example(answer_at=40)
+    feats = featurize([ex], tok, max_seq_len=48, doc_stride=12, is_training=True)
+    spans = _answer_windows(feats)
+    assert len(feats) > 3 and len(spans) == 2  # the answer sits in the overlap of two windows
+    sl, el = _logits_for(feats, spans, null=-20.0)
+    preds, nbest = postprocess([ex], feats, sl, el)
+    assert preds == {"long": "town40"}
+    assert [d["text"] for d in nbest["long"]].count("town40") == 1  # deduplicated across windows
+
+    # Only the window where the start token is best centred may start the answer.
+    (f_best,) = [f for f, (s, _) in spans.items() if feats.token_is_max_context[f, s]]
+    (f_edge,) = [f for f in spans if f != f_best]
+    only_edge = _logits_for(feats, {f_edge: spans[f_edge]}, null=-20.0)
+    assert postprocess([ex], feats, *only_edge)[0]["long"] != "town40"
+    assert postprocess([ex], feats, *only_edge, use_max_context=False)[0]["long"] == "town40"
+    only_best = _logits_for(feats, {f_best: spans[f_best]}, null=-20.0)
+    assert postprocess([ex], feats, *only_best)[0]["long"] == "town40"
+
+    # A higher-scoring span that is too long is skipped. Window 0 holds no answer and its first
+    # token is in no other window.
+    assert 0 not in spans
+    ctx = [k for k, o in enumerate(feats.offsets[0]) if o is not None]
+    sl2, el2 = sl.copy(), el.copy()
+    sl2[0, ctx[0]] += 12.0  # span score about 14 > 10, but paired with noise only about 2
+    el2[0, ctx[-1]] += 12.0
+    long_text = ex.context[feats.offsets[0][ctx[0]][0]:feats.offsets[0][ctx[-1]][1]]
+    assert postprocess([ex], feats, sl2, el2, max_answer_len=len(ctx))[0]["long"] == long_text
+    assert postprocess([ex], feats, sl2, el2, max_answer_len=len(ctx) - 1)[0]["long"] == "town40"
+
+    # Question tokens, [CLS] and [SEP] never hold an answer even with the highest logits.
+    sl3, el3 = sl.copy(), el.copy()
+    sl3[:, 1] += 100.0
+    el3[:, 2] += 100.0
+    sep = int(np.flatnonzero(feats.input_ids[0] == 3)[0])
+    el3[:, sep] += 100.0
+    assert postprocess([ex], feats, sl3, el3)[0]["long"] == "town40"
+
+
+def test_v2_null_threshold(tok: Tokenizer) -> None:
+    ex = _long_example(answer_at=5)
+    feats = featurize([ex], tok, max_seq_len=48, doc_stride=12, is_training=True)
+    spans = _answer_windows(feats)
+    # span score about 5 + 5 = 10, null score 4 + 4 = 8 in every window
+    sl, el = _logits_for(feats, spans, null=8.0)
+    preds, nbest = postprocess([ex], feats, sl, el, version_2=True)
+    assert preds["long"] == "town5"
+    assert [d["text"] for d in nbest["long"]][:2] == ["town5", ""]
+    # null - best is about -2: a threshold below that predicts no answer, above keeps the span.
+    assert postprocess([ex], feats, sl, el, version_2=True, null_threshold=-3.0)[0]["long"] == ""
+    assert postprocess([ex], feats, sl, el, version_2=True, null_threshold=-1.0)[0]["long"] == "town5"
+    # v1 ignores the null score entirely
+    assert postprocess([ex], feats, sl, el, null_threshold=-3.0)[0]["long"] == "town5"
+    # The null score is the minimum over windows: one window with a low [CLS] score decides.
+    sl4, el4 = sl.copy(), el.copy()
+    sl4[:, 0] = el4[:, 0] = 20.0
+    assert postprocess([ex], feats, sl4, el4, version_2=True)[0]["long"] == ""
+    sl4[len(feats) - 1, 0] = -20.0
+    assert postprocess([ex], feats, sl4, el4, version_2=True)[0]["long"] == "town5"
+
+
+# --------------------------------------------------------------------------------------------
+# Official evaluation
+
+
+def test_normalize_answer() -> None:
+    assert normalize_answer("  The  Denver\tBroncos! ") == "denver broncos"
+    assert normalize_answer("an apple, a pear & the fig.") == "apple pear fig"
+    assert normalize_answer("theater anarchy") == "theater anarchy"  # articles only as words
+    assert normalize_answer("24–10") == "24–10"  # the en dash is not ASCII punctuation
+    assert normalize_answer("U.S.") == "us"
+    assert normalize_answer("The") == ""
+
+
+def test_exact_and_f1_by_hand() -> None:
+    assert exact_match("the Denver Broncos.", "Denver Broncos") == 1.0
+    assert exact_match("Broncos", "Denver Broncos") == 0.0
+    # pred "denver broncos team" vs gold "denver broncos": P = 2/3, R = 1, F1 = 0.8
+    assert f1_score("Denver Broncos team", "Denver Broncos") == pytest.approx(0.8)
+    # repeated tokens count with multiplicity: pred "a b b" vs gold "b": P = 1/3, R = 1
+    assert f1_score("x y y", "y") == pytest.approx(0.5)
+    assert f1_score("", "") == 1.0 and f1_score("", "France") == 0.0
+    assert f1_score("", "", version_2=False) == 0.0  # evaluate-v1.1.py behaviour
+
+
+def test_squad_evaluate_v1_and_v2() -> None:
+    v1 = read_squad(V1)
+    preds = {v1[0].id: "Broncos", v1[1].id: "Levi's Stadium", v1[2].id: "24–10",
+             v1[3].id: "in France", v1[4].id: "Norway"}
+    r = squad_evaluate(v1, preds)
+    f1_norway = 2 * 1 * (1 / 4) / (1 + 1 / 4)  # gold "denmark iceland and norway": R = 1/4
+    assert r["total"] == 5
+    assert r["exact"] == pytest.approx(100 * 2 / 5)  # several golds: max over them
+    assert r["f1"] == pytest.approx(100 * (2 / 3 + 1 + 1 + 2 / 3 + f1_norway) / 5)
+    assert "HasAns_exact" not in r
+
+    v2 = read_squad(V2)
+    preds = {v2[0].id: "France", v2[1].id: "", v2[2].id: "", v2[3].id: "King Charles III"}
+    r = squad_evaluate(v2, preds)
+    assert r == pytest.approx({
+        "exact": 50.0, "f1": 50.0, "total": 4.0,
+        "HasAns_exact": 50.0, "HasAns_f1": 50.0, "HasAns_total": 2.0,
+        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2.0})
+    # a missing prediction scores 0 and still counts
+    del preds[v2[0].id]
+    assert squad_evaluate(v2, preds)["exact"] == pytest.approx(25.0)
+
+
+def test_write_predictions(tmp_path: Path) -> None:
+    out = write_predictions({"a1": "Denver Broncos", "b2": "24–10", "c3": ""}, tmp_path / "p.json")
+    assert json.loads(out.read_text(encoding="utf-8")) == {
+        "a1": "Denver Broncos", "b2": "24–10", "c3": ""}
+    assert not list(tmp_path.glob("*.tmp"))
