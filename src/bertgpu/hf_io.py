@@ -1,0 +1,338 @@
+"""Read and write the Hugging Face folder layout (config.json + model.safetensors), without
+importing transformers.
+
+Our parameter names are HF's (see model.py), so loading is a key check, not a conversion:
+
+    model = load_pretrained("hf/base", head="classification", num_labels=3)   # HF folder
+    model = load_pretrained("runs/base", head="masked_lm")                      # latest checkpoints/step_N
+    save_pretrained(model, "hf/out", tokenizer="runs/base/tokenizer")          # loads in AutoModelFor...
+
+The check is strict where a silent mistake would cost a training run: a tensor of the wrong shape
+or a key we do not recognise is an error naming it. Weights the model has and the checkpoint lacks
+(a fresh classifier, a pooler) are initialised as HF does and listed in a warning. Pickled
+`pytorch_model.bin` files are read with `torch.load(weights_only=True)`, which refuses code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertgpu.errors import BertgpuError
+from bertgpu.model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
+
+HEADS = ("pretraining", "masked_lm", "classification", "qa", "base")
+# Tied to other parameters (word embeddings, cls.predictions.bias): never stored, never missing.
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# Files of a tokenizer folder that travel with an export (tokenizer.py writes these).
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json")
+_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
+_ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and reading the files
+
+
+def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
+    """An HF folder or a checkpoint folder as is; for a bertgpu run folder, the checkpoint
+    `checkpoints/step_N` with the highest N (half-written `*.tmp` folders are never chosen)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise BertgpuError(f"{folder}: not a folder (expected a Hugging Face model folder or a bertgpu run folder)")
+    if (folder / "config.json").is_file():
+        return folder
+    steps = []
+    ckpt_dir = folder / "checkpoints"
+    if ckpt_dir.is_dir():
+        for child in ckpt_dir.iterdir():
+            m = re.fullmatch(r"step_(\d+)", child.name)
+            if m and child.is_dir() and (child / "config.json").is_file():
+                steps.append((int(m.group(1)), child))
+    if steps:
+        return max(steps)[1]
+    raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a checkpoint "
+                       "folder, or a run folder with checkpoints/step_N/)")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BertgpuError(f"{path}: cannot read JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise BertgpuError(f"{path}: found {type(d).__name__}, expected a JSON object")
+    if d.get("model_type", "bert") != "bert":
+        raise BertgpuError(f"{path}: model_type is {d['model_type']!r}, expected 'bert'")
+    return d
+
+
+def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise BertgpuError(f"{path}: not a readable safetensors file ({e})") from None
+    try:
+        # weights_only: a pickle may run arbitrary code; this refuses anything but tensors.
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise BertgpuError(f"{path}: refused to load (only plain tensor pickles are accepted with "
+                           f"weights_only=True): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                           ) from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise BertgpuError(f"{path}: expected a dict of tensors (a state dict)")
+    return sd
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin (also their sharded *.index.json forms)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return _load_weight_file(folder / name)
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as e:
+                raise BertgpuError(f"{index}: cannot read the weight_map ({e})") from None
+            sd: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                sd.update(_load_weight_file(folder / shard))
+            return sd
+    raise BertgpuError(f"{folder}: no model.safetensors or pytorch_model.bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _normalise_keys(sd: dict[str, torch.Tensor], base: bool) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the "bert." prefix (present in
+    task models, absent in a bare BertModel such as all-MiniLM), the tied decoder copies."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+        k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+        if base and k.startswith("bert."):
+            k = k[len("bert."):]
+        elif not base and k.startswith(_ENCODER_PREFIXES):
+            k = "bert." + k
+        out[k] = v
+    # Old files store the MLM bias only as cls.predictions.decoder.bias; it is the same tensor.
+    if "cls.predictions.decoder.bias" in out and "cls.predictions.bias" not in out:
+        out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
+    for k in TIED_KEYS:
+        out.pop(k, None)
+    return out
+
+
+def _harmless(key: str, model_keys: set[str]) -> bool:
+    """Keys we may drop: old persistent buffers, a pooler the model does not use, and heads of
+    another task (an MLM head when fine-tuning, a classifier when loading the encoder)."""
+    if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
+        return True
+    if "pooler." in key and not any("pooler." in k for k in model_keys):
+        return True
+    if key.startswith(_HEAD_PREFIXES):
+        # the head module: "cls.seq_relationship.", "classifier.", ...; harmless if the model has none
+        parts = key.split(".")
+        module = ".".join(parts[:2] if parts[0] == "cls" else parts[:1]) + "."
+        return not any(k.startswith(module) for k in model_keys)
+    return False
+
+
+def _id2label(cfg: dict[str, Any]) -> dict[int, str] | None:
+    raw = cfg.get("id2label")
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        return {int(k): str(v) for k, v in raw.items()}
+    except ValueError:
+        return None
+
+
+def _build(cfg: dict[str, Any], config: BertConfig, head: str, keys: set[str], num_labels: int | None,
+           with_nsp: bool | None) -> nn.Module:
+    if head == "base":
+        return BertModel(config, add_pooling_layer=any(k.startswith(("pooler.", "bert.pooler.")) for k in keys))
+    if head == "masked_lm":
+        return BertForPreTraining(config, with_nsp=False)
+    if head == "pretraining":
+        if with_nsp is None:  # follow the checkpoint: NSP head present -> keep it
+            with_nsp = "cls.seq_relationship.weight" in keys
+        return BertForPreTraining(config, with_nsp=with_nsp)
+    if head == "classification":
+        id2label = _id2label(cfg)
+        if num_labels is None:
+            num_labels = len(id2label) if id2label else int(cfg.get("num_labels", 2))
+        if id2label is not None and len(id2label) != num_labels:
+            id2label = None
+        return BertForSequenceClassification(config, num_labels=num_labels, id2label=id2label)
+    return BertForQuestionAnswering(config)
+
+
+def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labels: int | None = None,
+                    with_nsp: bool | None = None,
+                    config_overrides: dict[str, Any] | None = None) -> nn.Module:
+    """Build the model for `head` from an HF folder, a checkpoint folder or a run folder.
+
+    head: "pretraining" (NSP head iff the checkpoint has one, unless `with_nsp` says), "masked_lm"
+    (pretraining without NSP, HF's BertForMaskedLM), "classification" (`num_labels` from the
+    argument, else the config's id2label / num_labels), "qa", "base" (BertModel).
+    config_overrides: BertConfig fields to change, e.g. {"hidden_dropout_prob": 0.0}.
+    Returns the model in train mode on the CPU in float32.
+    """
+    if head not in HEADS:
+        raise BertgpuError(f"head {head!r}: expected one of {', '.join(HEADS)}")
+    folder = resolve_checkpoint_folder(path)
+    cfg = read_config(folder)
+    if config_overrides:
+        known = {f for f in BertConfig().to_dict()}
+        bad = sorted(set(config_overrides) - known)
+        if bad:
+            raise BertgpuError(f"config override {', '.join(bad)}: not a BertConfig field "
+                               f"(expected one of {', '.join(sorted(known))})")
+        cfg = {**cfg, **config_overrides}
+    try:
+        config = BertConfig.from_dict(cfg).validate()
+    except BertgpuError as e:
+        raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
+    except TypeError as e:
+        raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
+
+    raw = read_state_dict(folder)
+    sd = _normalise_keys(raw, base=(head == "base"))
+    model = _build(cfg, config, head, set(sd), num_labels, with_nsp)
+    own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
+
+    unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
+    if unexpected:
+        raise BertgpuError(f"{folder}: {len(unexpected)} unexpected weights for a {type(model).__name__} "
+                           f"with this config.json: {_names(unexpected)}")
+    mis_shaped = [f"{k} {tuple(sd[k].shape)} (model {tuple(v.shape)})"
+                  for k, v in own.items() if k in sd and sd[k].shape != v.shape]
+    if mis_shaped:
+        raise BertgpuError(f"{folder}: {len(mis_shaped)} weights have the wrong shape for its config.json: "
+                           f"{_names(mis_shaped)}")
+    missing = sorted(k for k in own if k not in sd)
+    if missing:
+        warnings.warn(f"{folder}: {len(missing)} weights of {type(model).__name__} are not in the checkpoint "
+                      f"and were initialised fresh: {_names(missing)}", stacklevel=2)
+
+    # Cast to the model's dtype (checkpoints may be fp16/bf16); the model itself stays fp32.
+    state = {k: sd[k].to(own[k].dtype) for k in own if k in sd}
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model
+
+
+def _names(keys: list[str], limit: int = 12) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """Strip DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while not isinstance(model, (BertModel, BertForPreTraining, BertForSequenceClassification,
+                                 BertForQuestionAnswering)):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            raise BertgpuError(f"save_pretrained: found {type(model).__name__}, expected a bertgpu BERT model")
+        model = inner
+    return model
+
+
+def architecture(model: nn.Module) -> str:
+    """The transformers class that loads this model's export."""
+    if isinstance(model, BertForPreTraining):
+        return "BertForPreTraining" if model.with_nsp else "BertForMaskedLM"
+    return type(model).__name__
+
+
+def hf_config(model: nn.Module) -> dict[str, Any]:
+    """config.json content that transformers (4.4x and 5.x) reads as a BertConfig."""
+    model = _unwrap(model)
+    cfg: dict[str, Any] = {
+        "architectures": [architecture(model)],
+        "model_type": "bert",
+        **model.config.to_dict(),
+        "tie_word_embeddings": True,
+    }
+    if isinstance(model, BertForSequenceClassification):
+        cfg["num_labels"] = model.num_labels
+        cfg["id2label"] = {str(i): name for i, name in sorted(model.id2label.items())}
+        cfg["label2id"] = {name: i for i, name in sorted(model.id2label.items())}
+        cfg["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
+    return cfg
+
+
+def save_pretrained(model: nn.Module, folder: str | os.PathLike,
+                    tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write `folder` (config.json, model.safetensors, the tokenizer files if `tokenizer` names a
+    tokenizer folder) so that transformers' AutoModelFor... loads it with no missing keys.
+
+    Written to `folder.tmp` and renamed into place; an existing `folder` is replaced.
+    """
+    from safetensors.torch import save_file
+
+    model = _unwrap(model)
+    folder = Path(folder)
+    tok_dir = Path(tokenizer) if tokenizer is not None else None
+    tok_files = []
+    if tok_dir is not None:
+        tok_files = [tok_dir / n for n in TOKENIZER_FILES if (tok_dir / n).is_file()]
+        if not tok_files:
+            raise BertgpuError(f"{tok_dir}: no tokenizer files (expected {', '.join(TOKENIZER_FILES[:4])})")
+    if folder.exists() and not folder.is_dir():
+        raise BertgpuError(f"{folder}: exists and is not a folder")
+
+    # Tied copies are left out (HF re-ties them on load); each tensor is stored once, contiguous.
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()
+             if k not in TIED_KEYS}
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    for f in tok_files:
+        shutil.copyfile(f, tmp / f.name)
+
+    if folder.exists():
+        old = folder.with_name(folder.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, folder)
+    return folder
+
+
+__all__ = ["HEADS", "load_pretrained", "save_pretrained", "hf_config", "architecture",
+           "resolve_checkpoint_folder", "read_config", "read_state_dict"]

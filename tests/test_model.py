@@ -1,0 +1,240 @@
+"""model.py against transformers' BERT as the independent reference (tiny configs, CPU, fp32)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from bertgpu.errors import BertgpuError
+from bertgpu.model import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+    ModelOutput,
+    num_parameters,
+)
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny_batch(seed: int = 0, B: int = 3, T: int = 11) -> dict[str, torch.Tensor]:
+    """Right-padded batch (lengths T, 7, 4), segment B in the second half, ~25% MLM labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([T, 7, 4][:B])
+    attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(5, 99, (B, T), generator=g) * attention_mask
+    token_type_ids = ((torch.arange(T)[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    pick = (torch.rand(B, T, generator=g) < 0.25) & attention_mask.bool()
+    pick[:, 1] = True  # at least one label per row
+    labels = torch.where(pick, torch.randint(5, 99, (B, T), generator=g), torch.full((B, T), -100))
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                labels=labels, next_sentence_label=torch.randint(0, 2, (B,), generator=g))
+
+
+def hf_pair(ours_cls, hf_cls, attn="sdpa", **kw):
+    """A random HF model and ours with its exact weights (state dict keys must match 1:1)."""
+    torch.manual_seed(0)
+    hf = hf_cls(transformers.BertConfig(**TINY, attn_implementation=attn, **kw.pop("hf_kw", {}))).eval()
+    ours = ours_cls(BertConfig(**TINY), **kw).eval()
+    hf_sd = hf.state_dict()
+    assert set(ours.state_dict()) == set(hf_sd)
+    ours.load_state_dict(hf_sd)
+    return ours, hf
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_pretraining_matches_transformers(attn):
+    ours, hf = hf_pair(BertForPreTraining, transformers.BertForPreTraining, attn=attn)
+    b = tiny_batch()
+    # Full logits without labels.
+    o = ours(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+    r = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"])
+    torch.testing.assert_close(o.prediction_logits, r.prediction_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.seq_relationship_logits, r.seq_relationship_logits, atol=1e-5, rtol=1e-4)
+
+    # Loss and every gradient with labels; the sparse logits are the full ones at masked positions.
+    o = ours(**b)
+    r = hf(**b)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    keep = b["labels"] != -100
+    torch.testing.assert_close(o.prediction_logits, r.prediction_logits[keep], atol=1e-5, rtol=1e-4)
+    assert o.mlm_count.item() == keep.sum().item()
+    assert o.nsp_count.item() == 3
+    assert o.mlm_correct.item() == (r.prediction_logits[keep].argmax(-1) == b["labels"][keep]).sum().item()
+    o.loss.backward()
+    r.loss.backward()
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_masked_lm_matches_transformers():
+    ours, hf = hf_pair(BertForPreTraining, transformers.BertForMaskedLM, with_nsp=False)
+    assert ours.bert.pooler is None and ours.cls.seq_relationship is None
+    b = tiny_batch(1)
+    del b["next_sentence_label"]
+    o, r = ours(**b), hf(**b)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o.prediction_logits, r.logits[b["labels"] != -100], atol=1e-5, rtol=1e-4)
+    assert "seq_relationship_logits" not in o and "nsp_loss_sum" not in o
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_classification_matches_transformers(num_labels):
+    ours, hf = hf_pair(BertForSequenceClassification, transformers.BertForSequenceClassification,
+                       num_labels=num_labels, hf_kw={"num_labels": num_labels})
+    b = tiny_batch(2)
+    labels = torch.tensor([0.5, -1.0, 2.0]) if num_labels == 1 else torch.tensor([2, 0, 1])
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+              token_type_ids=b["token_type_ids"], labels=labels)
+    o, r = ours(**kw), hf(**kw)
+    torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o.loss_sum / o.count, o.loss)
+    o.loss.backward()
+    r.loss.backward()
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_qa_matches_transformers():
+    ours, hf = hf_pair(BertForQuestionAnswering, transformers.BertForQuestionAnswering)
+    b = tiny_batch(3)
+    # the third example's answer is outside the window: HF clamps it to T and ignores it
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"],
+              start_positions=torch.tensor([3, 0, 40]), end_positions=torch.tensor([5, 0, 45]))
+    o, r = ours(**kw), hf(**kw)
+    torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.end_logits, r.end_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    assert o.count.item() == 2
+    torch.testing.assert_close(o.loss_sum / o.count, o.loss)
+    o.loss.backward()
+    r.loss.backward()
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_base_model_keys_and_outputs():
+    ours, hf = hf_pair(BertModel, transformers.BertModel)
+    b = tiny_batch(4)
+    o = ours(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+    r = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"])
+    torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.pooler_output, r.pooler_output, atol=1e-5, rtol=1e-4)
+    # all-ones mask takes the attn_mask=None path and agrees with no mask at all
+    ones = torch.ones_like(b["input_ids"])
+    torch.testing.assert_close(ours(b["input_ids"], ones).last_hidden_state,
+                               ours(b["input_ids"]).last_hidden_state)
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "relu"])
+def test_other_activations_match(act):
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(**TINY, hidden_act=act)).eval()
+    ours = BertModel(BertConfig(**TINY, hidden_act=act)).eval()
+    ours.load_state_dict(hf.state_dict())
+    ids = torch.randint(5, 99, (2, 9))
+    torch.testing.assert_close(ours(ids).last_hidden_state, hf(input_ids=ids).last_hidden_state,
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_hf_initialisation_statistics():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, initializer_range=0.05)
+    m = BertForPreTraining(cfg)
+    for name, p in m.named_parameters():
+        if name.endswith("LayerNorm.weight"):
+            assert torch.all(p == 1), name
+        elif name.endswith("bias"):
+            assert torch.all(p == 0), name
+        else:
+            w = p[1:] if "word_embeddings" in name else p  # row 0 is [PAD], zeroed
+            assert abs(w.std().item() - 0.05) < 0.006, (name, w.std().item())
+            assert abs(w.mean().item()) < 0.01, name
+    assert torch.all(m.bert.embeddings.word_embeddings.weight[0] == 0)
+
+
+def test_tied_weights_share_storage():
+    m = BertForPreTraining(BertConfig(**TINY))
+    dec, emb = m.cls.predictions.decoder, m.bert.embeddings.word_embeddings
+    assert dec.weight is emb.weight and dec.weight.data_ptr() == emb.weight.data_ptr()
+    assert dec.bias is m.cls.predictions.bias
+    # tied parameters are counted once, as transformers does
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**TINY))
+    assert num_parameters(m) == hf.num_parameters()
+    assert num_parameters(m, exclude_embeddings=True) == hf.num_parameters(exclude_embeddings=True)
+
+
+def test_with_nsp_false_has_no_pooler():
+    m = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+    assert m.bert.pooler is None
+    assert not any("pooler" in k or "seq_relationship" in k for k in m.state_dict())
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(**TINY))
+    assert set(m.state_dict()) == set(hf.state_dict())
+
+
+def test_gradient_checkpointing_same_gradients():
+    torch.manual_seed(0)
+    cfg = BertConfig(**TINY)
+    a = BertForPreTraining(cfg)
+    b = BertForPreTraining(cfg)
+    b.load_state_dict(a.state_dict())
+    b.gradient_checkpointing_enable()
+    assert b.bert.encoder.gradient_checkpointing
+    batch = tiny_batch(5)
+    a(**batch).loss.backward()
+    b(**batch).loss.backward()
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    m = BertModel(BertConfig(**{**TINY, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}))
+    ids = torch.randint(5, 99, (2, 9))
+    m.eval()
+    torch.testing.assert_close(m(ids).last_hidden_state, m(ids).last_hidden_state)
+    m.train()
+    assert not torch.allclose(m(ids).last_hidden_state, m(ids).last_hidden_state)
+
+
+def test_fully_padded_row_is_finite():
+    m = BertModel(BertConfig(**TINY)).eval()
+    ids = torch.randint(5, 99, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    out = m(ids, mask).last_hidden_state
+    assert torch.isfinite(out).all()
+
+
+def test_config_from_dict_to_dict_validate():
+    d = {**TINY, "architectures": ["BertForMaskedLM"], "model_type": "bert", "torch_dtype": "float32",
+         "transformers_version": "4.8.2", "use_cache": True}
+    cfg = BertConfig.from_dict(d)
+    assert cfg.hidden_size == 32 and cfg.layer_norm_eps == 1e-12
+    assert BertConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(BertgpuError, match="num_attention_heads"):
+        BertConfig(hidden_size=30, num_attention_heads=4).validate()
+    with pytest.raises(BertgpuError, match="position_embedding_type"):
+        BertConfig.from_dict({"position_embedding_type": "relative_key"}).validate()
+    with pytest.raises(BertgpuError, match="hidden_act"):
+        BertConfig(hidden_act="swish").validate()
+    with pytest.raises(BertgpuError, match="hidden_act"):
+        BertModel(BertConfig(**{**TINY, "hidden_act": "silu"}))
+
+
+def test_model_output_attribute_access():
+    o = ModelOutput(loss=1)
+    o.logits = 2
+    assert o.loss == 1 and o["logits"] == 2 and set(o) == {"loss", "logits"}
+    with pytest.raises(AttributeError):
+        _ = o.start_logits
