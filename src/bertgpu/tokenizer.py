@@ -1,0 +1,339 @@
+"""WordPiece tokenizer training and loading, in files that transformers' AutoTokenizer loads.
+
+    bertgpu tokenizer --corpus wiki.xml.bz2 books/ --vocab-size 30522 --out tok/
+    bertgpu tokenizer --corpus data.jsonl --text-field body --vocab-size 32000 --cased --out tok/
+
+    from bertgpu.tokenizer import load_tokenizer
+    tok = load_tokenizer("tok/")                     # a tokenizers.Tokenizer
+    tok.encode("Hello world", "Second segment").ids  # [CLS] A [SEP] B [SEP]
+
+The pipeline is BERT's: BertNormalizer (clean text, CJK characters split one by one, lower-case
+and strip accents unless --cased), BertPreTokenizer, WordPiece with "##" continuations,
+[CLS]/[SEP] templates with token type ids. Special tokens [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
+
+The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
+and special_tokens_map.json. `load_tokenizer` also accepts any Hugging Face BERT folder that has
+only vocab.txt (+ tokenizer_config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bertgpu.corpus import FORMATS, CorpusStats, iter_documents
+from bertgpu.errors import BertgpuError
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token", "mask": "mask_token"}
+_DEFAULT_SPECIAL = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
+MODEL_MAX_LENGTH = 512
+# Files `prepare` copies into a data folder and `save_pretrained` next to a model.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def _pipeline(tokenizer, lowercase: bool, strip_accents: bool | None, cls_id: int, sep_id: int,
+              cls: str = "[CLS]", sep: str = "[SEP]") -> None:
+    """Attach BERT's normaliser, pre-tokenizer, templates and decoder to a WordPiece tokenizer."""
+    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+
+
+def _sentence_batches(docs: Iterator[list[str]], batch: int = 1000) -> Iterator[list[str]]:
+    buf: list[str] = []
+    for doc in docs:
+        buf.extend(doc)
+        if len(buf) >= batch:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_tokenizer(
+    paths: list[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    fmt: str = "auto",
+    skip_bad: bool = False,
+    text_field: str = "text",
+    strip_accents: bool | None = None,
+    limit_alphabet: int = 1000,
+    stats: CorpusStats | None = None,
+) -> Path:
+    """Train a WordPiece vocabulary on the corpus and write an AutoTokenizer-loadable folder.
+
+    ``strip_accents=None`` follows ``lowercase`` (BERT's convention: uncased models also drop
+    accents). The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
+    """
+    from tokenizers import Tokenizer, models, trainers
+
+    if vocab_size < len(SPECIAL_TOKENS) + 1:
+        raise BertgpuError(f"--vocab-size {vocab_size}: too small; expected at least {len(SPECIAL_TOKENS) + 1}")
+    if min_frequency < 1:
+        raise BertgpuError(f"--min-frequency {min_frequency}: expected 1 or more")
+    out = Path(out_dir)
+    _check_out_dir(out)
+    stats = stats if stats is not None else CorpusStats()
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    docs = iter_documents(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
+    tok.train_from_iterator(_sentence_batches(docs), trainer=trainer)
+    if stats.documents == 0:
+        raise BertgpuError("no documents read from the corpus; expected text to train on")
+    for i, t in enumerate(SPECIAL_TOKENS):  # the trainer puts them first, in order; check it
+        if tok.token_to_id(t) != i:
+            raise RuntimeError(f"special token {t} got id {tok.token_to_id(t)}, expected {i}")
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _write_folder(tok, tmp, lowercase, strip_accents)
+        if out.exists():
+            out.rmdir()  # _check_out_dir made sure it is empty
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BertgpuError(f"{out}: already exists and is not empty; expected a new output folder")
+
+
+def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None) -> None:
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise RuntimeError("vocabulary ids are not contiguous")
+    with open(folder / "vocab.txt", "w", encoding="utf-8") as f:
+        f.writelines(t + "\n" for t, _ in by_id)
+    tok.save(str(folder / "tokenizer.json"))
+    # null = "same as do_lower_case" for transformers, like the original BERT uncased/cased configs.
+    strip = None if strip_accents is None or strip_accents == lowercase else strip_accents
+    config = {
+        "tokenizer_class": "BertTokenizerFast",
+        "do_lower_case": lowercase,
+        "strip_accents": strip,
+        "tokenize_chinese_chars": True,
+        "clean_up_tokenization_spaces": True,
+        "model_max_length": MODEL_MAX_LENGTH,
+        **_DEFAULT_SPECIAL,
+    }
+    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(folder / "special_tokens_map.json", dict(_DEFAULT_SPECIAL))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BertgpuError(f"{path}: not valid JSON ({exc}); expected a tokenizer config") from None
+
+
+def _special_strings(folder: Path) -> dict[str, str]:
+    """Special token strings by key (pad, unk, ...), from special_tokens_map.json or the config."""
+    names = dict(_DEFAULT_SPECIAL)
+    for source in (_read_config(folder), _read_json_or_empty(folder / "special_tokens_map.json")):
+        for attr in names:
+            value = source.get(attr)
+            if isinstance(value, dict):  # {"content": "[CLS]", ...} in newer files
+                value = value.get("content")
+            if isinstance(value, str):
+                names[attr] = value
+    return {key: names[attr] for key, attr in _SPECIAL_KEYS.items()}
+
+
+def _read_json_or_empty(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BertgpuError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _check_folder(folder: Path) -> None:
+    if not folder.is_dir():
+        raise BertgpuError(f"{folder}: no such tokenizer folder; expected the output of `bertgpu tokenizer`")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
+        raise BertgpuError(
+            f"{folder}: neither tokenizer.json nor vocab.txt found; expected a tokenizer folder"
+        )
+
+
+def is_lowercase(folder: str | os.PathLike) -> bool:
+    """Whether the tokenizer lower-cases its input (do_lower_case; BERT's default True)."""
+    folder = Path(folder)
+    _check_folder(folder)
+    config = _read_config(folder)
+    if "do_lower_case" in config:
+        return bool(config["do_lower_case"])
+    normalizer = _tokenizer_json(folder).get("normalizer") or {}
+    return bool(normalizer.get("lowercase", True))
+
+
+def _strip_accents(folder: Path) -> bool:
+    """The effective accent stripping (null/None means: same as lower-casing)."""
+    value = _read_config(folder).get("strip_accents")
+    return is_lowercase(folder) if value is None else bool(value)
+
+
+def _tokenizer_json(folder: Path) -> dict:
+    path = folder / "tokenizer.json"
+    return _read_json_or_empty(path) if path.is_file() else {}
+
+
+def load_tokenizer(folder: str | os.PathLike):
+    """The `tokenizers.Tokenizer` of a folder: tokenizer.json, or else built from vocab.txt.
+
+    The vocab.txt route rebuilds BERT's pipeline with the config's do_lower_case /
+    strip_accents, so a Hugging Face BERT folder without tokenizer.json works too.
+    """
+    from tokenizers import AddedToken, Tokenizer, models
+
+    folder = Path(folder)
+    _check_folder(folder)
+    if (folder / "tokenizer.json").is_file():
+        try:
+            return Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # the Rust side raises plain Exception with its message
+            raise BertgpuError(f"{folder / 'tokenizer.json'}: cannot load ({exc}); expected a tokenizers JSON file") from None
+    specials = _special_strings(folder)
+    vocab = _read_vocab(folder / "vocab.txt")
+    missing = [t for t in specials.values() if t not in vocab]
+    if missing:
+        raise BertgpuError(f"{folder / 'vocab.txt'}: special tokens {missing} missing; expected them in the vocabulary")
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=specials["unk"], continuing_subword_prefix="##",
+                                     max_input_chars_per_word=100))
+    config = _read_config(folder)
+    lowercase = is_lowercase(folder)
+    strip = config.get("strip_accents")
+    _pipeline(tok, lowercase, None if strip is None else bool(strip), vocab[specials["cls"]],
+              vocab[specials["sep"]], cls=specials["cls"], sep=specials["sep"])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in specials.values()])
+    return tok
+
+
+def _read_vocab(path: Path) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                vocab.setdefault(line.rstrip("\n"), i)
+    except UnicodeDecodeError:
+        raise BertgpuError(f"{path}: invalid UTF-8; expected one token per line") from None
+    if not vocab:
+        raise BertgpuError(f"{path}: empty; expected one token per line")
+    return vocab
+
+
+def special_token_ids(folder: str | os.PathLike) -> dict[str, int]:
+    """Ids of the special tokens: keys pad, unk, cls, sep, mask."""
+    folder = Path(folder)
+    tok = load_tokenizer(folder)
+    ids: dict[str, int] = {}
+    for key, token in _special_strings(folder).items():
+        idx = tok.token_to_id(token)
+        if idx is None:
+            raise BertgpuError(f"{folder}: special token {token} is not in the vocabulary")
+        ids[key] = idx
+    return ids
+
+
+def tokenizer_hash(folder: str | os.PathLike) -> str:
+    """sha256 over vocab.txt and the normalisation settings: equal hash = identical encoding."""
+    folder = Path(folder)
+    _check_folder(folder)
+    h = hashlib.sha256()
+    vocab_path = folder / "vocab.txt"
+    if vocab_path.is_file():
+        h.update(vocab_path.read_bytes())
+    else:  # a tokenizer.json-only folder: its vocabulary in id order stands in for vocab.txt
+        vocab = load_tokenizer(folder).get_vocab(with_added_tokens=True)
+        h.update("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])).encode())
+    settings = {"lowercase": is_lowercase(folder), "strip_accents": _strip_accents(folder), "chinese_chars": True}
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                        help="files, folders (recursive) or glob patterns")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (must not exist or be empty)")
+    parser.add_argument("--vocab-size", type=int, default=30522, help="vocabulary size (default 30522)")
+    parser.add_argument("--min-frequency", type=int, default=2,
+                        help="minimum count of a merged piece (default 2)")
+    parser.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    parser.add_argument("--strip-accents", choices=["auto", "yes", "no"], default="auto",
+                        help="accent stripping; auto = with lower-casing, like BERT (default)")
+    parser.add_argument("--limit-alphabet", type=int, default=1000,
+                        help="most distinct characters kept in the initial alphabet (default 1000)")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: by extension)")
+    parser.add_argument("--text-field", default="text", help="JSONL field with the text (default 'text')")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable files instead of stopping")
+
+
+def main(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    stats = CorpusStats()
+    strip = {"auto": None, "yes": True, "no": False}[args.strip_accents]
+    out = train_tokenizer(
+        args.corpus, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
+        min_frequency=args.min_frequency, fmt=args.format, skip_bad=args.skip_bad,
+        text_field=args.text_field, strip_accents=strip, limit_alphabet=args.limit_alphabet, stats=stats,
+    )
+    size = load_tokenizer(out).get_vocab_size(with_added_tokens=True)
+    print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from {stats.summary()} "
+          f"in {time.perf_counter() - start:.1f}s -> {out}")
+    return 0

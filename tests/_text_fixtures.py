@@ -1,0 +1,107 @@
+"""Small real-text fixtures for the corpus, tokenizer and prepare tests (no network needed).
+
+Real English comes from Python's own documentation (`pydoc_data.topics`, on every machine);
+a tiny hand-written MediaWiki dump exercises the markup stripper.
+"""
+
+from __future__ import annotations
+
+import bz2
+import re
+from pathlib import Path
+
+from bertgpu.corpus import split_sentences
+
+GENSIM_WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+# Lines with non-ASCII scripts so that the tokenizer sees CJK characters and accents.
+EXTRA_SENTENCES = [
+    "我爱自然语言处理。",
+    "自然语言处理很有趣。",
+    "Crème brûlée, café au lait and a naïve résumé.",
+    "Ünïcödé text from Zürich and São Paulo.",
+    "東京 is the capital of Japan.",
+]
+
+
+def pydoc_documents(limit: int | None = None) -> list[list[str]]:
+    """The Python reference topics as documents of sentences (79 documents, ~100k tokens)."""
+    from pydoc_data.topics import topics
+
+    docs = []
+    for name in sorted(topics)[:limit]:
+        paragraphs = re.split(r"\n\s*\n", topics[name])
+        sents = [s for p in paragraphs for s in split_sentences(" ".join(p.split()))]
+        if sents:
+            docs.append(sents)
+    return docs
+
+
+def write_sentences(path: Path, docs: list[list[str]]) -> Path:
+    """Write documents in the one-sentence-per-line, blank-line-between-documents format."""
+    path.write_text("".join("\n".join(d) + "\n\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def tokenizer_corpus(folder: Path) -> Path:
+    """A sentences file for training small tokenizers: pydoc text plus CJK and accented lines."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_sentences(folder / "corpus.txt", pydoc_documents() + [EXTRA_SENTENCES] * 3)
+
+
+def train_small_tokenizer(folder: Path, vocab_size: int = 2000, lowercase: bool = True) -> Path:
+    from bertgpu.tokenizer import train_tokenizer
+
+    corpus = tokenizer_corpus(folder.parent / (folder.name + "_corpus"))
+    return train_tokenizer([corpus], folder, vocab_size=vocab_size, lowercase=lowercase, min_frequency=1)
+
+
+WIKI_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">
+  <siteinfo><sitename>Wikipedia</sitename></siteinfo>
+  <page>
+    <title>Redirected</title><ns>0</ns><id>1</id>
+    <redirect title="Target" />
+    <revision><id>11</id><text xml:space="preserve">#REDIRECT [[Target]]</text></revision>
+  </page>
+  <page>
+    <title>Old style redirect</title><ns>0</ns><id>2</id>
+    <revision><id>12</id><text xml:space="preserve">#redirect [[Elsewhere]]</text></revision>
+  </page>
+  <page>
+    <title>Wikipedia:About</title><ns>4</ns><id>3</id>
+    <revision><id>13</id><text xml:space="preserve">Project page text that is not an article.</text></revision>
+  </page>
+  <page>
+    <title>Alpha</title><ns>0</ns><id>4</id>
+    <revision><id>14</id><text xml:space="preserve">{{Infobox thing|name={{nested|x}}|size=3}}
+'''Alpha''' is the first letter of the [[Greek alphabet|Greek script]]. It comes before [[Beta]].&lt;ref name="a"&gt;A citation {{cite|x}}&lt;/ref&gt;
+[[File:Alpha.png|thumb|A picture with a [[caption link]] inside [sic].]]
+
+== History ==
+The letter was used in [http://example.org ancient times] and ''later'' periods.
+{| class="wikitable"
+|-
+! Header
+|-
+| table cell text
+|}
+* First list item about alpha.
+# Second list item.
+[[Category:Letters]]
+[[de:Alpha]]</text></revision>
+  </page>
+  <page>
+    <title>Beta</title><ns>0</ns><id>5</id>
+    <revision><id>15</id><text xml:space="preserve">Beta is the second letter. It follows alpha.&lt;br/&gt;Its value is two.</text></revision>
+  </page>
+</mediawiki>
+"""
+
+
+def write_wiki(path: Path, compress: bool = False) -> Path:
+    data = WIKI_XML.encode("utf-8")
+    if compress:
+        path.write_bytes(bz2.compress(data))
+    else:
+        path.write_bytes(data)
+    return path

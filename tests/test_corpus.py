@@ -1,0 +1,173 @@
+"""Corpus readers: each format on small fixtures, the real gensim Wikipedia sample, bad input."""
+
+from __future__ import annotations
+
+import bz2
+import importlib.util
+import json
+
+import pytest
+from _text_fixtures import GENSIM_WIKI, write_wiki
+
+from bertgpu.corpus import (
+    CorpusStats,
+    detect_format,
+    gensim_test_data,
+    iter_documents,
+    resolve_inputs,
+    split_sentences,
+    strip_wiki_markup,
+)
+from bertgpu.errors import BertgpuError
+
+needs_gensim = pytest.mark.skipif(importlib.util.find_spec("gensim") is None, reason="gensim not installed")
+
+
+def test_sentences_format_documents_split_on_blank_lines(tmp_path):
+    path = tmp_path / "sample.txt"
+    path.write_bytes("\ufeffFirst sentence.\r\nSecond one.\r\n\r\n\r\nOther doc.\n  \nLast doc\n".encode())
+    stats = CorpusStats()
+    docs = list(iter_documents([path], stats=stats))
+    assert docs == [["First sentence.", "Second one."], ["Other doc."], ["Last doc"]]
+    assert (stats.files, stats.documents, stats.skipped) == (1, 3, [])
+
+
+def test_text_format_paragraphs_are_documents_split_into_sentences(tmp_path):
+    path = tmp_path / "book.md"
+    path.write_text("The cat sat. It was\nhappy! Was it?\n\nE.g. this stays, e.g. whole. Next one.\n")
+    docs = list(iter_documents([path], fmt="text"))
+    assert docs == [["The cat sat.", "It was happy!", "Was it?"], ["E.g. this stays, e.g. whole.", "Next one."]]
+
+
+def test_split_sentences_handles_quotes_and_cjk():
+    assert split_sentences('He said "Stop." Then he left.') == ['He said "Stop."', "Then he left."]
+    assert split_sentences("我爱自然语言处理。很有趣。") == ["我爱自然语言处理。", "很有趣。"]
+
+
+def test_jsonl_reads_text_field_and_custom_field(tmp_path):
+    path = tmp_path / "web.jsonl"
+    rows = [{"text": "One. Two.", "id": 1}, {"text": "", "id": 2}, {"text": "Para one.\n\nPara two."}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert list(iter_documents([path])) == [["One.", "Two."], ["Para one.", "Para two."]]
+    other = tmp_path / "body.json"
+    other.write_text(json.dumps({"body": "Hello there."}) + "\n")
+    assert list(iter_documents([other], text_field="body")) == [["Hello there."]]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_wiki_reader_skips_redirects_and_strips_markup(tmp_path, compress):
+    path = write_wiki(tmp_path / ("dump.xml.bz2" if compress else "dump.xml"), compress=compress)
+    assert detect_format(path) == "wiki"
+    docs = list(iter_documents([path]))
+    assert len(docs) == 2  # Alpha and Beta: 2 redirects and a namespace-4 page skipped
+    text = " ".join(docs[0])
+    assert "Alpha is the first letter of the Greek script." in docs[0]  # [[a|b]] -> b, '''x''' -> x
+    assert "It comes before Beta." in docs[0]  # [[a]] -> a
+    assert "ancient times" in text and "later periods" in text  # [http://x label] -> label
+    assert "First list item about alpha." in docs[0]  # list prefix gone
+    for junk in ("{{", "}}", "[[", "]]", "Infobox", "citation", "caption", "Category", "table cell",
+                 "Header", "History", "<", "'''", "de:Alpha", "http"):
+        assert junk not in text, junk
+    assert docs[1] == ["Beta is the second letter.", "It follows alpha.", "Its value is two."]
+
+
+def test_strip_wiki_markup_nested_templates_and_file_links():
+    text = "A {{a|{{b|{{c}}}}}} B [[Image:x.jpg|cap [[y]] with [bracket]]] C [[Category:Z]] D"
+    assert " ".join(strip_wiki_markup(text).split()) == "A B C D"
+
+
+def test_bare_bz2_with_mediawiki_inside_is_detected(tmp_path):
+    path = write_wiki(tmp_path / "enwiki-articles1.xml-p1p30.bz2", compress=True)
+    assert detect_format(path) == "wiki"
+    plain = tmp_path / "notes.txt.bz2"
+    plain.write_bytes(bz2.compress(b"Just a sentence.\n"))
+    assert detect_format(plain) == "sentences"
+    assert list(iter_documents([plain])) == [["Just a sentence."]]
+
+
+@needs_gensim
+def test_real_wikipedia_sample_from_gensim():
+    path = gensim_test_data(GENSIM_WIKI)
+    stats = CorpusStats()
+    docs = list(iter_documents([path], stats=stats))
+    assert stats.documents == len(docs) == 106  # 206 pages: 100 redirects, 1 project page
+    sentences = [s for d in docs for s in d]
+    assert len(sentences) > 20_000
+    words = sum(len(s.split()) for s in sentences)
+    assert 400_000 < words < 500_000
+    for junk in ("{{", "}}", "[[", "]]", "<ref", "'''", "{|", "|}"):
+        assert not any(junk in s for s in sentences), junk
+    assert docs[0][0].startswith("Anarchism is a political philosophy")
+
+
+def test_gensim_test_data_missing_file_is_an_error():
+    with pytest.raises(BertgpuError, match="no-such-file"):
+        gensim_test_data("no-such-file.txt")
+
+
+def test_resolve_inputs_folders_globs_and_order(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "deep").mkdir(parents=True)
+    for rel in ("b/2.txt", "a/deep/1.txt", "a/0.txt", "a/.hidden", "c.jsonl"):
+        (tmp_path / rel).write_text("x\n")
+    found = resolve_inputs([tmp_path / "b", tmp_path / "a", str(tmp_path / "*.jsonl"), tmp_path / "a/0.txt"])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["b/2.txt", "a/0.txt", "a/deep/1.txt", "c.jsonl"]
+    with pytest.raises(BertgpuError, match="pattern matches no files"):
+        resolve_inputs([str(tmp_path / "*.xml")])
+    with pytest.raises(BertgpuError, match="no such file"):
+        resolve_inputs([tmp_path / "missing.txt"])
+
+
+def _bad_inputs(tmp_path):
+    """(file, expected message fragment) for each kind of bad input."""
+    utf = tmp_path / "latin1.txt"
+    utf.write_bytes(b"good line\nalso good\ncaf\xe9 au lait\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n   \n\n")
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "ok"}\n{"text": oops}\n')
+    no_field = tmp_path / "nofield.jsonl"
+    no_field.write_text('{"body": "ok"}\n')
+    not_wiki = tmp_path / "other.xml"
+    not_wiki.write_text("<rss><item>x</item></rss>")
+    broken_xml = tmp_path / "broken.xml"
+    broken_xml.write_text("<mediawiki><page><ns>0</ns><text>x</page>")
+    return [
+        (utf, r"latin1.txt:3: invalid UTF-8 byte 0xe9 at byte offset 23"),
+        (empty, r"empty.txt: empty file"),
+        (blank, r"blank.txt: no text"),
+        (bad_json, r"bad.jsonl:2: not valid JSON"),
+        (no_field, r"nofield.jsonl:1: no string field 'text'"),
+        (not_wiki, r"other.xml: root element <rss> is not <mediawiki>"),
+        (broken_xml, r"broken.xml:1: XML error"),
+    ]
+
+
+def test_each_bad_input_raises_one_line_error_naming_file_and_line(tmp_path):
+    for path, message in _bad_inputs(tmp_path):
+        with pytest.raises(BertgpuError, match=message) as info:
+            list(iter_documents([path]))
+        assert "\n" not in str(info.value)
+
+
+def test_skip_bad_counts_skipped_files_and_keeps_going(tmp_path):
+    bad = _bad_inputs(tmp_path)
+    good = tmp_path / "zz_good.txt"
+    good.write_text("A fine sentence.\n")
+    stats = CorpusStats()
+    docs = list(iter_documents([p for p, _ in bad] + [good], skip_bad=True, stats=stats))
+    # a file is read up to its first problem: the unfinished document of the latin-1 file is
+    # dropped, the JSONL file's first line had been yielded already
+    assert docs == [["ok"], ["A fine sentence."]]
+    assert stats.files == 1
+    assert [p for p, _ in stats.skipped] == [str(p) for p, _ in bad]
+    assert "7 skipped" in stats.summary()
+
+
+def test_unknown_format_is_an_error(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("x\n")
+    with pytest.raises(BertgpuError, match="--format 'csv'"):
+        list(iter_documents([path], fmt="csv"))

@@ -1,0 +1,173 @@
+"""prepare: shard layout and manifest, MLM packing, NSP pairs, determinism, failures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _text_fixtures import pydoc_documents, train_small_tokenizer, write_sentences
+
+from bertgpu.cli import main as cli_main
+from bertgpu.errors import BertgpuError
+from bertgpu.prepare import prepare
+from bertgpu.tokenizer import load_tokenizer, tokenizer_hash
+
+CLS, SEP = 2, 3
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two sentence files: 30 + 49 real documents (Python's reference topics)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    docs = pydoc_documents()
+    write_sentences(folder / "a.txt", docs[:30])
+    write_sentences(folder / "b.txt", docs[30:])
+    return folder
+
+
+def _load(out, split, key):
+    shards = json.loads((out / "manifest.json").read_text())["splits"][split]["shards"]
+    return np.concatenate([np.load(out / f"{s['name']}.{key}.npy", mmap_mode="r") for s in shards])
+
+
+def test_mlm_manifest_and_shards(tok, corpus, tmp_path):
+    out = tmp_path / "data"
+    m = prepare([corpus], tok, out, seq_len=64, shard_size=500, workers=1, validation_fraction=0.1)
+    assert not (tmp_path / "data.tmp").exists()
+    assert json.loads((out / "manifest.json").read_text()) == m
+    assert m["format_version"] == 1 and m["objective"] == "mlm" and m["seq_len"] == 64
+    assert m["dtype"] == "uint16" and m["vocab_size"] == 1000 and m["do_lower_case"] is True
+    assert m["tokenizer_hash"] == tokenizer_hash(tok) == tokenizer_hash(out / "tokenizer")
+    assert m["special_tokens"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    assert m["seed"] == 12345 and m["validation_fraction"] == 0.1
+    assert [i["path"] for i in m["inputs"]] == [str(corpus / "a.txt"), str(corpus / "b.txt")]
+    assert all(len(i["sha256"]) == 64 and i["bytes"] > 0 for i in m["inputs"])
+    assert m["skipped_inputs"] == [] and m["created_by"].startswith("bertgpu ")
+    assert m["counts"]["documents"] == 79
+    train, val = m["splits"]["train"], m["splits"]["validation"]
+    assert len(train["shards"]) >= 2 and len(val["shards"]) >= 1  # shard_size 500 splits train
+    assert train["documents"] + val["documents"] == 79 and val["documents"] >= 1
+    assert m["counts"]["sequences"] == train["sequences"] + val["sequences"]
+    assert m["counts"]["tokens"] == train["tokens"] + val["tokens"]
+    for split, info in m["splits"].items():
+        ids = _load(out, split, "input_ids")
+        lengths = _load(out, split, "lengths")
+        assert ids.dtype == np.uint16 and ids.shape == (info["sequences"], 64) and lengths.dtype == np.int32
+        assert int(lengths.sum()) == info["tokens"]
+        assert (ids[:, 0] == CLS).all()
+        assert (ids[np.arange(len(ids)), lengths - 1] == SEP).all()
+        assert (lengths[:-1] == 64).all() and 3 <= lengths[-1] <= 64  # only the last row is short
+        assert (ids[-1, lengths[-1]:] == 0).all()
+        for s in info["shards"]:
+            assert np.load(out / f"{s['name']}.input_ids.npy").shape[0] == s["sequences"]
+    assert not any(out.glob("*token_type_ids*")) and not any(out.glob("*nsp_labels*"))
+
+
+def test_mlm_rows_hold_every_token_in_order(tok, corpus, tmp_path):
+    """Row contents, concatenated, are the documents' tokens with [SEP] between documents."""
+    out = tmp_path / "data"
+    prepare([corpus], tok, out, seq_len=32, workers=1, validation_fraction=0.0, chunk_docs=7)
+    ids, lengths = _load(out, "train", "input_ids"), _load(out, "train", "lengths")
+    stream = np.concatenate([row[1 : n - 1] for row, n in zip(ids, lengths, strict=True)])
+    t = load_tokenizer(tok)
+    expected: list[int] = []
+    for doc in pydoc_documents():
+        if expected:
+            expected.append(SEP)
+        expected += t.encode(" ".join(doc), add_special_tokens=False).ids
+    assert stream.tolist() == expected
+
+
+def test_nsp_pairs(tok, corpus, tmp_path):
+    out = tmp_path / "nsp"
+    m = prepare([corpus], tok, out, seq_len=128, objective="mlm+nsp", workers=1, validation_docs=3)
+    assert m["objective"] == "mlm+nsp" and m["validation_fraction"] is None and m["validation_docs"] == 3
+    assert m["splits"]["validation"]["documents"] == 3
+    ids, tts = _load(out, "train", "input_ids"), _load(out, "train", "token_type_ids")
+    lengths, labels = _load(out, "train", "lengths"), _load(out, "train", "nsp_labels")
+    assert tts.dtype == np.uint8 and labels.dtype == np.uint8 and ids.shape == tts.shape
+    assert len(ids) > 300
+    for row, tt, n in zip(ids, tts, lengths, strict=True):
+        seps = np.flatnonzero(row[:n] == SEP)
+        assert row[0] == CLS and len(seps) == 2 and seps[1] == n - 1
+        a_len, b_len = seps[0] - 1, n - seps[0] - 2
+        assert a_len >= 1 and b_len >= 1 and n <= 128
+        assert (tt[: seps[0] + 1] == 0).all() and (tt[seps[0] + 1 : n] == 1).all() and (tt[n:] == 0).all()
+        assert (row[n:] == 0).all()
+    # Half the B segments are random, plus (as in BERT) every single-sentence segment: 0.54 here.
+    assert 0.45 < labels.mean() < 0.6
+    assert (lengths > 100).mean() > 0.7  # most rows are filled towards the target length
+    assert set(np.unique(labels)) == {0, 1}
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
+def test_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective):
+    kw = dict(seq_len=48, objective=objective, shard_size=300, chunk_docs=10, validation_fraction=0.05)
+    one = prepare([corpus], tok, tmp_path / "w1", workers=1, **kw)
+    two = prepare([corpus], tok, tmp_path / "w2", workers=2, **kw)
+    assert one == two
+    files = sorted(p.name for p in (tmp_path / "w1").glob("*.npy"))
+    assert files == sorted(p.name for p in (tmp_path / "w2").glob("*.npy")) and len(files) >= 4
+    for name in files:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
+
+
+def test_refuses_existing_output_unless_overwrite(tok, corpus, tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(BertgpuError, match="already exists and is not empty"):
+        prepare([corpus], tok, out, workers=1)
+    assert (out / "keep.txt").exists()
+    prepare([corpus], tok, out, workers=1, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+
+
+def test_failure_midway_leaves_nothing_behind(tok, corpus, tmp_path):
+    bad = tmp_path / "in" / "z_bad.txt"
+    bad.parent.mkdir()
+    bad.write_bytes(b"A good line.\n\nAnother.\n\xc3\x28 broken\n")
+    out = tmp_path / "data"
+    for workers in (1, 2):
+        with pytest.raises(BertgpuError, match=r"z_bad.txt:4: invalid UTF-8"):
+            prepare([corpus, bad], tok, out, workers=workers, chunk_docs=5)
+        assert not out.exists() and not (tmp_path / "data.tmp").exists()
+    m = prepare([corpus, bad], tok, out, workers=1, skip_bad=True)
+    assert [s["path"] for s in m["skipped_inputs"]] == [str(bad)]
+    assert "invalid UTF-8" in m["skipped_inputs"][0]["reason"]
+    assert [i["path"] for i in m["inputs"]] == [str(corpus / "a.txt"), str(corpus / "b.txt")]
+
+
+def test_bad_arguments(tok, corpus, tmp_path):
+    with pytest.raises(BertgpuError, match="--objective"):
+        prepare([corpus], tok, tmp_path / "o", objective="clm")
+    with pytest.raises(BertgpuError, match="--seq-len"):
+        prepare([corpus], tok, tmp_path / "o", seq_len=4)
+    with pytest.raises(BertgpuError, match="no such tokenizer folder"):
+        prepare([corpus], tmp_path / "no_tok", tmp_path / "o")
+    with pytest.raises(BertgpuError, match="missing.txt: no such file"):
+        prepare([tmp_path / "missing.txt"], tok, tmp_path / "o")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.tmp").exists()
+
+
+def test_cli_prepare_and_bad_file_exit_code(tok, corpus, tmp_path, capsys):
+    out = tmp_path / "data"
+    code = cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", str(out),
+                     "--seq-len", "64", "--objective", "mlm+nsp", "--workers", "1"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "79 documents" in text and "tokens/s" in text
+    assert json.loads((out / "manifest.json").read_text())["objective"] == "mlm+nsp"
+    bad = tmp_path / "empty.txt"
+    bad.write_bytes(b"")
+    code = cli_main(["prepare", "--corpus", str(bad), "--tokenizer", str(tok), "--out", str(tmp_path / "d2")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("bertgpu prepare: error:") and "empty.txt: empty file" in err
+    assert not (tmp_path / "d2").exists() and not (tmp_path / "d2.tmp").exists()

@@ -1,0 +1,146 @@
+"""WordPiece training: the folder loads in transformers' AutoTokenizer and encodes identically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from _text_fixtures import tokenizer_corpus, train_small_tokenizer
+
+from bertgpu.cli import main as cli_main
+from bertgpu.errors import BertgpuError
+from bertgpu.tokenizer import (
+    SPECIAL_TOKENS,
+    is_lowercase,
+    load_tokenizer,
+    special_token_ids,
+    tokenizer_hash,
+    train_tokenizer,
+)
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Crème brûlée, café au lait and a naïve résumé from Zürich.",
+    "我爱自然语言处理",
+    "MiXeD CaSe Python Keywords: LAMBDA, Yield, and [MASK] tokens.",
+    "  spaces\tand\ncontrol\u0007 characters  ",
+    "東京 is the capital; ümlaut ÅNGSTRÖM.",
+]
+PAIRS = [("What does the if statement do?", "It selects exactly one of the suites."), ("我爱", "Café")]
+
+
+@pytest.fixture(scope="module")
+def uncased(tmp_path_factory):
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "uncased", lowercase=True)
+
+
+@pytest.fixture(scope="module")
+def cased(tmp_path_factory):
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "cased", lowercase=False)
+
+
+def test_folder_layout_and_special_tokens(uncased):
+    assert sorted(p.name for p in uncased.iterdir()) == [
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    assert not uncased.with_name("uncased.tmp").exists()
+    vocab = uncased.joinpath("vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == SPECIAL_TOKENS
+    assert len(vocab) == load_tokenizer(uncased).get_vocab_size() <= 2000
+    assert any(t.startswith("##") for t in vocab)
+    config = json.loads(uncased.joinpath("tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "BertTokenizerFast"
+    assert config["do_lower_case"] is True and config["strip_accents"] is None
+    assert config["tokenize_chinese_chars"] is True and config["model_max_length"] == 512
+    assert special_token_ids(uncased) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+
+
+@pytest.mark.parametrize("which", ["uncased", "cased"])
+def test_autotokenizer_encodes_exactly_like_load_tokenizer(which, request):
+    from transformers import AutoTokenizer
+
+    folder = request.getfixturevalue(which)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    ours = load_tokenizer(folder)
+    for text in TEXTS:
+        assert hf(text)["input_ids"] == ours.encode(text).ids, text
+    for a, b in PAIRS:
+        enc = ours.encode(a, b)
+        ref = hf(a, b)
+        assert ref["input_ids"] == enc.ids
+        assert ref["token_type_ids"] == enc.type_ids
+        first_sep = enc.ids.index(3)
+        assert enc.type_ids == [0] * (first_sep + 1) + [1] * (len(enc.ids) - first_sep - 1)
+    assert hf.convert_tokens_to_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) == [0, 1, 2, 3, 4]
+
+
+def test_chinese_split_char_by_char_and_case_handling(uncased, cased):
+    tokens = load_tokenizer(uncased).encode("我爱自然语言处理").tokens
+    assert tokens == ["[CLS]", *"我爱自然语言处理", "[SEP]"]
+    low = load_tokenizer(uncased).encode("Café STATEMENT").tokens
+    assert "".join(low).replace("##", "") == "[CLS]cafestatement[SEP]"  # lower-cased, accent stripped
+    keep = load_tokenizer(cased).encode("Café STATEMENT").tokens
+    assert "é" in "".join(keep) and "S" in "".join(keep)
+    assert is_lowercase(uncased) and not is_lowercase(cased)
+
+
+def test_vocab_only_folder_loads_like_transformers(uncased, cased, tmp_path):
+    from transformers import AutoTokenizer
+
+    for src in (uncased, cased):
+        folder = tmp_path / src.name
+        folder.mkdir()
+        shutil.copy(src / "vocab.txt", folder)
+        shutil.copy(src / "tokenizer_config.json", folder)
+        ours = load_tokenizer(folder)
+        hf = AutoTokenizer.from_pretrained(str(folder))  # builds from vocab.txt, like ours
+        for text in TEXTS:
+            assert hf(text)["input_ids"] == ours.encode(text).ids, text
+        assert ours.encode(*PAIRS[0]).ids == load_tokenizer(src).encode(*PAIRS[0]).ids
+        assert tokenizer_hash(folder) == tokenizer_hash(src)
+        assert special_token_ids(folder) == special_token_ids(src)
+
+
+def test_hash_depends_on_vocab_and_normalisation(uncased, cased, tmp_path):
+    copy = shutil.copytree(uncased, tmp_path / "copy")
+    assert tokenizer_hash(copy) == tokenizer_hash(uncased)
+    assert tokenizer_hash(cased) != tokenizer_hash(uncased)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["do_lower_case"] = False
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tokenizer_hash(copy) != tokenizer_hash(uncased)
+
+
+def test_errors_name_the_folder(tmp_path, uncased):
+    with pytest.raises(BertgpuError, match="nowhere"):
+        load_tokenizer(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertgpuError, match="empty: neither tokenizer.json nor vocab.txt"):
+        special_token_ids(tmp_path / "empty")
+    with pytest.raises(BertgpuError, match="already exists and is not empty"):
+        train_tokenizer([tokenizer_corpus(tmp_path / "c")], uncased, vocab_size=100)
+
+
+def test_failed_training_leaves_no_output(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\n\xff\n")
+    with pytest.raises(BertgpuError, match=r"bad.txt:2: invalid UTF-8"):
+        train_tokenizer([bad], tmp_path / "tok", vocab_size=100)
+    assert not (tmp_path / "tok").exists() and not (tmp_path / "tok.tmp").exists()
+
+
+def test_cli_trains_and_reports_bad_input(tmp_path, capsys):
+    corpus = tokenizer_corpus(tmp_path / "corpus")
+    code = cli_main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "500", "--cased",
+                     "--out", str(tmp_path / "tok")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "tokenizer: vocab" in out and "1 files" in out
+    assert not is_lowercase(tmp_path / "tok")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    code = cli_main(["tokenizer", "--corpus", str(bad), "--out", str(tmp_path / "tok2")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "bad.jsonl:1: not valid JSON" in err
+    assert err.startswith("bertgpu tokenizer: error:")
