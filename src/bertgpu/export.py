@@ -1,0 +1,45 @@
+"""Export a run's checkpoint in the Hugging Face layout.
+
+    bertgpu export runs/base --out hf/base              # the latest checkpoint
+    bertgpu export runs/base --step 2000 --out hf/base  # a chosen one
+
+The folder holds config.json, model.safetensors and the tokenizer files; it loads with
+transformers' AutoModelForPreTraining (or AutoModelForMaskedLM for MLM-only runs),
+AutoModelForSequenceClassification / ForQuestionAnswering (fresh heads) and AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bertgpu.errors import BertgpuError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out)")
+    parser.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+
+
+def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
+    from bertgpu.checkpoint import checkpoint_dir, latest_checkpoint
+    from bertgpu.hf_io import load_pretrained, save_pretrained
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise BertgpuError(f"{run_dir}: no such run folder")
+    ckpt = checkpoint_dir(run_dir, step) if step is not None else latest_checkpoint(run_dir)
+    if ckpt is None or not ckpt.is_dir():
+        what = f"step {step}" if step is not None else "any complete checkpoint"
+        raise BertgpuError(f"{run_dir}: has no {what} under checkpoints/")
+    model = load_pretrained(ckpt, head="pretraining")
+    tokenizer = run_dir / "tokenizer"
+    return save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)
+
+
+def main(args: argparse.Namespace) -> int:
+    folder = export(args.run_dir, args.out, args.step)
+    print(f"exported {args.run_dir} -> {folder}")
+    return 0

@@ -1,0 +1,129 @@
+"""End-to-end pretraining on a synthetic shard set: resume exactness, preemption, bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _shards import write_synthetic_shards
+from safetensors.torch import load_file
+
+from bertgpu.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.toml")
+
+
+def _args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "pretrain", TINY, "--data", str(data), "--out", str(out),
+        "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+        "--model.max_position_embeddings", "64",
+        "--train.global_batch_size", "8", "--train.micro_batch_size", "4",
+        "--train.log_every_steps", "1", "--train.eval_every_steps", "0", "--train.eval_batches", "2",
+        "--checkpoint.keep_last", "0", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16, seq_len=32,
+                                  vocab_size=100)
+
+
+def _final_weights(run: Path) -> dict:
+    steps = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return load_file(str(steps[-1] / "model.safetensors"))
+
+
+def _assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k  # bitwise: same values, no tolerance
+
+
+def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) -> None:
+    steps = "16"
+    ref = tmp_path / "ref"
+    assert main(_args(shards, ref, "--train.max_steps", steps, "--checkpoint.every_steps", "4")) == 0
+
+    # The same run in a subprocess, killed with SIGKILL right after some checkpoint appears.
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", steps,
+                                                    "--checkpoint.every_steps", "4")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run / "checkpoints" / "step_8").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (run / "checkpoints" / "step_8").exists(), "the run never reached its second checkpoint"
+    assert not (run / "hf").exists(), "the killed run should not have finished"
+
+    # Re-running the same command resumes from the latest complete checkpoint.
+    assert main(_args(shards, run, "--train.max_steps", steps, "--checkpoint.every_steps", "4")) == 0
+    _assert_bitwise_equal(_final_weights(ref), _final_weights(run))
+    _assert_bitwise_equal(load_file(str(ref / "hf" / "model.safetensors")),
+                          load_file(str(run / "hf" / "model.safetensors")))
+
+
+def test_sigterm_writes_a_checkpoint_before_exiting(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "preempted"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", "100000",
+                                                    "--checkpoint.every_steps", "0")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    ckpts = list((run / "checkpoints").glob("step_*"))
+    assert len(ckpts) == 1 and (ckpts[0] / "COMPLETE").exists()
+
+
+def test_resume_continues_and_does_not_repeat_steps(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    assert main(_args(shards, run, "--train.max_steps", "3", "--checkpoint.every_steps", "0")) == 0
+    assert main(_args(shards, run, "--train.max_steps", "5", "--checkpoint.every_steps", "0")) == 0
+    import json
+
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--train.max_stepz", "3"], "train.max_stepz"),
+        (["--train.global_batch_size", "10", "--train.micro_batch_size", "4"], "multiple of"),
+        (["--model.vocab_size", "50"], "vocab"),
+        (["--model.max_position_embeddings", "16"], "seq"),
+    ],
+)
+def test_bad_configs_give_one_line_errors(shards: Path, tmp_path: Path, capsys, extra, message) -> None:
+    rc = main(_args(shards, tmp_path / "bad", "--train.max_steps", "2", *extra))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_shards_from_another_tokenizer_are_refused_on_resume(shards: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "r"
+    assert main(_args(shards, run, "--train.max_steps", "2")) == 0
+    other = write_synthetic_shards(tmp_path / "other", n_train=32, n_val=8, seq_len=32, vocab_size=99)
+    rc = main(_args(other, run, "--train.max_steps", "4"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "tokenizer" in err, err
