@@ -1,0 +1,228 @@
+"""Tests for bertgpu.report: every input kind (pretraining run, fine-tuning folder, GLUE folder,
+bench JSONL) rendered to markdown and HTML, the numbers in the tables, valid PNG plots, partial
+data (no eval rows, nulls, empty log), atomic replacement of the output, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bertgpu.cli import main as cli_main
+from bertgpu.errors import BertgpuError
+from bertgpu.report import build_report, load_source, pretrain_summary
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _train(step: int, loss: float | None, tps: float, **extra: float) -> dict:
+    return {"step": step, "kind": "train", "time": 1.7e9 + step, "elapsed_s": 10.0 * step,
+            "loss": loss, "mlm_loss": loss, "mlm_acc": 0.01 * step, "lr": 1e-3 / step,
+            "tokens_per_s": tps, "tokens_per_s_per_device": tps / 2, "tokens_seen": 1000 * step,
+            "mem_peak_gib": 1.0 + 0.1 * step, "mfu": 0.2, **extra}
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "base"
+    run.mkdir()
+    (run / "config.toml").write_text(
+        "seed = 0\n[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
+        "vocab_size = 512\n[train]\nglobal_batch_size = 8\nprecision = \"fp32\"\n",
+        encoding="utf-8")
+    _write_jsonl(run / "metrics.jsonl", [
+        _train(1, 9.0, 100.0),  # start-up interval: left out of the means
+        _train(2, None, 200.0),  # a non-finite loss, logged as null
+        {"step": 2, "kind": "eval", "time": 1.7e9, "elapsed_s": 21.0, "val_mlm_loss": 8.5,
+         "val_mlm_acc": 0.05},
+        _train(3, 7.0, 300.0),
+        {"step": 4, "kind": "eval", "time": 1.7e9, "elapsed_s": 45.0, "val_mlm_loss": 6.25,
+         "val_mlm_acc": 0.125},
+        _train(4, 6.5, 400.0, world_size=2),
+        {"step": 4, "kind": "info", "time": 1.7e9, "elapsed_s": 46.5, "event": "end",
+         "world_size": 2},
+    ])
+    return run
+
+
+@pytest.fixture()
+def finetune_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "ft_sst2"
+    out.mkdir()
+    epochs = [{"epoch": e, "step": 8 * e, "train_loss": 0.7 - 0.1 * e,
+               "metrics": {"dev": {"accuracy": 60.0 + 5 * e}}, "score": 60.0 + 5 * e}
+              for e in (1, 2, 3)]
+    (out / "results.json").write_text(json.dumps({
+        "task": "SST-2", "metrics": {"dev": {"accuracy": 75.0}}, "score": 75.0,
+        "columns": {"SST-2": 75.0}, "epochs": epochs, "steps": 24, "train_seconds": 90.0,
+        "train_examples_per_s": 12.5}), encoding="utf-8")
+    return out
+
+
+@pytest.fixture()
+def glue_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "glue"
+    out.mkdir()
+    # No top-level "columns": the task table alone, one task as a bare number.
+    (out / "glue_results.json").write_text(json.dumps({
+        "tasks": {"CoLA": {"score": 21.5, "columns": {"CoLA": 21.5}}, "SST-2": 85.25,
+                  "RTE": {"score": None}},
+        "average": 53.375, "convention_text": "mean of the task columns",
+        "references": [{"name": "ref", "label": "BERT-base (published)", "columns": {"CoLA": 52.1},
+                        "average": "78.6-80.7"}]}), encoding="utf-8")
+    # A GLUE folder also holds TASK/seed_N/results.json: glue_results.json decides its kind.
+    (out / "CoLA" / "seed_0").mkdir(parents=True)
+    (out / "CoLA" / "seed_0" / "results.json").write_text("{}", encoding="utf-8")
+    return out
+
+
+@pytest.fixture()
+def bench_files(tmp_path: Path) -> list[Path]:
+    model = _write_jsonl(tmp_path / "model.jsonl", [
+        {"bench": "model_vs_hf", "size": "tiny", "seq_len": 128, "dtype": "fp32",
+         "tokens_per_s": {"bertgpu": 1162.5, "transformers": 556.9}, "ratio": 2.0875},
+        {"bench": "model_vs_hf", "size": "base", "seq_len": 128, "dtype": "fp32",
+         "tokens_per_s": {"bertgpu": 58.25, "transformers": None}, "ratio": None},
+    ])
+    scaling = _write_jsonl(tmp_path / "scaling.jsonl", [
+        {"workers": w, "accumulation": a, "tokens_per_s": 1000.0 * w * (0.9 if w > 1 else 1),
+         "efficiency": 0.9 if w > 1 else 1.0} for a in (1, 4) for w in (1, 2, 4)
+    ])
+    return [model, scaling]
+
+
+def _table_rows(md: str) -> dict[str, list[str]]:
+    """First cell -> the other cells, over every markdown table row."""
+    rows = {}
+    for line in md.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert len(data) > 5000 and data[:8] == PNG_MAGIC, path
+
+
+def test_pretrain_summary_numbers(run_dir: Path):
+    s = pretrain_summary(load_source(run_dir).data["records"])
+    assert s["steps"] == 4 and s["tokens_seen"] == 4000
+    assert s["train_loss"] == 6.5  # the last finite train loss
+    assert s["val_mlm_loss"] == 6.25 and s["val_mlm_acc"] == 0.125
+    assert s["tokens_per_s"] == pytest.approx(300.0)  # mean of 200, 300, 400 (step 1 left out)
+    assert s["tokens_per_s_per_device"] == pytest.approx(150.0)
+    assert s["mem_peak_gib"] == pytest.approx(1.4)
+    assert s["wall_s"] == 46.5 and s["world_size"] == 2 and s["val_nsp_acc"] is None
+
+
+def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, bench_files):
+    out = build_report([run_dir, finetune_dir, glue_dir, *bench_files], tmp_path / "rep", "both")
+    assert out == tmp_path / "rep"
+    md = (out / "README.md").read_text(encoding="utf-8")
+    rows = _table_rows(md)
+    assert rows["optimizer steps"] == ["4"]
+    assert rows["tokens seen"] == ["4.00k"]
+    assert rows["final train loss"] == ["6.5000"]
+    assert rows["final val MLM loss"] == ["6.2500"]
+    assert rows["final val MLM accuracy"] == ["12.50 %"]
+    assert rows["mean tokens/s (all devices)"] == ["300"]
+    assert rows["mean tokens/s per device"] == ["150"]
+    assert rows["mean MFU"] == ["20.0 %"]
+    assert rows["peak memory"] == ["1.40 GiB"]
+    assert rows["wall time"] == ["46 s"]
+    assert "final val NSP accuracy" not in rows  # never logged: no row
+    assert "2 layers x 64 hidden" in md
+    # GLUE: columns from the task table, missing score as an empty cell.
+    assert rows["model"] == ["CoLA", "SST-2", "average"]
+    assert rows["glue"] == ["21.5", "85.25", "53.38"]
+    assert rows["BERT-base (published)"] == ["52.1", "", "78.6-80.7"]
+    assert "glue: average convention: mean of the task columns." in md
+    # Fine-tuning and bench rows.
+    assert rows["ft_sst2"][:3] == ["SST-2", "75", "dev: accuracy 75"]
+    assert "| model_vs_hf | tiny | 128 | fp32 | 1162 | 556.9 |" in md
+    assert "| model_vs_hf | base | 128 | fp32 | 58.25 |  |  |" in md  # nulls: empty cells
+    assert "| workers | accumulation | tokens_per_s | efficiency |" in md
+    assert "| 4 | 4 | 3600 | 0.9 |" in md
+
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    for name in ("loss.png", "mlm_accuracy.png", "learning_rate.png", "throughput.png",
+                 "glue.png", "finetune.png", "bench0_model.png", "bench1_scaling_scaling.png"):
+        assert name in images
+    for name in images:
+        _assert_png(out / name)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page
+    assert all(f'src="{name}"' in page for name in images)
+    assert "<td>6.5000</td>" in page and "http" not in page  # self-contained
+    assert not (tmp_path / "rep.tmp").exists()
+
+
+def test_partial_run_without_eval_and_md_only(tmp_path):
+    run = tmp_path / "noeval"
+    run.mkdir()
+    _write_jsonl(run / "metrics.jsonl", [
+        {"step": 1, "kind": "train", "elapsed_s": 1.0, "loss": None, "lr": 0.1},
+        {"step": 2, "kind": "train", "elapsed_s": 2.0, "loss": 3.0, "lr": 0.2},
+    ])
+    (run / "metrics.jsonl").open("a").write('{"step": 3, "kind": "tra')  # cut short by a crash
+    out = build_report([run], tmp_path / "rep")
+    md = (out / "README.md").read_text(encoding="utf-8")
+    rows = _table_rows(md)
+    assert rows["final train loss"] == ["3.0000"] and "final val MLM loss" not in rows
+    assert "mlm_accuracy.png" not in md and "throughput.png" not in md  # nothing to draw
+    assert "loss.png" in md and "learning_rate.png" in md
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "learning_rate.png", "loss.png"]
+
+
+def test_empty_log_and_replaces_existing_report(tmp_path):
+    run = tmp_path / "fresh"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("", encoding="utf-8")
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "stale.png").write_bytes(b"old")
+    build_report([run], out, "html")
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]
+    assert "No train or eval records" in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_same_folder_names_get_parent_labels(tmp_path, run_dir):
+    other = tmp_path / "b" / "base"
+    other.mkdir(parents=True)
+    (other / "metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text())
+    md = (build_report([run_dir, other], tmp_path / "rep") / "README.md").read_text()
+    assert f"|  | {run_dir.parent.name}/base | b/base |" in md
+
+
+def test_bad_inputs(tmp_path, run_dir):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertgpuError, match=r"empty: not a pretraining run") as e:
+        build_report([run_dir, tmp_path / "empty"], tmp_path / "rep")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "rep").exists() and not (tmp_path / "rep.tmp").exists()
+    with pytest.raises(BertgpuError, match="does not exist"):
+        load_source(tmp_path / "missing")
+    with pytest.raises(BertgpuError, match="--format"):
+        build_report([run_dir], tmp_path / "rep", "pdf")
+    with pytest.raises(BertgpuError, match="overlaps"):
+        build_report([run_dir], run_dir / "report")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"workers": 1}\nnot json\n{"workers": 2}\n', encoding="utf-8")
+    with pytest.raises(BertgpuError, match=r"bad.jsonl:2"):
+        load_source(bad)
+
+
+def test_cli(tmp_path, run_dir, capsys):
+    assert cli_main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "r")]) == 2
+    assert "bertgpu report: error:" in capsys.readouterr().err
+    assert cli_main(["report", str(run_dir), "--out", str(tmp_path / "r"), "--format", "both"]) == 0
+    assert (tmp_path / "r" / "README.md").is_file() and (tmp_path / "r" / "index.html").is_file()
