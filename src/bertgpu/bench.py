@@ -1,4 +1,4 @@
-"""Benchmarks, each in its own module:
+"""Benchmarks, each in its own module (only the chosen one is imported):
 
     bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU, memory
     bertgpu bench scaling [options]   # the same short training at 1..N workers, aggregation 1 vs k
@@ -18,11 +18,13 @@ SUITES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="suite", required=True, metavar="SUITE")
-    for name, (module_name, text) in SUITES.items():
-        p = sub.add_parser(name, help=text, description=text)
-        importlib.import_module(module_name).add_arguments(p)
+    parser.add_argument("suite", choices=sorted(SUITES), help="; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()))
+    parser.add_argument("suite_args", nargs=argparse.REMAINDER, help="the suite's own options (bertgpu bench SUITE --help)")
 
 
 def main(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(SUITES[args.suite][0]).main(args) or 0)
+    module_name, text = SUITES[args.suite]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"bertgpu bench {args.suite}", description=text)
+    module.add_arguments(parser)
+    return int(module.main(parser.parse_args(args.suite_args)) or 0)

@@ -145,6 +145,19 @@ class CheckpointSection:
     every_minutes: float | None = _f(None, "also write one every N minutes of wall time (none = off)")
 
 
+COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+
+
+@dataclass
+class DistributedSection:
+    """Data-parallel (DDP) gradient all-reduce; only used with more than one process."""
+
+    bucket_cap_mb: int = _f(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)")
+    gradient_as_bucket_view: bool = _f(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
+    comm_hook: str = _f("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
+    measure_comm: bool = _f(True, "time the gradient all-reduce and log comm_share (the part not hidden behind backward)")
+
+
 @dataclass
 class PretrainConfig:
     """Everything `bertgpu pretrain` needs; `config.toml` in a run folder is this, resolved."""
@@ -157,6 +170,7 @@ class PretrainConfig:
     optim: OptimSection = _f(factory=OptimSection, help="optimizer and learning rate")
     schedule: ScheduleSection = _f(factory=ScheduleSection, help="learning-rate schedule")
     checkpoint: CheckpointSection = _f(factory=CheckpointSection, help="checkpoint cadence")
+    distributed: DistributedSection = _f(factory=DistributedSection, help="DDP buckets and gradient compression")
 
 
 # Short command-line spellings of frequently used keys.
@@ -524,6 +538,10 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")
     if c.every_minutes is not None:
         _check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
+
+    dist = cfg.distributed
+    _check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
+    _choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
     return cfg
 
 

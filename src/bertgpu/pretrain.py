@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "starts torch's elastic launcher for you",
     )
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    # Declared (not left to the override parser) so `--data D` is never mistaken for the recipe.
+    parser.add_argument("--data", default=None, help="shard set from bertgpu prepare (data.dir)")
+    parser.add_argument("--out", default=None, help="run folder (out); re-running resumes from it")
     parser.epilog = (
         "Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
         "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR"
@@ -65,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from bertgpu import config, distributed
 
+    for key in ("data", "out"):
+        if getattr(args, key, None) is not None:
+            args.overrides = [f"--{key}={getattr(args, key)}", *args.overrides]
     if args.help_config:
         print(config.format_help())
         return 0
@@ -318,7 +324,7 @@ class _Trainer:
         """The checkpoint to resume from, the same on every rank: rank 0 lists the run folder and
         broadcasts the step; the others open that step's folder (or fail clearly)."""
         from bertgpu import distributed
-        from bertgpu.checkpoint import checkpoint_dir, latest_checkpoint, list_checkpoints
+        from bertgpu.checkpoint import COMPLETE, checkpoint_dir, latest_checkpoint, list_checkpoints
 
         if self.info.world_size == 1:
             return latest_checkpoint(self.run_dir)
@@ -330,7 +336,7 @@ class _Trainer:
         if step < 0:
             return None
         path = checkpoint_dir(self.run_dir, step)
-        if not (path / "COMPLETE").is_file():
+        if not (path / COMPLETE).is_file():
             raise BertgpuError(
                 f"{path}: rank {self.info.rank} cannot see the checkpoint rank 0 resumes from; "
                 f"expected --out on a filesystem shared by every node"

@@ -1,0 +1,460 @@
+"""Data-parallel scaling: the same short training at 1, 2, ... N workers and accumulation 1 vs k.
+
+    bertgpu bench scaling                                        # CPU: 1 and 2 gloo workers, tiny model
+    bertgpu bench scaling --recipe configs/bert-base.toml --workers 1 2 4 8 --accumulation 1 4 \\
+        --micro-batch-size 32 --seq-len 128 --precision bf16 --out bench_out/scaling
+    bertgpu bench scaling --predict-only --bandwidth-gbps 200 16  # the ring all-reduce cost model only
+
+Weak scaling: every run keeps the per-device micro batch, so the global batch is
+micro x accumulation x workers. Each (workers, accumulation) point is a fresh `bertgpu pretrain`
+(N > 1: `python -m torch.distributed.run --standalone --nproc-per-node N -m bertgpu pretrain ...`,
+the launcher `--nproc` uses; 1 worker: the plain single-process path, no DDP) on synthetic shards
+(or `--data`), for `--warmup-steps` + `--steps` optimizer steps. Throughput is read back from the
+run's metrics.jsonl over the steps after the warm-up: total tokens/s, tokens/s per device,
+speedup over 1 worker at the same accumulation, efficiency = speedup / N, and `comm_share` (the
+exposed gradient all-reduce time over step time that pretrain logs; see pretrain._CommTimer).
+
+Writes OUT/scaling.jsonl (appended, one line per point), OUT/scaling.md (this run's table and the
+cost model's expectations) and OUT/scaling.png (tokens/s vs workers, ideal-linear dashed).
+
+On CPU each worker gets `--threads-per-worker` threads (default: cores / most workers), so that
+"a worker" is a fixed share of the machine, like a GPU; gloo over shared memory stands in for the
+interconnect, so CPU numbers test the machinery, not a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+# The default model when no recipe is given: small enough for a 2-core CPU.
+TINY_MODEL = {
+    "vocab_size": 4096,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 512,
+    "max_position_embeddings": 128,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", help="TOML recipe (default: a tiny 2-layer, 128-wide BERT)")
+    parser.add_argument("--data", help="shard set from `bertgpu prepare` (default: synthetic random tokens)")
+    parser.add_argument("--workers", type=int, nargs="+",
+                        help="worker counts (default: 1, 2, 4, ... up to every visible GPU; 1 2 on CPU)")
+    parser.add_argument("--accumulation", type=int, nargs="+", default=[1, 4],
+                        help="micro batches per optimizer step (gradient all-reduce once per step)")
+    parser.add_argument("--micro-batch-size", type=int, default=None,
+                        help="sequences per forward pass per device (default: 8 on CPU, 32 on GPU)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="synthetic sequence length (default: 64 on CPU, 128 on GPU)")
+    parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (>= 1)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--precision", default=None, help="fp32, bf16 or fp16 (default: the recipe's)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)")
+    parser.add_argument("--threads-per-worker", type=int, default=None,
+                        help="OMP threads per worker on CPU (default: cores / the largest worker count)")
+    parser.add_argument("--out", default="bench_out/scaling", help="results folder")
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit per training run")
+    parser.add_argument("--bandwidth-gbps", type=float, nargs="+", default=[200.0, 16.0],
+                        help="all-reduce bus bandwidths (GB/s) for the cost model: NVLink ~150-300, PCIe ~12-25")
+    parser.add_argument("--device-tflops", type=float, default=400.0,
+                        help="achieved TFLOP/s per GPU for the cost model (H100 bf16 at ~40%% MFU: 400)")
+    parser.add_argument("--predict-only", action="store_true", help="print the cost model's table and exit")
+
+
+# --------------------------------------------------------------------------------------------
+# Cost model
+# --------------------------------------------------------------------------------------------
+
+
+def predict_efficiency(
+    params: int,
+    bucket_mb: float,
+    bandwidth_GBps: float,
+    step_compute_s: float,
+    accumulation: int,
+    n: int,
+    *,
+    bytes_per_grad: int = 4,
+    tail_params: int = 0,
+    backward_fraction: float = 2.0 / 3.0,
+    latency_s: float = 30e-6,
+) -> float:
+    """Expected weak-scaling efficiency of DDP at `n` workers: t(1 worker) / t(n workers).
+
+    Assumptions (a ring all-reduce, DDP's bucketed overlap, nothing else):
+    - Per optimizer step each worker computes `accumulation` micro-steps of `step_compute_s`
+      (forward + backward), and all-reduces the gradients once, during the last backward.
+    - Ring all-reduce of b bytes over n workers takes 2(n-1)/n x b / bandwidth, plus a fixed
+      `latency_s` per bucket (launch + pipeline fill); `bandwidth_GBps` is the bus bandwidth
+      (nccl-tests' busbw). Buckets are all-reduced one after another.
+    - Gradients come ready at a constant rate over the backward pass (`backward_fraction` of the
+      micro-step, backward ~ 2x forward), cut into buckets of `bucket_mb` MiB; `tail_params`
+      (the word embedding tied to the MLM decoder) are ready only at the very end.
+    - Communication overlaps backward compute perfectly; what runs past the end of the backward
+      is exposed and adds to the step. Compute is not slowed by concurrent communication, the
+      optimizer step and data loading cost the same at any n.
+    """
+    if n < 1 or accumulation < 1 or step_compute_s <= 0 or bandwidth_GBps <= 0 or bucket_mb <= 0:
+        raise BertgpuError("predict_efficiency: n, accumulation, step_compute_s, bandwidth and bucket_mb "
+                           "must be positive")
+    if n == 1:
+        return 1.0
+    total = params * bytes_per_grad
+    tail = min(tail_params * bytes_per_grad, total)
+    body = total - tail
+    bucket = bucket_mb * 2**20
+    backward_s = backward_fraction * step_compute_s
+    k = max(1, math.ceil(body / bucket)) if body > 0 else 0
+    # (ready time, bytes) of each bucket, in the order DDP launches them.
+    buckets = [(backward_s * (i + 1) / k, body / k) for i in range(k)]
+    if tail > 0:
+        buckets.append((backward_s, tail))
+    ring = 2.0 * (n - 1) / n
+    free = 0.0
+    for ready, nbytes in buckets:
+        free = max(free, ready) + latency_s + ring * nbytes / (bandwidth_GBps * 1e9)
+    exposed = max(0.0, free - backward_s)
+    compute = accumulation * step_compute_s
+    return compute / (compute + exposed)
+
+
+def bert_params(hidden: int, layers: int, vocab: int = 30522, positions: int = 512,
+                intermediate: int | None = None) -> tuple[int, int]:
+    """(trainable parameters of BertForPreTraining, of which the tied word embedding) — the
+    decoder weight is tied, so it is counted once."""
+    d, ff = hidden, intermediate or 4 * hidden
+    embeddings = (vocab + positions + 2) * d + 2 * d
+    layer = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d
+    heads = d * d + d + 2 * d + vocab + (d * d + d) + (2 * d + 2)  # MLM transform + bias, pooler, NSP
+    return embeddings + layers * layer + heads, vocab * d
+
+
+def expected_table(bandwidths: list[float], device_tflops: float, micro_batch: int = 32, seq_len: int = 128,
+                   n: int = 8, bucket_mb: float = 25.0) -> list[dict[str, Any]]:
+    """The cost model for BERT-base and BERT-large at `n` GPUs, accumulation 1 and 4."""
+    from bertgpu import metrics
+    from bertgpu.model import BertConfig
+
+    rows = []
+    for name, hidden, layers in (("BERT-base", 768, 12), ("BERT-large", 1024, 24)):
+        cfg = BertConfig.from_dict({"hidden_size": hidden, "num_hidden_layers": layers,
+                                    "num_attention_heads": hidden // 64, "intermediate_size": 4 * hidden})
+        fpt = metrics.flops_per_token_from_config(cfg, seq_len, mlm_fraction=0.15, with_nsp=False)
+        step_s = micro_batch * seq_len * fpt / (device_tflops * 1e12)
+        params, tail = bert_params(hidden, layers)
+        for bw in bandwidths:
+            for acc in (1, 4):
+                eff = predict_efficiency(params, bucket_mb, bw, step_s, acc, n, tail_params=tail)
+                rows.append({"model": name, "params_M": round(params / 1e6, 1), "bandwidth_GBps": bw,
+                             "accumulation": acc, "micro_step_ms": round(step_s * 1e3, 2),
+                             "allreduce_ms": round(2 * (n - 1) / n * params * 4 / (bw * 1e9) * 1e3, 2),
+                             "workers": n, "efficiency": round(eff, 3)})
+    return rows
+
+
+def format_expected(rows: list[dict[str, Any]], device_tflops: float, micro_batch: int, seq_len: int) -> str:
+    head = (f"Expected weak-scaling efficiency at {rows[0]['workers']} GPUs (ring all-reduce cost model: "
+            f"fp32 gradients, 25 MiB buckets overlapped with the last backward, tied embedding last; "
+            f"{device_tflops:g} TFLOP/s achieved per GPU, micro batch {micro_batch} x {seq_len} tokens)\n\n")
+    lines = ["| model | params (M) | bus GB/s | accumulation | micro-step ms | all-reduce ms | efficiency |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['params_M']} | {r['bandwidth_GBps']:g} | {r['accumulation']} | "
+                     f"{r['micro_step_ms']} | {r['allreduce_ms']} | {r['efficiency']:.2f} |")
+    return head + "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic data
+# --------------------------------------------------------------------------------------------
+
+
+def write_synthetic_data(folder: Path, vocab_size: int, seq_len: int, n_train: int = 2048, n_val: int = 64,
+                         seed: int = 0) -> Path:
+    """A shard set of uniformly random tokens in the `bertgpu prepare` layout: enough for a
+    throughput benchmark (the model does the same work on any tokens). Written atomically."""
+    import numpy as np
+
+    if vocab_size < 16 or seq_len < 8:
+        raise BertgpuError(f"synthetic data: vocab_size {vocab_size}, seq_len {seq_len}: expected >= 16 and >= 8")
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "tokenizer").mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(vocab_size - 5)]
+    vocab_txt = "".join(t + "\n" for t in vocab)
+    (tmp / "tokenizer" / "vocab.txt").write_text(vocab_txt, encoding="utf-8")
+    dtype = np.uint16 if vocab_size <= 65535 else np.uint32
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for split, n in (("train", n_train), ("validation", n_val)):
+        ids = rng.integers(5, vocab_size, size=(n, seq_len)).astype(dtype)
+        ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP], full length (packed, like MLM-only data)
+        np.save(tmp / f"{split}-00000.input_ids.npy", ids)
+        np.save(tmp / f"{split}-00000.lengths.npy", np.full(n, seq_len, dtype=np.int32))
+        splits[split] = {"sequences": n, "tokens": n * seq_len,
+                         "shards": [{"name": f"{split}-00000", "sequences": n, "tokens": n * seq_len}]}
+    manifest = {
+        "format_version": 1, "objective": "mlm", "seq_len": seq_len, "dtype": np.dtype(dtype).name,
+        "vocab_size": vocab_size, "tokenizer_hash": hashlib.sha256(vocab_txt.encode()).hexdigest(),
+        "do_lower_case": True, "special_tokens": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4},
+        "seed": seed, "validation_fraction": n_val / (n_train + n_val),
+        "counts": {"documents": n_train + n_val, "sequences": n_train + n_val,
+                   "tokens": (n_train + n_val) * seq_len},
+        "splits": splits, "inputs": [], "skipped_inputs": [], "created_by": "bertgpu bench scaling (synthetic)",
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+# --------------------------------------------------------------------------------------------
+
+
+def _on_gpu(device: str) -> bool:
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
+def default_workers(device: str) -> list[int]:
+    """1, 2, 4, ... up to every visible GPU (and the count itself); 1 2 on CPU."""
+    import torch
+
+    if not _on_gpu(device):
+        return [1, 2]
+    count = torch.cuda.device_count()
+    out = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= count]
+    return out + ([count] if count not in out else [])
+
+
+def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> list[str]:
+    """The command of one point: the elastic launcher for N > 1, the plain entry point for 1."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers)]
+    head = launcher if workers > 1 else [sys.executable]
+    return [*head, "-m", "bertgpu", "pretrain", *([recipe] if recipe else []), *overrides]
+
+
+def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
+    """Steady-state numbers of one run from its metrics.jsonl (one train record per step):
+    tokens/s over the steps after `warmup_steps`, and the step-time-weighted comm and data shares."""
+    from bertgpu.metrics import read_metrics
+
+    train = [r for r in read_metrics(metrics_path) if r.get("kind") == "train"]
+    origin = next((r for r in train if r["step"] == warmup_steps), None)
+    after = [r for r in train if r["step"] > warmup_steps]
+    if origin is None or not after:
+        raise BertgpuError(f"{metrics_path}: found no train records after step {warmup_steps}; did the run fail?")
+    dt = after[-1]["elapsed_s"] - origin["elapsed_s"]
+    if dt <= 0:
+        raise BertgpuError(f"{metrics_path}: elapsed_s does not increase after the warm-up")
+    out = {
+        "tokens_per_s": (after[-1]["tokens_seen"] - origin["tokens_seen"]) / dt,
+        "step_time_s": dt / len(after),
+        "steps_measured": len(after),
+    }
+    prev = origin["elapsed_s"]
+    weights, comm, data = [], [], []
+    for r in after:
+        weights.append(r["elapsed_s"] - prev)
+        prev = r["elapsed_s"]
+        comm.append(r.get("comm_share", 0.0))
+        data.append(r.get("data_wait_share", 0.0))
+    total = sum(weights) or 1.0
+    out["comm_share"] = sum(w * c for w, c in zip(weights, comm, strict=True) if c == c) / total
+    out["data_wait_share"] = sum(w * d for w, d in zip(weights, data, strict=True) if d == d) / total
+    return out
+
+
+def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulation: int, micro: int,
+               model_overrides: list[str], env: dict[str, str], runs_dir: Path) -> dict[str, Any]:
+    run_dir = runs_dir / f"w{workers}_a{accumulation}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a leftover run folder would be resumed, not measured
+    # KEY=VALUE words only: without a recipe, argparse would take a lone value for the recipe.
+    overrides = [
+        f"--data={data_dir}", f"--out={run_dir}",
+        f"--train.max_steps={args.warmup_steps + args.steps}",
+        f"--train.global_batch_size={micro * accumulation * workers}",
+        f"--train.micro_batch_size={micro}",
+        f"--train.device={args.device}",
+        "--train.log_every_steps=1", "--train.eval_every_steps=0", "--train.eval_batches=1",
+        "--checkpoint.every_steps=0", "--checkpoint.keep_last=1",
+        *model_overrides,
+    ]
+    if args.precision:
+        overrides.append(f"--train.precision={args.precision}")
+    overrides += _set_overrides(args.sets)
+    cmd = pretrain_command(workers, args.recipe, overrides)
+    log = runs_dir / f"w{workers}_a{accumulation}.log"
+    t0 = time.monotonic()
+    with open(log, "w", encoding="utf-8") as f:
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout_s,
+                                check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise BertgpuError(f"{log}: {workers} workers, accumulation {accumulation}: no result within "
+                               f"--timeout-s {args.timeout_s:g}") from None
+    if rc != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+        raise BertgpuError(f"{log}: {workers} workers, accumulation {accumulation} failed with exit code {rc} "
+                           f"({tail[0] if tail else 'no output'})")
+    result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
+    shutil.copyfile(run_dir / "metrics.jsonl", runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl")
+    shutil.rmtree(run_dir)  # checkpoints and exports of a benchmark are not worth the disk
+    return {"workers": workers, "accumulation": accumulation, "micro_batch_size": micro,
+            "global_batch": micro * accumulation * workers, "wall_s": round(time.monotonic() - t0, 1), **result}
+
+
+def _set_overrides(sets: list[str]) -> list[str]:
+    for item in sets:
+        if "=" not in item:
+            raise BertgpuError(f"--set {item!r}: expected KEY=VALUE, e.g. distributed.bucket_cap_mb=50")
+    return ["--" + item for item in sets]
+
+
+def _model_overrides(args: argparse.Namespace) -> tuple[list[str], int, int]:
+    """Model overrides for the default tiny model, and the (vocab, positions) the data must fit
+    (after the recipe and --set)."""
+    from bertgpu import config
+
+    overrides = [] if args.recipe else [f"--model.{k}={v}" for k, v in TINY_MODEL.items()]
+    cfg = config.load_config(args.recipe, [*overrides, *_set_overrides(args.sets)])
+    return overrides, cfg.model.vocab_size, cfg.model.max_position_embeddings
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workers | accumulation | global batch | tokens/s | tokens/s per device | speedup | efficiency "
+             "| comm share | data wait share |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['workers']} | {r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s_per_device']:,.0f} | {r['speedup']:.2f} | {r['efficiency']:.2f} | "
+            f"{r['comm_share']:.3f} | {r['data_wait_share']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """tokens/s vs workers, one line per accumulation, each with its ideal-linear line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for acc in sorted({r["accumulation"] for r in rows}):
+        pts = sorted((r["workers"], r["tokens_per_s"]) for r in rows if r["accumulation"] == acc)
+        ws, tps = [p[0] for p in pts], [p[1] for p in pts]
+        (line,) = ax.plot(ws, tps, "o-", label=f"accumulation {acc}")
+        base = next((t for w, t in pts if w == 1), None)
+        if base is not None:
+            ax.plot(ws, [base * w for w in ws], "--", color=line.get_color(), alpha=0.5,
+                    label=f"ideal (accumulation {acc})")
+    ax.set_xticks(sorted({r["workers"] for r in rows}))
+    ax.set_xlabel("workers")
+    ax.set_ylabel("tokens/s (total)")
+    ax.set_title("bertgpu data-parallel scaling")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def main(args: argparse.Namespace) -> int:
+    on_gpu = _on_gpu(args.device)
+    micro = args.micro_batch_size or (32 if on_gpu else 8)
+    seq_len = args.seq_len or (128 if on_gpu else 64)
+    expected = expected_table(list(args.bandwidth_gbps), args.device_tflops)
+    expected_text = format_expected(expected, args.device_tflops, 32, 128)
+    if args.predict_only:
+        print(expected_text)
+        return 0
+    if args.warmup_steps < 1 or args.steps < 1:
+        raise BertgpuError(f"--warmup-steps {args.warmup_steps}, --steps {args.steps}: expected both >= 1")
+    workers = sorted(set(args.workers or default_workers(args.device)))
+    accumulations = sorted(set(args.accumulation))
+    if min(workers) < 1 or min(accumulations) < 1:
+        raise BertgpuError("--workers and --accumulation: expected positive integers")
+    if on_gpu:
+        import torch
+
+        if max(workers) > torch.cuda.device_count():
+            raise BertgpuError(f"--workers {max(workers)}: only {torch.cuda.device_count()} GPUs are visible")
+
+    out = Path(args.out)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    model_overrides, vocab, positions = _model_overrides(args)
+    if args.data:
+        data_dir = Path(args.data)
+    else:
+        data_dir = write_synthetic_data(out / "synthetic_data", vocab, min(seq_len, positions))
+
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)  # a benchmark started under torchrun must not look like a worker
+    if not on_gpu:
+        threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(workers))
+        env["OMP_NUM_THREADS"] = str(threads)
+    src = str(Path(__file__).resolve().parents[1])  # the children import this same bertgpu
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+
+    rows: list[dict[str, Any]] = []
+    for acc in accumulations:
+        for w in workers:
+            print(f"bench scaling: {w} worker{'s' if w > 1 else ''}, accumulation {acc} ...", flush=True)
+            rows.append(_run_point(args, data_dir, w, acc, micro, model_overrides, env, runs_dir))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    device = "cuda" if on_gpu else "cpu"
+    for r in rows:
+        base = next((b for b in rows if b["workers"] == 1 and b["accumulation"] == r["accumulation"]), None)
+        r["tokens_per_s_per_device"] = r["tokens_per_s"] / r["workers"]
+        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
+        r["efficiency"] = r["speedup"] / r["workers"]
+        r.update(device=device, seq_len=seq_len, recipe=args.recipe or "tiny (built in)",
+                 data=args.data or "synthetic", time=stamp)
+
+    table = format_table(rows)
+    with open(out / "scaling.jsonl", "a", encoding="utf-8") as f:
+        for r in rows:  # NaN (no 1-worker baseline) as null: valid JSON
+            f.write(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in r.items()}) + "\n")
+    command = "bertgpu " + " ".join(sys.argv[1:])
+    md = (f"# bertgpu bench scaling ({stamp}, {device})\n\n`{command.strip()}`\n\n"
+          f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + {args.steps} "
+          f"measured steps; efficiency = speedup / workers; comm share = exposed all-reduce time / step time.\n\n"
+          f"{table}\n{expected_text}")
+    tmp = out / "scaling.md.tmp"
+    tmp.write_text(md, encoding="utf-8")
+    os.replace(tmp, out / "scaling.md")
+    png = plot(rows, out / "scaling.png")
+    print(table)
+    print(expected_text)
+    print(f"wrote {out / 'scaling.jsonl'}, {out / 'scaling.md'}" + (f", {png}" if png else ""))
+    return 0

@@ -1,0 +1,85 @@
+"""`bertgpu bench scaling`: the ring all-reduce cost model, reading a run's metrics, and a smoke
+run at 1 and 2 CPU workers that writes the JSONL, the markdown table and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bertgpu import bench_scaling as bs
+from bertgpu.errors import BertgpuError
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bs.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cost_model_limits_and_trends():
+    base = dict(params=110_000_000, bucket_mb=25, step_compute_s=0.02)
+    assert bs.predict_efficiency(**base, bandwidth_GBps=1.0, accumulation=1, n=1) == 1.0
+    # Infinite-ish bandwidth: only the per-bucket latency after the backward remains.
+    assert bs.predict_efficiency(**base, bandwidth_GBps=1e9, accumulation=1, n=8) > 0.99
+    effs = [bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=1, n=n) for n in (2, 4, 8, 64)]
+    assert effs == sorted(effs, reverse=True) and effs[-1] < 0.5
+    # Accumulation amortises the one all-reduce per step; the exposed time itself is unchanged.
+    e1 = bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=1, n=8)
+    e4 = bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=4, n=8)
+    exposed1, exposed4 = 0.02 * (1 / e1 - 1), 4 * 0.02 * (1 / e4 - 1)
+    assert e4 > e1 and exposed4 == pytest.approx(exposed1)
+    # Bandwidth-bound: all of the all-reduce that does not fit behind the backward is exposed.
+    ring = 2 * 7 / 8 * 110e6 * 4 / 16e9
+    assert exposed1 == pytest.approx(ring - 2 / 3 * 0.02 * (1 - 25 * 2**20 / 440e6), rel=0.05)
+    # A tail that is ready only at the end (the tied embedding) cannot be hidden.
+    assert (bs.predict_efficiency(**base, bandwidth_GBps=200, accumulation=1, n=8, tail_params=23_000_000)
+            < bs.predict_efficiency(**base, bandwidth_GBps=200, accumulation=1, n=8))
+    with pytest.raises(BertgpuError):
+        bs.predict_efficiency(**base, bandwidth_GBps=0, accumulation=1, n=8)
+
+
+def test_bert_parameter_counts_match_the_model():
+    from bertgpu.model import BertConfig, BertForPreTraining
+
+    cfg = BertConfig.from_dict({"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "intermediate_size": 256})
+    model = BertForPreTraining(cfg)
+    total, tied = bs.bert_params(64, 2, vocab=1000, intermediate=256)
+    assert total == sum(p.numel() for p in model.parameters()) and tied == 1000 * 64
+
+
+def test_measure_reads_steady_state_after_warmup(tmp_path):
+    lines = [{"step": s, "kind": "train", "elapsed_s": 10.0 + 0.5 * s, "tokens_seen": 100 * s,
+              "comm_share": 0.2, "data_wait_share": 0.1} for s in range(1, 6)]
+    lines.insert(2, {"step": 2, "kind": "eval", "elapsed_s": 11.2})
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    m = bs.measure(path, warmup_steps=2)
+    assert m["tokens_per_s"] == pytest.approx(200.0) and m["steps_measured"] == 3
+    assert m["comm_share"] == pytest.approx(0.2) and m["data_wait_share"] == pytest.approx(0.1)
+    with pytest.raises(BertgpuError, match="no train records"):
+        bs.measure(path, warmup_steps=5)
+
+
+@pytest.mark.timeout(240)
+def test_smoke_one_and_two_workers(tmp_path, capsys):
+    out = tmp_path / "scaling"
+    args = _args("--workers", "1", "2", "--accumulation", "1", "--steps", "2", "--warmup-steps", "1",
+                 "--device", "cpu", "--micro-batch-size", "2", "--seq-len", "16",
+                 "--set", "model.vocab_size=64", "--set", "model.hidden_size=32",
+                 "--set", "model.intermediate_size=64", "--set", "data.num_workers=0",
+                 "--out", str(out))
+    assert bs.main(args) == 0
+    rows = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
+    assert [(r["workers"], r["accumulation"], r["global_batch"]) for r in rows] == [(1, 1, 2), (2, 1, 4)]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["steps_measured"] == 2
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
+    assert rows[0]["speedup"] == 1.0 and rows[0]["comm_share"] == 0.0 and 0.0 <= rows[1]["comm_share"] <= 1.0
+    md = (out / "scaling.md").read_text()
+    assert "| workers | accumulation |" in md and "BERT-large" in md
+    assert (out / "scaling.png").stat().st_size > 1000
+    assert not (out / "runs" / "w2_a1").exists() and (out / "runs" / "w2_a1.metrics.jsonl").exists()
+    assert "efficiency" in capsys.readouterr().out
