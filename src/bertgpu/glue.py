@@ -1,0 +1,290 @@
+"""GLUE-dev table: fine-tune every task x seed, take the median over seeds, average the tasks.
+
+    bertgpu glue --data-dir glue_data --init runs/base --out glue/base
+    bertgpu glue --data-dir glue_data --init runs/base --out glue/base --tasks cola sst2 rte \\
+        --seeds 1 2 3 --epochs 3 --lr 2e-5 --reference bert-base-cramming sidsite-8gb
+    bertgpu glue --data-dir glue_data --init runs/base --out glue/base --nproc 2
+
+Each run is `finetune.finetune(TASK, ...)` into OUT/TASK/seed_N/; a task/seed whose results.json
+exists is not run again (re-running the command only fills the gaps) unless --force. The table
+reports each task's final-epoch dev metrics, median over seeds, and the GLUE average in the
+"glue-score" convention of `eval_metrics` (task score = mean of its official metrics, MNLI's
+matched and mismatched averaged so it counts once, unweighted mean over the tasks shown). It is
+written to OUT/glue_results.md and OUT/glue_results.json with the fine-tuning protocol named.
+
+Reference rows (--reference) are published figures, quoted as published: their protocols and
+averaging conventions differ from ours and from each other (see their `note`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+ACCEPTS_OVERRIDES = True
+CONVENTION = "glue-score"
+CONVENTION_TEXT = ("task score = mean of its official metrics (MRPC/QQP F1 and accuracy, STS-B "
+                   "Pearson and Spearman), MNLI = mean of -m and -mm (counts once), average = "
+                   "unweighted mean over the tasks shown, WNLI included when shown")
+
+# Published GLUE-dev figures (/work/shared/ANCHORS.md); columns as in our table.
+REFERENCES: dict[str, dict[str, Any]] = {
+    "bert-base-cramming": {
+        "label": "BERT-base, Cramming protocol (published)",
+        "columns": {},
+        "average": "80.9",
+        "source": "Geiping & Goldstein 2022, Cramming: Training a Language Model on a Single GPU in One Day",
+        "note": "average only, as published",
+    },
+    "cramming-1gpu-24h": {
+        "label": "Cramming, 1 GPU x 24 h (published)",
+        "columns": {"MNLI-m": 84.1, "MNLI-mm": 84.6, "QQP": 87.5, "SST-2": 92.0, "CoLA": 53.3},
+        "average": "78.6-80.7",
+        "source": "cramming model card",
+        "note": "average range as published over its model variants",
+    },
+    "sidsite-8gb": {
+        "label": "BERT from scratch on one 8 GB GPU, ~100 h (published)",
+        "columns": {"MNLI-m": 79.3, "MNLI-mm": 80.1, "SST-2": 89.1, "STS-B": 61.9, "RTE": 55.9,
+                    "QNLI": 86.3, "QQP": 86.4, "MRPC": 74.8, "CoLA": 41.0},
+        "average": "72.7",
+        "source": "sidsite.com, BERT from scratch on one 8 GB GPU",
+        "note": "average as published",
+    },
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.allow_abbrev = False  # `--seed` must not be read as an abbreviation of `--seeds`
+    parser.add_argument("--data-dir", required=True, help="GLUE root: CoLA/, SST-2/, ... (official or HF layout)")
+    parser.add_argument("--init", required=True, help="run folder, checkpoint folder, HF BERT folder, or random")
+    parser.add_argument("--config-from", help="with --init random: folder whose config.json and tokenizer to use")
+    parser.add_argument("--out", required=True, help="output folder: TASK/seed_N/ runs and glue_results.{md,json}")
+    parser.add_argument("--tasks", nargs="+", help="tasks to run (default all nine), any alias: cola sst2 mnli ...")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="fine-tuning seeds (default 1)")
+    parser.add_argument("--reference", nargs="*", default=[], choices=sorted(REFERENCES),
+                        help="published rows to print beside ours")
+    parser.add_argument("--skip-missing", action="store_true", help="skip tasks whose folder is missing")
+    parser.add_argument("--force", action="store_true", help="re-run task/seeds that already have results.json")
+    parser.add_argument("--nproc", default=None, help="worker processes per fine-tuning run: N or auto")
+    parser.epilog = ("Fine-tuning overrides as in `bertgpu finetune`: --epochs 3 --lr 2e-5 "
+                     "--global_batch_size 32 --max_seq_len 128 (--seed is set from --seeds)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from bertgpu import distributed, finetune
+
+    finetune.load_config(None, args.overrides)  # a typo fails here, before any run
+    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        n = distributed.resolve_nproc(args.nproc)
+        if n > 1:
+            argv = ["glue", "--data-dir", args.data_dir, "--init", args.init, "--out", args.out,
+                    "--seeds", *map(str, args.seeds)]
+            argv += ["--config-from", args.config_from] if args.config_from else []
+            argv += ["--tasks", *args.tasks] if args.tasks else []
+            argv += ["--reference", *args.reference] if args.reference else []
+            argv += ["--skip-missing"] * args.skip_missing + ["--force"] * args.force
+            return distributed.launch_local(n, [*argv, *args.overrides])
+    run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
+        overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
+        references=args.reference, config_from=args.config_from)
+    return 0
+
+
+def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str | os.PathLike[str],
+        tasks: list[str] | None = None, seeds: list[int] | None = None,
+        overrides: list[str] | None = None, force: bool = False, skip_missing: bool = False,
+        references: list[str] | None = None,
+        config_from: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Fine-tune every task x seed (skipping finished ones) and write the table; returns the
+    content of glue_results.json."""
+    from bertgpu import distributed, finetune
+    from bertgpu import tasks as tasks_mod
+
+    overrides = list(overrides or [])
+    seeds = list(seeds or [1])
+    if len(set(seeds)) != len(seeds):
+        raise BertgpuError(f"--seeds {' '.join(map(str, seeds))}: each seed once")
+    cfg = finetune.load_config(None, overrides)
+    if any(w.lstrip("-").split("=")[0].replace("-", "_") in ("seed", "train.seed") for w in overrides):
+        raise BertgpuError("--seed: use --seeds N [N ...] with bertgpu glue")
+    chosen = [tasks_mod.get_task(t) for t in tasks] if tasks else list(tasks_mod.TASKS.values())
+    chosen = list({t.key: t for t in chosen}.values())  # "mnli-m mnli-mm" is one task
+    for name in references or []:
+        if name not in REFERENCES:
+            raise BertgpuError(f"--reference {name}: expected one of {', '.join(sorted(REFERENCES))}")
+    out = Path(out)
+
+    owns_group = not distributed.is_initialized()
+    distributed.init_distributed(cfg.device)  # one process group for all runs (--nproc)
+    try:
+        runs: dict[str, dict[int, dict[str, Any]]] = {}
+        skipped: list[str] = []
+        for task in chosen:
+            try:
+                tasks_mod.find_split_file(data_dir, task, "train")
+            except BertgpuError as e:
+                if not skip_missing:
+                    raise BertgpuError(f"{e} (pass --skip-missing to leave {task.name} out)") from None
+                skipped.append(task.name)
+                continue
+            runs[task.name] = {}
+            for seed in seeds:
+                run_dir = out / task.name / f"seed_{seed}"
+                done = run_dir / "results.json"
+                if done.is_file() and not force:
+                    if distributed.is_main():
+                        print(f"{task.name} seed {seed}: results.json exists, not re-run (--force to redo)",
+                              flush=True)
+                else:
+                    finetune.finetune(task.key, data_dir, init, run_dir, cfg,
+                                      ["--seed", str(seed)], config_from=config_from)
+                distributed.barrier()  # rank 0 wrote results.json
+                runs[task.name][seed] = _read_results(done)
+                differs = _config_differences(runs[task.name][seed], cfg, seed)
+                if differs and distributed.is_main():
+                    print(f"{task.name} seed {seed}: note: results.json was made with {differs}; "
+                          "pass --force to re-run with this command's settings", flush=True)
+        summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped)
+        if distributed.is_main():
+            write_table(summary, out)
+        distributed.barrier()
+        return summary
+    finally:
+        if owns_group:
+            distributed.destroy()
+
+
+def _read_results(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise BertgpuError(f"{path}: unreadable results ({e}); delete it or pass --force") from None
+
+
+def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
+    """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command."""
+    from bertgpu.config import config_to_dict
+
+    now = {**config_to_dict(cfg), "seed": seed}
+    then = results.get("config", {})
+    return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items() if then.get(k) != v)
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], seeds: list[int],
+              cfg: Any, init: str, references: list[str], skipped: list[str]) -> dict[str, Any]:
+    """Medians over seeds per task column and metric, and the average in our convention."""
+    from bertgpu import eval_metrics
+    from bertgpu.config import config_to_dict
+
+    per_task: dict[str, Any] = {}
+    columns: dict[str, float] = {}
+    for task in chosen:
+        if task.name not in runs:
+            continue
+        results = runs[task.name]
+        cols = sorted({c for r in results.values() for c in r["columns"]},
+                      key=lambda c: (c != task.name and c != "MNLI-m", c))
+        med_cols = {c: _median([r["columns"][c] for r in results.values()]) for c in cols}
+        splits = list(next(iter(results.values()))["metrics"])
+        med_metrics = {s: {m: _median([r["metrics"][s][m] for r in results.values()]) for m in task.metrics}
+                       for s in splits}
+        per_task[task.name] = {
+            "columns": med_cols,
+            "metrics": med_metrics,
+            "score": float(sum(med_cols.values()) / len(med_cols)),
+            "per_seed": {str(s): r["columns"] for s, r in results.items()},
+        }
+        columns.update(med_cols)
+    c = config_to_dict(cfg)
+    protocol = {
+        "epochs": c["epochs"], "lr": c["lr"], "global_batch_size": c["global_batch_size"],
+        "max_seq_len": c["max_seq_len"] or 128, "warmup_fraction": c["warmup_fraction"],
+        "decay": c["decay"], "weight_decay": c["weight_decay"], "precision": c["precision"],
+        "seeds": seeds, "aggregate": f"median over {len(seeds)} seed{'s' * (len(seeds) > 1)}",
+        "checkpoint": "final epoch",
+    }
+    return {
+        "init": init,
+        "convention": CONVENTION,
+        "convention_text": CONVENTION_TEXT,
+        "protocol": protocol,
+        "config": c,
+        "tasks": per_task,
+        "columns": columns,
+        "average": eval_metrics.glue_average(columns) if columns else None,
+        "skipped": skipped,
+        "references": [{"name": n, **REFERENCES[n]} for n in references],
+    }
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}"
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """The table as markdown: one row for us, one per reference; then per-task metrics."""
+    p = summary["protocol"]
+    cols = list(summary["columns"])
+    lines = [
+        "# GLUE dev results",
+        "",
+        f"Model: `{summary['init']}`",
+        "",
+        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr {p['lr']:g} ({p['decay']} decay, "
+        f"{p['warmup_fraction']:.0%} warm-up), batch {p['global_batch_size']}, max_seq_len "
+        f"{p['max_seq_len']}, {p['precision']}, seeds {' '.join(map(str, p['seeds']))}; each cell is the "
+        f"{p['aggregate']} of the {p['checkpoint']} dev score.",
+        "",
+        f"Average: \"{summary['convention']}\" convention: {summary['convention_text']}.",
+        "",
+        "| model | " + " | ".join(cols) + " | average |",
+        "|---|" + "---:|" * (len(cols) + 1),
+        "| ours | " + " | ".join(_fmt(summary["columns"][c]) for c in cols)
+        + f" | {_fmt(summary['average'])} |",
+    ]
+    for ref in summary["references"]:
+        lines.append(f"| {ref['label']} | " + " | ".join(_fmt(ref["columns"].get(c)) for c in cols)
+                     + f" | {ref['average']} |")
+    if summary["references"]:
+        lines += ["", "Published rows are quoted as published (their own protocols and averaging; "
+                      "empty cells were not reported or not in this table):"]
+        lines += [f"- {r['label']}: {r['source']}; {r['note']}." for r in summary["references"]]
+    lines += ["", "| task | metrics (median) | score per seed |", "|---|---|---|"]
+    for name, t in summary["tasks"].items():
+        metrics = "; ".join(f"{s}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())
+                            for s, m in t["metrics"].items())
+        seeds = ", ".join(f"{s}: " + "/".join(f"{v:.1f}" for v in c.values()) for s, c in t["per_seed"].items())
+        lines.append(f"| {name} | {metrics} | {seeds} |")
+    if summary["skipped"]:
+        lines += ["", f"Skipped (no data folder): {', '.join(summary['skipped'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(summary: dict[str, Any], out: Path) -> None:
+    """OUT/glue_results.json and .md (each written to .tmp and renamed), and the table on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = render_markdown(summary)
+    for name, text in (("glue_results.json", json.dumps(summary, indent=2, allow_nan=False) + "\n"),
+                       ("glue_results.md", md)):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)
+    print(md, flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from bertgpu.cli import main as cli_main
+
+    sys.exit(cli_main(["glue", *sys.argv[1:]]))
