@@ -14,7 +14,7 @@ import torch
 from _shards import write_synthetic_shards
 from safetensors.torch import load_file
 
-from bertgpu import config, pretrain
+from bertgpu import config, distributed, pretrain
 from bertgpu.cli import main
 from bertgpu.distributed import DistInfo
 from bertgpu.errors import BertgpuError
@@ -200,7 +200,7 @@ def test_every_trainable_parameter_gets_a_gradient(tmp_path, objective):
 
 
 def test_comm_timer_measures_the_exposed_tail():
-    timer = pretrain._CommTimer(torch.device("cpu"))
+    timer = distributed.CommTimer(torch.device("cpu"))
     timer._ready, timer._done = [1.0, 2.0, 3.0], [2.5, 3.5, 3.25]
     assert timer.pop_step() == pytest.approx(0.5)  # last done 3.5 - last ready 3.0
     assert timer.pop_step() == 0.0  # a no_sync step (no hook call) adds nothing

@@ -12,7 +12,7 @@ the launcher `--nproc` uses; 1 worker: the plain single-process path, no DDP) on
 (or `--data`), for `--warmup-steps` + `--steps` optimizer steps. Throughput is read back from the
 run's metrics.jsonl over the steps after the warm-up: total tokens/s, tokens/s per device,
 speedup over 1 worker at the same accumulation, efficiency = speedup / N, and `comm_share` (the
-exposed gradient all-reduce time over step time that pretrain logs; see pretrain._CommTimer).
+exposed gradient all-reduce time over step time that pretrain logs; see distributed.CommTimer).
 
 Writes OUT/scaling.jsonl (appended, one line per point), OUT/scaling.md (this run's table and the
 cost model's expectations) and OUT/scaling.png (tokens/s vs workers, ideal-linear dashed).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -183,23 +184,106 @@ def any_true(flag: bool) -> bool:
     return bool(all_reduce_max(1.0 if flag else 0.0) > 0.0)
 
 
+def comm_hook_for(name: str) -> tuple[Any, Any]:
+    """(state, hook) for DDP's `register_comm_hook`; hook None means DDP's built-in all-reduce.
+
+    "bf16"/"fp16" halve the bytes (the sum is still divided by world size in full precision
+    afterwards); "powersgd" is PowerSGD rank-1 (Vogels et al. 2019; changes the math, for
+    bandwidth-starved multi-node only)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if name == "none":
+        return None, None
+    if name == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if name == "bf16":
+        return None, default_hooks.bf16_compress_hook
+    if name == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
+        return state, powerSGD_hook.powerSGD_hook
+    raise BertgpuError(f"distributed.comm_hook {name!r}: expected none, bf16, fp16 or powersgd")
+
+
+class CommTimer:
+    """Times DDP's gradient all-reduce through a comm hook wrapped around the configured one.
+
+    DDP calls the hook when a gradient bucket is ready (time r_b) and the bucket's all-reduce
+    completes when the hook's future resolves (time d_b). Per synchronising backward,
+    `pop_step()` returns max(d) - max(r): from the moment the last bucket was ready (about the end
+    of the backward compute) until every all-reduce is done. That is the communication *not*
+    hidden behind the backward pass, i.e. what the all-reduce adds to the step, including
+    waiting for the slowest rank. It does not count the slowdown of compute that runs
+    concurrently with communication, nor the engine's few small collectives (counts, loss, flags).
+    no_sync micro-steps call no hook and add nothing. On CUDA the times are CUDA events
+    (stream order, no host sync in the hot path); on CPU wall-clock times.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.cuda = getattr(device, "type", str(device)).startswith("cuda")
+        self._ready: list[Any] = []
+        self._done: list[Any] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()  # on the current stream: the hook's compute stream, the future's stream
+            return event
+        return time.perf_counter()
+
+    def wrap(self, inner: Any) -> Any:
+        """A comm hook that records the times around `inner` (a hook function)."""
+
+        # No annotations: DDP checks them, and `from __future__ import annotations` turns them into
+        # strings it does not recognise.
+        def timed(hook_state, bucket):  # type: ignore[no-untyped-def]
+            self._ready.append(self._now())
+
+            def done(fut):  # type: ignore[no-untyped-def]
+                self._done.append(self._now())
+                return fut.value()
+
+            return inner(hook_state, bucket).then(done)
+
+        return timed
+
+    def pop_step(self) -> float:
+        """Exposed all-reduce seconds of the backward(s) since the last call (0.0 if none)."""
+        ready, done = self._ready, self._done
+        self._ready, self._done = [], []
+        if not ready or not done:
+            return 0.0
+        if not self.cuda:
+            return max(0.0, max(done) - max(ready))
+        for event in done:
+            event.synchronize()  # already complete after the engine's host sync; cheap
+        ref = ready[0]
+        last_ready = max(ref.elapsed_time(e) for e in ready)
+        last_done = max(ref.elapsed_time(e) for e in done)
+        return max(0.0, last_done - last_ready) / 1000.0  # ms -> s
+
+
 def wrap_ddp(
     model: torch.nn.Module,
     info: DistInfo,
     bucket_cap_mb: int = 25,
     gradient_as_bucket_view: bool = True,
     comm_hook: str = "none",
+    timer: CommTimer | None = None,
 ) -> torch.nn.Module:
     """Wrap `model` in DistributedDataParallel (returned unchanged when not distributed).
 
-    `comm_hook` compresses the gradient all-reduce: "bf16"/"fp16" halve the bytes (the sum is
-    still divided by world size in full precision afterwards), "powersgd" is PowerSGD rank-1
-    (Vogels et al. 2019; changes the math, for bandwidth-starved multi-node only)."""
+    `comm_hook` compresses the gradient all-reduce (see `comm_hook_for`); `timer` measures the
+    exposed all-reduce time around whichever hook is in use (DDP takes a single hook)."""
     if not info.distributed:
         return model
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    state, hook = comm_hook_for(comm_hook)
     device_ids = [int(info.device.split(":")[1])] if info.device.startswith("cuda:") else None
     ddp = DDP(
         model,
@@ -207,21 +291,10 @@ def wrap_ddp(
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=gradient_as_bucket_view,
     )
-    if comm_hook == "none":
-        pass
-    elif comm_hook == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif comm_hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif comm_hook == "powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10
-        )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    else:
-        raise BertgpuError(f"comm_hook {comm_hook!r}: expected none, bf16, fp16 or powersgd")
+    if timer is not None:
+        hook = timer.wrap(hook or default_hooks.allreduce_hook)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
     return ddp
 
 

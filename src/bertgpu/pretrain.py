@@ -22,7 +22,7 @@ inside its loop (the unwrapped model, one all-reduce of the sums afterwards).
 
 Throughput lines carry tokens/s and sequences/s in total and per device, optimizer steps/s,
 `data_wait_share` (rank 0's time in `loader.next_step()` / loop time) and, with several ranks,
-`comm_share`: rank 0's *exposed* gradient all-reduce time / loop time (see `_CommTimer`).
+`comm_share`: rank 0's *exposed* gradient all-reduce time / loop time (see `distributed.CommTimer`).
 
 The loop body is `loader.next_step()` -> `engine.train_step()` -> log / evaluate / checkpoint;
 everything that must be exactly right (accumulation, DDP sync, AMP, clipping, skipping) lives in
@@ -253,19 +253,15 @@ class _Trainer:
         if cfg.train.compile:
             train_model = torch.compile(train_model)
         d = cfg.distributed
-        self.comm_timer: _CommTimer | None = None
-        timed = info.distributed and d.measure_comm
+        self.comm_timer = distributed.CommTimer(self.device) if info.distributed and d.measure_comm else None
         train_model = distributed.wrap_ddp(
             train_model,
             info,
             bucket_cap_mb=d.bucket_cap_mb,
             gradient_as_bucket_view=d.gradient_as_bucket_view,
-            comm_hook="none" if timed else d.comm_hook,
+            comm_hook=d.comm_hook,
+            timer=self.comm_timer,
         )
-        if timed:
-            # The timer's hook wraps the configured one (DDP takes a single comm hook).
-            self.comm_timer = _CommTimer(self.device)
-            self.comm_timer.install(train_model, d.comm_hook)
         self.engine = Engine(
             train_model,
             self.optimizer,
@@ -662,83 +658,6 @@ class _Trainer:
             logger.close()
             self.loader.close()
         return RunResult(self.run_dir, self.engine.step, export_dir, preempted, last_eval)
-
-
-class _CommTimer:
-    """Times DDP's gradient all-reduce with a comm hook wrapped around the configured one.
-
-    DDP calls the hook when a gradient bucket is ready (time r_b) and the bucket's all-reduce
-    completes when the hook's future resolves (time d_b). Per synchronising backward,
-    `pop_step()` returns max(d) - max(r): from the moment the last bucket was ready (about the end
-    of the backward compute) until every all-reduce is done. That is the communication *not*
-    hidden behind the backward pass, i.e. what the all-reduce adds to the step, including
-    waiting for the slowest rank. It does not count the slowdown of compute that runs
-    concurrently with communication, nor the engine's few small collectives (counts, loss, flags).
-    no_sync micro-steps call no hook and add nothing. On CUDA the times are CUDA events
-    (stream order, no host sync in the hot path); on CPU wall-clock times.
-    """
-
-    def __init__(self, device: Any) -> None:
-        self.cuda = device.type == "cuda"
-        self._ready: list[Any] = []
-        self._done: list[Any] = []
-
-    def _now(self) -> Any:
-        if self.cuda:
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()  # on the current stream: the hook's compute stream, the future's stream
-            return event
-        return time.perf_counter()
-
-    def install(self, ddp: Any, comm_hook: str) -> None:
-        # Mirrors distributed.wrap_ddp's choice of hook (state, function) by name.
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        state: Any = None
-        if comm_hook == "none":
-            inner = default_hooks.allreduce_hook
-        elif comm_hook == "fp16":
-            inner = default_hooks.fp16_compress_hook
-        elif comm_hook == "bf16":
-            inner = default_hooks.bf16_compress_hook
-        elif comm_hook == "powersgd":
-            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                start_powerSGD_iter=10)
-            inner = powerSGD_hook.powerSGD_hook
-        else:
-            raise BertgpuError(f"distributed.comm_hook {comm_hook!r}: expected none, bf16, fp16 or powersgd")
-
-        # No annotations: DDP checks them, and `from __future__ import annotations` turns them into
-        # strings it does not recognise.
-        def timed(hook_state, bucket):  # type: ignore[no-untyped-def]
-            self._ready.append(self._now())
-
-            def done(fut: Any) -> Any:
-                self._done.append(self._now())
-                return fut.value()
-
-            return inner(hook_state, bucket).then(done)
-
-        ddp.register_comm_hook(state, timed)
-
-    def pop_step(self) -> float:
-        """Exposed all-reduce seconds of the backward(s) since the last call (0.0 if none)."""
-        ready, done = self._ready, self._done
-        self._ready, self._done = [], []
-        if not ready or not done:
-            return 0.0
-        if not self.cuda:
-            return max(0.0, max(done) - max(ready))
-        for event in done:
-            event.synchronize()  # already complete after the engine's host sync; cheap
-        ref = ready[0]
-        last_ready = max(ref.elapsed_time(e) for e in ready)
-        last_done = max(ref.elapsed_time(e) for e in done)
-        return max(0.0, last_done - last_ready) / 1000.0  # ms -> s
 
 
 if __name__ == "__main__":  # pragma: no cover
