@@ -50,26 +50,28 @@ def _assert_bitwise_equal(a: dict, b: dict) -> None:
 
 
 def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) -> None:
-    steps = "16"
+    # Long enough (a few seconds) that the kill below always lands mid-run, at whatever step the
+    # subprocess has reached by then; checkpoints every 8 steps, kept (keep_last 0).
+    steps = "300"
     ref = tmp_path / "ref"
-    assert main(_args(shards, ref, "--train.max_steps", steps, "--checkpoint.every_steps", "4")) == 0
+    assert main(_args(shards, ref, "--train.max_steps", steps, "--checkpoint.every_steps", "8")) == 0
 
     # The same run in a subprocess, killed with SIGKILL right after some checkpoint appears.
     run = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", steps,
-                                                    "--checkpoint.every_steps", "4")]
+                                                    "--checkpoint.every_steps", "8")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (run / "checkpoints" / "step_8").exists():
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not (run / "checkpoints" / "step_16").exists():
+        time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert (run / "checkpoints" / "step_8").exists(), "the run never reached its second checkpoint"
+    assert (run / "checkpoints" / "step_16").exists(), "the run never reached its second checkpoint"
     assert not (run / "hf").exists(), "the killed run should not have finished"
 
     # Re-running the same command resumes from the latest complete checkpoint.
-    assert main(_args(shards, run, "--train.max_steps", steps, "--checkpoint.every_steps", "4")) == 0
+    assert main(_args(shards, run, "--train.max_steps", steps, "--checkpoint.every_steps", "8")) == 0
     _assert_bitwise_equal(_final_weights(ref), _final_weights(run))
     _assert_bitwise_equal(load_file(str(ref / "hf" / "model.safetensors")),
                           load_file(str(run / "hf" / "model.safetensors")))
