@@ -171,3 +171,56 @@ def test_cli_prepare_and_bad_file_exit_code(tok, corpus, tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("bertgpu prepare: error:") and "empty.txt: empty file" in err
     assert not (tmp_path / "d2").exists() and not (tmp_path / "d2.tmp").exists()
+
+
+def _wiki_dump(path, docs):
+    """A MediaWiki dump of the given documents with markup around them, plus a markup-only page."""
+    from xml.sax.saxutils import escape
+
+    pages = []
+    for i, doc in enumerate(docs):
+        body = f"{{{{Infobox|n={i}}}}}\n'''{doc[0]}''' [[Link{i}|{' '.join(doc[1:3])}]]<ref>cite {i}</ref>\n"
+        body += "== Section ==\n* " + "\n\n".join(doc[3:]) + f"\n[[Category:C{i}]]"
+        if i == 5:
+            body = "{{Only a template}}\n[[Category:Empty]]"  # strips to nothing: no document
+        pages.append(f"<page><title>T{i}</title><ns>0</ns><id>{i}</id><revision><text>{escape(body)}</text>"
+                     "</revision></page>")
+    path.write_text("<mediawiki>" + "".join(pages) + "</mediawiki>", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
+def test_wiki_and_text_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective, monkeypatch):
+    """Markup stripping runs on the workers (in small batches here): same bytes as in-process."""
+    import bertgpu.prepare as prep
+    from bertgpu.corpus import iter_documents
+
+    monkeypatch.setattr(prep, "RAW_BATCH_ITEMS", 7)  # many conversion tasks in flight
+    docs = pydoc_documents()
+    (tmp_path / "in").mkdir()
+    dump = _wiki_dump(tmp_path / "in" / "dump.xml", docs[:40])
+    web = tmp_path / "in" / "web.jsonl"  # split into sentences on the workers too
+    web.write_text("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in docs[40:]), encoding="utf-8")
+    paths = [dump, corpus / "a.txt", web]
+    kw = dict(seq_len=48, objective=objective, shard_size=200, chunk_docs=6, validation_fraction=0.1, fmt="auto")
+    one = prepare(paths, tok, tmp_path / "w1", workers=1, **kw)
+    two = prepare(paths, tok, tmp_path / "w2", workers=2, **kw)
+    assert one == two
+    assert one["counts"]["documents"] == len(list(iter_documents(paths))) == 39 + 30 + 39
+    files = sorted(p.name for p in (tmp_path / "w1").glob("*.npy"))
+    assert files == sorted(p.name for p in (tmp_path / "w2").glob("*.npy")) and len(files) >= 4
+    for name in files:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
+
+
+def test_wiki_file_of_markup_only_is_no_text_error_with_workers(tok, tmp_path):
+    dump = tmp_path / "empty.xml"
+    dump.write_text("<mediawiki><page><ns>0</ns><revision><text>{{Only a template}}</text></revision></page>"
+                    "</mediawiki>")
+    good = tmp_path / "good.txt"
+    good.write_text("A fine sentence.\n\nAnother document here.\n")
+    for workers in (1, 2):
+        with pytest.raises(BertgpuError, match="empty.xml: no text"):
+            prepare([dump, good], tok, tmp_path / f"o{workers}", workers=workers)
+        m = prepare([dump, good], tok, tmp_path / f"s{workers}", workers=workers, skip_bad=True)
+        assert [s["path"] for s in m["skipped_inputs"]] == [str(dump)] and m["counts"]["documents"] == 2

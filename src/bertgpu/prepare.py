@@ -6,10 +6,20 @@
     from bertgpu.prepare import prepare
     manifest = prepare(["corpus/"], "tok/", "data/", seq_len=128, objective="mlm")
 
-Pipeline: `corpus.iter_documents` (main process) -> chunks of documents -> worker processes
-(tokenize with `encode_batch`, build sequences) -> main process (pack / write shards). Chunks are
-processed in order with a bounded number in flight, and every random choice uses a generator
-seeded from (seed, chunk index), so the output is byte-identical for any --workers.
+Pipeline (with --workers N > 1):
+
+    main: read (decompress, decode, parse XML)  -> batches of raw documents (a reader thread)
+    workers: strip wiki markup, split sentences  (`corpus.convert_items`)
+    main: drop empty documents, train/validation flags, chunks of documents
+    workers: tokenize (`encode_batch_fast`), build sequences  (`_process_chunk`)
+    main: pack rows / write shards
+
+The per-document text work runs on the workers because it costs as much as tokenizing (wiki
+markup) and the main process is a single core. Both stages run in order with a bounded number
+of batches in flight (memory does not grow with the corpus), chunk boundaries depend on the
+documents alone, and every random choice uses a generator seeded from (seed, chunk index), so
+the output is byte-identical for any --workers. With --workers 1 the reading and text work
+run in a thread of the one process while it tokenizes.
 
 Objectives
 - ``mlm``: the token streams of the documents, [SEP] between documents, packed into rows of
@@ -49,7 +59,16 @@ from pathlib import Path
 import numpy as np
 
 from bertgpu import __version__
-from bertgpu.corpus import FORMATS, CorpusStats, iter_documents, resolve_inputs
+from bertgpu.corpus import (
+    FORMATS,
+    CorpusStats,
+    convert_item,
+    convert_items,
+    iter_raw_documents,
+    needs_conversion,
+    resolve_inputs,
+    settle_documents,
+)
 from bertgpu.errors import BertgpuError
 from bertgpu.tokenizer import (
     TOKENIZER_FILES,
@@ -64,6 +83,8 @@ OBJECTIVES = ("mlm", "mlm+nsp")
 SPLITS = ("train", "validation")
 CHUNK_CHARS = 500_000  # a chunk also closes at this many characters (after MIN_CHUNK_DOCS): bounds memory, spreads work
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books
+RAW_BATCH_CHARS = 1 << 19  # raw documents per conversion task: at most this many characters ...
+RAW_BATCH_ITEMS = 512  # ... or this many items
 
 
 # --------------------------------------------------------------------------- worker side
@@ -102,16 +123,15 @@ def _mlm_stream(docs: list[list[str]]) -> dict:
     # Joining sentences with a space tokenizes exactly like encoding them one by one (the BERT
     # pre-tokenizer splits on whitespace), with far fewer Encoding objects.
     encs = _STATE["encode"]([" ".join(d) for d in docs], add_special_tokens=False)
-    sep = [_STATE["sep"]]
-    pieces: list[list[int]] = []
+    sep = np.array([_STATE["sep"]], np.int32)
+    pieces: list[np.ndarray] = []
     for e in encs:
         ids = e.ids
         if ids:
             if pieces:
                 pieces.append(sep)
-            pieces.append(ids)
-    total = sum(len(p) for p in pieces)
-    stream = np.fromiter((t for p in pieces for t in p), dtype=np.int32, count=total)
+            pieces.append(np.array(ids, np.int32))  # one C-level conversion per document
+    stream = np.concatenate(pieces) if pieces else np.empty(0, np.int32)
     return {"stream": stream, "documents": len(docs)}
 
 
@@ -217,46 +237,66 @@ def _trim(seq: list[int], remove: int, rng: np.random.Generator) -> list[int]:
 
 
 class _ShardWriter:
-    """Fills a preallocated buffer of shard_size rows and saves it as .npy files when full."""
+    """Streams rows into the current shard's files; a shard holds shard_size rows.
+
+    Rows go straight to ``NAME.KEY.npy.part`` (raw bytes); when the shard is complete they are
+    copied behind the .npy header of the final shape (the same bytes as ``np.save``). Nothing
+    of the shard stays in memory, so memory does not depend on --shard-size or the corpus.
+    """
 
     def __init__(self, folder: Path, split: str, seq_len: int, dtype: np.dtype, shard_size: int, nsp: bool):
         self.folder, self.split, self.nsp = folder, split, nsp
-        self.ids = np.zeros((shard_size, seq_len), dtype)
-        self.lengths = np.zeros(shard_size, np.int32)
-        self.tt = np.zeros((shard_size, seq_len), np.uint8) if nsp else None
-        self.labels = np.zeros(shard_size, np.uint8) if nsp else None
+        self.seq_len, self.dtype, self.shard_size = seq_len, np.dtype(dtype), shard_size
+        self.dtypes = {"input_ids": self.dtype, "lengths": np.dtype(np.int32)}
+        if nsp:
+            self.dtypes.update(token_type_ids=np.dtype(np.uint8), nsp_labels=np.dtype(np.uint8))
+        self.files: dict = {}
         self.n = 0
+        self.tokens = 0
         self.shards: list[dict] = []
         self.documents = 0
 
+    def _name(self) -> str:
+        return f"{self.split}-{len(self.shards):05d}"
+
     def add(self, ids: np.ndarray, lengths: np.ndarray, tt: np.ndarray | None = None,
             labels: np.ndarray | None = None) -> None:
+        arrays = {"input_ids": ids, "lengths": lengths}
+        if self.nsp:
+            arrays.update(token_type_ids=tt, nsp_labels=labels)
         done = 0
         while done < len(ids):
-            take = min(len(self.ids) - self.n, len(ids) - done)
-            rows = slice(self.n, self.n + take)
-            src = slice(done, done + take)
-            self.ids[rows] = ids[src]
-            self.lengths[rows] = lengths[src]
-            if self.nsp:
-                self.tt[rows] = tt[src]
-                self.labels[rows] = labels[src]
+            take = min(self.shard_size - self.n, len(ids) - done)
+            if not self.files:
+                name = self._name()
+                self.files = {key: open(self.folder / f"{name}.{key}.npy.part", "wb") for key in self.dtypes}
+            for key, arr in arrays.items():
+                part = np.ascontiguousarray(arr[done : done + take], dtype=self.dtypes[key])
+                self.files[key].write(part.data)
+            self.tokens += int(lengths[done : done + take].sum())
             self.n += take
             done += take
-            if self.n == len(self.ids):
+            if self.n == self.shard_size:
                 self.flush()
 
     def flush(self) -> None:
         if self.n == 0:
             return
-        name = f"{self.split}-{len(self.shards):05d}"
-        arrays = {"input_ids": self.ids, "lengths": self.lengths}
-        if self.nsp:
-            arrays.update(token_type_ids=self.tt, nsp_labels=self.labels)
-        for key, arr in arrays.items():
-            np.save(self.folder / f"{name}.{key}.npy", arr[: self.n])
-        self.shards.append({"name": name, "sequences": self.n, "tokens": int(self.lengths[: self.n].sum())})
+        name = self._name()
+        for key, f in self.files.items():
+            f.close()
+            shape = (self.n, self.seq_len) if key in ("input_ids", "token_type_ids") else (self.n,)
+            header = {"descr": np.lib.format.dtype_to_descr(self.dtypes[key]), "fortran_order": False,
+                      "shape": shape}
+            part = self.folder / f"{name}.{key}.npy.part"
+            with open(self.folder / f"{name}.{key}.npy", "wb") as out, open(part, "rb") as src:
+                np.lib.format.write_array_header_1_0(out, header)
+                shutil.copyfileobj(src, out, 1 << 20)
+            part.unlink()
+        self.files = {}
+        self.shards.append({"name": name, "sequences": self.n, "tokens": self.tokens})
         self.n = 0
+        self.tokens = 0
 
     def summary(self) -> dict:
         return {
@@ -284,7 +324,7 @@ class _Packer:
         content = self.seq_len - 2
         n = len(buf) // content
         if n:
-            rows = np.empty((n, self.seq_len), self.writer.ids.dtype)
+            rows = np.empty((n, self.seq_len), self.writer.dtype)
             rows[:, 0] = self.cls
             rows[:, 1:-1] = buf[: n * content].reshape(n, content)
             rows[:, -1] = self.sep
@@ -293,7 +333,7 @@ class _Packer:
 
     def finish(self) -> None:
         if self.carry.size:
-            row = np.zeros((1, self.seq_len), self.writer.ids.dtype)
+            row = np.zeros((1, self.seq_len), self.writer.dtype)
             k = self.carry.size
             row[0, 0] = self.cls
             row[0, 1 : k + 1] = self.carry
@@ -333,18 +373,53 @@ def _chunks(
         yield index, batch, flags
 
 
-def _ordered_results(tasks: Iterator, workers: int, tokenizer_dir: str, settings: dict) -> Iterator[dict]:
-    """Results of `_process_chunk` in task order, with at most 2 x workers chunks in flight.
+def _raw_batches(items: Iterator[tuple]) -> Iterator[list[tuple]]:
+    """Raw items grouped into conversion tasks of bounded size (events travel with the documents)."""
+    batch: list[tuple] = []
+    chars = 0
+    for item in items:
+        batch.append(item)
+        payload = item[1]
+        chars += len(payload) if isinstance(payload, str) else sum(map(len, payload)) if item[0] == "lines" else 0
+        if chars >= RAW_BATCH_CHARS or len(batch) >= RAW_BATCH_ITEMS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
-    Pool.imap would pull the whole corpus into its task queue when workers lag behind the reader;
-    a bounded window of apply_async keeps memory flat.
+
+def _ordered_map(pool, fn, items: Iterator, window: int, local=None) -> Iterator:
+    """``fn(item)`` for each item, in order, on ``pool``, with at most ``window`` tasks in flight.
+
+    Pool.imap would pull the whole input into its task queue when the workers lag behind the
+    reader; a bounded window of apply_async keeps memory flat. ``local(item)`` true: run ``fn``
+    here instead (work too small to be worth pickling), still in order.
     """
-    if workers <= 1:
-        _init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
-        # Reading runs in a thread meanwhile: encode_batch releases the GIL while it works.
-        for task in _prefetch(tasks, depth=2):
-            yield _process_chunk(task)
-        return
+    pending: deque = deque()
+    for item in items:
+        if local is not None and local(item):
+            pending.append(_Done(fn(item)))
+        else:
+            pending.append(pool.apply_async(fn, (item,)))
+        while len(pending) >= window or (pending and isinstance(pending[0], _Done)):
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+class _Done:
+    """A result computed in-process, queued like an AsyncResult."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+def _make_pool(workers: int, tokenizer_dir: str, settings: dict):
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     ctx = multiprocessing.get_context(method)
     # Each worker tokenizes single-threaded: processes already use the cores, and a forked child
@@ -352,20 +427,30 @@ def _ordered_results(tasks: Iterator, workers: int, tokenizer_dir: str, settings
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_dir, settings))
+        return ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_dir, settings))
     finally:
         if saved is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
-    with pool:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(_process_chunk, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+
+
+def _pipeline(raw: Iterator[tuple], chunking: dict, workers: int, tokenizer_dir: str, settings: dict,
+              skip_bad: bool, stats: CorpusStats) -> Iterator[dict]:
+    """Results of `_process_chunk` in corpus order (see the module docstring for the stages)."""
+    if workers <= 1:
+        _init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
+        docs = settle_documents((convert_item(item) for item in raw), skip_bad, stats)
+        # Reading and text work run in a thread meanwhile: encode_batch releases the GIL.
+        for task in _prefetch(_chunks(docs, **chunking), depth=2):
+            yield _process_chunk(task)
+        return
+    with _make_pool(workers, tokenizer_dir, settings) as pool:
+        batches = _prefetch(_raw_batches(raw), depth=2)  # decompression overlaps the rest of main
+        converted = _ordered_map(pool, convert_items, batches, 2 * workers,
+                                 local=lambda b: not needs_conversion(b))
+        docs = settle_documents((item for batch in converted for item in batch), skip_bad, stats)
+        yield from _ordered_map(pool, _process_chunk, _chunks(docs, **chunking), 2 * workers)
 
 
 def _prefetch(items: Iterator, depth: int) -> Iterator:
@@ -474,10 +559,11 @@ def prepare(
         packers = {s: _Packer(writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
         settings = {"seed": seed, "objective": objective, "seq_len": seq_len, "short_seq_prob": short_seq_prob,
                     "cls": special["cls"], "sep": special["sep"]}
-        docs = iter_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
-        tasks = _chunks(docs, seed, validation_fraction, validation_docs, chunk_docs)
+        raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
+        chunking = {"seed": seed, "fraction": validation_fraction, "validation_docs": validation_docs,
+                    "chunk_docs": chunk_docs}
         bar = _progress_bar(progress)
-        for result in _ordered_results(tasks, workers, str(tok_dir), settings):
+        for result in _pipeline(raw, chunking, workers, str(tok_dir), settings, skip_bad, stats):
             for split, part in result.items():
                 writers[split].documents += part["documents"]
                 if nsp:
