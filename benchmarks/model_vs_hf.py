@@ -10,6 +10,8 @@ noisy machine. A step is forward + backward (no optimizer: it is the same for bo
 
 The difference comes from the sparse MLM head (transform + decoder only on masked tokens) and
 SDPA without a mask when nothing is padded; the math is the same (the loss difference is printed).
+`--fused-qkv` switches on the one-matmul query/key/value projection. For forward / backward /
+optimizer times, bf16, compile, unpadding and MFU use `bertgpu bench model`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from contextlib import nullcontext
 
 import torch
 
-from bertgpu.model import BertConfig, BertForPreTraining
+from bertgpu.model import BertConfig, BertForPreTraining, BertSelfAttention
 
 SIZES = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
@@ -71,6 +73,7 @@ def main() -> None:
                    help="bf16 = autocast (default on CUDA), fp32 otherwise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="append one JSON line with the results to this file")
+    p.add_argument("--fused-qkv", action="store_true", help="our query/key/value as one matmul")
     args = p.parse_args()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -87,6 +90,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(**size, attn_implementation="sdpa")).to(args.device).train()
+    BertSelfAttention.fused_qkv = args.fused_qkv
     ours = BertForPreTraining(BertConfig(**size)).to(args.device).train()
     ours.load_state_dict(hf.state_dict())
     models = {"bertgpu": ours, "transformers": hf}
@@ -122,7 +126,7 @@ def main() -> None:
     print(f"speed-up bertgpu / transformers: {ratio:.2f}x")
     if args.out:
         rec = dict(bench="model_vs_hf", size=args.size, batch=args.batch, seq_len=args.seq_len,
-                   iters=args.iters, device=args.device, device_name=device_name, dtype=dtype,
+                   iters=args.iters, fused_qkv=args.fused_qkv, device=args.device, device_name=device_name, dtype=dtype,
                    threads=torch.get_num_threads(), tokens_per_s=tps, ratio=ratio, loss_abs_diff=diff,
                    torch=torch.__version__, transformers=transformers.__version__, time=time.time())
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -591,6 +591,11 @@ class PretrainLoader:
     position alone, so a resumed run (any world size or micro batch size) sees the same samples.
     With `num_workers > 0` a torch DataLoader prepares the next micro batches in worker
     processes while the model computes; the batches are identical to `num_workers=0`.
+
+    `bucket_window=k` (k >= 1; 0 = off) sorts the samples of each window of k micro batches by
+    length and cuts every micro batch to its own longest sequence (`bucket_by_length`): the same
+    samples with the same masks in the same step, less padding, and, since the engine normalises
+    by the step's token count, the same step loss.
     """
 
     def __init__(
@@ -605,6 +610,7 @@ class PretrainLoader:
         num_workers: int = 0,
         pin_memory: bool = False,
         prefetch_factor: int = 2,
+        bucket_window: int = 0,
     ) -> None:
         for name, value in (("global_batch_size", global_batch_size), ("micro_batch_size", micro_batch_size),
                             ("world_size", world_size)):
@@ -622,6 +628,9 @@ class PretrainLoader:
             raise BertgpuError(f"{shards.manifest_path}: split {shards.split!r} has no sequences")
         if num_workers < 0:
             raise BertgpuError(f"num_workers: found {num_workers}, expected >= 0")
+        if not isinstance(bucket_window, int) or bucket_window < 0:
+            raise BertgpuError(f"bucket_window: found {bucket_window!r}, expected an integer >= 0 (0 = off)")
+        self.bucket_window = bucket_window
         self.shards = shards
         self.masker = _as_masker(masking, shards)
         self.global_batch_size = global_batch_size
@@ -651,14 +660,11 @@ class PretrainLoader:
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """This rank's micro batches for the next optimizer step; advances the position by G."""
         A = self.accumulation_steps
+        pin = False
         if self.num_workers == 0:
             ds = self._dataset()
             out = [ds[j] for j in range(A)]
-            if self.pin_memory:
-                import torch
-
-                if torch.cuda.is_available():  # page-locked memory makes .to(device, non_blocking=True) async
-                    out = [{k: v.pin_memory() for k, v in mb.items()} for mb in out]
+            pin = self.pin_memory
         else:
             if self._iter is None:
                 import torch.utils.data
@@ -671,6 +677,14 @@ class PretrainLoader:
                 )
                 self._iter = iter(loader)
             out = [next(self._iter) for _ in range(A)]
+        if self.bucket_window:
+            out = bucket_by_length(out, self.bucket_window)
+            pin = self.pin_memory  # new tensors: pin them again
+        if pin:
+            import torch
+
+            if torch.cuda.is_available():  # page-locked memory makes .to(device, non_blocking=True) async
+                out = [{k: v.pin_memory() for k, v in mb.items()} for mb in out]
         self.position += self.global_batch_size
         return out
 
@@ -769,4 +783,29 @@ def trim_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
             value = value[:, :L]
             value = value.contiguous() if hasattr(value, "contiguous") else np.ascontiguousarray(value)
         out[key] = value
+    return out
+
+
+def bucket_by_length(micro_batches: list[dict[str, torch.Tensor]], window: int) -> list[dict[str, torch.Tensor]]:
+    """Less padding with the same samples: sort each window of `window` micro batches by length.
+
+    The samples of micro batches [w*k, (w+1)*k) are pooled, stably sorted by their real length
+    (attention_mask row sums, longest first) and dealt back into micro batches of the original
+    sizes, each then cut to its own longest sequence by `trim_batch`. Rows move whole (input ids,
+    mask, labels, NSP label together), so every sample keeps its mask, and the step holds exactly
+    the same samples. Windows never cross a step, so the global order of steps is unchanged.
+    """
+    import torch
+
+    if window < 1:
+        raise BertgpuError(f"bucket_window: found {window}, expected >= 1")
+    out: list[dict[str, torch.Tensor]] = []
+    for start in range(0, len(micro_batches), window):
+        group = micro_batches[start:start + window]
+        sizes = [int(mb["input_ids"].shape[0]) for mb in group]
+        pooled = {k: torch.cat([mb[k] for mb in group]) for k in group[0]}  # (sum sizes, T) / (sum,)
+        lengths = pooled["attention_mask"].sum(1)  # (n,)
+        order = torch.sort(lengths, descending=True, stable=True).indices
+        for part in torch.split(order, sizes):
+            out.append(trim_batch({k: v.index_select(0, part) for k, v in pooled.items()}))
     return out

@@ -1,0 +1,234 @@
+"""Find the largest micro batch that fits on a device, and keep the global batch while using it.
+
+`train.micro_batch_size = "auto"` means: probe the device with real training steps (forward,
+backward, optimizer step) at doubling micro batch sizes until one runs out of memory, binary
+search between the last size that fit and the first that did not, then pick the largest divisor
+of the per-device batch (global / world) not above it, so the optimizer still sees exactly
+`global_batch_size` sequences per step and only the accumulation count changes::
+
+    from bertgpu import autobatch
+    found = autobatch.find_pretrain_micro_batch(bert_config, seq_len=128, device="cuda",
+                                                dtype="bf16", max_batch=global_batch // world)
+    micro, accumulation = autobatch.resolve_auto_batch(global_batch, world, found)
+
+On CUDA the probe catches `torch.cuda.OutOfMemoryError` (and counts a step whose peak allocation
+exceeds `memory_limit_bytes`, by default 92% of the card, as not fitting: the real run also holds
+DDP buckets, the data pipeline's pinned batches and allocator fragmentation). On the CPU an
+out-of-memory is the OS killing the process, so nothing is probed: the size comes from
+`estimate_train_bytes` against a memory limit (half the machine's RAM by default). Tests use the
+same search with a `fits(batch) -> bool` callable that simulates a limit.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+CUDA_MEMORY_FRACTION = 0.92  # of total device memory a probed step may peak at
+
+
+def search_largest(fits: Callable[[int], bool], start: int = 1, max_batch: int = 4096) -> int:
+    """Largest b in [1, max_batch] with fits(b), assuming fits is monotone (True up to some size).
+
+    Doubles from `start` until a size fails or `max_batch` is reached, then binary searches the
+    gap: about 2 log2(answer) probes. Raises BertgpuError when even 1 does not fit.
+    """
+    if max_batch < 1 or start < 1:
+        raise BertgpuError(f"micro batch search: start {start} and max {max_batch} must be >= 1")
+    b = min(start, max_batch)
+    good, bad = 0, max_batch + 1
+    while b <= max_batch:
+        if fits(b):
+            good = b
+            if b == max_batch:
+                return b
+            b = min(2 * b, max_batch)
+        else:
+            bad = b
+            break
+    if good == 0:  # `start` itself failed: search below it
+        lo, hi = 0, bad
+    else:
+        lo, hi = good, bad
+    while hi - lo > 1:  # invariant: fits(lo) (or lo == 0), not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        raise BertgpuError(
+            "micro batch search: even a micro batch of 1 sequence does not fit in memory; expected a "
+            "smaller model, a shorter seq_len, bf16, or activation checkpointing (train.grad_ckpt)")
+    return lo
+
+
+def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
+                         grad_ckpt: bool = False, flash_attention: bool = True) -> int:
+    """Rough bytes of one training step of BertForPreTraining with AdamW (an upper-ish estimate).
+
+    - parameters, gradients and the two AdamW moments: 4 fp32 copies of every parameter;
+    - activations kept for backward, per layer and token, in `dtype_bytes` each: the layer input,
+      q/k/v, attention output, dense input/output, two LayerNorm inputs, dropout masks (~12 H)
+      plus the FFN's pre- and post-activation (2 F, F = intermediate_size); without a flash
+      kernel the (N, T, T) attention probabilities and their dropout mask as well;
+    - with activation checkpointing only each layer's input is kept, plus one layer's worth.
+    """
+    H, L, F, N = (int(config.hidden_size), int(config.num_hidden_layers),
+                  int(config.intermediate_size), int(config.num_attention_heads))
+    V = int(config.vocab_size)
+    params = L * (4 * H * H + 2 * H * F) + (V + int(config.max_position_embeddings) + 2) * H + H * H
+    tokens = micro_batch * seq_len
+    per_layer = tokens * (12 * H + 2 * F) * dtype_bytes  # F: the FFN width
+    if not flash_attention:
+        per_layer += micro_batch * N * seq_len * seq_len * (dtype_bytes + 1)
+    activations = (tokens * H * dtype_bytes * L + per_layer) if grad_ckpt else per_layer * L
+    mlm = int(0.15 * tokens) * V * 4 * 2  # fp32 logits of the masked rows and their gradient
+    return 16 * params + activations + mlm
+
+
+def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
+               memory_limit_bytes: int | None = None) -> Callable[[int], bool]:
+    """fits(batch): run `step_fn(batch)` (one full training step at that micro batch) on a CUDA
+    device and report whether it ran without running out of memory and within the limit."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda":
+        raise BertgpuError(f"probe_fits: device {dev} cannot be probed (an out-of-memory there is fatal); "
+                           "use estimate_train_bytes with a memory limit instead")
+    if memory_limit_bytes is None:
+        memory_limit_bytes = int(CUDA_MEMORY_FRACTION * torch.cuda.get_device_properties(dev).total_memory)
+
+    def fits(batch: int) -> bool:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        oom = False
+        try:
+            step_fn(batch)
+            torch.cuda.synchronize(dev)
+        except torch.cuda.OutOfMemoryError:
+            oom = True  # leave the except block first: its traceback holds the step's tensors
+        peak = torch.cuda.max_memory_allocated(dev)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return not oom and peak <= memory_limit_bytes
+
+    return fits
+
+
+def find_micro_batch(step_fn: Callable[[int], Any] | None = None, device: Any = None, seq_len: int = 128,
+                     start: int = 8, max_batch: int = 4096, memory_limit_bytes: int | None = None,
+                     fits: Callable[[int], bool] | None = None, config: Any = None,
+                     dtype_bytes: int = 4, grad_ckpt: bool = False) -> int:
+    """The largest micro batch (sequences of `seq_len`) whose training step fits.
+
+    The test of a size is, in order of precedence: `fits(batch)` when given (tests simulate a
+    memory limit this way); on CUDA `probe_fits(step_fn, device, memory_limit_bytes)`; otherwise
+    `estimate_train_bytes(config, batch, seq_len, ...) <= memory_limit_bytes` (default: half of
+    the machine's RAM).
+    """
+    if fits is None:
+        import torch
+
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dev.type == "cuda" and step_fn is not None:
+            fits = probe_fits(step_fn, dev, memory_limit_bytes)
+        elif config is not None:
+            limit = memory_limit_bytes if memory_limit_bytes is not None else _ram_bytes() // 2
+            flash = dev.type == "cuda"
+
+            def fits(batch: int) -> bool:
+                return estimate_train_bytes(config, batch, seq_len, dtype_bytes, grad_ckpt, flash) <= limit
+        else:
+            raise BertgpuError("find_micro_batch: expected fits=, a CUDA device with step_fn=, or config=")
+    return search_largest(fits, start=start, max_batch=max_batch)
+
+
+def _ram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
+                     dtype: str = "fp32", with_nsp: bool = True) -> Callable[[int], None]:
+    """step_fn(batch): one synthetic pretraining step (full-length sequences, 15% MLM labels):
+    forward, backward, optimizer step, grads freed. It changes the weights: probe a throw-away
+    model, not the one you will train."""
+    import torch
+
+    dev = torch.device(device)
+    vocab = int(model.config.vocab_size)
+
+    def step(batch: int) -> None:
+        g = torch.Generator().manual_seed(batch)
+        ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
+        labels = torch.where(torch.rand(batch, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+        b = dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
+                 labels=labels)
+        if with_nsp:
+            b["next_sentence_label"] = torch.randint(0, 2, (batch,), generator=g)
+        b = {k: v.to(dev) for k, v in b.items()}
+        ctx = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+        with ctx:
+            loss = model(**b).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def find_pretrain_micro_batch(config: Any, seq_len: int, device: Any, dtype: str = "bf16",
+                              with_nsp: bool = True, grad_ckpt: bool = False, compile: bool = False,
+                              start: int = 8, max_batch: int = 4096,
+                              memory_limit_bytes: int | None = None) -> int:
+    """`find_micro_batch` for BertForPreTraining(config) with AdamW on `device`.
+
+    On CUDA it builds a throw-away model and optimizer, probes real steps, and frees them; call it
+    before building the model you train. Elsewhere it answers from `estimate_train_bytes`.
+    """
+    import torch
+
+    from bertgpu.model import BertForPreTraining
+    from bertgpu.optim import build_optimizer
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return find_micro_batch(None, dev, seq_len, start, max_batch, memory_limit_bytes, config=config,
+                                grad_ckpt=grad_ckpt)
+    model = BertForPreTraining(config, with_nsp=with_nsp).to(dev).train()
+    model.gradient_checkpointing_enable(grad_ckpt)
+    optimizer = build_optimizer(model, "adamw", 1e-4)
+    run = torch.compile(model) if compile else model
+    try:
+        return find_micro_batch(pretrain_step_fn(run, optimizer, seq_len, dev, dtype, with_nsp), dev,
+                                seq_len, start, max_batch, memory_limit_bytes)
+    finally:
+        del run, model, optimizer
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def resolve_auto_batch(global_batch: int, world: int, found_micro: int) -> tuple[int, int]:
+    """(micro, accumulation) with micro the largest divisor of global/world that is <= found_micro,
+    so micro x accumulation x world == global_batch exactly."""
+    if global_batch <= 0 or world <= 0 or found_micro <= 0:
+        raise BertgpuError(f"auto micro batch: global batch {global_batch}, world {world} and found micro batch "
+                           f"{found_micro} must all be positive")
+    if global_batch % world:
+        raise BertgpuError(f"train.global_batch_size {global_batch} is not divisible by the {world} devices; "
+                           f"expected a multiple of {world}")
+    per_device = global_batch // world
+    micro = max(d for d in range(1, min(per_device, found_micro) + 1) if per_device % d == 0)
+    return micro, per_device // micro
+
+
+__all__ = ["search_largest", "estimate_train_bytes", "probe_fits", "find_micro_batch", "pretrain_step_fn",
+           "find_pretrain_micro_batch", "resolve_auto_batch"]

@@ -1,0 +1,374 @@
+"""`bertgpu bench model`: training-step speed of our BertForPreTraining vs transformers', side by side.
+
+For every point of the grid (size x micro batch x seq len x dtype x compile x padding) both models
+get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches, and their
+timed steps alternate in one process (who goes first alternates too), so the ratio is fair on a
+noisy machine. Forward, backward and the optimizer step are timed separately (with a device
+synchronisation between them on CUDA); tokens/s counts real (non-padding) tokens; MFU uses
+`metrics.flops_per_token_from_config` at the mean real length and `metrics.peak_tflops`.
+
+    bertgpu bench model                                      # CPU default: small, B 8, T 128, fp32 (~1 min)
+    bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
+    bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/   # lengths of a shard set
+    bertgpu bench model --preset gpu --out results/h100.jsonl                          # the GPU table, < 10 min on an H100
+
+`--padding unpadded` turns on our model's unpadding (transformers has none, it runs padded);
+`--padding bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows are
+appended to `--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+# The GPU table: (sizes, micro batches, seq lens, dtypes, compile, padding, lengths), run in order.
+GPU_PRESET: list[dict[str, Any]] = [
+    dict(size="base", micro_batch=128, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"]),
+    dict(size="large", micro_batch=64, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"]),
+    dict(size="base", micro_batch=32, seq_len=512, dtype="bf16", compile=["off"], padding=["padded", "unpadded"],
+         lengths="uniform"),
+]
+
+
+def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        try:
+            out = [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}, found {text!r}") from None
+        if not out:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        if choices is not None:
+            bad = [t for t in out if t not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(f"{bad[0]!r}: expected one of {', '.join(choices)}")
+        return out
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=["small"],
+                        help="model sizes, comma list of tiny, small, base, large (default small)")
+    parser.add_argument("--micro-batch", type=_csv_list(int), default=[8], help="sequences per step (comma list)")
+    parser.add_argument("--seq-len", type=_csv_list(int), default=[128], help="sequence lengths (comma list)")
+    parser.add_argument("--dtype", type=_csv_list(str, ("fp32", "bf16")), default=None,
+                        help="fp32 and/or bf16 (autocast); default bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--compile", type=_csv_list(str, ("off", "on")), default=["off"],
+                        help="torch.compile both models: off, on or off,on")
+    parser.add_argument("--padding", type=_csv_list(str, ("padded", "unpadded")), default=["padded"],
+                        help="padded (both models see the padded batch) and/or unpadded (our model "
+                             "gathers the real tokens; transformers stays padded)")
+    parser.add_argument("--real-lengths", default="full", metavar="full|uniform|DATA_DIR",
+                        help="sequence lengths: full (no padding, default), uniform (synthetic, uniform "
+                             "in [T/8, T]) or a shard set whose train lengths are sampled")
+    parser.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing in both models")
+    parser.add_argument("--fused-qkv", action="store_true",
+                        help="our model computes query/key/value as one matmul (BertSelfAttention.fused_qkv)")
+    parser.add_argument("--iters", type=int, default=None, help="timed steps per model (default 3 CPU, 10 CUDA)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model first (default 1 CPU, 3 CUDA)")
+    parser.add_argument("--models", type=_csv_list(str, ("bertgpu", "transformers")),
+                        default=["bertgpu", "transformers"], help="which models to time (default both)")
+    parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak TFLOP/s of one device for MFU (default: the table in metrics.py; none on CPU)")
+    parser.add_argument("--preset", choices=["gpu"], default=None,
+                        help="gpu: base+large seq 128 bf16 compile off/on, base seq 512 padded vs unpadded")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="append one row per model and grid point (.jsonl or .csv)")
+
+
+# --------------------------------------------------------------------------------------------
+# Batches
+
+
+def sample_lengths(spec: str, n: int, seq_len: int, seed: int) -> Any:
+    """(n,) int64 real lengths in [2, seq_len]: full, uniform or drawn from a shard set's lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if spec == "full":
+        return np.full(n, seq_len, dtype=np.int64)
+    if spec == "uniform":
+        return rng.integers(max(2, seq_len // 8), seq_len + 1, size=n).astype(np.int64)
+    from bertgpu.data import ShardSet
+
+    shards = ShardSet(spec, "train")  # BertgpuError naming the folder when it is not a shard set
+    pool = np.concatenate([a["lengths"] for a in shards._open()]) if len(shards) else np.zeros(0)
+    if pool.size == 0:
+        raise BertgpuError(f"{spec}: the train split has no sequences to draw lengths from")
+    return np.clip(rng.choice(pool, size=n), 2, seq_len).astype(np.int64)
+
+
+def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str, seed: int,
+                 device: Any) -> list[dict[str, Any]]:
+    """n right-padded batches: [CLS] first, segment B in the second half, ~15% MLM labels on real
+    tokens, random NSP labels."""
+    import torch
+
+    lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        mask = (torch.arange(seq_len)[None, :] < lengths[i][:, None]).long()  # (B, T)
+        ids = torch.randint(5, vocab, (batch, seq_len), generator=g) * mask
+        ids[:, 0] = 2  # [CLS]
+        tt = ((torch.arange(seq_len)[None, :] >= (lengths[i][:, None] // 2)) & mask.bool()).long()
+        pick = (torch.rand(batch, seq_len, generator=g) < 0.15) & mask.bool()
+        pick[:, 0] = False
+        labels = torch.where(pick, ids, torch.full_like(ids, -100))
+        b = dict(input_ids=ids, attention_mask=mask, token_type_ids=tt, labels=labels,
+                 next_sentence_label=torch.randint(0, 2, (batch,), generator=g))
+        out.append({k: v.to(device) for k, v in b.items()})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+
+
+class _Runner:
+    """One model, its optimizer, and the accumulated phase times of its timed steps."""
+
+    def __init__(self, name: str, model: Any, optimizer: Any, device: Any, autocast: Any) -> None:
+        self.name, self.model, self.optimizer, self.device, self.autocast = name, model, optimizer, device, autocast
+        self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
+        self.steps = 0
+        self.tokens = 0
+        self.peak_bytes: int | None = None
+        self.loss = float("nan")
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self, batch: dict[str, Any], timed: bool) -> None:
+        import torch
+
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._sync()
+        t0 = time.perf_counter()
+        with self.autocast():
+            loss = self.model(**batch).loss
+        self._sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        self._sync()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        t3 = time.perf_counter()
+        self.loss = float(loss.detach())
+        if timed:
+            self.times["fwd"] += t1 - t0
+            self.times["bwd"] += t2 - t1
+            self.times["opt"] += t3 - t2
+            self.steps += 1
+            self.tokens += int(batch["attention_mask"].sum())
+            if cuda:
+                self.peak_bytes = max(self.peak_bytes or 0, torch.cuda.max_memory_allocated(self.device))
+
+
+def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ckpt: bool,
+                  compile_: bool, seed: int) -> dict[str, tuple[Any, Any, Any]]:
+    """name -> (module to call, module holding parameters, config) with identical weights."""
+    import torch
+
+    from bertgpu.model import BertConfig, BertForPreTraining
+    from bertgpu.optim import build_optimizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(seed)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
+    out: dict[str, tuple[Any, Any, Any]] = {}
+    for name in names:
+        if name == "transformers":
+            model = hf
+            if grad_ckpt:
+                model.gradient_checkpointing_enable()
+        else:
+            model = BertForPreTraining(BertConfig(**SIZES[size]), unpad=unpad)
+            model.load_state_dict(hf.state_dict())
+            model.gradient_checkpointing_enable(grad_ckpt)
+        model = model.to(device).train()
+        opt = build_optimizer(model, "adamw", 1e-4)
+        out[name] = (torch.compile(model) if compile_ else model, opt, model.config)
+    return out
+
+
+def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: bool, padding: str,
+              lengths: str, device: Any, names: list[str], iters: int, warmup: int, grad_ckpt: bool,
+              peak: float | None, seed: int) -> list[dict[str, Any]]:
+    """Time both models on one grid point; one result row per model."""
+    import torch
+
+    from bertgpu.metrics import flops_per_token_from_config, mfu
+
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
+    built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed)
+    runners = {n: _Runner(n, m, o, device, autocast) for n, (m, o, _) in built.items()}
+    batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths, seed, device)
+    for i in range(warmup):
+        for r in runners.values():
+            r.step(batches[i % len(batches)], timed=False)
+    order = list(runners)
+    for i in range(iters):
+        for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+            runners[name].step(batches[i % len(batches)], timed=True)
+    real = sum(int(b["attention_mask"].sum()) for b in batches) / (len(batches) * micro_batch)  # mean length
+    cfg = next(iter(built.values()))[2]
+    fpt = flops_per_token_from_config(cfg, seq_len=max(1, round(real)), mlm_fraction=0.15, with_nsp=True)
+    rows = []
+    tps = {n: r.tokens / max(sum(r.times.values()), 1e-12) for n, r in runners.items()}
+    for name, r in runners.items():
+        n = max(r.steps, 1)
+        rows.append(dict(
+            bench="model", model=name, size=size, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
+            compile=compile_, padding=padding if name == "bertgpu" else "padded", lengths=lengths,
+            mean_length=round(real, 1), grad_ckpt=grad_ckpt, iters=r.steps,
+            fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n, opt_ms=1e3 * r.times["opt"] / n,
+            tokens_per_s=tps[name],
+            ratio_vs_transformers=tps[name] / tps["transformers"] if "transformers" in tps else None,
+            mfu=mfu(tps[name], fpt, peak), flops_per_token=fpt,
+            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss))
+    del runners, built
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+COLUMNS = [("size", "size"), ("micro_batch", "B"), ("seq_len", "T"), ("dtype", "dtype"), ("compile", "compile"),
+           ("padding", "padding"), ("model", "model"), ("fwd_ms", "fwd ms"), ("bwd_ms", "bwd ms"),
+           ("opt_ms", "opt ms"), ("tokens_per_s", "tokens/s"), ("ratio_vs_transformers", "vs HF"), ("mfu", "MFU"),
+           ("mem_peak_gib", "mem GiB")]
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "compile":
+        return "on" if value else "off"
+    if key == "mfu":
+        return f"{100 * value:.1f}%"
+    if key == "ratio_vs_transformers":
+        return f"{value:.2f}x"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:.1f}" if key.endswith("_ms") else f"{value:.2f}"
+    return str(value)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of result rows."""
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(k, r.get(k)) for k, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows to a JSONL file, or to a CSV (header written when the file is new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".csv":
+        new = not path.exists() or path.stat().st_size == 0
+        keys = list(rows[0]) if rows else []
+        with path.open("a", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        return
+    with path.open("a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
+    if args.preset == "gpu":
+        points = []
+        for p in GPU_PRESET:
+            for c in p["compile"]:
+                for pad in p["padding"]:
+                    points.append(dict(size=p["size"], micro_batch=p["micro_batch"], seq_len=p["seq_len"],
+                                       dtype=p["dtype"], compile=c == "on", padding=pad,
+                                       lengths=p.get("lengths", args.real_lengths)))
+        return points
+    dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
+    return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p, lengths=args.real_lengths)
+            for s in args.size for b in args.micro_batch for t in args.seq_len for d in dtypes
+            for c in args.compile for p in args.padding]
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from bertgpu.metrics import peak_tflops
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BertgpuError(f"--device {args.device}: CUDA is not available on this machine; expected --device cpu")
+    if args.padding and "unpadded" in args.padding and args.real_lengths == "full" and args.preset is None:
+        print("note: --real-lengths full has no padding, so unpadded equals padded; try --real-lengths uniform")
+    cuda = device.type == "cuda"
+    from bertgpu.model import BertSelfAttention
+
+    BertSelfAttention.fused_qkv = bool(args.fused_qkv)
+    iters = args.iters if args.iters is not None else (10 if cuda else 3)
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    if iters < 1 or warmup < 0:
+        raise BertgpuError(f"--iters {iters} / --warmup {warmup}: expected iters >= 1 and warmup >= 0")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows: TF32 tensor cores, as training would
+        torch.backends.cudnn.allow_tf32 = True
+    name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
+    header = (f"bertgpu bench model | device {device} ({name}, {torch.get_num_threads()} threads) | "
+              f"torch {torch.__version__} | iters {iters} warmup {warmup}")
+    print(header, flush=True)
+    rows: list[dict[str, Any]] = []
+    for point in _grid(args, cuda):
+        peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
+        t0 = time.perf_counter()
+        new = run_point(point["size"], point["micro_batch"], point["seq_len"], point["dtype"], point["compile"],
+                        point["padding"], point["lengths"], device, args.models, iters, warmup, args.grad_ckpt,
+                        peak, args.seed)
+        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name, torch=torch.__version__, threads=torch.get_num_threads(),
+                     time=time.time(), wall_s=round(time.perf_counter() - t0, 1))
+        new = [{**r, **stamp} for r in new]
+        rows += new
+        print(format_table(new).split("\n", 2)[2] if len(rows) > len(new) else format_table(new), flush=True)
+        if args.out is not None:
+            append_rows(args.out, new)
+    print()
+    print(format_table(rows))
+    if args.out is not None:
+        print(f"appended {len(rows)} rows to {args.out}")
+    return 0

@@ -1,0 +1,68 @@
+"""`bertgpu bench model` smoke test: tiny sizes, one timed step of both models, table + JSONL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bertgpu import bench_model
+
+pytest.importorskip("transformers")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench_model.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_bench_model_smoke(tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    args = parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1", "--warmup", "0",
+                  "--padding", "padded,unpadded", "--real-lengths", "uniform", "--peak-tflops", "1",
+                  "--grad-ckpt", "--out", str(out)])
+    assert bench_model.main(args) == 0
+    text = capsys.readouterr().out
+    assert "| size | B | T | dtype |" in text and "bertgpu" in text and "transformers" in text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and {r["model"] for r in rows} == {"bertgpu", "transformers"}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["opt_ms"] >= 0
+        assert r["mfu"] is not None and r["mfu"] > 0  # --peak-tflops given
+        assert r["mean_length"] <= 16
+    assert [r["padding"] for r in rows if r["model"] == "bertgpu"] == ["padded", "unpadded"]
+    hf = [r for r in rows if r["model"] == "transformers"]
+    assert all(r["ratio_vs_transformers"] == pytest.approx(1.0) for r in hf)
+    # runs accumulate
+    assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8", "--iters", "1",
+                                   "--warmup", "0", "--models", "bertgpu", "--out", str(out)])) == 0
+    assert len(out.read_text().splitlines()) == 5
+
+
+def test_bench_model_csv_and_lengths_from_shards(tmp_path):
+    from _shards import write_synthetic_shards
+
+    data = write_synthetic_shards(tmp_path / "data", seq_len=32, variable_lengths=True)
+    lengths = bench_model.sample_lengths(str(data), 50, 16, seed=0)
+    assert lengths.shape == (50,) and lengths.max() <= 16 and lengths.min() >= 2
+    out = tmp_path / "r.csv"
+    bench_model.append_rows(out, [dict(model="a", tokens_per_s=1.0)])
+    bench_model.append_rows(out, [dict(model="b", tokens_per_s=2.0)])
+    assert out.read_text().splitlines() == ["model,tokens_per_s", "a,1.0", "b,2.0"]
+
+
+def test_bench_model_gpu_preset_grid():
+    args = parse(["--preset", "gpu"])
+    grid = bench_model._grid(args, cuda=True)
+    assert {p["size"] for p in grid} == {"base", "large"}
+    assert {(p["seq_len"], p["padding"]) for p in grid} >= {(512, "padded"), (512, "unpadded")}
+    assert any(p["compile"] for p in grid) and all(p["dtype"] == "bf16" for p in grid)
+
+
+def test_bad_flags_are_rejected():
+    with pytest.raises(SystemExit):
+        parse(["--size", "huge"])
+    with pytest.raises(SystemExit):
+        parse(["--micro-batch", "x"])
