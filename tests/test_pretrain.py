@@ -129,3 +129,30 @@ def test_shards_from_another_tokenizer_are_refused_on_resume(shards: Path, tmp_p
     rc = main(_args(other, run, "--train.max_steps", "4"))
     err = capsys.readouterr().err
     assert rc == 2 and "tokenizer" in err, err
+
+
+def _losses(run: Path) -> list[float]:
+    import json
+
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["kind"] == "train"]
+
+
+def test_padding_free_paths_train_the_same_model(tmp_path: Path) -> None:
+    """unpad and length bucketing change speed, not math: same per-step losses as the plain run
+    (variable-length data, dropout off so the runs are comparable)."""
+    data = write_synthetic_shards(tmp_path / "var", n_train=64, n_val=8, seq_len=32, vocab_size=100,
+                                  variable_lengths=True)
+    common = ["--train.max_steps", "4", "--model.hidden_dropout_prob", "0",
+              "--model.attention_probs_dropout_prob", "0"]
+    assert main(_args(data, tmp_path / "plain", *common)) == 0
+    assert main(_args(data, tmp_path / "fast", *common, "--train.unpad", "true",
+                      "--data.bucket_window", "2")) == 0
+    assert _losses(tmp_path / "plain") == pytest.approx(_losses(tmp_path / "fast"), rel=1e-4)
+
+
+def test_auto_micro_batch_keeps_the_global_batch(shards: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "auto"
+    assert main(_args(shards, run, "--train.max_steps", "2", "--train.micro_batch_size", "auto")) == 0
+    out = capsys.readouterr().out
+    assert "micro_batch_size auto:" in out and "global batch (sequences/step)  8" in out

@@ -81,6 +81,9 @@ class DataSection:
     mask_rate: float = _f(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
     whole_word_masking: bool = _f(False, "mask all WordPieces of a word together")
     num_workers: int = _f(2, "data-loader worker processes per rank (0 = in the main process)")
+    bucket_window: int = _f(
+        0, "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)"
+    )
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -92,7 +95,9 @@ class TrainSection:
 
     max_steps: int = _f(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
     global_batch_size: int = _f(256, "sequences per optimizer step, over all devices and micro batches")
-    micro_batch_size: int | str = _f(32, "sequences per forward pass per device (\"auto\" is reserved)")
+    micro_batch_size: int | str = _f(
+        32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's memory"
+    )
     precision: str = _f("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
     grad_clip: float = _f(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
     budget_hours: float | None = _f(None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)")
@@ -102,6 +107,8 @@ class TrainSection:
     log_every_steps: int = _f(10, "console and metrics.jsonl line every N steps")
     with_nsp: bool | None = _f(None, "train the NSP head (none = when the data objective is mlm+nsp)")
     compile: bool = _f(False, "torch.compile the model")
+    unpad: bool = _f(False, "run the encoder on real tokens only (padding-free; the same math)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, ~30% more compute")
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
 
 
@@ -486,6 +493,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
         _choice("data.objective", d.objective, OBJECTIVES)
     _check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
+    _check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
 
     _check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
     if t.budget_hours is None:

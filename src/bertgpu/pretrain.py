@@ -207,9 +207,10 @@ class _Trainer:
 
         # Batch arithmetic, validated before any model is built.
         self.world = info.world_size
-        self.accumulation = config_mod.resolve_batch(
-            cfg.train.global_batch_size, cfg.train.micro_batch_size, self.world
-        )
+        micro = cfg.train.micro_batch_size
+        if micro == "auto":
+            micro = self._auto_micro_batch()
+        self.accumulation = config_mod.resolve_batch(cfg.train.global_batch_size, micro, self.world)
         self.peak_lr = config_mod.scaled_lr(
             cfg.optim.lr, cfg.train.global_batch_size, cfg.optim.reference_batch_size, cfg.optim.lr_scaling
         )
@@ -217,6 +218,8 @@ class _Trainer:
         # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
         torch.manual_seed(cfg.seed)
         self.model = BertForPreTraining(self.bert_config, with_nsp=self.with_nsp).to(self.device)
+        self.model.unpad_enable(cfg.train.unpad)
+        self.model.gradient_checkpointing_enable(cfg.train.gradient_checkpointing)
         self.optimizer = optim.build_optimizer(
             self.model,
             cfg.optim.name,
@@ -241,12 +244,13 @@ class _Trainer:
             self.shards,
             self.masking,
             cfg.train.global_batch_size,
-            cfg.train.micro_batch_size,
+            micro,
             rank=info.rank,
             world_size=self.world,
             seed=cfg.seed,
             num_workers=cfg.data.num_workers,
             pin_memory=self.device.type == "cuda",
+            bucket_window=cfg.data.bucket_window,
         )
 
         train_model = self.model
@@ -280,6 +284,29 @@ class _Trainer:
         if self.resume_state is not None:
             self._restore()
             self.saved_step = self.engine.step
+
+    def _auto_micro_batch(self) -> int:
+        """train.micro_batch_size = "auto": the largest micro batch that fits this device (probed
+        with real steps on CUDA, estimated from free RAM elsewhere), the smallest over all ranks,
+        rounded down to a divisor of the per-device batch so the global batch stays exact."""
+        from bertgpu import autobatch, distributed
+
+        t = self.cfg.train
+        found = autobatch.find_pretrain_micro_batch(
+            self.bert_config,
+            seq_len=self.shards.seq_len,
+            device=self.device,
+            dtype=t.precision,
+            with_nsp=self.with_nsp,
+            grad_ckpt=t.gradient_checkpointing,
+            compile=t.compile,
+            max_batch=max(t.global_batch_size // self.world, 1),
+        )
+        found = int(-distributed.all_reduce_max(-float(found)))
+        micro, _ = autobatch.resolve_auto_batch(t.global_batch_size, self.world, found)
+        if distributed.is_main():
+            print(f"micro_batch_size auto: {found} fits, using {micro}", flush=True)
+        return micro
 
     # -- schedule -------------------------------------------------------------------------------
     def _progress(self) -> float:
