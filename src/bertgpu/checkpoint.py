@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -123,15 +124,7 @@ def save_checkpoint(
         _fsync_file(f)
     _fsync_dir(tmp)
 
-    if final.exists():  # the same step saved again (e.g. final save after a resumed run)
-        old = final.with_name(final.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
+    replace_dir(tmp, final)  # the same step may be saved again (e.g. the end of a resumed run)
     _fsync_dir(final.parent)
 
     if keep_last > 0:

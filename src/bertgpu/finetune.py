@@ -47,6 +47,7 @@ import numpy as np
 
 from bertgpu.config import _f, apply_overrides, config_to_dict, format_help
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 
 if TYPE_CHECKING:
     import torch
@@ -660,7 +661,7 @@ def _run(job_fn: Callable[[Any], tuple[_Job, dict[str, Any]]], init: str, out: P
             tmp = work / "results.json.tmp"
             tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
             os.replace(tmp, work / "results.json")
-            _replace_dir(work, out)
+            replace_dir(work, out)
             print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
                                               for s, m in final["metrics"].items()) + f" -> {out}", flush=True)
         distributed.barrier()
@@ -678,18 +679,6 @@ def _device_name(device: str) -> str:
     if device.startswith("cuda"):
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     return f"{device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move a finished OUT.tmp into place, replacing an older OUT."""
-    if dst.exists():
-        old = dst.with_name(dst.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old)
-    else:
-        os.replace(src, dst)
 
 
 # --------------------------------------------------------------------------------------------

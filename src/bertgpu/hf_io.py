@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 from bertgpu.model import (
     BertConfig,
     BertForPreTraining,
@@ -322,16 +323,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     for f in tok_files:
         shutil.copyfile(f, tmp / f.name)
 
-    if folder.exists():
-        old = folder.with_name(folder.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, folder)
-    return folder
+    return replace_dir(tmp, folder)
 
 
 __all__ = ["HEADS", "load_pretrained", "save_pretrained", "hf_config", "architecture",

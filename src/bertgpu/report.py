@@ -23,7 +23,6 @@ import argparse
 import html
 import json
 import math
-import os
 import re
 import shutil
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 
 __all__ = ["Source", "add_arguments", "build_report", "load_source", "main", "pretrain_summary"]
 
@@ -659,15 +659,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-    return out
+    return replace_dir(tmp, out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,22 @@
+"""A tiny BERT config and a padded batch with MLM/NSP labels, shared by the model tests."""
+
+from __future__ import annotations
+
+import torch
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny_batch(seed: int = 0, B: int = 3, T: int = 11) -> dict[str, torch.Tensor]:
+    """Right-padded batch (lengths T, 7, 4), segment B in the second half, ~25% MLM labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([T, 7, 4][:B])
+    attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(5, 99, (B, T), generator=g) * attention_mask
+    token_type_ids = ((torch.arange(T)[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()).long()
+    pick = (torch.rand(B, T, generator=g) < 0.25) & attention_mask.bool()
+    pick[:, 1] = True  # at least one label per row
+    labels = torch.where(pick, torch.randint(5, 99, (B, T), generator=g), torch.full((B, T), -100))
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                labels=labels, next_sentence_label=torch.randint(0, 2, (B,), generator=g))
