@@ -126,16 +126,15 @@ def test_unpad_backend_errors():
         model(**padded_batch())  # CPU tensors: varlen is CUDA-only, said plainly
 
 
-def test_fused_qkv_matches_separate_projections():
+def test_fused_qkv_matches_separate_projections(monkeypatch):
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig(**TINY)).train()
     batch = padded_batch()
+    # monkeypatch restores the class-wide switch, whatever its default, for the tests that follow
+    monkeypatch.setattr(BertSelfAttention, "fused_qkv", False)
+    separate = loss_and_grads(model, batch)
+    monkeypatch.setattr(BertSelfAttention, "fused_qkv", True)
     fused = loss_and_grads(model, batch)
-    BertSelfAttention.fused_qkv = False
-    try:
-        separate = loss_and_grads(model, batch)
-    finally:
-        BertSelfAttention.fused_qkv = True
     assert_same(fused, separate)
 
 

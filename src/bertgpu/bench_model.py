@@ -329,6 +329,16 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from bertgpu.model import BertSelfAttention
+
+    previous = BertSelfAttention.fused_qkv  # a class-wide switch: restore it for in-process callers
+    try:
+        return _main(args)
+    finally:
+        BertSelfAttention.fused_qkv = previous
+
+
+def _main(args: argparse.Namespace) -> int:
     import torch
 
     from bertgpu.metrics import peak_tflops
