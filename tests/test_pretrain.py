@@ -156,3 +156,22 @@ def test_auto_micro_batch_keeps_the_global_batch(shards: Path, tmp_path: Path, c
     assert main(_args(shards, run, "--train.max_steps", "2", "--train.micro_batch_size", "auto")) == 0
     out = capsys.readouterr().out
     assert "micro_batch_size auto:" in out and "global batch (sequences/step)  8" in out
+
+
+def test_tokens_seen_counts_real_tokens_not_padding(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    from bertgpu.data import ShardSet, positions_to_indices
+
+    data = write_synthetic_shards(tmp_path / "var", n_train=40, n_val=8, seq_len=32, vocab_size=100,
+                                  variable_lengths=True)
+    run = tmp_path / "r"
+    assert main(_args(data, run, "--train.max_steps", "3", "--seed", "5")) == 0
+    shards = ShardSet(data, "train")
+    _, idx = positions_to_indices(np.arange(3 * 8), len(shards), 5)  # 3 steps x global batch 8
+    expected = int(shards.get(idx)["lengths"].sum())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    seen = [r["tokens_seen"] for r in records if r["kind"] == "train"][-1]
+    assert seen == expected < 3 * 8 * 32

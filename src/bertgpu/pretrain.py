@@ -337,7 +337,9 @@ class _Trainer:
         return terms
 
     def _count_fn(self, batch: dict[str, Any]) -> dict[str, int]:
-        counts = {"mlm": int((batch["labels"] != -100).sum())}
+        # "tokens" (real, non-pad) has no loss term: the engine only sums it over micro-batches
+        # and ranks, in the same all-reduce as the loss normalisers, for tokens/s and MFU.
+        counts = {"mlm": int((batch["labels"] != -100).sum()), "tokens": int(batch["attention_mask"].sum())}
         if self.with_nsp:
             counts["nsp"] = int(batch["input_ids"].shape[0])
         return counts
@@ -579,7 +581,6 @@ class _Trainer:
         throughput = metrics.Throughput(n_devices=self.world)
         preempt = _Preemption()
         preempt.install()
-        seq_len = self.shards.seq_len
         last_eval: dict[str, float] = {}
         last_ckpt_time = time.monotonic()
         preempted = False
@@ -613,7 +614,7 @@ class _Trainer:
                 if self.comm_timer is not None:
                     comm_wait += self.comm_timer.pop_step()
                 step = self.engine.step
-                step_tokens = cfg.train.global_batch_size * seq_len
+                step_tokens = res.counts["tokens"]  # real tokens of the whole step, all ranks
                 self.tokens_seen += step_tokens
                 throughput.update(tokens=step_tokens, sequences=cfg.train.global_batch_size)
 
