@@ -28,13 +28,7 @@ FAST = ["--lr", "3e-3", "--hidden_dropout_prob", "0", "--warmup_fraction", "0.05
         "--global_batch_size", "16", "--max_seq_len", "32"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; on a busy machine two threads spin-wait each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_init(root: Path, vocab: list[str] = VOCAB) -> Path:

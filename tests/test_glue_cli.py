@@ -16,12 +16,7 @@ TASKS = ["sst2", "mnli", "stsb"]
 FAST = ["--epochs", "1", "--max_seq_len", "64", "--global_batch_size", "4"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is fastest, and robust on a busy machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

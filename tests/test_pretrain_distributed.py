@@ -57,14 +57,7 @@ def _assert_close_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=2e-6, msg=k)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The tiny model gains nothing from intra-op threads, and on a busy 2-core machine their
-    # spin-waiting makes each backward seconds slower (the gloo workers get 1 thread from torchrun).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
