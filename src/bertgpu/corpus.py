@@ -38,6 +38,7 @@ and the next file is read; documents that came before the problem were already y
 
 from __future__ import annotations
 
+import argparse
 import bz2
 import glob
 import gzip
@@ -217,29 +218,27 @@ RawItem = tuple  # (kind, payload): see the module docstring
 DOC_KINDS = ("lines", "text", "jsonl", "wiki")  # raw documents; the rest are file events
 
 
-def _read_sentences(path: Path, f: BinaryIO) -> Iterator[RawItem]:
-    doc: list[str] = []
+def _blank_line_blocks(path: Path, f: BinaryIO) -> Iterator[list[str]]:
+    """Groups of stripped non-empty lines separated by blank lines."""
+    block: list[str] = []
     for _, line in _decoded_lines(path, f):
         line = line.strip()
         if line:
-            doc.append(line)
-        elif doc:
-            yield "lines", doc
-            doc = []
-    if doc:
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _read_sentences(path: Path, f: BinaryIO) -> Iterator[RawItem]:
+    for doc in _blank_line_blocks(path, f):  # one sentence per line, a document per block
         yield "lines", doc
 
 
 def _read_text(path: Path, f: BinaryIO) -> Iterator[RawItem]:
-    para: list[str] = []
-    for _, line in _decoded_lines(path, f):
-        line = line.strip()
-        if line:
-            para.append(line)
-        elif para:
-            yield "text", " ".join(para)
-            para = []
-    if para:
+    for para in _blank_line_blocks(path, f):  # a paragraph per block, its lines joined
         yield "text", " ".join(para)
 
 
@@ -541,3 +540,12 @@ def _read_file(path: Path, fmt: str, text_field: str) -> Iterator[RawItem]:
                 yield from _read_wiki(path, f)
     except (OSError, EOFError) as exc:  # unreadable or a truncated / corrupt .bz2 or .gz
         raise BertgpuError(f"{path}: cannot read ({exc})") from None
+
+
+def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The input flags `bertgpu tokenizer` and `bertgpu prepare` share."""
+    parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                        help="files, folders (recursive) or glob patterns")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: by extension)")
+    parser.add_argument("--text-field", default="text", help="JSONL field with the text (default 'text')")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable files instead of stopping")

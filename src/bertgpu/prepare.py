@@ -60,8 +60,8 @@ import numpy as np
 
 from bertgpu import __version__
 from bertgpu.corpus import (
-    FORMATS,
     CorpusStats,
+    add_corpus_arguments,
     convert_item,
     convert_items,
     iter_raw_documents,
@@ -643,8 +643,7 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                        help="files, folders (recursive) or glob patterns")
+    add_corpus_arguments(parser)
     parser.add_argument("--tokenizer", required=True, metavar="TOKDIR", help="output of `bertgpu tokenizer`")
     parser.add_argument("--out", required=True, metavar="DATADIR", help="output folder (new or empty)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
@@ -662,9 +661,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizing processes (default: all cores); the output does not depend on it")
     parser.add_argument("--chunk-docs", type=int, default=1000,
                         help="documents per work unit; also the pool random NSP segments come from")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: by extension)")
-    parser.add_argument("--text-field", default="text", help="JSONL field with the text (default 'text')")
-    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable files instead of stopping")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertgpu.corpus import FORMATS, CorpusStats, iter_documents
+from bertgpu.corpus import CorpusStats, add_corpus_arguments, iter_documents
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -308,8 +308,7 @@ def tokenizer_hash(folder: str | os.PathLike) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                        help="files, folders (recursive) or glob patterns")
+    add_corpus_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (must not exist or be empty)")
     parser.add_argument("--vocab-size", type=int, default=30522, help="vocabulary size (default 30522)")
     parser.add_argument("--min-frequency", type=int, default=2,
@@ -319,9 +318,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accent stripping; auto = with lower-casing, like BERT (default)")
     parser.add_argument("--limit-alphabet", type=int, default=1000,
                         help="most distinct characters kept in the initial alphabet (default 1000)")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: by extension)")
-    parser.add_argument("--text-field", default="text", help="JSONL field with the text (default 'text')")
-    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable files instead of stopping")
 
 
 def main(args: argparse.Namespace) -> int:
