@@ -32,10 +32,10 @@ def main() -> None:
 
     import transformers
 
-    from bertgpu.engine import Engine
-    from bertgpu.hf_io import save_pretrained
-    from bertgpu.model import BertConfig, BertForSequenceClassification
-    from bertgpu.optim import build_optimizer
+    from bertgpu.models.bert import BertConfig, BertForSequenceClassification
+    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.train.engine import Engine
+    from bertgpu.train.optim import build_optimizer
 
     cfg = BertConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
                      num_attention_heads=max(args.hidden // 64, 1), intermediate_size=4 * args.hidden)

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 
 import torch
 
-from bertgpu.model import BertConfig, BertForPreTraining, BertSelfAttention
+from bertgpu.models.bert import BertConfig, BertForPreTraining, BertSelfAttention
 
 SIZES = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),

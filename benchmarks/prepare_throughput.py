@@ -30,7 +30,7 @@ from pathlib import Path
 
 CHILD = r"""
 import json, resource, sys, time
-from bertgpu.prepare import prepare
+from bertgpu.data.prepare import prepare
 args = json.loads(sys.argv[1])
 start = time.perf_counter()
 m = prepare(args["paths"], args["tok"], args["out"], objective=args["objective"], workers=args["workers"],
@@ -56,7 +56,7 @@ def run_case(paths: list[str], tok: Path, work: Path, objective: str, workers: i
 
 def tokenizers_alone(tok: Path, docs: list[list[str]]) -> tuple[float, float]:
     """(tokens/s, CPU seconds per token) of encode_batch_fast on the documents, all cores."""
-    from bertgpu.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer import load_tokenizer
 
     t = load_tokenizer(tok)
     texts = [" ".join(d) for d in docs]
@@ -75,8 +75,8 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=65536, help="sequences per shard (default 65536)")
     args = parser.parse_args()
 
-    from bertgpu.corpus import gensim_test_data, iter_documents
-    from bertgpu.tokenizer import train_tokenizer
+    from bertgpu.data.corpus import gensim_test_data, iter_documents
+    from bertgpu.data.tokenizer import train_tokenizer
 
     wiki = gensim_test_data("enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,7 +59,7 @@ def _write_tokenizer(folder: Path, vocab: list[str], seq_len: int) -> str:
         pass
     # The project's own hash when tokenizer.py exists, else a stand-in over vocab.txt.
     try:
-        from bertgpu.tokenizer import tokenizer_hash
+        from bertgpu.data.tokenizer import tokenizer_hash
 
         return tokenizer_hash(folder)
     except Exception:

@@ -10,7 +10,7 @@ import bz2
 import re
 from pathlib import Path
 
-from bertgpu.corpus import split_sentences
+from bertgpu.data.corpus import split_sentences
 
 GENSIM_WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -50,7 +50,7 @@ def tokenizer_corpus(folder: Path) -> Path:
 
 
 def train_small_tokenizer(folder: Path, vocab_size: int = 2000, lowercase: bool = True) -> Path:
-    from bertgpu.tokenizer import train_tokenizer
+    from bertgpu.data.tokenizer import train_tokenizer
 
     corpus = tokenizer_corpus(folder.parent / (folder.name + "_corpus"))
     return train_tokenizer([corpus], folder, vocab_size=vocab_size, lowercase=lowercase, min_frequency=1)

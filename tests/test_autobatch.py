@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertgpu.autobatch import (
+from bertgpu.errors import BertgpuError
+from bertgpu.models.bert import BertConfig, BertForPreTraining
+from bertgpu.train.autobatch import (
     estimate_train_bytes,
     find_micro_batch,
     pretrain_step_fn,
     resolve_auto_batch,
     search_largest,
 )
-from bertgpu.errors import BertgpuError
-from bertgpu.model import BertConfig, BertForPreTraining
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 8, 9, 100, 1000, 4096])

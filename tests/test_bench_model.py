@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bertgpu import bench_model
+from bertgpu.bench import model as bench_model
 
 pytest.importorskip("transformers")
 

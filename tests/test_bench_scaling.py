@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bertgpu import bench_scaling as bs
+from bertgpu.bench import scaling as bs
 from bertgpu.errors import BertgpuError
 
 
@@ -41,7 +41,7 @@ def test_cost_model_limits_and_trends():
 
 
 def test_bert_parameter_counts_match_the_model():
-    from bertgpu.model import BertConfig, BertForPreTraining
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
 
     cfg = BertConfig.from_dict({"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
                                 "num_attention_heads": 4, "intermediate_size": 256})

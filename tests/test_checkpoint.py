@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bertgpu import checkpoint as ckpt
 from bertgpu.errors import BertgpuError
+from bertgpu.train import checkpoint as ckpt
 
 
 def tied_model() -> nn.Module:

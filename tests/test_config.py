@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from bertgpu.config import (
+from bertgpu.errors import BertgpuError
+from bertgpu.train.config import (
     PretrainConfig,
     apply_overrides,
     config_to_dict,
@@ -20,7 +21,6 @@ from bertgpu.config import (
     tomllib,
     validate,
 )
-from bertgpu.errors import BertgpuError
 
 
 def write(tmp_path, text: str):

@@ -9,7 +9,7 @@ import json
 import pytest
 from _text_fixtures import GENSIM_WIKI, write_wiki
 
-from bertgpu.corpus import (
+from bertgpu.data.corpus import (
     CorpusStats,
     detect_format,
     gensim_test_data,

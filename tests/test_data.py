@@ -1,4 +1,4 @@
-"""Tests for bertgpu.data: shard validation, global order, masking statistics, rank/resume invariance."""
+"""Tests for bertgpu.data (shards, masking, loaders): shard validation, global order, masking statistics, rank/resume invariance."""
 
 from __future__ import annotations
 
@@ -10,23 +10,19 @@ import pytest
 import torch
 from _shards import write_synthetic_shards
 
-from bertgpu.data import (
-    IGNORE_INDEX,
+from bertgpu.data.loaders import PretrainLoader, ValidationLoader, iter_eval_batches, trim_batch
+from bertgpu.data.masking import (
     Masker,
     MaskingConfig,
-    PretrainLoader,
-    ShardSet,
-    ValidationLoader,
     _philox,
-    check_compatible,
     continuation_table_from_vocab,
-    iter_eval_batches,
     position_to_index,
     positions_to_indices,
     sample_order,
-    trim_batch,
 )
+from bertgpu.data.shards import ShardSet, check_compatible
 from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
 
 SPECIAL = {0, 1, 2, 3, 4}
 MASK_ID = 4

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bertgpu import distributed
-from bertgpu.engine import Engine
+from bertgpu.train import distributed
+from bertgpu.train.engine import Engine
 
 V, D, T, G, STEPS = 11, 8, 6, 8, 3  # G = global batch (sequences per optimizer step)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from bertgpu.engine import Engine, TrainingDiverged
+from bertgpu.train.engine import Engine, TrainingDiverged
 
 V, D, T = 11, 8, 6
 

@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from bertgpu import eval_metrics as em
 from bertgpu.errors import BertgpuError
+from bertgpu.tasks import metrics as em
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -13,9 +13,11 @@ import pytest
 import torch
 from _shards import write_synthetic_shards
 
-from bertgpu.data import MaskingConfig, PretrainLoader, ShardSet, bucket_by_length
+from bertgpu.data.loaders import PretrainLoader, bucket_by_length
+from bertgpu.data.masking import MaskingConfig
+from bertgpu.data.shards import ShardSet
 from bertgpu.errors import BertgpuError
-from bertgpu.model import (
+from bertgpu.models.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,

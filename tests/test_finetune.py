@@ -33,8 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_init(root: Path, vocab: list[str] = VOCAB) -> Path:
     """A Hugging Face folder (config.json, model.safetensors, vocab.txt) of a tiny random BERT."""
-    from bertgpu.hf_io import save_pretrained
-    from bertgpu.model import BertConfig, BertForPreTraining
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.hf_io import save_pretrained
 
     tok = root / "tok"
     tok.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ def test_classification_learns_and_writes_outputs(tmp_path):
     # The test sentences follow the same rule, so the predictions are right too.
     assert [line.split("\t")[1] for line in sub[1:]] == ["0", "1"] * 3
     # The export reloads as a classifier with the trained head.
-    from bertgpu.hf_io import load_pretrained
+    from bertgpu.models.hf_io import load_pretrained
 
     model = load_pretrained(out / "model", head="classification")
     assert model.num_labels == 2
@@ -178,7 +178,7 @@ def test_random_init_takes_the_architecture_of_config_from(tmp_path):
 
 
 def test_in_memory_examples(tmp_path):
-    from bertgpu.tasks import Example
+    from bertgpu.tasks.glue import Example
 
     init = tiny_init(tmp_path)
     rng = random.Random(2)

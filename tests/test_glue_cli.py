@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture
 def tiny_init(tmp_path) -> Path:
     """A tiny random BERT whose vocab.txt holds every lower-cased word of the fixtures."""
-    from bertgpu.hf_io import save_pretrained
-    from bertgpu.model import BertConfig, BertForPreTraining
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.hf_io import save_pretrained
 
     words = sorted({w for p in FIXTURES.rglob("*.tsv")
                     for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", p.read_text(encoding="utf-8").lower())})

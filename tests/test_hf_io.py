@@ -18,14 +18,14 @@ from _tiny import TINY, tiny_batch  # noqa: E402
 from safetensors.torch import load_file, save_file
 
 from bertgpu.errors import BertgpuError
-from bertgpu.hf_io import load_pretrained, save_pretrained
-from bertgpu.model import (
+from bertgpu.models.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertModel,
 )
+from bertgpu.models.hf_io import load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 

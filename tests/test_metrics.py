@@ -1,4 +1,4 @@
-"""Tests for bertgpu.metrics: FLOPs against a hand count and torch's FLOP counter, peak lookup,
+"""Tests for bertgpu.train.metrics: FLOPs against a hand count and torch's FLOP counter, peak lookup,
 MFU, throughput with a fake clock, and the metrics log (JSON lines, resume, ranks, console)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.metrics import (
+from bertgpu.train.metrics import (
     PEAK_TFLOPS,
     MetricsLogger,
     Throughput,

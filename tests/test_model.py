@@ -11,7 +11,7 @@ import torch
 from _tiny import TINY, tiny_batch  # noqa: E402
 
 from bertgpu.errors import BertgpuError
-from bertgpu.model import (
+from bertgpu.models.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,

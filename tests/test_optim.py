@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bertgpu.errors import BertgpuError
-from bertgpu.optim import Lamb, build_optimizer, param_groups
+from bertgpu.train.optim import Lamb, build_optimizer, param_groups
 
 
 class Toy(nn.Module):

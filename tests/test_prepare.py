@@ -9,9 +9,9 @@ import pytest
 from _text_fixtures import pydoc_documents, train_small_tokenizer, write_sentences
 
 from bertgpu.cli import main as cli_main
+from bertgpu.data.prepare import prepare
+from bertgpu.data.tokenizer import load_tokenizer, tokenizer_hash
 from bertgpu.errors import BertgpuError
-from bertgpu.prepare import prepare
-from bertgpu.tokenizer import load_tokenizer, tokenizer_hash
 
 CLS, SEP = 2, 3
 
@@ -192,8 +192,8 @@ def _wiki_dump(path, docs):
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
 def test_wiki_and_text_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective, monkeypatch):
     """Markup stripping runs on the workers (in small batches here): same bytes as in-process."""
-    import bertgpu.prepare as prep
-    from bertgpu.corpus import iter_documents
+    import bertgpu.data.prepare as prep
+    from bertgpu.data.corpus import iter_documents
 
     monkeypatch.setattr(prep, "RAW_BATCH_ITEMS", 7)  # many conversion tasks in flight
     docs = pydoc_documents()

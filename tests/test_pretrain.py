@@ -163,7 +163,8 @@ def test_tokens_seen_counts_real_tokens_not_padding(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from bertgpu.data import ShardSet, positions_to_indices
+    from bertgpu.data.masking import positions_to_indices
+    from bertgpu.data.shards import ShardSet
 
     data = write_synthetic_shards(tmp_path / "var", n_train=40, n_val=8, seq_len=32, vocab_size=100,
                                   variable_lengths=True)

@@ -14,11 +14,12 @@ import torch
 from _shards import write_synthetic_shards
 from safetensors.torch import load_file
 
-from bertgpu import config, distributed, pretrain
+from bertgpu import pretrain
 from bertgpu.cli import main
-from bertgpu.distributed import DistInfo
 from bertgpu.errors import BertgpuError
-from bertgpu.metrics import read_metrics
+from bertgpu.train import config, distributed
+from bertgpu.train.distributed import DistInfo
+from bertgpu.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -135,7 +136,7 @@ def test_nproc_is_validated_before_launching(shards, tmp_path, capsys):
 
 
 def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monkeypatch):
-    from bertgpu import distributed
+    from bertgpu.train import distributed
 
     calls: list = []
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -146,7 +147,7 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
     assert len(calls) == 1 and calls[0][0] == 2
     child = calls[0][1]
     assert child[:2] == ["pretrain", TINY] and "--nproc" not in child
-    from bertgpu.config import load_config
+    from bertgpu.train.config import load_config
 
     assert load_config(TINY, child[2:]) == load_config(TINY, args)
     # A child (WORLD_SIZE set by the launcher) trains instead of launching again.

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.schedule import BudgetClock, lr_factor, progress_from_steps, warmup_fraction
+from bertgpu.train.schedule import BudgetClock, lr_factor, progress_from_steps, warmup_fraction
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from bertgpu.errors import BertgpuError
-from bertgpu.squad import (
+from bertgpu.tasks.squad import (
     Features,
     SquadExample,
     exact_match,

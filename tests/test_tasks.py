@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks import (
+from bertgpu.tasks.glue import (
     TASKS,
     column_name,
     find_split_file,

@@ -9,8 +9,7 @@ import pytest
 from _text_fixtures import tokenizer_corpus, train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
-from bertgpu.errors import BertgpuError
-from bertgpu.tokenizer import (
+from bertgpu.data.tokenizer import (
     SPECIAL_TOKENS,
     is_lowercase,
     load_tokenizer,
@@ -18,6 +17,7 @@ from bertgpu.tokenizer import (
     tokenizer_hash,
     train_tokenizer,
 )
+from bertgpu.errors import BertgpuError
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -17,7 +17,7 @@ __all__ = ["__version__", "load_pretrained", "save_pretrained"]
 
 def __getattr__(name: str):
     if name in ("load_pretrained", "save_pretrained"):
-        from bertgpu import hf_io
+        from bertgpu.models import hf_io
 
         return getattr(hf_io, name)
     raise AttributeError(f"module 'bertgpu' has no attribute {name!r}")

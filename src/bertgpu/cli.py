@@ -21,8 +21,8 @@ from bertgpu.errors import BertgpuError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "tokenizer": ("bertgpu.tokenizer", "train a WordPiece vocabulary (AutoTokenizer-loadable)"),
-    "prepare": ("bertgpu.prepare", "stream raw text into token shards with a manifest"),
+    "tokenizer": ("bertgpu.data.tokenizer", "train a WordPiece vocabulary (AutoTokenizer-loadable)"),
+    "prepare": ("bertgpu.data.prepare", "stream raw text into token shards with a manifest"),
     "pretrain": ("bertgpu.pretrain", "pretrain BERT (MLM or MLM+NSP) on 1 or N devices"),
     "export": ("bertgpu.export", "write a run's checkpoint in the Hugging Face layout"),
     "finetune": ("bertgpu.finetune", "fine-tune on one GLUE task or SQuAD v1.1/v2.0"),

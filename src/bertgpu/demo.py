@@ -60,7 +60,7 @@ def _recipe() -> Path:
 
 
 def _train_curve(run_dir: Path) -> list[dict[str, Any]]:
-    from bertgpu.metrics import read_metrics
+    from bertgpu.train.metrics import read_metrics
 
     return read_metrics(run_dir / "metrics.jsonl", drop_superseded=True)
 
@@ -128,10 +128,11 @@ def finetune_table(hf_dir: Path, out: Path, seed: int = 0) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu import config, pretrain
-    from bertgpu.corpus import gensim_test_data
-    from bertgpu.prepare import prepare
-    from bertgpu.tokenizer import train_tokenizer
+    from bertgpu import pretrain
+    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.data.prepare import prepare
+    from bertgpu.data.tokenizer import train_tokenizer
+    from bertgpu.train import config
 
     out = Path(args.out)
     if args.fresh and out.exists():

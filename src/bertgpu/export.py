@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
-    from bertgpu.checkpoint import checkpoint_dir, latest_checkpoint
-    from bertgpu.hf_io import load_pretrained, save_pretrained
+    from bertgpu.models.hf_io import load_pretrained, save_pretrained
+    from bertgpu.train.checkpoint import checkpoint_dir, latest_checkpoint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bertgpu.config import _f, apply_overrides, config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
+from bertgpu.train.config import _f, apply_overrides, config_to_dict, format_help
 
 if TYPE_CHECKING:
     import torch
 
-    from bertgpu.tasks import Example, GlueTask
+    from bertgpu.tasks.glue import Example, GlueTask
 
 ACCEPTS_OVERRIDES = True
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
@@ -229,7 +229,8 @@ def _limit(items: list[Any], n: int | None) -> list[Any]:
 def _glue_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[Example]]],
               tokenizer: Any, cfg: FinetuneConfig, where: str,
               tests: Sequence[tuple[str, list[Example]]] = ()) -> _Job:
-    from bertgpu import eval_metrics, tasks
+    from bertgpu.tasks import glue as tasks
+    from bertgpu.tasks import metrics as eval_metrics
 
     seq = cfg.max_seq_len or 128
     regression = task.kind == "regression"
@@ -268,7 +269,7 @@ def _glue_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[E
 
 def _squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
                cfg: FinetuneConfig) -> _Job:
-    from bertgpu import squad
+    from bertgpu.tasks import squad
 
     seq = cfg.max_seq_len or 384
     tokenizer.no_truncation()
@@ -315,7 +316,7 @@ def _has_tokenizer(folder: Path) -> bool:
 def find_tokenizer(init: str | os.PathLike[str]) -> Path:
     """Tokenizer folder of `--init`: the folder itself (HF), RUN_DIR/tokenizer, or the run folder
     two levels above a checkpoints/step_N folder."""
-    from bertgpu.hf_io import resolve_checkpoint_folder
+    from bertgpu.models.hf_io import resolve_checkpoint_folder
 
     folder = Path(init)
     resolved = resolve_checkpoint_folder(folder)
@@ -340,8 +341,12 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
     `init == "random"` the architecture of `config_from` with fresh weights."""
     import torch
 
-    from bertgpu import hf_io
-    from bertgpu.model import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+    from bertgpu.models import hf_io
+    from bertgpu.models.bert import (
+        BertConfig,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+    )
 
     overrides = {"hidden_dropout_prob": cfg.hidden_dropout_prob} if cfg.hidden_dropout_prob is not None else None
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
@@ -368,9 +373,9 @@ class _Trainer:
     def __init__(self, job: _Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int) -> None:
         import torch
 
-        from bertgpu import config as config_mod
-        from bertgpu import distributed, optim
-        from bertgpu.engine import Engine
+        from bertgpu.train import config as config_mod
+        from bertgpu.train import distributed, optim
+        from bertgpu.train.engine import Engine
 
         self.job, self.cfg, self.info, self.pad_id = job, cfg, info, pad_id
         self.device = torch.device(info.device)
@@ -397,7 +402,7 @@ class _Trainer:
         self.eval_examples = 0
 
     def _lr(self) -> float:
-        from bertgpu.schedule import lr_factor
+        from bertgpu.train.schedule import lr_factor
 
         progress = min((self.engine.step + 1) / self.total_steps, 1.0)
         return self.cfg.lr * lr_factor(progress, self.cfg.warmup_fraction, self.cfg.decay)
@@ -460,7 +465,7 @@ class _Trainer:
 
     def fit(self, logger: Any, work: Path | None) -> list[dict[str, Any]]:
         """Train `epochs` epochs, evaluating (rank 0) after each; returns the per-epoch records."""
-        from bertgpu import distributed
+        from bertgpu.train import distributed
 
         history: list[dict[str, Any]] = []
         is_main = distributed.is_main()
@@ -506,7 +511,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     """Fine-tune on GLUE task `task` (any alias) or `squad` / `squad2` and return results.json's
     content. `data`: the GLUE root or task folder; for SQuAD a folder with train-v1.1.json and
     dev-v1.1.json (v2.0 for squad2) unless `train_file` / `dev_file` name them."""
-    from bertgpu import tasks
+    from bertgpu.tasks import glue as tasks
 
     cfg = load_config(cfg, overrides)
     key = task.lower().replace("-", "").replace("_", "").replace(".", "")
@@ -544,7 +549,7 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
                       name: str | None = None) -> dict[str, Any]:
     """Fine-tune on in-memory examples scored like GLUE task `task` (its kind, number of labels
     and official metrics), e.g. the demo's polarity sentences as an SST-2-style task."""
-    from bertgpu import tasks
+    from bertgpu.tasks import glue as tasks
 
     t = tasks.get_task(task)
     cfg = load_config(cfg, overrides)
@@ -581,8 +586,9 @@ def _run(job_fn: Callable[[Any], tuple[_Job, dict[str, Any]]], init: str, out: P
          cfg: FinetuneConfig, tok_dir: Path, config_from: Any) -> dict[str, Any]:
     import torch
 
-    from bertgpu import __version__, distributed, metrics
-    from bertgpu.tokenizer import load_tokenizer
+    from bertgpu import __version__
+    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.train import distributed, metrics
 
     t_start = time.perf_counter()
     owns_group = not distributed.is_initialized()
@@ -629,14 +635,15 @@ def _run(job_fn: Callable[[Any], tuple[_Job, dict[str, Any]]], init: str, out: P
 
         results: dict[str, Any] = {}
         if is_main:
-            from bertgpu.hf_io import save_pretrained
+            from bertgpu.models.hf_io import save_pretrained
 
             save_pretrained(trainer.model, work / "model", tokenizer=tok_dir)
             final = history[-1]
             best = max(history, key=lambda r: r["score"])
             columns = {}
             if job.head != "qa":
-                from bertgpu import eval_metrics, tasks
+                from bertgpu.tasks import glue as tasks
+                from bertgpu.tasks import metrics as eval_metrics
 
                 t = tasks.get_task(extra["task_key"])
                 columns = {ev.column: eval_metrics.task_score(t, final["metrics"][ev.name]) for ev in job.evals}
@@ -694,8 +701,8 @@ def demo_tasks(seed: int = 0, dev_fraction: float = 0.2) -> dict[str, tuple[list
       (similarities0-1.txt, upper triangle: 1,225 document pairs, scores 0-1, scaled by 5 to the
       STS-B range), an STS-B-style regression task on document pairs.
     """
-    from bertgpu import tasks
-    from bertgpu.corpus import gensim_test_data
+    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.tasks import glue as tasks
 
     rng = np.random.default_rng(seed)
     path = gensim_test_data("pang_lee_polarity.cor")
@@ -761,7 +768,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu import distributed
+    from bertgpu.train import distributed
 
     if args.help_config:
         print(format_help(FinetuneConfig))

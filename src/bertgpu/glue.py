@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu import distributed, finetune
+    from bertgpu import finetune
+    from bertgpu.train import distributed
 
     finetune.load_config(None, args.overrides)  # a typo fails here, before any run
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
@@ -105,8 +106,9 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
         config_from: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Fine-tune every task x seed (skipping finished ones) and write the table; returns the
     content of glue_results.json."""
-    from bertgpu import distributed, finetune
-    from bertgpu import tasks as tasks_mod
+    from bertgpu import finetune
+    from bertgpu.tasks import glue as tasks_mod
+    from bertgpu.train import distributed
 
     overrides = list(overrides or [])
     seeds = list(seeds or [1])
@@ -171,7 +173,7 @@ def _read_results(path: Path) -> dict[str, Any]:
 
 def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
     """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command."""
-    from bertgpu.config import config_to_dict
+    from bertgpu.train.config import config_to_dict
 
     now = {**config_to_dict(cfg), "seed": seed}
     then = results.get("config", {})
@@ -185,8 +187,8 @@ def _median(values: list[float]) -> float:
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], seeds: list[int],
               cfg: Any, init: str, references: list[str], skipped: list[str]) -> dict[str, Any]:
     """Medians over seeds per task column and metric, and the average in our convention."""
-    from bertgpu import eval_metrics
-    from bertgpu.config import config_to_dict
+    from bertgpu.tasks import metrics as eval_metrics
+    from bertgpu.train.config import config_to_dict
 
     per_task: dict[str, Any] = {}
     columns: dict[str, float] = {}

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu import config, distributed
+    from bertgpu.train import config, distributed
 
     for key in ("data", "out"):
         if getattr(args, key, None) is not None:
@@ -117,7 +117,7 @@ class RunResult:
 
 def run(cfg: Any) -> RunResult:
     """Train according to `cfg` (a validated `config.PretrainConfig`)."""
-    from bertgpu import distributed
+    from bertgpu.train import distributed
 
     info = distributed.init_distributed(cfg.train.device)
     try:
@@ -152,11 +152,12 @@ class _Trainer:
     def __init__(self, cfg: Any, info: Any) -> None:
         import torch
 
-        from bertgpu import config as config_mod
-        from bertgpu import data, distributed, optim
-        from bertgpu.engine import Engine
-        from bertgpu.model import BertConfig, BertForPreTraining
-        from bertgpu.schedule import BudgetClock, warmup_fraction
+        from bertgpu.data import loaders, masking, shards
+        from bertgpu.models.bert import BertConfig, BertForPreTraining
+        from bertgpu.train import config as config_mod
+        from bertgpu.train import distributed, optim
+        from bertgpu.train.engine import Engine
+        from bertgpu.train.schedule import BudgetClock, warmup_fraction
 
         self.cfg, self.info = cfg, info
         if not cfg.out:
@@ -168,12 +169,12 @@ class _Trainer:
         self.device = torch.device(info.device)
 
         # Data first: its manifest decides the vocabulary check and the objective.
-        self.shards = data.ShardSet(self.data_dir, "train")
+        self.shards = shards.ShardSet(self.data_dir, "train")
         if len(self.shards) == 0:
             raise BertgpuError(f"{self.shards.manifest_path}: the train split has no sequences")
         self.val = None
         if self.shards.manifest["splits"].get("validation", {}).get("sequences", 0) > 0:
-            self.val = data.ShardSet(self.data_dir, "validation")
+            self.val = shards.ShardSet(self.data_dir, "validation")
         objective = self.shards.objective
         if cfg.data.objective and cfg.data.objective != objective:
             raise BertgpuError(
@@ -193,11 +194,11 @@ class _Trainer:
         self.resume_state: dict[str, Any] | None = None
         self.resume_model: dict[str, Any] | None = None
         if self.latest is not None:
-            from bertgpu.checkpoint import load_checkpoint
+            from bertgpu.train.checkpoint import load_checkpoint
 
             self.resume_model, self.resume_state = load_checkpoint(self.latest)
         expected_hash = self.resume_state.get("tokenizer_hash") if self.resume_state else None
-        data.check_compatible(
+        shards.check_compatible(
             self.shards,
             self.bert_config.vocab_size,
             self.bert_config.max_position_embeddings,
@@ -239,8 +240,8 @@ class _Trainer:
             raise BertgpuError("config: train.max_steps must be positive unless train.budget_hours is set")
         self.warmup = warmup_fraction(cfg.schedule.warmup_steps, cfg.schedule.warmup_fraction, self.max_steps)
 
-        self.masking = data.MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
-        self.loader = data.PretrainLoader(
+        self.masking = masking.MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
+        self.loader = loaders.PretrainLoader(
             self.shards,
             self.masking,
             cfg.train.global_batch_size,
@@ -289,7 +290,7 @@ class _Trainer:
         """train.micro_batch_size = "auto": the largest micro batch that fits this device (probed
         with real steps on CUDA, estimated from free RAM elsewhere), the smallest over all ranks,
         rounded down to a divisor of the per-device batch so the global batch stays exact."""
-        from bertgpu import autobatch, distributed
+        from bertgpu.train import autobatch, distributed
 
         t = self.cfg.train
         found = autobatch.find_pretrain_micro_batch(
@@ -316,7 +317,7 @@ class _Trainer:
         return min((self.engine.step + 1) / self.max_steps, 1.0)
 
     def _lr(self) -> float:
-        from bertgpu.schedule import lr_factor
+        from bertgpu.train.schedule import lr_factor
 
         s = self.cfg.schedule
         return self.peak_lr * lr_factor(self._progress(), self.warmup, s.decay, s.min_lr_ratio, s.power)
@@ -348,8 +349,13 @@ class _Trainer:
     def _agreed_checkpoint(self) -> Path | None:
         """The checkpoint to resume from, the same on every rank: rank 0 lists the run folder and
         broadcasts the step; the others open that step's folder (or fail clearly)."""
-        from bertgpu import distributed
-        from bertgpu.checkpoint import COMPLETE, checkpoint_dir, latest_checkpoint, list_checkpoints
+        from bertgpu.train import distributed
+        from bertgpu.train.checkpoint import (
+            COMPLETE,
+            checkpoint_dir,
+            latest_checkpoint,
+            list_checkpoints,
+        )
 
         if self.info.world_size == 1:
             return latest_checkpoint(self.run_dir)
@@ -371,8 +377,8 @@ class _Trainer:
     def _restore(self) -> None:
         import torch
 
-        from bertgpu import distributed
-        from bertgpu.checkpoint import set_rng_state
+        from bertgpu.train import distributed
+        from bertgpu.train.checkpoint import set_rng_state
 
         st = self.resume_state
         assert st is not None and self.resume_model is not None
@@ -402,8 +408,8 @@ class _Trainer:
                   f"{self.tokens_seen:,} tokens seen)", flush=True)
 
     def _gather_rng(self) -> list[Any]:
-        from bertgpu import distributed
-        from bertgpu.checkpoint import rng_state
+        from bertgpu.train import distributed
+        from bertgpu.train.checkpoint import rng_state
 
         mine = rng_state()
         if self.world == 1:
@@ -415,10 +421,10 @@ class _Trainer:
         return everyone if distributed.is_main() else []
 
     def _save(self, logger: Any) -> Path | None:
-        from bertgpu import config as config_mod
-        from bertgpu import distributed
-        from bertgpu.checkpoint import save_checkpoint
-        from bertgpu.hf_io import hf_config
+        from bertgpu.models.hf_io import hf_config
+        from bertgpu.train import config as config_mod
+        from bertgpu.train import distributed
+        from bertgpu.train.checkpoint import save_checkpoint
 
         rngs = self._gather_rng()  # collective: every rank takes part
         path = None
@@ -456,7 +462,8 @@ class _Trainer:
         """MLM loss/accuracy (and NSP accuracy) on the held-out split, all ranks together."""
         import torch
 
-        from bertgpu import data, distributed
+        from bertgpu.data import loaders
+        from bertgpu.train import distributed
 
         if self.val is None:
             return {}
@@ -464,7 +471,7 @@ class _Trainer:
         sums = torch.zeros(5, dtype=torch.float64)  # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
         self.model.eval()
         with torch.no_grad():
-            for batch in data.iter_eval_batches(
+            for batch in loaders.iter_eval_batches(
                 self.val,
                 self.masking,
                 self.loader.micro_batch_size,
@@ -502,7 +509,7 @@ class _Trainer:
 
     # -- start-up summary ------------------------------------------------------------------------
     def _startup_rows(self) -> list[tuple[str, str]]:
-        from bertgpu.model import num_parameters
+        from bertgpu.models.bert import num_parameters
 
         cfg = self.cfg
         seq = self.shards.seq_len
@@ -535,7 +542,7 @@ class _Trainer:
         return rows
 
     def _mfu_fn(self) -> Any:
-        from bertgpu import metrics
+        from bertgpu.train import metrics
 
         fpt = metrics.flops_per_token_from_config(
             self.bert_config, self.shards.seq_len, mlm_fraction=self.cfg.data.mask_rate, with_nsp=self.with_nsp
@@ -554,9 +561,9 @@ class _Trainer:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> RunResult:
-        from bertgpu import config as config_mod
-        from bertgpu import distributed, metrics
-        from bertgpu.hf_io import save_pretrained
+        from bertgpu.models.hf_io import save_pretrained
+        from bertgpu.train import config as config_mod
+        from bertgpu.train import distributed, metrics
 
         cfg = self.cfg
         is_main = distributed.is_main()

@@ -69,7 +69,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    from bertgpu.config import read_toml
+    from bertgpu.train.config import read_toml
 
     try:
         return read_toml(path)
@@ -110,7 +110,7 @@ def _read_bench(path: Path) -> list[dict[str, Any]]:
 
 def load_source(path: Path | str) -> Source:
     """Recognise and read one report input (see the module docstring for the kinds)."""
-    from bertgpu.metrics import read_metrics
+    from bertgpu.train.metrics import read_metrics
 
     path = Path(path)
     if not path.exists():

@@ -3,7 +3,7 @@
     bertgpu tokenizer --corpus wiki.xml.bz2 books/ --vocab-size 30522 --out tok/
     bertgpu tokenizer --corpus data.jsonl --text-field body --vocab-size 32000 --cased --out tok/
 
-    from bertgpu.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer import load_tokenizer
     tok = load_tokenizer("tok/")                     # a tokenizers.Tokenizer
     tok.encode("Hello world", "Second segment").ids  # [CLS] A [SEP] B [SEP]
 
@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertgpu.corpus import CorpusStats, add_corpus_arguments, iter_documents
+from bertgpu.data.corpus import CorpusStats, add_corpus_arguments, iter_documents
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

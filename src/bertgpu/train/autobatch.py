@@ -6,7 +6,7 @@ search between the last size that fit and the first that did not, then pick the 
 of the per-device batch (global / world) not above it, so the optimizer still sees exactly
 `global_batch_size` sequences per step and only the accumulation count changes::
 
-    from bertgpu import autobatch
+    from bertgpu.train import autobatch
     found = autobatch.find_pretrain_micro_batch(bert_config, seq_len=128, device="cuda",
                                                 dtype="bf16", max_batch=global_batch // world)
     micro, accumulation = autobatch.resolve_auto_batch(global_batch, world, found)
@@ -196,8 +196,8 @@ def find_pretrain_micro_batch(config: Any, seq_len: int, device: Any, dtype: str
     """
     import torch
 
-    from bertgpu.model import BertForPreTraining
-    from bertgpu.optim import build_optimizer
+    from bertgpu.models.bert import BertForPreTraining
+    from bertgpu.train.optim import build_optimizer
 
     dev = torch.device(device)
     if dev.type != "cuda":

@@ -12,8 +12,8 @@ import argparse
 import importlib
 
 SUITES = {
-    "model": ("bertgpu.bench_model", "forward/backward/optimizer time, tokens/s, MFU, peak memory vs transformers"),
-    "scaling": ("bertgpu.bench_scaling", "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k"),
+    "model": ("bertgpu.bench.model", "forward/backward/optimizer time, tokens/s, MFU, peak memory vs transformers"),
+    "scaling": ("bertgpu.bench.scaling", "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k"),
 }
 
 

@@ -3,7 +3,7 @@
     bertgpu prepare --corpus wiki.xml.bz2 books/ --tokenizer tok/ --out data/ --seq-len 128
     bertgpu prepare --corpus sample_text.txt --tokenizer tok/ --out data_nsp/ --objective mlm+nsp
 
-    from bertgpu.prepare import prepare
+    from bertgpu.data.prepare import prepare
     manifest = prepare(["corpus/"], "tok/", "data/", seq_len=128, objective="mlm")
 
 Pipeline (with --workers N > 1):
@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from bertgpu import __version__
-from bertgpu.corpus import (
+from bertgpu.data.corpus import (
     CorpusStats,
     add_corpus_arguments,
     convert_item,
@@ -69,17 +69,16 @@ from bertgpu.corpus import (
     resolve_inputs,
     settle_documents,
 )
-from bertgpu.errors import BertgpuError
-from bertgpu.tokenizer import (
+from bertgpu.data.shards import FORMAT_VERSION, OBJECTIVES
+from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
     is_lowercase,
     load_tokenizer,
     special_token_ids,
     tokenizer_hash,
 )
+from bertgpu.errors import BertgpuError
 
-FORMAT_VERSION = 1
-OBJECTIVES = ("mlm", "mlm+nsp")
 SPLITS = ("train", "validation")
 CHUNK_CHARS = 500_000  # a chunk also closes at this many characters (after MIN_CHUNK_DOCS): bounds memory, spreads work
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books

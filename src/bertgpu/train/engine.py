@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from bertgpu import distributed
 from bertgpu.errors import BertgpuError
+from bertgpu.train import distributed
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]

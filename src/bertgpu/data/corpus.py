@@ -1,6 +1,6 @@
 """Raw-text readers: every corpus format becomes a stream of documents (lists of sentences).
 
-    from bertgpu.corpus import iter_documents
+    from bertgpu.data.corpus import iter_documents
     for doc in iter_documents(["wiki.xml.bz2", "books/", "web/*.jsonl"]):
         ...  # doc: list[str], one sentence (or line) per item, never empty
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.model import (
+from bertgpu.models.bert import (
     BertConfig,
     BertForPreTraining,
     BertForQuestionAnswering,

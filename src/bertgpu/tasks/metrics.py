@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks import GlueTask, get_task
+from bertgpu.tasks.glue import GlueTask, get_task
 
 __all__ = [
     "accuracy",

@@ -14,8 +14,8 @@ import math
 import time
 from collections.abc import Callable
 
-from bertgpu import distributed
 from bertgpu.errors import BertgpuError
+from bertgpu.train import distributed
 
 DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
 

@@ -37,10 +37,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
 
 # hidden_act values we implement; the HF names map to the same functions as theirs.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-IGNORE_INDEX = -100  # label value of positions that are not predicted (HF / PyTorch convention)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def sample_lengths(spec: str, n: int, seq_len: int, seed: int) -> Any:
         return np.full(n, seq_len, dtype=np.int64)
     if spec == "uniform":
         return rng.integers(max(2, seq_len // 8), seq_len + 1, size=n).astype(np.int64)
-    from bertgpu.data import ShardSet
+    from bertgpu.data.shards import ShardSet
 
     shards = ShardSet(spec, "train")  # BertgpuError naming the folder when it is not a shard set
     pool = np.concatenate([a["lengths"] for a in shards._open()]) if len(shards) else np.zeros(0)
@@ -196,8 +196,8 @@ def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ck
     """name -> (module to call, module holding parameters, config) with identical weights."""
     import torch
 
-    from bertgpu.model import BertConfig, BertForPreTraining
-    from bertgpu.optim import build_optimizer
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.train.optim import build_optimizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
@@ -226,7 +226,7 @@ def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: b
     """Time both models on one grid point; one result row per model."""
     import torch
 
-    from bertgpu.metrics import flops_per_token_from_config, mfu
+    from bertgpu.train.metrics import flops_per_token_from_config, mfu
 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed)
@@ -329,7 +329,7 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu.model import BertSelfAttention
+    from bertgpu.models.bert import BertSelfAttention
 
     previous = BertSelfAttention.fused_qkv  # a class-wide switch: restore it for in-process callers
     try:
@@ -341,7 +341,7 @@ def main(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     import torch
 
-    from bertgpu.metrics import peak_tflops
+    from bertgpu.train.metrics import peak_tflops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -349,7 +349,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.padding and "unpadded" in args.padding and args.real_lengths == "full" and args.preset is None:
         print("note: --real-lengths full has no padding, so unpadded equals padded; try --real-lengths uniform")
     cuda = device.type == "cuda"
-    from bertgpu.model import BertSelfAttention
+    from bertgpu.models.bert import BertSelfAttention
 
     BertSelfAttention.fused_qkv = bool(args.fused_qkv)
     iters = args.iters if args.iters is not None else (10 if cuda else 3)

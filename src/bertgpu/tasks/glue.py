@@ -22,7 +22,7 @@ Layouts accepted by `find_split_file` (DATA/ is what the user passes):
 
 Usage::
 
-    from bertgpu.tasks import get_task, find_split_file, read_examples
+    from bertgpu.tasks.glue import get_task, find_split_file, read_examples
     task = get_task("sst-2")
     dev = read_examples(task, find_split_file("glue_data", task, "dev"))
 

@@ -148,8 +148,8 @@ def bert_params(hidden: int, layers: int, vocab: int = 30522, positions: int = 5
 def expected_table(bandwidths: list[float], device_tflops: float, micro_batch: int = 32, seq_len: int = 128,
                    n: int = 8, bucket_mb: float = 25.0) -> list[dict[str, Any]]:
     """The cost model for BERT-base and BERT-large at `n` GPUs, accumulation 1 and 4."""
-    from bertgpu import metrics
-    from bertgpu.model import BertConfig
+    from bertgpu.models.bert import BertConfig
+    from bertgpu.train import metrics
 
     rows = []
     for name, hidden, layers in (("BERT-base", 768, 12), ("BERT-large", 1024, 24)):
@@ -258,7 +258,7 @@ def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> 
 def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
     """Steady-state numbers of one run from its metrics.jsonl (one train record per step):
     tokens/s over the steps after `warmup_steps`, and the step-time-weighted comm and data shares."""
-    from bertgpu.metrics import read_metrics
+    from bertgpu.train.metrics import read_metrics
 
     train = [r for r in read_metrics(metrics_path) if r.get("kind") == "train"]
     origin = next((r for r in train if r["step"] == warmup_steps), None)
@@ -336,7 +336,7 @@ def _set_overrides(sets: list[str]) -> list[str]:
 def _model_overrides(args: argparse.Namespace) -> tuple[list[str], int, int]:
     """Model overrides for the default tiny model, and the (vocab, positions) the data must fit
     (after the recipe and --set)."""
-    from bertgpu import config
+    from bertgpu.train import config
 
     overrides = [] if args.recipe else [f"--model.{k}={v}" for k, v in TINY_MODEL.items()]
     cfg = config.load_config(args.recipe, [*overrides, *_set_overrides(args.sets)])
@@ -423,7 +423,7 @@ def main(args: argparse.Namespace) -> int:
     if not on_gpu:
         threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(workers))
         env["OMP_NUM_THREADS"] = str(threads)
-    src = str(Path(__file__).resolve().parents[1])  # the children import this same bertgpu
+    src = str(Path(__file__).resolve().parents[2])  # the children import this same bertgpu
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
     rows: list[dict[str, Any]] = []

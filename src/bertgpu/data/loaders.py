@@ -1,0 +1,308 @@
+"""The micro batches one rank needs for one optimizer step, resumable by global position.
+
+    from bertgpu.data.loaders import PretrainLoader
+    from bertgpu.data.masking import MaskingConfig
+
+    loader = PretrainLoader(train, MaskingConfig(mask_rate=0.15), global_batch_size=256,
+                            micro_batch_size=32, rank=rank, world_size=world, seed=1234)
+    micro_batches = loader.next_step()              # accumulation_steps dicts of torch.long tensors
+    state = loader.state_dict()                     # {"position": ..., "seed": ...}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.data.masking import Masker, MaskingConfig, check_seed, positions_to_indices
+from bertgpu.data.shards import ShardSet
+from bertgpu.errors import BertgpuError
+
+if TYPE_CHECKING:
+    import torch
+
+
+# --------------------------------------------------------------------------------------------
+# Batches and loaders
+
+
+def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray, indices: np.ndarray) -> dict[str, torch.Tensor]:
+    """Samples (epoch, index) -> one model batch of torch.long tensors (B, T) / (B,)."""
+    import torch
+
+    raw = shards.get(indices)
+    masked, labels = masker.mask_batch(raw["input_ids"], raw["lengths"], seed, epochs, indices)
+    T = masked.shape[1]
+    attention_mask = (np.arange(T)[None, :] < raw["lengths"][:, None]).astype(np.int64)  # (B, T)
+    batch = {
+        "input_ids": torch.from_numpy(masked),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "token_type_ids": torch.from_numpy(raw["token_type_ids"]),
+        "labels": torch.from_numpy(labels),
+    }
+    if "nsp_labels" in raw:
+        batch["next_sentence_label"] = torch.from_numpy(raw["nsp_labels"])
+    return batch
+
+
+class _MicroBatches:
+    """Map-style dataset for torch's DataLoader: item j is this rank's j-th micro batch after
+    global position `start` (step j // A, micro batch j % A). Picklable for worker processes."""
+
+    def __init__(self, shards: ShardSet, masker: Masker, seed: int, start: int, global_batch_size: int,
+                 micro_batch_size: int, rank: int, world_size: int) -> None:
+        self.shards, self.masker, self.seed, self.start = shards, masker, seed, start
+        self.G, self.m = global_batch_size, micro_batch_size
+        self.per_rank = global_batch_size // world_size
+        self.A = self.per_rank // micro_batch_size
+        self.rank = rank
+
+    def positions(self, j: int) -> np.ndarray:
+        step, micro = divmod(j, self.A)
+        first = self.start + step * self.G + self.rank * self.per_rank + micro * self.m
+        return np.arange(first, first + self.m, dtype=np.int64)
+
+    def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
+        epochs, indices = positions_to_indices(self.positions(j), len(self.shards), self.seed)
+        return _make_batch(self.shards, self.masker, self.seed, epochs, indices)
+
+    def __len__(self) -> int:
+        return 1 << 62  # endless: the loader stops asking, not the dataset
+
+
+def _as_masker(masking: Masker | MaskingConfig, shards: ShardSet) -> Masker:
+    if isinstance(masking, Masker):
+        return masking
+    if isinstance(masking, MaskingConfig):
+        return Masker.from_shards(masking, shards)
+    raise TypeError(f"expected a Masker or MaskingConfig, got {type(masking).__name__}")
+
+
+class PretrainLoader:
+    """The micro batches of one rank, one optimizer step at a time, resumable by global position.
+
+    Step s covers global positions [pos, pos + G); rank r takes [pos + r*G/W, pos + (r+1)*G/W),
+    cut into `accumulation_steps` micro batches of `micro_batch_size`. The state is the global
+    position alone, so a resumed run (any world size or micro batch size) sees the same samples.
+    With `num_workers > 0` a torch DataLoader prepares the next micro batches in worker
+    processes while the model computes; the batches are identical to `num_workers=0`.
+
+    `bucket_window=k` (k >= 1; 0 = off) sorts the samples of each window of k micro batches by
+    length and cuts every micro batch to its own longest sequence (`bucket_by_length`): the same
+    samples with the same masks in the same step, less padding, and, since the engine normalises
+    by the step's token count, the same step loss.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        masking: Masker | MaskingConfig,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int = 2,
+        bucket_window: int = 0,
+    ) -> None:
+        for name, value in (("global_batch_size", global_batch_size), ("micro_batch_size", micro_batch_size),
+                            ("world_size", world_size)):
+            if not isinstance(value, int) or value <= 0:
+                raise BertgpuError(f"{name}: found {value!r}, expected a positive integer")
+        if not 0 <= rank < world_size:
+            raise BertgpuError(f"rank {rank} is outside [0, {world_size})")
+        if global_batch_size % (micro_batch_size * world_size):
+            raise BertgpuError(
+                f"global_batch_size {global_batch_size} is not divisible by micro_batch_size "
+                f"{micro_batch_size} x {world_size} device{'s' if world_size > 1 else ''}; "
+                f"expected a multiple of {micro_batch_size * world_size}"
+            )
+        if len(shards) == 0:
+            raise BertgpuError(f"{shards.manifest_path}: split {shards.split!r} has no sequences")
+        if num_workers < 0:
+            raise BertgpuError(f"num_workers: found {num_workers}, expected >= 0")
+        if not isinstance(bucket_window, int) or bucket_window < 0:
+            raise BertgpuError(f"bucket_window: found {bucket_window!r}, expected an integer >= 0 (0 = off)")
+        self.bucket_window = bucket_window
+        self.shards = shards
+        self.masker = _as_masker(masking, shards)
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.seed = check_seed(seed)
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+        self.position = 0  # global position of the next step's first sample
+        self._iter: Iterator[dict[str, torch.Tensor]] | None = None
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro batches per optimizer step on each rank: G / (micro x world)."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next step's first sample (position // number of sequences)."""
+        return self.position // len(self.shards)
+
+    def _dataset(self) -> _MicroBatches:
+        return _MicroBatches(self.shards, self.masker, self.seed, self.position, self.global_batch_size,
+                             self.micro_batch_size, self.rank, self.world_size)
+
+    def next_step(self) -> list[dict[str, torch.Tensor]]:
+        """This rank's micro batches for the next optimizer step; advances the position by G."""
+        A = self.accumulation_steps
+        pin = False
+        if self.num_workers == 0:
+            ds = self._dataset()
+            out = [ds[j] for j in range(A)]
+            pin = self.pin_memory
+        else:
+            if self._iter is None:
+                import torch.utils.data
+
+                # The dataset starts at the current position; the sampler walks it in order and
+                # the DataLoader keeps prefetch_factor x num_workers micro batches in flight.
+                loader = torch.utils.data.DataLoader(
+                    self._dataset(), batch_size=None, sampler=range(1 << 62), num_workers=self.num_workers,
+                    pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                )
+                self._iter = iter(loader)
+            out = [next(self._iter) for _ in range(A)]
+        if self.bucket_window:
+            out = bucket_by_length(out, self.bucket_window)
+            pin = self.pin_memory  # new tensors: pin them again
+        if pin:
+            import torch
+
+            if torch.cuda.is_available():  # page-locked memory makes .to(device, non_blocking=True) async
+                out = [{k: v.pin_memory() for k, v in mb.items()} for mb in out]
+        self.position += self.global_batch_size
+        return out
+
+    def __iter__(self) -> Iterator[list[dict[str, torch.Tensor]]]:
+        while True:
+            yield self.next_step()
+
+    def close(self) -> None:
+        """Stop the worker processes (they restart on the next `next_step`)."""
+        self._iter = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        position = state.get("position")
+        if not isinstance(position, (int, np.integer)) or position < 0:
+            raise BertgpuError(f"data loader state: position: found {position!r}, expected an integer >= 0")
+        if "seed" in state and int(state["seed"]) != self.seed:
+            raise BertgpuError(
+                f"data loader state: seed: the checkpoint was trained with data seed {state['seed']}, "
+                f"expected the configured seed {self.seed} (resuming with another seed changes the sample order)"
+            )
+        self.position = int(position)
+        self._iter = None  # prefetched batches belong to the old position
+
+
+def iter_eval_batches(
+    shards: ShardSet,
+    masking: Masker | MaskingConfig,
+    batch_size: int,
+    seed: int = 0,
+    max_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Iterate a split once, in order, with fixed masks (epoch 0), for evaluation.
+
+    Batch k holds samples [k*batch_size, (k+1)*batch_size) (the last may be short); rank r gets
+    batches r, r + world_size, ... of the first `max_batches` (all when None).
+    """
+    if batch_size <= 0:
+        raise BertgpuError(f"batch_size: found {batch_size}, expected a positive integer")
+    masker = _as_masker(masking, shards)
+    seed = check_seed(seed)
+    n = len(shards)
+    n_batches = -(-n // batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    for k in range(rank, n_batches, world_size):
+        indices = np.arange(k * batch_size, min((k + 1) * batch_size, n), dtype=np.int64)
+        yield _make_batch(shards, masker, seed, np.zeros_like(indices), indices)
+
+
+class ValidationLoader:
+    """Re-iterable `iter_eval_batches`: `for batch in ValidationLoader(...)` once per evaluation."""
+
+    def __init__(self, shards: ShardSet, masking: Masker | MaskingConfig, batch_size: int, seed: int = 0,
+                 max_batches: int | None = None, rank: int = 0, world_size: int = 1) -> None:
+        self.shards, self.masker = shards, _as_masker(masking, shards)
+        self.batch_size, self.seed, self.max_batches = batch_size, seed, max_batches
+        self.rank, self.world_size = rank, world_size
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return iter_eval_batches(self.shards, self.masker, self.batch_size, self.seed, self.max_batches,
+                                 self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        """Batches this rank yields."""
+        n_batches = -(-len(self.shards) // self.batch_size)
+        if self.max_batches is not None:
+            n_batches = min(n_batches, self.max_batches)
+        return len(range(self.rank, n_batches, self.world_size))
+
+
+def trim_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Cut the T axis to the longest real sequence in the batch (same math, less padding).
+
+    Works on model batches (torch, with `attention_mask`) and on `ShardSet.get` output (numpy,
+    with `lengths`). Every (B, T) entry is cut to (B, L); padded positions carry no labels and
+    are masked out of attention, so the loss is unchanged.
+    """
+    if "attention_mask" in batch:
+        am = batch["attention_mask"]
+        T = am.shape[1]
+        L = int(am.sum(1).max()) if am.shape[0] else 0
+    elif "lengths" in batch:
+        T = batch["input_ids"].shape[1]
+        L = int(np.max(np.asarray(batch["lengths"]))) if len(batch["lengths"]) else 0
+    else:
+        raise KeyError("trim_batch needs 'attention_mask' or 'lengths'")
+    L = max(L, 1)
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if getattr(value, "ndim", 0) == 2 and value.shape[1] == T and L < T:
+            value = value[:, :L]
+            value = value.contiguous() if hasattr(value, "contiguous") else np.ascontiguousarray(value)
+        out[key] = value
+    return out
+
+
+def bucket_by_length(micro_batches: list[dict[str, torch.Tensor]], window: int) -> list[dict[str, torch.Tensor]]:
+    """Less padding with the same samples: sort each window of `window` micro batches by length.
+
+    The samples of micro batches [w*k, (w+1)*k) are pooled, stably sorted by their real length
+    (attention_mask row sums, longest first) and dealt back into micro batches of the original
+    sizes, each then cut to its own longest sequence by `trim_batch`. Rows move whole (input ids,
+    mask, labels, NSP label together), so every sample keeps its mask, and the step holds exactly
+    the same samples. Windows never cross a step, so the global order of steps is unchanged.
+    """
+    import torch
+
+    if window < 1:
+        raise BertgpuError(f"bucket_window: found {window}, expected >= 1")
+    out: list[dict[str, torch.Tensor]] = []
+    for start in range(0, len(micro_batches), window):
+        group = micro_batches[start:start + window]
+        sizes = [int(mb["input_ids"].shape[0]) for mb in group]
+        pooled = {k: torch.cat([mb[k] for mb in group]) for k in group[0]}  # (sum sizes, T) / (sum,)
+        lengths = pooled["attention_mask"].sum(1)  # (n,)
+        order = torch.sort(lengths, descending=True, stable=True).indices
+        for part in torch.split(order, sizes):
+            out.append(trim_batch({k: v.index_select(0, part) for k, v in pooled.items()}))
+    return out

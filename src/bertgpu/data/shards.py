@@ -1,0 +1,276 @@
+"""Memmap shard reader, deterministic rank-aware sample order, resumable cursor, masking collator.
+
+A shard set (written by `bertgpu prepare`, format in docs/ARCHITECTURE.md) is a folder of plain
+`.npy` files plus `manifest.json`. This module reads it without loading it into memory and turns
+it into the micro batches one rank needs for one optimizer step::
+
+    from bertgpu.data.masking import MaskingConfig
+    from bertgpu.data.loaders import PretrainLoader
+    from bertgpu.data.shards import ShardSet, check_compatible
+
+    train = ShardSet("data/")                       # validates manifest.json and every shard
+    check_compatible(train, vocab_size=30522, max_position_embeddings=512)
+    loader = PretrainLoader(train, MaskingConfig(mask_rate=0.15), global_batch_size=256,
+                            micro_batch_size=32, rank=rank, world_size=world, seed=1234)
+    micro_batches = loader.next_step()              # accumulation_steps dicts of torch.long tensors
+    state = loader.state_dict()                     # {"position": ..., "seed": ...}
+
+Determinism (Megatron's idea, see DESIGN.md §3): the sample at global position `p` is
+`sample_order(n, seed, p // n)[p % n]`, and the mask of sample `i` in epoch `e` comes from a
+numpy Philox generator keyed on `(seed, e, i)` alone. Nothing depends on the world size, the
+micro batch size, the number of workers or restarts, so resuming at another world size continues
+with exactly the next samples and the same masks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+
+if TYPE_CHECKING:
+    pass
+
+FORMAT_VERSION = 1
+OBJECTIVES = ("mlm", "mlm+nsp")
+SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
+
+
+# --------------------------------------------------------------------------------------------
+# Shard set
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """Load and validate `manifest.json`; every problem is a BertgpuError naming the file."""
+    if not path.is_file():
+        raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by `bertgpu prepare`)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BertgpuError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BertgpuError(f"{path}: cannot read the manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise BertgpuError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    # The version first: a manifest from a newer bertgpu may have other keys.
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise BertgpuError(
+            f"{path}: format_version: found {version!r}, expected {FORMAT_VERSION} "
+            "(re-run `bertgpu prepare` with this version of bertgpu)"
+        )
+    for key in ("objective", "seq_len", "dtype", "vocab_size", "tokenizer_hash", "special_tokens", "splits"):
+        if key not in manifest:
+            raise BertgpuError(f"{path}: missing key {key!r}")
+    if manifest["objective"] not in OBJECTIVES:
+        raise BertgpuError(f"{path}: objective: found {manifest['objective']!r}, expected one of {list(OBJECTIVES)}")
+    for key in ("seq_len", "vocab_size"):
+        value = manifest[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise BertgpuError(f"{path}: {key}: found {value!r}, expected a positive integer")
+    if manifest["dtype"] not in ("uint16", "uint32"):
+        raise BertgpuError(f"{path}: dtype: found {manifest['dtype']!r}, expected 'uint16' or 'uint32'")
+    special = manifest["special_tokens"]
+    if not isinstance(special, dict) or any(
+        not isinstance(special.get(k), int) or not 0 <= special[k] < manifest["vocab_size"] for k in SPECIAL_KEYS
+    ):
+        raise BertgpuError(
+            f"{path}: special_tokens: found {special!r}, expected integer ids below vocab_size for {list(SPECIAL_KEYS)}"
+        )
+    if not isinstance(manifest["splits"], dict):
+        raise BertgpuError(f"{path}: splits: expected an object with 'train' and 'validation'")
+    return manifest
+
+
+class ShardSet:
+    """One split (`"train"` or `"validation"`) of a shard set, memory-mapped.
+
+    Construction validates the manifest and the header (shape, dtype) of every shard file, so
+    a broken data folder fails at start-up with a message naming the file, not hours later.
+    Global index `i` runs over the shards in manifest order.
+    """
+
+    def __init__(self, data_dir: str | Path, split: str = "train") -> None:
+        self.data_dir = Path(data_dir)
+        self.split = split
+        self.manifest_path = self.data_dir / "manifest.json"
+        self.manifest: dict[str, Any] = _read_manifest(self.manifest_path)
+        m = self.manifest
+        self.objective: str = m["objective"]
+        self.seq_len: int = int(m["seq_len"])
+        self.vocab_size: int = int(m["vocab_size"])
+        self.dtype = np.dtype(m["dtype"])
+        self.special_tokens: dict[str, int] = {k: int(m["special_tokens"][k]) for k in SPECIAL_KEYS}
+        split_info = m["splits"].get(split)
+        if not isinstance(split_info, dict) or not isinstance(split_info.get("shards"), list):
+            raise BertgpuError(
+                f"{self.manifest_path}: splits.{split}: missing or without a 'shards' list "
+                f"(found splits {sorted(m['splits'])})"
+            )
+        names: list[str] = []
+        counts: list[int] = []
+        for k, shard in enumerate(split_info["shards"]):
+            ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and isinstance(shard.get("sequences"), int)
+            if not ok or shard["sequences"] < 0 or "/" in shard["name"] or "\\" in shard["name"]:
+                raise BertgpuError(
+                    f"{self.manifest_path}: splits.{split}.shards[{k}]: found {shard!r}, "
+                    "expected {\"name\": \"<file stem>\", \"sequences\": <int>}"
+                )
+            names.append(shard["name"])
+            counts.append(shard["sequences"])
+        self.shard_names = names
+        self._counts = np.asarray(counts, dtype=np.int64)
+        # Shard s holds global indices [starts[s], ends[s]); np.searchsorted on ends finds s.
+        self._ends = np.cumsum(self._counts)
+        self._starts = self._ends - self._counts
+        declared = split_info.get("sequences")
+        if isinstance(declared, int) and declared != int(self._counts.sum()):
+            raise BertgpuError(
+                f"{self.manifest_path}: splits.{split}.sequences is {declared} but its shards hold {int(self._counts.sum())}"
+            )
+        self._arrays: list[dict[str, np.ndarray]] | None = None
+        self._open()
+
+    @property
+    def has_nsp(self) -> bool:
+        return self.objective == "mlm+nsp"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.data_dir / "tokenizer"
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return str(self.manifest["tokenizer_hash"])
+
+    def _fields(self) -> dict[str, tuple[np.dtype, bool]]:
+        """Per-sequence arrays of this objective: name -> (dtype, has a seq_len axis)."""
+        fields = {"input_ids": (self.dtype, True), "lengths": (np.dtype("int32"), False)}
+        if self.has_nsp:
+            fields["token_type_ids"] = (np.dtype("uint8"), True)
+            fields["nsp_labels"] = (np.dtype("uint8"), False)
+        return fields
+
+    def _open(self) -> list[dict[str, np.ndarray]]:
+        """Memory-map every shard file, checking shapes and dtypes against the manifest."""
+        if self._arrays is not None:
+            return self._arrays
+        arrays = []
+        for name, count in zip(self.shard_names, self._counts.tolist(), strict=True):
+            shard: dict[str, np.ndarray] = {}
+            for field, (dtype, has_t) in self._fields().items():
+                path = self.data_dir / f"{name}.{field}.npy"
+                if not path.is_file():
+                    raise BertgpuError(f"{path}: shard file missing (listed in {self.manifest_path})")
+                try:
+                    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+                except (ValueError, OSError) as e:
+                    raise BertgpuError(f"{path}: not a readable .npy file ({e})") from None
+                shape = (count, self.seq_len) if has_t else (count,)
+                if arr.shape != shape or arr.dtype != dtype:
+                    raise BertgpuError(
+                        f"{path}: found shape {arr.shape} dtype {arr.dtype}, expected shape {shape} dtype {dtype} "
+                        f"(from {self.manifest_path})"
+                    )
+                shard[field] = arr
+            arrays.append(shard)
+        self._arrays = arrays
+        return arrays
+
+    # Worker processes re-open the memmaps instead of pickling their contents.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardSet({str(self.data_dir)!r}, split={self.split!r}: {len(self)} sequences of {self.seq_len} "
+            f"in {len(self.shard_names)} shards, objective {self.objective!r})"
+        )
+
+    def get(self, indices: np.ndarray | Iterable[int]) -> dict[str, np.ndarray]:
+        """Rows at global `indices` (any order, repeats allowed), as int64 arrays.
+
+        Returns `input_ids` (B, T), `lengths` (B,), `token_type_ids` (B, T) (zeros for "mlm") and,
+        for "mlm+nsp", `nsp_labels` (B,).
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n, T, B = len(self), self.seq_len, idx.size
+        if B and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"sample index out of range [0, {n}) in {self!r}")
+        out = {
+            "input_ids": np.empty((B, T), dtype=np.int64),
+            "lengths": np.empty(B, dtype=np.int64),
+        }
+        if self.has_nsp:
+            out["token_type_ids"] = np.empty((B, T), dtype=np.int64)
+            out["nsp_labels"] = np.empty(B, dtype=np.int64)
+        else:
+            out["token_type_ids"] = np.zeros((B, T), dtype=np.int64)
+        if B == 0:
+            return out
+        arrays = self._open()
+        # Sort once so each shard is read with ascending offsets (page-cache friendly), then
+        # process the contiguous run of each shard.
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        shard_of = np.searchsorted(self._ends, sorted_idx, side="right")
+        cuts = np.flatnonzero(np.diff(shard_of)) + 1
+        for rows, local, s in zip(
+            np.split(order, cuts), np.split(sorted_idx, cuts), shard_of[np.r_[0, cuts]].tolist(), strict=True
+        ):
+            local = local - self._starts[s]
+            for field, arr in arrays[s].items():
+                out[field][rows] = arr[local]
+        return out
+
+
+def check_compatible(
+    shards: ShardSet,
+    vocab_size: int,
+    max_position_embeddings: int,
+    tokenizer_hash: str | None = None,
+    *,
+    type_vocab_size: int | None = None,
+) -> None:
+    """Refuse a shard set whose tokenizer or sequence length does not fit the model.
+
+    A model vocabulary larger than the tokenizer's is fine (embeddings padded to a multiple of
+    64 are common); a smaller one, a longer sequence than the position table, or another
+    tokenizer (hash from `bertgpu.data.tokenizer.tokenizer_hash`) is an error naming the manifest.
+    """
+    path = shards.manifest_path
+    if shards.vocab_size > vocab_size:
+        raise BertgpuError(
+            f"{path}: vocab_size {shards.vocab_size} does not fit the model: expected at most the model's "
+            f"vocab_size {vocab_size}, found {shards.vocab_size}"
+        )
+    if shards.seq_len > max_position_embeddings:
+        raise BertgpuError(
+            f"{path}: seq_len {shards.seq_len} is longer than the model's max_position_embeddings "
+            f"{max_position_embeddings}; expected seq_len <= {max_position_embeddings}"
+        )
+    if tokenizer_hash is not None and shards.tokenizer_hash != tokenizer_hash:
+        raise BertgpuError(
+            f"{path}: tokenizer_hash does not match the model's tokenizer: expected {tokenizer_hash}, "
+            f"found {shards.tokenizer_hash} (the shards were prepared with another tokenizer)"
+        )
+    if type_vocab_size is not None and shards.has_nsp and type_vocab_size < 2:
+        raise BertgpuError(
+            f"{path}: objective 'mlm+nsp' needs token types 0 and 1: expected type_vocab_size >= 2, "
+            f"found {type_vocab_size}"
+        )
+
+

@@ -1,0 +1,10 @@
+"""The encoders and their heads, pure PyTorch modules with Hugging Face parameter names.
+
+`bert.py` is BERT (HF `modeling_bert.py` names and math); `hf_io.py` reads and writes Hugging Face
+folders. Nothing in this package imports `bertgpu.train` or `bertgpu.data`: a model knows nothing
+of data loading, parallelism or logging.
+"""
+
+IGNORE_INDEX = -100
+"""Label of positions that are not predicted (the Hugging Face / PyTorch cross-entropy default);
+the masking collator writes it, the losses skip it."""
