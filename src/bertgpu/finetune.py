@@ -47,7 +47,15 @@ import numpy as np
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.train.config import _f, apply_overrides, config_to_dict, format_help
+from bertgpu.train.config import (
+    DECAYS,
+    OPTIMIZERS,
+    PRECISIONS,
+    _f,
+    apply_overrides,
+    config_to_dict,
+    format_help,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -56,9 +64,6 @@ if TYPE_CHECKING:
 
 ACCEPTS_OVERRIDES = True
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
-PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "lamb", "radam")
-DECAYS = ("linear", "cosine", "constant", "polynomial")
 
 
 # --------------------------------------------------------------------------------------------

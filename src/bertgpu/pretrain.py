@@ -542,9 +542,9 @@ class _Trainer:
         return rows
 
     def _mfu_fn(self) -> Any:
-        from bertgpu.train import metrics
+        from bertgpu.train import flops
 
-        fpt = metrics.flops_per_token_from_config(
+        fpt = flops.flops_per_token_from_config(
             self.bert_config, self.shards.seq_len, mlm_fraction=self.cfg.data.mask_rate, with_nsp=self.with_nsp
         )
         peak = None
@@ -552,10 +552,10 @@ class _Trainer:
             import torch
 
             dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[self.cfg.train.precision]
-            peak = metrics.peak_tflops(torch.cuda.get_device_name(self.device), dtype)
+            peak = flops.peak_tflops(torch.cuda.get_device_name(self.device), dtype)
 
         def fn(tokens_per_s: float) -> float | None:
-            return metrics.mfu(tokens_per_s, fpt, peak, n_devices=self.world) if peak else None
+            return flops.mfu(tokens_per_s, fpt, peak, n_devices=self.world) if peak else None
 
         return fn
 

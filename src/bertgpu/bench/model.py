@@ -5,7 +5,7 @@ get the same weights, the same optimizer (AdamW, fused on CUDA) and the same bat
 timed steps alternate in one process (who goes first alternates too), so the ratio is fair on a
 noisy machine. Forward, backward and the optimizer step are timed separately (with a device
 synchronisation between them on CUDA); tokens/s counts real (non-padding) tokens; MFU uses
-`metrics.flops_per_token_from_config` at the mean real length and `metrics.peak_tflops`.
+`flops.flops_per_token_from_config` at the mean real length and `flops.peak_tflops`.
 
     bertgpu bench model                                      # CPU default: small, B 8, T 128, fp32 (~1 min)
     bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
@@ -226,7 +226,7 @@ def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: b
     """Time both models on one grid point; one result row per model."""
     import torch
 
-    from bertgpu.train.metrics import flops_per_token_from_config, mfu
+    from bertgpu.train.flops import flops_per_token_from_config, mfu
 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed)
@@ -341,7 +341,7 @@ def main(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     import torch
 
-    from bertgpu.train.metrics import peak_tflops
+    from bertgpu.train.flops import peak_tflops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():

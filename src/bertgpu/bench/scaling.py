@@ -149,13 +149,13 @@ def expected_table(bandwidths: list[float], device_tflops: float, micro_batch: i
                    n: int = 8, bucket_mb: float = 25.0) -> list[dict[str, Any]]:
     """The cost model for BERT-base and BERT-large at `n` GPUs, accumulation 1 and 4."""
     from bertgpu.models.bert import BertConfig
-    from bertgpu.train import metrics
+    from bertgpu.train import flops
 
     rows = []
     for name, hidden, layers in (("BERT-base", 768, 12), ("BERT-large", 1024, 24)):
         cfg = BertConfig.from_dict({"hidden_size": hidden, "num_hidden_layers": layers,
                                     "num_attention_heads": hidden // 64, "intermediate_size": 4 * hidden})
-        fpt = metrics.flops_per_token_from_config(cfg, seq_len, mlm_fraction=0.15, with_nsp=False)
+        fpt = flops.flops_per_token_from_config(cfg, seq_len, mlm_fraction=0.15, with_nsp=False)
         step_s = micro_batch * seq_len * fpt / (device_tflops * 1e12)
         params, tail = bert_params(hidden, layers)
         for bw in bandwidths:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
 
 try:  # Python >= 3.11
@@ -67,7 +68,6 @@ class ModelSection:
     pad_token_id: int = _f(0, "id of [PAD]")
 
 
-OBJECTIVES = ("mlm", "mlm+nsp")
 
 
 @dataclass
@@ -112,7 +112,7 @@ class TrainSection:
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
 
 
-OPTIMIZER_NAMES = ("adamw", "lamb", "radam")
+OPTIMIZERS = ("adamw", "lamb", "radam")
 LR_SCALING = ("none", "linear", "sqrt")
 
 
@@ -516,7 +516,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
     _check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
 
-    _choice("optim.name", o.name, OPTIMIZER_NAMES)
+    _choice("optim.name", o.name, OPTIMIZERS)
     _check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", o.lr, "a positive number")
     _check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or more")
     _check(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,

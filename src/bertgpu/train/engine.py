@@ -30,12 +30,12 @@ import torch
 
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
+from bertgpu.train.config import PRECISIONS
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
 CountFn = Callable[[Batch], Mapping[str, Any]]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class TrainingDiverged(BertgpuError):

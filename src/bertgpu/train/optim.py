@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from bertgpu.errors import BertgpuError
-
-OPTIMIZERS = ("adamw", "lamb", "radam")
+from bertgpu.train.config import OPTIMIZERS
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -16,8 +16,7 @@ from collections.abc import Callable
 
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
-
-DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
+from bertgpu.train.config import DECAYS
 
 
 def lr_factor(
