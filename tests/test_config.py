@@ -10,17 +10,13 @@ import pytest
 from bertgpu.errors import BertgpuError
 from bertgpu.train.config import (
     PretrainConfig,
-    apply_overrides,
-    config_to_dict,
-    dump_toml,
-    format_help,
     load_config,
     resolve_batch,
     resolve_with_nsp,
     scaled_lr,
-    tomllib,
     validate,
 )
+from bertgpu.train.overrides import apply_overrides, config_to_dict, dump_toml, format_help, tomllib
 
 
 def write(tmp_path, text: str):
@@ -39,7 +35,7 @@ def test_defaults_validate_and_every_field_has_help():
                 walk(f.default_factory)
 
     walk(PretrainConfig)
-    text = format_help()
+    text = format_help(PretrainConfig)
     assert "--train.max_steps" in text and "--optim.betas" in text and "[schedule]" in text
 
 

@@ -20,6 +20,7 @@ from bertgpu.errors import BertgpuError
 from bertgpu.train import config, distributed
 from bertgpu.train.distributed import DistInfo
 from bertgpu.train.metrics import read_metrics
+from bertgpu.train.overrides import dump_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -163,7 +164,7 @@ def test_distributed_config_section(tmp_path):
     assert (cfg.distributed.bucket_cap_mb, cfg.distributed.comm_hook) == (50, "bf16")
     assert cfg.distributed.gradient_as_bucket_view is False and cfg.distributed.measure_comm is True
     path = tmp_path / "c.toml"
-    path.write_text(config.dump_toml(cfg))
+    path.write_text(dump_toml(cfg))
     assert config.load_config(path).distributed == cfg.distributed
     for bad, key in ((["--distributed.comm_hook", "zip"], "distributed.comm_hook"),
                      (["--distributed.bucket_cap_mb", "0"], "distributed.bucket_cap_mb")):

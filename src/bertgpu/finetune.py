@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -47,15 +46,8 @@ import numpy as np
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.train.config import (
-    DECAYS,
-    OPTIMIZERS,
-    PRECISIONS,
-    _f,
-    apply_overrides,
-    config_to_dict,
-    format_help,
-)
+from bertgpu.train.config import FinetuneConfig, load_finetune_config
+from bertgpu.train.overrides import config_to_dict, format_help
 
 if TYPE_CHECKING:
     import torch
@@ -70,71 +62,7 @@ SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}
 # Configuration
 
 
-@dataclass
-class FinetuneConfig:
-    """Every knob of `bertgpu finetune`; results.json records it resolved."""
-
-    seed: int = _f(0, "seed of the fresh head, data order and dropout (glue --seeds sets it)")
-    max_seq_len: int | None = _f(None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)")
-    doc_stride: int = _f(128, "SQuAD: overlap in tokens of consecutive context windows")
-    max_query_len: int = _f(64, "SQuAD: question tokens kept")
-    epochs: int = _f(3, "passes over the training set")
-    global_batch_size: int = _f(32, "sequences per optimizer step, over all devices and micro batches")
-    micro_batch_size: int | None = _f(None, "sequences per forward pass per device (none = global / devices)")
-    lr: float = _f(2e-5, "peak learning rate")
-    weight_decay: float = _f(0.01, "decoupled weight decay (never on biases and LayerNorm)")
-    warmup_fraction: float = _f(0.1, "linear warm-up as a fraction of all steps")
-    decay: str = _f("linear", "lr decay after warm-up: linear, cosine, constant or polynomial")
-    precision: str = _f("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
-    grad_clip: float = _f(1.0, "clip the global gradient L2 norm to this (0 = off)")
-    optimizer: str = _f("adamw", "adamw, lamb or radam")
-    eval_batch_size: int = _f(64, "sequences per forward pass in evaluation")
-    n_best: int = _f(20, "SQuAD: start/end candidates per window")
-    max_answer_len: int = _f(30, "SQuAD: longest answer in tokens")
-    null_threshold: float = _f(0.0, "SQuAD v2: predict no answer when null - best span score > this")
-    max_train_examples: int | None = _f(None, "use only the first N training examples (quick runs)")
-    max_eval_examples: int | None = _f(None, "evaluate on the first N examples of each dev split")
-    hidden_dropout_prob: float | None = _f(None, "override the model's hidden dropout (none = keep)")
-    log_every_steps: int = _f(10, "console and metrics.jsonl line every N steps")
-    device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps")
-
-
-def _aliases() -> dict[str, str]:
-    # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
-    keys = [f for f in FinetuneConfig.__dataclass_fields__]
-    return {f"{section}.{k}": k for k in keys for section in ("train", "optim", "finetune")}
-
-
-def load_config(cfg: FinetuneConfig | None = None, overrides: Sequence[str] | None = None) -> FinetuneConfig:
-    """Defaults (or `cfg`, copied) <- command-line overrides, then range checks."""
-    import copy
-
-    cfg = copy.deepcopy(cfg) if cfg is not None else FinetuneConfig()
-    apply_overrides(cfg, list(overrides or []), "command line", _aliases())
-    return validate(cfg)
-
-
-def validate(cfg: FinetuneConfig) -> FinetuneConfig:
-    """Range checks; BertgpuError naming the key."""
-    def check(ok: bool, key: str, expected: str) -> None:
-        if not ok:
-            raise BertgpuError(f"finetune config: {key} = {getattr(cfg, key)!r}: expected {expected}")
-
-    for key in ("epochs", "global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
-                "n_best", "max_answer_len", "log_every_steps"):
-        check(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in ("max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
-        check(getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none")
-    check(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "a positive number")
-    check(cfg.weight_decay >= 0, "weight_decay", "0 or more")
-    check(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
-    check(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
-    check(cfg.decay in DECAYS, "decay", "one of " + ", ".join(DECAYS))
-    check(cfg.precision in PRECISIONS, "precision", "one of " + ", ".join(PRECISIONS))
-    check(cfg.optimizer in OPTIMIZERS, "optimizer", "one of " + ", ".join(OPTIMIZERS))
-    check(cfg.hidden_dropout_prob is None or 0.0 <= cfg.hidden_dropout_prob < 1.0,
-          "hidden_dropout_prob", "a number in [0, 1) or none")
-    return cfg
+load_config = load_finetune_config
 
 
 # --------------------------------------------------------------------------------------------

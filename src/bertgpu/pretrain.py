@@ -66,13 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu.train import config, distributed
+    from bertgpu.train import config, distributed, overrides
 
     for key in ("data", "out"):
         if getattr(args, key, None) is not None:
             args.overrides = [f"--{key}={getattr(args, key)}", *args.overrides]
     if args.help_config:
-        print(config.format_help())
+        print(overrides.format_help(config.PretrainConfig))
         return 0
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
         n = distributed.resolve_nproc(args.nproc)
@@ -155,7 +155,7 @@ class _Trainer:
         from bertgpu.data import loaders, masking, shards
         from bertgpu.models.bert import BertConfig, BertForPreTraining
         from bertgpu.train import config as config_mod
-        from bertgpu.train import distributed, optim
+        from bertgpu.train import distributed, optim, overrides
         from bertgpu.train.engine import Engine
         from bertgpu.train.schedule import BudgetClock, warmup_fraction
 
@@ -188,7 +188,7 @@ class _Trainer:
                 f"--objective mlm+nsp (this shard set is {objective!r})"
             )
 
-        model_fields = config_mod.config_to_dict(cfg.model)
+        model_fields = overrides.config_to_dict(cfg.model)
         self.bert_config = BertConfig.from_dict(model_fields)
         self.latest = self._agreed_checkpoint()
         self.resume_state: dict[str, Any] | None = None
@@ -422,8 +422,7 @@ class _Trainer:
 
     def _save(self, logger: Any) -> Path | None:
         from bertgpu.models.hf_io import hf_config
-        from bertgpu.train import config as config_mod
-        from bertgpu.train import distributed
+        from bertgpu.train import distributed, overrides
         from bertgpu.train.checkpoint import save_checkpoint
 
         rngs = self._gather_rng()  # collective: every rank takes part
@@ -442,7 +441,7 @@ class _Trainer:
                 "tokenizer_hash": self.shards.tokenizer_hash,
             }
             extra = {
-                "config.toml": config_mod.dump_toml(self.cfg),
+                "config.toml": overrides.dump_toml(self.cfg),
                 "config.json": json.dumps(hf_config(self.model), indent=2, sort_keys=True) + "\n",
             }
             path = save_checkpoint(
@@ -562,14 +561,13 @@ class _Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> RunResult:
         from bertgpu.models.hf_io import save_pretrained
-        from bertgpu.train import config as config_mod
-        from bertgpu.train import distributed, metrics
+        from bertgpu.train import distributed, metrics, overrides
 
         cfg = self.cfg
         is_main = distributed.is_main()
         if is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(config_mod.dump_toml(cfg), encoding="utf-8")
+            (self.run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
             tok_dst = self.run_dir / "tokenizer"
             if not tok_dst.exists():
                 import shutil

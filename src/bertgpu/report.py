@@ -69,7 +69,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    from bertgpu.train.config import read_toml
+    from bertgpu.train.overrides import read_toml
 
     try:
         return read_toml(path)

@@ -1,4 +1,5 @@
-"""The pretraining configuration: schema as code, TOML files and dotted overrides on top.
+"""The configuration schemas of pretraining and fine-tuning: schema as code, files and the
+command line only override.
 
 Every knob is a dataclass field with a default and a help text (`bertgpu pretrain --help-config`
 prints them, see `format_help`). A TOML file only overrides defaults, the command line overrides
@@ -12,37 +13,21 @@ Batch semantics: `train.global_batch_size` sequences per optimizer step is the k
 `train.micro_batch_size` is per device; accumulation = global / (micro x world) is derived by
 `resolve_batch`. The lr may be scaled from the batch it was tuned for (`scaled_lr`).
 
-The override machinery (`apply_dict`, `apply_overrides`) works on any dataclass, so fine-tuning
-reuses it with a schema of its own.
+`FinetuneConfig` (flat keys: `--epochs 3 --lr 2e-5`) takes its shared knobs from the pretraining
+sections with `overrides.reuse`, so each knob and its help text are declared once. The parsing
+machinery (`apply_dict`, `apply_overrides`, `dump_toml`, `format_help`) is in `overrides.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
 import math
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-
-def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its help text in `metadata["help"]` (printed by --help-config)."""
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
+from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml, reuse
 
 # --------------------------------------------------------------------------------------------
 # Schema
@@ -53,19 +38,19 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = datacl
 class ModelSection:
     """Architecture, with Hugging Face BertConfig's field names and defaults (BERT-base)."""
 
-    vocab_size: int = _f(30522, "size of the WordPiece vocabulary (must match the data's tokenizer)")
-    hidden_size: int = _f(768, "width of the encoder (H)")
-    num_hidden_layers: int = _f(12, "number of transformer layers (L)")
-    num_attention_heads: int = _f(12, "attention heads per layer (A); hidden_size must divide by it")
-    intermediate_size: int = _f(3072, "width of the feed-forward layer (4H in BERT)")
-    hidden_act: str = _f("gelu", "feed-forward activation: gelu, gelu_new, relu, ...")
-    hidden_dropout_prob: float = _f(0.1, "dropout on embeddings and sub-layer outputs")
-    attention_probs_dropout_prob: float = _f(0.1, "dropout on attention probabilities")
-    max_position_embeddings: int = _f(512, "longest sequence the position table supports")
-    type_vocab_size: int = _f(2, "number of segment (token type) ids")
-    initializer_range: float = _f(0.02, "std of the normal weight initialisation")
-    layer_norm_eps: float = _f(1e-12, "LayerNorm epsilon")
-    pad_token_id: int = _f(0, "id of [PAD]")
+    vocab_size: int = option(30522, "size of the WordPiece vocabulary (must match the data's tokenizer)")
+    hidden_size: int = option(768, "width of the encoder (H)")
+    num_hidden_layers: int = option(12, "number of transformer layers (L)")
+    num_attention_heads: int = option(12, "attention heads per layer (A); hidden_size must divide by it")
+    intermediate_size: int = option(3072, "width of the feed-forward layer (4H in BERT)")
+    hidden_act: str = option("gelu", "feed-forward activation: gelu, gelu_new, relu, ...")
+    hidden_dropout_prob: float = option(0.1, "dropout on embeddings and sub-layer outputs")
+    attention_probs_dropout_prob: float = option(0.1, "dropout on attention probabilities")
+    max_position_embeddings: int = option(512, "longest sequence the position table supports")
+    type_vocab_size: int = option(2, "number of segment (token type) ids")
+    initializer_range: float = option(0.02, "std of the normal weight initialisation")
+    layer_norm_eps: float = option(1e-12, "LayerNorm epsilon")
+    pad_token_id: int = option(0, "id of [PAD]")
 
 
 
@@ -74,14 +59,14 @@ class ModelSection:
 class DataSection:
     """Where the token shards are and how they are masked."""
 
-    dir: str | None = _f(None, "shard set written by `bertgpu prepare` (also --data DIR)")
-    objective: str | None = _f(
+    dir: str | None = option(None, "shard set written by `bertgpu prepare` (also --data DIR)")
+    objective: str | None = option(
         None, "expected objective, mlm or mlm+nsp; checked against the manifest (none = accept the manifest's)"
     )
-    mask_rate: float = _f(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
-    whole_word_masking: bool = _f(False, "mask all WordPieces of a word together")
-    num_workers: int = _f(2, "data-loader worker processes per rank (0 = in the main process)")
-    bucket_window: int = _f(
+    mask_rate: float = option(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
+    whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
+    num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
+    bucket_window: int = option(
         0, "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)"
     )
 
@@ -93,23 +78,23 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class TrainSection:
     """Batch, precision, length of training, evaluation and logging cadence."""
 
-    max_steps: int = _f(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
-    global_batch_size: int = _f(256, "sequences per optimizer step, over all devices and micro batches")
-    micro_batch_size: int | str = _f(
+    max_steps: int = option(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
+    global_batch_size: int = option(256, "sequences per optimizer step, over all devices and micro batches")
+    micro_batch_size: int | str = option(
         32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's memory"
     )
-    precision: str = _f("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
-    grad_clip: float = _f(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
-    budget_hours: float | None = _f(None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)")
-    max_nonfinite_steps: int = _f(5, "abort after this many non-finite steps in a row")
-    eval_every_steps: int = _f(1000, "evaluate on the validation split every N steps (0 = only at the end)")
-    eval_batches: int = _f(50, "micro batches per evaluation (0 = the whole validation split)")
-    log_every_steps: int = _f(10, "console and metrics.jsonl line every N steps")
-    with_nsp: bool | None = _f(None, "train the NSP head (none = when the data objective is mlm+nsp)")
-    compile: bool = _f(False, "torch.compile the model")
-    unpad: bool = _f(False, "run the encoder on real tokens only (padding-free; the same math)")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, ~30% more compute")
-    device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
+    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    grad_clip: float = option(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
+    budget_hours: float | None = option(None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)")
+    max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row")
+    eval_every_steps: int = option(1000, "evaluate on the validation split every N steps (0 = only at the end)")
+    eval_batches: int = option(50, "micro batches per evaluation (0 = the whole validation split)")
+    log_every_steps: int = option(10, "console and metrics.jsonl line every N steps")
+    with_nsp: bool | None = option(None, "train the NSP head (none = when the data objective is mlm+nsp)")
+    compile: bool = option(False, "torch.compile the model")
+    unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% more compute")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
 
 
 OPTIMIZERS = ("adamw", "lamb", "radam")
@@ -120,13 +105,13 @@ LR_SCALING = ("none", "linear", "sqrt")
 class OptimSection:
     """Optimizer and the peak learning rate."""
 
-    name: str = _f("adamw", "adamw, lamb (You et al. 2019, large batches) or radam")
-    lr: float = _f(1e-4, "peak learning rate (before lr_scaling)")
-    weight_decay: float = _f(0.01, "decoupled weight decay; never on biases and LayerNorm")
-    betas: tuple[float, float] = _f((0.9, 0.999), "Adam moment decay rates, e.g. 0.9,0.98")
-    eps: float = _f(1e-6, "Adam epsilon")
-    reference_batch_size: int | None = _f(None, "global batch the lr was tuned for (needed by lr_scaling)")
-    lr_scaling: str = _f("none", "scale lr by global/reference batch: none, linear or sqrt")
+    name: str = option("adamw", "adamw, lamb (You et al. 2019, large batches) or radam")
+    lr: float = option(1e-4, "peak learning rate (before lr_scaling)")
+    weight_decay: float = option(0.01, "decoupled weight decay; never on biases and LayerNorm")
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam moment decay rates, e.g. 0.9,0.98")
+    eps: float = option(1e-6, "Adam epsilon")
+    reference_batch_size: int | None = option(None, "global batch the lr was tuned for (needed by lr_scaling)")
+    lr_scaling: str = option("none", "scale lr by global/reference batch: none, linear or sqrt")
 
 
 DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
@@ -136,20 +121,20 @@ DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
 class ScheduleSection:
     """Shape of lr(progress); progress = step/max_steps, or elapsed/budget in budget mode."""
 
-    warmup_steps: int | None = _f(None, "warm-up length in steps (wins over warmup_fraction)")
-    warmup_fraction: float | None = _f(0.01, "warm-up as a fraction of training (budget mode: of the budget)")
-    decay: str = _f("linear", "linear, cosine, constant, polynomial, triangle / one-cycle")
-    min_lr_ratio: float = _f(0.0, "final lr as a fraction of the peak")
-    power: float = _f(1.0, "exponent of the polynomial decay")
+    warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction)")
+    warmup_fraction: float | None = option(0.01, "warm-up as a fraction of training (budget mode: of the budget)")
+    decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle")
+    min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak")
+    power: float = option(1.0, "exponent of the polynomial decay")
 
 
 @dataclass
 class CheckpointSection:
     """When checkpoints are written; re-running the same command resumes from the latest."""
 
-    every_steps: int = _f(1000, "write a checkpoint every N steps (0 = only at the end)")
-    keep_last: int = _f(3, "keep the newest N checkpoints (0 = keep all)")
-    every_minutes: float | None = _f(None, "also write one every N minutes of wall time (none = off)")
+    every_steps: int = option(1000, "write a checkpoint every N steps (0 = only at the end)")
+    keep_last: int = option(3, "keep the newest N checkpoints (0 = keep all)")
+    every_minutes: float | None = option(None, "also write one every N minutes of wall time (none = off)")
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
@@ -159,297 +144,105 @@ COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 class DistributedSection:
     """Data-parallel (DDP) gradient all-reduce; only used with more than one process."""
 
-    bucket_cap_mb: int = _f(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)")
-    gradient_as_bucket_view: bool = _f(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
-    comm_hook: str = _f("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
-    measure_comm: bool = _f(True, "time the gradient all-reduce and log comm_share (the part not hidden behind backward)")
+    bucket_cap_mb: int = option(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)")
+    gradient_as_bucket_view: bool = option(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
+    comm_hook: str = option("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
+    measure_comm: bool = option(True, "time the gradient all-reduce and log comm_share (the part not hidden behind backward)")
 
 
 @dataclass
 class PretrainConfig:
     """Everything `bertgpu pretrain` needs; `config.toml` in a run folder is this, resolved."""
 
-    seed: int = _f(0, "seed of initialisation, data order and masking (also --seed N)")
-    out: str | None = _f(None, "run folder: config, metrics, checkpoints, export (also --out DIR)")
-    model: ModelSection = _f(factory=ModelSection, help="architecture (Hugging Face BertConfig names)")
-    data: DataSection = _f(factory=DataSection, help="token shards and masking")
-    train: TrainSection = _f(factory=TrainSection, help="batch, precision, length, cadence")
-    optim: OptimSection = _f(factory=OptimSection, help="optimizer and learning rate")
-    schedule: ScheduleSection = _f(factory=ScheduleSection, help="learning-rate schedule")
-    checkpoint: CheckpointSection = _f(factory=CheckpointSection, help="checkpoint cadence")
-    distributed: DistributedSection = _f(factory=DistributedSection, help="DDP buckets and gradient compression")
+    seed: int = option(0, "seed of initialisation, data order and masking (also --seed N)")
+    out: str | None = option(None, "run folder: config, metrics, checkpoints, export (also --out DIR)")
+    model: ModelSection = option(factory=ModelSection, help="architecture (Hugging Face BertConfig names)")
+    data: DataSection = option(factory=DataSection, help="token shards and masking")
+    train: TrainSection = option(factory=TrainSection, help="batch, precision, length, cadence")
+    optim: OptimSection = option(factory=OptimSection, help="optimizer and learning rate")
+    schedule: ScheduleSection = option(factory=ScheduleSection, help="learning-rate schedule")
+    checkpoint: CheckpointSection = option(factory=CheckpointSection, help="checkpoint cadence")
+    distributed: DistributedSection = option(factory=DistributedSection, help="DDP buckets and gradient compression")
 
+
+
+@dataclass
+class FinetuneConfig:
+    """Every knob of `bertgpu finetune` (flat keys); results.json records it resolved."""
+
+    seed: int = reuse(PretrainConfig, "seed", help="seed of the fresh head, data order and dropout (glue --seeds sets it)")
+    max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)")
+    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
+    max_query_len: int = option(64, "SQuAD: question tokens kept")
+    epochs: int = option(3, "passes over the training set")
+    global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
+    micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = global / devices)")
+    lr: float = reuse(OptimSection, "lr", 2e-5, "peak learning rate")
+    weight_decay: float = reuse(OptimSection, "weight_decay")
+    warmup_fraction: float = reuse(ScheduleSection, "warmup_fraction", 0.1)
+    decay: str = reuse(ScheduleSection, "decay")
+    precision: str = reuse(TrainSection, "precision")
+    grad_clip: float = reuse(TrainSection, "grad_clip")
+    optimizer: str = reuse(OptimSection, "name")
+    eval_batch_size: int = option(64, "sequences per forward pass in evaluation")
+    n_best: int = option(20, "SQuAD: start/end candidates per window")
+    max_answer_len: int = option(30, "SQuAD: longest answer in tokens")
+    null_threshold: float = option(0.0, "SQuAD v2: predict no answer when null - best span score > this")
+    max_train_examples: int | None = option(None, "use only the first N training examples (quick runs)")
+    max_eval_examples: int | None = option(None, "evaluate on the first N examples of each dev split")
+    hidden_dropout_prob: float | None = option(None, "override the model's hidden dropout (none = keep)")
+    log_every_steps: int = reuse(TrainSection, "log_every_steps")
+    device: str = reuse(TrainSection, "device")
+    budget_hours: float | None = reuse(TrainSection, "budget_hours")
+    max_nonfinite_steps: int = reuse(TrainSection, "max_nonfinite_steps")
+    checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
+                                        "write a resumable checkpoint every N steps (0 = only when preempted)")
+    checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
+
+
+def _finetune_aliases() -> dict[str, str]:
+    # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
+    keys = list(FinetuneConfig.__dataclass_fields__)
+    return {f"{section}.{k}": k for k in keys for section in ("train", "optim", "finetune")}
+
+
+def load_finetune_config(cfg: FinetuneConfig | None = None, overrides: list[str] | None = None) -> FinetuneConfig:
+    """Defaults (or `cfg`, copied) <- command-line overrides, then range checks."""
+    import copy
+
+    cfg = copy.deepcopy(cfg) if cfg is not None else FinetuneConfig()
+    apply_overrides(cfg, list(overrides or []), "command line", _finetune_aliases())
+    return validate_finetune(cfg)
+
+
+def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Range checks; BertgpuError naming the key."""
+    def check(ok: bool, key: str, expected: str) -> None:
+        _check(ok, key, getattr(cfg, key), expected)
+
+    for key in ("epochs", "global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
+                "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
+        check(getattr(cfg, key) > 0, key, "a positive integer")
+    for key in ("max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
+        check(getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none")
+    check(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "a positive number")
+    check(cfg.weight_decay >= 0, "weight_decay", "0 or more")
+    check(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
+    check(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
+    _choice("decay", cfg.decay, DECAYS)
+    _choice("precision", cfg.precision, PRECISIONS)
+    _choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    check(cfg.hidden_dropout_prob is None or 0.0 <= cfg.hidden_dropout_prob < 1.0,
+          "hidden_dropout_prob", "a number in [0, 1) or none")
+    check(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
+          "budget_hours", "a positive number of hours or none")
+    check(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
+    check(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
+          "checkpoint_every_minutes", "a positive number or none")
+    return cfg
 
 # Short command-line spellings of frequently used keys.
 PRETRAIN_ALIASES: dict[str, str] = {"data": "data.dir", "out": "out", "seed": "seed"}
-
-# --------------------------------------------------------------------------------------------
-# Typed values
-# --------------------------------------------------------------------------------------------
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _union_args(tp: Any) -> tuple[Any, ...] | None:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return typing.get_args(tp)
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    args = _union_args(tp)
-    if args is not None:
-        return " or ".join("none" if a is type(None) else _type_name(a) for a in args)
-    if typing.get_origin(tp) is tuple:
-        inner = typing.get_args(tp)
-        if inner and inner[-1] is not Ellipsis:
-            return f"{len(inner)} comma-separated values ({_type_name(inner[0])} each)"
-        return "comma-separated values"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
-
-
-class _BadValue(ValueError):
-    pass
-
-
-def _parse_text(text: str, tp: Any) -> Any:
-    """Command-line text -> a value of type `tp`."""
-    args = _union_args(tp)
-    if args is not None:
-        if type(None) in args and text.strip().lower() in ("none", "null"):
-            return None
-        for a in args:  # first type that parses wins (int before str for int | str)
-            if a is type(None):
-                continue
-            try:
-                return _parse_text(text, a)
-            except _BadValue:
-                continue
-        raise _BadValue(text)
-    if typing.get_origin(tp) is tuple:
-        inner = typing.get_args(tp)
-        parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
-        elem = inner[0] if inner else str
-        if inner and inner[-1] is not Ellipsis and len(parts) != len(inner):
-            raise _BadValue(text)
-        return tuple(_parse_text(p, elem) for p in parts)
-    if tp is bool:
-        low = text.strip().lower()
-        if low in ("true", "1", "yes", "on"):
-            return True
-        if low in ("false", "0", "no", "off"):
-            return False
-        raise _BadValue(text)
-    try:
-        if tp is int:
-            value = float(text) if any(c in text for c in ".eE") else int(text)
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise _BadValue(text)
-                value = int(value)
-            return value
-        if tp is float:
-            return float(text)
-    except (TypeError, ValueError):
-        raise _BadValue(text) from None
-    if tp is str:
-        return text
-    raise _BadValue(text)
-
-
-def _coerce(value: Any, tp: Any) -> Any:
-    """A TOML value -> a value of type `tp` (ints accepted for floats, lists for tuples,
-    the string "none" for optional fields, strings parsed like the command line)."""
-    if isinstance(value, str) and tp is not str:
-        return _parse_text(value, tp)
-    args = _union_args(tp)
-    if args is not None:
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a)
-            except _BadValue:
-                continue
-        raise _BadValue(value)
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _BadValue(value)
-        inner = typing.get_args(tp)
-        if inner and inner[-1] is not Ellipsis and len(value) != len(inner):
-            raise _BadValue(value)
-        elem = inner[0] if inner else Any
-        return tuple(v if elem is Any else _coerce(v, elem) for v in value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _BadValue(value)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _BadValue(value)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _BadValue(value)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _BadValue(value)
-    return value
-
-
-# --------------------------------------------------------------------------------------------
-# Applying files and overrides to any dataclass
-# --------------------------------------------------------------------------------------------
-
-
-def all_keys(cls_or_obj: Any, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of a dataclass schema, e.g. ["seed", "out", "model.vocab_size", ...]."""
-    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
-    keys: list[str] = []
-    for name, tp in _hints(cls).items():
-        if name.startswith("_"):
-            continue
-        if _is_dataclass_type(tp):
-            keys += all_keys(tp, f"{prefix}{name}.")
-        else:
-            keys.append(prefix + name)
-    return keys
-
-
-def _unknown(key: str, obj: Any, source: str) -> BertgpuError:
-    candidates = all_keys(obj)
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if not close:  # also try the last part alone ("max_stepz" -> "train.max_steps")
-        leaf = key.rsplit(".", 1)[-1]
-        by_leaf = {k.rsplit(".", 1)[-1]: k for k in candidates}
-        close = [by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)]
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return BertgpuError(f"{source}: unknown key {key}{hint}")
-
-
-def _resolve(obj: Any, key: str, source: str) -> tuple[Any, str, Any]:
-    """(owner dataclass instance, field name, field type) of a dotted key."""
-    parts = key.split(".")
-    target = obj
-    for i, part in enumerate(parts):
-        hints = _hints(type(target))
-        if part not in hints or part.startswith("_"):
-            raise _unknown(key, obj, source)
-        tp = hints[part]
-        if i == len(parts) - 1:
-            if _is_dataclass_type(tp):
-                raise BertgpuError(f"{source}: {key} is a section; set one of its keys, e.g. {all_keys(tp, key + '.')[0]}")
-            return target, part, tp
-        if not _is_dataclass_type(tp):
-            raise _unknown(key, obj, source)
-        target = getattr(target, part)
-    raise _unknown(key, obj, source)  # pragma: no cover - empty key
-
-
-def set_value(obj: Any, key: str, value: Any, source: str, *, from_text: bool = False) -> None:
-    """Set dotted `key` of dataclass `obj`, converting `value` to the field's type."""
-    owner, name, tp = _resolve(obj, key, source)
-    try:
-        converted = _parse_text(value, tp) if from_text else _coerce(value, tp)
-    except _BadValue:
-        shown = value if from_text else json.dumps(value) if not isinstance(value, tuple) else list(value)
-        raise BertgpuError(f"{source}: {key} = {shown}: expected {_type_name(tp)}") from None
-    setattr(owner, name, converted)
-
-
-def apply_dict(obj: Any, data: dict[str, Any], source: str, prefix: str = "") -> Any:
-    """Apply a nested mapping (a parsed TOML file) to dataclass `obj` in place; returns `obj`."""
-    for key, value in data.items():
-        dotted = prefix + key.replace("-", "_")
-        if isinstance(value, dict):
-            owner = obj
-            for part in filter(None, prefix.rstrip(".").split(".")):
-                owner = getattr(owner, part)
-            hints = _hints(type(owner))
-            name = key.replace("-", "_")
-            if name not in hints or not _is_dataclass_type(hints[name]):
-                if name in hints:
-                    raise BertgpuError(f"{source}: {dotted} = a table: expected {_type_name(hints[name])}")
-                raise _unknown(dotted, obj, source)
-            apply_dict(obj, value, source, prefix=dotted + ".")
-        else:
-            set_value(obj, dotted, value, source)
-    return obj
-
-
-def apply_overrides(
-    obj: Any,
-    overrides: list[str],
-    source: str = "command line",
-    aliases: dict[str, str] | None = None,
-) -> Any:
-    """Apply `--section.key value` / `--section.key=value` words to dataclass `obj` in place.
-
-    Dashes in keys read as underscores (`--train.max-steps`); `aliases` maps short names to
-    dotted keys (`--data DIR` -> data.dir); a bool key given without a value means true."""
-    aliases = aliases or {}
-    i = 0
-    while i < len(overrides):
-        word = overrides[i]
-        if not word.startswith("--") or len(word) == 2:
-            raise BertgpuError(
-                f"{source}: unexpected argument {word!r}; overrides look like --section.key value"
-            )
-        body = word[2:]
-        if "=" in body:
-            key, text = body.split("=", 1)
-            i += 1
-        else:
-            key, text = body, None
-            i += 1
-        key = key.replace("-", "_")
-        key = aliases.get(key, key)
-        _, _, tp = _resolve(obj, key, source)
-        if text is None:
-            nxt = overrides[i] if i < len(overrides) else None
-            takes_next = nxt is not None and (not nxt.startswith("--") or _looks_numeric(nxt))
-            if takes_next:
-                text = nxt
-                i += 1
-            elif tp is bool or _union_args(tp) and bool in _union_args(tp):  # type: ignore[operator]
-                text = "true"
-            else:
-                raise BertgpuError(f"{source}: --{key} needs a value ({_type_name(tp)})")
-        set_value(obj, key, text, source, from_text=True)
-    return obj
-
-
-def _looks_numeric(word: str) -> bool:
-    try:
-        float(word)
-        return True
-    except ValueError:
-        return False
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file; errors name the file and the line."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise BertgpuError(f"{p}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise BertgpuError(f"{p}: invalid TOML: {exc}") from None
-
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PretrainConfig:
     """Defaults <- TOML file (optional) <- command-line overrides, then `validate`."""
@@ -605,76 +398,3 @@ def scaled_lr(lr: float, global_batch: int, reference_batch: int | None, rule: s
     raise BertgpuError(f"optim.lr_scaling {rule!r}: expected one of {', '.join(LR_SCALING)}")
 
 
-# --------------------------------------------------------------------------------------------
-# Output: dict, TOML, help
-# --------------------------------------------------------------------------------------------
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """Nested plain dict (tuples become lists), ready for json.dumps."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, (tuple, list)):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    return plain(dataclasses.asdict(cfg))
-
-
-def _toml_value(v: Any) -> str:
-    if v is None:
-        return '"none"'  # read back as None by optional fields
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # JSON string escapes are valid TOML
-    if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dump_toml(cfg: Any) -> str:
-    """TOML text of a dataclass config: top-level keys, then one [table] per section. A None
-    value is written as "none" so the file reads back to the same config."""
-    top: list[str] = []
-    tables: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            lines = [f"[{f.name}]"]
-            lines += [f"{g.name} = {_toml_value(getattr(value, g.name))}" for g in dataclasses.fields(value)]
-            tables.append("\n".join(lines))
-        else:
-            top.append(f"{f.name} = {_toml_value(value)}")
-    return "\n\n".join(["\n".join(top)] + tables if top else tables) + "\n"
-
-
-def format_help(cls: type = PretrainConfig) -> str:
-    """Every key with its type, default and help text (for `--help-config`)."""
-    lines: list[str] = []
-
-    def walk(tp: type, prefix: str) -> None:
-        hints = _hints(tp)
-        for f in dataclasses.fields(tp):
-            ftp = hints[f.name]
-            if _is_dataclass_type(ftp):
-                lines.append(f"\n[{prefix}{f.name}]  {f.metadata.get('help', '')}")
-                walk(ftp, f"{prefix}{f.name}.")
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, tuple) else default
-            lines.append(f"  --{prefix}{f.name} ({_type_name(ftp)}; default {shown})")
-            lines.append(f"      {f.metadata.get('help', '')}")
-
-    walk(cls, "")
-    return "\n".join(lines).strip("\n") + "\n"
