@@ -1,4 +1,5 @@
-"""Atomic checkpoints: round trip, crash mid-write, pruning, pickle refusal, RNG states."""
+"""Atomic checkpoints: round trip, crash mid-write, pruning, pickle refusal, RNG states.
+(Disk faults, damage and recovery: tests/test_faults_*.py.)"""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_round_trip_bitwise(tmp_path):
                                 extra_files={"config.toml": "seed = 1\n", "config.json": b"{}"})
     assert path == tmp_path / "checkpoints" / "step_3"
     assert sorted(p.name for p in path.iterdir()) == [
-        "COMPLETE", "config.json", "config.toml", "model.safetensors", "train_state.pt"]
+        "COMPLETE", "checksums.json", "config.json", "config.toml", "model.safetensors", "train_state.pt"]
     assert ckpt.latest_checkpoint(tmp_path) == path
     weights, loaded = ckpt.load_checkpoint(path)
     for k, v in model.state_dict().items():
@@ -61,10 +62,11 @@ def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(BertgpuError, match=r"checkpoints: cannot write step_2: disk full \(needs about .* free\); "
+                                           r"step_1 is intact"):
         ckpt.save_checkpoint(tmp_path, 2, model.state_dict(), train_state(2))
     monkeypatch.undo()
-    assert (tmp_path / "checkpoints" / "step_2.tmp" / "model.safetensors").exists()  # partial
+    assert not (tmp_path / "checkpoints" / "step_2.tmp").exists()  # the partial folder is removed
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "step_1"
     assert ckpt.load_checkpoint(latest)[1]["step"] == 1
@@ -75,7 +77,9 @@ def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
     (incomplete / "train_state.pt").write_bytes(b"")
     assert ckpt.latest_checkpoint(tmp_path).name == "step_1"
 
-    # The next save of the same step replaces the leftover .tmp.
+    # A .tmp left by a crash (SIGKILL mid-write) is replaced by the next save of that step.
+    (tmp_path / "checkpoints" / "step_2.tmp").mkdir()
+    (tmp_path / "checkpoints" / "step_2.tmp" / "model.safetensors").write_bytes(b"partial")
     ckpt.save_checkpoint(tmp_path, 2, model.state_dict(), train_state(2))
     assert ckpt.latest_checkpoint(tmp_path).name == "step_2"
     assert not (tmp_path / "checkpoints" / "step_2.tmp").exists()

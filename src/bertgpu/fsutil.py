@@ -1,24 +1,277 @@
-"""Never leave a half-written output: build a folder under a temporary name, then swap it in."""
+"""Outputs that are never half-written and never silently damaged.
+
+Atomic folders. A folder is built under a temporary name and swapped in by `replace_dir`: write
+new, rename old aside (`NAME.old`), rename new in, remove old. At every moment either the old or
+the new whole folder exists under one of those two names.
+
+Sealed folders. `seal(folder)` records the size and sha256 of every file in `checksums.json`,
+then writes `COMPLETE`, and flushes all of it to disk. The one definition used everywhere
+(training resume, `bertgpu export --step`, `load_pretrained` of a run folder):
+
+- complete: the folder holds `COMPLETE` (`is_complete`); anything else was interrupted;
+- good: complete, and every file has its recorded size and checksum (`verify_folder` is None).
+
+Checkpoint folders `ROOT/step_N/`. Their layout lives here rather than in train/checkpoint.py
+because models/hf_io.py, which imports nothing from train/, picks checkpoints too.
+`complete_steps` lists them (a `step_N.old` stands in for a missing `step_N`: the moment between
+the two renames), `newest_good` returns the newest good one, warning about each newer one it
+skips, and `recover_leftovers` repairs what a crash leaves (run once at start-up).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from bertgpu.errors import BertgpuError
+
+COMPLETE = "COMPLETE"
+CHECKSUMS = "checksums.json"
+OLD, TMP = ".old", ".tmp"
+_STEP_RE = re.compile(r"^step_(\d+)(\.old)?$")
+_CHUNK = 8 << 20
+T = TypeVar("T")
+Hook = Callable[[], None]
+WriteHook = Callable[[Path], None]
 
 
-def replace_dir(tmp: Path, final: Path) -> Path:
+def fsync_dir(path: Path) -> None:
+    """Make renames inside `path` durable; best effort (not possible on every platform)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_dir(tmp: Path, final: Path, between: Hook | None = None) -> Path:
     """Move the finished folder `tmp` to `final`, replacing an existing `final`.
 
-    The old folder is first renamed aside (`final.old`) and removed only after the new one is in
-    place, so at every moment either the old or the new complete folder exists."""
+    The old folder is renamed aside (`final.old`) and removed only after the new one is in
+    place, so a crash leaves a whole folder under `final` or `final.old` (`between` runs between
+    the two renames; tests use it to crash there)."""
     tmp, final = Path(tmp), Path(final)
     if final.exists():
-        old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+        old = final.with_name(final.name + OLD)
+        shutil.rmtree(old, ignore_errors=True)  # left by an earlier crash; `final` is the whole one
         os.replace(final, old)
+        if between is not None:
+            between()
         os.replace(tmp, final)
+        fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+    fsync_dir(final.parent)
     return final
+
+
+def remove_dir(folder: Path) -> None:
+    """Delete a sealed folder so that a crash midway leaves an incomplete folder (ignored), never a
+    'complete' one with files missing."""
+    (folder / COMPLETE).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sealing and verifying
+
+
+def _digest_and_sync(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def _write_synced(path: Path, text: str, after_write: WriteHook | None) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    if after_write is not None:
+        after_write(path)
+
+
+def seal(folder: Path, note: str = "", after_write: WriteHook | None = None) -> None:
+    """Record size and sha256 of every file in `folder` (flat), then write COMPLETE; everything is
+    on disk when this returns. `after_write(path)` runs after each of the two files is written."""
+    folder = Path(folder)
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.name in (COMPLETE, CHECKSUMS) or not path.is_file():
+            continue
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": _digest_and_sync(path)}
+    record = {"format": 1, "algorithm": "sha256", "files": files}
+    _write_synced(folder / CHECKSUMS, json.dumps(record, indent=1, sort_keys=True) + "\n", after_write)
+    _write_synced(folder / COMPLETE, note + "\n", after_write)
+    fsync_dir(folder)
+
+
+def is_complete(folder: Path) -> bool:
+    """The folder's save finished (COMPLETE is written last, after every file and checksum)."""
+    return not Path(folder).name.endswith(TMP) and (Path(folder) / COMPLETE).is_file()
+
+
+def _recorded(folder: Path) -> dict[str, dict] | str | None:
+    """checksums.json's file table, a problem string, or None when there is none."""
+    path = folder / CHECKSUMS
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"{CHECKSUMS} is unreadable ({e})"
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(m, dict) and isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str)
+        for m in files.values()
+    ):
+        return f"{CHECKSUMS} has no valid 'files' table"
+    return files
+
+
+def verify_folder(folder: Path) -> str | None:
+    """None when the folder is good; otherwise what is wrong, in a few words (incomplete, a file
+    missing or truncated, a checksum mismatch). Sizes are checked before any file is read."""
+    folder = Path(folder)
+    if folder.name.endswith(TMP):
+        return "half-written (its save was interrupted)"
+    if not (folder / COMPLETE).is_file():
+        return f"incomplete (no {COMPLETE} marker: its save did not finish)"
+    files = _recorded(folder)
+    if files is None:  # sealed before checksums existed (bertgpu 0.1): COMPLETE is all we have
+        return None
+    if isinstance(files, str):
+        return files
+    for name, meta in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            what = "truncated" if size < meta["bytes"] else "longer than recorded"
+            return f"{name} is {what} ({size:,} bytes, {meta['bytes']:,} recorded)"
+    for name, meta in files.items():
+        h = hashlib.sha256()
+        with open(folder / name, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        if h.hexdigest() != meta["sha256"]:
+            return f"{name} fails its sha256 checksum (the file changed after it was written)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint folders: ROOT/step_N
+
+
+def complete_steps(root: Path) -> list[tuple[int, Path]]:
+    """Complete `step_N` folders under `root`, oldest first. A complete `step_N.old` counts as
+    step N when `step_N` itself is not complete (a crash between the renames of replace_dir)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found: dict[int, Path] = {}
+    for entry in root.iterdir():
+        m = _STEP_RE.match(entry.name)
+        if not m or not entry.is_dir() or not is_complete(entry):
+            continue
+        step = int(m.group(1))
+        if step not in found or m.group(2) is None:  # step_N wins over step_N.old
+            found[step] = entry
+    return sorted(found.items())
+
+
+def step_folder(root: Path, step: int) -> Path:
+    """`root/step_N`, or `root/step_N.old` when only that one is complete."""
+    path = Path(root) / f"step_{step}"
+    old = path.with_name(path.name + OLD)
+    return old if not is_complete(path) and is_complete(old) else path
+
+
+def newest_good(root: Path, accept: Callable[[Path], T] | None = None) -> T | Path | None:
+    """The newest good checkpoint under `root` (None if there is no complete one), passed through
+    `accept` when given (e.g. a loader; a BertgpuError from it counts as damage too). Each newer
+    damaged one is skipped with a warning that names what is wrong. When every complete checkpoint
+    is damaged this is an error: starting afresh silently would throw the run away."""
+    damaged = []
+    for _, path in reversed(complete_steps(root)):
+        problem = verify_folder(path)
+        if problem is None:
+            try:
+                return path if accept is None else accept(path)
+            except BertgpuError as e:
+                problem = str(e)
+        warnings.warn(f"{path}: skipped, {problem}; trying the previous checkpoint", stacklevel=2)
+        damaged.append(f"{path.name}: {problem}")
+    if damaged:
+        raise BertgpuError(f"{root}: no good checkpoint ({'; '.join(damaged)}); move the damaged "
+                           "folders away to start afresh")
+    return None
+
+
+def recover_leftovers(root: Path) -> list[str]:
+    """Repair what a crash leaves under `root`: a complete `step_N.old` without `step_N` is renamed
+    back; an `.old` beside a complete `step_N`, and every `.tmp`, are removed. Call once at
+    start-up, before anything is saved. Returns one line per action."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    done = []
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir() or not entry.name.startswith("step_"):
+            continue
+        if entry.name.endswith(TMP):
+            shutil.rmtree(entry, ignore_errors=True)
+            done.append(f"{entry}: removed (a save was interrupted)")
+        elif entry.name.endswith(OLD):
+            final = entry.with_name(entry.name[: -len(OLD)])
+            if is_complete(final) or not is_complete(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+                done.append(f"{entry}: removed (left over from a replacement)")
+            elif not final.exists():
+                os.replace(entry, final)
+                done.append(f"{final}: restored from {entry.name} (a replacement was interrupted)")
+    fsync_dir(root)
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# Space
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this user on the filesystem that holds `path` (or would, once created)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file())
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, as df -H and disk vendors count)."""
+    value, unit = float(n), "bytes"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if abs(value) < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"

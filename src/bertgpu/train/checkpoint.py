@@ -1,4 +1,4 @@
-"""Atomic, prunable checkpoints: `RUN_DIR/checkpoints/step_N/`.
+"""Checkpoints that survive faults: `RUN_DIR/checkpoints/step_N/`.
 
 A checkpoint folder holds::
 
@@ -6,12 +6,28 @@ A checkpoint folder holds::
     train_state.pt      optimizer, engine, loader cursor, schedule clock, RNG states (plain tensors,
                         numbers, lists and dicts only, so it loads with torch.load(weights_only=True))
     config.toml, config.json, ...   any extra files the caller passes
+    checksums.json      size and sha256 of every file above
     COMPLETE            written last: its presence means every other file is whole
 
-Everything is written into `step_N.tmp/`, flushed to disk, and renamed into place with one
-`os.replace`, so a crash or preemption mid-write leaves the previous checkpoint as the latest and
-a half-written folder is never loaded (`latest_checkpoint` ignores `*.tmp` and folders without
-`COMPLETE`). Re-running the same command resumes from the latest one.
+Saving checks the free space first (a warning when the checkpoint will not fit), writes
+everything into `step_N.tmp/`, seals it (checksums, then COMPLETE, all flushed) and swaps it in
+(`fsutil.replace_dir`: new written, old renamed aside, new renamed in, old removed). Older
+checkpoints are pruned only once the new one is in place, so `keep_last = 1` never leaves a
+moment without a complete checkpoint. A write that fails (disk full, any I/O error) removes the
+`.tmp` and raises one line naming the folder, the bytes needed and free; earlier checkpoints are
+untouched.
+
+What the training loop calls, on rank 0 (the other ranks open the step rank 0 found)::
+
+    for line in recover_checkpoints(run_dir): print(line)   # once, at start-up
+    found = resume_checkpoint(run_dir)   # (path, model_state, train_state) of the newest good one
+    ...
+    save_checkpoint(run_dir, step, model.state_dict(), train_state, extra_files, keep_last)
+    check_free_space(run_dir)            # after a save: warns if the next one will not fit
+
+"Complete" and "good" are defined once, in `fsutil`; `resume_checkpoint` and `latest_checkpoint`
+skip a damaged newest checkpoint (truncated file, checksum mismatch, unreadable pickle) with a
+warning that names what is wrong, and fall back to the previous one.
 """
 
 from __future__ import annotations
@@ -21,39 +37,32 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import CHECKSUMS, COMPLETE
+from bertgpu.train import faults
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
-COMPLETE = "COMPLETE"
-_STEP_RE = re.compile(r"^step_(\d+)$")
+_RESERVED = (MODEL_FILE, STATE_FILE, CHECKSUMS, COMPLETE)
+_OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
+# Per tensor: zip record and alignment (torch.save), header entry (safetensors); generous.
+_BYTES_PER_TENSOR = 4096
 
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform (Windows), hence best effort.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+__all__ = [
+    "CHECKPOINTS", "CHECKSUMS", "COMPLETE", "MODEL_FILE", "STATE_FILE", "check_free_space",
+    "checkpoint_dir", "checkpoint_problem", "estimate_checkpoint_bytes", "latest_checkpoint",
+    "list_checkpoints", "load_checkpoint", "recover_checkpoints", "resume_checkpoint",
+    "rng_state", "save_checkpoint", "set_rng_state",
+]
 
 
 def _plain_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -72,26 +81,158 @@ def _plain_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def checkpoint_dir(run_dir: str | os.PathLike[str], step: int) -> Path:
+    """Where step N of a run is saved: RUN_DIR/checkpoints/step_N."""
     return Path(run_dir) / CHECKPOINTS / f"step_{step}"
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = _STEP_RE.match(entry.name)
-        if m and entry.is_dir() and (entry / COMPLETE).is_file() and (entry / STATE_FILE).is_file():
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
+    """Complete checkpoints of a run, oldest first (not verified: see `latest_checkpoint`)."""
+    return fsutil.complete_steps(Path(run_dir) / CHECKPOINTS)
+
+
+def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
+    """None when the checkpoint folder is good, else what is wrong (incomplete, a file missing or
+    truncated, a checksum mismatch). Reads every file once."""
+    return fsutil.verify_folder(Path(path))
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest complete `step_N` folder of a run, or None."""
-    found = list_checkpoints(run_dir)
-    return found[-1][1] if found else None
+    """The newest good checkpoint of a run, or None when it has no complete one. Newer damaged
+    ones are skipped with a warning; a run whose checkpoints are all damaged is an error."""
+    return fsutil.newest_good(Path(run_dir) / CHECKPOINTS)
+
+
+def resume_checkpoint(
+    run_dir: str | os.PathLike[str],
+) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(path, model_state, train_state) of the newest checkpoint that verifies *and* loads (a
+    pickle that will not load counts as damage: warning, previous one), or None when the run has
+    no complete checkpoint. Rank 0 calls this; the other ranks `load_checkpoint` the step it found."""
+    return fsutil.newest_good(Path(run_dir) / CHECKPOINTS, accept=lambda p: (p, *load_checkpoint(p)))
+
+
+def recover_checkpoints(run_dir: str | os.PathLike[str]) -> list[str]:
+    """Repair what a crash left in RUN_DIR/checkpoints (see `fsutil.recover_leftovers`): restore a
+    `step_N.old` whose `step_N` is missing, remove stale `.old` and `.tmp` folders. Call once at
+    start-up on rank 0, before anything is saved or listed. Returns one line per action."""
+    return fsutil.recover_leftovers(Path(run_dir) / CHECKPOINTS)
+
+
+def estimate_checkpoint_bytes(
+    model_state: Mapping[str, torch.Tensor],
+    train_state: Mapping[str, Any],
+    extra_files: Mapping[str, str | bytes] | None = None,
+) -> int:
+    """Bytes a checkpoint of this state will take: every tensor's bytes (tied ones once per
+    name, as they are saved) plus a margin per tensor, plus the extra files."""
+    total, stack = 0, [model_state, train_state]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size() + _BYTES_PER_TENSOR
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    extra = sum(len(c.encode("utf-8") if isinstance(c, str) else c) for c in (extra_files or {}).values())
+    return total + extra + (64 << 10)
+
+
+def check_free_space(run_dir: str | os.PathLike[str], needed_bytes: int | None = None) -> bool:
+    """Warn, and return False, when a checkpoint of `needed_bytes` (default: the size of the run's
+    newest complete checkpoint) will not fit in the free space of RUN_DIR/checkpoints. One statfs
+    and a listing: cheap enough to call after every save, so a filling disk is reported one
+    checkpoint interval before it stops the run."""
+    root = Path(run_dir) / CHECKPOINTS
+    if needed_bytes is None:
+        found = list_checkpoints(run_dir)
+        if not found:
+            return True
+        needed_bytes = fsutil.folder_bytes(found[-1][1])
+    free = fsutil.free_bytes(root)
+    if needed_bytes <= free:
+        return True
+    warnings.warn(
+        f"{root}: the next checkpoint needs about {fsutil.human_bytes(needed_bytes)} but only "
+        f"{fsutil.human_bytes(free)} is free; it will fail unless space is freed",
+        stacklevel=2,
+    )
+    return False
+
+
+class _RecordingFile:
+    """A file that remembers the OSError it raised: torch's zip writer swallows it and reports
+    only "unexpected pos N vs M"."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        rec = _RecordingFile(f)
+        try:
+            torch.save(obj, rec)
+        except RuntimeError:
+            if rec.error is not None:
+                raise rec.error from None
+            raise
+
+
+def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        m = _OS_ERROR_RE.search(str(e))  # "I/O error: No space left on device (os error 28)"
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mapping[str, Any],
+                 extra: Mapping[str, bytes], step: int) -> None:
+    tmp.mkdir(parents=True)
+    _safetensors_save(tensors, tmp / MODEL_FILE)
+    faults.check_write(tmp / MODEL_FILE)
+    _torch_save(dict(train_state), tmp / STATE_FILE)
+    faults.check_write(tmp / STATE_FILE)
+    for name, data in extra.items():
+        (tmp / name).write_bytes(data)
+        faults.check_write(tmp / name)
+    fsutil.seal(tmp, note=f"step {step}", after_write=faults.check_write)
+
+
+def _save_failed(run_dir: Path, final: Path, exc: OSError, needed: int) -> BertgpuError:
+    free = fsutil.free_bytes(final.parent)
+    kept = list_checkpoints(run_dir)
+    after = (f"{kept[-1][1].name} is intact: free space and re-run the same command to resume from it"
+             if kept else "no earlier checkpoint: free space and re-run the same command")
+    return BertgpuError(
+        f"{final.parent}: cannot write {final.name}: {exc.strerror or exc} (needs about "
+        f"{fsutil.human_bytes(needed)}, {fsutil.human_bytes(free)} free); {after}"
+    )
+
+
+def _prune(run_dir: Path, final: Path, step: int, keep_last: int) -> None:
+    """Keep `final` and the keep_last - 1 newest older checkpoints. Newer ones (left by a run
+    that fell back to an earlier checkpoint) stay: a later save of that step replaces them."""
+    older = [p for s, p in list_checkpoints(run_dir) if s < step and p != final]
+    for path in older[: max(0, len(older) - (keep_last - 1))]:
+        fsutil.remove_dir(path)
 
 
 def save_checkpoint(
@@ -103,34 +244,32 @@ def save_checkpoint(
     keep_last: int = 3,
 ) -> Path:
     """Write `RUN_DIR/checkpoints/step_N/` atomically, then keep only the `keep_last` newest
-    (keep_last <= 0 keeps all). Returns the final folder. Call on rank 0 only."""
-    from safetensors.torch import save_file
+    (keep_last <= 0 keeps all). Returns the final folder. Call on rank 0 only.
 
+    A failed write raises BertgpuError (folder, bytes needed and free) after removing the
+    partial `step_N.tmp`; every earlier checkpoint is left as it was."""
+    run_dir = Path(run_dir)
     final = checkpoint_dir(run_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():  # left over from a crash
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-
-    save_file(_plain_tensors(model_state), str(tmp / MODEL_FILE), metadata={"format": "pt"})
-    torch.save(dict(train_state), tmp / STATE_FILE)
+    tmp = final.with_name(final.name + fsutil.TMP)
+    extra: dict[str, bytes] = {}
     for name, content in (extra_files or {}).items():
-        if os.sep in name or name in (MODEL_FILE, STATE_FILE, COMPLETE):
+        if os.sep in name or name in _RESERVED:
             raise ValueError(f"extra checkpoint file name {name!r} is not allowed")
-        data = content.encode("utf-8") if isinstance(content, str) else content
-        (tmp / name).write_bytes(data)
-    (tmp / COMPLETE).write_text(f"step {step}\n", encoding="utf-8")
-    for f in tmp.iterdir():
-        _fsync_file(f)
-    _fsync_dir(tmp)
-
-    replace_dir(tmp, final)  # the same step may be saved again (e.g. the end of a resumed run)
-    _fsync_dir(final.parent)
-
+        extra[name] = content.encode("utf-8") if isinstance(content, str) else content
+    tensors = _plain_tensors(model_state)
+    needed = estimate_checkpoint_bytes(tensors, train_state, extra)
+    check_free_space(run_dir, needed)
+    try:
+        if tmp.exists():  # left over from a crash
+            shutil.rmtree(tmp)
+        _write_files(tmp, tensors, train_state, extra, step)
+        # The same step may be saved again (e.g. the end of a resumed run): replaced, no gap.
+        fsutil.replace_dir(tmp, final, between=faults.between_renames)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _save_failed(run_dir, final, exc, needed) from None
     if keep_last > 0:
-        for _, path in list_checkpoints(run_dir)[:-keep_last]:
-            if path != final:
-                shutil.rmtree(path, ignore_errors=True)
+        _prune(run_dir, final, step, keep_last)
     return final
 
 
