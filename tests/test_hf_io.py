@@ -17,6 +17,7 @@ import torch
 from _tiny import TINY, tiny_batch  # noqa: E402
 from safetensors.torch import load_file, save_file
 
+from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.models.bert import (
     BertConfig,
@@ -336,7 +337,10 @@ def test_run_folder_picks_the_latest_checkpoint(tmp_path):
     for step in (5, 10):
         models[step] = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
         save_pretrained(models[step], run / "checkpoints" / f"step_{step}")
+        fsutil.seal(run / "checkpoints" / f"step_{step}")  # COMPLETE + checksums, as save_checkpoint does
     (run / "checkpoints" / "step_20.tmp").mkdir()  # a half-written checkpoint is never chosen
+    shutil.copytree(run / "checkpoints" / "step_10", run / "checkpoints" / "step_30")
+    (run / "checkpoints" / "step_30" / "COMPLETE").unlink()  # nor one whose save never finished
     m = load_pretrained(run, head="masked_lm")
     w = m.bert.embeddings.word_embeddings.weight
     assert torch.equal(w, models[10].bert.embeddings.word_embeddings.weight)

@@ -24,16 +24,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
+    from bertgpu import fsutil
     from bertgpu.models.hf_io import load_pretrained, save_pretrained
-    from bertgpu.train.checkpoint import checkpoint_dir, latest_checkpoint
+    from bertgpu.train.checkpoint import (
+        CHECKPOINTS,
+        checkpoint_problem,
+        latest_checkpoint,
+        list_checkpoints,
+    )
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
-    ckpt = checkpoint_dir(run_dir, step) if step is not None else latest_checkpoint(run_dir)
-    if ckpt is None or not ckpt.is_dir():
-        what = f"step {step}" if step is not None else "any complete checkpoint"
-        raise BertgpuError(f"{run_dir}: has no {what} under checkpoints/")
+    if step is None:
+        ckpt = latest_checkpoint(run_dir)  # the newest good one; damaged newer ones are warned about
+        if ckpt is None:
+            raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/")
+    else:
+        ckpt = fsutil.step_folder(run_dir / CHECKPOINTS, step)
+        if not ckpt.is_dir():
+            steps = ", ".join(str(s) for s, _ in list_checkpoints(run_dir)) or "none"
+            raise BertgpuError(f"{run_dir}: has no checkpoint step_{step} under {CHECKPOINTS}/ "
+                               f"(complete ones: {steps})")
+        problem = checkpoint_problem(ckpt)
+        if problem is not None:
+            raise BertgpuError(f"{ckpt}: cannot export: {problem}")
     model = load_pretrained(ckpt, head="pretraining")
     tokenizer = run_dir / "tokenizer"
     return save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.models.bert import (
@@ -51,24 +52,23 @@ _ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
 def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
-    """An HF folder or a checkpoint folder as is; for a bertgpu run folder, the checkpoint
-    `checkpoints/step_N` with the highest N (half-written `*.tmp` folders are never chosen)."""
+    """An HF folder or a checkpoint folder as is (a `checkpoints/step_N` folder only when good);
+    for a bertgpu run folder, its newest good `checkpoints/step_N` (fsutil's one definition:
+    complete, checksums matching; a damaged newer one is skipped with a warning)."""
     folder = Path(path)
     if not folder.is_dir():
         raise BertgpuError(f"{folder}: not a folder (expected a Hugging Face model folder or a bertgpu run folder)")
+    if folder.parent.name == "checkpoints" and folder.name.startswith("step_"):
+        problem = fsutil.verify_folder(folder)
+        if problem is not None:
+            raise BertgpuError(f"{folder}: not a usable checkpoint: {problem}")
     if (folder / "config.json").is_file():
         return folder
-    steps = []
-    ckpt_dir = folder / "checkpoints"
-    if ckpt_dir.is_dir():
-        for child in ckpt_dir.iterdir():
-            m = re.fullmatch(r"step_(\d+)", child.name)
-            if m and child.is_dir() and (child / "config.json").is_file():
-                steps.append((int(m.group(1)), child))
-    if steps:
-        return max(steps)[1]
+    newest = fsutil.newest_good(folder / "checkpoints")
+    if newest is not None:
+        return newest
     raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a checkpoint "
-                       "folder, or a run folder with checkpoints/step_N/)")
+                       "folder, or a run folder with a complete checkpoints/step_N/)")
 
 
 def read_config(folder: Path) -> dict[str, Any]:

@@ -1,0 +1,302 @@
+"""Damaged and interrupted checkpoints: checksums catch a truncated or changed file, resume falls
+back to the previous good checkpoint with a warning naming what is wrong, a crash between the
+renames of a folder replacement is repaired at start-up, `keep_last = 1` never leaves a moment
+without a good checkpoint, and `export --step` / `load_pretrained` use the same definition."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from _tiny import TINY
+
+from bertgpu import fsutil
+from bertgpu.cli import main as cli
+from bertgpu.errors import BertgpuError
+from bertgpu.train import checkpoint as ckpt
+from bertgpu.train import faults
+
+
+@pytest.fixture(autouse=True)
+def no_faults(monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.reset()
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"emb.weight": torch.randn(50, 8, generator=g), "norm.bias": torch.randn(8, generator=g)}
+
+
+def save(run, step: int, keep_last: int = 0):
+    return ckpt.save_checkpoint(run, step, weights(step), {"step": step, "m": torch.full((50,), float(step))},
+                                extra_files={"config.toml": f"step = {step}\n"}, keep_last=keep_last)
+
+
+def damage(path, how: str) -> str:
+    """Damage a checkpoint folder; returns the words the warning must contain."""
+    model, state = path / ckpt.MODEL_FILE, path / ckpt.STATE_FILE
+    if how == "truncated":
+        size = model.stat().st_size
+        os.truncate(model, size - 100)
+        return f"model.safetensors is truncated ({size - 100:,} bytes, {size:,} recorded)"
+    if how == "changed":
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+        state.write_bytes(bytes(data))
+        return "train_state.pt fails its sha256 checksum"
+    if how == "missing":
+        model.unlink()
+        return "model.safetensors is missing"
+    if how == "bad checksums.json":
+        (path / fsutil.CHECKSUMS).write_text("{not json", encoding="utf-8")
+        return "checksums.json is unreadable"
+    if how == "unreadable pickle":  # garbage that its checksums vouch for: only loading finds it
+        os.truncate(state, state.stat().st_size // 2)
+        (path / fsutil.COMPLETE).unlink()
+        fsutil.seal(path)
+        return "train_state.pt: unreadable checkpoint state"
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["truncated", "changed", "missing", "bad checksums.json", "unreadable pickle"])
+def test_resume_falls_back_past_a_damaged_newest(tmp_path, how):
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    words = damage(tmp_path / "checkpoints" / "step_30", how)
+    with pytest.warns(UserWarning) as caught:
+        path, model_state, train_state = ckpt.resume_checkpoint(tmp_path)
+    assert path.name == "step_20" and train_state["step"] == 20
+    assert torch.equal(model_state["emb.weight"], weights(20)["emb.weight"])
+    [w] = caught
+    assert str(w.message).startswith(f"{tmp_path / 'checkpoints' / 'step_30'}: skipped, ")
+    assert words in str(w.message) and str(w.message).endswith("; trying the previous checkpoint")
+    if how != "unreadable pickle":  # the cheap check (no loading) sees everything but that
+        with pytest.warns(UserWarning, match="step_30: skipped"):
+            assert ckpt.latest_checkpoint(tmp_path).name == "step_20"
+        assert words in ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_30")
+
+
+def test_good_checkpoints_verify_silently(tmp_path):
+    save(tmp_path, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ckpt.resume_checkpoint(tmp_path)[0].name == "step_10"
+        assert ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_10") is None
+    record = json.loads((tmp_path / "checkpoints" / "step_10" / fsutil.CHECKSUMS).read_text())
+    assert sorted(record["files"]) == ["config.toml", "model.safetensors", "train_state.pt"]
+    assert ckpt.resume_checkpoint(tmp_path / "empty") is None and ckpt.latest_checkpoint(tmp_path / "empty") is None
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    damage(tmp_path / "checkpoints" / "step_10", "changed")
+    damage(tmp_path / "checkpoints" / "step_20", "truncated")
+    with pytest.warns(UserWarning), pytest.raises(BertgpuError) as err:
+        ckpt.resume_checkpoint(tmp_path)
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'checkpoints'}: no good checkpoint (step_20: model.safetensors is truncated")
+    assert "; step_10: train_state.pt fails its sha256 checksum" in msg and "\n" not in msg
+
+
+def test_checkpoint_without_checksums_still_loads(tmp_path):
+    """Written before checksums existed: COMPLETE is all there is to check."""
+    path = save(tmp_path, 10)
+    (path / fsutil.CHECKSUMS).unlink()
+    assert ckpt.checkpoint_problem(path) is None and ckpt.resume_checkpoint(tmp_path)[2]["step"] == 10
+
+
+def test_incomplete_and_half_written_folders(tmp_path):
+    path = save(tmp_path, 10)
+    half = shutil.copytree(path, path.with_name("step_20.tmp"))
+    incomplete = shutil.copytree(path, path.with_name("step_30"))
+    (incomplete / fsutil.COMPLETE).unlink()
+    assert [p.name for _, p in ckpt.list_checkpoints(tmp_path)] == ["step_10"]
+    assert not fsutil.is_complete(half) and not fsutil.is_complete(incomplete)
+    assert ckpt.checkpoint_problem(half) == "half-written (its save was interrupted)"
+    assert ckpt.checkpoint_problem(incomplete) == "incomplete (no COMPLETE marker: its save did not finish)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder replacement and the start-up recovery
+
+
+def test_crash_between_the_renames_is_recovered(tmp_path):
+    """A real SIGKILL between "old aside" and "new in" (BERTGPU_FAULTS=kill_replace=1) while a
+    resumed run saves its last step again, with keep_last = 1."""
+    run = tmp_path / "run"
+    code = ("import sys, torch\n"
+            "from bertgpu.train.checkpoint import save_checkpoint\n"
+            "w = {'w': torch.arange(4.0)}\n"
+            "save_checkpoint(sys.argv[1], 10, w, {'step': 10, 'copy': 'first'}, keep_last=1)\n"
+            "save_checkpoint(sys.argv[1], 10, w, {'step': 10, 'copy': 'second'}, keep_last=1)\n")
+    env = {**os.environ, faults.ENV: "kill_replace=1"}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    proc = subprocess.run([sys.executable, "-c", code, str(run)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_10.old", "step_10.tmp"]
+    # Even before the repair the old copy counts as step 10: there is no moment without one.
+    assert ckpt.list_checkpoints(run) == [(10, root / "step_10.old")]
+    assert ckpt.recover_checkpoints(run) == [
+        f"{root / 'step_10'}: restored from step_10.old (a replacement was interrupted)",
+        f"{root / 'step_10.tmp'}: removed (a save was interrupted)",
+    ]
+    assert sorted(p.name for p in root.iterdir()) == ["step_10"]
+    path, model_state, train_state = ckpt.resume_checkpoint(run)
+    assert path == root / "step_10" and train_state["copy"] == "first"
+    assert torch.equal(model_state["w"], torch.arange(4.0))
+    assert ckpt.recover_checkpoints(run) == []  # nothing left to do
+
+
+def test_recovery_removes_stale_leftovers(tmp_path):
+    root = tmp_path / "checkpoints"
+    new = save(tmp_path, 10)
+    shutil.copytree(new, root / "step_10.old")  # crash after "new in", before "remove old"
+    junk = root / "step_5.old"  # an incomplete .old with no step_5: nothing to restore
+    junk.mkdir()
+    (junk / "model.safetensors").write_bytes(b"partial")
+    (root / "notes").mkdir()  # not ours: left alone
+    lines = ckpt.recover_checkpoints(tmp_path)
+    assert lines == [f"{root / 'step_10.old'}: removed (left over from a replacement)",
+                     f"{root / 'step_5.old'}: removed (left over from a replacement)"]
+    assert sorted(p.name for p in root.iterdir()) == ["notes", "step_10"]
+    assert ckpt.recover_checkpoints(tmp_path / "nowhere") == []
+
+
+def test_keep_last_1_never_leaves_a_moment_without_a_good_checkpoint(tmp_path, monkeypatch):
+    """Every rename and removal is intercepted: before and after each, the run has a complete
+    checkpoint that verifies and loads."""
+    checks = []
+
+    def assert_resumable(when: str) -> None:
+        found = ckpt.list_checkpoints(tmp_path)
+        assert found, f"no complete checkpoint {when}"
+        assert ckpt.checkpoint_problem(found[-1][1]) is None, when
+        ckpt.load_checkpoint(found[-1][1])
+        checks.append(when)
+
+    real_replace, real_remove, real_rmtree = os.replace, fsutil.remove_dir, shutil.rmtree
+
+    def replace(src, dst):
+        assert_resumable(f"before replace {src}")
+        real_replace(src, dst)
+        assert_resumable(f"after replace {dst}")
+
+    def remove(folder):
+        assert_resumable(f"before removing {folder}")
+        real_remove(folder)
+        assert_resumable(f"after removing {folder}")
+
+    def rmtree(path, *args, **kwargs):
+        assert_resumable(f"before rmtree {path}")
+        real_rmtree(path, *args, **kwargs)
+        assert_resumable(f"after rmtree {path}")
+
+    save(tmp_path, 1, keep_last=1)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(fsutil, "remove_dir", remove)
+    monkeypatch.setattr(fsutil.shutil, "rmtree", rmtree)
+    for step in (2, 3, 3):  # new steps, then the same step again (a replacement)
+        save(tmp_path, step, keep_last=1)
+    monkeypatch.undo()
+    assert [p.name for _, p in ckpt.list_checkpoints(tmp_path)] == ["step_3"]
+    assert sum(c.startswith("before replace") for c in checks) == 4  # 3 renames in + 1 aside
+    assert sum(c.startswith("before removing") for c in checks) == 2  # step_1, step_2
+
+
+def test_pruning_keeps_checkpoints_newer_than_the_save(tmp_path):
+    """After falling back past a damaged step_30, saving step_21 prunes older ones only; the
+    run's own save of step 30 later replaces the damaged folder."""
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    damage(tmp_path / "checkpoints" / "step_30", "truncated")
+    save(tmp_path, 21, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [20, 21, 30]
+    save(tmp_path, 30, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [21, 30]
+    assert ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_30") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# One definition for export --step and load_pretrained
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run folder with two real (tiny BERT) checkpoints, 10 and 20."""
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.hf_io import hf_config
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        torch.manual_seed(step)
+        model = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+        ckpt.save_checkpoint(run, step, model.state_dict(), {"step": step},
+                             extra_files={"config.json": json.dumps(hf_config(model))})
+    return run
+
+
+def word_embeddings(folder) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))["bert.embeddings.word_embeddings.weight"]
+
+
+def test_export_step_refuses_incomplete_or_damaged(run, tmp_path, capsys):
+    root = run / "checkpoints"
+    shutil.copytree(root / "step_20", root / "step_30")
+    (root / "step_30" / fsutil.COMPLETE).unlink()  # a save that never finished
+    out = tmp_path / "hf"
+    assert cli(["export", str(run), "--step", "30", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bertgpu export: error: {root / 'step_30'}: cannot export: incomplete "
+                   "(no COMPLETE marker: its save did not finish)\n")
+    assert not out.exists()
+
+    assert cli(["export", str(run), "--step", "40", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"bertgpu export: error: {run}: has no checkpoint step_40 under "
+                                       "checkpoints/ (complete ones: 10, 20)\n")
+    damage(root / "step_20", "truncated")
+    assert cli(["export", str(run), "--step", "20", "--out", str(out)]) == 2
+    assert "step_20: cannot export: model.safetensors is truncated" in capsys.readouterr().err
+    assert not out.exists()
+
+    assert cli(["export", str(run), "--step", "10", "--out", str(out)]) == 0
+    assert torch.equal(word_embeddings(out), word_embeddings(root / "step_10"))
+
+
+def test_export_latest_skips_a_damaged_newest(run, tmp_path):
+    from bertgpu.export import export
+
+    damage(run / "checkpoints" / "step_20", "changed")
+    with pytest.warns(UserWarning, match="step_20: skipped, train_state.pt fails its sha256 checksum"):
+        export(run, tmp_path / "hf")
+    assert torch.equal(word_embeddings(tmp_path / "hf"), word_embeddings(run / "checkpoints" / "step_10"))
+
+
+def test_load_pretrained_uses_the_same_definition(run):
+    from bertgpu.models.hf_io import load_pretrained, resolve_checkpoint_folder
+
+    root = run / "checkpoints"
+    assert resolve_checkpoint_folder(run) == root / "step_20"
+    shutil.copytree(root / "step_20", root / "step_30")
+    (root / "step_30" / fsutil.COMPLETE).unlink()  # has config.json, but never finished
+    shutil.copytree(root / "step_20", root / "step_40.tmp")
+    assert resolve_checkpoint_folder(run) == root / "step_20"
+    with pytest.raises(BertgpuError, match=r"step_30: not a usable checkpoint: incomplete"):
+        load_pretrained(root / "step_30")
+    with pytest.raises(BertgpuError, match=r"step_40.tmp: not a usable checkpoint: half-written"):
+        load_pretrained(root / "step_40.tmp")
+    damage(root / "step_20", "truncated")
+    with pytest.warns(UserWarning, match="step_20: skipped, model.safetensors is truncated"):
+        model = load_pretrained(run, head="masked_lm")
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight, word_embeddings(root / "step_10"))
