@@ -25,7 +25,7 @@ from contextlib import nullcontext
 
 import torch
 
-from bertgpu.models.bert import BertConfig, BertForPreTraining, BertSelfAttention
+from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
 
 SIZES = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
@@ -90,8 +90,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(**size, attn_implementation="sdpa")).to(args.device).train()
-    BertSelfAttention.fused_qkv = args.fused_qkv
-    ours = BertForPreTraining(BertConfig(**size)).to(args.device).train()
+    ours = BertForPreTraining(BertConfig(**size), options=ModelOptions(fused_qkv=args.fused_qkv))
+    ours = ours.to(args.device).train()
     ours.load_state_dict(hf.state_dict())
     models = {"bertgpu": ours, "transformers": hf}
     batches = make_batches(max(2, min(args.iters, 4)), args.batch, args.seq_len, 30522, args.device, args.seed)

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in [T/8, T]) or a shard set whose train lengths are sampled")
     parser.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing in both models")
     parser.add_argument("--fused-qkv", action="store_true",
-                        help="our model computes query/key/value as one matmul (BertSelfAttention.fused_qkv)")
+                        help="our model computes query/key/value as one matmul (ModelOptions.fused_qkv)")
     parser.add_argument("--iters", type=int, default=None, help="timed steps per model (default 3 CPU, 10 CUDA)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per model first (default 1 CPU, 3 CUDA)")
     parser.add_argument("--models", type=_csv_list(str, ("bertgpu", "transformers")),
@@ -192,11 +192,11 @@ class _Runner:
 
 
 def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ckpt: bool,
-                  compile_: bool, seed: int) -> dict[str, tuple[Any, Any, Any]]:
+                  compile_: bool, seed: int, fused_qkv: bool = False) -> dict[str, tuple[Any, Any, Any]]:
     """name -> (module to call, module holding parameters, config) with identical weights."""
     import torch
 
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
     from bertgpu.train.optim import build_optimizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -211,9 +211,9 @@ def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ck
             if grad_ckpt:
                 model.gradient_checkpointing_enable()
         else:
-            model = BertForPreTraining(BertConfig(**SIZES[size]), unpad=unpad)
+            options = ModelOptions(unpad=unpad, fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt)
+            model = BertForPreTraining(BertConfig(**SIZES[size]), options=options)
             model.load_state_dict(hf.state_dict())
-            model.gradient_checkpointing_enable(grad_ckpt)
         model = model.to(device).train()
         opt = build_optimizer(model, "adamw", 1e-4)
         out[name] = (torch.compile(model) if compile_ else model, opt, model.config)
@@ -222,14 +222,14 @@ def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ck
 
 def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: bool, padding: str,
               lengths: str, device: Any, names: list[str], iters: int, warmup: int, grad_ckpt: bool,
-              peak: float | None, seed: int) -> list[dict[str, Any]]:
+              peak: float | None, seed: int, fused_qkv: bool = False) -> list[dict[str, Any]]:
     """Time both models on one grid point; one result row per model."""
     import torch
 
     from bertgpu.train.flops import flops_per_token_from_config, mfu
 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
-    built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed)
+    built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed, fused_qkv)
     runners = {n: _Runner(n, m, o, device, autocast) for n, (m, o, _) in built.items()}
     batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths, seed, device)
     for i in range(warmup):
@@ -329,16 +329,6 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu.models.bert import BertSelfAttention
-
-    previous = BertSelfAttention.fused_qkv  # a class-wide switch: restore it for in-process callers
-    try:
-        return _main(args)
-    finally:
-        BertSelfAttention.fused_qkv = previous
-
-
-def _main(args: argparse.Namespace) -> int:
     import torch
 
     from bertgpu.train.flops import peak_tflops
@@ -349,9 +339,6 @@ def _main(args: argparse.Namespace) -> int:
     if args.padding and "unpadded" in args.padding and args.real_lengths == "full" and args.preset is None:
         print("note: --real-lengths full has no padding, so unpadded equals padded; try --real-lengths uniform")
     cuda = device.type == "cuda"
-    from bertgpu.models.bert import BertSelfAttention
-
-    BertSelfAttention.fused_qkv = bool(args.fused_qkv)
     iters = args.iters if args.iters is not None else (10 if cuda else 3)
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if iters < 1 or warmup < 0:
@@ -369,7 +356,7 @@ def _main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         new = run_point(point["size"], point["micro_batch"], point["seq_len"], point["dtype"], point["compile"],
                         point["padding"], point["lengths"], device, args.models, iters, warmup, args.grad_ckpt,
-                        peak, args.seed)
+                        peak, args.seed, bool(args.fused_qkv))
         stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name, torch=torch.__version__, threads=torch.get_num_threads(),
                      time=time.time(), wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]

@@ -3,26 +3,24 @@
 Parameter names are our compatibility contract: a state dict of `BertForPreTraining` here has the
 same keys, shapes and meaning as `transformers.BertForPreTraining`'s, so `hf_io.py` only reads and
 writes files. The math is the same too (post-LayerNorm encoder, erf GELU, learned absolute
-positions); the speed comes from things that do not change it:
+positions); the speed comes from things that do not change it, each a per-instance
+`ModelOptions` (layers.py) or a property of the batch:
 
-- attention through `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU),
-  with `attn_mask=None` when nothing is padded so the flash kernel is allowed;
+- attention through `F.scaled_dot_product_attention` (attention.py), with `attn_mask=None` when
+  nothing is padded so the flash kernel is allowed;
 - the MLM head evaluated only at the masked positions (~15% of tokens): the (H x V) decoder is the
   largest matmul of BERT-base's training step when it runs on every token;
-- optionally (`BertSelfAttention.fused_qkv`) query, key and value as one (H x 3H) matmul over
-  the concatenated weights (the parameters stay three HF-named Linear layers);
-- optional unpadding (`unpad=True`, off by default): the real tokens of a padded batch are gathered
-  into one (N, H) matrix, so embeddings, projections, FFN and LayerNorms run on real tokens only,
-  and attention runs per sequence (varlen flash attention or nested tensors on CUDA, a padded
-  SDPA fallback everywhere). Same loss and gradients as the padded path.
+- `BatchMeta` (attention.py), computed by the loader on the host: given it, forward and backward
+  never wait on the host (no `.item()`, `nonzero()`, `bool(tensor)`) and compile to one graph;
+- options: unpadding (the encoder runs on real tokens only), fused QKV, gradient checkpointing.
 
-This file is pure: no data, no distributed code, no logging. Shapes in comments: B batch, T
-sequence length, H hidden size, N heads, D head size (H / N), V vocabulary, M masked tokens.
+Shapes in comments: B batch, T sequence length, H hidden size, N heads, D head size (H / N),
+V vocabulary, M masked tokens, N_tok kept (real) tokens.
 
     model = BertForPreTraining(BertConfig(num_hidden_layers=2, hidden_size=128, ...))
     out = model(input_ids, attention_mask, token_type_ids, labels=labels, next_sentence_label=nsp)
     out.loss.backward()        # == transformers' BertForPreTraining loss on the same batch
-    model.unpad_enable()       # then padded batches run on their real tokens only (same loss)
+    model.configure(unpad=True)   # then padded batches run on their real tokens only (same loss)
 """
 
 from __future__ import annotations
@@ -38,10 +36,26 @@ from torch.utils.checkpoint import checkpoint
 
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
-
-# hidden_act values we implement; the HF names map to the same functions as theirs.
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
+from bertgpu.models.attention import (
+    BatchMeta,
+    Unpadded,
+    attention,
+    batch_meta,
+    pad_rows,
+    sdpa_mask,
+    traced_meta,
+)
+from bertgpu.models.layers import (
+    ACTIVATIONS,
+    Configurable,
+    ModelOptions,
+    ModelOutput,
+    activation,
+    masked_lm_terms,
+    num_parameters,
+    sequence_loss_terms,
+    token_loss_terms,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Configuration
@@ -114,89 +128,8 @@ class BertConfig:
         return self
 
 
-def activation(name: str):
-    if name == "gelu":
-        return F.gelu  # exact erf form, as HF's "gelu" and the original BERT
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")  # GPT-2's tanh approximation
-    if name == "relu":
-        return F.relu
-    raise BertgpuError(f"config field hidden_act: found {name!r}, expected one of {', '.join(ACTIVATIONS)}")
-
-
-class ModelOutput(dict):
-    """A dict with attribute access; only the fields that were computed are present."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
-
-
 # ---------------------------------------------------------------------------------------------
 # The encoder
-
-
-@dataclass
-class Unpadded:
-    """Where the real tokens of a padded (B, T) batch sit once gathered into (N, H) rows.
-
-    Built once per forward by `unpad_index` and passed to every layer in place of the SDPA mask.
-    Row n of the unpadded activations is flat position `index[n]` of the (B*T) grid; the rows of
-    sequence b are `cu_seqlens[b]:cu_seqlens[b+1]`, in column order, and the first one is column 0
-    (the [CLS] token the pooler reads), kept even when it is padding (a row of padding only is
-    kept whole).
-    """
-
-    index: torch.Tensor
-    """(N,) int64 flat positions b * T + t of the kept tokens, ascending."""
-    batch: int
-    seq_len: int
-    cu_seqlens: torch.Tensor
-    """(B + 1,) int64 offsets of each sequence's rows (row 0 of sequence b is its [CLS])."""
-    max_len: int
-    """Longest kept sequence (what the varlen kernel's tile loop runs to)."""
-    mask: torch.Tensor
-    """(B, 1, 1, T) bool SDPA mask of the padded fallback, as `attention_mask_for_sdpa` builds it."""
-    packed_ok: bool
-    """True when every kept token is a real token (column 0 of every row is real), so attention
-    over each packed sequence equals the masked padded attention: the varlen / nested kernels are
-    exact. False (left padding, empty rows) routes attention through the padded fallback."""
-    backend: str = "auto"
-    """Attention kernel: "auto", "varlen", "nested" or "padded" (see `unpad_enable`)."""
-
-
-ATTENTION_BACKENDS = ("auto", "varlen", "nested", "padded")
-
-
-def unpad_index(attention_mask: torch.Tensor, backend: str = "auto") -> Unpadded:
-    """(B, T) 1 = token, 0 = padding -> the `Unpadded` description of its real tokens.
-
-    Costs one host sync (N and the longest length are shapes), like the sparse MLM gather.
-    """
-    B, T = attention_mask.shape
-    keep = attention_mask.bool().clone()
-    packed_ok = bool(keep[:, 0].all())
-    keep[:, 0] = True  # the pooler reads column 0 of every row
-    # A row of padding only attends everywhere in the padded path (attention_mask_for_sdpa):
-    # keep all of it, so even its (meaningless but finite) outputs match exactly.
-    keep |= ~attention_mask.bool().any(dim=1, keepdim=True)
-    lengths = keep.sum(1)  # (B,)
-    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))  # (B + 1,)
-    index = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
-    return Unpadded(index=index, batch=B, seq_len=T, cu_seqlens=cu_seqlens, max_len=int(lengths.max()),
-                    mask=attention_mask_for_sdpa(attention_mask, force=True), packed_ok=packed_ok,
-                    backend=backend)
-
-
-def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
-    """(N, C) rows of the kept tokens -> (B, T, C) with zeros at the dropped positions."""
-    out = x.new_zeros(un.batch * un.seq_len, x.size(-1))
-    return out.index_copy(0, un.index, x).view(un.batch, un.seq_len, x.size(-1))
 
 
 class BertEmbeddings(nn.Module):
@@ -218,11 +151,11 @@ class BertEmbeddings(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if unpadded is not None:
-            # Only the kept tokens: (N,) ids; a token's position is its column, as in HF
+            # Only the kept tokens: (N_tok,) ids; a token's position is its column, as in HF
             idx = unpadded.index
-            x = self.word_embeddings(input_ids.reshape(-1)[idx])  # (N, H)
-            x = x + self.token_type_embeddings(token_type_ids.reshape(-1)[idx])
-            x = x + self.position_embeddings(idx % T)  # (N,) column of each kept token
+            x = self.word_embeddings(input_ids.reshape(-1).index_select(0, idx))  # (N_tok, H)
+            x = x + self.token_type_embeddings(token_type_ids.reshape(-1).index_select(0, idx))
+            x = x + self.position_embeddings(idx % T)  # (N_tok,) column of each kept token
             return self.dropout(self.LayerNorm(x))
         x = self.word_embeddings(input_ids)  # (B, T, H)
         x = x + self.token_type_embeddings(token_type_ids)
@@ -230,23 +163,7 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-def _varlen_attn():
-    """torch.nn.attention.varlen.varlen_attn (flash attention over packed sequences, CUDA,
-    torch >= 2.10) or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
 class BertSelfAttention(nn.Module):
-    # Switch: one (H x 3H) matmul over the concatenated weights instead of three (H x H) ones
-    # (the gradient flows back through torch.cat to the three HF-named parameters). Off by
-    # default: on CPU it measured slower (BERT-base, seq 128, fp32: ~0.9x vs 1.15x transformers
-    # unfused), and on GPU it is unmeasured; `bertgpu bench model --fused-qkv` compares.
-    fused_qkv: bool = False
-
     def __init__(self, config: BertConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -254,10 +171,13 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.options = ModelOptions()  # set by the model's `configure`
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(..., H) -> q, k, v, each (..., N, D) (views, no copies)."""
-        if self.fused_qkv:
+        if self.options.fused_qkv:
+            # One (H x 3H) matmul; the gradient flows back through torch.cat to the three
+            # HF-named parameters.
             w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
             b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
             q, k, v = F.linear(x, w, b).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
@@ -266,53 +186,9 @@ class BertSelfAttention(nn.Module):
                 self.key(x).unflatten(-1, (self.num_heads, -1)),
                 self.value(x).unflatten(-1, (self.num_heads, -1)))
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """q, k, v (B, T, N, D) -> (B, T, H): softmax(q k^T / sqrt(D)) v, attn_mask (B, 1, 1, T)
-        bool, True = may attend."""
-        B, T = q.shape[:2]
-        # (B, N, T, D) views: the layout SDPA wants
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=attn_mask, is_causal=False,
-                                           dropout_p=self.dropout_p if self.training else 0.0)
-        return y.transpose(1, 2).reshape(B, T, -1)
-
     def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
         q, k, v = self._qkv(x)  # (B, T, N, D) each, or (N_tok, N, D) unpadded
-        if not isinstance(attn, Unpadded):
-            return self._sdpa(q, k, v, attn)
-        un = attn
-        dropout = self.dropout_p if self.training else 0.0
-        backend = un.backend
-        if backend == "auto":
-            # Nested tensors on CUDA (flash / memory-efficient kernels, attention dropout works);
-            # "varlen" is opt-in: its API is young (torch >= 2.10) and it has no dropout.
-            backend = "nested" if x.is_cuda and un.packed_ok else "padded"
-        if backend != "padded" and not un.packed_ok:
-            backend = "padded"  # a padding [CLS] column would be a key: only the mask is exact
-        if backend == "varlen":
-            if not x.is_cuda or _varlen_attn() is None:
-                raise BertgpuError("attention backend 'varlen' needs CUDA and torch >= 2.10 "
-                                   "(torch.nn.attention.varlen); expected 'auto', 'nested' or 'padded' here")
-            if dropout:
-                raise BertgpuError("attention backend 'varlen' has no attention dropout; "
-                                   "set attention_probs_dropout_prob=0 or use 'nested'/'padded'")
-            cu = un.cu_seqlens.to(torch.int32)
-            y = _varlen_attn()(q, k, v, cu, cu, un.max_len, un.max_len)  # (N_tok, N, D)
-            return y.flatten(1)
-        if backend == "nested":
-            # Jagged nested tensors: (B, j, N, D) -> (B, N, j, D); SDPA runs each sequence
-            # without padding (flash / memory-efficient kernels on CUDA, math elsewhere). The
-            # kernels want each of q, k, v contiguous in its (N_tok, N, D) values.
-            q, k, v = (torch.nested.nested_tensor_from_jagged(
-                t.contiguous(), un.cu_seqlens, min_seqlen=1, max_seqlen=un.max_len).transpose(1, 2)
-                for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-            return y.transpose(1, 2).values().flatten(1)  # (N_tok, H)
-        # Padded fallback, correct everywhere: scatter q, k, v back to (B, T), masked SDPA, gather.
-        # The projections and everything after attention still run on the N_tok real rows.
-        y = self._sdpa(*(pad_rows(t.flatten(1), un).unflatten(-1, t.shape[1:]) for t in (q, k, v)), un.mask)
-        return y.reshape(un.batch * un.seq_len, -1).index_select(0, un.index)  # (N_tok, H)
+        return attention(q, k, v, attn, self.dropout_p if self.training else 0.0)
 
 
 class BertSelfOutput(nn.Module):
@@ -375,13 +251,15 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
-        # Recompute each layer's activations in backward instead of storing them: ~1/3 more
-        # compute for a much smaller activation footprint (8 GB cards, long sequences).
-        self.gradient_checkpointing = False
+        self.options = ModelOptions()  # set by the model's `configure`
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.options.gradient_checkpointing
 
     def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
         for layer in self.layer:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            if self.options.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, attn, use_reentrant=False)
             else:
                 x = layer(x, attn)
@@ -398,24 +276,8 @@ class BertPooler(nn.Module):
         return self.activation(self.dense(x[:, 0]))  # (B, H) from the [CLS] token
 
 
-def attention_mask_for_sdpa(attention_mask: torch.Tensor | None, force: bool = False) -> torch.Tensor | None:
-    """(B, T) 1 = token, 0 = padding  ->  (B, 1, 1, T) bool for SDPA, or None if nothing is padded.
-
-    None lets SDPA pick the flash kernel. The all-ones check costs one host sync, which is skipped
-    under torch.compile (data-dependent branches would break the graph). A sequence that is all
-    padding attends everywhere instead of nowhere, so it yields finite garbage rather than NaN.
-    """
-    if attention_mask is None:
-        return None
-    mask = attention_mask.bool()
-    if not torch.compiler.is_compiling() and bool(mask.all()):
-        return None
-    mask = mask | ~mask.any(dim=-1, keepdim=True)
-    return mask[:, None, None, :]
-
-
-class BertPreTrainedModel(nn.Module):
-    """Shared initialisation (HF's `_init_weights`) and helpers of all models below."""
+class BertPreTrainedModel(Configurable):
+    """Shared initialisation (HF's `_init_weights`), options and helpers of all models below."""
 
     config: BertConfig
 
@@ -436,66 +298,69 @@ class BertPreTrainedModel(nn.Module):
         elif isinstance(module, BertLMPredictionHead):
             nn.init.zeros_(module.bias)
 
-    def post_init(self) -> None:
+    def post_init(self, options: ModelOptions | None = None) -> None:
         self.apply(self._init_weights)
         self.tie_weights()
+        self.options = ModelOptions()
+        self.configure(options)
 
     def tie_weights(self) -> None:
         """Share tied parameters again (after loading a state dict or moving to meta)."""
 
-    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
-        for m in self.modules():
-            if isinstance(m, BertEncoder):
-                m.gradient_checkpointing = enabled
-
-    def unpad_enable(self, enabled: bool = True, backend: str = "auto") -> None:
-        """Run padded batches on their real tokens only (see `Unpadded`); same loss and
-        gradients as the padded path. `backend` picks the attention kernel: "auto" (varlen flash
-        "auto" (nested tensors + SDPA on CUDA, "padded" elsewhere), "varlen" (flash attention
-        over packed sequences, CUDA, fp16/bf16, torch >= 2.10, no attention dropout), "nested" or
-        "padded" (masked SDPA on the re-padded q, k, v: correct everywhere)."""
-        if backend not in ATTENTION_BACKENDS:
-            raise BertgpuError(f"unpad backend: found {backend!r}, expected one of {', '.join(ATTENTION_BACKENDS)}")
-        for m in self.modules():
-            if isinstance(m, BertModel):
-                m.unpad, m.unpad_backend = enabled, backend
-
 
 class BertModel(BertPreTrainedModel):
-    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
-        self.unpad = False  # see BertPreTrainedModel.unpad_enable
-        self.unpad_backend = "auto"
-        self.post_init()
+        self.post_init(options)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
                unpad: bool | None = None) -> tuple[torch.Tensor, Unpadded | None]:
         """Embeddings + encoder: (B, T, H) and None, or, unpadded, (N_tok, H) and its Unpadded.
 
-        Unpadding happens only when asked (`unpad`, default `self.unpad`) and something is padded.
-        """
-        unpad = self.unpad if unpad is None else unpad
-        if unpad and attention_mask is not None and not bool(attention_mask.bool().all()):
-            un = unpad_index(attention_mask, self.unpad_backend)
+        Unpadding happens only when asked (`unpad`, default `self.options.unpad`) and something
+        is padded. `batch_meta` (see attention.py) must describe this batch; without it the
+        metadata is computed here, which waits on the device (and, compiled, masks always)."""
+        meta = self.resolve_meta(input_ids, attention_mask, batch_meta)
+        unpad = self.options.unpad if unpad is None else unpad
+        if unpad and meta.padded and meta.index is not None:
+            un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
             x = self.embeddings(input_ids, token_type_ids, un)  # (N_tok, H)
             return self.encoder(x, un), un
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        return self.encoder(x, attention_mask_for_sdpa(attention_mask)), None
+        return self.encoder(x, sdpa_mask(attention_mask) if meta.padded else None), None
+
+    @staticmethod
+    def resolve_meta(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, given: BatchMeta | None,
+             labels: torch.Tensor | None = None) -> BatchMeta:
+        """`given` on the inputs' device, or the metadata of this batch computed here."""
+        if given is not None:
+            return given.to(input_ids.device)
+        if torch.compiler.is_compiling():
+            return traced_meta(attention_mask, tuple(input_ids.shape))
+        return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, unpad: bool | None = None) -> ModelOutput:
-        x, un = self.encode(input_ids, attention_mask, token_type_ids, unpad)
+                token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
+                unpad: bool | None = None) -> ModelOutput:
+        x, un = self.encode(input_ids, attention_mask, token_type_ids, batch_meta, unpad)
         if un is not None:
             x = pad_rows(x, un)  # (B, T, H), zeros at padding (HF has finite garbage there)
         out = ModelOutput(last_hidden_state=x)
         if self.pooler is not None:
             out.pooler_output = self.pooler(x)  # (B, H)
         return out
+
+    def pooled(self, x: torch.Tensor, un: Unpadded | None) -> torch.Tensor:
+        """The pooler on the [CLS] rows of `encode`'s output: column 0, or each sequence's first
+        row when unpadded (no re-padding needed). (B, H)."""
+        assert self.pooler is not None, "a model built without a pooler"
+        cls_rows = x[:, 0] if un is None else x.index_select(0, un.first_rows())  # (B, H)
+        return self.pooler.activation(self.pooler.dense(cls_rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,18 +399,29 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2) if with_nsp else None
 
 
+def _labelled_rows(x: torch.Tensor, labels: torch.Tensor, meta: BatchMeta,
+                   un: Unpadded | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, H) rows of the encoder output that carry an MLM label and their (M,) targets."""
+    flat = labels.reshape(-1)  # (B T,)
+    if un is None:
+        rows = x.reshape(-1, x.size(-1))  # (B T, H)
+        pos = meta.masked if meta.masked is not None else (flat != IGNORE_INDEX).nonzero().squeeze(1)
+        return rows.index_select(0, pos), flat.index_select(0, pos)
+    assert meta.masked_rows is not None, "unpadded metadata without MLM rows"
+    return x.index_select(0, meta.masked_rows), flat.index_select(0, un.index.index_select(0, meta.masked_rows))
+
+
 class BertForPreTraining(BertPreTrainedModel):
     """MLM (+ NSP when `with_nsp`). with_nsp=False is HF's BertForMaskedLM: no pooler, no
     seq_relationship, and it is exported under that architecture name."""
 
-    def __init__(self, config: BertConfig, with_nsp: bool = True, unpad: bool = False):
+    def __init__(self, config: BertConfig, with_nsp: bool = True, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.with_nsp = with_nsp
         self.bert = BertModel(config, add_pooling_layer=with_nsp)
         self.cls = BertPreTrainingHeads(config, with_nsp=with_nsp)
-        self.post_init()
-        self.unpad_enable(unpad)
+        self.post_init(options)
 
     def tie_weights(self) -> None:
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
@@ -553,9 +429,11 @@ class BertForPreTraining(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                next_sentence_label: torch.Tensor | None = None, unpad: bool | None = None) -> ModelOutput:
+                next_sentence_label: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
+                unpad: bool | None = None) -> ModelOutput:
+        meta = self.bert.resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
-        x, un = self.bert.encode(input_ids, attention_mask, token_type_ids,
+        x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, meta,
                                  unpad=False if labels is None else unpad)
         # x: (B, T, H), or (N_tok, H) unpadded
         out = ModelOutput()
@@ -563,27 +441,14 @@ class BertForPreTraining(BertPreTrainedModel):
         if labels is None:
             out.prediction_logits = self.cls.predictions(x)  # (B, T, V)
         else:
-            # Sparse head: transform + decoder only where a label exists (M ~ 0.15 B T rows).
-            # Same logits and gradients as the dense head; the boolean gather costs a host sync.
-            labels = labels.reshape(-1)  # (B T,)
-            if un is not None:
-                labels = labels[un.index]  # (N_tok,): padding never carries a label
-            rows = x.reshape(-1, x.size(-1))  # (B T, H) or (N_tok, H)
-            keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # (M,)
-            targets = labels.index_select(0, keep)  # (M,)
-            logits = self.cls.predictions(rows.index_select(0, keep))  # (M, V)
-            out.prediction_logits = logits
-            # fp32 cross-entropy: under bf16 autocast the logits are bf16, their log-sum-exp is not
-            out.mlm_loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")
-            out.mlm_count = torch.tensor(keep.numel(), device=x.device)
-            out.mlm_correct = (logits.argmax(-1) == targets).sum()
+            # Sparse head: transform + decoder only where a label exists (M ~ 0.15 B T rows);
+            # same logits and gradients as the dense head.
+            rows, targets = _labelled_rows(x, labels, meta, un)
+            out.prediction_logits = self.cls.predictions(rows)  # (M, V)
+            out.update(masked_lm_terms(out.prediction_logits, targets))
             losses.append(out.mlm_loss_sum / out.mlm_count.clamp(min=1))
-        if self.bert.pooler is not None:
-            # [CLS] rows: column 0, or the first row of each sequence when unpadded
-            cls_rows = x[:, 0] if un is None else x.index_select(0, un.cu_seqlens[:-1])  # (B, H)
-            pooled = self.bert.pooler.activation(self.bert.pooler.dense(cls_rows))
         if self.cls.seq_relationship is not None:
-            nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+            nsp_logits = self.cls.seq_relationship(self.bert.pooled(x, un))  # (B, 2)
             out.seq_relationship_logits = nsp_logits
             if next_sentence_label is not None:
                 target = next_sentence_label.reshape(-1)
@@ -600,7 +465,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     """[CLS] pooler -> dropout -> Linear(num_labels); num_labels == 1 is regression (MSE)."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2,
-                 id2label: dict[int, str] | None = None):
+                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.num_labels = num_labels
@@ -610,40 +475,61 @@ class BertForSequenceClassification(BertPreTrainedModel):
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        self.post_init()
+        self.post_init(options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> ModelOutput:
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
+        x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, batch_meta)
+        logits = self.classifier(self.dropout(self.bert.pooled(x, un)))  # (B, num_labels)
         out = ModelOutput(logits=logits)
         if labels is not None:
-            if self.num_labels == 1:
-                out.loss_sum = F.mse_loss(logits.float().reshape(-1), labels.float().reshape(-1),
-                                          reduction="sum")
-            else:
-                out.loss_sum = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="sum")
-            out.count = torch.tensor(labels.numel(), device=logits.device)
-            out.loss = out.loss_sum / labels.numel()
+            out.update(sequence_loss_terms(logits, labels, self.num_labels))
+        return out
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A label per token (NER, POS): encoder (no pooler) -> dropout -> Linear(num_labels), as
+    HF's BertForTokenClassification; labels (B, T) with IGNORE_INDEX where not labelled."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2,
+                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
+        super().__init__()
+        self.config = config.validate()
+        self.num_labels = num_labels
+        self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.post_init(options)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state  # (B, T, H)
+        logits = self.classifier(self.dropout(x))  # (B, T, num_labels)
+        out = ModelOutput(logits=logits)
+        if labels is not None:
+            out.update(token_loss_terms(logits, labels))
         return out
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Span extraction: a start and an end logit per token."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
+        self.post_init(options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None,
                 start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> ModelOutput:
-        x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+                end_positions: torch.Tensor | None = None, batch_meta: BatchMeta | None = None) -> ModelOutput:
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state  # (B, T, H)
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
@@ -662,24 +548,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return out
 
 
-def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
-    """Number of distinct parameters (tied weights counted once); optionally without the
-    embedding tables (the usual "non-embedding parameters" used for FLOP estimates)."""
-    seen: set[int] = set()
-    skip: set[int] = set()
-    if exclude_embeddings:
-        skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    total = 0
-    for p in model.parameters():
-        if id(p) in seen or id(p) in skip:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-    return total
-
-
 __all__ = [
-    "BertConfig", "ModelOutput", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
-    "BertForQuestionAnswering", "num_parameters", "attention_mask_for_sdpa", "IGNORE_INDEX",
-    "Unpadded", "unpad_index", "pad_rows", "ATTENTION_BACKENDS",
+    "BertConfig", "ModelOutput", "ModelOptions", "BertModel", "BertForPreTraining",
+    "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
+    "num_parameters", "IGNORE_INDEX", "BatchMeta", "Unpadded",
 ]

@@ -1,0 +1,289 @@
+"""Attention backends, unpadding, and the batch metadata that keeps the GPU from waiting on the host.
+
+Nothing here knows BERT: q, k, v come in, attention comes out, and a batch's layout is described
+by plain tensors.
+
+**Batch metadata.** Everything data-dependent a model needs about a padded (B, T) batch (is any
+position padding, which tokens are real, where each sequence starts, which positions carry an
+MLM label) is computed once on the host by `batch_meta` from the CPU tensors the loader already
+holds, and shipped to the device as small index tensors. Given it, the model's forward and
+backward make no `.item()`, `nonzero()`, `bool(tensor)` or tensor-from-Python call: nothing
+drains the GPU's queue and `torch.compile` sees one graph. Without it (the Hugging Face-style
+call) the model computes the same metadata itself, at the price of those host syncs::
+
+    meta = batch_meta(batch["attention_mask"], batch["labels"])   # CPU, in the loader / collator
+    out = model(**batch, batch_meta=meta)                         # moved with the batch
+
+**Unpadding.** With `ModelOptions.unpad`, the real tokens are gathered into (N_tok, H) rows
+(`Unpadded`), so projections, FFN and norms skip padding; attention runs per sequence with one of
+three kernels (`choose_backend`): "varlen" (flash attention over packed sequences), "nested"
+(jagged nested tensors into SDPA), or "padded" (q, k, v scattered back to (B, T), masked SDPA,
+gathered again; exact everywhere). Same loss and gradients as the padded model.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bertgpu.models import IGNORE_INDEX
+
+# ---------------------------------------------------------------------------------------------
+# Host-side batch metadata
+
+
+@dataclass
+class BatchMeta:
+    """The layout of one right- or left-padded (B, T) batch, computed by `batch_meta`.
+
+    Python fields are decided on the host (a compiled model guards on them: at most a few graph
+    variants); tensor fields are int64 index lists, built on the host and moved with the batch.
+    """
+
+    padded: bool
+    """Some position is padding: attention needs a mask (False keeps `attn_mask=None`, which lets
+    SDPA use the flash kernel)."""
+    packed_ok: bool = True
+    """Column 0 of every row is a real token, so attention over each gathered sequence equals the
+    masked padded attention and the varlen / nested kernels are exact (left padding or an empty
+    row fall back to the padded kernel)."""
+    max_len: int = 0
+    """Longest kept sequence (the varlen kernel's tile loop bound)."""
+    index: torch.Tensor | None = None
+    """(N_tok,) flat positions b * T + t of the kept tokens, ascending; None when nothing is padded."""
+    cu_seqlens: torch.Tensor | None = None
+    """(B + 1,) offsets of each sequence's kept rows; row 0 of sequence b is its column 0 (the
+    [CLS] token a pooler reads, kept even when padding). None when nothing is padded."""
+    masked: torch.Tensor | None = None
+    """(M,) flat positions b * T + t with an MLM label (the sparse MLM head's rows); None without labels."""
+    masked_rows: torch.Tensor | None = None
+    """(M',) rows of the unpadded (N_tok, H) activations with an MLM label (labels on padding,
+    which no collator writes, are dropped there); None when nothing is padded or without labels."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> BatchMeta:
+        """The same metadata with its tensors on `device` (itself when they are there already).
+        `non_blocking` copies from pinned memory without blocking the host."""
+        device = torch.device(device)
+        moved = {f.name: v.to(device, non_blocking=non_blocking)
+                 for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
+        return replace(self, **moved) if moved else self
+
+    def pin_memory(self) -> BatchMeta:
+        """Page-locked copies of the tensors (what a DataLoader with pin_memory=True calls)."""
+        return replace(self, **{f.name: v.pin_memory() for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), torch.Tensor)})
+
+
+def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | None = None,
+               shape: tuple[int, int] | None = None) -> BatchMeta:
+    """Metadata of a batch from its (B, T) attention mask (1 = token, 0 = padding; None = all
+    tokens, then `shape` gives (B, T)) and optional (B, T) MLM labels (IGNORE_INDEX = no label).
+
+    Meant for CPU tensors (loader, collator): its `bool()` and `nonzero()` are host work there.
+    On device tensors it is correct but waits on the device (the Hugging Face-style call)."""
+    masked = None
+    if mlm_labels is not None:
+        masked = (mlm_labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)  # (M,)
+    if attention_mask is None:
+        if shape is None:
+            raise ValueError("batch_meta needs an attention mask or the batch shape")
+        return BatchMeta(padded=False, max_len=int(shape[1]), masked=masked)
+    real = attention_mask.bool()
+    B, T = real.shape
+    if bool(real.all()):
+        return BatchMeta(padded=False, max_len=T, masked=masked)
+    keep = real.clone()
+    packed_ok = bool(keep[:, 0].all())
+    keep[:, 0] = True  # the pooler reads column 0 of every row
+    # A row of padding only attends everywhere in the padded path (`sdpa_mask`): keep all of it,
+    # so even its (meaningless but finite) outputs match the padded model exactly.
+    keep |= ~real.any(dim=1, keepdim=True)
+    lengths = keep.sum(1)  # (B,)
+    flat = keep.reshape(-1)
+    rows = None
+    if masked is not None:
+        row_of = flat.long().cumsum(0) - 1  # (B T,) row of each kept position
+        labelled = masked[flat.index_select(0, masked)]
+        rows = row_of.index_select(0, labelled)
+    return BatchMeta(padded=True, packed_ok=packed_ok, max_len=int(lengths.max()),
+                     index=flat.nonzero().squeeze(1), cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)),
+                     masked=masked, masked_rows=rows)
+
+
+def traced_meta(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> BatchMeta:
+    """What a model assumes inside `torch.compile` when no metadata was passed: padded whenever a
+    mask is given (deciding would need a host sync), no unpadding, MLM rows left to the model."""
+    return BatchMeta(padded=attention_mask is not None, packed_ok=False, max_len=int(shape[1]))
+
+
+def sdpa_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) 1 = token, 0 = padding -> (B, 1, 1, T) bool for SDPA, True = may attend. Device ops
+    only. A sequence that is all padding attends everywhere instead of nowhere, so it yields
+    finite garbage rather than NaN."""
+    mask = attention_mask.bool()
+    mask = mask | ~mask.any(dim=-1, keepdim=True)
+    return mask[:, None, None, :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unpadded rows
+
+
+@dataclass
+class Unpadded:
+    """Where the real tokens of a padded (B, T) batch sit once gathered into (N_tok, C) rows,
+    handed to every layer in place of the SDPA mask (see `BatchMeta` for index / cu_seqlens)."""
+
+    index: torch.Tensor
+    """(N_tok,) int64 flat positions b * T + t of the kept rows."""
+    batch: int
+    seq_len: int
+    cu_seqlens: torch.Tensor
+    """(B + 1,) int64 offsets of each sequence's rows."""
+    max_len: int
+    mask: torch.Tensor
+    """(B, 1, 1, T) bool SDPA mask of the padded fallback (`sdpa_mask`)."""
+    packed_ok: bool
+    backend: str = "auto"
+    """The requested kernel; `choose_backend` settles it per call."""
+
+    @classmethod
+    def from_meta(cls, meta: BatchMeta, attention_mask: torch.Tensor, backend: str = "auto") -> Unpadded:
+        B, T = attention_mask.shape
+        assert meta.index is not None and meta.cu_seqlens is not None, "metadata of an unpadded batch"
+        return cls(index=meta.index, batch=B, seq_len=T, cu_seqlens=meta.cu_seqlens, max_len=meta.max_len,
+                   mask=sdpa_mask(attention_mask), packed_ok=meta.packed_ok, backend=backend)
+
+    def first_rows(self) -> torch.Tensor:
+        """(B,) row of each sequence's column 0 (its [CLS] token)."""
+        return self.cu_seqlens[:-1]
+
+
+def unpad_index(attention_mask: torch.Tensor, backend: str = "auto") -> Unpadded:
+    """(B, T) mask -> its `Unpadded` rows (even when nothing is padded); host syncs on device masks."""
+    meta = batch_meta(attention_mask)
+    if not meta.padded:
+        B, T = attention_mask.shape
+        n = torch.arange(B * T, device=attention_mask.device)
+        meta = replace(meta, index=n, cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device))
+    return Unpadded.from_meta(meta, attention_mask, backend)
+
+
+def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
+    """(N_tok, C) rows of the kept tokens -> (B, T, C) with zeros at the dropped positions."""
+    out = x.new_zeros(un.batch * un.seq_len, x.size(-1))
+    return out.index_copy(0, un.index, x).view(un.batch, un.seq_len, x.size(-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+def _varlen_attn() -> Any:
+    """torch.nn.attention.varlen.varlen_attn (flash attention over packed sequences, CUDA,
+    torch >= 2.10) or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok: bool) -> str:
+    """The kernel unpadded attention runs: the requested one where a fused kernel exists for these
+    inputs, else "padded" (exact everywhere), with one warning per distinct reason.
+
+    Fused kernels need CUDA and fp16/bf16 inputs: in fp32 nested tensors land on the math
+    kernel (the memory-efficient kernel refuses nested inputs that need grad) and the flash
+    varlen kernel raises. Varlen has no attention dropout (nested has). Left padding or an
+    empty row (`packed_ok` False) makes only the masked padded kernel exact: no warning, it is
+    a property of the batch, not of the setup."""
+    if requested == "padded" or not packed_ok:
+        return "padded"
+    fused = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if requested == "auto":
+        if fused:
+            return "nested"
+        _warn_once(f"unpadded attention: no fused kernel for {q.device.type} {q.dtype} inputs; using "
+                   "the padded kernel (projections and FFN still skip padding)")
+        return "padded"
+    if requested == "varlen" and fused and (_varlen_attn() is None or dropout_p > 0):
+        why = "attention dropout" if dropout_p > 0 else "this torch (needs torch.nn.attention.varlen)"
+        _warn_once(f"unpadded attention: backend 'varlen' cannot run with {why}; using 'nested'")
+        return "nested"
+    if not fused:
+        _warn_once(f"unpadded attention: backend {requested!r} needs CUDA fp16/bf16 inputs, found "
+                   f"{q.device.type} {q.dtype}; using the padded kernel")
+        return "padded"
+    return requested
+
+
+def _warn_once(message: str) -> None:
+    # Python's default filter shows a given message once per call site; nothing to remember here.
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                     dropout_p: float = 0.0) -> torch.Tensor:
+    """q, k, v (B, T, N, D) -> (B, T, N D): softmax(q k^T / sqrt(D)) v. attn_mask (B, 1, 1, T)
+    bool (True = may attend) or None (no padding: SDPA may pick the flash kernel)."""
+    B, T = q.shape[:2]
+    # (B, N, T, D) views: the layout SDPA wants
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=attn_mask, dropout_p=dropout_p)
+    return y.transpose(1, 2).reshape(B, T, -1)
+
+
+def nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
+                     dropout_p: float = 0.0) -> torch.Tensor:
+    """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D), each sequence attending to itself only.
+
+    Jagged nested tensors (B, j, N, D) -> (B, N, j, D) into SDPA: flash / memory-efficient
+    kernels on CUDA in fp16/bf16, the math kernel elsewhere (exact, slow). The kernels want each
+    of q, k, v contiguous in its (N_tok, N, D) values."""
+    q, k, v = (torch.nested.nested_tensor_from_jagged(
+        t.contiguous(), un.cu_seqlens, min_seqlen=1, max_seqlen=un.max_len).transpose(1, 2)
+        for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    return y.transpose(1, 2).values().flatten(1)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded) -> torch.Tensor:
+    """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D) through flash attention's varlen kernel
+    (CUDA, fp16/bf16, no dropout: see `choose_backend`)."""
+    cu = un.cu_seqlens.to(torch.int32)  # device cast, no sync
+    return _varlen_attn()(q, k, v, cu, cu, un.max_len, un.max_len).flatten(1)
+
+
+def unpadded_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
+                              dropout_p: float = 0.0) -> torch.Tensor:
+    """The exact fallback: scatter q, k, v rows back to (B, T), masked SDPA, gather the rows."""
+    q, k, v = (pad_rows(t.flatten(1), un).unflatten(-1, t.shape[1:]) for t in (q, k, v))
+    y = padded_attention(q, k, v, un.mask, dropout_p)
+    return y.reshape(un.batch * un.seq_len, -1).index_select(0, un.index)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor | Unpadded | None,
+              dropout_p: float = 0.0) -> torch.Tensor:
+    """Multi-head attention without projections.
+
+    layout an SDPA mask or None: q, k, v (B, T, N, D) -> (B, T, N D).
+    layout an `Unpadded`: q, k, v (N_tok, N, D) -> (N_tok, N D), with the kernel from
+    `choose_backend(layout.backend, ...)`."""
+    if not isinstance(layout, Unpadded):
+        return padded_attention(q, k, v, layout, dropout_p)
+    backend = choose_backend(layout.backend, q, dropout_p, layout.packed_ok)
+    if backend == "varlen":
+        return varlen_attention(q, k, v, layout)
+    if backend == "nested":
+        return nested_attention(q, k, v, layout, dropout_p)
+    return unpadded_padded_attention(q, k, v, layout, dropout_p)
+
+
+__all__ = ["BatchMeta", "batch_meta", "traced_meta", "sdpa_mask", "Unpadded", "unpad_index", "pad_rows",
+           "choose_backend", "padded_attention", "nested_attention", "varlen_attention",
+           "unpadded_padded_attention", "attention"]

@@ -1,0 +1,156 @@
+"""Pieces every encoder here shares: outputs, per-instance speed options, activations, the
+sparse MLM gather and the summed losses the engine normalises.
+
+Nothing in this file knows BERT's parameter names; `bert.py` and `modernbert.py` build on it.
+
+    opts = ModelOptions(unpad=True, attention_backend="auto", fused_qkv=False)
+    model = BertForPreTraining(config, options=opts)     # or later: model.configure(unpad=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
+
+# hidden_act values we implement; the HF names map to the same functions as theirs.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+ATTENTION_BACKENDS = ("auto", "varlen", "nested", "padded")
+"""Kernels of unpadded attention (see `attention.choose_backend`)."""
+
+
+def activation(name: str):
+    """The function behind a Hugging Face `hidden_act` name."""
+    if name == "gelu":
+        return F.gelu  # exact erf form, as HF's "gelu" and the original BERT
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")  # GPT-2's tanh approximation
+    if name == "relu":
+        return F.relu
+    raise BertgpuError(f"config field hidden_act: found {name!r}, expected one of {', '.join(ACTIVATIONS)}")
+
+
+class ModelOutput(dict):
+    """A dict with attribute access; only the fields that were computed are present."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How one model instance runs. None of these changes the math (same loss and gradients to
+    float tolerance); each model holds its own, so two models in one process never share them."""
+
+    unpad: bool = False
+    """Run padded batches on their real tokens only: embeddings, projections, FFN and norms on
+    (N_tok, H) rows, attention per sequence (see `attention.Unpadded`)."""
+    attention_backend: str = "auto"
+    """Kernel of unpadded attention: "auto" (nested tensors where a fused kernel exists: CUDA,
+    fp16/bf16), "varlen" (flash attention over packed sequences), "nested", or "padded" (masked
+    SDPA on re-padded q, k, v: exact everywhere). Where the asked kernel has no fused
+    implementation the padded one runs, with one warning."""
+    fused_qkv: bool = False
+    """Query, key and value as one (H x 3H) matmul over the concatenated weights (the parameters
+    stay three HF-named Linear layers). Measured slower on CPU (BERT-base, seq 128, fp32); on GPU
+    `bertgpu bench model --fused-qkv` compares."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward instead of storing them: ~1/3 more compute
+    for a much smaller activation footprint (8 GB cards, long sequences)."""
+
+    def validate(self) -> ModelOptions:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise BertgpuError(f"unpad backend: found {self.attention_backend!r}, expected one of "
+                               f"{', '.join(ATTENTION_BACKENDS)}")
+        return self
+
+
+class Configurable(nn.Module):
+    """A model whose `ModelOptions` can change after construction, for this instance only.
+
+    Every submodule that reads options holds an `options` attribute; `configure` hands the new
+    (frozen) options to all of them, so a model never mixes old and new settings."""
+
+    options: ModelOptions
+
+    def configure(self, options: ModelOptions | None = None, **changes: Any) -> ModelOptions:
+        """Replace this model's options (`options`, then any field given by name); returns them."""
+        new = dataclasses.replace(options or self.options, **changes).validate()
+        for m in self.modules():
+            if hasattr(m, "options"):
+                m.options = new
+        return new
+
+    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
+        """Hugging Face's name for `configure(gradient_checkpointing=enabled)`."""
+        self.configure(gradient_checkpointing=enabled)
+
+    def unpad_enable(self, enabled: bool = True, backend: str = "auto") -> None:
+        """`configure(unpad=enabled, attention_backend=backend)`."""
+        self.configure(unpad=enabled, attention_backend=backend)
+
+
+def masked_lm_terms(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Summed MLM cross-entropy of the (M, V) logits of the labelled rows, their count and the
+    number predicted right; no host sync (the count is a device reduction, not `len`)."""
+    return {
+        # fp32 cross-entropy: under bf16 autocast the logits are bf16, their log-sum-exp is not
+        "mlm_loss_sum": F.cross_entropy(logits.float(), targets, reduction="sum"),
+        "mlm_count": (targets != IGNORE_INDEX).sum(),
+        "mlm_correct": (logits.argmax(-1) == targets).sum(),
+    }
+
+
+def sequence_loss_terms(logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> dict[str, torch.Tensor]:
+    """Sequence classification: summed cross-entropy (MSE when num_labels == 1), the number of
+    sequences (a device count, no tensor built from a Python int) and the mean loss."""
+    if num_labels == 1:
+        loss_sum = F.mse_loss(logits.float().reshape(-1), labels.float().reshape(-1), reduction="sum")
+    else:
+        loss_sum = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="sum")
+    count = torch.ones_like(labels.reshape(-1), dtype=torch.int64).sum()  # (), B
+    return {"loss_sum": loss_sum, "count": count, "loss": loss_sum / labels.numel()}
+
+
+def token_loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token classification: logits (B, T, C), labels (B, T) with IGNORE_INDEX where not
+    labelled -> summed cross-entropy over labelled positions, their count, and the mean."""
+    flat = labels.reshape(-1)
+    loss_sum = F.cross_entropy(logits.float().reshape(flat.numel(), -1), flat, ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+    count = (flat != IGNORE_INDEX).sum()
+    return {"loss_sum": loss_sum, "count": count, "loss": loss_sum / count.clamp(min=1)}
+
+
+def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
+    """Number of distinct parameters (tied weights counted once); optionally without the
+    embedding tables (the usual "non-embedding parameters" used for FLOP estimates)."""
+    seen: set[int] = set()
+    skip: set[int] = set()
+    if exclude_embeddings:
+        skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or id(p) in skip:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+__all__ = ["ACTIVATIONS", "ATTENTION_BACKENDS", "activation", "ModelOutput", "ModelOptions", "Configurable",
+           "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "num_parameters"]
