@@ -1,0 +1,173 @@
+"""ModernBERT's hyper-parameters: transformers' `ModernBertConfig` names and defaults, read from
+either transformers version's config.json and written in both. No torch here, so the training
+config can check a `[model]` section with the same rules before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for global / local
+POOLINGS = ("cls", "mean")
+
+
+@dataclass
+class ModernBertConfig:
+    """ModernBERT hyper-parameters with transformers' field names and defaults (ModernBERT-base)."""
+
+    vocab_size: int = 50368
+    """Number of token ids (rows of the token embedding and of the tied decoder)."""
+    hidden_size: int = 768
+    """Width H of every token representation."""
+    intermediate_size: int = 1152
+    """Width I of the GeGLU block: Wi maps H -> 2 I (input and gate), Wo maps I -> H."""
+    num_hidden_layers: int = 22
+    """Number of encoder layers."""
+    num_attention_heads: int = 12
+    """Attention heads per layer; H / N must be even (RoPE turns pairs of features)."""
+    hidden_activation: str = "gelu"
+    """Activation of the GeGLU input half: gelu (erf), gelu_new / gelu_pytorch_tanh, relu, silu."""
+    max_position_embeddings: int = 8192
+    """Longest sequence the model is meant for (RoPE itself has no table)."""
+    initializer_range: float = 0.02
+    """Std of the truncated-normal initialisation."""
+    initializer_cutoff_factor: float = 2.0
+    """Truncate the initialisation at this many standard deviations."""
+    norm_eps: float = 1e-5
+    """Epsilon of every LayerNorm."""
+    norm_bias: bool = False
+    """LayerNorms with a bias (ModernBERT: none)."""
+    pad_token_id: int | None = 50283
+    """Id of the padding token (its embedding row gets no gradient)."""
+    # Tokenizer metadata that transformers keeps in config.json; the model does not read them.
+    # None by default (transformers' defaults are ModernBERT's own vocabulary's ids, which would
+    # point outside a vocabulary of ours); a loaded config.json keeps its values.
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    cls_token_id: int | None = None
+    sep_token_id: int | None = None
+    global_rope_theta: float = 160_000.0
+    """RoPE base of the global-attention layers."""
+    local_rope_theta: float | None = 10_000.0
+    """RoPE base of the sliding-window layers (None: the global theta, as transformers 4.x)."""
+    attention_bias: bool = False
+    """Biases in Wqkv and the attention output Wo."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities and on the attention output."""
+    global_attn_every_n_layers: int = 3
+    """Layer i is global when i % n == 0, local (sliding window) otherwise."""
+    layer_types: list[str] | None = None
+    """Per layer "full_attention" or "sliding_attention" (transformers >= 5 writes this list);
+    None derives it from global_attn_every_n_layers."""
+    local_attention: int = 128
+    """Width of the sliding window: a token sees local_attention // 2 tokens on each side."""
+    embedding_dropout: float = 0.0
+    """Dropout after the embedding LayerNorm."""
+    mlp_bias: bool = False
+    """Biases in Wi and Wo of the feed-forward block."""
+    mlp_dropout: float = 0.0
+    """Dropout between the GeGLU product and Wo."""
+    decoder_bias: bool = True
+    """Bias of the MLM decoder (its weight is tied to the token embeddings)."""
+    classifier_pooling: str = "cls"
+    """Sequence classification reads the first token ("cls") or the mean over real tokens ("mean")."""
+    classifier_dropout: float = 0.0
+    """Dropout before the classification / QA / token-classification layer."""
+    classifier_bias: bool = False
+    """Bias of the head's dense layer (the MLM and classification heads share its shape)."""
+    classifier_activation: str = "gelu"
+    """Activation of the head's dense layer."""
+    sparse_prediction: bool = False
+    """transformers' switch for MLM logits at labelled positions only; kept for round trips
+    (ours always predicts only labelled positions when labels are given: the same loss)."""
+    sparse_pred_ignore_index: int = IGNORE_INDEX
+    """Label of unpredicted positions in transformers' sparse path; ours is IGNORE_INDEX."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+        """From a transformers config.json, 4.x (global_rope_theta, local_rope_theta,
+        global_attn_every_n_layers) or 5.x (rope_parameters, layer_types), ignoring keys we do not
+        use (architectures, id2label, dtype, ...)."""
+        d = dict(d)
+        rope = d.pop("rope_parameters", None)
+        if isinstance(rope, dict):
+            for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+                params = rope.get(kind) or {}
+                if params.get("rope_type", "default") != "default":
+                    raise BertgpuError(f"config field rope_parameters.{kind}.rope_type: found "
+                                       f"{params['rope_type']!r}, expected 'default' (scaled RoPE is not supported)")
+                if params.get("rope_theta") is not None:
+                    d[key] = params["rope_theta"]
+        if d.get("rope_scaling"):
+            raise BertgpuError(f"config field rope_scaling: found {d['rope_scaling']!r}, expected none "
+                               "(scaled RoPE is not supported)")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Both spellings transformers reads: 4.x's thetas and layer period, and 5.x's
+        rope_parameters and layer_types (they agree, so either version builds the same model)."""
+        out = dataclasses.asdict(self)
+        out["layer_types"] = self.resolved_layer_types()
+        out["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_theta},
+        }
+        return out
+
+    @property
+    def local_theta(self) -> float:
+        return self.global_rope_theta if self.local_rope_theta is None else self.local_rope_theta
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def resolved_layer_types(self) -> list[str]:
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        n = self.global_attn_every_n_layers
+        return ["sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)]
+
+    def validate(self) -> ModernBertConfig:
+        """Raise BertgpuError naming the field if the combination cannot be built."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
+                     "local_attention"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise BertgpuError(f"config field {name}: found {value!r}, expected a positive integer")
+        if self.hidden_size % self.num_attention_heads or self.head_dim % 2:
+            raise BertgpuError(
+                f"config field hidden_size: {self.hidden_size} / num_attention_heads {self.num_attention_heads} "
+                "must be an even integer (RoPE rotates pairs of head features)")
+        for name in ("hidden_activation", "classifier_activation"):
+            if getattr(self, name) not in ACTIVATIONS:
+                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, "
+                                   f"expected one of {', '.join(ACTIVATIONS)}")
+        if self.classifier_pooling not in POOLINGS:
+            raise BertgpuError(f"config field classifier_pooling: found {self.classifier_pooling!r}, "
+                               f"expected one of {', '.join(POOLINGS)}")
+        for name in ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, expected a number in [0, 1)")
+        for name in ("global_rope_theta", "local_theta", "norm_eps", "initializer_range"):
+            if not getattr(self, name) > 0:
+                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, expected a positive number")
+        types = self.resolved_layer_types()
+        if len(types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in types):
+            raise BertgpuError(f"config field layer_types: found {types!r}, expected {self.num_hidden_layers} "
+                               f"entries, each one of {', '.join(LAYER_TYPES)}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise BertgpuError(f"config field pad_token_id: found {self.pad_token_id!r}, expected an id "
+                               f"below vocab_size ({self.vocab_size})")
+        return self
+
+
+__all__ = ["ModernBertConfig", "ACTIVATIONS", "LAYER_TYPES", "POOLINGS"]
