@@ -18,22 +18,29 @@ Typical use in a training loop (rank 0 logs, other ranks get a logger that does 
     log.close()
 
 ``mfu`` (from `flops.py`) is a fraction (0.42 means 42 %); the console shows it as a percentage.
-Nothing here imports torch, tqdm or TensorBoard at module import time.
+The sinks (TensorBoard, W&B, MLflow) and the GPU monitor are plugged in by
+``sinks.open_logger``; the loop does not know which exist. Nothing here imports torch, tqdm or
+TensorBoard at module import time.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from bertgpu.errors import BertgpuError
+from bertgpu.train.console import console_fields, duration, format_startup_table
+from bertgpu.train.records import open_for_append, read_metrics
+from bertgpu.train.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
+
+# Re-exported: callers have always found them here.
+__all__ = ["MetricsLogger", "Throughput", "device_memory", "format_startup_table",
+           "gpu_utilisation", "read_metrics"]
 
 _GIB = float(1 << 30)
 
@@ -95,27 +102,12 @@ def device_memory(device: Any = None) -> dict[str, float]:
     return out
 
 
-def gpu_utilisation(device: Any = None) -> dict[str, float]:
-    """``gpu_util_pct`` and ``gpu_mem_used_gib`` (the whole device, as nvidia-smi shows) from
-    NVML, or ``{}`` when nvidia-ml-py is not installed, there is no GPU, or NVML fails.
-
-    Goes through ``torch.cuda.utilization``, which maps torch's device index to NVML's under
-    ``CUDA_VISIBLE_DEVICES``.
-    """
-    import importlib.util
-
-    if importlib.util.find_spec("pynvml") is None:
-        return {}
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return {}
-        out = {"gpu_util_pct": float(torch.cuda.utilization(device))}
-        out["gpu_mem_used_gib"] = torch.cuda.device_memory_used(device) / _GIB
-        return out
-    except Exception:  # NVML missing driver, permissions, MIG: degrade silently
-        return {}
+def gpu_utilisation(device: Any = None, monitor: Any = None) -> dict[str, float]:
+    """``gpu_util_pct`` and ``gpu_mem_used_gib`` of ``device`` (the whole device, as nvidia-smi
+    shows) from the GPU monitor's latest sample; ``{}`` without a monitor (no nvidia-ml-py, no
+    GPU, monitoring off) or before its first sample. A logger with a monitor adds these keys
+    to its train records by itself."""
+    return monitor.device_stats(device) if monitor is not None else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,85 +182,12 @@ class Throughput:
         return out
 
 
-# --------------------------------------------------------------------------------------------
-# Formatting
-# --------------------------------------------------------------------------------------------
-
-
-def format_startup_table(rows: Iterable[tuple[str, str]], title: str | None = None) -> str:
-    """A two-column table for the start-up summary: names left-aligned and padded to the
-    longest, two spaces of indent, e.g. ``"  per-device batch  32 sequences"``; ``title`` (if
-    given) is the first line."""
-    rows = [(str(k), str(v)) for k, v in rows]
-    width = max((len(k) for k, _ in rows), default=0)
-    lines = [title] if title else []
-    lines += [f"  {k.ljust(width)}  {v}".rstrip() for k, v in rows]
-    return "\n".join(lines)
-
-
-def _si(x: float) -> str:
-    """123456 -> '123.5k'."""
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.1f}" if abs(x) < 100 else f"{x:.0f}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
-
-
-# Console short forms, in display order; other keys follow as ``key value``.
-_SHORT: dict[str, tuple[str, Callable[[Any], str]]] = {
-    "loss": ("loss", lambda v: f"{v:.4f}"),
-    "mlm_loss": ("mlm", lambda v: f"{v:.4f}"),
-    "nsp_loss": ("nsp", lambda v: f"{v:.4f}"),
-    "lr": ("lr", lambda v: f"{v:.2e}"),
-    "grad_norm": ("gnorm", lambda v: f"{v:.3g}"),
-    "tokens_per_s": ("tok/s", _si),
-    "sequences_per_s": ("seq/s", _si),
-    "step_time_s": ("step", lambda v: f"{v:.3g}s"),
-    "mfu": ("MFU", lambda v: f"{100 * v:.1f}%"),
-    "mem_peak_gib": ("mem", lambda v: f"{v:.2f}GiB"),
-}
-# Kept in metrics.jsonl but too much for one console line.
-_CONSOLE_SKIP = {
-    "time",
-    "elapsed_s",
-    "tokens_per_s_per_device",
-    "sequences_per_s_per_device",
-    "steps_per_s",
-    "mem_rss_gib",
-    "mem_reserved_gib",
-}
-
-
-def _short_value(v: Any) -> str:
-    if v is None:
-        return "nan"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _console_fields(scalars: dict[str, Any]) -> list[str]:
-    parts = []
-    for key, (label, fmt) in _SHORT.items():
-        if key in scalars:
-            v = scalars[key]
-            parts.append(f"{label} {'nan' if v is None else fmt(v)}")
-    for key, v in scalars.items():
-        if key not in _SHORT and key not in _CONSOLE_SKIP:
-            parts.append(f"{key} {_short_value(v)}")
-    return parts
-
-
-def _clean(value: Any) -> Any:
+def _clean(value: Any, key: str = "") -> Any:
     """A JSON-ready scalar: tensors and numpy scalars unwrapped, floats to 6 significant
-    digits, non-finite floats to None (written as null: valid JSON, read back as NaN)."""
+    digits, non-finite floats to None (written as null: valid JSON, read back as NaN). Per-rank
+    keys (``rank_*``, e.g. ``rank_compute_s``) take a list of such scalars, one per rank."""
+    if key.startswith("rank_") and isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
     if isinstance(value, bool) or isinstance(value, int) or isinstance(value, str):
@@ -286,7 +205,7 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLogger:
-    """One log call -> one line in ``metrics.jsonl``, the console and TensorBoard (rank 0 only).
+    """One log call -> one line in ``metrics.jsonl``, the console and the sinks (rank 0 only).
 
     - ``metrics.jsonl`` is appended to (a resumed run continues the same file), flushed after
       every line. Each line: ``step``, ``kind`` ("train", "eval" or "info"), ``time`` (unix s),
@@ -294,49 +213,63 @@ class MetricsLogger:
     - Console: on a terminal a tqdm bar (ETA from tqdm) whose postfix shows the last train
       scalars; otherwise (a log file, Slurm) one plain line every ``log_every`` train steps with
       the same fields and an ETA. Eval and info events always print a line.
-    - TensorBoard scalars ``KIND/KEY`` under ``RUN_DIR/tensorboard`` when
-      ``torch.utils.tensorboard`` imports (the tensorboard package is optional).
+    - Sinks (``sinks.Sink``: W&B, MLflow, ...) get every record, on a background thread;
+      ``tensorboard`` adds TensorBoard scalars ``KIND/KEY`` under ``RUN_DIR/tensorboard`` when
+      the tensorboard package is installed.
+    - With a GPU ``monitor`` (``monitor.GpuMonitor``), train records also carry this process's
+      GPU (``gpu_util_pct``, ``gpu_mem_used_gib`` of ``device``) and the node's extremes
+      (``gpu_temp_max_c``, ``gpu_util_min_pct``), the console line ends with the monitor's
+      summary, and the sinks get the latest sample of every GPU as kind "system".
 
     ``initial_step`` and ``elapsed_offset_s`` come from the checkpoint when resuming, so the bar,
     the ETA and ``elapsed_s`` continue where the run stopped. A logger with ``is_main=False``
-    does nothing.
+    writes nothing. The logger closes its sinks and its monitor.
     """
 
     def __init__(
         self,
         run_dir: Path | str | None,
         is_main: bool,
-        total_steps: int | None,
+        total_steps: int | None = None,
         tensorboard: bool = True,
         progress: bool = True,
         log_every: int = 10,
         initial_step: int = 0,
         elapsed_offset_s: float = 0.0,
         stream: IO[str] | None = None,
+        sinks: Sequence[Sink] = (),
+        monitor: Any = None,
+        device: Any = None,
     ) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
         self.log_every = max(1, int(log_every))
         self.elapsed_offset_s = float(elapsed_offset_s)
         self.path: Path | None = None
+        self.monitor = monitor
+        self.device = device
         self._start = time.monotonic()
         self._stream = stream if stream is not None else sys.stdout
         self._file: IO[str] | None = None
         self._bar: Any = None
-        self._tb: Any = None
+        self._sinks: SinkFanout | None = None
+        self._monitor_seen = 0  # the monitor's sample count last forwarded to the sinks
         # For the plain-line ETA: (monotonic time, step) at the first train log of this process.
         self._eta_origin: tuple[float, int] | None = None
         self._closed = False
         self._progress = progress
         if not is_main:
             return
+        sinks = list(sinks)
         if run_dir is not None:
             run_dir = Path(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             self.path = run_dir / "metrics.jsonl"
-            self._file = self._open_for_append(self.path)
-            if tensorboard:
-                self._tb = _summary_writer(run_dir / "tensorboard")
+            self._file = open_for_append(self.path)
+            tb = TensorBoardSink.open_if_installed(run_dir / "tensorboard") if tensorboard else None
+            sinks += [tb] if tb is not None else []
+        if sinks:
+            self._sinks = SinkFanout(sinks)
         if progress and _isatty(self._stream):
             from tqdm import tqdm
 
@@ -350,23 +283,21 @@ class MetricsLogger:
                 smoothing=0.05,
             )
 
-    @staticmethod
-    def _open_for_append(path: Path) -> IO[str]:
-        # A run killed mid-write may leave a last line without its newline: start on a fresh one.
-        needs_newline = False
-        if path.exists() and path.stat().st_size > 0:
-            with open(path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                needs_newline = f.read(1) != b"\n"
-        f = open(path, "a", encoding="utf-8")  # closed in close()
-        if needs_newline:
-            f.write("\n")
-        return f
+    @property
+    def sink_names(self) -> list[str]:
+        """The sinks still working, e.g. ``["wandb", "tensorboard"]``."""
+        return [s.name for s in self._sinks.sinks] if self._sinks is not None else []
 
     @property
     def elapsed_s(self) -> float:
         """Training wall-clock seconds, including those before a resume."""
         return self.elapsed_offset_s + time.monotonic() - self._start
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """Hand the resolved configuration to every sink (metrics.jsonl does not carry it:
+        ``config.toml`` beside it does)."""
+        if self.is_main and self._sinks is not None and not self._closed:
+            self._sinks.log_config(config)
 
     def log(self, step: int, kind: str, **scalars: Any) -> dict[str, Any] | None:
         """Record one event; returns the record written (None on a non-main rank).
@@ -375,6 +306,8 @@ class MetricsLogger:
         """
         if kind not in ("train", "eval", "info"):
             raise ValueError(f"MetricsLogger.log: kind must be train, eval or info, got {kind!r}")
+        if self.monitor is not None:
+            self.monitor.step = int(step)
         if not self.is_main or self._closed:
             return None
         record: dict[str, Any] = {
@@ -383,27 +316,51 @@ class MetricsLogger:
             "time": round(time.time(), 3),
             "elapsed_s": round(self.elapsed_s, 3),
         }
+        if kind == "train":
+            scalars = {**self._gpu_scalars(), **scalars}
         for key, value in scalars.items():
             if value is None:
                 continue
             if key in ("step", "kind"):
                 raise ValueError(f"MetricsLogger.log: {key!r} is reserved")
-            record[key] = _clean(value)
+            record[key] = _clean(value, key)
         if self._file is not None:
             self._file.write(json.dumps(record, allow_nan=False) + "\n")
             self._file.flush()
-        if self._tb is not None:
-            for key, value in record.items():
-                if key not in ("step", "kind", "time") and isinstance(value, (int, float)):
-                    if not isinstance(value, bool):
-                        self._tb.add_scalar(f"{kind}/{key}", value, global_step=int(step))
+        if self._sinks is not None:
+            self._sinks.log(int(step), kind, sink_scalars(record))
+            if kind == "train":
+                self._forward_system(int(step))
         self._console(record)
         return record
+
+    def _gpu_scalars(self) -> dict[str, float]:
+        if self.monitor is None:
+            return {}
+        out = dict(self.monitor.device_stats(self.device))
+        samples = list(self.monitor.latest().values())
+        temps = [s["temp_c"] for s in samples if "temp_c" in s]
+        utils = [s["util_pct"] for s in samples if "util_pct" in s]
+        if temps:
+            out["gpu_temp_max_c"] = max(temps)
+        if utils:
+            out["gpu_util_min_pct"] = min(utils)
+        return out
+
+    def _forward_system(self, step: int) -> None:
+        if self.monitor is None or self._sinks is None or self.monitor.samples == self._monitor_seen:
+            return
+        self._monitor_seen = self.monitor.samples
+        self._sinks.log(step, "system", system_scalars(list(self.monitor.latest().values())))
 
     def _console(self, record: dict[str, Any]) -> None:
         step, kind = record["step"], record["kind"]
         scalars = {k: v for k, v in record.items() if k not in ("step", "kind")}
-        fields = _console_fields(scalars)
+        fields = console_fields(scalars)
+        if kind == "train" and self.monitor is not None:
+            gpus = self.monitor.summary()
+            if gpus:
+                fields.append(gpus)
         if kind == "train" and self._bar is not None:
             if step > self._bar.n:
                 self._bar.update(step - self._bar.n)
@@ -418,7 +375,7 @@ class MetricsLogger:
                 return
             eta = self._eta(now, step)
             if eta is not None:
-                fields.append(f"ETA {_duration(eta)}")
+                fields.append(f"ETA {duration(eta)}")
         where = f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"
         self.print(" | ".join([f"{kind} {where}", *fields]))
 
@@ -440,14 +397,16 @@ class MetricsLogger:
             print(msg, file=self._stream, flush=True)
 
     def close(self) -> None:
-        """Flush and close the file, the bar and TensorBoard; safe to call twice."""
+        """Flush and close the file, the bar, the sinks and the monitor; safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        if self.monitor is not None:
+            self.monitor.close()
         if self._bar is not None:
             self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
+        if self._sinks is not None:
+            self._sinks.close()
         if self._file is not None:
             self._file.close()
 
@@ -463,68 +422,3 @@ def _isatty(stream: IO[str]) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def _summary_writer(log_dir: Path) -> Any:
-    """A TensorBoard SummaryWriter, or None when the tensorboard package is not installed."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # ImportError without tensorboard; anything odd in its import chain
-        return None
-    return SummaryWriter(log_dir=str(log_dir))
-
-
-def read_metrics(path: Path | str, drop_superseded: bool = False) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (or a run folder holding one), ``null`` read as NaN.
-
-    A last line cut short by a crash is skipped; a broken line elsewhere raises BertgpuError.
-    With ``drop_superseded``, the train/eval records of steps that a resumed run went through
-    again (those between the last checkpoint and the crash) keep only their latest version. A
-    resume is recognised by a train step that does not increase.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise BertgpuError(f"{path}: cannot read metrics ({e.strerror or e})") from None
-    records: list[dict[str, Any]] = []
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            if i == last:
-                break
-            raise BertgpuError(
-                f"{path}:{i + 1}: found {line[:60]!r}, expected one JSON object per line"
-            ) from None
-        records.append({k: float("nan") if v is None else v for k, v in record.items()})
-    if drop_superseded:
-        records = _drop_superseded(records)
-    return records
-
-
-def _drop_superseded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # Within one run, train steps strictly increase (at most one train record per optimizer
-    # step). A train record at or below the last train step marks a resume from a checkpoint:
-    # the earlier train and eval records from that step on are superseded.
-    keep: list[dict[str, Any]] = []
-    last_train: int | None = None
-    for rec in records:
-        kind, step = rec.get("kind"), rec.get("step")
-        if kind == "train" and isinstance(step, int):
-            if last_train is not None and step <= last_train:
-                keep = [
-                    r
-                    for r in keep
-                    if r.get("kind") not in ("train", "eval") or r.get("step", -1) < step
-                ]
-            last_train = step
-        keep.append(rec)
-    return keep

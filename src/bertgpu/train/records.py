@@ -1,0 +1,139 @@
+"""JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following.
+
+Writers append one JSON object per line and flush it, so a reader may see a file that grows while
+it reads, and a run killed mid-write leaves a last line without its newline. Readers here skip
+such a cut last line and refuse a broken line anywhere else (that is corruption, not a crash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from bertgpu.errors import BertgpuError
+
+
+def open_for_append(path: Path) -> IO[str]:
+    """Open ``path`` for appending, starting on a fresh line when a crash left the last one cut."""
+    needs_newline = False
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            needs_newline = f.read(1) != b"\n"
+    f = open(path, "a", encoding="utf-8")  # the caller closes it
+    if needs_newline:
+        f.write("\n")
+        f.flush()
+    return f
+
+
+def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        raise BertgpuError(
+            f"{path}:{lineno}: found {line[:60]!r}, expected one JSON object per line"
+        ) from None
+    return {k: float("nan") if v is None else v for k, v in record.items()}
+
+
+def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file, ``null`` read as NaN; a cut last line is skipped."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BertgpuError(f"{path}: cannot read ({e.strerror or e})") from None
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(_parse(line, path, i + 1))
+        except BertgpuError:
+            if i == last:
+                break
+            raise
+    return records
+
+
+def read_metrics(path: Path | str, drop_superseded: bool = False) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (or a run folder holding one), ``null`` read as NaN.
+
+    A last line cut short by a crash is skipped; a broken line elsewhere raises BertgpuError.
+    With ``drop_superseded``, the train/eval records of steps that a resumed run went through
+    again (those between the last checkpoint and the crash) keep only their latest version. A
+    resume is recognised by a train step that does not increase.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    records = read_jsonl(path)
+    return drop_superseded_records(records) if drop_superseded else records
+
+
+def drop_superseded_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep only the latest version of train/eval records that a resumed run logged again."""
+    # Within one run, train steps strictly increase (at most one train record per optimizer
+    # step). A train record at or below the last train step marks a resume from a checkpoint:
+    # the earlier train and eval records from that step on are superseded.
+    keep: list[dict[str, Any]] = []
+    last_train: int | None = None
+    for rec in records:
+        kind, step = rec.get("kind"), rec.get("step")
+        if kind == "train" and isinstance(step, int):
+            if last_train is not None and step <= last_train:
+                keep = [
+                    r
+                    for r in keep
+                    if r.get("kind") not in ("train", "eval") or r.get("step", -1) < step
+                ]
+            last_train = step
+        keep.append(rec)
+    return keep
+
+
+class JsonlFollower:
+    """Reads the records appended to a JSON-lines file since the last call (``bertgpu watch``).
+
+    Only complete lines are consumed: a line still being written is read on a later call. A
+    file that shrank (replaced, or a new run in the same folder) is read again from the start,
+    and ``reset`` tells the caller to forget what it had.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._lineno = 0
+        self.reset = False
+
+    def poll(self) -> list[dict[str, Any]]:
+        self.reset = False
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        if size < self._offset:
+            self._offset, self._lineno, self.reset = 0, 0, True
+        if size == self._offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read(size - self._offset)
+        end = chunk.rfind(b"\n") + 1  # up to the last complete line
+        records = []
+        for raw in chunk[:end].splitlines():
+            self._lineno += 1
+            line = raw.decode("utf-8", errors="replace")
+            if line.strip():
+                try:
+                    records.append(_parse(line, self.path, self._lineno))
+                except BertgpuError:
+                    continue  # a line cut by a crash, then continued after a resume: skip it
+        self._offset += end
+        return records
