@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from _tiny import TINY, tiny_batch  # noqa: E402
+from _tiny_modern import TINY_MODERN
 from safetensors.torch import load_file, save_file
 
 from bertgpu import fsutil
@@ -24,8 +25,10 @@ from bertgpu.models.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
+from bertgpu.models.build import build_model
 from bertgpu.models.hf_io import load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
@@ -136,7 +139,8 @@ def test_pretraining_checkpoint_into_classifier_warns_about_fresh_head(tmp_path)
 # --- ours -> transformers -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["pretraining", "masked_lm", "classification", "regression", "qa", "base"])
+@pytest.mark.parametrize("kind", ["pretraining", "masked_lm", "classification", "regression", "qa", "base",
+                                  "token_classification"])
 def test_export_loads_in_transformers(tmp_path, kind):
     torch.manual_seed(0)
     cfg = BertConfig(**TINY)
@@ -149,6 +153,8 @@ def test_export_loads_in_transformers(tmp_path, kind):
                        transformers.AutoModelForSequenceClassification),
         "qa": (lambda: BertForQuestionAnswering(cfg), transformers.AutoModelForQuestionAnswering),
         "base": (lambda: BertModel(cfg), transformers.AutoModel),
+        "token_classification": (lambda: BertForTokenClassification(cfg, num_labels=3),
+                                 transformers.AutoModelForTokenClassification),
     }[kind]
     ours = perturb(ours()).eval()
     folder = save_pretrained(ours, tmp_path / "export")
@@ -165,9 +171,9 @@ def test_export_loads_in_transformers(tmp_path, kind):
         assert type(hf).__name__ == ("BertForPreTraining" if kind == "pretraining" else "BertForMaskedLM")
         ref = r.prediction_logits if kind == "pretraining" else r.logits
         torch.testing.assert_close(o.prediction_logits, ref, atol=1e-5, rtol=1e-4)
-    elif kind in ("classification", "regression"):
+    elif kind in ("classification", "regression", "token_classification"):
         torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
-        assert hf.config.num_labels == (3 if kind == "classification" else 1)
+        assert hf.config.num_labels == (1 if kind == "regression" else 3)
         if kind == "regression":
             assert cfg_json["problem_type"] == "regression"
     elif kind == "qa":
@@ -345,3 +351,135 @@ def test_run_folder_picks_the_latest_checkpoint(tmp_path):
     w = m.bert.embeddings.word_embeddings.weight
     assert torch.equal(w, models[10].bert.embeddings.word_embeddings.weight)
     assert not torch.equal(w, models[5].bert.embeddings.word_embeddings.weight)
+
+
+# --- ModernBERT, both directions ----------------------------------------------------------------
+
+MODERN_HEADS = {
+    "masked_lm": ("ModernBertForMaskedLM", "AutoModelForMaskedLM"),
+    "classification": ("ModernBertForSequenceClassification", "AutoModelForSequenceClassification"),
+    "qa": ("ModernBertForQuestionAnswering", "AutoModelForQuestionAnswering"),
+    "token_classification": ("ModernBertForTokenClassification", "AutoModelForTokenClassification"),
+    "base": ("ModernBertModel", "AutoModel"),
+}
+
+
+def hf_modern(cls_name, attn="sdpa", **kw):
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(**TINY_MODERN, attn_implementation=attn, **kw)
+    return perturb(getattr(transformers, cls_name)(config)).eval()
+
+
+def assert_same_outputs(o, r, real):
+    """Every output of ours equals transformers' at the real tokens (padding rows are garbage)."""
+    for k, v in o.items():
+        ref = r["logits" if k == "prediction_logits" else k]
+        if v.dim() >= 2 and v.shape[:2] == real.shape:
+            v, ref = v[real], ref[real]
+        torch.testing.assert_close(v, ref, atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("head", list(MODERN_HEADS))
+def test_modernbert_export_loads_in_transformers(tmp_path, head):
+    cls_name, auto = MODERN_HEADS[head]
+    torch.manual_seed(0)
+    ours = perturb(build_model({"architecture": "modernbert", **TINY_MODERN}, head, num_labels=3)).eval()
+    folder = save_pretrained(ours, tmp_path / "export")
+    keys = set(load_file(str(folder / "model.safetensors")))
+    prefix = "" if head == "base" else "model."
+    assert {f"{prefix}layers.0.attn.Wqkv.weight", f"{prefix}layers.1.mlp.Wi.weight",
+            f"{prefix}layers.1.attn_norm.weight"} <= keys
+    assert f"{prefix}layers.0.attn_norm.weight" not in keys  # layer 0 has none, as transformers
+    if head == "masked_lm":
+        assert {"head.dense.weight", "head.norm.weight", "decoder.bias"} <= keys and "decoder.weight" not in keys
+    hf, info = getattr(transformers, auto).from_pretrained(folder, output_loading_info=True)
+    hf.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(hf).__name__ == cls_name
+    cfg_json = json.loads((folder / "config.json").read_text())
+    assert cfg_json["model_type"] == "modernbert" and cfg_json["architectures"] == [cls_name]
+    b = tiny_batch(4)
+    args = {k: b[k] for k in ("input_ids", "attention_mask")}
+    o = ours(**args)
+    assert_same_outputs(o, hf(**args), b["attention_mask"].bool())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing missing on the way back
+        again = load_pretrained(folder, head=head).eval()
+    for k, v in o.items():
+        torch.testing.assert_close(again(**args)[k], v)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_load_hf_modernbert_masked_lm(tmp_path, attn):
+    hf = hf_modern("ModernBertForMaskedLM", attn)
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = load_pretrained(tmp_path, head="pretraining").eval()  # ModernBERT pretraining is MLM
+    assert type(ours).__name__ == "ModernBertForMaskedLM"
+    assert ours.decoder.weight is ours.model.embeddings.tok_embeddings.weight
+    b = tiny_batch()
+    args = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=b["labels"])
+    o, r = ours(**args), hf(**args)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    o.loss.backward()
+    r.loss.backward()
+    assert_grads_match(ours, hf)
+
+
+def test_hf_modernbert_folder_fine_tunes(tmp_path):
+    """A transformers ModernBERT MLM folder -> our classifier: the encoder and the head's dense +
+    norm come from the checkpoint (same names, as in transformers), only the classifier is fresh;
+    then a few optimizer steps of fine-tuning."""
+    hf = hf_modern("ModernBertForMaskedLM")
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match=r"2 weights .*: classifier\.bias, classifier\.weight$"):
+        model = load_pretrained(tmp_path, head="classification", num_labels=2)
+    torch.testing.assert_close(model.head.dense.weight, hf.head.dense.weight)
+    b = tiny_batch(5)
+    labels = torch.tensor([1, 0, 1])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(5):
+        out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], labels=labels)
+        losses.append(out.loss.item())
+        opt.zero_grad()
+        out.loss.backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+        opt.step()
+    assert losses[-1] < losses[0]
+    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight$"):
+        qa = load_pretrained(tmp_path, head="qa")  # the other task heads load the same way
+    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight$"):
+        tc = load_pretrained(tmp_path, head="token_classification", num_labels=4)
+    assert qa.classifier.out_features == 2 and tc.classifier.out_features == 4
+
+
+def test_hf_modernbert_base_and_legacy_config(tmp_path):
+    """A bare ModernBertModel folder (no "model." prefix) and a transformers 4.x config.json
+    (global_rope_theta / local_rope_theta / global_attn_every_n_layers, no layer_types)."""
+    hf = hf_modern("ModernBertModel", global_rope_theta=500.0)
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for k in ("layer_types", "rope_parameters"):
+        cfg.pop(k)
+    cfg.update(global_rope_theta=500.0, local_rope_theta=10000.0, global_attn_every_n_layers=3)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    b = tiny_batch(6)
+    args = {k: b[k] for k in ("input_ids", "attention_mask")}
+    real = b["attention_mask"].bool()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        base = load_pretrained(tmp_path, head="base").eval()
+    assert_same_outputs(base(**args), hf(**args), real)
+    with pytest.warns(UserWarning, match=r"decoder\.bias, head\.dense\.weight, head\.norm\.weight$"):
+        mlm = load_pretrained(tmp_path, head="masked_lm", config_overrides={"classifier_dropout": 0.1}).eval()
+    assert mlm.config.classifier_dropout == 0.1
+    torch.testing.assert_close(mlm.model(**args).last_hidden_state[real], hf(**args).last_hidden_state[real],
+                               atol=1e-5, rtol=1e-4)
+    with pytest.raises(BertgpuError, match="hidden_dropout_prob: not a ModernBertConfig field"):
+        load_pretrained(tmp_path, head="masked_lm", config_overrides={"hidden_dropout_prob": 0.0})
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BertgpuError, match=r"config\.json: config field rope_scaling"):
+        load_pretrained(tmp_path, head="base")

@@ -1,7 +1,8 @@
 """Read and write the Hugging Face folder layout (config.json + model.safetensors), without
-importing transformers.
+importing transformers, for both architectures: BERT (`model_type` "bert") and ModernBERT
+("modernbert"); `build.py` picks the classes.
 
-Our parameter names are HF's (see model.py), so loading is a key check, not a conversion:
+Our parameter names are HF's (see bert.py, modernbert.py), so loading is a key check, not a conversion:
 
     model = load_pretrained("hf/base", head="classification", num_labels=3)   # HF folder
     model = load_pretrained("runs/base", head="masked_lm")                      # latest checkpoints/step_N
@@ -30,21 +31,24 @@ from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.models.bert import (
-    BertConfig,
     BertForPreTraining,
-    BertForQuestionAnswering,
     BertForSequenceClassification,
-    BertModel,
+    BertPreTrainedModel,
 )
+from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, config_class
+from bertgpu.models.modernbert import ModernBertForSequenceClassification, ModernBertPreTrainedModel
 
-HEADS = ("pretraining", "masked_lm", "classification", "qa", "base")
 # Tied to other parameters (word embeddings, cls.predictions.bias): never stored, never missing.
-TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# BERT's MLM decoder, then ModernBERT's (its weight is the token embedding).
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "decoder.weight")
 # Files of a tokenizer folder that travel with an export (tokenizer.py writes these).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json")
-_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.")
-_ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+_HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "head.", "decoder.")
+# Per architecture: the attribute holding the encoder in task models, and the encoder's own
+# top-level names (a bare BertModel / ModernBertModel folder stores them without the prefix).
+_ENCODER = {"bert": ("bert.", ("embeddings.", "encoder.", "pooler.")),
+            "modernbert": ("model.", ("embeddings.", "layers.", "final_norm."))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,8 +83,8 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise BertgpuError(f"{path}: cannot read JSON ({e})") from None
     if not isinstance(d, dict):
         raise BertgpuError(f"{path}: found {type(d).__name__}, expected a JSON object")
-    if d.get("model_type", "bert") != "bert":
-        raise BertgpuError(f"{path}: model_type is {d['model_type']!r}, expected 'bert'")
+    if d.get("model_type", "bert") not in ARCHITECTURES:
+        raise BertgpuError(f"{path}: model_type is {d['model_type']!r}, expected one of {', '.join(ARCHITECTURES)}")
     return d
 
 
@@ -126,21 +130,25 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 # Loading
 
 
-def _normalise_keys(sd: dict[str, torch.Tensor], base: bool) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the "bert." prefix (present in
-    task models, absent in a bare BertModel such as all-MiniLM), the tied decoder copies."""
+def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str = "bert") -> dict[str, torch.Tensor]:
+    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the "bert." / "model." prefix
+    (present in task models, absent in a bare encoder such as all-MiniLM), the tied decoder copies."""
+    prefix, encoder_names = _ENCODER[arch]
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
-        if base and k.startswith("bert."):
-            k = k[len("bert."):]
-        elif not base and k.startswith(_ENCODER_PREFIXES):
-            k = "bert." + k
+        if base and k.startswith(prefix):
+            k = k[len(prefix):]
+        elif not base and k.startswith(encoder_names):
+            k = prefix + k
         out[k] = v
     # Old files store the MLM bias only as cls.predictions.decoder.bias; it is the same tensor.
     if "cls.predictions.decoder.bias" in out and "cls.predictions.bias" not in out:
         out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
+    # A ModernBERT file may keep the tied decoder weight instead of the token embedding.
+    if "decoder.weight" in out and "model.embeddings.tok_embeddings.weight" not in out and not base:
+        out["model.embeddings.tok_embeddings.weight"] = out["decoder.weight"]
     for k in TIED_KEYS:
         out.pop(k, None)
     return out
@@ -149,8 +157,8 @@ def _normalise_keys(sd: dict[str, torch.Tensor], base: bool) -> dict[str, torch.
 def _harmless(key: str, model_keys: set[str]) -> bool:
     """Keys we may drop: old persistent buffers, a pooler the model does not use, and heads of
     another task (an MLM head when fine-tuning, a classifier when loading the encoder)."""
-    if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
-        return True
+    if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")) or "rotary_emb." in key:
+        return True  # old persistent buffers (positions, RoPE frequencies): recomputed here
     if "pooler." in key and not any("pooler." in k for k in model_keys):
         return True
     if key.startswith(_HEAD_PREFIXES):
@@ -161,68 +169,44 @@ def _harmless(key: str, model_keys: set[str]) -> bool:
     return False
 
 
-def _id2label(cfg: dict[str, Any]) -> dict[int, str] | None:
-    raw = cfg.get("id2label")
-    if not isinstance(raw, dict) or not raw:
-        return None
-    try:
-        return {int(k): str(v) for k, v in raw.items()}
-    except ValueError:
-        return None
-
-
-def _build(cfg: dict[str, Any], config: BertConfig, head: str, keys: set[str], num_labels: int | None,
-           with_nsp: bool | None) -> nn.Module:
-    if head == "base":
-        return BertModel(config, add_pooling_layer=any(k.startswith(("pooler.", "bert.pooler.")) for k in keys))
-    if head == "masked_lm":
-        return BertForPreTraining(config, with_nsp=False)
-    if head == "pretraining":
-        if with_nsp is None:  # follow the checkpoint: NSP head present -> keep it
-            with_nsp = "cls.seq_relationship.weight" in keys
-        return BertForPreTraining(config, with_nsp=with_nsp)
-    if head == "classification":
-        id2label = _id2label(cfg)
-        if num_labels is None:
-            num_labels = len(id2label) if id2label else int(cfg.get("num_labels", 2))
-        if id2label is not None and len(id2label) != num_labels:
-            id2label = None
-        return BertForSequenceClassification(config, num_labels=num_labels, id2label=id2label)
-    return BertForQuestionAnswering(config)
-
-
 def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labels: int | None = None,
                     with_nsp: bool | None = None,
                     config_overrides: dict[str, Any] | None = None) -> nn.Module:
     """Build the model for `head` from an HF folder, a checkpoint folder or a run folder.
 
-    head: "pretraining" (NSP head iff the checkpoint has one, unless `with_nsp` says), "masked_lm"
-    (pretraining without NSP, HF's BertForMaskedLM), "classification" (`num_labels` from the
-    argument, else the config's id2label / num_labels), "qa", "base" (BertModel).
-    config_overrides: BertConfig fields to change, e.g. {"hidden_dropout_prob": 0.0}.
+    The architecture is config.json's model_type: "bert" or "modernbert" (see build.py).
+    head: "pretraining" (BERT: NSP head iff the checkpoint has one, unless `with_nsp` says;
+    ModernBERT: its MLM model), "masked_lm" (pretraining without NSP, HF's BertForMaskedLM /
+    ModernBertForMaskedLM), "classification" (`num_labels` from the argument, else the config's
+    id2label / num_labels), "qa", "token_classification", "base" (the bare encoder).
+    config_overrides: config fields of the architecture to change, e.g. {"hidden_dropout_prob": 0.0}
+    (BERT) or {"classifier_dropout": 0.1} (ModernBERT).
     Returns the model in train mode on the CPU in float32.
     """
     if head not in HEADS:
         raise BertgpuError(f"head {head!r}: expected one of {', '.join(HEADS)}")
     folder = resolve_checkpoint_folder(path)
     cfg = read_config(folder)
-    if config_overrides:
-        known = {f for f in BertConfig().to_dict()}
-        bad = sorted(set(config_overrides) - known)
-        if bad:
-            raise BertgpuError(f"config override {', '.join(bad)}: not a BertConfig field "
-                               f"(expected one of {', '.join(sorted(known))})")
-        cfg = {**cfg, **config_overrides}
     try:
-        config = BertConfig.from_dict(cfg).validate()
-    except BertgpuError as e:
-        raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
-    except TypeError as e:
+        arch = architecture_of(cfg)
+        cls = config_class(arch)
+        if config_overrides:
+            known = {f for f in cls().to_dict()}
+            bad = sorted(set(config_overrides) - known)
+            if bad:
+                raise BertgpuError(f"config override {', '.join(bad)}: not a {cls.__name__} field "
+                                   f"(expected one of {', '.join(sorted(known))})")
+            cfg = {**cfg, **config_overrides}
+        cls.from_dict(cfg).validate()
+    except (BertgpuError, TypeError) as e:
         raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
 
     raw = read_state_dict(folder)
-    sd = _normalise_keys(raw, base=(head == "base"))
-    model = _build(cfg, config, head, set(sd), num_labels, with_nsp)
+    sd = _normalise_keys(raw, base=(head == "base"), arch=arch)
+    if arch == "bert" and head == "pretraining" and with_nsp is None:
+        with_nsp = "cls.seq_relationship.weight" in sd  # follow the checkpoint: NSP head present -> keep it
+    pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
+    model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
     own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
 
     unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
@@ -257,36 +241,38 @@ def _names(keys: list[str], limit: int = 12) -> str:
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """Strip DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    while not isinstance(model, (BertModel, BertForPreTraining, BertForSequenceClassification,
-                                 BertForQuestionAnswering)):
+    while not isinstance(model, (BertPreTrainedModel, ModernBertPreTrainedModel)):
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if inner is None:
-            raise BertgpuError(f"save_pretrained: found {type(model).__name__}, expected a bertgpu BERT model")
+            raise BertgpuError(f"save_pretrained: found {type(model).__name__}, expected a bertgpu BERT "
+                               "or ModernBERT model")
         model = inner
     return model
 
 
 def architecture(model: nn.Module) -> str:
-    """The transformers class that loads this model's export."""
+    """The transformers class that loads this model's export (ours carry transformers' class names)."""
     if isinstance(model, BertForPreTraining):
         return "BertForPreTraining" if model.with_nsp else "BertForMaskedLM"
     return type(model).__name__
 
 
 def hf_config(model: nn.Module) -> dict[str, Any]:
-    """config.json content that transformers (4.4x and 5.x) reads as a BertConfig."""
+    """config.json content that transformers (4.4x and 5.x) reads as a BertConfig or a
+    ModernBertConfig."""
     model = _unwrap(model)
     cfg: dict[str, Any] = {
         "architectures": [architecture(model)],
-        "model_type": "bert",
+        "model_type": "modernbert" if isinstance(model, ModernBertPreTrainedModel) else "bert",
         **model.config.to_dict(),
         "tie_word_embeddings": True,
     }
-    if isinstance(model, BertForSequenceClassification):
+    if hasattr(model, "id2label"):  # sequence and token classification: the label names travel
         cfg["num_labels"] = model.num_labels
         cfg["id2label"] = {str(i): name for i, name in sorted(model.id2label.items())}
         cfg["label2id"] = {name: i for i, name in sorted(model.id2label.items())}
-        cfg["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
+        if isinstance(model, (BertForSequenceClassification, ModernBertForSequenceClassification)):
+            cfg["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
     return cfg
 
 
