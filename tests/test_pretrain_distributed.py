@@ -141,7 +141,7 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
 
     calls: list = []
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(distributed, "launch_local", lambda n, argv: calls.append((n, argv)) or 0)
+    monkeypatch.setattr(distributed, "launch_local", lambda n, argv, **kw: calls.append((n, argv)) or 0)
     args = _overrides(shards, tmp_path / "r", "--train.max_steps", "1")
     assert main(["pretrain", TINY, "--nproc", "2", *args]) == 0
     # --nproc is gone; everything else passes through (--data/--out as their --key=value form).
@@ -177,10 +177,10 @@ def test_every_trainable_parameter_gets_a_gradient(tmp_path, objective):
     data = write_synthetic_shards(tmp_path / "d", n_train=32, n_val=8, seq_len=32, vocab_size=100,
                                   objective=objective)
     cfg = config.load_config(TINY, _overrides(data, tmp_path / "r", "--train.max_steps", "2"))
-    trainer = pretrain._Trainer(cfg, DistInfo())
-    assert trainer.with_nsp == (objective == "mlm+nsp")
+    trainer = pretrain.build(cfg, DistInfo())
+    assert trainer.task.with_nsp == (objective == "mlm+nsp")
     named = {p: n for n, p in trainer.model.named_parameters() if p.requires_grad}
-    in_optimizer = {p for g in trainer.optimizer.param_groups for p in g["params"]}
+    in_optimizer = {p for g in trainer.engine.optimizer.param_groups for p in g["params"]}
     assert set(named) == in_optimizer  # every trainable parameter is updated
     seen: dict[str, bool] = {}
 
@@ -188,8 +188,8 @@ def test_every_trainable_parameter_gets_a_gradient(tmp_path, objective):
         for p in in_optimizer:
             seen[named[p]] = p.grad is not None and bool(p.grad.abs().sum() > 0)
 
-    trainer.optimizer.register_step_pre_hook(record)
-    res = trainer.engine.train_step(trainer.loader.next_step(), trainer._loss_fn, trainer._count_fn)
+    trainer.engine.optimizer.register_step_pre_hook(record)
+    res = trainer.engine.train_step(trainer.task.micro_batches(0), trainer.task.loss, trainer.task.counts)
     assert not res.skipped and seen and all(seen.values()), [n for n, ok in seen.items() if not ok]
     assert any("seq_relationship" in n for n in seen) == (objective == "mlm+nsp")
 

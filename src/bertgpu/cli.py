@@ -8,12 +8,19 @@ Each command module defines::
 and, if it takes dotted config overrides (`--train.max_steps 10`), `ACCEPTS_OVERRIDES = True`;
 the unparsed `--a.b value` / `--a.b=value` words then arrive as `args.overrides` (a list of str).
 Only the chosen module is imported, so `bertgpu --help` stays fast.
+
+A command that trains (`LAUNCHES_WORKERS = True`) gets `--nproc N|auto` and `--max-restarts N`
+here, once for all of them: without WORLD_SIZE in the environment and N > 1, its
+`check_before_launch(args, N)` validates the arguments once, then the same command line (minus
+those two flags) is re-run as N processes under PyTorch's elastic launcher; the children see
+WORLD_SIZE and train.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from bertgpu import __version__
@@ -62,12 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"bertgpu {name}", description=text)
     module.add_arguments(parser)
+    launches = getattr(module, "LAUNCHES_WORKERS", False)
+    if launches:
+        _add_launch_arguments(parser)
     try:
         if getattr(module, "ACCEPTS_OVERRIDES", False):
             args, unknown = parser.parse_known_args(rest)
             args.overrides = unknown
         else:
             args = parser.parse_args(rest)
+        if launches and args.nproc is not None and "WORLD_SIZE" not in os.environ:
+            from bertgpu.train import distributed
+
+            n = distributed.resolve_nproc(args.nproc)
+            module.check_before_launch(args, n)
+            if n > 1:
+                return distributed.launch_local(n, [name, *strip_launch_flags(rest)],
+                                                max_restarts=args.max_restarts)
         return int(module.main(args) or 0)
     except BertgpuError as exc:
         print(f"bertgpu {name}: error: {exc}", file=sys.stderr)
@@ -75,6 +93,31 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bertgpu {name}: interrupted", file=sys.stderr)
         return 130
+
+
+LAUNCH_FLAGS = ("--nproc", "--max-restarts")
+
+
+def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", default=None,
+                        help="worker processes on this machine: N, or auto (every visible GPU); "
+                             "starts torch's elastic launcher for you")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="with --nproc: restart the workers up to N times after a failure "
+                             "(each restart resumes from the newest checkpoint)")
+
+
+def strip_launch_flags(argv: list[str]) -> list[str]:
+    """`argv` without `--nproc X` / `--max-restarts X` (or their `=X` forms), for the children."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in LAUNCH_FLAGS:
+            skip = True
+        elif not word.startswith(tuple(f + "=" for f in LAUNCH_FLAGS)):
+            out.append(word)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fine-tuning on one GLUE task or SQuAD v1.1/v2.0, from our run folder or any Hugging Face BERT.
+"""`bertgpu finetune`: one GLUE task or SQuAD v1.1/v2.0, from our run folder or any Hugging Face BERT.
 
     bertgpu finetune sst2 --data glue_data --init runs/base --out ft/sst2
     bertgpu finetune mnli --data glue_data/MNLI --init bert-base-uncased/ --out ft/mnli \\
@@ -10,232 +10,52 @@
     from bertgpu.finetune import finetune
     results = finetune("sst2", "glue_data", "runs/base", "ft/sst2", overrides=["--epochs", "2"])
 
-Overrides are the flat `FinetuneConfig` keys, `--epochs 3 --lr=2e-5` (`--help-config` lists them);
-`--train.epochs 3` is accepted as the same key, so pretraining-style spellings work too.
+Overrides are the flat `FinetuneConfig` keys (train/config.py), `--epochs 3 --lr=2e-5`
+(`--help-config` lists them); `--train.epochs 3` is accepted as the same key.
 
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
 checkpoint folder, or a Hugging Face BERT folder with its tokenizer files; `random` builds the
 architecture of `--config-from FOLDER` with fresh weights (the "no pretraining" baseline).
 
-A task is a `_Job`: encoded training sequences (variable length, padded per batch to the longest)
-and a list of evaluation sets, each with a scorer. GLUE classification, STS-B regression and SQuAD
-spans differ only there; the loop (`_Trainer.fit`) is shared, and one optimizer step is
-`engine.Engine.train_step` with summed losses and counts, so accumulation and DDP are exact.
+This module wires parts built elsewhere: the job (tasks/jobs.py), the fine-tuning task
+(tasks/finetuning.py), the engine and the one training loop (train/loop.py).
 
 OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per epoch, final and
 best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export with the
 tokenizer), predictions.json (SQuAD), submission/*.tsv (GLUE test, with --predict-test).
-Evaluation runs on rank 0 over the whole dev set while the other ranks wait at a barrier.
+OUT.tmp/checkpoints/ holds resumable checkpoints while the run lasts (`--checkpoint_every_steps`,
+and always on SIGTERM): re-running the same command resumes there; they are removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
+from bertgpu.tasks.demo_sets import demo_tasks
+from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, squad_job
 from bertgpu.train.config import FinetuneConfig, load_finetune_config
 from bertgpu.train.overrides import config_to_dict, format_help
 
 if TYPE_CHECKING:
     import torch
 
+    from bertgpu.tasks.finetuning import Job
     from bertgpu.tasks.glue import Example, GlueTask
 
 ACCEPTS_OVERRIDES = True
-SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
-
-
-# --------------------------------------------------------------------------------------------
-# Configuration
-
-
+LAUNCHES_WORKERS = True
 load_config = load_finetune_config
-
-
-# --------------------------------------------------------------------------------------------
-# Encoded data: variable-length sequences, padded per batch
-
-
-@dataclass
-class Encoded:
-    """Token sequences without padding plus per-sequence targets ((N,) arrays, may be empty)."""
-
-    ids: list[np.ndarray]
-    types: list[np.ndarray]
-    targets: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def batch(self, idx: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
-        """Rows `idx` padded to the longest of them: input_ids, token_type_ids, attention_mask
-        (B, T) and the targets (B,)."""
-        import torch
-
-        longest = max(len(self.ids[i]) for i in idx)
-        ids = np.full((len(idx), longest), pad_id, dtype=np.int64)
-        types = np.zeros((len(idx), longest), dtype=np.int64)
-        mask = np.zeros((len(idx), longest), dtype=np.int64)
-        for r, i in enumerate(idx):
-            n = len(self.ids[i])
-            ids[r, :n], types[r, :n], mask[r, :n] = self.ids[i], self.types[i], 1
-        out = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
-               "attention_mask": torch.from_numpy(mask)}
-        for k, v in self.targets.items():
-            out[k] = torch.from_numpy(np.ascontiguousarray(v[list(idx)]))
-        return out
-
-
-def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
-                 regression: bool) -> Encoded:
-    """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
-    labels int64 (classification) or float32 (regression) when every example has one."""
-    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
-    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
-    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
-    encs = tokenizer.encode_batch(inputs) if inputs else []
-    out = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
-                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
-    if examples and all(e.label is not None for e in examples):
-        out.targets["labels"] = np.asarray([e.label for e in examples],
-                                           dtype=np.float32 if regression else np.int64)
-    return out
-
-
-def _strip_padding(feats: Any) -> Encoded:
-    """squad.Features (fixed length) -> Encoded, so SQuAD batches are padded per batch too."""
-    lengths = feats.attention_mask.sum(axis=1)
-    enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
-                  [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
-    if feats.start_positions is not None:
-        enc.targets = {"start_positions": feats.start_positions, "end_positions": feats.end_positions}
-    return enc
-
-
-# --------------------------------------------------------------------------------------------
-# Jobs: what differs between GLUE, STS-B and SQuAD
-
-
-@dataclass
-class EvalSet:
-    """One evaluation split: inputs, and a scorer from the model outputs to metrics (0-100)."""
-
-    name: str
-    """Split name ("dev", "dev_matched", ...); metrics are reported under it."""
-    data: Encoded
-    score: Callable[[dict[str, np.ndarray], Path | None], dict[str, float]]
-    """(outputs in data order, folder to write predictions into or None) -> metrics."""
-    column: str = ""
-    """GLUE results-table column ("MNLI-m", "SST-2"); empty for SQuAD."""
-
-
-@dataclass
-class _Job:
-    name: str
-    head: str  # "classification" | "qa"
-    num_labels: int | None
-    train: Encoded
-    evals: list[EvalSet]
-    primary: Callable[[dict[str, dict[str, float]]], float]
-    """Single score of one evaluation (all splits), used to pick the best epoch."""
-    predict_test: list[tuple[str, Encoded, Callable[[dict[str, np.ndarray], Path], None]]] = field(
-        default_factory=list)
-
-
-def _limit(items: list[Any], n: int | None) -> list[Any]:
-    return items[:n] if n is not None else items
-
-
-def _glue_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[Example]]],
-              tokenizer: Any, cfg: FinetuneConfig, where: str,
-              tests: Sequence[tuple[str, list[Example]]] = ()) -> _Job:
-    from bertgpu.tasks import glue as tasks
-    from bertgpu.tasks import metrics as eval_metrics
-
-    seq = cfg.max_seq_len or 128
-    regression = task.kind == "regression"
-    train = _limit(train, cfg.max_train_examples)
-    unlabeled = [e.guid for e in train if e.label is None]
-    if unlabeled:
-        raise BertgpuError(f"{where}: training example {unlabeled[0]} has no label (GLUE {task.name})")
-    evals = []
-    for split, examples in devs:
-        examples = _limit(examples, cfg.max_eval_examples)
-        enc = encode_pairs(tokenizer, examples, seq, regression)
-        if "labels" not in enc.targets:
-            raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; cannot evaluate")
-        labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
-
-        def score(outputs: dict[str, np.ndarray], _folder: Path | None, labels: np.ndarray = labels
-                  ) -> dict[str, float]:
-            return eval_metrics.glue_metrics(task, outputs["logits"], labels)
-
-        evals.append(EvalSet(split, enc, score, tasks.column_name(task, split)))
-
-    def primary(metrics: dict[str, dict[str, float]]) -> float:
-        return float(np.mean([eval_metrics.task_score(task, m) for m in metrics.values()]))
-
-    test_sets = []
-    for split, examples in tests:
-        def write(outputs: dict[str, np.ndarray], folder: Path, split: str = split,
-                  guids: list[str] = [e.guid for e in examples]) -> None:  # noqa: B006
-            tasks.write_glue_submission(task, outputs["logits"], folder / "submission" /
-                                        f"{tasks.column_name(task, split)}.tsv", indices=guids)
-
-        test_sets.append((split, encode_pairs(tokenizer, examples, seq, regression), write))
-    return _Job(task.name, "classification", task.num_labels,
-                encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets)
-
-
-def _squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
-               cfg: FinetuneConfig) -> _Job:
-    from bertgpu.tasks import squad
-
-    seq = cfg.max_seq_len or 384
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    kw = {"max_seq_len": seq, "doc_stride": cfg.doc_stride, "max_query_len": cfg.max_query_len}
-    train_ex = _limit(squad.read_squad(train_file), cfg.max_train_examples)
-    dev_ex = _limit(squad.read_squad(dev_file), cfg.max_eval_examples)
-    train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
-    if len(train_feats) == 0:
-        raise BertgpuError(f"{train_file}: no training features (every answer outside its context?)")
-    dev_feats = squad.featurize(dev_ex, tokenizer, **kw)
-
-    def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
-        # Logits come back padded per batch; postprocess expects (F, max_seq_len). Pad positions
-        # are never context tokens, so any value works there.
-        start, end = (_pad_to(outputs[k], seq) for k in ("start_logits", "end_logits"))
-        preds, _ = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
-                                     max_answer_len=cfg.max_answer_len, version_2=version_2,
-                                     null_threshold=cfg.null_threshold)
-        if folder is not None:
-            squad.write_predictions(preds, folder / "predictions.json")
-        return squad.squad_evaluate(dev_ex, preds, version_2=version_2)
-
-    name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
-    return _Job(name, "qa", None, _strip_padding(train_feats),
-                [EvalSet("dev", _strip_padding(dev_feats), score)],
-                lambda m: float(m["dev"]["f1"]))
-
-
-def _pad_to(rows: np.ndarray, width: int) -> np.ndarray:
-    out = np.full((rows.shape[0], width), -1e4, dtype=np.float32)
-    out[:, : rows.shape[1]] = rows
-    return out
+__all__ = ["FinetuneConfig", "demo_tasks", "finetune", "finetune_examples", "load_config"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,139 +119,6 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
 
 
 # --------------------------------------------------------------------------------------------
-# Training
-
-
-class _Trainer:
-    def __init__(self, job: _Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int) -> None:
-        import torch
-
-        from bertgpu.train import config as config_mod
-        from bertgpu.train import distributed, optim
-        from bertgpu.train.engine import Engine
-
-        self.job, self.cfg, self.info, self.pad_id = job, cfg, info, pad_id
-        self.device = torch.device(info.device)
-        self.world = info.world_size
-        micro = cfg.micro_batch_size or max(cfg.global_batch_size // self.world, 1)
-        self.micro = micro
-        self.accumulation = config_mod.resolve_batch(cfg.global_batch_size, micro, self.world)
-        n = len(job.train)
-        if n < self.world:
-            raise BertgpuError(f"{job.name}: {n} training sequences for {self.world} devices")
-        # The last, smaller step of an epoch is kept when every device gets a sequence.
-        full, rest = divmod(n, cfg.global_batch_size)
-        self.steps_per_epoch = full + (1 if rest >= self.world else 0)
-        self.total_steps = self.steps_per_epoch * cfg.epochs
-        self.model = model.to(self.device)
-        self.optimizer = optim.build_optimizer(self.model, cfg.optimizer, cfg.lr, weight_decay=cfg.weight_decay)
-        torch.manual_seed(cfg.seed * 1000003 + info.rank)  # dropout noise differs per rank
-        self.engine = Engine(distributed.wrap_ddp(self.model, info), self.optimizer, precision=cfg.precision,
-                             device=self.device, grad_clip=cfg.grad_clip, lr_fn=self._lr)
-        self.loss_key = "qa" if job.head == "qa" else "cls"
-        self.train_s = 0.0
-        self.train_examples = 0
-        self.eval_s = 0.0
-        self.eval_examples = 0
-
-    def _lr(self) -> float:
-        from bertgpu.train.schedule import lr_factor
-
-        progress = min((self.engine.step + 1) / self.total_steps, 1.0)
-        return self.cfg.lr * lr_factor(progress, self.cfg.warmup_fraction, self.cfg.decay)
-
-    def _loss_fn(self, model: Any, batch: dict[str, Any]) -> dict[str, Any]:
-        return {self.loss_key: model(**batch).loss_sum}
-
-    def _count_fn(self, batch: dict[str, Any]) -> dict[str, int]:
-        return {self.loss_key: int(batch["input_ids"].shape[0])}
-
-    def _step_batches(self, epoch: int) -> list[list[list[int]]]:
-        """Per step, this rank's micro batches (lists of example indices). The order is a
-        permutation from (seed, epoch) alone; rank r takes the r-th contiguous slice of a step."""
-        order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.job.train))
-        g = self.cfg.global_batch_size
-        steps = []
-        for s in range(self.steps_per_epoch):
-            mine = np.array_split(order[s * g:(s + 1) * g], self.world)[self.info.rank]
-            steps.append([mine[i:i + self.micro].tolist() for i in range(0, len(mine), self.micro)])
-        return steps
-
-    def predict(self, data: Encoded) -> dict[str, np.ndarray]:
-        """Model outputs for every row of `data` (in order): logits, or start/end logits padded
-        to the longest row. Rows are run longest first to waste little compute on padding."""
-        import torch
-
-        keys = ("start_logits", "end_logits") if self.job.head == "qa" else ("logits",)
-        t0 = time.perf_counter()
-        lengths = np.array([len(x) for x in data.ids])
-        order = np.argsort(-lengths, kind="stable")
-        chunks: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-        was_training = self.model.training
-        self.model.eval()
-        with torch.no_grad():
-            for i in range(0, len(order), self.cfg.eval_batch_size):
-                idx = order[i:i + self.cfg.eval_batch_size].tolist()
-                batch = {k: v.to(self.device) for k, v in data.batch(idx, self.pad_id).items()
-                         if k in ("input_ids", "token_type_ids", "attention_mask")}
-                with self.engine.autocast():
-                    out = self.model(**batch)
-                for k in keys:
-                    chunks[k].append(out[k].float().cpu().numpy())
-        self.model.train(was_training)
-        result: dict[str, np.ndarray] = {}
-        for k in keys:
-            if self.job.head == "qa":
-                width = int(lengths.max()) if len(lengths) else 0
-                rows = np.concatenate([_pad_to(c, width) for c in chunks[k]]) if chunks[k] else np.zeros((0, 0))
-            else:
-                rows = np.concatenate(chunks[k]) if chunks[k] else np.zeros((0, self.job.num_labels or 1))
-            unsorted = np.empty_like(rows)
-            unsorted[order] = rows
-            result[k] = unsorted
-        self.eval_s += time.perf_counter() - t0
-        self.eval_examples += len(data)
-        return result
-
-    def evaluate(self, folder: Path | None) -> dict[str, dict[str, float]]:
-        return {ev.name: ev.score(self.predict(ev.data), folder) for ev in self.job.evals}
-
-    def fit(self, logger: Any, work: Path | None) -> list[dict[str, Any]]:
-        """Train `epochs` epochs, evaluating (rank 0) after each; returns the per-epoch records."""
-        from bertgpu.train import distributed
-
-        history: list[dict[str, Any]] = []
-        is_main = distributed.is_main()
-        for epoch in range(1, self.cfg.epochs + 1):
-            t0 = time.perf_counter()
-            loss_sum, loss_n = 0.0, 0
-            for micro_idx in self._step_batches(epoch):
-                batches = [self.job.train.batch(idx, self.pad_id) for idx in micro_idx]
-                res = self.engine.train_step(batches, self._loss_fn, self._count_fn)
-                n = res.counts[self.loss_key]
-                self.train_examples += n
-                loss_sum, loss_n = loss_sum + res.loss * n, loss_n + n
-                step = self.engine.step
-                if step % self.cfg.log_every_steps == 0 or step == self.total_steps:
-                    logger.log(step, "train", loss=res.loss, lr=res.lr, grad_norm=res.grad_norm,
-                               epoch=epoch, examples_per_s=n / max(res.step_s, 1e-9),
-                               skipped_steps=self.engine.skipped_steps)
-            self.train_s += time.perf_counter() - t0
-            record: dict[str, Any] = {"epoch": epoch, "step": self.engine.step,
-                                      "train_loss": loss_sum / max(loss_n, 1)}
-            if is_main:
-                last = epoch == self.cfg.epochs
-                metrics = self.evaluate(work if last else None)
-                record["metrics"] = metrics
-                record["score"] = self.job.primary(metrics)
-                flat = {f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}
-                logger.log(self.engine.step, "eval", epoch=epoch, score=record["score"], **flat)
-            distributed.barrier()  # the other ranks wait while rank 0 evaluates
-            history.append(record)
-        return history
-
-
-# --------------------------------------------------------------------------------------------
 # Entry points
 
 
@@ -444,32 +131,32 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     """Fine-tune on GLUE task `task` (any alias) or `squad` / `squad2` and return results.json's
     content. `data`: the GLUE root or task folder; for SQuAD a folder with train-v1.1.json and
     dev-v1.1.json (v2.0 for squad2) unless `train_file` / `dev_file` name them."""
-    from bertgpu.tasks import glue as tasks
+    from bertgpu.tasks import glue as glue_tasks
 
     cfg = load_config(cfg, overrides)
     key = task.lower().replace("-", "").replace("_", "").replace(".", "")
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
 
-    def job_fn(tokenizer: Any) -> tuple[_Job, dict[str, Any]]:
+    def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
         if key in SQUAD_TASKS:
             v2 = SQUAD_TASKS[key]
             tr, dv = _squad_files(data, v2, train_file, dev_file)
-            return _squad_job(v2, tr, dv, tokenizer, cfg), {"data": [str(tr), str(dv)], "task_key": key}
+            return squad_job(v2, tr, dv, tokenizer, cfg), {"data": [str(tr), str(dv)], "task_key": key}
         if data is None:
             raise BertgpuError(f"finetune {task}: --data is required (the GLUE folder)")
-        t = tasks.get_task(task)
-        train_path = tasks.find_split_file(data, t, "train")
-        devs = [(s, tasks.read_examples(t, tasks.find_split_file(data, t, s))) for s in t.dev_splits]
+        t = glue_tasks.get_task(task)
+        train_path = glue_tasks.find_split_file(data, t, "train")
+        devs = [(s, glue_tasks.read_examples(t, glue_tasks.find_split_file(data, t, s))) for s in t.dev_splits]
         tests = []
         if predict_test:
             for s in t.test_splits:
                 try:
-                    path = tasks.find_split_file(data, t, s)
+                    path = glue_tasks.find_split_file(data, t, s)
                 except BertgpuError:
                     continue  # no test file for this split: nothing to predict
-                tests.append((s, tasks.read_examples(t, path, expect_labels=False)))
-        job = _glue_job(t, tasks.read_examples(t, train_path), devs, tokenizer, cfg, str(train_path), tests)
+                tests.append((s, glue_tasks.read_examples(t, path, expect_labels=False)))
+        job = glue_job(t, glue_tasks.read_examples(t, train_path), devs, tokenizer, cfg, str(train_path), tests)
         return job, {"data": str(data), "task_key": t.key, "kind": t.kind}
 
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
@@ -482,15 +169,15 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
                       name: str | None = None) -> dict[str, Any]:
     """Fine-tune on in-memory examples scored like GLUE task `task` (its kind, number of labels
     and official metrics), e.g. the demo's polarity sentences as an SST-2-style task."""
-    from bertgpu.tasks import glue as tasks
+    from bertgpu.tasks import glue as glue_tasks
 
-    t = tasks.get_task(task)
+    t = glue_tasks.get_task(task)
     cfg = load_config(cfg, overrides)
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
 
-    def job_fn(tokenizer: Any) -> tuple[_Job, dict[str, Any]]:
-        job = _glue_job(t, list(train), [("dev", list(dev))], tokenizer, cfg, name or "in-memory examples")
+    def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
+        job = glue_job(t, list(train), [("dev", list(dev))], tokenizer, cfg, name or "in-memory examples")
         if name:
             job.name = name
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
@@ -515,13 +202,14 @@ def _squad_files(data: str | os.PathLike[str] | None, v2: bool, train_file: Any,
     return paths[0], paths[1]
 
 
-def _run(job_fn: Callable[[Any], tuple[_Job, dict[str, Any]]], init: str, out: Path,
-         cfg: FinetuneConfig, tok_dir: Path, config_from: Any) -> dict[str, Any]:
-    import torch
+# --------------------------------------------------------------------------------------------
+# One run: job -> model -> engine -> loop -> results
 
-    from bertgpu import __version__
+
+def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
+         cfg: FinetuneConfig, tok_dir: Path, config_from: Any) -> dict[str, Any]:
     from bertgpu.data.tokenizer import load_tokenizer
-    from bertgpu.train import distributed, metrics
+    from bertgpu.train import distributed
 
     t_start = time.perf_counter()
     owns_group = not distributed.is_initialized()
@@ -537,78 +225,128 @@ def _run(job_fn: Callable[[Any], tuple[_Job, dict[str, Any]]], init: str, out: P
         if tokenizer.get_vocab_size() > vocab:
             raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
                                f"model's config.json says vocab_size {vocab}; expected the model's own tokenizer")
-        trainer = _Trainer(job, model, cfg, info, pad_id)
-
-        is_main = distributed.is_main()
-        work = out.with_name(out.name + ".tmp")
-        if is_main:
-            if work.exists():
-                shutil.rmtree(work)  # left over from an interrupted run
-            work.mkdir(parents=True)
-            print(metrics.format_startup_table([
-                ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
-                ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
-                ("device", f"{info.device} x {trainer.world} ({cfg.precision})"),
-                ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {trainer.micro} / "
-                                                        f"{trainer.accumulation}"),
-                ("steps", f"{trainer.total_steps:,} ({cfg.epochs} epochs x {trainer.steps_per_epoch})"),
-                ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
-                                  f"{cfg.decay} decay)"),
-            ], title="bertgpu finetune"), flush=True)
-        distributed.barrier()
-        logger = metrics.MetricsLogger(work if is_main else None, is_main, trainer.total_steps,
-                                       tensorboard=False, log_every=cfg.log_every_steps)
-        try:
-            history = trainer.fit(logger, work if is_main else None)
-            if is_main:
-                for _split, data, write in job.predict_test:
-                    write(trainer.predict(data), work)
-        finally:
-            logger.close()
-
+        identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
+                               "config": config_to_dict(cfg), "world_size": info.world_size}, sort_keys=True)
+        loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"), tok_dir,
+                                 identity, init)
+        result = loop.run()
+        if result.preempted:
+            return {"preempted": True, "step": result.step}
         results: dict[str, Any] = {}
-        if is_main:
-            from bertgpu.models.hf_io import save_pretrained
-
-            save_pretrained(trainer.model, work / "model", tokenizer=tok_dir)
-            final = history[-1]
-            best = max(history, key=lambda r: r["score"])
-            columns = {}
-            if job.head != "qa":
-                from bertgpu.tasks import glue as tasks
-                from bertgpu.tasks import metrics as eval_metrics
-
-                t = tasks.get_task(extra["task_key"])
-                columns = {ev.column: eval_metrics.task_score(t, final["metrics"][ev.name]) for ev in job.evals}
-            results = {
-                "task": job.name, **extra, "init": init,
-                "config_from": str(config_from) if config_from else None,
-                "tokenizer": str(tok_dir),
-                "metrics": final["metrics"], "score": final["score"], "columns": columns,
-                "best": {"epoch": best["epoch"], "metrics": best["metrics"], "score": best["score"]},
-                "epochs": history,
-                "config": config_to_dict(cfg),
-                "train_sequences": len(job.train),
-                "eval_sequences": {e.name: len(e.data) for e in job.evals},
-                "steps": trainer.engine.step, "skipped_steps": trainer.engine.skipped_steps,
-                "seconds": time.perf_counter() - t_start,
-                "train_seconds": trainer.train_s,
-                "train_examples_per_s": trainer.train_examples / max(trainer.train_s, 1e-9),
-                "eval_examples_per_s": trainer.eval_examples / max(trainer.eval_s, 1e-9),
-                "device": _device_name(info.device), "world_size": trainer.world,
-                "torch_version": torch.__version__, "bertgpu_version": __version__,
-            }
-            tmp = work / "results.json.tmp"
-            tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-            os.replace(tmp, work / "results.json")
-            replace_dir(work, out)
-            print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
-                                              for s, m in final["metrics"].items()) + f" -> {out}", flush=True)
+        if info.is_main:
+            results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir, out,
+                                     info, time.perf_counter() - t_start)
         distributed.barrier()
         return results
     finally:
         if owns_group:
             distributed.destroy()
+
+
+def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
+                tok_dir: Path, identity: str, init: str) -> tuple[Any, Any]:
+    """The training loop of one fine-tuning run in `work` (OUT.tmp), resumed from its checkpoint
+    when `work` holds one of the same run (`identity`), else started afresh."""
+    import torch
+
+    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.tasks.finetuning import FinetuneTask
+    from bertgpu.train import distributed, flops, loop
+    from bertgpu.train.config import resolve_batch
+    from bertgpu.train.schedule import Schedule
+
+    resume = loop.load_resume(work, info)
+    if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
+        resume = None  # an interrupted run of other settings: start over
+    if info.is_main:
+        if resume is None and work.exists():
+            shutil.rmtree(work)  # left over from an interrupted run
+        work.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+
+    world = info.world_size
+    micro = cfg.micro_batch_size or max(cfg.global_batch_size // world, 1)
+    accumulation = resolve_batch(cfg.global_batch_size, micro, world)
+    model = model.to(torch.device(info.device))
+    engine, timer = loop.build_engine(model, loop.EngineSettings(
+        precision=cfg.precision, grad_clip=cfg.grad_clip, max_nonfinite_steps=cfg.max_nonfinite_steps,
+        optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay), info)
+    loop.seed_dropout(cfg.seed, info.rank)
+    task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
+                        micro_batch_size=micro, epochs=cfg.epochs, eval_batch_size=cfg.eval_batch_size,
+                        autocast=engine.autocast, info=info, work_dir=work if info.is_main else None,
+                        export=lambda: save_pretrained(model, work / "model", tokenizer=tok_dir))
+    seq = cfg.max_seq_len or (384 if job.head == "qa" else 128)
+    settings = loop.LoopSettings(
+        run_dir=work,
+        schedule=Schedule(peak_lr=cfg.lr, decay=cfg.decay, warmup_fraction=cfg.warmup_fraction,
+                          max_steps=task.total_steps, budget_mode=bool(cfg.budget_hours)),
+        max_steps=task.total_steps, budget_hours=cfg.budget_hours, global_batch_size=cfg.global_batch_size,
+        log_every=cfg.log_every_steps, eval_every=task.steps_per_epoch,
+        checkpoint_every=cfg.checkpoint_every_steps, checkpoint_every_minutes=cfg.checkpoint_every_minutes,
+        keep_last=1, final_checkpoint=False, seed=cfg.seed,
+        flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0, with_nsp=False),
+        extra_files=lambda: {"finetune.json": identity},
+        title="bertgpu finetune", tensorboard=False,
+        startup_rows=[
+            ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
+            ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
+            ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {micro} / {accumulation}"),
+            ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
+            ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
+                              f"{cfg.decay} decay)"),
+        ],
+    )
+    return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume), task
+
+
+def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any], cfg: FinetuneConfig,
+                   init: str, config_from: Any, tok_dir: Path, out: Path, info: Any,
+                   seconds: float) -> dict[str, Any]:
+    """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed)."""
+    import torch
+
+    from bertgpu import __version__
+
+    work = loop.s.run_dir
+    for _split, data, write in job.predict_test:
+        write(task.predict(data), work)
+    history = task.history
+    final = history[-1]
+    best = max(history, key=lambda r: r["score"])
+    columns = {}
+    if job.head != "qa":
+        from bertgpu.tasks import glue as glue_tasks
+        from bertgpu.tasks import metrics as eval_metrics
+
+        t = glue_tasks.get_task(extra["task_key"])
+        columns = {ev.column: eval_metrics.task_score(t, final["metrics"][ev.name]) for ev in job.evals}
+    results = {
+        "task": job.name, **extra, "init": init,
+        "config_from": str(config_from) if config_from else None,
+        "tokenizer": str(tok_dir),
+        "metrics": final["metrics"], "score": final["score"], "columns": columns,
+        "best": {"epoch": best["epoch"], "metrics": best["metrics"], "score": best["score"]},
+        "epochs": history,
+        "config": config_to_dict(cfg),
+        "train_sequences": len(job.train),
+        "eval_sequences": {e.name: len(e.data) for e in job.evals},
+        "steps": loop.engine.step, "skipped_steps": loop.engine.skipped_steps,
+        "seconds": seconds,
+        "train_seconds": result.train_s,
+        "train_examples_per_s": result.sequences_seen / max(result.train_s, 1e-9),
+        "eval_examples_per_s": task.eval_examples / max(task.eval_s, 1e-9),
+        "device": _device_name(info.device), "world_size": info.world_size,
+        "torch_version": torch.__version__, "bertgpu_version": __version__,
+    }
+    tmp = work / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, work / "results.json")
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)
+    replace_dir(work, out)
+    print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
+                                      for s, m in final["metrics"].items()) + f" -> {out}", flush=True)
+    return results
 
 
 def _device_name(device: str) -> str:
@@ -619,64 +357,6 @@ def _device_name(device: str) -> str:
     if device.startswith("cuda"):
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     return f"{device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-# --------------------------------------------------------------------------------------------
-# Demo tasks from gensim's test data
-
-
-def demo_tasks(seed: int = 0, dev_fraction: float = 0.2) -> dict[str, tuple[list[Example], list[Example], GlueTask]]:
-    """Two small real-text tasks, split deterministically from `seed`:
-
-    - "polarity": gensim's pang_lee_polarity.cor, 200 movie-review sentences ("__label__neg ..." /
-      "__label__pos ..."), an SST-2-style task (negative=0, positive=1), dev stratified by class.
-    - "lee": the 50 Lee news documents (lee.cor) and the human similarity matrix
-      (similarities0-1.txt, upper triangle: 1,225 document pairs, scores 0-1, scaled by 5 to the
-      STS-B range), an STS-B-style regression task on document pairs.
-    """
-    from bertgpu.data.corpus import gensim_test_data
-    from bertgpu.tasks import glue as tasks
-
-    rng = np.random.default_rng(seed)
-    path = gensim_test_data("pang_lee_polarity.cor")
-    by_label: dict[int, list[Example]] = {0: [], 1: []}
-    # gensim's copies of these corpora are Windows-1252 (em dashes, accents, a pound sign).
-    for n, line in enumerate(path.read_text(encoding="cp1252").splitlines(), 1):
-        if not line.strip():
-            continue
-        tag, _, text = line.partition(" ")
-        if tag not in ("__label__neg", "__label__pos") or not text.strip():
-            raise BertgpuError(f"{path}:{n}: expected '__label__neg TEXT' or '__label__pos TEXT'")
-        label = int(tag == "__label__pos")
-        by_label[label].append(tasks.Example(f"polarity-{n}", text.strip(), None, label))
-    pol_train: list[Example] = []
-    pol_dev: list[Example] = []
-    for label in (0, 1):
-        items = by_label[label]
-        perm = rng.permutation(len(items))
-        n_dev = int(round(dev_fraction * len(items)))
-        pol_dev += [items[i] for i in perm[:n_dev]]
-        pol_train += [items[i] for i in perm[n_dev:]]
-    pol_train = [pol_train[i] for i in rng.permutation(len(pol_train))]
-
-    docs_path, sim_path = gensim_test_data("lee.cor"), gensim_test_data("similarities0-1.txt")
-    docs = [d.strip() for d in docs_path.read_text(encoding="cp1252").splitlines() if d.strip()]
-    sim = np.loadtxt(sim_path, dtype=np.float64)
-    if sim.shape != (len(docs), len(docs)):
-        raise BertgpuError(f"{sim_path}: a {sim.shape[0]}x{sim.shape[1]} matrix for {len(docs)} documents "
-                           f"in {docs_path}; expected {len(docs)}x{len(docs)}")
-    pairs = [tasks.Example(f"lee-{i}-{j}", docs[i], docs[j], float(5.0 * sim[i, j]))
-             for i in range(len(docs)) for j in range(i + 1, len(docs))]
-
-    # Split by a hash of (seed, pair): stable if the pair list is ever reordered.
-    def in_dev(guid: str) -> bool:
-        h = hashlib.sha256(f"{seed}:{guid}".encode()).digest()
-        return int.from_bytes(h[:8], "big") / 2**64 < dev_fraction
-
-    lee_dev = [p for p in pairs if in_dev(p.guid)]
-    lee_train = [p for p in pairs if not in_dev(p.guid)]
-    return {"polarity": (pol_train, pol_dev, tasks.get_task("sst2")),
-            "lee": (lee_train, lee_dev, tasks.get_task("stsb"))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -695,34 +375,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dev-file", help="SQuAD dev JSON (instead of --data)")
     parser.add_argument("--predict-test", action="store_true",
                         help="GLUE: also write test-set predictions in leaderboard format to OUT/submission/")
-    parser.add_argument("--nproc", default=None, help="worker processes on this machine: N or auto")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
     parser.epilog = "Overrides: --key value (or --train.key value), e.g. --epochs 3 --lr 2e-5 --seed 1"
 
 
-def main(args: argparse.Namespace) -> int:
-    from bertgpu.train import distributed
+def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
+    """Validate once, before `--nproc N` starts N workers."""
+    missing = [flag for flag, v in (("TASK", args.task), ("--init", args.init), ("--out", args.out)) if not v]
+    if missing and not args.help_config:
+        raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)")
+    load_config(None, args.overrides)
 
+
+def main(args: argparse.Namespace) -> int:
     if args.help_config:
         print(format_help(FinetuneConfig))
         return 0
-    missing = [flag for flag, v in (("TASK", args.task), ("--init", args.init), ("--out", args.out)) if not v]
-    if missing:
-        raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)")
-    cfg = load_config(None, args.overrides)  # validate once, before launching N workers
-    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
-        n = distributed.resolve_nproc(args.nproc)
-        if n > 1:
-            argv = ["finetune", args.task, "--init", args.init, "--out", args.out]
-            for flag, value in (("--data", args.data), ("--config-from", args.config_from),
-                                ("--train-file", args.train_file), ("--dev-file", args.dev_file)):
-                if value is not None:
-                    argv += [flag, value]
-            argv += ["--predict-test"] if args.predict_test else []
-            return distributed.launch_local(n, [*argv, *args.overrides])
-    finetune(args.task, args.data, args.init, args.out, cfg, config_from=args.config_from,
-             train_file=args.train_file, dev_file=args.dev_file, predict_test=args.predict_test)
-    return 0
+    check_before_launch(args, 1)
+    res = finetune(args.task, args.data, args.init, args.out, load_config(None, args.overrides),
+                   config_from=args.config_from, train_file=args.train_file, dev_file=args.dev_file,
+                   predict_test=args.predict_test)
+    return 143 if res.get("preempted") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,6 +29,7 @@ from typing import Any
 from bertgpu.errors import BertgpuError
 
 ACCEPTS_OVERRIDES = True
+LAUNCHES_WORKERS = True
 CONVENTION = "glue-score"
 CONVENTION_TEXT = ("task score = mean of its official metrics (MRPC/QQP F1 and accuracy, STS-B "
                    "Pearson and Spearman), MNLI = mean of -m and -mm (counts once), average = "
@@ -73,26 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="published rows to print beside ours")
     parser.add_argument("--skip-missing", action="store_true", help="skip tasks whose folder is missing")
     parser.add_argument("--force", action="store_true", help="re-run task/seeds that already have results.json")
-    parser.add_argument("--nproc", default=None, help="worker processes per fine-tuning run: N or auto")
     parser.epilog = ("Fine-tuning overrides as in `bertgpu finetune`: --epochs 3 --lr 2e-5 "
                      "--global_batch_size 32 --max_seq_len 128 (--seed is set from --seeds)")
 
 
-def main(args: argparse.Namespace) -> int:
+def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
+    """A typo in the fine-tuning overrides fails here, once, before any run or worker starts."""
     from bertgpu import finetune
-    from bertgpu.train import distributed
 
-    finetune.load_config(None, args.overrides)  # a typo fails here, before any run
-    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
-        n = distributed.resolve_nproc(args.nproc)
-        if n > 1:
-            argv = ["glue", "--data-dir", args.data_dir, "--init", args.init, "--out", args.out,
-                    "--seeds", *map(str, args.seeds)]
-            argv += ["--config-from", args.config_from] if args.config_from else []
-            argv += ["--tasks", *args.tasks] if args.tasks else []
-            argv += ["--reference", *args.reference] if args.reference else []
-            argv += ["--skip-missing"] * args.skip_missing + ["--force"] * args.force
-            return distributed.launch_local(n, [*argv, *args.overrides])
+    finetune.load_config(None, args.overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    check_before_launch(args, 1)
     run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
         overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
         references=args.reference, config_from=args.config_from)

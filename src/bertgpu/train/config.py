@@ -64,6 +64,9 @@ class DataSection:
         None, "expected objective, mlm or mlm+nsp; checked against the manifest (none = accept the manifest's)"
     )
     mask_rate: float = option(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
+    eval_mask_rate: float = option(
+        0.15, "fraction of tokens masked in validation, fixed so that recipes with other training rates compare"
+    )
     whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
     num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
     bucket_window: int = option(
@@ -285,6 +288,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     if d.objective is not None:
         _choice("data.objective", d.objective, OBJECTIVES)
     _check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
+    _check(0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate, "a number in (0, 1)")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
     _check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
 

@@ -179,6 +179,15 @@ def broadcast_scalar(x: float, src: int = 0) -> float:
     return t.item()
 
 
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` without a group."""
+    if not is_initialized():
+        return [obj]
+    everyone: list[Any] = [None] * get_world_size()
+    _dist().all_gather_object(everyone, obj)
+    return everyone
+
+
 def any_true(flag: bool) -> bool:
     """Collective OR: True on every rank when `flag` is True on at least one."""
     return bool(all_reduce_max(1.0 if flag else 0.0) > 0.0)
@@ -314,7 +323,7 @@ def resolve_nproc(nproc: str | int) -> int:
     return nproc
 
 
-def launch_local(nproc: int, argv: list[str]) -> int:
+def launch_local(nproc: int, argv: list[str], max_restarts: int = 0) -> int:
     """Re-run `python -m bertgpu ARGV` as `nproc` processes under torch's elastic launcher
     (`--standalone`: a local rendezvous on a free port). Returns the launcher's exit status.
 
@@ -327,6 +336,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         "--standalone",
         "--nproc-per-node",
         str(nproc),
+        *(["--max-restarts", str(max_restarts)] if max_restarts > 0 else []),
         "-m",
         "bertgpu",
         *argv,

@@ -64,6 +64,10 @@ class StepResult:
     """Number of micro batches on this rank (the accumulation steps)."""
     extras: dict[str, float] = field(default_factory=dict)
     """Global sums of any extra scalar outputs (keys of loss_fn's result starting with "_")."""
+    step: int = 0
+    """The engine's step counter after this step (1 for the first step)."""
+    signals: dict[str, float] = field(default_factory=dict)
+    """Global sums of the `signals` given to train_step (e.g. a preemption flag, rank 0's clock)."""
 
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
@@ -107,6 +111,7 @@ class Engine:
         max_nonfinite_steps: int = 5,
         lr_fn: Callable[[], float] | None = None,
         ddp: bool | None = None,
+        grads_are_bucket_views: bool = False,
     ) -> None:
         if precision not in PRECISIONS:
             raise BertgpuError(f"train.precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -122,6 +127,10 @@ class Engine:
 
             ddp = isinstance(model, DistributedDataParallel)
         self.ddp = ddp
+        # With DDP's gradient_as_bucket_view the .grad tensors alias the all-reduce buckets:
+        # zeroing them in place keeps that single copy, setting them to None would make DDP
+        # allocate a second one on the next backward.
+        self.set_grads_to_none = not grads_are_bucket_views
         self.scaler = make_grad_scaler(self.device.type) if precision == "fp16" else None
         # Counters (saved in checkpoints): each has one meaning.
         self.step = 0  # train_step calls, skipped ones included
@@ -150,12 +159,17 @@ class Engine:
         micro_batches: Sequence[Batch],
         loss_fn: LossFn,
         count_fn: CountFn,
+        signals: Mapping[str, float] | None = None,
     ) -> StepResult:
         """Forward/backward every micro batch, then one (collectively skipped or applied) update.
 
         `count_fn` must return the same keys on every rank (e.g. {"mlm": ..., "nsp": ...}), and
         every loss term returned by `loss_fn` needs a count of the same name; keys starting with
-        "_" are extra scalars that are only summed and reported (e.g. "_mlm_correct")."""
+        "_" are extra scalars that are only summed and reported (e.g. "_mlm_correct").
+
+        `signals` (the same keys on every rank) are summed over ranks in the count all-reduce the
+        step does anyway and returned in `StepResult.signals`: the loop's preemption flag and
+        rank 0's clocks travel there instead of in collectives of their own."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         t0 = time.perf_counter()
@@ -167,14 +181,17 @@ class Engine:
             for key, value in count_fn(mb).items():
                 local_counts[key] = local_counts.get(key, 0.0) + float(value)
         keys = sorted(local_counts)
-        counts_t = torch.tensor([local_counts[k] for k in keys], dtype=torch.float64)
-        counts_t = distributed.all_reduce_sum(counts_t.to(distributed.collective_device()))
-        totals = {k: float(c) for k, c in zip(keys, counts_t.tolist(), strict=True)}
+        signal_keys = sorted(signals or {})
+        counts_t = torch.tensor([local_counts[k] for k in keys] + [float(signals[k]) for k in signal_keys],
+                                dtype=torch.float64)
+        summed = distributed.all_reduce_sum(counts_t.to(distributed.collective_device())).tolist()
+        totals = {k: float(c) for k, c in zip(keys, summed[: len(keys)], strict=True)}
+        signals_out = {k: float(v) for k, v in zip(signal_keys, summed[len(keys):], strict=True)}
         divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
         loss_scale = float(world) if self.ddp else 1.0
 
         # 2. Accumulate gradients; DDP all-reduces only on the last micro batch.
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
         term_sums: dict[str, torch.Tensor] = {}
         extras: dict[str, torch.Tensor] = {}
         n = len(micro_batches)
@@ -243,7 +260,7 @@ class Engine:
         self.step += 1
         skipped = any_loss_bad or any_grad_bad
         if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
             self.skipped_steps += 1
             if self.scaler is not None:
                 # Back the scale off ourselves: the scaler cannot see a non-finite forward, and
@@ -264,7 +281,7 @@ class Engine:
                 self.scaler.update()
             else:
                 self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
 
         return StepResult(
             loss=total_loss,
@@ -276,6 +293,8 @@ class Engine:
             step_s=time.perf_counter() - t0,
             micro_batches=n,
             extras=extras_out,
+            step=self.step,
+            signals=signals_out,
         )
 
     def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
@@ -111,6 +112,24 @@ class BudgetClock:
         self.sync()
         return self.elapsed_s >= self.budget_s
 
+    def local_elapsed(self) -> float:
+        """This rank's clock, without a collective (rank 0's is sent to the others by the caller)."""
+        if self._started_at is not None:
+            now = self.time_fn()
+            self.elapsed_s += now - self._started_at
+            self._started_at = now
+        return self.elapsed_s
+
+    def agree(self, elapsed_s: float) -> None:
+        """Take the agreed elapsed time (rank 0's, received with the step's all-reduce)."""
+        self.elapsed_s = float(elapsed_s)
+        if self._started_at is not None:
+            self._started_at = self.time_fn()
+
+    def expired_agreed(self) -> bool:
+        """True once the agreed elapsed time has used up the budget (no collective)."""
+        return self.elapsed_s >= self.budget_s
+
     def state_dict(self) -> dict[str, float]:
         return {"elapsed_s": float(self.elapsed_s), "budget_s": self.budget_s}
 
@@ -118,3 +137,30 @@ class BudgetClock:
         self.elapsed_s = float(state["elapsed_s"])
         if self._started_at is not None:
             self._started_at = self.time_fn()
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of a step: `peak_lr * lr_factor(progress, ...)`.
+
+    Warm-up is a fraction of progress (`warmup_fraction`), or a number of optimizer steps
+    (`warmup_steps`, which wins). In step mode the two are the same thing (steps / max_steps). In
+    budget mode progress is wall-clock time, so a warm-up given in steps stays in steps: the lr
+    ramps linearly over the first `warmup_steps` optimizer steps and follows the decay shape of
+    the clock from there (a step count is not a fraction of a time budget)."""
+
+    peak_lr: float
+    decay: str = "linear"
+    warmup_fraction: float = 0.0
+    warmup_steps: int | None = None
+    max_steps: int = 0
+    budget_mode: bool = False
+    min_lr_ratio: float = 0.0
+    power: float = 1.0
+
+    def lr(self, progress: float, step: int) -> float:
+        """lr of optimizer step `step` (0-based) taken at training progress `progress`."""
+        if self.budget_mode and self.warmup_steps:
+            ramp = min((step + 1) / self.warmup_steps, 1.0)
+            return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio, self.power)
+        warmup = warmup_fraction(self.warmup_steps, self.warmup_fraction, self.max_steps)
+        return self.peak_lr * lr_factor(progress, warmup, self.decay, self.min_lr_ratio, self.power)

@@ -1,0 +1,218 @@
+"""Fine-tuning as a task of the training loop: any job of encoded sequences with labels.
+
+A `Job` (built in tasks/jobs.py for GLUE, STS-B-style regression and SQuAD) holds variable-length
+training sequences with their targets and a list of evaluation sets, each with a scorer. This
+module turns it into what the loop asks for:
+
+- the micro batches of step s: epoch e = s // steps_per_epoch + 1; a permutation from
+  (seed, e) alone orders the examples; rank r takes the r-th contiguous slice of each step's
+  global batch, cut into micro batches padded to their own longest row. A step is therefore a
+  function of (seed, step, world size, micro batch) only, which is all a resume needs;
+- summed losses with matching counts (sequences), so accumulation and DDP are exact;
+- evaluation at the end of every epoch on rank 0 (the other ranks wait at a barrier), recorded
+  as the per-epoch history that results.json reports;
+- the export: the fine-tuned model in the Hugging Face layout with its tokenizer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertgpu.errors import BertgpuError
+from bertgpu.train import distributed
+from bertgpu.train.engine import StepResult
+
+
+@dataclass
+class Encoded:
+    """Token sequences without padding plus per-sequence targets ((N,) arrays, may be empty)."""
+
+    ids: list[np.ndarray]
+    types: list[np.ndarray]
+    targets: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, idx: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
+        """Rows `idx` padded to the longest of them: input_ids, token_type_ids, attention_mask
+        (B, T) and the targets (B,)."""
+        longest = max(len(self.ids[i]) for i in idx)
+        ids = np.full((len(idx), longest), pad_id, dtype=np.int64)
+        types = np.zeros((len(idx), longest), dtype=np.int64)
+        mask = np.zeros((len(idx), longest), dtype=np.int64)
+        for r, i in enumerate(idx):
+            n = len(self.ids[i])
+            ids[r, :n], types[r, :n], mask[r, :n] = self.ids[i], self.types[i], 1
+        out = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
+               "attention_mask": torch.from_numpy(mask)}
+        for k, v in self.targets.items():
+            out[k] = torch.from_numpy(np.ascontiguousarray(v[list(idx)]))
+        return out
+
+
+@dataclass
+class EvalSet:
+    """One evaluation split: inputs, and a scorer from the model outputs to metrics (0-100)."""
+
+    name: str
+    """Split name ("dev", "dev_matched", ...); metrics are reported under it."""
+    data: Encoded
+    score: Callable[[dict[str, np.ndarray], Path | None], dict[str, float]]
+    """(outputs in data order, folder to write predictions into or None) -> metrics."""
+    column: str = ""
+    """GLUE results-table column ("MNLI-m", "SST-2"); empty for SQuAD."""
+
+
+@dataclass
+class Job:
+    """What one fine-tuning run trains on and how it is scored."""
+
+    name: str
+    head: str
+    """"classification" (regression when num_labels is 1) or "qa"."""
+    num_labels: int | None
+    train: Encoded
+    evals: list[EvalSet]
+    primary: Callable[[dict[str, dict[str, float]]], float]
+    """Single score of one evaluation (all splits), used to pick the best epoch."""
+    predict_test: list[tuple[str, Encoded, Callable[[dict[str, np.ndarray], Path], None]]] = field(
+        default_factory=list)
+
+
+def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
+    """(N, w) logits -> (N, width), the new columns at -1e4 (never chosen)."""
+    out = np.full((rows.shape[0], width), -1e4, dtype=np.float32)
+    out[:, : rows.shape[1]] = rows
+    return out
+
+
+class FinetuneTask:
+    """The loop's task for one `Job` (see the module docstring)."""
+
+    def __init__(self, job: Job, model: torch.nn.Module, *, pad_id: int, seed: int, global_batch_size: int,
+                 micro_batch_size: int, epochs: int, eval_batch_size: int, autocast: Callable[[], Any],
+                 info: distributed.DistInfo, work_dir: Path | None, export: Callable[[], Path]) -> None:
+        self.job, self.model, self.pad_id, self.seed = job, model, pad_id, seed
+        self.global_batch_size, self.micro = global_batch_size, micro_batch_size
+        self.epochs, self.eval_batch_size = epochs, eval_batch_size
+        self.autocast, self.info, self.work_dir, self._export = autocast, info, work_dir, export
+        self.device = torch.device(info.device)
+        n, world = len(job.train), info.world_size
+        if n < world:
+            raise BertgpuError(f"{job.name}: {n} training sequences for {world} devices")
+        # The last, smaller step of an epoch is kept when every device gets a sequence.
+        full, rest = divmod(n, global_batch_size)
+        self.steps_per_epoch = full + (1 if rest >= world else 0)
+        self.total_steps = self.steps_per_epoch * epochs
+        self.loss_key = "qa" if job.head == "qa" else "cls"
+        self.history: list[dict[str, Any]] = []
+        self.eval_s = 0.0
+        self.eval_examples = 0
+        self._epoch_steps: tuple[int, list[list[list[int]]]] | None = None
+
+    def epoch_of(self, step: int) -> int:
+        """1-based epoch of optimizer step `step` (0-based)."""
+        return step // self.steps_per_epoch + 1
+
+    # -- training ---------------------------------------------------------------------------------
+    def _step_indices(self, epoch: int) -> list[list[list[int]]]:
+        """Per step of `epoch`, this rank's micro batches (lists of example indices)."""
+        if self._epoch_steps is None or self._epoch_steps[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.job.train))
+            g, steps = self.global_batch_size, []
+            for s in range(self.steps_per_epoch):
+                mine = np.array_split(order[s * g:(s + 1) * g], self.info.world_size)[self.info.rank]
+                steps.append([mine[i:i + self.micro].tolist() for i in range(0, len(mine), self.micro)])
+            self._epoch_steps = (epoch, steps)
+        return self._epoch_steps[1]
+
+    def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        steps = self._step_indices(self.epoch_of(step))
+        return [self.job.train.batch(idx, self.pad_id) for idx in steps[step % self.steps_per_epoch]]
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        return {self.loss_key: model(**batch).loss_sum}
+
+    def counts(self, batch: Mapping[str, Any]) -> dict[str, int]:
+        n = int(batch["input_ids"].shape[0])
+        return {self.loss_key: n, "sequences": n, "tokens": int(batch["attention_mask"].sum())}
+
+    def log_scalars(self, res: StepResult) -> dict[str, Any]:
+        return {"epoch": self.epoch_of(res.step - 1)}
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def predict(self, data: Encoded) -> dict[str, np.ndarray]:
+        """Model outputs for every row of `data` (in order): logits, or start/end logits padded
+        to the longest row. Rows run longest first to waste little compute on padding."""
+        keys = ("start_logits", "end_logits") if self.job.head == "qa" else ("logits",)
+        t0 = time.perf_counter()
+        lengths = np.array([len(x) for x in data.ids])
+        order = np.argsort(-lengths, kind="stable")
+        chunks: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for i in range(0, len(order), self.eval_batch_size):
+                idx = order[i:i + self.eval_batch_size].tolist()
+                batch = {k: v.to(self.device) for k, v in data.batch(idx, self.pad_id).items()
+                         if k in ("input_ids", "token_type_ids", "attention_mask")}
+                with self.autocast():
+                    out = self.model(**batch)
+                for k in keys:
+                    chunks[k].append(out[k].float().cpu().numpy())
+        self.model.train(was_training)
+        result: dict[str, np.ndarray] = {}
+        for k in keys:
+            if self.job.head == "qa":
+                width = int(lengths.max()) if len(lengths) else 0
+                rows = np.concatenate([pad_to(c, width) for c in chunks[k]]) if chunks[k] else np.zeros((0, 0))
+            else:
+                rows = np.concatenate(chunks[k]) if chunks[k] else np.zeros((0, self.job.num_labels or 1))
+            unsorted = np.empty_like(rows)
+            unsorted[order] = rows
+            result[k] = unsorted
+        self.eval_s += time.perf_counter() - t0
+        self.eval_examples += len(data)
+        return result
+
+    def evaluate(self, step: int, train_loss: float | None) -> dict[str, Any]:
+        """Every evaluation set on rank 0 (predictions are written at the last epoch); the other
+        ranks wait. Appends the epoch's record to `history` on every rank."""
+        epoch = self.epoch_of(step - 1) if step else 1
+        record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_loss}
+        flat: dict[str, Any] = {}
+        if self.info.is_main:
+            last = step >= self.total_steps
+            metrics = {ev.name: ev.score(self.predict(ev.data), self.work_dir if last else None)
+                       for ev in self.job.evals}
+            record["metrics"] = metrics
+            record["score"] = self.job.primary(metrics)
+            flat = {"epoch": epoch, "score": record["score"],
+                    **{f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}}
+        distributed.barrier()  # the other ranks wait while rank 0 evaluates
+        self.history.append(record)
+        return flat
+
+    # -- state and result ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"finetune_history": self.history, "eval_s": self.eval_s, "eval_examples": self.eval_examples}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history = list(state.get("finetune_history", []))
+        self.eval_s = float(state.get("eval_s", 0.0))
+        self.eval_examples = int(state.get("eval_examples", 0))
+
+    def export(self, step: int) -> Path:
+        return self._export()
+
+    def close(self) -> None:
+        pass
+

@@ -1,0 +1,128 @@
+"""The fine-tuning jobs: GLUE classification, STS-B-style regression and SQuAD spans, encoded.
+
+Each builder returns a `finetuning.Job`: the encoded training sequences (unpadded, padded per batch
+later) and the evaluation sets with their official scorers. What differs between the tasks is
+only here; the training loop and the fine-tuning task object are shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, pad_to
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.glue import Example, GlueTask
+    from bertgpu.train.config import FinetuneConfig
+
+SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
+
+
+def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
+                 regression: bool) -> Encoded:
+    """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
+    labels int64 (classification) or float32 (regression) when every example has one."""
+    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
+    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
+    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
+    encs = tokenizer.encode_batch(inputs) if inputs else []
+    out = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
+                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
+    if examples and all(e.label is not None for e in examples):
+        out.targets["labels"] = np.asarray([e.label for e in examples],
+                                           dtype=np.float32 if regression else np.int64)
+    return out
+
+
+def strip_padding(feats: Any) -> Encoded:
+    """squad.Features (fixed length) -> Encoded, so SQuAD batches are padded per batch too."""
+    lengths = feats.attention_mask.sum(axis=1)
+    enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
+                  [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
+    if feats.start_positions is not None:
+        enc.targets = {"start_positions": feats.start_positions, "end_positions": feats.end_positions}
+    return enc
+
+
+def _limit(items: list[Any], n: int | None) -> list[Any]:
+    return items[:n] if n is not None else items
+
+
+def glue_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[Example]]],
+             tokenizer: Any, cfg: FinetuneConfig, where: str,
+             tests: Sequence[tuple[str, list[Example]]] = ()) -> Job:
+    from bertgpu.tasks import glue as tasks
+    from bertgpu.tasks import metrics as eval_metrics
+
+    seq = cfg.max_seq_len or 128
+    regression = task.kind == "regression"
+    train = _limit(train, cfg.max_train_examples)
+    unlabeled = [e.guid for e in train if e.label is None]
+    if unlabeled:
+        raise BertgpuError(f"{where}: training example {unlabeled[0]} has no label (GLUE {task.name})")
+    evals = []
+    for split, examples in devs:
+        examples = _limit(examples, cfg.max_eval_examples)
+        enc = encode_pairs(tokenizer, examples, seq, regression)
+        if "labels" not in enc.targets:
+            raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; cannot evaluate")
+        labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+
+        def score(outputs: dict[str, np.ndarray], _folder: Path | None, labels: np.ndarray = labels
+                  ) -> dict[str, float]:
+            return eval_metrics.glue_metrics(task, outputs["logits"], labels)
+
+        evals.append(EvalSet(split, enc, score, tasks.column_name(task, split)))
+
+    def primary(metrics: dict[str, dict[str, float]]) -> float:
+        return float(np.mean([eval_metrics.task_score(task, m) for m in metrics.values()]))
+
+    test_sets = []
+    for split, examples in tests:
+        def write(outputs: dict[str, np.ndarray], folder: Path, split: str = split,
+                  guids: list[str] = [e.guid for e in examples]) -> None:  # noqa: B006
+            tasks.write_glue_submission(task, outputs["logits"], folder / "submission" /
+                                        f"{tasks.column_name(task, split)}.tsv", indices=guids)
+
+        test_sets.append((split, encode_pairs(tokenizer, examples, seq, regression), write))
+    return Job(task.name, "classification", task.num_labels,
+                encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets)
+
+
+def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
+              cfg: FinetuneConfig) -> Job:
+    from bertgpu.tasks import squad
+
+    seq = cfg.max_seq_len or 384
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    kw = {"max_seq_len": seq, "doc_stride": cfg.doc_stride, "max_query_len": cfg.max_query_len}
+    train_ex = _limit(squad.read_squad(train_file), cfg.max_train_examples)
+    dev_ex = _limit(squad.read_squad(dev_file), cfg.max_eval_examples)
+    train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
+    if len(train_feats) == 0:
+        raise BertgpuError(f"{train_file}: no training features (every answer outside its context?)")
+    dev_feats = squad.featurize(dev_ex, tokenizer, **kw)
+
+    def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
+        # Logits come back padded per batch; postprocess expects (F, max_seq_len). Pad positions
+        # are never context tokens, so any value works there.
+        start, end = (pad_to(outputs[k], seq) for k in ("start_logits", "end_logits"))
+        preds, _ = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
+                                     max_answer_len=cfg.max_answer_len, version_2=version_2,
+                                     null_threshold=cfg.null_threshold)
+        if folder is not None:
+            squad.write_predictions(preds, folder / "predictions.json")
+        return squad.squad_evaluate(dev_ex, preds, version_2=version_2)
+
+    name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
+    return Job(name, "qa", None, strip_padding(train_feats),
+                [EvalSet("dev", strip_padding(dev_feats), score)],
+                lambda m: float(m["dev"]["f1"]))
+
+

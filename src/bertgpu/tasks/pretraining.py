@@ -1,0 +1,165 @@
+"""Pretraining as a task of the training loop: masked language modelling (and NSP).
+
+The shard set's manifest decides the objective; the loader (data/loaders.py) hands each rank its
+micro batches of every step from one deterministic global order with masks fixed by
+(seed, epoch, sample), so resuming, at any world size, continues with exactly the next samples.
+
+Loss terms are sums (MLM cross-entropy over masked tokens, NSP over sequences) with matching
+counts, which the engine normalises over the whole step on every rank. Evaluation measures MLM
+loss, accuracy and perplexity (and NSP accuracy) on the held-out split with masks at a fixed rate
+(`data.eval_mask_rate`, 15% by default), so that recipes that train with other rates compare.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertgpu.data.loaders import PretrainLoader, iter_eval_batches
+from bertgpu.data.masking import MaskingConfig
+from bertgpu.data.shards import ShardSet, check_compatible
+from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
+from bertgpu.train import distributed
+from bertgpu.train.engine import StepResult
+
+
+class PretrainData:
+    """The train and validation shard sets of a run, checked against the config."""
+
+    def __init__(self, data_dir: str | Path, objective: str | None, with_nsp: bool | None) -> None:
+        self.dir = Path(data_dir)
+        self.train = ShardSet(self.dir, "train")
+        if len(self.train) == 0:
+            raise BertgpuError(f"{self.train.manifest_path}: the train split has no sequences")
+        self.val: ShardSet | None = None
+        if self.train.manifest["splits"].get("validation", {}).get("sequences", 0) > 0:
+            self.val = ShardSet(self.dir, "validation")
+        found = self.train.objective
+        if objective and objective != found:
+            raise BertgpuError(f"{self.train.manifest_path}: objective is {found!r} but the config asks "
+                               f"for data.objective {objective!r}")
+        self.with_nsp = with_nsp if with_nsp is not None else found == "mlm+nsp"
+        if self.with_nsp and found != "mlm+nsp":
+            raise BertgpuError(f"{self.train.manifest_path}: train.with_nsp needs data prepared with "
+                               f"--objective mlm+nsp (this shard set is {found!r})")
+
+    def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
+        check_compatible(self.train, int(model_fields["vocab_size"]), int(model_fields["max_position_embeddings"]),
+                         tokenizer_hash=tokenizer_hash, type_vocab_size=model_fields.get("type_vocab_size"))
+
+
+class PretrainTask:
+    """MLM (+NSP) on a shard set; see the module docstring."""
+
+    def __init__(self, data: PretrainData, model: torch.nn.Module, loader: PretrainLoader,
+                 masking: MaskingConfig, eval_masking: MaskingConfig, *, seed: int, run_dir: Path,
+                 eval_batches: int, autocast: Any, info: distributed.DistInfo) -> None:
+        self.data, self.model, self.loader = data, model, loader
+        self.masking, self.eval_masking = masking, eval_masking
+        self.seed, self.run_dir, self.eval_batches = seed, Path(run_dir), eval_batches
+        self.autocast, self.info = autocast, info
+        self.device = torch.device(info.device)
+        self.with_nsp = data.with_nsp
+        if data.val is None and info.is_main:
+            print(f"warning: {data.train.manifest_path}: the validation split is empty, so evaluation "
+                  "is skipped (prepare with --validation-fraction > 0 to measure held-out loss)", flush=True)
+
+    # -- training ---------------------------------------------------------------------------------
+    def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        return self.loader.next_step()  # the loader's cursor is the state; `step` agrees with it
+
+    def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                    next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None)
+        terms = {"mlm": out.mlm_loss_sum, "_mlm_correct": out.mlm_correct}
+        if self.with_nsp:
+            terms["nsp"] = out.nsp_loss_sum
+            terms["_nsp_correct"] = out.nsp_correct
+        return terms
+
+    def counts(self, batch: Mapping[str, Any]) -> dict[str, int]:
+        # Host-side counts from CPU tensors: "tokens" (real, non-pad) and "sequences" have no loss
+        # term; the engine sums them with the loss normalisers for tokens/s and MFU.
+        counts = {"mlm": int((batch["labels"] != IGNORE_INDEX).sum()),
+                  "tokens": int(batch["attention_mask"].sum()),
+                  "sequences": int(batch["input_ids"].shape[0])}
+        if self.with_nsp:
+            counts["nsp"] = int(batch["input_ids"].shape[0])
+        return counts
+
+    def log_scalars(self, res: StepResult) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mlm_loss": res.losses.get("mlm"),
+            "mlm_acc": res.extras.get("_mlm_correct", 0.0) / max(res.counts.get("mlm", 0), 1),
+            "epoch": self.loader.epoch,
+        }
+        if self.with_nsp:
+            out["nsp_loss"] = res.losses.get("nsp")
+            out["nsp_acc"] = res.extras.get("_nsp_correct", 0.0) / max(res.counts.get("nsp", 0), 1)
+        return out
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def evaluate(self, step: int, train_loss: float | None) -> dict[str, float]:
+        """MLM loss/accuracy (and NSP accuracy) on the held-out split, all ranks together:
+        batches are sharded over ranks with no collective inside the loop, one all-reduce after."""
+        if self.data.val is None:
+            return {}
+        sums = torch.zeros(5, dtype=torch.float64)  # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
+        self.model.eval()
+        with torch.no_grad():
+            for batch in iter_eval_batches(self.data.val, self.eval_masking, self.loader.micro_batch_size,
+                                           seed=self.seed, max_batches=self.eval_batches or None,
+                                           rank=self.info.rank, world_size=self.info.world_size):
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                with self.autocast():
+                    out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                     token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                                     next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None)
+                sums[0] += float(out.mlm_loss_sum)
+                sums[1] += float(out.mlm_count)
+                sums[2] += float(out.mlm_correct)
+                if self.with_nsp:
+                    sums[3] += float(out.nsp_correct)
+                    sums[4] += float(out.nsp_count)
+        self.model.train()
+        sums = distributed.all_reduce_sum(sums.to(distributed.collective_device())).cpu()
+        result: dict[str, float] = {}
+        if sums[1] > 0:
+            loss = float(sums[0] / sums[1])
+            result["val_mlm_loss"] = loss
+            result["val_mlm_acc"] = float(sums[2] / sums[1])
+            result["val_mlm_perplexity"] = math.exp(min(loss, 50.0))
+        if sums[4] > 0:
+            result["val_nsp_acc"] = float(sums[3] / sums[4])
+        return result
+
+    # -- state and result ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict(), "tokenizer_hash": self.data.train.tokenizer_hash}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+
+    def export(self, step: int) -> Path:
+        from bertgpu.models.hf_io import save_pretrained
+
+        folder = save_pretrained(self.model, self.run_dir / "hf", tokenizer=self.run_dir / "tokenizer")
+        print(f"done: step {step}; Hugging Face export in {folder}", flush=True)
+        return folder
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
+    """RUN_DIR/tokenizer: the shards' tokenizer, exported with the model (rank 0, once)."""
+    dst = Path(run_dir) / "tokenizer"
+    if not dst.exists():
+        shutil.copytree(data.train.tokenizer_dir, dst)
