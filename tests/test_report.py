@@ -226,3 +226,53 @@ def test_cli(tmp_path, run_dir, capsys):
     assert "bertgpu report: error:" in capsys.readouterr().err
     assert cli_main(["report", str(run_dir), "--out", str(tmp_path / "r"), "--format", "both"]) == 0
     assert (tmp_path / "r" / "README.md").is_file() and (tmp_path / "r" / "index.html").is_file()
+
+
+def _gpu_run(tmp_path: Path) -> Path:
+    """A run whose GPU series come from the real monitor over a simulated NVML: node 0 has a
+    throttling GPU and one that falls off the bus; node 1 (gpu.node1.jsonl) one quiet GPU."""
+    from bertgpu.train.monitor import GpuMonitor
+    from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
+
+    run = tmp_path / "base"
+    run.mkdir()
+    times = [0.5, 0.5, 0.6, 1.0]  # rank 2 is the slow one in 3 of 4 windows, rank 3 in one
+    _write_jsonl(run / "metrics.jsonl", [
+        _train(s, 5.0 / s, 100.0 * s, rank_compute_s=[0.5, 0.5, 0.5 + 0.1 * s, times[s - 1]],
+               slowest_rank=2, slowest_vs_median=1.2) for s in range(1, 5)])
+    hot = SimGpu(name="RTX 3090", temp_c=[70, 80, 86, 88], util_pct=[100, 90, 80, 70],
+                 power_w=[300, 340, 350, 350], throttle=[0, 0x4, 0x40, 0x1])
+    nvml = SimulatedNvml([hot, SimGpu(name="RTX 3060", util_pct=[50.0])])
+    mon = GpuMonitor(nvml, run / "gpu.jsonl", interval_s=1.0)
+    for i in range(4):
+        if i == 2:
+            nvml.gpus[1].lost = True
+        mon.sample()
+    mon.close()
+    node1 = GpuMonitor(SimulatedNvml([SimGpu(util_pct=[10.0])]), run / "gpu.node1.jsonl", 1.0)
+    node1.sample()
+    node1.close()
+    return run
+
+
+def test_gpu_and_rank_sections(tmp_path):
+    run = _gpu_run(tmp_path)
+    out = build_report([run], tmp_path / "rep", "both")
+    md = (out / "README.md").read_text(encoding="utf-8")
+    assert "## GPUs" in md and "## Ranks" in md
+    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in md.splitlines()
+             if line.startswith("| base | ")]
+    rows = {(c[0], c[1]): c[2:] for c in cells}
+    # name, samples, mean util, peak temp, mean power, limit, mean SM clock, peak mem, throttled
+    assert rows[("base", "gpu0")] == ["RTX 3090", "4", "85 %", "88 °C", "335 W", "350 W",
+                                      "1800 MHz", "10.0 GiB", "50 %", "hw_thermal, sw_power_cap"]
+    assert rows[("base", "gpu1")][:3] == ["RTX 3060", "2", "50 %"]
+    assert rows[("base", "gpu1")][-1] == "lost mid-run"
+    assert rows[("base", "node1:gpu0")][2] == "10 %"
+    table = _table_rows(md)
+    assert table["base rank 2"] == ["0.75 s", "3 of 4"]  # mean of 0.6, 0.7, 0.8, 0.9
+    assert table["base rank 3"] == ["0.65 s", "1 of 4"]
+    for name in ("gpus_base.png", "rank_step_time_base.png"):
+        assert f"({name})" in md
+        _assert_png(out / name)
+    assert 'src="gpus_base.png"' in (out / "index.html").read_text(encoding="utf-8")

@@ -1,0 +1,124 @@
+"""`bertgpu report`: a markdown (and optionally HTML) page with tables and plots of runs and evaluations.
+
+    bertgpu report runs/base runs/large eval/glue bench.jsonl --out report/ --format both
+
+Each PATH is one of (recognised in this order):
+
+- a GLUE folder (``glue_results.json``, from ``bertgpu glue``): scores per task column, a bar chart;
+- a fine-tuning folder (``results.json``, from ``bertgpu finetune``): scores, curves per epoch;
+- a pretraining run folder (``metrics.jsonl``, ``config.toml``): a summary table (steps, tokens,
+  final losses, throughput, MFU, memory, wall time) and loss / accuracy / lr / tokens/s plots with
+  all runs on the same axes; with the GPU monitor's ``gpu.jsonl``, per-GPU temperature,
+  utilisation, power and clock plots and a per-GPU table (throttling included); with per-rank
+  compute times in the train records (``rank_compute_s``), a per-rank step-time plot;
+- a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``): its rows as a table, and
+  tokens/s per configuration, or tokens/s against workers with the ideal linear line.
+
+``OUT/README.md`` holds the report, ``OUT/index.html`` the same as one self-contained page, and the
+plots are PNG files next to them. OUT is written as ``OUT.tmp`` and renamed into place, replacing
+an existing report. Missing keys and null (NaN) values are skipped, never plotted as zeros.
+
+The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
+bench), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``render`` (markdown, HTML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
+from bertgpu.report.inputs import Source, load_source, pretrain_summary
+from bertgpu.report.render import Block, render_html, render_markdown
+from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
+from bertgpu.report.system import system_section
+
+__all__ = ["Source", "add_arguments", "build_report", "load_source", "main", "pretrain_summary"]
+
+FORMATS = ("md", "html", "both")
+
+
+def _unique_names(sources: list[Source]) -> None:
+    """Label each source by its folder name, adding the parent's where two would collide."""
+    counts: dict[str, int] = {}
+    for s in sources:
+        counts[s.name] = counts.get(s.name, 0) + 1
+    for s in sources:
+        if counts[s.name] > 1:
+            s.name = f"{s.path.parent.name}/{s.name}"
+
+
+def _within(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
+    """Write the report of ``paths`` into ``out`` (README.md and/or index.html, PNG plots) and
+    return ``out``. Raises BertgpuError naming any path that is not a known input."""
+    if fmt not in FORMATS:
+        raise BertgpuError(f"--format: found {fmt!r}, expected one of {', '.join(FORMATS)}")
+    if not paths:
+        raise BertgpuError("report: no inputs; expected run folders, GLUE/fine-tuning folders "
+                           "or bench .jsonl files")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BertgpuError(f"{out}: exists and is not a folder; expected an output folder")
+    for p in paths:
+        if _within(Path(p), out) or _within(out, Path(p)):
+            raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
+    sources = [load_source(p) for p in paths]
+    _unique_names(sources)
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left over from an interrupted report
+    tmp.mkdir(parents=True)
+    try:
+        blocks: list[Block] = [
+            ("h1", "bertgpu report"),
+            ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M')} from: "
+                  + ", ".join(f"`{s.path}`" for s in sources) + "."),
+        ]
+        by_kind = {k: [s for s in sources if s.kind == k] for k in ("pretrain", "finetune", "glue")}
+        if by_kind["pretrain"]:
+            blocks += pretrain_section(by_kind["pretrain"], tmp)
+            blocks += system_section(by_kind["pretrain"], tmp)
+        if by_kind["glue"]:
+            blocks += glue_section(by_kind["glue"], tmp)
+        if by_kind["finetune"]:
+            blocks += finetune_section(by_kind["finetune"], tmp)
+        for i, s in enumerate(s for s in sources if s.kind == "bench"):
+            blocks += bench_section(s, tmp, i)
+        if fmt in ("md", "both"):
+            (tmp / "README.md").write_text(render_markdown(blocks), encoding="utf-8")
+        if fmt in ("html", "both"):
+            (tmp / "index.html").write_text(render_html(blocks), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return replace_dir(tmp, out)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                        help="pretraining run folders, fine-tuning or GLUE output folders, "
+                             "bench result .jsonl files (any mix)")
+    parser.add_argument("--out", type=Path, default=Path("report"),
+                        help="output folder, replaced if it exists (default: report/)")
+    parser.add_argument("--format", choices=FORMATS, default="md",
+                        help="README.md, index.html, or both (default: md)")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = build_report(list(args.paths), args.out, args.format)
+    files = sorted(p.name for p in out.iterdir())
+    print(f"report: wrote {out}/ ({', '.join(files)})", flush=True)
+    return 0
+

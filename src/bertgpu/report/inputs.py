@@ -1,0 +1,174 @@
+"""Reading the report's inputs: run folders, fine-tuning and GLUE folders, bench JSONL files.
+
+Also the numbers taken from a run's records (``series``, ``pretrain_summary``): missing keys and
+null (NaN) values are skipped, never read as zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+
+@dataclass
+class Source:
+    """One input of the report: ``kind`` is "pretrain", "finetune", "glue" or "bench"."""
+
+    kind: str
+    name: str
+    path: Path
+    data: Any
+
+
+# --- Reading the inputs ----------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise BertgpuError(f"{path}: cannot read ({e}); expected a JSON object") from None
+    if not isinstance(data, dict):
+        raise BertgpuError(f"{path}: found a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    from bertgpu.train.config import read_toml
+
+    try:
+        return read_toml(path)
+    except BertgpuError:
+        return {}  # the config only adds a description line; the metrics are the report
+
+
+def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"tokens_per_s": {"a": 1}}`` -> ``{"tokens_per_s.a": 1}``; lists become text."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        elif isinstance(value, list):
+            out[name] = " ".join(str(v) for v in value)
+        else:
+            out[name] = value
+    return out
+
+
+def _read_bench(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise BertgpuError(f"{path}:{i + 1}: found {line[:60]!r}, expected one JSON object "
+                               "per line") from None
+        if isinstance(row, dict):
+            rows.append(_flatten(row))
+    if not rows:
+        raise BertgpuError(f"{path}: no result rows; expected a JSONL file from bertgpu bench")
+    return rows
+
+
+def read_gpu_files(run: Path) -> dict[str, list[dict[str, Any]]]:
+    """The GPU monitor's samples of a run folder: ``{"": gpu.jsonl's, "node1": ...}``."""
+    from bertgpu.train.records import read_jsonl
+
+    out = {}
+    for path in sorted(run.glob("gpu*.jsonl")):
+        label = "" if path.name == "gpu.jsonl" else path.name[len("gpu."):-len(".jsonl")]
+        out[label] = [r for r in read_jsonl(path) if isinstance(r.get("gpu"), int)]
+    return out
+
+
+def load_source(path: Path | str) -> Source:
+    """Recognise and read one report input (see the package docstring for the kinds)."""
+    from bertgpu.train.records import read_metrics
+
+    path = Path(path)
+    if not path.exists():
+        raise BertgpuError(f"{path}: does not exist")
+    if path.is_file():
+        if path.name == "metrics.jsonl":
+            return load_source(path.parent)
+        if path.name in ("glue_results.json", "results.json"):
+            return load_source(path.parent)
+        if path.suffix == ".jsonl":
+            return Source("bench", path.stem, path, _read_bench(path))
+    else:
+        if (path / "glue_results.json").is_file():
+            return Source("glue", path.name, path, _read_json(path / "glue_results.json"))
+        if (path / "results.json").is_file():
+            return Source("finetune", path.name, path, _read_json(path / "results.json"))
+        if (path / "metrics.jsonl").is_file():
+            records = read_metrics(path, drop_superseded=True)
+            config = _read_config(path / "config.toml")
+            return Source("pretrain", path.name, path, {"records": records, "config": config,
+                                                        "gpus": read_gpu_files(path)})
+    raise BertgpuError(
+        f"{path}: not a pretraining run (metrics.jsonl), fine-tuning folder (results.json), "
+        "GLUE folder (glue_results.json) or bench result file (*.jsonl)"
+    )
+
+def num(value: Any) -> float | None:
+    """A finite float, or None for anything else (null/NaN, text, booleans, missing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key`` over the records of ``kind``, non-finite values skipped."""
+    xs, ys = [], []
+    for r in records:
+        if r.get("kind") == kind:
+            x, y = num(r.get("step")), num(r.get(key))
+            if x is not None and y is not None:
+                xs.append(x)
+                ys.append(y)
+    return xs, ys
+
+
+def _last(records: list[dict[str, Any]], kind: str, key: str) -> float | None:
+    ys = series(records, kind, key)[1]
+    return ys[-1] if ys else None
+
+
+def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The numbers of a run's summary table; None where the run did not log them.
+
+    Throughput and MFU are means over the logged train intervals, leaving out the first when
+    there are three or more (it includes start-up: compilation, data warm-up).
+    """
+
+    def rate(key: str) -> float | None:
+        ys = series(records, "train", key)[1]
+        ys = ys[1:] if len(ys) >= 3 else ys
+        return sum(ys) / len(ys) if ys else None
+
+    steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train") if s]
+    elapsed = [e for e in (num(r.get("elapsed_s")) for r in records) if e is not None]
+    mem = series(records, "train", "mem_peak_gib")[1]
+    worlds = [w for w in (num(r.get("world_size")) for r in records) if w is not None]
+    return {
+        "steps": max(steps) if steps else None,
+        "tokens_seen": _last(records, "train", "tokens_seen"),
+        "train_loss": _last(records, "train", "loss"),
+        "val_mlm_loss": _last(records, "eval", "val_mlm_loss"),
+        "val_mlm_acc": _last(records, "eval", "val_mlm_acc"),
+        "val_nsp_acc": _last(records, "eval", "val_nsp_acc"),
+        "tokens_per_s": rate("tokens_per_s"),
+        "tokens_per_s_per_device": rate("tokens_per_s_per_device"),
+        "mfu": rate("mfu"),
+        "mem_peak_gib": max(mem) if mem else None,
+        "wall_s": max(elapsed) if elapsed else None,
+        "world_size": worlds[-1] if worlds else None,
+    }

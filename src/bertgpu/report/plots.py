@@ -1,0 +1,123 @@
+"""Plot helpers of the report: matplotlib without a display, one style for every figure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bertgpu.report.inputs import Source, num, series
+
+_DPI = 120
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, folder: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(folder / name, dpi=_DPI)
+    pyplot().close(fig)
+    return name
+
+
+def axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7.5, 4.5)) -> Any:
+    fig, ax = pyplot().subplots(figsize=size)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, epochs, workers
+    return fig, ax
+
+
+def run_plot(runs: list[Source], folder: Path, name: str, title: str, ylabel: str,
+              curves: Sequence[tuple[str, str, str]], scale: float = 1.0) -> str | None:
+    """One line per run and curve (kind, key, label suffix); runs share a colour. None when
+    no run has any of the curves (e.g. no eval rows: no val curve, and no empty plot)."""
+    fig, ax = axes(title, "optimizer step", ylabel)
+    drawn = False
+    for i, run in enumerate(runs):
+        colour = f"C{i % 10}"
+        for j, (kind, key, suffix) in enumerate(curves):
+            xs, ys = series(run.data["records"], kind, key)
+            if not xs:
+                continue
+            style = {"linestyle": "-"} if kind == "train" else {"linestyle": "--", "marker": "o"}
+            if j and kind == "train":
+                style = {"linestyle": ":"}
+            if len(xs) <= 25:  # few points (a short or young run): show each one
+                style.setdefault("marker", ".")
+            ax.plot(xs, [y * scale for y in ys], color=colour,
+                    label=f"{run.name} {suffix}".strip(),
+                    markersize=4, **style)
+            drawn = True
+    if not drawn:
+        pyplot().close(fig)
+        return None
+    ax.legend()
+    return save(fig, folder, name)
+
+
+def bar_chart(folder: Path, name: str, title: str, ylabel: str, categories: list[str],
+               series: list[tuple[str, list[float | None]]]) -> str:
+    """Grouped bars: one group per category, one bar per series, values written on the bars."""
+    import numpy as np
+
+    width = max(7.5, 0.9 * len(categories) * max(1, len(series)) ** 0.5 + 2)
+    fig, ax = axes(title, "", ylabel, size=(min(width, 16.0), 4.8))
+    x = np.arange(len(categories))
+    w = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series):
+        ys = [np.nan if v is None else v for v in values]
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * w, ys, w, label=label, color=f"C{i % 10}")
+        ax.bar_label(bars, labels=["" if v is None else f"{v:.1f}" if abs(v) < 1e3 else f"{v:,.0f}"
+                                     for v in values],
+                     fontsize=8, padding=2)
+    ax.set_xticks(x, categories, rotation=20 if len(categories) > 6 else 0, ha="right"
+                  if len(categories) > 6 else "center")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.grid(False, axis="x")
+    ax.margins(y=0.12)
+    if len(series) > 1 or series[0][0]:
+        ax.legend()
+    return save(fig, folder, name)
+
+
+def scaling_plot(rows: list[dict[str, Any]], folder: Path, name: str, title: str) -> str | None:
+    """Measured tokens/s against workers, one line per accumulation setting, each with the ideal
+    linear line from its smallest worker count; points annotated with their efficiency."""
+    groups: dict[str, list[tuple[float, float, float | None]]] = {}
+    for r in rows:
+        w, t = num(r.get("workers")), num(r.get("tokens_per_s"))
+        if w is None or t is None:
+            continue
+        key = f"accumulation {r['accumulation']}" if "accumulation" in r else "measured"
+        groups.setdefault(key, []).append((w, t, num(r.get("efficiency"))))
+    if not groups:
+        return None
+    fig, ax = axes(f"Scaling ({title}): tokens/s against workers", "workers",
+                    "tokens/s (all workers)")
+    workers: set[float] = set()
+    for i, (label, pts) in enumerate(groups.items()):
+        pts.sort()
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        workers.update(xs)
+        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=label)
+        ax.plot(xs, [ys[0] * x / xs[0] for x in xs], linestyle="--", color=f"C{i % 10}",
+                alpha=0.6, label=f"ideal linear ({label})")
+        for x, y, eff in pts:
+            if eff is not None:
+                ax.annotate(f"{100 * eff:.0f} %", (x, y), textcoords="offset points",
+                            xytext=(0, 7), ha="center", fontsize=8)
+    ax.set_xticks(sorted(workers))
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return save(fig, folder, name)

@@ -1,0 +1,242 @@
+"""The report's sections: pretraining runs, fine-tuning folders, GLUE tables, benchmarks."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bertgpu.report.inputs import Source, num, pretrain_summary, series
+from bertgpu.report.plots import bar_chart, pyplot, run_plot, save, scaling_plot
+from bertgpu.report.render import Block
+
+# Row label fields of a bench table, in the order they name a configuration.
+_BENCH_LABEL_KEYS = ("bench", "model", "size", "seq_len", "batch", "dtype", "device")
+
+def _fmt_count(v: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.2f}{unit}"
+    return f"{v:.0f}"
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(round(s))
+    h, m = divmod(s // 60, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s % 60:02d} s" if m else f"{s} s"
+
+
+def _fmt_value(v: Any) -> str:
+    """A table cell: numbers to 4 significant digits, missing as an empty cell."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    if isinstance(v, bool) or isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+_SUMMARY_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("steps", "optimizer steps", lambda v: f"{v:,.0f}"),
+    ("tokens_seen", "tokens seen", _fmt_count),
+    ("train_loss", "final train loss", lambda v: f"{v:.4f}"),
+    ("val_mlm_loss", "final val MLM loss", lambda v: f"{v:.4f}"),
+    ("val_mlm_acc", "final val MLM accuracy", lambda v: f"{100 * v:.2f} %"),
+    ("val_nsp_acc", "final val NSP accuracy", lambda v: f"{100 * v:.2f} %"),
+    ("tokens_per_s", "mean tokens/s (all devices)", lambda v: f"{v:,.0f}"),
+    ("tokens_per_s_per_device", "mean tokens/s per device", lambda v: f"{v:,.0f}"),
+    ("world_size", "devices", lambda v: f"{v:.0f}"),
+    ("mfu", "mean MFU", lambda v: f"{100 * v:.1f} %"),
+    ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
+    ("wall_s", "wall time", _fmt_duration),
+)
+
+
+def _model_line(config: dict[str, Any]) -> str | None:
+    m, t = config.get("model", {}), config.get("train", {})
+    if not isinstance(m, dict) or "hidden_size" not in m:
+        return None
+    parts = [f"{m.get('num_hidden_layers', '?')} layers x {m.get('hidden_size')} hidden, "
+             f"{m.get('num_attention_heads', '?')} heads, vocab {m.get('vocab_size', '?')}"]
+    if isinstance(t, dict) and "global_batch_size" in t:
+        parts.append(f"global batch {t['global_batch_size']}, {t.get('precision', '?')}")
+    return "; ".join(parts)
+
+def _pretrain_plots(runs: list[Source], folder: Path) -> list[tuple[str, str]]:
+    """(file, caption) of every plot drawn."""
+    has = {k for r in runs for rec in r.data["records"] for k in rec}
+    mlm = "mlm_loss" if "mlm_loss" in has else "loss"
+    specs = [
+        ("loss.png", "Loss", "cross-entropy (nats)",
+         [("train", mlm, "train MLM" if mlm == "mlm_loss" else "train"),
+          ("eval", "val_mlm_loss", "val MLM")], 1.0),
+        ("mlm_accuracy.png", "Masked-token accuracy", "accuracy (%)",
+         [("train", "mlm_acc", "train"), ("eval", "val_mlm_acc", "val")], 100.0),
+        ("learning_rate.png", "Learning rate", "learning rate", [("train", "lr", "")], 1.0),
+        ("throughput.png", "Throughput", "tokens/s",
+         [("train", "tokens_per_s", "all devices"),
+          ("train", "tokens_per_s_per_device", "per device")]
+         if any(_has_multi_device(r) for r in runs) else [("train", "tokens_per_s", "")], 1.0),
+    ]
+    out = []
+    for file, title, ylabel, curves, scale in specs:
+        if run_plot(runs, folder, file, title, ylabel, curves, scale):
+            out.append((file, title))
+    return out
+
+
+def _has_multi_device(run: Source) -> bool:
+    a = series(run.data["records"], "train", "tokens_per_s")[1]
+    b = series(run.data["records"], "train", "tokens_per_s_per_device")[1]
+    return bool(b) and any(abs(x - y) > 1e-6 * max(abs(x), 1.0) for x, y in zip(a, b, strict=False))
+
+
+# --- Sections --------------------------------------------------------------------------------
+
+
+def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
+    blocks: list[Block] = [("h2", "Pretraining")]
+    for run in runs:
+        line = _model_line(run.data["config"])
+        if line:
+            blocks.append(("p", f"{run.name} ({run.path}): {line}."))
+    summaries = [pretrain_summary(r.data["records"]) for r in runs]
+    rows = []
+    for key, label, fmt in _SUMMARY_ROWS:
+        cells = [fmt(s[key]) if s[key] is not None else "" for s in summaries]
+        if any(cells):
+            rows.append([label, *cells])
+    if not rows:
+        return [*blocks, ("p", "No train or eval records logged yet.")]
+    blocks.append(("table", ["", *[r.name for r in runs]], rows))
+    blocks.append(("p", "Means of tokens/s and MFU leave out the first logged interval "
+                        "(start-up) when a run logged three or more."))
+    for file, caption in _pretrain_plots(runs, folder):
+        blocks.append(("img", file, caption))
+    return blocks
+
+
+def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
+    rows = []
+    for r in runs:
+        d = r.data
+        metrics = d.get("metrics") if isinstance(d.get("metrics"), dict) else {}
+        text = "; ".join(
+            f"{split}: " + ", ".join(f"{k} {_fmt_value(num(v))}" for k, v in m.items())
+            for split, m in metrics.items() if isinstance(m, dict))
+        train_s = num(d.get("train_seconds")) or num(d.get("seconds"))
+        rows.append([r.name, str(d.get("task", "")), _fmt_value(num(d.get("score"))), text,
+                     str(len(d["epochs"])) if isinstance(d.get("epochs"), list) else "",
+                     _fmt_value(d.get("steps")), _fmt_duration(train_s) if train_s else "",
+                     _fmt_value(num(d.get("train_examples_per_s")))])
+    blocks: list[Block] = [("h2", "Fine-tuning"), ("table", [
+        "run", "task", "score", "final metrics", "epochs", "steps", "train time",
+        "train examples/s"], rows)]
+    curves = [(r, [e for e in r.data.get("epochs") or [] if isinstance(e, dict)]) for r in runs]
+    if any(eps for _, eps in curves):
+        from matplotlib.ticker import MaxNLocator
+
+        plt = pyplot()
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, key, title, ylabel in ((a1, "train_loss", "Fine-tuning train loss", "loss"),
+                                       (a2, "score", "Fine-tuning dev score", "score (0-100)")):
+            for i, (r, eps) in enumerate(curves):
+                pts = [(e.get("epoch"), num(e.get(key))) for e in eps]
+                pts = [(x, y) for x, y in pts if num(x) is not None and y is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", color=f"C{i % 10}",
+                            label=f"{r.name} ({r.data.get('task', '')})")
+            ax.set_title(title)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if ax.lines:
+                ax.legend()
+        blocks.append(("img", save(fig, folder, "finetune.png"), "Fine-tuning curves"))
+    return blocks
+
+
+def _glue_columns(summary: dict[str, Any]) -> dict[str, float]:
+    """Task column -> score: the summary's ``columns``, else each task's score or number."""
+    cols = summary.get("columns")
+    if isinstance(cols, dict) and cols:
+        return {str(k): v for k, v in cols.items() if num(v) is not None}
+    out = {}
+    for name, t in (summary.get("tasks") or {}).items():
+        v = t.get("score") if isinstance(t, dict) else t
+        if num(v) is not None:
+            out[str(name)] = float(v)
+    return out
+
+
+def glue_section(sources: list[Source], folder: Path) -> list[Block]:
+    cols_by = [_glue_columns(s.data) for s in sources]
+    columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
+    rows = []
+    for s, cols in zip(sources, cols_by, strict=True):
+        avg = num(s.data.get("average"))
+        rows.append([s.name, *[_fmt_value(cols.get(c)) for c in columns], _fmt_value(avg)])
+        for ref in s.data.get("references") or []:
+            if isinstance(ref, dict) and isinstance(ref.get("columns"), dict):
+                label = ref.get("label") or ref.get("name") or "reference"
+                rows.append([str(label), *[_fmt_value(ref["columns"].get(c)) for c in columns],
+                             _fmt_value(ref.get("average"))])
+    blocks: list[Block] = [("h2", "GLUE (dev)")]
+    for s in sources:
+        if s.data.get("convention_text"):
+            blocks.append(("p", f"{s.name}: average convention: {s.data['convention_text']}."))
+    blocks.append(("table", ["model", *columns, "average"], rows))
+    if columns:
+        cats = [*columns, "average"]
+        series = [(s.name, [cols.get(c) for c in columns] + [num(s.data.get("average"))])
+                  for s, cols in zip(sources, cols_by, strict=True)]
+        file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (0-100)", cats,
+                          series)
+        blocks.append(("img", file, "GLUE dev scores per task"))
+    return blocks
+
+
+def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """Name each row by the configuration fields that differ between rows (all if none do)."""
+    keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows)]
+    varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1] or keys
+    return [" / ".join(str(r[k]) for k in varying if r.get(k) not in (None, "")) or f"row {i + 1}"
+            for i, r in enumerate(rows)]
+
+
+def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
+    rows = source.data
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    cells = []
+    for r in rows:
+        line = []
+        for c in columns:
+            v = r.get(c)
+            if c == "time" and num(v) is not None and v > 1e9:  # unix time -> readable
+                line.append(time.strftime("%Y-%m-%d %H:%M", time.localtime(v)))
+            else:
+                line.append(_fmt_value(v))
+        cells.append(line)
+    blocks: list[Block] = [("h2", f"Benchmark: {source.name}"), ("p", f"From `{source.path}`."),
+                           ("table", columns, cells)]
+    tps = [c for c in columns if c == "tokens_per_s" or c.startswith("tokens_per_s.")]
+    stem = f"bench{index}_{re.sub(r'[^A-Za-z0-9_-]+', '_', source.name)}"
+    scaling = [r for r in rows if num(r.get("workers")) is not None]
+    if scaling and "tokens_per_s" in columns:
+        file = scaling_plot(scaling, folder, f"{stem}_scaling.png", source.name)
+        if file:
+            blocks.append(("img", file, "Scaling: tokens/s against workers"))
+    elif tps:
+        labels = _bench_labels(rows)
+        series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",
+                   [num(r.get(c)) for r in rows]) for c in tps]
+        if any(v is not None for _, vs in series for v in vs):
+            file = bar_chart(folder, f"{stem}.png", f"Throughput: {source.name}", "tokens/s",
+                              labels, series)
+            blocks.append(("img", file, "Throughput per configuration"))
+    return blocks
