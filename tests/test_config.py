@@ -42,11 +42,22 @@ def test_defaults_validate_and_every_field_has_help():
 def test_model_section_has_hf_names():
     names = [f.name for f in dataclasses.fields(PretrainConfig().model)]
     assert names == [
+        "architecture",
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
         "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps",
         "pad_token_id",
+        # ModernBERT's (transformers' ModernBertConfig names)
+        "hidden_activation", "norm_eps", "norm_bias", "attention_bias", "mlp_bias", "decoder_bias",
+        "embedding_dropout", "attention_dropout", "mlp_dropout", "global_attn_every_n_layers",
+        "local_attention", "global_rope_theta", "local_rope_theta", "initializer_cutoff_factor",
+        "classifier_pooling",
     ]
+    from bertgpu.models.bert import BertConfig
+    from bertgpu.models.modernbert_config import ModernBertConfig
+
+    hf_names = {f.name for cls in (BertConfig, ModernBertConfig) for f in dataclasses.fields(cls)}
+    assert set(names) - hf_names == {"architecture"}
 
 
 def test_toml_then_overrides(tmp_path):

@@ -7,7 +7,13 @@ import math
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train.schedule import BudgetClock, lr_factor, progress_from_steps, warmup_fraction
+from bertgpu.train.schedule import (
+    BudgetClock,
+    Schedule,
+    lr_factor,
+    progress_from_steps,
+    warmup_fraction,
+)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +101,32 @@ def test_budget_clock_progress_and_resume():
     assert resumed.expired() and resumed.progress() == 1.0
     with pytest.raises(BertgpuError):
         BudgetClock(0.0)
+
+
+def test_wsd_shape():
+    """Warm-up, a flat peak, then 1 - sqrt over the last decay_fraction down to min_ratio."""
+    f = lambda p, **kw: lr_factor(p, 0.1, "wsd", min_ratio=0.2, decay_fraction=0.25, **kw)  # noqa: E731
+    assert f(0.05) == pytest.approx(0.5)  # halfway through warm-up
+    assert f(0.1) == f(0.4) == f(0.75) == 1.0  # stable until 1 - decay_fraction
+    for u in (0.1, 0.25, 0.5, 0.9):  # u: fraction of the decay phase done
+        assert f(0.75 + 0.25 * u) == pytest.approx(0.2 + 0.8 * (1 - math.sqrt(u)))
+    assert f(1.0) == pytest.approx(0.2)
+    ps = [0.75 + i / 400 for i in range(101)]
+    vals = [f(p) for p in ps]
+    assert all(a > b for a, b in zip(vals[:-1], vals[1:], strict=True))  # strictly decreasing when decaying
+    # 1 - sqrt falls fastest at the start of the decay: below the straight line throughout
+    assert all(v < 1 - 0.8 * i / 100 for i, v in enumerate(vals) if 0 < i < 100)
+
+
+def test_wsd_decay_never_eats_the_warmup():
+    # decay_fraction 0.8 would start the decay at 0.2, inside a 0.3 warm-up: it starts at 0.3
+    assert lr_factor(0.3, 0.3, "wsd", decay_fraction=0.8) == 1.0
+    assert lr_factor(0.65, 0.3, "wsd", decay_fraction=0.8) == pytest.approx(1 - math.sqrt(0.5))
+    assert lr_factor(0.9, 0.0, "wsd", decay_fraction=0.0) == 1.0  # no decay phase: flat to the end
+    assert lr_factor(0.5, 0.0, "wsd", decay_fraction=1.0) == pytest.approx(1 - math.sqrt(0.5))
+
+
+def test_schedule_carries_the_wsd_decay_fraction():
+    sched = Schedule(peak_lr=2.0, decay="wsd", warmup_fraction=0.1, max_steps=100, decay_fraction=0.5)
+    assert sched.lr(0.4, 40) == 2.0
+    assert sched.lr(0.75, 75) == pytest.approx(2.0 * (1 - math.sqrt(0.5)))

@@ -20,6 +20,7 @@ machinery (`apply_dict`, `apply_overrides`, `dump_toml`, `format_help`) is in `o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
+from bertgpu.models.build import ARCHITECTURES, model_config
 from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml, reuse
 
 # --------------------------------------------------------------------------------------------
@@ -36,8 +38,12 @@ from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_to
 
 @dataclass
 class ModelSection:
-    """Architecture, with Hugging Face BertConfig's field names and defaults (BERT-base)."""
+    """Architecture, with Hugging Face config names: BertConfig's for bert (defaults: BERT-base),
+    ModernBertConfig's for modernbert. Fields of the other architecture must stay at their defaults."""
 
+    architecture: str = option(
+        "bert", "bert (2018: learned positions, post-norm) or modernbert (RoPE, GeGLU, pre-norm, local/global attention)"
+    )
     vocab_size: int = option(30522, "size of the WordPiece vocabulary (must match the data's tokenizer)")
     hidden_size: int = option(768, "width of the encoder (H)")
     num_hidden_layers: int = option(12, "number of transformer layers (L)")
@@ -51,6 +57,22 @@ class ModelSection:
     initializer_range: float = option(0.02, "std of the normal weight initialisation")
     layer_norm_eps: float = option(1e-12, "LayerNorm epsilon")
     pad_token_id: int = option(0, "id of [PAD]")
+    # ModernBERT only (transformers' ModernBertConfig names and defaults)
+    hidden_activation: str = option("gelu", "modernbert: activation of the GeGLU input half: gelu, gelu_pytorch_tanh, relu, silu")
+    norm_eps: float = option(1e-5, "modernbert: LayerNorm epsilon")
+    norm_bias: bool = option(False, "modernbert: biases in the LayerNorms")
+    attention_bias: bool = option(False, "modernbert: biases in Wqkv and the attention output")
+    mlp_bias: bool = option(False, "modernbert: biases in the GeGLU block (Wi, Wo)")
+    decoder_bias: bool = option(True, "modernbert: bias of the MLM decoder (its weight is the token embedding)")
+    embedding_dropout: float = option(0.0, "modernbert: dropout after the embedding norm")
+    attention_dropout: float = option(0.0, "modernbert: dropout on attention probabilities and output")
+    mlp_dropout: float = option(0.0, "modernbert: dropout inside the GeGLU block")
+    global_attn_every_n_layers: int = option(3, "modernbert: layers 0, n, 2n, ... attend globally, the others in a sliding window")
+    local_attention: int = option(128, "modernbert: sliding-window width in tokens (half of it on each side)")
+    global_rope_theta: float = option(160000.0, "modernbert: RoPE base of the global layers")
+    local_rope_theta: float = option(10000.0, "modernbert: RoPE base of the sliding-window layers")
+    initializer_cutoff_factor: float = option(2.0, "modernbert: truncate the normal initialisation at this many std")
+    classifier_pooling: str = option("cls", "modernbert: fine-tuning pools the first token (cls) or the mean over tokens (mean)")
 
 
 
@@ -117,7 +139,7 @@ class OptimSection:
     lr_scaling: str = option("none", "scale lr by global/reference batch: none, linear or sqrt")
 
 
-DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle")
+DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle", "wsd")
 
 
 @dataclass
@@ -126,9 +148,10 @@ class ScheduleSection:
 
     warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction)")
     warmup_fraction: float | None = option(0.01, "warm-up as a fraction of training (budget mode: of the budget)")
-    decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle")
+    decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle, wsd (warmup-stable-decay)")
     min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak")
     power: float = option(1.0, "exponent of the polynomial decay")
+    decay_fraction: float = option(0.1, "wsd: the lr stays at its peak, then decays (1 - sqrt) over this last fraction of training")
 
 
 @dataclass
@@ -271,6 +294,42 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     _check(value in choices, key, value, "one of " + ", ".join(choices))
 
 
+# Model fields that only one architecture reads, with what the other one calls the same knob.
+_BERT_ONLY = {"hidden_act": "hidden_activation", "hidden_dropout_prob": "mlp_dropout, embedding_dropout",
+              "attention_probs_dropout_prob": "attention_dropout", "layer_norm_eps": "norm_eps",
+              "type_vocab_size": None}
+_MODERNBERT_ONLY = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps", "norm_bias": None,
+                    "attention_bias": None, "mlp_bias": None, "decoder_bias": None,
+                    "embedding_dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+                    "mlp_dropout": "hidden_dropout_prob", "global_attn_every_n_layers": None,
+                    "local_attention": None, "global_rope_theta": None, "local_rope_theta": None,
+                    "initializer_cutoff_factor": None, "classifier_pooling": None}
+
+
+def _validate_architecture(cfg: PretrainConfig) -> None:
+    """model.architecture, fields set for the other architecture (a silent no-op otherwise), the
+    ModernBERT fields (checked by the model's own config, so the rules live in one place), and
+    ModernBERT's lack of an NSP head."""
+    m = cfg.model
+    _choice("model.architecture", m.architecture, ARCHITECTURES)
+    other = _MODERNBERT_ONLY if m.architecture == "bert" else _BERT_ONLY
+    defaults = ModelSection()
+    for key, instead in other.items():
+        hint = f" (for {m.architecture}: model.{instead})" if instead else ""
+        _check(getattr(m, key) == getattr(defaults, key), f"model.{key}", getattr(m, key),
+               f"the default: it applies to the other architecture only{hint}")
+    if m.architecture != "modernbert":
+        return
+    try:
+        model_config(dataclasses.asdict(m))
+    except BertgpuError as e:  # "config field X: ..." from ModernBertConfig.validate
+        raise BertgpuError("config: " + str(e).replace("config field ", "model.", 1)) from None
+    _check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
+           "false or none: ModernBERT has no next-sentence head")
+    _check(cfg.data.objective != "mlm+nsp", "data.objective", cfg.data.objective,
+           "mlm or none: ModernBERT has no next-sentence head")
+
+
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
     m, d, t, o, s, c = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.schedule, cfg.checkpoint
@@ -284,6 +343,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _check(m.initializer_range > 0, "model.initializer_range", m.initializer_range, "a positive number")
     _check(m.layer_norm_eps > 0, "model.layer_norm_eps", m.layer_norm_eps, "a positive number")
     _check(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", m.pad_token_id, "an id below vocab_size")
+    _validate_architecture(cfg)
 
     if d.objective is not None:
         _choice("data.objective", d.objective, OBJECTIVES)
@@ -338,6 +398,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
                "none in budget mode without train.max_steps (use schedule.warmup_fraction)")
     _check(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]")
     _check(s.power > 0, "schedule.power", s.power, "a positive number")
+    _check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction, "a number in [0, 1]")
 
     _check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "0 or more")
     _check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")

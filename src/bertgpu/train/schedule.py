@@ -26,6 +26,7 @@ def lr_factor(
     decay: str,
     min_ratio: float = 0.0,
     power: float = 1.0,
+    decay_fraction: float = 0.1,
 ) -> float:
     """Multiplier of the peak lr at `progress` (clamped to [0, 1]).
 
@@ -37,6 +38,10 @@ def lr_factor(
       polynomial  (1 - t) ** power, t the post-warm-up fraction (BERT's TF code uses power 1.0)
       triangle / one-cycle  linear up to the peak at `warmup`, linear down to min_ratio; the same
                   as linear here, named for Cramming's "one-cycle" recipe (warmup around 0.5)
+      wsd         warmup-stable-decay (trapezoidal): 1 until the last `decay_fraction` of training,
+                  then 1 - sqrt(u) over it, u the fraction of the decay done (Hägele et al. 2024,
+                  arXiv:2405.18392: 1-sqrt beats a linear cool-down; ModernBERT's schedule). The
+                  decay never starts before the warm-up ends.
     """
     if decay not in DECAYS:
         raise BertgpuError(f"schedule.decay {decay!r}: expected one of {', '.join(DECAYS)}")
@@ -45,6 +50,12 @@ def lr_factor(
         return p / warmup
     if decay == "constant":
         return 1.0
+    if decay == "wsd":
+        start = max(warmup, 1.0 - decay_fraction)
+        if p < start:
+            return 1.0
+        u = 1.0 if start >= 1.0 else (p - start) / (1.0 - start)
+        return min_ratio + (1.0 - min_ratio) * (1.0 - math.sqrt(u))
     t = 1.0 if warmup >= 1.0 else (p - warmup) / (1.0 - warmup)  # post-warm-up fraction
     if decay in ("linear", "triangle", "one-cycle"):
         shape = 1.0 - t
@@ -157,10 +168,14 @@ class Schedule:
     min_lr_ratio: float = 0.0
     power: float = 1.0
 
+    decay_fraction: float = 0.1
+    """wsd only: the last fraction of training over which the lr decays."""
     def lr(self, progress: float, step: int) -> float:
         """lr of optimizer step `step` (0-based) taken at training progress `progress`."""
         if self.budget_mode and self.warmup_steps:
             ramp = min((step + 1) / self.warmup_steps, 1.0)
-            return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio, self.power)
+            return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio, self.power,
+                                                   self.decay_fraction)
         warmup = warmup_fraction(self.warmup_steps, self.warmup_fraction, self.max_steps)
-        return self.peak_lr * lr_factor(progress, warmup, self.decay, self.min_lr_ratio, self.power)
+        return self.peak_lr * lr_factor(progress, warmup, self.decay, self.min_lr_ratio, self.power,
+                                        self.decay_fraction)
