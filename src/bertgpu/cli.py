@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("bertgpu.glue", "fine-tune on GLUE tasks x seeds and write the GLUE-dev table"),
     "bench": ("bertgpu.bench", "throughput, MFU and scaling benchmarks"),
     "report": ("bertgpu.report", "markdown report with tables and plots of runs and evaluations"),
+    "watch": ("bertgpu.watch", "live terminal view of a run: loss, speed, ETA, GPUs (--once: one frame)"),
     "demo": ("bertgpu.demo", "the whole pipeline, tiny, offline, on a CPU in minutes"),
 }
 

@@ -1,0 +1,321 @@
+"""`bertgpu watch`: a live terminal view of a running (or finished) run, from its files.
+
+    bertgpu watch runs/base                 # redraws every 2 s as the run writes; Ctrl-C to leave
+    bertgpu watch runs/base --once          # one frame, then exit (scripts, logs, cron mail)
+    ssh node7 -t bertgpu watch /scratch/runs/base
+
+It reads what the run writes anyway: ``metrics.jsonl`` (loss, learning rate, tokens/s, MFU,
+evaluations, the per-rank step times), ``gpu.jsonl`` and ``gpu.nodeN.jsonl`` (the GPU monitor's
+samples) and ``config.toml`` (model, batch, length of the run), following each file as it grows.
+It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
+fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+from bertgpu.train.console import duration, si
+from bertgpu.train.records import JsonlFollower, drop_superseded_records
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+_GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
+_EVAL_SKIP = ("step", "kind", "time", "elapsed_s")
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """Values as block characters, ``width`` at most (the mean of each bucket when there are
+    more values); non-finite values are left blank."""
+    if not values:
+        return ""
+    n = len(values)
+    if n > width:
+        buckets = [values[i * n // width:(i + 1) * n // width] for i in range(width)]
+        values = [_mean(b) for b in buckets]
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return " " * len(values)
+    lo, hi = min(finite), max(finite)
+    scale = (len(_BLOCKS) - 1) / (hi - lo) if hi > lo else 0.0
+    return "".join(_BLOCKS[round((v - lo) * scale)] if math.isfinite(v) else " " for v in values)
+
+
+def _mean(xs: list[float]) -> float:
+    finite = [x for x in xs if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+@dataclass
+class RunState:
+    """What the view knows of a run, updated from the records its files gain."""
+
+    folder: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    gpus: dict[tuple[str, int], deque[dict[str, Any]]] = field(default_factory=dict)
+    followers: dict[str, JsonlFollower] = field(default_factory=dict)
+
+    def poll(self) -> None:
+        """Read what the files gained since the last poll."""
+        if not self.config and (self.folder / "config.toml").is_file():
+            from bertgpu.train.config import read_toml
+
+            try:
+                self.config = read_toml(self.folder / "config.toml")
+            except BertgpuError:
+                self.config = {}  # being written, or not ours: the view does without it
+        new = self._follow("metrics.jsonl")
+        if self.followers["metrics.jsonl"].reset:
+            self.records = []
+        if new:
+            self.records = drop_superseded_records(self.records + new)
+        for path in sorted(self.folder.glob("gpu*.jsonl")):
+            label = path.name[len("gpu."):-len(".jsonl")] if path.name != "gpu.jsonl" else ""
+            for rec in self._follow(path.name):
+                if isinstance(rec.get("gpu"), int):
+                    key = (label, rec["gpu"])
+                    self.gpus.setdefault(key, deque(maxlen=_GPU_HISTORY)).append(rec)
+
+    def _follow(self, name: str) -> list[dict[str, Any]]:
+        if name not in self.followers:
+            self.followers[name] = JsonlFollower(self.folder / name)
+        return self.followers[name].poll()
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    def last_update(self) -> float | None:
+        """Unix time of the newest write to any file the view follows."""
+        times = []
+        for name in self.followers:
+            try:
+                times.append((self.folder / name).stat().st_mtime)
+            except OSError:
+                continue
+        return max(times) if times else None
+
+
+def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def eta_s(state: RunState) -> float | None:
+    """Seconds left: by steps (``train.max_steps`` at the recent step rate) and by budget
+    (``train.budget_hours`` minus elapsed), whichever ends the run first."""
+    train = state.of_kind("train")
+    if not train:
+        return None
+    last = train[-1]
+    step, elapsed = _num(last.get("step")), _num(last.get("elapsed_s"))
+    t = _section(state.config, "train")
+    left = []
+    max_steps = _num(t.get("max_steps"))
+    recent = [r for r in train[-10:] if _num(r.get("elapsed_s")) is not None]
+    if max_steps and step is not None and len(recent) >= 2:
+        ds = recent[-1]["step"] - recent[0]["step"]
+        dt = recent[-1]["elapsed_s"] - recent[0]["elapsed_s"]
+        if ds > 0 and dt > 0:
+            left.append(max(max_steps - step, 0) * dt / ds)
+    budget = _num(t.get("budget_hours"))
+    if budget and elapsed is not None:
+        left.append(max(budget * 3600 - elapsed, 0.0))
+    return min(left) if left else None
+
+
+def _status(state: RunState, now: float) -> str:
+    ends = [r for r in state.of_kind("info") if r.get("event") == "end"]
+    last_train = max((r.get("step", 0) for r in state.of_kind("train")), default=0)
+    if ends and ends[-1].get("step", -1) >= last_train:
+        return f"finished ({ends[-1].get('reason', 'end')})"
+    updated = state.last_update()
+    if updated is None:
+        return "waiting for the first record"
+    quiet = now - updated
+    if quiet > 600:
+        return f"no new record for {duration(quiet)} (stopped, or a long evaluation)"
+    return f"running (updated {duration(max(quiet, 0))} ago)"
+
+
+def _model_line(config: dict[str, Any]) -> str | None:
+    m, t = _section(config, "model"), _section(config, "train")
+    if "hidden_size" not in m:
+        return None
+    line = (f"{m.get('num_hidden_layers', '?')} layers x {m['hidden_size']} hidden, "
+            f"{m.get('num_attention_heads', '?')} heads")
+    if "global_batch_size" in t:
+        line += f"; global batch {t['global_batch_size']}, {t.get('precision', '?')}"
+    return line
+
+
+def _series(records: list[dict[str, Any]], key: str) -> list[float]:
+    return [v if (v := _num(r.get(key))) is not None else float("nan")
+            for r in records if key in r]
+
+
+def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
+    train = state.of_kind("train")
+    lines = []
+    if not train:
+        return ["no train records yet"]
+    last = train[-1]
+    total = _num(_section(state.config, "train").get("max_steps"))
+    where = f"step {last['step']:,}"
+    if total:
+        where += f" / {total:,.0f} ({100 * last['step'] / total:.1f}%)"
+    parts = [where]
+    if _num(last.get("elapsed_s")) is not None:
+        parts.append(f"elapsed {duration(last['elapsed_s'])}")
+    eta = eta_s(state)
+    if eta is not None:
+        parts.append(f"ETA {duration(eta)}")
+    if _num(last.get("tokens_seen")) is not None:
+        parts.append(f"tokens {si(last['tokens_seen'])}")
+    lines.append("  ·  ".join(parts))
+    spark_w = max(10, width - 30)
+    for key, label, fmt in (("loss", "loss", "{:.4f}"), ("lr", "lr", "{:.2e}")):
+        ys = _series(train, key)
+        finite = [y for y in ys if math.isfinite(y)]
+        if finite:
+            lines.append(f"{label:<5} {fmt.format(finite[-1]):>10}  {sparkline(ys, spark_w)}")
+    rate = []
+    if _num(last.get("tokens_per_s")) is not None:
+        per = _num(last.get("tokens_per_s_per_device"))
+        rate.append(f"tok/s {si(last['tokens_per_s'])}"
+                    + (f" ({si(per)} per device)" if per and per != last["tokens_per_s"] else ""))
+    for key, text in (("mfu", "MFU {:.1%}"), ("step_time_s", "step {:.3g} s"),
+                      ("mem_peak_gib", "mem {:.2f} GiB"), ("data_wait_share", "data wait {:.0%}"),
+                      ("comm_share", "comm {:.0%}")):
+        if _num(last.get(key)) is not None:
+            rate.append(text.format(last[key]))
+    if rate:
+        lines.append("  ·  ".join(rate))
+    if _num(last.get("slowest_rank")) is not None:
+        ratio = _num(last.get("slowest_vs_median"))
+        lines.append(f"slowest rank {last['slowest_rank']:.0f}"
+                     + (f" ({ratio:.2f}x the median rank's compute time)" if ratio else ""))
+    return lines
+
+
+def _eval_line(state: RunState) -> str | None:
+    evals = state.of_kind("eval")
+    if not evals:
+        return None
+    last = evals[-1]
+    values = []
+    for k, v in last.items():
+        if k in _EVAL_SKIP or _num(v) is None:
+            continue
+        values.append(f"{k} {v:.2%}" if k.endswith("_acc") else f"{k} {v:.4g}")
+    return f"last eval @ step {last.get('step')}: " + "  ·  ".join(values)
+
+
+def _gpu_table(state: RunState) -> Any:
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("gpu", "left"), ("name", "left"), ("util", "right"),
+                         ("util trend", "left"), ("temp", "right"), ("power", "right"),
+                         ("memory", "right"), ("SM clock", "right"), ("throttle", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for (label, index), samples in sorted(state.gpus.items()):
+        s = samples[-1]
+        name = f"{label}:{index}" if label else str(index)
+        if s.get("lost"):
+            table.add_row(name, str(s.get("name", "")), "lost", "", "", "", "", "",
+                          str(s.get("error", "")))
+            continue
+
+        def fmt(key: str, text: str, s: dict[str, Any] = s) -> str:
+            return text.format(s[key]) if _num(s.get(key)) is not None else ""
+
+        power = fmt("power_w", "{:.0f}")
+        if power and _num(s.get("power_limit_w")) is not None:
+            power += f"/{s['power_limit_w']:.0f}"
+        mem = fmt("mem_used_gib", "{:.1f}")
+        if mem and _num(s.get("mem_total_gib")) is not None:
+            mem += f"/{s['mem_total_gib']:.0f}"
+        table.add_row(name, str(s.get("name", "")), fmt("util_pct", "{:.0f}%"),
+                      sparkline(_series(list(samples), "util_pct"), 20),
+                      fmt("temp_c", "{:.0f}C"), power + (" W" if power else ""),
+                      mem + (" GiB" if mem else ""), fmt("sm_clock_mhz", "{:.0f} MHz"),
+                      " ".join(s.get("throttle") or []))
+    return table
+
+
+def render(state: RunState, now: float | None = None, width: int = 100) -> Any:
+    """One frame of the view (a rich renderable)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    now = time.time() if now is None else now
+    parts: list[Any] = [Text(f"bertgpu watch  {state.folder}  ·  {_status(state, now)}",
+                             style="bold")]
+    model = _model_line(state.config)
+    if model:
+        parts.append(Text(model, style="dim"))
+    parts += [Text(line) for line in _progress_lines(state, now, width)]
+    evaluation = _eval_line(state)
+    if evaluation:
+        parts.append(Text(evaluation))
+    if state.gpus:
+        parts.append(_gpu_table(state))
+    return Group(*parts)
+
+
+def _resolve(folder: Path) -> Path:
+    if (folder / "metrics.jsonl").is_file():
+        return folder
+    running = folder.with_name(folder.name + ".tmp")
+    if (running / "metrics.jsonl").is_file():
+        return running  # a fine-tuning run still in progress
+    if folder.is_dir():
+        return folder  # a run that has not written its first record yet
+    raise BertgpuError(f"{folder}: does not exist; expected a run folder (metrics.jsonl) of "
+                       "bertgpu pretrain or finetune")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="run folder (of bertgpu pretrain, or the OUT of bertgpu finetune)")
+    parser.add_argument("--once", action="store_true",
+                        help="print one frame and exit (no live redraw)")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between redraws (default: 2)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    if args.interval <= 0:
+        raise BertgpuError(f"--interval: found {args.interval}, expected a positive number")
+    state = RunState(_resolve(args.run_dir))
+    console = Console()
+    state.poll()
+    if args.once:
+        console.print(render(state, width=console.width))
+        return 0
+    from rich.live import Live
+
+    try:
+        with Live(render(state, width=console.width), console=console, auto_refresh=False,
+                  screen=False) as live:
+            while True:
+                time.sleep(args.interval)
+                state.poll()
+                live.update(render(state, width=console.width), refresh=True)
+    except KeyboardInterrupt:  # the way to leave a live view: not an error
+        return 0

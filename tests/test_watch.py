@@ -1,0 +1,160 @@
+"""Tests for `bertgpu watch`: one frame (--once) of a finished and of a running run folder,
+following files as they grow (cut lines, a resume), a fine-tuning run still in OUT.tmp, the
+live loop, sparklines and bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bertgpu import watch
+from bertgpu.cli import main as cli_main
+from bertgpu.train.monitor import GpuMonitor
+from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
+from bertgpu.watch import RunState, eta_s, sparkline
+
+CONFIG = ("seed = 0\n[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
+          "[train]\nmax_steps = 10\nglobal_batch_size = 8\nprecision = \"bf16\"\n")
+
+
+def _train(step: int) -> dict:
+    return {"step": step, "kind": "train", "time": 1.7e9 + step, "elapsed_s": 10.0 * step,
+            "loss": 8.0 / step, "lr": 1e-4 * step, "tokens_per_s": 400.0 * step,
+            "tokens_per_s_per_device": 200.0 * step, "mfu": 0.2, "step_time_s": 0.5,
+            "mem_peak_gib": 1.25, "tokens_seen": 1500 * step, "slowest_rank": 1,
+            "slowest_vs_median": 1.31, "rank_compute_s": [0.4, 0.52]}
+
+
+def _append(path: Path, rows: list[dict], tail: str = "") -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+@pytest.fixture()
+def run(tmp_path: Path) -> Path:
+    run = tmp_path / "base"
+    run.mkdir()
+    (run / "config.toml").write_text(CONFIG, encoding="utf-8")
+    _append(run / "metrics.jsonl", [_train(s) for s in (1, 2, 3, 4)] + [
+        {"step": 4, "kind": "eval", "time": 1.7e9, "elapsed_s": 41.0, "val_mlm_loss": 6.25,
+         "val_mlm_acc": 0.125}])
+    nvml = SimulatedNvml([SimGpu(name="RTX 3090", temp_c=[70, 88], util_pct=[99, 97],
+                                 throttle=[0, 0x40]), SimGpu(name="RTX 3060")])
+    mon = GpuMonitor(nvml, run / "gpu.jsonl", interval_s=1.0)
+    mon.sample()
+    nvml.gpus[1].lost = True
+    mon.sample()
+    mon.close()
+    return run
+
+
+def _frame(capsys, monkeypatch, folder: Path) -> str:
+    monkeypatch.setenv("COLUMNS", "140")
+    assert cli_main(["watch", str(folder), "--once"]) == 0
+    return capsys.readouterr().out
+
+
+def test_once_on_a_running_run(run, capsys, monkeypatch):
+    out = _frame(capsys, monkeypatch, run)
+    assert "\x1b[" not in out  # not a terminal: plain text for logs and scripts
+    lines = out.splitlines()
+    assert lines[0].startswith(f"bertgpu watch  {run}  ·  running (updated ")
+    assert "2 layers x 64 hidden, 2 heads; global batch 8, bf16" in out
+    # Step 4 of 10 at 10 s a step: 60 s left.
+    assert "step 4 / 10 (40.0%)  ·  elapsed 00:40  ·  ETA 01:00  ·  tokens 6.0k" in out
+    loss = next(line for line in lines if line.startswith("loss"))
+    assert "2.0000" in loss and loss.rstrip().endswith("█▃▂▁")  # 8, 4, 2.67, 2
+    assert next(line for line in lines if line.startswith("lr")).rstrip().endswith("▁▃▆█")
+    assert "tok/s 1.6k (800 per device)  ·  MFU 20.0%  ·  step 0.5 s  ·  mem 1.25 GiB" in out
+    assert "slowest rank 1 (1.31x the median rank's compute time)" in out
+    assert "last eval @ step 4: val_mlm_loss 6.25  ·  val_mlm_acc 12.50%" in out
+    gpu0 = next(line for line in lines if "RTX 3090" in line)
+    assert "97%" in gpu0 and "88C" in gpu0 and "300/350 W" in gpu0 and "hw_thermal" in gpu0
+    assert "10.0/24 GiB" in gpu0 and "1800 MHz" in gpu0
+    gpu1 = next(line for line in lines if "RTX 3060" in line)
+    assert "lost" in gpu1 and "GPU is lost" in gpu1
+
+
+def test_once_on_a_finished_run_and_budget_eta(run, capsys, monkeypatch):
+    _append(run / "metrics.jsonl", [{"step": 4, "kind": "info", "time": 1.7e9, "elapsed_s": 42,
+                                     "event": "end", "reason": "budget"}])
+    out = _frame(capsys, monkeypatch, run)
+    assert "finished (budget)" in out.splitlines()[0]
+    state = RunState(run)
+    (run / "config.toml").write_text(CONFIG + "budget_hours = 0.0125\n", encoding="utf-8")
+    state.poll()
+    assert eta_s(state) == pytest.approx(5.0)  # 45 s of budget, 40 s gone; steps would need 60
+
+
+def test_following_growing_files_cut_lines_and_a_resume(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    state = RunState(run)
+    state.poll()
+    assert state.records == []
+    _append(run / "metrics.jsonl", [_train(1), _train(2)], tail='{"step": 3, "ki')
+    state.poll()
+    assert [r["step"] for r in state.records] == [1, 2]  # the line being written waits
+    _append(run / "metrics.jsonl", [], tail='nd": "train", "loss": 1.5}\n')
+    state.poll()
+    assert [r["step"] for r in state.records] == [1, 2, 3] and state.records[-1]["loss"] == 1.5
+    # A crash cut a line, then the run resumed from step 2: the repeated steps replace the old.
+    _append(run / "metrics.jsonl", [], tail='{"step": 4, "kind": "tr')
+    _append(run / "metrics.jsonl", [], tail="\n")
+    _append(run / "metrics.jsonl", [{**_train(3), "loss": 0.25}, _train(4)])
+    state.poll()
+    assert [r["step"] for r in state.records] == [1, 2, 3, 4]
+    assert state.records[2]["loss"] == 0.25
+    # A file that shrank (a new run in the same folder) is read again from the start.
+    (run / "metrics.jsonl").write_text(json.dumps(_train(1)) + "\n", encoding="utf-8")
+    state.poll()
+    assert [r["step"] for r in state.records] == [1]
+
+
+def test_finetune_in_progress_and_bad_input(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sst2"
+    (out.with_name("sst2.tmp")).mkdir()
+    _append(out.with_name("sst2.tmp") / "metrics.jsonl", [_train(1)])
+    frame = _frame(capsys, monkeypatch, out)
+    assert "sst2.tmp" in frame.splitlines()[0] and "step 1" in frame
+    assert cli_main(["watch", str(tmp_path / "missing"), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert "bertgpu watch: error:" in err and "missing: does not exist" in err
+    assert err.count("\n") == 1
+    (tmp_path / "empty").mkdir()
+    assert "waiting for the first record" in _frame(capsys, monkeypatch, tmp_path / "empty")
+
+
+def test_live_loop_redraws_until_interrupted(run, capsys, monkeypatch):
+    sleeps = []
+
+    def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+        if len(sleeps) == 1:
+            _append(run / "metrics.jsonl", [_train(5)])
+        else:
+            raise KeyboardInterrupt  # Ctrl-C: the way out of a live view, not an error
+
+    monkeypatch.setattr(watch.time, "sleep", fake_sleep)
+    assert cli_main(["watch", str(run), "--interval", "0.5"]) == 0
+    assert sleeps == [0.5, 0.5]
+    assert "step 5 / 10" in capsys.readouterr().out
+
+
+def test_sparkline():
+    assert sparkline([]) == ""
+    assert sparkline([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5.0, 5.0]) == "▁▁"
+    assert sparkline([1.0, float("nan"), 3.0]) == "▁ █"
+    # More values than width: bucket means, so the shape survives.
+    assert sparkline([0.0] * 50 + [10.0] * 50, width=4) == "▁▁██"
+    assert len(sparkline(list(map(float, range(1000))), width=40)) == 40
+
+
+def test_status_of_a_quiet_run(run):
+    state = RunState(run)
+    state.poll()
+    assert watch._status(state, time.time() + 3600).startswith("no new record for 1:00:")
