@@ -169,8 +169,8 @@ class Schedule:
     power: float = 1.0
     decay_fraction: float = 0.1
     """wsd only: the last fraction of training over which the lr decays."""
-    def lr(self, progress: float, step: int) -> float:
 
+    def lr(self, progress: float, step: int) -> float:
         """lr of optimizer step `step` (0-based) taken at training progress `progress`."""
         if self.budget_mode and self.warmup_steps:
             ramp = min((step + 1) / self.warmup_steps, 1.0)
