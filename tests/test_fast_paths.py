@@ -226,7 +226,19 @@ def test_bucket_by_length_windows_do_not_mix():
     for lens in ([2, 5], [7, 3], [1, 4]):
         m = (torch.arange(8)[None, :] < torch.tensor(lens)[:, None]).long()
         mbs.append(dict(input_ids=m * 9, attention_mask=m, labels=torch.full((2, 8), -100)))
-    out = bucket_by_length(mbs, window=2)
+    out = bucket_by_length(mbs, window=2, round_width=False)
     got = [mb["attention_mask"].sum(1).tolist() for mb in out]
     assert got == [[7, 5], [3, 2], [4, 1]]  # first window sorted, last window alone
     assert [mb["input_ids"].shape[1] for mb in out] == [7, 3, 4]
+    # by default widths are rounded to a few sizes (bounded recompiles), never above T
+    assert [mb["input_ids"].shape[1] for mb in bucket_by_length(mbs, window=2)] == [8, 8, 8]
+
+
+def test_bucket_widths_are_few_and_cover_the_longest():
+    from bertgpu.data.loaders import bucket_width
+
+    for T in (8, 100, 128, 512):
+        widths = {bucket_width(L, T) for L in range(1, T + 1)}
+        assert all(bucket_width(L, T) >= L for L in range(1, T + 1)) and max(widths) == T
+        assert len(widths) <= 8 + T // 64
+    assert [bucket_width(L, 512) for L in (1, 9, 64, 65, 129, 500)] == [8, 16, 64, 128, 192, 512]

@@ -44,7 +44,16 @@ def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray,
     }
     if "nsp_labels" in raw:
         batch["next_sentence_label"] = torch.from_numpy(raw["nsp_labels"])
-    return batch
+    return _with_meta(batch)
+
+
+def _with_meta(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with its host-side `BatchMeta` (padding, unpad indices, MLM rows) under
+    "batch_meta": computed here on the CPU (in the worker processes), so the model's forward
+    never waits on the device to find them."""
+    from bertgpu.models.attention import batch_meta
+
+    return {**batch, "batch_meta": batch_meta(batch["attention_mask"], batch["labels"])}
 
 
 class _MicroBatches:
@@ -257,12 +266,21 @@ class ValidationLoader:
         return len(range(self.rank, n_batches, self.world_size))
 
 
-def trim_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Cut the T axis to the longest real sequence in the batch (same math, less padding).
+def bucket_width(longest: int, width: int) -> int:
+    """Padded width of a bucketed micro batch: `longest` rounded up to a multiple of 8 (up to 64)
+    or of 64 (above), never above the batch's `width`. Few distinct shapes, so a compiled model
+    recompiles a bounded number of times (at most 8 + width / 64) while padding stays small."""
+    step = 8 if longest <= 64 else 64
+    return min(width, -(-longest // step) * step)
+
+
+def trim_batch(batch: Mapping[str, Any], round_width: bool = False) -> dict[str, Any]:
+    """Cut the T axis to the longest real sequence in the batch (same math, less padding);
+    `round_width` keeps `bucket_width` of it instead.
 
     Works on model batches (torch, with `attention_mask`) and on `ShardSet.get` output (numpy,
     with `lengths`). Every (B, T) entry is cut to (B, L); padded positions carry no labels and
-    are masked out of attention, so the loss is unchanged.
+    are masked out of attention, so the loss is unchanged. A "batch_meta" is recomputed.
     """
     if "attention_mask" in batch:
         am = batch["attention_mask"]
@@ -274,21 +292,25 @@ def trim_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
     else:
         raise KeyError("trim_batch needs 'attention_mask' or 'lengths'")
     L = max(L, 1)
+    if round_width:
+        L = bucket_width(L, T)
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if getattr(value, "ndim", 0) == 2 and value.shape[1] == T and L < T:
             value = value[:, :L]
             value = value.contiguous() if hasattr(value, "contiguous") else np.ascontiguousarray(value)
         out[key] = value
-    return out
+    return _with_meta(out) if "batch_meta" in out else out
 
 
-def bucket_by_length(micro_batches: list[dict[str, torch.Tensor]], window: int) -> list[dict[str, torch.Tensor]]:
+def bucket_by_length(micro_batches: list[dict[str, torch.Tensor]], window: int,
+                     round_width: bool = True) -> list[dict[str, torch.Tensor]]:
     """Less padding with the same samples: sort each window of `window` micro batches by length.
 
     The samples of micro batches [w*k, (w+1)*k) are pooled, stably sorted by their real length
     (attention_mask row sums, longest first) and dealt back into micro batches of the original
-    sizes, each then cut to its own longest sequence by `trim_batch`. Rows move whole (input ids,
+    sizes, each then cut to its own longest sequence by `trim_batch` (rounded up to
+    `bucket_width` unless `round_width` is False). Rows move whole (input ids,
     mask, labels, NSP label together), so every sample keeps its mask, and the step holds exactly
     the same samples. Windows never cross a step, so the global order of steps is unchanged.
     """
@@ -300,9 +322,13 @@ def bucket_by_length(micro_batches: list[dict[str, torch.Tensor]], window: int) 
     for start in range(0, len(micro_batches), window):
         group = micro_batches[start:start + window]
         sizes = [int(mb["input_ids"].shape[0]) for mb in group]
-        pooled = {k: torch.cat([mb[k] for mb in group]) for k in group[0]}  # (sum sizes, T) / (sum,)
+        # (sum sizes, T) / (sum,); the metadata is not a row of samples: trim_batch rebuilds it
+        pooled = {k: torch.cat([mb[k] for mb in group]) for k in group[0] if k != "batch_meta"}
         lengths = pooled["attention_mask"].sum(1)  # (n,)
         order = torch.sort(lengths, descending=True, stable=True).indices
         for part in torch.split(order, sizes):
-            out.append(trim_batch({k: v.index_select(0, part) for k, v in pooled.items()}))
+            rows = {k: v.index_select(0, part) for k, v in pooled.items()}
+            if "batch_meta" in group[0]:
+                rows["batch_meta"] = None
+            out.append(trim_batch(rows, round_width))
     return out

@@ -529,7 +529,9 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 token_type_ids: torch.Tensor | None = None,
                 start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None, batch_meta: BatchMeta | None = None) -> ModelOutput:
-        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state  # (B, T, H)
+        # Always padded: HF's span softmax runs over every position, padding included, and an
+        # unpadded encoder leaves zeros there instead of the padded model's values.
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta, unpad=False).last_hidden_state
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
