@@ -9,54 +9,17 @@ import sys
 
 import pytest
 import torch
+from _toy import ToyPretrain, count_fn, loss_fn, make_batch, rows
 from torch import nn
 
 from bertgpu.train import distributed
 from bertgpu.train.engine import Engine
 
-V, D, T, G, STEPS = 11, 8, 6, 8, 3  # G = global batch (sequences per optimizer step)
-
-
-class Toy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(V, D)
-        self.body = nn.Sequential(nn.Linear(D, D), nn.Tanh())
-        self.mlm = nn.Linear(D, V)
-        self.nsp = nn.Linear(D, 2)
-
-    def forward(self, input_ids, labels, nsp_labels):
-        h = self.body(self.emb(input_ids))  # (B, T, D)
-        mask = labels != -100
-        return {
-            "mlm": nn.functional.cross_entropy(self.mlm(h[mask]), labels[mask], reduction="sum"),
-            "nsp": nn.functional.cross_entropy(self.nsp(h[:, 0]), nsp_labels, reduction="sum"),
-        }
-
-
-def loss_fn(model, batch):
-    out = model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
-    if "poison" in batch:
-        out["mlm"] = out["mlm"] * float("nan")
-    return out
-
-
-def count_fn(batch):
-    return {"mlm": int((batch["labels"] != -100).sum()), "nsp": batch["input_ids"].shape[0]}
+G, STEPS = 8, 3  # G = global batch (sequences per optimizer step)
 
 
 def global_batch(step: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    ids = torch.randint(0, V, (G, T), generator=g)
-    labels = torch.randint(0, V, (G, T), generator=g)
-    keep = torch.rand(G, T, generator=g) < torch.linspace(0.1, 0.9, G).unsqueeze(1)
-    keep[:, 0] = True
-    labels[~keep] = -100  # rows predict 1..6 tokens: ranks and micro batches weigh differently
-    return {"input_ids": ids, "labels": labels, "nsp_labels": torch.randint(0, 2, (G,), generator=g)}
-
-
-def rows(batch, lo, hi):
-    return {k: v[lo:hi] for k, v in batch.items()}
+    return make_batch(G, 100 + step)
 
 
 def micro_batches(step: int, rank: int, world: int, accum: int) -> list[dict[str, torch.Tensor]]:
@@ -68,9 +31,9 @@ def micro_batches(step: int, rank: int, world: int, accum: int) -> list[dict[str
     return [rows(batch, start + i * mb, start + (i + 1) * mb) for i in range(accum)]
 
 
-def fresh_model() -> Toy:
+def fresh_model() -> ToyPretrain:
     torch.manual_seed(0)
-    return Toy()
+    return ToyPretrain()
 
 
 def run(engine: Engine, rank: int, world: int, accum: int) -> list[float]:
@@ -109,7 +72,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             before = copy.deepcopy(model.state_dict())
             mbs = micro_batches(0, rank, world, 2)
             if rank == 1:
-                mbs[1] = {**mbs[1], "poison": torch.tensor(1)}
+                mbs[1] = {**mbs[1], "poison": torch.tensor(float("nan"))}
             r = engine.train_step(mbs, loss_fn, count_fn)
             unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
             result[f"nan_ddp{use_ddp}"] = (r.skipped, unchanged, engine.nonfinite_in_row)

@@ -7,56 +7,9 @@ import math
 
 import pytest
 import torch
-from torch import nn
+from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
 
 from bertgpu.train.engine import Engine, TrainingDiverged
-
-V, D, T = 11, 8, 6
-
-
-class ToyPretrain(nn.Module):
-    """A stand-in for BertForPreTraining: a token head (MLM-like) and a sequence head (NSP-like)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(V, D)
-        self.body = nn.Sequential(nn.Linear(D, D), nn.Tanh())
-        self.LayerNorm = nn.LayerNorm(D)
-        self.mlm = nn.Linear(D, V)
-        self.nsp = nn.Linear(D, 2)
-
-    def forward(self, input_ids, labels, nsp_labels):
-        h = self.LayerNorm(self.body(self.emb(input_ids)))  # (B, T, D)
-        mask = labels != -100
-        mlm_sum = nn.functional.cross_entropy(self.mlm(h[mask]).float(), labels[mask], reduction="sum")
-        nsp_sum = nn.functional.cross_entropy(self.nsp(h[:, 0]).float(), nsp_labels, reduction="sum")
-        return {"mlm": mlm_sum, "nsp": nsp_sum}
-
-
-def loss_fn(model, batch):
-    if batch.get("poison") is not None and bool(batch["poison"]):
-        out = model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
-        return {"mlm": out["mlm"] * float("inf"), "nsp": out["nsp"]}
-    return model(batch["input_ids"], batch["labels"], batch["nsp_labels"])
-
-
-def count_fn(batch):
-    return {"mlm": int((batch["labels"] != -100).sum()), "nsp": batch["input_ids"].shape[0]}
-
-
-def make_batch(n: int, seed: int) -> dict[str, torch.Tensor]:
-    """n sequences with a varying number of predicted tokens per sequence (as MLM masking gives)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (n, T), generator=g)
-    labels = torch.randint(0, V, (n, T), generator=g)
-    keep = torch.rand(n, T, generator=g) < torch.linspace(0.1, 0.9, n).unsqueeze(1)
-    keep[:, 0] = True  # at least one prediction per sequence
-    labels[~keep] = -100
-    return {"input_ids": ids, "labels": labels, "nsp_labels": torch.randint(0, 2, (n,), generator=g)}
-
-
-def split(batch, k):
-    return [{key: v for key, v in zip(batch, vals, strict=True)} for vals in zip(*(t.chunk(k) for t in batch.values()), strict=True)]
 
 
 def new_engine(model, **kw):
@@ -114,7 +67,7 @@ def test_nonfinite_step_is_skipped_and_aborts_after_n():
     model = ToyPretrain()
     engine = new_engine(model, max_nonfinite_steps=3)
     engine.train_step([make_batch(4, 0)], loss_fn, count_fn)  # create optimizer state
-    poisoned = [make_batch(2, 1), {**make_batch(2, 2), "poison": torch.tensor(True)}]
+    poisoned = [make_batch(2, 1), {**make_batch(2, 2), "poison": torch.tensor(float("inf"))}]
     before = copy.deepcopy(model.state_dict())
     opt_before = copy.deepcopy(engine.optimizer.state_dict())
 

@@ -11,16 +11,16 @@ import json
 import random
 from pathlib import Path
 
+import _tiny_init
 import numpy as np
 import pytest
-import torch
+from _tiny_init import SPECIAL
 
 from bertgpu.errors import BertgpuError
 from bertgpu.finetune import FinetuneConfig, demo_tasks, finetune, finetune_examples, load_config
 
 WORDS = ("apple river stone cloud table green quiet music paper window garden silver bright lamp "
          "horse ocean").split()
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ANSWERS = ["red", "blue", "gold", "pink"]  # the SQuAD fixture's answers: never elsewhere in a context
 VOCAB = SPECIAL + ["good", "bad", "is", "what", "the", ".", "?"] + WORDS + ANSWERS
 # Fast, learnable settings: no hidden dropout, a high lr for a random model.
@@ -32,18 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_init(root: Path, vocab: list[str] = VOCAB) -> Path:
-    """A Hugging Face folder (config.json, model.safetensors, vocab.txt) of a tiny random BERT."""
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
-    from bertgpu.models.hf_io import save_pretrained
-
-    tok = root / "tok"
-    tok.mkdir(parents=True, exist_ok=True)
-    (tok / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}), encoding="utf-8")
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    return save_pretrained(BertForPreTraining(cfg, with_nsp=False), root / "init", tokenizer=tok)
+    return _tiny_init.tiny_init(root, vocab)
 
 
 def sst2_fixture(folder: Path, n_train: int = 256, n_dev: int = 64) -> Path:

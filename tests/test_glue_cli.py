@@ -6,8 +6,9 @@ import json
 import re
 from pathlib import Path
 
+import _tiny_init
 import pytest
-import torch
+from _tiny_init import SPECIAL
 
 from bertgpu.cli import main
 
@@ -22,19 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture
 def tiny_init(tmp_path) -> Path:
     """A tiny random BERT whose vocab.txt holds every lower-cased word of the fixtures."""
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
-    from bertgpu.models.hf_io import save_pretrained
-
     words = sorted({w for p in FIXTURES.rglob("*.tsv")
                     for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", p.read_text(encoding="utf-8").lower())})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    (tok / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    return save_pretrained(BertForPreTraining(cfg, with_nsp=False), tmp_path / "init", tokenizer=tok)
+    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
 
 
 def glue(out: Path, init: Path, *extra: str) -> int:

@@ -1,0 +1,176 @@
+"""The one training loop with a toy task: cadence, exact resume, budget stop, schedule; and the
+fine-tuning conveniences it brings (mid-run checkpoints that resume bitwise, budget_hours)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
+
+from bertgpu.train import loop as loop_mod
+from bertgpu.train.distributed import DistInfo
+from bertgpu.train.metrics import read_metrics
+from bertgpu.train.schedule import Schedule
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class ToyTask:
+    """Step s trains on make_batch(8, s) in two micro batches; evaluation reports the step."""
+
+    def __init__(self, model: torch.nn.Module, crash_at: int | None = None) -> None:
+        self.model, self.crash_at = model, crash_at
+        self.evaluated: list[tuple[int, float | None]] = []
+        self.exported = False
+
+    def micro_batches(self, step):
+        if step == self.crash_at:
+            raise KeyboardInterrupt("simulated crash")
+        return split(make_batch(8, step), 2)
+
+    loss = staticmethod(loss_fn)
+
+    def counts(self, batch):
+        return {**count_fn(batch), "tokens": batch["input_ids"].numel(), "sequences": batch["input_ids"].shape[0]}
+
+    def log_scalars(self, res):
+        return {"toy": 1}
+
+    def evaluate(self, step, train_loss):
+        self.evaluated.append((step, train_loss))
+        return {"val_step": step}
+
+    def state_dict(self):
+        return {"toy_state": 7}
+
+    def load_state_dict(self, state):
+        assert state["toy_state"] == 7
+
+    def export(self, step):
+        self.exported = True
+        return None
+
+    def close(self):
+        pass
+
+
+def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, **settings):
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    info = DistInfo()
+    engine, timer = loop_mod.build_engine(model, loop_mod.EngineSettings(lr=1e-2), info)
+    task = ToyTask(model, crash_at)
+    s = loop_mod.LoopSettings(run_dir=run_dir, schedule=Schedule(peak_lr=1e-2, warmup_fraction=0.2, max_steps=max_steps),
+                              max_steps=max_steps, global_batch_size=8, log_every=2, tensorboard=False,
+                              **settings)
+    return loop_mod.Loop(task, model, engine, s, info, comm_timer=timer,
+                         resume=loop_mod.load_resume(run_dir, info)), task, model
+
+
+def test_cadence_and_records(tmp_path):
+    lp, task, _ = make_loop(tmp_path / "run", eval_every=4, checkpoint_every=3)
+    res = lp.run()
+    assert res.step == 6 and not res.preempted and res.stop_reason == "max_steps" and task.exported
+    assert [s for s, _ in task.evaluated] == [4, 6]  # every 4 steps, and once at the end
+    assert all(loss is not None and loss > 0 for _, loss in task.evaluated)
+    recs = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [2, 4, 6]
+    assert all(r["toy"] == 1 and r["tokens_per_s"] > 0 for r in recs if r["kind"] == "train")
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step_3", "step_6"]  # every 3 steps; the end is step 6 already saved
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step_6" / "train_state.pt", weights_only=True)
+    assert state["toy_state"] == 7 and state["sequences_seen"] == 48
+
+
+def test_crash_and_resume_is_bitwise_identical(tmp_path):
+    ref, _, ref_model = make_loop(tmp_path / "ref", checkpoint_every=2)
+    ref.run()
+    first, _, _ = make_loop(tmp_path / "run", checkpoint_every=2, crash_at=5)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    again, _, model = make_loop(tmp_path / "run", checkpoint_every=2)
+    assert again.engine.step == 4  # the newest checkpoint
+    again.run()
+    for k, v in ref_model.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+
+
+def test_budget_stops_the_run_and_is_saved(tmp_path):
+    lp, task, _ = make_loop(tmp_path / "run", max_steps=0, budget_hours=1e-9)
+    res = lp.run()
+    assert res.stop_reason == "budget" and res.step >= 1 and task.exported
+    state = torch.load(tmp_path / "run" / "checkpoints" / f"step_{res.step}" / "train_state.pt",
+                       weights_only=True)
+    assert state["budget"]["elapsed_s"] >= 1e-9 * 3600
+
+
+def test_budget_warmup_counts_steps_not_clock():
+    """Budget mode: warmup_steps ramps over optimizer steps while the decay follows the clock; in
+    step mode warmup_steps is the same as warmup_steps / max_steps of progress."""
+    s = Schedule(peak_lr=1.0, decay="linear", warmup_steps=10, max_steps=1000, budget_mode=True)
+    assert s.lr(progress=0.0, step=0) == pytest.approx(0.1)
+    assert s.lr(progress=0.0, step=4) == pytest.approx(0.5)
+    assert s.lr(progress=0.5, step=4) == pytest.approx(0.25)  # ramp x clock decay
+    assert s.lr(progress=0.5, step=50) == pytest.approx(0.5)  # after the ramp: the clock alone
+    steps = Schedule(peak_lr=1.0, decay="linear", warmup_steps=10, max_steps=100)
+    assert steps.lr(progress=0.05, step=4) == pytest.approx(0.5)
+    assert steps.lr(progress=0.55, step=54) == pytest.approx(0.5)
+
+
+def _tiny_finetune(tmp_path):
+    import _tiny_init
+    from test_finetune import VOCAB, sst2_fixture
+
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    sst2_fixture(tmp_path / "SST-2", n_train=64, n_dev=16)
+    return init, ["--epochs", "2", "--global_batch_size", "8", "--max_seq_len", "32", "--lr", "1e-3",
+                  "--checkpoint_every_steps", "3"]
+
+
+def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from bertgpu.finetune import finetune
+    from bertgpu.tasks.finetuning import FinetuneTask
+
+    init, args = _tiny_finetune(tmp_path)
+    ref = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ref", overrides=args)
+    original = FinetuneTask.micro_batches
+
+    def crash(self, step):
+        if step == 10:
+            raise KeyboardInterrupt("simulated crash")
+        return original(self, step)
+
+    monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
+    with pytest.raises(KeyboardInterrupt):
+        finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
+    work = tmp_path / "ft.tmp"
+    assert (work / "checkpoints" / "step_9" / "COMPLETE").is_file() and not (tmp_path / "ft").exists()
+    monkeypatch.setattr(FinetuneTask, "micro_batches", original)
+    res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
+    assert not work.exists() and not (tmp_path / "ft" / "checkpoints").exists()
+    assert res["steps"] == ref["steps"] == 16 and [e["epoch"] for e in res["epochs"]] == [1, 2]
+    assert res["metrics"] == ref["metrics"]
+    a, b = (load_file(str(p / "model" / "model.safetensors")) for p in (tmp_path / "ref", tmp_path / "ft"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # A different command does not pick up the interrupted run's checkpoint: it starts over.
+    monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
+    with pytest.raises(KeyboardInterrupt):
+        finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=args)
+    monkeypatch.setattr(FinetuneTask, "micro_batches", original)
+    other = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=[*args, "--lr", "2e-3"])
+    assert json.loads((tmp_path / "ft2" / "results.json").read_text())["config"]["lr"] == 2e-3
+    assert other["steps"] == 16
+
+
+def test_finetune_budget_hours(tmp_path):
+    from bertgpu.finetune import finetune
+
+    init, args = _tiny_finetune(tmp_path)
+    res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=[*args, "--budget_hours", "1e-9"])
+    assert 1 <= res["steps"] < 16 and "accuracy" in res["metrics"]["dev"]
+    assert res["config"]["budget_hours"] == 1e-9
