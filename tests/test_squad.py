@@ -15,16 +15,13 @@ from bertgpu.errors import BertgpuError
 from bertgpu.tasks.squad import (
     Features,
     SquadExample,
-    exact_match,
-    f1_score,
     featurize,
-    normalize_answer,
     postprocess,
     read_squad,
     read_squad_counted,
-    squad_evaluate,
     write_predictions,
 )
+from bertgpu.tasks.squad_eval import exact_match, f1_score, normalize_answer, squad_evaluate
 
 FIX = Path(__file__).parent / "fixtures" / "squad"
 V1 = FIX / "dev-v1.1-sample.json"

@@ -16,10 +16,9 @@ from bertgpu.tasks.glue import (
     column_name,
     find_split_file,
     get_task,
-    read_examples,
-    read_examples_counted,
     write_glue_submission,
 )
+from bertgpu.tasks.glue_files import read_examples, read_examples_counted
 
 GLUE = Path(__file__).parent / "fixtures" / "glue"
 

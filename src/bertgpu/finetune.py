@@ -132,6 +132,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     content. `data`: the GLUE root or task folder; for SQuAD a folder with train-v1.1.json and
     dev-v1.1.json (v2.0 for squad2) unless `train_file` / `dev_file` name them."""
     from bertgpu.tasks import glue as glue_tasks
+    from bertgpu.tasks import glue_files
 
     cfg = load_config(cfg, overrides)
     key = task.lower().replace("-", "").replace("_", "").replace(".", "")
@@ -147,7 +148,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
             raise BertgpuError(f"finetune {task}: --data is required (the GLUE folder)")
         t = glue_tasks.get_task(task)
         train_path = glue_tasks.find_split_file(data, t, "train")
-        devs = [(s, glue_tasks.read_examples(t, glue_tasks.find_split_file(data, t, s))) for s in t.dev_splits]
+        devs = [(s, glue_files.read_examples(t, glue_tasks.find_split_file(data, t, s))) for s in t.dev_splits]
         tests = []
         if predict_test:
             for s in t.test_splits:
@@ -155,8 +156,8 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
                     path = glue_tasks.find_split_file(data, t, s)
                 except BertgpuError:
                     continue  # no test file for this split: nothing to predict
-                tests.append((s, glue_tasks.read_examples(t, path, expect_labels=False)))
-        job = glue_job(t, glue_tasks.read_examples(t, train_path), devs, tokenizer, cfg, str(train_path), tests)
+                tests.append((s, glue_files.read_examples(t, path, expect_labels=False)))
+        job = glue_job(t, glue_files.read_examples(t, train_path), devs, tokenizer, cfg, str(train_path), tests)
         return job, {"data": str(data), "task_key": t.key, "kind": t.kind}
 
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)

@@ -96,7 +96,7 @@ def glue_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[Ex
 
 def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
               cfg: FinetuneConfig) -> Job:
-    from bertgpu.tasks import squad
+    from bertgpu.tasks import squad, squad_eval
 
     seq = cfg.max_seq_len or 384
     tokenizer.no_truncation()
@@ -118,7 +118,7 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
                                      null_threshold=cfg.null_threshold)
         if folder is not None:
             squad.write_predictions(preds, folder / "predictions.json")
-        return squad.squad_evaluate(dev_ex, preds, version_2=version_2)
+        return squad_eval.squad_evaluate(dev_ex, preds, version_2=version_2)
 
     name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
     return Job(name, "qa", None, strip_padding(train_feats),

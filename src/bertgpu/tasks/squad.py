@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / v2.0: reading, doc-stride windows, n-best span decoding, official EM/F1.
+"""SQuAD v1.1 / v2.0: reading, doc-stride windows and n-best span decoding.
 
 The pipeline, numpy in and out so it knows nothing of the model::
 
@@ -7,7 +7,7 @@ The pipeline, numpy in and out so it knows nothing of the model::
     start_logits, end_logits = ...          # (len(feats), max_seq_len) each, from the QA head
     preds, nbest = postprocess(examples, feats, start_logits, end_logits, version_2=True)
     write_predictions(preds, "predictions.json")
-    print(squad_evaluate(examples, preds))  # {"exact": .., "f1": .., "HasAns_exact": .., ...}
+    print(squad_eval.squad_evaluate(examples, preds))  # {"exact": .., "f1": .., ...}
 
 Windows. The question (at most `max_query_len` tokens) and the context are tokenised separately
 with the fast tokenizer's character offsets; every feature is `[CLS] question [SEP] window [SEP]`
@@ -16,11 +16,7 @@ tokens (Hugging Face run_qa.py semantics; Google's run_squad.py instead uses doc
 step between window starts). A token can sit in several windows; as in Google's BERT, only the
 window where it has the most context on both sides may start a predicted answer.
 
-Evaluation follows the official evaluate-v1.1.py / evaluate-v2.0.py scripts: the same answer
-normalisation, token-overlap F1, max over gold answers, 0-100 scale. For v2, a question with
-no answer is right only when the prediction is "" (both empty -> 1, otherwise 0). One deliberate
-difference: a question without a prediction scores 0 and counts in the total (the v2 script
-would crash on it).
+The official EM/F1 (evaluate-v1.1.py / evaluate-v2.0.py) are in `squad_eval.py`.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ import json
 import logging
 import os
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +44,10 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Features",
     "SquadExample",
-    "exact_match",
-    "f1_score",
     "featurize",
-    "normalize_answer",
     "postprocess",
     "read_squad",
     "read_squad_counted",
-    "squad_evaluate",
     "write_predictions",
 ]
 
@@ -230,19 +221,10 @@ def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_le
     answer when it lies entirely inside the window, else (0, 0), the [CLS] "no answer" target;
     examples whose answer text is not in the context are skipped (`skipped_examples`).
     """
-    cls_id, sep_id = _special_id(tokenizer, "[CLS]"), _special_id(tokenizer, "[SEP]")
-    pad_id = _special_id(tokenizer, "[PAD]")
+    specials = tuple(_special_id(tokenizer, t) for t in ("[CLS]", "[SEP]", "[PAD]"))
     q_encs = tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
     c_encs = tokenizer.encode_batch([e.context for e in examples], add_special_tokens=False)
-
-    ids_rows: list[list[int]] = []
-    type_rows: list[list[int]] = []
-    offset_rows: list[list[tuple[int, int] | None]] = []
-    maxctx_rows: list[list[bool]] = []
-    ex_index: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    skipped: list[int] = []
+    rows = _Rows()
     for i, (ex, qe, ce) in enumerate(zip(examples, q_encs, c_encs, strict=True)):
         q_ids = qe.ids[:max_query_len]
         max_ctx = max_seq_len - len(q_ids) - 3
@@ -252,69 +234,80 @@ def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_le
                 f"{len(q_ids)}-token question; that must exceed doc_stride={doc_stride} "
                 "(lower doc_stride or max_query_len)"
             )
-        c_ids, c_off = ce.ids, ce.offsets
-        n = len(c_ids)
         span = ex.train_span if is_training else None
-        if is_training and span is None and not ex.is_impossible:
-            skipped.append(i)
+        tok_span = _char_to_token_span(ce.offsets, span) if span is not None else None
+        if is_training and tok_span is None and not ex.is_impossible:
+            rows.skipped.append(i)  # no answer in the context, or one that covers no token
             continue
-        tok_span = _char_to_token_span(c_off, span) if span is not None else None
-        if is_training and span is not None and tok_span is None:
-            skipped.append(i)  # the answer covers no token (e.g. only whitespace)
-            continue
+        windows = _windows(len(ce.ids), max_ctx, doc_stride)
+        for w in range(len(windows)):
+            rows.add(i, q_ids, ce.ids, ce.offsets, windows, w, specials, tok_span if is_training else None,
+                     is_training)
+    return rows.features(max_seq_len, specials[2], is_training)
 
-        # Window starts: step max_ctx - doc_stride, the last window ends at the last token.
-        step = max_ctx - doc_stride
-        win_starts = [0]
-        while win_starts[-1] + max_ctx < n:
-            win_starts.append(win_starts[-1] + step)
-        windows = [(s, min(s + max_ctx, n)) for s in win_starts]
 
-        for w, (s, e) in enumerate(windows):
-            ids = [cls_id, *q_ids, sep_id, *c_ids[s:e], sep_id]
-            types = [0] * (len(q_ids) + 2) + [1] * (e - s + 1)
-            prefix = len(q_ids) + 2  # position of the first context token in the feature
-            offs: list[tuple[int, int] | None] = [None] * prefix
-            offs += [tuple(o) for o in c_off[s:e]]  # type: ignore[misc]
-            offs.append(None)
-            maxctx = [False] * prefix + [
-                _is_max_context(windows, w, t) for t in range(s, e)
-            ] + [False]
-            ids_rows.append(ids)
-            type_rows.append(types)
-            offset_rows.append(offs)
-            maxctx_rows.append(maxctx)
-            ex_index.append(i)
-            if is_training:
-                if tok_span is not None and s <= tok_span[0] and tok_span[1] < e:
-                    starts.append(tok_span[0] - s + prefix)
-                    ends.append(tok_span[1] - s + prefix)
-                else:
-                    starts.append(0)
-                    ends.append(0)
+def _windows(n: int, max_ctx: int, doc_stride: int) -> list[tuple[int, int]]:
+    """[start, end) token windows of a context of `n` tokens: step max_ctx - doc_stride, the last
+    window ends at the last token."""
+    step = max_ctx - doc_stride
+    starts = [0]
+    while starts[-1] + max_ctx < n:
+        starts.append(starts[-1] + step)
+    return [(s, min(s + max_ctx, n)) for s in starts]
 
-    f_count = len(ids_rows)
-    input_ids = np.full((f_count, max_seq_len), pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((f_count, max_seq_len), dtype=np.int64)
-    attention_mask = np.zeros((f_count, max_seq_len), dtype=np.int64)
-    is_max = np.zeros((f_count, max_seq_len), dtype=bool)
-    for f, (ids, types, mc) in enumerate(zip(ids_rows, type_rows, maxctx_rows, strict=True)):
-        input_ids[f, : len(ids)] = ids
-        token_type_ids[f, : len(ids)] = types
-        attention_mask[f, : len(ids)] = 1
-        is_max[f, : len(ids)] = mc
-        offset_rows[f] += [None] * (max_seq_len - len(ids))
-    return Features(
-        input_ids=input_ids,
-        token_type_ids=token_type_ids,
-        attention_mask=attention_mask,
-        example_index=np.asarray(ex_index, dtype=np.int64),
-        offsets=offset_rows,
-        token_is_max_context=is_max,
-        start_positions=np.asarray(starts, dtype=np.int64) if is_training else None,
-        end_positions=np.asarray(ends, dtype=np.int64) if is_training else None,
-        skipped_examples=skipped,
-    )
+
+@dataclass
+class _Rows:
+    """Features under construction, one list entry per window."""
+
+    ids: list[list[int]] = field(default_factory=list)
+    types: list[list[int]] = field(default_factory=list)
+    offsets: list[list[tuple[int, int] | None]] = field(default_factory=list)
+    max_context: list[list[bool]] = field(default_factory=list)
+    example_index: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+    def add(self, i: int, q_ids: list[int], c_ids: list[int], c_off: Sequence[tuple[int, int]],
+            windows: list[tuple[int, int]], w: int, specials: tuple[int, int, int],
+            tok_span: tuple[int, int] | None, is_training: bool) -> None:
+        """Window `w` of example `i`: tokens, types, offsets, max-context flags and targets."""
+        cls_id, sep_id, _ = specials
+        s, e = windows[w]
+        prefix = len(q_ids) + 2  # position of the first context token in the feature
+        self.ids.append([cls_id, *q_ids, sep_id, *c_ids[s:e], sep_id])
+        self.types.append([0] * prefix + [1] * (e - s + 1))
+        self.offsets.append([None] * prefix + [tuple(o) for o in c_off[s:e]] + [None])  # type: ignore[misc]
+        self.max_context.append([False] * prefix + [_is_max_context(windows, w, t) for t in range(s, e)]
+                                + [False])
+        self.example_index.append(i)
+        if is_training:
+            inside = tok_span is not None and s <= tok_span[0] and tok_span[1] < e
+            self.starts.append(tok_span[0] - s + prefix if inside else 0)  # type: ignore[index]
+            self.ends.append(tok_span[1] - s + prefix if inside else 0)  # type: ignore[index]
+
+    def features(self, max_seq_len: int, pad_id: int, is_training: bool) -> Features:
+        """Right-padded (F, max_seq_len) arrays."""
+        f_count = len(self.ids)
+        input_ids = np.full((f_count, max_seq_len), pad_id, dtype=np.int64)
+        token_type_ids = np.zeros((f_count, max_seq_len), dtype=np.int64)
+        attention_mask = np.zeros((f_count, max_seq_len), dtype=np.int64)
+        is_max = np.zeros((f_count, max_seq_len), dtype=bool)
+        for f, (ids, types, mc) in enumerate(zip(self.ids, self.types, self.max_context, strict=True)):
+            input_ids[f, : len(ids)] = ids
+            token_type_ids[f, : len(ids)] = types
+            attention_mask[f, : len(ids)] = 1
+            is_max[f, : len(ids)] = mc
+            self.offsets[f] += [None] * (max_seq_len - len(ids))
+        return Features(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+            example_index=np.asarray(self.example_index, dtype=np.int64), offsets=self.offsets,
+            token_is_max_context=is_max,
+            start_positions=np.asarray(self.starts, dtype=np.int64) if is_training else None,
+            end_positions=np.asarray(self.ends, dtype=np.int64) if is_training else None,
+            skipped_examples=self.skipped,
+        )
 
 
 def _char_to_token_span(offsets: Sequence[tuple[int, int]],
@@ -426,86 +419,4 @@ def write_predictions(predictions: Mapping[str, str], path: str | os.PathLike[st
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(dict(predictions), f, ensure_ascii=False, indent=2)
     os.replace(tmp, out)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Official evaluation (evaluate-v1.1.py / evaluate-v2.0.py)
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """Lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace."""
-    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", s).split())
-
-
-def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
-def f1_score(prediction: str, gold: str, version_2: bool = True) -> float:
-    """Token-overlap F1 of the normalised answers.
-
-    v2 rule (default): when either side has no tokens, 1.0 if both have none else 0.0. The v1.1
-    script returns 0.0 whenever nothing overlaps, even for two empty strings.
-    """
-    p = normalize_answer(prediction).split()
-    g = normalize_answer(gold).split()
-    if version_2 and (not p or not g):
-        return float(p == g)
-    common = collections.Counter(p) & collections.Counter(g)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(g)
-    return 2 * precision * recall / (precision + recall)
-
-
-def squad_evaluate(examples: Sequence[SquadExample], predictions: Mapping[str, str],
-                   version_2: bool | None = None) -> dict[str, float]:
-    """Official SQuAD scores on the 0-100 scale: exact, f1, total; for v2 also HasAns_/NoAns_
-    exact, f1 and total. `version_2` defaults to "any example is unanswerable"."""
-    if version_2 is None:
-        version_2 = any(e.is_impossible for e in examples)
-    em: dict[str, float] = {}
-    f1: dict[str, float] = {}
-    missing = 0
-    for ex in examples:
-        if version_2:
-            # evaluate-v2.0.py: golds that normalise to nothing are dropped; none left = no answer.
-            golds = [a for a in ex.answers if normalize_answer(a)] or [""]
-        else:
-            golds = list(ex.answers)
-        pred = predictions.get(ex.id)
-        if pred is None:
-            missing += 1
-            em[ex.id] = f1[ex.id] = 0.0
-            continue
-        em[ex.id] = max(exact_match(pred, g) for g in golds)
-        f1[ex.id] = max(f1_score(pred, g, version_2) for g in golds)
-    if missing:
-        log.warning("%d of %d questions have no prediction (scored 0)", missing, len(examples))
-
-    def block(ids: list[str], prefix: str = "") -> dict[str, float]:
-        n = len(ids)
-        return {
-            f"{prefix}exact": 100.0 * sum(em[k] for k in ids) / n if n else 0.0,
-            f"{prefix}f1": 100.0 * sum(f1[k] for k in ids) / n if n else 0.0,
-            f"{prefix}total": float(n),
-        }
-
-    out = block([e.id for e in examples])
-    if version_2:
-        # evaluate-v2.0.py: "has answer" means a non-empty answers list, before normalisation.
-        has = [e.id for e in examples if e.answers and not e.is_impossible]
-        has_set = set(has)
-        no = [e.id for e in examples if e.id not in has_set]
-        if has:
-            out.update(block(has, "HasAns_"))
-        if no:
-            out.update(block(no, "NoAns_"))
     return out
