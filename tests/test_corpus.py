@@ -16,8 +16,8 @@ from bertgpu.data.corpus import (
     iter_documents,
     resolve_inputs,
     split_sentences,
-    strip_wiki_markup,
 )
+from bertgpu.data.wikitext import strip_wiki_markup
 from bertgpu.errors import BertgpuError
 
 needs_gensim = pytest.mark.skipif(importlib.util.find_spec("gensim") is None, reason="gensim not installed")

@@ -192,7 +192,7 @@ def _wiki_dump(path, docs):
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
 def test_wiki_and_text_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective, monkeypatch):
     """Markup stripping runs on the workers (in small batches here): same bytes as in-process."""
-    import bertgpu.data.prepare as prep
+    import bertgpu.data.pipeline as prep
     from bertgpu.data.corpus import iter_documents
 
     monkeypatch.setattr(prep, "RAW_BATCH_ITEMS", 7)  # many conversion tasks in flight

@@ -1,0 +1,158 @@
+"""Main side of `bertgpu prepare`: rows streamed into shard files, and the MLM row packer.
+
+    writer = ShardWriter(folder, "train", seq_len=128, dtype=np.uint16, shard_size=65536, nsp=False)
+    packer = Packer(writer, seq_len=128, cls=2, sep=3)
+    packer.add(result["train"])          # one chunk's token stream, from `packing.process_chunk`
+    packer.finish(); writer.flush()
+    writer.shards                        # [{"name": "train-00000", "sequences": ..., "tokens": ...}]
+
+Nothing of a shard stays in memory: rows go to ``NAME.KEY.npy.part`` as they come and are copied
+behind the .npy header when the shard is complete (the same bytes as ``np.save``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+
+class ShardWriter:
+    """Streams rows into the current shard's files; a shard holds shard_size rows.
+
+    Keys: ``input_ids`` (N, T) and ``lengths`` (N,); with ``nsp`` also ``token_type_ids`` (N, T)
+    and ``nsp_labels`` (N,); with ``word_starts`` also ``word_starts`` (N, T).
+    """
+
+    def __init__(self, folder: Path, split: str, seq_len: int, dtype: np.dtype, shard_size: int, nsp: bool,
+                 word_starts: bool = False) -> None:
+        self.folder, self.split = folder, split
+        self.seq_len, self.dtype, self.shard_size = seq_len, np.dtype(dtype), shard_size
+        self.dtypes = {"input_ids": self.dtype, "lengths": np.dtype(np.int32)}
+        if nsp:
+            self.dtypes.update(token_type_ids=np.dtype(np.uint8), nsp_labels=np.dtype(np.uint8))
+        if word_starts:
+            self.dtypes["word_starts"] = np.dtype(np.uint8)
+        self.files: dict = {}
+        self.n = 0
+        self.tokens = 0
+        self.shards: list[dict] = []
+
+    def _name(self) -> str:
+        return f"{self.split}-{len(self.shards):05d}"
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        """Append rows: ``arrays`` holds every key of this writer, all with the same number of rows."""
+        lengths = arrays["lengths"]
+        done = 0
+        while done < len(lengths):
+            take = min(self.shard_size - self.n, len(lengths) - done)
+            if not self.files:
+                name = self._name()
+                self.files = {key: open(self.folder / f"{name}.{key}.npy.part", "wb") for key in self.dtypes}
+            for key, dtype in self.dtypes.items():
+                part = np.ascontiguousarray(arrays[key][done : done + take], dtype=dtype)
+                self.files[key].write(part.data)
+            self.tokens += int(lengths[done : done + take].sum())
+            self.n += take
+            done += take
+            if self.n == self.shard_size:
+                self.flush()
+
+    def flush(self) -> None:
+        """Close the current shard (if it has rows) and write its .npy files."""
+        if self.n == 0:
+            return
+        name = self._name()
+        for key, f in self.files.items():
+            f.close()
+            shape = (self.n, self.seq_len) if key in ("input_ids", "token_type_ids", "word_starts") else (self.n,)
+            header = {"descr": np.lib.format.dtype_to_descr(self.dtypes[key]), "fortran_order": False,
+                      "shape": shape}
+            part = self.folder / f"{name}.{key}.npy.part"
+            with open(self.folder / f"{name}.{key}.npy", "wb") as out, open(part, "rb") as src:
+                np.lib.format.write_array_header_1_0(out, header)
+                shutil.copyfileobj(src, out, 1 << 20)
+            part.unlink()
+        self.files = {}
+        self.shards.append({"name": name, "sequences": self.n, "tokens": self.tokens})
+        self.n = 0
+        self.tokens = 0
+
+    def summary(self, documents: int) -> dict:
+        return {
+            "sequences": sum(s["sequences"] for s in self.shards),
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "documents": documents,
+            "shards": self.shards,
+        }
+
+
+class Packer:
+    """Packs a split's token stream into full ``[CLS] ... [SEP]`` rows, carrying the remainder over.
+
+    Between runs of text (see `packing._mlm_stream`) the stream holds a [SEP]; across chunks the
+    packer adds it, so the rows are the same whatever the chunking: every row is full except the
+    last. With word starts, a flag array travels alongside ([CLS] and [SEP] start words).
+    """
+
+    def __init__(self, writer: ShardWriter, seq_len: int, cls: int, sep: int) -> None:
+        self.writer, self.seq_len, self.cls, self.sep = writer, seq_len, cls, sep
+        self.with_flags = "word_starts" in writer.dtypes
+        self.carry = np.empty(0, np.int32)
+        self.carry_flags = np.empty(0, np.uint8)
+        self.started = False  # a token was packed
+        self.pending = False  # a run boundary since the last token
+
+    def add(self, part: dict) -> None:
+        """One chunk's ``{"stream", "word_starts", "lead", "trail"}`` for this split."""
+        stream = part["stream"]
+        if stream.size == 0:
+            self.pending = self.pending or part["lead"]
+            return
+        sep = self.started and (self.pending or part["lead"])
+        sep_id = np.array([self.sep], np.int32)
+        buf = np.concatenate([self.carry, sep_id, stream] if sep else [self.carry, stream])
+        if self.with_flags:
+            flags = part["word_starts"]
+            one = np.ones(1, np.uint8)
+            self.carry_flags = np.concatenate([self.carry_flags, one, flags] if sep else [self.carry_flags, flags])
+        self.started = True
+        self.pending = part["trail"]
+        content = self.seq_len - 2
+        n = len(buf) // content
+        if n:
+            rows = np.empty((n, self.seq_len), self.writer.dtype)
+            rows[:, 0] = self.cls
+            rows[:, 1:-1] = buf[: n * content].reshape(n, content)
+            rows[:, -1] = self.sep
+            arrays = {"input_ids": rows, "lengths": np.full(n, self.seq_len, np.int32)}
+            if self.with_flags:
+                arrays["word_starts"] = self._flag_rows(self.carry_flags[: n * content].reshape(n, content))
+            self.writer.add(arrays)
+        self.carry = buf[n * content :]
+        self.carry_flags = self.carry_flags[n * content :]
+
+    def _flag_rows(self, content: np.ndarray) -> np.ndarray:
+        rows = np.ones((len(content), self.seq_len), np.uint8)  # [CLS] and [SEP] start words
+        rows[:, 1 : content.shape[1] + 1] = content
+        return rows
+
+    def finish(self) -> None:
+        """Write the last, short row (right-padded with [PAD] = 0)."""
+        k = self.carry.size
+        if k == 0:
+            return
+        row = np.zeros((1, self.seq_len), self.writer.dtype)
+        row[0, 0] = self.cls
+        row[0, 1 : k + 1] = self.carry
+        row[0, k + 1] = self.sep
+        arrays = {"input_ids": row, "lengths": np.array([k + 2], np.int32)}
+        if self.with_flags:
+            flags = self._flag_rows(self.carry_flags[None, :])
+            flags[0, k + 2 :] = 0
+            arrays["word_starts"] = flags
+        self.writer.add(arrays)
+        self.carry = np.empty(0, np.int32)
+        self.carry_flags = np.empty(0, np.uint8)
