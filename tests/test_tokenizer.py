@@ -144,3 +144,18 @@ def test_cli_trains_and_reports_bad_input(tmp_path, capsys):
     assert code == 2
     assert err.count("\n") == 1 and "bad.jsonl:1: not valid JSON" in err
     assert err.startswith("bertgpu tokenizer: error:")
+
+
+def test_training_twice_gives_byte_identical_folders(tmp_path):
+    """The `tokenizers` trainer breaks ties between equal-count merges by ids it hands out in a
+    randomly seeded hash order; `_initial_vocabulary` pins them (issue 11). Before that, two
+    trainings in one process differed in vocab.txt and tokenizer.json."""
+    corpus = tokenizer_corpus(tmp_path / "corpus")
+    first = train_tokenizer([corpus], tmp_path / "a", vocab_size=1500, min_frequency=1, limit_alphabet=60)
+    second = train_tokenizer([corpus], tmp_path / "b", vocab_size=1500, min_frequency=1, limit_alphabet=60)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    vocab = (first / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    singles = [t for t in vocab[5:] if len(t) == 1]
+    assert len(singles) == 60  # limit_alphabet holds, ties at the cut broken the same way each time
+    assert not (first.parent / "a.tmp").exists()

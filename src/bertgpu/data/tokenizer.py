@@ -26,8 +26,9 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
-from bertgpu.data.corpus import CorpusStats, add_corpus_arguments, iter_documents
+from bertgpu.data.corpus import CorpusStats, add_corpus_arguments, iter_document_parts
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -58,15 +59,52 @@ def _pipeline(tokenizer, lowercase: bool, strip_accents: bool | None, cls_id: in
     tokenizer.decoder = decoders.WordPiece(prefix="##")
 
 
-def _sentence_batches(docs: Iterator[list[str]], batch: int = 1000) -> Iterator[list[str]]:
+def _sentence_batches(parts: Iterator[tuple[list[str], bool]], batch: int = 1000) -> Iterator[list[str]]:
     buf: list[str] = []
-    for doc in docs:
-        buf.extend(doc)
+    for sentences, _ in parts:
+        buf.extend(sentences)
         if len(buf) >= batch:
             yield buf
             buf = []
     if buf:
         yield buf
+
+
+def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet: int,
+                        copy: TextIO) -> tuple[list[str], list[str]]:
+    """(alphabet, continuation pieces) the WordPiece trainer starts from, chosen deterministically;
+    every sentence is also written to ``copy``, one per line, for the trainer to read back.
+
+    Why: the `tokenizers` trainer (0.2x) numbers the "##c" pieces in the iteration order of a
+    Rust HashMap of words, which is seeded at random in every process, and breaks ties between
+    merges of equal count by those numbers; with more distinct characters than
+    ``limit_alphabet`` it also drops characters of equal count in that random order. Two
+    trainings on the same text then differ by a few merges. Here the same normaliser and
+    pre-tokenizer see the text once; the alphabet is the ``limit_alphabet`` most frequent
+    characters (ties by code point) and the pieces are every "##c" of an alphabet character that
+    occurs inside a word, sorted. Handed to the trainer as its initial alphabet and (temporary)
+    special tokens, they hold the same ids in every run, so the merges are the same too.
+    """
+    from collections import Counter
+
+    chunks: Counter[str] = Counter()
+    chars: Counter[str] = Counter()
+    for batch in batches:
+        joined = "\n".join(batch)
+        copy.write(joined + "\n")
+        # The normaliser works character by character, so one call per batch equals one per line.
+        text = tokenizer.normalizer.normalize_str(joined)
+        chars.update(text)
+        chunks.update(text.split())  # whitespace first (fast), punctuation per distinct chunk below
+    in_words: set[str] = set()
+    inside: set[str] = set()
+    for chunk in chunks:
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(chunk):
+            in_words.update(word)
+            inside.update(word[1:])
+    ranked = sorted(in_words, key=lambda c: (-chars[c], c))[:limit_alphabet]
+    alphabet = sorted(ranked)
+    return alphabet, [f"##{c}" for c in alphabet if c in inside]
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -94,8 +132,6 @@ def train_tokenizer(
     ``strip_accents=None`` follows ``lowercase`` (BERT's convention: uncased models also drop
     accents). The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
     """
-    from tokenizers import Tokenizer, models, trainers
-
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise BertgpuError(f"--vocab-size {vocab_size}: too small; expected at least {len(SPECIAL_TOKENS) + 1}")
     if min_frequency < 1:
@@ -104,29 +140,13 @@ def train_tokenizer(
     _check_out_dir(out)
     stats = stats if stats is not None else CorpusStats()
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
-    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
-        show_progress=False,
-    )
-    docs = iter_documents(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
-    tok.train_from_iterator(_sentence_batches(docs), trainer=trainer)
-    if stats.documents == 0:
-        raise BertgpuError("no documents read from the corpus; expected text to train on")
-    for i, t in enumerate(SPECIAL_TOKENS):  # the trainer puts them first, in order; check it
-        if tok.token_to_id(t) != i:
-            raise RuntimeError(f"special token {t} got id {tok.token_to_id(t)}, expected {i}")
-    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
-
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        tok = _train(paths, tmp / "corpus.txt", vocab_size, lowercase, min_frequency, fmt, skip_bad, text_field,
+                     strip_accents, limit_alphabet, stats)
+        (tmp / "corpus.txt").unlink()
         _write_folder(tok, tmp, lowercase, strip_accents)
         if out.exists():
             out.rmdir()  # _check_out_dir made sure it is empty
@@ -135,6 +155,49 @@ def train_tokenizer(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _train(paths, copy_path: Path, vocab_size: int, lowercase: bool, min_frequency: int, fmt: str,
+           skip_bad: bool, text_field: str, strip_accents: bool | None, limit_alphabet: int, stats: CorpusStats):
+    """Read the corpus once (counting, and copying its sentences to ``copy_path``), then train the
+    WordPiece model on the copy: the trainer's Rust reader skips decompression and markup."""
+    from tokenizers import Tokenizer, models, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    parts = iter_document_parts(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
+    with open(copy_path, "w", encoding="utf-8") as copy:
+        alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy)
+    if stats.documents == 0:
+        raise BertgpuError("no documents read from the corpus; expected text to train on")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS + pieces,
+        limit_alphabet=len(alphabet),
+        initial_alphabet=alphabet,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train([str(copy_path)], trainer=trainer)
+    tok = _without_added_pieces(tok, lowercase, strip_accents)
+    for i, t in enumerate(SPECIAL_TOKENS):  # the trainer puts them first, in order; check it
+        if tok.token_to_id(t) != i:
+            raise RuntimeError(f"special token {t} got id {tok.token_to_id(t)}, expected {i}")
+    return tok
+
+
+def _without_added_pieces(trained, lowercase: bool, strip_accents: bool | None):
+    """The trained vocabulary in a fresh tokenizer whose only added tokens are the five specials
+    (the "##c" pieces were special tokens only to pin their ids during training)."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    vocab = trained.get_vocab(with_added_tokens=True)
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
+                                     max_input_chars_per_word=100))
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
+    return tok
 
 
 def _check_out_dir(out: Path) -> None:
