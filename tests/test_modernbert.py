@@ -3,6 +3,7 @@ and against direct, hand-written versions of RoPE and the sliding-window mask (t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -14,6 +15,8 @@ from _tiny import tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN, TINY_MODERN_BIASED
 
 from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
+from bertgpu.models.attention import batch_meta
 from bertgpu.models.modernbert import (
     ModernBertConfig,
     ModernBertForMaskedLM,
@@ -317,3 +320,132 @@ def test_initialisation_follows_transformers():
     assert isinstance(model.model.layers[0].attn_norm, torch.nn.Identity)
     assert model.model.final_norm.bias is None and model.decoder.bias.abs().max() == 0
     assert not model.with_nsp
+
+
+# --- batch metadata, unpadding, no host syncs ------------------------------------------------------
+
+
+def layouts() -> dict[str, torch.Tensor]:
+    """Attention masks of T = 11 (window +-2): right padding, left padding with an empty row, none."""
+    right = tiny_batch()["attention_mask"]
+    left = right.flip(1).clone()
+    left[2] = 0
+    return {"right": right, "left+empty": left, "none": torch.ones(3, 11, dtype=torch.long)}
+
+
+def modern_batch(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 99, mask.shape, generator=g) * mask
+    labels = torch.where((torch.rand(mask.shape, generator=g) < 0.4) & mask.bool(), ids, torch.tensor(IGNORE_INDEX))
+    labels[0, 0] = 7  # a loss needs one label
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def loss_and_grads(model, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(**kw)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+@pytest.mark.parametrize("layout", ["right", "left+empty", "none"])
+def test_masked_lm_with_meta_and_unpadding_equals_the_plain_call(layout, unpad):
+    torch.manual_seed(0)
+    model = perturb(ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN_BIASED))).train()
+    batch = modern_batch(layouts()[layout])
+    ref, ref_grads = loss_and_grads(model, **batch)  # the model computes its own metadata
+    model.configure(unpad=unpad, attention_backend="padded")  # the exact kernel: no warning on the CPU
+    got, grads = loss_and_grads(model, **batch, batch_meta=batch_meta(batch["attention_mask"], batch["labels"]))
+    torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-4)
+    assert int(got.mlm_count) == int((batch["labels"] != IGNORE_INDEX).sum()) == int(ref.mlm_count)
+    assert int(got.mlm_correct) == int(ref.mlm_correct)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_task_heads_with_meta_and_unpadding_equal_the_plain_call(unpad):
+    mask = layouts()["right"]
+    ids = modern_batch(mask)["input_ids"]
+    meta = batch_meta(mask)
+    token_labels = torch.where(mask.bool(), torch.arange(11).remainder(4)[None], torch.tensor(IGNORE_INDEX))
+    cases = [
+        (ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN), 3), dict(labels=torch.tensor([0, 2, 1]))),
+        (ModernBertForSequenceClassification(ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 1),
+         dict(labels=torch.tensor([0.5, -1.0, 2.0]))),
+        (ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)),
+         dict(start_positions=torch.tensor([1, 2, 0]), end_positions=torch.tensor([3, 2, 30]))),
+        (ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), 4), dict(labels=token_labels)),
+    ]
+    for model, labels in cases:
+        perturb(model).train()
+        ref, ref_grads = loss_and_grads(model, input_ids=ids, attention_mask=mask, **labels)
+        model.configure(unpad=unpad, attention_backend="padded")
+        got, grads = loss_and_grads(model, input_ids=ids, attention_mask=mask, **labels, batch_meta=meta)
+        torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-4)
+        assert int(got["count"]) == int(ref["count"])
+        for name in grads:
+            torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_no_host_sync_given_the_metadata(monkeypatch, unpad):
+    """With the loader's BatchMeta, forward and backward never wait on the device."""
+    model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN)).train()
+    model.configure(unpad=unpad, attention_backend="padded")
+    batch = modern_batch(layouts()["right"])
+    meta = batch_meta(batch["attention_mask"], batch["labels"])
+
+    def sync(*args, **kwargs):
+        raise AssertionError("host sync in the model")
+
+    for name in ("nonzero", "item", "__bool__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    model(**batch, batch_meta=meta).loss.backward()
+
+
+def test_compiles_without_graph_breaks():
+    torch._dynamo.reset()
+    model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN)).train()
+    batch = modern_batch(layouts()["right"])
+    meta = batch_meta(batch["attention_mask"], batch["labels"])
+    explained = torch._dynamo.explain(model)(**batch, batch_meta=meta)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fused kernels need CUDA")
+@pytest.mark.parametrize("backend", ["varlen", "nested"])
+def test_fused_unpadded_kernels_match_the_padded_model_on_gpu(backend):
+    """bf16 on CUDA: varlen flash attention takes the window as window_size; where nested tensors
+    (no mask) are picked, local layers run the padded kernel. Same loss as the padded model."""
+    torch.manual_seed(0)
+    cfg = ModernBertConfig(**dict(TINY_MODERN, hidden_size=64, num_attention_heads=2))
+    model = perturb(ModernBertForMaskedLM(cfg)).cuda().train()
+    batch = {k: v.cuda() for k, v in modern_batch(layouts()["right"]).items()}
+    meta = batch_meta(batch["attention_mask"].cpu(), batch["labels"].cpu()).to("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = model(**batch, batch_meta=meta).loss
+        model.configure(unpad=True, attention_backend=backend)
+        got = model(**batch, batch_meta=meta).loss
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs CUDA")
+def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
+    from bertgpu.models.attention import unpad_index, unpadded_padded_attention
+    from bertgpu.models.modernbert import _windowed_varlen
+
+    if _windowed_varlen() is None:
+        pytest.skip("this torch's varlen_attn has no window_size")
+    mask = layouts()["right"].cuda()
+    masks = attention_masks(mask, 11, 4, mask.device)
+    un = unpad_index(mask)
+    local = dataclasses.replace(un, mask=masks["sliding_attention"])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(int(mask.sum()), 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    cu = un.cu_seqlens.to(torch.int32)
+    flash = _windowed_varlen()(q, k, v, cu, cu, un.max_len, un.max_len, window_size=(2, 2)).flatten(1)
+    torch.testing.assert_close(flash, unpadded_padded_attention(q, k, v, local), atol=2e-2, rtol=2e-2)

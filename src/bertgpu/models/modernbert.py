@@ -10,22 +10,29 @@ norm, and an MLM head (dense -> activation -> norm) with a decoder tied to the t
 
 Parameter names are transformers': `model.layers.N.attn.Wqkv.weight`, `model.layers.N.mlp.Wi.weight`,
 `head.dense.weight`, `decoder.bias`, ... so `hf_io.py` reads and writes ModernBERT folders as they
-are. As in `bert.py`, the MLM head runs only at labelled positions when labels are given, and the
-outputs carry summed losses and counts for the engine (`mlm_loss_sum`, `mlm_count`, `loss_sum`...).
+are. The rest is shared with bert.py: the MLM head runs only at labelled positions, outputs carry
+summed losses and counts for the engine (`mlm_loss_sum`, `mlm_count`, `loss_sum`, ...), a
+`BatchMeta` from the loader keeps the forward free of host syncs, and `ModelOptions` (unpadding
+and its attention kernel, gradient checkpointing) belong to the instance (layers.py, attention.py).
 ModernBERT has no NSP head and no segment embeddings: `token_type_ids` is accepted (the batches of
 either architecture have it) and ignored, as by transformers' ModernBERT tokenizer, which emits none.
 
 Shapes in comments: B batch, T sequence length, H hidden size, N heads, D head size, I
-intermediate size, V vocabulary, M masked tokens.
+intermediate size, V vocabulary, M masked tokens, N_tok kept (real) tokens.
 
     model = ModernBertForMaskedLM(ModernBertConfig(vocab_size=8192, hidden_size=256, ...))
     out = model(input_ids, attention_mask, labels=labels)    # out.loss == transformers' loss
     out.loss.backward()
+    model.configure(unpad=True)   # then padded batches run on their real tokens only (same loss)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +40,30 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.bert import ModelOutput
+from bertgpu.models.attention import (
+    BatchMeta,
+    Unpadded,
+    attention,
+    batch_meta,
+    choose_backend,
+    pad_rows,
+    sdpa_mask,
+    traced_meta,
+    unpadded_padded_attention,
+)
+from bertgpu.models.layers import (
+    Configurable,
+    ModelOptions,
+    ModelOutput,
+    masked_lm_terms,
+    sequence_loss_terms,
+    token_loss_terms,
+)
 from bertgpu.models.modernbert_config import ACTIVATIONS, LAYER_TYPES, POOLINGS, ModernBertConfig
 from bertgpu.models.rope import apply_rope, cos_sin, sliding_window_mask
+
+Layout = torch.Tensor | Unpadded | None
+"""What a layer's attention gets: an SDPA mask or None (padded (B, T) rows), or an `Unpadded`."""
 
 
 def activation(name: str):
@@ -48,7 +76,7 @@ def activation(name: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention masks and the attention kernel
+# Attention: the sliding window on top of attention.py's kernels
 
 
 def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_attention: int,
@@ -56,7 +84,7 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
     """SDPA masks (True = may attend) per layer type, built once per forward from the (B, T)
     padding mask (1 = token, 0 = padding, None = nothing padded):
 
-    full_attention     (B, 1, 1, T) the keys that are tokens; None without padding
+    full_attention     (B, 1, 1, T) the keys that are tokens (attention.sdpa_mask); None without padding
     sliding_attention  (B or 1, 1, T, T) the window |i - j| <= local_attention // 2, and tokens;
                        None when the window covers the whole sequence and nothing is padded
 
@@ -64,33 +92,44 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
     (an empty row is NaN in some SDPA kernels, and a NaN value poisons its masked key's column
     too): a row of padding only attends to all of it, as bert.py, and a padding query with no
     token within its window attends to itself. Only such queries' (meaningless) outputs differ
-    from transformers', whose eager and SDPA paths disagree there as well. No host sync:
-    nothing here reads tensor values on the host.
+    from transformers', whose eager and SDPA paths disagree there as well. No host sync.
     """
-    keys = None
-    if attention_mask is not None:
-        keys = attention_mask.bool()
-        keys = keys | ~keys.any(dim=-1, keepdim=True)  # (B, T)
-    masks: dict[str, torch.Tensor | None] = {"full_attention": None if keys is None else keys[:, None, None, :]}
+    full = None if attention_mask is None else sdpa_mask(attention_mask)  # (B, 1, 1, T)
     if seq_len <= local_attention // 2 + 1:  # every pair is within the window
-        masks["sliding_attention"] = masks["full_attention"]
-        return masks
+        return {"full_attention": full, "sliding_attention": full}
     local = sliding_window_mask(seq_len, local_attention, device)[None, None]  # (1, 1, T, T)
-    if keys is not None:
-        local = local & keys[:, None, None, :]  # (B, 1, T, T)
+    if full is not None:
+        local = local & full  # (B, 1, T, T)
         empty = ~local.any(dim=-1, keepdim=True)  # (B, 1, T, 1) padding far from any token
         local = local | (empty & torch.eye(seq_len, dtype=torch.bool, device=device))
-    masks["sliding_attention"] = local
-    return masks
+    return {"full_attention": full, "sliding_attention": local}
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-         dropout_p: float) -> torch.Tensor:
-    """q, k, v (B, T, N, D) -> (B, T, N D): softmax(q k^T / sqrt(D)) v over the allowed keys."""
-    B, T = q.shape[:2]
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=mask, dropout_p=dropout_p)  # (B, N, T, D)
-    return y.transpose(1, 2).reshape(B, T, -1)
+@functools.cache
+def _windowed_varlen() -> Any:
+    """torch's varlen flash attention if it takes a `window_size` (torch >= 2.10 CUDA builds), else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if "window_size" in inspect.signature(varlen_attn).parameters else None
+
+
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout, window: int | None,
+                       dropout_p: float) -> torch.Tensor:
+    """attention.attention with a sliding window of `window` tokens on each side (None: global).
+
+    Padded rows and the padded fallback of unpadded ones carry the window in their mask (see
+    `attention_masks`); the varlen flash kernel takes it as window_size=(window, window); nested
+    tensors take no mask, so where `choose_backend` picks them a local layer runs the padded kernel.
+    """
+    if window is None or not isinstance(layout, Unpadded):
+        return attention(q, k, v, layout, dropout_p)
+    if choose_backend(layout.backend, q, dropout_p, layout.packed_ok) == "varlen" and _windowed_varlen():
+        cu = layout.cu_seqlens.to(torch.int32)  # device cast, no sync
+        return _windowed_varlen()(q, k, v, cu, cu, layout.max_len, layout.max_len,
+                                  window_size=(window, window)).flatten(1)
+    return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +148,7 @@ class ModernBertEmbeddings(nn.Module):
         self.drop = nn.Dropout(config.embedding_dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.norm(self.tok_embeddings(input_ids)))  # (B, T, H)
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))  # (B, T, H) or (N_tok, H)
 
 
 class ModernBertMLP(nn.Module):
@@ -137,12 +176,13 @@ class ModernBertAttention(nn.Module):
         # transformers applies the attention dropout a second time on the output projection
         self.out_drop = nn.Dropout(config.attention_dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None) -> torch.Tensor:
-        q, k, v = self.Wqkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)  # (B, T, N, D) each
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: Layout,
+                window: int | None) -> torch.Tensor:
+        # (..., H) -> q, k, v (..., N, D) each: (B, T, N, D), or (N_tok, N, D) unpadded
+        q, k, v = self.Wqkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = sdpa(q, k, v, mask, self.dropout_p if self.training else 0.0)  # (B, T, H)
+        y = windowed_attention(q, k, v, layout, window, self.dropout_p if self.training else 0.0)
         return self.out_drop(self.Wo(y))
 
 
@@ -158,15 +198,15 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp = ModernBertMLP(config)
         self.attention_type = config.resolved_layer_types()[layer_idx]
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, mask)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: Layout,
+                window: int | None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, layout, window)
         return x + self.mlp(self.mlp_norm(x))
 
 
-class ModernBertPreTrainedModel(nn.Module):
+class ModernBertPreTrainedModel(Configurable):
     """transformers' initialisation (truncated normals; outputs of residual branches scaled by
-    1 / sqrt(2 L)) and the per-instance switches every model below shares."""
+    1 / sqrt(2 L)) and the per-instance options every model below shares."""
 
     config: ModernBertConfig
 
@@ -183,11 +223,8 @@ class ModernBertPreTrainedModel(nn.Module):
 
         if isinstance(module, ModernBertEmbeddings):
             init(module.tok_embeddings, stds["in"])
-        elif isinstance(module, ModernBertMLP):
-            init(module.Wi, stds["in"])
-            init(module.Wo, stds["out"])
-        elif isinstance(module, ModernBertAttention):
-            init(module.Wqkv, stds["in"])
+        elif isinstance(module, (ModernBertMLP, ModernBertAttention)):
+            init(module.Wi if isinstance(module, ModernBertMLP) else module.Wqkv, stds["in"])
             init(module.Wo, stds["out"])
         elif isinstance(module, ModernBertPredictionHead):
             init(module.dense, stds["out"])
@@ -197,51 +234,72 @@ class ModernBertPreTrainedModel(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, ModernBertForMaskedLM) and module.decoder.bias is not None:
             nn.init.zeros_(module.decoder.bias)  # its weight is the token embedding, set above
-        elif isinstance(module, (ModernBertForSequenceClassification, ModernBertForQuestionAnswering,
-                                 ModernBertForTokenClassification)):
+        elif isinstance(module, _WithClassifier):
             init(module.classifier, stds["final_out"])
 
-    def post_init(self) -> None:
+    def post_init(self, options: ModelOptions | None = None) -> None:
         self.tie_weights()
         self.apply(self._init_weights)
+        self.options = ModelOptions()
+        self.configure(options)
 
     def tie_weights(self) -> None:
         """Share tied parameters again (after loading a state dict or moving to meta)."""
 
-    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
-        for m in self.modules():
-            if isinstance(m, ModernBertModel):
-                m.gradient_checkpointing = enabled
-
 
 class ModernBertModel(ModernBertPreTrainedModel):
-    def __init__(self, config: ModernBertConfig):
+    def __init__(self, config: ModernBertConfig, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.embeddings = ModernBertEmbeddings(config)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = _layer_norm(config)
-        # Recompute each layer in backward instead of storing its activations (see bert.py).
-        self.gradient_checkpointing = False
-        self.post_init()
+        self.post_init(options)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> ModelOutput:
-        """(B, T) ids -> last_hidden_state (B, T, H). `token_type_ids` is ignored (see above)."""
+    def resolve_meta(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, given: BatchMeta | None,
+                     labels: torch.Tensor | None = None) -> BatchMeta:
+        """`given` on the inputs' device, or this batch's metadata computed here (as bert.py)."""
+        if given is not None:
+            return given.to(input_ids.device)
+        if torch.compiler.is_compiling():
+            return traced_meta(attention_mask, tuple(input_ids.shape))
+        return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               meta: BatchMeta | None = None, unpad: bool | None = None) -> tuple[torch.Tensor, Unpadded | None]:
+        """Embeddings + layers + final norm: (B, T, H) and None, or, unpadded, (N_tok, H) and its
+        Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is padded)."""
         c = self.config
-        T = input_ids.size(1)
-        x = self.embeddings(input_ids)  # (B, T, H)
+        B, T = input_ids.shape
+        meta = self.resolve_meta(input_ids, attention_mask, meta)
+        masks = attention_masks(attention_mask if meta.padded else None, T, c.local_attention, input_ids.device)
+        unpad = self.options.unpad if unpad is None else unpad
+        un = None
         positions = torch.arange(T, device=input_ids.device)[None]  # (1, T): the column, as transformers
+        if unpad and meta.padded and meta.index is not None:
+            un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
+            masks = {kind: dataclasses.replace(un, mask=mask) for kind, mask in masks.items()}
+            input_ids, positions = input_ids.reshape(-1).index_select(0, un.index), un.index % T  # (N_tok,)
         ropes = {"full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
-                 "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}  # (1, T, 1, D) each
-        masks = attention_masks(attention_mask, T, c.local_attention, input_ids.device)
+                 "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}  # (..., 1, D) each
+        half = c.local_attention // 2
+        windows = {"full_attention": None, "sliding_attention": half if T > half + 1 else None}
+        x = self.embeddings(input_ids)  # (B, T, H) or (N_tok, H)
         for layer in self.layers:
-            args = (x, ropes[layer.attention_type], masks[layer.attention_type])
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            kind = layer.attention_type
+            args = (x, ropes[kind], masks[kind], windows[kind])
+            if self.options.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, *args, use_reentrant=False)
             else:
                 x = layer(*args)
-        return ModelOutput(last_hidden_state=self.final_norm(x))
+        return self.final_norm(x), un
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
+                unpad: bool | None = None) -> ModelOutput:
+        """(B, T) ids -> last_hidden_state (B, T, H) (zeros at padding when unpadded)."""
+        x, un = self.encode(input_ids, attention_mask, batch_meta, unpad)
+        return ModelOutput(last_hidden_state=x if un is None else pad_rows(x, un))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,33 +326,35 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 
     with_nsp = False  # the training loop asks every pretraining model; ModernBERT has no NSP
 
-    def __init__(self, config: ModernBertConfig):
+    def __init__(self, config: ModernBertConfig, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
-        self.post_init()
+        self.post_init(options)
 
     def tie_weights(self) -> None:
         self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ModelOutput:
-        x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
-        out = ModelOutput()
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None, unpad: bool | None = None) -> ModelOutput:
+        meta = self.model.resolve_meta(input_ids, attention_mask, batch_meta, labels)
+        # Full (B, T, V) logits need every position: unpadding only pays with labels.
+        x, un = self.model.encode(input_ids, attention_mask, meta, unpad=False if labels is None else unpad)
         if labels is None:
-            out.prediction_logits = self.decoder(self.head(x))  # (B, T, V)
-            return out
-        # Sparse head, as bert.py: same logits and gradients as the dense one at the labelled rows.
-        labels = labels.reshape(-1)  # (B T,)
-        keep = (labels != IGNORE_INDEX).nonzero().squeeze(1)  # (M,)
-        targets = labels.index_select(0, keep)
-        logits = self.decoder(self.head(x.reshape(-1, x.size(-1)).index_select(0, keep)))  # (M, V)
-        out.prediction_logits = logits
-        out.mlm_loss_sum = F.cross_entropy(logits.float(), targets, reduction="sum")  # fp32 log-sum-exp
-        out.mlm_count = torch.tensor(keep.numel(), device=x.device)
-        out.mlm_correct = (logits.argmax(-1) == targets).sum()
+            return ModelOutput(prediction_logits=self.decoder(self.head(x)))  # (B, T, V)
+        # Sparse head: same logits and gradients as the dense one at the labelled rows.
+        flat = labels.reshape(-1)  # (B T,)
+        if un is not None:
+            assert meta.masked_rows is not None, "unpadded metadata without MLM rows"
+            rows, targets = x.index_select(0, meta.masked_rows), flat.index_select(0, un.index.index_select(0, meta.masked_rows))
+        else:
+            pos = meta.masked if meta.masked is not None else (flat != IGNORE_INDEX).nonzero().squeeze(1)
+            rows, targets = x.reshape(-1, x.size(-1)).index_select(0, pos), flat.index_select(0, pos)
+        out = ModelOutput(prediction_logits=self.decoder(self.head(rows)))  # (M, V)
+        out.update(masked_lm_terms(out.prediction_logits, targets))
         out.loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
         return out
 
@@ -318,45 +378,50 @@ class ModernBertForSequenceClassification(_WithClassifier):
     """Pooled (first token, or mean over real tokens) -> head -> classifier; num_labels == 1 is
     regression (MSE). Loss outputs as BertForSequenceClassification: loss, loss_sum, count."""
 
-    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None):
+    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
+                 options: ModelOptions | None = None):
         super().__init__(config, num_labels)
         self.num_labels = num_labels
         self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.post_init()
+        self.post_init(options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ModelOutput:
-        x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
-        if self.config.classifier_pooling == "cls":
-            pooled = x[:, 0]
-        elif attention_mask is None:
-            pooled = x.mean(dim=1)
-        else:
-            m = attention_mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
-            pooled = (x * m).sum(dim=1) / m.sum(dim=1)  # (B, H)
-        logits = self._classify(pooled)  # (B, num_labels)
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
+        x, un = self.model.encode(input_ids, attention_mask, batch_meta)  # (B, T, H) or (N_tok, H)
+        logits = self._classify(self._pool(x, un, attention_mask))  # (B, num_labels)
         out = ModelOutput(logits=logits)
         if labels is not None:
-            if self.num_labels == 1:
-                out.loss_sum = F.mse_loss(logits.float().reshape(-1), labels.float().reshape(-1), reduction="sum")
-            else:
-                out.loss_sum = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="sum")
-            out.count = torch.tensor(labels.numel(), device=logits.device)
-            out.loss = out.loss_sum / labels.numel()
+            out.update(sequence_loss_terms(logits, labels, self.num_labels))
         return out
+
+    def _pool(self, x: torch.Tensor, un: Unpadded | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, H): column 0 (each sequence's first row when unpadded), or the mean over tokens."""
+        if self.config.classifier_pooling == "cls":
+            return x[:, 0] if un is None else x.index_select(0, un.first_rows())
+        if attention_mask is None:
+            return x.mean(dim=1)
+        weights = attention_mask.to(x.dtype)  # (B, T): 1 = token
+        if un is None:
+            return (x * weights.unsqueeze(-1)).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+        # rows -> their sequence (flat position // T), weighted: a kept column 0 may be padding
+        w = weights.reshape(-1).index_select(0, un.index).unsqueeze(-1)  # (N_tok, 1)
+        sums = x.new_zeros(un.batch, x.size(-1)).index_add(0, un.index // un.seq_len, x * w)
+        return sums / weights.sum(dim=1, keepdim=True)
 
 
 class ModernBertForQuestionAnswering(_WithClassifier):
     """A start and an end logit per token; loss outputs as BertForQuestionAnswering."""
 
-    def __init__(self, config: ModernBertConfig):
+    def __init__(self, config: ModernBertConfig, options: ModelOptions | None = None):
         super().__init__(config, 2)
-        self.post_init()
+        self.post_init(options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> ModelOutput:
-        x = self.model(input_ids, attention_mask).last_hidden_state
+                end_positions: torch.Tensor | None = None, batch_meta: BatchMeta | None = None) -> ModelOutput:
+        # Padded even when unpadding: the span softmax covers padding columns, as transformers'
+        x = self.model(input_ids, attention_mask, batch_meta=batch_meta, unpad=False).last_hidden_state
         start_logits, end_logits = self._classify(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
@@ -377,28 +442,26 @@ class ModernBertForTokenClassification(_WithClassifier):
     """A label per token (NER); positions labelled IGNORE_INDEX (padding, sub-words) carry no loss.
     loss_sum / count is transformers' mean over the labelled tokens."""
 
-    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None):
+    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
+                 options: ModelOptions | None = None):
         super().__init__(config, num_labels)
         self.num_labels = num_labels
         self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.post_init()
+        self.post_init(options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ModelOutput:
-        x = self.model(input_ids, attention_mask).last_hidden_state
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
+        x = self.model(input_ids, attention_mask, batch_meta=batch_meta).last_hidden_state
         logits = self._classify(x)  # (B, T, num_labels)
         out = ModelOutput(logits=logits)
         if labels is not None:
-            flat = labels.reshape(-1)
-            out.loss_sum = F.cross_entropy(logits.float().reshape(-1, self.num_labels), flat,
-                                           ignore_index=IGNORE_INDEX, reduction="sum")
-            out.count = (flat != IGNORE_INDEX).sum()
-            out.loss = out.loss_sum / out.count.clamp(min=1)
+            out.update(token_loss_terms(logits, labels))
         return out
 
 
 __all__ = [
     "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-    "ModernBertForQuestionAnswering", "ModernBertForTokenClassification", "attention_masks", "ACTIVATIONS",
-    "LAYER_TYPES", "POOLINGS",
+    "ModernBertForQuestionAnswering", "ModernBertForTokenClassification", "attention_masks",
+    "windowed_attention", "ACTIVATIONS", "LAYER_TYPES", "POOLINGS",
 ]
