@@ -25,7 +25,6 @@ interconnect, so CPU numbers test the machinery, not a cluster.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -187,43 +186,13 @@ def format_expected(rows: list[dict[str, Any]], device_tflops: float, micro_batc
 
 def write_synthetic_data(folder: Path, vocab_size: int, seq_len: int, n_train: int = 2048, n_val: int = 64,
                          seed: int = 0) -> Path:
-    """A shard set of uniformly random tokens in the `bertgpu prepare` layout: enough for a
-    throughput benchmark (the model does the same work on any tokens). Written atomically."""
-    import numpy as np
+    """A synthetic shard set in the `bertgpu prepare` layout (full-length rows of random words):
+    enough for a throughput benchmark, the model does the same work on any tokens."""
+    from bertgpu.data.synthetic import write_synthetic_shards
 
-    if vocab_size < 16 or seq_len < 8:
-        raise BertgpuError(f"synthetic data: vocab_size {vocab_size}, seq_len {seq_len}: expected >= 16 and >= 8")
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / "tokenizer").mkdir(parents=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(vocab_size - 5)]
-    vocab_txt = "".join(t + "\n" for t in vocab)
-    (tmp / "tokenizer" / "vocab.txt").write_text(vocab_txt, encoding="utf-8")
-    dtype = np.uint16 if vocab_size <= 65535 else np.uint32
-    rng = np.random.default_rng(seed)
-    splits = {}
-    for split, n in (("train", n_train), ("validation", n_val)):
-        ids = rng.integers(5, vocab_size, size=(n, seq_len)).astype(dtype)
-        ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP], full length (packed, like MLM-only data)
-        np.save(tmp / f"{split}-00000.input_ids.npy", ids)
-        np.save(tmp / f"{split}-00000.lengths.npy", np.full(n, seq_len, dtype=np.int32))
-        splits[split] = {"sequences": n, "tokens": n * seq_len,
-                         "shards": [{"name": f"{split}-00000", "sequences": n, "tokens": n * seq_len}]}
-    manifest = {
-        "format_version": 1, "objective": "mlm", "seq_len": seq_len, "dtype": np.dtype(dtype).name,
-        "vocab_size": vocab_size, "tokenizer_hash": hashlib.sha256(vocab_txt.encode()).hexdigest(),
-        "do_lower_case": True, "special_tokens": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4},
-        "seed": seed, "validation_fraction": n_val / (n_train + n_val),
-        "counts": {"documents": n_train + n_val, "sequences": n_train + n_val,
-                   "tokens": (n_train + n_val) * seq_len},
-        "splits": splits, "inputs": [], "skipped_inputs": [], "created_by": "bertgpu bench scaling (synthetic)",
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return folder
+    return write_synthetic_shards(folder, n_train=n_train, n_val=n_val, seq_len=seq_len, vocab_size=vocab_size,
+                                  seed=seed, sequences_per_shard=max(n_train, n_val),
+                                  created_by="bertgpu bench scaling (synthetic)")
 
 
 # --------------------------------------------------------------------------------------------
