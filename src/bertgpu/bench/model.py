@@ -91,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peak TFLOP/s of one device for MFU (default: the table in metrics.py; none on CPU)")
     parser.add_argument("--preset", choices=["gpu"], default=None,
                         help="gpu: base+large seq 128 bf16 compile off/on, base seq 512 padded vs unpadded")
+    parser.add_argument("--check-graph", action="store_true",
+                        help="instead of timing: check that every training micro-step (pretraining padded/"
+                             "packed/unpadded, NSP on/off, the task heads) compiles with no graph break and "
+                             "runs with no host sync; exit 1 if not (see bench/graph_check.py)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="append one row per model and grid point (.jsonl or .csv)")
 
@@ -329,6 +333,10 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.check_graph:
+        from bertgpu.bench import graph_check
+
+        return graph_check.main(args)
     import torch
 
     from bertgpu.train.flops import peak_tflops

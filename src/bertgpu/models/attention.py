@@ -224,7 +224,10 @@ def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok:
 
 def _warn_once(message: str) -> None:
     # Python's default filter shows a given message once per call site; nothing to remember here.
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    # Inside torch.compile a warning would break the graph: the eager model (or `bertgpu bench
+    # model --check-graph`, which runs each configuration eagerly too) says it instead.
+    if not torch.compiler.is_compiling():
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,

@@ -1,0 +1,228 @@
+"""`bertgpu bench model --check-graph`: does the training micro-step compile to one graph and run
+without waiting on the host? Runs anywhere, in seconds, no GPU needed.
+
+For each configuration (pretraining padded / packed / unpadded, with and without NSP, and the
+sequence-classification, token-classification and QA heads) the micro-step is built exactly as
+the engine runs it: the batch with its host-side `BatchMeta` (as the loader ships it), the task's
+loss function (summed losses), the engine's normalisation into one scalar, then backward.
+
+- `torch._dynamo.explain` captures the forward and the loss (what `torch.compile` sees): it
+  reports the graph breaks and their reasons;
+- the eager forward and backward run under a dispatch mode that counts host syncs: `.item()` /
+  `bool(tensor)` (`_local_scalar_dense`), `nonzero` and friends (output shapes read back from the
+  device), tensors built from Python values (`lift_fresh`, an H2D copy on CUDA).
+
+One line per configuration, `graph breaks: N  host syncs: M`, then the reasons; the exit status
+is 1 when any N or M is above 0::
+
+    bertgpu bench model --check-graph                 # CPU, tiny BERT, fp32, well under a minute
+    bertgpu bench model --check-graph --dtype bf16    # under bf16 autocast
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bertgpu.models import IGNORE_INDEX
+from bertgpu.models.attention import batch_meta
+from bertgpu.models.bert import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    ModelOptions,
+)
+
+TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
+"""Small enough to trace in about a second; dropout on, as in training."""
+
+# Ops whose result the host must wait for (or whose input the host must copy), by overload packet.
+SYNC_OPS = frozenset({
+    "aten._local_scalar_dense",  # .item(), bool(t), int(t), float(t)
+    "aten.nonzero", "aten.masked_select", "aten.unique_consecutive", "aten._unique2", "aten.unique_dim",
+    "aten.equal", "aten.is_nonzero",
+    "aten.lift_fresh", "aten.lift_fresh_copy",  # torch.tensor(python values)
+})
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """Counts the SYNC_OPS dispatched while active (forward and, on this thread, backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func.overloadpacket)
+        if name in SYNC_OPS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+LossFn = Callable[[torch.nn.Module, dict[str, Any]], dict[str, torch.Tensor]]
+
+
+@dataclass
+class Case:
+    """One micro-step to check: a model, a batch as the loader/collator ships it, its loss fn."""
+
+    name: str
+    model: torch.nn.Module
+    batch: dict[str, Any]
+    loss_fn: LossFn
+    counts: dict[str, float]
+    """The engine's global counts (the loss normalisers), computed on the host."""
+
+
+@dataclass
+class Result:
+    name: str
+    graphs: int
+    breaks: int
+    reasons: list[str] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.breaks == 0 and not self.syncs
+
+
+def _pretraining_loss(model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    out = model(**batch)
+    terms = {"mlm": out.mlm_loss_sum, "_mlm_correct": out.mlm_correct}
+    if "nsp_loss_sum" in out:
+        terms.update(nsp=out.nsp_loss_sum, _nsp_correct=out.nsp_correct)
+    return terms
+
+
+def _task_loss(key: str) -> LossFn:
+    return lambda model, batch: {key: model(**batch).loss_sum}
+
+
+def _inputs(seed: int, B: int, T: int, lengths: list[int] | None, device: torch.device) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor(lengths if lengths is not None else [T] * B)
+    mask = (torch.arange(T)[None] < lens[:, None]).long()  # (B, T) right padding
+    ids = torch.randint(5, TINY["vocab_size"], (B, T), generator=g) * mask
+    types = ((torch.arange(T)[None] >= lens[:, None] // 2) & mask.bool()).long()
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=types, _g=g)
+
+
+def cases(device: torch.device) -> list[Case]:
+    """The configurations the engine trains, each with a batch as the loader/collator makes it."""
+    cfg = BertConfig(**TINY)
+    out: list[Case] = []
+    B, T = 4, 32
+    for padding, lengths in (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27])):
+        for nsp in (True, False):
+            b = _inputs(0, B, T, lengths, device)
+            g = b.pop("_g")
+            real = b["attention_mask"].bool()
+            pick = (torch.rand(B, T, generator=g) < 0.2) & real
+            pick[:, 1] = True
+            b["labels"] = torch.where(pick, b["input_ids"], torch.tensor(IGNORE_INDEX))
+            counts = {"mlm": float(pick.sum())}
+            if nsp:
+                b["next_sentence_label"] = torch.randint(0, 2, (B,), generator=g)
+                counts["nsp"] = float(B)
+            b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])  # what _make_batch adds
+            model = BertForPreTraining(cfg, with_nsp=nsp, options=ModelOptions(unpad=padding == "unpadded"))
+            out.append(Case(f"pretraining {padding} {'mlm+nsp' if nsp else 'mlm'}", model, b,
+                            _pretraining_loss, counts))
+    lengths = [32, 17, 25, 8]
+    for unpad in (False, True):
+        b = _inputs(1, B, T, lengths, device)
+        g = b.pop("_g")
+        b["labels"] = torch.randint(0, 3, (B,), generator=g)
+        b["batch_meta"] = batch_meta(b["attention_mask"])  # the fine-tuning collator's hook
+        model = BertForSequenceClassification(cfg, num_labels=3, options=ModelOptions(unpad=unpad))
+        out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b, _task_loss("cls"),
+                        {"cls": float(B)}))
+    b = _inputs(2, B, T, lengths, device)
+    g = b.pop("_g")
+    b["labels"] = torch.where(b["attention_mask"].bool(), torch.randint(0, 5, (B, T), generator=g),
+                              torch.tensor(IGNORE_INDEX))
+    b["batch_meta"] = batch_meta(b["attention_mask"])
+    out.append(Case("token classification", BertForTokenClassification(cfg, num_labels=5), b,
+                    _task_loss("tok"), {"tok": float((b["labels"] != IGNORE_INDEX).sum())}))
+    b = _inputs(3, B, T, lengths, device)
+    g = b.pop("_g")
+    b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
+    b["batch_meta"] = batch_meta(b["attention_mask"])
+    out.append(Case("question answering", BertForQuestionAnswering(cfg), b, _task_loss("qa"), {"qa": float(B)}))
+    return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts) for c in out]
+
+
+def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def micro_step(case: Case, autocast: Callable[[], Any]) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """The engine's micro-step up to the scalar it calls backward on: the loss fn under autocast,
+    then sum_k loss_sum[k] / count[k] in fp32 ("_" keys are extras, only summed)."""
+
+    def step(batch: dict[str, Any]) -> torch.Tensor:
+        with autocast():
+            terms = case.loss_fn(case.model, batch)
+        loss = None
+        for key, value in terms.items():
+            if key.startswith("_"):
+                continue
+            part = value.float() / max(case.counts[key], 1.0)
+            loss = part if loss is None else loss + part
+        assert loss is not None
+        return loss
+
+    return step
+
+
+def check(case: Case, autocast: Callable[[], Any] = nullcontext) -> Result:
+    """Graph breaks of the compiled forward + loss, host syncs of the eager forward + backward."""
+    step = micro_step(case, autocast)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(case.batch)
+    reasons = []
+    for r in explained.break_reasons:
+        where = r.user_stack[-1] if getattr(r, "user_stack", None) else None
+        first = str(r.reason).strip().splitlines()[0] if str(r.reason).strip() else "?"
+        reasons.append(f"{first}" + (f" ({where.filename}:{where.lineno})" if where is not None else ""))
+    case.model.zero_grad(set_to_none=True)
+    with HostSyncCounter() as counter:
+        step(case.batch).backward()
+    case.model.zero_grad(set_to_none=True)
+    return Result(case.name, explained.graph_count, explained.graph_break_count, reasons, counter.ops)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Check every configuration, print one line each; 1 if any broke a graph or synced."""
+    device = torch.device(args.device or "cpu")
+    dtype = (args.dtype or ["fp32"])[0]
+    autocast: Callable[[], Any] = nullcontext
+    if dtype == "bf16":
+        autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
+    torch.manual_seed(args.seed)
+    print(f"bertgpu bench model --check-graph | torch {torch.__version__} | {device} {dtype} | tiny BERT", flush=True)
+    results = [check(case, autocast) for case in cases(device)]
+    width = max(len(r.name) for r in results)
+    for r in results:
+        print(f"{r.name:<{width}}  graph breaks: {r.breaks}  host syncs: {len(r.syncs)}", flush=True)
+        for reason in r.reasons:
+            print(f"    break: {reason}")
+        if r.syncs:
+            print(f"    syncs: {', '.join(sorted(set(r.syncs)))}")
+    bad = [r.name for r in results if not r.ok]
+    print(f"{len(results) - len(bad)}/{len(results)} configurations compile to one graph without host syncs"
+          + (f"; not: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+__all__ = ["SYNC_OPS", "HostSyncCounter", "Case", "Result", "cases", "micro_step", "check", "main"]

@@ -1,0 +1,78 @@
+"""`bertgpu bench model --check-graph`: every training micro-step compiles to one graph and runs
+without a host sync, and the check itself can see a break or a sync when there is one."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+
+import torch
+
+from bertgpu.bench import graph_check
+from bertgpu.bench import model as bench_model
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench_model.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_check_graph_passes_for_every_configuration(capsys, one_thread):
+    assert bench_model.main(parse(["--check-graph"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in lines if "graph breaks:" in ln]
+    names = {ln.split("  graph breaks")[0].strip() for ln in rows}
+    assert {"pretraining padded mlm+nsp", "pretraining padded mlm", "pretraining packed mlm",
+            "pretraining unpadded mlm+nsp", "pretraining unpadded mlm", "classification padded",
+            "classification unpadded", "token classification", "question answering"} <= names
+    assert all(ln.endswith("graph breaks: 0  host syncs: 0") for ln in rows)
+
+
+def test_the_check_sees_breaks_and_syncs_without_metadata(one_thread):
+    # The Hugging Face-style call (no BatchMeta) decides padding and MLM rows on the device: the
+    # check must report that, or its zeros above would mean nothing.
+    case = next(c for c in graph_check.cases(torch.device("cpu")) if c.name == "pretraining unpadded mlm+nsp")
+    case.batch.pop("batch_meta")
+    result = graph_check.check(case)
+    assert result.breaks > 0 and result.reasons
+    assert "aten.nonzero" in result.syncs and "aten._local_scalar_dense" in result.syncs
+    assert not result.ok
+
+
+class _SyncInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        return g * float(g.sum())  # .item(): a sync only backward makes
+
+
+def test_the_sync_counter_sees_backward_and_python_values():
+    x = torch.randn(3, requires_grad=True)
+    with graph_check.HostSyncCounter() as counter:
+        _SyncInBackward.apply(x).sum().backward()
+    assert counter.ops == ["aten._local_scalar_dense"]
+    with graph_check.HostSyncCounter() as counter:
+        torch.tensor(3) + x  # a tensor built from a Python value: an H2D copy on CUDA
+    assert counter.ops == ["aten.lift_fresh"]
+
+
+def test_packed_batches_keep_the_flash_path_when_compiled(one_thread):
+    # No padding: SDPA must get attn_mask=None inside the compiled graph too (a mask rules the
+    # flash kernel out).
+    case = next(c for c in graph_check.cases(torch.device("cpu")) if c.name == "pretraining packed mlm+nsp")
+    padded = next(c for c in graph_check.cases(torch.device("cpu")) if c.name == "pretraining padded mlm+nsp")
+
+    def sdpa_masks(c: graph_check.Case) -> list[object]:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(graph_check.micro_step(c, nullcontext))(c.batch)
+        calls = [n for g in explained.graphs for n in g.graph.nodes
+                 if n.op == "call_function" and "scaled_dot_product_attention" in str(n.target)]
+        assert calls, "no SDPA call in the graph"
+        return [n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in calls]
+
+    assert all(m is None for m in sdpa_masks(case))
+    assert all(m is not None for m in sdpa_masks(padded))
