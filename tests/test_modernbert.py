@@ -322,6 +322,17 @@ def test_initialisation_follows_transformers():
     assert not model.with_nsp
 
 
+def test_pretraining_loop_call_works_and_nsp_labels_are_refused():
+    """The training loop calls every pretraining model with BertForPreTraining's keywords."""
+    model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN))
+    b = tiny_batch()
+    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"],
+                labels=b["labels"], next_sentence_label=None)
+    assert {"loss", "mlm_loss_sum", "mlm_count", "mlm_correct", "prediction_logits"} <= set(out)
+    with pytest.raises(BertgpuError, match="no next-sentence head"):
+        model(**b)
+
+
 # --- batch metadata, unpadding, no host syncs ------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ or a key we do not recognise is an error naming it. Weights the model has and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -191,7 +192,7 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labe
         arch = architecture_of(cfg)
         cls = config_class(arch)
         if config_overrides:
-            known = {f for f in cls().to_dict()}
+            known = {f.name for f in dataclasses.fields(cls)}
             bad = sorted(set(config_overrides) - known)
             if bad:
                 raise BertgpuError(f"config override {', '.join(bad)}: not a {cls.__name__} field "

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
 from bertgpu.models.attention import (
     BatchMeta,
@@ -339,7 +340,13 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                batch_meta: BatchMeta | None = None, unpad: bool | None = None) -> ModelOutput:
+                next_sentence_label: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
+                unpad: bool | None = None) -> ModelOutput:
+        """BertForPreTraining's signature, so one training loop drives either architecture;
+        `next_sentence_label` must be None (build_model and the config refuse NSP earlier)."""
+        if next_sentence_label is not None:
+            raise BertgpuError("ModernBERT has no next-sentence head: expected no next_sentence_label "
+                               "(train.with_nsp false, data objective mlm)")
         meta = self.model.resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
         x, un = self.model.encode(input_ids, attention_mask, meta, unpad=False if labels is None else unpad)
