@@ -105,6 +105,79 @@ def test_lamb_matches_hand_computed_steps():
     assert params[1].detach().abs().sum() > 0
 
 
+class PerTensorLamb(Lamb):
+    """The LAMB of before the foreach rewrite, kept verbatim as a reference: same moments, then the
+    trust ratio and the update one tensor at a time."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
+            grads = [p.grad for p in params]
+            exp_avgs, exp_avg_sqs = [], []
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+            step = self.state[params[0]]["step"]
+            bc1 = 1.0 - beta1**step
+            bc2 = 1.0 - beta2**step
+            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+            denom = torch._foreach_div(exp_avg_sqs, bc2)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, eps)
+            updates = torch._foreach_div(exp_avgs, bc1)
+            torch._foreach_div_(updates, denom)
+            if wd != 0.0:
+                torch._foreach_add_(updates, params, alpha=wd)
+            w_norms = torch._foreach_norm(params)
+            r_norms = torch._foreach_norm(updates)
+            for p, r, wn, rn in zip(params, updates, w_norms, r_norms, strict=True):
+                wn32, rn32 = wn.float(), rn.float()
+                ratio = torch.where((wn32 > 0) & (rn32 > 0), wn32 / rn32, torch.ones_like(wn32))
+                p.add_(r * (ratio * -lr).to(r.dtype))
+
+
+def test_foreach_lamb_matches_the_per_tensor_lamb_on_bert():
+    """The foreach LAMB against the per-tensor one it replaced, on a real model's parameter groups
+    (weight decay on matrices, none on biases and norms, a tied embedding, zero-norm biases at
+    step 1), five steps with changing learning rates."""
+    from _tiny import TINY, tiny_batch
+
+    from bertgpu.models.bert import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    a = BertForPreTraining(BertConfig(**TINY))
+    b = BertForPreTraining(BertConfig(**TINY))
+    b.load_state_dict(a.state_dict())
+    opt_a = build_optimizer(a, "lamb", 1e-2, weight_decay=0.01)
+    opt_b = PerTensorLamb(param_groups(b, 0.01), lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
+    assert isinstance(opt_a, Lamb) and not isinstance(opt_a, PerTensorLamb)
+    for step in range(5):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 * (step + 1) / 5
+            model(**tiny_batch(step)).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+    for sa, sb in zip(opt_a.state.values(), opt_b.state.values(), strict=True):
+        assert sa["step"] == sb["step"] == 5
+        torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
 def test_lamb_state_dict_round_trip():
     torch.manual_seed(0)
     a, b = nn.Linear(3, 3), nn.Linear(3, 3)
