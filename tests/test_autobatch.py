@@ -1,7 +1,10 @@
-"""autobatch: the micro batch search against a simulated memory limit, and the global-batch
-arithmetic of "auto"."""
+"""autobatch: the micro batch search against a simulated memory limit, the global-batch
+arithmetic of "auto", what counts as out of memory, the probe's precision and optimizer, and
+rank agreement (two gloo processes, one failing probe)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,12 +12,17 @@ import torch
 from bertgpu.errors import BertgpuError
 from bertgpu.models.bert import BertConfig, BertForPreTraining
 from bertgpu.train.autobatch import (
+    agree_on_micro_batch,
+    attempt,
     estimate_train_bytes,
     find_micro_batch,
+    find_pretrain_micro_batch,
+    is_out_of_memory,
     pretrain_step_fn,
     resolve_auto_batch,
     search_largest,
 )
+from bertgpu.train.optim import build_optimizer
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 8, 9, 100, 1000, 4096])
@@ -81,3 +89,97 @@ def test_resolve_auto_batch_errors():
         resolve_auto_batch(10, 3, 4)
     with pytest.raises(BertgpuError):
         resolve_auto_batch(8, 1, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Out-of-memory classification, the run's precision and optimizer, rank agreement
+
+
+@pytest.mark.parametrize("exc, oom", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+    (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"), False),
+    (ValueError("out of memory"), False),
+])
+def test_out_of_memory_includes_cublas_and_cudnn_allocation_failures(exc, oom):
+    assert is_out_of_memory(exc) is oom
+
+
+def test_a_cublas_allocation_failure_counts_as_not_fitting():
+    def step(b: int) -> None:
+        if b > 5:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+    assert find_micro_batch(fits=lambda b: attempt(step, b), start=1, max_batch=64) == 5
+    with pytest.raises(RuntimeError, match="shapes"):  # a real bug is not mistaken for "too big"
+        attempt(lambda b: (_ for _ in ()).throw(RuntimeError("shapes cannot be multiplied")), 1)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_probe_step_uses_the_runs_precision_and_optimizer(dtype):
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32))
+    opt = build_optimizer(model, "lamb", 1e-3)
+    seen: list[torch.dtype] = []
+    hook = model.cls.predictions.decoder.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    pretrain_step_fn(model, opt, seq_len=8, device="cpu", dtype=dtype)(2)
+    hook.remove()
+    assert seen == [torch.bfloat16 if dtype == "bf16" else torch.float16]  # under the run's autocast
+    assert all("exp_avg_sq" in opt.state[p] for p in model.parameters())  # LAMB stepped (fp16: scaler)
+    # LAMB's temporaries are counted where the size is estimated instead of probed
+    cfg = BertConfig()
+    assert estimate_train_bytes(cfg, 8, 128, optimizer="lamb") > estimate_train_bytes(cfg, 8, 128)
+
+
+def test_agreement_without_a_process_group():
+    assert agree_on_micro_batch(12, None) == 12
+    with pytest.raises(BertgpuError, match="automatic micro batch size: nothing fits"):
+        agree_on_micro_batch(0, "nothing fits")
+
+
+def _agree_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import os
+
+    from bertgpu.train import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_distributed("cpu")
+    try:
+        cfg = BertConfig()
+        results = []
+        # Both fit: the smaller answer wins everywhere.
+        limit = estimate_train_bytes(cfg, 16 if rank == 0 else 8, 128, flash_attention=False)  # as on the CPU
+        results.append(find_pretrain_micro_batch(cfg, 128, "cpu", dtype="fp32", memory_limit_bytes=limit))
+        # Rank 1's probe fails (nothing fits its limit): every rank stops with the same message,
+        # none is left waiting in a collective.
+        try:
+            find_pretrain_micro_batch(cfg, 128, "cpu", dtype="fp32", memory_limit_bytes=limit if rank == 0 else 1)
+            results.append("no error")
+        except BertgpuError as e:
+            results.append(str(e))
+        distributed.barrier()
+        (Path(out_dir) / f"rank{rank}.txt").write_text("\n".join(map(str, results)))
+    finally:
+        distributed.destroy()
+
+
+@pytest.mark.timeout(120)
+def test_ranks_agree_even_when_one_probe_fails(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_agree_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    out = [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in range(2)]
+    assert out[0] == out[1]
+    assert out[0][0] == "8"
+    assert out[0][1].startswith("automatic micro batch size: the probe failed on rank 1: ")
+    assert "even a micro batch of 1" in out[0][1]

@@ -11,12 +11,18 @@ of the per-device batch (global / world) not above it, so the optimizer still se
                                                 dtype="bf16", max_batch=global_batch // world)
     micro, accumulation = autobatch.resolve_auto_batch(global_batch, world, found)
 
-On CUDA the probe catches `torch.cuda.OutOfMemoryError` (and counts a step whose peak allocation
-exceeds `memory_limit_bytes`, by default 92% of the card, as not fitting: the real run also holds
-DDP buckets, the data pipeline's pinned batches and allocator fragmentation). On the CPU an
-out-of-memory is the OS killing the process, so nothing is probed: the size comes from
-`estimate_train_bytes` against a memory limit (half the machine's RAM by default). Tests use the
-same search with a `fits(batch) -> bool` callable that simulates a limit.
+On CUDA the probe runs the run's own step: its precision (bf16/fp16 autocast, fp16's loss
+scaler), its optimizer (LAMB's moments and temporaries included) and activation checkpointing. It
+catches out-of-memory errors, including cuBLAS / cuDNN workspace allocation failures, which
+surface as RuntimeErrors (`is_out_of_memory`), and counts a step whose peak allocation exceeds
+`memory_limit_bytes` (by default 92% of the card: the real run also holds DDP buckets, the data
+pipeline's pinned batches and allocator fragmentation) as not fitting; the peak statistics are
+reset afterwards, so the run's memory metrics start clean. With several ranks every rank probes
+and all agree on the smallest size; when a probe fails on any rank, every rank stops with the
+same message instead of waiting in a collective. On the CPU an out-of-memory is the OS killing
+the process, so nothing is probed: the size comes from `estimate_train_bytes` against a memory
+limit (half the machine's RAM by default). Tests use the same search with a `fits(batch) -> bool`
+callable that simulates a limit.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from typing import Any
 from bertgpu.errors import BertgpuError
 
 CUDA_MEMORY_FRACTION = 0.92  # of total device memory a probed step may peak at
+# RuntimeError texts of allocation failures that are not torch.cuda.OutOfMemoryError: cuBLAS and
+# cuDNN allocate their handles and workspaces outside the caching allocator.
+OOM_MESSAGES = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                "CUBLAS_STATUS_NOT_INITIALIZED")
 
 
 def search_largest(fits: Callable[[int], bool], start: int = 1, max_batch: int = 4096) -> int:
@@ -68,10 +78,12 @@ def search_largest(fits: Callable[[int], bool], start: int = 1, max_batch: int =
 
 
 def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
-                         grad_ckpt: bool = False, flash_attention: bool = True) -> int:
-    """Rough bytes of one training step of BertForPreTraining with AdamW (an upper-ish estimate).
+                         grad_ckpt: bool = False, flash_attention: bool = True, optimizer: str = "adamw") -> int:
+    """Rough bytes of one training step of BertForPreTraining (an upper-ish estimate).
 
-    - parameters, gradients and the two AdamW moments: 4 fp32 copies of every parameter;
+    - parameters, gradients and the two moments of AdamW / RAdam / LAMB: 4 fp32 copies of every
+      parameter; LAMB's step also holds two parameter-sized temporaries (the update and its
+      denominator): 6 copies;
     - activations kept for backward, per layer and token, in `dtype_bytes` each: the layer input,
       q/k/v, attention output, dense input/output, two LayerNorm inputs, dropout masks (~12 H)
       plus the FFN's pre- and post-activation (2 F, F = intermediate_size); without a flash
@@ -88,7 +100,30 @@ def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_byte
         per_layer += micro_batch * N * seq_len * seq_len * (dtype_bytes + 1)
     activations = (tokens * H * dtype_bytes * L + per_layer) if grad_ckpt else per_layer * L
     mlm = int(0.15 * tokens) * V * 4 * 2  # fp32 logits of the masked rows and their gradient
-    return 16 * params + activations + mlm
+    copies = 6 if optimizer == "lamb" else 4
+    return 4 * copies * params + activations + mlm
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a device allocation failure: torch's OutOfMemoryError, or a RuntimeError from
+    cuBLAS / cuDNN (a handle or workspace they could not allocate) or the CUDA runtime."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MESSAGES)
+
+
+def attempt(step_fn: Callable[[int], Any], batch: int) -> bool:
+    """Run `step_fn(batch)`: True when it ran, False when it ran out of memory (any other error
+    propagates)."""
+    try:
+        step_fn(batch)
+    except Exception as exc:  # noqa: BLE001 - classified, re-raised unless it is an OOM
+        if not is_out_of_memory(exc):
+            raise
+        return False  # leave the except block first: its traceback holds the step's tensors
+    return True
 
 
 def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
@@ -107,16 +142,11 @@ def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
     def fits(batch: int) -> bool:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        oom = False
-        try:
-            step_fn(batch)
-            torch.cuda.synchronize(dev)
-        except torch.cuda.OutOfMemoryError:
-            oom = True  # leave the except block first: its traceback holds the step's tensors
+        ran = attempt(lambda b: (step_fn(b), torch.cuda.synchronize(dev)), batch)
         peak = torch.cuda.max_memory_allocated(dev)
         gc.collect()
         torch.cuda.empty_cache()
-        return not oom and peak <= memory_limit_bytes
+        return ran and peak <= memory_limit_bytes
 
     return fits
 
@@ -124,7 +154,7 @@ def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
 def find_micro_batch(step_fn: Callable[[int], Any] | None = None, device: Any = None, seq_len: int = 128,
                      start: int = 8, max_batch: int = 4096, memory_limit_bytes: int | None = None,
                      fits: Callable[[int], bool] | None = None, config: Any = None,
-                     dtype_bytes: int = 4, grad_ckpt: bool = False) -> int:
+                     dtype_bytes: int = 4, grad_ckpt: bool = False, optimizer: str = "adamw") -> int:
     """The largest micro batch (sequences of `seq_len`) whose training step fits.
 
     The test of a size is, in order of precedence: `fits(batch)` when given (tests simulate a
@@ -143,7 +173,7 @@ def find_micro_batch(step_fn: Callable[[int], Any] | None = None, device: Any = 
             flash = dev.type == "cuda"
 
             def fits(batch: int) -> bool:
-                return estimate_train_bytes(config, batch, seq_len, dtype_bytes, grad_ckpt, flash) <= limit
+                return estimate_train_bytes(config, batch, seq_len, dtype_bytes, grad_ckpt, flash, optimizer) <= limit
         else:
             raise BertgpuError("find_micro_batch: expected fits=, a CUDA device with step_fn=, or config=")
     return search_largest(fits, start=start, max_batch=max_batch)
@@ -158,28 +188,39 @@ def _ram_bytes() -> int:
 
 def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
                      dtype: str = "fp32", with_nsp: bool = True) -> Callable[[int], None]:
-    """step_fn(batch): one synthetic pretraining step (full-length sequences, 15% MLM labels):
-    forward, backward, optimizer step, grads freed. It changes the weights: probe a throw-away
-    model, not the one you will train."""
+    """step_fn(batch): one synthetic pretraining step (full-length sequences, 15% MLM labels) in
+    the run's precision: forward under autocast (bf16 / fp16), backward (through fp16's loss
+    scaler), optimizer step, grads freed. It changes the weights: probe a throw-away model, not
+    the one you will train."""
     import torch
 
+    from bertgpu.models.attention import batch_meta
+
     dev = torch.device(device)
-    vocab = int(model.config.vocab_size)
+    vocab = int(model.config.vocab_size)  # a compiled model forwards attributes to the original
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    scaler = torch.amp.GradScaler(dev.type) if dtype == "fp16" else None
 
     def step(batch: int) -> None:
         g = torch.Generator().manual_seed(batch)
         ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
         labels = torch.where(torch.rand(batch, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100))
-        b = dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                 labels=labels)
+        b: dict[str, Any] = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 token_type_ids=torch.zeros_like(ids), labels=labels)
         if with_nsp:
             b["next_sentence_label"] = torch.randint(0, 2, (batch,), generator=g)
+        b["batch_meta"] = batch_meta(b["attention_mask"], labels)  # as the loader ships it
         b = {k: v.to(dev) for k, v in b.items()}
-        ctx = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-        with ctx:
+        with torch.autocast(dev.type, dtype=half or torch.bfloat16, enabled=half is not None):
             loss = model(**b).loss
-        loss.backward()
-        optimizer.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            optimizer.step()  # even after an overflow (the scaler would skip): its state must exist
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
@@ -188,32 +229,71 @@ def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
 def find_pretrain_micro_batch(config: Any, seq_len: int, device: Any, dtype: str = "bf16",
                               with_nsp: bool = True, grad_ckpt: bool = False, compile: bool = False,
                               start: int = 8, max_batch: int = 4096,
-                              memory_limit_bytes: int | None = None) -> int:
-    """`find_micro_batch` for BertForPreTraining(config) with AdamW on `device`.
+                              memory_limit_bytes: int | None = None, optimizer: str = "adamw") -> int:
+    """`find_micro_batch` for BertForPreTraining(config) trained with `optimizer` in `dtype`
+    ("fp32", "bf16", "fp16") on `device`; the smallest answer over all ranks.
 
-    On CUDA it builds a throw-away model and optimizer, probes real steps, and frees them; call it
-    before building the model you train. Elsewhere it answers from `estimate_train_bytes`.
-    """
+    Collective when a process group is up: call it on every rank. On CUDA it builds a throw-away
+    model and optimizer, probes real steps, frees them and resets the peak memory statistics;
+    call it before building the model you train. Elsewhere it answers from
+    `estimate_train_bytes`. When the search fails on any rank (nothing fits, or an error), every
+    rank raises the same BertgpuError."""
+    error: str | None = None
+    found = 0
+    try:
+        found = _probe_pretrain(config, seq_len, device, dtype, with_nsp, grad_ckpt, compile, start, max_batch,
+                                memory_limit_bytes, optimizer)
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement below
+        error = str(exc) if isinstance(exc, BertgpuError) else f"{type(exc).__name__}: {exc}"
+    return agree_on_micro_batch(found, error)
+
+
+def _probe_pretrain(config: Any, seq_len: int, device: Any, dtype: str, with_nsp: bool, grad_ckpt: bool,
+                    compile: bool, start: int, max_batch: int, memory_limit_bytes: int | None,
+                    optimizer: str) -> int:
     import torch
 
-    from bertgpu.models.bert import BertForPreTraining
+    from bertgpu.models.bert import BertForPreTraining, ModelOptions
     from bertgpu.train.optim import build_optimizer
 
     dev = torch.device(device)
     if dev.type != "cuda":
         return find_micro_batch(None, dev, seq_len, start, max_batch, memory_limit_bytes, config=config,
-                                grad_ckpt=grad_ckpt)
-    model = BertForPreTraining(config, with_nsp=with_nsp).to(dev).train()
-    model.gradient_checkpointing_enable(grad_ckpt)
-    optimizer = build_optimizer(model, "adamw", 1e-4)
+                                dtype_bytes=4 if dtype == "fp32" else 2, grad_ckpt=grad_ckpt, optimizer=optimizer)
+    model = BertForPreTraining(config, with_nsp=with_nsp, options=ModelOptions(gradient_checkpointing=grad_ckpt))
+    model = model.to(dev).train()
+    opt = build_optimizer(model, optimizer, 1e-4)
     run = torch.compile(model) if compile else model
     try:
-        return find_micro_batch(pretrain_step_fn(run, optimizer, seq_len, dev, dtype, with_nsp), dev,
+        return find_micro_batch(pretrain_step_fn(run, opt, seq_len, dev, dtype, with_nsp), dev,
                                 seq_len, start, max_batch, memory_limit_bytes)
     finally:
-        del run, model, optimizer
+        del run, model, opt
         gc.collect()
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)  # the run's memory metrics must not show the probe
+
+
+def agree_on_micro_batch(found: int, error: str | None) -> int:
+    """Collective: the smallest `found` over ranks; if any rank has an `error`, BertgpuError on
+    every rank naming the (lowest) failing rank and its message. Without a process group: `found`,
+    or the error."""
+    from bertgpu.train import distributed
+
+    if not distributed.is_initialized():
+        if error is not None:
+            raise BertgpuError(f"automatic micro batch size: {error}")
+        return found
+    import torch.distributed as dist
+
+    reports: list[Any] = [None] * distributed.get_world_size()
+    dist.all_gather_object(reports, (found, error))  # one collective: sizes and errors together
+    failed = [(rank, err) for rank, (_, err) in enumerate(reports) if err is not None]
+    if failed:
+        rank, err = failed[0]
+        others = f" (and {len(failed) - 1} more rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+        raise BertgpuError(f"automatic micro batch size: the probe failed on rank {rank}{others}: {err}")
+    return min(size for size, _ in reports)
 
 
 def resolve_auto_batch(global_batch: int, world: int, found_micro: int) -> tuple[int, int]:
@@ -230,5 +310,6 @@ def resolve_auto_batch(global_batch: int, world: int, found_micro: int) -> tuple
     return micro, per_device // micro
 
 
-__all__ = ["search_largest", "estimate_train_bytes", "probe_fits", "find_micro_batch", "pretrain_step_fn",
-           "find_pretrain_micro_batch", "resolve_auto_batch"]
+__all__ = ["search_largest", "estimate_train_bytes", "is_out_of_memory", "attempt", "probe_fits",
+           "find_micro_batch", "pretrain_step_fn", "find_pretrain_micro_batch", "agree_on_micro_batch",
+           "resolve_auto_batch"]
