@@ -75,21 +75,36 @@ def is_main() -> bool:
     return get_rank() == 0
 
 
-def _pick_device(device_pref: str, local_rank: int) -> str:
+def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
+    """The torch device of this process from the configured preference (train.device).
+
+    "cuda" gives rank `local_rank` the GPU `local_rank % device_count`: a process that sees one
+    GPU (Slurm or a launcher setting CUDA_VISIBLE_DEVICES per rank) uses cuda:0 whatever its
+    LOCAL_RANK, and more ranks than GPUs share them round-robin. An explicit "cuda:N" is refused
+    with several processes: it would put every rank on the same GPU."""
     import torch
 
     if device_pref == "auto":
         device_pref = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_pref.startswith("cuda"):
+    if device_pref == "cuda" or device_pref.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise BertgpuError(f"--device {device_pref}: no CUDA device is visible to this process")
+            raise BertgpuError(f"train.device {device_pref}: no CUDA device is visible to this process")
+        count = torch.cuda.device_count()
         if device_pref == "cuda":
-            return f"cuda:{local_rank}"
+            return f"cuda:{local_rank % count}"
+        index = device_pref.split(":", 1)[1]
+        if not index.isdigit() or int(index) >= count:
+            raise BertgpuError(f"train.device {device_pref}: expected cuda:N with N in [0, {count}) "
+                               f"({count} GPU{'s' if count > 1 else ''} visible)")
+        if world_size > 1:
+            raise BertgpuError(f"train.device {device_pref}: {world_size} processes would all use GPU "
+                               f"{index}; expected train.device cuda (rank r takes GPU r % {count}) "
+                               "and CUDA_VISIBLE_DEVICES to choose the GPUs")
         return device_pref
     if device_pref == "mps":
         return "mps"
     if device_pref != "cpu":
-        raise BertgpuError(f"--device {device_pref!r}: expected auto, cpu, cuda, cuda:N or mps")
+        raise BertgpuError(f"train.device {device_pref!r}: expected auto, cpu, cuda, cuda:N or mps")
     return "cpu"
 
 
@@ -97,14 +112,14 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     """Set up the process group from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR/PORT); single process without a group when WORLD_SIZE is unset.
 
-    NCCL on CUDA (with `torch.cuda.set_device(local_rank)` first, so NCCL and every `.cuda()`
-    use the right GPU), gloo on CPU."""
+    NCCL on CUDA (with `torch.cuda.set_device` on this rank's GPU first, so NCCL and every
+    `.cuda()` use it; see `_pick_device`), gloo on CPU."""
     import torch
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = _pick_device(device_pref, local_rank)
+    device = _pick_device(device_pref, local_rank, world_size)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     if "WORLD_SIZE" not in os.environ:
