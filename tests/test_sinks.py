@@ -67,6 +67,28 @@ def test_logging_section_fields_and_validation():
     assert flatten_config(CONFIG)["model.hidden_size"] == 32
 
 
+def test_logging_section_in_a_config_schema(tmp_path):
+    from bertgpu.train import overrides
+
+    @dataclasses.dataclass
+    class Schema:  # as the pretraining and fine-tuning schemas hold it
+        logging: LoggingSection = dataclasses.field(default_factory=LoggingSection,
+                                                    metadata={"help": "metric sinks"})
+
+    cfg = overrides.apply_dict(Schema(), {"logging": {"wandb": True, "wandb_project": "p"}},
+                               "recipe.toml")
+    overrides.apply_overrides(cfg, ["--logging.mlflow", "--logging.gpu_monitor_interval_s", "2",
+                                    "--logging.wandb_run_name=r1"])
+    assert (cfg.logging.wandb, cfg.logging.mlflow, cfg.logging.wandb_project) == (True, True, "p")
+    assert cfg.logging.gpu_monitor_interval_s == 2.0 and cfg.logging.wandb_run_name == "r1"
+    with pytest.raises(BertgpuError, match="logging.wandb_projet"):
+        overrides.apply_dict(Schema(), {"logging": {"wandb_projet": "p"}}, "recipe.toml")
+    (tmp_path / "c.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
+    again = overrides.apply_dict(Schema(), overrides.read_toml(tmp_path / "c.toml"), "c.toml")
+    assert again == cfg  # the resolved config reads back the same (None as "none")
+    assert "--logging.wandb_mode" in overrides.format_help(Schema)
+
+
 def test_fanout_order_system_metrics_and_a_failing_sink(tmp_path, capsys):
     good, bad = Recorder(), Recorder(fail_on="eval")
     nvml = SimulatedNvml([SimGpu(temp_c=[70.0]), SimGpu(throttle=[0x40])])
@@ -239,3 +261,39 @@ def test_mlflow_file_store_holds_the_metrics_and_resumes(tmp_path, monkeypatch):
     config = json.loads(Path(client.download_artifacts(found.info.run_id, "config.json",
                                                        str(tmp_path))).read_text())
     assert config["train"]["max_steps"] == 6  # the artifact follows the resumed config
+
+
+def test_tensorboard_sink_tags(tmp_path, monkeypatch):
+    """TensorBoard's own writer is optional here: a stand-in records what the sink hands it."""
+    import types
+
+    written = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            written.append(("dir", log_dir))
+
+        def add_scalar(self, tag, value, global_step):
+            written.append((tag, value, global_step))
+
+        def add_text(self, tag, text):
+            written.append((tag, text))
+
+        def close(self):
+            written.append(("closed",))
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard",
+                        types.SimpleNamespace(SummaryWriter=Writer))
+    logger = MetricsLogger(tmp_path, True, total_steps=4, stream=io.StringIO())
+    assert logger.sink_names == ["tensorboard"]
+    logger.log_config(CONFIG)
+    _run(logger)
+    assert written[0] == ("dir", str(tmp_path / "tensorboard"))
+    assert written[1][0] == "config" and "model.hidden_size = 32" in written[1][1]
+    assert ("train/loss", 2.0, 2) in written and ("eval/val_mlm_acc", 0.25, 4) in written
+    assert ("train/rank_compute_s/1", 0.75, 4) in written
+    assert not any(w[0] == "train/note" for w in written) and written[-1] == ("closed",)
+    # tensorboard=False (or [logging] tensorboard = false): no writer at all.
+    written.clear()
+    _run(MetricsLogger(tmp_path / "b", True, tensorboard=False, stream=io.StringIO()))
+    assert written == []
