@@ -134,13 +134,11 @@ def test_helpers_without_process_group(monkeypatch):
         distributed.resolve_nproc(0)
 
 
-def test_launch_local_runs_the_elastic_launcher(monkeypatch):
-    calls = []
+def test_launcher_command():
+    from bertgpu.train import launcher
 
-    class Done:
-        returncode = 0
-
-    monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd) or Done())
-    assert distributed.launch_local(2, ["pretrain", "cfg.toml"]) == 0
-    assert calls[0] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]
+    assert launcher.launcher_command(2, ["pretrain", "cfg.toml"]) == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]
+    assert launcher.launcher_command(2, ["pretrain"], max_restarts=3)[4:8] == [
+        "--nproc-per-node", "2", "--max-restarts", "3"]

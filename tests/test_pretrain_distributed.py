@@ -137,11 +137,11 @@ def test_nproc_is_validated_before_launching(shards, tmp_path, capsys):
 
 
 def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monkeypatch):
-    from bertgpu.train import distributed
+    from bertgpu.train import launcher
 
     calls: list = []
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(distributed, "launch_local", lambda n, argv, **kw: calls.append((n, argv)) or 0)
+    monkeypatch.setattr(launcher, "launch_local", lambda n, argv, **kw: calls.append((n, argv)) or 0)
     args = _overrides(shards, tmp_path / "r", "--train.max_steps", "1")
     assert main(["pretrain", TINY, "--nproc", "2", *args]) == 0
     # --nproc is gone; everything else passes through (--data/--out as their --key=value form).
@@ -153,7 +153,7 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
     assert load_config(TINY, child[2:]) == load_config(TINY, args)
     # A child (WORLD_SIZE set by the launcher) trains instead of launching again.
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(pretrain, "run", lambda cfg: calls.append("ran") or pretrain.RunResult(Path("."), 1))
+    monkeypatch.setattr(pretrain, "run", lambda cfg, **kw: calls.append("ran") or pretrain.RunResult(Path("."), 1))
     assert main(["pretrain", TINY, "--nproc", "2", *args]) == 0
     assert calls[1:] == ["ran"]
 

@@ -80,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             args = parser.parse_args(rest)
         if launches and args.nproc is not None and "WORLD_SIZE" not in os.environ:
-            from bertgpu.train import distributed
+            from bertgpu.train import distributed, launcher
 
             n = distributed.resolve_nproc(args.nproc)
             module.check_before_launch(args, n)
             if n > 1:
-                return distributed.launch_local(n, [name, *strip_launch_flags(rest)],
-                                                max_restarts=args.max_restarts)
+                hint = getattr(module, "resume_hint", None)
+                return launcher.launch_local(n, [name, *strip_launch_flags(rest)], max_restarts=args.max_restarts,
+                                             resume_hint=(lambda: hint(args)) if hint else None)
         return int(module.main(args) or 0)
     except BertgpuError as exc:
         print(f"bertgpu {name}: error: {exc}", file=sys.stderr)

@@ -214,7 +214,7 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
 
     t_start = time.perf_counter()
     owns_group = not distributed.is_initialized()
-    info = distributed.init_distributed(cfg.device)
+    info = distributed.init_distributed(cfg.device, cfg.timeout_minutes)
     try:
         tokenizer = load_tokenizer(tok_dir)
         pad_id = tokenizer.token_to_id("[PAD]")
@@ -386,6 +386,14 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     if missing and not args.help_config:
         raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)")
     load_config(None, args.overrides)
+
+
+def resume_hint(args: argparse.Namespace) -> str | None:
+    """After a failed `--nproc` job: what re-running the same command will do."""
+    from bertgpu.train.checkpoint import hint_for
+
+    out = Path(args.out)
+    return hint_for(out.with_name(out.name + ".tmp"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -119,7 +119,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     out = Path(out)
 
     owns_group = not distributed.is_initialized()
-    distributed.init_distributed(cfg.device)  # one process group for all runs (--nproc)
+    distributed.init_distributed(cfg.device, cfg.timeout_minutes)  # one process group for all runs
     try:
         runs: dict[str, dict[int, dict[str, Any]]] = {}
         skipped: list[str] = []

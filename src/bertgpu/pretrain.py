@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Declared (not left to the override parser) so `--data D` is never mistaken for the recipe.
     parser.add_argument("--data", default=None, help="shard set from bertgpu prepare (data.dir)")
     parser.add_argument("--out", default=None, help="run folder (out); re-running resumes from it")
+    parser.add_argument("--allow-data-change", action="store_true",
+                        help="resume even though the shard set or the masking differ from the checkpoint's")
     parser.epilog = (
         "Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
         "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR"
@@ -62,13 +64,20 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     _check_gpu_count(nproc, cfg.train.device)
 
 
+def resume_hint(args: argparse.Namespace) -> str | None:
+    """After a failed `--nproc` job: what re-running the same command will do."""
+    from bertgpu.train.checkpoint import hint_for
+
+    return hint_for(_config(args).out)
+
+
 def main(args: argparse.Namespace) -> int:
     from bertgpu.train import config, overrides
 
     if args.help_config:
         print(overrides.format_help(config.PretrainConfig))
         return 0
-    result = run(_config(args))
+    result = run(_config(args), allow_data_change=args.allow_data_change)
     return 143 if result.preempted else 0
 
 
@@ -96,20 +105,20 @@ class RunResult:
     last_eval: dict[str, float] = field(default_factory=dict)
 
 
-def run(cfg: Any) -> RunResult:
+def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
     """Train according to `cfg` (a validated `config.PretrainConfig`)."""
     from bertgpu.train import distributed
 
-    info = distributed.init_distributed(cfg.train.device)
+    info = distributed.init_distributed(cfg.train.device, cfg.distributed.timeout_minutes)
     try:
-        loop = build(cfg, info)
+        loop = build(cfg, info, allow_data_change)
         res = loop.run()
         return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval)
     finally:
         distributed.destroy()
 
 
-def build(cfg: Any, info: Any) -> Any:
+def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     """The training loop of a pretraining run, resumed from its newest checkpoint if any."""
     import torch
 
@@ -155,7 +164,8 @@ def build(cfg: Any, info: Any) -> Any:
                             world_size=info.world_size, seed=cfg.seed, num_workers=cfg.data.num_workers,
                             pin_memory=info.device.startswith("cuda"), bucket_window=cfg.data.bucket_window)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
-                        eval_batches=t.eval_batches, autocast=engine.autocast, info=info)
+                        eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
+                        allow_data_change=allow_data_change)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")

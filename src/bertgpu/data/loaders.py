@@ -33,7 +33,8 @@ def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray,
     import torch
 
     raw = shards.get(indices)
-    masked, labels = masker.mask_batch(raw["input_ids"], raw["lengths"], seed, epochs, indices)
+    masked, labels = masker.mask_batch(raw["input_ids"], raw["lengths"], seed, epochs, indices,
+                                       word_starts=raw.get("word_starts"))
     T = masked.shape[1]
     attention_mask = (np.arange(T)[None, :] < raw["lengths"][:, None]).astype(np.int64)  # (B, T)
     batch = {
@@ -87,6 +88,18 @@ def _as_masker(masking: Masker | MaskingConfig, shards: ShardSet) -> Masker:
     if isinstance(masking, MaskingConfig):
         return Masker.from_shards(masking, shards)
     raise TypeError(f"expected a Masker or MaskingConfig, got {type(masking).__name__}")
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """In a loader worker: ignore SIGTERM and SIGINT. A scheduler's preemption (SIGTERM to every
+    process of the job) or Ctrl-C (SIGINT to the terminal's process group) reaches the workers
+    too; if they died of it, the main process would fail with "DataLoader worker killed" before
+    it could write its preemption checkpoint. The main process decides; the workers end when it
+    closes the loader (or dies, which torch's workers watch for)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class PretrainLoader:
@@ -180,6 +193,12 @@ class PretrainLoader:
                 loader = torch.utils.data.DataLoader(
                     self._dataset(), batch_size=None, sampler=range(1 << 62), num_workers=self.num_workers,
                     pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                    worker_init_fn=ignore_stop_signals,
+                    # Its own generator: a DataLoader without one draws its workers' base seed from
+                    # the global torch RNG, which would shift the dropout stream and break exact
+                    # resume (and make num_workers change the result). Batches are deterministic
+                    # anyway (order and masks come from the seed, not from this generator).
+                    generator=torch.Generator().manual_seed(0),
                 )
                 self._iter = iter(loader)
             out = [next(self._iter) for _ in range(A)]

@@ -9,8 +9,9 @@ module turns it into what the loop asks for:
   global batch, cut into micro batches padded to their own longest row. A step is therefore a
   function of (seed, step, world size, micro batch) only, which is all a resume needs;
 - summed losses with matching counts (sequences), so accumulation and DDP are exact;
-- evaluation at the end of every epoch on rank 0 (the other ranks wait at a barrier), recorded
-  as the per-epoch history that results.json reports;
+- evaluation at the end of every epoch, sharded: each rank runs the model on its slice of every
+  evaluation set, rank 0 gathers the outputs and scores them (the official metrics, SQuAD's
+  post-processing), recorded as the per-epoch history that results.json reports;
 - the export: the fine-tuned model in the Hugging Face layout with its tokenizer.
 """
 
@@ -183,21 +184,43 @@ class FinetuneTask:
         self.eval_examples += len(data)
         return result
 
+    def predict_sharded(self, data: Encoded) -> dict[str, np.ndarray] | None:
+        """`predict` over all ranks: rank r runs the r-th contiguous slice of `data`; rank 0
+        gets every output in data order (None on the other ranks)."""
+        world = self.info.world_size
+        if world == 1:
+            return self.predict(data)
+        mine = np.array_split(np.arange(len(data)), world)[self.info.rank]
+        part = Encoded([data.ids[i] for i in mine], [data.types[i] for i in mine])
+        parts = distributed.gather_to_main(self.predict(part) if len(part) else None)
+        if parts is None:
+            return None
+        parts = [p for p in parts if p is not None]
+        out: dict[str, np.ndarray] = {}
+        for k in parts[0]:
+            if self.job.head == "qa":  # start/end logits: padded to the longest row of each slice
+                width = max(p[k].shape[1] for p in parts)
+                out[k] = np.concatenate([pad_to(p[k], width) for p in parts])
+            else:
+                out[k] = np.concatenate([p[k] for p in parts])
+        return out
+
     def evaluate(self, step: int, train_loss: float | None) -> dict[str, Any]:
-        """Every evaluation set on rank 0 (predictions are written at the last epoch); the other
-        ranks wait. Appends the epoch's record to `history` on every rank."""
+        """Every evaluation set, sharded over ranks and scored on rank 0 (predictions are written
+        at the last epoch); appends the epoch's record to `history` on every rank."""
         epoch = self.epoch_of(step - 1) if step else 1
         record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_loss}
         flat: dict[str, Any] = {}
+        outputs = [self.predict_sharded(ev.data) for ev in self.job.evals]
         if self.info.is_main:
             last = step >= self.total_steps
-            metrics = {ev.name: ev.score(self.predict(ev.data), self.work_dir if last else None)
-                       for ev in self.job.evals}
+            metrics = {ev.name: ev.score(out, self.work_dir if last else None)
+                       for ev, out in zip(self.job.evals, outputs, strict=True)}
             record["metrics"] = metrics
             record["score"] = self.job.primary(metrics)
             flat = {"epoch": epoch, "score": record["score"],
                     **{f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}}
-        distributed.barrier()  # the other ranks wait while rank 0 evaluates
+        distributed.barrier()  # the other ranks wait while rank 0 scores (bounded by the timeout)
         self.history.append(record)
         return flat
 

@@ -12,6 +12,7 @@ loss, accuracy and perplexity (and NSP accuracy) on the held-out split with mask
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shutil
 from collections.abc import Mapping
@@ -59,13 +60,15 @@ class PretrainTask:
 
     def __init__(self, data: PretrainData, model: torch.nn.Module, loader: PretrainLoader,
                  masking: MaskingConfig, eval_masking: MaskingConfig, *, seed: int, run_dir: Path,
-                 eval_batches: int, autocast: Any, info: distributed.DistInfo) -> None:
+                 eval_batches: int, autocast: Any, info: distributed.DistInfo,
+                 allow_data_change: bool = False) -> None:
         self.data, self.model, self.loader = data, model, loader
         self.masking, self.eval_masking = masking, eval_masking
         self.seed, self.run_dir, self.eval_batches = seed, Path(run_dir), eval_batches
         self.autocast, self.info = autocast, info
         self.device = torch.device(info.device)
         self.with_nsp = data.with_nsp
+        self.allow_data_change = allow_data_change
         if data.val is None and info.is_main:
             print(f"warning: {data.train.manifest_path}: the validation split is empty, so evaluation "
                   "is skipped (prepare with --validation-fraction > 0 to measure held-out loss)", flush=True)
@@ -141,10 +144,27 @@ class PretrainTask:
         return result
 
     # -- state and result ------------------------------------------------------------------------
+    def data_identity(self) -> dict[str, Any]:
+        """What decides the stream of training samples: the shard set (its manifest, byte for
+        byte) and the masking. Resuming with any of them changed would silently train on
+        another stream, so it is an error unless the user says so."""
+        manifest = hashlib.sha256(self.data.train.manifest_path.read_bytes()).hexdigest()
+        return {"manifest_sha256": manifest, "mask_rate": float(self.masking.mask_rate),
+                "whole_word_masking": bool(self.masking.whole_word)}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"loader": self.loader.state_dict(), "tokenizer_hash": self.data.train.tokenizer_hash}
+        return {"loader": self.loader.state_dict(), "tokenizer_hash": self.data.train.tokenizer_hash,
+                "data_identity": self.data_identity()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved, now = state.get("data_identity"), self.data_identity()
+        if saved is not None and not self.allow_data_change:
+            changed = [k for k in now if saved.get(k) != now[k]]
+            if changed:
+                what = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" if k != "manifest_sha256"
+                                 else f"the shard set ({self.data.train.manifest_path} differs)" for k in changed)
+                raise BertgpuError(f"{self.run_dir}: resuming with changed data: {what}; expected the "
+                                   "checkpoint's data and masking (pass --allow-data-change to continue anyway)")
         self.loader.load_state_dict(state["loader"])
 
     def export(self, step: int) -> Path:

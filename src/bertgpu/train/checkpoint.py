@@ -301,6 +301,15 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
     return model_state, train_state
 
 
+def hint_for(run_dir: str | os.PathLike[str] | None) -> str:
+    """What re-running the command of `run_dir` will do, for the last line of a failed job."""
+    found = list_checkpoints(run_dir) if run_dir else []
+    if not found:
+        return "no checkpoint was written, so re-running the same command starts over"
+    step, path = found[-1]
+    return f"re-running the same command resumes from step {step} ({path})"
+
+
 def rng_state() -> dict[str, Any]:
     """Python, numpy (global) and torch CPU/CUDA generator states as plain values and tensors,
     so they survive `torch.load(weights_only=True)`."""

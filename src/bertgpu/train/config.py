@@ -174,6 +174,9 @@ class DistributedSection:
     gradient_as_bucket_view: bool = option(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
     comm_hook: str = option("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
     measure_comm: bool = option(True, "time the gradient all-reduce and log comm_share (the part not hidden behind backward)")
+    timeout_minutes: float = option(
+        60.0, "how long any rank may wait in a collective (a hung rank ends the job after this) before failing"
+    )
 
 
 @dataclass
@@ -224,6 +227,7 @@ class FinetuneConfig:
     checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
                                         "write a resumable checkpoint every N steps (0 = only when preempted)")
     checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
+    timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
 
 
 def _finetune_aliases() -> dict[str, str]:
@@ -263,6 +267,7 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     check(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
           "budget_hours", "a positive number of hours or none")
     check(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
+    check(cfg.timeout_minutes > 0, "timeout_minutes", "a positive number")
     check(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
           "checkpoint_every_minutes", "a positive number or none")
     return cfg
@@ -408,6 +413,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     dist = cfg.distributed
     _check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
     _choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
+    _check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
     return cfg
 
 

@@ -14,8 +14,6 @@ so the training loop is written once and runs unchanged on one CPU or on many GP
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -108,12 +106,18 @@ def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
     return "cpu"
 
 
-def init_distributed(device_pref: str = "auto") -> DistInfo:
+DEFAULT_TIMEOUT_MINUTES = 60.0
+
+
+def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = None) -> DistInfo:
     """Set up the process group from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR/PORT); single process without a group when WORLD_SIZE is unset.
 
     NCCL on CUDA (with `torch.cuda.set_device` on this rank's GPU first, so NCCL and every
-    `.cuda()` use it; see `_pick_device`), gloo on CPU."""
+    `.cuda()` use it; see `_pick_device`), gloo on CPU. `timeout_minutes` bounds every
+    collective wait (default `DEFAULT_TIMEOUT_MINUTES`): long enough for the longest legitimate wait (rank 0 writing a
+    large checkpoint or post-processing SQuAD v2 while the others wait), short enough that a hung
+    rank ends the job with an error instead of holding the GPUs for ever."""
     import torch
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -127,7 +131,11 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist = _dist()
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
+        from datetime import timedelta
+
+        minutes = DEFAULT_TIMEOUT_MINUTES if timeout_minutes is None else float(timeout_minutes)
+        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
+                                  "timeout": timedelta(minutes=minutes)}
         if backend == "nccl":
             # Binds the communicator to this GPU eagerly (torch >= 2.3) and silences the
             # "device id unknown" barrier warning.
@@ -200,6 +208,15 @@ def gather_objects(obj: Any) -> list[Any]:
         return [obj]
     everyone: list[Any] = [None] * get_world_size()
     _dist().all_gather_object(everyone, obj)
+    return everyone
+
+
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's `obj` in rank order on rank 0 (None elsewhere); `[obj]` without a group."""
+    if not is_initialized():
+        return [obj]
+    everyone: list[Any] | None = [None] * get_world_size() if is_main() else None
+    _dist().gather_object(obj, everyone, dst=0)
     return everyone
 
 
@@ -319,7 +336,23 @@ def wrap_ddp(
         hook = timer.wrap(hook or default_hooks.allreduce_hook)
     if hook is not None:
         ddp.register_comm_hook(state, hook)
+    ddp.comm_hook_state = state  # for reset_comm_hook_state after a skipped step
     return ddp
+
+
+def reset_comm_hook_state(state: Any) -> None:
+    """Forget what a stateful compression hook carried over from earlier steps.
+
+    PowerSGD keeps an error-feedback residual and warm-start factors per bucket: after a
+    non-finite step they hold NaN/inf and would poison every later step, and after an fp16 loss
+    scale change they are in the old scale's units. Cleared, the hook starts again as on its
+    first step (fresh random factors, no residual). Stateless hooks (bf16, fp16) have nothing."""
+    if state is None:
+        return
+    for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        memory = getattr(state, name, None)
+        if isinstance(memory, dict):
+            memory.clear()
 
 
 def resolve_nproc(nproc: str | int) -> int:
@@ -336,24 +369,3 @@ def resolve_nproc(nproc: str | int) -> int:
     if nproc < 1:
         raise BertgpuError(f"--nproc {nproc}: expected a positive integer or auto")
     return nproc
-
-
-def launch_local(nproc: int, argv: list[str], max_restarts: int = 0) -> int:
-    """Re-run `python -m bertgpu ARGV` as `nproc` processes under torch's elastic launcher
-    (`--standalone`: a local rendezvous on a free port). Returns the launcher's exit status.
-
-    The caller must strip its own `--nproc` from `argv`, or pass `--nproc 1`, so the children
-    do not launch again; children see WORLD_SIZE set, which callers may also check."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        *(["--max-restarts", str(max_restarts)] if max_restarts > 0 else []),
-        "-m",
-        "bertgpu",
-        *argv,
-    ]
-    return subprocess.run(cmd, check=False).returncode

@@ -112,6 +112,7 @@ class Engine:
         lr_fn: Callable[[], float] | None = None,
         ddp: bool | None = None,
         grads_are_bucket_views: bool = False,
+        on_numerics_reset: Callable[[], None] | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise BertgpuError(f"train.precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -131,13 +132,15 @@ class Engine:
         # zeroing them in place keeps that single copy, setting them to None would make DDP
         # allocate a second one on the next backward.
         self.set_grads_to_none = not grads_are_bucket_views
+        # Called after a skipped step and after an fp16 loss-scale change, e.g. to clear a
+        # compression hook's error feedback (distributed.reset_comm_hook_state).
+        self.on_numerics_reset = on_numerics_reset
         self.scaler = make_grad_scaler(self.device.type) if precision == "fp16" else None
         # Counters (saved in checkpoints): each has one meaning.
         self.step = 0  # train_step calls, skipped ones included
         self.micro_step = 0  # forward/backward passes on this rank
-        self.skipped_steps = 0  # steps whose update was not applied, for any reason
-        self.overflow_steps = 0  # fp16 gradient overflows (normal while the scale settles)
-        self.nonfinite_in_row = 0  # consecutive non-finite steps; aborts at max_nonfinite_steps
+        self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or gradients)
+        self.nonfinite_in_row = 0  # consecutive skipped steps, any cause; aborts at max_nonfinite_steps
 
     # -- autocast -------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -260,25 +263,17 @@ class Engine:
         self.step += 1
         skipped = any_loss_bad or any_grad_bad
         if skipped:
-            self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
-            self.skipped_steps += 1
-            if self.scaler is not None:
-                # Back the scale off ourselves: the scaler cannot see a non-finite forward, and
-                # this keeps every rank's scale identical even if only one rank overflowed.
-                self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
-            if self.scaler is not None and not any_loss_bad:
-                self.overflow_steps += 1  # routine fp16 overflow: the scaler handles it
-            else:
-                self.nonfinite_in_row += 1
-                if self.nonfinite_in_row >= self.max_nonfinite_steps:
-                    raise TrainingDiverged(self._diverged_message(total_loss, grad_norm, lr))
+            self._skip(total_loss, grad_norm, lr)
         else:
             self.nonfinite_in_row = 0
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if self.scaler is not None:
+                scale = self.scaler.get_scale()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+                if self.scaler.get_scale() != scale and self.on_numerics_reset is not None:
+                    self.on_numerics_reset()  # a hook's stored error is in the old scale's units
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
@@ -297,6 +292,25 @@ class Engine:
             signals=signals_out,
         )
 
+    def _skip(self, loss: float, grad_norm: float, lr: float) -> None:
+        """One policy for every non-finite step, whatever its cause (loss or gradients, fp16 or
+        bf16, any rank): no update anywhere, the fp16 scale backs off by the scaler's own rule
+        (scale x backoff_factor, growth interval restarted) on every rank alike, a compression
+        hook's state is cleared, and `max_nonfinite_steps` in a row stop the run."""
+        self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
+        self.skipped_steps += 1
+        self.nonfinite_in_row += 1
+        if self.scaler is not None:
+            backed_off = self.scaler.get_scale() * self.scaler.get_backoff_factor()
+            self.scaler.update(backed_off)  # also ends this step's unscale_ bookkeeping
+            state = self.scaler.state_dict()
+            state["_growth_tracker"] = 0  # growth waits a whole interval again, as after inf
+            self.scaler.load_state_dict(state)
+        if self.on_numerics_reset is not None:
+            self.on_numerics_reset()
+        if self.nonfinite_in_row >= self.max_nonfinite_steps:
+            raise TrainingDiverged(self._diverged_message(loss, grad_norm, lr))
+
     def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:
         hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)", "train.grad_clip 1.0"]
         if self.precision == "fp16":
@@ -313,7 +327,6 @@ class Engine:
             "step": self.step,
             "micro_step": self.micro_step,
             "skipped_steps": self.skipped_steps,
-            "overflow_steps": self.overflow_steps,
             "nonfinite_in_row": self.nonfinite_in_row,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
@@ -322,7 +335,6 @@ class Engine:
         self.step = int(state["step"])
         self.micro_step = int(state.get("micro_step", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.overflow_steps = int(state.get("overflow_steps", 0))
         self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train import distributed
+from bertgpu.train import distributed, faults
 from bertgpu.train.engine import Engine, StepResult
 from bertgpu.train.schedule import BudgetClock, Schedule
 
@@ -223,6 +223,8 @@ class Loop:
                 logger.print(f"budget of {s.budget_hours:g} h reached at step {self.engine.step}")
                 result.stop_reason = "budget"
                 break
+            faults.maybe_kill(self.info.rank, self.engine.step + 1)  # no-ops unless BERTGPU_FAULTS
+            faults.delay(self.info.rank, self.engine.step + 1)
             t0 = time.perf_counter()
             micro_batches = self.task.micro_batches(self.engine.step)
             t1 = time.perf_counter()
@@ -232,7 +234,7 @@ class Loop:
             signals = {"preempt": float(preempt.requested),
                        "since_checkpoint_s": time.monotonic() - last_ckpt if main else 0.0,
                        "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
-            res = self.engine.train_step(micro_batches, self.task.loss, self.task.counts, signals=signals)
+            res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts, signals=signals)
             if self.budget is not None:
                 self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
             data_wait += t1 - t0
@@ -277,6 +279,18 @@ class Loop:
                 throughput.reset()
         return self._finish(logger, result, evaluated_at, eval_loss, eval_n)
 
+    def _loss_fn(self) -> Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]:
+        """The task's loss, made non-finite on this rank when a fault is injected for the step
+        (the forward and backward still run: the engine must find and skip it)."""
+        if not faults.nonfinite(self.info.rank, self.engine.step + 1):
+            return self.task.loss
+
+        def poisoned(model: torch.nn.Module, batch: Batch) -> Mapping[str, torch.Tensor]:
+            return {k: v * float("nan") if not k.startswith("_") else v
+                    for k, v in self.task.loss(model, batch).items()}
+
+        return poisoned
+
     def _finish(self, logger: Any, result: LoopResult, evaluated_at: int | None,
                 eval_loss: float, eval_n: float) -> LoopResult:
         """End of training (steps, budget, or preemption): evaluate, checkpoint, export."""
@@ -308,10 +322,10 @@ class Loop:
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, logger: Any) -> Path | None:
         """Write a checkpoint of the current step (collective: every rank sends its RNG state)."""
-        from bertgpu.train.checkpoint import rng_state, save_checkpoint
+        from bertgpu.train.checkpoint import check_free_space, rng_state, save_checkpoint
 
         rngs = distributed.gather_objects(rng_state())
-        path = None
+        path, error = None, None
         if self.info.is_main:
             state = {
                 "step": self.engine.step,
@@ -325,9 +339,16 @@ class Loop:
                 "budget": self.budget.state_dict() if self.budget is not None else None,
                 "world_size": self.world,
             }
-            path = save_checkpoint(self.s.run_dir, self.engine.step, self.model.state_dict(), state,
-                                   extra_files=self.s.extra_files(), keep_last=self.s.keep_last)
-        distributed.barrier()
+            try:
+                path = save_checkpoint(self.s.run_dir, self.engine.step, self.model.state_dict(), state,
+                                       extra_files=self.s.extra_files(), keep_last=self.s.keep_last)
+                check_free_space(self.s.run_dir)  # warns one checkpoint interval before a full disk
+            except BertgpuError as exc:
+                error = exc
+        # Instead of a barrier: every rank learns whether rank 0's write failed and stops with it.
+        if distributed.any_true(error is not None):
+            raise error or BertgpuError(f"{self.s.run_dir}: rank 0 could not write the checkpoint of "
+                                        f"step {self.engine.step} (its error names the cause)")
         self.saved_step = self.engine.step
         return path
 
@@ -388,42 +409,42 @@ class Loop:
         return fn
 
 
-def agreed_checkpoint(run_dir: Path, info: distributed.DistInfo) -> Path | None:
-    """The checkpoint to resume from, the same on every rank: rank 0 lists the run folder and
-    broadcasts the step; the others open that step's folder (or fail clearly)."""
+def load_resume(run_dir: Path, info: distributed.DistInfo
+                ) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(path, model state, train state) of the checkpoint to resume from, the same on every
+    rank, or None.
+
+    Rank 0 first repairs what a crash may have left (a `step_N.old` whose `step_N` is missing,
+    stale `.tmp`/`.old` folders), then takes the newest checkpoint that verifies against its
+    checksums and loads (a damaged newer one is skipped with a warning naming the problem), and
+    broadcasts its step; the other ranks load that step (and fail clearly if they cannot see it:
+    the run folder must be on a filesystem shared by every node)."""
     from bertgpu.train.checkpoint import (
         COMPLETE,
         checkpoint_dir,
-        latest_checkpoint,
-        list_checkpoints,
+        load_checkpoint,
+        recover_checkpoints,
+        resume_checkpoint,
     )
 
-    if info.world_size == 1:
-        return latest_checkpoint(run_dir)
-    mine = -1
+    run_dir = Path(run_dir)
+    found = None
     if info.is_main:
-        found = list_checkpoints(run_dir)
-        mine = found[-1][0] if found else -1
-    step = int(distributed.broadcast_scalar(float(mine)))
+        for line in recover_checkpoints(run_dir):
+            print(f"{run_dir}: {line}", flush=True)
+        found = resume_checkpoint(run_dir)
+    if info.world_size == 1:
+        return found
+    step = int(distributed.broadcast_scalar(float(int(found[0].name.split("_")[1]) if found else -1)))
     if step < 0:
         return None
+    if info.is_main:
+        return found
     path = checkpoint_dir(run_dir, step)
     if not (path / COMPLETE).is_file():
         raise BertgpuError(f"{path}: rank {info.rank} cannot see the checkpoint rank 0 resumes from; "
                            f"expected the output folder on a filesystem shared by every node")
-    return path
-
-
-def load_resume(run_dir: Path, info: distributed.DistInfo
-                ) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None:
-    """(path, model state, train state) of the agreed newest checkpoint, or None."""
-    from bertgpu.train.checkpoint import load_checkpoint
-
-    path = agreed_checkpoint(Path(run_dir), info)
-    if path is None:
-        return None
-    model_state, train_state = load_checkpoint(path)
-    return path, model_state, train_state
+    return (path, *load_checkpoint(path))
 
 
 @dataclass
@@ -466,11 +487,14 @@ def build_engine(model: torch.nn.Module, es: EngineSettings, info: distributed.D
                                        gradient_as_bucket_view=es.gradient_as_bucket_view,
                                        comm_hook=es.comm_hook, timer=timer)
     is_ddp = train_model is not model
+    hook_state = getattr(train_model, "comm_hook_state", None)
     if es.compile:
         train_model = torch.compile(train_model)
     engine = Engine(train_model, optimizer, precision=es.precision, device=device,
                     grad_clip=es.grad_clip, max_nonfinite_steps=es.max_nonfinite_steps, ddp=is_ddp,
-                    grads_are_bucket_views=is_ddp and es.gradient_as_bucket_view)
+                    grads_are_bucket_views=is_ddp and es.gradient_as_bucket_view,
+                    on_numerics_reset=(lambda: distributed.reset_comm_hook_state(hook_state))
+                    if hook_state is not None else None)
     return engine, timer
 
 

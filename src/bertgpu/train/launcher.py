@@ -1,0 +1,109 @@
+"""`--nproc N`: a command re-run as N local workers under PyTorch's elastic launcher, with one
+clear last line about how it ended.
+
+    launch_local(2, ["pretrain", "configs/tiny.toml", "--data", "d", "--out", "r"],
+                 max_restarts=1, resume_hint=lambda: "re-running the same command resumes from step 40")
+
+The launcher (`python -m torch.distributed.run --standalone`) runs in a session of its own, so
+that a stop signal that reaches this process (Ctrl-C in a terminal, `kill`, a scheduler's
+SIGTERM) is forwarded to the launcher's whole process group exactly once: the workers and their
+loader processes see it, write the preemption checkpoint, and this process exits 143 saying so.
+With `max_restarts`, the launcher restarts failed workers itself (each restart resumes from the
+newest checkpoint). When the job fails for good, the launcher's report is followed by one line
+naming the rank that died and of what (read from that report), and how to resume.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PREEMPTED_EXIT = 143  # 128 + SIGTERM, what schedulers and shells expect from a stopped job
+
+
+def launcher_command(nproc: int, argv: list[str], max_restarts: int = 0) -> list[str]:
+    """The torch elastic launcher's command line for `python -m bertgpu ARGV` on `nproc` workers."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(nproc),
+        *(["--max-restarts", str(max_restarts)] if max_restarts > 0 else []),
+        "-m", "bertgpu", *argv,
+    ]
+
+
+def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
+                 resume_hint: Callable[[], str | None] | None = None) -> int:
+    """Run the launcher, pass its output through, forward stop signals; returns the exit status
+    (0, 143 when stopped by a signal, else the launcher's). The caller must strip its own
+    `--nproc` from `argv` so the children (which see WORLD_SIZE) do not launch again."""
+    name = f"bertgpu {argv[0]}" if argv else "bertgpu"
+    proc = subprocess.Popen(launcher_command(nproc, argv, max_restarts), stderr=subprocess.PIPE,
+                            start_new_session=True, text=True, errors="replace", bufsize=1)
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, forward)
+        except ValueError:  # not the main thread: signals go to the launcher's group directly
+            pass
+    try:
+        tail = _pass_through(proc.stderr)  # type: ignore[arg-type]
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if rc == 0:
+        return 0
+    hint = (resume_hint() if resume_hint else None) or "re-running the same command resumes from its newest checkpoint"
+    if received:
+        print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+    print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
+    return rc
+
+
+def _pass_through(stream: Iterable[str], keep: int = 400) -> list[str]:
+    """Copy the launcher's stderr to ours line by line; return the last `keep` lines."""
+    tail: deque[str] = deque(maxlen=keep)
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        tail.append(line)
+    return list(tail)
+
+
+_ROOT = re.compile(r"Root Cause \(first observed failure\)")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_SIGNAL = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\)")
+
+
+def describe_failure(lines: list[str]) -> str:
+    """"rank 1 died of SIGKILL (exit code -9)" from the launcher's failure report (its "Root Cause"
+    block), or a general sentence when there is none."""
+    start = next((i for i, line in enumerate(lines) if _ROOT.search(line)), None)
+    if start is None:
+        return "the workers failed (the launcher's report is above)"
+    rank = code = sig = None
+    for line in lines[start:start + 12]:
+        rank = rank or (m.group(1) if (m := _RANK.search(line)) else None)
+        code = code or (m.group(1) if (m := _EXIT.search(line)) else None)
+        sig = sig or (m.group(1) if (m := _SIGNAL.search(line)) else None)
+    who = f"rank {rank}" if rank is not None else "a worker"
+    if sig is not None:
+        return f"{who} died of {sig} (exit code {code})"
+    return f"{who} failed with exit code {code} (its error is above)"

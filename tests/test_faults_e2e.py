@@ -1,0 +1,210 @@
+"""Faults injected end to end through `bertgpu pretrain` (CPU, gloo): each ends with one clear
+line, loses nothing, and a re-run (or the launcher's restart) ends bitwise equal to a run that
+never failed. Fault injection: BERTGPU_FAULTS (train/faults.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _shards import write_synthetic_shards
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.toml")
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16, seq_len=32,
+                                  vocab_size=100)
+
+
+def args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["pretrain", TINY, "--data", str(data), "--out", str(out),
+            "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+            "--model.max_position_embeddings", "64", "--train.global_batch_size", "8",
+            "--train.micro_batch_size", "4", "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
+            "--train.eval_batches", "2", "--train.max_steps", str(STEPS), "--checkpoint.every_steps", "4",
+            "--checkpoint.keep_last", "0", *extra]
+
+
+def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env.pop("BERTGPU_FAULTS", None)
+    if faults:
+        env["BERTGPU_FAULTS"] = faults
+    return subprocess.run([sys.executable, "-m", "bertgpu", *argv], env=env, capture_output=True, text=True,
+                          timeout=240, check=False, **popen)
+
+
+def final_weights(run: Path) -> dict:
+    return load_file(str(run / "hf" / "model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+_REFERENCES: dict[int, dict] = {}
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    """reference(nproc): the final weights of the uninterrupted run a fault test must match, on
+    the same number of processes (with dropout on, each rank has its own noise stream)."""
+
+    def get(nproc: int = 1) -> dict:
+        if nproc not in _REFERENCES:
+            run = tmp_path_factory.mktemp("ref") / "run"
+            done = bertgpu(args(shards, run, *(["--nproc", str(nproc)] if nproc > 1 else [])))
+            assert done.returncode == 0, done.stderr[-2000:]
+            _REFERENCES[nproc] = final_weights(run)
+        return _REFERENCES[nproc]
+
+    return get
+
+
+def last_line(text: str) -> str:
+    return [line for line in text.strip().splitlines() if line.strip()][-1]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, reference, nproc):
+    """A scheduler's preemption: SIGTERM to every process, loader workers included."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "BERTGPU_FAULTS": "delay_rank=0:0.2"}  # slow steps, so the signal lands mid-run
+    extra = ["--data.num_workers", "1", *(["--nproc", "2"] if nproc == 2 else [])]
+    proc = subprocess.Popen([sys.executable, "-m", "bertgpu", *args(shards, run, *extra)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count('"train"') >= 2):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "DataLoader worker" not in err
+    ckpts = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+    assert ckpts and ckpts[-1] < STEPS and not (run / "hf").exists()
+    if nproc == 2:
+        assert last_line(err).startswith("bertgpu pretrain: stopped by SIGTERM; re-running the same command "
+                                         f"resumes from step {ckpts[-1]}")
+    again = bertgpu(args(shards, run, *extra))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_bitwise_equal(reference(nproc), final_weights(run))
+
+
+@pytest.mark.timeout(300)
+def test_disk_full_mid_save_then_rerun(shards, tmp_path, reference):
+    run = tmp_path / "run"
+    # Every save writes 5 files (weights, state, config.toml, config.json, checksums): the 8th
+    # write is inside the second checkpoint (step 8).
+    failed = bertgpu(args(shards, run), faults="enospc_write=8")
+    assert failed.returncode == 2
+    line = last_line(failed.stderr)
+    assert "No space left on device" in line and "checkpoints" in line and "free" in line, line
+    assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step_4"]  # the partial step_8.tmp is gone, step_4 intact
+    again = bertgpu(args(shards, run))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_bitwise_equal(reference(), final_weights(run))
+
+
+@pytest.mark.timeout(300)
+def test_truncated_newest_checkpoint_falls_back(shards, tmp_path, reference):
+    run = tmp_path / "run"
+    killed = bertgpu(args(shards, run), faults="kill_rank=0@step=10")
+    assert killed.returncode == -signal.SIGKILL
+    newest = run / "checkpoints" / "step_8" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    again = bertgpu(args(shards, run))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "step_8" in again.stderr and "truncated" in again.stderr
+    assert "resumed from" in again.stdout and "step_4" in again.stdout
+    assert_bitwise_equal(reference(), final_weights(run))
+
+
+@pytest.mark.timeout(300)
+def test_killed_rank_restarts_by_itself(shards, tmp_path, reference):
+    run = tmp_path / "run"
+    done = bertgpu(args(shards, run, "--nproc", "2", "--max-restarts", "1"), faults="kill_rank=1@step=6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SIGKILL rank 1 at step 6" in done.stderr and "resumed from" in done.stdout
+    assert_bitwise_equal(reference(2), final_weights(run))
+
+
+@pytest.mark.timeout(300)
+def test_killed_rank_without_restarts_says_who_and_how_to_resume(shards, tmp_path):
+    run = tmp_path / "run"
+    failed = bertgpu(args(shards, run, "--nproc", "2"), faults="kill_rank=1@step=6")
+    assert failed.returncode != 0
+    assert last_line(failed.stderr) == (f"bertgpu pretrain: rank 1 died of SIGKILL (exit code -9); re-running "
+                                        f"the same command resumes from step 4 ({run / 'checkpoints' / 'step_4'})")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hook", ["powersgd", "bf16"])
+def test_compression_hook_recovers_from_one_nonfinite_step(shards, tmp_path, hook):
+    run = tmp_path / "run"
+    # PowerSGD compresses from its 10th step on; the NaN comes after, on one rank only.
+    done = bertgpu(args(shards, run, "--nproc", "2", "--distributed.comm_hook", hook, "--train.max_steps", "30",
+                        "--optim.lr", "3e-3", "--schedule.warmup_fraction", "0"), faults="nonfinite_rank=1@step=14")
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if r["kind"] == "train"]
+    assert train[-1]["skipped_steps"] == 1
+    losses = [r["loss"] for r in train if r["step"] != 14]
+    assert all(x == x and abs(x) != float("inf") for x in losses)
+    after = [r["loss"] for r in train if r["step"] > 14]
+    assert sum(after[-5:]) / 5 < sum(after[:5]) / 5  # training goes on and the loss keeps falling
+
+
+@pytest.mark.timeout(300)
+def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
+    from bertgpu.train.engine import Engine
+
+    precision = "fp16" if _cpu_fp16() else "bf16"
+    run = tmp_path / "run"
+    failed = bertgpu(args(shards, run, "--train.precision", precision, "--train.max_nonfinite_steps", "3"),
+                     faults="nonfinite_rank=0@step=3-")
+    assert failed.returncode == 2
+    line = last_line(failed.stderr)
+    assert "training diverged: 3 steps in a row with non-finite loss or gradients" in line, line
+    assert "resume from the last checkpoint" in line and Engine is not None
+
+
+def _cpu_fp16() -> bool:
+    try:
+        torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_changed_mask_rate_on_resume_is_an_error(shards, tmp_path):
+    run = tmp_path / "run"
+    first = bertgpu(args(shards, run, "--train.max_steps", "4"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    changed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3"))
+    assert changed.returncode == 2
+    line = last_line(changed.stderr)
+    assert "resuming with changed data: mask_rate 0.15 -> 0.3" in line and "--allow-data-change" in line, line
+    allowed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3", "--allow-data-change"))
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
