@@ -171,3 +171,59 @@ def test_unknown_format_is_an_error(tmp_path):
     path.write_text("x\n")
     with pytest.raises(BertgpuError, match="--format 'csv'"):
         list(iter_documents([path], fmt="csv"))
+
+
+def test_lines_format_one_document_per_line(tmp_path):
+    path = tmp_path / "reviews.txt"
+    path.write_text("Great phone. Battery lasts!\n\n  \nTerrible support. Never again.\nOk\n")
+    stats = CorpusStats()
+    docs = list(iter_documents([path], fmt="lines", stats=stats))
+    assert docs == [["Great phone.", "Battery lasts!"], ["Terrible support.", "Never again."], ["Ok"]]
+    assert (stats.files, stats.documents) == (1, 3)
+
+
+def test_long_document_and_long_line_arrive_in_bounded_parts(tmp_path, monkeypatch):
+    """A document with no blank lines (and a line with no newline) is read in parts; joined, they
+    give the same text as whole, so tokens are unchanged."""
+    import bertgpu.data.corpus as corpus
+
+    monkeypatch.setattr(corpus, "PART_CHARS", 40)
+    monkeypatch.setattr(corpus, "LINE_PIECE_BYTES", 32)
+    words = [f"word{i}" for i in range(60)]
+    text = " ".join(words)  # one 400-character line
+    path = tmp_path / "one.txt"
+    path.write_text(text + "\n" + "Short line.\n" + text)  # no blank line: one document
+    parts = list(corpus.iter_document_parts([path]))
+    assert [new for _, new in parts] == [True] + [False] * (len(parts) - 1) and len(parts) > 10
+    assert all(sum(map(len, s)) <= 40 + 32 for s, _ in parts)
+    joined = " ".join(s for p, _ in parts for s in p)
+    assert joined.split() == words + ["Short", "line."] + words
+    lines = list(corpus.iter_documents([path], fmt="lines"))
+    assert [" ".join(d).split() for d in lines] == [words, ["Short", "line."], words]
+    cjk = tmp_path / "zh.txt"
+    cjk.write_text("我爱自然语言处理" * 20, encoding="utf-8")  # 3-byte characters, no spaces
+    [doc] = list(corpus.iter_documents([cjk]))
+    assert "".join(doc) == "我爱自然语言处理" * 20  # cut between characters, never inside one
+
+
+def test_bad_utf8_in_a_long_line_names_line_and_byte(tmp_path, monkeypatch):
+    import bertgpu.data.corpus as corpus
+
+    monkeypatch.setattr(corpus, "LINE_PIECE_BYTES", 16)
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"ok line\n" + b"abc def ghi jkl mno pqr stu \xff vwx\n")
+    with pytest.raises(BertgpuError, match=r"bad.txt:2: invalid UTF-8 byte 0xff at byte offset 36") as info:
+        list(corpus.iter_documents([path], fmt="lines"))
+    assert "\n" not in str(info.value)
+
+
+def test_decoded_lines_pieces_end_every_line(tmp_path):
+    """Pieces of a line carry its number; the last piece of each line ends it, even when the
+    file stops right after a cut."""
+    import io
+
+    from bertgpu.data.textio import decoded_lines
+
+    got = list(decoded_lines(tmp_path / "x", io.BytesIO(b"ab cd ef\nxy zzz "), piece_bytes=4))
+    assert got == [(1, "ab ", False), (1, "cd ", False), (1, "ef", True), (2, "xy ", False), (2, "zzz ", False),
+                   (2, "", True)]

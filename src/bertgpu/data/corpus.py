@@ -304,11 +304,6 @@ def convert_items(items: list[RawItem]) -> list[RawItem]:
     return [convert_item(item) for item in items]
 
 
-def needs_conversion(items: Iterable[RawItem]) -> bool:
-    """Whether a batch holds work worth another process (anything but final lines and events)."""
-    return any(item[0] in ("text", "jsonl", "wiki") for item in items)
-
-
 def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
                  stats: CorpusStats | None = None) -> Iterator[tuple[list[str], bool]]:
     """The in-order stage: ``(sentences, new_doc)`` for each non-empty part; counts files and documents.

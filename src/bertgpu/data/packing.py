@@ -1,35 +1,49 @@
-"""Worker side of `bertgpu prepare`: tokenize a chunk of pieces and turn it into sequences.
+"""Worker side of `bertgpu prepare`: the two stages that run on the worker processes.
 
     init_worker("tok/", settings)                  # once per process (or in-process, 1 worker)
-    result = process_chunk((index, pieces))         # {"train": {...}, "validation": {...}}
+    encode_items(raw_batch)                         # stage 1: text -> tokens, per document part
+    nsp_chunk((index, pieces))                      # stage 2 (mlm+nsp): tokens -> sentence pairs
 
-A chunk is a list of pieces from `split.SplitPlan` (``(sentences, joins, is_validation, chars)``),
-at most a few hundred thousand characters. Everything here depends on the chunk alone (its
-random generator is seeded from (seed, chunk index)), so chunks can run on any process in any
-order and the output is the same.
+Stage 1 turns a batch of raw parts (`corpus.iter_raw_documents`) into ``("part", Encoded,
+first)``: wiki markup stripped, sentences split, tokens encoded (with a whole-word segmenter,
+also a word-start flag per token, see `segment`). The main process then knows every part's
+exact token count before it splits train from validation (`split`) and, for mlm, packs the
+tokens into rows itself (`writer.Packer`).
 
-- ``mlm``: each split's token stream, [SEP] where a new run of text begins (a new document, or
-  a document resuming after a chunk of it went to the other split). The main process packs the
-  streams into rows (`writer.Packer`); ``lead`` / ``trail`` tell it whether a run boundary falls
-  before the first / after the last token of this chunk.
-- ``mlm+nsp``: BERT's create_pretraining_data recipe (Devlin et al. 2018) per pseudo-document
-  (the consecutive pieces of one document and split inside this chunk): per document a target
-  length (seq_len-3, or with short_seq_prob a random shorter one), sentences accumulated into
-  segments A and B, B replaced by a random span of another document of the chunk and split half
-  of the time (nsp_label 1), ``[CLS] A [SEP] B [SEP]`` with token types 0/1. A chunk with a
-  single document falls back to that document, as the original does after 10 misses.
-
-With a whole-word segmenter every token also carries a word-start flag (`segment`).
+Stage 2 (mlm+nsp) is BERT's create_pretraining_data recipe (Devlin et al. 2018) on a chunk of
+pieces from `split.nsp_pieces`, per pseudo-document (the consecutive pieces of one document and
+split in the chunk): per document a target length (seq_len-3, or with short_seq_prob a random
+shorter one), sentences accumulated into segments A and B, B replaced by a random span of
+another document of the chunk and split half of the time (nsp_label 1), ``[CLS] A [SEP] B
+[SEP]`` with token types 0/1. A chunk with a single document falls back to that document, as
+the original does after 10 misses. The random generator is seeded from (seed, chunk index), so
+the rows do not depend on which process made them.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from bertgpu.data.corpus import convert_items
 from bertgpu.data.segment import load_segmenter, word_start_flags
 from bertgpu.data.tokenizer import load_tokenizer
 
 _STATE: dict = {}
+
+
+class Encoded(NamedTuple):
+    """A document part after stage 1."""
+
+    tokens: np.ndarray
+    """(n,) int32: the part's token ids (its sentences joined by spaces: the same tokens)."""
+    word_starts: np.ndarray | None
+    """(n,) uint8 word-start flags, with a whole-word segmenter."""
+    bounds: np.ndarray | None
+    """mlm+nsp: (sentences,) end of each sentence in ``tokens``."""
+    chars: np.ndarray | None
+    """mlm+nsp: (sentences,) characters of each sentence."""
 
 
 def init_worker(tokenizer_dir: str, settings: dict) -> None:
@@ -50,27 +64,6 @@ def init_worker(tokenizer_dir: str, settings: dict) -> None:
         _STATE["continuation"] = table
 
 
-def process_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
-    """Tokenize one chunk of pieces and turn it into sequences, per split."""
-    index, pieces = task
-    rng = np.random.default_rng([_STATE["seed"], index])
-    out: dict[str, dict] = {}
-    for split, flag in (("train", False), ("validation", True)):
-        if _STATE["objective"] == "mlm":
-            out[split] = _mlm_stream([(p[0], p[1]) for p in pieces if p[2] == flag])
-        else:
-            docs: list[list[str]] = []
-            for k, (sentences, joins, is_val, _) in enumerate(pieces):
-                if is_val != flag:
-                    continue
-                if joins and k > 0:  # piece k-1 is its predecessor, the last pseudo-document here
-                    docs[-1].extend(sentences)
-                else:
-                    docs.append(list(sentences))
-            out[split] = _nsp_rows(docs, rng)
-    return out
-
-
 def _encode(texts: list[str]) -> tuple[list[list[int]], list[np.ndarray | None]]:
     """Token ids of each text and, with a segmenter, their word-start flags."""
     if not texts:
@@ -84,60 +77,65 @@ def _encode(texts: list[str]) -> tuple[list[list[int]], list[np.ndarray | None]]
     return [e.ids for e in encs], flags
 
 
-def _mlm_stream(pieces: list[tuple[list[str], bool]]) -> dict:
-    """The split's token stream of this chunk: piece after piece, [SEP] at each run boundary.
+def encode_items(items: list[tuple]) -> list[tuple]:
+    """Stage 1 on a batch of raw items: parts become ``("part", Encoded | None, first)`` (None:
+    no sentences), file events pass through.
 
-    Joining sentences with a space tokenizes exactly like encoding them one by one (the BERT
-    pre-tokenizer splits on whitespace), with far fewer Encoding objects; so a document cut into
-    pieces gives the same tokens as the whole document.
+    mlm encodes each part's sentences joined by a space, which tokenizes exactly like encoding
+    them one by one (the BERT pre-tokenizer splits on whitespace) with far fewer Encoding
+    objects; mlm+nsp needs each sentence's tokens and encodes them one by one.
     """
-    ids_list, flag_list = _encode([" ".join(sentences) for sentences, _ in pieces])
-    sep = np.array([_STATE["sep"]], np.int32)
-    out: list[np.ndarray] = []
-    flags: list[np.ndarray] = []
-    lead = None  # a boundary before the first token of the chunk
-    pending = False  # a boundary since the last token
-    for (_, joins), ids, ws in zip(pieces, ids_list, flag_list, strict=True):
-        pending = pending or not joins
-        if not ids:
-            continue
-        if lead is None:
-            lead = pending
-        elif pending:
-            out.append(sep)
-            flags.append(np.ones(1, np.uint8))
-        out.append(np.array(ids, np.int32))  # one C-level conversion per piece
-        if ws is not None:
-            flags.append(ws)
-        pending = False
-    stream = np.concatenate(out) if out else np.empty(0, np.int32)
-    word_starts = (np.concatenate(flags) if flags else np.empty(0, np.uint8)) if "segment" in _STATE else None
-    return {"stream": stream, "word_starts": word_starts, "lead": pending if lead is None else lead,
-            "trail": pending}
+    out = convert_items(items)
+    parts = [k for k, item in enumerate(out) if item[0] == "part" and item[1]]
+    nsp = _STATE["objective"] != "mlm"
+    texts = [s for k in parts for s in out[k][1]] if nsp else [" ".join(out[k][1]) for k in parts]
+    ids_list, flag_list = _encode(texts)
+    i = 0
+    for k in parts:
+        kind, sentences, first = out[k]
+        n = len(sentences) if nsp else 1
+        ids = [np.array(x, np.int32) for x in ids_list[i : i + n]]
+        flags = flag_list[i : i + n]
+        i += n
+        tokens = np.concatenate(ids) if n > 1 else ids[0]
+        word_starts = None if flags[0] is None else np.concatenate(flags) if n > 1 else flags[0]
+        bounds = np.cumsum([len(x) for x in ids], dtype=np.int64) if nsp else None
+        chars = np.array([len(s) for s in sentences], np.int64) if nsp else None
+        out[k] = (kind, Encoded(tokens, word_starts, bounds, chars), first)
+    return [(item[0], None, item[2]) if item[0] == "part" and not item[1] else item for item in out]
 
 
-def _nsp_rows(docs: list[list[str]], rng: np.random.Generator) -> dict:
+def nsp_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
+    """Stage 2: the sentence-pair rows of one chunk of pieces, per split."""
+    index, pieces = task
+    rng = np.random.default_rng([_STATE["seed"], index])
+    out: dict[str, dict] = {}
+    for split, flag in (("train", False), ("validation", True)):
+        docs: list[list[list[int]]] = []
+        for k, (tokens, bounds, flags, _, joins, is_val) in enumerate(pieces):
+            if is_val != flag:
+                continue
+            values = tokens.astype(np.int64) * 2 + flags if flags is not None else tokens
+            sentences = [s.tolist() for s in np.split(values, bounds[:-1])]
+            if joins and k > 0:  # piece k-1 is its predecessor, the last pseudo-document here
+                docs[-1].extend(sentences)
+            else:
+                docs.append(sentences)
+        out[split] = _nsp_rows(docs, rng)
+    return out
+
+
+def _nsp_rows(docs: list[list[list[int]]], rng: np.random.Generator) -> dict:
     """Sentence-pair rows of a chunk (BERT's create_instances_from_document, once per document).
 
     With a segmenter each token travels as ``id * 2 + word_start`` through the pairing (which
     only moves tokens around) and is split again when the rows are written.
     """
-    seq_len = _STATE["seq_len"]
-    flat = [s for d in docs for s in d]
-    ids_list, flag_list = _encode(flat)
-    if "segment" in _STATE:
-        ids_list = [(np.array(ids, np.int64) * 2 + ws).tolist() for ids, ws in zip(ids_list, flag_list, strict=True)]
-    tokenized: list[list[list[int]]] = []
-    k = 0
-    for d in docs:
-        sents = [s for s in ids_list[k : k + len(d)] if s]  # a sentence of control characters only has no tokens
-        k += len(d)
-        if sents:
-            tokenized.append(sents)
+    tokenized = [sents for sents in ([s for s in d if s] for d in docs) if sents]  # control characters have no tokens
     pairs: list[tuple[list[int], list[int], int]] = []
     for d in range(len(tokenized)):
-        pairs.extend(_document_pairs(tokenized, d, rng, seq_len - 3, _STATE["short_seq_prob"]))
-    return _rows(pairs, seq_len)
+        pairs.extend(_document_pairs(tokenized, d, rng, _STATE["seq_len"] - 3, _STATE["short_seq_prob"]))
+    return _rows(pairs, _STATE["seq_len"])
 
 
 def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:

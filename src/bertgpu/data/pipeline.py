@@ -1,17 +1,17 @@
 """The parallel, ordered, bounded-memory pipeline behind `bertgpu prepare`.
 
     main: read (decompress, decode, parse XML)  -> batches of raw parts (a reader thread)
-    workers: strip wiki markup, split sentences  (`corpus.convert_items`)
-    main: drop empty parts, count documents, cut units and split them (`split.SplitPlan`),
-          group their pieces into chunks
-    workers: tokenize, build sequences  (`packing.process_chunk`)
-    main: pack rows / write shards  (`writer`)
+    workers: strip wiki markup, split sentences, tokenize  (`packing.encode_items`)
+    main: drop empty parts, count documents, cut units and split them by their exact token
+          counts (`split`); mlm: the units go to the row packer (`writer`)
+    workers (mlm+nsp): sentence pairs from chunks of pieces  (`packing.nsp_chunk`)
+    main: write shards  (`writer`)
 
-The per-part text work runs on the workers because it costs as much as tokenizing (wiki markup)
-and the main process is a single core. Both worker stages run in order with a bounded number of
-tasks in flight, so memory does not grow with the corpus or with a document; chunk boundaries
-depend on the text alone, so the output is byte-identical for any number of workers. With one
-worker, reading and text work run in a thread of the one process while it tokenizes.
+The per-part text work runs on the workers with the tokenizing because markup stripping costs
+as much (wiki) and the main process is a single core. Worker stages run in order with a bounded
+number of tasks in flight, so memory does not grow with the corpus or with a document; the
+split and the chunk boundaries depend on the text alone, so the output is byte-identical for
+any number of workers. With one worker, the first stage runs in a thread of the one process.
 """
 
 from __future__ import annotations
@@ -24,25 +24,20 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from bertgpu.data.corpus import (
-    CorpusStats,
-    convert_item,
-    convert_items,
-    needs_conversion,
-    settle_parts,
-)
-from bertgpu.data.packing import init_worker, process_chunk
-from bertgpu.data.split import SplitPlan
+from bertgpu.data.corpus import CorpusStats, settle_parts
+from bertgpu.data.packing import encode_items, init_worker, nsp_chunk
+from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 
 CHUNK_CHARS = 500_000  # a chunk closes at this many characters (after MIN_CHUNK_DOCS pieces): spreads work
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books
 MAX_CHUNK_CHARS = 1_000_000  # ... and at this many whatever its pieces: bounds memory
-RAW_BATCH_CHARS = 1 << 19  # raw parts per conversion task: at most this many characters ...
+RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many characters ...
 RAW_BATCH_ITEMS = 512  # ... or this many items
 
 
 def work_chunks(pieces: Iterator[tuple], chunk_docs: int) -> Iterator[tuple[int, list[tuple]]]:
-    """(chunk index, pieces): at most ``chunk_docs`` pieces, closed early by size."""
+    """(chunk index, pieces from `split.nsp_pieces`): at most ``chunk_docs`` pieces, closed early
+    by their characters."""
     index = chars = 0
     batch: list[tuple] = []
     for piece in pieces:
@@ -72,32 +67,16 @@ def _raw_batches(items: Iterator[tuple]) -> Iterator[list[tuple]]:
         yield batch
 
 
-class _Done:
-    """A result computed in-process, queued like an AsyncResult."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
-
-
-def _ordered_map(pool, fn: Callable, items: Iterator, window: int, local: Callable | None = None) -> Iterator:
+def _ordered_map(pool, fn: Callable, items: Iterator, window: int) -> Iterator:
     """``fn(item)`` for each item, in order, on ``pool``, with at most ``window`` tasks in flight.
 
     Pool.imap would pull the whole input into its task queue when the workers lag behind the
-    reader; a bounded window of apply_async keeps memory flat. ``local(item)`` true: run ``fn``
-    here instead (work too small to be worth pickling), still in order.
+    reader; a bounded window of apply_async keeps memory flat.
     """
     pending: deque = deque()
     for item in items:
-        if local is not None and local(item):
-            pending.append(_Done(fn(item)))
-        else:
-            pending.append(pool.apply_async(fn, (item,)))
-        while len(pending) >= window or (pending and isinstance(pending[0], _Done)):
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
             yield pending.popleft().get()
     while pending:
         yield pending.popleft().get()
@@ -156,18 +135,26 @@ def prefetch(items: Iterator, depth: int) -> Iterator:
 
 
 def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, tokenizer_dir: str,
-        settings: dict, skip_bad: bool, stats: CorpusStats) -> Iterator[dict]:
-    """Results of `packing.process_chunk` in corpus order (see the module docstring for the stages)."""
+        settings: dict, skip_bad: bool, stats: CorpusStats) -> Iterator:
+    """In corpus order: mlm, ``(is_validation, tokens, word_starts, joins)`` of each unit;
+    mlm+nsp, the rows of each chunk (`packing.nsp_chunk`). See the module docstring."""
+    nsp = settings["objective"] != "mlm"
     if workers <= 1:
         init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
-        parts = settle_parts((convert_item(item) for item in raw), skip_bad, stats)
-        # Reading and text work run in a thread meanwhile: encode_batch releases the GIL.
-        for task in prefetch(work_chunks(plan.pieces(parts), chunk_docs), depth=2):
-            yield process_chunk(task)
+        # Reading, text work and tokenizing run in a thread meanwhile: encode_batch releases the GIL.
+        encoded = prefetch((encode_items(batch) for batch in _raw_batches(raw)), depth=2)
+        parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
+        if not nsp:
+            yield from mlm_units(parts, plan)
+            return
+        for task in work_chunks(nsp_pieces(parts, plan), chunk_docs):
+            yield nsp_chunk(task)
         return
     with _make_pool(workers, tokenizer_dir, settings) as pool:
         batches = prefetch(_raw_batches(raw), depth=2)  # decompression overlaps the rest of main
-        converted = _ordered_map(pool, convert_items, batches, 2 * workers,
-                                 local=lambda b: not needs_conversion(b))
-        parts = settle_parts((item for batch in converted for item in batch), skip_bad, stats)
-        yield from _ordered_map(pool, process_chunk, work_chunks(plan.pieces(parts), chunk_docs), 2 * workers)
+        encoded = _ordered_map(pool, encode_items, batches, 2 * workers)
+        parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
+        if not nsp:
+            yield from mlm_units(parts, plan)
+            return
+        yield from _ordered_map(pool, nsp_chunk, work_chunks(nsp_pieces(parts, plan), chunk_docs), 2 * workers)

@@ -52,7 +52,7 @@ from bertgpu.data.corpus import (
 )
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.shards import FORMAT_VERSION, OBJECTIVES
-from bertgpu.data.split import SplitPlan
+from bertgpu.data.split import MIN_UNIT_TOKENS, SplitPlan
 from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
     is_lowercase,
@@ -142,19 +142,21 @@ def prepare(
         packers = {s: Packer(writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
         settings = {"seed": seed, "objective": objective, "seq_len": seq_len, "short_seq_prob": short_seq_prob,
                     "cls": special["cls"], "sep": special["sep"], "segmenter": segmenter}
-        plan = SplitPlan(seed, validation_fraction, validation_docs, sum(p.stat().st_size for p in inputs))
+        plan = SplitPlan(seed, validation_fraction, validation_docs, sum(p.stat().st_size for p in inputs),
+                         min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS)
         raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
         bar = _progress_bar(progress)
         for result in pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings, skip_bad, stats):
-            for split, part in result.items():
-                if nsp:
+            if nsp:
+                for split, part in result.items():
                     writers[split].add({"input_ids": part["ids"], "lengths": part["lengths"],
                                         "token_type_ids": part["tt"], "nsp_labels": part["labels"],
                                         "word_starts": part["word_starts"]})
-                else:
-                    packers[split].add(part)
+            else:
+                is_val, tokens, word_starts, joins = result
+                packers["validation" if is_val else "train"].add(tokens, word_starts, joins)
             if bar is not None:
-                bar.update(plan.documents["train"] + plan.documents["validation"] - bar.n)
+                bar.update(stats.documents - bar.n)
         if bar is not None:
             bar.close()
         for split in SPLITS:
@@ -188,6 +190,7 @@ def _progress_bar(enabled: bool):
 def _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed, fraction, validation_docs,
               stats, splits, inputs, plan, segmenter) -> dict:
     sequences = sum(v["sequences"] for v in splits.values())
+    tokens = sum(v["tokens"] for v in splits.values())
     skipped = {p for p, _ in stats.skipped}
     return {
         "format_version": FORMAT_VERSION,
@@ -204,12 +207,12 @@ def _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed, fra
         # How the split was made (readers of older manifests find none of these keys).
         "split_unit": plan.split_unit,  # "document", "chunk" (some document on both sides) or "none"
         "cut_documents": plan.cut_documents,
-        "validation_share": round(splits["validation"]["sequences"] / max(sequences, 1), 6),
+        "validation_share": round(splits["validation"]["tokens"] / max(tokens, 1), 6),  # of the tokens
         "whole_word_segmenter": segmenter,  # word starts stored in *.word_starts.npy when set
         "counts": {
             "documents": stats.documents,
             "sequences": sequences,
-            "tokens": sum(v["tokens"] for v in splits.values()),
+            "tokens": tokens,
         },
         "splits": splits,
         "inputs": [
@@ -228,15 +231,16 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
 
 
 def split_summary(manifest: dict) -> str:
-    """One line on the validation split: its share of the sequences and how it was cut."""
+    """One line on the validation split: its share of the tokens and how it was cut."""
     val, share = manifest["splits"]["validation"], manifest.get("validation_share", 0.0)
     unit = manifest.get("split_unit")
     if unit == "none":
         return "no validation split (--validation-fraction 0)"
     if manifest.get("validation_docs") is not None:
-        return f"validation: the first {manifest['validation_docs']} documents, {val['sequences']} sequences ({share:.2%})"
+        return (f"validation: the first {manifest['validation_docs']} documents, {val['sequences']} sequences, "
+                f"{share:.2%} of the tokens")
     asked = manifest["validation_fraction"]
-    text = f"validation: {val['sequences']} sequences, {share:.2%} of all (asked {asked:.2%})"
+    text = f"validation: {val['sequences']} sequences, {share:.2%} of the tokens (asked {asked:.2%})"
     if unit == "chunk":
         n = manifest["counts"]["documents"]
         return (f"{text}; split by chunks of documents: {manifest['cut_documents']} of {n} documents have "

@@ -2,7 +2,7 @@
 
     writer = ShardWriter(folder, "train", seq_len=128, dtype=np.uint16, shard_size=65536, nsp=False)
     packer = Packer(writer, seq_len=128, cls=2, sep=3)
-    packer.add(result["train"])          # one chunk's token stream, from `packing.process_chunk`
+    packer.add(tokens, None, joins)      # one unit's tokens, from `split.mlm_units`
     packer.finish(); writer.flush()
     writer.shards                        # [{"name": "train-00000", "sequences": ..., "tokens": ...}]
 
@@ -90,11 +90,11 @@ class ShardWriter:
 
 
 class Packer:
-    """Packs a split's token stream into full ``[CLS] ... [SEP]`` rows, carrying the remainder over.
+    """Packs a split's units of tokens into full ``[CLS] ... [SEP]`` rows, carrying the remainder over.
 
-    Between runs of text (see `packing._mlm_stream`) the stream holds a [SEP]; across chunks the
-    packer adds it, so the rows are the same whatever the chunking: every row is full except the
-    last. With word starts, a flag array travels alongside ([CLS] and [SEP] start words).
+    A unit that does not continue the previous one (``joins`` False: a new document, or one
+    resuming after a chunk went to the other split) is preceded by [SEP]. Every row is full
+    except the last. With word starts, a flag array travels alongside ([CLS] and [SEP] start words).
     """
 
     def __init__(self, writer: ShardWriter, seq_len: int, cls: int, sep: int) -> None:
@@ -103,23 +103,17 @@ class Packer:
         self.carry = np.empty(0, np.int32)
         self.carry_flags = np.empty(0, np.uint8)
         self.started = False  # a token was packed
-        self.pending = False  # a run boundary since the last token
 
-    def add(self, part: dict) -> None:
-        """One chunk's ``{"stream", "word_starts", "lead", "trail"}`` for this split."""
-        stream = part["stream"]
-        if stream.size == 0:
-            self.pending = self.pending or part["lead"]
+    def add(self, tokens: np.ndarray, word_starts: np.ndarray | None, joins: bool) -> None:
+        """One unit's tokens (int32) and, with flags, its word starts (uint8)."""
+        if tokens.size == 0:
             return
-        sep = self.started and (self.pending or part["lead"])
-        sep_id = np.array([self.sep], np.int32)
-        buf = np.concatenate([self.carry, sep_id, stream] if sep else [self.carry, stream])
+        sep = self.started and not joins
+        buf = np.concatenate([self.carry, np.array([self.sep], np.int32), tokens] if sep else [self.carry, tokens])
         if self.with_flags:
-            flags = part["word_starts"]
-            one = np.ones(1, np.uint8)
-            self.carry_flags = np.concatenate([self.carry_flags, one, flags] if sep else [self.carry_flags, flags])
+            parts = [self.carry_flags, np.ones(1, np.uint8), word_starts] if sep else [self.carry_flags, word_starts]
+            self.carry_flags = np.concatenate(parts)
         self.started = True
-        self.pending = part["trail"]
         content = self.seq_len - 2
         n = len(buf) // content
         if n:
