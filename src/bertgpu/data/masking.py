@@ -100,7 +100,9 @@ class MaskingConfig:
     1 - replace_mask - replace_random stay unchanged (but are still predicted)."""
     whole_word: bool = False
     """Choose whole words: all WordPiece pieces of a word (a vocab entry starting with "##"
-    continues the previous word) are chosen together, up to the same token budget."""
+    continues the previous word) are chosen together, up to the same token budget. Shards
+    prepared with a word segmenter (`prepare --whole-word-segmenter jieba`) carry their own word
+    starts, which then decide instead (whole Chinese words)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_rate < 1.0:
@@ -188,11 +190,13 @@ class Masker:
         seed: int,
         epochs: np.ndarray,
         indices: np.ndarray,
+        word_starts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mask a batch: input_ids (B, T), lengths/epochs/indices (B,) -> (masked ids, labels), (B, T) int64.
 
         Row b is exactly `mask(input_ids[b], lengths[b], seed, epochs[b], indices[b])`: nothing
-        depends on the other rows or on T beyond the row's length.
+        depends on the other rows or on T beyond the row's length. ``word_starts`` (B, T), from a
+        shard set prepared with a segmenter, marks where words begin for whole-word masking.
         """
         ids = np.asarray(input_ids, dtype=np.int64)
         B, T = ids.shape
@@ -221,7 +225,7 @@ class Masker:
         if self._continuation is None:
             chosen = self._choose_tokens(u[0], cand, budget)
         else:
-            chosen = self._choose_words(ids, u[0], cand, budget)
+            chosen = self._choose_words(ids, u[0], cand, budget, word_starts)
         action = u[1]
         to_mask = chosen & (action < self.cfg.replace_mask)
         to_random = chosen & ~to_mask & (action < self.cfg.replace_mask + self.cfg.replace_random)
@@ -242,15 +246,18 @@ class Masker:
         np.put_along_axis(chosen, order, np.arange(T)[None, :] < budget[:, None], axis=1)
         return chosen
 
-    def _choose_words(self, ids: np.ndarray, keys: np.ndarray, cand: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    def _choose_words(self, ids: np.ndarray, keys: np.ndarray, cand: np.ndarray, budget: np.ndarray,
+                      word_starts: np.ndarray | None = None) -> np.ndarray:
         """Whole words in random order, skipping a word that would overshoot the token budget
         (Google's create_pretraining_data.py); at least one word when a row has any."""
         assert self._continuation is not None
         B, T = cand.shape
         prev_cand = np.zeros_like(cand)
         prev_cand[:, 1:] = cand[:, :-1]
-        # A word starts at a candidate unless it is a "##" piece right after another candidate.
-        start = cand & ~(self._continuation[ids] & prev_cand)
+        # A word starts at a candidate unless it continues the word of the candidate before it:
+        # a "##" piece, or (segmented shards) a token the segmenter did not mark as a start.
+        inside = ~np.asarray(word_starts, dtype=bool) if word_starts is not None else self._continuation[ids]
+        start = cand & ~(inside & prev_cand)
         chosen = np.zeros((B, T), dtype=bool)
         for b in range(B):
             starts = np.flatnonzero(start[b])

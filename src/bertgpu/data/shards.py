@@ -148,12 +148,19 @@ class ShardSet:
     def tokenizer_hash(self) -> str:
         return str(self.manifest["tokenizer_hash"])
 
+    @property
+    def has_word_starts(self) -> bool:
+        """Whether a whole-word segmenter stored word-start flags (`bertgpu.data.segment`)."""
+        return bool(self.manifest.get("whole_word_segmenter"))
+
     def _fields(self) -> dict[str, tuple[np.dtype, bool]]:
         """Per-sequence arrays of this objective: name -> (dtype, has a seq_len axis)."""
         fields = {"input_ids": (self.dtype, True), "lengths": (np.dtype("int32"), False)}
         if self.has_nsp:
             fields["token_type_ids"] = (np.dtype("uint8"), True)
             fields["nsp_labels"] = (np.dtype("uint8"), False)
+        if self.has_word_starts:
+            fields["word_starts"] = (np.dtype("uint8"), True)
         return fields
 
     def _open(self) -> list[dict[str, np.ndarray]]:
@@ -204,7 +211,7 @@ class ShardSet:
         """Rows at global `indices` (any order, repeats allowed), as int64 arrays.
 
         Returns `input_ids` (B, T), `lengths` (B,), `token_type_ids` (B, T) (zeros for "mlm") and,
-        for "mlm+nsp", `nsp_labels` (B,).
+        for "mlm+nsp", `nsp_labels` (B,); with a whole-word segmenter also `word_starts` (B, T) bool.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n, T, B = len(self), self.seq_len, idx.size
@@ -219,6 +226,8 @@ class ShardSet:
             out["nsp_labels"] = np.empty(B, dtype=np.int64)
         else:
             out["token_type_ids"] = np.zeros((B, T), dtype=np.int64)
+        if self.has_word_starts:
+            out["word_starts"] = np.empty((B, T), dtype=bool)
         if B == 0:
             return out
         arrays = self._open()
