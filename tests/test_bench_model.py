@@ -66,3 +66,30 @@ def test_bad_flags_are_rejected():
         parse(["--size", "huge"])
     with pytest.raises(SystemExit):
         parse(["--micro-batch", "x"])
+
+
+def test_models_are_built_once_per_size_and_transformers_rows_reused(monkeypatch, tmp_path):
+    built: list[str] = []
+    real = bench_model.Models
+
+    def counting(size, *a, **kw):
+        built.append(size)
+        return real(size, *a, **kw)
+
+    monkeypatch.setattr(bench_model, "Models", counting)
+    out = tmp_path / "r.jsonl"
+    args = parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8,16", "--iters", "1", "--warmup", "0",
+                  "--padding", "padded,unpadded", "--real-lengths", "uniform", "--out", str(out)])
+    assert bench_model.main(args) == 0
+    assert built == ["tiny"]  # one pair of models for all four points
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    hf = [(r["seq_len"], r["reused"]) for r in rows if r["model"] == "transformers"]
+    assert sorted(hf) == [(8, False), (8, True), (16, False), (16, True)]  # padded HF timed once per length
+
+
+def test_gpu_preset_is_lean():
+    grid = bench_model._grid(parse(["--preset", "gpu"]), cuda=True)
+    assert {(p["size"], p["seq_len"]) for p in grid} == {("base", 128), ("base", 512), ("large", 128), ("large", 512)}
+    compiled = [p for p in grid if p["compile"]]
+    assert [p["compile_models"] for p in compiled] == [["bertgpu"], ["bertgpu"]]  # one compile per size
+    assert [p["size"] for p in grid] == sorted((p["size"] for p in grid), key=["base", "large"].index)

@@ -1,20 +1,27 @@
 """`bertgpu bench model`: training-step speed of our BertForPreTraining vs transformers', side by side.
 
 For every point of the grid (size x micro batch x seq len x dtype x compile x padding) both models
-get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches, and their
-timed steps alternate in one process (who goes first alternates too), so the ratio is fair on a
-noisy machine. Forward, backward and the optimizer step are timed separately (with a device
-synchronisation between them on CUDA); tokens/s counts real (non-padding) tokens; MFU uses
-`flops.flops_per_token_from_config` at the mean real length and `flops.peak_tflops`.
+get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches (ours with
+the host-side `BatchMeta` the loader ships), and their timed steps alternate in one process (who
+goes first alternates too), so the ratio is fair on a noisy machine. Forward, backward and the
+optimizer step are timed separately (with a device synchronisation between them on CUDA);
+tokens/s counts real (non-padding) tokens; MFU uses `flops.flops_per_token_from_config` at the
+mean real length and `flops.peak_tflops`.
 
     bertgpu bench model                                      # CPU default: small, B 8, T 128, fp32 (~1 min)
     bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
     bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/   # lengths of a shard set
-    bertgpu bench model --preset gpu --out results/h100.jsonl                          # the GPU table, < 10 min on an H100
+    bertgpu bench model --preset gpu --out results/h100.jsonl                          # the GPU table
+    bertgpu bench model --check-graph                        # graph breaks / host syncs (graph_check.py)
 
-`--padding unpadded` turns on our model's unpadding (transformers has none, it runs padded);
-`--padding bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows are
-appended to `--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
+Models are built once per size and reused by every row of that size (unpadding is a per-instance
+option, a compiled model wraps the same parameters), and a transformers measurement is reused by
+rows that differ only in our model's settings. `--preset gpu` (BERT-base and BERT-large at seq
+128 and 512, bf16) compiles only our model, once per size, at seq 128 (two compiles in all); it
+is meant to finish in under 6 minutes on one H100 (not measured yet: no GPU in the session that
+wrote it). `--padding unpadded` turns on our model's unpadding (transformers has none, it runs
+padded); `--padding bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows
+are appended to `--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
 """
 
 from __future__ import annotations
@@ -38,12 +45,15 @@ SIZES: dict[str, dict[str, int]] = {
     "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
 }
 
-# The GPU table: (sizes, micro batches, seq lens, dtypes, compile, padding, lengths), run in order.
+# The GPU table, run in order; "compile_models" lists who is compiled on the compile-on rows.
 GPU_PRESET: list[dict[str, Any]] = [
-    dict(size="base", micro_batch=128, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"]),
-    dict(size="large", micro_batch=64, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"]),
+    dict(size="base", micro_batch=128, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"],
+         compile_models=["bertgpu"]),
     dict(size="base", micro_batch=32, seq_len=512, dtype="bf16", compile=["off"], padding=["padded", "unpadded"],
          lengths="uniform"),
+    dict(size="large", micro_batch=64, seq_len=128, dtype="bf16", compile=["off", "on"], padding=["padded"],
+         compile_models=["bertgpu"]),
+    dict(size="large", micro_batch=16, seq_len=512, dtype="bf16", compile=["off"], padding=["padded"]),
 ]
 
 
@@ -123,9 +133,12 @@ def sample_lengths(spec: str, n: int, seq_len: int, seed: int) -> Any:
 
 def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str, seed: int,
                  device: Any) -> list[dict[str, Any]]:
-    """n right-padded batches: [CLS] first, segment B in the second half, ~15% MLM labels on real
-    tokens, random NSP labels."""
+    """n right-padded batches on `device`: [CLS] first, segment B in the second half, ~15% MLM
+    labels on real tokens, random NSP labels, and the `batch_meta` the loader would attach
+    (computed on the host; transformers' batches leave it out)."""
     import torch
+
+    from bertgpu.models.attention import batch_meta
 
     lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
     g = torch.Generator().manual_seed(seed)
@@ -138,8 +151,9 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str
         pick = (torch.rand(batch, seq_len, generator=g) < 0.15) & mask.bool()
         pick[:, 0] = False
         labels = torch.where(pick, ids, torch.full_like(ids, -100))
-        b = dict(input_ids=ids, attention_mask=mask, token_type_ids=tt, labels=labels,
-                 next_sentence_label=torch.randint(0, 2, (batch,), generator=g))
+        b: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, token_type_ids=tt, labels=labels,
+                                 next_sentence_label=torch.randint(0, 2, (batch,), generator=g))
+        b["batch_meta"] = batch_meta(mask, labels)
         out.append({k: v.to(device) for k, v in b.items()})
     return out
 
@@ -169,6 +183,8 @@ class _Runner:
         import torch
 
         cuda = self.device.type == "cuda"
+        if self.name == "transformers":
+            batch = {k: v for k, v in batch.items() if k != "batch_meta"}
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self._sync()
@@ -195,46 +211,72 @@ class _Runner:
                 self.peak_bytes = max(self.peak_bytes or 0, torch.cuda.max_memory_allocated(self.device))
 
 
-def _build_models(size: str, device: Any, names: list[str], unpad: bool, grad_ckpt: bool,
-                  compile_: bool, seed: int, fused_qkv: bool = False) -> dict[str, tuple[Any, Any, Any]]:
-    """name -> (module to call, module holding parameters, config) with identical weights."""
-    import torch
+class Models:
+    """Both models of one size with identical weights, their optimizers, and compiled wrappers
+    made on first use (a compiled wrapper shares the parameters: one compile serves every row)."""
 
-    from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
-    from bertgpu.train.optim import build_optimizer
+    def __init__(self, size: str, device: Any, names: list[str], grad_ckpt: bool, seed: int,
+                 fused_qkv: bool = False) -> None:
+        import torch
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
+        from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
+        from bertgpu.train.optim import build_optimizer
 
-    torch.manual_seed(seed)
-    hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
-    out: dict[str, tuple[Any, Any, Any]] = {}
-    for name in names:
-        if name == "transformers":
-            model = hf
-            if grad_ckpt:
-                model.gradient_checkpointing_enable()
-        else:
-            options = ModelOptions(unpad=unpad, fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt)
-            model = BertForPreTraining(BertConfig(**SIZES[size]), options=options)
-            model.load_state_dict(hf.state_dict())
-        model = model.to(device).train()
-        opt = build_optimizer(model, "adamw", 1e-4)
-        out[name] = (torch.compile(model) if compile_ else model, opt, model.config)
-    return out
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import transformers
+
+        torch.manual_seed(seed)
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
+        self.size = size
+        self.config = BertConfig(**SIZES[size])
+        self.eager: dict[str, Any] = {}
+        self.optimizers: dict[str, Any] = {}
+        self._compiled: dict[str, Any] = {}
+        for name in names:
+            if name == "transformers":
+                model = hf
+                if grad_ckpt:
+                    model.gradient_checkpointing_enable()
+            else:
+                options = ModelOptions(fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt)
+                model = BertForPreTraining(self.config, options=options)
+                model.load_state_dict(hf.state_dict())
+            self.eager[name] = model.to(device).train()
+            self.optimizers[name] = build_optimizer(self.eager[name], "adamw", 1e-4)
+
+    def module(self, name: str, compiled: bool) -> Any:
+        import torch
+
+        if not compiled:
+            return self.eager[name]
+        if name not in self._compiled:
+            self._compiled[name] = torch.compile(self.eager[name])
+        return self._compiled[name]
 
 
-def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: bool, padding: str,
-              lengths: str, device: Any, names: list[str], iters: int, warmup: int, grad_ckpt: bool,
-              peak: float | None, seed: int, fused_qkv: bool = False) -> list[dict[str, Any]]:
-    """Time both models on one grid point; one result row per model."""
+def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compile_models: list[str],
+              padding: str, lengths: str, device: Any, iters: int, warmup: int, grad_ckpt: bool,
+              peak: float | None, seed: int, reuse: dict[tuple, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Time the models on one grid point; one result row per model timed.
+
+    A model that is not compiled here and whose row for the same (batch, length, dtype, padding)
+    is in `reuse` is not timed again: that row is repeated (marked `reused`) and serves the ratio."""
     import torch
 
     from bertgpu.train.flops import flops_per_token_from_config, mfu
 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
-    built = _build_models(size, device, names, padding == "unpadded", grad_ckpt, compile_, seed, fused_qkv)
-    runners = {n: _Runner(n, m, o, device, autocast) for n, (m, o, _) in built.items()}
+    reuse = {} if reuse is None else reuse
+    if "bertgpu" in models.eager:
+        models.eager["bertgpu"].configure(unpad=padding == "unpadded")
+    runners, reused = {}, {}
+    for name in models.eager:
+        key = (name, micro_batch, seq_len, dtype, lengths, padding if name == "bertgpu" else "padded")
+        if name not in compile_models and key in reuse:
+            reused[name] = reuse[key]
+            continue
+        runners[name] = _Runner(name, models.module(name, name in compile_models), models.optimizers[name],
+                                device, autocast)
     batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths, seed, device)
     for i in range(warmup):
         for r in runners.values():
@@ -244,22 +286,25 @@ def run_point(size: str, micro_batch: int, seq_len: int, dtype: str, compile_: b
         for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
             runners[name].step(batches[i % len(batches)], timed=True)
     real = sum(int(b["attention_mask"].sum()) for b in batches) / (len(batches) * micro_batch)  # mean length
-    cfg = next(iter(built.values()))[2]
-    fpt = flops_per_token_from_config(cfg, seq_len=max(1, round(real)), mlm_fraction=0.15, with_nsp=True)
-    rows = []
+    fpt = flops_per_token_from_config(models.config, seq_len=max(1, round(real)), mlm_fraction=0.15, with_nsp=True)
     tps = {n: r.tokens / max(sum(r.times.values()), 1e-12) for n, r in runners.items()}
+    tps.update({n: row["tokens_per_s"] for n, row in reused.items()})
+    rows = [{**row, "reused": True} for row in reused.values()]
     for name, r in runners.items():
         n = max(r.steps, 1)
-        rows.append(dict(
-            bench="model", model=name, size=size, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
-            compile=compile_, padding=padding if name == "bertgpu" else "padded", lengths=lengths,
+        row = dict(
+            bench="model", model=name, size=models.size, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
+            compile=name in compile_models, padding=padding if name == "bertgpu" else "padded", lengths=lengths,
             mean_length=round(real, 1), grad_ckpt=grad_ckpt, iters=r.steps,
             fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n, opt_ms=1e3 * r.times["opt"] / n,
             tokens_per_s=tps[name],
             ratio_vs_transformers=tps[name] / tps["transformers"] if "transformers" in tps else None,
             mfu=mfu(tps[name], fpt, peak), flops_per_token=fpt,
-            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss))
-    del runners, built
+            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss, reused=False)
+        if name not in compile_models:
+            reuse[(name, micro_batch, seq_len, dtype, lengths, row["padding"])] = row
+        rows.append(row)
+    del runners, batches
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -317,6 +362,7 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
+    """The points to time, in order (grouped by size so each size's models are built once)."""
     if args.preset == "gpu":
         points = []
         for p in GPU_PRESET:
@@ -324,10 +370,12 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
                 for pad in p["padding"]:
                     points.append(dict(size=p["size"], micro_batch=p["micro_batch"], seq_len=p["seq_len"],
                                        dtype=p["dtype"], compile=c == "on", padding=pad,
-                                       lengths=p.get("lengths", args.real_lengths)))
+                                       lengths=p.get("lengths", args.real_lengths),
+                                       compile_models=p.get("compile_models", args.models) if c == "on" else []))
         return points
     dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
-    return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p, lengths=args.real_lengths)
+    return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p, lengths=args.real_lengths,
+                 compile_models=list(args.models) if c == "on" else [])
             for s in args.size for b in args.micro_batch for t in args.seq_len for d in dtypes
             for c in args.compile for p in args.padding]
 
@@ -359,14 +407,22 @@ def main(args: argparse.Namespace) -> int:
               f"torch {torch.__version__} | iters {iters} warmup {warmup}")
     print(header, flush=True)
     rows: list[dict[str, Any]] = []
+    models: Models | None = None
+    reuse: dict[tuple, dict[str, Any]] = {}
     for point in _grid(args, cuda):
+        if models is None or models.size != point["size"]:
+            models = None  # free the previous size first
+            if cuda:
+                torch.cuda.empty_cache()
+            models = Models(point["size"], device, args.models, args.grad_ckpt, args.seed, bool(args.fused_qkv))
+            reuse = {}
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
         t0 = time.perf_counter()
-        new = run_point(point["size"], point["micro_batch"], point["seq_len"], point["dtype"], point["compile"],
-                        point["padding"], point["lengths"], device, args.models, iters, warmup, args.grad_ckpt,
-                        peak, args.seed, bool(args.fused_qkv))
-        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name, torch=torch.__version__, threads=torch.get_num_threads(),
-                     time=time.time(), wall_s=round(time.perf_counter() - t0, 1))
+        new = run_point(models, point["micro_batch"], point["seq_len"], point["dtype"], point["compile_models"],
+                        point["padding"], point["lengths"], device, iters, warmup, args.grad_ckpt, peak,
+                        args.seed, reuse)
+        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name, torch=torch.__version__,
+                     threads=torch.get_num_threads(), time=time.time(), wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]
         rows += new
         print(format_table(new).split("\n", 2)[2] if len(rows) > len(new) else format_table(new), flush=True)
