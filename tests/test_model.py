@@ -16,6 +16,7 @@ from bertgpu.models.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
     ModelOutput,
     num_parameters,
@@ -104,6 +105,47 @@ def test_qa_matches_transformers():
     r.loss.backward()
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_token_classification_matches_transformers():
+    ours, hf = hf_pair(BertForTokenClassification, transformers.BertForTokenClassification,
+                       num_labels=5, hf_kw={"num_labels": 5})
+    assert not any("pooler" in k for k in ours.state_dict())  # HF: bert.* without pooler, classifier
+    b = tiny_batch(6)
+    g = torch.Generator().manual_seed(6)
+    labels = torch.randint(0, 5, b["input_ids"].shape, generator=g)
+    labels[b["attention_mask"] == 0] = -100  # padding and sub-word continuations carry no label
+    labels[0, 3] = -100
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"],
+              labels=labels)
+    o, r = ours(**kw), hf(**kw)
+    assert o.logits.shape == (3, 11, 5)
+    torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
+    assert o.count.item() == (labels != -100).sum().item()
+    torch.testing.assert_close(o.loss_sum / o.count, o.loss)
+    o.loss.backward()
+    r.loss.backward()
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_token_classification_export_loads_in_transformers(tmp_path):
+    from bertgpu.models.hf_io import load_pretrained, save_pretrained
+
+    torch.manual_seed(0)
+    ours = BertForTokenClassification(BertConfig(**TINY), num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    ours.eval()
+    save_pretrained(ours, tmp_path / "ner")
+    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "ner", output_loading_info=True)
+    assert type(hf).__name__ == "BertForTokenClassification"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert hf.config.id2label == {0: "O", 1: "B-PER", 2: "I-PER"}
+    b = tiny_batch(7)
+    inputs = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"])
+    torch.testing.assert_close(hf.eval()(**inputs).logits, ours(**inputs).logits, atol=1e-5, rtol=1e-4)
+    back = load_pretrained(tmp_path / "ner", head="token_classification")
+    assert isinstance(back, BertForTokenClassification) and back.id2label == ours.id2label
 
 
 def test_base_model_keys_and_outputs():
