@@ -2,10 +2,14 @@
 
     .venv/bin/python benchmarks/prepare_throughput.py                      # markdown table on stdout
     .venv/bin/python benchmarks/prepare_throughput.py --repeat 10 --workers 2 --shard-size 4096
+    .venv/bin/python benchmarks/prepare_throughput.py --cases ad          # the dump and one huge document
 
 Inputs: gensim's real Wikipedia sample (106 articles, ~0.56 M tokens), read (a) from the XML
 dump, (b) as extracted text in the one-sentence-per-line format, (c) that text repeated
---repeat times. Each case runs in a fresh process so that its peak RSS is its own: VmHWM of
+--repeat times, (d) that text without its blank lines, 1x and --repeat times: a corpus that is
+one huge document (issue 12: its peak memory must not grow with it). Validation is the default
+1% of the tokens (the "val %" column says what was held out). Each case runs in a fresh process
+so that its peak RSS is its own: VmHWM of
 the main process and the largest ru_maxrss of its worker processes (Linux). The reference,
 measured right before each case (the machine may be shared), is `Tokenizer.encode_batch_fast`
 on the same documents, with all cores (Rust threads), batches of 1000 documents. On a shared
@@ -41,7 +45,8 @@ hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.st
 kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB; the largest pool worker
 cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                             resource.getrusage(resource.RUSAGE_CHILDREN)))
-print(json.dumps({"seconds": seconds, "tokens": m["counts"]["tokens"], "documents": m["counts"]["documents"],
+val = m["splits"]["validation"]["tokens"] / max(m["counts"]["tokens"], 1)
+print(json.dumps({"seconds": seconds, "tokens": m["counts"]["tokens"], "documents": m["counts"]["documents"], "val": val,
                   "sequences": m["counts"]["sequences"], "main_mb": hwm / 1024, "worker_mb": kids / 1024, "cpu": cpu}))
 """
 
@@ -73,6 +78,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10, help="copies of the text in case (c)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--shard-size", type=int, default=65536, help="sequences per shard (default 65536)")
+    parser.add_argument("--cases", default="abcd", help="which inputs to run, by letter (default abcd)")
     args = parser.parse_args()
 
     from bertgpu.data.corpus import gensim_test_data, iter_documents
@@ -85,9 +91,13 @@ def main() -> int:
         text = work / "wiki.txt"
         text.write_text("".join("\n".join(d) + "\n\n" for d in docs), encoding="utf-8")
         big = work / f"wiki_x{args.repeat}.txt"
-        with open(big, "w", encoding="utf-8") as f:
-            for _ in range(args.repeat):
-                f.write(text.read_text(encoding="utf-8"))
+        one = work / "one_document.txt"  # the same sentences without blank lines: one document
+        one.write_text("".join("\n".join(d) + "\n" for d in docs), encoding="utf-8")
+        one_big = work / f"one_document_x{args.repeat}.txt"
+        for source, target in ((text, big), (one, one_big)):
+            with open(target, "w", encoding="utf-8") as f:
+                for _ in range(args.repeat):
+                    f.write(source.read_text(encoding="utf-8"))
         tok = train_tokenizer([text], work / "tok", vocab_size=30522)
 
         w = args.workers
@@ -99,18 +109,23 @@ def main() -> int:
             (f"(c) text {args.repeat}x", [str(big)], "mlm", w),
             (f"(c) text {args.repeat}x", [str(big)], "mlm+nsp", w),
             (f"(c) text {args.repeat}x", [str(big)], "mlm", 1),
+            ("(d) one document 1x", [str(one)], "mlm", w),
+            (f"(d) one document {args.repeat}x", [str(one_big)], "mlm", w),
+            ("(d) one document 1x", [str(one)], "mlm+nsp", w),
+            (f"(d) one document {args.repeat}x", [str(one_big)], "mlm+nsp", w),
         ]
+        cases = [c for c in cases if c[0][1] in args.cases]
         print(f"{os.cpu_count()} cores, shard size {args.shard_size}, seq_len 128; reference: "
               "encode_batch_fast on the same documents, all cores, measured before each case")
         print()
-        print("| input | objective | workers | tokens | seconds | M tokens/s | tokenizers alone M tokens/s "
+        print("| input | objective | workers | tokens | val % | seconds | M tokens/s | tokenizers alone M tokens/s "
               "| % of tokenizers alone | CPU s | % of tokenizers alone, CPU | peak RSS MB main / worker |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, paths, objective, workers in cases:
             ref, ref_cpu = tokenizers_alone(tok, docs * 2)
             r = run_case(paths, tok, work, objective, workers, args.shard_size)
             rate = r["tokens"] / r["seconds"]
-            print(f"| {name} | {objective} | {workers} | {r['tokens']:,} | {r['seconds']:.2f} | "
+            print(f"| {name} | {objective} | {workers} | {r['tokens']:,} | {100 * r['val']:.2f} | {r['seconds']:.2f} | "
                   f"{rate / 1e6:.2f} | {ref / 1e6:.2f} | {100 * rate / ref:.0f}% | {r['cpu']:.1f} | "
                   f"{100 * ref_cpu * r['tokens'] / r['cpu']:.0f}% | "
                   f"{r['main_mb']:.0f} / {r['worker_mb']:.0f} |", flush=True)

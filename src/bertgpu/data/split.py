@@ -125,6 +125,9 @@ class _Run:
         self.flags: list[np.ndarray] = []
         self.size = 0
 
+    def _clear(self) -> None:
+        self.tokens, self.flags, self.size = [], [], 0
+
     def add(self, tokens: np.ndarray, flags: np.ndarray | None) -> None:
         self.tokens.append(tokens)
         if flags is not None:
@@ -134,7 +137,7 @@ class _Run:
     def take(self) -> tuple[np.ndarray, np.ndarray | None]:
         tokens = np.concatenate(self.tokens) if len(self.tokens) > 1 else self.tokens[0]
         flags = (np.concatenate(self.flags) if len(self.flags) > 1 else self.flags[0]) if self.flags else None
-        self.__init__()
+        self._clear()
         return tokens, flags
 
 

@@ -144,8 +144,10 @@ def train_tokenizer(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tok = _train(paths, tmp / "corpus.txt", vocab_size, lowercase, min_frequency, fmt, skip_bad, text_field,
-                     strip_accents, limit_alphabet, stats)
+        parts = iter_document_parts(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
+        tok = _train(parts, tmp / "corpus.txt", lowercase, strip_accents, vocab_size, min_frequency, limit_alphabet)
+        if stats.documents == 0:
+            raise BertgpuError("no documents read from the corpus; expected text to train on")
         (tmp / "corpus.txt").unlink()
         _write_folder(tok, tmp, lowercase, strip_accents)
         if out.exists():
@@ -157,19 +159,16 @@ def train_tokenizer(
     return out
 
 
-def _train(paths, copy_path: Path, vocab_size: int, lowercase: bool, min_frequency: int, fmt: str,
-           skip_bad: bool, text_field: str, strip_accents: bool | None, limit_alphabet: int, stats: CorpusStats):
+def _train(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: bool, strip_accents: bool | None,
+           vocab_size: int, min_frequency: int, limit_alphabet: int):
     """Read the corpus once (counting, and copying its sentences to ``copy_path``), then train the
     WordPiece model on the copy: the trainer's Rust reader skips decompression and markup."""
     from tokenizers import Tokenizer, models, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
-    parts = iter_document_parts(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
     with open(copy_path, "w", encoding="utf-8") as copy:
         alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy)
-    if stats.documents == 0:
-        raise BertgpuError("no documents read from the corpus; expected text to train on")
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
