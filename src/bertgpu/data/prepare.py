@@ -38,6 +38,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,23 +146,8 @@ def prepare(
         plan = SplitPlan(seed, validation_fraction, validation_docs, sum(p.stat().st_size for p in inputs),
                          min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS)
         raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
-        bar = _progress_bar(progress)
-        for result in pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings, skip_bad, stats):
-            if nsp:
-                for split, part in result.items():
-                    writers[split].add({"input_ids": part["ids"], "lengths": part["lengths"],
-                                        "token_type_ids": part["tt"], "nsp_labels": part["labels"],
-                                        "word_starts": part["word_starts"]})
-            else:
-                is_val, tokens, word_starts, joins = result
-                packers["validation" if is_val else "train"].add(tokens, word_starts, joins)
-            if bar is not None:
-                bar.update(stats.documents - bar.n)
-        if bar is not None:
-            bar.close()
-        for split in SPLITS:
-            packers[split].finish()
-            writers[split].flush()
+        results = pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings, skip_bad, stats)
+        _write(results, nsp, writers, packers, stats, progress)
         if stats.documents == 0:
             raise BertgpuError("no documents read from the corpus; expected text to tokenize")
         splits = {s: writers[s].summary(plan.documents[s]) for s in SPLITS}
@@ -179,12 +165,30 @@ def prepare(
     return manifest
 
 
-def _progress_bar(enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
+def _write(results: Iterator, nsp: bool, writers: dict[str, ShardWriter], packers: dict[str, Packer],
+           stats: CorpusStats, progress: bool) -> None:
+    """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
 
-    return tqdm(unit="doc", desc="prepare", file=sys.stderr)
+        bar = tqdm(unit="doc", desc="prepare", file=sys.stderr)
+    for result in results:
+        if nsp:
+            for split, part in result.items():
+                writers[split].add({"input_ids": part["ids"], "lengths": part["lengths"],
+                                    "token_type_ids": part["tt"], "nsp_labels": part["labels"],
+                                    "word_starts": part["word_starts"]})
+        else:
+            is_val, tokens, word_starts, joins = result
+            packers["validation" if is_val else "train"].add(tokens, word_starts, joins)
+        if bar is not None:
+            bar.update(stats.documents - bar.n)
+    if bar is not None:
+        bar.close()
+    for split in SPLITS:
+        packers[split].finish()
+        writers[split].flush()
 
 
 def _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed, fraction, validation_docs,

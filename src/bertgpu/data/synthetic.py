@@ -116,6 +116,32 @@ def _write_splits(out: Path, rng, sizes: dict[str, int], seq_len: int, objective
     return splits
 
 
+def _manifest(objective: str, seq_len: int, vocab_size: int, tok_hash: str, seed: int, splits: dict,
+              created_by: str) -> dict:
+    n_train, n_val = splits["train"]["sequences"], splits["validation"]["sequences"]
+    return {
+        "format_version": FORMAT_VERSION,
+        "objective": objective,
+        "seq_len": seq_len,
+        "dtype": "uint16" if vocab_size <= 65535 else "uint32",
+        "vocab_size": vocab_size,
+        "tokenizer_hash": tok_hash,
+        "do_lower_case": True,
+        "special_tokens": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
+        "seed": seed,
+        "validation_fraction": n_val / (n_train + n_val),
+        "counts": {
+            "documents": n_train + n_val,
+            "sequences": n_train + n_val,
+            "tokens": splits["train"]["tokens"] + splits["validation"]["tokens"],
+        },
+        "splits": splits,
+        "inputs": [],
+        "skipped_inputs": [],
+        "created_by": created_by,
+    }
+
+
 def write_synthetic_shards(
     dir: str | os.PathLike,
     n_train: int = 64,
@@ -150,27 +176,7 @@ def write_synthetic_shards(
         rng = np.random.default_rng(seed)
         splits = _write_splits(tmp, rng, {"train": n_train, "validation": n_val}, seq_len, objective,
                                variable_lengths, vocab, sequences_per_shard)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "objective": objective,
-            "seq_len": seq_len,
-            "dtype": "uint16" if vocab_size <= 65535 else "uint32",
-            "vocab_size": vocab_size,
-            "tokenizer_hash": tok_hash,
-            "do_lower_case": True,
-            "special_tokens": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-            "seed": seed,
-            "validation_fraction": n_val / (n_train + n_val),
-            "counts": {
-                "documents": n_train + n_val,
-                "sequences": n_train + n_val,
-                "tokens": splits["train"]["tokens"] + splits["validation"]["tokens"],
-            },
-            "splits": splits,
-            "inputs": [],
-            "skipped_inputs": [],
-            "created_by": created_by,
-        }
+        manifest = _manifest(objective, seq_len, vocab_size, tok_hash, seed, splits, created_by)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
