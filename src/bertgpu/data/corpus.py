@@ -34,7 +34,8 @@ Stages, so that a caller can run the expensive one on other cores (``bertgpu pre
 - `convert_items` (expensive, per part, independent): markup stripping and sentence splitting;
   turns each raw part into ``("part", sentences, first)``, passes events through.
 - `settle_parts` (cheap, in order): drops empty parts, counts documents, and turns a file that
-  produced no text into the "no text" error (or a skipped file).
+  produced no text into the "no text" error (or a skipped file). It also takes parts that a
+  later stage already processed (`prepare` tokenizes them first: a falsy payload is empty).
 
 `iter_document_parts` chains the three in one process; `iter_documents` joins the parts.
 
@@ -306,7 +307,8 @@ def convert_items(items: list[RawItem]) -> list[RawItem]:
 
 def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
                  stats: CorpusStats | None = None) -> Iterator[tuple[list[str], bool]]:
-    """The in-order stage: ``(sentences, new_doc)`` for each non-empty part; counts files and documents.
+    """The in-order stage: ``(sentences, new_doc)`` for each non-empty part (``sentences``: or the
+    payload a later stage made of them); counts files and documents.
 
     ``new_doc`` is True on the first non-empty part of each document, so a document whose text
     starts in a later part (the first was only markup) still begins where its text does.

@@ -8,10 +8,11 @@
     from bertgpu.data.prepare import prepare
     manifest = prepare(["corpus/"], "tok/", "data/", seq_len=128, objective="mlm")
 
-How (`pipeline`): the corpus is read as a stream of document parts, cut into units and split
-into train and validation (`split`), tokenized and turned into sequences on the workers
-(`packing`), and written shard by shard (`writer`). Memory does not grow with the corpus or with
-the length of a document, and the output is byte-identical for any --workers.
+How (`pipeline`): the corpus is read as a stream of document parts, tokenized on the workers
+(`packing`), cut into units that go to train or validation by their token counts (`split`),
+packed into rows (mlm, `writer`) or paired into sentence pairs on the workers (mlm+nsp), and
+written shard by shard (`writer`). Memory does not grow with the corpus or with the length of a
+document, and the output is byte-identical for any --workers.
 
 Objectives
 - ``mlm``: the token streams of the documents, [SEP] between documents, packed into rows of
@@ -19,7 +20,7 @@ Objectives
 - ``mlm+nsp``: BERT's sentence pairs ``[CLS] A [SEP] B [SEP]`` with next-sentence labels
   (`packing` has the recipe).
 
-Train/validation split (`split`): ``--validation-fraction F`` holds out F of the text, within
+Train/validation split (`split`): ``--validation-fraction F`` holds out F of the tokens, within
 a tenth of F, by whole documents when they are small enough and by chunks of documents when
 there are too few (the summary and the manifest's ``split_unit`` say which);
 ``--validation-fraction 0`` holds out nothing; ``--validation-docs N`` holds out the first N
@@ -274,8 +275,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="tokenizing processes (default: all cores); the output does not depend on it")
     parser.add_argument("--chunk-docs", type=int, default=1000,
-                        help="documents (or chunks of long ones) per work unit; also the pool random "
-                             "NSP segments come from")
+                        help="mlm+nsp: documents (or pieces of long ones) per work unit, also the pool "
+                             "random B segments come from (default 1000)")
     parser.add_argument("--whole-word-segmenter", choices=SEGMENTERS, default=None,
                         help="store word boundaries for whole-word masking of Chinese (needs `pip install jieba`)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
