@@ -1,5 +1,5 @@
-"""Pieces every encoder here shares: outputs, per-instance speed options, activations, the
-sparse MLM gather and the summed losses the engine normalises.
+"""Pieces every encoder here shares: outputs, per-instance speed options and the summed losses
+the engine normalises.
 
 Nothing in this file knows BERT's parameter names; `bert.py` and `modernbert.py` build on it.
 
@@ -20,22 +20,8 @@ from torch import nn
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
 
-# hidden_act values we implement; the HF names map to the same functions as theirs.
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
 ATTENTION_BACKENDS = ("auto", "varlen", "nested", "padded")
 """Kernels of unpadded attention (see `attention.choose_backend`)."""
-
-
-def activation(name: str):
-    """The function behind a Hugging Face `hidden_act` name."""
-    if name == "gelu":
-        return F.gelu  # exact erf form, as HF's "gelu" and the original BERT
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")  # GPT-2's tanh approximation
-    if name == "relu":
-        return F.relu
-    raise BertgpuError(f"config field hidden_act: found {name!r}, expected one of {', '.join(ACTIVATIONS)}")
 
 
 class ModelOutput(dict):
@@ -152,5 +138,5 @@ def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
     return total
 
 
-__all__ = ["ACTIVATIONS", "ATTENTION_BACKENDS", "activation", "ModelOutput", "ModelOptions", "Configurable",
+__all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable",
            "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "num_parameters"]

@@ -1,0 +1,87 @@
+"""BERT's hyper-parameters: Hugging Face's `BertConfig` field names, defaults (BERT-base) and
+checks. No torch here, so a training config can be checked before anything is built.
+
+    config = BertConfig.from_dict(json.load(open("config.json")))   # unknown keys are ignored
+    config.validate()                                               # BertgpuError naming the field
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+# hidden_act values we implement (bert.activation); the HF names map to the same functions.
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+@dataclass
+class BertConfig:
+    """BERT hyper-parameters with Hugging Face's field names and defaults (BERT-base)."""
+
+    vocab_size: int = 30522
+    """Number of token ids; the word embedding and the MLM decoder have this many rows."""
+    hidden_size: int = 768
+    """Width H of every token representation."""
+    num_hidden_layers: int = 12
+    """Number of encoder layers."""
+    num_attention_heads: int = 12
+    """Attention heads per layer; must divide hidden_size."""
+    intermediate_size: int = 3072
+    """Width of the feed-forward block inside each layer (4 H in BERT)."""
+    hidden_act: str = "gelu"
+    """Activation of the feed-forward block and the MLM transform: gelu (erf), gelu_new or
+    gelu_pytorch_tanh (tanh approximation), relu."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout after embeddings, attention output and feed-forward output."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on the attention probabilities (training only)."""
+    max_position_embeddings: int = 512
+    """Longest sequence the learned position table covers."""
+    type_vocab_size: int = 2
+    """Number of segment (token type) ids; 2 for sentence A / B."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal initialisation of Linear and Embedding weights."""
+    layer_norm_eps: float = 1e-12
+    """Epsilon of every LayerNorm."""
+    pad_token_id: int = 0
+    """Id of [PAD]; its word embedding row is initialised to zero."""
+    classifier_dropout: float | None = None
+    """Dropout before the sequence-classification layer; None means hidden_dropout_prob."""
+    position_embedding_type: str = "absolute"
+    """Only "absolute" (learned positions) is supported; kept so HF configs round-trip."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+        """Build from a dict such as HF's config.json, ignoring keys we do not use
+        (architectures, model_type, torch_dtype, id2label, ...)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> BertConfig:
+        """Raise BertgpuError naming the field if the combination cannot be built."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise BertgpuError(f"config field {name}: found {value!r}, expected a positive integer")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise BertgpuError(
+                f"config field hidden_size: {self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise BertgpuError(
+                f"config field hidden_act: found {self.hidden_act!r}, expected one of {', '.join(ACTIVATIONS)}")
+        if self.position_embedding_type != "absolute":
+            raise BertgpuError(
+                f"config field position_embedding_type: found {self.position_embedding_type!r}, "
+                "expected 'absolute' (relative position embeddings are not supported)")
+        return self
+
+
+__all__ = ["ACTIVATIONS", "BertConfig"]
