@@ -64,6 +64,7 @@ from bertgpu.data.tokenizer import (
 )
 from bertgpu.data.writer import Packer, ShardWriter
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 
 SPLITS = ("train", "validation")
 
@@ -157,9 +158,7 @@ def prepare(
                              stats, splits, inputs, plan, segmenter)
         _copy_tokenizer(tok_dir, tmp / "tokenizer")
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -21,6 +21,7 @@ import numpy as np
 
 from bertgpu.data.shards import FORMAT_VERSION, OBJECTIVES
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -178,9 +179,7 @@ def write_synthetic_shards(
                                variable_lengths, vocab, sequences_per_shard)
         manifest = _manifest(objective, seq_len, vocab_size, tok_hash, seed, splits, created_by)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
