@@ -124,7 +124,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
 
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.build import build_model, model_config
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import config as config_mod
     from bertgpu.train import flops, loop, overrides
@@ -146,8 +146,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                                    cfg.optim.lr_scaling)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    bert_config = BertConfig.from_dict(model_fields)
-    model = BertForPreTraining(bert_config, with_nsp=data.with_nsp).to(torch.device(info.device))
+    model_cfg = model_config(model_fields)  # BertConfig or ModernBertConfig (model.architecture)
+    model = build_model(model_fields, "pretraining", with_nsp=data.with_nsp).to(torch.device(info.device))
     model.unpad_enable(t.unpad)
     model.gradient_checkpointing_enable(t.gradient_checkpointing)
     d, o = cfg.distributed, cfg.optim
@@ -180,14 +180,14 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         log_every=t.log_every_steps, eval_every=t.eval_every_steps,
         checkpoint_every=cfg.checkpoint.every_steps, checkpoint_every_minutes=cfg.checkpoint.every_minutes,
         keep_last=cfg.checkpoint.keep_last, final_checkpoint=True, seed=cfg.seed,
-        flops_per_token=flops.flops_per_token_from_config(bert_config, seq, mlm_fraction=cfg.data.mask_rate,
+        flops_per_token=flops.flops_per_token_from_config(model_cfg, seq, mlm_fraction=cfg.data.mask_rate,
                                                           with_nsp=data.with_nsp),
         extra_files=lambda: {"config.toml": overrides.dump_toml(cfg), "config.json": _hf_config_json(model)},
         title="bertgpu pretrain",
         startup_rows=[
             ("run folder", str(run_dir)),
             ("data", f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
-            ("model", _model_line(model, bert_config)),
+            ("model", _model_line(model, model_cfg, cfg.model.architecture)),
             ("micro batch per device", str(micro)),
             ("accumulation steps", str(accumulation)),
             ("batch per device per step", str(micro * accumulation)),
@@ -209,7 +209,8 @@ def _schedule(cfg: Any, peak_lr: float) -> Any:
     s = cfg.schedule
     return Schedule(peak_lr=peak_lr, decay=s.decay, warmup_fraction=s.warmup_fraction or 0.0,
                     warmup_steps=s.warmup_steps, max_steps=int(cfg.train.max_steps or 0),
-                    budget_mode=bool(cfg.train.budget_hours), min_lr_ratio=s.min_lr_ratio, power=s.power)
+                    budget_mode=bool(cfg.train.budget_hours), min_lr_ratio=s.min_lr_ratio, power=s.power,
+                    decay_fraction=s.decay_fraction)
 
 
 def _hf_config_json(model: Any) -> str:
@@ -227,11 +228,11 @@ def _warmup_text(cfg: Any) -> str:
     return f"{(s.warmup_fraction or 0.0):.1%}"
 
 
-def _model_line(model: Any, c: Any) -> str:
-    from bertgpu.models.bert import num_parameters
+def _model_line(model: Any, c: Any, architecture: str) -> str:
+    from bertgpu.models.layers import num_parameters
 
-    return (f"{num_parameters(model) / 1e6:.1f} M parameters (L={c.num_hidden_layers}, H={c.hidden_size}, "
-            f"A={c.num_attention_heads}, V={c.vocab_size})")
+    return (f"{architecture}, {num_parameters(model) / 1e6:.1f} M parameters (L={c.num_hidden_layers}, "
+            f"H={c.hidden_size}, A={c.num_attention_heads}, V={c.vocab_size})")
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
@@ -240,16 +241,15 @@ def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
     down to a divisor of the per-device batch so the global batch stays exact."""
     import torch
 
-    from bertgpu.models.bert import BertConfig
-    from bertgpu.train import autobatch, distributed, overrides
+    from bertgpu.models.build import model_config
+    from bertgpu.train import autobatch, overrides
 
     t = cfg.train
-    found = autobatch.find_pretrain_micro_batch(
-        BertConfig.from_dict(overrides.config_to_dict(cfg.model)), seq_len=data.train.seq_len,
+    found = autobatch.find_pretrain_micro_batch(  # collective: the smallest over all ranks
+        model_config(overrides.config_to_dict(cfg.model)), seq_len=data.train.seq_len,
         device=torch.device(info.device), dtype=t.precision, with_nsp=data.with_nsp,
-        grad_ckpt=t.gradient_checkpointing, compile=t.compile,
+        grad_ckpt=t.gradient_checkpointing, compile=t.compile, optimizer=cfg.optim.name,
         max_batch=max(t.global_batch_size // info.world_size, 1))
-    found = int(-distributed.all_reduce_max(-float(found)))
     micro, _ = autobatch.resolve_auto_batch(t.global_batch_size, info.world_size, found)
     if info.is_main:
         print(f"micro_batch_size auto: {found} fits, using {micro}", flush=True)

@@ -100,7 +100,11 @@ def flops_per_token_from_config(
     cfg: Any, seq_len: int, mlm_fraction: float = 1.0, with_nsp: bool = True
 ) -> float:
     """``flops_per_token`` for any object with BertConfig's field names (``hidden_size``,
-    ``num_hidden_layers``, ``intermediate_size``, ``vocab_size``): ours, or transformers'."""
+    ``num_hidden_layers``, ``intermediate_size``, ``vocab_size``): ours, or transformers'.
+    A ModernBERT config (it has ``global_attn_every_n_layers``) is counted by
+    ``modernbert_flops_per_token``."""
+    if hasattr(cfg, "global_attn_every_n_layers"):
+        return modernbert_flops_per_token(cfg, seq_len, mlm_fraction)
     return flops_per_token(
         hidden_size=int(cfg.hidden_size),
         num_layers=int(cfg.num_hidden_layers),
@@ -110,6 +114,27 @@ def flops_per_token_from_config(
         mlm_fraction=mlm_fraction,
         with_nsp=with_nsp,
     )
+
+
+def modernbert_flops_per_token(cfg: Any, seq_len: int, mlm_fraction: float = 1.0) -> float:
+    """Training FLOPs per token of ModernBERT, counted as ``flops_per_token`` counts BERT.
+
+    Per layer (d = hidden_size, f = intermediate_size): Wqkv ``3 d^2``, attention output ``d^2``,
+    the GeGLU input ``Wi`` (d -> 2 f: input and gate) ``2 d f`` and ``Wo`` ``f d``: ``4 d^2 + 3 d f``
+    weights (plus biases and norm gains when configured; both negligible), so 6x that per token.
+    Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
+    sequence length for global layers (0, n, 2n, ...) and ``min(T, local_attention + 1)`` for
+    sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
+    The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only."""
+    d, f, L, T = int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers), int(seq_len)
+    if min(d, f, L, T) <= 0:
+        raise ValueError("modernbert_flops_per_token: all sizes must be positive")
+    every = max(int(cfg.global_attn_every_n_layers), 1)
+    window = min(T, int(cfg.local_attention) + 1)
+    per_layer = 4 * d * d + 3 * d * f
+    attention = sum(12.0 * d * (T if layer % every == 0 else window) for layer in range(L))
+    head = d * d + d + d * int(cfg.vocab_size) + int(cfg.vocab_size)
+    return 6.0 * L * per_layer + attention + mlm_fraction * 6.0 * head
 
 
 # --------------------------------------------------------------------------------------------
