@@ -17,7 +17,7 @@ import pytest
 from bertgpu.errors import BertgpuError
 from bertgpu.train.metrics import MetricsLogger
 from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
-from bertgpu.train.records import read_metrics
+from bertgpu.train.records import read_jsonl, read_metrics
 from bertgpu.train.sinks import LoggingSection, flatten_config, open_logger
 
 CONFIG = {"seed": 3, "model": {"hidden_size": 32, "num_hidden_layers": 2},
@@ -137,12 +137,20 @@ def test_missing_package_is_a_one_line_error(tmp_path, monkeypatch):
     assert logger.sink_names == [] and len(read_metrics(tmp_path / "r")) == 5
 
 
-def test_non_main_rank_writes_nothing(tmp_path):
+def test_non_main_rank_writes_nothing(tmp_path, monkeypatch):
     logger = open_logger(tmp_path / "r", False, LoggingSection(mlflow=True), CONFIG,
                          nvml=SimulatedNvml(2), stream=io.StringIO())
     assert logger.monitor is None and logger.sink_names == []
     _run(logger)
     assert not (tmp_path / "r").exists()
+    # Local rank 0 of the second node samples its own node's GPUs, and writes nothing else.
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    logger = open_logger(tmp_path / "r", False, LoggingSection(), CONFIG,
+                         nvml=SimulatedNvml(2), stream=io.StringIO())
+    _run(logger)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["gpu.node1.jsonl"]
+    assert {r["gpu"] for r in read_jsonl(tmp_path / "r" / "gpu.node1.jsonl")} == {0, 1}
 
 
 # --------------------------------------------------------------------------------------------
