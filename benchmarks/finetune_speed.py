@@ -32,6 +32,7 @@ def main() -> None:
 
     import transformers
 
+    from bertgpu.models.attention import batch_meta
     from bertgpu.models.bert import BertConfig, BertForSequenceClassification
     from bertgpu.models.hf_io import save_pretrained
     from bertgpu.train.engine import Engine
@@ -66,8 +67,10 @@ def main() -> None:
 
     engine = Engine(ours, build_optimizer(ours, "adamw", 2e-5), precision=args.precision, grad_clip=1.0)
     ours.train()
+    # Ours gets the host-side metadata the fine-tuning collator attaches (no host sync in forward).
     r_ours = run("bertgpu (Engine.train_step)",
-                 lambda b: engine.train_step([b], lambda m, x: {"cls": m(**x).loss_sum},
+                 lambda b: engine.train_step([{**b, "batch_meta": batch_meta(b["attention_mask"])}],
+                                             lambda m, x: {"cls": m(**x).loss_sum},
                                              lambda x: {"cls": x["input_ids"].shape[0]}))
 
     opt = torch.optim.AdamW(hf.parameters(), lr=2e-5)
