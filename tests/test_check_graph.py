@@ -76,3 +76,44 @@ def test_packed_batches_keep_the_flash_path_when_compiled(one_thread):
 
     assert all(m is None for m in sdpa_masks(case))
     assert all(m is not None for m in sdpa_masks(padded))
+
+
+def test_compiled_fullgraph_equals_eager_with_few_compiles(one_thread):
+    """The micro-step compiled whole (fullgraph, forward and backward through AOTAutograd) gives
+    eager's loss and gradients, and bucketed widths (new T, N_tok, M every batch) cost at most
+    one recompile: the second shape makes them dynamic."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from bertgpu.data.loaders import bucket_width
+    from bertgpu.models.attention import batch_meta
+    from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**graph_check.TINY), options=ModelOptions(unpad=True)).train()
+    model.configure(attention_backend="padded")  # the CPU kernel, without the fallback warning
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0  # eager and compiled draw different dropout masks
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    for longest in (13, 21, 30, 40):
+        T = bucket_width(longest, 64)
+        lengths = torch.randint(2, longest + 1, (3,), generator=g)
+        lengths[0] = longest
+        mask = (torch.arange(T)[None] < lengths[:, None]).long()
+        ids = torch.randint(5, 128, (3, T), generator=g) * mask
+        labels = torch.where((torch.rand(3, T, generator=g) < 0.3) & mask.bool(), ids, torch.tensor(-100))
+        labels[:, 1] = ids[:, 1]
+        batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels,
+                     next_sentence_label=torch.tensor([0, 1, 1]), batch_meta=batch_meta(mask, labels))
+        results = []
+        for run in (model, compiled):
+            model.zero_grad(set_to_none=True)
+            loss = run(**batch).loss
+            loss.backward()
+            results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-4)
+        for a, b in zip(results[1][1], results[0][1], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert counter.frame_count <= 2
