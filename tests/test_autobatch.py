@@ -19,6 +19,7 @@ from bertgpu.train.autobatch import (
     find_pretrain_micro_batch,
     is_out_of_memory,
     pretrain_step_fn,
+    probe_model,
     resolve_auto_batch,
     search_largest,
 )
@@ -132,6 +133,23 @@ def test_probe_step_uses_the_runs_precision_and_optimizer(dtype):
     # LAMB's temporaries are counted where the size is estimated instead of probed
     cfg = BertConfig()
     assert estimate_train_bytes(cfg, 8, 128, optimizer="lamb") > estimate_train_bytes(cfg, 8, 128)
+
+
+def test_probe_model_follows_the_architecture():
+    import dataclasses
+
+    from bertgpu.models.modernbert_config import ModernBertConfig
+
+    bert = probe_model(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32), with_nsp=True, grad_ckpt=True)
+    assert type(bert).__name__ == "BertForPreTraining" and bert.with_nsp and bert.options.gradient_checkpointing
+    ids = {f.name for f in dataclasses.fields(ModernBertConfig) if f.name.endswith("_token_id")}
+    modern = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, **{k: i for i, k in enumerate(sorted(ids))})
+    model = probe_model(modern, with_nsp=False, grad_ckpt=False)
+    assert type(model).__name__ == "ModernBertForMaskedLM"
+    pretrain_step_fn(model, torch.optim.AdamW(model.parameters()), seq_len=8, device="cpu", dtype="bf16",
+                     with_nsp=False)(2)  # the probe's step runs on it
 
 
 def test_agreement_without_a_process_group():

@@ -230,8 +230,9 @@ def find_pretrain_micro_batch(config: Any, seq_len: int, device: Any, dtype: str
                               with_nsp: bool = True, grad_ckpt: bool = False, compile: bool = False,
                               start: int = 8, max_batch: int = 4096,
                               memory_limit_bytes: int | None = None, optimizer: str = "adamw") -> int:
-    """`find_micro_batch` for BertForPreTraining(config) trained with `optimizer` in `dtype`
-    ("fp32", "bf16", "fp16") on `device`; the smallest answer over all ranks.
+    """`find_micro_batch` for the pretraining model of `config` (a BertConfig or ModernBertConfig)
+    trained with `optimizer` in `dtype` ("fp32", "bf16", "fp16") on `device`; the smallest answer
+    over all ranks.
 
     Collective when a process group is up: call it on every rank. On CUDA it builds a throw-away
     model and optimizer, probes real steps, frees them and resets the peak memory statistics;
@@ -253,15 +254,13 @@ def _probe_pretrain(config: Any, seq_len: int, device: Any, dtype: str, with_nsp
                     optimizer: str) -> int:
     import torch
 
-    from bertgpu.models.bert import BertForPreTraining, ModelOptions
     from bertgpu.train.optim import build_optimizer
 
     dev = torch.device(device)
     if dev.type != "cuda":
         return find_micro_batch(None, dev, seq_len, start, max_batch, memory_limit_bytes, config=config,
                                 dtype_bytes=4 if dtype == "fp32" else 2, grad_ckpt=grad_ckpt, optimizer=optimizer)
-    model = BertForPreTraining(config, with_nsp=with_nsp, options=ModelOptions(gradient_checkpointing=grad_ckpt))
-    model = model.to(dev).train()
+    model = probe_model(config, with_nsp, grad_ckpt).to(dev).train()
     opt = build_optimizer(model, optimizer, 1e-4)
     run = torch.compile(model) if compile else model
     try:
@@ -272,6 +271,18 @@ def _probe_pretrain(config: Any, seq_len: int, device: Any, dtype: str, with_nsp
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)  # the run's memory metrics must not show the probe
+
+
+def probe_model(config: Any, with_nsp: bool, grad_ckpt: bool) -> Any:
+    """A fresh pretraining model of `config`'s architecture (BertConfig or ModernBertConfig), as
+    the run builds it: NSP head for BERT when `with_nsp`, activation checkpointing if asked."""
+    from bertgpu.models.build import build_model, config_class
+
+    arch = "modernbert" if isinstance(config, config_class("modernbert")) else "bert"
+    model = build_model({**config.to_dict(), "architecture": arch}, "pretraining",
+                        with_nsp=with_nsp if arch == "bert" else None)
+    model.configure(gradient_checkpointing=grad_ckpt)
+    return model
 
 
 def agree_on_micro_batch(found: int, error: str | None) -> int:
@@ -311,5 +322,5 @@ def resolve_auto_batch(global_batch: int, world: int, found_micro: int) -> tuple
 
 
 __all__ = ["search_largest", "estimate_train_bytes", "is_out_of_memory", "attempt", "probe_fits",
-           "find_micro_batch", "pretrain_step_fn", "find_pretrain_micro_batch", "agree_on_micro_batch",
+           "find_micro_batch", "pretrain_step_fn", "find_pretrain_micro_batch", "probe_model", "agree_on_micro_batch",
            "resolve_auto_batch"]
