@@ -1,9 +1,14 @@
-"""GLUE metrics in plain numpy, and the GLUE score convention.
+"""Evaluation metrics in plain numpy: GLUE's, your own labels' and named entities', and the GLUE
+score convention.
 
-The low-level metrics (`accuracy`, `f1`, `matthews_corrcoef`, `pearson`, `spearman`) return the
-raw value (0-1, or -1..1 for correlations) and match scikit-learn / scipy (tested against them;
-neither is a runtime dependency). `glue_metrics` returns the official metrics of a task on the
-0-100 scale that papers and the GLUE leaderboard report.
+The low-level metrics (`accuracy`, `f1`, `macro_f1`, `matthews_corrcoef`, `pearson`, `spearman`)
+return the raw value (0-1, or -1..1 for correlations) and match scikit-learn / scipy (tested
+against them; neither is a runtime dependency). `glue_metrics` returns the official metrics of a
+task on the 0-100 scale that papers and the GLUE leaderboard report; `label_metrics` the same
+scale for `bertgpu finetune classify`. `entity_scores` is entity-level precision/recall/F1 of BIO
+tag sequences with conlleval's span rules (seqeval's default mode; tested against seqeval):
+
+    entities(["B-PER", "I-PER", "O", "I-LOC"]) == [("PER", 0, 2), ("LOC", 3, 4)]
 
 GLUE score convention ("glue-score", the GLUE leaderboard's): a task's score is the unweighted
 mean of its official metrics (MRPC: (F1 + acc) / 2, QQP: (acc + F1) / 2, STS-B: (Pearson +
@@ -16,7 +21,7 @@ columns, WNLI left out. `glue_average` implements ours only, and the table shoul
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -26,9 +31,13 @@ from bertgpu.tasks.glue import GlueTask, get_task
 
 __all__ = [
     "accuracy",
+    "entities",
+    "entity_scores",
     "f1",
     "glue_average",
     "glue_metrics",
+    "label_metrics",
+    "macro_f1",
     "matthews_corrcoef",
     "pearson",
     "rankdata",
@@ -62,6 +71,20 @@ def f1(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     fp = int(np.sum((p == 1) & (y != 1)))
     fn = int(np.sum((p != 1) & (y == 1)))
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def macro_f1(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Unweighted mean of the per-class F1 over the classes that occur in the labels or the
+    predictions (scikit-learn's f1_score(average="macro") with its default label set); a class
+    with no true positive scores 0."""
+    p, y = _pair(predictions, labels)
+    scores = []
+    for c in np.union1d(p, y):
+        tp = int(np.sum((p == c) & (y == c)))
+        fp = int(np.sum((p == c) & (y != c)))
+        fn = int(np.sum((p != c) & (y == c)))
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores))
 
 
 def matthews_corrcoef(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
@@ -142,6 +165,62 @@ def glue_metrics(task: GlueTask | str, predictions: npt.ArrayLike,
         v = fns[name](p, labels)
         out[name] = 0.0 if np.isnan(v) else 100.0 * v
     return out
+
+
+def label_metrics(predictions: npt.ArrayLike, labels: npt.ArrayLike, regression: bool) -> dict[str, float]:
+    """`bertgpu finetune classify` on the 0-100 scale: accuracy and macro-F1 of class ids (logits
+    (N, C) or ids (N,)), or Pearson and Spearman of scores (N,) / (N, 1) for regression (an
+    undefined correlation, from a constant prediction, reported as 0 as in `glue_metrics`)."""
+    if regression:
+        p = np.asarray(predictions, dtype=np.float64).reshape(-1)
+        pairs = {"pearson": pearson(p, labels), "spearman": spearman(p, labels)}
+    else:
+        ids = _class_ids(predictions)
+        pairs = {"accuracy": accuracy(ids, labels), "macro_f1": macro_f1(ids, labels)}
+    return {k: 0.0 if np.isnan(v) else 100.0 * v for k, v in pairs.items()}
+
+
+def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Entity spans (type, start, end exclusive) of one sentence's BIO tags, by conlleval's rules:
+    B-X starts an entity; I-X continues an open X entity and starts a new one after O, at the
+    sentence start or after another type; O or the sentence end closes the open entity."""
+    spans: list[tuple[str, int, int]] = []
+    kind, start = None, 0
+    for i, tag in enumerate(tags):
+        prefix, _, tag_type = tag.partition("-")
+        if kind is not None and (prefix != "I" or tag_type != kind):
+            spans.append((kind, start, i))
+            kind = None
+        if prefix in ("B", "I") and kind is None:
+            kind, start = tag_type, i
+    if kind is not None:
+        spans.append((kind, start, len(tags)))
+    return spans
+
+
+def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro-averaged entity precision, recall and F1 (an entity counts when its type and both
+    ends match) and word accuracy, on the 0-100 scale; seqeval's default-mode precision_score /
+    recall_score / f1_score / accuracy_score. No predicted (or gold) entity gives precision
+    (recall) 0, as seqeval does."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(predicted)} predicted sentences for {len(gold)} gold ones")
+    true_set: set[tuple[int, str, int, int]] = set()
+    pred_set: set[tuple[int, str, int, int]] = set()
+    words = correct = 0
+    for n, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+        if len(g) != len(p):
+            raise ValueError(f"sentence {n}: {len(p)} predicted tags for {len(g)} words")
+        true_set.update((n, *e) for e in entities(g))
+        pred_set.update((n, *e) for e in entities(p))
+        words += len(g)
+        correct += sum(a == b for a, b in zip(g, p, strict=True))
+    tp = len(true_set & pred_set)
+    precision = tp / len(pred_set) if pred_set else 0.0
+    recall = tp / len(true_set) if true_set else 0.0
+    f = 2 * precision * recall / (precision + recall) if tp else 0.0
+    return {"precision": 100.0 * precision, "recall": 100.0 * recall, "f1": 100.0 * f,
+            "accuracy": 100.0 * correct / words if words else 0.0}
 
 
 def task_score(task: GlueTask | str, metrics: Mapping[str, float]) -> float:
