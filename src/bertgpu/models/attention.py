@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, fields, replace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from bertgpu.models import IGNORE_INDEX
+
+try:  # flash attention over packed sequences (CUDA, fp16/bf16; torch >= 2.10). Resolved here,
+    # once, rather than inside a traced forward, where an import in a try block could break the graph.
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:
+    _varlen_attn = None
 
 # ---------------------------------------------------------------------------------------------
 # Host-side batch metadata
@@ -183,16 +188,6 @@ def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
 # Kernels
 
 
-def _varlen_attn() -> Any:
-    """torch.nn.attention.varlen.varlen_attn (flash attention over packed sequences, CUDA,
-    torch >= 2.10) or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
 def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok: bool) -> str:
     """The kernel unpadded attention runs: the requested one where a fused kernel exists for these
     inputs, else "padded" (exact everywhere), with one warning per distinct reason.
@@ -211,7 +206,7 @@ def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok:
         _warn_once(f"unpadded attention: no fused kernel for {q.device.type} {q.dtype} inputs; using "
                    "the padded kernel (projections and FFN still skip padding)")
         return "padded"
-    if requested == "varlen" and fused and (_varlen_attn() is None or dropout_p > 0):
+    if requested == "varlen" and fused and (_varlen_attn is None or dropout_p > 0):
         why = "attention dropout" if dropout_p > 0 else "this torch (needs torch.nn.attention.varlen)"
         _warn_once(f"unpadded attention: backend 'varlen' cannot run with {why}; using 'nested'")
         return "nested"
@@ -259,7 +254,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpa
     """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D) through flash attention's varlen kernel
     (CUDA, fp16/bf16, no dropout: see `choose_backend`)."""
     cu = un.cu_seqlens.to(torch.int32)  # device cast, no sync
-    return _varlen_attn()(q, k, v, cu, cu, un.max_len, un.max_len).flatten(1)
+    return _varlen_attn(q, k, v, cu, cu, un.max_len, un.max_len).flatten(1)
 
 
 def unpadded_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
