@@ -271,7 +271,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         """Embeddings + layers + final norm: (B, T, H) and None, or, unpadded, (N_tok, H) and its
         Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is padded)."""
         c = self.config
-        B, T = input_ids.shape
+        T = input_ids.size(1)
         meta = self.resolve_meta(input_ids, attention_mask, meta)
         masks = attention_masks(attention_mask if meta.padded else None, T, c.local_attention, input_ids.device)
         unpad = self.options.unpad if unpad is None else unpad
