@@ -1,4 +1,5 @@
-"""`bertgpu finetune`: one GLUE task or SQuAD v1.1/v2.0, from our run folder or any Hugging Face BERT.
+"""`bertgpu finetune`: one GLUE task, SQuAD v1.1/v2.0, or your own labelled files, from our run
+folder or any Hugging Face BERT.
 
     bertgpu finetune sst2 --data glue_data --init runs/base --out ft/sst2
     bertgpu finetune mnli --data glue_data/MNLI --init bert-base-uncased/ --out ft/mnli \\
@@ -6,12 +7,21 @@
     bertgpu finetune squad --data squad/ --init runs/base --out ft/squad      # train-v1.1.json, dev-v1.1.json
     bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ --out ft/sq2
     bertgpu finetune rte --data glue_data --init random --config-from runs/base --out ft/rte-random
+    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base --out ft/mine
+    bertgpu finetune ner --train-file train.conll --dev-file dev.conll --init runs/base --out ft/ner
 
     from bertgpu.finetune import finetune
     results = finetune("sst2", "glue_data", "runs/base", "ft/sst2", overrides=["--epochs", "2"])
 
 Overrides are the flat `FinetuneConfig` keys (train/config.py), `--epochs 3 --lr=2e-5`
-(`--help-config` lists them); `--train.epochs 3` is accepted as the same key.
+(`--help-config` lists them); `--train.epochs 3` is accepted as the same key. The lr and the
+epochs default by model size (`config.finetune_defaults`); the start-up table and results.json's
+config say what was used.
+
+`classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
+read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and
+`--label-field` name the columns (tasks/classify.py and tasks/ner.py describe the files). Their
+label names go into the exported config.json.
 
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
 checkpoint folder, or a Hugging Face BERT folder with its tokenizer files; `random` builds the
@@ -35,15 +45,15 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.tasks.demo_sets import demo_tasks
-from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, squad_job
-from bertgpu.train.config import FinetuneConfig, load_finetune_config
+from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, own_file_fields, own_files_job, squad_job
+from bertgpu.train.config import FinetuneConfig, load_finetune_config, resolve_finetune
 from bertgpu.train.overrides import config_to_dict, format_help
 
 if TYPE_CHECKING:
@@ -89,33 +99,32 @@ def _tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Pat
 
 
 def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfig,
-                config_from: str | None = None) -> torch.nn.Module:
+                config_from: str | None = None, labels: Sequence[str] | None = None) -> torch.nn.Module:
     """The task model: pretrained weights from `init` (fresh head, listed in a warning), or with
-    `init == "random"` the architecture of `config_from` with fresh weights."""
+    `init == "random"` the architecture of `config_from` with fresh weights. `labels`: the class
+    names by id, exported as config.json's id2label / label2id."""
     import torch
 
-    from bertgpu.models import hf_io
-    from bertgpu.models.bert import (
-        BertConfig,
-        BertForQuestionAnswering,
-        BertForSequenceClassification,
-    )
+    from bertgpu.models import build, hf_io
 
     overrides = {"hidden_dropout_prob": cfg.hidden_dropout_prob} if cfg.hidden_dropout_prob is not None else None
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
     if init != "random":
-        return hf_io.load_pretrained(init, head=head, num_labels=num_labels, config_overrides=overrides)
-    if config_from is None:
-        raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint or HF folder)")
-    folder = hf_io.resolve_checkpoint_folder(config_from)
-    d = {**hf_io.read_config(folder), **(overrides or {})}
-    try:
-        bert_config = BertConfig.from_dict(d).validate()
-    except BertgpuError as e:
-        raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
-    if head == "qa":
-        return BertForQuestionAnswering(bert_config)
-    return BertForSequenceClassification(bert_config, num_labels=num_labels or 2)
+        model = hf_io.load_pretrained(init, head=head, num_labels=num_labels, config_overrides=overrides)
+    else:
+        if config_from is None:
+            raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint or HF folder)")
+        folder = hf_io.resolve_checkpoint_folder(config_from)
+        d = {**hf_io.read_config(folder), **(overrides or {})}
+        for key in ("id2label", "label2id", "num_labels"):  # the labels are this task's, not the folder's
+            d.pop(key, None)
+        try:
+            model = build.build_model(d, head, num_labels or (None if head == "qa" else 2))
+        except BertgpuError as e:
+            raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
+    if labels is not None:
+        model.id2label = dict(enumerate(labels))  # what save_pretrained writes into config.json
+    return model
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,17 +136,29 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
              overrides: list[str] | None = None, *, config_from: str | os.PathLike[str] | None = None,
              train_file: str | os.PathLike[str] | None = None,
              dev_file: str | os.PathLike[str] | None = None,
-             predict_test: bool = False) -> dict[str, Any]:
-    """Fine-tune on GLUE task `task` (any alias) or `squad` / `squad2` and return results.json's
-    content. `data`: the GLUE root or task folder; for SQuAD a folder with train-v1.1.json and
-    dev-v1.1.json (v2.0 for squad2) unless `train_file` / `dev_file` name them."""
+             predict_test: bool = False, text_field: str | None = None,
+             text_pair_field: str | None = None, label_field: str | None = None,
+             regression: bool = False) -> dict[str, Any]:
+    """Fine-tune on GLUE task `task` (any alias), `squad` / `squad2`, or your own files (`classify`,
+    `ner`) and return results.json's content. `data`: the GLUE root or task folder; for SQuAD a
+    folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
+    `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
+    names and `regression` as tasks/classify.py and tasks/ner.py describe."""
     from bertgpu.tasks import glue as glue_tasks
     from bertgpu.tasks import glue_files
 
     cfg = load_config(cfg, overrides)
     key = task.lower().replace("-", "").replace("_", "").replace(".", "")
+    fields = own_file_fields(key, text_field, text_pair_field, label_field, regression)
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
+    if fields is not None:
+        if data is not None or predict_test:
+            raise BertgpuError(f"finetune {key}: takes --train-file and --dev-file (not --data or --predict-test)")
+        if train_file is None or dev_file is None:
+            raise BertgpuError(f"finetune {key}: --train-file and --dev-file are required (your labelled files)")
+        return _run(lambda tokenizer: own_files_job(key, train_file, dev_file, tokenizer, cfg, fields, regression),
+                    init_s, Path(out), cfg, tok_dir, config_from)
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
         if key in SQUAD_TASKS:
@@ -221,7 +242,9 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
         if pad_id is None:
             raise BertgpuError(f"{tok_dir}: the tokenizer has no [PAD] token (expected a BERT vocabulary)")
         job, extra = job_fn(tokenizer)
-        model = build_model(init, job.head, job.num_labels, cfg, str(config_from) if config_from else None)
+        model = build_model(init, job.head, job.num_labels, cfg, str(config_from) if config_from else None,
+                            labels=job.labels)
+        cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
         vocab = model.config.vocab_size
         if tokenizer.get_vocab_size() > vocab:
             raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
@@ -229,7 +252,7 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
         identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
                                "config": config_to_dict(cfg), "world_size": info.world_size}, sort_keys=True)
         loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"), tok_dir,
-                                 identity, init)
+                                 identity, init, size_note)
         result = loop.run()
         if result.preempted:
             return {"preempted": True, "step": result.step}
@@ -245,9 +268,10 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
-                tok_dir: Path, identity: str, init: str) -> tuple[Any, Any]:
+                tok_dir: Path, identity: str, init: str, size_note: str = "") -> tuple[Any, Any]:
     """The training loop of one fine-tuning run in `work` (OUT.tmp), resumed from its checkpoint
-    when `work` holds one of the same run (`identity`), else started afresh."""
+    when `work` holds one of the same run (`identity`), else started afresh. `cfg` is resolved
+    (lr and epochs set); `size_note` says which of them were chosen by model size."""
     import torch
 
     from bertgpu.models.hf_io import save_pretrained
@@ -288,7 +312,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         keep_last=1, final_checkpoint=False, seed=cfg.seed,
         flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0, with_nsp=False),
         extra_files=lambda: {"finetune.json": identity},
-        title="bertgpu finetune", tensorboard=False,
+        title="bertgpu finetune", logging=cfg.logging, config_dict=config_to_dict(cfg),
+        tensorboard=bool(cfg.logging.tensorboard),  # fine-tuning writes TensorBoard only when asked
         startup_rows=[
             ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
             ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
@@ -296,6 +321,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
             ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
             ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
                               f"{cfg.decay} decay)"),
+            *([("by model size", size_note)] if size_note else []),
         ],
     )
     return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume), task
@@ -315,13 +341,8 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     history = task.history
     final = history[-1]
     best = max(history, key=lambda r: r["score"])
-    columns = {}
-    if job.head != "qa":
-        from bertgpu.tasks import glue as glue_tasks
-        from bertgpu.tasks import metrics as eval_metrics
-
-        t = glue_tasks.get_task(extra["task_key"])
-        columns = {ev.column: eval_metrics.task_score(t, final["metrics"][ev.name]) for ev in job.evals}
+    # GLUE's results-table columns: each split's own score (the job's primary score of that split).
+    columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]}) for ev in job.evals if ev.column}
     results = {
         "task": job.name, **extra, "init": init,
         "config_from": str(config_from) if config_from else None,
@@ -367,13 +388,22 @@ def _device_name(device: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False  # else `--seed` would be taken for a prefix of a longer flag
     parser.add_argument("task", nargs="?", help="GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, "
-                                                "wnli; any alias) or squad / squad2")
+                                                "wnli; any alias), squad / squad2, or classify / ner "
+                                                "(your own labelled files)")
     parser.add_argument("--data", help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json")
     parser.add_argument("--init", help="run folder, checkpoint folder, Hugging Face BERT folder, or random")
     parser.add_argument("--config-from", help="with --init random: folder whose config.json (and tokenizer) to use")
     parser.add_argument("--out", help="output folder (results.json, metrics.jsonl, model/)")
-    parser.add_argument("--train-file", help="SQuAD training JSON (instead of --data)")
-    parser.add_argument("--dev-file", help="SQuAD dev JSON (instead of --data)")
+    parser.add_argument("--train-file", help="SQuAD training JSON (instead of --data); classify / ner: "
+                                             "the training file (.csv, .tsv, .jsonl; ner also CoNLL)")
+    parser.add_argument("--dev-file", help="SQuAD dev JSON (instead of --data); classify / ner: the dev file")
+    parser.add_argument("--text-field", help="classify: text column (default text); ner: tokens column of "
+                                             ".jsonl/.csv files (default tokens)")
+    parser.add_argument("--text-pair-field", help="classify: second text column for pair tasks (default: none)")
+    parser.add_argument("--label-field", help="classify: label column (default label); ner: tags column of "
+                                              ".jsonl/.csv files (default tags)")
+    parser.add_argument("--regression", action="store_true",
+                        help="classify: labels are numeric scores (Pearson/Spearman), not classes")
     parser.add_argument("--predict-test", action="store_true",
                         help="GLUE: also write test-set predictions in leaderboard format to OUT/submission/")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
@@ -386,6 +416,13 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     if missing and not args.help_config:
         raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)")
     load_config(None, args.overrides)
+    key = (args.task or "").lower()
+    if own_file_fields(key, args.text_field, args.text_pair_field, args.label_field, args.regression):
+        for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
+            if path is None:
+                raise BertgpuError(f"finetune {key}: {flag} is required (your labelled files)")
+            if not Path(path).is_file():
+                raise BertgpuError(f"{path}: not found ({flag})")
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -403,7 +440,9 @@ def main(args: argparse.Namespace) -> int:
     check_before_launch(args, 1)
     res = finetune(args.task, args.data, args.init, args.out, load_config(None, args.overrides),
                    config_from=args.config_from, train_file=args.train_file, dev_file=args.dev_file,
-                   predict_test=args.predict_test)
+                   predict_test=args.predict_test, text_field=args.text_field,
+                   text_pair_field=args.text_pair_field, label_field=args.label_field,
+                   regression=args.regression)
     return 143 if res.get("preempted") else 0
 
 

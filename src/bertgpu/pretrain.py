@@ -180,6 +180,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         log_every=t.log_every_steps, eval_every=t.eval_every_steps,
         checkpoint_every=cfg.checkpoint.every_steps, checkpoint_every_minutes=cfg.checkpoint.every_minutes,
         keep_last=cfg.checkpoint.keep_last, final_checkpoint=True, seed=cfg.seed,
+        balance_every=d.balance_every_steps if d.balance == "auto" and info.world_size > 1 else 0,
+        logging=cfg.logging, config_dict=overrides.config_to_dict(cfg),
         flops_per_token=flops.flops_per_token_from_config(model_cfg, seq, mlm_fraction=cfg.data.mask_rate,
                                                           with_nsp=data.with_nsp),
         extra_files=lambda: {"config.toml": overrides.dump_toml(cfg), "config.json": _hf_config_json(model)},

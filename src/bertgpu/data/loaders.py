@@ -59,20 +59,22 @@ def _with_meta(batch: dict[str, Any]) -> dict[str, Any]:
 
 class _MicroBatches:
     """Map-style dataset for torch's DataLoader: item j is this rank's j-th micro batch after
-    global position `start` (step j // A, micro batch j % A). Picklable for worker processes."""
+    global position `start` (step j // A, micro batch j % A). Each step this rank takes `share`
+    samples starting `offset` into the step's window, in micro batches of `micro_batch_size`
+    (the last one smaller when the share does not divide). Picklable for worker processes."""
 
     def __init__(self, shards: ShardSet, masker: Masker, seed: int, start: int, global_batch_size: int,
-                 micro_batch_size: int, rank: int, world_size: int) -> None:
+                 micro_batch_size: int, offset: int, share: int) -> None:
         self.shards, self.masker, self.seed, self.start = shards, masker, seed, start
         self.G, self.m = global_batch_size, micro_batch_size
-        self.per_rank = global_batch_size // world_size
-        self.A = self.per_rank // micro_batch_size
-        self.rank = rank
+        self.offset, self.share = offset, share
+        self.A = -(-share // micro_batch_size)
 
     def positions(self, j: int) -> np.ndarray:
         step, micro = divmod(j, self.A)
-        first = self.start + step * self.G + self.rank * self.per_rank + micro * self.m
-        return np.arange(first, first + self.m, dtype=np.int64)
+        first = self.start + step * self.G + self.offset + micro * self.m
+        size = min(self.m, self.share - micro * self.m)
+        return np.arange(first, first + size, dtype=np.int64)
 
     def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
         epochs, indices = positions_to_indices(self.positions(j), len(self.shards), self.seed)
@@ -108,6 +110,9 @@ class PretrainLoader:
     Step s covers global positions [pos, pos + G); rank r takes [pos + r*G/W, pos + (r+1)*G/W),
     cut into `accumulation_steps` micro batches of `micro_batch_size`. The state is the global
     position alone, so a resumed run (any world size or micro batch size) sees the same samples.
+    `set_shares([n_0, ..., n_W-1])` (summing to G) gives rank r the n_r samples after those of
+    ranks < r instead (load balancing across unequal devices): the same samples per step, split
+    differently.
     With `num_workers > 0` a torch DataLoader prepares the next micro batches in worker
     processes while the model computes; the batches are identical to `num_workers=0`.
 
@@ -160,12 +165,25 @@ class PretrainLoader:
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.position = 0  # global position of the next step's first sample
+        self.shares = [global_batch_size // world_size] * world_size  # samples per rank per step
         self._iter: Iterator[dict[str, torch.Tensor]] | None = None
 
     @property
     def accumulation_steps(self) -> int:
-        """Micro batches per optimizer step on each rank: G / (micro x world)."""
-        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+        """Micro batches per optimizer step on this rank: G / (micro x world) with equal shares,
+        ceil(share / micro) otherwise."""
+        return -(-self.shares[self.rank] // self.micro_batch_size)
+
+    def set_shares(self, shares: list[int]) -> None:
+        """Samples per rank per step from the next step on (see the class docstring)."""
+        if (len(shares) != self.world_size or sum(shares) != self.global_batch_size
+                or any(int(n) < 1 for n in shares)):
+            raise BertgpuError(f"shares {shares}: expected {self.world_size} positive numbers summing to "
+                               f"the global batch {self.global_batch_size}")
+        shares = [int(n) for n in shares]
+        if shares != self.shares:
+            self.shares = shares
+            self._iter = None  # prefetched batches were cut for the old shares
 
     @property
     def epoch(self) -> int:
@@ -174,7 +192,7 @@ class PretrainLoader:
 
     def _dataset(self) -> _MicroBatches:
         return _MicroBatches(self.shards, self.masker, self.seed, self.position, self.global_batch_size,
-                             self.micro_batch_size, self.rank, self.world_size)
+                             self.micro_batch_size, sum(self.shares[: self.rank]), self.shares[self.rank])
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """This rank's micro batches for the next optimizer step; advances the position by G."""

@@ -152,9 +152,16 @@ class PretrainTask:
         return {"manifest_sha256": manifest, "mask_rate": float(self.masking.mask_rate),
                 "whole_word_masking": bool(self.masking.whole_word)}
 
+    def shares(self) -> list[int]:
+        """Sequences of each rank per step (load balancing; equal by default)."""
+        return list(self.loader.shares)
+
+    def set_shares(self, shares: list[int]) -> None:
+        self.loader.set_shares(shares)
+
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self.loader.state_dict(), "tokenizer_hash": self.data.train.tokenizer_hash,
-                "data_identity": self.data_identity()}
+                "data_identity": self.data_identity(), "shares": self.shares()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved, now = state.get("data_identity"), self.data_identity()
@@ -166,6 +173,9 @@ class PretrainTask:
                 raise BertgpuError(f"{self.run_dir}: resuming with changed data: {what}; expected the "
                                    "checkpoint's data and masking (pass --allow-data-change to continue anyway)")
         self.loader.load_state_dict(state["loader"])
+        shares = state.get("shares")
+        if shares and len(shares) == self.info.world_size:  # another world size measures again
+            self.loader.set_shares(list(shares))
 
     def export(self, step: int) -> Path:
         from bertgpu.models.hf_io import save_pretrained

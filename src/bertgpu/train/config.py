@@ -30,6 +30,7 @@ from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
 from bertgpu.models.build import ARCHITECTURES, model_config
 from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml, reuse
+from bertgpu.train.sinks import LoggingSection
 
 # --------------------------------------------------------------------------------------------
 # Schema
@@ -164,6 +165,7 @@ class CheckpointSection:
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+BALANCE_MODES = ("none", "auto")
 
 
 @dataclass
@@ -177,6 +179,10 @@ class DistributedSection:
     timeout_minutes: float = option(
         60.0, "how long any rank may wait in a collective (a hung rank ends the job after this) before failing"
     )
+    balance: str = option(
+        "none", "share the global batch by measured speed (auto: for unequal or throttling GPUs) or equally (none)"
+    )
+    balance_every_steps: int = option(50, "with balance = auto: measure each rank's speed over N steps, then re-share")
 
 
 @dataclass
@@ -192,6 +198,7 @@ class PretrainConfig:
     schedule: ScheduleSection = option(factory=ScheduleSection, help="learning-rate schedule")
     checkpoint: CheckpointSection = option(factory=CheckpointSection, help="checkpoint cadence")
     distributed: DistributedSection = option(factory=DistributedSection, help="DDP buckets and gradient compression")
+    logging: LoggingSection = option(factory=LoggingSection, help="metric sinks (W&B, MLflow, TensorBoard) and the GPU monitor")
 
 
 
@@ -203,10 +210,10 @@ class FinetuneConfig:
     max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)")
     doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
-    epochs: int = option(3, "passes over the training set")
+    epochs: int | None = option(None, "passes over the training set (none = by model size: finetune_defaults)")
     global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
     micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = global / devices)")
-    lr: float = reuse(OptimSection, "lr", 2e-5, "peak learning rate")
+    lr: float | None = reuse(OptimSection, "lr", None, "peak learning rate (none = by model size: finetune_defaults)")
     weight_decay: float = reuse(OptimSection, "weight_decay")
     warmup_fraction: float = reuse(ScheduleSection, "warmup_fraction", 0.1)
     decay: str = reuse(ScheduleSection, "decay")
@@ -228,6 +235,35 @@ class FinetuneConfig:
                                         "write a resumable checkpoint every N steps (0 = only when preempted)")
     checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
     timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
+    logging: LoggingSection = reuse(PretrainConfig, "logging")
+
+
+# Fine-tuning's lr and epochs when not given, by encoder width: (largest hidden_size, lr, epochs).
+# BERT-base and -large (768, 1024): the BERT paper's setting (Devlin et al. 2019, appendix A.3:
+# lr 5e-5 / 3e-5 / 2e-5, 2-4 epochs; 2e-5 and 3 epochs is also transformers' run_glue default).
+# Small encoders move far less from a fresh head at those rates (Google's compact BERTs, Turc et
+# al. 2019, search lr up to 3e-4). The small and middle rows are measured on the demo's polarity
+# sentences (benchmarks/finetune_defaults.py; numbers in its docstring).
+FINETUNE_DEFAULTS: tuple[tuple[int, float, int], ...] = ((256, 3e-4, 10), (512, 1e-4, 5), (1 << 30, 2e-5, 3))
+
+
+def finetune_defaults(hidden_size: int) -> tuple[float, int]:
+    """(lr, epochs) for an encoder of width `hidden_size` (FINETUNE_DEFAULTS)."""
+    for widest, lr, epochs in FINETUNE_DEFAULTS:
+        if hidden_size <= widest:
+            return lr, epochs
+    raise ValueError(f"hidden_size {hidden_size}: wider than every FINETUNE_DEFAULTS row")
+
+
+def resolve_finetune(cfg: FinetuneConfig, hidden_size: int) -> tuple[FinetuneConfig, str]:
+    """A copy of `cfg` with lr and epochs chosen by model size where they are None, and a line
+    for the start-up table saying what was chosen ("" when both were given)."""
+    lr, epochs = finetune_defaults(hidden_size)
+    chosen = {k: v for k, v in (("lr", lr), ("epochs", epochs)) if getattr(cfg, k) is None}
+    if not chosen:
+        return cfg, ""
+    note = ", ".join(f"{k} {v:g}" for k, v in chosen.items())
+    return dataclasses.replace(cfg, **chosen), f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)"
 
 
 def _finetune_aliases() -> dict[str, str]:
@@ -250,12 +286,12 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     def check(ok: bool, key: str, expected: str) -> None:
         _check(ok, key, getattr(cfg, key), expected)
 
-    for key in ("epochs", "global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
+    for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
                 "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
         check(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in ("max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
+    for key in ("epochs", "max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
         check(getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none")
-    check(cfg.lr > 0 and math.isfinite(cfg.lr), "lr", "a positive number")
+    check(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr", "a positive number or none")
     check(cfg.weight_decay >= 0, "weight_decay", "0 or more")
     check(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
     check(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
@@ -268,6 +304,7 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
           "budget_hours", "a positive number of hours or none")
     check(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
     check(cfg.timeout_minutes > 0, "timeout_minutes", "a positive number")
+    cfg.logging.validate()
     check(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
           "checkpoint_every_minutes", "a positive number or none")
     return cfg
@@ -414,6 +451,9 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
     _choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
     _check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
+    _choice("distributed.balance", dist.balance, BALANCE_MODES)
+    _check(dist.balance_every_steps >= 1, "distributed.balance_every_steps", dist.balance_every_steps, "1 or more")
+    cfg.logging.validate()
     return cfg
 
 

@@ -9,6 +9,8 @@ Items, separated by commas (an item may be given more than once):
     kill_rank=R@step=S            rank R sends itself SIGKILL at optimizer step S      maybe_kill
     nonfinite_rank=R@step=S       rank R's loss is made non-finite at step S           nonfinite
     delay_rank=R:SECONDS[@step=S] rank R sleeps SECONDS at each step (or at steps S)   delay
+    slow_rank=R:SECONDS           rank R sleeps SECONDS per sequence it computes:       slow_down
+                                  a slower device, for load balancing tests
     enospc_write=N                the N-th file written by save_checkpoint in this      check_write
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th           between_renames
@@ -39,7 +41,7 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "enospc_write=N or kill_replace=N")
+           "slow_rank=R:SECONDS, enospc_write=N or kill_replace=N")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Plan:
     kill: list[Trigger] = field(default_factory=list)
     nonfinite: list[Trigger] = field(default_factory=list)
     delay: list[Trigger] = field(default_factory=list)
+    slow: list[Trigger] = field(default_factory=list)
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
     writes: int = 0
@@ -140,6 +143,8 @@ def parse(spec: str) -> Plan:
             plan.nonfinite.append(_trigger(value, item, timed=False, step_required=True))
         elif key == "delay_rank":
             plan.delay.append(_trigger(value, item, timed=True, step_required=False))
+        elif key == "slow_rank":
+            plan.slow.append(_trigger(value, item, timed=True, step_required=False))
         elif key == "enospc_write":
             plan.enospc_writes.add(_int(value, item, 1))
         elif key == "kill_replace":
@@ -196,6 +201,17 @@ def delay(rank: int, step: int | None = None) -> None:
     for t in plan.delay:
         if t.hits(rank, step):
             time.sleep(t.seconds)
+
+
+def slow_down(rank: int, sequences: int) -> None:
+    """Sleep as a slow_rank item says for this rank: its seconds per sequence computed, so the
+    rank behaves like a slower device (the time scales with its share of the batch)."""
+    plan = active()
+    if plan is None:
+        return
+    for t in plan.slow:
+        if t.hits(rank, None):
+            time.sleep(t.seconds * sequences)
 
 
 def check_write(path: Path) -> None:

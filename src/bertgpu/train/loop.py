@@ -37,6 +37,7 @@ import torch
 
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed, faults
+from bertgpu.train.balance import RankTimes, shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult
 from bertgpu.train.schedule import BudgetClock, Schedule
 
@@ -98,6 +99,9 @@ class LoopSettings:
     final_checkpoint: bool = True
     """Write a checkpoint at the end of a completed run (pretraining: to continue it later);
     fine-tuning keeps only its export and checkpoints only to survive preemption."""
+    balance_every: int = 0
+    """Re-share the global batch by measured speed every N steps (0 = equal shares; the task
+    must have `shares()` / `set_shares()`)."""
     flops_per_token: float | None = None
     """Model FLOPs per real token of a training step, for MFU (None: no MFU)."""
     extra_files: Callable[[], dict[str, str]] = field(default=dict)
@@ -106,6 +110,10 @@ class LoopSettings:
     """The run's seed (dropout noise after a resume at another world size derives from it)."""
     title: str = "bertgpu"
     startup_rows: list[tuple[str, str]] = field(default_factory=list)
+    logging: Any = None
+    """The `[logging]` section (sinks.LoggingSection): W&B, MLflow, TensorBoard, GPU monitor."""
+    config_dict: dict[str, Any] | None = None
+    """The resolved configuration, sent to every metric sink."""
     tensorboard: bool = True
 
 
@@ -142,6 +150,36 @@ class _Preemption:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class _Window:
+    """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
+
+    def __init__(self, world: int, rank: int) -> None:
+        from bertgpu.train import metrics
+
+        self.throughput = metrics.Throughput(n_devices=world)
+        # Loop time (data + step), time waiting for data, exposed all-reduce time of the log
+        # window; evaluation and checkpoint writes fall outside it on purpose.
+        self.window_s = self.data_s = self.comm_s = 0.0
+        self.log_times = RankTimes(world, rank)  # compute time per rank, for the straggler fields
+        self.balance_times = RankTimes(world, rank)  # ... and for load balancing
+        self.loss_sum = self.loss_n = 0.0  # training loss since the last evaluation, by sequences
+        self.evaluated_at: int | None = None
+
+    def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
+        self.window_s += data_s + step_s
+        self.data_s += data_s
+        self.comm_s += comm_s
+        # This rank's compute: the step minus what it waited for the others (exposed all-reduce).
+        self.log_times.add(step_s - comm_s, local_sequences)
+        self.balance_times.add(step_s - comm_s, local_sequences)
+
+    def train_loss(self) -> float | None:
+        """Mean training loss since the last call (weighted by sequences), then reset."""
+        mean = self.loss_sum / self.loss_n if self.loss_n > 0 else None
+        self.loss_sum = self.loss_n = 0.0
+        return mean
 
 
 class Loop:
@@ -183,15 +221,16 @@ class Loop:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> LoopResult:
-        from bertgpu.train import metrics
+        from bertgpu.train import metrics, sinks
 
         s, is_main = self.s, self.info.is_main
         if is_main:
             print(metrics.format_startup_table(self._startup_rows(), title=s.title), flush=True)
-        logger = metrics.MetricsLogger(
-            s.run_dir if is_main else None, is_main, total_steps=s.max_steps or None,
-            log_every=s.log_every, initial_step=self.engine.step, elapsed_offset_s=self.elapsed_offset,
-            tensorboard=s.tensorboard)
+        tensorboard = s.tensorboard and (s.logging is None or s.logging.tensorboard is not False)
+        logger = sinks.open_logger(  # on every rank: a missing sink package fails everywhere alike
+            s.run_dir, is_main, s.logging, s.config_dict, device=self.engine.device,
+            total_steps=s.max_steps or None, log_every=s.log_every, initial_step=self.engine.step,
+            elapsed_offset_s=self.elapsed_offset, tensorboard=tensorboard)
         preempt = _Preemption()
         preempt.install()
         try:
@@ -202,20 +241,12 @@ class Loop:
             self.task.close()
 
     def _run(self, logger: Any, preempt: _Preemption) -> LoopResult:
-        from bertgpu.train import metrics
-
         s = self.s
         result = LoopResult(step=self.engine.step)
-        throughput = metrics.Throughput(n_devices=self.world)
-        mfu = self._mfu_fn()
-        last_ckpt = time.monotonic()
+        w = _Window(self.world, self.info.rank)
+        self._last_ckpt = time.monotonic()
         if self.budget is not None:
             self.budget.start()
-        # Per log window, on this rank: loop time (data + step), time waiting for data, exposed
-        # all-reduce time; evaluation and checkpoint writes fall outside the window on purpose.
-        window_s = data_wait = comm_wait = 0.0
-        eval_loss = eval_n = 0.0  # training loss since the last evaluation, weighted by sequences
-        evaluated_at: int | None = None
         while True:
             if s.max_steps and self.engine.step >= s.max_steps:
                 break
@@ -223,82 +254,104 @@ class Loop:
                 logger.print(f"budget of {s.budget_hours:g} h reached at step {self.engine.step}")
                 result.stop_reason = "budget"
                 break
-            faults.maybe_kill(self.info.rank, self.engine.step + 1)  # no-ops unless BERTGPU_FAULTS
-            faults.delay(self.info.rank, self.engine.step + 1)
-            t0 = time.perf_counter()
-            micro_batches = self.task.micro_batches(self.engine.step)
-            t1 = time.perf_counter()
-            # The same keys on every rank (one all-reduce); the clocks are rank 0's, the other
-            # ranks add zeros.
-            main = self.info.is_main
-            signals = {"preempt": float(preempt.requested),
-                       "since_checkpoint_s": time.monotonic() - last_ckpt if main else 0.0,
-                       "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
-            res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts, signals=signals)
-            if self.budget is not None:
-                self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
-            data_wait += t1 - t0
-            window_s += time.perf_counter() - t0
-            result.train_s += time.perf_counter() - t0
-            if self.comm_timer is not None:
-                comm_wait += self.comm_timer.pop_step()
+            res = self._train_step(preempt, w, result)
             step = self.engine.step
-            tokens, sequences = res.counts.get("tokens", 0), res.counts.get("sequences", s.global_batch_size)
-            self.tokens_seen += tokens
-            self.sequences_seen += sequences
-            throughput.update(tokens=tokens, sequences=sequences)
-            if not res.skipped:
-                eval_loss, eval_n = eval_loss + res.loss * sequences, eval_n + sequences
-
             if step % s.log_every == 0 or step == s.max_steps:
-                rates = throughput.rates()
-                logger.log(step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
-                           grad_norm=res.grad_norm, **rates, mfu=mfu(rates.get("tokens_per_s", 0.0)),
-                           data_wait_share=data_wait / max(window_s, 1e-9),
-                           comm_share=comm_wait / max(window_s, 1e-9) if self.comm_timer else None,
-                           tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
-                           **metrics.device_memory(self.engine.device),
-                           **metrics.gpu_utilisation(self.engine.device))
-                window_s = data_wait = comm_wait = 0.0
+                self._log_train(logger, res, w)
             if res.skipped:
                 logger.print(f"step {step}: non-finite loss or gradients, update skipped "
                              f"({self.engine.nonfinite_in_row} in a row)")
             if res.signals.get("preempt", 0.0) > 0:
                 result.preempted, result.stop_reason = True, "preempted"
                 break
+            if s.balance_every and step % s.balance_every == 0:
+                self._rebalance(logger, w)
             if s.eval_every and step % s.eval_every == 0:
-                result.last_eval = self._evaluate(logger, step, eval_loss, eval_n)
-                eval_loss = eval_n = 0.0
-                evaluated_at = step
-                throughput.reset()
+                result.last_eval = self._evaluate(logger, step, w.train_loss())
+                w.evaluated_at = step
+                w.throughput.reset()
             by_time = (s.checkpoint_every_minutes is not None
                        and res.signals.get("since_checkpoint_s", 0.0) >= s.checkpoint_every_minutes * 60)
             if (s.checkpoint_every and step % s.checkpoint_every == 0) or by_time:
                 self.save(logger)
-                last_ckpt = time.monotonic()
-                throughput.reset()
-        return self._finish(logger, result, evaluated_at, eval_loss, eval_n)
+                self._last_ckpt = time.monotonic()
+                w.throughput.reset()
+        return self._finish(logger, result, w)
+
+    def _train_step(self, preempt: _Preemption, w: _Window, result: LoopResult) -> StepResult:
+        """One optimizer step with its timing and counters."""
+        faults.maybe_kill(self.info.rank, self.engine.step + 1)  # no-ops unless BERTGPU_FAULTS
+        faults.delay(self.info.rank, self.engine.step + 1)
+        t0 = time.perf_counter()
+        micro_batches = self.task.micro_batches(self.engine.step)
+        t1 = time.perf_counter()
+        # The same keys on every rank (one all-reduce); the clocks are rank 0's, the other ranks
+        # add zeros.
+        main = self.info.is_main
+        signals = {"preempt": float(preempt.requested),
+                   "since_checkpoint_s": time.monotonic() - self._last_ckpt if main else 0.0,
+                   "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
+        res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts, signals=signals)
+        if self.budget is not None:
+            self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
+        t2 = time.perf_counter()
+        comm = self.comm_timer.pop_step() if self.comm_timer is not None else 0.0
+        local = sum(int(mb["input_ids"].shape[0]) for mb in micro_batches)
+        w.add_step(data_s=t1 - t0, step_s=t2 - t1, comm_s=comm, local_sequences=local)
+        result.train_s += t2 - t0
+        tokens = res.counts.get("tokens", 0)
+        sequences = res.counts.get("sequences", self.s.global_batch_size)
+        self.tokens_seen += tokens
+        self.sequences_seen += sequences
+        w.throughput.update(tokens=tokens, sequences=sequences)
+        if not res.skipped:
+            w.loss_sum, w.loss_n = w.loss_sum + res.loss * sequences, w.loss_n + sequences
+        return res
+
+    def _log_train(self, logger: Any, res: StepResult, w: _Window) -> None:
+        from bertgpu.train import metrics
+
+        rates = w.throughput.rates()
+        stragglers = straggler_fields(w.log_times.gather()[0]) if self.world > 1 else {}
+        logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
+                   grad_norm=res.grad_norm, **rates, mfu=self._mfu(rates.get("tokens_per_s", 0.0)),
+                   data_wait_share=w.data_s / max(w.window_s, 1e-9),
+                   comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
+                   tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
+                   **stragglers, **metrics.device_memory(self.engine.device))
+        w.window_s = w.data_s = w.comm_s = 0.0
+
+    def _rebalance(self, logger: Any, w: _Window) -> None:
+        """Collective: new shares of the global batch from every rank's measured speed."""
+        compute_s, sequences = w.balance_times.gather()
+        shares = shares_for(speeds_of(compute_s, sequences), self.s.global_batch_size)
+        if shares != self.task.shares():
+            self.task.set_shares(shares)
+            logger.print(f"step {self.engine.step}: batch shares per rank {shares} "
+                         f"(sequences/s measured: {', '.join(f'{x:.1f}' for x in speeds_of(compute_s, sequences))})")
 
     def _loss_fn(self) -> Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]:
         """The task's loss, made non-finite on this rank when a fault is injected for the step
-        (the forward and backward still run: the engine must find and skip it)."""
-        if not faults.nonfinite(self.info.rank, self.engine.step + 1):
+        (the forward and backward still run: the engine must find and skip it), and slowed down
+        when a slow rank is injected (load balancing tests)."""
+        if faults.active() is None:
             return self.task.loss
+        rank, poison = self.info.rank, faults.nonfinite(self.info.rank, self.engine.step + 1)
 
-        def poisoned(model: torch.nn.Module, batch: Batch) -> Mapping[str, torch.Tensor]:
-            return {k: v * float("nan") if not k.startswith("_") else v
-                    for k, v in self.task.loss(model, batch).items()}
+        def injected(model: torch.nn.Module, batch: Batch) -> Mapping[str, torch.Tensor]:
+            faults.slow_down(rank, int(batch["input_ids"].shape[0]))  # a slower device, per sequence
+            out = self.task.loss(model, batch)
+            return {k: v * float("nan") if poison and not k.startswith("_") else v for k, v in out.items()}
 
-        return poisoned
+        return injected
 
-    def _finish(self, logger: Any, result: LoopResult, evaluated_at: int | None,
-                eval_loss: float, eval_n: float) -> LoopResult:
+    def _finish(self, logger: Any, result: LoopResult, w: _Window) -> LoopResult:
         """End of training (steps, budget, or preemption): evaluate, checkpoint, export."""
         step = result.step = self.engine.step
         if result.preempted:
             logger.print(f"preempted at step {step}: writing a checkpoint and stopping")
-        elif evaluated_at != step:
-            result.last_eval = self._evaluate(logger, step, eval_loss, eval_n)
+        elif w.evaluated_at != step:
+            result.last_eval = self._evaluate(logger, step, w.train_loss())
         # Ranks agree on the step by construction; check it once (cheap) rather than trust it.
         lo, hi = -distributed.all_reduce_max(-step), distributed.all_reduce_max(step)
         if lo != hi:
@@ -313,8 +366,8 @@ class Loop:
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
 
-    def _evaluate(self, logger: Any, step: int, loss_sum: float, n: float) -> dict[str, Any]:
-        out = self.task.evaluate(step, loss_sum / n if n > 0 else None)
+    def _evaluate(self, logger: Any, step: int, train_loss: float | None) -> dict[str, Any]:
+        out = self.task.evaluate(step, train_loss)
         if out:
             logger.log(step, "eval", **out)
         return out
@@ -394,19 +447,16 @@ class Loop:
             rows.append(("resumed at step", str(e.step)))
         return rows
 
-    def _mfu_fn(self) -> Callable[[float], float | None]:
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation of all devices, on GPUs with a known peak (TF32's for fp32)."""
         from bertgpu.train import flops
 
-        peak = None
-        if self.engine.device.type == "cuda" and self.s.flops_per_token:
-            dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[self.engine.precision]
-            peak = flops.peak_tflops(torch.cuda.get_device_name(self.engine.device), dtype)
         fpt = self.s.flops_per_token
-
-        def fn(tokens_per_s: float) -> float | None:
-            return flops.mfu(tokens_per_s, fpt, peak, n_devices=self.world) if peak and fpt else None
-
-        return fn
+        if self.engine.device.type != "cuda" or not fpt:
+            return None
+        dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[self.engine.precision]
+        peak = flops.peak_tflops(torch.cuda.get_device_name(self.engine.device), dtype)
+        return flops.mfu(tokens_per_s, fpt, peak, n_devices=self.world) if peak else None
 
 
 def load_resume(run_dir: Path, info: distributed.DistInfo

@@ -1,0 +1,43 @@
+"""Running `bertgpu pretrain` end to end in subprocesses on a tiny synthetic shard set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.toml")
+STEPS = 12
+
+
+def args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["pretrain", TINY, "--data", str(data), "--out", str(out),
+            "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+            "--model.max_position_embeddings", "64", "--train.global_batch_size", "8",
+            "--train.micro_batch_size", "4", "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
+            "--train.eval_batches", "2", "--train.max_steps", str(STEPS), "--checkpoint.every_steps", "4",
+            "--checkpoint.keep_last", "0", *extra]
+
+
+def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env.pop("BERTGPU_FAULTS", None)
+    if faults:
+        env["BERTGPU_FAULTS"] = faults
+    return subprocess.run([sys.executable, "-m", "bertgpu", *argv], env=env, capture_output=True, text=True,
+                          timeout=240, check=False, **popen)
+
+
+def final_weights(run: Path) -> dict:
+    return load_file(str(run / "hf" / "model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
