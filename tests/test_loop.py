@@ -11,6 +11,7 @@ import torch
 from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
 
 from bertgpu.train import loop as loop_mod
+from bertgpu.train import setup
 from bertgpu.train.distributed import DistInfo
 from bertgpu.train.metrics import read_metrics
 from bertgpu.train.schedule import Schedule
@@ -61,13 +62,13 @@ def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, **
     torch.manual_seed(0)
     model = ToyPretrain()
     info = DistInfo()
-    engine, timer = loop_mod.build_engine(model, loop_mod.EngineSettings(lr=1e-2), info)
+    engine, timer = setup.build_engine(model, setup.EngineSettings(lr=1e-2), info)
     task = ToyTask(model, crash_at)
     s = loop_mod.LoopSettings(run_dir=run_dir, schedule=Schedule(peak_lr=1e-2, warmup_fraction=0.2, max_steps=max_steps),
                               max_steps=max_steps, global_batch_size=8, log_every=2, tensorboard=False,
                               **settings)
     return loop_mod.Loop(task, model, engine, s, info, comm_timer=timer,
-                         resume=loop_mod.load_resume(run_dir, info)), task, model
+                         resume=setup.load_resume(run_dir, info)), task, model
 
 
 def test_cadence_and_records(tmp_path):

@@ -276,11 +276,11 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
 
     from bertgpu.models.hf_io import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask
-    from bertgpu.train import distributed, flops, loop
+    from bertgpu.train import distributed, flops, loop, setup
     from bertgpu.train.config import resolve_batch
     from bertgpu.train.schedule import Schedule
 
-    resume = loop.load_resume(work, info)
+    resume = setup.load_resume(work, info)
     if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
         resume = None  # an interrupted run of other settings: start over
     if info.is_main:
@@ -293,10 +293,10 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     micro = cfg.micro_batch_size or max(cfg.global_batch_size // world, 1)
     accumulation = resolve_batch(cfg.global_batch_size, micro, world)
     model = model.to(torch.device(info.device))
-    engine, timer = loop.build_engine(model, loop.EngineSettings(
+    engine, timer = setup.build_engine(model, setup.EngineSettings(
         precision=cfg.precision, grad_clip=cfg.grad_clip, max_nonfinite_steps=cfg.max_nonfinite_steps,
         optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay), info)
-    loop.seed_dropout(cfg.seed, info.rank)
+    setup.seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
                         micro_batch_size=micro, epochs=cfg.epochs, eval_batch_size=cfg.eval_batch_size,
                         autocast=engine.autocast, info=info, work_dir=work if info.is_main else None,

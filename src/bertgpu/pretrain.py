@@ -127,7 +127,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     from bertgpu.models.build import build_model, model_config
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import config as config_mod
-    from bertgpu.train import flops, loop, overrides
+    from bertgpu.train import flops, loop, overrides, setup
 
     if not cfg.out:
         raise BertgpuError("config: out is not set; give --out RUN_DIR")
@@ -136,7 +136,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     run_dir, t = Path(cfg.out), cfg.train
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
-    resume = loop.load_resume(run_dir, info)
+    resume = setup.load_resume(run_dir, info)
     data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
 
     # Batch arithmetic, validated before any model is built.
@@ -151,12 +151,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     model.unpad_enable(t.unpad)
     model.gradient_checkpointing_enable(t.gradient_checkpointing)
     d, o = cfg.distributed, cfg.optim
-    engine, timer = loop.build_engine(model, loop.EngineSettings(
+    engine, timer = setup.build_engine(model, setup.EngineSettings(
         precision=t.precision, grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps,
         optimizer=o.name, lr=peak_lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
         compile=t.compile, bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
         comm_hook=d.comm_hook, measure_comm=d.measure_comm), info)
-    loop.seed_dropout(cfg.seed, info.rank)
+    setup.seed_dropout(cfg.seed, info.rank)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate, whole_word=cfg.data.whole_word_masking)
