@@ -171,7 +171,9 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
 
     now = {**config_to_dict(cfg), "seed": seed}
     then = results.get("config", {})
-    return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items() if then.get(k) != v)
+    # lr / epochs left to the model size (None) were recorded as the run resolved them.
+    return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
+                     if then.get(k) != v and not (v is None and k in ("lr", "epochs")))
 
 
 def _median(values: list[float]) -> float:
@@ -204,6 +206,10 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
         }
         columns.update(med_cols)
     c = config_to_dict(cfg)
+    recorded = [r.get("config", {}) for per_seed in runs.values() for r in per_seed.values()]
+    for key in ("lr", "epochs"):  # chosen by model size: what the runs (one init) resolved
+        if c[key] is None and recorded:
+            c[key] = recorded[0].get(key)
     protocol = {
         "epochs": c["epochs"], "lr": c["lr"], "global_batch_size": c["global_batch_size"],
         "max_seq_len": c["max_seq_len"] or 128, "warmup_fraction": c["warmup_fraction"],
@@ -238,7 +244,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         f"Model: `{summary['init']}`",
         "",
-        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr {p['lr']:g} ({p['decay']} decay, "
+        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr {'by model size' if p['lr'] is None else format(p['lr'], 'g')} ({p['decay']} decay, "
         f"{p['warmup_fraction']:.0%} warm-up), batch {p['global_batch_size']}, max_seq_len "
         f"{p['max_seq_len']}, {p['precision']}, seeds {' '.join(map(str, p['seeds']))}; each cell is the "
         f"{p['aggregate']} of the {p['checkpoint']} dev score.",

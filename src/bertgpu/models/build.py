@@ -109,11 +109,7 @@ def _bert(config: Any, fields: dict[str, Any], head: str, num_labels: int | None
     n, id2label = labels_of(fields, num_labels)
     if head == "classification":
         return bert.BertForSequenceClassification(config, num_labels=n, id2label=id2label)
-    token_cls = getattr(bert, "BertForTokenClassification", None)
-    if token_cls is None:
-        raise BertgpuError("head token_classification: not available for architecture bert yet "
-                           "(expected architecture modernbert)")
-    return token_cls(config, num_labels=n, id2label=id2label)
+    return bert.BertForTokenClassification(config, num_labels=n, id2label=id2label)
 
 
 def _modernbert(config: Any, fields: dict[str, Any], head: str, num_labels: int | None,

@@ -1,14 +1,15 @@
 """Fine-tuning as a task of the training loop: any job of encoded sequences with labels.
 
-A `Job` (built in tasks/jobs.py for GLUE, STS-B-style regression and SQuAD) holds variable-length
-training sequences with their targets and a list of evaluation sets, each with a scorer. This
-module turns it into what the loop asks for:
+A `Job` (built in tasks/jobs.py for GLUE, STS-B-style regression and SQuAD, in tasks/classify.py
+and tasks/ner.py for your own files) holds variable-length training sequences with their targets
+and a list of evaluation sets, each with a scorer. This module turns it into what the loop asks for:
 
 - the micro batches of step s: epoch e = s // steps_per_epoch + 1; a permutation from
   (seed, e) alone orders the examples; rank r takes the r-th contiguous slice of each step's
   global batch, cut into micro batches padded to their own longest row. A step is therefore a
   function of (seed, step, world size, micro batch) only, which is all a resume needs;
-- summed losses with matching counts (sequences), so accumulation and DDP are exact;
+- summed losses with matching counts (sequences; labelled tokens for token classification), so
+  accumulation and DDP are exact;
 - evaluation at the end of every epoch, sharded: each rank runs the model on its slice of every
   evaluation set, rank 0 gathers the outputs and scores them (the official metrics, SQuAD's
   post-processing), recorded as the per-epoch history that results.json reports;
@@ -27,24 +28,27 @@ import numpy as np
 import torch
 
 from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
 
 @dataclass
 class Encoded:
-    """Token sequences without padding plus per-sequence targets ((N,) arrays, may be empty)."""
+    """Token sequences without padding plus per-sequence targets ((N,) arrays, may be empty) and
+    per-token targets (one array per sequence, as long as its ids; IGNORE_INDEX = not labelled)."""
 
     ids: list[np.ndarray]
     types: list[np.ndarray]
     targets: dict[str, np.ndarray] = field(default_factory=dict)
+    token_targets: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def batch(self, idx: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
         """Rows `idx` padded to the longest of them: input_ids, token_type_ids, attention_mask
-        (B, T) and the targets (B,)."""
+        (B, T), the targets (B,) and the token targets (B, T), padding at IGNORE_INDEX."""
         longest = max(len(self.ids[i]) for i in idx)
         ids = np.full((len(idx), longest), pad_id, dtype=np.int64)
         types = np.zeros((len(idx), longest), dtype=np.int64)
@@ -56,6 +60,11 @@ class Encoded:
                "attention_mask": torch.from_numpy(mask)}
         for k, v in self.targets.items():
             out[k] = torch.from_numpy(np.ascontiguousarray(v[list(idx)]))
+        for k, rows in self.token_targets.items():
+            padded = np.full((len(idx), longest), IGNORE_INDEX, dtype=np.int64)
+            for r, i in enumerate(idx):
+                padded[r, :len(rows[i])] = rows[i]
+            out[k] = torch.from_numpy(padded)
         return out
 
 
@@ -78,7 +87,7 @@ class Job:
 
     name: str
     head: str
-    """"classification" (regression when num_labels is 1) or "qa"."""
+    """"classification" (regression when num_labels is 1), "token_classification" or "qa"."""
     num_labels: int | None
     train: Encoded
     evals: list[EvalSet]
@@ -86,11 +95,20 @@ class Job:
     """Single score of one evaluation (all splits), used to pick the best epoch."""
     predict_test: list[tuple[str, Encoded, Callable[[dict[str, np.ndarray], Path], None]]] = field(
         default_factory=list)
+    labels: tuple[str, ...] | None = None
+    """Label names in id order, written into the export's config.json (id2label / label2id) so
+    that transformers' pipelines show them; None keeps the model's (LABEL_0, ...)."""
+
+    @property
+    def padded_outputs(self) -> bool:
+        """Whether the outputs have a position axis (start/end logits, per-token logits), padded
+        per batch, so rows of different batches are padded again to one width."""
+        return self.head in ("qa", "token_classification")
 
 
 def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
-    """(N, w) logits -> (N, width), the new columns at -1e4 (never chosen)."""
-    out = np.full((rows.shape[0], width), -1e4, dtype=np.float32)
+    """(N, w, ...) logits -> (N, width, ...), the new positions at -1e4 (never chosen)."""
+    out = np.full((rows.shape[0], width, *rows.shape[2:]), -1e4, dtype=np.float32)
     out[:, : rows.shape[1]] = rows
     return out
 
@@ -113,7 +131,7 @@ class FinetuneTask:
         full, rest = divmod(n, global_batch_size)
         self.steps_per_epoch = full + (1 if rest >= world else 0)
         self.total_steps = self.steps_per_epoch * epochs
-        self.loss_key = "qa" if job.head == "qa" else "cls"
+        self.loss_key = {"qa": "qa", "token_classification": "tok"}.get(job.head, "cls")
         self.history: list[dict[str, Any]] = []
         self.eval_s = 0.0
         self.eval_examples = 0
@@ -144,15 +162,19 @@ class FinetuneTask:
 
     def counts(self, batch: Mapping[str, Any]) -> dict[str, int]:
         n = int(batch["input_ids"].shape[0])
-        return {self.loss_key: n, "sequences": n, "tokens": int(batch["attention_mask"].sum())}
+        # Token classification averages over the labelled tokens of the whole step (HF's loss
+        # averages per batch), so that accumulation and DDP give the same step as one batch.
+        labelled = int((batch["labels"] != IGNORE_INDEX).sum()) if self.loss_key == "tok" else n
+        return {self.loss_key: labelled, "sequences": n, "tokens": int(batch["attention_mask"].sum())}
 
     def log_scalars(self, res: StepResult) -> dict[str, Any]:
         return {"epoch": self.epoch_of(res.step - 1)}
 
     # -- evaluation -------------------------------------------------------------------------------
     def predict(self, data: Encoded) -> dict[str, np.ndarray]:
-        """Model outputs for every row of `data` (in order): logits, or start/end logits padded
-        to the longest row. Rows run longest first to waste little compute on padding."""
+        """Model outputs for every row of `data` (in order): logits (N, C), or start/end logits
+        (N, T) or per-token logits (N, T, C) padded to the longest row. Rows run longest first to
+        waste little compute on padding."""
         keys = ("start_logits", "end_logits") if self.job.head == "qa" else ("logits",)
         t0 = time.perf_counter()
         lengths = np.array([len(x) for x in data.ids])
@@ -172,9 +194,10 @@ class FinetuneTask:
         self.model.train(was_training)
         result: dict[str, np.ndarray] = {}
         for k in keys:
-            if self.job.head == "qa":
+            if self.job.padded_outputs:
                 width = int(lengths.max()) if len(lengths) else 0
-                rows = np.concatenate([pad_to(c, width) for c in chunks[k]]) if chunks[k] else np.zeros((0, 0))
+                empty = np.zeros((0, 0) if self.job.head == "qa" else (0, 0, self.job.num_labels or 1))
+                rows = np.concatenate([pad_to(c, width) for c in chunks[k]]) if chunks[k] else empty
             else:
                 rows = np.concatenate(chunks[k]) if chunks[k] else np.zeros((0, self.job.num_labels or 1))
             unsorted = np.empty_like(rows)
@@ -198,7 +221,7 @@ class FinetuneTask:
         parts = [p for p in parts if p is not None]
         out: dict[str, np.ndarray] = {}
         for k in parts[0]:
-            if self.job.head == "qa":  # start/end logits: padded to the longest row of each slice
+            if self.job.padded_outputs:  # padded to the longest row of each slice
                 width = max(p[k].shape[1] for p in parts)
                 out[k] = np.concatenate([pad_to(p[k], width) for p in parts])
             else:

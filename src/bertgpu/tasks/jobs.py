@@ -1,8 +1,9 @@
-"""The fine-tuning jobs: GLUE classification, STS-B-style regression and SQuAD spans, encoded.
+"""The fine-tuning jobs: GLUE classification, STS-B-style regression, SQuAD spans, and your own
+files (`classify`, `ner`: tasks/classify.py, tasks/ner.py), encoded.
 
 Each builder returns a `finetuning.Job`: the encoded training sequences (unpadded, padded per batch
-later) and the evaluation sets with their official scorers. What differs between the tasks is
-only here; the training loop and the fine-tuning task object are shared.
+later) and the evaluation sets with their scorers. What differs between the tasks is only here
+and in the task modules; the training loop and the fine-tuning task object are shared.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from bertgpu.errors import BertgpuError
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, pad_to
 
 if TYPE_CHECKING:
+    from bertgpu.tasks.classify import Fields
     from bertgpu.tasks.glue import Example, GlueTask
     from bertgpu.train.config import FinetuneConfig
 
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
+OWN_FILE_TASKS = ("classify", "ner")
 
 
 def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
@@ -126,3 +129,38 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
                 lambda m: float(m["dev"]["f1"]))
 
 
+
+
+def own_file_fields(key: str, text_field: str | None, text_pair_field: str | None,
+                    label_field: str | None, regression: bool) -> Fields | None:
+    """The column names of `classify` / `ner` (their defaults where not given); None for the
+    GLUE and SQuAD tasks, which take none of these flags."""
+    from bertgpu.tasks.classify import Fields
+    from bertgpu.tasks.ner import NER_FIELDS
+
+    given = [flag for flag, v in (("--text-field", text_field), ("--text-pair-field", text_pair_field),
+                                  ("--label-field", label_field), ("--regression", regression)) if v]
+    if key not in OWN_FILE_TASKS:
+        if given:
+            raise BertgpuError(f"{', '.join(given)}: only for finetune classify and ner (your own files)")
+        return None
+    if key == "ner" and (text_pair_field or regression):
+        raise BertgpuError("finetune ner: --text-pair-field and --regression are for classify")
+    base = NER_FIELDS if key == "ner" else Fields()
+    return Fields(text_field or base.text, text_pair_field, label_field or base.label)
+
+
+def own_files_job(key: str, train_file: str | Path, dev_file: str | Path, tokenizer: Any,
+                  cfg: FinetuneConfig, fields: Fields, regression: bool = False) -> tuple[Job, dict[str, Any]]:
+    """The `classify` or `ner` job and what results.json records about its data (files, kind,
+    columns, label names)."""
+    from bertgpu.tasks import classify, ner
+
+    if key == "ner":
+        job = ner.ner_job(train_file, dev_file, tokenizer, cfg, fields)
+    else:
+        job = classify.classify_job(train_file, dev_file, tokenizer, cfg, fields, regression)
+    kind = "token_classification" if key == "ner" else "regression" if regression else "classification"
+    return job, {"data": [str(train_file), str(dev_file)], "task_key": key, "kind": kind,
+                 "fields": {"text": fields.text, "text_pair": fields.text_pair, "label": fields.label},
+                 "labels": list(job.labels or ())}

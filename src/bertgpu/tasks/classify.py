@@ -1,0 +1,281 @@
+"""`bertgpu finetune classify`: sequence classification or regression on your own labelled files.
+
+    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base --out ft/reviews
+    bertgpu finetune classify --train-file train.jsonl --dev-file dev.jsonl --text-field premise \\
+        --text-pair-field hypothesis --label-field gold --init hf/ --out ft/nli
+    bertgpu finetune classify --train-file scores.tsv --dev-file dev.tsv --regression ...
+
+Files, chosen by extension: `.csv` (comma-separated, a header line, RFC 4180 quoting as written
+by spreadsheets and pandas), `.tsv` (tab-separated, a header line, quoting off as in GLUE: one
+line is one row, a `"` is a character) and `.jsonl` / `.json` (JSON lines, one object per line).
+Columns by flag: `--text-field` (default "text"), `--text-pair-field` (a second text: pair tasks
+such as entailment) and `--label-field` (default "label").
+
+Labels are names (any string; JSON numbers are read as their text). The classes are the distinct
+labels of the training file, sorted (numerically when every label is an integer, else as text),
+and written into the exported config.json so that `transformers.pipeline("text-classification")`
+shows them. Regression is asked for with `--regression` and never guessed: labels "0" and "1" are
+two classes unless you say otherwise. Metrics (0-100): accuracy and macro-F1, or Pearson and
+Spearman for regression; a run's score is their mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks.finetuning import EvalSet, Job
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.glue import Example
+    from bertgpu.train.config import FinetuneConfig
+
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Column (CSV/TSV) or key (JSONL) names of the inputs; None = not used."""
+
+    text: str = "text"
+    text_pair: str | None = None
+    label: str = "label"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading rows
+
+
+def table_format(path: Path) -> str:
+    """"csv", "tsv" or "jsonl" from the file name; BertgpuError for anything else."""
+    kind = TABLE_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise BertgpuError(f"{path}: unknown file type {path.suffix or '(no extension)'!r} "
+                           f"(expected {', '.join(TABLE_SUFFIXES)})")
+    return kind
+
+
+def read_rows(path: str | os.PathLike[str], columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, {column: value}) for every row of a CSV, TSV or JSONL file. `columns` maps
+    each column to read to the flag that names it, for the error when it is missing. Values are
+    strings from CSV/TSV and JSON values from JSONL; blank lines are skipped."""
+    path = Path(path)
+    kind = table_format(path)
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: spreadsheets write a BOM
+            if kind == "jsonl":
+                yield from _jsonl_rows(path, f, columns)
+            else:
+                yield from _delimited_rows(path, f, columns, kind)
+    except FileNotFoundError:
+        raise BertgpuError(f"{path}: not found") from None
+    except UnicodeDecodeError as e:
+        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise BertgpuError(f"{path}: not readable as {kind.upper()} ({e})") from None
+
+
+def _missing(path: Path, line: int, what: str, name: str, flag: str, found: list[str]) -> BertgpuError:
+    shown = ", ".join(repr(c) for c in found[:12]) + (", ..." if len(found) > 12 else "")
+    return BertgpuError(f"{path}:{line}: no {what} {name!r} (found {shown or 'none'}); "
+                        f"expected {flag} to name one")
+
+
+def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
+                    ) -> Iterator[tuple[int, dict[str, Any]]]:
+    if kind == "tsv":  # quoting off, as GLUE's files: a stray quote must not glue rows together
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+        raise BertgpuError(f"{path}: empty (expected a header line naming the columns)")
+    header = [h.strip() for h in header]
+    for name, flag in columns.items():
+        if name not in header:
+            raise _missing(path, 1, "column", name, flag, header)
+    where = {name: header.index(name) for name in columns}
+    for row in reader:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != len(header):
+            raise BertgpuError(f"{path}:{reader.line_num}: {len(row)} fields, expected {len(header)} "
+                               f"as in the header{' (a tab inside a text?)' if kind == 'tsv' else ''}")
+        yield reader.line_num, {name: row[i] for name, i in where.items()}
+
+
+def _jsonl_rows(path: Path, f: Any, columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BertgpuError(f"{path}:{n}: not JSON ({e.msg}); expected one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise BertgpuError(f"{path}:{n}: found a JSON {type(obj).__name__}, expected an object per line")
+        for name, flag in columns.items():
+            if name not in obj:
+                raise _missing(path, n, "field", name, flag, list(obj))
+        yield n, {name: obj[name] for name in columns}
+
+
+def text_value(path: Path, line: int, value: Any, name: str) -> str:
+    """A non-empty text (a JSON string, or any CSV cell)."""
+    if not isinstance(value, str):
+        raise BertgpuError(f"{path}:{line}: {name!r} is a JSON {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise BertgpuError(f"{path}:{line}: empty text in {name!r}")
+    return value
+
+
+def label_value(path: Path, line: int, value: Any, name: str) -> str:
+    """A label as text: a string, or a JSON number or boolean spelled as JSON spells it."""
+    if isinstance(value, (bool, int, float)):
+        value = json.dumps(value)
+    if value is None or not isinstance(value, str) or not value.strip():
+        found = "empty" if value is None or isinstance(value, str) else f"a JSON {type(value).__name__}"
+        raise BertgpuError(f"{path}:{line}: {found} label in {name!r}; expected a label on every row")
+    return value.strip()
+
+
+# --------------------------------------------------------------------------------------------
+# Labels and examples
+
+
+def read_labelled(path: str | os.PathLike[str], fields: Fields) -> list[tuple[int, str, str | None, str]]:
+    """(line, text, text pair or None, label) for every row."""
+    path = Path(path)
+    columns = {fields.text: "--text-field", fields.label: "--label-field"}
+    if fields.text_pair is not None:
+        columns[fields.text_pair] = "--text-pair-field"
+    out = []
+    for line, row in read_rows(path, columns):
+        text = text_value(path, line, row[fields.text], fields.text)
+        pair = text_value(path, line, row[fields.text_pair], fields.text_pair) if fields.text_pair else None
+        out.append((line, text, pair, label_value(path, line, row[fields.label], fields.label)))
+    if not out:
+        raise BertgpuError(f"{path}: no rows (expected a header line and labelled rows)")
+    return out
+
+
+def _as_int(label: str) -> int | None:
+    try:
+        return int(label)
+    except ValueError:
+        return None
+
+
+def _as_float(label: str) -> float | None:
+    try:
+        v = float(label)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def discover_labels(path: Path, labels: list[str]) -> tuple[str, ...]:
+    """The classes of a training file: its distinct labels, sorted numerically when all are
+    integers ("2" before "10"), else as text. Fewer than two is an error."""
+    distinct = set(labels)
+    if len(distinct) < 2:
+        raise BertgpuError(f"{path}: every row has the label {labels[0]!r}; expected two classes or more "
+                           "(or --regression for numeric scores)")
+    ints = {label: _as_int(label) for label in distinct}
+    if all(v is not None for v in ints.values()):
+        ordered = sorted(distinct, key=lambda label: (ints[label], label))
+    else:
+        ordered = sorted(distinct)
+    if all(_as_float(x) is not None for x in distinct) and not all(v is not None for v in ints.values()):
+        warnings.warn(f"{path}: all {len(distinct)} labels are numbers, some with fractions "
+                      f"(e.g. {next(x for x in ordered if ints[x] is None)!r}); they are read as classes. "
+                      "Pass --regression to predict a score instead", stacklevel=2)
+    return tuple(ordered)
+
+
+def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]], classes: tuple[str, ...] | None,
+                label_name: str) -> list[Example]:
+    """Rows -> `glue.Example`s with class ids (`classes` given) or float scores (regression)."""
+    from bertgpu.tasks.glue import Example
+
+    ids = {c: i for i, c in enumerate(classes or ())}
+    out = []
+    for line, text, pair, label in rows:
+        if classes is not None:
+            if label not in ids:
+                shown = ", ".join(repr(c) for c in classes[:10]) + (", ..." if len(classes) > 10 else "")
+                raise BertgpuError(f"{path}:{line}: label {label!r} is not in the training file "
+                                   f"(expected one of {shown})")
+            target: int | float = ids[label]
+        else:
+            score = _as_float(label)
+            if score is None:
+                raise BertgpuError(f"{path}:{line}: label {label!r} in {label_name!r} is not a finite "
+                                   "number (expected a score with --regression)")
+            target = score
+        out.append(Example(f"{path.name}:{line}", text, pair, target))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+
+
+def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str], tokenizer: Any,
+                 cfg: FinetuneConfig, fields: Fields | None = None, regression: bool = False) -> Job:
+    """Read, check and encode both files; the dev set is scored with `metrics.label_metrics`."""
+    from bertgpu.tasks import metrics as eval_metrics
+    from bertgpu.tasks.jobs import encode_pairs
+
+    fields = fields or Fields()
+    train_path, dev_path = Path(train_file), Path(dev_file)
+    train_rows = read_labelled(train_path, fields)
+    dev_rows = read_labelled(dev_path, fields)
+    if cfg.max_train_examples is not None:
+        train_rows = train_rows[:cfg.max_train_examples]
+    if cfg.max_eval_examples is not None:
+        dev_rows = dev_rows[:cfg.max_eval_examples]
+    classes = None if regression else discover_labels(train_path, [r[3] for r in train_rows])
+    train = to_examples(train_path, train_rows, classes, fields.label)
+    dev = to_examples(dev_path, dev_rows, classes, fields.label)
+    seq = cfg.max_seq_len or 128
+    dev_enc = encode_pairs(tokenizer, dev, seq, regression)
+    gold = dev_enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+
+    def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
+        logits = outputs["logits"]
+        if folder is not None:
+            _write_predictions(folder / "predictions.jsonl", dev, logits, classes)
+        return eval_metrics.label_metrics(logits, gold, regression)
+
+    return Job("classify", "classification", 1 if regression else len(classes or ()),
+               encode_pairs(tokenizer, train, seq, regression),
+               [EvalSet("dev", dev_enc, score)],
+               lambda m: float(np.mean(list(m["dev"].values()))),
+               labels=classes)
+
+
+def _write_predictions(path: Path, dev: list[Example], logits: np.ndarray,
+                       classes: tuple[str, ...] | None) -> None:
+    """One JSON line per dev row: its id (file:line), the label and the prediction (names, or
+    scores for regression)."""
+    lines = []
+    for ex, row in zip(dev, logits, strict=True):
+        if classes is None:
+            gold, pred = ex.label, float(row.reshape(-1)[0])
+        else:
+            gold, pred = classes[int(ex.label or 0)], classes[int(np.argmax(row))]
+        lines.append(json.dumps({"id": ex.guid, "label": gold, "prediction": pred}))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

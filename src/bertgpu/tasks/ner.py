@@ -1,0 +1,234 @@
+"""`bertgpu finetune ner`: token classification (named entities) on your own files.
+
+    bertgpu finetune ner --train-file train.conll --dev-file dev.conll --init runs/base --out ft/ner
+    bertgpu finetune ner --train-file train.jsonl --dev-file dev.jsonl --text-field words \\
+        --label-field ner_tags --init hf/ --out ft/ner
+
+Files, chosen by extension:
+- CoNLL style (any extension but the two below, `.conll`, `.txt`, `.tsv`, `.iob`, ...): one token
+  per line with its tag in the last whitespace-separated column (so CoNLL-2003's four columns work
+  as they are), a blank line between sentences, `-DOCSTART-` lines skipped;
+- `.jsonl` / `.json`: one sentence per line, a list of tokens (`--text-field`, default "tokens")
+  and a list of tags (`--label-field`, default "tags");
+- `.csv`: a header line, tokens and tags as space-separated strings in those two columns.
+
+Tags are BIO / IOB2: `O`, `B-TYPE`, `I-TYPE` (anything else, BIOES's `E-`/`S-` or a bare `PER`,
+is an error naming the line). The label set is `O` plus `B-` and `I-` of every entity type in the
+training file (an `I-LOC` that training only saw as `B-LOC` is fine; a type only in dev is an
+error), ordered `O, B-A, I-A, B-B, ...` by type, and written into the exported config.json for
+`transformers.pipeline("token-classification")`.
+
+Sub-words: the first piece of each word carries the word's tag, its other pieces are not trained
+on (-100), and a word's prediction is its first piece's. Words cut off by `max_seq_len` (default
+128 tokens) are predicted `O` (a warning says how many). Metrics (0-100): entity-level precision,
+recall and F1 by conlleval's span rules, micro-averaged (seqeval's default), and word accuracy;
+the run's score is the F1. predictions.conll (token, gold tag, predicted tag: conlleval's input)
+is written with the final model.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+from bertgpu.models import IGNORE_INDEX
+from bertgpu.tasks.classify import Fields, read_rows
+from bertgpu.tasks.finetuning import Encoded, EvalSet, Job
+
+if TYPE_CHECKING:
+    from bertgpu.train.config import FinetuneConfig
+
+NER_FIELDS = Fields(text="tokens", label="tags")
+
+
+@dataclass
+class Sentence:
+    """One sentence: its words, their tags, and the file line of each word (for errors)."""
+
+    tokens: list[str]
+    tags: list[str]
+    lines: list[int]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def check_tag(path: Path, line: int, tag: str) -> str:
+    """`tag` when it is O, B-TYPE or I-TYPE; BertgpuError naming the line otherwise."""
+    if tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2):
+        return tag
+    if not tag:
+        raise BertgpuError(f"{path}:{line}: empty tag; expected O, B-TYPE or I-TYPE on every token")
+    raise BertgpuError(f"{path}:{line}: tag {tag!r} is not O, B-TYPE or I-TYPE "
+                       "(expected BIO / IOB2 tags; BIOES and bare types are not read)")
+
+
+def read_sentences(path: str | os.PathLike[str], fields: Fields = NER_FIELDS) -> list[Sentence]:
+    """The sentences of a CoNLL, JSONL or CSV file (module docstring)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson", ".csv"):
+        sentences = _table_sentences(path, fields)
+    else:
+        sentences = _conll_sentences(path)
+    if not sentences:
+        raise BertgpuError(f"{path}: no sentences (expected tokens with their tags)")
+    return sentences
+
+
+def _conll_sentences(path: Path) -> list[Sentence]:
+    sentences: list[Sentence] = []
+    current = Sentence([], [], [])
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            for n, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts or parts[0] == "-DOCSTART-":  # a blank line ends the sentence
+                    if current.tokens:
+                        sentences.append(current)
+                        current = Sentence([], [], [])
+                    continue
+                if len(parts) < 2:
+                    raise BertgpuError(f"{path}:{n}: one field {parts[0]!r}; expected a token and its "
+                                       "tag separated by whitespace (CoNLL style)")
+                current.tokens.append(parts[0])
+                current.tags.append(check_tag(path, n, parts[-1]))
+                current.lines.append(n)
+    except FileNotFoundError:
+        raise BertgpuError(f"{path}: not found") from None
+    except UnicodeDecodeError as e:
+        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if current.tokens:
+        sentences.append(current)
+    return sentences
+
+
+def _word_list(path: Path, line: int, value: Any, name: str) -> list[str]:
+    """A JSON list of strings, or a CSV cell of space-separated words."""
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise BertgpuError(f"{path}:{line}: {name!r} is not a list of strings")
+    if not value or any(not w.strip() for w in value):
+        raise BertgpuError(f"{path}:{line}: {name!r} is empty or has an empty entry; expected one per token")
+    return value
+
+
+def _table_sentences(path: Path, fields: Fields) -> list[Sentence]:
+    sentences = []
+    for line, row in read_rows(path, {fields.text: "--text-field", fields.label: "--label-field"}):
+        tokens = _word_list(path, line, row[fields.text], fields.text)
+        tags = _word_list(path, line, row[fields.label], fields.label)
+        if len(tokens) != len(tags):
+            raise BertgpuError(f"{path}:{line}: {len(tokens)} tokens but {len(tags)} tags; expected one "
+                               "tag per token")
+        sentences.append(Sentence(tokens, [check_tag(path, line, t) for t in tags], [line] * len(tokens)))
+    return sentences
+
+
+# --------------------------------------------------------------------------------------------
+# Labels and encoding
+
+
+def tag_set(path: Path, sentences: list[Sentence]) -> tuple[str, ...]:
+    """O, then B- and I- of every entity type of the training file, by type."""
+    types = sorted({t[2:] for s in sentences for t in s.tags if t != "O"})
+    if not types:
+        raise BertgpuError(f"{path}: every tag is O; expected some entities (B-TYPE / I-TYPE tags)")
+    return ("O", *[f"{prefix}-{t}" for t in types for prefix in ("B", "I")])
+
+
+def check_known(path: Path, sentences: list[Sentence], labels: tuple[str, ...]) -> None:
+    """Every tag of `sentences` (the dev file) must be in the training file's label set."""
+    known = set(labels)
+    for s in sentences:
+        for tag, line in zip(s.tags, s.lines, strict=True):
+            if tag not in known:
+                types = sorted({t[2:] for t in labels if t != "O"})
+                raise BertgpuError(f"{path}:{line}: tag {tag!r}: entity type {tag[2:]!r} is not in the "
+                                   f"training file (expected one of {', '.join(types)})")
+
+
+def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[str, int],
+                     max_seq_len: int) -> tuple[Encoded, list[np.ndarray]]:
+    """`[CLS] pieces [SEP]` per sentence with the tag id on each word's first piece (IGNORE_INDEX
+    elsewhere), and per sentence the position of each word's first piece (-1: cut off by
+    `max_seq_len`, or a word the tokenizer drops)."""
+    tokenizer.enable_truncation(max_length=max_seq_len)
+    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
+    encs = tokenizer.encode_batch([s.tokens for s in sentences], is_pretokenized=True) if sentences else []
+    enc = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
+                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
+    labels, firsts = [], []
+    for s, e in zip(sentences, encs, strict=True):
+        first = np.full(len(s.tokens), -1, dtype=np.int64)
+        row = np.full(len(e.ids), IGNORE_INDEX, dtype=np.int64)
+        previous = None
+        for pos, word in enumerate(e.word_ids):
+            if word is not None and word != previous:
+                first[word] = pos
+                row[pos] = tag_ids[s.tags[word]]
+            previous = word
+        labels.append(row)
+        firsts.append(first)
+    enc.token_targets["labels"] = labels
+    return enc, firsts
+
+
+def word_predictions(logits: np.ndarray, firsts: list[np.ndarray], labels: tuple[str, ...]) -> list[list[str]]:
+    """Per-token logits (N, T, C) -> each word's tag: its first piece's argmax, O when cut off."""
+    ids = logits.argmax(axis=-1) if len(logits) else np.zeros((0, 0), dtype=np.int64)  # (N, T)
+    return [[labels[int(ids[i, p])] if p >= 0 else "O" for p in first] for i, first in enumerate(firsts)]
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+
+
+def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str], tokenizer: Any,
+            cfg: FinetuneConfig, fields: Fields = NER_FIELDS) -> Job:
+    """Read, check and encode both files; the dev set is scored with `metrics.entity_scores`."""
+    from bertgpu.tasks import metrics as eval_metrics
+
+    train_path, dev_path = Path(train_file), Path(dev_file)
+    train = read_sentences(train_path, fields)[:cfg.max_train_examples]
+    dev = read_sentences(dev_path, fields)[:cfg.max_eval_examples]
+    labels = tag_set(train_path, train)
+    check_known(dev_path, dev, labels)
+    tag_ids = {t: i for i, t in enumerate(labels)}
+    seq = cfg.max_seq_len or 128
+    train_enc, _ = encode_sentences(tokenizer, train, tag_ids, seq)
+    dev_enc, firsts = encode_sentences(tokenizer, dev, tag_ids, seq)
+    dev_enc.token_targets.clear()  # kept out of the forward pass: eval needs logits only
+    cut = sum(int((f < 0).any()) for f in firsts)
+    if cut:
+        warnings.warn(f"{dev_path}: {cut} of {len(dev)} sentences are longer than max_seq_len {seq} "
+                      "tokens (or hold words the tokenizer drops); those words count as predicted O",
+                      stacklevel=2)
+    gold = [s.tags for s in dev]
+
+    def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
+        predicted = word_predictions(outputs["logits"], firsts, labels)
+        if folder is not None:
+            _write_conll(folder / "predictions.conll", dev, predicted)
+        return eval_metrics.entity_scores(gold, predicted)
+
+    return Job("ner", "token_classification", len(labels), train_enc, [EvalSet("dev", dev_enc, score)],
+               lambda m: float(m["dev"]["f1"]), labels=labels)
+
+
+def _write_conll(path: Path, dev: list[Sentence], predicted: list[list[str]]) -> None:
+    """token gold predicted, one word per line, a blank line between sentences."""
+    lines = []
+    for s, tags in zip(dev, predicted, strict=True):
+        lines += [f"{w} {g} {p}" for w, g, p in zip(s.tokens, s.tags, tags, strict=True)] + [""]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,279 @@
+"""`bertgpu finetune classify` on your own files: readers, labels, metrics, end to end, bad inputs.
+
+End-to-end runs use the tiny random BERT of tests/_tiny_init.py on fixtures with a learnable rule
+(a keyword decides the label), so a score far above chance shows that reading, label mapping,
+encoding, training and scoring fit together. Metrics are checked against scikit-learn / scipy.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import _tiny_init
+import numpy as np
+import pytest
+from _tiny_init import SPECIAL
+
+from bertgpu.errors import BertgpuError
+from bertgpu.finetune import finetune
+from bertgpu.tasks import classify, metrics
+from bertgpu.train.config import (
+    FinetuneConfig,
+    finetune_defaults,
+    load_finetune_config,
+    resolve_finetune,
+)
+
+WORDS = "apple river stone cloud table green quiet music paper window garden silver bright lamp horse ocean".split()
+KEYWORDS = {"positive": "good", "negative": "bad", "neutral": "meh"}
+VOCAB = SPECIAL + ["good", "bad", "meh", '"', ","] + WORDS
+FAST = ["--lr", "3e-3", "--hidden_dropout_prob", "0", "--warmup_fraction", "0.05",
+        "--global_batch_size", "16", "--max_seq_len", "32"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def sentence(rng: random.Random, keyword: str) -> str:
+    words = rng.sample(WORDS, 5)
+    words.insert(rng.randrange(6), keyword)
+    return " ".join(words)
+
+
+def write_csv(path: Path, n: int, seed: int, labels: tuple[str, ...] = ("positive", "negative", "neutral")) -> Path:
+    """text,label rows; the label is named by the keyword in the text."""
+    rng = random.Random(seed)
+    rows = ["text,label"]
+    for _ in range(n):
+        y = rng.choice(labels)
+        rows.append(f"{sentence(rng, KEYWORDS[y])},{y}")
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def run(tmp_path: Path, train: Path, dev: Path, *extra: str, **kw) -> dict:
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    return finetune("classify", None, init, tmp_path / "ft", train_file=train, dev_file=dev,
+                    overrides=[*FAST, *extra], **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics against scikit-learn / scipy
+
+
+def test_macro_f1_matches_sklearn():
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 7):
+        for _ in range(20):
+            y, p = rng.integers(0, k, 50), rng.integers(0, k, 50)
+            assert metrics.macro_f1(p, y) == pytest.approx(sk.f1_score(y, p, average="macro"))
+    # A class only in the predictions, one only in the labels, one never right.
+    y, p = np.array([0, 0, 1, 1, 2]), np.array([0, 3, 1, 0, 0])
+    assert metrics.macro_f1(p, y) == pytest.approx(sk.f1_score(y, p, average="macro", zero_division=0))
+
+
+def test_label_metrics_against_references():
+    sk = pytest.importorskip("sklearn.metrics")
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(1)
+    logits, y = rng.normal(size=(40, 3)), rng.integers(0, 3, 40)
+    m = metrics.label_metrics(logits, y, regression=False)
+    assert m["accuracy"] == pytest.approx(100 * sk.accuracy_score(y, logits.argmax(1)))
+    assert m["macro_f1"] == pytest.approx(100 * sk.f1_score(y, logits.argmax(1), average="macro"))
+    scores, gold = rng.normal(size=(40, 1)), rng.normal(size=40)
+    r = metrics.label_metrics(scores, gold, regression=True)
+    assert r["pearson"] == pytest.approx(100 * stats.pearsonr(scores[:, 0], gold)[0])
+    assert r["spearman"] == pytest.approx(100 * stats.spearmanr(scores[:, 0], gold)[0])
+    assert metrics.label_metrics(np.ones(5), gold[:5], regression=True)["pearson"] == 0.0  # constant: undefined
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and labels
+
+
+def test_readers_agree_across_formats(tmp_path):
+    rows = [("it's \"fine\", really", "a", "pos"), ("tab-free text", "b", "neg")]
+    (tmp_path / "x.csv").write_text('premise,hyp,gold\n"it\'s ""fine"", really",a,pos\ntab-free text,b,neg\n',
+                                    encoding="utf-8-sig")  # a BOM, as spreadsheets write it
+    (tmp_path / "x.tsv").write_text("gold\tpremise\thyp\npos\tit's \"fine\", really\ta\n\nneg\ttab-free text\tb\n")
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps({"premise": a, "hyp": b, "gold": y, "extra": 1})
+                                                for a, b, y in rows) + "\n")
+    fields = classify.Fields("premise", "hyp", "gold")
+    for name in ("x.csv", "x.tsv", "x.jsonl"):
+        got = classify.read_labelled(tmp_path / name, fields)
+        assert [r[1:] for r in got] == rows, name
+    assert [r[0] for r in classify.read_labelled(tmp_path / "x.tsv", fields)] == [2, 4]  # file lines
+
+
+def test_tsv_reads_quotes_as_characters(tmp_path):
+    """Quoting off, as GLUE: an unbalanced quote must not swallow the following rows."""
+    (tmp_path / "t.tsv").write_text('text\tlabel\n"a quote that never ends\tx\nnext row\ty\n')
+    got = classify.read_labelled(tmp_path / "t.tsv", classify.Fields())
+    assert [(r[1], r[3]) for r in got] == [('"a quote that never ends', "x"), ("next row", "y")]
+
+
+def test_labels_are_discovered_sorted():
+    p = Path("train.csv")
+    assert classify.discover_labels(p, ["pos", "neg", "neutral", "neg"]) == ("neg", "neutral", "pos")
+    assert classify.discover_labels(p, ["10", "2", "1", "2"]) == ("1", "2", "10")  # integers by value
+    with pytest.warns(UserWarning, match="--regression"):
+        assert classify.discover_labels(p, ["0.5", "1", "2.25"]) == ("0.5", "1", "2.25")
+    with pytest.raises(BertgpuError, match="train.csv: every row has the label 'x'"):
+        classify.discover_labels(p, ["x", "x"])
+
+
+def test_json_labels_may_be_numbers_or_booleans(tmp_path):
+    (tmp_path / "j.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": true}\n'
+                                      '{"text": "c", "label": 2.5}\n')
+    assert [r[3] for r in classify.read_labelled(tmp_path / "j.jsonl", classify.Fields())] == ["1", "true", "2.5"]
+
+
+# --------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_three_labels_learn_and_export_their_names(tmp_path):
+    train = write_csv(tmp_path / "train.csv", 240, 0)
+    dev = write_csv(tmp_path / "dev.csv", 60, 1)
+    res = run(tmp_path, train, dev, "--epochs", "10", "--lr", "1e-3")
+    assert res["task"] == "classify" and res["kind"] == "classification"
+    assert res["labels"] == ["negative", "neutral", "positive"] and res["columns"] == {}
+    dev_m = res["metrics"]["dev"]
+    assert set(dev_m) == {"accuracy", "macro_f1"} and dev_m["accuracy"] >= 90.0, dev_m  # chance: ~33
+    assert res["score"] == pytest.approx((dev_m["accuracy"] + dev_m["macro_f1"]) / 2)
+    out = tmp_path / "ft"
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}
+    assert cfg["label2id"] == {"negative": 0, "neutral": 1, "positive": 2}
+    assert cfg["architectures"] == ["BertForSequenceClassification"]
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 60 and preds[0]["id"] == "dev.csv:2"
+    assert np.mean([p["label"] == p["prediction"] for p in preds]) * 100 == pytest.approx(dev_m["accuracy"])
+
+    # transformers reads the names: the pipeline says "positive", not LABEL_2.
+    transformers = pytest.importorskip("transformers")
+    clf = transformers.pipeline("text-classification", model=str(out / "model"))
+    assert clf("apple good river stone")[0]["label"] == "positive"
+    assert clf("apple bad river stone")[0]["label"] == "negative"
+
+
+def test_text_pair_reads_the_second_column(tmp_path):
+    """The label is the keyword of the second text; the first holds a keyword too, so the model
+    must tell the segments apart: chance unless the pair is encoded as a pair."""
+    rng = random.Random(2)
+    for split, n in (("train", 192), ("dev", 48)):
+        lines = []
+        for _ in range(n):
+            y = rng.choice(["yes", "no"])
+            lines.append(json.dumps({"a": sentence(rng, rng.choice(["good", "bad"])),
+                                     "b": sentence(rng, "good" if y == "yes" else "bad"), "y": y}))
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    res = run(tmp_path, tmp_path / "train.jsonl", tmp_path / "dev.jsonl", "--epochs", "8",
+              text_field="a", text_pair_field="b", label_field="y")
+    assert res["fields"] == {"text": "a", "text_pair": "b", "label": "y"}
+    assert res["labels"] == ["no", "yes"] and res["metrics"]["dev"]["accuracy"] >= 90.0, res["metrics"]
+
+
+def test_regression_learns(tmp_path):
+    """score = the number of "good" words (0-3); TSV with --regression."""
+    rng = random.Random(3)
+    for split, n in (("train", 256), ("dev", 64)):
+        rows = ["text\tscore"]
+        for _ in range(n):
+            k = rng.randrange(4)
+            words = rng.sample(WORDS, 6 - k) + ["good"] * k
+            rng.shuffle(words)
+            rows.append(f"{' '.join(words)}\t{k}")
+        (tmp_path / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    res = run(tmp_path, tmp_path / "train.tsv", tmp_path / "dev.tsv", "--epochs", "4", "--lr", "1e-3",
+              label_field="score", regression=True)
+    assert res["kind"] == "regression" and res["labels"] == []
+    assert set(res["metrics"]["dev"]) == {"pearson", "spearman"}
+    assert res["metrics"]["dev"]["pearson"] > 60.0, res["metrics"]  # chance: ~0
+    cfg = json.loads((tmp_path / "ft" / "model" / "config.json").read_text())
+    assert cfg["num_labels"] == 1 and cfg["problem_type"] == "regression"
+
+
+def test_defaults_by_model_size(tmp_path, capsys):
+    assert finetune_defaults(128) == (3e-4, 10) and finetune_defaults(256) == (3e-4, 10)
+    assert finetune_defaults(384)[0] == 1e-4 and finetune_defaults(768) == (2e-5, 3)
+    assert finetune_defaults(1024) == (2e-5, 3)
+    cfg = FinetuneConfig()
+    assert cfg.lr is None and cfg.epochs is None
+    given = load_finetune_config(None, ["--lr", "5e-5"])
+    resolved, note = resolve_finetune(given, 768)
+    assert (resolved.lr, resolved.epochs, given.epochs) == (5e-5, 3, None) and note.startswith("epochs 3 ")
+    assert resolve_finetune(load_finetune_config(None, ["--lr", "1e-3", "--epochs", "2"]), 64)[1] == ""
+    # The run records what it used and prints where it came from.
+    train = write_csv(tmp_path / "train.csv", 32, 0)
+    res = finetune("classify", None, _tiny_init.tiny_init(tmp_path, VOCAB), tmp_path / "ft", train_file=train,
+                   dev_file=train, overrides=["--global_batch_size", "16"])
+    assert (res["config"]["lr"], res["config"]["epochs"]) == (3e-4, 10) and res["steps"] == 20
+    assert "by model size" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# Bad inputs: one line naming the file (and line)
+
+
+def _one_line_error(fn, match: str) -> str:
+    with pytest.raises(BertgpuError, match=match) as e:
+        fn()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_bad_inputs_name_file_and_line(tmp_path):
+    fields = classify.Fields()
+    (tmp_path / "a.csv").write_text("sentence,label\nx,y\n")
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "a.csv", fields),
+                    r"a\.csv:1: no column 'text' \(found 'sentence', 'label'\); expected --text-field")
+    (tmp_path / "b.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "b.jsonl", fields),
+                    r"b\.jsonl:2: no field 'label' .*expected --label-field")
+    (tmp_path / "c.csv").write_text("text,label\nfine,x\nno label,\n")
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "c.csv", fields), r"c\.csv:3: empty label in 'label'")
+    (tmp_path / "d.jsonl").write_text('{"text": "a", "label": null}\n')
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "d.jsonl", fields), r"d\.jsonl:1: empty label")
+    (tmp_path / "e.csv").write_text("text,label\n,x\n")
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "e.csv", fields), r"e\.csv:2: empty text in 'text'")
+    (tmp_path / "f.tsv").write_text("text\tlabel\na\tb\tc\n")
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "f.tsv", fields), r"f\.tsv:2: 3 fields, expected 2")
+    (tmp_path / "g.txt").write_text("text,label\n")
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "g.txt", fields), r"g\.txt: unknown file type '\.txt'")
+    (tmp_path / "h.jsonl").write_text('["a", "b"]\n')
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "h.jsonl", fields), r"h\.jsonl:1: found a JSON list")
+
+
+def test_label_only_in_dev_and_bad_scores(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\na,pos\nb,neg\n")
+    (tmp_path / "dev.csv").write_text("text,label\na,pos\nb,neutral\n")
+    tok = None  # never reached: the files are checked before encoding
+    cfg = FinetuneConfig()
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok, cfg),
+                    r"dev\.csv:3: label 'neutral' is not in the training file \(expected one of 'neg', 'pos'\)")
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok, cfg,
+                                                  regression=True),
+                    r"train\.csv:2: label 'pos' in 'label' is not a finite number")
+
+
+def test_command_line_errors(tmp_path, capsys):
+    from bertgpu.cli import main
+
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    train = write_csv(tmp_path / "train.csv", 8, 0)
+    base = ["finetune", "classify", "--init", str(init), "--out", str(tmp_path / "ft")]
+    assert main([*base, "--train-file", str(train)]) == 2
+    assert "--dev-file is required" in capsys.readouterr().err
+    assert main([*base, "--train-file", str(train), "--dev-file", str(tmp_path / "nope.csv")]) == 2
+    assert "nope.csv: not found (--dev-file)" in capsys.readouterr().err
+    (tmp_path / "dev.csv").write_text("sentence,label\nx,y\n")
+    assert main([*base, "--train-file", str(train), "--dev-file", str(tmp_path / "dev.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "dev.csv:1: no column 'text'" in err
+    assert main(["finetune", "sst2", "--data", str(tmp_path), "--init", str(init), "--out", str(tmp_path / "o"),
+                 "--label-field", "y"]) == 2
+    assert "--label-field: only for finetune classify and ner" in capsys.readouterr().err
+    assert not (tmp_path / "ft").exists() and not (tmp_path / "ft.tmp").exists()
