@@ -1,25 +1,15 @@
-"""Memmap shard reader, deterministic rank-aware sample order, resumable cursor, masking collator.
+"""The shard set on disk: manifest validation, memmap reading, compatibility with a model.
 
 A shard set (written by `bertgpu prepare`, format in docs/ARCHITECTURE.md) is a folder of plain
-`.npy` files plus `manifest.json`. This module reads it without loading it into memory and turns
-it into the micro batches one rank needs for one optimizer step::
+`.npy` files plus `manifest.json`. This module reads it without loading it into memory::
 
-    from bertgpu.data.masking import MaskingConfig
-    from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.shards import ShardSet, check_compatible
 
     train = ShardSet("data/")                       # validates manifest.json and every shard
     check_compatible(train, vocab_size=30522, max_position_embeddings=512)
-    loader = PretrainLoader(train, MaskingConfig(mask_rate=0.15), global_batch_size=256,
-                            micro_batch_size=32, rank=rank, world_size=world, seed=1234)
-    micro_batches = loader.next_step()              # accumulation_steps dicts of torch.long tensors
-    state = loader.state_dict()                     # {"position": ..., "seed": ...}
+    rows = train.get([0, 5, 9])                     # input_ids (3, T), lengths (3,), ...
 
-Determinism (Megatron's idea, see DESIGN.md §3): the sample at global position `p` is
-`sample_order(n, seed, p // n)[p % n]`, and the mask of sample `i` in epoch `e` comes from a
-numpy Philox generator keyed on `(seed, e, i)` alone. Nothing depends on the world size, the
-micro batch size, the number of workers or restarts, so resuming at another world size continues
-with exactly the next samples and the same masks.
+The global sample order and the masks are in `masking.py`, each rank's batches in `loaders.py`.
 """
 
 from __future__ import annotations
