@@ -149,6 +149,17 @@ def test_pretraining_with_meta_equals_the_hf_style_call(case, unpad):
         torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_meta_made_without_labels_still_serves_the_mlm_head():
+    mask, labels = adversarial_batches()[4]
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**TINY)).train()
+    batch = _tiny_batch(mask, labels)
+    ref = model(**batch).loss
+    for unpad in (False, True):
+        model.configure(unpad=unpad)
+        torch.testing.assert_close(model(**batch, batch_meta=batch_meta(mask)).loss, ref, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("unpad", [False, True])
 def test_task_heads_with_meta_equal_the_hf_style_call(unpad):
     mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]])

@@ -333,8 +333,10 @@ def _labelled_rows(x: torch.Tensor, labels: torch.Tensor, meta: BatchMeta,
         rows = x.reshape(-1, x.size(-1))  # (B T, H)
         pos = meta.masked if meta.masked is not None else (flat != IGNORE_INDEX).nonzero().squeeze(1)
         return rows.index_select(0, pos), flat.index_select(0, pos)
-    assert meta.masked_rows is not None, "unpadded metadata without MLM rows"
-    return x.index_select(0, meta.masked_rows), flat.index_select(0, un.index.index_select(0, meta.masked_rows))
+    rows = meta.masked_rows
+    if rows is None:  # metadata made without the labels: find the labelled rows here (a host sync)
+        rows = (flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
+    return x.index_select(0, rows), flat.index_select(0, un.index.index_select(0, rows))
 
 
 class BertForPreTraining(BertPreTrainedModel):
