@@ -375,6 +375,17 @@ def test_masked_lm_with_meta_and_unpadding_equals_the_plain_call(layout, unpad):
         torch.testing.assert_close(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_unpadded_masked_lm_with_meta_made_without_labels():
+    """A collator may build the metadata before the labels exist: the labelled rows are found then."""
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN)).train()
+    batch = modern_batch(layouts()["right"])
+    ref = model(**batch).loss
+    model.configure(unpad=True, attention_backend="padded")
+    got = model(**batch, batch_meta=batch_meta(batch["attention_mask"])).loss
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("unpad", [False, True])
 def test_task_heads_with_meta_and_unpadding_equal_the_plain_call(unpad):
     mask = layouts()["right"]

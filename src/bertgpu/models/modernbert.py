@@ -45,11 +45,10 @@ from bertgpu.models.attention import (
     BatchMeta,
     Unpadded,
     attention,
-    batch_meta,
     choose_backend,
     pad_rows,
+    resolve_meta,
     sdpa_mask,
-    traced_meta,
     unpadded_padded_attention,
 )
 from bertgpu.models.layers import (
@@ -58,6 +57,7 @@ from bertgpu.models.layers import (
     ModelOutput,
     masked_lm_terms,
     sequence_loss_terms,
+    span_loss_terms,
     token_loss_terms,
 )
 from bertgpu.models.modernbert_config import ACTIVATIONS, LAYER_TYPES, POOLINGS, ModernBertConfig
@@ -257,22 +257,13 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.final_norm = _layer_norm(config)
         self.post_init(options)
 
-    def resolve_meta(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, given: BatchMeta | None,
-                     labels: torch.Tensor | None = None) -> BatchMeta:
-        """`given` on the inputs' device, or this batch's metadata computed here (as bert.py)."""
-        if given is not None:
-            return given.to(input_ids.device)
-        if torch.compiler.is_compiling():
-            return traced_meta(attention_mask, tuple(input_ids.shape))
-        return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
-
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                meta: BatchMeta | None = None, unpad: bool | None = None) -> tuple[torch.Tensor, Unpadded | None]:
         """Embeddings + layers + final norm: (B, T, H) and None, or, unpadded, (N_tok, H) and its
         Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is padded)."""
         c = self.config
         T = input_ids.size(1)
-        meta = self.resolve_meta(input_ids, attention_mask, meta)
+        meta = resolve_meta(input_ids, attention_mask, meta)
         masks = attention_masks(attention_mask if meta.padded else None, T, c.local_attention, input_ids.device)
         unpad = self.options.unpad if unpad is None else unpad
         un = None
@@ -347,7 +338,7 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         if next_sentence_label is not None:
             raise BertgpuError("ModernBERT has no next-sentence head: expected no next_sentence_label "
                                "(train.with_nsp false, data objective mlm)")
-        meta = self.model.resolve_meta(input_ids, attention_mask, batch_meta, labels)
+        meta = resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
         x, un = self.model.encode(input_ids, attention_mask, meta, unpad=False if labels is None else unpad)
         if labels is None:
@@ -355,8 +346,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         # Sparse head: same logits and gradients as the dense one at the labelled rows.
         flat = labels.reshape(-1)  # (B T,)
         if un is not None:
-            assert meta.masked_rows is not None, "unpadded metadata without MLM rows"
-            rows, targets = x.index_select(0, meta.masked_rows), flat.index_select(0, un.index.index_select(0, meta.masked_rows))
+            keep = meta.masked_rows  # None: metadata made without the labels, found here (a host sync)
+            keep = (flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1) if keep is None else keep
+            rows, targets = x.index_select(0, keep), flat.index_select(0, un.index.index_select(0, keep))
         else:
             pos = meta.masked if meta.masked is not None else (flat != IGNORE_INDEX).nonzero().squeeze(1)
             rows, targets = x.reshape(-1, x.size(-1)).index_select(0, pos), flat.index_select(0, pos)
@@ -432,16 +424,7 @@ class ModernBertForQuestionAnswering(_WithClassifier):
         start_logits, end_logits = self._classify(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
-            # transformers: positions outside the window are clamped to T and ignored
-            T = start_logits.size(1)
-            s = start_positions.reshape(-1).clamp(0, T)
-            e = end_positions.reshape(-1).clamp(0, T)
-            s_sum = F.cross_entropy(start_logits, s, ignore_index=T, reduction="sum")
-            e_sum = F.cross_entropy(end_logits, e, ignore_index=T, reduction="sum")
-            n_s, n_e = (s != T).sum(), (e != T).sum()
-            out.loss = (s_sum / n_s + e_sum / n_e) / 2
-            out.loss_sum = (s_sum + e_sum) / 2  # / count == loss when start and end are ignored together
-            out.count = n_s
+            out.update(span_loss_terms(start_logits, end_logits, start_positions, end_positions))
         return out
 
 
