@@ -151,3 +151,13 @@ def test_config_schema_does_not_import_torch():
     """`bertgpu --help` and the data tools read the schema; torch comes with a model only."""
     code = "import sys, bertgpu.train.config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_config_of_either_architecture_without_torch():
+    """The training config and the data tools check model fields before any model is built."""
+    code = ("import sys; from bertgpu.models.build import model_config; "
+            "assert model_config({'hidden_size': 64, 'num_attention_heads': 2}).hidden_size == 64; "
+            "assert model_config({'architecture': 'modernbert', 'hidden_size': 64, "
+            "'num_attention_heads': 2}).head_dim == 32; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

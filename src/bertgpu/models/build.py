@@ -40,12 +40,12 @@ def architecture_of(fields: dict[str, Any]) -> str:
 
 
 def config_class(architecture: str) -> type:
-    """The config dataclass of an architecture (BertConfig or ModernBertConfig)."""
+    """The config dataclass of an architecture (BertConfig or ModernBertConfig); no torch import."""
     if architecture == "modernbert":
         from bertgpu.models.modernbert_config import ModernBertConfig
 
         return ModernBertConfig
-    from bertgpu.models.bert import BertConfig
+    from bertgpu.models.bert_config import BertConfig
 
     return BertConfig
 
