@@ -29,6 +29,7 @@ import torch
 
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
+from bertgpu.models.attention import batch_meta
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
@@ -65,6 +66,8 @@ class Encoded:
             for r, i in enumerate(idx):
                 padded[r, :len(rows[i])] = rows[i]
             out[k] = torch.from_numpy(padded)
+        # The padding layout, computed here on the host so the model's forward never waits on it.
+        out["batch_meta"] = batch_meta(out["attention_mask"])
         return out
 
 
@@ -186,7 +189,7 @@ class FinetuneTask:
             for i in range(0, len(order), self.eval_batch_size):
                 idx = order[i:i + self.eval_batch_size].tolist()
                 batch = {k: v.to(self.device) for k, v in data.batch(idx, self.pad_id).items()
-                         if k in ("input_ids", "token_type_ids", "attention_mask")}
+                         if k in ("input_ids", "token_type_ids", "attention_mask", "batch_meta")}
                 with self.autocast():
                     out = self.model(**batch)
                 for k in keys:

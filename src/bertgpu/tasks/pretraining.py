@@ -78,9 +78,12 @@ class PretrainTask:
         return self.loader.next_step()  # the loader's cursor is the state; `step` agrees with it
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        # batch_meta: the loader's host-side layout (padding, unpad indices, masked rows), so the
+        # forward and backward never wait on the host.
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                    next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None)
+                    next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None,
+                    batch_meta=batch.get("batch_meta"))
         terms = {"mlm": out.mlm_loss_sum, "_mlm_correct": out.mlm_correct}
         if self.with_nsp:
             terms["nsp"] = out.nsp_loss_sum
@@ -124,7 +127,8 @@ class PretrainTask:
                 with self.autocast():
                     out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                      token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                                     next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None)
+                                     next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None,
+                                     batch_meta=batch.get("batch_meta"))
                 sums[0] += float(out.mlm_loss_sum)
                 sums[1] += float(out.mlm_count)
                 sums[2] += float(out.mlm_correct)

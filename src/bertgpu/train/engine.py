@@ -71,10 +71,13 @@ class StepResult:
 
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
+    """Tensors, and objects that move like them (the loader's `BatchMeta`), onto `device`;
+    non_blocking pays off with pinned host memory (the loader pins on CUDA)."""
     out: dict[str, Any] = {}
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.device != device:
-            # non_blocking pays off with pinned host memory (the loader pins on CUDA).
+        if isinstance(value, torch.Tensor):
+            value = value.to(device, non_blocking=True) if value.device != device else value
+        elif callable(getattr(value, "to", None)):
             value = value.to(device, non_blocking=True)
         out[key] = value
     return out
