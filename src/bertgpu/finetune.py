@@ -107,7 +107,13 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
 
     from bertgpu.models import build, hf_io
 
-    overrides = {"hidden_dropout_prob": cfg.hidden_dropout_prob} if cfg.hidden_dropout_prob is not None else None
+    overrides = None
+    if cfg.hidden_dropout_prob is not None:
+        # BERT's hidden dropout; ModernBERT calls the same places embedding and MLP dropout.
+        source = hf_io.read_config(hf_io.resolve_checkpoint_folder(config_from if init == "random" else init))
+        p = cfg.hidden_dropout_prob
+        overrides = ({"embedding_dropout": p, "mlp_dropout": p} if build.architecture_of(source) == "modernbert"
+                     else {"hidden_dropout_prob": p})
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
     if init != "random":
         model = hf_io.load_pretrained(init, head=head, num_labels=num_labels, config_overrides=overrides)
