@@ -149,6 +149,7 @@ class BudgetClock:
         if self._started_at is not None:
             self._started_at = self.time_fn()
 
+
 @dataclass(frozen=True)
 class Schedule:
     """The learning rate of a step: `peak_lr * lr_factor(progress, ...)`.
