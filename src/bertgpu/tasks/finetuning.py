@@ -18,6 +18,7 @@ and a list of evaluation sets, each with a scorer. This module turns it into wha
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
 from bertgpu.models.attention import batch_meta
@@ -47,10 +49,17 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @functools.cached_property
+    def max_len(self) -> int:
+        """Length of the longest row."""
+        return max((len(x) for x in self.ids), default=0)
+
     def batch(self, idx: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
         """Rows `idx` padded to the longest of them: input_ids, token_type_ids, attention_mask
         (B, T), the targets (B,) and the token targets (B, T), padding at IGNORE_INDEX."""
-        longest = max(len(self.ids[i]) for i in idx)
+        # Padded to a few widths (multiples of 8, then of 64, never past the longest row of the
+        # set): a compiled model then recompiles a bounded number of times.
+        longest = bucket_width(max(len(self.ids[i]) for i in idx), self.max_len)
         ids = np.full((len(idx), longest), pad_id, dtype=np.int64)
         types = np.zeros((len(idx), longest), dtype=np.int64)
         mask = np.zeros((len(idx), longest), dtype=np.int64)
