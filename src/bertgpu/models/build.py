@@ -89,46 +89,35 @@ def build_model(fields: dict[str, Any], head: str, num_labels: int | None = None
         raise BertgpuError(f"head {head!r}: expected one of {', '.join(HEADS)}")
     arch = architecture_of(fields)
     config = model_config(fields)
-    if arch == "modernbert":
-        return _modernbert(config, fields, head, num_labels, with_nsp)
-    return _bert(config, fields, head, num_labels, with_nsp, add_pooling_layer)
-
-
-def _bert(config: Any, fields: dict[str, Any], head: str, num_labels: int | None, with_nsp: bool | None,
-          add_pooling_layer: bool) -> nn.Module:
-    from bertgpu.models import bert
-
-    if head == "base":
-        return bert.BertModel(config, add_pooling_layer=add_pooling_layer)
-    if head == "pretraining":
-        return bert.BertForPreTraining(config, with_nsp=True if with_nsp is None else with_nsp)
-    if head == "masked_lm":
-        return bert.BertForPreTraining(config, with_nsp=False)
-    if head == "qa":
-        return bert.BertForQuestionAnswering(config)
-    n, id2label = labels_of(fields, num_labels)
-    if head == "classification":
-        return bert.BertForSequenceClassification(config, num_labels=n, id2label=id2label)
-    return bert.BertForTokenClassification(config, num_labels=n, id2label=id2label)
-
-
-def _modernbert(config: Any, fields: dict[str, Any], head: str, num_labels: int | None,
-                with_nsp: bool | None) -> nn.Module:
-    from bertgpu.models import modernbert as mb
-
-    if with_nsp:
+    if arch == "modernbert" and with_nsp:
         raise BertgpuError("with_nsp: ModernBERT has no next-sentence head; expected train.with_nsp "
                            "false (and MLM-only data, objective mlm) for architecture modernbert")
-    if head == "base":
-        return mb.ModernBertModel(config)
-    if head in ("pretraining", "masked_lm"):
-        return mb.ModernBertForMaskedLM(config)
-    if head == "qa":
-        return mb.ModernBertForQuestionAnswering(config)
-    n, id2label = labels_of(fields, num_labels)
-    if head == "classification":
-        return mb.ModernBertForSequenceClassification(config, num_labels=n, id2label=id2label)
-    return mb.ModernBertForTokenClassification(config, num_labels=n, id2label=id2label)
+    classes = _classes(arch)
+    if head in ("classification", "token_classification"):
+        n, id2label = labels_of(fields, num_labels)
+        return classes[head](config, num_labels=n, id2label=id2label)
+    if head == "base" and arch == "bert":
+        return classes[head](config, add_pooling_layer=add_pooling_layer)
+    if head == "pretraining" and arch == "bert":
+        return classes[head](config, with_nsp=True if with_nsp is None else with_nsp)
+    return classes[head](config)
+
+
+def _classes(architecture: str) -> dict[str, Any]:
+    """Head name -> model class of an architecture (imported here: torch only when building)."""
+    if architecture == "modernbert":
+        from bertgpu.models import modernbert as mb
+
+        return {"base": mb.ModernBertModel, "pretraining": mb.ModernBertForMaskedLM,
+                "masked_lm": mb.ModernBertForMaskedLM, "qa": mb.ModernBertForQuestionAnswering,
+                "classification": mb.ModernBertForSequenceClassification,
+                "token_classification": mb.ModernBertForTokenClassification}
+    from bertgpu.models import bert
+
+    return {"base": bert.BertModel, "pretraining": bert.BertForPreTraining,
+            "masked_lm": lambda config: bert.BertForPreTraining(config, with_nsp=False),
+            "qa": bert.BertForQuestionAnswering, "classification": bert.BertForSequenceClassification,
+            "token_classification": bert.BertForTokenClassification}
 
 
 __all__ = ["ARCHITECTURES", "HEADS", "architecture_of", "build_model", "config_class", "labels_of", "model_config"]

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -361,16 +362,28 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 class _WithClassifier(ModernBertPreTrainedModel):
     """model -> head -> drop -> classifier(out_features), the layout of the three task models."""
 
-    def __init__(self, config: ModernBertConfig, out_features: int):
+    def __init__(self, config: ModernBertConfig, out_features: int, id2label: dict[int, str] | None = None,
+                 options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
         self.drop = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, out_features)
+        self.num_labels = out_features
+        self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(out_features)}
+        self.post_init(options)
 
     def _classify(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.drop(self.head(x)))
+
+    @staticmethod
+    def _output(logits: torch.Tensor, labels: torch.Tensor | None,
+                loss_terms: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> ModelOutput:
+        out = ModelOutput(logits=logits)
+        if labels is not None:
+            out.update(loss_terms(logits, labels))
+        return out
 
 
 class ModernBertForSequenceClassification(_WithClassifier):
@@ -379,20 +392,14 @@ class ModernBertForSequenceClassification(_WithClassifier):
 
     def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
                  options: ModelOptions | None = None):
-        super().__init__(config, num_labels)
-        self.num_labels = num_labels
-        self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.post_init(options)
+        super().__init__(config, num_labels, id2label, options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x, un = self.model.encode(input_ids, attention_mask, batch_meta)  # (B, T, H) or (N_tok, H)
         logits = self._classify(self._pool(x, un, attention_mask))  # (B, num_labels)
-        out = ModelOutput(logits=logits)
-        if labels is not None:
-            out.update(sequence_loss_terms(logits, labels, self.num_labels))
-        return out
+        return self._output(logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
 
     def _pool(self, x: torch.Tensor, un: Unpadded | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, H): column 0 (each sequence's first row when unpadded), or the mean over tokens."""
@@ -413,8 +420,7 @@ class ModernBertForQuestionAnswering(_WithClassifier):
     """A start and an end logit per token; loss outputs as BertForQuestionAnswering."""
 
     def __init__(self, config: ModernBertConfig, options: ModelOptions | None = None):
-        super().__init__(config, 2)
-        self.post_init(options)
+        super().__init__(config, 2, None, options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
@@ -434,20 +440,13 @@ class ModernBertForTokenClassification(_WithClassifier):
 
     def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
                  options: ModelOptions | None = None):
-        super().__init__(config, num_labels)
-        self.num_labels = num_labels
-        self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.post_init(options)
+        super().__init__(config, num_labels, id2label, options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x = self.model(input_ids, attention_mask, batch_meta=batch_meta).last_hidden_state
-        logits = self._classify(x)  # (B, T, num_labels)
-        out = ModelOutput(logits=logits)
-        if labels is not None:
-            out.update(token_loss_terms(logits, labels))
-        return out
+        return self._output(self._classify(x), labels, token_loss_terms)  # logits (B, T, num_labels)
 
 
 __all__ = [
