@@ -362,9 +362,10 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 class _WithClassifier(ModernBertPreTrainedModel):
     """model -> head -> drop -> classifier(out_features), the layout of the three task models."""
 
-    def __init__(self, config: ModernBertConfig, out_features: int, id2label: dict[int, str] | None = None,
+    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
                  options: ModelOptions | None = None):
         super().__init__()
+        out_features = num_labels  # the classifier's outputs: labels, or start and end for QA
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
@@ -389,10 +390,6 @@ class _WithClassifier(ModernBertPreTrainedModel):
 class ModernBertForSequenceClassification(_WithClassifier):
     """Pooled (first token, or mean over real tokens) -> head -> classifier; num_labels == 1 is
     regression (MSE). Loss outputs as BertForSequenceClassification: loss, loss_sum, count."""
-
-    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
-                 options: ModelOptions | None = None):
-        super().__init__(config, num_labels, id2label, options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -437,10 +434,6 @@ class ModernBertForQuestionAnswering(_WithClassifier):
 class ModernBertForTokenClassification(_WithClassifier):
     """A label per token (NER); positions labelled IGNORE_INDEX (padding, sub-words) carry no loss.
     loss_sum / count is transformers' mean over the labelled tokens."""
-
-    def __init__(self, config: ModernBertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
-                 options: ModelOptions | None = None):
-        super().__init__(config, num_labels, id2label, options)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
