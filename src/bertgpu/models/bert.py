@@ -128,14 +128,16 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig):
+    """dense -> dropout -> + residual -> LayerNorm (post-norm, as the original BERT); the attention
+    output (in_features = H) and, as BertOutput, the feed-forward output (in_features = 4H)."""
+
+    def __init__(self, config: BertConfig, in_features: int | None = None):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        # post-LayerNorm residual, as in the original BERT
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)
 
 
@@ -159,15 +161,9 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(x))  # (B, T, intermediate_size)
 
 
-class BertOutput(nn.Module):
+class BertOutput(BertSelfOutput):
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        super().__init__(config, in_features=config.intermediate_size)
 
 
 class BertLayer(nn.Module):
