@@ -45,6 +45,7 @@ from bertgpu.models.layers import (
     Configurable,
     ModelOptions,
     ModelOutput,
+    labelled_output,
     masked_lm_terms,
     num_parameters,
     sequence_loss_terms,
@@ -387,15 +388,18 @@ class BertForPreTraining(BertPreTrainedModel):
 
 class _BertWithClassifier(BertPreTrainedModel):
     """Encoder -> dropout -> Linear(num_labels) named `classifier`, with label names for export
-    (HF's LABEL_i by default); `pooler` says whether the encoder keeps its [CLS] pooler."""
+    (HF's LABEL_i by default); `POOLER` (a constant of each subclass) says whether the encoder
+    keeps its [CLS] pooler, as in Hugging Face's layout of that head."""
 
-    def __init__(self, config: BertConfig, num_labels: int, id2label: dict[int, str] | None,
-                 options: ModelOptions | None, pooler: bool):
+    POOLER: bool = True
+
+    def __init__(self, config: BertConfig, num_labels: int = 2, id2label: dict[int, str] | None = None,
+                 options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.num_labels = num_labels
         self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
-        self.bert = BertModel(config, add_pooling_layer=pooler)
+        self.bert = BertModel(config, add_pooling_layer=self.POOLER)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
@@ -405,38 +409,25 @@ class _BertWithClassifier(BertPreTrainedModel):
 class BertForSequenceClassification(_BertWithClassifier):
     """[CLS] pooler -> dropout -> Linear(num_labels); num_labels == 1 is regression (MSE)."""
 
-    def __init__(self, config: BertConfig, num_labels: int = 2,
-                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
-        super().__init__(config, num_labels, id2label, options, pooler=True)
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, batch_meta)
         logits = self.classifier(self.dropout(self.bert.pooled(x, un)))  # (B, num_labels)
-        out = ModelOutput(logits=logits)
-        if labels is not None:
-            out.update(sequence_loss_terms(logits, labels, self.num_labels))
-        return out
+        return labelled_output(logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
 
 
 class BertForTokenClassification(_BertWithClassifier):
     """A label per token (NER, POS): encoder (no pooler) -> dropout -> Linear(num_labels), as
     HF's BertForTokenClassification; labels (B, T) with IGNORE_INDEX where not labelled."""
 
-    def __init__(self, config: BertConfig, num_labels: int = 2,
-                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
-        super().__init__(config, num_labels, id2label, options, pooler=False)
+    POOLER = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state  # (B, T, H)
-        logits = self.classifier(self.dropout(x))  # (B, T, num_labels)
-        out = ModelOutput(logits=logits)
-        if labels is not None:
-            out.update(token_loss_terms(logits, labels))
-        return out
+        return labelled_output(self.classifier(self.dropout(x)), labels, token_loss_terms)  # (B, T, num_labels)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):

@@ -10,6 +10,7 @@ Nothing in this file knows BERT's parameter names; `bert.py` and `modernbert.py`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,15 @@ def span_loss_terms(start_logits: torch.Tensor, end_logits: torch.Tensor, start_
     e_sum = F.cross_entropy(end_logits.float(), e, ignore_index=T, reduction="sum")
     n_s, n_e = (s != T).sum(), (e != T).sum()
     return {"loss": (s_sum / n_s + e_sum / n_e) / 2, "loss_sum": (s_sum + e_sum) / 2, "count": n_s}
+
+
+def labelled_output(logits: torch.Tensor, labels: torch.Tensor | None,
+                    loss_terms: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> ModelOutput:
+    """A classifier's output: its logits, and with labels the loss terms of `loss_terms`."""
+    out = ModelOutput(logits=logits)
+    if labels is not None:
+        out.update(loss_terms(logits, labels))
+    return out
 
 
 def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:

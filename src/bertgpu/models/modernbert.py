@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,6 +55,7 @@ from bertgpu.models.layers import (
     Configurable,
     ModelOptions,
     ModelOutput,
+    labelled_output,
     masked_lm_terms,
     sequence_loss_terms,
     span_loss_terms,
@@ -378,14 +378,6 @@ class _WithClassifier(ModernBertPreTrainedModel):
     def _classify(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.drop(self.head(x)))
 
-    @staticmethod
-    def _output(logits: torch.Tensor, labels: torch.Tensor | None,
-                loss_terms: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]) -> ModelOutput:
-        out = ModelOutput(logits=logits)
-        if labels is not None:
-            out.update(loss_terms(logits, labels))
-        return out
-
 
 class ModernBertForSequenceClassification(_WithClassifier):
     """Pooled (first token, or mean over real tokens) -> head -> classifier; num_labels == 1 is
@@ -396,7 +388,7 @@ class ModernBertForSequenceClassification(_WithClassifier):
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x, un = self.model.encode(input_ids, attention_mask, batch_meta)  # (B, T, H) or (N_tok, H)
         logits = self._classify(self._pool(x, un, attention_mask))  # (B, num_labels)
-        return self._output(logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
+        return labelled_output(logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
 
     def _pool(self, x: torch.Tensor, un: Unpadded | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, H): column 0 (each sequence's first row when unpadded), or the mean over tokens."""
@@ -439,7 +431,7 @@ class ModernBertForTokenClassification(_WithClassifier):
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x = self.model(input_ids, attention_mask, batch_meta=batch_meta).last_hidden_state
-        return self._output(self._classify(x), labels, token_loss_terms)  # logits (B, T, num_labels)
+        return labelled_output(self._classify(x), labels, token_loss_terms)  # logits (B, T, num_labels)
 
 
 __all__ = [
