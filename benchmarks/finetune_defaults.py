@@ -1,5 +1,5 @@
 """Fine-tuning's default learning rate and epochs by model size: the measurement behind
-`FINETUNE_DEFAULTS` in src/bertgpu/train/config.py.
+`FINETUNE_DEFAULTS` in src/bertgpu/train/finetune_config.py.
 
     python benchmarks/finetune_defaults.py --task ner --init work/run minilm --out work/ft-defaults
     python benchmarks/finetune_defaults.py --task polarity --init work/run minilm --out work/ft-defaults

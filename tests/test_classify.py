@@ -19,7 +19,7 @@ from _tiny_init import SPECIAL
 from bertgpu.errors import BertgpuError
 from bertgpu.finetune import finetune
 from bertgpu.tasks import classify, metrics
-from bertgpu.train.config import (
+from bertgpu.train.finetune_config import (
     FinetuneConfig,
     finetune_defaults,
     load_finetune_config,

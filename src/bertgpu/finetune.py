@@ -13,9 +13,9 @@ folder or any Hugging Face BERT.
     from bertgpu.finetune import finetune
     results = finetune("sst2", "glue_data", "runs/base", "ft/sst2", overrides=["--epochs", "2"])
 
-Overrides are the flat `FinetuneConfig` keys (train/config.py), `--epochs 3 --lr=2e-5`
+Overrides are the flat `FinetuneConfig` keys (train/finetune_config.py), `--epochs 3 --lr=2e-5`
 (`--help-config` lists them); `--train.epochs 3` is accepted as the same key. The lr and the
-epochs default by model size (`config.finetune_defaults`); the start-up table and results.json's
+epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and results.json's
 config say what was used.
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
@@ -53,7 +53,7 @@ from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.tasks.demo_sets import demo_tasks
 from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, own_file_fields, own_files_job, squad_job
-from bertgpu.train.config import FinetuneConfig, load_finetune_config, resolve_finetune
+from bertgpu.train.finetune_config import FinetuneConfig, load_finetune_config, resolve_finetune
 from bertgpu.train.overrides import config_to_dict, format_help
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from bertgpu.tasks.finetuning import EvalSet, Job
 
 if TYPE_CHECKING:
     from bertgpu.tasks.glue import Example
-    from bertgpu.train.config import FinetuneConfig
+    from bertgpu.train.finetune_config import FinetuneConfig
 
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 

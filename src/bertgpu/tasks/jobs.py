@@ -20,7 +20,7 @@ from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, pad_to
 if TYPE_CHECKING:
     from bertgpu.tasks.classify import Fields
     from bertgpu.tasks.glue import Example, GlueTask
-    from bertgpu.train.config import FinetuneConfig
+    from bertgpu.train.finetune_config import FinetuneConfig
 
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
 OWN_FILE_TASKS = ("classify", "ner")

@@ -42,7 +42,7 @@ from bertgpu.tasks.classify import Fields, read_rows
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job
 
 if TYPE_CHECKING:
-    from bertgpu.train.config import FinetuneConfig
+    from bertgpu.train.finetune_config import FinetuneConfig
 
 NER_FIELDS = Fields(text="tokens", label="tags")
 

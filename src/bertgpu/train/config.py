@@ -1,5 +1,5 @@
-"""The configuration schemas of pretraining and fine-tuning: schema as code, files and the
-command line only override.
+"""The pretraining configuration schema and the vocabularies of every config: schema as code,
+files and the command line only override.
 
 Every knob is a dataclass field with a default and a help text (`bertgpu pretrain --help-config`
 prints them, see `format_help`). A TOML file only overrides defaults, the command line overrides
@@ -13,9 +13,9 @@ Batch semantics: `train.global_batch_size` sequences per optimizer step is the k
 `train.micro_batch_size` is per device; accumulation = global / (micro x world) is derived by
 `resolve_batch`. The lr may be scaled from the batch it was tuned for (`scaled_lr`).
 
-`FinetuneConfig` (flat keys: `--epochs 3 --lr 2e-5`) takes its shared knobs from the pretraining
-sections with `overrides.reuse`, so each knob and its help text are declared once. The parsing
-machinery (`apply_dict`, `apply_overrides`, `dump_toml`, `format_help`) is in `overrides.py`.
+The fine-tuning schema (`finetune_config.py`) takes its shared knobs from these sections with
+`overrides.reuse`, so each knob and its help text are declared once. The parsing machinery
+(`apply_dict`, `apply_overrides`, `dump_toml`, `format_help`) is in `overrides.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
 from bertgpu.models.build import ARCHITECTURES, model_config
-from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml, reuse
+from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml
 from bertgpu.train.sinks import LoggingSection
 
 # --------------------------------------------------------------------------------------------
@@ -201,119 +201,9 @@ class PretrainConfig:
     logging: LoggingSection = option(factory=LoggingSection, help="metric sinks (W&B, MLflow, TensorBoard) and the GPU monitor")
 
 
-
-@dataclass
-class FinetuneConfig:
-    """Every knob of `bertgpu finetune` (flat keys); results.json records it resolved."""
-
-    seed: int = reuse(PretrainConfig, "seed", help="seed of the fresh head, data order and dropout (glue --seeds sets it)")
-    max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)")
-    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
-    max_query_len: int = option(64, "SQuAD: question tokens kept")
-    epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for hidden size 768+, "
-                                      "5 up to 512, 10 up to 256)")
-    global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
-    micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = global / devices)")
-    lr: float | None = reuse(OptimSection, "lr", None, "peak learning rate (none = by model size: 2e-5 for hidden "
-                                                       "size 768+, 1e-4 up to 512, 3e-4 up to 256)")
-    weight_decay: float = reuse(OptimSection, "weight_decay")
-    warmup_fraction: float = reuse(ScheduleSection, "warmup_fraction", 0.1)
-    decay: str = reuse(ScheduleSection, "decay")
-    precision: str = reuse(TrainSection, "precision")
-    grad_clip: float = reuse(TrainSection, "grad_clip")
-    optimizer: str = reuse(OptimSection, "name")
-    eval_batch_size: int = option(64, "sequences per forward pass in evaluation")
-    n_best: int = option(20, "SQuAD: start/end candidates per window")
-    max_answer_len: int = option(30, "SQuAD: longest answer in tokens")
-    null_threshold: float = option(0.0, "SQuAD v2: predict no answer when null - best span score > this")
-    max_train_examples: int | None = option(None, "use only the first N training examples (quick runs)")
-    max_eval_examples: int | None = option(None, "evaluate on the first N examples of each dev split")
-    hidden_dropout_prob: float | None = option(None, "override the model's hidden dropout (none = keep)")
-    log_every_steps: int = reuse(TrainSection, "log_every_steps")
-    device: str = reuse(TrainSection, "device")
-    budget_hours: float | None = reuse(TrainSection, "budget_hours")
-    max_nonfinite_steps: int = reuse(TrainSection, "max_nonfinite_steps")
-    checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
-                                        "write a resumable checkpoint every N steps (0 = only when preempted)")
-    checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
-    timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
-    logging: LoggingSection = reuse(PretrainConfig, "logging")
-
-
-# Fine-tuning's lr and epochs when not given, by encoder width: (largest hidden_size, lr, epochs).
-# BERT-base and -large (768, 1024): the BERT paper's setting (Devlin et al. 2019, appendix A.3:
-# lr 5e-5 / 3e-5 / 2e-5, 2-4 epochs; 2e-5 and 3 epochs is also transformers' run_glue default).
-# Small encoders move far less from a fresh head at those rates (Google's compact BERTs, Turc et
-# al. 2019, search lr up to 3e-4). Measured (benchmarks/finetune_defaults.py, its docstring): on
-# the NER fixture, 2e-5 x3 gives entity F1 9 (hidden 128) and 16 (hidden 384, all-MiniLM); 3e-4
-# x10 gives 96.5 at hidden 128, 1e-4 x5 gives 100 at hidden 384.
-FINETUNE_DEFAULTS: tuple[tuple[int, float, int], ...] = ((256, 3e-4, 10), (512, 1e-4, 5), (1 << 30, 2e-5, 3))
-
-
-def finetune_defaults(hidden_size: int) -> tuple[float, int]:
-    """(lr, epochs) for an encoder of width `hidden_size` (FINETUNE_DEFAULTS)."""
-    for widest, lr, epochs in FINETUNE_DEFAULTS:
-        if hidden_size <= widest:
-            return lr, epochs
-    raise ValueError(f"hidden_size {hidden_size}: wider than every FINETUNE_DEFAULTS row")
-
-
-def resolve_finetune(cfg: FinetuneConfig, hidden_size: int) -> tuple[FinetuneConfig, str]:
-    """A copy of `cfg` with lr and epochs chosen by model size where they are None, and a line
-    for the start-up table saying what was chosen ("" when both were given)."""
-    lr, epochs = finetune_defaults(hidden_size)
-    chosen = {k: v for k, v in (("lr", lr), ("epochs", epochs)) if getattr(cfg, k) is None}
-    if not chosen:
-        return cfg, ""
-    note = ", ".join(f"{k} {v:g}" for k, v in chosen.items())
-    return dataclasses.replace(cfg, **chosen), f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)"
-
-
-def _finetune_aliases() -> dict[str, str]:
-    # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
-    keys = list(FinetuneConfig.__dataclass_fields__)
-    return {f"{section}.{k}": k for k in keys for section in ("train", "optim", "finetune")}
-
-
-def load_finetune_config(cfg: FinetuneConfig | None = None, overrides: list[str] | None = None) -> FinetuneConfig:
-    """Defaults (or `cfg`, copied) <- command-line overrides, then range checks."""
-    import copy
-
-    cfg = copy.deepcopy(cfg) if cfg is not None else FinetuneConfig()
-    apply_overrides(cfg, list(overrides or []), "command line", _finetune_aliases())
-    return validate_finetune(cfg)
-
-
-def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
-    """Range checks; BertgpuError naming the key."""
-    def check(ok: bool, key: str, expected: str) -> None:
-        _check(ok, key, getattr(cfg, key), expected)
-
-    for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
-                "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
-        check(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in ("epochs", "max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
-        check(getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none")
-    check(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr", "a positive number or none")
-    check(cfg.weight_decay >= 0, "weight_decay", "0 or more")
-    check(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
-    check(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
-    _choice("decay", cfg.decay, DECAYS)
-    _choice("precision", cfg.precision, PRECISIONS)
-    _choice("optimizer", cfg.optimizer, OPTIMIZERS)
-    check(cfg.hidden_dropout_prob is None or 0.0 <= cfg.hidden_dropout_prob < 1.0,
-          "hidden_dropout_prob", "a number in [0, 1) or none")
-    check(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
-          "budget_hours", "a positive number of hours or none")
-    check(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
-    check(cfg.timeout_minutes > 0, "timeout_minutes", "a positive number")
-    cfg.logging.validate()
-    check(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
-          "checkpoint_every_minutes", "a positive number or none")
-    return cfg
-
 # Short command-line spellings of frequently used keys.
 PRETRAIN_ALIASES: dict[str, str] = {"data": "data.dir", "out": "out", "seed": "seed"}
+
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PretrainConfig:
     """Defaults <- TOML file (optional) <- command-line overrides, then `validate`."""
@@ -330,13 +220,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+def check(ok: bool, key: str, value: Any, expected: str) -> None:
     if not ok:
         raise BertgpuError(f"config: {key} = {value!r}: expected {expected}")
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    _check(value in choices, key, value, "one of " + ", ".join(choices))
+def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    check(value in choices, key, value, "one of " + ", ".join(choices))
 
 
 # Model fields that only one architecture reads, with what the other one calls the same knob.
@@ -356,12 +246,12 @@ def _validate_architecture(cfg: PretrainConfig) -> None:
     ModernBERT fields (checked by the model's own config, so the rules live in one place), and
     ModernBERT's lack of an NSP head."""
     m = cfg.model
-    _choice("model.architecture", m.architecture, ARCHITECTURES)
+    check_choice("model.architecture", m.architecture, ARCHITECTURES)
     other = _MODERNBERT_ONLY if m.architecture == "bert" else _BERT_ONLY
     defaults = ModelSection()
     for key, instead in other.items():
         hint = f" (for {m.architecture}: model.{instead})" if instead else ""
-        _check(getattr(m, key) == getattr(defaults, key), f"model.{key}", getattr(m, key),
+        check(getattr(m, key) == getattr(defaults, key), f"model.{key}", getattr(m, key),
                f"the default: it applies to the other architecture only{hint}")
     if m.architecture != "modernbert":
         return
@@ -369,9 +259,9 @@ def _validate_architecture(cfg: PretrainConfig) -> None:
         model_config(dataclasses.asdict(m))
     except BertgpuError as e:  # "config field X: ..." from ModernBertConfig.validate
         raise BertgpuError("config: " + str(e).replace("config field ", "model.", 1)) from None
-    _check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
+    check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
            "false or none: ModernBERT has no next-sentence head")
-    _check(cfg.data.objective != "mlm+nsp", "data.objective", cfg.data.objective,
+    check(cfg.data.objective != "mlm+nsp", "data.objective", cfg.data.objective,
            "mlm or none: ModernBERT has no next-sentence head")
 
 
@@ -380,82 +270,82 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     m, d, t, o, s, c = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.schedule, cfg.checkpoint
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-        _check(getattr(m, key) > 0, f"model.{key}", getattr(m, key), "a positive integer")
-    _check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+        check(getattr(m, key) > 0, f"model.{key}", getattr(m, key), "a positive integer")
+    check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
            f"a multiple of model.num_attention_heads ({m.num_attention_heads})")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        _check(0.0 <= getattr(m, key) < 1.0, f"model.{key}", getattr(m, key), "a number in [0, 1)")
-    _check(m.initializer_range > 0, "model.initializer_range", m.initializer_range, "a positive number")
-    _check(m.layer_norm_eps > 0, "model.layer_norm_eps", m.layer_norm_eps, "a positive number")
-    _check(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", m.pad_token_id, "an id below vocab_size")
+        check(0.0 <= getattr(m, key) < 1.0, f"model.{key}", getattr(m, key), "a number in [0, 1)")
+    check(m.initializer_range > 0, "model.initializer_range", m.initializer_range, "a positive number")
+    check(m.layer_norm_eps > 0, "model.layer_norm_eps", m.layer_norm_eps, "a positive number")
+    check(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", m.pad_token_id, "an id below vocab_size")
     _validate_architecture(cfg)
 
     if d.objective is not None:
-        _choice("data.objective", d.objective, OBJECTIVES)
-    _check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
-    _check(0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate, "a number in (0, 1)")
-    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
-    _check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
+        check_choice("data.objective", d.objective, OBJECTIVES)
+    check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
+    check(0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate, "a number in (0, 1)")
+    check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
+    check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
 
-    _check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
+    check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
     if t.budget_hours is None:
-        _check(t.max_steps > 0, "train.max_steps", t.max_steps, "a positive integer (or set train.budget_hours)")
+        check(t.max_steps > 0, "train.max_steps", t.max_steps, "a positive integer (or set train.budget_hours)")
     else:
-        _check(t.budget_hours > 0 and math.isfinite(t.budget_hours), "train.budget_hours", t.budget_hours,
+        check(t.budget_hours > 0 and math.isfinite(t.budget_hours), "train.budget_hours", t.budget_hours,
                "a positive number of hours")
-    _check(t.global_batch_size > 0, "train.global_batch_size", t.global_batch_size, "a positive integer")
+    check(t.global_batch_size > 0, "train.global_batch_size", t.global_batch_size, "a positive integer")
     if isinstance(t.micro_batch_size, str):
-        _check(t.micro_batch_size == "auto", "train.micro_batch_size", t.micro_batch_size,
+        check(t.micro_batch_size == "auto", "train.micro_batch_size", t.micro_batch_size,
                "a positive integer or auto")
     else:
-        _check(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "a positive integer")
-        _check(t.global_batch_size % t.micro_batch_size == 0, "train.global_batch_size",
+        check(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "a positive integer")
+        check(t.global_batch_size % t.micro_batch_size == 0, "train.global_batch_size",
                t.global_batch_size, f"a multiple of train.micro_batch_size ({t.micro_batch_size})")
-    _choice("train.precision", t.precision, PRECISIONS)
-    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "0 (off) or a positive number")
-    _check(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps, "1 or more")
-    _check(t.eval_every_steps >= 0, "train.eval_every_steps", t.eval_every_steps, "0 or more")
-    _check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
-    _check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
+    check_choice("train.precision", t.precision, PRECISIONS)
+    check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "0 (off) or a positive number")
+    check(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps, "1 or more")
+    check(t.eval_every_steps >= 0, "train.eval_every_steps", t.eval_every_steps, "0 or more")
+    check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
+    check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
 
-    _choice("optim.name", o.name, OPTIMIZERS)
-    _check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", o.lr, "a positive number")
-    _check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or more")
-    _check(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,
+    check_choice("optim.name", o.name, OPTIMIZERS)
+    check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", o.lr, "a positive number")
+    check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or more")
+    check(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,
            "two numbers in [0, 1), e.g. 0.9,0.999")
-    _check(o.eps > 0, "optim.eps", o.eps, "a positive number")
-    _choice("optim.lr_scaling", o.lr_scaling, LR_SCALING)
+    check(o.eps > 0, "optim.eps", o.eps, "a positive number")
+    check_choice("optim.lr_scaling", o.lr_scaling, LR_SCALING)
     if o.reference_batch_size is not None:
-        _check(o.reference_batch_size > 0, "optim.reference_batch_size", o.reference_batch_size,
+        check(o.reference_batch_size > 0, "optim.reference_batch_size", o.reference_batch_size,
                "a positive integer")
     if o.lr_scaling != "none":
-        _check(o.reference_batch_size is not None, "optim.reference_batch_size", None,
+        check(o.reference_batch_size is not None, "optim.reference_batch_size", None,
                f"the batch size optim.lr was tuned for (optim.lr_scaling is {o.lr_scaling})")
 
-    _choice("schedule.decay", s.decay, DECAYS)
+    check_choice("schedule.decay", s.decay, DECAYS)
     if s.warmup_steps is not None:
-        _check(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "0 or more")
+        check(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "0 or more")
     if s.warmup_fraction is not None:
-        _check(0.0 <= s.warmup_fraction <= 1.0, "schedule.warmup_fraction", s.warmup_fraction,
+        check(0.0 <= s.warmup_fraction <= 1.0, "schedule.warmup_fraction", s.warmup_fraction,
                "a number in [0, 1]")
     if t.budget_hours is not None and s.warmup_steps is not None and t.max_steps == 0:
-        _check(False, "schedule.warmup_steps", s.warmup_steps,
+        check(False, "schedule.warmup_steps", s.warmup_steps,
                "none in budget mode without train.max_steps (use schedule.warmup_fraction)")
-    _check(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]")
-    _check(s.power > 0, "schedule.power", s.power, "a positive number")
-    _check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction, "a number in [0, 1]")
+    check(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]")
+    check(s.power > 0, "schedule.power", s.power, "a positive number")
+    check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction, "a number in [0, 1]")
 
-    _check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "0 or more")
-    _check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")
+    check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "0 or more")
+    check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")
     if c.every_minutes is not None:
-        _check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
+        check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
 
     dist = cfg.distributed
-    _check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
-    _choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
-    _check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
-    _choice("distributed.balance", dist.balance, BALANCE_MODES)
-    _check(dist.balance_every_steps >= 1, "distributed.balance_every_steps", dist.balance_every_steps, "1 or more")
+    check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
+    check_choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
+    check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
+    check_choice("distributed.balance", dist.balance, BALANCE_MODES)
+    check(dist.balance_every_steps >= 1, "distributed.balance_every_steps", dist.balance_every_steps, "1 or more")
     cfg.logging.validate()
     return cfg
 

@@ -1,0 +1,141 @@
+"""The fine-tuning configuration: flat keys (`--epochs 3 --lr 2e-5`, `--train.epochs` accepted too),
+the shared knobs taken from the pretraining sections with `overrides.reuse` (one declaration and
+help text each), and the learning rate and epochs that default by model size.
+
+    cfg = load_finetune_config(None, ["--epochs", "2"])
+    cfg, note = resolve_finetune(cfg, hidden_size=128)   # lr / epochs filled in by model size
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from bertgpu.train.config import (
+    DECAYS,
+    OPTIMIZERS,
+    PRECISIONS,
+    CheckpointSection,
+    DistributedSection,
+    OptimSection,
+    PretrainConfig,
+    ScheduleSection,
+    TrainSection,
+    check,
+    check_choice,
+)
+from bertgpu.train.overrides import apply_overrides, option, reuse
+from bertgpu.train.sinks import LoggingSection
+
+
+@dataclass
+class FinetuneConfig:
+    """Every knob of `bertgpu finetune` (flat keys); results.json records it resolved."""
+
+    seed: int = reuse(PretrainConfig, "seed", help="seed of the fresh head, data order and dropout (glue --seeds sets it)")
+    max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)")
+    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
+    max_query_len: int = option(64, "SQuAD: question tokens kept")
+    epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for hidden size 768+, "
+                                      "5 up to 512, 10 up to 256)")
+    global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
+    micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = global / devices)")
+    lr: float | None = reuse(OptimSection, "lr", None, "peak learning rate (none = by model size: 2e-5 for hidden "
+                                                       "size 768+, 1e-4 up to 512, 3e-4 up to 256)")
+    weight_decay: float = reuse(OptimSection, "weight_decay")
+    warmup_fraction: float = reuse(ScheduleSection, "warmup_fraction", 0.1)
+    decay: str = reuse(ScheduleSection, "decay")
+    precision: str = reuse(TrainSection, "precision")
+    grad_clip: float = reuse(TrainSection, "grad_clip")
+    optimizer: str = reuse(OptimSection, "name")
+    eval_batch_size: int = option(64, "sequences per forward pass in evaluation")
+    n_best: int = option(20, "SQuAD: start/end candidates per window")
+    max_answer_len: int = option(30, "SQuAD: longest answer in tokens")
+    null_threshold: float = option(0.0, "SQuAD v2: predict no answer when null - best span score > this")
+    max_train_examples: int | None = option(None, "use only the first N training examples (quick runs)")
+    max_eval_examples: int | None = option(None, "evaluate on the first N examples of each dev split")
+    hidden_dropout_prob: float | None = option(None, "override the model's hidden dropout (none = keep)")
+    log_every_steps: int = reuse(TrainSection, "log_every_steps")
+    device: str = reuse(TrainSection, "device")
+    budget_hours: float | None = reuse(TrainSection, "budget_hours")
+    max_nonfinite_steps: int = reuse(TrainSection, "max_nonfinite_steps")
+    checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
+                                        "write a resumable checkpoint every N steps (0 = only when preempted)")
+    checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
+    timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
+    logging: LoggingSection = reuse(PretrainConfig, "logging")
+
+
+# Fine-tuning's lr and epochs when not given, by encoder width: (largest hidden_size, lr, epochs).
+# BERT-base and -large (768, 1024): the BERT paper's setting (Devlin et al. 2019, appendix A.3:
+# lr 5e-5 / 3e-5 / 2e-5, 2-4 epochs; 2e-5 and 3 epochs is also transformers' run_glue default).
+# Small encoders move far less from a fresh head at those rates (Google's compact BERTs, Turc et
+# al. 2019, search lr up to 3e-4). Measured (benchmarks/finetune_defaults.py, its docstring): on
+# the NER fixture, 2e-5 x3 gives entity F1 9 (hidden 128) and 16 (hidden 384, all-MiniLM); 3e-4
+# x10 gives 96.5 at hidden 128, 1e-4 x5 gives 100 at hidden 384.
+FINETUNE_DEFAULTS: tuple[tuple[int, float, int], ...] = ((256, 3e-4, 10), (512, 1e-4, 5), (1 << 30, 2e-5, 3))
+
+
+def finetune_defaults(hidden_size: int) -> tuple[float, int]:
+    """(lr, epochs) for an encoder of width `hidden_size` (FINETUNE_DEFAULTS)."""
+    for widest, lr, epochs in FINETUNE_DEFAULTS:
+        if hidden_size <= widest:
+            return lr, epochs
+    raise ValueError(f"hidden_size {hidden_size}: wider than every FINETUNE_DEFAULTS row")
+
+
+def resolve_finetune(cfg: FinetuneConfig, hidden_size: int) -> tuple[FinetuneConfig, str]:
+    """A copy of `cfg` with lr and epochs chosen by model size where they are None, and a line
+    for the start-up table saying what was chosen ("" when both were given)."""
+    lr, epochs = finetune_defaults(hidden_size)
+    chosen = {k: v for k, v in (("lr", lr), ("epochs", epochs)) if getattr(cfg, k) is None}
+    if not chosen:
+        return cfg, ""
+    note = ", ".join(f"{k} {v:g}" for k, v in chosen.items())
+    return dataclasses.replace(cfg, **chosen), f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)"
+
+
+def _finetune_aliases() -> dict[str, str]:
+    # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
+    keys = list(FinetuneConfig.__dataclass_fields__)
+    return {f"{section}.{k}": k for k in keys for section in ("train", "optim", "finetune")}
+
+
+def load_finetune_config(cfg: FinetuneConfig | None = None, overrides: list[str] | None = None) -> FinetuneConfig:
+    """Defaults (or `cfg`, copied) <- command-line overrides, then range checks."""
+
+    cfg = copy.deepcopy(cfg) if cfg is not None else FinetuneConfig()
+    apply_overrides(cfg, list(overrides or []), "command line", _finetune_aliases())
+    return validate_finetune(cfg)
+
+
+def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Range checks; BertgpuError naming the key."""
+    def key_is(ok: bool, key: str, expected: str) -> None:
+        check(ok, key, getattr(cfg, key), expected)
+
+    for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
+                "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
+        key_is(getattr(cfg, key) > 0, key, "a positive integer")
+    for key in ("epochs", "max_seq_len", "micro_batch_size", "max_train_examples", "max_eval_examples"):
+        key_is(getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none")
+    key_is(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr", "a positive number or none")
+    key_is(cfg.weight_decay >= 0, "weight_decay", "0 or more")
+    key_is(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
+    key_is(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
+    check_choice("decay", cfg.decay, DECAYS)
+    check_choice("precision", cfg.precision, PRECISIONS)
+    check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    key_is(cfg.hidden_dropout_prob is None or 0.0 <= cfg.hidden_dropout_prob < 1.0,
+           "hidden_dropout_prob", "a number in [0, 1) or none")
+    key_is(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
+           "budget_hours", "a positive number of hours or none")
+    key_is(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
+    key_is(cfg.timeout_minutes > 0, "timeout_minutes", "a positive number")
+    cfg.logging.validate()
+    key_is(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
+           "checkpoint_every_minutes", "a positive number or none")
+    return cfg
+
