@@ -140,5 +140,3 @@ def test_launcher_command():
     assert launcher.launcher_command(2, ["pretrain", "cfg.toml"]) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]
-    assert launcher.launcher_command(2, ["pretrain"], max_restarts=3)[4:8] == [
-        "--nproc-per-node", "2", "--max-restarts", "3"]

@@ -93,6 +93,8 @@ def test_first_attempt_only(monkeypatch):
     assert faults.active() == faults.Plan() and not faults.nonfinite(0, 4)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert faults.nonfinite(0, 4)
+    monkeypatch.setenv("BERTGPU_RESTART_COUNT", "2")  # a restart by bertgpu's own launcher
+    assert not faults.nonfinite(0, 4)
 
 
 def test_delay_sleeps_on_its_rank_only(monkeypatch):

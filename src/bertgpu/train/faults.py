@@ -18,8 +18,9 @@ Items, separated by commas (an item may be given more than once):
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
-Faults fire in a launcher's first attempt only (TORCHELASTIC_RESTART_COUNT unset or 0): a job
-that `--max-restarts` restarts then runs clean, as it would after a real one-off fault.
+Faults fire in a launcher's first attempt only (TORCHELASTIC_RESTART_COUNT and
+BERTGPU_RESTART_COUNT unset or 0): a job that `--max-restarts` restarts then runs clean, as it
+would after a real one-off fault.
 
 Every helper reads the environment variable first and returns at once when it is unset, so the
 training loop may call them at every step. The parsed plan (with its write and replace counters)
@@ -39,7 +40,7 @@ from pathlib import Path
 from bertgpu.errors import BertgpuError
 
 ENV = "BERTGPU_FAULTS"
-_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+_RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
            "slow_rank=R:SECONDS, enospc_write=N or kill_replace=N")
 
@@ -159,11 +160,12 @@ def active() -> Plan | None:
     spec = os.environ.get(ENV)
     if not spec:
         return None
-    restart = os.environ.get(_RESTART_ENV, "0")
-    key = (spec, restart)
+    # A restarted attempt, by torch's launcher or by ours (`--max-restarts`), runs clean.
+    restart = max(int(os.environ.get(v) or 0) for v in _RESTART_ENVS)
+    key = (spec, str(restart))
     plan = _plans.get(key)
     if plan is None:
-        plan = parse(spec) if restart in ("", "0") else Plan()
+        plan = parse(spec) if restart == 0 else Plan()
         _plans[key] = plan
     return plan
 

@@ -8,9 +8,14 @@ The launcher (`python -m torch.distributed.run --standalone`) runs in a session 
 that a stop signal that reaches this process (Ctrl-C in a terminal, `kill`, a scheduler's
 SIGTERM) is forwarded to the launcher's whole process group exactly once: the workers and their
 loader processes see it, write the preemption checkpoint, and this process exits 143 saying so.
-With `max_restarts`, the launcher restarts failed workers itself (each restart resumes from the
-newest checkpoint). When the job fails for good, the launcher's report is followed by one line
-naming the rank that died and of what (read from that report), and how to resume.
+
+With `max_restarts`, a failed job is started again, up to that many times, and resumes from the
+newest good checkpoint. The restart is a fresh launcher (a new rendezvous, new ports) rather than
+torch's in-place worker restart: on CPU the gloo group of a restarted attempt fails to connect
+about three times in four (torch 2.13, a plain two-rank script shows it too), a fresh launch
+does not. Each attempt sees its number in BERTGPU_RESTART_COUNT. When the job fails for good,
+the launcher's report is followed by one line naming the rank that died and of what (read from
+that report), and how to resume.
 """
 
 from __future__ import annotations
@@ -27,23 +32,42 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PREEMPTED_EXIT = 143  # 128 + SIGTERM, what schedulers and shells expect from a stopped job
 
 
-def launcher_command(nproc: int, argv: list[str], max_restarts: int = 0) -> list[str]:
+RESTART_ENV = "BERTGPU_RESTART_COUNT"
+
+
+def launcher_command(nproc: int, argv: list[str]) -> list[str]:
     """The torch elastic launcher's command line for `python -m bertgpu ARGV` on `nproc` workers."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(nproc),
-        *(["--max-restarts", str(max_restarts)] if max_restarts > 0 else []),
-        "-m", "bertgpu", *argv,
-    ]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "bertgpu", *argv]
 
 
 def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
                  resume_hint: Callable[[], str | None] | None = None) -> int:
-    """Run the launcher, pass its output through, forward stop signals; returns the exit status
-    (0, 143 when stopped by a signal, else the launcher's). The caller must strip its own
-    `--nproc` from `argv` so the children (which see WORLD_SIZE) do not launch again."""
+    """Run the launcher (again after a failure, up to `max_restarts` times), pass its output
+    through, forward stop signals; returns the exit status (0, 143 when stopped by a signal, else
+    the launcher's). The caller must strip its own `--nproc` from `argv` so the children (which
+    see WORLD_SIZE) do not launch again."""
     name = f"bertgpu {argv[0]}" if argv else "bertgpu"
-    proc = subprocess.Popen(launcher_command(nproc, argv, max_restarts), stderr=subprocess.PIPE,
+    for attempt in range(max_restarts + 1):
+        rc, tail, received = _launch_once(nproc, argv, attempt)
+        if rc == 0:
+            return 0
+        hint = (resume_hint() if resume_hint else None) or "re-running the same command resumes from its newest checkpoint"
+        if received:
+            print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
+        if attempt < max_restarts:
+            print(f"{name}: {describe_failure(tail)}; restart {attempt + 1} of {max_restarts}: "
+                  f"{hint.replace('re-running the same command resumes', 'resuming')}", file=sys.stderr, flush=True)
+            continue
+        print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
+    return rc
+
+
+def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
+    """One launcher run: (exit status, last lines of its stderr, stop signals received)."""
+    env = {**os.environ, RESTART_ENV: str(attempt)}
+    proc = subprocess.Popen(launcher_command(nproc, argv), stderr=subprocess.PIPE, env=env,
                             start_new_session=True, text=True, errors="replace", bufsize=1)
     received: list[int] = []
 
@@ -66,14 +90,7 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if rc == 0:
-        return 0
-    hint = (resume_hint() if resume_hint else None) or "re-running the same command resumes from its newest checkpoint"
-    if received:
-        print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}", file=sys.stderr, flush=True)
-        return PREEMPTED_EXIT
-    print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
-    return rc
+    return rc, tail, received
 
 
 def _pass_through(stream: Iterable[str], keep: int = 400) -> list[str]:
