@@ -20,3 +20,13 @@ def tiny_batch(seed: int = 0, B: int = 3, T: int = 11) -> dict[str, torch.Tensor
     labels = torch.where(pick, torch.randint(5, 99, (B, T), generator=g), torch.full((B, T), -100))
     return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                 labels=labels, next_sentence_label=torch.randint(0, 2, (B,), generator=g))
+
+
+def perturb(model):
+    """Random values everywhere (biases and norms too, not just the initialisation), so that a
+    swapped, missing or zero tensor shows in a comparison with another implementation."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model

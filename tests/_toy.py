@@ -62,3 +62,14 @@ def split(batch, k: int) -> list[dict[str, torch.Tensor]]:
     """k equal micro batches of `batch`, in order."""
     n = batch["input_ids"].shape[0] // k
     return [rows(batch, i * n, (i + 1) * n) for i in range(k)]
+
+
+def cpu_fp16_available() -> bool:
+    """Whether this torch has fp16 autocast and a GradScaler on the CPU (fp16 tests run there)."""
+    try:
+        torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        return True
+    except Exception:
+        return False

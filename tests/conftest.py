@@ -14,3 +14,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_faults(monkeypatch):
+    """No fault injection from the environment, and fresh fault counters (train/faults.py)."""
+    from bertgpu.train import faults
+
+    for name in (faults.ENV, "TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    faults.reset()
+    yield
+    faults.reset()

@@ -225,26 +225,22 @@ def _one_line_error(fn, match: str) -> str:
     return str(e.value)
 
 
-def test_bad_inputs_name_file_and_line(tmp_path):
-    fields = classify.Fields()
-    (tmp_path / "a.csv").write_text("sentence,label\nx,y\n")
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "a.csv", fields),
-                    r"a\.csv:1: no column 'text' \(found 'sentence', 'label'\); expected --text-field")
-    (tmp_path / "b.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "b.jsonl", fields),
-                    r"b\.jsonl:2: no field 'label' .*expected --label-field")
-    (tmp_path / "c.csv").write_text("text,label\nfine,x\nno label,\n")
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "c.csv", fields), r"c\.csv:3: empty label in 'label'")
-    (tmp_path / "d.jsonl").write_text('{"text": "a", "label": null}\n')
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "d.jsonl", fields), r"d\.jsonl:1: empty label")
-    (tmp_path / "e.csv").write_text("text,label\n,x\n")
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "e.csv", fields), r"e\.csv:2: empty text in 'text'")
-    (tmp_path / "f.tsv").write_text("text\tlabel\na\tb\tc\n")
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "f.tsv", fields), r"f\.tsv:2: 3 fields, expected 2")
-    (tmp_path / "g.txt").write_text("text,label\n")
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "g.txt", fields), r"g\.txt: unknown file type '\.txt'")
-    (tmp_path / "h.jsonl").write_text('["a", "b"]\n')
-    _one_line_error(lambda: classify.read_labelled(tmp_path / "h.jsonl", fields), r"h\.jsonl:1: found a JSON list")
+BAD_FILES = [  # (file, content, the one-line error)
+    ("a.csv", "sentence,label\nx,y\n", r"a\.csv:1: no column 'text' \(found 'sentence', 'label'\); expected --text-field"),
+    ("b.jsonl", '{"text": "a", "label": "x"}\n{"text": "b"}\n', r"b\.jsonl:2: no field 'label' .*expected --label-field"),
+    ("c.csv", "text,label\nfine,x\nno label,\n", r"c\.csv:3: empty label in 'label'"),
+    ("d.jsonl", '{"text": "a", "label": null}\n', r"d\.jsonl:1: empty label"),
+    ("e.csv", "text,label\n,x\n", r"e\.csv:2: empty text in 'text'"),
+    ("f.tsv", "text\tlabel\na\tb\tc\n", r"f\.tsv:2: 3 fields, expected 2"),
+    ("g.txt", "text,label\n", r"g\.txt: unknown file type '\.txt'"),
+    ("h.jsonl", '["a", "b"]\n', r"h\.jsonl:1: found a JSON list"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "error"), BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_inputs_name_file_and_line(tmp_path, name, content, error):
+    (tmp_path / name).write_text(content)
+    _one_line_error(lambda: classify.read_labelled(tmp_path / name, classify.Fields()), error)
 
 
 def test_label_only_in_dev_and_bad_scores(tmp_path):

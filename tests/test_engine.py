@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
+from _toy import ToyPretrain, count_fn, cpu_fp16_available, loss_fn, make_batch, split
 
 from bertgpu.train.engine import Engine, TrainingDiverged
 
@@ -104,17 +104,7 @@ def test_nan_gradient_is_skipped():
     assert torch.equal(model.mlm.weight, w) and engine.nonfinite_in_row == 1
 
 
-def _cpu_scaler_available() -> bool:
-    try:
-        torch.amp.GradScaler("cpu")
-        with torch.autocast("cpu", dtype=torch.float16):
-            torch.ones(2, 2) @ torch.ones(2, 2)
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _cpu_scaler_available(), reason="this torch has no CPU fp16 autocast/GradScaler")
+@pytest.mark.skipif(not cpu_fp16_available(), reason="this torch has no CPU fp16 autocast/GradScaler")
 def test_fp16_clips_after_unscale():
     torch.manual_seed(0)
     model = ToyPretrain()

@@ -27,13 +27,7 @@ EXTRA = {"config.toml": "seed = 1\n", "config.json": "{}\n"}
 WRITES = ["model.safetensors", "train_state.pt", "config.toml", "config.json", "checksums.json", "COMPLETE"]
 
 
-@pytest.fixture(autouse=True)
-def no_faults(monkeypatch):
-    monkeypatch.delenv(faults.ENV, raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    faults.reset()
-    yield
-    faults.reset()
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def model_state(n: int = 300, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from _e2e import ROOT, STEPS, args, assert_bitwise_equal, bertgpu, final_weights
 from _shards import write_synthetic_shards
+from _toy import cpu_fp16_available
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_compression_hook_recovers_from_one_nonfinite_step(shards, tmp_path, hoo
 def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
     from bertgpu.train.engine import Engine
 
-    precision = "fp16" if _cpu_fp16() else "bf16"
+    precision = "fp16" if cpu_fp16_available() else "bf16"
     run = tmp_path / "run"
     failed = bertgpu(args(shards, run, "--train.precision", precision, "--train.max_nonfinite_steps", "3"),
                      faults="nonfinite_rank=0@step=3-")
@@ -153,16 +153,6 @@ def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
     line = last_line(failed.stderr)
     assert "training diverged: 3 steps in a row with non-finite loss or gradients" in line, line
     assert "resume from the last checkpoint" in line and Engine is not None
-
-
-def _cpu_fp16() -> bool:
-    try:
-        torch.amp.GradScaler("cpu")
-        with torch.autocast("cpu", dtype=torch.float16):
-            torch.ones(2, 2) @ torch.ones(2, 2)
-        return True
-    except Exception:
-        return False
 
 
 @pytest.mark.timeout(300)

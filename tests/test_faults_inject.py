@@ -15,14 +15,7 @@ from bertgpu.errors import BertgpuError
 from bertgpu.train import faults
 from bertgpu.train.faults import Trigger
 
-
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch):
-    monkeypatch.delenv(faults.ENV, raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    faults.reset()
-    yield
-    faults.reset()
+pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def test_parse_the_documented_example():

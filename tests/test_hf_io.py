@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from _tiny import TINY, tiny_batch  # noqa: E402
+from _tiny import TINY, perturb, tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN
 from safetensors.torch import load_file, save_file
 
@@ -40,15 +40,6 @@ def inputs(b):
 def assert_grads_match(ours, hf):
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name)
-
-
-def perturb(model):
-    """Random values everywhere (not just the HF init) so that a swapped or zero tensor shows."""
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
 
 
 def hf_model(cls, attn="eager", **kw):

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from _tiny import tiny_batch  # noqa: E402
+from _tiny import perturb, tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN, TINY_MODERN_BIASED
 
 from bertgpu.errors import BertgpuError
@@ -31,15 +31,6 @@ from bertgpu.models.rope import apply_rope, cos_sin, sliding_window_mask
 transformers = pytest.importorskip("transformers")
 
 CONFIGS = {"plain": TINY_MODERN, "biased": TINY_MODERN_BIASED}
-
-
-def perturb(model):
-    """Random values everywhere (biases and norms too, not just the init) so a swap shows."""
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
 
 
 def hf_pair(ours_cls, hf_cls, attn="sdpa", cfg=TINY_MODERN, hf_kw=None, **kw):
