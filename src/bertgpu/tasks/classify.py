@@ -35,6 +35,7 @@ import numpy as np
 
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.finetuning import EvalSet, Job
+from bertgpu.tasks.glue_files import json_lines
 
 if TYPE_CHECKING:
     from bertgpu.tasks.glue import Example
@@ -115,15 +116,7 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
 
 
 def _jsonl_rows(path: Path, f: Any, columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for n, line in enumerate(f, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BertgpuError(f"{path}:{n}: not JSON ({e.msg}); expected one JSON object per line") from None
-        if not isinstance(obj, dict):
-            raise BertgpuError(f"{path}:{n}: found a JSON {type(obj).__name__}, expected an object per line")
+    for n, obj in json_lines(path, f):
         for name, flag in columns.items():
             if name not in obj:
                 raise _missing(path, n, "field", name, flag, list(obj))

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,21 @@ def _chain_first(first: list[str], rest: Iterator[list[str]]) -> Iterator[list[s
     yield from rest
 
 
+def json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSON-lines file, blank lines skipped; a line that is not one
+    JSON object is a one-line error naming the file and line."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BertgpuError(f"{path}:{n}: not JSON ({e.msg}); expected one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise BertgpuError(f"{path}:{n}: found a JSON {type(obj).__name__}, expected an object per line")
+        yield n, obj
+
+
 def _hf_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(location, record) pairs of a Hugging Face export; location is "row N" or "line N"."""
     suffix = path.suffix.lower()
@@ -203,13 +218,7 @@ def _hf_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             for i, rec in enumerate(items):
                 yield f"item {i}", rec
             return
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BertgpuError(f"{path}: line {n}: invalid JSON ({e.msg})") from None
+        for n, rec in json_lines(path, text.splitlines()):
             yield f"line {n}", rec
 
 
