@@ -231,13 +231,7 @@ def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None
 
 
 def _read_config(folder: Path) -> dict:
-    path = folder / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BertgpuError(f"{path}: not valid JSON ({exc}); expected a tokenizer config") from None
+    return _read_json_or_empty(folder / "tokenizer_config.json", "; expected a tokenizer config")
 
 
 def _special_strings(folder: Path) -> dict[str, str]:
@@ -253,13 +247,14 @@ def _special_strings(folder: Path) -> dict[str, str]:
     return {key: names[attr] for key, attr in _SPECIAL_KEYS.items()}
 
 
-def _read_json_or_empty(path: Path) -> dict:
+def _read_json_or_empty(path: Path, expected: str = "") -> dict:
+    """The JSON object in `path`, {} when there is no such file."""
     if not path.is_file():
         return {}
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BertgpuError(f"{path}: not valid JSON ({exc})") from None
+        raise BertgpuError(f"{path}: not valid JSON ({exc}){expected}") from None
 
 
 def _check_folder(folder: Path) -> None:

@@ -89,20 +89,26 @@ class _BadValue(ValueError):
     pass
 
 
+def _first_that_converts(types_: tuple[Any, ...], convert: Any, value: Any) -> Any:
+    """`convert(value, tp)` for the first member of a union that takes it (int before str for
+    int | str, as written); _BadValue when none does."""
+    for tp in types_:
+        if tp is type(None):
+            continue
+        try:
+            return convert(value, tp)
+        except _BadValue:
+            continue
+    raise _BadValue(value)
+
+
 def _parse_text(text: str, tp: Any) -> Any:
     """Command-line text -> a value of type `tp`."""
     args = _union_args(tp)
     if args is not None:
         if type(None) in args and text.strip().lower() in ("none", "null"):
             return None
-        for a in args:  # first type that parses wins (int before str for int | str)
-            if a is type(None):
-                continue
-            try:
-                return _parse_text(text, a)
-            except _BadValue:
-                continue
-        raise _BadValue(text)
+        return _first_that_converts(args, _parse_text, text)
     if typing.get_origin(tp) is tuple:
         inner = typing.get_args(tp)
         parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
@@ -141,14 +147,7 @@ def _coerce(value: Any, tp: Any) -> Any:
         return _parse_text(value, tp)
     args = _union_args(tp)
     if args is not None:
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a)
-            except _BadValue:
-                continue
-        raise _BadValue(value)
+        return _first_that_converts(args, _coerce, value)
     if typing.get_origin(tp) is tuple:
         if not isinstance(value, (list, tuple)):
             raise _BadValue(value)
