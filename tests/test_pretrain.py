@@ -19,6 +19,10 @@ from bertgpu.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
 
+# In-process runs of a tiny model: one intra-op thread (on a busy 2-core machine spinning threads
+# make each step seconds slower); the subprocesses below get OMP_NUM_THREADS=1 for the same reason.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
@@ -58,7 +62,7 @@ def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) ->
 
     # The same run in a subprocess, killed with SIGKILL right after some checkpoint appears.
     run = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", steps,
                                                     "--checkpoint.every_steps", "8")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,7 +83,7 @@ def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) ->
 
 def test_sigterm_writes_a_checkpoint_before_exiting(shards: Path, tmp_path: Path) -> None:
     run = tmp_path / "preempted"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", "100000",
                                                     "--checkpoint.every_steps", "0")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
