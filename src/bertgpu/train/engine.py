@@ -179,35 +179,50 @@ class Engine:
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         t0 = time.perf_counter()
-        world = distributed.get_world_size()
+        totals, signals_out = self._global_counts(micro_batches, count_fn, signals or {})
+        divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
+        term_sums, extras = self._accumulate(micro_batches, loss_fn, divisors)
+        grad_norm_t = self._unscale_and_clip()
+        losses, extras_out, any_bad = self._reduce_terms(sorted(totals), term_sums, extras, grad_norm_t, divisors)
+        total_loss, grad_norm = float(sum(losses.values())), float(grad_norm_t)
+        lr = self.current_lr()
+        self.step += 1
+        if any_bad:
+            self._skip(total_loss, grad_norm, lr)
+        else:
+            self._update(lr)
+        return StepResult(loss=total_loss, losses=losses, grad_norm=grad_norm, lr=lr, skipped=any_bad,
+                          counts={k: int(round(v)) for k, v in totals.items()},
+                          step_s=time.perf_counter() - t0, micro_batches=len(micro_batches),
+                          extras=extras_out, step=self.step, signals=signals_out)
 
-        # 1. Global counts, before any backward (one all-reduce of a small float64 vector).
-        local_counts: dict[str, float] = {}
+    def _global_counts(self, micro_batches: Sequence[Batch], count_fn: CountFn, signals: Mapping[str, float]
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+        """Counts of all micro batches on all ranks, and the signals summed over ranks: one
+        all-reduce of a small float64 vector, before any backward."""
+        local: dict[str, float] = {}
         for mb in micro_batches:
             for key, value in count_fn(mb).items():
-                local_counts[key] = local_counts.get(key, 0.0) + float(value)
-        keys = sorted(local_counts)
-        signal_keys = sorted(signals or {})
-        counts_t = torch.tensor([local_counts[k] for k in keys] + [float(signals[k]) for k in signal_keys],
-                                dtype=torch.float64)
-        summed = distributed.all_reduce_sum(counts_t.to(distributed.collective_device())).tolist()
-        totals = {k: float(c) for k, c in zip(keys, summed[: len(keys)], strict=True)}
-        signals_out = {k: float(v) for k, v in zip(signal_keys, summed[len(keys):], strict=True)}
-        divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
-        loss_scale = float(world) if self.ddp else 1.0
+                local[key] = local.get(key, 0.0) + float(value)
+        keys, signal_keys = sorted(local), sorted(signals)
+        vector = torch.tensor([local[k] for k in keys] + [float(signals[k]) for k in signal_keys], dtype=torch.float64)
+        summed = distributed.all_reduce_sum(vector.to(distributed.collective_device())).tolist()
+        return (dict(zip(keys, summed[: len(keys)], strict=True)),
+                dict(zip(signal_keys, summed[len(keys):], strict=True)))
 
-        # 2. Accumulate gradients; DDP all-reduces only on the last micro batch.
+    def _accumulate(self, micro_batches: Sequence[Batch], loss_fn: LossFn, divisors: Mapping[str, float]
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Forward and backward of every micro batch, each weighted by the step's global counts;
+        DDP all-reduces on the last micro batch only. Returns this rank's summed loss terms and
+        extra sums (detached)."""
         self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
+        loss_scale = float(distributed.get_world_size()) if self.ddp else 1.0  # DDP averages; we want sums
         term_sums: dict[str, torch.Tensor] = {}
         extras: dict[str, torch.Tensor] = {}
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
-            sync_ctx = (
-                self.model.no_sync()  # type: ignore[operator]
-                if self.ddp and i < n - 1
-                else contextlib.nullcontext()
-            )
-            with sync_ctx:  # covers forward too: DDP reads the sync flag in forward
+            sync = self.model.no_sync() if self.ddp and i < n - 1 else contextlib.nullcontext()  # type: ignore[operator]
+            with sync:  # covers forward too: DDP reads the sync flag in forward
                 batch = _to_device(mb, self.device)
                 with self.autocast():
                     out = loss_fn(self.model, batch)
@@ -222,78 +237,57 @@ class Engine:
                     loss = loss + value32 / divisors[key]
                     term_sums[key] = term_sums.get(key, 0.0) + value32.detach()
                 scaled = loss * loss_scale
-                if self.scaler is not None:
-                    scaled = self.scaler.scale(scaled)
-                scaled.backward()
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             self.micro_step += 1
+        return term_sums, extras
 
-        # 3. Unscale, then measure/clip the true gradient norm (clipping a scaled gradient
-        #    would compare the threshold against a norm multiplied by the loss scale).
+    def _unscale_and_clip(self) -> torch.Tensor:
+        """Unscale (fp16), then measure and clip the true gradient norm: clipping a scaled
+        gradient would compare the threshold against a norm multiplied by the loss scale."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else math.inf
         params = [p for p in self._params() if p.grad is not None]
-        grad_norm_t = (
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
-            if params
-            else torch.zeros((), device=self.device)
-        )
+        if not params:
+            return torch.zeros((), device=self.device)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
-        # 4. One all-reduce for the loss terms, extras and non-finite flags: summing a flag is OR.
-        # Pack by the count keys (the same on every rank), not by what this rank's loss_fn
-        # happened to return, so every rank all-reduces a vector of the same length.
+    def _reduce_terms(self, keys: list[str], term_sums: Mapping[str, torch.Tensor],
+                      extras: Mapping[str, torch.Tensor], grad_norm: torch.Tensor,
+                      divisors: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float], bool]:
+        """One all-reduce for the loss terms, the extras and the non-finite flags (summing a flag
+        is OR) and the step's one host sync: (normalised losses, extra sums, any rank bad). Packed
+        by the count keys (the same on every rank), not by what this rank's loss_fn happened to
+        return, so every rank all-reduces a vector of the same length."""
         zero = torch.zeros((), device=self.device)
-        term_sums = {k: term_sums.get(k, zero) for k in keys}
-        term_keys = keys
+        terms = [torch.as_tensor(term_sums.get(k, zero), device=self.device).reshape(()) for k in keys]
         extra_keys = sorted(extras)
-        local_loss = sum((term_sums[k] for k in term_keys), zero)
-        loss_bad = (~torch.isfinite(local_loss)).float()
-        grad_bad = (~torch.isfinite(grad_norm_t.float())).float()
+        local_loss = sum(terms, zero)
         packed = torch.stack(
-            [torch.as_tensor(term_sums[k], device=self.device).reshape(()).double() for k in term_keys]
+            [x.double() for x in terms]
             + [torch.as_tensor(extras[k], device=self.device).reshape(()).double() for k in extra_keys]
-            + [loss_bad.double(), grad_bad.double()]
+            + [(~torch.isfinite(local_loss)).double(), (~torch.isfinite(grad_norm.float())).double()]
         ).to(distributed.collective_device())
-        packed = distributed.all_reduce_sum(packed).tolist()  # one host sync per step
-        nt, ne = len(term_keys), len(extra_keys)
-        losses = {k: packed[i] / divisors[k] for i, k in enumerate(term_keys)}
-        extras_out = {k: packed[nt + i] for i, k in enumerate(extra_keys)}
-        any_loss_bad, any_grad_bad = packed[nt + ne] > 0, packed[nt + ne + 1] > 0
-        total_loss = float(sum(losses.values()))
-        grad_norm = float(grad_norm_t)
+        values = distributed.all_reduce_sum(packed).tolist()
+        nt, ne = len(keys), len(extra_keys)
+        losses = {k: values[i] / divisors[k] for i, k in enumerate(keys)}
+        extras_out = {k: values[nt + i] for i, k in enumerate(extra_keys)}
+        return losses, extras_out, values[nt + ne] > 0 or values[nt + ne + 1] > 0
 
-        lr = self.current_lr()
-        self.step += 1
-        skipped = any_loss_bad or any_grad_bad
-        if skipped:
-            self._skip(total_loss, grad_norm, lr)
+    def _update(self, lr: float) -> None:
+        """Apply the step with learning rate `lr` (through the fp16 scaler when there is one)."""
+        self.nonfinite_in_row = 0
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scaler.get_scale() != scale and self.on_numerics_reset is not None:
+                self.on_numerics_reset()  # a hook's stored error is in the old scale's units
         else:
-            self.nonfinite_in_row = 0
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            if self.scaler is not None:
-                scale = self.scaler.get_scale()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                if self.scaler.get_scale() != scale and self.on_numerics_reset is not None:
-                    self.on_numerics_reset()  # a hook's stored error is in the old scale's units
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
-
-        return StepResult(
-            loss=total_loss,
-            losses=losses,
-            grad_norm=grad_norm,
-            lr=lr,
-            skipped=skipped,
-            counts={k: int(round(v)) for k, v in totals.items()},
-            step_s=time.perf_counter() - t0,
-            micro_batches=n,
-            extras=extras_out,
-            step=self.step,
-            signals=signals_out,
-        )
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
 
     def _skip(self, loss: float, grad_norm: float, lr: float) -> None:
         """One policy for every non-finite step, whatever its cause (loss or gradients, fp16 or
