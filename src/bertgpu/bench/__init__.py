@@ -2,6 +2,7 @@
 
     bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU, memory
     bertgpu bench scaling [options]   # the same short training at 1..N workers, aggregation 1 vs k
+    bertgpu bench quality [options]   # recipes under one budget: held-out loss, fine-tuning vs random init
 
 Results are printed as a table and appended to a JSONL file so runs accumulate.
 """
@@ -14,6 +15,8 @@ import importlib
 SUITES = {
     "model": ("bertgpu.bench.model", "forward/backward/optimizer time, tokens/s, MFU, peak memory vs transformers"),
     "scaling": ("bertgpu.bench.scaling", "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k"),
+    "quality": ("bertgpu.bench.quality", "held-out MLM loss and fine-tuned scores per recipe under one "
+                "budget, vs a random-init twin"),
 }
 
 

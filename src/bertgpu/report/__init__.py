@@ -12,14 +12,18 @@ Each PATH is one of (recognised in this order):
   utilisation, power and clock plots and a per-GPU table (throttling included); with per-rank
   compute times in the train records (``rank_compute_s``), a per-rank step-time plot;
 - a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``): its rows as a table, and
-  tokens/s per configuration, or tokens/s against workers with the ideal linear line.
+  tokens/s per configuration, or tokens/s against workers with the ideal linear line;
+- a quality benchmark file (``quality.jsonl`` from ``bertgpu bench quality``): per recipe the
+  pretraining numbers and held-out MLM loss, pretrained vs random init downstream (median and
+  seed spread), the GPU projection, and validation loss against wall-clock and tokens.
 
 ``OUT/README.md`` holds the report, ``OUT/index.html`` the same as one self-contained page, and the
 plots are PNG files next to them. OUT is written as ``OUT.tmp`` and renamed into place, replacing
 an existing report. Missing keys and null (NaN) values are skipped, never plotted as zeros.
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
-bench), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``render`` (markdown, HTML).
+bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers),
+``render`` (markdown, HTML).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.report.inputs import Source, load_source, pretrain_summary
+from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
 from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
 from bertgpu.report.system import system_section
@@ -96,6 +101,8 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
             blocks += finetune_section(by_kind["finetune"], tmp)
         for i, s in enumerate(s for s in sources if s.kind == "bench"):
             blocks += bench_section(s, tmp, i)
+        for i, s in enumerate(s for s in sources if s.kind == "quality"):
+            blocks += quality_blocks(s.data, tmp, f"quality{i}")
         if fmt in ("md", "both"):
             (tmp / "README.md").write_text(render_markdown(blocks), encoding="utf-8")
         if fmt in ("html", "both"):

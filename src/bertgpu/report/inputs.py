@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.report.quality import is_quality
 
 
 @dataclass
 class Source:
-    """One input of the report: ``kind`` is "pretrain", "finetune", "glue" or "bench"."""
+    """One input of the report: ``kind`` is "pretrain", "finetune", "glue", "bench" or "quality"."""
 
     kind: str
     name: str
@@ -62,6 +63,7 @@ def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_bench(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a bench result file, as written (nested values kept)."""
     rows = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         if not line.strip():
@@ -72,7 +74,7 @@ def _read_bench(path: Path) -> list[dict[str, Any]]:
             raise BertgpuError(f"{path}:{i + 1}: found {line[:60]!r}, expected one JSON object "
                                "per line") from None
         if isinstance(row, dict):
-            rows.append(_flatten(row))
+            rows.append(row)
     if not rows:
         raise BertgpuError(f"{path}: no result rows; expected a JSONL file from bertgpu bench")
     return rows
@@ -102,7 +104,10 @@ def load_source(path: Path | str) -> Source:
         if path.name in ("glue_results.json", "results.json"):
             return load_source(path.parent)
         if path.suffix == ".jsonl":
-            return Source("bench", path.stem, path, _read_bench(path))
+            rows = _read_bench(path)
+            if is_quality(rows):  # bench quality: nested rows (curves), rendered by report/quality.py
+                return Source("quality", path.stem, path, rows)
+            return Source("bench", path.stem, path, [_flatten(r) for r in rows])
     else:
         if (path / "glue_results.json").is_file():
             return Source("glue", path.name, path, _read_json(path / "glue_results.json"))
