@@ -108,6 +108,29 @@ def test_budget_stops_the_run_and_is_saved(tmp_path):
     assert state["budget"]["elapsed_s"] >= 1e-9 * 3600
 
 
+@pytest.mark.timeout(60)
+def test_budget_counts_the_time_spent_inside_steps(tmp_path, monkeypatch):
+    """Every step's compute counts against the budget: with 0.2 s of work inside each step's loss
+    (between rank 0's clock read and the all-reduce that agrees on it) a 1.2 s budget stops the
+    run after about 6 steps, and the stored elapsed time is the time the steps took."""
+    import time as time_mod
+
+    lp, task, _ = make_loop(tmp_path / "run", max_steps=0, budget_hours=1.2 / 3600)
+
+    def slow_loss(model, batch):  # two micro batches per step: 0.2 s per step
+        time_mod.sleep(0.1)
+        return loss_fn(model, batch)
+
+    monkeypatch.setattr(task, "loss", slow_loss)
+    t0 = time_mod.monotonic()
+    res = lp.run()
+    wall = time_mod.monotonic() - t0
+    assert res.stop_reason == "budget"
+    assert 5 <= res.step <= 7, res.step
+    state = torch.load(tmp_path / "run" / "checkpoints" / f"step_{res.step}" / "train_state.pt", weights_only=True)
+    assert 1.2 <= state["budget"]["elapsed_s"] <= wall
+
+
 def test_budget_warmup_counts_steps_not_clock():
     """Budget mode: warmup_steps ramps over optimizer steps while the decay follows the clock; in
     step mode warmup_steps is the same as warmup_steps / max_steps of progress."""

@@ -132,10 +132,10 @@ class BudgetClock:
         return self.elapsed_s
 
     def agree(self, elapsed_s: float) -> None:
-        """Take the agreed elapsed time (rank 0's, received with the step's all-reduce)."""
+        """Take the agreed elapsed time (rank 0's `local_elapsed()`, received with the step's
+        all-reduce). The clock keeps counting from the moment rank 0 read it: the step between
+        the read and the agreement is training time too."""
         self.elapsed_s = float(elapsed_s)
-        if self._started_at is not None:
-            self._started_at = self.time_fn()
 
     def expired_agreed(self) -> bool:
         """True once the agreed elapsed time has used up the budget (no collective)."""
