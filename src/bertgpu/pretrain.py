@@ -120,14 +120,12 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
 
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     """The training loop of a pretraining run, resumed from its newest checkpoint if any."""
-    import torch
 
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
-    from bertgpu.models.build import build_model, model_config
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import config as config_mod
-    from bertgpu.train import flops, loop, overrides, setup
+    from bertgpu.train import loop, overrides, setup
 
     if not cfg.out:
         raise BertgpuError("config: out is not set; give --out RUN_DIR")
@@ -145,18 +143,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     peak_lr = config_mod.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    model_cfg = model_config(model_fields)  # BertConfig or ModernBertConfig (model.architecture)
-    model = build_model(model_fields, "pretraining", with_nsp=data.with_nsp).to(torch.device(info.device))
-    model.unpad_enable(t.unpad)
-    model.gradient_checkpointing_enable(t.gradient_checkpointing)
-    d, o = cfg.distributed, cfg.optim
-    engine, timer = setup.build_engine(model, setup.EngineSettings(
-        precision=t.precision, grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps,
-        optimizer=o.name, lr=peak_lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
-        compile=t.compile, bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
-        comm_hook=d.comm_hook, measure_comm=d.measure_comm), info)
-    setup.seed_dropout(cfg.seed, info.rank)
+    model, engine, timer = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr, info)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate, whole_word=cfg.data.whole_word_masking)
@@ -171,10 +158,42 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         (run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
         copy_tokenizer(data, run_dir)
 
+    settings = _loop_settings(cfg, data, model, peak_lr, micro, accumulation, info)
+    return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume)
+
+
+def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, peak_lr: float, info: Any) -> Any:
+    """The model (the same initial weights on every rank) and its engine."""
+    import torch
+
+    from bertgpu.models.build import build_model
+    from bertgpu.train import setup
+
+    t, d, o = cfg.train, cfg.distributed, cfg.optim
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = build_model(model_fields, "pretraining", with_nsp=with_nsp).to(torch.device(info.device))
+    model.unpad_enable(t.unpad)
+    model.gradient_checkpointing_enable(t.gradient_checkpointing)
+    engine, timer = setup.build_engine(model, setup.EngineSettings(
+        precision=t.precision, grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps,
+        optimizer=o.name, lr=peak_lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
+        compile=t.compile, bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
+        comm_hook=d.comm_hook, measure_comm=d.measure_comm), info)
+    setup.seed_dropout(cfg.seed, info.rank)
+    return model, engine, timer
+
+
+def _loop_settings(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, accumulation: int,
+                   info: Any) -> Any:
+    """What the loop needs of a pretraining run: cadences, FLOPs per token, the start-up table."""
+    from bertgpu.models.build import model_config
+    from bertgpu.train import flops, loop, overrides
+
     seq = data.train.seq_len
-    s = cfg.schedule
-    settings = loop.LoopSettings(
-        run_dir=run_dir,
+    t, s, d, o = cfg.train, cfg.schedule, cfg.distributed, cfg.optim
+    model_cfg = model_config(overrides.config_to_dict(cfg.model))
+    return loop.LoopSettings(
+        run_dir=Path(cfg.out),
         schedule=_schedule(cfg, peak_lr),
         max_steps=int(t.max_steps or 0), budget_hours=t.budget_hours, global_batch_size=t.global_batch_size,
         log_every=t.log_every_steps, eval_every=t.eval_every_steps,
@@ -187,7 +206,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         extra_files=lambda: {"config.toml": overrides.dump_toml(cfg), "config.json": _hf_config_json(model)},
         title="bertgpu pretrain",
         startup_rows=[
-            ("run folder", str(run_dir)),
+            ("run folder", str(cfg.out)),
             ("data", f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
             ("model", _model_line(model, model_cfg, cfg.model.architecture)),
             ("micro batch per device", str(micro)),
@@ -202,7 +221,6 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                                        f"comm hook {d.comm_hook}")] if info.world_size > 1 else []),
         ],
     )
-    return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume)
 
 
 def _schedule(cfg: Any, peak_lr: float) -> Any:

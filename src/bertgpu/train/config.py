@@ -267,7 +267,19 @@ def _validate_architecture(cfg: PretrainConfig) -> None:
 
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
-    m, d, t, o, s, c = cfg.model, cfg.data, cfg.train, cfg.optim, cfg.schedule, cfg.checkpoint
+    _validate_model(cfg)
+    _validate_data(cfg.data)
+    _validate_train(cfg.train)
+    _validate_optim(cfg.optim)
+    _validate_schedule(cfg.schedule, cfg.train)
+    _validate_checkpoint(cfg.checkpoint)
+    _validate_distributed(cfg.distributed)
+    cfg.logging.validate()
+    return cfg
+
+
+def _validate_model(cfg: PretrainConfig) -> None:
+    m = cfg.model
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
         check(getattr(m, key) > 0, f"model.{key}", getattr(m, key), "a positive integer")
@@ -280,6 +292,8 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     check(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", m.pad_token_id, "an id below vocab_size")
     _validate_architecture(cfg)
 
+
+def _validate_data(d: DataSection) -> None:
     if d.objective is not None:
         check_choice("data.objective", d.objective, OBJECTIVES)
     check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
@@ -287,6 +301,8 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
     check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
 
+
+def _validate_train(t: TrainSection) -> None:
     check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
     if t.budget_hours is None:
         check(t.max_steps > 0, "train.max_steps", t.max_steps, "a positive integer (or set train.budget_hours)")
@@ -308,6 +324,8 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
     check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
 
+
+def _validate_optim(o: OptimSection) -> None:
     check_choice("optim.name", o.name, OPTIMIZERS)
     check(o.lr > 0 and math.isfinite(o.lr), "optim.lr", o.lr, "a positive number")
     check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "0 or more")
@@ -322,6 +340,8 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
         check(o.reference_batch_size is not None, "optim.reference_batch_size", None,
                f"the batch size optim.lr was tuned for (optim.lr_scaling is {o.lr_scaling})")
 
+
+def _validate_schedule(s: ScheduleSection, t: TrainSection) -> None:
     check_choice("schedule.decay", s.decay, DECAYS)
     if s.warmup_steps is not None:
         check(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "0 or more")
@@ -335,19 +355,20 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     check(s.power > 0, "schedule.power", s.power, "a positive number")
     check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction, "a number in [0, 1]")
 
+
+def _validate_checkpoint(c: CheckpointSection) -> None:
     check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "0 or more")
     check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")
     if c.every_minutes is not None:
         check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
 
-    dist = cfg.distributed
+
+def _validate_distributed(dist: DistributedSection) -> None:
     check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
     check_choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
     check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
     check_choice("distributed.balance", dist.balance, BALANCE_MODES)
     check(dist.balance_every_steps >= 1, "distributed.balance_every_steps", dist.balance_every_steps, "1 or more")
-    cfg.logging.validate()
-    return cfg
 
 
 def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_size: int) -> int:
