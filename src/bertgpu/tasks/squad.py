@@ -100,63 +100,26 @@ def read_squad_counted(path: str | os.PathLike[str]) -> tuple[list[SquadExample]
     naming the file and the JSON path, e.g. `data[3].paragraphs[0].qas[2]: missing "id"`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise BertgpuError(f"{path}: no such file (expected a SQuAD v1.1/v2.0 JSON file)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as e:
-        raise BertgpuError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-
-    def need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-        if not isinstance(obj, dict):
-            raise BertgpuError(f"{path}: {where}: expected an object, found {type(obj).__name__}")
-        if key not in obj:
-            raise BertgpuError(f'{path}: {where}: missing "{key}"')
-        v = obj[key]
-        if not isinstance(v, kind):
-            names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-            raise BertgpuError(
-                f'{path}: {where}.{key}: expected {names}, found {type(v).__name__}'
-            )
-        return v
-
+    doc = _read_json(path)
     examples: list[SquadExample] = []
     seen: set[str] = set()
     mismatched = 0
-    data = need(doc, "data", list, "top level")
-    for a, article in enumerate(data):
+    for a, article in enumerate(_need(path, doc, "data", list, "top level")):
         wa = f"data[{a}]"
         title = str(article.get("title", "")) if isinstance(article, dict) else ""
-        for p, para in enumerate(need(article, "paragraphs", list, wa)):
+        for p, para in enumerate(_need(path, article, "paragraphs", list, wa)):
             wp = f"{wa}.paragraphs[{p}]"
-            context = need(para, "context", str, wp)
-            for q, qa in enumerate(need(para, "qas", list, wp)):
+            context = _need(path, para, "context", str, wp)
+            for q, qa in enumerate(_need(path, para, "qas", list, wp)):
                 wq = f"{wp}.qas[{q}]"
-                qid = str(need(qa, "id", (str, int), wq))
+                qid = str(_need(path, qa, "id", (str, int), wq))
                 if qid in seen:
                     raise BertgpuError(f'{path}: {wq}: duplicate id "{qid}"')
                 seen.add(qid)
-                question = need(qa, "question", str, wq)
+                question = _need(path, qa, "question", str, wq)
                 impossible = bool(qa.get("is_impossible", False))
-                answers = qa.get("answers", []) if impossible else need(qa, "answers", list, wq)
-                texts: list[str] = []
-                starts: list[int] = []
-                for k, ans in enumerate(answers):
-                    wk = f"{wq}.answers[{k}]"
-                    text = need(ans, "text", str, wk)
-                    start = need(ans, "answer_start", int, wk)
-                    fixed = _locate(context, text, start)
-                    if fixed != start:
-                        mismatched += 1
-                    texts.append(text)
-                    starts.append(fixed)
-                if not impossible and not texts:
-                    raise BertgpuError(
-                        f'{path}: {wq}.answers: empty for a question without "is_impossible": true'
-                    )
+                texts, starts, moved = _answers(path, qa, context, impossible, wq)
+                mismatched += moved
                 plausible = tuple(
                     str(x.get("text", "")) for x in qa.get("plausible_answers", [])
                     if isinstance(x, dict)
@@ -166,6 +129,50 @@ def read_squad_counted(path: str | os.PathLike[str]) -> tuple[list[SquadExample]
     if not examples:
         raise BertgpuError(f"{path}: no questions (expected data[].paragraphs[].qas[])")
     return examples, mismatched
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise BertgpuError(f"{path}: no such file (expected a SQuAD v1.1/v2.0 JSON file)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise BertgpuError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _need(path: Path, obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """obj[key] of type `kind`, or the one-line error naming the file and the JSON path."""
+    if not isinstance(obj, dict):
+        raise BertgpuError(f"{path}: {where}: expected an object, found {type(obj).__name__}")
+    if key not in obj:
+        raise BertgpuError(f'{path}: {where}: missing "{key}"')
+    v = obj[key]
+    if not isinstance(v, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise BertgpuError(f'{path}: {where}.{key}: expected {names}, found {type(v).__name__}')
+    return v
+
+
+def _answers(path: Path, qa: Any, context: str, impossible: bool, wq: str) -> tuple[list[str], list[int], int]:
+    """The answer texts of a question, their starts (moved onto the text when off), and how many moved."""
+    answers = qa.get("answers", []) if impossible else _need(path, qa, "answers", list, wq)
+    texts: list[str] = []
+    starts: list[int] = []
+    moved = 0
+    for k, ans in enumerate(answers):
+        wk = f"{wq}.answers[{k}]"
+        text = _need(path, ans, "text", str, wk)
+        start = _need(path, ans, "answer_start", int, wk)
+        fixed = _locate(context, text, start)
+        moved += fixed != start
+        texts.append(text)
+        starts.append(fixed)
+    if not impossible and not texts:
+        raise BertgpuError(f'{path}: {wq}.answers: empty for a question without "is_impossible": true')
+    return texts, starts, moved
 
 
 def _locate(context: str, text: str, start: int) -> int:
@@ -364,34 +371,9 @@ def postprocess(examples: Sequence[SquadExample], features: Features,
     predictions: dict[str, str] = {}
     all_nbest: dict[str, list[dict[str, Any]]] = {}
     for i, ex in enumerate(examples):
-        cands: list[tuple[float, float, float, str]] = []  # (score, start, end, text)
-        null_score = float("inf")
-        for f in by_example.get(i, []):
-            sl, el = sl_all[f], el_all[f]
-            null_score = min(null_score, sl[0] + el[0])
-            ok_end = features.context_mask(f)[: len(sl)]
-            ok_start = ok_end & features.token_is_max_context[f][: len(sl)] if use_max_context \
-                else ok_end
-            s_idx = np.argsort(-sl, kind="stable")[:n_best]
-            e_idx = np.argsort(-el, kind="stable")[:n_best]
-            length = e_idx[None, :] - s_idx[:, None] + 1  # (n, n)
-            valid = (ok_start[s_idx][:, None] & ok_end[e_idx][None, :]
-                     & (length >= 1) & (length <= max_answer_len))
-            for a, b in zip(*np.nonzero(valid), strict=True):
-                s, e = int(s_idx[a]), int(e_idx[b])
-                cs, ce = features.offsets[f][s][0], features.offsets[f][e][1]  # type: ignore[index]
-                cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), ex.context[cs:ce]))
-        cands.sort(key=lambda c: -c[0])
-        # Keep the best-scoring occurrence of each text (the same span comes from two windows).
-        seen: set[str] = set()
-        entries: list[dict[str, Any]] = []
-        for score, s, e, text in cands:
-            if text in seen:
-                continue
-            seen.add(text)
-            entries.append({"text": text, "score": score, "start_logit": s, "end_logit": e})
-            if len(entries) == n_best:
-                break
+        cands, null_score = _candidates(ex, by_example.get(i, []), features, sl_all, el_all, n_best,
+                                        max_answer_len, use_max_context)
+        entries = _distinct_best(cands, n_best)
         best = entries[0] if entries else None
         if version_2 and np.isfinite(null_score):
             entries.append({"text": "", "score": null_score, "start_logit": None,
@@ -409,6 +391,46 @@ def postprocess(examples: Sequence[SquadExample], features: Features,
                 d["probability"] = float(p)
         all_nbest[ex.id] = entries
     return predictions, all_nbest
+
+
+def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl_all: np.ndarray,
+                el_all: np.ndarray, n_best: int, max_answer_len: int, use_max_context: bool
+                ) -> tuple[list[tuple[float, float, float, str]], float]:
+    """Every valid span of an example over its features as (score, start logit, end logit, text),
+    best first, and the example's null score (the smallest [CLS] start + end)."""
+    cands: list[tuple[float, float, float, str]] = []
+    null_score = float("inf")
+    for f in feature_ids:
+        sl, el = sl_all[f], el_all[f]
+        null_score = min(null_score, sl[0] + el[0])
+        ok_end = features.context_mask(f)[: len(sl)]
+        ok_start = ok_end & features.token_is_max_context[f][: len(sl)] if use_max_context else ok_end
+        s_idx = np.argsort(-sl, kind="stable")[:n_best]
+        e_idx = np.argsort(-el, kind="stable")[:n_best]
+        length = e_idx[None, :] - s_idx[:, None] + 1  # (n, n)
+        valid = (ok_start[s_idx][:, None] & ok_end[e_idx][None, :]
+                 & (length >= 1) & (length <= max_answer_len))
+        for a, b in zip(*np.nonzero(valid), strict=True):
+            s, e = int(s_idx[a]), int(e_idx[b])
+            cs, ce = features.offsets[f][s][0], features.offsets[f][e][1]  # type: ignore[index]
+            cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), ex.context[cs:ce]))
+    cands.sort(key=lambda c: -c[0])
+    return cands, null_score
+
+
+def _distinct_best(cands: list[tuple[float, float, float, str]], n_best: int) -> list[dict[str, Any]]:
+    """The n-best entries, keeping the best-scoring occurrence of each text (the same span comes
+    from two windows)."""
+    seen: set[str] = set()
+    entries: list[dict[str, Any]] = []
+    for score, s, e, text in cands:
+        if text in seen:
+            continue
+        seen.add(text)
+        entries.append({"text": text, "score": score, "start_logit": s, "end_logit": e})
+        if len(entries) == n_best:
+            break
+    return entries
 
 
 def write_predictions(predictions: Mapping[str, str], path: str | os.PathLike[str]) -> Path:
