@@ -120,25 +120,14 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
     ])
 
 
-def main(args: argparse.Namespace) -> int:
-    from bertgpu import pretrain
-    from bertgpu.data.corpus import gensim_test_data
+def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size: int) -> None:
+    """Stages 1 and 2 (skipped when their folders exist: the demo resumes)."""
     from bertgpu.data.prepare import prepare
     from bertgpu.data.tokenizer import train_tokenizer
-    from bertgpu.train import config
 
-    out = Path(args.out)
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    t_all = time.perf_counter()
-    wiki = gensim_test_data(WIKI_SAMPLE)
-    print(f"corpus: {wiki.name} ({wiki.stat().st_size / 1e6:.1f} MB bz2, real English Wikipedia)")
-
-    tok_dir, data_dir, run_dir = out / "tokenizer", out / "data", out / "run"
-    t0 = _stage(f"1. bertgpu tokenizer --vocab-size {args.vocab_size}")
+    t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}")
     if not tok_dir.exists():
-        train_tokenizer([wiki], tok_dir, vocab_size=args.vocab_size)
+        train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
     print(f"    {tok_dir}: {sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces")
     _done(t0)
 
@@ -151,6 +140,40 @@ def main(args: argparse.Namespace) -> int:
           f"{splits['validation']['sequences']:,} validation sequences of {manifest['seq_len']} tokens")
     _done(t0)
 
+
+def _pretraining_table(run_dir: Path) -> str:
+    """The first train record and every evaluation of the run, as a markdown table."""
+    curve = _train_curve(run_dir)
+    train = [r for r in curve if r["kind"] == "train"]
+    evals = [r for r in curve if r["kind"] == "eval"]
+    lines = ["", "    how pretraining went (metrics.jsonl):",
+             "    | step | train MLM loss | train MLM acc | val MLM loss | val MLM acc |", "    |---:|---:|---:|---:|---:|"]
+    by_step = {r["step"]: r for r in evals}
+    shown = [train[0]] + [r for r in train[1:] if r["step"] in by_step] if train else []
+    for r in shown:
+        e = by_step.get(r["step"], {})
+        val_loss = f"{e['val_mlm_loss']:.3f}" if "val_mlm_loss" in e else ""
+        val_acc = f"{e['val_mlm_acc']:.1%}" if "val_mlm_acc" in e else ""
+        lines.append(f"    | {r['step']} | {r['loss']:.3f} | {r.get('mlm_acc', 0):.1%} | {val_loss} | {val_acc} |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from bertgpu import pretrain
+    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.train import config
+
+    out = Path(args.out)
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    wiki = gensim_test_data(WIKI_SAMPLE)
+    print(f"corpus: {wiki.name} ({wiki.stat().st_size / 1e6:.1f} MB bz2, real English Wikipedia)")
+
+    tok_dir, data_dir, run_dir = out / "tokenizer", out / "data", out / "run"
+    _tokenizer_and_shards(wiki, tok_dir, data_dir, args.vocab_size)
+
     t0 = _stage(f"3. bertgpu pretrain configs/{RECIPE}")
     overrides = ["--data", str(data_dir), "--out", str(run_dir), "--model.vocab_size", str(args.vocab_size)]
     if args.steps:
@@ -159,19 +182,7 @@ def main(args: argparse.Namespace) -> int:
     result = pretrain.run(cfg)
     _done(t0)
 
-    curve = _train_curve(run_dir)
-    train = [r for r in curve if r["kind"] == "train"]
-    evals = [r for r in curve if r["kind"] == "eval"]
-    print("\n    how pretraining went (metrics.jsonl):")
-    print("    | step | train MLM loss | train MLM acc | val MLM loss | val MLM acc |")
-    print("    |---:|---:|---:|---:|---:|")
-    by_step = {r["step"]: r for r in evals}
-    shown = [train[0]] + [r for r in train[1:] if r["step"] in by_step] if train else []
-    for r in shown:
-        e = by_step.get(r["step"], {})
-        val_loss = f"{e['val_mlm_loss']:.3f}" if "val_mlm_loss" in e else ""
-        val_acc = f"{e['val_mlm_acc']:.1%}" if "val_mlm_acc" in e else ""
-        print(f"    | {r['step']} | {r['loss']:.3f} | {r.get('mlm_acc', 0):.1%} | {val_loss} | {val_acc} |")
+    print(_pretraining_table(run_dir))
 
     hf_dir = result.export_dir or run_dir / "hf"
     t0 = _stage("4. bertgpu export -> transformers AutoModelForMaskedLM fill-mask")
