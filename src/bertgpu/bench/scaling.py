@@ -366,17 +366,7 @@ def main(args: argparse.Namespace) -> int:
     if args.predict_only:
         print(expected_text)
         return 0
-    if args.warmup_steps < 1 or args.steps < 1:
-        raise BertgpuError(f"--warmup-steps {args.warmup_steps}, --steps {args.steps}: expected both >= 1")
-    workers = sorted(set(args.workers or default_workers(args.device)))
-    accumulations = sorted(set(args.accumulation))
-    if min(workers) < 1 or min(accumulations) < 1:
-        raise BertgpuError("--workers and --accumulation: expected positive integers")
-    if on_gpu:
-        import torch
-
-        if max(workers) > torch.cuda.device_count():
-            raise BertgpuError(f"--workers {max(workers)}: only {torch.cuda.device_count()} GPUs are visible")
+    workers, accumulations = _points(args, on_gpu)
 
     out = Path(args.out)
     runs_dir = out / "runs"
@@ -386,14 +376,7 @@ def main(args: argparse.Namespace) -> int:
         data_dir = Path(args.data)
     else:
         data_dir = write_synthetic_data(out / "synthetic_data", vocab, min(seq_len, positions))
-
-    env = dict(os.environ)
-    env.pop("WORLD_SIZE", None)  # a benchmark started under torchrun must not look like a worker
-    if not on_gpu:
-        threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(workers))
-        env["OMP_NUM_THREADS"] = str(threads)
-    src = str(Path(__file__).resolve().parents[2])  # the children import this same bertgpu
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = _child_env(args, on_gpu, max(workers))
 
     rows: list[dict[str, Any]] = []
     for acc in accumulations:
@@ -409,21 +392,51 @@ def main(args: argparse.Namespace) -> int:
         r["efficiency"] = r["speedup"] / r["workers"]
         r.update(device=device, seq_len=seq_len, recipe=args.recipe or "tiny (built in)",
                  data=args.data or "synthetic", time=stamp)
+    header = (f"# bertgpu bench scaling ({stamp}, {device})\n\n`{('bertgpu ' + ' '.join(sys.argv[1:])).strip()}`\n\n"
+              f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + {args.steps} "
+              f"measured steps; efficiency = speedup / workers; comm share = exposed all-reduce time / step time.")
+    _write_outputs(rows, out, header, expected_text)
+    return 0
 
+
+def _points(args: argparse.Namespace, on_gpu: bool) -> tuple[list[int], list[int]]:
+    """The worker counts and accumulations to measure, checked before anything runs."""
+    if args.warmup_steps < 1 or args.steps < 1:
+        raise BertgpuError(f"--warmup-steps {args.warmup_steps}, --steps {args.steps}: expected both >= 1")
+    workers = sorted(set(args.workers or default_workers(args.device)))
+    accumulations = sorted(set(args.accumulation))
+    if min(workers) < 1 or min(accumulations) < 1:
+        raise BertgpuError("--workers and --accumulation: expected positive integers")
+    if on_gpu:
+        import torch
+
+        if max(workers) > torch.cuda.device_count():
+            raise BertgpuError(f"--workers {max(workers)}: only {torch.cuda.device_count()} GPUs are visible")
+    return workers, accumulations
+
+
+def _child_env(args: argparse.Namespace, on_gpu: bool, most_workers: int) -> dict[str, str]:
+    """The environment of the measured runs: this bertgpu, not a torchrun worker, CPU threads shared."""
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)  # a benchmark started under torchrun must not look like a worker
+    if not on_gpu:
+        threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // most_workers)
+        env["OMP_NUM_THREADS"] = str(threads)
+    src = str(Path(__file__).resolve().parents[2])  # the children import this same bertgpu
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _write_outputs(rows: list[dict[str, Any]], out: Path, header: str, expected_text: str) -> None:
+    """Append scaling.jsonl, replace scaling.md, draw scaling.png, print the tables."""
     table = format_table(rows)
     with open(out / "scaling.jsonl", "a", encoding="utf-8") as f:
         for r in rows:  # NaN (no 1-worker baseline) as null: valid JSON
             f.write(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in r.items()}) + "\n")
-    command = "bertgpu " + " ".join(sys.argv[1:])
-    md = (f"# bertgpu bench scaling ({stamp}, {device})\n\n`{command.strip()}`\n\n"
-          f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + {args.steps} "
-          f"measured steps; efficiency = speedup / workers; comm share = exposed all-reduce time / step time.\n\n"
-          f"{table}\n{expected_text}")
     tmp = out / "scaling.md.tmp"
-    tmp.write_text(md, encoding="utf-8")
+    tmp.write_text(f"{header}\n\n{table}\n{expected_text}", encoding="utf-8")
     os.replace(tmp, out / "scaling.md")
     png = plot(rows, out / "scaling.png")
     print(table)
     print(expected_text)
     print(f"wrote {out / 'scaling.jsonl'}, {out / 'scaling.md'}" + (f", {png}" if png else ""))
-    return 0
