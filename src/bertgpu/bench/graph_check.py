@@ -2,7 +2,8 @@
 without waiting on the host? Runs anywhere, in seconds, no GPU needed.
 
 For each configuration (pretraining padded / packed / unpadded, with and without NSP, and the
-sequence-classification, token-classification and QA heads) the micro-step is built exactly as
+sequence-classification, token-classification and QA heads, for BERT; the same without NSP for
+ModernBERT, local and global layers, CLS and mean pooling) the micro-step is built exactly as
 the engine runs it: the batch with its host-side `BatchMeta` (as the loader ships it), the task's
 loss function (summed losses), the engine's normalisation into one scalar, then backward.
 
@@ -15,7 +16,7 @@ loss function (summed losses), the engine's normalisation into one scalar, then 
 One line per configuration, `graph breaks: N  host syncs: M`, then the reasons; the exit status
 is 1 when any N or M is above 0::
 
-    bertgpu bench model --check-graph                 # CPU, tiny BERT, fp32, well under a minute
+    bertgpu bench model --check-graph                 # CPU, tiny models, fp32, well under a minute
     bertgpu bench model --check-graph --dtype bf16    # under bf16 autocast
 """
 
@@ -44,6 +45,11 @@ from bertgpu.models.bert import (
 TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
 """Small enough to trace in about a second; dropout on, as in training."""
+
+TINY_MODERN = dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                   max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=16, pad_token_id=0,
+                   attention_dropout=0.1, mlp_dropout=0.1, embedding_dropout=0.1)
+"""Layer 0 global, layers 1-2 in a 16-token window (the window matters at 32 tokens)."""
 
 # Ops whose result the host must wait for (or whose input the host must copy), by overload packet.
 SYNC_OPS = frozenset({
@@ -159,7 +165,54 @@ def cases(device: torch.device) -> list[Case]:
     b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
     b["batch_meta"] = batch_meta(b["attention_mask"])
     out.append(Case("question answering", BertForQuestionAnswering(cfg), b, _task_loss("qa"), {"qa": float(B)}))
+    out += _modernbert_cases(B, T, device)
     return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts) for c in out]
+
+
+def _modernbert_cases(B: int, T: int, device: torch.device) -> list[Case]:
+    """The ModernBERT configurations: MLM pretraining padded / packed / unpadded, classification
+    with CLS (padded) and mean pooling (unpadded), token classification and QA."""
+    from bertgpu.models import modernbert as mb
+    from bertgpu.models.modernbert_config import ModernBertConfig
+
+    out: list[Case] = []
+    for padding, lengths in (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27])):
+        b = _inputs(4, B, T, lengths, device)
+        g = b.pop("_g")
+        pick = (torch.rand(B, T, generator=g) < 0.3) & b["attention_mask"].bool()
+        pick[:, 1] = True
+        b["labels"] = torch.where(pick, b["input_ids"], torch.tensor(IGNORE_INDEX))
+        b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])
+        model = mb.ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN),
+                                         options=ModelOptions(unpad=padding == "unpadded"))
+        out.append(Case(f"modernbert pretraining {padding} mlm", model, b, _pretraining_loss,
+                        {"mlm": float(pick.sum())}))
+    lengths = [32, 17, 25, 8]
+    for pooling, unpad in (("cls", False), ("mean", True)):
+        b = _inputs(5, B, T, lengths, device)
+        g = b.pop("_g")
+        b["labels"] = torch.randint(0, 3, (B,), generator=g)
+        b["batch_meta"] = batch_meta(b["attention_mask"])
+        model = mb.ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling),
+                                                       num_labels=3, options=ModelOptions(unpad=unpad))
+        out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}", model, b,
+                        _task_loss("cls"), {"cls": float(B)}))
+    b = _inputs(6, B, T, lengths, device)
+    g = b.pop("_g")
+    b["labels"] = torch.where(b["attention_mask"].bool(), torch.randint(0, 5, (B, T), generator=g),
+                              torch.tensor(IGNORE_INDEX))
+    b["batch_meta"] = batch_meta(b["attention_mask"])
+    out.append(Case("modernbert token classification",
+                    mb.ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), num_labels=5), b,
+                    _task_loss("tok"), {"tok": float((b["labels"] != IGNORE_INDEX).sum())}))
+    b = _inputs(7, B, T, lengths, device)
+    b.pop("_g")
+    b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
+    b["batch_meta"] = batch_meta(b["attention_mask"])
+    out.append(Case("modernbert question answering",
+                    mb.ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)), b, _task_loss("qa"),
+                    {"qa": float(B)}))
+    return out
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -210,7 +263,8 @@ def main(args: argparse.Namespace) -> int:
     if dtype == "bf16":
         autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     torch.manual_seed(args.seed)
-    print(f"bertgpu bench model --check-graph | torch {torch.__version__} | {device} {dtype} | tiny BERT", flush=True)
+    print(f"bertgpu bench model --check-graph | torch {torch.__version__} | {device} {dtype} | tiny BERT and ModernBERT",
+          flush=True)
     results = [check(case, autocast) for case in cases(device)]
     width = max(len(r.name) for r in results)
     for r in results:
