@@ -215,7 +215,20 @@ def _micro_steps(name: str):
     torch.manual_seed(0)
     cfg = BertConfig(**GPU_TINY)
     mask_rows = [(64, 37, 50, 9), (61, 64, 20, 33)]
-    if name.startswith("pretraining"):
+    if name.startswith("modernbert"):  # local (window 32) and global layers, MLM only
+        from bertgpu.models.modernbert import ModernBertForMaskedLM
+        from bertgpu.models.modernbert_config import ModernBertConfig
+
+        mcfg = ModernBertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                intermediate_size=256, max_position_embeddings=128, local_attention=32,
+                                global_attn_every_n_layers=3, pad_token_id=0)
+        model = ModernBertForMaskedLM(mcfg, options=ModelOptions(unpad="unpadded" in name))
+        cpu = []
+        for i, lengths in enumerate(mask_rows):
+            b = padded_batch(i, lengths, device=torch.device("cpu"))
+            b.pop("next_sentence_label")
+            cpu.append(b)
+    elif name.startswith("pretraining"):
         model = BertForPreTraining(cfg, options=ModelOptions(unpad="unpadded" in name))
         cpu = [padded_batch(i, lengths, device=torch.device("cpu")) for i, lengths in enumerate(mask_rows)]
     else:
@@ -232,12 +245,13 @@ def _micro_steps(name: str):
                 b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
             cpu.append(b)
     model = model.to(CUDA).train()
-    opt = build_optimizer(model, "lamb" if name.startswith("pretraining") else "adamw", 1e-4)
+    opt = build_optimizer(model, "lamb" if "pretraining" in name else "adamw", 1e-4)
     return model, opt, [{k: v.pin_memory() for k, v in b.items()} for b in cpu]
 
 
 @pytest.mark.parametrize("name", ["pretraining padded", "pretraining unpadded", "pretraining compiled",
-                                  "classification", "qa"])
+                                  "classification", "qa", "modernbert pretraining padded",
+                                  "modernbert pretraining unpadded"])
 def test_steady_state_micro_steps_make_no_host_sync(name):
     model, opt, batches = _micro_steps(name)
     run = torch.compile(model) if name.endswith("compiled") else model
@@ -246,7 +260,7 @@ def test_steady_state_micro_steps_make_no_host_sync(name):
         batch = {k: v.to(CUDA, non_blocking=True) for k, v in b.items()}  # as the engine moves it
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = run(**batch)
-        loss = out.loss_sum if "loss_sum" in out else out.mlm_loss_sum + out.nsp_loss_sum
+        loss = out.loss_sum if "loss_sum" in out else out.mlm_loss_sum + out.get("nsp_loss_sum", 0.0)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # returns a tensor: no sync
         opt.step()
