@@ -72,7 +72,9 @@ def fill_mask(hf_dir: Path, sentences: list[str], top_k: int = 3) -> list[tuple[
     """Top-k predictions for each [MASK], through transformers (independent of our model code)."""
     import torch
     from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a weight-loading bar per call would clutter the demo's output
     tok = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForMaskedLM.from_pretrained(hf_dir).eval()
     results = []
