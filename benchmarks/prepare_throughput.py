@@ -81,10 +81,10 @@ def main() -> int:
     parser.add_argument("--cases", default="abcd", help="which inputs to run, by letter (default abcd)")
     args = parser.parse_args()
 
-    from bertgpu.data.corpus import gensim_test_data, iter_documents
+    from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data, iter_documents
     from bertgpu.data.tokenizer import train_tokenizer
 
-    wiki = gensim_test_data("enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+    wiki = gensim_test_data(WIKI_SAMPLE)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         docs = list(iter_documents([wiki]))

@@ -10,9 +10,9 @@ import bz2
 import re
 from pathlib import Path
 
-from bertgpu.data.corpus import split_sentences
+from bertgpu.data.corpus import WIKI_SAMPLE, split_sentences
 
-GENSIM_WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+GENSIM_WIKI = WIKI_SAMPLE
 
 # Lines with non-ASCII scripts so that the tokenizer sees CJK characters and accents.
 EXTRA_SENTENCES = [

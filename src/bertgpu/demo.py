@@ -24,7 +24,6 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError
 
-WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "modern-tiny.toml"
 
@@ -98,14 +97,13 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
     from bertgpu.bench.quality import DEMO_SETS, compare_downstream
     from bertgpu.report.quality import comparisons, downstream_table
     from bertgpu.report.render import render_markdown
-    from bertgpu.tasks.demo_sets import demo_tasks
 
     rows = compare_downstream({name: hf_dir}, list(DEMO_SETS), seeds, out)
     header, cells = downstream_table(rows)
     verdicts = comparisons(rows)
     beats = sum(bool(c.get("beats_spread")) for c in verdicts)
     text = render_markdown([("table", header, cells)]).rstrip()
-    sizes = {k: f"{len(train)} train, {len(dev)} dev" for k, (train, dev, _) in demo_tasks(0).items()}
+    sizes = {r["task"]: f"{r['train_examples']} train, {r['dev_examples']} dev" for r in rows}
     return "\n".join([
         f"    polarity: movie-review sentences, positive or negative ({sizes['polarity']}), scored like SST-2",
         f"    lee: similarity of 50 news documents, pairs rated by people ({sizes['lee']}), scored like STS-B",
@@ -162,7 +160,7 @@ def _pretraining_table(run_dir: Path) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from bertgpu import pretrain
-    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
     from bertgpu.train import config
 
     out = Path(args.out)

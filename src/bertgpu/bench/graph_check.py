@@ -114,7 +114,7 @@ def _task_loss(key: str) -> LossFn:
     return lambda model, batch: {key: model(**batch).loss_sum}
 
 
-def _inputs(seed: int, B: int, T: int, lengths: list[int] | None, device: torch.device) -> dict[str, Any]:
+def _inputs(seed: int, B: int, T: int, lengths: list[int] | None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     lens = torch.tensor(lengths if lengths is not None else [T] * B)
     mask = (torch.arange(T)[None] < lens[:, None]).long()  # (B, T) right padding
@@ -123,95 +123,91 @@ def _inputs(seed: int, B: int, T: int, lengths: list[int] | None, device: torch.
     return dict(input_ids=ids, attention_mask=mask, token_type_ids=types, _g=g)
 
 
+def _mlm_batch(seed: int, lengths: list[int] | None, rate: float, nsp: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """A pretraining batch (MLM labels at `rate`, NSP labels if asked) with its BatchMeta, and its counts."""
+    B, T = 4, 32
+    b = _inputs(seed, B, T, lengths)
+    g = b.pop("_g")
+    pick = (torch.rand(B, T, generator=g) < rate) & b["attention_mask"].bool()
+    pick[:, 1] = True
+    b["labels"] = torch.where(pick, b["input_ids"], torch.tensor(IGNORE_INDEX))
+    counts = {"mlm": float(pick.sum())}
+    if nsp:
+        b["next_sentence_label"] = torch.randint(0, 2, (B,), generator=g)
+        counts["nsp"] = float(B)
+    b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])  # what _make_batch adds
+    return b, counts
+
+
+def _task_batch(seed: int, head: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """A fine-tuning batch of `head` (cls, tok or qa) with the collator's BatchMeta, and its counts."""
+    B, T = 4, 32
+    b = _inputs(seed, B, T, [32, 17, 25, 8])
+    g = b.pop("_g")
+    if head == "cls":
+        b["labels"] = torch.randint(0, 3, (B,), generator=g)
+        count = float(B)
+    elif head == "tok":
+        b["labels"] = torch.where(b["attention_mask"].bool(), torch.randint(0, 5, (B, T), generator=g),
+                                  torch.tensor(IGNORE_INDEX))
+        count = float((b["labels"] != IGNORE_INDEX).sum())
+    else:
+        b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
+        count = float(B)
+    b["batch_meta"] = batch_meta(b["attention_mask"])  # the fine-tuning collator's hook
+    return b, {head: count}
+
+
+PADDINGS = (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27]))
+
+
 def cases(device: torch.device) -> list[Case]:
     """The configurations the engine trains, each with a batch as the loader/collator makes it."""
     cfg = BertConfig(**TINY)
     out: list[Case] = []
-    B, T = 4, 32
-    for padding, lengths in (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27])):
+    for padding, lengths in PADDINGS:
         for nsp in (True, False):
-            b = _inputs(0, B, T, lengths, device)
-            g = b.pop("_g")
-            real = b["attention_mask"].bool()
-            pick = (torch.rand(B, T, generator=g) < 0.2) & real
-            pick[:, 1] = True
-            b["labels"] = torch.where(pick, b["input_ids"], torch.tensor(IGNORE_INDEX))
-            counts = {"mlm": float(pick.sum())}
-            if nsp:
-                b["next_sentence_label"] = torch.randint(0, 2, (B,), generator=g)
-                counts["nsp"] = float(B)
-            b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])  # what _make_batch adds
+            b, counts = _mlm_batch(0, lengths, 0.2, nsp)
             model = BertForPreTraining(cfg, with_nsp=nsp, options=ModelOptions(unpad=padding == "unpadded"))
             out.append(Case(f"pretraining {padding} {'mlm+nsp' if nsp else 'mlm'}", model, b,
                             _pretraining_loss, counts))
-    lengths = [32, 17, 25, 8]
     for unpad in (False, True):
-        b = _inputs(1, B, T, lengths, device)
-        g = b.pop("_g")
-        b["labels"] = torch.randint(0, 3, (B,), generator=g)
-        b["batch_meta"] = batch_meta(b["attention_mask"])  # the fine-tuning collator's hook
+        b, counts = _task_batch(1, "cls")
         model = BertForSequenceClassification(cfg, num_labels=3, options=ModelOptions(unpad=unpad))
-        out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b, _task_loss("cls"),
-                        {"cls": float(B)}))
-    b = _inputs(2, B, T, lengths, device)
-    g = b.pop("_g")
-    b["labels"] = torch.where(b["attention_mask"].bool(), torch.randint(0, 5, (B, T), generator=g),
-                              torch.tensor(IGNORE_INDEX))
-    b["batch_meta"] = batch_meta(b["attention_mask"])
-    out.append(Case("token classification", BertForTokenClassification(cfg, num_labels=5), b,
-                    _task_loss("tok"), {"tok": float((b["labels"] != IGNORE_INDEX).sum())}))
-    b = _inputs(3, B, T, lengths, device)
-    g = b.pop("_g")
-    b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
-    b["batch_meta"] = batch_meta(b["attention_mask"])
-    out.append(Case("question answering", BertForQuestionAnswering(cfg), b, _task_loss("qa"), {"qa": float(B)}))
-    out += _modernbert_cases(B, T, device)
+        out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b, _task_loss("cls"), counts))
+    b, counts = _task_batch(2, "tok")
+    out.append(Case("token classification", BertForTokenClassification(cfg, num_labels=5), b, _task_loss("tok"),
+                    counts))
+    b, counts = _task_batch(3, "qa")
+    out.append(Case("question answering", BertForQuestionAnswering(cfg), b, _task_loss("qa"), counts))
+    out += _modernbert_cases()
     return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts) for c in out]
 
 
-def _modernbert_cases(B: int, T: int, device: torch.device) -> list[Case]:
+def _modernbert_cases() -> list[Case]:
     """The ModernBERT configurations: MLM pretraining padded / packed / unpadded, classification
     with CLS (padded) and mean pooling (unpadded), token classification and QA."""
     from bertgpu.models import modernbert as mb
     from bertgpu.models.modernbert_config import ModernBertConfig
 
+    cfg = ModernBertConfig(**TINY_MODERN)
     out: list[Case] = []
-    for padding, lengths in (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27])):
-        b = _inputs(4, B, T, lengths, device)
-        g = b.pop("_g")
-        pick = (torch.rand(B, T, generator=g) < 0.3) & b["attention_mask"].bool()
-        pick[:, 1] = True
-        b["labels"] = torch.where(pick, b["input_ids"], torch.tensor(IGNORE_INDEX))
-        b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])
-        model = mb.ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN),
-                                         options=ModelOptions(unpad=padding == "unpadded"))
-        out.append(Case(f"modernbert pretraining {padding} mlm", model, b, _pretraining_loss,
-                        {"mlm": float(pick.sum())}))
-    lengths = [32, 17, 25, 8]
+    for padding, lengths in PADDINGS:
+        b, counts = _mlm_batch(4, lengths, 0.3, nsp=False)
+        model = mb.ModernBertForMaskedLM(cfg, options=ModelOptions(unpad=padding == "unpadded"))
+        out.append(Case(f"modernbert pretraining {padding} mlm", model, b, _pretraining_loss, counts))
     for pooling, unpad in (("cls", False), ("mean", True)):
-        b = _inputs(5, B, T, lengths, device)
-        g = b.pop("_g")
-        b["labels"] = torch.randint(0, 3, (B,), generator=g)
-        b["batch_meta"] = batch_meta(b["attention_mask"])
+        b, counts = _task_batch(5, "cls")
         model = mb.ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling),
                                                        num_labels=3, options=ModelOptions(unpad=unpad))
         out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}", model, b,
-                        _task_loss("cls"), {"cls": float(B)}))
-    b = _inputs(6, B, T, lengths, device)
-    g = b.pop("_g")
-    b["labels"] = torch.where(b["attention_mask"].bool(), torch.randint(0, 5, (B, T), generator=g),
-                              torch.tensor(IGNORE_INDEX))
-    b["batch_meta"] = batch_meta(b["attention_mask"])
-    out.append(Case("modernbert token classification",
-                    mb.ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), num_labels=5), b,
-                    _task_loss("tok"), {"tok": float((b["labels"] != IGNORE_INDEX).sum())}))
-    b = _inputs(7, B, T, lengths, device)
-    b.pop("_g")
-    b.update(start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2]))
-    b["batch_meta"] = batch_meta(b["attention_mask"])
-    out.append(Case("modernbert question answering",
-                    mb.ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)), b, _task_loss("qa"),
-                    {"qa": float(B)}))
+                        _task_loss("cls"), counts))
+    b, counts = _task_batch(6, "tok")
+    out.append(Case("modernbert token classification", mb.ModernBertForTokenClassification(cfg, num_labels=5), b,
+                    _task_loss("tok"), counts))
+    b, counts = _task_batch(7, "qa")
+    out.append(Case("modernbert question answering", mb.ModernBertForQuestionAnswering(cfg), b, _task_loss("qa"),
+                    counts))
     return out
 
 

@@ -45,7 +45,6 @@ from typing import Any
 from bertgpu.errors import BertgpuError
 
 ROOT = Path(__file__).resolve().parents[3]
-WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 DEFAULT_RECIPES = ("configs/tiny.toml", "configs/modern-tiny.toml")
 DEMO_SETS = ("polarity", "lee")
 
@@ -125,7 +124,7 @@ def shared_data(args: argparse.Namespace, out: Path, vocab_size: int) -> Path:
     """The tokenizer and shard set every recipe trains on (rebuilt each run: the corpus may differ)."""
     if args.data:
         return Path(args.data)
-    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
     from bertgpu.data.prepare import prepare
     from bertgpu.data.tokenizer import train_tokenizer
 
@@ -181,8 +180,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "val_mlm_acc": evals[-1].get("val_mlm_acc"), "curve": curve}
 
 
-def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str], data_dir: Path,
+def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any], data_dir: Path,
                  out: Path, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pretrain every recipe (`cfgs`: each loaded with the --set overrides) under the budget."""
     from bertgpu import pretrain
     from bertgpu.data.shards import ShardSet
     from bertgpu.train import config
@@ -190,11 +190,10 @@ def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str]
     seq_len = ShardSet(data_dir, "train").seq_len
     val = ShardSet(data_dir, "validation")
     rows = []
-    for recipe, name in zip(recipes, names, strict=True):
+    for recipe, name, given in zip(recipes, names, cfgs, strict=True):
         run_dir = out / "runs" / name
         shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed, not measured
-        cfg = config.load_config(recipe, _kv(args.sets_, "--set"))
-        cfg = config.load_config(recipe, pretrain_overrides(args, data_dir, run_dir, cfg, seq_len))
+        cfg = config.load_config(recipe, pretrain_overrides(args, data_dir, run_dir, given, seq_len))
         log = out / "runs" / f"{name}.log"
         print(f"bench quality: pretraining {name} ({recipe}, {base['budget']}); console in {log}", flush=True)
         with _quiet(log):
@@ -263,8 +262,9 @@ def compare_downstream(inits: dict[str, Path], sets: list[str], seeds: list[int]
                     scores.append(score)
                     dirs.append(str(run))
                 rows.append({"kind": "finetune", "name": name, "init": label, "task": set_name,
-                             "scored_like": task.name, "metric": metric, "seeds": list(seeds),
-                             "scores": scores, **_spread_row(scores), "dirs": dirs})
+                             "scored_like": task.name, "metric": metric, "train_examples": len(train),
+                             "dev_examples": len(dev), "seeds": list(seeds), "scores": scores,
+                             **_spread_row(scores), "dirs": dirs})
                 print(f"    fine-tuned {name} ({label} init) on {set_name}, seeds {', '.join(map(str, seeds))}: "
                       + ", ".join(f"{s:.1f}" for s in scores), flush=True)
     return rows
@@ -396,7 +396,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         base = {"bench": "quality", "run_id": stamp, "budget": budget, "corpus": corpus,
                 "device": _device(args.device), "threads": torch.get_num_threads()}
-        rows = run_bench(args, recipes, names, out, vocab, base)
+        rows = run_bench(args, recipes, names, cfgs, out, vocab, base)
     finally:
         torch.set_num_threads(threads)
     md = write_outputs(rows, out, command.strip())
@@ -405,11 +405,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace, recipes: list[Path], names: list[str], out: Path, vocab: int,
-              base: dict[str, Any]) -> list[dict[str, Any]]:
+def run_bench(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any], out: Path,
+              vocab: int, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Steps 1-4 of the module docstring; the rows of quality.jsonl."""
     data_dir = shared_data(args, out, vocab)
-    rows = pretrain_all(args, recipes, names, data_dir, out, base)
+    rows = pretrain_all(args, recipes, names, cfgs, data_dir, out, base)
     if not args.skip_finetune:
         inits = {r["name"]: Path(r["run_dir"]) / "hf" for r in rows}
         extra = _kv(args.ft, "--ft")

@@ -130,6 +130,10 @@ def _walk_files(root: Path) -> Iterator[Path]:
                 yield Path(dirpath) / name
 
 
+WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+"""The 106 English Wikipedia articles (a MediaWiki .xml.bz2 dump) in gensim's test data."""
+
+
 def gensim_test_data(name: str) -> Path:
     """Path of a file shipped in gensim's test data (real text for the demo and the tests).
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.report.quality import is_quality
 
 
 @dataclass
@@ -105,7 +104,7 @@ def load_source(path: Path | str) -> Source:
             return load_source(path.parent)
         if path.suffix == ".jsonl":
             rows = _read_bench(path)
-            if is_quality(rows):  # bench quality: nested rows (curves), rendered by report/quality.py
+            if all(r.get("bench") == "quality" for r in rows):  # nested rows (curves): report/quality.py
                 return Source("quality", path.stem, path, rows)
             return Source("bench", path.stem, path, [_flatten(r) for r in rows])
     else:

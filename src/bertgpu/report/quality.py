@@ -21,20 +21,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bertgpu.report.inputs import num
 from bertgpu.report.render import Block
 
 
-def is_quality(rows: list[dict[str, Any]]) -> bool:
-    return bool(rows) and all(r.get("bench") == "quality" for r in rows)
-
-
 def _f(v: Any, fmt: str) -> str:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    return format(v, fmt) if ok else ""
+    return "" if num(v) is None else format(v, fmt)
 
 
 def _count(v: Any) -> str:
-    if not isinstance(v, (int, float)) or not math.isfinite(v):
+    if num(v) is None:
         return ""
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(v) >= size:
@@ -43,7 +39,7 @@ def _count(v: Any) -> str:
 
 
 def _minutes(v: Any) -> str:
-    if not isinstance(v, (int, float)) or not math.isfinite(v):
+    if num(v) is None:
         return ""
     return f"{v:.0f} s" if v < 90 else f"{v / 60:.1f} min"
 

@@ -107,10 +107,7 @@ class BudgetClock:
 
     def sync(self) -> float:
         """Fold the time since the last call into `elapsed_s`, take rank 0's value everywhere."""
-        if self._started_at is not None:
-            now = self.time_fn()
-            self.elapsed_s += now - self._started_at
-            self._started_at = now
+        self.local_elapsed()
         self.elapsed_s = float(distributed.broadcast_scalar(self.elapsed_s, src=0))
         return self.elapsed_s
 
