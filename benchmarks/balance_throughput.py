@@ -29,7 +29,7 @@ def run(data: Path, out: Path, slow: float, steps: int, balance: bool) -> list[d
            "BERTGPU_FAULTS": f"slow_rank=1:{slow}"}
     cmd = [sys.executable, "-m", "bertgpu", "pretrain", str(ROOT / "configs" / "tiny.toml"), "--data", str(data),
            "--out", str(out), "--nproc", "2", "--model.vocab_size", "512", "--model.max_position_embeddings", "64",
-           "--train.max_steps", str(steps), "--train.global_batch_size", "32", "--train.micro_batch_size", "8",
+           "--train.max_steps", str(steps), "--train.global_batch_size", "32", "--impl.micro_batch_size", "8",
            "--train.log_every_steps", "10", "--train.eval_every_steps", "0", "--checkpoint.every_steps", "0",
            "--distributed.balance", "auto" if balance else "none", "--distributed.balance_every_steps", "10"]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)

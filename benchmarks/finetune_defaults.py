@@ -1,5 +1,5 @@
 """Fine-tuning's default learning rate and epochs by model size: the measurement behind
-`FINETUNE_DEFAULTS` in src/bertgpu/train/finetune_config.py.
+`FINETUNE_DEFAULTS` in src/bertgpu/config/finetune.py.
 
     python benchmarks/finetune_defaults.py --task ner --init work/run minilm --out work/ft-defaults
     python benchmarks/finetune_defaults.py --task polarity --init work/run minilm --out work/ft-defaults
@@ -62,7 +62,8 @@ def minilm_folder() -> Path:
 def run_one(task: str, init: Path, lr: str, epochs: str, seed: int, out: Path, extra: list[str]) -> dict:
     """One fine-tuning run: polarity (the split of `seed`; dev accuracy) or the NER fixture
     (dev entity F1); the score and the time."""
-    from bertgpu.finetune import demo_tasks, finetune, finetune_examples
+    from bertgpu.finetune import finetune, finetune_examples
+    from bertgpu.tasks.demo_sets import demo_tasks
 
     overrides = ["--lr", lr, "--epochs", epochs, "--seed", str(seed), *extra]
     t0 = time.perf_counter()

@@ -32,8 +32,9 @@ def main() -> None:
 
     import transformers
 
-    from bertgpu.models.attention import batch_meta
-    from bertgpu.models.bert import BertConfig, BertForSequenceClassification
+    from bertgpu.batch import batch_meta
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
     from bertgpu.models.hf_io import save_pretrained
     from bertgpu.train.engine import Engine
     from bertgpu.train.optim import build_optimizer

@@ -25,7 +25,9 @@ from contextlib import nullcontext
 
 import torch
 
-from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.models.shared import ModelOptions
 
 SIZES = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),

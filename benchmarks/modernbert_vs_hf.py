@@ -21,10 +21,10 @@ from contextlib import nullcontext
 
 import torch
 
+from bertgpu.config.overrides import config_to_dict
+from bertgpu.config.schema import load_config
 from bertgpu.models.build import build_model
-from bertgpu.models.layers import num_parameters
-from bertgpu.train.config import load_config
-from bertgpu.train.overrides import config_to_dict
+from bertgpu.models.shared import num_parameters
 
 
 def batch(vocab: int, b: int, t: int, mask_rate: float, device: str, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ median step times, and the median of those ratios is the overhead (drifting load
 machine hits both halves of a pair alike, where whole-run medians would mostly measure the
 neighbours); every --log-every steps the metrics logger writes a train
 record, which with the monitor adds the GPU keys and the summary line. The monitor samples
---gpus simulated GPUs (``bertgpu.train.nvml_sim``) whose every NVML call sleeps --call-ms,
+--gpus simulated GPUs (``bertgpu.testing.nvml_sim``) whose every NVML call sleeps --call-ms,
 releasing the GIL as a real call through ctypes does (real calls take ~0.05-1 ms).
 
 At the default interval of [logging] gpu_monitor_interval_s (5 s) the cost is far below what a
@@ -48,10 +48,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     args = ap.parse_args()
 
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
-    from bertgpu.train.metrics import MetricsLogger
-    from bertgpu.train.monitor import GpuMonitor
-    from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.telemetry.metrics import MetricsLogger
+    from bertgpu.telemetry.monitor import GpuMonitor
+    from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
 
     torch.set_num_threads(1)  # one core for the step, the other for the machine's neighbours
     torch.manual_seed(0)

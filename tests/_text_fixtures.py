@@ -10,7 +10,8 @@ import bz2
 import re
 from pathlib import Path
 
-from bertgpu.data.corpus import WIKI_SAMPLE, split_sentences
+from bertgpu.data.corpus import WIKI_SAMPLE
+from bertgpu.data.textio import split_sentences
 
 GENSIM_WIKI = WIKI_SAMPLE
 

@@ -30,3 +30,19 @@ def perturb(model):
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     return model
+
+
+def unpad_index(attention_mask: torch.Tensor, backend: str = "auto"):
+    """(B, T) mask -> its `Unpadded` rows, even when nothing is padded (the kernels' tests take
+    every layout; the model builds `Unpadded` from the loader's `BatchMeta` instead)."""
+    from dataclasses import replace
+
+    from bertgpu.batch import batch_meta
+    from bertgpu.models.attention import Unpadded
+
+    meta = batch_meta(attention_mask)
+    if not meta.padded:
+        B, T = attention_mask.shape
+        n = torch.arange(B * T, device=attention_mask.device)
+        meta = replace(meta, index=n, cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device))
+    return Unpadded.from_meta(meta, attention_mask, backend)

@@ -13,7 +13,8 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def tiny_init(root: Path, vocab: list[str]) -> Path:
     """ROOT/init: config.json, model.safetensors (hidden 32, 2 layers, no NSP head) and a word-level
     vocab.txt (`vocab`, specials first) with a lower-casing tokenizer_config.json."""
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
     from bertgpu.models.hf_io import save_pretrained
 
     tok = root / "tok"

@@ -18,8 +18,8 @@ def one_thread():
 
 @pytest.fixture
 def no_faults(monkeypatch):
-    """No fault injection from the environment, and fresh fault counters (train/faults.py)."""
-    from bertgpu.train import faults
+    """No fault injection from the environment, and fresh fault counters (testing/faults.py)."""
+    from bertgpu.testing import faults
 
     for name in (faults.ENV, "TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bertgpu.errors import BertgpuError
-from bertgpu.models.bert import BertConfig, BertForPreTraining
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
 from bertgpu.train.autobatch import (
     agree_on_micro_batch,
     attempt,
@@ -138,7 +139,7 @@ def test_probe_step_uses_the_runs_precision_and_optimizer(dtype):
 def test_probe_model_follows_the_architecture():
     import dataclasses
 
-    from bertgpu.models.modernbert_config import ModernBertConfig
+    from bertgpu.models.modernbert.config import ModernBertConfig
 
     bert = probe_model(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32), with_nsp=True, grad_ckpt=True)

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import TINY
+from _tiny import TINY, unpad_index
 
-from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.attention import (
-    BatchMeta,
-    batch_meta,
-    nested_attention,
-    unpad_index,
-    unpadded_padded_attention,
-)
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.batch import IGNORE_INDEX, BatchMeta, batch_meta
+from bertgpu.models.attention import nested_attention, unpadded_padded_attention
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,

@@ -28,7 +28,7 @@ def bench_out(tmp_path_factory) -> Path:
     corpus = write_sentences(tmp / "corpus.txt", pydoc_documents(40))
     out = tmp / "out"
     small = ["model.vocab_size=600", "model.hidden_size=32", "model.intermediate_size=64",
-             "train.global_batch_size=8", "train.micro_batch_size=8"]
+             "train.global_batch_size=8", "impl.micro_batch_size=8"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models on a shared CPU: spin-waiting threads only slow them
     try:
@@ -99,14 +99,15 @@ def test_report_renders_the_quality_file(bench_out: Path, tmp_path: Path):
 
 
 def test_projection_arithmetic_and_inputs(tmp_path: Path):
+    from bertgpu.config import overrides, schema
     from bertgpu.models.build import model_config
-    from bertgpu.train import config, flops, overrides
+    from bertgpu.models.modernbert.cost import flops_per_token_of
 
     recipe = bq.resolve_recipe("configs/modern-budget-24h.toml")
     rows = bq.project(recipe, "H100 SXM", 0.4, 24.0)
     ours = rows[0]
-    cfg = config.load_config(recipe)
-    fpt = flops.modernbert_flops_per_token(model_config(overrides.config_to_dict(cfg.model)), 128, cfg.data.mask_rate)
+    cfg = schema.load_config(recipe)
+    fpt = flops_per_token_of(model_config(overrides.config_to_dict(cfg.model)), 128, cfg.data.mask_rate)
     assert ours["flops_per_token"] == pytest.approx(fpt)
     assert ours["tokens"] == pytest.approx(0.4 * 989e12 / fpt * 24 * 3600)
     assert {r["model"] for r in rows} >= {"BERT-base", "ModernBERT-base", "Cramming (crammed BERT)"}

@@ -41,7 +41,8 @@ def test_cost_model_limits_and_trends():
 
 
 def test_bert_parameter_counts_match_the_model():
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
 
     cfg = BertConfig.from_dict({"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
                                 "num_attention_heads": 4, "intermediate_size": 256})
@@ -69,7 +70,7 @@ def test_smoke_one_and_two_workers(tmp_path, capsys):
     args = _args("--workers", "1", "2", "--accumulation", "1", "--steps", "2", "--warmup-steps", "1",
                  "--device", "cpu", "--micro-batch-size", "2", "--seq-len", "16",
                  "--set", "model.vocab_size=64", "--set", "model.hidden_size=32",
-                 "--set", "model.intermediate_size=64", "--set", "data.num_workers=0",
+                 "--set", "model.intermediate_size=64", "--set", "impl.num_workers=0",
                  "--out", str(out))
     assert bs.main(args) == 0
     rows = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]

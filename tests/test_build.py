@@ -12,12 +12,13 @@ import torch
 from _tiny import TINY, tiny_batch
 from _tiny_modern import TINY_MODERN
 
+from bertgpu.config.overrides import config_to_dict
+from bertgpu.config.schema import load_config
 from bertgpu.errors import BertgpuError
-from bertgpu.models import bert
+from bertgpu.models.bert import model as bert
 from bertgpu.models.build import build_model
-from bertgpu.models.modernbert import ModernBertForMaskedLM
-from bertgpu.train.config import load_config
-from bertgpu.train.overrides import config_to_dict
+from bertgpu.models.modernbert.model import ModernBertForMaskedLM
+from bertgpu.models.shared import num_parameters
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -101,7 +102,7 @@ def test_modern_recipes_load_and_build(name):
     with torch.device("meta"):  # the shapes, without allocating 150 M parameters
         model = build_model(config_to_dict(cfg.model), "pretraining")
     assert isinstance(model, ModernBertForMaskedLM)
-    n = bert.num_parameters(model)
+    n = num_parameters(model)
     if name == "modern-base":
         assert n == pytest.approx(149.0e6, rel=0.01)  # ModernBERT-base's published 149 M
         kinds = [layer.attention_type for layer in model.model.layers]
@@ -149,7 +150,7 @@ def test_model_section_builds_what_it_says():
 
 def test_config_schema_does_not_import_torch():
     """`bertgpu --help` and the data tools read the schema; torch comes with a model only."""
-    code = "import sys, bertgpu.train.config; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, bertgpu.config.schema; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -87,9 +87,11 @@ def test_compiled_fullgraph_equals_eager_with_few_compiles(one_thread):
     one recompile: the second shape makes them dynamic."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
+    from bertgpu.batch import batch_meta
     from bertgpu.data.loaders import bucket_width
-    from bertgpu.models.attention import batch_meta
-    from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.models.shared import ModelOptions
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig(**graph_check.TINY), options=ModelOptions(unpad=True)).train()

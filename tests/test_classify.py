@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from _tiny_init import SPECIAL
 
-from bertgpu.errors import BertgpuError
-from bertgpu.finetune import finetune
-from bertgpu.tasks import classify, metrics
-from bertgpu.train.finetune_config import (
+from bertgpu.config.finetune import (
     FinetuneConfig,
     finetune_defaults,
     load_finetune_config,
     resolve_finetune,
 )
+from bertgpu.errors import BertgpuError
+from bertgpu.finetune import finetune
+from bertgpu.tasks import classify, metrics
 
 WORDS = "apple river stone cloud table green quiet music paper window garden silver bright lamp horse ocean".split()
 KEYWORDS = {"positive": "good", "negative": "bad", "neutral": "meh"}

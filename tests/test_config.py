@@ -7,8 +7,15 @@ import math
 
 import pytest
 
-from bertgpu.errors import BertgpuError
-from bertgpu.train.config import (
+from bertgpu.config.overrides import (
+    apply_overrides,
+    config_to_dict,
+    dump_toml,
+    format_help,
+    help_of,
+    tomllib,
+)
+from bertgpu.config.schema import (
     PretrainConfig,
     load_config,
     resolve_batch,
@@ -16,7 +23,7 @@ from bertgpu.train.config import (
     scaled_lr,
     validate,
 )
-from bertgpu.train.overrides import apply_overrides, config_to_dict, dump_toml, format_help, tomllib
+from bertgpu.errors import BertgpuError
 
 
 def write(tmp_path, text: str):
@@ -39,25 +46,27 @@ def test_defaults_validate_and_every_field_has_help():
     assert "--train.max_steps" in text and "--optim.betas" in text and "[schedule]" in text
 
 
-def test_model_section_has_hf_names():
-    names = [f.name for f in dataclasses.fields(PretrainConfig().model)]
-    assert names == [
-        "architecture",
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-        "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-        "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps",
-        "pad_token_id",
-        # ModernBERT's (transformers' ModernBertConfig names)
-        "hidden_activation", "norm_eps", "norm_bias", "attention_bias", "mlp_bias", "decoder_bias",
-        "embedding_dropout", "attention_dropout", "mlp_dropout", "global_attn_every_n_layers",
-        "local_attention", "global_rope_theta", "local_rope_theta", "initializer_cutoff_factor",
-        "classifier_pooling",
-    ]
-    from bertgpu.models.bert import BertConfig
-    from bertgpu.models.modernbert_config import ModernBertConfig
+@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+def test_model_section_is_the_architectures_own_config_with_hf_names(architecture):
+    """[model] holds exactly the chosen architecture's config class (transformers' field names,
+    plus `architecture`): no field of another architecture can be set and silently ignored."""
+    from bertgpu.models.build import spec
 
-    hf_names = {f.name for cls in (BertConfig, ModernBertConfig) for f in dataclasses.fields(cls)}
-    assert set(names) - hf_names == {"architecture"}
+    cfg = load_config(None, ["--model.architecture", architecture])
+    cls = spec(architecture).config_class
+    assert type(cfg.model) is cls and cfg.model.architecture == architecture
+    names = [f.name for f in dataclasses.fields(cfg.model)]
+    assert names[0] == "architecture"
+    import transformers
+
+    hf = transformers.AutoConfig.for_model(architecture).to_dict()
+    # Every name but ours is a transformers config name; what transformers 5 dropped or folded is
+    # 4.x's (BERT's position_embedding_type; ModernBERT's thetas and layer period, which 5.x writes
+    # as rope_parameters and layer_types: both are written, see models/modernbert/config.py).
+    assert set(names) - set(hf) - {"architecture"} <= {"position_embedding_type", "global_rope_theta",
+                                                      "local_rope_theta", "global_attn_every_n_layers"}
+    assert all(help_of(cls, f) for f in dataclasses.fields(cls)), "a [model] field has no help"
+    assert f"--model.{names[1]}" in format_help(cfg)
 
 
 def test_toml_then_overrides(tmp_path):
@@ -77,21 +86,21 @@ num_attention_heads = 2
     cfg = load_config(path, ["--train.max_steps", "20", "--optim.lr=2e-3", "--seed", "3",
                              "--data", "shards/", "--out", "runs/x", "--optim.betas", "0.8,0.9",
                              "--schedule.warmup_steps", "5", "--train.budget_hours", "none",
-                             "--train.compile"])
+                             "--impl.compile"])
     assert cfg.seed == 3 and cfg.data.dir == "shards/" and cfg.out == "runs/x"
     assert cfg.train.max_steps == 20 and cfg.train.precision == "bf16"
     assert cfg.optim.name == "lamb" and cfg.optim.lr == 2e-3 and cfg.optim.betas == (0.8, 0.9)
     assert cfg.model.hidden_size == 128 and cfg.schedule.warmup_steps == 5
-    assert cfg.train.budget_hours is None and cfg.train.compile is True
+    assert cfg.train.budget_hours is None and cfg.impl.compile is True
     assert isinstance(cfg.optim.lr, float) and isinstance(cfg.train.max_steps, int)
 
 
 def test_toml_int_for_float_and_auto_micro_batch(tmp_path):
-    cfg = load_config(write(tmp_path, '[optim]\nlr = 1\n[train]\nmicro_batch_size = "auto"\n'), [])
+    cfg = load_config(write(tmp_path, '[optim]\nlr = 1\n[impl]\nmicro_batch_size = "auto"\n'), [])
     assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
-    assert cfg.train.micro_batch_size == "auto"
-    cfg = load_config(None, ["--train.micro_batch_size", "16"])
-    assert cfg.train.micro_batch_size == 16
+    assert cfg.impl.micro_batch_size == "auto"
+    cfg = load_config(None, ["--impl.micro_batch_size", "16"])
+    assert cfg.impl.micro_batch_size == 16
 
 
 def test_unknown_key_suggests(tmp_path):
@@ -108,12 +117,12 @@ def test_unknown_key_suggests(tmp_path):
     [
         (["--train.max_steps", "ten"], r"train.max_steps = ten: expected an integer"),
         (["--optim.lr", "fast"], r"optim.lr = fast: expected a number"),
-        (["--train.compile", "maybe"], r"train.compile = maybe: expected true or false"),
+        (["--impl.compile", "maybe"], r"impl.compile = maybe: expected true or false"),
         (["--optim.betas", "0.9"], r"optim.betas = 0.9: expected 2 comma-separated values"),
         (["--train.max_steps"], r"--train.max_steps needs a value"),
         (["stray"], r"unexpected argument 'stray'"),
         (["--train.precision", "fp8"], r"train.precision = 'fp8': expected one of fp32, bf16, fp16"),
-        (["--train.global_batch_size", "100", "--train.micro_batch_size", "32"], r"multiple of train.micro_batch_size"),
+        (["--train.global_batch_size", "100", "--impl.micro_batch_size", "32"], r"multiple of impl.micro_batch_size"),
         (["--model.num_attention_heads", "7"], r"model.hidden_size = 768: expected a multiple"),
         (["--optim.lr_scaling", "sqrt"], r"optim.reference_batch_size"),
         (["--train", "3"], r"train is a section"),
@@ -127,8 +136,8 @@ def test_bad_values_name_the_key(overrides, pattern):
 def test_toml_type_error_names_file_and_key(tmp_path):
     with pytest.raises(BertgpuError, match=r"config.toml: train.max_steps = \"many\": expected an integer"):
         load_config(write(tmp_path, '[train]\nmax_steps = "many"\n'), [])
-    with pytest.raises(BertgpuError, match=r"config.toml: train.compile = 1: expected true or false"):
-        load_config(write(tmp_path, "[train]\ncompile = 1\n"), [])
+    with pytest.raises(BertgpuError, match=r"config.toml: impl.compile = 1: expected true or false"):
+        load_config(write(tmp_path, "[impl]\ncompile = 1\n"), [])
     with pytest.raises(BertgpuError, match=r"config.toml: invalid TOML"):
         load_config(write(tmp_path, "[train\n"), [])
 
@@ -163,7 +172,7 @@ def test_resolve_batch():
     assert resolve_batch(256, 32, 1) == 8
     assert resolve_batch(256, 32, 8) == 1
     assert resolve_batch(96, 8, 4) == 3
-    with pytest.raises(BertgpuError, match=r"96 is not divisible by train.micro_batch_size 8 × 5 devices = 40"):
+    with pytest.raises(BertgpuError, match=r"96 is not divisible by impl.micro_batch_size 8 × 5 devices = 40"):
         resolve_batch(96, 8, 5)
     with pytest.raises(BertgpuError):
         resolve_batch(96, "auto", 1)

@@ -15,8 +15,8 @@ from bertgpu.data.corpus import (
     gensim_test_data,
     iter_documents,
     resolve_inputs,
-    split_sentences,
 )
+from bertgpu.data.textio import split_sentences
 from bertgpu.data.wikitext import strip_wiki_markup
 from bertgpu.errors import BertgpuError
 

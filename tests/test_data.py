@@ -10,19 +10,18 @@ import pytest
 import torch
 from _shards import write_synthetic_shards
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.loaders import PretrainLoader, ValidationLoader, iter_eval_batches, trim_batch
 from bertgpu.data.masking import (
     Masker,
     MaskingConfig,
     _philox,
     continuation_table_from_vocab,
-    position_to_index,
     positions_to_indices,
     sample_order,
 )
 from bertgpu.data.shards import ShardSet, check_compatible
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 
 SPECIAL = {0, 1, 2, 3, 4}
 MASK_ID = 4
@@ -168,7 +167,7 @@ def test_sample_order_is_a_reproducible_permutation():
     assert not np.array_equal(a, sample_order(1000, seed=8, epoch=0))
     assert not np.array_equal(a, np.arange(1000))
     for p in (0, 999, 1000, 2345):
-        e, i = position_to_index(p, 1000, 7)
+        e, i = (int(x[0]) for x in positions_to_indices(np.array([p]), 1000, 7))
         assert (e, i) == (p // 1000, sample_order(1000, 7, p // 1000)[p % 1000])
     epochs, indices = positions_to_indices(np.arange(1990, 2010), 1000, 7)
     assert epochs.tolist() == [1] * 10 + [2] * 10

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 import torch
 from _shards import write_synthetic_shards
+from _tiny import unpad_index
 
 from bertgpu.data.loaders import PretrainLoader, bucket_by_length
 from bertgpu.data.masking import MaskingConfig
 from bertgpu.data.shards import ShardSet
 from bertgpu.errors import BertgpuError
-from bertgpu.models.attention import unpad_index
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
-    ModelOptions,
 )
+from bertgpu.models.shared import ModelOptions
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -19,8 +19,8 @@ from _tiny import TINY
 from bertgpu import fsutil
 from bertgpu.cli import main as cli
 from bertgpu.errors import BertgpuError
+from bertgpu.testing import faults
 from bertgpu.train import checkpoint as ckpt
-from bertgpu.train import faults
 
 
 @pytest.fixture(autouse=True)
@@ -233,7 +233,8 @@ def test_pruning_keeps_checkpoints_newer_than_the_save(tmp_path):
 @pytest.fixture
 def run(tmp_path):
     """A run folder with two real (tiny BERT) checkpoints, 10 and 20."""
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
     from bertgpu.models.hf_io import hf_config
 
     run = tmp_path / "run"

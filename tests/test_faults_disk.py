@@ -18,8 +18,8 @@ import torch
 
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
+from bertgpu.testing import faults
 from bertgpu.train import checkpoint as ckpt
-from bertgpu.train import faults
 
 EXTRA = {"config.toml": "seed = 1\n", "config.json": "{}\n"}
 # Files one save writes, in order: model.safetensors, train_state.pt, the two extra files,

@@ -1,6 +1,6 @@
 """Faults injected end to end through `bertgpu pretrain` (CPU, gloo): each ends with one clear
 line, loses nothing, and a re-run (or the launcher's restart) ends bitwise equal to a run that
-never failed. Fault injection: BERTGPU_FAULTS (train/faults.py)."""
+never failed. Fault injection: BERTGPU_FAULTS (testing/faults.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, refe
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "BERTGPU_FAULTS": "delay_rank=0:0.2"}  # slow steps, so the signal lands mid-run
-    extra = ["--data.num_workers", "1", *(["--nproc", "2"] if nproc == 2 else [])]
+    extra = ["--impl.num_workers", "1", *(["--nproc", "2"] if nproc == 2 else [])]
     proc = subprocess.Popen([sys.executable, "-m", "bertgpu", *args(shards, run, *extra)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     metrics = run / "metrics.jsonl"

@@ -1,4 +1,4 @@
-"""train/faults.py: the BERTGPU_FAULTS parser and each helper (kill, non-finite, delay, ENOSPC on
+"""testing/faults.py: the BERTGPU_FAULTS parser and each helper (kill, non-finite, delay, ENOSPC on
 the n-th write, a crash between renames), first attempt only, nothing when unset."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train import faults
-from bertgpu.train.faults import Trigger
+from bertgpu.testing import faults
+from bertgpu.testing.faults import Trigger
 
 pytestmark = pytest.mark.usefixtures("no_faults")
 
@@ -134,7 +134,7 @@ def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_maybe_kill_sends_sigkill_at_its_step_only():
-    code = ("from bertgpu.train import faults\n"
+    code = ("from bertgpu.testing import faults\n"
             "for step in range(6):\n"
             "    faults.maybe_kill(0, step)\n"
             "    faults.maybe_kill(1, step)\n"
@@ -148,7 +148,7 @@ def test_maybe_kill_sends_sigkill_at_its_step_only():
 
 
 def test_between_renames_kills_on_the_nth_replacement():
-    code = ("from bertgpu.train import faults\n"
+    code = ("from bertgpu.testing import faults\n"
             "for i in range(3):\n"
             "    faults.between_renames()\n"
             "    print('replaced', i + 1, flush=True)\n")

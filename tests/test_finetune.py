@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from _tiny_init import SPECIAL
 
+from bertgpu.config.finetune import FinetuneConfig
 from bertgpu.errors import BertgpuError
-from bertgpu.finetune import FinetuneConfig, demo_tasks, finetune, finetune_examples, load_config
+from bertgpu.finetune import finetune, finetune_examples, load_config
+from bertgpu.tasks.demo_sets import demo_tasks
 
 WORDS = ("apple river stone cloud table green quiet music paper window garden silver bright lamp "
          "horse ocean").split()

@@ -1,4 +1,4 @@
-"""Tests for bertgpu.train.flops: FLOPs against a hand count and torch's FLOP counter, peak lookup, MFU."""
+"""Tests for FLOPs per token (models/bert/cost.py, telemetry/flops.py) against a hand count and torch's FLOP counter, peak lookup, MFU."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train.flops import (
-    PEAK_TFLOPS,
-    flops_per_token,
-    flops_per_token_from_config,
-    mfu,
-    peak_tflops,
-)
+from bertgpu.models.bert.cost import flops_per_token
+from bertgpu.telemetry.flops import PEAK_TFLOPS, flops_per_token_from_config, mfu, peak_tflops
 
 # --------------------------------------------------------------------------------------------
 # FLOPs

@@ -19,14 +19,14 @@ import torch
 from _tiny import TINY, tiny_batch
 from _toy import ToyPretrain, count_fn, loss_fn, make_batch
 
-from bertgpu.models.attention import batch_meta
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.batch import batch_meta
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
-    ModelOptions,
 )
+from bertgpu.models.shared import ModelOptions
 from bertgpu.train.optim import build_optimizer, param_groups
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -216,8 +216,8 @@ def _micro_steps(name: str):
     cfg = BertConfig(**GPU_TINY)
     mask_rows = [(64, 37, 50, 9), (61, 64, 20, 33)]
     if name.startswith("modernbert"):  # local (window 32) and global layers, MLM only
-        from bertgpu.models.modernbert import ModernBertForMaskedLM
-        from bertgpu.models.modernbert_config import ModernBertConfig
+        from bertgpu.models.modernbert.config import ModernBertConfig
+        from bertgpu.models.modernbert.model import ModernBertForMaskedLM
 
         mcfg = ModernBertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
                                 intermediate_size=256, max_position_embeddings=128, local_attention=32,

@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,

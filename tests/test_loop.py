@@ -10,10 +10,20 @@ import pytest
 import torch
 from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
 
+from bertgpu.config.schema import (
+    CheckpointSection,
+    DistributedSection,
+    ImplSection,
+    LoggingSection,
+    OptimSection,
+    ScheduleSection,
+    TrainSection,
+)
+from bertgpu.telemetry.records import read_metrics
 from bertgpu.train import loop as loop_mod
-from bertgpu.train import setup
+from bertgpu.train.checkpoint import load_resume
 from bertgpu.train.distributed import DistInfo
-from bertgpu.train.metrics import read_metrics
+from bertgpu.train.engine import build_engine
 from bertgpu.train.schedule import Schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,17 +68,21 @@ class ToyTask:
         pass
 
 
-def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, **settings):
+def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, eval_every: int = 0,
+              checkpoint_every: int = 0, budget_hours: float | None = None, **settings):
     torch.manual_seed(0)
     model = ToyPretrain()
     info = DistInfo()
-    engine, timer = setup.build_engine(model, setup.EngineSettings(lr=1e-2), info)
+    train = TrainSection(max_steps=max_steps, global_batch_size=8, log_every_steps=2, eval_every_steps=eval_every,
+                         budget_hours=budget_hours)
+    engine, timer = build_engine(model, info, lr=1e-2, train=train, optim=OptimSection(), impl=ImplSection(),
+                                 dist=DistributedSection())
     task = ToyTask(model, crash_at)
-    s = loop_mod.LoopSettings(run_dir=run_dir, schedule=Schedule(peak_lr=1e-2, warmup_fraction=0.2, max_steps=max_steps),
-                              max_steps=max_steps, global_batch_size=8, log_every=2, tensorboard=False,
-                              **settings)
-    return loop_mod.Loop(task, model, engine, s, info, comm_timer=timer,
-                         resume=setup.load_resume(run_dir, info)), task, model
+    return loop_mod.Loop(task, model, engine, info, run_dir=run_dir, train=train,
+                         schedule=ScheduleSection(warmup_fraction=0.2), peak_lr=1e-2,
+                         checkpoint=CheckpointSection(every_steps=checkpoint_every),
+                         dist=DistributedSection(), logging=LoggingSection(tensorboard=False),
+                         comm_timer=timer, resume=load_resume(run_dir, info), **settings), task, model
 
 
 def test_cadence_and_records(tmp_path):

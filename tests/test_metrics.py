@@ -1,4 +1,4 @@
-"""Tests for bertgpu.train.metrics: throughput with a fake clock, memory, and the metrics log
+"""Tests for bertgpu.telemetry.metrics: throughput with a fake clock, memory, and the metrics log
 (JSON lines, resume, ranks, console)."""
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ import math
 import pytest
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train.metrics import (
-    MetricsLogger,
-    Throughput,
-    device_memory,
-    format_startup_table,
-    gpu_utilisation,
-    read_metrics,
-)
+from bertgpu.telemetry.console import format_startup_table
+from bertgpu.telemetry.metrics import MetricsLogger, Throughput, device_memory, gpu_utilisation
+from bertgpu.telemetry.records import read_metrics
 
 # --------------------------------------------------------------------------------------------
 # Memory, GPU state, throughput, formatting

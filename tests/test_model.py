@@ -11,16 +11,15 @@ import torch
 from _tiny import TINY, tiny_batch  # noqa: E402
 
 from bertgpu.errors import BertgpuError
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
-    ModelOutput,
-    num_parameters,
 )
+from bertgpu.models.shared import ModelOutput, num_parameters
 
 transformers = pytest.importorskip("transformers")
 

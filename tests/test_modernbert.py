@@ -14,11 +14,10 @@ import torch
 from _tiny import perturb, tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN, TINY_MODERN_BIASED
 
+from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.attention import batch_meta
-from bertgpu.models.modernbert import (
-    ModernBertConfig,
+from bertgpu.models.modernbert.config import ModernBertConfig
+from bertgpu.models.modernbert.model import (
     ModernBertForMaskedLM,
     ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
@@ -26,7 +25,7 @@ from bertgpu.models.modernbert import (
     ModernBertModel,
     attention_masks,
 )
-from bertgpu.models.rope import apply_rope, cos_sin, sliding_window_mask
+from bertgpu.models.modernbert.rope import apply_rope, cos_sin, sliding_window_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -447,8 +446,10 @@ def test_fused_unpadded_kernels_match_the_padded_model_on_gpu(backend):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs CUDA")
 def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
-    from bertgpu.models.attention import unpad_index, unpadded_padded_attention
-    from bertgpu.models.modernbert import _windowed_varlen
+    from _tiny import unpad_index
+
+    from bertgpu.models.attention import unpadded_padded_attention
+    from bertgpu.models.modernbert.model import _windowed_varlen
 
     if _windowed_varlen() is None:
         pytest.skip("this torch's varlen_attn has no window_size")

@@ -23,7 +23,7 @@ def test_pretrain_export_and_finetune_modernbert(tmp_path):
     assert main(["pretrain", str(ROOT / "configs" / "modern-tiny.toml"), "--data", str(data), "--out", str(run),
                  "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "48",
                  "--model.max_position_embeddings", "64", "--model.local_attention", "8",
-                 "--train.max_steps", "3", "--train.global_batch_size", "8", "--train.micro_batch_size", "4",
+                 "--train.max_steps", "3", "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
                  "--train.eval_every_steps", "0", "--train.log_every_steps", "1"]) == 0
     cfg = json.loads((run / "hf" / "config.json").read_text())
     assert cfg["model_type"] == "modernbert" and cfg["architectures"] == ["ModernBertForMaskedLM"]

@@ -1,4 +1,4 @@
-"""Tests for bertgpu.train.monitor on a simulated NVML: the per-GPU series in gpu.jsonl, the
+"""Tests for bertgpu.telemetry.monitor on a simulated NVML: the per-GPU series in gpu.jsonl, the
 one-line summary, throttle decoding, a GPU vanishing mid-run, unsupported readings, the
 background thread, absent NVML, the device-index mapping, and the logger's use of it all."""
 
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from bertgpu.train import monitor as monitor_mod
-from bertgpu.train.metrics import MetricsLogger, gpu_utilisation
-from bertgpu.train.monitor import GpuMonitor, decode_throttle, nvml_index_of, summarize
-from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
-from bertgpu.train.records import read_jsonl, read_metrics
+from bertgpu.telemetry import monitor as monitor_mod
+from bertgpu.telemetry.metrics import MetricsLogger, gpu_utilisation
+from bertgpu.telemetry.monitor import GpuMonitor, decode_throttle, nvml_index_of, summarize
+from bertgpu.telemetry.records import read_jsonl, read_metrics
+from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
 
 
 def test_decode_throttle():

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from _tiny_init import SPECIAL
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
 from bertgpu.finetune import finetune
-from bertgpu.models import IGNORE_INDEX
 from bertgpu.tasks import metrics, ner
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ner"

@@ -125,7 +125,8 @@ def test_foreach_lamb_matches_the_per_tensor_lamb_on_bert():
     step 1), five steps with changing learning rates."""
     from _tiny import TINY, tiny_batch
 
-    from bertgpu.models.bert import BertConfig, BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
 
     torch.manual_seed(0)
     a = BertForPreTraining(BertConfig(**TINY))

@@ -29,7 +29,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
         "pretrain", TINY, "--data", str(data), "--out", str(out),
         "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
         "--model.max_position_embeddings", "64",
-        "--train.global_batch_size", "8", "--train.micro_batch_size", "4",
+        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
         "--train.log_every_steps", "1", "--train.eval_every_steps", "0", "--train.eval_batches", "2",
         "--checkpoint.keep_last", "0", *extra,
     ]
@@ -113,7 +113,7 @@ def test_resume_continues_and_does_not_repeat_steps(shards: Path, tmp_path: Path
     "extra, message",
     [
         (["--train.max_stepz", "3"], "train.max_stepz"),
-        (["--train.global_batch_size", "10", "--train.micro_batch_size", "4"], "multiple of"),
+        (["--train.global_batch_size", "10", "--impl.micro_batch_size", "4"], "multiple of"),
         (["--model.vocab_size", "50"], "vocab"),
         (["--model.max_position_embeddings", "16"], "seq"),
     ],
@@ -150,14 +150,14 @@ def test_padding_free_paths_train_the_same_model(tmp_path: Path) -> None:
     common = ["--train.max_steps", "4", "--model.hidden_dropout_prob", "0",
               "--model.attention_probs_dropout_prob", "0"]
     assert main(_args(data, tmp_path / "plain", *common)) == 0
-    assert main(_args(data, tmp_path / "fast", *common, "--train.unpad", "true",
-                      "--data.bucket_window", "2")) == 0
+    assert main(_args(data, tmp_path / "fast", *common, "--impl.unpad", "true",
+                      "--impl.bucket_window", "2")) == 0
     assert _losses(tmp_path / "plain") == pytest.approx(_losses(tmp_path / "fast"), rel=1e-4)
 
 
 def test_auto_micro_batch_keeps_the_global_batch(shards: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "auto"
-    assert main(_args(shards, run, "--train.max_steps", "2", "--train.micro_batch_size", "auto")) == 0
+    assert main(_args(shards, run, "--train.max_steps", "2", "--impl.micro_batch_size", "auto")) == 0
     out = capsys.readouterr().out
     assert "micro_batch_size auto:" in out and "global batch (sequences/step)  8" in out
 

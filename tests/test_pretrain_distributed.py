@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 
 from bertgpu import pretrain
 from bertgpu.cli import main
+from bertgpu.config import schema
+from bertgpu.config.overrides import dump_toml
 from bertgpu.errors import BertgpuError
-from bertgpu.train import config, distributed
+from bertgpu.telemetry.records import read_metrics
+from bertgpu.train import distributed
 from bertgpu.train.distributed import DistInfo
-from bertgpu.train.metrics import read_metrics
-from bertgpu.train.overrides import dump_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -34,10 +35,10 @@ def _overrides(data: Path, out: Path, *extra: str) -> list[str]:
         "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
         "--model.max_position_embeddings", "64",
         "--model.hidden_dropout_prob", "0", "--model.attention_probs_dropout_prob", "0",
-        "--train.global_batch_size", "8", "--train.micro_batch_size", "4",
+        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
         "--train.log_every_steps", "1", "--train.eval_every_steps", "0", "--train.eval_batches", "2",
         "--schedule.decay", "constant", "--schedule.warmup_steps", "0",
-        "--data.num_workers", "0", "--checkpoint.keep_last", "0", *extra,
+        "--impl.num_workers", "0", "--checkpoint.keep_last", "0", *extra,
     ]
 
 
@@ -148,7 +149,7 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
     assert len(calls) == 1 and calls[0][0] == 2
     child = calls[0][1]
     assert child[:2] == ["pretrain", TINY] and "--nproc" not in child
-    from bertgpu.train.config import load_config
+    from bertgpu.config.schema import load_config
 
     assert load_config(TINY, child[2:]) == load_config(TINY, args)
     # A child (WORLD_SIZE set by the launcher) trains instead of launching again.
@@ -159,24 +160,24 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
 
 
 def test_distributed_config_section(tmp_path):
-    cfg = config.load_config(None, ["--distributed.bucket_cap_mb", "50", "--distributed.comm_hook", "bf16",
+    cfg = schema.load_config(None, ["--distributed.bucket_cap_mb", "50", "--distributed.comm_hook", "bf16",
                                     "--distributed.gradient_as_bucket_view", "false", "--train.max_steps", "1"])
     assert (cfg.distributed.bucket_cap_mb, cfg.distributed.comm_hook) == (50, "bf16")
     assert cfg.distributed.gradient_as_bucket_view is False and cfg.distributed.measure_comm is True
     path = tmp_path / "c.toml"
     path.write_text(dump_toml(cfg))
-    assert config.load_config(path).distributed == cfg.distributed
+    assert schema.load_config(path).distributed == cfg.distributed
     for bad, key in ((["--distributed.comm_hook", "zip"], "distributed.comm_hook"),
                      (["--distributed.bucket_cap_mb", "0"], "distributed.bucket_cap_mb")):
         with pytest.raises(BertgpuError, match=key):
-            config.load_config(None, bad)
+            schema.load_config(None, bad)
 
 
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
 def test_every_trainable_parameter_gets_a_gradient(tmp_path, objective):
     data = write_synthetic_shards(tmp_path / "d", n_train=32, n_val=8, seq_len=32, vocab_size=100,
                                   objective=objective)
-    cfg = config.load_config(TINY, _overrides(data, tmp_path / "r", "--train.max_steps", "2"))
+    cfg = schema.load_config(TINY, _overrides(data, tmp_path / "r", "--train.max_steps", "2"))
     trainer = pretrain.build(cfg, DistInfo())
     assert trainer.task.with_nsp == (objective == "mlm+nsp")
     named = {p: n for n, p in trainer.model.named_parameters() if p.requires_grad}

@@ -12,7 +12,8 @@ import pytest
 
 from bertgpu.cli import main as cli_main
 from bertgpu.errors import BertgpuError
-from bertgpu.report import build_report, load_source, pretrain_summary
+from bertgpu.report import build_report
+from bertgpu.report.inputs import load_source, pretrain_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -231,8 +232,8 @@ def test_cli(tmp_path, run_dir, capsys):
 def _gpu_run(tmp_path: Path) -> Path:
     """A run whose GPU series come from the real monitor over a simulated NVML: node 0 has a
     throttling GPU and one that falls off the bus; node 1 (gpu.node1.jsonl) one quiet GPU."""
-    from bertgpu.train.monitor import GpuMonitor
-    from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
+    from bertgpu.telemetry.monitor import GpuMonitor
+    from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
 
     run = tmp_path / "base"
     run.mkdir()

@@ -1,4 +1,4 @@
-"""Tests for bertgpu.train.sinks: the [logging] section, the fan-out thread (order, a failing
+"""Tests for bertgpu.telemetry.sinks: the [logging] section, the fan-out thread (order, a failing
 sink), W&B in offline mode read back from its run file, MLflow's file store read back through
 MLflow's own client, resuming into the same runs, and the one-line error when a package is
 missing."""
@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from bertgpu.config.schema import LoggingSection
 from bertgpu.errors import BertgpuError
-from bertgpu.train.metrics import MetricsLogger
-from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
-from bertgpu.train.records import read_jsonl, read_metrics
-from bertgpu.train.sinks import LoggingSection, flatten_config, open_logger
+from bertgpu.telemetry.metrics import MetricsLogger
+from bertgpu.telemetry.records import read_jsonl, read_metrics
+from bertgpu.telemetry.run_logger import open_logger
+from bertgpu.telemetry.sinks import flatten_config
+from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
 
 CONFIG = {"seed": 3, "model": {"hidden_size": 32, "num_hidden_layers": 2},
           "train": {"max_steps": 4, "precision": "fp32"}}
@@ -68,7 +70,7 @@ def test_logging_section_fields_and_validation():
 
 
 def test_logging_section_in_a_config_schema(tmp_path):
-    from bertgpu.train import overrides
+    from bertgpu.config import overrides
 
     @dataclasses.dataclass
     class Schema:  # as the pretraining and fine-tuning schemas hold it

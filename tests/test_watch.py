@@ -12,8 +12,8 @@ import pytest
 
 from bertgpu import watch
 from bertgpu.cli import main as cli_main
-from bertgpu.train.monitor import GpuMonitor
-from bertgpu.train.nvml_sim import SimGpu, SimulatedNvml
+from bertgpu.telemetry.monitor import GpuMonitor
+from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
 from bertgpu.watch import RunState, eta_s, sparkline
 
 CONFIG = ("seed = 0\n[model]\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from _text_fixtures import CHINESE_NEWS
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.cli import main as cli_main
 from bertgpu.data.masking import Masker, MaskingConfig
 from bertgpu.data.prepare import prepare
 from bertgpu.data.shards import ShardSet
 from bertgpu.data.tokenizer import train_tokenizer
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jieba") is None, reason="jieba not installed")
 

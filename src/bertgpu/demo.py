@@ -62,7 +62,7 @@ def _recipe() -> Path:
 
 
 def _train_curve(run_dir: Path) -> list[dict[str, Any]]:
-    from bertgpu.train.metrics import read_metrics
+    from bertgpu.telemetry.records import read_metrics
 
     return read_metrics(run_dir / "metrics.jsonl", drop_superseded=True)
 
@@ -160,8 +160,8 @@ def _pretraining_table(run_dir: Path) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from bertgpu import pretrain
+    from bertgpu.config import schema
     from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
-    from bertgpu.train import config
 
     out = Path(args.out)
     if args.fresh and out.exists():
@@ -178,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = ["--data", str(data_dir), "--out", str(run_dir), "--model.vocab_size", str(args.vocab_size)]
     if args.steps:
         overrides += ["--train.max_steps", str(args.steps)]
-    cfg = config.load_config(_recipe(), overrides)
+    cfg = schema.load_config(_recipe(), overrides)
     result = pretrain.run(cfg)
     _done(t0)
 

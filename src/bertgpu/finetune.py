@@ -13,7 +13,7 @@ folder or any Hugging Face BERT.
     from bertgpu.finetune import finetune
     results = finetune("sst2", "glue_data", "runs/base", "ft/sst2", overrides=["--epochs", "2"])
 
-Overrides are the flat `FinetuneConfig` keys (train/finetune_config.py), `--epochs 3 --lr=2e-5`
+Overrides are the flat `FinetuneConfig` keys (config/finetune.py), `--epochs 3 --lr=2e-5`
 (`--help-config` lists them); `--train.epochs 3` is accepted as the same key. The lr and the
 epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and results.json's
 config say what was used.
@@ -49,12 +49,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, resolve_finetune
+from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
 from bertgpu.tasks.demo_sets import demo_tasks
 from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, own_file_fields, own_files_job, squad_job
-from bertgpu.train.finetune_config import FinetuneConfig, load_finetune_config, resolve_finetune
-from bertgpu.train.overrides import config_to_dict, format_help
 
 if TYPE_CHECKING:
     import torch
@@ -109,11 +109,13 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
 
     overrides = None
     if cfg.hidden_dropout_prob is not None:
-        # BERT's hidden dropout; ModernBERT calls the same places embedding and MLP dropout.
+        # BERT's hidden dropout, or what the architecture calls the same places (ModernBERT:
+        # embedding and MLP dropout).
         source = hf_io.read_config(hf_io.resolve_checkpoint_folder(config_from if init == "random" else init))
-        p = cfg.hidden_dropout_prob
-        overrides = ({"embedding_dropout": p, "mlp_dropout": p} if build.architecture_of(source) == "modernbert"
-                     else {"hidden_dropout_prob": p})
+        spec = build.spec(build.architecture_of(source))
+        names = (("hidden_dropout_prob",) if "hidden_dropout_prob" in spec.config_class.__dataclass_fields__
+                 else spec.equivalents["hidden_dropout_prob"])
+        overrides = dict.fromkeys(names, cfg.hidden_dropout_prob)
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
     if init != "random":
         model = hf_io.load_pretrained(init, head=head, num_labels=num_labels, config_overrides=overrides)
@@ -280,13 +282,16 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     (lr and epochs set); `size_note` says which of them were chosen by model size."""
     import torch
 
+    from bertgpu.config.finetune import as_sections
+    from bertgpu.config.schema import resolve_batch
     from bertgpu.models.hf_io import save_pretrained
-    from bertgpu.tasks.finetuning import FinetuneTask
-    from bertgpu.train import distributed, flops, loop, setup
-    from bertgpu.train.config import resolve_batch
-    from bertgpu.train.schedule import Schedule
+    from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
+    from bertgpu.telemetry import flops
+    from bertgpu.train import distributed, loop
+    from bertgpu.train.checkpoint import load_resume
+    from bertgpu.train.engine import build_engine, seed_dropout
 
-    resume = setup.load_resume(work, info)
+    resume = load_resume(work, info)
     if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
         resume = None  # an interrupted run of other settings: start over
     if info.is_main:
@@ -298,39 +303,33 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     world = info.world_size
     micro = cfg.micro_batch_size or max(cfg.global_batch_size // world, 1)
     accumulation = resolve_batch(cfg.global_batch_size, micro, world)
+    per_epoch = steps_per_epoch(job, cfg.global_batch_size, world)
+    sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch, micro_batch_size=micro)
     model = model.to(torch.device(info.device))
-    engine, timer = setup.build_engine(model, setup.EngineSettings(
-        precision=cfg.precision, grad_clip=cfg.grad_clip, max_nonfinite_steps=cfg.max_nonfinite_steps,
-        optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay), info)
-    setup.seed_dropout(cfg.seed, info.rank)
+    engine, timer = build_engine(model, info, lr=cfg.lr, train=sec.train, optim=sec.optim, impl=sec.impl,
+                                 dist=sec.distributed)
+    seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
                         micro_batch_size=micro, epochs=cfg.epochs, eval_batch_size=cfg.eval_batch_size,
                         autocast=engine.autocast, info=info, work_dir=work if info.is_main else None,
                         export=lambda: save_pretrained(model, work / "model", tokenizer=tok_dir))
     seq = cfg.max_seq_len or (384 if job.head == "qa" else 128)
-    settings = loop.LoopSettings(
-        run_dir=work,
-        schedule=Schedule(peak_lr=cfg.lr, decay=cfg.decay, warmup_fraction=cfg.warmup_fraction,
-                          max_steps=task.total_steps, budget_mode=bool(cfg.budget_hours)),
-        max_steps=task.total_steps, budget_hours=cfg.budget_hours, global_batch_size=cfg.global_batch_size,
-        log_every=cfg.log_every_steps, eval_every=task.steps_per_epoch,
-        checkpoint_every=cfg.checkpoint_every_steps, checkpoint_every_minutes=cfg.checkpoint_every_minutes,
-        keep_last=1, final_checkpoint=False, seed=cfg.seed,
-        flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0, with_nsp=False),
-        extra_files=lambda: {"finetune.json": identity},
-        title="bertgpu finetune", logging=cfg.logging, config_dict=config_to_dict(cfg),
-        tensorboard=bool(cfg.logging.tensorboard),  # fine-tuning writes TensorBoard only when asked
-        startup_rows=[
-            ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
-            ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
-            ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {micro} / {accumulation}"),
-            ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
-            ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
-                              f"{cfg.decay} decay)"),
-            *([("by model size", size_note)] if size_note else []),
-        ],
-    )
-    return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume), task
+    rows = [
+        ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
+        ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
+        ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {micro} / {accumulation}"),
+        ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
+        ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, {cfg.decay} decay)"),
+        *([("by model size", size_note)] if size_note else []),
+    ]
+    lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
+                   peak_lr=cfg.lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
+                   seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune", startup_rows=rows,
+                   checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
+                   flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0,
+                                                                      with_nsp=False),
+                   comm_timer=timer, resume=resume)
+    return lp, task
 
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any], cfg: FinetuneConfig,
@@ -341,7 +340,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
 
     from bertgpu import __version__
 
-    work = loop.s.run_dir
+    work = loop.run_dir
     for _split, data, write in job.predict_test:
         write(task.predict(data), work)
     history = task.history

@@ -167,7 +167,7 @@ def _read_results(path: Path) -> dict[str, Any]:
 
 def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
     """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command."""
-    from bertgpu.train.overrides import config_to_dict
+    from bertgpu.config.overrides import config_to_dict
 
     now = {**config_to_dict(cfg), "seed": seed}
     then = results.get("config", {})
@@ -183,8 +183,8 @@ def _median(values: list[float]) -> float:
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], seeds: list[int],
               cfg: Any, init: str, references: list[str], skipped: list[str]) -> dict[str, Any]:
     """Medians over seeds per task column and metric, and the average in our convention."""
+    from bertgpu.config.overrides import config_to_dict
     from bertgpu.tasks import metrics as eval_metrics
-    from bertgpu.train.overrides import config_to_dict
 
     per_task: dict[str, Any] = {}
     columns: dict[str, float] = {}

@@ -14,7 +14,7 @@ checkpoint and broadcasts its step, so every rank resumes from the same one (`--
 a filesystem every node sees). Resuming at another world size continues with exactly the next
 samples. SIGTERM (a preemption) writes a checkpoint and exits with status 143.
 
-This module only wires parts built elsewhere: the config (train/config.py), the shard set and
+This module only wires parts built elsewhere: the config (config/schema.py), the shard set and
 loader (data/), the model (models/), the pretraining task (tasks/pretraining.py), the engine and
 the one training loop (train/loop.py). `--nproc` is handled by the command line (cli.py).
 """
@@ -48,20 +48,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from bertgpu.train import config
+    from bertgpu.config import schema
 
     words = [f"--{key}={getattr(args, key)}" for key in ("data", "out") if getattr(args, key, None) is not None]
-    return config.load_config(args.recipe, [*words, *args.overrides])
+    return schema.load_config(args.recipe, [*words, *args.overrides])
 
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
-    from bertgpu.train import config
+    from bertgpu.config import schema
 
     cfg = _config(args)
-    if not isinstance(cfg.train.micro_batch_size, str):
-        config.resolve_batch(cfg.train.global_batch_size, cfg.train.micro_batch_size, nproc)
-    _check_gpu_count(nproc, cfg.train.device)
+    if not isinstance(cfg.impl.micro_batch_size, str):
+        schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
+    _check_gpu_count(nproc, cfg.impl.device)
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -72,10 +72,10 @@ def resume_hint(args: argparse.Namespace) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu.train import config, overrides
+    from bertgpu.config import schema
 
     if args.help_config:
-        print(overrides.format_help(config.PretrainConfig))
+        print(schema.help_text())
         return 0
     result = run(_config(args), allow_data_change=args.allow_data_change)
     return 143 if result.preempted else 0
@@ -90,7 +90,7 @@ def _check_gpu_count(n: int, device: str) -> None:
     if torch.cuda.is_available() and n > torch.cuda.device_count():
         raise BertgpuError(
             f"--nproc {n}: only {torch.cuda.device_count()} GPUs are visible; expected at most "
-            f"{torch.cuda.device_count()} (or --train.device cpu for CPU workers)"
+            f"{torch.cuda.device_count()} (or --impl.device cpu for CPU workers)"
         )
 
 
@@ -106,10 +106,10 @@ class RunResult:
 
 
 def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
-    """Train according to `cfg` (a validated `config.PretrainConfig`)."""
+    """Train according to `cfg` (a validated `schema.PretrainConfig`)."""
     from bertgpu.train import distributed
 
-    info = distributed.init_distributed(cfg.train.device, cfg.distributed.timeout_minutes)
+    info = distributed.init_distributed(cfg.impl.device, cfg.distributed.timeout_minutes)
     try:
         loop = build(cfg, info, allow_data_change)
         res = loop.run()
@@ -121,26 +121,27 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     """The training loop of a pretraining run, resumed from its newest checkpoint if any."""
 
+    from bertgpu.config import overrides, schema
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
-    from bertgpu.train import config as config_mod
-    from bertgpu.train import loop, overrides, setup
+    from bertgpu.train import loop
+    from bertgpu.train.checkpoint import load_resume
 
     if not cfg.out:
         raise BertgpuError("config: out is not set; give --out RUN_DIR")
     if not cfg.data.dir:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
-    run_dir, t = Path(cfg.out), cfg.train
+    run_dir, t, impl = Path(cfg.out), cfg.train, cfg.impl
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
-    resume = setup.load_resume(run_dir, info)
+    resume = load_resume(run_dir, info)
     data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
 
     # Batch arithmetic, validated before any model is built.
-    micro = _auto_micro_batch(cfg, data, info) if t.micro_batch_size == "auto" else t.micro_batch_size
-    accumulation = config_mod.resolve_batch(t.global_batch_size, micro, info.world_size)
-    peak_lr = config_mod.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
+    micro = _auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto" else impl.micro_batch_size
+    accumulation = schema.resolve_batch(t.global_batch_size, micro, info.world_size)
+    peak_lr = schema.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
 
     model, engine, timer = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr, info)
@@ -148,8 +149,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate, whole_word=cfg.data.whole_word_masking)
     loader = PretrainLoader(data.train, masking, t.global_batch_size, micro, rank=info.rank,
-                            world_size=info.world_size, seed=cfg.seed, num_workers=cfg.data.num_workers,
-                            pin_memory=info.device.startswith("cuda"), bucket_window=cfg.data.bucket_window)
+                            world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
+                            pin_memory=info.device.startswith("cuda"), bucket_window=impl.bucket_window)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
@@ -158,8 +159,15 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         (run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
         copy_tokenizer(data, run_dir)
 
-    settings = _loop_settings(cfg, data, model, peak_lr, micro, accumulation, info)
-    return loop.Loop(task, model, engine, settings, info, comm_timer=timer, resume=resume)
+    return loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
+                     peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
+                     logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
+                     title="bertgpu pretrain",
+                     startup_rows=_startup_rows(cfg, data, model, peak_lr, micro, accumulation, info),
+                     checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
+                                               "config.json": _hf_config_json(model)},
+                     final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
+                     comm_timer=timer, resume=resume)
 
 
 def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, peak_lr: float, info: Any) -> Any:
@@ -167,70 +175,46 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     import torch
 
     from bertgpu.models.build import build_model
-    from bertgpu.train import setup
+    from bertgpu.train.engine import build_engine, seed_dropout
 
-    t, d, o = cfg.train, cfg.distributed, cfg.optim
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(model_fields, "pretraining", with_nsp=with_nsp).to(torch.device(info.device))
-    model.unpad_enable(t.unpad)
-    model.gradient_checkpointing_enable(t.gradient_checkpointing)
-    engine, timer = setup.build_engine(model, setup.EngineSettings(
-        precision=t.precision, grad_clip=t.grad_clip, max_nonfinite_steps=t.max_nonfinite_steps,
-        optimizer=o.name, lr=peak_lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
-        compile=t.compile, bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
-        comm_hook=d.comm_hook, measure_comm=d.measure_comm), info)
-    setup.seed_dropout(cfg.seed, info.rank)
+    model.unpad_enable(cfg.impl.unpad)
+    model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
+    engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim, impl=cfg.impl,
+                                 dist=cfg.distributed)
+    seed_dropout(cfg.seed, info.rank)
     return model, engine, timer
 
 
-def _loop_settings(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, accumulation: int,
-                   info: Any) -> Any:
-    """What the loop needs of a pretraining run: cadences, FLOPs per token, the start-up table."""
-    from bertgpu.models.build import model_config
-    from bertgpu.train import flops, loop, overrides
+def _flops_per_token(cfg: Any, data: Any) -> float:
+    """Training FLOPs per real token, for MFU (the architecture's own count)."""
+    from bertgpu.telemetry import flops
 
+    return flops.flops_per_token_from_config(cfg.model, data.train.seq_len, mlm_fraction=cfg.data.mask_rate,
+                                             with_nsp=data.with_nsp)
+
+
+def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, accumulation: int,
+                  info: Any) -> list[tuple[str, str]]:
+    """The start-up table: data, model, the batch arithmetic, the learning rate, the all-reduce."""
     seq = data.train.seq_len
     t, s, d, o = cfg.train, cfg.schedule, cfg.distributed, cfg.optim
-    model_cfg = model_config(overrides.config_to_dict(cfg.model))
-    return loop.LoopSettings(
-        run_dir=Path(cfg.out),
-        schedule=_schedule(cfg, peak_lr),
-        max_steps=int(t.max_steps or 0), budget_hours=t.budget_hours, global_batch_size=t.global_batch_size,
-        log_every=t.log_every_steps, eval_every=t.eval_every_steps,
-        checkpoint_every=cfg.checkpoint.every_steps, checkpoint_every_minutes=cfg.checkpoint.every_minutes,
-        keep_last=cfg.checkpoint.keep_last, final_checkpoint=True, seed=cfg.seed,
-        balance_every=d.balance_every_steps if d.balance == "auto" and info.world_size > 1 else 0,
-        logging=cfg.logging, config_dict=overrides.config_to_dict(cfg),
-        flops_per_token=flops.flops_per_token_from_config(model_cfg, seq, mlm_fraction=cfg.data.mask_rate,
-                                                          with_nsp=data.with_nsp),
-        extra_files=lambda: {"config.toml": overrides.dump_toml(cfg), "config.json": _hf_config_json(model)},
-        title="bertgpu pretrain",
-        startup_rows=[
-            ("run folder", str(cfg.out)),
-            ("data", f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
-            ("model", _model_line(model, model_cfg, cfg.model.architecture)),
-            ("micro batch per device", str(micro)),
-            ("accumulation steps", str(accumulation)),
-            ("batch per device per step", str(micro * accumulation)),
-            ("devices", str(info.world_size)),
-            ("global batch (sequences/step)", str(t.global_batch_size)),
-            ("tokens per step", f"{t.global_batch_size * seq:,}"),
-            ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
-                              f"{_warmup_text(cfg)}, {s.decay} decay)"),
-            *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
-                                       f"comm hook {d.comm_hook}")] if info.world_size > 1 else []),
-        ],
-    )
-
-
-def _schedule(cfg: Any, peak_lr: float) -> Any:
-    from bertgpu.train.schedule import Schedule
-
-    s = cfg.schedule
-    return Schedule(peak_lr=peak_lr, decay=s.decay, warmup_fraction=s.warmup_fraction or 0.0,
-                    warmup_steps=s.warmup_steps, max_steps=int(cfg.train.max_steps or 0),
-                    budget_mode=bool(cfg.train.budget_hours), min_lr_ratio=s.min_lr_ratio, power=s.power,
-                    decay_fraction=s.decay_fraction)
+    return [
+        ("run folder", str(cfg.out)),
+        ("data", f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
+        ("model", _model_line(model, cfg.model)),
+        ("micro batch per device", str(micro)),
+        ("accumulation steps", str(accumulation)),
+        ("batch per device per step", str(micro * accumulation)),
+        ("devices", str(info.world_size)),
+        ("global batch (sequences/step)", str(t.global_batch_size)),
+        ("tokens per step", f"{t.global_batch_size * seq:,}"),
+        ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
+                          f"{_warmup_text(cfg)}, {s.decay} decay)"),
+        *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
+                                   f"comm hook {d.comm_hook}")] if info.world_size > 1 else []),
+    ]
 
 
 def _hf_config_json(model: Any) -> str:
@@ -248,27 +232,26 @@ def _warmup_text(cfg: Any) -> str:
     return f"{(s.warmup_fraction or 0.0):.1%}"
 
 
-def _model_line(model: Any, c: Any, architecture: str) -> str:
-    from bertgpu.models.layers import num_parameters
+def _model_line(model: Any, c: Any) -> str:
+    from bertgpu.models.shared import num_parameters
 
-    return (f"{architecture}, {num_parameters(model) / 1e6:.1f} M parameters (L={c.num_hidden_layers}, "
+    return (f"{c.architecture}, {num_parameters(model) / 1e6:.1f} M parameters (L={c.num_hidden_layers}, "
             f"H={c.hidden_size}, A={c.num_attention_heads}, V={c.vocab_size})")
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
-    """train.micro_batch_size = "auto": the largest micro batch that fits this device (probed with
+    """impl.micro_batch_size = "auto": the largest micro batch that fits this device (probed with
     real steps on CUDA, estimated from free RAM elsewhere), the smallest over all ranks, rounded
     down to a divisor of the per-device batch so the global batch stays exact."""
     import torch
 
-    from bertgpu.models.build import model_config
-    from bertgpu.train import autobatch, overrides
+    from bertgpu.train import autobatch
 
     t = cfg.train
     found = autobatch.find_pretrain_micro_batch(  # collective: the smallest over all ranks
-        model_config(overrides.config_to_dict(cfg.model)), seq_len=data.train.seq_len,
+        cfg.model, seq_len=data.train.seq_len,
         device=torch.device(info.device), dtype=t.precision, with_nsp=data.with_nsp,
-        grad_ckpt=t.gradient_checkpointing, compile=t.compile, optimizer=cfg.optim.name,
+        grad_ckpt=cfg.impl.gradient_checkpointing, compile=cfg.impl.compile, optimizer=cfg.optim.name,
         max_batch=max(t.global_batch_size // info.world_size, 1))
     micro, _ = autobatch.resolve_auto_batch(t.global_batch_size, info.world_size, found)
     if info.is_main:

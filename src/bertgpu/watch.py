@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train.console import duration, si
-from bertgpu.train.records import JsonlFollower, drop_superseded_records
+from bertgpu.telemetry.console import duration, si
+from bertgpu.telemetry.records import JsonlFollower, drop_superseded_records
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -71,7 +71,7 @@ class RunState:
     def poll(self) -> None:
         """Read what the files gained since the last poll."""
         if not self.config and (self.folder / "config.toml").is_file():
-            from bertgpu.train.config import read_toml
+            from bertgpu.config.overrides import read_toml
 
             try:
                 self.config = read_toml(self.folder / "config.toml")

@@ -31,16 +31,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.attention import batch_meta
-from bertgpu.models.bert import (
-    BertConfig,
+from bertgpu.batch import IGNORE_INDEX, batch_meta
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    ModelOptions,
 )
+from bertgpu.models.shared import ModelOptions
 
 TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
@@ -187,8 +186,8 @@ def cases(device: torch.device) -> list[Case]:
 def _modernbert_cases() -> list[Case]:
     """The ModernBERT configurations: MLM pretraining padded / packed / unpadded, classification
     with CLS (padded) and mean pooling (unpadded), token classification and QA."""
-    from bertgpu.models import modernbert as mb
-    from bertgpu.models.modernbert_config import ModernBertConfig
+    from bertgpu.models.modernbert import model as mb
+    from bertgpu.models.modernbert.config import ModernBertConfig
 
     cfg = ModernBertConfig(**TINY_MODERN)
     out: list[Case] = []

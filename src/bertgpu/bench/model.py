@@ -138,7 +138,7 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str
     (computed on the host; transformers' batches leave it out)."""
     import torch
 
-    from bertgpu.models.attention import batch_meta
+    from bertgpu.batch import batch_meta
 
     lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
     g = torch.Generator().manual_seed(seed)
@@ -219,7 +219,9 @@ class Models:
                  fused_qkv: bool = False) -> None:
         import torch
 
-        from bertgpu.models.bert import BertConfig, BertForPreTraining, ModelOptions
+        from bertgpu.models.bert.config import BertConfig
+        from bertgpu.models.bert.model import BertForPreTraining
+        from bertgpu.models.shared import ModelOptions
         from bertgpu.train.optim import build_optimizer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -263,7 +265,7 @@ def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compil
     is in `reuse` is not timed again: that row is repeated (marked `reused`) and serves the ratio."""
     import torch
 
-    from bertgpu.train.flops import flops_per_token_from_config, mfu
+    from bertgpu.telemetry.flops import flops_per_token_from_config, mfu
 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     reuse = {} if reuse is None else reuse
@@ -387,7 +389,7 @@ def main(args: argparse.Namespace) -> int:
         return graph_check.main(args)
     import torch
 
-    from bertgpu.train.flops import peak_tflops
+    from bertgpu.telemetry.flops import peak_tflops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():

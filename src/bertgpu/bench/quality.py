@@ -24,7 +24,7 @@ run's tables) and OUT/quality.png (validation loss against wall-clock and tokens
 `bertgpu report OUT/quality.jsonl` renders the same. The runs stay under OUT/runs and OUT/finetune.
 
 `--project` computes tokens per second and per budget for a GPU recipe from FLOPs per token
-(train/flops.py), the GPU's peak and an assumed MFU, beside published token counts (`project`).
+(telemetry/flops.py), the GPU's peak and an assumed MFU, beside published token counts (`project`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--project", action="store_true", help="print the GPU projection and exit")
     parser.add_argument("--project-recipe", default="configs/modern-budget-24h.toml",
                         help="recipe of the projection")
-    parser.add_argument("--gpu", default="H100 SXM", help="GPU of the projection (a train/flops.py PEAK_TFLOPS key)")
+    parser.add_argument("--gpu", default="H100 SXM", help="GPU of the projection (a telemetry/flops.py PEAK_TFLOPS key)")
     parser.add_argument("--mfu", type=float, default=0.40, help="assumed model FLOPs utilisation")
     parser.add_argument("--hours", type=float, default=24.0, help="budget of the projection")
 
@@ -146,7 +146,7 @@ def pretrain_overrides(args: argparse.Namespace, data_dir: Path, run_dir: Path, 
     words = [f"--data={data_dir}", f"--out={run_dir}", f"--seed={args.pretrain_seed}",
              "--train.log_every_steps=1", "--train.eval_batches=0", "--data.eval_mask_rate=0.15",
              "--checkpoint.every_steps=0", "--checkpoint.every_minutes=none", "--checkpoint.keep_last=1",
-             f"--train.device={args.device}"]
+             f"--impl.device={args.device}"]
     if args.tokens:
         steps = math.ceil(args.tokens / (cfg.train.global_batch_size * seq_len))
         words += [f"--train.max_steps={steps}", "--train.budget_hours=none"]
@@ -161,8 +161,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """The numbers of one pretraining run, from its metrics.jsonl and its export's config.json."""
     from bertgpu.models.build import architecture_of, build_model
     from bertgpu.models.hf_io import read_config
-    from bertgpu.models.layers import num_parameters
-    from bertgpu.train.metrics import read_metrics
+    from bertgpu.models.shared import num_parameters
+    from bertgpu.telemetry.records import read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl", drop_superseded=True)
     train = [r for r in records if r.get("kind") == "train"]
@@ -184,8 +184,8 @@ def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str]
                  out: Path, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Pretrain every recipe (`cfgs`: each loaded with the --set overrides) under the budget."""
     from bertgpu import pretrain
+    from bertgpu.config import schema
     from bertgpu.data.shards import ShardSet
-    from bertgpu.train import config
 
     seq_len = ShardSet(data_dir, "train").seq_len
     val = ShardSet(data_dir, "validation")
@@ -193,7 +193,7 @@ def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str]
     for recipe, name, given in zip(recipes, names, cfgs, strict=True):
         run_dir = out / "runs" / name
         shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed, not measured
-        cfg = config.load_config(recipe, pretrain_overrides(args, data_dir, run_dir, given, seq_len))
+        cfg = schema.load_config(recipe, pretrain_overrides(args, data_dir, run_dir, given, seq_len))
         log = out / "runs" / f"{name}.log"
         print(f"bench quality: pretraining {name} ({recipe}, {base['budget']}); console in {log}", flush=True)
         with _quiet(log):
@@ -313,17 +313,18 @@ CRAMMING_SHAPE = {"hidden_size": 768, "num_hidden_layers": 16, "num_attention_he
 
 def project(recipe: Path, gpu: str, mfu: float, hours: float, seq_len: int = 128) -> list[dict[str, Any]]:
     """Tokens a recipe would see in `hours` on one `gpu` at `mfu`: tokens/s = mfu x peak (bf16)
-    / training FLOPs per token (train/flops.py, the MLM head at the recipe's mask rate); and the
+    / training FLOPs per token (telemetry/flops.py, the MLM head at the recipe's mask rate); and the
     rows to compare it with (published counts, Cramming computed the same way on its GPU)."""
-    from bertgpu.models.bert_config import BertConfig
+    from bertgpu.config import overrides, schema
+    from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.build import model_config
-    from bertgpu.train import config, flops, overrides
+    from bertgpu.telemetry import flops
 
     if not 0 < mfu <= 1:
         raise BertgpuError(f"--mfu {mfu}: expected a fraction in (0, 1]")
     if gpu not in flops.PEAK_TFLOPS or "bf16" not in flops.PEAK_TFLOPS[gpu]:
         raise BertgpuError(f"--gpu {gpu!r}: expected one of {', '.join(k for k, v in flops.PEAK_TFLOPS.items() if 'bf16' in v)}")
-    cfg = config.load_config(recipe)
+    cfg = schema.load_config(recipe)
 
     def row(model: str, shape: Any, mask_rate: float, on: str, h: float) -> dict[str, Any]:
         fpt = flops.flops_per_token_from_config(shape, seq_len, mlm_fraction=mask_rate, with_nsp=False)
@@ -331,7 +332,7 @@ def project(recipe: Path, gpu: str, mfu: float, hours: float, seq_len: int = 128
         return {"kind": "projection", "model": model, "hardware": f"1 {on}, {h:g} h", "tokens": per_s * h * 3600,
                 "tokens_per_s": per_s, "flops_per_token": fpt, "mfu": mfu, "seq_len": seq_len,
                 "source": f"computed: {mfu:.0%} MFU x {flops.PEAK_TFLOPS[on]['bf16']:g} TFLOP/s (bf16 peak) / "
-                          f"{fpt / 1e9:.3g} GFLOP per token (train/flops.py)"}
+                          f"{fpt / 1e9:.3g} GFLOP per token (telemetry/flops.py)"}
 
     rows = [row(f"{recipe.stem} (ours)", model_config(overrides.config_to_dict(cfg.model)), cfg.data.mask_rate, gpu,
                 hours),
@@ -367,7 +368,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, command: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu.train import config
+    from bertgpu.config import schema
 
     out = Path(args.out)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -383,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
         raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: expected distinct seeds")
     recipes = [resolve_recipe(r) for r in (args.recipe or DEFAULT_RECIPES)]
     names = _names(recipes)
-    cfgs = [config.load_config(r, _kv(args.sets_, "--set")) for r in recipes]  # typos fail before any work
+    cfgs = [schema.load_config(r, _kv(args.sets_, "--set")) for r in recipes]  # typos fail before any work
     vocab = args.vocab_size or min(c.model.vocab_size for c in cfgs)
     budget = f"{args.tokens:,} tokens" if args.tokens else f"{args.budget_minutes:g} min wall-clock"
     corpus = "the Wikipedia sample (gensim test data)" if not (args.corpus or args.data) else \

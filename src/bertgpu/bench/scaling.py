@@ -147,8 +147,8 @@ def bert_params(hidden: int, layers: int, vocab: int = 30522, positions: int = 5
 def expected_table(bandwidths: list[float], device_tflops: float, micro_batch: int = 32, seq_len: int = 128,
                    n: int = 8, bucket_mb: float = 25.0) -> list[dict[str, Any]]:
     """The cost model for BERT-base and BERT-large at `n` GPUs, accumulation 1 and 4."""
-    from bertgpu.models.bert import BertConfig
-    from bertgpu.train import flops
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.telemetry import flops
 
     rows = []
     for name, hidden, layers in (("BERT-base", 768, 12), ("BERT-large", 1024, 24)):
@@ -227,7 +227,7 @@ def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> 
 def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
     """Steady-state numbers of one run from its metrics.jsonl (one train record per step):
     tokens/s over the steps after `warmup_steps`, and the step-time-weighted comm and data shares."""
-    from bertgpu.train.metrics import read_metrics
+    from bertgpu.telemetry.records import read_metrics
 
     train = [r for r in read_metrics(metrics_path) if r.get("kind") == "train"]
     origin = next((r for r in train if r["step"] == warmup_steps), None)
@@ -265,8 +265,8 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
         f"--data={data_dir}", f"--out={run_dir}",
         f"--train.max_steps={args.warmup_steps + args.steps}",
         f"--train.global_batch_size={micro * accumulation * workers}",
-        f"--train.micro_batch_size={micro}",
-        f"--train.device={args.device}",
+        f"--impl.micro_batch_size={micro}",
+        f"--impl.device={args.device}",
         "--train.log_every_steps=1", "--train.eval_every_steps=0", "--train.eval_batches=1",
         "--checkpoint.every_steps=0", "--checkpoint.keep_last=1",
         *model_overrides,
@@ -305,10 +305,10 @@ def _set_overrides(sets: list[str]) -> list[str]:
 def _model_overrides(args: argparse.Namespace) -> tuple[list[str], int, int]:
     """Model overrides for the default tiny model, and the (vocab, positions) the data must fit
     (after the recipe and --set)."""
-    from bertgpu.train import config
+    from bertgpu.config import schema
 
     overrides = [] if args.recipe else [f"--model.{k}={v}" for k, v in TINY_MODEL.items()]
-    cfg = config.load_config(args.recipe, [*overrides, *_set_overrides(args.sets)])
+    cfg = schema.load_config(args.recipe, [*overrides, *_set_overrides(args.sets)])
     return overrides, cfg.model.vocab_size, cfg.model.max_position_embeddings
 
 

@@ -52,7 +52,7 @@ def _with_meta(batch: dict[str, Any]) -> dict[str, Any]:
     """The batch with its host-side `BatchMeta` (padding, unpad indices, MLM rows) under
     "batch_meta": computed here on the CPU (in the worker processes), so the model's forward
     never waits on the device to find them."""
-    from bertgpu.models.attention import batch_meta
+    from bertgpu.batch import batch_meta
 
     return {**batch, "batch_meta": batch_meta(batch["attention_mask"], batch["labels"])}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.shards import ShardSet
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 
 _U64 = (1 << 64) - 1
 # Philox keys are (seed, domain): the order and the masks use separate streams even for one seed.
@@ -74,12 +74,6 @@ def positions_to_indices(positions: np.ndarray, n: int, seed: int) -> tuple[np.n
         sel = epochs == e
         indices[sel] = _cached_order(int(n), int(seed), int(e))[offsets[sel]]
     return epochs, indices
-
-
-def position_to_index(p: int, n: int, seed: int) -> tuple[int, int]:
-    """Global position `p` -> (epoch, sample index): `(p // n, sample_order(n, seed, p // n)[p % n])`."""
-    epoch, offset = divmod(int(p), int(n))
-    return epoch, int(_cached_order(int(n), int(seed), epoch)[offset])
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from bertgpu.data.corpus import CorpusStats, settle_parts
-from bertgpu.data.packing import encode_items, init_worker, nsp_chunk
+from bertgpu.data.prepare_worker import encode_items, init_worker, nsp_chunk
 from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 
 CHUNK_CHARS = 500_000  # a chunk closes at this many characters (after MIN_CHUNK_DOCS pieces): spreads work

@@ -6,7 +6,3 @@ unpadding machinery and the host-side `BatchMeta`; `hf_io.py` reads and writes H
 folders. Nothing in this package imports `bertgpu.train` or `bertgpu.data`: a model knows nothing
 of data loading, parallelism or logging.
 """
-
-IGNORE_INDEX = -100
-"""Label of positions that are not predicted (the Hugging Face / PyTorch cross-entropy default);
-the masking collator writes it, the losses skip it."""

@@ -24,100 +24,18 @@ gathered again; exact everywhere). Same loss and gradients as the padded model.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from bertgpu.models import IGNORE_INDEX
+from bertgpu.batch import BatchMeta, batch_meta
 
 try:  # flash attention over packed sequences (CUDA, fp16/bf16; torch >= 2.10). Resolved here,
     # once, rather than inside a traced forward, where an import in a try block could break the graph.
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
 except ImportError:
     _varlen_attn = None
-
-# ---------------------------------------------------------------------------------------------
-# Host-side batch metadata
-
-
-@dataclass
-class BatchMeta:
-    """The layout of one right- or left-padded (B, T) batch, computed by `batch_meta`.
-
-    Python fields are decided on the host (a compiled model guards on them: at most a few graph
-    variants); tensor fields are int64 index lists, built on the host and moved with the batch.
-    """
-
-    padded: bool
-    """Some position is padding: attention needs a mask (False keeps `attn_mask=None`, which lets
-    SDPA use the flash kernel)."""
-    packed_ok: bool = True
-    """Column 0 of every row is a real token, so attention over each gathered sequence equals the
-    masked padded attention and the varlen / nested kernels are exact (left padding or an empty
-    row fall back to the padded kernel)."""
-    max_len: int = 0
-    """Longest kept sequence (the varlen kernel's tile loop bound)."""
-    index: torch.Tensor | None = None
-    """(N_tok,) flat positions b * T + t of the kept tokens, ascending; None when nothing is padded."""
-    cu_seqlens: torch.Tensor | None = None
-    """(B + 1,) offsets of each sequence's kept rows; row 0 of sequence b is its column 0 (the
-    [CLS] token a pooler reads, kept even when padding). None when nothing is padded."""
-    masked: torch.Tensor | None = None
-    """(M,) flat positions b * T + t with an MLM label (the sparse MLM head's rows); None without labels."""
-    masked_rows: torch.Tensor | None = None
-    """(M',) rows of the unpadded (N_tok, H) activations with an MLM label (labels on padding,
-    which no collator writes, are dropped there); None when nothing is padded or without labels."""
-
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> BatchMeta:
-        """The same metadata with its tensors on `device` (itself when they are there already).
-        `non_blocking` copies from pinned memory without blocking the host."""
-        device = torch.device(device)
-        moved = {f.name: v.to(device, non_blocking=non_blocking)
-                 for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
-        return replace(self, **moved) if moved else self
-
-    def pin_memory(self) -> BatchMeta:
-        """Page-locked copies of the tensors (what a DataLoader with pin_memory=True calls)."""
-        return replace(self, **{f.name: v.pin_memory() for f in fields(self)
-                                if isinstance(v := getattr(self, f.name), torch.Tensor)})
-
-
-def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | None = None,
-               shape: tuple[int, int] | None = None) -> BatchMeta:
-    """Metadata of a batch from its (B, T) attention mask (1 = token, 0 = padding; None = all
-    tokens, then `shape` gives (B, T)) and optional (B, T) MLM labels (IGNORE_INDEX = no label).
-
-    Meant for CPU tensors (loader, collator): its `bool()` and `nonzero()` are host work there.
-    On device tensors it is correct but waits on the device (the Hugging Face-style call)."""
-    masked = None
-    if mlm_labels is not None:
-        masked = (mlm_labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)  # (M,)
-    if attention_mask is None:
-        if shape is None:
-            raise ValueError("batch_meta needs an attention mask or the batch shape")
-        return BatchMeta(padded=False, max_len=int(shape[1]), masked=masked)
-    real = attention_mask.bool()
-    B, T = real.shape
-    if bool(real.all()):
-        return BatchMeta(padded=False, max_len=T, masked=masked)
-    keep = real.clone()
-    packed_ok = bool(keep[:, 0].all())
-    keep[:, 0] = True  # the pooler reads column 0 of every row
-    # A row of padding only attends everywhere in the padded path (`sdpa_mask`): keep all of it,
-    # so even its (meaningless but finite) outputs match the padded model exactly.
-    keep |= ~real.any(dim=1, keepdim=True)
-    lengths = keep.sum(1)  # (B,)
-    flat = keep.reshape(-1)
-    rows = None
-    if masked is not None:
-        row_of = flat.long().cumsum(0) - 1  # (B T,) row of each kept position
-        labelled = masked[flat.index_select(0, masked)]
-        rows = row_of.index_select(0, labelled)
-    return BatchMeta(padded=True, packed_ok=packed_ok, max_len=int(lengths.max()),
-                     index=flat.nonzero().squeeze(1), cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)),
-                     masked=masked, masked_rows=rows)
-
 
 def traced_meta(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> BatchMeta:
     """What a model assumes inside `torch.compile` when no metadata was passed: padded whenever a
@@ -177,16 +95,6 @@ class Unpadded:
     def first_rows(self) -> torch.Tensor:
         """(B,) row of each sequence's column 0 (its [CLS] token)."""
         return self.cu_seqlens[:-1]
-
-
-def unpad_index(attention_mask: torch.Tensor, backend: str = "auto") -> Unpadded:
-    """(B, T) mask -> its `Unpadded` rows (even when nothing is padded); host syncs on device masks."""
-    meta = batch_meta(attention_mask)
-    if not meta.padded:
-        B, T = attention_mask.shape
-        n = torch.arange(B * T, device=attention_mask.device)
-        meta = replace(meta, index=n, cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device))
-    return Unpadded.from_meta(meta, attention_mask, backend)
 
 
 def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
@@ -293,6 +201,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.T
     return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
-__all__ = ["BatchMeta", "batch_meta", "traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "unpad_index", "pad_rows",
-           "choose_backend", "padded_attention", "nested_attention", "varlen_attention",
-           "unpadded_padded_attention", "attention"]
+__all__ = ["traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "pad_rows", "choose_backend",
+           "padded_attention", "nested_attention", "varlen_attention", "unpadded_padded_attention", "attention"]

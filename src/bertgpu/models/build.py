@@ -1,4 +1,7 @@
-"""The one place that maps an architecture name and a head to model classes.
+"""The registry of architectures, and the one place that maps an architecture and a head to a model.
+
+An architecture is a folder `models/<name>/` whose `__init__.py` declares `SPEC`
+(models/spec.py); `ARCHITECTURES` below lists them, one line each.
 
 `fields` are Hugging Face config.json names (`hidden_size`, `num_hidden_layers`, ...) plus either
 `architecture` (our config's `model.architecture`) or `model_type` (config.json's), so the same
@@ -14,6 +17,7 @@ Heads: "pretraining" (BERT: MLM + NSP when `with_nsp`; ModernBERT: MLM, it has n
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
@@ -21,8 +25,13 @@ from bertgpu.errors import BertgpuError
 if TYPE_CHECKING:  # torch is imported by the model modules when a model is built, not here:
     from torch import nn  # the config schema imports this module's vocabularies
 
-ARCHITECTURES = ("bert", "modernbert")
-"""Values of `model.architecture`, equal to transformers' `model_type` of each."""
+    from bertgpu.models.spec import Architecture
+
+ARCHITECTURES: dict[str, str] = {
+    "bert": "bertgpu.models.bert",
+    "modernbert": "bertgpu.models.modernbert",
+}
+"""`model.architecture` (= transformers' `model_type`) -> the package that declares its `SPEC`."""
 HEADS = ("pretraining", "masked_lm", "classification", "qa", "token_classification", "base")
 
 
@@ -39,15 +48,22 @@ def architecture_of(fields: dict[str, Any]) -> str:
     return name
 
 
+def spec(architecture: str) -> Architecture:
+    """The `SPEC` of a registered architecture (no torch import)."""
+    if architecture not in ARCHITECTURES:
+        raise BertgpuError(f"architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}")
+    return importlib.import_module(ARCHITECTURES[architecture]).SPEC
+
+
+def spec_of_config(config: Any) -> Architecture:
+    """The spec of a config object: ours (its `architecture` field), or any object with
+    transformers' field names (its `model_type`, else BERT)."""
+    return spec(getattr(config, "architecture", None) or getattr(config, "model_type", None) or "bert")
+
+
 def config_class(architecture: str) -> type:
     """The config dataclass of an architecture (BertConfig or ModernBertConfig); no torch import."""
-    if architecture == "modernbert":
-        from bertgpu.models.modernbert_config import ModernBertConfig
-
-        return ModernBertConfig
-    from bertgpu.models.bert_config import BertConfig
-
-    return BertConfig
+    return spec(architecture).config_class
 
 
 def model_config(fields: dict[str, Any]) -> Any:
@@ -81,43 +97,27 @@ def build_model(fields: dict[str, Any], head: str, num_labels: int | None = None
     """A freshly initialised model of `fields`' architecture with `head`, in train mode, fp32, CPU.
 
     num_labels: classification / token classification (default: from `fields`, else 2).
-    with_nsp: BERT pretraining's NSP head (None = yes, as BertForPreTraining); true for ModernBERT
-    is an error. add_pooling_layer: the BERT pooler of head "base".
+    with_nsp: the NSP head of an architecture that has one (None = yes, as BertForPreTraining);
+    true for one without is an error. add_pooling_layer: the BERT pooler of head "base".
     Field errors are BertgpuError naming the field.
     """
     if head not in HEADS:
         raise BertgpuError(f"head {head!r}: expected one of {', '.join(HEADS)}")
-    arch = architecture_of(fields)
+    arch = spec(architecture_of(fields))
     config = model_config(fields)
-    if arch == "modernbert" and with_nsp:
-        raise BertgpuError("with_nsp: ModernBERT has no next-sentence head; expected train.with_nsp "
-                           "false (and MLM-only data, objective mlm) for architecture modernbert")
-    classes = _classes(arch)
+    if with_nsp and not arch.has_nsp:
+        raise BertgpuError(f"with_nsp: {arch.title} has no next-sentence head; expected train.with_nsp false (and MLM-only data, "
+                           f"objective mlm) for architecture {arch.name}")
+    cls = arch.heads()[head]
     if head in ("classification", "token_classification"):
         n, id2label = labels_of(fields, num_labels)
-        return classes[head](config, num_labels=n, id2label=id2label)
-    if head == "base" and arch == "bert":
-        return classes[head](config, add_pooling_layer=add_pooling_layer)
-    if head == "pretraining" and arch == "bert":
-        return classes[head](config, with_nsp=True if with_nsp is None else with_nsp)
-    return classes[head](config)
+        return cls(config, num_labels=n, id2label=id2label)
+    if head == "base" and arch.has_pooler:
+        return cls(config, add_pooling_layer=add_pooling_layer)
+    if head == "pretraining" and arch.has_nsp:
+        return cls(config, with_nsp=True if with_nsp is None else with_nsp)
+    return cls(config)
 
 
-def _classes(architecture: str) -> dict[str, Any]:
-    """Head name -> model class of an architecture (imported here: torch only when building)."""
-    if architecture == "modernbert":
-        from bertgpu.models import modernbert as mb
-
-        return {"base": mb.ModernBertModel, "pretraining": mb.ModernBertForMaskedLM,
-                "masked_lm": mb.ModernBertForMaskedLM, "qa": mb.ModernBertForQuestionAnswering,
-                "classification": mb.ModernBertForSequenceClassification,
-                "token_classification": mb.ModernBertForTokenClassification}
-    from bertgpu.models import bert
-
-    return {"base": bert.BertModel, "pretraining": bert.BertForPreTraining,
-            "masked_lm": lambda config: bert.BertForPreTraining(config, with_nsp=False),
-            "qa": bert.BertForQuestionAnswering, "classification": bert.BertForSequenceClassification,
-            "token_classification": bert.BertForTokenClassification}
-
-
-__all__ = ["ARCHITECTURES", "HEADS", "architecture_of", "build_model", "config_class", "labels_of", "model_config"]
+__all__ = ["ARCHITECTURES", "HEADS", "architecture_of", "build_model", "config_class", "labels_of",
+           "model_config", "spec", "spec_of_config"]

@@ -31,13 +31,8 @@ from torch import nn
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.models.bert import (
-    BertForPreTraining,
-    BertForSequenceClassification,
-    BertPreTrainedModel,
-)
-from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, config_class
-from bertgpu.models.modernbert import ModernBertForSequenceClassification, ModernBertPreTrainedModel
+from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, spec
+from bertgpu.models.shared import Configurable
 
 # Tied to other parameters (word embeddings, cls.predictions.bias): never stored, never missing.
 # BERT's MLM decoder, then ModernBERT's (its weight is the token embedding).
@@ -46,10 +41,6 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json")
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "head.", "decoder.")
-# Per architecture: the attribute holding the encoder in task models, and the encoder's own
-# top-level names (a bare BertModel / ModernBertModel folder stores them without the prefix).
-_ENCODER = {"bert": ("bert.", ("embeddings.", "encoder.", "pooler.")),
-            "modernbert": ("model.", ("embeddings.", "layers.", "final_norm."))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,9 +123,11 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str = "bert") -> dict[str, torch.Tensor]:
-    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the "bert." / "model." prefix
-    (present in task models, absent in a bare encoder such as all-MiniLM), the tied decoder copies."""
-    prefix, encoder_names = _ENCODER[arch]
+    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the encoder's prefix ("bert.",
+    "model.": present in task models, absent in a bare encoder such as all-MiniLM), the keys the
+    architecture's older files store differently, the tied decoder copies."""
+    a = spec(arch)
+    prefix, encoder_names = a.encoder_prefix, a.encoder_names
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
@@ -144,12 +137,8 @@ def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str = "bert")
         elif not base and k.startswith(encoder_names):
             k = prefix + k
         out[k] = v
-    # Old files store the MLM bias only as cls.predictions.decoder.bias; it is the same tensor.
-    if "cls.predictions.decoder.bias" in out and "cls.predictions.bias" not in out:
-        out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"]
-    # A ModernBERT file may keep the tied decoder weight instead of the token embedding.
-    if "decoder.weight" in out and "model.embeddings.tok_embeddings.weight" not in out and not base:
-        out["model.embeddings.tok_embeddings.weight"] = out["decoder.weight"]
+    if a.fix_legacy_keys is not None:
+        out = a.fix_legacy_keys(out, base)
     for k in TIED_KEYS:
         out.pop(k, None)
     return out
@@ -190,7 +179,7 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labe
     cfg = read_config(folder)
     try:
         arch = architecture_of(cfg)
-        cls = config_class(arch)
+        cls = spec(arch).config_class
         if config_overrides:
             known = {f.name for f in dataclasses.fields(cls)}
             bad = sorted(set(config_overrides) - known)
@@ -204,7 +193,7 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labe
 
     raw = read_state_dict(folder)
     sd = _normalise_keys(raw, base=(head == "base"), arch=arch)
-    if arch == "bert" and head == "pretraining" and with_nsp is None:
+    if spec(arch).has_nsp and head == "pretraining" and with_nsp is None:
         with_nsp = "cls.seq_relationship.weight" in sd  # follow the checkpoint: NSP head present -> keep it
     pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
     model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
@@ -242,7 +231,7 @@ def _names(keys: list[str], limit: int = 12) -> str:
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """Strip DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
-    while not isinstance(model, (BertPreTrainedModel, ModernBertPreTrainedModel)):
+    while not isinstance(model, Configurable):
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if inner is None:
             raise BertgpuError(f"save_pretrained: found {type(model).__name__}, expected a bertgpu BERT "
@@ -252,27 +241,27 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def architecture(model: nn.Module) -> str:
-    """The transformers class that loads this model's export (ours carry transformers' class names)."""
-    if isinstance(model, BertForPreTraining):
-        return "BertForPreTraining" if model.with_nsp else "BertForMaskedLM"
-    return type(model).__name__
+    """The transformers class that loads this model's export (ours carry transformers' class
+    names; a model that exports as another class says so in `hf_class_name`)."""
+    return getattr(model, "hf_class_name", type(model).__name__)
 
 
 def hf_config(model: nn.Module) -> dict[str, Any]:
     """config.json content that transformers (4.4x and 5.x) reads as a BertConfig or a
     ModernBertConfig."""
     model = _unwrap(model)
+    fields = model.config.to_dict()
     cfg: dict[str, Any] = {
         "architectures": [architecture(model)],
-        "model_type": "modernbert" if isinstance(model, ModernBertPreTrainedModel) else "bert",
-        **model.config.to_dict(),
+        "model_type": fields.pop("architecture"),
+        **fields,
         "tie_word_embeddings": True,
     }
     if hasattr(model, "id2label"):  # sequence and token classification: the label names travel
         cfg["num_labels"] = model.num_labels
         cfg["id2label"] = {str(i): name for i, name in sorted(model.id2label.items())}
         cfg["label2id"] = {name: i for i, name in sorted(model.id2label.items())}
-        if isinstance(model, (BertForSequenceClassification, ModernBertForSequenceClassification)):
+        if architecture(model).endswith("ForSequenceClassification"):
             cfg["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
     return cfg
 
@@ -313,5 +302,5 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     return replace_dir(tmp, folder)
 
 
-__all__ = ["HEADS", "load_pretrained", "save_pretrained", "hf_config", "architecture",
+__all__ = ["load_pretrained", "save_pretrained", "hf_config", "architecture",
            "resolve_checkpoint_folder", "read_config", "read_state_dict"]

@@ -35,13 +35,13 @@ from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.report.inputs import Source, load_source, pretrain_summary
+from bertgpu.report.inputs import Source, load_source
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
 from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
 from bertgpu.report.system import system_section
 
-__all__ = ["Source", "add_arguments", "build_report", "load_source", "main", "pretrain_summary"]
+__all__ = ["add_arguments", "build_report", "main"]
 
 FORMATS = ("md", "html", "both")
 

@@ -39,7 +39,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    from bertgpu.train.config import read_toml
+    from bertgpu.config.overrides import read_toml
 
     try:
         return read_toml(path)
@@ -81,7 +81,7 @@ def _read_bench(path: Path) -> list[dict[str, Any]]:
 
 def read_gpu_files(run: Path) -> dict[str, list[dict[str, Any]]]:
     """The GPU monitor's samples of a run folder: ``{"": gpu.jsonl's, "node1": ...}``."""
-    from bertgpu.train.records import read_jsonl
+    from bertgpu.telemetry.records import read_jsonl
 
     out = {}
     for path in sorted(run.glob("gpu*.jsonl")):
@@ -92,7 +92,7 @@ def read_gpu_files(run: Path) -> dict[str, list[dict[str, Any]]]:
 
 def load_source(path: Path | str) -> Source:
     """Recognise and read one report input (see the package docstring for the kinds)."""
-    from bertgpu.train.records import read_metrics
+    from bertgpu.telemetry.records import read_metrics
 
     path = Path(path)
     if not path.exists():

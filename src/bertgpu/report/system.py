@@ -16,7 +16,7 @@ from typing import Any
 from bertgpu.report.inputs import Source, num
 from bertgpu.report.plots import axes, pyplot, save
 from bertgpu.report.render import Block
-from bertgpu.train.monitor import BENIGN_THROTTLE
+from bertgpu.telemetry.monitor import BENIGN_THROTTLE
 
 # (key, title, y label) of the four GPU panels.
 _GPU_PANELS = (

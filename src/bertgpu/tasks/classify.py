@@ -38,8 +38,8 @@ from bertgpu.tasks.finetuning import EvalSet, Job
 from bertgpu.tasks.glue_files import json_lines
 
 if TYPE_CHECKING:
+    from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.glue import Example
-    from bertgpu.train.finetune_config import FinetuneConfig
 
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 

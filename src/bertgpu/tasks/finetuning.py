@@ -28,10 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.attention import batch_meta
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
@@ -125,6 +124,16 @@ def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
+def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:
+    """Optimizer steps in one pass over `job`'s training sequences: the last, smaller step of an
+    epoch is kept when every device gets a sequence."""
+    n = len(job.train)
+    if n < world_size:
+        raise BertgpuError(f"{job.name}: {n} training sequences for {world_size} devices")
+    full, rest = divmod(n, global_batch_size)
+    return full + (1 if rest >= world_size else 0)
+
+
 class FinetuneTask:
     """The loop's task for one `Job` (see the module docstring)."""
 
@@ -136,12 +145,7 @@ class FinetuneTask:
         self.epochs, self.eval_batch_size = epochs, eval_batch_size
         self.autocast, self.info, self.work_dir, self._export = autocast, info, work_dir, export
         self.device = torch.device(info.device)
-        n, world = len(job.train), info.world_size
-        if n < world:
-            raise BertgpuError(f"{job.name}: {n} training sequences for {world} devices")
-        # The last, smaller step of an epoch is kept when every device gets a sequence.
-        full, rest = divmod(n, global_batch_size)
-        self.steps_per_epoch = full + (1 if rest >= world else 0)
+        self.steps_per_epoch = steps_per_epoch(job, global_batch_size, info.world_size)
         self.total_steps = self.steps_per_epoch * epochs
         self.loss_key = {"qa": "qa", "token_classification": "tok"}.get(job.head, "cls")
         self.history: list[dict[str, Any]] = []

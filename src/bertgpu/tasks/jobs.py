@@ -18,9 +18,9 @@ from bertgpu.errors import BertgpuError
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, pad_to
 
 if TYPE_CHECKING:
+    from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.classify import Fields
     from bertgpu.tasks.glue import Example, GlueTask
-    from bertgpu.train.finetune_config import FinetuneConfig
 
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
 OWN_FILE_TASKS = ("classify", "ner")

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 from bertgpu.tasks.classify import Fields, read_rows
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job
 
 if TYPE_CHECKING:
-    from bertgpu.train.finetune_config import FinetuneConfig
+    from bertgpu.config.finetune import FinetuneConfig
 
 NER_FIELDS = Fields(text="tokens", label="tags")
 

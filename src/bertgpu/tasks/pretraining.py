@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
+from bertgpu.batch import IGNORE_INDEX
+from bertgpu.config.schema import resolve_with_nsp
 from bertgpu.data.loaders import PretrainLoader, iter_eval_batches
 from bertgpu.data.masking import MaskingConfig
 from bertgpu.data.shards import ShardSet, check_compatible
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
@@ -45,10 +46,7 @@ class PretrainData:
         if objective and objective != found:
             raise BertgpuError(f"{self.train.manifest_path}: objective is {found!r} but the config asks "
                                f"for data.objective {objective!r}")
-        self.with_nsp = with_nsp if with_nsp is not None else found == "mlm+nsp"
-        if self.with_nsp and found != "mlm+nsp":
-            raise BertgpuError(f"{self.train.manifest_path}: train.with_nsp needs data prepared with "
-                               f"--objective mlm+nsp (this shard set is {found!r})")
+        self.with_nsp = resolve_with_nsp(with_nsp, found, str(self.train.manifest_path))
 
     def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
         check_compatible(self.train, int(model_fields["vocab_size"]), int(model_fields["max_position_embeddings"]),

@@ -1,6 +1,6 @@
 """Find the largest micro batch that fits on a device, and keep the global batch while using it.
 
-`train.micro_batch_size = "auto"` means: probe the device with real training steps (forward,
+`impl.micro_batch_size = "auto"` means: probe the device with real training steps (forward,
 backward, optimizer step) at doubling micro batch sizes until one runs out of memory, binary
 search between the last size that fit and the first that did not, then pick the largest divisor
 of the per-device batch (global / world) not above it, so the optimizer still sees exactly
@@ -79,29 +79,13 @@ def search_largest(fits: Callable[[int], bool], start: int = 1, max_batch: int =
 
 def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
                          grad_ckpt: bool = False, flash_attention: bool = True, optimizer: str = "adamw") -> int:
-    """Rough bytes of one training step of BertForPreTraining (an upper-ish estimate).
+    """Rough bytes of one pretraining step of the model `config` describes, by its architecture's
+    own estimate (`models/<name>/cost.py`: parameters, gradients and optimizer moments, the
+    activations kept for backward, the MLM logits)."""
+    from bertgpu.models.build import spec_of_config
 
-    - parameters, gradients and the two moments of AdamW / RAdam / LAMB: 4 fp32 copies of every
-      parameter; LAMB's step also holds two parameter-sized temporaries (the update and its
-      denominator): 6 copies;
-    - activations kept for backward, per layer and token, in `dtype_bytes` each: the layer input,
-      q/k/v, attention output, dense input/output, two LayerNorm inputs, dropout masks (~12 H)
-      plus the FFN's pre- and post-activation (2 F, F = intermediate_size); without a flash
-      kernel the (N, T, T) attention probabilities and their dropout mask as well;
-    - with activation checkpointing only each layer's input is kept, plus one layer's worth.
-    """
-    H, L, F, N = (int(config.hidden_size), int(config.num_hidden_layers),
-                  int(config.intermediate_size), int(config.num_attention_heads))
-    V = int(config.vocab_size)
-    params = L * (4 * H * H + 2 * H * F) + (V + int(config.max_position_embeddings) + 2) * H + H * H
-    tokens = micro_batch * seq_len
-    per_layer = tokens * (12 * H + 2 * F) * dtype_bytes  # F: the FFN width
-    if not flash_attention:
-        per_layer += micro_batch * N * seq_len * seq_len * (dtype_bytes + 1)
-    activations = (tokens * H * dtype_bytes * L + per_layer) if grad_ckpt else per_layer * L
-    mlm = int(0.15 * tokens) * V * 4 * 2  # fp32 logits of the masked rows and their gradient
-    copies = 6 if optimizer == "lamb" else 4
-    return 4 * copies * params + activations + mlm
+    return spec_of_config(config).train_bytes(config, micro_batch, seq_len, dtype_bytes, grad_ckpt,
+                                              flash_attention, optimizer)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -194,7 +178,7 @@ def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
     the one you will train."""
     import torch
 
-    from bertgpu.models.attention import batch_meta
+    from bertgpu.batch import batch_meta
 
     dev = torch.device(device)
     vocab = int(model.config.vocab_size)  # a compiled model forwards attributes to the original
@@ -276,11 +260,10 @@ def _probe_pretrain(config: Any, seq_len: int, device: Any, dtype: str, with_nsp
 def probe_model(config: Any, with_nsp: bool, grad_ckpt: bool) -> Any:
     """A fresh pretraining model of `config`'s architecture (BertConfig or ModernBertConfig), as
     the run builds it: NSP head for BERT when `with_nsp`, activation checkpointing if asked."""
-    from bertgpu.models.build import build_model, config_class
+    from bertgpu.models.build import build_model, spec_of_config
 
-    arch = "modernbert" if isinstance(config, config_class("modernbert")) else "bert"
-    model = build_model({**config.to_dict(), "architecture": arch}, "pretraining",
-                        with_nsp=with_nsp if arch == "bert" else None)
+    spec = spec_of_config(config)
+    model = build_model(config.to_dict(), "pretraining", with_nsp=with_nsp if spec.has_nsp else None)
     model.configure(gradient_checkpointing=grad_ckpt)
     return model
 

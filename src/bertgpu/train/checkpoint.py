@@ -17,10 +17,10 @@ moment without a complete checkpoint. A write that fails (disk full, any I/O err
 `.tmp` and raises one line naming the folder, the bytes needed and free; earlier checkpoints are
 untouched.
 
-What the training loop calls, on rank 0 (the other ranks open the step rank 0 found)::
+What a training job calls: `load_resume(run_dir, info)` on every rank before the loop (rank 0
+repairs, finds the newest good checkpoint and broadcasts its step; the others open that step),
+and from the loop, on rank 0::
 
-    for line in recover_checkpoints(run_dir): print(line)   # once, at start-up
-    found = resume_checkpoint(run_dir)   # (path, model_state, train_state) of the newest good one
     ...
     save_checkpoint(run_dir, step, model.state_dict(), train_state, extra_files, keep_last)
     check_free_space(run_dir)            # after a save: warns if the next one will not fit
@@ -47,7 +47,8 @@ import torch
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import CHECKSUMS, COMPLETE
-from bertgpu.train import faults
+from bertgpu.testing import faults
+from bertgpu.train import distributed
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -58,7 +59,7 @@ _OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
 _BYTES_PER_TENSOR = 4096
 
 __all__ = [
-    "CHECKPOINTS", "CHECKSUMS", "COMPLETE", "MODEL_FILE", "STATE_FILE", "check_free_space",
+    "CHECKPOINTS", "MODEL_FILE", "STATE_FILE", "check_free_space",
     "checkpoint_dir", "checkpoint_problem", "estimate_checkpoint_bytes", "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "recover_checkpoints", "resume_checkpoint",
     "rng_state", "save_checkpoint", "set_rng_state",
@@ -308,6 +309,37 @@ def hint_for(run_dir: str | os.PathLike[str] | None) -> str:
         return "no checkpoint was written, so re-running the same command starts over"
     step, path = found[-1]
     return f"re-running the same command resumes from step {step} ({path})"
+
+
+def load_resume(run_dir: Path, info: distributed.DistInfo
+                ) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """(path, model state, train state) of the checkpoint to resume from, the same on every
+    rank, or None.
+
+    Rank 0 first repairs what a crash may have left (a `step_N.old` whose `step_N` is missing,
+    stale `.tmp`/`.old` folders), then takes the newest checkpoint that verifies against its
+    checksums and loads (a damaged newer one is skipped with a warning naming the problem), and
+    broadcasts its step; the other ranks load that step (and fail clearly if they cannot see it:
+    the run folder must be on a filesystem shared by every node)."""
+
+    run_dir = Path(run_dir)
+    found = None
+    if info.is_main:
+        for line in recover_checkpoints(run_dir):
+            print(f"{run_dir}: {line}", flush=True)
+        found = resume_checkpoint(run_dir)
+    if info.world_size == 1:
+        return found
+    step = int(distributed.broadcast_scalar(float(int(found[0].name.split("_")[1]) if found else -1)))
+    if step < 0:
+        return None
+    if info.is_main:
+        return found
+    path = checkpoint_dir(run_dir, step)
+    if not (path / COMPLETE).is_file():
+        raise BertgpuError(f"{path}: rank {info.rank} cannot see the checkpoint rank 0 resumes from; "
+                           f"expected the output folder on a filesystem shared by every node")
+    return (path, *load_checkpoint(path))
 
 
 def rng_state() -> dict[str, Any]:

@@ -74,7 +74,7 @@ def is_main() -> bool:
 
 
 def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
-    """The torch device of this process from the configured preference (train.device).
+    """The torch device of this process from the configured preference (impl.device).
 
     "cuda" gives rank `local_rank` the GPU `local_rank % device_count`: a process that sees one
     GPU (Slurm or a launcher setting CUDA_VISIBLE_DEVICES per rank) uses cuda:0 whatever its
@@ -86,23 +86,23 @@ def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
         device_pref = "cuda" if torch.cuda.is_available() else "cpu"
     if device_pref == "cuda" or device_pref.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise BertgpuError(f"train.device {device_pref}: no CUDA device is visible to this process")
+            raise BertgpuError(f"impl.device {device_pref}: no CUDA device is visible to this process")
         count = torch.cuda.device_count()
         if device_pref == "cuda":
             return f"cuda:{local_rank % count}"
         index = device_pref.split(":", 1)[1]
         if not index.isdigit() or int(index) >= count:
-            raise BertgpuError(f"train.device {device_pref}: expected cuda:N with N in [0, {count}) "
+            raise BertgpuError(f"impl.device {device_pref}: expected cuda:N with N in [0, {count}) "
                                f"({count} GPU{'s' if count > 1 else ''} visible)")
         if world_size > 1:
-            raise BertgpuError(f"train.device {device_pref}: {world_size} processes would all use GPU "
-                               f"{index}; expected train.device cuda (rank r takes GPU r % {count}) "
+            raise BertgpuError(f"impl.device {device_pref}: {world_size} processes would all use GPU "
+                               f"{index}; expected impl.device cuda (rank r takes GPU r % {count}) "
                                "and CUDA_VISIBLE_DEVICES to choose the GPUs")
         return device_pref
     if device_pref == "mps":
         return "mps"
     if device_pref != "cpu":
-        raise BertgpuError(f"train.device {device_pref!r}: expected auto, cpu, cuda, cuda:N or mps")
+        raise BertgpuError(f"impl.device {device_pref!r}: expected auto, cpu, cuda, cuda:N or mps")
     return "cpu"
 
 

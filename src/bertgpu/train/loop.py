@@ -1,7 +1,10 @@
 """The one training loop, shared by pretraining and fine-tuning.
 
     task = PretrainTask(...)                 # or a fine-tuning task: what differs lives there
-    loop = Loop(task, model, engine, LoopSettings(...), info, comm_timer=timer)
+    engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim, ...)
+    loop = Loop(task, model, engine, info, run_dir=run_dir, train=cfg.train, schedule=cfg.schedule,
+                peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
+                logging=cfg.logging, seed=cfg.seed, comm_timer=timer, resume=load_resume(run_dir, info))
     result = loop.run()                      # -> LoopResult(step, preempted, last_eval, ...)
 
 The loop owns what every job needs and nothing else: the step loop and its stop decisions
@@ -21,8 +24,10 @@ clock agreed at the previous step, the same number on every rank.
 
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
 evaluate / checkpoint; everything that must be exactly right in one optimizer step
-(accumulation, DDP sync, AMP, clipping, skipping) lives in `engine.py`; what is built before the
-loop (optimizer, DDP, compile, the agreed checkpoint to resume from) in `setup.py`.
+(accumulation, DDP sync, AMP, clipping, skipping) lives in `engine.py`, with what is built before
+the loop (optimizer, DDP, compile: `build_engine`); the checkpoint to resume from, agreed by every
+rank, comes from `checkpoint.load_resume`. The loop takes the config sections as they are
+(`[train]`, `[schedule]`, `[checkpoint]`, `[distributed]`, `[logging]`).
 """
 
 from __future__ import annotations
@@ -36,11 +41,19 @@ from typing import Any, Protocol
 
 import torch
 
+from bertgpu.config.schema import (
+    CheckpointSection,
+    DistributedSection,
+    LoggingSection,
+    ScheduleSection,
+    TrainSection,
+)
 from bertgpu.errors import BertgpuError
-from bertgpu.train import distributed, faults
+from bertgpu.testing import faults
+from bertgpu.train import distributed
 from bertgpu.train.balance import RankTimes, shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult
-from bertgpu.train.schedule import BudgetClock, Schedule
+from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 
 Batch = Mapping[str, Any]
 
@@ -77,45 +90,6 @@ class Task(Protocol):
 
     def close(self) -> None:
         """Release workers and files."""
-
-
-@dataclass
-class LoopSettings:
-    """When the loop stops, logs, evaluates and checkpoints."""
-
-    run_dir: Path
-    """Folder of metrics.jsonl and checkpoints/ (rank 0 writes)."""
-    schedule: Schedule
-    max_steps: int = 0
-    """Optimizer steps (0 = none: the budget decides)."""
-    budget_hours: float | None = None
-    global_batch_size: int = 1
-    log_every: int = 10
-    eval_every: int = 0
-    """Evaluate every N steps (0 = only at the end)."""
-    checkpoint_every: int = 0
-    """Checkpoint every N steps (0 = only at the end and when preempted)."""
-    checkpoint_every_minutes: float | None = None
-    keep_last: int = 3
-    final_checkpoint: bool = True
-    """Write a checkpoint at the end of a completed run (pretraining: to continue it later);
-    fine-tuning keeps only its export and checkpoints only to survive preemption."""
-    balance_every: int = 0
-    """Re-share the global batch by measured speed every N steps (0 = equal shares; the task
-    must have `shares()` / `set_shares()`)."""
-    flops_per_token: float | None = None
-    """Model FLOPs per real token of a training step, for MFU (None: no MFU)."""
-    extra_files: Callable[[], dict[str, str]] = field(default=dict)
-    """Files written into every checkpoint beside the weights (e.g. config.toml, config.json)."""
-    seed: int = 0
-    """The run's seed (dropout noise after a resume at another world size derives from it)."""
-    title: str = "bertgpu"
-    startup_rows: list[tuple[str, str]] = field(default_factory=list)
-    logging: Any = None
-    """The `[logging]` section (sinks.LoggingSection): W&B, MLflow, TensorBoard, GPU monitor."""
-    config_dict: dict[str, Any] | None = None
-    """The resolved configuration, sent to every metric sink."""
-    tensorboard: bool = True
 
 
 @dataclass
@@ -157,7 +131,7 @@ class _Window:
     """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
 
     def __init__(self, world: int, rank: int) -> None:
-        from bertgpu.train import metrics
+        from bertgpu.telemetry import metrics
 
         self.throughput = metrics.Throughput(n_devices=world)
         # Loop time (data + step), time waiting for data, exposed all-reduce time of the log
@@ -190,15 +164,42 @@ class Loop:
     DDP / compiled wrapper. Construction resumes from the newest checkpoint under
     `settings.run_dir`, if any (the same one on every rank)."""
 
-    def __init__(self, task: Task, model: torch.nn.Module, engine: Engine, settings: LoopSettings,
-                 info: distributed.DistInfo, comm_timer: distributed.CommTimer | None = None,
+    def __init__(self, task: Task, model: torch.nn.Module, engine: Engine, info: distributed.DistInfo, *,
+                 run_dir: Path, train: TrainSection, schedule: ScheduleSection, peak_lr: float,
+                 checkpoint: CheckpointSection, dist: DistributedSection, logging: LoggingSection,
+                 seed: int = 0, config: dict[str, Any] | None = None, title: str = "bertgpu",
+                 startup_rows: Sequence[tuple[str, str]] = (),
+                 checkpoint_files: Callable[[], dict[str, str]] = dict, final_checkpoint: bool = True,
+                 flops_per_token: float | None = None, comm_timer: distributed.CommTimer | None = None,
                  resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None) -> None:
-        if settings.max_steps <= 0 and not settings.budget_hours:
+        """`train`, `schedule`, `checkpoint`, `dist` and `logging` are the config sections (their
+        max_steps, budget, cadences, keep_last, load balancing, sinks); `peak_lr` the lr after
+        batch scaling; `seed` the run's (dropout noise after a resume at another world size
+        derives from it); `config` the resolved configuration sent to every metric sink.
+        What the job adds: `title` and `startup_rows` for the start-up table, `checkpoint_files`
+        (files written into every checkpoint beside the weights, e.g. config.toml),
+        `final_checkpoint` (write one at the end of a completed run: pretraining, to continue it;
+        fine-tuning checkpoints only to survive preemption), `flops_per_token` for MFU."""
+        self.max_steps = int(train.max_steps or 0)
+        if self.max_steps <= 0 and not train.budget_hours:
             raise BertgpuError("config: max_steps must be positive unless budget_hours is set")
-        self.task, self.model, self.engine, self.s, self.info = task, model, engine, settings, info
-        self.comm_timer = comm_timer
+        self.task, self.model, self.engine, self.info = task, model, engine, info
+        self.run_dir, self.train, self.ckpt, self.logging = Path(run_dir), train, checkpoint, logging
+        self.seed, self.config, self.title, self.startup_rows = seed, config, title, list(startup_rows)
+        self.checkpoint_files, self.final_checkpoint = checkpoint_files, final_checkpoint
+        self.flops_per_token, self.comm_timer = flops_per_token, comm_timer
         self.world = info.world_size
-        self.budget = BudgetClock(settings.budget_hours * 3600.0) if settings.budget_hours else None
+        self.schedule = Schedule(peak_lr=peak_lr, decay=schedule.decay, warmup_fraction=schedule.warmup_fraction or 0.0,
+                                 warmup_steps=schedule.warmup_steps, max_steps=self.max_steps,
+                                 budget_mode=bool(train.budget_hours), min_lr_ratio=schedule.min_lr_ratio,
+                                 power=schedule.power, decay_fraction=schedule.decay_fraction)
+        # Re-share the global batch by measured speed every N steps (0 = equal shares; the task
+        # must then have `shares()` / `set_shares()`).
+        self.balance_every = dist.balance_every_steps if dist.balance == "auto" and self.world > 1 else 0
+        self.budget = BudgetClock(train.budget_hours * 3600.0) if train.budget_hours else None
+        # Fault injection (testing/faults.py) is read once: None unless BERTGPU_FAULTS is set, and
+        # then the step pays for nothing else.
+        self.faults = faults.active()
         engine.lr_fn = self.lr
         self.tokens_seen = self.sequences_seen = 0
         self.elapsed_offset = 0.0
@@ -215,23 +216,22 @@ class Loop:
         """Training progress in [0, 1] at the step about to be taken."""
         if self.budget is not None:
             return self.budget.progress()
-        return min((self.engine.step + 1) / self.s.max_steps, 1.0)
+        return progress_from_steps(self.engine.step + 1, self.max_steps)
 
     def lr(self) -> float:
-        return self.s.schedule.lr(self.progress(), self.engine.step)
+        return self.schedule.lr(self.progress(), self.engine.step)
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> LoopResult:
-        from bertgpu.train import metrics, sinks
+        from bertgpu.telemetry.console import format_startup_table
+        from bertgpu.telemetry.run_logger import open_logger
 
-        s, is_main = self.s, self.info.is_main
-        if is_main:
-            print(metrics.format_startup_table(self._startup_rows(), title=s.title), flush=True)
-        tensorboard = s.tensorboard and (s.logging is None or s.logging.tensorboard is not False)
-        logger = sinks.open_logger(  # on every rank: a missing sink package fails everywhere alike
-            s.run_dir, is_main, s.logging, s.config_dict, device=self.engine.device,
-            total_steps=s.max_steps or None, log_every=s.log_every, initial_step=self.engine.step,
-            elapsed_offset_s=self.elapsed_offset, tensorboard=tensorboard)
+        if self.info.is_main:
+            print(format_startup_table(self._startup_rows(), title=self.title), flush=True)
+        logger = open_logger(  # on every rank: a missing sink package fails everywhere alike
+            self.run_dir, self.info.is_main, self.logging, self.config, device=self.engine.device,
+            total_steps=self.max_steps or None, log_every=self.train.log_every_steps,
+            initial_step=self.engine.step, elapsed_offset_s=self.elapsed_offset)
         preempt = _Preemption()
         preempt.install()
         try:
@@ -242,22 +242,22 @@ class Loop:
             self.task.close()
 
     def _run(self, logger: Any, preempt: _Preemption) -> LoopResult:
-        s = self.s
+        t, c = self.train, self.ckpt
         result = LoopResult(step=self.engine.step)
         w = _Window(self.world, self.info.rank)
         self._last_ckpt = time.monotonic()
         if self.budget is not None:
             self.budget.start()
         while True:
-            if s.max_steps and self.engine.step >= s.max_steps:
+            if self.max_steps and self.engine.step >= self.max_steps:
                 break
             if self.budget is not None and self.budget.expired_agreed():
-                logger.print(f"budget of {s.budget_hours:g} h reached at step {self.engine.step}")
+                logger.print(f"budget of {t.budget_hours:g} h reached at step {self.engine.step}")
                 result.stop_reason = "budget"
                 break
             res = self._train_step(preempt, w, result)
             step = self.engine.step
-            if step % s.log_every == 0 or step == s.max_steps:
+            if step % t.log_every_steps == 0 or step == self.max_steps:
                 self._log_train(logger, res, w)
             if res.skipped:
                 logger.print(f"step {step}: non-finite loss or gradients, update skipped "
@@ -265,15 +265,15 @@ class Loop:
             if res.signals.get("preempt", 0.0) > 0:
                 result.preempted, result.stop_reason = True, "preempted"
                 break
-            if s.balance_every and step % s.balance_every == 0:
+            if self.balance_every and step % self.balance_every == 0:
                 self._rebalance(logger, w)
-            if s.eval_every and step % s.eval_every == 0:
+            if t.eval_every_steps and step % t.eval_every_steps == 0:
                 result.last_eval = self._evaluate(logger, step, w.train_loss())
                 w.evaluated_at = step
                 w.throughput.reset()
-            by_time = (s.checkpoint_every_minutes is not None
-                       and res.signals.get("since_checkpoint_s", 0.0) >= s.checkpoint_every_minutes * 60)
-            if (s.checkpoint_every and step % s.checkpoint_every == 0) or by_time:
+            by_time = (c.every_minutes is not None
+                       and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
+            if (c.every_steps and step % c.every_steps == 0) or by_time:
                 self.save(logger)
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
@@ -281,8 +281,9 @@ class Loop:
 
     def _train_step(self, preempt: _Preemption, w: _Window, result: LoopResult) -> StepResult:
         """One optimizer step with its timing and counters."""
-        faults.maybe_kill(self.info.rank, self.engine.step + 1)  # no-ops unless BERTGPU_FAULTS
-        faults.delay(self.info.rank, self.engine.step + 1)
+        if self.faults is not None:  # the test double (testing/faults.py): off unless BERTGPU_FAULTS
+            faults.maybe_kill(self.info.rank, self.engine.step + 1)
+            faults.delay(self.info.rank, self.engine.step + 1)
         t0 = time.perf_counter()
         micro_batches = self.task.micro_batches(self.engine.step)
         t1 = time.perf_counter()
@@ -301,7 +302,7 @@ class Loop:
         w.add_step(data_s=t1 - t0, step_s=t2 - t1, comm_s=comm, local_sequences=local)
         result.train_s += t2 - t0
         tokens = res.counts.get("tokens", 0)
-        sequences = res.counts.get("sequences", self.s.global_batch_size)
+        sequences = res.counts.get("sequences", self.train.global_batch_size)
         self.tokens_seen += tokens
         self.sequences_seen += sequences
         w.throughput.update(tokens=tokens, sequences=sequences)
@@ -310,7 +311,7 @@ class Loop:
         return res
 
     def _log_train(self, logger: Any, res: StepResult, w: _Window) -> None:
-        from bertgpu.train import metrics
+        from bertgpu.telemetry import metrics
 
         rates = w.throughput.rates()
         stragglers = straggler_fields(w.log_times.gather()[0]) if self.world > 1 else {}
@@ -325,7 +326,7 @@ class Loop:
     def _rebalance(self, logger: Any, w: _Window) -> None:
         """Collective: new shares of the global batch from every rank's measured speed."""
         compute_s, sequences = w.balance_times.gather()
-        shares = shares_for(speeds_of(compute_s, sequences), self.s.global_batch_size)
+        shares = shares_for(speeds_of(compute_s, sequences), self.train.global_batch_size)
         if shares != self.task.shares():
             self.task.set_shares(shares)
             logger.print(f"step {self.engine.step}: batch shares per rank {shares} "
@@ -335,7 +336,7 @@ class Loop:
         """The task's loss, made non-finite on this rank when a fault is injected for the step
         (the forward and backward still run: the engine must find and skip it), and slowed down
         when a slow rank is injected (load balancing tests)."""
-        if faults.active() is None:
+        if self.faults is None:
             return self.task.loss
         rank, poison = self.info.rank, faults.nonfinite(self.info.rank, self.engine.step + 1)
 
@@ -359,7 +360,7 @@ class Loop:
             raise BertgpuError(f"ranks stopped at different steps ({lo}..{hi}); please report this bug")
         logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
                    rank_step_min=lo, rank_step_max=hi)
-        if (self.s.final_checkpoint or result.preempted) and self.saved_step != step:
+        if (self.final_checkpoint or result.preempted) and self.saved_step != step:
             self.save(logger)
         if not result.preempted and self.info.is_main:
             result.export_dir = self.task.export(step)
@@ -394,14 +395,14 @@ class Loop:
                 "world_size": self.world,
             }
             try:
-                path = save_checkpoint(self.s.run_dir, self.engine.step, self.model.state_dict(), state,
-                                       extra_files=self.s.extra_files(), keep_last=self.s.keep_last)
-                check_free_space(self.s.run_dir)  # warns one checkpoint interval before a full disk
+                path = save_checkpoint(self.run_dir, self.engine.step, self.model.state_dict(), state,
+                                       extra_files=self.checkpoint_files(), keep_last=self.ckpt.keep_last)
+                check_free_space(self.run_dir)  # warns one checkpoint interval before a full disk
             except BertgpuError as exc:
                 error = exc
         # Instead of a barrier: every rank learns whether rank 0's write failed and stops with it.
         if distributed.any_true(error is not None):
-            raise error or BertgpuError(f"{self.s.run_dir}: rank 0 could not write the checkpoint of "
+            raise error or BertgpuError(f"{self.run_dir}: rank 0 could not write the checkpoint of "
                                         f"step {self.engine.step} (its error names the cause)")
         self.saved_step = self.engine.step
         return path
@@ -429,7 +430,7 @@ class Loop:
         else:
             # Another world size: the data order and masks continue exactly (they depend on the
             # global position only); dropout noise restarts from (seed, rank, step).
-            torch.manual_seed(self.s.seed * 1000003 + self.info.rank + 7919 * self.engine.step)
+            torch.manual_seed(self.seed * 1000003 + self.info.rank + 7919 * self.engine.step)
         self.saved_step, self.resumed_from = self.engine.step, path
         if self.info.is_main:
             print(f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens seen)",
@@ -437,22 +438,22 @@ class Loop:
 
     # -- reporting -------------------------------------------------------------------------------
     def _startup_rows(self) -> list[tuple[str, str]]:
-        s, e = self.s, self.engine
-        rows = list(s.startup_rows)
+        e, budget = self.engine, self.train.budget_hours
+        rows = list(self.startup_rows)
         rows.append(("device", f"{e.device} x {self.world} ({e.precision})"))
-        if s.budget_hours:
-            rows.append(("budget", f"{s.budget_hours:g} h (max_steps {s.max_steps or 'none'})"))
+        if budget:
+            rows.append(("budget", f"{budget:g} h (max_steps {self.max_steps or 'none'})"))
         elif "steps" not in dict(rows):
-            rows.append(("steps", f"{s.max_steps:,}"))
+            rows.append(("steps", f"{self.max_steps:,}"))
         if self.resumed_from is not None:
             rows.append(("resumed at step", str(e.step)))
         return rows
 
     def _mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs utilisation of all devices, on GPUs with a known peak (TF32's for fp32)."""
-        from bertgpu.train import flops
+        from bertgpu.telemetry import flops
 
-        fpt = self.s.flops_per_token
+        fpt = self.flops_per_token
         if self.engine.device.type != "cuda" or not fpt:
             return None
         dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[self.engine.precision]

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from bertgpu.config.schema import OPTIMIZERS
 from bertgpu.errors import BertgpuError
-from bertgpu.train.config import OPTIMIZERS
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bertgpu.config.schema import DECAYS
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
-from bertgpu.train.config import DECAYS
 
 
 def lr_factor(

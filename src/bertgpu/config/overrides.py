@@ -1,18 +1,24 @@
 """Typed configuration machinery for any dataclass schema: TOML files and `--a.b value` overrides.
 
-A schema is a tree of dataclasses whose fields carry a help text (`option(default, help)`).
-`apply_dict` applies a parsed TOML file, `apply_overrides` the command line; values are converted
-to the field's type, unknown keys are errors with a did-you-mean, and `dump_toml` / `format_help`
-write the resolved configuration and the list of keys. The schemas themselves live in
-`config.py`.
+A schema is a tree of dataclasses whose fields carry a help text (`option(default, help)`, or a
+string literal under the field as its docstring, as the model configs do). A field whose value is
+a dataclass instance is a section, whatever its annotation (`[model]` holds the chosen
+architecture's config class). `apply_dict` applies a parsed TOML file, `apply_overrides` the
+command line; values are converted to the field's type, unknown keys are errors with a
+did-you-mean, and `dump_toml` / `format_help` write the resolved configuration and the list of
+keys. The schemas themselves live in `schema.py` and `finetune.py`.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import inspect
 import json
 import math
+import textwrap
 import types
 import typing
 from dataclasses import field
@@ -52,6 +58,31 @@ def reuse(section: type, name: str, default: Any = dataclasses.MISSING, help: st
         default = f.default
     return field(default=default, metadata={"help": text})
 
+@functools.cache
+def _docstrings(cls: type) -> dict[str, str]:
+    """Field name -> the string literal written under it in the class body (litgpt's style)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # no source (frozen app): no help text
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                out[node.target.id] = " ".join(after.value.value.split())
+    return out
+
+
+def help_of(cls: type, f: dataclasses.Field) -> str:
+    """The help text of field `f` of dataclass `cls`: `option(help=...)`, else its docstring."""
+    return f.metadata.get("help") or _docstrings(cls).get(f.name, "")
+
+
 # --------------------------------------------------------------------------------------------
 # Typed values
 # --------------------------------------------------------------------------------------------
@@ -59,6 +90,10 @@ def reuse(section: type, name: str, default: Any = dataclasses.MISSING, help: st
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def _is_section(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -75,9 +110,9 @@ def _type_name(tp: Any) -> str:
     args = _union_args(tp)
     if args is not None:
         return " or ".join("none" if a is type(None) else _type_name(a) for a in args)
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) in (tuple, list):
         inner = typing.get_args(tp)
-        if inner and inner[-1] is not Ellipsis:
+        if typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis:
             return f"{len(inner)} comma-separated values ({_type_name(inner[0])} each)"
         return "comma-separated values"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
@@ -109,13 +144,14 @@ def _parse_text(text: str, tp: Any) -> Any:
         if type(None) in args and text.strip().lower() in ("none", "null"):
             return None
         return _first_that_converts(args, _parse_text, text)
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) in (tuple, list):
         inner = typing.get_args(tp)
         parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
         elem = inner[0] if inner else str
-        if inner and inner[-1] is not Ellipsis and len(parts) != len(inner):
+        if typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis and len(parts) != len(inner):
             raise _BadValue(text)
-        return tuple(_parse_text(p, elem) for p in parts)
+        values = [_parse_text(p, elem) for p in parts]
+        return tuple(values) if typing.get_origin(tp) is tuple else values
     if tp is bool:
         low = text.strip().lower()
         if low in ("true", "1", "yes", "on"):
@@ -140,6 +176,11 @@ def _parse_text(text: str, tp: Any) -> Any:
     raise _BadValue(text)
 
 
+def parse_text(text: str, tp: Any) -> Any:
+    """Command-line text -> a value of type `tp`; ValueError when it is not one."""
+    return _parse_text(text, tp)
+
+
 def _coerce(value: Any, tp: Any) -> Any:
     """A TOML value -> a value of type `tp` (ints accepted for floats, lists for tuples,
     the string "none" for optional fields, strings parsed like the command line)."""
@@ -148,14 +189,15 @@ def _coerce(value: Any, tp: Any) -> Any:
     args = _union_args(tp)
     if args is not None:
         return _first_that_converts(args, _coerce, value)
-    if typing.get_origin(tp) is tuple:
+    if typing.get_origin(tp) in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise _BadValue(value)
         inner = typing.get_args(tp)
-        if inner and inner[-1] is not Ellipsis and len(value) != len(inner):
+        if typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis and len(value) != len(inner):
             raise _BadValue(value)
         elem = inner[0] if inner else Any
-        return tuple(v if elem is Any else _coerce(v, elem) for v in value)
+        values = [v if elem is Any else _coerce(v, elem) for v in value]
+        return tuple(values) if typing.get_origin(tp) is tuple else values
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -183,13 +225,17 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def all_keys(cls_or_obj: Any, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of a dataclass schema, e.g. ["seed", "out", "model.vocab_size", ...]."""
+    """Every dotted leaf key of a dataclass schema, e.g. ["seed", "out", "model.vocab_size", ...];
+    of an instance, its sections as they are (the `[model]` of its architecture)."""
     cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
     keys: list[str] = []
     for name, tp in _hints(cls).items():
         if name.startswith("_"):
             continue
-        if _is_dataclass_type(tp):
+        value = getattr(cls_or_obj, name, None) if not isinstance(cls_or_obj, type) else None
+        if _is_section(value):
+            keys += all_keys(value, f"{prefix}{name}.")
+        elif _is_dataclass_type(tp):
             keys += all_keys(tp, f"{prefix}{name}.")
         else:
             keys.append(prefix + name)
@@ -215,14 +261,14 @@ def _resolve(obj: Any, key: str, source: str) -> tuple[Any, str, Any]:
         hints = _hints(type(target))
         if part not in hints or part.startswith("_"):
             raise _unknown(key, obj, source)
-        tp = hints[part]
+        tp, value = hints[part], getattr(target, part)
         if i == len(parts) - 1:
-            if _is_dataclass_type(tp):
-                raise BertgpuError(f"{source}: {key} is a section; set one of its keys, e.g. {all_keys(tp, key + '.')[0]}")
+            if _is_section(value):
+                raise BertgpuError(f"{source}: {key} is a section; set one of its keys, e.g. {all_keys(value, key + '.')[0]}")
             return target, part, tp
-        if not _is_dataclass_type(tp):
+        if not _is_section(value):
             raise _unknown(key, obj, source)
-        target = getattr(target, part)
+        target = value
     raise _unknown(key, obj, source)  # pragma: no cover - empty key
 
 
@@ -247,7 +293,7 @@ def apply_dict(obj: Any, data: dict[str, Any], source: str, prefix: str = "") ->
                 owner = getattr(owner, part)
             hints = _hints(type(owner))
             name = key.replace("-", "_")
-            if name not in hints or not _is_dataclass_type(hints[name]):
+            if name not in hints or not _is_section(getattr(owner, name)):
                 if name in hints:
                     raise BertgpuError(f"{source}: {dotted} = a table: expected {_type_name(hints[name])}")
                 raise _unknown(dotted, obj, source)
@@ -373,22 +419,27 @@ def dump_toml(cfg: Any) -> str:
     return "\n\n".join(["\n".join(top)] + tables if top else tables) + "\n"
 
 
-def format_help(cls: type) -> str:
-    """Every key with its type, default and help text (for `--help-config`)."""
+def format_help(schema: Any, prefix: str = "") -> str:
+    """Every key of a dataclass schema (a class, or an instance: its sections as they are) with
+    its type, default and help text (for `--help-config`); `prefix` is the dotted path of a
+    section printed on its own."""
     lines: list[str] = []
 
-    def walk(tp: type, prefix: str) -> None:
-        hints = _hints(tp)
-        for f in dataclasses.fields(tp):
-            ftp = hints[f.name]
-            if _is_dataclass_type(ftp):
-                lines.append(f"\n[{prefix}{f.name}]  {f.metadata.get('help', '')}")
-                walk(ftp, f"{prefix}{f.name}.")
+    def walk(obj: Any, prefix: str) -> None:
+        cls = obj if isinstance(obj, type) else type(obj)
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if isinstance(obj, type):
+                value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            else:
+                value = getattr(obj, f.name)
+            if _is_section(value):
+                lines.append(f"\n[{prefix}{f.name}]  {help_of(cls, f)}")
+                walk(value, f"{prefix}{f.name}.")
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, tuple) else default
-            lines.append(f"  --{prefix}{f.name} ({_type_name(ftp)}; default {shown})")
-            lines.append(f"      {f.metadata.get('help', '')}")
+            shown = "none" if value is None else ",".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+            lines.append(f"  --{prefix}{f.name} ({_type_name(hints[f.name])}; default {shown})")
+            lines.append(f"      {help_of(cls, f)}")
 
-    walk(cls, "")
+    walk(schema, prefix)
     return "\n".join(lines).strip("\n") + "\n"

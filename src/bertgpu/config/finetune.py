@@ -12,13 +12,17 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from bertgpu.train.config import (
+from bertgpu.config.overrides import apply_overrides, option, reuse
+from bertgpu.config.schema import (
     DECAYS,
     OPTIMIZERS,
     PRECISIONS,
     CheckpointSection,
     DistributedSection,
+    ImplSection,
+    LoggingSection,
     OptimSection,
     PretrainConfig,
     ScheduleSection,
@@ -26,8 +30,6 @@ from bertgpu.train.config import (
     check,
     check_choice,
 )
-from bertgpu.train.overrides import apply_overrides, option, reuse
-from bertgpu.train.sinks import LoggingSection
 
 
 @dataclass
@@ -58,14 +60,16 @@ class FinetuneConfig:
     max_eval_examples: int | None = option(None, "evaluate on the first N examples of each dev split")
     hidden_dropout_prob: float | None = option(None, "override the model's hidden dropout (none = keep)")
     log_every_steps: int = reuse(TrainSection, "log_every_steps")
-    device: str = reuse(TrainSection, "device")
+    device: str = reuse(ImplSection, "device")
     budget_hours: float | None = reuse(TrainSection, "budget_hours")
     max_nonfinite_steps: int = reuse(TrainSection, "max_nonfinite_steps")
     checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
                                         "write a resumable checkpoint every N steps (0 = only when preempted)")
     checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
     timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
-    logging: LoggingSection = reuse(PretrainConfig, "logging")
+    logging: LoggingSection = option(
+        factory=lambda: LoggingSection(tensorboard=False),
+        help="metric sinks (W&B, MLflow, TensorBoard: off unless asked for) and the GPU monitor")
 
 
 # Fine-tuning's lr and epochs when not given, by encoder width: (largest hidden_size, lr, epochs).
@@ -139,3 +143,25 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
            "checkpoint_every_minutes", "a positive number or none")
     return cfg
 
+
+
+def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_batch_size: int
+                ) -> SimpleNamespace:
+    """The sections the engine and the loop take (`train`, `optim`, `schedule`, `impl`,
+    `checkpoint`, `distributed`, `logging`), filled from the flat fine-tuning keys; `max_steps`
+    and `eval_every` come from the data (epochs x steps per epoch, one evaluation per epoch).
+    `cfg` must be resolved (lr set: `resolve_finetune`). Keys fine-tuning does not expose keep the
+    sections' defaults."""
+    return SimpleNamespace(
+        train=TrainSection(max_steps=max_steps, global_batch_size=cfg.global_batch_size,
+                           precision=cfg.precision, grad_clip=cfg.grad_clip, budget_hours=cfg.budget_hours,
+                           max_nonfinite_steps=cfg.max_nonfinite_steps, eval_every_steps=eval_every,
+                           log_every_steps=cfg.log_every_steps),
+        optim=OptimSection(name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay),
+        schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
+        impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
+        checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,
+                                     every_minutes=cfg.checkpoint_every_minutes, keep_last=1),
+        distributed=DistributedSection(timeout_minutes=cfg.timeout_minutes),
+        logging=cfg.logging,
+    )

@@ -30,24 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bertgpu.batch import IGNORE_INDEX, BatchMeta
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
-from bertgpu.models.attention import (
-    BatchMeta,
-    Unpadded,
-    attention,
-    pad_rows,
-    resolve_meta,
-    sdpa_mask,
-)
-from bertgpu.models.bert_config import ACTIVATIONS, BertConfig
-from bertgpu.models.layers import (
+from bertgpu.models.attention import Unpadded, attention, pad_rows, resolve_meta, sdpa_mask
+from bertgpu.models.bert.config import ACTIVATIONS, BertConfig
+from bertgpu.models.shared import (
     Configurable,
     ModelOptions,
     ModelOutput,
     labelled_output,
     masked_lm_terms,
-    num_parameters,
     sequence_loss_terms,
     span_loss_terms,
     token_loss_terms,
@@ -340,6 +332,11 @@ class BertForPreTraining(BertPreTrainedModel):
     """MLM (+ NSP when `with_nsp`). with_nsp=False is HF's BertForMaskedLM: no pooler, no
     seq_relationship, and it is exported under that architecture name."""
 
+    @property
+    def hf_class_name(self) -> str:
+        """The transformers class of the export: BertForPreTraining, or BertForMaskedLM without NSP."""
+        return "BertForPreTraining" if self.with_nsp else "BertForMaskedLM"
+
     def __init__(self, config: BertConfig, with_nsp: bool = True, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
@@ -454,8 +451,16 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return out
 
 
+def _masked_lm(config: BertConfig) -> BertForPreTraining:
+    return BertForPreTraining(config, with_nsp=False)  # exported as transformers' BertForMaskedLM
+
+
+# Head name -> class (or factory) taking the config: what models/build.py builds (see models/spec.py).
+HEADS = {"base": BertModel, "pretraining": BertForPreTraining, "masked_lm": _masked_lm,
+         "classification": BertForSequenceClassification, "qa": BertForQuestionAnswering,
+         "token_classification": BertForTokenClassification}
+
 __all__ = [
-    "BertConfig", "ModelOutput", "ModelOptions", "BertModel", "BertForPreTraining",
-    "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
-    "num_parameters", "IGNORE_INDEX", "BatchMeta", "Unpadded", "ACTIVATIONS", "activation",
+    "HEADS", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
+    "BertForTokenClassification", "BertForQuestionAnswering", "activation",
 ]

@@ -21,6 +21,8 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 class BertConfig:
     """BERT hyper-parameters with Hugging Face's field names and defaults (BERT-base)."""
 
+    architecture: str = "bert"
+    """The architecture these fields describe (config.json's model_type)."""
     vocab_size: int = 30522
     """Number of token ids; the word embedding and the MLM decoder have this many rows."""
     hidden_size: int = 768
@@ -63,24 +65,31 @@ class BertConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def validate(self) -> BertConfig:
-        """Raise BertgpuError naming the field if the combination cannot be built."""
+    def validate(self, prefix: str = "config field ") -> BertConfig:
+        """Raise BertgpuError naming the field (after `prefix`) if the combination cannot be built."""
+
+        def check(ok: bool, name: str, expected: str) -> None:
+            if not ok:
+                raise BertgpuError(f"{prefix}{name} = {getattr(self, name)!r}: expected {expected}")
+
+        check(self.architecture == "bert", "architecture", "'bert'")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise BertgpuError(f"config field {name}: found {value!r}, expected a positive integer")
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise BertgpuError(
-                f"config field hidden_size: {self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise BertgpuError(
-                f"config field hidden_act: found {self.hidden_act!r}, expected one of {', '.join(ACTIVATIONS)}")
-        if self.position_embedding_type != "absolute":
-            raise BertgpuError(
-                f"config field position_embedding_type: found {self.position_embedding_type!r}, "
-                "expected 'absolute' (relative position embeddings are not supported)")
+            check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                  "a positive integer")
+        check(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
+              f"a multiple of num_attention_heads ({self.num_attention_heads})")
+        check(self.hidden_act in ACTIVATIONS, "hidden_act", f"one of {', '.join(ACTIVATIONS)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            check(0.0 <= getattr(self, name) < 1.0, name, "a number in [0, 1)")
+        check(self.classifier_dropout is None or 0.0 <= self.classifier_dropout < 1.0,
+              "classifier_dropout", "a number in [0, 1) or none")
+        check(self.initializer_range > 0, "initializer_range", "a positive number")
+        check(self.layer_norm_eps > 0, "layer_norm_eps", "a positive number")
+        check(0 <= self.pad_token_id < self.vocab_size, "pad_token_id", "an id below vocab_size")
+        check(self.position_embedding_type == "absolute", "position_embedding_type",
+              "'absolute' (relative position embeddings are not supported)")
         return self
 
 

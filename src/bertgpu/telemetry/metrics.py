@@ -19,7 +19,7 @@ Typical use in a training loop (rank 0 logs, other ranks get a logger that does 
 
 ``mfu`` (from `flops.py`) is a fraction (0.42 means 42 %); the console shows it as a percentage.
 The sinks (TensorBoard, W&B, MLflow) and the GPU monitor are plugged in by
-``sinks.open_logger``; the loop does not know which exist. Nothing here imports torch, tqdm or
+``run_logger.open_logger``; the loop does not know which exist. Nothing here imports torch, tqdm or
 TensorBoard at module import time.
 """
 
@@ -34,13 +34,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from bertgpu.train.console import console_fields, duration, format_startup_table
-from bertgpu.train.records import open_for_append, read_metrics
-from bertgpu.train.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
+from bertgpu.telemetry.console import console_fields, duration
+from bertgpu.telemetry.records import open_for_append
+from bertgpu.telemetry.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
 
 # Re-exported: callers have always found them here.
-__all__ = ["MetricsLogger", "Throughput", "device_memory", "format_startup_table",
-           "gpu_utilisation", "read_metrics"]
+__all__ = ["MetricsLogger", "Throughput", "device_memory", "gpu_utilisation"]
 
 _GIB = float(1 << 30)
 
@@ -337,7 +336,7 @@ class MetricsLogger:
     def _gpu_scalars(self) -> dict[str, float]:
         if self.monitor is None:
             return {}
-        out = dict(self.monitor.device_stats(self.device))
+        out = gpu_utilisation(self.device, self.monitor)
         samples = list(self.monitor.latest().values())
         temps = [s["temp_c"] for s in samples if "temp_c" in s]
         utils = [s["util_pct"] for s in samples if "util_pct" in s]

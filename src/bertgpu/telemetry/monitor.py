@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bertgpu.train.records import open_for_append
+from bertgpu.telemetry.records import open_for_append
 
 _GIB = float(1 << 30)
 
@@ -114,7 +114,7 @@ class _Gpu:
 class GpuMonitor:
     """Samples every GPU of the node every ``interval_s`` seconds on a daemon thread.
 
-    ``nvml`` is the pynvml module (tests pass ``bertgpu.train.nvml_sim.SimulatedNvml``);
+    ``nvml`` is the pynvml module (tests pass ``bertgpu.testing.nvml_sim.SimulatedNvml``);
     ``path`` the JSON-lines file the samples are appended to (None: keep the latest only).
     Build it with ``start_if_available``; ``sample()`` reads once on the calling thread.
     """

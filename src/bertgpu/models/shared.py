@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 
 ATTENTION_BACKENDS = ("auto", "varlen", "nested", "padded")
 """Kernels of unpadded attention (see `attention.choose_backend`)."""

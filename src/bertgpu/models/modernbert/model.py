@@ -39,10 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bertgpu.batch import IGNORE_INDEX, BatchMeta
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 from bertgpu.models.attention import (
-    BatchMeta,
     Unpadded,
     attention,
     choose_backend,
@@ -51,7 +50,9 @@ from bertgpu.models.attention import (
     sdpa_mask,
     unpadded_padded_attention,
 )
-from bertgpu.models.layers import (
+from bertgpu.models.modernbert.config import ModernBertConfig
+from bertgpu.models.modernbert.rope import apply_rope, cos_sin, sliding_window_mask
+from bertgpu.models.shared import (
     Configurable,
     ModelOptions,
     ModelOutput,
@@ -61,8 +62,6 @@ from bertgpu.models.layers import (
     span_loss_terms,
     token_loss_terms,
 )
-from bertgpu.models.modernbert_config import ACTIVATIONS, LAYER_TYPES, POOLINGS, ModernBertConfig
-from bertgpu.models.rope import apply_rope, cos_sin, sliding_window_mask
 
 Layout = torch.Tensor | Unpadded | None
 """What a layer's attention gets: an SDPA mask or None (padded (B, T) rows), or an `Unpadded`."""
@@ -434,8 +433,14 @@ class ModernBertForTokenClassification(_WithClassifier):
         return labelled_output(self._classify(x), labels, token_loss_terms)  # logits (B, T, num_labels)
 
 
+# Head name -> class taking the config: what models/build.py builds (see models/spec.py).
+# ModernBERT has no next-sentence head: "pretraining" is its masked LM.
+HEADS = {"base": ModernBertModel, "pretraining": ModernBertForMaskedLM, "masked_lm": ModernBertForMaskedLM,
+         "classification": ModernBertForSequenceClassification, "qa": ModernBertForQuestionAnswering,
+         "token_classification": ModernBertForTokenClassification}
+
 __all__ = [
-    "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+    "HEADS", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
     "ModernBertForQuestionAnswering", "ModernBertForTokenClassification", "attention_masks",
-    "windowed_attention", "ACTIVATIONS", "LAYER_TYPES", "POOLINGS",
+    "windowed_attention",
 ]

@@ -2,10 +2,7 @@
 
 Each sink is optional and off unless asked for in the ``[logging]`` section (TensorBoard: on when
 its package is installed, as before). The training loop only talks to ``MetricsLogger``;
-``open_logger`` builds it with the sinks and the GPU monitor the section asks for::
-
-    logger = open_logger(run_dir, is_main, cfg.logging, config_dict, device=device,
-                         total_steps=max_steps, log_every=10, initial_step=step)
+``run_logger.open_logger`` builds it with the sinks and the GPU monitor the section asks for.
 
 Only rank 0 writes to sinks. Each gets the resolved config once (``log_config``), then every log
 event as ``log(step, kind, scalars)`` with ``kind`` "train", "eval", "info" or "system" (the
@@ -31,13 +28,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bertgpu.errors import BertgpuError
 
-WANDB_MODES = ("auto", "online", "offline")
+if TYPE_CHECKING:
+    from bertgpu.config.schema import LoggingSection
+
 
 
 class Sink(Protocol):
@@ -50,43 +48,6 @@ class Sink(Protocol):
     def log_config(self, config: Mapping[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-@dataclass
-class LoggingSection:
-    """Metric sinks (rank 0 only) and the GPU monitor; metrics.jsonl is always written."""
-
-    tensorboard: bool | None = field(default=None, metadata={
-        "help": "TensorBoard scalars in RUN_DIR/tensorboard (none = when tensorboard is installed)"})
-    wandb: bool = field(default=False, metadata={
-        "help": "log to Weights & Biases (pip install 'bertgpu[wandb]')"})
-    wandb_project: str = field(default="bertgpu", metadata={"help": "W&B project"})
-    wandb_entity: str | None = field(default=None, metadata={
-        "help": "W&B team or user (none = your default entity)"})
-    wandb_run_name: str | None = field(default=None, metadata={
-        "help": "W&B run name (none = the run folder's name)"})
-    wandb_mode: str = field(default="auto", metadata={
-        "help": "online, offline (upload later: wandb sync RUN_DIR/wandb/offline-run-*) or auto "
-                "(WANDB_MODE if set, else online when an API key is set up, else offline)"})
-    mlflow: bool = field(default=False, metadata={
-        "help": "log to MLflow (pip install 'bertgpu[mlflow]')"})
-    mlflow_tracking_uri: str | None = field(default=None, metadata={
-        "help": "MLflow tracking server or store (none = a file store in RUN_DIR/mlruns)"})
-    mlflow_experiment: str = field(default="bertgpu", metadata={"help": "MLflow experiment"})
-    mlflow_run_name: str | None = field(default=None, metadata={
-        "help": "MLflow run name (none = the run folder's name)"})
-    gpu_monitor_interval_s: float = field(default=5.0, metadata={
-        "help": "sample every GPU of the node (NVML) every N seconds into RUN_DIR/gpu.jsonl "
-                "(0 = off)"})
-
-    def validate(self) -> None:
-        """Raise BertgpuError naming the field when a value is out of range."""
-        if self.wandb_mode not in WANDB_MODES:
-            raise BertgpuError(f"logging.wandb_mode: found {self.wandb_mode!r}, expected one of "
-                               f"{', '.join(WANDB_MODES)}")
-        if not (self.gpu_monitor_interval_s == 0 or self.gpu_monitor_interval_s >= 0.1):
-            raise BertgpuError(f"logging.gpu_monitor_interval_s: found "
-                               f"{self.gpu_monitor_interval_s}, expected 0 (off) or >= 0.1")
 
 
 def _installed(module: str) -> bool:
@@ -377,72 +338,3 @@ class SinkFanout:
 # --------------------------------------------------------------------------------------------
 # Building the logger
 # --------------------------------------------------------------------------------------------
-
-
-def _node_rank() -> tuple[int, int]:
-    """(node index, local rank) from torchrun's environment; (0, 0) outside it."""
-    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    node = os.environ.get("GROUP_RANK") or os.environ.get("NODE_RANK")
-    if node is None:
-        rank, local_world = int(os.environ.get("RANK", "0") or 0), int(
-            os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        return rank // max(local_world, 1), local
-    return int(node), local
-
-
-def open_logger(
-    run_dir: Path | str | None,
-    is_main: bool,
-    logging_cfg: LoggingSection | None,
-    config_dict: Mapping[str, Any] | None,
-    *,
-    device: Any = None,
-    nvml: Any = None,
-    **logger_kwargs: Any,
-) -> Any:
-    """A ``MetricsLogger`` with the sinks and the GPU monitor ``logging_cfg`` asks for.
-
-    Call it on every rank (a missing package raises BertgpuError on every rank alike). Rank 0
-    (``is_main``) writes metrics.jsonl, the sinks and ``gpu.jsonl``; on a node other than the
-    first, local rank 0 samples that node's GPUs into ``gpu.nodeN.jsonl`` when it is given the
-    (shared) ``run_dir``; other ranks get a logger that does nothing. ``config_dict`` (the
-    resolved config) goes to every sink; ``device`` is this process's device, whose NVML
-    utilisation and memory go into the train records. ``nvml`` replaces pynvml (tests).
-    ``logger_kwargs`` go to ``MetricsLogger`` (``total_steps``, ``log_every``,
-    ``initial_step``, ``elapsed_offset_s``, ...). The logger closes the sinks and the monitor.
-    """
-    from bertgpu.train.metrics import MetricsLogger
-    from bertgpu.train.monitor import GpuMonitor
-
-    cfg = logging_cfg if logging_cfg is not None else LoggingSection()
-    check_packages(cfg)
-    run_dir = Path(run_dir) if run_dir is not None else None
-    node, local_rank = _node_rank()
-    gpu_file: Path | None = None
-    if run_dir is not None and is_main:
-        gpu_file = run_dir / "gpu.jsonl"
-    elif run_dir is not None and local_rank == 0 and node > 0:
-        gpu_file = run_dir / f"gpu.node{node}.jsonl"
-    monitor = None
-    if is_main or gpu_file is not None:
-        monitor = GpuMonitor.start_if_available(gpu_file, cfg.gpu_monitor_interval_s, nvml=nvml)
-    sinks: list[Sink] = []
-    try:
-        if is_main and run_dir is not None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            if cfg.wandb:
-                sinks.append(WandbSink(run_dir, cfg))
-            if cfg.mlflow:
-                sinks.append(MlflowSink(run_dir, cfg))
-        logger_kwargs.setdefault("tensorboard", cfg.tensorboard is not False)
-        logger = MetricsLogger(run_dir if is_main else None, is_main, sinks=sinks,
-                               monitor=monitor, device=device, **logger_kwargs)
-    except BaseException:
-        for sink in sinks:
-            sink.close()
-        if monitor is not None:
-            monitor.close()
-        raise
-    if config_dict is not None:
-        logger.log_config(config_dict)
-    return logger

@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
-from bertgpu.models import IGNORE_INDEX
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for global / local
@@ -21,6 +21,8 @@ POOLINGS = ("cls", "mean")
 class ModernBertConfig:
     """ModernBERT hyper-parameters with transformers' field names and defaults (ModernBERT-base)."""
 
+    architecture: str = "modernbert"
+    """The architecture these fields describe (config.json's model_type)."""
     vocab_size: int = 50368
     """Number of token ids (rows of the token embedding and of the tied decoder)."""
     hidden_size: int = 768
@@ -49,9 +51,13 @@ class ModernBertConfig:
     # None by default (transformers' defaults are ModernBERT's own vocabulary's ids, which would
     # point outside a vocabulary of ours); a loaded config.json keeps its values.
     bos_token_id: int | None = None
+    """Tokenizer metadata kept in config.json: id of the beginning-of-sequence token."""
     eos_token_id: int | None = None
+    """Tokenizer metadata kept in config.json: id of the end-of-sequence token."""
     cls_token_id: int | None = None
+    """Tokenizer metadata kept in config.json: id of [CLS]."""
     sep_token_id: int | None = None
+    """Tokenizer metadata kept in config.json: id of [SEP]."""
     global_rope_theta: float = 160_000.0
     """RoPE base of the global-attention layers."""
     local_rope_theta: float | None = 10_000.0
@@ -135,37 +141,39 @@ class ModernBertConfig:
         n = self.global_attn_every_n_layers
         return ["sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)]
 
-    def validate(self) -> ModernBertConfig:
-        """Raise BertgpuError naming the field if the combination cannot be built."""
+    def validate(self, prefix: str = "config field ") -> ModernBertConfig:
+        """Raise BertgpuError naming the field (after `prefix`) if the combination cannot be built."""
+        if self.architecture != "modernbert":
+            raise BertgpuError(f"{prefix}architecture: found {self.architecture!r}, expected 'modernbert'")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
                      "local_attention"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise BertgpuError(f"config field {name}: found {value!r}, expected a positive integer")
+                raise BertgpuError(f"{prefix}{name}: found {value!r}, expected a positive integer")
         if self.hidden_size % self.num_attention_heads or self.head_dim % 2:
             raise BertgpuError(
-                f"config field hidden_size: {self.hidden_size} / num_attention_heads {self.num_attention_heads} "
+                f"{prefix}hidden_size: {self.hidden_size} / num_attention_heads {self.num_attention_heads} "
                 "must be an even integer (RoPE rotates pairs of head features)")
         for name in ("hidden_activation", "classifier_activation"):
             if getattr(self, name) not in ACTIVATIONS:
-                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, "
+                raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, "
                                    f"expected one of {', '.join(ACTIVATIONS)}")
         if self.classifier_pooling not in POOLINGS:
-            raise BertgpuError(f"config field classifier_pooling: found {self.classifier_pooling!r}, "
+            raise BertgpuError(f"{prefix}classifier_pooling: found {self.classifier_pooling!r}, "
                                f"expected one of {', '.join(POOLINGS)}")
         for name in ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, expected a number in [0, 1)")
+                raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, expected a number in [0, 1)")
         for name in ("global_rope_theta", "local_theta", "norm_eps", "initializer_range"):
             if not getattr(self, name) > 0:
-                raise BertgpuError(f"config field {name}: found {getattr(self, name)!r}, expected a positive number")
+                raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, expected a positive number")
         types = self.resolved_layer_types()
         if len(types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in types):
-            raise BertgpuError(f"config field layer_types: found {types!r}, expected {self.num_hidden_layers} "
+            raise BertgpuError(f"{prefix}layer_types: found {types!r}, expected {self.num_hidden_layers} "
                                f"entries, each one of {', '.join(LAYER_TYPES)}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise BertgpuError(f"config field pad_token_id: found {self.pad_token_id!r}, expected an id "
+            raise BertgpuError(f"{prefix}pad_token_id: found {self.pad_token_id!r}, expected an id "
                                f"below vocab_size ({self.vocab_size})")
         return self
 

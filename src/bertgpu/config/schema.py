@@ -1,81 +1,51 @@
-"""The pretraining configuration schema and the vocabularies of every config: schema as code,
-files and the command line only override.
+"""The pretraining configuration schema, the sections every training job shares, and the
+vocabularies of every setting: schema as code, files and the command line only override.
 
 Every knob is a dataclass field with a default and a help text (`bertgpu pretrain --help-config`
-prints them, see `format_help`). A TOML file only overrides defaults, the command line overrides
+prints them, see `help_text`). A TOML file only overrides defaults, the command line overrides
 the file, unknown keys are errors with a suggestion, and the resolved configuration is written
-to every run and checkpoint as `config.toml` (`dump_toml`)::
+to every run and checkpoint as `config.toml` (`overrides.dump_toml`)::
 
     bertgpu pretrain configs/bert-base.toml --data data/ --out runs/base \\
         --train.global_batch_size 512 --optim.lr=1e-3 --optim.betas 0.9,0.98 --seed 3
 
-Batch semantics: `train.global_batch_size` sequences per optimizer step is the knob;
-`train.micro_batch_size` is per device; accumulation = global / (micro x world) is derived by
-`resolve_batch`. The lr may be scaled from the batch it was tuned for (`scaled_lr`).
+Sections: `[model]` is the chosen architecture's own config class (models/<name>/config.py,
+transformers' field names; `model.architecture` chooses it), `[data]` the shards and masking,
+`[train]` what changes the result (batch, precision, length, cadence), `[impl]` what only changes
+the speed and memory (device, micro batch, compile, unpadding, workers), `[optim]`, `[schedule]`,
+`[checkpoint]`, `[distributed]`, `[logging]`. The engine and the loop take these sections as
+they are; the fine-tuning schema (`finetune.py`) declares its flat keys with `overrides.reuse`
+of these fields, so each knob and its help text are written once.
 
-The fine-tuning schema (`finetune_config.py`) takes its shared knobs from these sections with
-`overrides.reuse`, so each knob and its help text are declared once. The parsing machinery
-(`apply_dict`, `apply_overrides`, `dump_toml`, `format_help`) is in `overrides.py`.
+Batch semantics: `train.global_batch_size` sequences per optimizer step is the knob;
+`impl.micro_batch_size` is per device; accumulation = global / (micro x world) is derived by
+`resolve_batch`. The lr may be scaled from the batch it was tuned for (`scaled_lr`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertgpu.config.overrides import (
+    apply_dict,
+    apply_overrides,
+    format_help,
+    option,
+    parse_text,
+    read_toml,
+)
 from bertgpu.data.shards import OBJECTIVES
 from bertgpu.errors import BertgpuError
-from bertgpu.models.build import ARCHITECTURES, model_config
-from bertgpu.train.overrides import apply_dict, apply_overrides, option, read_toml
-from bertgpu.train.sinks import LoggingSection
+from bertgpu.models import build
 
 # --------------------------------------------------------------------------------------------
 # Schema
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModelSection:
-    """Architecture, with Hugging Face config names: BertConfig's for bert (defaults: BERT-base),
-    ModernBertConfig's for modernbert. Fields of the other architecture must stay at their defaults."""
-
-    architecture: str = option(
-        "bert", "bert (2018: learned positions, post-norm) or modernbert (RoPE, GeGLU, pre-norm, local/global attention)"
-    )
-    vocab_size: int = option(30522, "size of the WordPiece vocabulary (must match the data's tokenizer)")
-    hidden_size: int = option(768, "width of the encoder (H)")
-    num_hidden_layers: int = option(12, "number of transformer layers (L)")
-    num_attention_heads: int = option(12, "attention heads per layer (A); hidden_size must divide by it")
-    intermediate_size: int = option(3072, "width of the feed-forward layer (4H in BERT)")
-    hidden_act: str = option("gelu", "feed-forward activation: gelu, gelu_new, relu, ...")
-    hidden_dropout_prob: float = option(0.1, "dropout on embeddings and sub-layer outputs")
-    attention_probs_dropout_prob: float = option(0.1, "dropout on attention probabilities")
-    max_position_embeddings: int = option(512, "longest sequence the position table supports")
-    type_vocab_size: int = option(2, "number of segment (token type) ids")
-    initializer_range: float = option(0.02, "std of the normal weight initialisation")
-    layer_norm_eps: float = option(1e-12, "LayerNorm epsilon")
-    pad_token_id: int = option(0, "id of [PAD]")
-    # ModernBERT only (transformers' ModernBertConfig names and defaults)
-    hidden_activation: str = option("gelu", "modernbert: activation of the GeGLU input half: gelu, gelu_pytorch_tanh, relu, silu")
-    norm_eps: float = option(1e-5, "modernbert: LayerNorm epsilon")
-    norm_bias: bool = option(False, "modernbert: biases in the LayerNorms")
-    attention_bias: bool = option(False, "modernbert: biases in Wqkv and the attention output")
-    mlp_bias: bool = option(False, "modernbert: biases in the GeGLU block (Wi, Wo)")
-    decoder_bias: bool = option(True, "modernbert: bias of the MLM decoder (its weight is the token embedding)")
-    embedding_dropout: float = option(0.0, "modernbert: dropout after the embedding norm")
-    attention_dropout: float = option(0.0, "modernbert: dropout on attention probabilities and output")
-    mlp_dropout: float = option(0.0, "modernbert: dropout inside the GeGLU block")
-    global_attn_every_n_layers: int = option(3, "modernbert: layers 0, n, 2n, ... attend globally, the others in a sliding window")
-    local_attention: int = option(128, "modernbert: sliding-window width in tokens (half of it on each side)")
-    global_rope_theta: float = option(160000.0, "modernbert: RoPE base of the global layers")
-    local_rope_theta: float = option(10000.0, "modernbert: RoPE base of the sliding-window layers")
-    initializer_cutoff_factor: float = option(2.0, "modernbert: truncate the normal initialisation at this many std")
-    classifier_pooling: str = option("cls", "modernbert: fine-tuning pools the first token (cls) or the mean over tokens (mean)")
-
-
 
 
 @dataclass
@@ -91,10 +61,6 @@ class DataSection:
         0.15, "fraction of tokens masked in validation, fixed so that recipes with other training rates compare"
     )
     whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
-    num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
-    bucket_window: int = option(
-        0, "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)"
-    )
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -102,13 +68,11 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class TrainSection:
-    """Batch, precision, length of training, evaluation and logging cadence."""
+    """What is trained and how: batch, precision, length of training, evaluation and logging
+    cadence. Changing one of these changes the result (`[impl]` holds what does not)."""
 
     max_steps: int = option(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
     global_batch_size: int = option(256, "sequences per optimizer step, over all devices and micro batches")
-    micro_batch_size: int | str = option(
-        32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's memory"
-    )
     precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
     grad_clip: float = option(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
     budget_hours: float | None = option(None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)")
@@ -117,10 +81,24 @@ class TrainSection:
     eval_batches: int = option(50, "micro batches per evaluation (0 = the whole validation split)")
     log_every_steps: int = option(10, "console and metrics.jsonl line every N steps")
     with_nsp: bool | None = option(None, "train the NSP head (none = when the data objective is mlm+nsp)")
+
+
+@dataclass
+class ImplSection:
+    """How the computation is carried out: the same result (to floating-point rounding) whatever
+    these say, only the speed and memory change (Cramming's split of train and impl)."""
+
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
+    micro_batch_size: int | str = option(
+        32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's memory"
+    )
     compile: bool = option(False, "torch.compile the model")
     unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% more compute")
-    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
+    num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
+    bucket_window: int = option(
+        0, "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)"
+    )
 
 
 OPTIMIZERS = ("adamw", "lamb", "radam")
@@ -165,6 +143,7 @@ class CheckpointSection:
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+WANDB_MODES = ("auto", "online", "offline")
 BALANCE_MODES = ("none", "auto")
 
 
@@ -186,14 +165,47 @@ class DistributedSection:
 
 
 @dataclass
+class LoggingSection:
+    """Metric sinks (rank 0 only) and the GPU monitor; metrics.jsonl is always written."""
+
+    tensorboard: bool | None = option(None, "TensorBoard scalars in RUN_DIR/tensorboard (none = when tensorboard is installed)")
+    wandb: bool = option(False, "log to Weights & Biases (pip install 'bertgpu[wandb]')")
+    wandb_project: str = option("bertgpu", "W&B project")
+    wandb_entity: str | None = option(None, "W&B team or user (none = your default entity)")
+    wandb_run_name: str | None = option(None, "W&B run name (none = the run folder's name)")
+    wandb_mode: str = option("auto", "online, offline (upload later: wandb sync RUN_DIR/wandb/offline-run-*) "
+                             "or auto (WANDB_MODE if set, else online when an API key is set up, else offline)")
+    mlflow: bool = option(False, "log to MLflow (pip install 'bertgpu[mlflow]')")
+    mlflow_tracking_uri: str | None = option(None, "MLflow tracking server or store (none = a file store in RUN_DIR/mlruns)")
+    mlflow_experiment: str = option("bertgpu", "MLflow experiment")
+    mlflow_run_name: str | None = option(None, "MLflow run name (none = the run folder's name)")
+    gpu_monitor_interval_s: float = option(
+        5.0, "sample every GPU of the node (NVML) every N seconds into RUN_DIR/gpu.jsonl (0 = off)")
+
+    def validate(self) -> None:
+        """Raise BertgpuError naming the field when a value is out of range."""
+        if self.wandb_mode not in WANDB_MODES:
+            raise BertgpuError(f"logging.wandb_mode: found {self.wandb_mode!r}, expected one of "
+                               f"{', '.join(WANDB_MODES)}")
+        if not (self.gpu_monitor_interval_s == 0 or self.gpu_monitor_interval_s >= 0.1):
+            raise BertgpuError(f"logging.gpu_monitor_interval_s: found "
+                               f"{self.gpu_monitor_interval_s}, expected 0 (off) or >= 0.1")
+
+
+
+
+@dataclass
 class PretrainConfig:
     """Everything `bertgpu pretrain` needs; `config.toml` in a run folder is this, resolved."""
 
     seed: int = option(0, "seed of initialisation, data order and masking (also --seed N)")
     out: str | None = option(None, "run folder: config, metrics, checkpoints, export (also --out DIR)")
-    model: ModelSection = option(factory=ModelSection, help="architecture (Hugging Face BertConfig names)")
+    model: Any = option(factory=lambda: build.spec("bert").pretraining_config(),
+                        help="the architecture's own config (Hugging Face names): model.architecture "
+                             "chooses it, BERT-base by default")
     data: DataSection = option(factory=DataSection, help="token shards and masking")
     train: TrainSection = option(factory=TrainSection, help="batch, precision, length, cadence")
+    impl: ImplSection = option(factory=ImplSection, help="device, micro batch, compile, unpadding, workers")
     optim: OptimSection = option(factory=OptimSection, help="optimizer and learning rate")
     schedule: ScheduleSection = option(factory=ScheduleSection, help="learning-rate schedule")
     checkpoint: CheckpointSection = option(factory=CheckpointSection, help="checkpoint cadence")
@@ -205,14 +217,84 @@ class PretrainConfig:
 PRETRAIN_ALIASES: dict[str, str] = {"data": "data.dir", "out": "out", "seed": "seed"}
 
 
+def help_text() -> str:
+    """Every key of the pretraining schema with its type, default and help (`--help-config`),
+    the `[model]` keys of every registered architecture included."""
+    text = format_help(PretrainConfig())
+    for name in build.ARCHITECTURES:
+        if name != PretrainConfig().model.architecture:
+            model = build.spec(name).pretraining_config()
+            text += f"\n[model] with architecture = {name!r}\n" + format_help(model, prefix="model.")
+    return text
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PretrainConfig:
-    """Defaults <- TOML file (optional) <- command-line overrides, then `validate`."""
-    cfg = PretrainConfig()
-    if path is not None:
-        apply_dict(cfg, read_toml(path), str(path))
-    apply_overrides(cfg, list(overrides or []), "command line", PRETRAIN_ALIASES)
+    """Defaults <- TOML file (optional) <- command-line overrides, then `validate`. The `[model]`
+    section is the config class of the architecture that the file or the command line names
+    (`model.architecture`, the command line winning; BERT when neither does)."""
+    data = read_toml(path) if path is not None else {}
+    words = list(overrides or [])
+    arch = _architecture_asked(data, words, str(path))
+    cfg = PretrainConfig(model=build.spec(arch).pretraining_config())
+    _refuse_other_architectures_keys(cfg.model, data.get("model", {}), words, str(path))
+    apply_dict(cfg, data, str(path))
+    apply_overrides(cfg, words, "command line", PRETRAIN_ALIASES)
     validate(cfg)
     return cfg
+
+
+def _model_words(words: list[str]) -> list[tuple[str, str | None]]:
+    """(field, value text) of the `--model.FIELD value` / `--model.FIELD=value` words."""
+    found = []
+    for i, word in enumerate(words):
+        if not word.startswith("--model."):
+            continue
+        key, eq, text = word[len("--model."):].partition("=")
+        if not eq:
+            following = words[i + 1] if i + 1 < len(words) else None
+            text = following if following is not None and not following.startswith("--") else None
+        found.append((key.replace("-", "_"), text))
+    return found
+
+
+def _architecture_asked(data: dict[str, Any], words: list[str], source: str) -> str:
+    """model.architecture of the command line, else of the file, else "bert"; a one-line error
+    for a name that is not registered."""
+    asked, where = data.get("model", {}).get("architecture", "bert"), source
+    for key, text in _model_words(words):
+        if key == "architecture" and text is not None:
+            asked, where = text, "command line"
+    if asked not in build.ARCHITECTURES:
+        raise BertgpuError(f"{where}: model.architecture = {asked!r}: expected one of "
+                           f"{', '.join(build.ARCHITECTURES)}")
+    return asked
+
+
+def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: list[str],
+                                     source: str) -> None:
+    """A `[model]` key that another architecture has and this one does not (a silent no-op
+    otherwise) is an error that says what this architecture calls the same knob, if anything."""
+    spec = build.spec(model.architecture)
+    own = {f.name for f in dataclasses.fields(model)}
+    given = [(key.replace("-", "_"), value, source, False) for key, value in table.items()]
+    given += [(key, text, "command line", True) for key, text in _model_words(words)]
+    for key, value, where, is_text in given:
+        if key in own:
+            continue
+        for name in build.ARCHITECTURES:
+            other = build.spec(name).config_class
+            types = typing.get_type_hints(other)
+            if name == spec.name or key not in types:
+                continue
+            if is_text and value is not None:
+                try:
+                    value = parse_text(value, types[key])
+                except ValueError:
+                    pass
+            instead = spec.equivalents.get(key, ())
+            hint = f" (for {spec.name}: {', '.join('model.' + n for n in instead)})" if instead else ""
+            raise BertgpuError(f"{where}: model.{key} = {value!r}: a {name} field, not one of "
+                               f"{spec.name}{hint}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,47 +311,12 @@ def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     check(value in choices, key, value, "one of " + ", ".join(choices))
 
 
-# Model fields that only one architecture reads, with what the other one calls the same knob.
-_BERT_ONLY = {"hidden_act": "hidden_activation", "hidden_dropout_prob": "mlp_dropout, embedding_dropout",
-              "attention_probs_dropout_prob": "attention_dropout", "layer_norm_eps": "norm_eps",
-              "type_vocab_size": None}
-_MODERNBERT_ONLY = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps", "norm_bias": None,
-                    "attention_bias": None, "mlp_bias": None, "decoder_bias": None,
-                    "embedding_dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
-                    "mlp_dropout": "hidden_dropout_prob", "global_attn_every_n_layers": None,
-                    "local_attention": None, "global_rope_theta": None, "local_rope_theta": None,
-                    "initializer_cutoff_factor": None, "classifier_pooling": None}
-
-
-def _validate_architecture(cfg: PretrainConfig) -> None:
-    """model.architecture, fields set for the other architecture (a silent no-op otherwise), the
-    ModernBERT fields (checked by the model's own config, so the rules live in one place), and
-    ModernBERT's lack of an NSP head."""
-    m = cfg.model
-    check_choice("model.architecture", m.architecture, ARCHITECTURES)
-    other = _MODERNBERT_ONLY if m.architecture == "bert" else _BERT_ONLY
-    defaults = ModelSection()
-    for key, instead in other.items():
-        hint = f" (for {m.architecture}: model.{instead})" if instead else ""
-        check(getattr(m, key) == getattr(defaults, key), f"model.{key}", getattr(m, key),
-               f"the default: it applies to the other architecture only{hint}")
-    if m.architecture != "modernbert":
-        return
-    try:
-        model_config(dataclasses.asdict(m))
-    except BertgpuError as e:  # "config field X: ..." from ModernBertConfig.validate
-        raise BertgpuError("config: " + str(e).replace("config field ", "model.", 1)) from None
-    check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
-           "false or none: ModernBERT has no next-sentence head")
-    check(cfg.data.objective != "mlm+nsp", "data.objective", cfg.data.objective,
-           "mlm or none: ModernBERT has no next-sentence head")
-
-
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
     _validate_model(cfg)
     _validate_data(cfg.data)
     _validate_train(cfg.train)
+    _validate_impl(cfg.impl, cfg.train)
     _validate_optim(cfg.optim)
     _validate_schedule(cfg.schedule, cfg.train)
     _validate_checkpoint(cfg.checkpoint)
@@ -279,18 +326,20 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
 
 
 def _validate_model(cfg: PretrainConfig) -> None:
+    """The architecture's own checks (its config class), and next-sentence prediction only for an
+    architecture with that head."""
     m = cfg.model
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-        check(getattr(m, key) > 0, f"model.{key}", getattr(m, key), "a positive integer")
-    check(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
-           f"a multiple of model.num_attention_heads ({m.num_attention_heads})")
-    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        check(0.0 <= getattr(m, key) < 1.0, f"model.{key}", getattr(m, key), "a number in [0, 1)")
-    check(m.initializer_range > 0, "model.initializer_range", m.initializer_range, "a positive number")
-    check(m.layer_norm_eps > 0, "model.layer_norm_eps", m.layer_norm_eps, "a positive number")
-    check(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", m.pad_token_id, "an id below vocab_size")
-    _validate_architecture(cfg)
+    check_choice("model.architecture", m.architecture, tuple(build.ARCHITECTURES))
+    spec = build.spec(m.architecture)
+    if not isinstance(m, spec.config_class):  # the file named one architecture, the command line another
+        raise BertgpuError(f"config: model.architecture = {m.architecture!r} but the [model] section "
+                           f"holds {type(m).__name__} fields; name the architecture once")
+    m.validate(prefix="config: model.")
+    if not spec.has_nsp:
+        check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
+              f"false or none: {spec.title} has no next-sentence head")
+        check(cfg.data.objective != "mlm+nsp", "data.objective", cfg.data.objective,
+              f"mlm or none: {spec.title} has no next-sentence head")
 
 
 def _validate_data(d: DataSection) -> None:
@@ -298,8 +347,6 @@ def _validate_data(d: DataSection) -> None:
         check_choice("data.objective", d.objective, OBJECTIVES)
     check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
     check(0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate, "a number in (0, 1)")
-    check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or more")
-    check(d.bucket_window >= 0, "data.bucket_window", d.bucket_window, "0 or more")
 
 
 def _validate_train(t: TrainSection) -> None:
@@ -310,19 +357,24 @@ def _validate_train(t: TrainSection) -> None:
         check(t.budget_hours > 0 and math.isfinite(t.budget_hours), "train.budget_hours", t.budget_hours,
                "a positive number of hours")
     check(t.global_batch_size > 0, "train.global_batch_size", t.global_batch_size, "a positive integer")
-    if isinstance(t.micro_batch_size, str):
-        check(t.micro_batch_size == "auto", "train.micro_batch_size", t.micro_batch_size,
-               "a positive integer or auto")
-    else:
-        check(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "a positive integer")
-        check(t.global_batch_size % t.micro_batch_size == 0, "train.global_batch_size",
-               t.global_batch_size, f"a multiple of train.micro_batch_size ({t.micro_batch_size})")
     check_choice("train.precision", t.precision, PRECISIONS)
     check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "0 (off) or a positive number")
     check(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps, "1 or more")
     check(t.eval_every_steps >= 0, "train.eval_every_steps", t.eval_every_steps, "0 or more")
     check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
     check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
+
+
+def _validate_impl(i: ImplSection, t: TrainSection) -> None:
+    if isinstance(i.micro_batch_size, str):
+        check(i.micro_batch_size == "auto", "impl.micro_batch_size", i.micro_batch_size,
+              "a positive integer or auto")
+    else:
+        check(i.micro_batch_size > 0, "impl.micro_batch_size", i.micro_batch_size, "a positive integer")
+        check(t.global_batch_size % i.micro_batch_size == 0, "train.global_batch_size",
+              t.global_batch_size, f"a multiple of impl.micro_batch_size ({i.micro_batch_size})")
+    check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
+    check(i.bucket_window >= 0, "impl.bucket_window", i.bucket_window, "0 or more")
 
 
 def _validate_optim(o: OptimSection) -> None:
@@ -375,18 +427,18 @@ def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_siz
     """Accumulation steps = global / (micro x world); BertgpuError when it does not divide."""
     if isinstance(micro_batch_size, str):
         raise BertgpuError(
-            f"train.micro_batch_size {micro_batch_size!r}: resolve it to an integer before resolve_batch"
+            f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before resolve_batch"
         )
     if global_batch_size <= 0 or micro_batch_size <= 0 or world_size <= 0:
         raise BertgpuError(
-            f"train.global_batch_size {global_batch_size}, train.micro_batch_size {micro_batch_size}, "
+            f"train.global_batch_size {global_batch_size}, impl.micro_batch_size {micro_batch_size}, "
             f"{world_size} devices: all must be positive"
         )
     per_step = micro_batch_size * world_size
     if global_batch_size % per_step:
         devices = "device" if world_size == 1 else "devices"
         raise BertgpuError(
-            f"train.global_batch_size {global_batch_size} is not divisible by train.micro_batch_size "
+            f"train.global_batch_size {global_batch_size} is not divisible by impl.micro_batch_size "
             f"{micro_batch_size} × {world_size} {devices} = {per_step}; choose a global batch that "
             f"is a multiple of {per_step}"
         )

@@ -1,0 +1,60 @@
+"""What ModernBERT costs: training FLOPs per token (for MFU) and the bytes of one pretraining
+step (the automatic micro batch's estimate where it cannot probe real steps). Plain arithmetic on
+the config; no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0, with_nsp: bool = False) -> float:
+    """Training FLOPs per token of ModernBERT, counted as models/bert/cost.py counts BERT.
+
+    Per layer (d = hidden_size, f = intermediate_size): Wqkv ``3 d^2``, attention output ``d^2``,
+    the GeGLU input ``Wi`` (d -> 2 f: input and gate) ``2 d f`` and ``Wo`` ``f d``: ``4 d^2 + 3 d f``
+    weights (plus biases and norm gains when configured; both negligible), so 6x that per token.
+    Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
+    sequence length for global layers (0, n, 2n, ...) and ``min(T, local_attention + 1)`` for
+    sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
+    The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only.
+    ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
+    d, f, L, T = int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers), int(seq_len)
+    if min(d, f, L, T) <= 0:
+        raise ValueError("flops_per_token_of: all sizes must be positive")
+    every = max(int(cfg.global_attn_every_n_layers), 1)
+    window = min(T, int(cfg.local_attention) + 1)
+    per_layer = 4 * d * d + 3 * d * f
+    attention = sum(12.0 * d * (T if layer % every == 0 else window) for layer in range(L))
+    head = d * d + d + d * int(cfg.vocab_size) + int(cfg.vocab_size)
+    return 6.0 * L * per_layer + attention + mlm_fraction * 6.0 * head
+
+
+def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
+                         grad_ckpt: bool = False, flash_attention: bool = True, optimizer: str = "adamw") -> int:
+    """Rough bytes of one training step of ModernBertForMaskedLM (an upper-ish estimate), counted
+    as models/bert/cost.py counts BERT:
+
+    - parameters (per layer Wqkv and Wo: 4 H^2, the GeGLU's Wi and Wo: 3 H F; the token embedding,
+      tied to the decoder; the head's dense), gradients and the optimizer's two moments: 4 fp32
+      copies (6 with LAMB's temporaries);
+    - activations kept for backward, per layer and token: the layer input and its norm, q/k/v,
+      the attention output, the MLP's norm, Wi's 2 F outputs, the GeGLU product F and dropout
+      masks (~10 H + 3 F); without a flash kernel the (N, T, T) attention probabilities as well;
+    - with activation checkpointing only each layer's input is kept, plus one layer's worth.
+    """
+    H, L, F, N = (int(config.hidden_size), int(config.num_hidden_layers),
+                  int(config.intermediate_size), int(config.num_attention_heads))
+    V = int(config.vocab_size)
+    params = L * (4 * H * H + 3 * H * F) + V * H + H * H
+    tokens = micro_batch * seq_len
+    per_layer = tokens * (10 * H + 3 * F) * dtype_bytes
+    if not flash_attention:
+        per_layer += micro_batch * N * seq_len * seq_len * (dtype_bytes + 1)
+    activations = (tokens * H * dtype_bytes * L + per_layer) if grad_ckpt else per_layer * L
+    mlm = int(0.3 * tokens) * V * 4 * 2  # fp32 logits of the masked rows (30%: its recipes) and their gradient
+    copies = 6 if optimizer == "lamb" else 4
+    return 4 * copies * params + activations + mlm
+
+
+__all__ = ["estimate_train_bytes", "flops_per_token_of"]

@@ -1,0 +1,153 @@
+"""FLOPs per token, peak throughput of known GPUs, and model FLOPs utilisation (MFU).
+
+    fpt = flops_per_token_from_config(model_cfg, seq_len=128, mlm_fraction=0.15)  # by architecture
+    peak = peak_tflops(torch.cuda.get_device_name(), "bf16")   # None on unknown hardware
+    mfu(tokens_per_s, fpt, peak, n_devices=world_size)          # 0.42 means 42 %
+
+The FLOP count is nanoGPT's / PaLM appendix B's: 6 N per token for the weights plus the
+attention scores, and the MLM decoder only at predicted positions (see ANCHORS.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+_GIB = float(1 << 30)
+
+
+def flops_per_token_from_config(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
+                                with_nsp: bool = True) -> float:
+    """Training FLOPs per token of the model `cfg` describes (a BertConfig or ModernBertConfig, or
+    a transformers config with the same field names), by its architecture's own count
+    (`models/<name>/cost.py`); with_nsp applies to architectures with a next-sentence head."""
+    from bertgpu.models.build import spec_of_config
+
+    return spec_of_config(cfg).flops_per_token(cfg, seq_len, mlm_fraction, with_nsp)
+
+
+# --------------------------------------------------------------------------------------------
+# Peak throughput and MFU
+# --------------------------------------------------------------------------------------------
+
+# Dense (no 2:4 sparsity) tensor-core peak TFLOP/s from the vendors' data sheets. "bf16"/"fp16"
+# are with fp32 accumulation (what autocast uses); "fp32" is the plain CUDA-core rate; "tf32" is
+# the fp32 matmul rate with TF32 tensor cores allowed. A missing dtype means "not supported in
+# hardware" (V100 and T4 have no bf16 tensor cores): peak_tflops returns None and MFU is not shown.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "RTX A6000": {"bf16": 155.0, "fp16": 155.0, "tf32": 77.4, "fp32": 38.7},
+    "V100 SXM": {"fp16": 125.0, "fp32": 15.7},
+    "V100 PCIe": {"fp16": 112.0, "fp32": 14.0},
+    "T4": {"fp16": 65.0, "fp32": 8.1},
+    "RTX 4090": {"bf16": 165.0, "fp16": 165.0, "tf32": 82.6, "fp32": 82.6},
+    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
+    "RTX 3060 Ti": {"bf16": 32.4, "fp16": 32.4, "tf32": 16.2, "fp32": 16.2},
+}
+
+# Patterns over torch.cuda.get_device_name(), most specific first. Word boundaries keep "A10"
+# from matching "A100" or "A10G", and "L4" from matching "L40S".
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe"),
+    (r"\bH100\b.*\bNVL\b", "H100 NVL"),
+    (r"\bH100\b", "H100 SXM"),  # "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"
+    (r"\bH200\b", "H200"),
+    (r"\bA100\b", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB"
+    (r"\bA10\b", "A10"),
+    (r"\bL40S\b", "L40S"),
+    (r"\bL4\b", "L4"),
+    (r"\bA6000\b", "RTX A6000"),
+    (r"\bV100\b.*\bPCIE\b", "V100 PCIe"),
+    (r"\bV100\b", "V100 SXM"),
+    (r"\bT4\b", "T4"),
+    (r"\bRTX 4090\b(?! D)", "RTX 4090"),
+    (r"\bRTX 3090\b(?! Ti)", "RTX 3090"),
+    (r"\bRTX 3060 Ti\b", "RTX 3060 Ti"),
+)
+
+_DTYPE_ALIASES = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "tf32": "tf32",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+}
+
+PEAK_ENV_VAR = "BERTGPU_PEAK_TFLOPS"
+
+
+def _dtype_key(dtype: Any) -> str:
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in _DTYPE_ALIASES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of bf16, fp16, tf32, fp32")
+    return _DTYPE_ALIASES[name]
+
+
+def gpu_model(device_name: str) -> str | None:
+    """The ``PEAK_TFLOPS`` key for a ``torch.cuda.get_device_name()`` string, or None."""
+    for pattern, key in _NAME_PATTERNS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return key
+    return None
+
+
+def peak_tflops(
+    device_name: str | None, dtype: Any = "bf16", override: float | None = None
+) -> float | None:
+    """Dense peak TFLOP/s of one device for ``dtype`` (bf16, fp16, tf32, fp32 or a torch.dtype).
+
+    Precedence: ``override`` (e.g. a config field), then the environment variable
+    ``BERTGPU_PEAK_TFLOPS``, then the table. Returns None for unknown hardware or a dtype the
+    device has no tensor cores for, which means "do not show MFU" rather than a made-up number.
+    """
+    if override is not None:
+        if not override > 0:
+            raise BertgpuError(f"peak TFLOP/s override: found {override!r}, expected a number > 0")
+        return float(override)
+    env = os.environ.get(PEAK_ENV_VAR, "").strip()
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or math.isinf(value):
+            raise BertgpuError(
+                f"environment variable {PEAK_ENV_VAR}: found {env!r}, expected a number > 0 "
+                "(TFLOP/s of one device)"
+            )
+        return value
+    key = _dtype_key(dtype)
+    model = gpu_model(device_name) if device_name else None
+    if model is None:
+        return None
+    return PEAK_TFLOPS[model].get(key)
+
+
+def mfu(
+    tokens_per_s: float, flops_per_token: float, peak_tflops: float | None, n_devices: int = 1
+) -> float | None:
+    """Model FLOPs utilisation as a fraction: achieved model FLOP/s over the peak of all devices.
+
+    ``tokens_per_s`` is the total over ``n_devices`` devices; ``peak_tflops`` is one device's.
+    Returns None when the peak is unknown (and so MFU should not be shown).
+    """
+    if peak_tflops is None or peak_tflops <= 0 or n_devices <= 0:
+        return None
+    return tokens_per_s * flops_per_token / (peak_tflops * 1e12 * n_devices)
+
+
