@@ -22,6 +22,7 @@ from bertgpu.data.masking import (
     sample_order,
 )
 from bertgpu.data.shards import ShardSet, check_compatible
+from bertgpu.data.writer import ShardSetWriter
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
 
@@ -181,6 +182,16 @@ def test_manifest_errors_are_one_line_naming_the_key(mlm_dir, tmp_path, key, val
     with pytest.raises(BertgpuError) as err:
         Manifest.read(path)
     assert str(err.value).startswith(f"{path}: {expected}") and "\n" not in str(err.value)
+
+
+def test_shard_set_writer_leaves_the_old_set_on_failure(mlm_dir, tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(RuntimeError), ShardSetWriter(out, 8, np.uint16, 4, nsp=False) as data:
+        data.writers["train"].add({"input_ids": np.ones((5, 8)), "lengths": np.full(5, 8)})
+        raise RuntimeError("killed midway")
+    assert (out / "keep.txt").exists() and not (tmp_path / "data.tmp").exists()
 
 
 def test_check_compatible(mlm_dir):
