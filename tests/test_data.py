@@ -12,6 +12,7 @@ from _shards import write_synthetic_shards
 
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.loaders import PretrainLoader, ValidationLoader, iter_eval_batches, trim_batch
+from bertgpu.data.manifest import Manifest
 from bertgpu.data.masking import (
     Masker,
     MaskingConfig,
@@ -21,6 +22,7 @@ from bertgpu.data.masking import (
     sample_order,
 )
 from bertgpu.data.shards import ShardSet, check_compatible
+from bertgpu.data.writer import ShardSetWriter
 from bertgpu.errors import BertgpuError
 
 SPECIAL = {0, 1, 2, 3, 4}
@@ -140,6 +142,55 @@ def test_shardset_errors_name_the_file(tmp_path, breaker):
         ShardSet(d)
     msg = str(err.value)
     assert str(d / name) in msg and "\n" not in msg
+
+
+def test_manifest_gives_back_the_keys_of_the_file(mlm_dir, tmp_path):
+    path = mlm_dir / "manifest.json"
+    on_disk = json.loads(path.read_text())
+    m = ShardSet(mlm_dir).manifest
+    assert m == Manifest.read(path) and m.to_json() == on_disk and m.seq_len == 32 and not m.has_nsp
+    assert "split_unit" not in on_disk and m.split_unit is None  # synthetic sets record no split
+    # A manifest with the required keys only (as from before split_unit existed) loads and
+    # writes back just those keys; a null stays a null.
+    required = ("format_version", "objective", "seq_len", "dtype", "vocab_size", "tokenizer_hash",
+                "special_tokens", "splits")
+    old = {**{k: on_disk[k] for k in required}, "validation_docs": None}
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    back = Manifest.read(tmp_path / "manifest.json")
+    assert back.to_json() == old
+    assert back.counts == {} and back.created_by is None and not back.has_word_starts
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("dtype", None, "missing key 'dtype'"),
+    ("objective", "clm", "objective: found 'clm', expected one of ['mlm', 'mlm+nsp']"),
+    ("seq_len", True, "seq_len: found True, expected a positive integer"),
+    ("vocab_size", 0, "vocab_size: found 0, expected a positive integer"),
+    ("dtype", "int8", "dtype: found 'int8', expected 'uint16' or 'uint32'"),
+    ("special_tokens", {"pad": 0}, "special_tokens: found {'pad': 0}, expected integer ids below vocab_size"),
+    ("splits", [], "splits: expected an object with 'train' and 'validation'"),
+])
+def test_manifest_errors_are_one_line_naming_the_key(mlm_dir, tmp_path, key, value, expected):
+    m = json.loads((mlm_dir / "manifest.json").read_text())
+    if value is None:
+        del m[key]
+    else:
+        m[key] = value
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(m))
+    with pytest.raises(BertgpuError) as err:
+        Manifest.read(path)
+    assert str(err.value).startswith(f"{path}: {expected}") and "\n" not in str(err.value)
+
+
+def test_shard_set_writer_leaves_the_old_set_on_failure(mlm_dir, tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(RuntimeError), ShardSetWriter(out, 8, np.uint16, 4, nsp=False) as data:
+        data.writers["train"].add({"input_ids": np.ones((5, 8)), "lengths": np.full(5, 8)})
+        raise RuntimeError("killed midway")
+    assert (out / "keep.txt").exists() and not (tmp_path / "data.tmp").exists()
 
 
 def test_check_compatible(mlm_dir):

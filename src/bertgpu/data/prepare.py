@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,8 +52,8 @@ from bertgpu.data.corpus import (
     iter_raw_documents,
     resolve_inputs,
 )
+from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.shards import FORMAT_VERSION, OBJECTIVES
 from bertgpu.data.split import MIN_UNIT_TOKENS, SplitPlan
 from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
@@ -62,11 +62,8 @@ from bertgpu.data.tokenizer import (
     special_token_ids,
     tokenizer_hash,
 )
-from bertgpu.data.writer import Packer, ShardWriter
+from bertgpu.data.writer import SPLITS, Packer, ShardSetWriter, ShardWriter
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
-
-SPLITS = ("train", "validation")
 
 
 def _sha256(path: Path) -> str:
@@ -115,8 +112,8 @@ def prepare(
     chunk_docs: int = 1000,
     progress: bool = False,
     segmenter: str | None = None,
-) -> dict:
-    """Tokenize the corpus into shards under ``out_dir`` and return the manifest (also saved).
+) -> dict[str, Any]:
+    """Tokenize the corpus into shards under ``out_dir`` and return manifest.json's content.
 
     ``validation_docs`` (the first N documents) replaces ``validation_fraction`` when given.
     ``workers``: tokenizing processes (default: all cores); the output does not depend on it.
@@ -134,35 +131,26 @@ def prepare(
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder (or --overwrite)")
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # left over from a killed run
-    tmp.mkdir(parents=True)
-    try:
+    nsp = objective == "mlm+nsp"
+    with ShardSetWriter(out, seq_len, dtype, shard_size, nsp, word_starts=segmenter is not None) as data:
         stats = CorpusStats()
-        nsp = objective == "mlm+nsp"
-        writers = {s: ShardWriter(tmp, s, seq_len, dtype, shard_size, nsp, word_starts=segmenter is not None)
-                   for s in SPLITS}
-        packers = {s: Packer(writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
+        packers = {s: Packer(data.writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
         settings = {"seed": seed, "objective": objective, "seq_len": seq_len, "short_seq_prob": short_seq_prob,
                     "cls": special["cls"], "sep": special["sep"], "segmenter": segmenter}
         plan = SplitPlan(seed, validation_fraction, validation_docs, sum(p.stat().st_size for p in inputs),
                          min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS)
         raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats)
         results = pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings, skip_bad, stats)
-        _write(results, nsp, writers, packers, stats, progress)
+        _write(results, nsp, data.writers, packers, stats, progress)
         if stats.documents == 0:
             raise BertgpuError("no documents read from the corpus; expected text to tokenize")
-        splits = {s: writers[s].summary(plan.documents[s]) for s in SPLITS}
+        splits = data.close(plan.documents)
         manifest = _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed,
                              None if validation_docs is not None else validation_fraction, validation_docs,
                              stats, splits, inputs, plan, segmenter)
-        _copy_tokenizer(tok_dir, tmp / "tokenizer")
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+        _copy_tokenizer(tok_dir, data.folder / "tokenizer")
+        data.commit(manifest)
+    return manifest.to_json()
 
 
 def _write(results: Iterator, nsp: bool, writers: dict[str, ShardWriter], packers: dict[str, Packer],
@@ -187,44 +175,27 @@ def _write(results: Iterator, nsp: bool, writers: dict[str, ShardWriter], packer
     if bar is not None:
         bar.close()
     for split in SPLITS:
-        packers[split].finish()
-        writers[split].flush()
+        packers[split].finish()  # the writers' last shards are written by ShardSetWriter.close
 
 
-def _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed, fraction, validation_docs,
-              stats, splits, inputs, plan, segmenter) -> dict:
-    sequences = sum(v["sequences"] for v in splits.values())
-    tokens = sum(v["tokens"] for v in splits.values())
+def _manifest(objective: str, seq_len: int, dtype: np.dtype, vocab_size: int, tok_dir: Path,
+              special: dict[str, int], seed: int, fraction: float | None, validation_docs: int | None,
+              stats: CorpusStats, splits: dict[str, dict[str, Any]], inputs: list[Path], plan: SplitPlan,
+              segmenter: str | None) -> Manifest:
+    counts = total_counts(splits, stats.documents)
     skipped = {p for p, _ in stats.skipped}
-    return {
-        "format_version": FORMAT_VERSION,
-        "objective": objective,
-        "seq_len": seq_len,
-        "dtype": dtype.name,
-        "vocab_size": vocab_size,
-        "tokenizer_hash": tokenizer_hash(tok_dir),
-        "do_lower_case": is_lowercase(tok_dir),
-        "special_tokens": special,
-        "seed": seed,
-        "validation_fraction": fraction,
-        "validation_docs": validation_docs,
-        # How the split was made (readers of older manifests find none of these keys).
-        "split_unit": plan.split_unit,  # "document", "chunk" (some document on both sides) or "none"
-        "cut_documents": plan.cut_documents,
-        "validation_share": round(splits["validation"]["tokens"] / max(tokens, 1), 6),  # of the tokens
-        "whole_word_segmenter": segmenter,  # word starts stored in *.word_starts.npy when set
-        "counts": {
-            "documents": stats.documents,
-            "sequences": sequences,
-            "tokens": tokens,
-        },
-        "splits": splits,
-        "inputs": [
-            {"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in inputs if str(p) not in skipped
-        ],
-        "skipped_inputs": [{"path": p, "reason": r} for p, r in stats.skipped],
-        "created_by": f"bertgpu {__version__}",
-    }
+    return Manifest(
+        objective=objective, seq_len=seq_len, dtype=dtype.name, vocab_size=vocab_size,
+        tokenizer_hash=tokenizer_hash(tok_dir), do_lower_case=is_lowercase(tok_dir), special_tokens=special,
+        seed=seed, validation_fraction=fraction, validation_docs=validation_docs,
+        split_unit=plan.split_unit, cut_documents=plan.cut_documents,
+        validation_share=round(splits["validation"]["tokens"] / max(counts["tokens"], 1), 6),
+        whole_word_segmenter=segmenter, counts=counts, splits=splits,
+        inputs=[{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)}
+                for p in inputs if str(p) not in skipped],
+        skipped_inputs=[{"path": p, "reason": r} for p, r in stats.skipped],
+        created_by=f"bertgpu {__version__}",
+    )
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
@@ -234,7 +205,7 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def split_summary(manifest: dict) -> str:
+def split_summary(manifest: dict[str, Any]) -> str:
     """One line on the validation split: its share of the tokens and how it was cut."""
     val, share = manifest["splits"]["validation"], manifest.get("validation_share", 0.0)
     unit = manifest.get("split_unit")

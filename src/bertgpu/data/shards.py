@@ -1,7 +1,9 @@
-"""The shard set on disk: manifest validation, memmap reading, compatibility with a model.
+"""The shard set on disk: memmap reading, compatibility with a model.
 
-A shard set (written by `bertgpu prepare`, format in docs/ARCHITECTURE.md) is a folder of plain
-`.npy` files plus `manifest.json`. This module reads it without loading it into memory::
+A shard set (written by `writer.ShardSetWriter` for `bertgpu prepare`, format in
+docs/ARCHITECTURE.md) is a folder of plain `.npy` files plus `manifest.json`, read and validated
+as a `manifest.Manifest` (``ShardSet.manifest``). This module reads it without loading it into
+memory::
 
     from bertgpu.data.shards import ShardSet, check_compatible
 
@@ -14,67 +16,21 @@ The global sample order and the masks are in `masking.py`, each rank's batches i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from bertgpu.data.manifest import FORMAT_VERSION, OBJECTIVES, SPECIAL_KEYS, Manifest
 from bertgpu.errors import BertgpuError
 
-if TYPE_CHECKING:
-    pass
-
-FORMAT_VERSION = 1
-OBJECTIVES = ("mlm", "mlm+nsp")
-SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
+# train/config.py reads OBJECTIVES from here.
+__all__ = ["FORMAT_VERSION", "OBJECTIVES", "SPECIAL_KEYS", "Manifest", "ShardSet", "check_compatible"]
 
 
 # --------------------------------------------------------------------------------------------
 # Shard set
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """Load and validate `manifest.json`; every problem is a BertgpuError naming the file."""
-    if not path.is_file():
-        raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by `bertgpu prepare`)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BertgpuError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BertgpuError(f"{path}: cannot read the manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise BertgpuError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
-    # The version first: a manifest from a newer bertgpu may have other keys.
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise BertgpuError(
-            f"{path}: format_version: found {version!r}, expected {FORMAT_VERSION} "
-            "(re-run `bertgpu prepare` with this version of bertgpu)"
-        )
-    for key in ("objective", "seq_len", "dtype", "vocab_size", "tokenizer_hash", "special_tokens", "splits"):
-        if key not in manifest:
-            raise BertgpuError(f"{path}: missing key {key!r}")
-    if manifest["objective"] not in OBJECTIVES:
-        raise BertgpuError(f"{path}: objective: found {manifest['objective']!r}, expected one of {list(OBJECTIVES)}")
-    for key in ("seq_len", "vocab_size"):
-        value = manifest[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise BertgpuError(f"{path}: {key}: found {value!r}, expected a positive integer")
-    if manifest["dtype"] not in ("uint16", "uint32"):
-        raise BertgpuError(f"{path}: dtype: found {manifest['dtype']!r}, expected 'uint16' or 'uint32'")
-    special = manifest["special_tokens"]
-    if not isinstance(special, dict) or any(
-        not isinstance(special.get(k), int) or not 0 <= special[k] < manifest["vocab_size"] for k in SPECIAL_KEYS
-    ):
-        raise BertgpuError(
-            f"{path}: special_tokens: found {special!r}, expected integer ids below vocab_size for {list(SPECIAL_KEYS)}"
-        )
-    if not isinstance(manifest["splits"], dict):
-        raise BertgpuError(f"{path}: splits: expected an object with 'train' and 'validation'")
-    return manifest
 
 
 class ShardSet:
@@ -89,46 +45,25 @@ class ShardSet:
         self.data_dir = Path(data_dir)
         self.split = split
         self.manifest_path = self.data_dir / "manifest.json"
-        self.manifest: dict[str, Any] = _read_manifest(self.manifest_path)
+        self.manifest = Manifest.read(self.manifest_path)
         m = self.manifest
-        self.objective: str = m["objective"]
-        self.seq_len: int = int(m["seq_len"])
-        self.vocab_size: int = int(m["vocab_size"])
-        self.dtype = np.dtype(m["dtype"])
-        self.special_tokens: dict[str, int] = {k: int(m["special_tokens"][k]) for k in SPECIAL_KEYS}
-        split_info = m["splits"].get(split)
-        if not isinstance(split_info, dict) or not isinstance(split_info.get("shards"), list):
-            raise BertgpuError(
-                f"{self.manifest_path}: splits.{split}: missing or without a 'shards' list "
-                f"(found splits {sorted(m['splits'])})"
-            )
-        names: list[str] = []
-        counts: list[int] = []
-        for k, shard in enumerate(split_info["shards"]):
-            ok = isinstance(shard, dict) and isinstance(shard.get("name"), str) and isinstance(shard.get("sequences"), int)
-            if not ok or shard["sequences"] < 0 or "/" in shard["name"] or "\\" in shard["name"]:
-                raise BertgpuError(
-                    f"{self.manifest_path}: splits.{split}.shards[{k}]: found {shard!r}, "
-                    "expected {\"name\": \"<file stem>\", \"sequences\": <int>}"
-                )
-            names.append(shard["name"])
-            counts.append(shard["sequences"])
-        self.shard_names = names
-        self._counts = np.asarray(counts, dtype=np.int64)
+        self.objective: str = m.objective
+        self.seq_len: int = int(m.seq_len)
+        self.vocab_size: int = int(m.vocab_size)
+        self.dtype = np.dtype(m.dtype)
+        self.special_tokens: dict[str, int] = {k: int(m.special_tokens[k]) for k in SPECIAL_KEYS}
+        shards = m.split_shards(split, self.manifest_path)
+        self.shard_names = [name for name, _ in shards]
+        self._counts = np.asarray([n for _, n in shards], dtype=np.int64)
         # Shard s holds global indices [starts[s], ends[s]); np.searchsorted on ends finds s.
         self._ends = np.cumsum(self._counts)
         self._starts = self._ends - self._counts
-        declared = split_info.get("sequences")
-        if isinstance(declared, int) and declared != int(self._counts.sum()):
-            raise BertgpuError(
-                f"{self.manifest_path}: splits.{split}.sequences is {declared} but its shards hold {int(self._counts.sum())}"
-            )
         self._arrays: list[dict[str, np.ndarray]] | None = None
         self._open()
 
     @property
     def has_nsp(self) -> bool:
-        return self.objective == "mlm+nsp"
+        return self.manifest.has_nsp
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -136,12 +71,12 @@ class ShardSet:
 
     @property
     def tokenizer_hash(self) -> str:
-        return str(self.manifest["tokenizer_hash"])
+        return str(self.manifest.tokenizer_hash)
 
     @property
     def has_word_starts(self) -> bool:
         """Whether a whole-word segmenter stored word-start flags (`bertgpu.data.segment`)."""
-        return bool(self.manifest.get("whole_word_segmenter"))
+        return self.manifest.has_word_starts
 
     def _fields(self) -> dict[str, tuple[np.dtype, bool]]:
         """Per-sequence arrays of this objective: name -> (dtype, has a seq_len axis)."""

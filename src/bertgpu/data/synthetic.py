@@ -7,24 +7,27 @@ Rows are random "sentences" of words: a whole word "wN" followed by 0-2 "##cN" c
 pieces, so whole-word masking has words to find; "mlm+nsp" rows are ``[CLS] A [SEP] B [SEP]``
 with random labels. The tokenizer/ folder (vocab.txt with [PAD] [UNK] [CLS] [SEP] [MASK], then
 ~2/3 words and 1/3 pieces; tokenizer.json, tokenizer_config.json, special_tokens_map.json)
-loads like a real one. Everything is seeded, and written to DIR.tmp then renamed.
+loads like a real one. Everything is seeded, and written by prepare's writer (`writer.ShardSetWriter`:
+DIR.tmp, then renamed).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from bertgpu.data.shards import FORMAT_VERSION, OBJECTIVES
+from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
+from bertgpu.data.writer import ShardSetWriter
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(5)
+# No documents are split here, so prepare's record of how the split was made is left out.
+NOT_RECORDED = frozenset({"validation_docs", "split_unit", "cut_documents", "validation_share",
+                          "whole_word_segmenter"})
 
 
 def synthetic_vocab(vocab_size: int) -> list[str]:
@@ -95,52 +98,21 @@ def _split(rng, n, seq_len, objective, variable_lengths, word_ids, cont_ids, dty
     return ids, lengths, types, nsp
 
 
-def _write_splits(out: Path, rng, sizes: dict[str, int], seq_len: int, objective: str, variable_lengths: bool,
-                  vocab: list[str], sequences_per_shard: int) -> dict:
+def _write_splits(data: ShardSetWriter, rng: np.random.Generator, sizes: dict[str, int], seq_len: int,
+                  objective: str, variable_lengths: bool, vocab: list[str]) -> None:
     word_ids = np.array([i for i, t in enumerate(vocab) if t.startswith("w")])
     cont_ids = np.array([i for i, t in enumerate(vocab) if t.startswith("##")], dtype=np.int64)
-    dtype = np.uint16 if len(vocab) <= 65535 else np.uint32
-    splits = {}
     for split, n in sizes.items():
+        dtype = data.writers[split].dtype
         ids, lengths, types, nsp = _split(rng, n, seq_len, objective, variable_lengths, word_ids, cont_ids, dtype)
-        shards = []
-        for k, lo in enumerate(range(0, n, sequences_per_shard)):
-            hi = min(lo + sequences_per_shard, n)
-            name = f"{split}-{k:05d}"
-            np.save(out / f"{name}.input_ids.npy", ids[lo:hi])
-            np.save(out / f"{name}.lengths.npy", lengths[lo:hi])
-            if objective == "mlm+nsp":
-                np.save(out / f"{name}.token_type_ids.npy", types[lo:hi])
-                np.save(out / f"{name}.nsp_labels.npy", nsp[lo:hi])
-            shards.append({"name": name, "sequences": hi - lo, "tokens": int(lengths[lo:hi].sum())})
-        splits[split] = {"sequences": n, "tokens": int(lengths.sum()), "shards": shards}
-    return splits
+        arrays = {"input_ids": ids, "lengths": lengths}
+        if objective == "mlm+nsp":
+            arrays.update(token_type_ids=types, nsp_labels=nsp)
+        data.writers[split].add(arrays)
 
 
-def _manifest(objective: str, seq_len: int, vocab_size: int, tok_hash: str, seed: int, splits: dict,
-              created_by: str) -> dict:
-    n_train, n_val = splits["train"]["sequences"], splits["validation"]["sequences"]
-    return {
-        "format_version": FORMAT_VERSION,
-        "objective": objective,
-        "seq_len": seq_len,
-        "dtype": "uint16" if vocab_size <= 65535 else "uint32",
-        "vocab_size": vocab_size,
-        "tokenizer_hash": tok_hash,
-        "do_lower_case": True,
-        "special_tokens": {"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-        "seed": seed,
-        "validation_fraction": n_val / (n_train + n_val),
-        "counts": {
-            "documents": n_train + n_val,
-            "sequences": n_train + n_val,
-            "tokens": splits["train"]["tokens"] + splits["validation"]["tokens"],
-        },
-        "splits": splits,
-        "inputs": [],
-        "skipped_inputs": [],
-        "created_by": created_by,
-    }
+def _dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
 def write_synthetic_shards(
@@ -167,20 +139,18 @@ def write_synthetic_shards(
     if seq_len < 8 or n_train < 1 or n_val < 0 or sequences_per_shard < 1:
         raise BertgpuError(f"synthetic data: seq_len {seq_len}, n_train {n_train}, n_val {n_val}, "
                            f"sequences_per_shard {sequences_per_shard}: expected seq_len >= 8 and positive counts")
-    out = Path(dir)
     vocab = synthetic_vocab(vocab_size)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        tok_hash = _write_tokenizer(tmp / "tokenizer", vocab, seq_len)
-        rng = np.random.default_rng(seed)
-        splits = _write_splits(tmp, rng, {"train": n_train, "validation": n_val}, seq_len, objective,
-                               variable_lengths, vocab, sequences_per_shard)
-        manifest = _manifest(objective, seq_len, vocab_size, tok_hash, seed, splits, created_by)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    sizes = {"train": n_train, "validation": n_val}
+    with ShardSetWriter(dir, seq_len, _dtype(vocab_size), sequences_per_shard, nsp=objective == "mlm+nsp") as data:
+        tok_hash = _write_tokenizer(data.folder / "tokenizer", vocab, seq_len)
+        _write_splits(data, np.random.default_rng(seed), sizes, seq_len, objective, variable_lengths, vocab)
+        splits = data.close()
+        manifest = Manifest(
+            objective=objective, seq_len=seq_len, dtype=_dtype(vocab_size).name, vocab_size=vocab_size,
+            tokenizer_hash=tok_hash, do_lower_case=True,
+            special_tokens={"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
+            seed=seed, validation_fraction=n_val / (n_train + n_val),
+            counts=total_counts(splits, n_train + n_val),  # each row stands for a document
+            splits=splits, created_by=created_by, absent=NOT_RECORDED,
+        )
+        return data.commit(manifest)

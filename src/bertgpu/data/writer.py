@@ -1,10 +1,13 @@
-"""Main side of `bertgpu prepare`: rows streamed into shard files, and the MLM row packer.
+"""The one writer of shard sets (`bertgpu prepare` and `synthetic`): shard files streamed row by
+row, manifest.json last, the whole folder moved into place at the end; and the MLM row packer.
 
-    writer = ShardWriter(folder, "train", seq_len=128, dtype=np.uint16, shard_size=65536, nsp=False)
-    packer = Packer(writer, seq_len=128, cls=2, sep=3)
-    packer.add(tokens, None, joins)      # one unit's tokens, from `split.mlm_units`
-    packer.finish(); writer.flush()
-    writer.shards                        # [{"name": "train-00000", "sequences": ..., "tokens": ...}]
+    with ShardSetWriter(out, seq_len=128, dtype=np.uint16, shard_size=65536, nsp=False) as data:
+        packer = Packer(data.writers["train"], seq_len=128, cls=2, sep=3)
+        packer.add(tokens, None, joins)      # one unit's tokens, from `split.mlm_units`
+        packer.finish()
+        ...                                  # tokenizer/ into data.folder
+        splits = data.close()                # {"train": {"sequences": ..., "shards": [...]}, ...}
+        data.commit(Manifest(..., splits=splits))
 
 Nothing of a shard stays in memory: rows go to ``NAME.KEY.npy.part`` as they come and are copied
 behind the .npy header when the shard is complete (the same bytes as ``np.save``).
@@ -14,8 +17,58 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import numpy as np
+
+from bertgpu.data.manifest import Manifest
+from bertgpu.fsutil import replace_dir
+
+SPLITS = ("train", "validation")
+
+
+class ShardSetWriter:
+    """A shard set being written to DIR.tmp, which replaces DIR once `commit` has written the
+    manifest; leaving the `with` block any other way (an error, Ctrl-C) removes DIR.tmp, so a
+    reader never finds a half-written set.
+
+    ``writers`` holds a `ShardWriter` per split, ``folder`` is DIR.tmp (for tokenizer/).
+    """
+
+    def __init__(self, out: str | Path, seq_len: int, dtype: np.dtype, shard_size: int, nsp: bool,
+                 word_starts: bool = False) -> None:
+        self.out = Path(out)
+        self.folder = self.out.with_name(self.out.name + ".tmp")
+        self.writers = {s: ShardWriter(self.folder, s, seq_len, dtype, shard_size, nsp, word_starts)
+                        for s in SPLITS}
+        self._committed = False
+
+    def __enter__(self) -> ShardSetWriter:
+        shutil.rmtree(self.folder, ignore_errors=True)  # left over from a killed run
+        self.folder.mkdir(parents=True)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._committed:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def close(self, documents: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+        """Write each split's last shard and return the manifest's ``splits``.
+
+        ``documents``: per split, when the caller knows them (prepare; not synthetic sets).
+        """
+        for writer in self.writers.values():
+            writer.flush()
+        return {s: w.summary(None if documents is None else documents[s]) for s, w in self.writers.items()}
+
+    def commit(self, manifest: Manifest) -> Path:
+        """Write manifest.json, then move the finished folder to DIR (replacing one there)."""
+        (self.folder / "manifest.json").write_text(manifest.dumps(), encoding="utf-8")
+        replace_dir(self.folder, self.out)
+        self._committed = True
+        return self.out
 
 
 class ShardWriter:
@@ -80,13 +133,16 @@ class ShardWriter:
         self.n = 0
         self.tokens = 0
 
-    def summary(self, documents: int) -> dict:
-        return {
+    def summary(self, documents: int | None = None) -> dict[str, Any]:
+        """This split in the manifest's ``splits``; ``documents`` only when known."""
+        summary: dict[str, Any] = {
             "sequences": sum(s["sequences"] for s in self.shards),
             "tokens": sum(s["tokens"] for s in self.shards),
-            "documents": documents,
-            "shards": self.shards,
         }
+        if documents is not None:
+            summary["documents"] = documents
+        summary["shards"] = self.shards
+        return summary
 
 
 class Packer:

@@ -40,7 +40,7 @@ class PretrainData:
         if len(self.train) == 0:
             raise BertgpuError(f"{self.train.manifest_path}: the train split has no sequences")
         self.val: ShardSet | None = None
-        if self.train.manifest["splits"].get("validation", {}).get("sequences", 0) > 0:
+        if self.train.manifest.splits.get("validation", {}).get("sequences", 0) > 0:
             self.val = ShardSet(self.dir, "validation")
         found = self.train.objective
         if objective and objective != found:
