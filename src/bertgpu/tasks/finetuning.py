@@ -1,8 +1,11 @@
 """Fine-tuning as a task of the training loop: any job of encoded sequences with labels.
 
 A `Job` (built in tasks/jobs.py for GLUE, STS-B-style regression and SQuAD, in tasks/classify.py
-and tasks/ner.py for your own files) holds variable-length training sequences with their targets
-and a list of evaluation sets, each with a scorer. This module turns it into what the loop asks for:
+and tasks/ner.py for your own files) holds variable-length training sequences with their targets and a list of
+evaluation sets, each with a scorer. The encoding helpers the task modules share live here too
+(`encode_pairs`, `strip_padding`, `pad_to`), so that no task module imports another for them.
+
+This module turns a `Job` into what the loop asks for:
 
 - the micro batches of step s: epoch e = s // steps_per_epoch + 1; a permutation from
   (seed, e) alone orders the examples; rank r takes the r-th contiguous slice of each step's
@@ -23,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +37,9 @@ from bertgpu.models import IGNORE_INDEX
 from bertgpu.models.attention import batch_meta
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.glue import Example
 
 
 @dataclass
@@ -118,11 +124,46 @@ class Job:
         return self.head in ("qa", "token_classification")
 
 
+# --------------------------------------------------------------------------------------------
+# Encoding helpers the task modules share
+
+
+def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
+                 regression: bool) -> Encoded:
+    """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
+    labels int64 (classification) or float32 (regression) when every example has one."""
+    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
+    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
+    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
+    encs = tokenizer.encode_batch(inputs) if inputs else []
+    out = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
+                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
+    if examples and all(e.label is not None for e in examples):
+        out.targets["labels"] = np.asarray([e.label for e in examples],
+                                           dtype=np.float32 if regression else np.int64)
+    return out
+
+
+def strip_padding(feats: Any) -> Encoded:
+    """Fixed-length features (squad.Features: input_ids, token_type_ids, attention_mask (F, T),
+    optional start/end positions) -> Encoded, so that their batches are padded per batch too."""
+    lengths = feats.attention_mask.sum(axis=1)
+    enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
+                  [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
+    if feats.start_positions is not None:
+        enc.targets = {"start_positions": feats.start_positions, "end_positions": feats.end_positions}
+    return enc
+
+
 def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
     """(N, w, ...) logits -> (N, width, ...), the new positions at -1e4 (never chosen)."""
     out = np.full((rows.shape[0], width, *rows.shape[2:]), -1e4, dtype=np.float32)
     out[:, : rows.shape[1]] = rows
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The loop's task
 
 
 class FinetuneTask:

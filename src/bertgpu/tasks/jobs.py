@@ -15,41 +15,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, pad_to
+from bertgpu.tasks.finetuning import EvalSet, Job, encode_pairs, pad_to, strip_padding
 
 if TYPE_CHECKING:
-    from bertgpu.tasks.classify import Fields
     from bertgpu.tasks.glue import Example, GlueTask
+    from bertgpu.tasks.tables import Fields
     from bertgpu.train.finetune_config import FinetuneConfig
 
 SQUAD_TASKS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}  # name -> version_2
 OWN_FILE_TASKS = ("classify", "ner")
-
-
-def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
-                 regression: bool) -> Encoded:
-    """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
-    labels int64 (classification) or float32 (regression) when every example has one."""
-    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
-    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
-    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
-    encs = tokenizer.encode_batch(inputs) if inputs else []
-    out = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
-                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
-    if examples and all(e.label is not None for e in examples):
-        out.targets["labels"] = np.asarray([e.label for e in examples],
-                                           dtype=np.float32 if regression else np.int64)
-    return out
-
-
-def strip_padding(feats: Any) -> Encoded:
-    """squad.Features (fixed length) -> Encoded, so SQuAD batches are padded per batch too."""
-    lengths = feats.attention_mask.sum(axis=1)
-    enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
-                  [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
-    if feats.start_positions is not None:
-        enc.targets = {"start_positions": feats.start_positions, "end_positions": feats.end_positions}
-    return enc
 
 
 def _limit(items: list[Any], n: int | None) -> list[Any]:
@@ -135,8 +109,8 @@ def own_file_fields(key: str, text_field: str | None, text_pair_field: str | Non
                     label_field: str | None, regression: bool) -> Fields | None:
     """The column names of `classify` / `ner` (their defaults where not given); None for the
     GLUE and SQuAD tasks, which take none of these flags."""
-    from bertgpu.tasks.classify import Fields
     from bertgpu.tasks.ner import NER_FIELDS
+    from bertgpu.tasks.tables import Fields
 
     given = [flag for flag, v in (("--text-field", text_field), ("--text-pair-field", text_pair_field),
                                   ("--label-field", label_field), ("--regression", regression)) if v]

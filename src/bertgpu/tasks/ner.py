@@ -38,8 +38,8 @@ import numpy as np
 
 from bertgpu.errors import BertgpuError
 from bertgpu.models import IGNORE_INDEX
-from bertgpu.tasks.classify import Fields, read_rows
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job
+from bertgpu.tasks.tables import Fields, read_rows
 
 if TYPE_CHECKING:
     from bertgpu.train.finetune_config import FinetuneConfig
