@@ -31,8 +31,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.finetuning import EvalSet, Job, encode_pairs
-from bertgpu.tasks.tables import Fields, read_rows
+from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
+from bertgpu.tasks.tables import (
+    Fields,
+    check_own_files,
+    own_files_record,
+    read_rows,
+    request_fields,
+)
 
 if TYPE_CHECKING:
     from bertgpu.tasks.glue import Example
@@ -142,6 +148,22 @@ def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]], classe
 
 # --------------------------------------------------------------------------------------------
 # The job
+
+
+def check_request(request: JobRequest) -> None:
+    """Your two files named and present; no GLUE or SQuAD flags."""
+    check_own_files(request)
+
+
+def build_job(request: JobRequest, tokenizer: Any, cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
+    """The classify job and what results.json records about its data (files, kind, columns,
+    label names)."""
+    check_request(request)
+    fields = request_fields(request, Fields())
+    assert request.train_file is not None and request.dev_file is not None  # checked just above
+    job = classify_job(request.train_file, request.dev_file, tokenizer, cfg, fields, request.regression)
+    kind = "regression" if request.regression else "classification"
+    return job, own_files_record(request, fields, kind, job.labels)
 
 
 def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str], tokenizer: Any,

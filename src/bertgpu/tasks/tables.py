@@ -1,5 +1,5 @@
 """Your own labelled files, as `classify` and `ner` read them: rows of CSV, TSV or JSONL with
-the columns the flags name.
+the columns the flags name, and the checks of those flags that both tasks share.
 
 `.csv`: comma-separated, a header line, RFC 4180 quoting as written by spreadsheets and pandas;
 `.tsv`: tab-separated, a header line, quoting off as in GLUE (one line is one row, a `"` is a
@@ -14,10 +14,14 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.glue_files import json_lines
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.finetuning import JobRequest
+
 
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 
@@ -99,3 +103,38 @@ def _jsonl_rows(path: Path, f: Any, columns: Mapping[str, str]) -> Iterator[tupl
             if name not in obj:
                 raise _missing(path, n, "field", name, flag, list(obj))
         yield n, {name: obj[name] for name in columns}
+
+
+# --------------------------------------------------------------------------------------------
+# The flags of your own files
+
+
+def check_own_files(request: JobRequest) -> None:
+    """--train-file and --dev-file name existing files, and --data / --predict-test (GLUE's and
+    SQuAD's) are not given. Checked once before workers start, so a typo fails one time."""
+    if request.data is not None or request.predict_test:
+        raise BertgpuError(f"finetune {request.key}: takes --train-file and --dev-file "
+                           "(not --data or --predict-test)")
+    files = (("--train-file", request.train_file), ("--dev-file", request.dev_file))
+    missing = [flag for flag, path in files if path is None]
+    if missing:
+        verb = "are" if len(missing) > 1 else "is"
+        raise BertgpuError(f"finetune {request.key}: {' and '.join(missing)} {verb} required "
+                           "(your labelled files)")
+    for flag, path in files:
+        if path is not None and not Path(path).is_file():
+            raise BertgpuError(f"{path}: not found ({flag})")
+
+
+def request_fields(request: JobRequest, default: Fields) -> Fields:
+    """The columns the flags name, `default`'s where a flag is not given."""
+    return Fields(request.text_field or default.text, request.text_pair_field,
+                  request.label_field or default.label)
+
+
+def own_files_record(request: JobRequest, fields: Fields, kind: str,
+                     labels: tuple[str, ...] | None) -> dict[str, Any]:
+    """What results.json records about the data of a classify or ner run."""
+    return {"data": [str(request.train_file), str(request.dev_file)], "task_key": request.key, "kind": kind,
+            "fields": {"text": fields.text, "text_pair": fields.text_pair, "label": fields.label},
+            "labels": list(labels or ())}
