@@ -17,8 +17,9 @@ import pytest
 from _tiny_init import SPECIAL
 
 from bertgpu.config.finetune import FinetuneConfig
+from bertgpu.config.finetune import load_finetune_config as load_config
 from bertgpu.errors import BertgpuError
-from bertgpu.finetune import finetune, finetune_examples, load_config
+from bertgpu.finetune import finetune, finetune_examples
 from bertgpu.tasks.demo_sets import demo_tasks
 
 WORDS = ("apple river stone cloud table green quiet music paper window garden silver bright lamp "

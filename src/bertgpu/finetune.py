@@ -27,8 +27,9 @@ label names go into the exported config.json.
 checkpoint folder, or a Hugging Face BERT folder with its tokenizer files; `random` builds the
 architecture of `--config-from FOLDER` with fresh weights (the "no pretraining" baseline).
 
-This module wires parts built elsewhere: the job (tasks/jobs.py), the fine-tuning task
-(tasks/finetuning.py), the engine and the one training loop (train/loop.py).
+This module wires parts built elsewhere: the job (the task's module, looked up by name in
+tasks/registry.py), the fine-tuning task (tasks/finetuning.py), the engine and the one training
+loop (train/loop.py).
 
 OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per epoch, final and
 best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export with the
@@ -53,8 +54,8 @@ from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, resolv
 from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
-from bertgpu.tasks.demo_sets import demo_tasks
-from bertgpu.tasks.jobs import SQUAD_TASKS, glue_job, own_file_fields, own_files_job, squad_job
+from bertgpu.tasks.finetuning import JobRequest
+from bertgpu.tasks.registry import task_module
 
 if TYPE_CHECKING:
     import torch
@@ -64,8 +65,7 @@ if TYPE_CHECKING:
 
 ACCEPTS_OVERRIDES = True
 LAUNCHES_WORKERS = True
-load_config = load_finetune_config
-__all__ = ["FinetuneConfig", "demo_tasks", "finetune", "finetune_examples", "load_config"]
+__all__ = ["finetune", "finetune_examples"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,44 +152,16 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
     names and `regression` as tasks/classify.py and tasks/ner.py describe."""
-    from bertgpu.tasks import glue as glue_tasks
-    from bertgpu.tasks import glue_files
-
-    cfg = load_config(cfg, overrides)
-    key = task.lower().replace("-", "").replace("_", "").replace(".", "")
-    fields = own_file_fields(key, text_field, text_pair_field, label_field, regression)
+    cfg = load_finetune_config(cfg, overrides)
+    request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file, predict_test=predict_test,
+                         text_field=text_field, text_pair_field=text_pair_field, label_field=label_field,
+                         regression=regression)
+    module = task_module(task)
+    module.check_request(request)  # flag errors before the tokenizer loads
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
-    if fields is not None:
-        if data is not None or predict_test:
-            raise BertgpuError(f"finetune {key}: takes --train-file and --dev-file (not --data or --predict-test)")
-        if train_file is None or dev_file is None:
-            raise BertgpuError(f"finetune {key}: --train-file and --dev-file are required (your labelled files)")
-        return _run(lambda tokenizer: own_files_job(key, train_file, dev_file, tokenizer, cfg, fields, regression),
-                    init_s, Path(out), cfg, tok_dir, config_from)
-
-    def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
-        if key in SQUAD_TASKS:
-            v2 = SQUAD_TASKS[key]
-            tr, dv = _squad_files(data, v2, train_file, dev_file)
-            return squad_job(v2, tr, dv, tokenizer, cfg), {"data": [str(tr), str(dv)], "task_key": key}
-        if data is None:
-            raise BertgpuError(f"finetune {task}: --data is required (the GLUE folder)")
-        t = glue_tasks.get_task(task)
-        train_path = glue_tasks.find_split_file(data, t, "train")
-        devs = [(s, glue_files.read_examples(t, glue_tasks.find_split_file(data, t, s))) for s in t.dev_splits]
-        tests = []
-        if predict_test:
-            for s in t.test_splits:
-                try:
-                    path = glue_tasks.find_split_file(data, t, s)
-                except BertgpuError:
-                    continue  # no test file for this split: nothing to predict
-                tests.append((s, glue_files.read_examples(t, path, expect_labels=False)))
-        job = glue_job(t, glue_files.read_examples(t, train_path), devs, tokenizer, cfg, str(train_path), tests)
-        return job, {"data": str(data), "task_key": t.key, "kind": t.kind}
-
-    return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
+    return _run(lambda tokenizer: module.build_job(request, tokenizer, cfg), init_s, Path(out), cfg, tok_dir,
+                config_from)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -200,36 +172,20 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     """Fine-tune on in-memory examples scored like GLUE task `task` (its kind, number of labels
     and official metrics), e.g. the demo's polarity sentences as an SST-2-style task."""
     from bertgpu.tasks import glue as glue_tasks
+    from bertgpu.tasks.glue_job import examples_job
 
     t = glue_tasks.get_task(task)
-    cfg = load_config(cfg, overrides)
+    cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
-        job = glue_job(t, list(train), [("dev", list(dev))], tokenizer, cfg, name or "in-memory examples")
+        job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, cfg, name or "in-memory examples")
         if name:
             job.name = name
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
 
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
-
-
-def _squad_files(data: str | os.PathLike[str] | None, v2: bool, train_file: Any, dev_file: Any
-                 ) -> tuple[Path, Path]:
-    ver = "v2.0" if v2 else "v1.1"
-    paths = []
-    for given, split in ((train_file, "train"), (dev_file, "dev")):
-        if given is not None:
-            paths.append(Path(given))
-            continue
-        if data is None:
-            raise BertgpuError(f"SQuAD {ver}: give --data FOLDER (with {split}-{ver}.json) or --{split}-file")
-        path = Path(data) / f"{split}-{ver}.json"
-        if not path.is_file():
-            raise BertgpuError(f"{path}: not found (expected the official SQuAD {ver} {split} file)")
-        paths.append(path)
-    return paths[0], paths[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,14 +376,12 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     missing = [flag for flag, v in (("TASK", args.task), ("--init", args.init), ("--out", args.out)) if not v]
     if missing and not args.help_config:
         raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)")
-    load_config(None, args.overrides)
-    key = (args.task or "").lower()
-    if own_file_fields(key, args.text_field, args.text_pair_field, args.label_field, args.regression):
-        for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
-            if path is None:
-                raise BertgpuError(f"finetune {key}: {flag} is required (your labelled files)")
-            if not Path(path).is_file():
-                raise BertgpuError(f"{path}: not found ({flag})")
+    load_finetune_config(None, args.overrides)
+    if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
+        task_module(args.task).check_request(JobRequest(
+            args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,
+            predict_test=args.predict_test, text_field=args.text_field, text_pair_field=args.text_pair_field,
+            label_field=args.label_field, regression=args.regression))
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -443,7 +397,7 @@ def main(args: argparse.Namespace) -> int:
         print(format_help(FinetuneConfig))
         return 0
     check_before_launch(args, 1)
-    res = finetune(args.task, args.data, args.init, args.out, load_config(None, args.overrides),
+    res = finetune(args.task, args.data, args.init, args.out, load_finetune_config(None, args.overrides),
                    config_from=args.config_from, train_file=args.train_file, dev_file=args.dev_file,
                    predict_test=args.predict_test, text_field=args.text_field,
                    text_pair_field=args.text_pair_field, label_field=args.label_field,

@@ -80,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """A typo in the fine-tuning overrides fails here, once, before any run or worker starts."""
-    from bertgpu import finetune
+    from bertgpu.config.finetune import load_finetune_config
 
-    finetune.load_config(None, args.overrides)
+    load_finetune_config(None, args.overrides)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -101,6 +101,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     """Fine-tune every task x seed (skipping finished ones) and write the table; returns the
     content of glue_results.json."""
     from bertgpu import finetune
+    from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
     from bertgpu.train import distributed
 
@@ -108,7 +109,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     seeds = list(seeds or [1])
     if len(set(seeds)) != len(seeds):
         raise BertgpuError(f"--seeds {' '.join(map(str, seeds))}: each seed once")
-    cfg = finetune.load_config(None, overrides)
+    cfg = load_finetune_config(None, overrides)
     if any(w.lstrip("-").split("=")[0].replace("-", "_") in ("seed", "train.seed") for w in overrides):
         raise BertgpuError("--seed: use --seeds N [N ...] with bertgpu glue")
     chosen = [tasks_mod.get_task(t) for t in tasks] if tasks else list(tasks_mod.TASKS.values())

@@ -39,7 +39,7 @@ from bertgpu.config.overrides import (
     parse_text,
     read_toml,
 )
-from bertgpu.data.shards import OBJECTIVES
+from bertgpu.data.manifest import OBJECTIVES
 from bertgpu.errors import BertgpuError
 from bertgpu.models import build
 

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from bertgpu.data.manifest import FORMAT_VERSION, OBJECTIVES, SPECIAL_KEYS, Manifest
+from bertgpu.data.manifest import SPECIAL_KEYS, Manifest
 from bertgpu.errors import BertgpuError
 
-# train/config.py reads OBJECTIVES from here.
-__all__ = ["FORMAT_VERSION", "OBJECTIVES", "SPECIAL_KEYS", "Manifest", "ShardSet", "check_compatible"]
+__all__ = ["ShardSet", "check_compatible"]
 
 
 # --------------------------------------------------------------------------------------------

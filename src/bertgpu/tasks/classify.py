@@ -21,106 +21,32 @@ Spearman for regression; a run's score is their mean.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
 import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.finetuning import EvalSet, Job
-from bertgpu.tasks.glue_files import json_lines
+from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
+from bertgpu.tasks.tables import (
+    Fields,
+    check_own_files,
+    own_files_record,
+    read_rows,
+    request_fields,
+)
 
 if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.glue import Example
 
-TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
-
-
-@dataclass(frozen=True)
-class Fields:
-    """Column (CSV/TSV) or key (JSONL) names of the inputs; None = not used."""
-
-    text: str = "text"
-    text_pair: str | None = None
-    label: str = "label"
-
 
 # --------------------------------------------------------------------------------------------
-# Reading rows
-
-
-def table_format(path: Path) -> str:
-    """"csv", "tsv" or "jsonl" from the file name; BertgpuError for anything else."""
-    kind = TABLE_SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise BertgpuError(f"{path}: unknown file type {path.suffix or '(no extension)'!r} "
-                           f"(expected {', '.join(TABLE_SUFFIXES)})")
-    return kind
-
-
-def read_rows(path: str | os.PathLike[str], columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, {column: value}) for every row of a CSV, TSV or JSONL file. `columns` maps
-    each column to read to the flag that names it, for the error when it is missing. Values are
-    strings from CSV/TSV and JSON values from JSONL; blank lines are skipped."""
-    path = Path(path)
-    kind = table_format(path)
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: spreadsheets write a BOM
-            if kind == "jsonl":
-                yield from _jsonl_rows(path, f, columns)
-            else:
-                yield from _delimited_rows(path, f, columns, kind)
-    except FileNotFoundError:
-        raise BertgpuError(f"{path}: not found") from None
-    except UnicodeDecodeError as e:
-        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except csv.Error as e:
-        raise BertgpuError(f"{path}: not readable as {kind.upper()} ({e})") from None
-
-
-def _missing(path: Path, line: int, what: str, name: str, flag: str, found: list[str]) -> BertgpuError:
-    shown = ", ".join(repr(c) for c in found[:12]) + (", ..." if len(found) > 12 else "")
-    return BertgpuError(f"{path}:{line}: no {what} {name!r} (found {shown or 'none'}); "
-                        f"expected {flag} to name one")
-
-
-def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
-                    ) -> Iterator[tuple[int, dict[str, Any]]]:
-    if kind == "tsv":  # quoting off, as GLUE's files: a stray quote must not glue rows together
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(f)
-    header = next(reader, None)
-    if header is None:
-        raise BertgpuError(f"{path}: empty (expected a header line naming the columns)")
-    header = [h.strip() for h in header]
-    for name, flag in columns.items():
-        if name not in header:
-            raise _missing(path, 1, "column", name, flag, header)
-    where = {name: header.index(name) for name in columns}
-    for row in reader:
-        if not row or (len(row) == 1 and not row[0].strip()):
-            continue
-        if len(row) != len(header):
-            raise BertgpuError(f"{path}:{reader.line_num}: {len(row)} fields, expected {len(header)} "
-                               f"as in the header{' (a tab inside a text?)' if kind == 'tsv' else ''}")
-        yield reader.line_num, {name: row[i] for name, i in where.items()}
-
-
-def _jsonl_rows(path: Path, f: Any, columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for n, obj in json_lines(path, f):
-        for name, flag in columns.items():
-            if name not in obj:
-                raise _missing(path, n, "field", name, flag, list(obj))
-        yield n, {name: obj[name] for name in columns}
+# Values of a row (tasks/tables.py reads the rows; ner shares it)
 
 
 def text_value(path: Path, line: int, value: Any, name: str) -> str:
@@ -224,11 +150,26 @@ def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]], classe
 # The job
 
 
+def check_request(request: JobRequest) -> None:
+    """Your two files named and present; no GLUE or SQuAD flags."""
+    check_own_files(request)
+
+
+def build_job(request: JobRequest, tokenizer: Any, cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
+    """The classify job and what results.json records about its data (files, kind, columns,
+    label names)."""
+    check_request(request)
+    fields = request_fields(request, Fields())
+    assert request.train_file is not None and request.dev_file is not None  # checked just above
+    job = classify_job(request.train_file, request.dev_file, tokenizer, cfg, fields, request.regression)
+    kind = "regression" if request.regression else "classification"
+    return job, own_files_record(request, fields, kind, job.labels)
+
+
 def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str], tokenizer: Any,
                  cfg: FinetuneConfig, fields: Fields | None = None, regression: bool = False) -> Job:
     """Read, check and encode both files; the dev set is scored with `metrics.label_metrics`."""
     from bertgpu.tasks import metrics as eval_metrics
-    from bertgpu.tasks.jobs import encode_pairs
 
     fields = fields or Fields()
     train_path, dev_path = Path(train_file), Path(dev_file)

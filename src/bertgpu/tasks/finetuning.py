@@ -1,8 +1,13 @@
 """Fine-tuning as a task of the training loop: any job of encoded sequences with labels.
 
-A `Job` (built in tasks/jobs.py for GLUE, STS-B-style regression and SQuAD, in tasks/classify.py
-and tasks/ner.py for your own files) holds variable-length training sequences with their targets
-and a list of evaluation sets, each with a scorer. This module turns it into what the loop asks for:
+The contract of the task modules (tasks/registry.py names them): a `JobRequest` (what the command
+line gave about the data) goes in, a `Job` comes out. A `Job` (built by tasks/glue_job.py for
+GLUE and STS-B-style regression, tasks/squad_job.py for SQuAD, tasks/classify.py and tasks/ner.py
+for your own files) holds variable-length training sequences with their targets and a list of
+evaluation sets, each with a scorer. The encoding helpers the task modules share live here too
+(`encode_pairs`, `strip_padding`, `pad_to`), so that no task module imports another for them.
+
+This module turns a `Job` into what the loop asks for:
 
 - the micro batches of step s: epoch e = s // steps_per_epoch + 1; a permutation from
   (seed, e) alone orders the examples; rank r takes the r-th contiguous slice of each step's
@@ -19,11 +24,12 @@ and a list of evaluation sets, each with a scorer. This module turns it into wha
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +39,55 @@ from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.glue import Example
+
+
+def task_key(name: str) -> str:
+    """A task name as the registry spells it: no case, "-", "_" or "." ("SQuAD-v2" -> "squadv2")."""
+    return name.lower().replace("-", "").replace("_", "").replace(".", "")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the command line (or `finetune()`'s arguments) says about a run's data. Each task
+    module reads the fields it takes and refuses the flags it does not (`check_request`)."""
+
+    task: str
+    """The task name as given ("SST-2", "squad2", "classify"); error messages quote it."""
+    data: str | os.PathLike[str] | None = None
+    """--data: the GLUE root or task folder, or the folder of the SQuAD files."""
+    train_file: str | os.PathLike[str] | None = None
+    """--train-file: SQuAD's training JSON, or your own labelled file (classify, ner)."""
+    dev_file: str | os.PathLike[str] | None = None
+    """--dev-file: the evaluation file, as --train-file."""
+    predict_test: bool = False
+    """--predict-test: GLUE test-set predictions in leaderboard format."""
+    text_field: str | None = None
+    """--text-field: the text (classify) or tokens (ner) column; None = the task's default."""
+    text_pair_field: str | None = None
+    """--text-pair-field: classify's second text column (pair tasks); None = single texts."""
+    label_field: str | None = None
+    """--label-field: the label (classify) or tags (ner) column; None = the task's default."""
+    regression: bool = False
+    """--regression: classify's labels are scores, not classes."""
+
+    @property
+    def key(self) -> str:
+        """The normalised task name (`task_key`)."""
+        return task_key(self.task)
+
+    def column_flags(self) -> list[str]:
+        """The own-file flags that were given, in command-line order."""
+        return [flag for flag, v in (("--text-field", self.text_field), ("--text-pair-field", self.text_pair_field),
+                                     ("--label-field", self.label_field), ("--regression", self.regression)) if v]
+
+    def check_no_columns(self) -> None:
+        """For the tasks whose file formats fix the columns (GLUE, SQuAD): the flags are an error."""
+        given = self.column_flags()
+        if given:
+            raise BertgpuError(f"{', '.join(given)}: only for finetune classify and ner (your own files)")
 
 
 @dataclass
@@ -117,11 +172,46 @@ class Job:
         return self.head in ("qa", "token_classification")
 
 
+# --------------------------------------------------------------------------------------------
+# Encoding helpers the task modules share
+
+
+def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
+                 regression: bool) -> Encoded:
+    """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
+    labels int64 (classification) or float32 (regression) when every example has one."""
+    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
+    tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
+    inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
+    encs = tokenizer.encode_batch(inputs) if inputs else []
+    out = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
+                  [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
+    if examples and all(e.label is not None for e in examples):
+        out.targets["labels"] = np.asarray([e.label for e in examples],
+                                           dtype=np.float32 if regression else np.int64)
+    return out
+
+
+def strip_padding(feats: Any) -> Encoded:
+    """Fixed-length features (squad.Features: input_ids, token_type_ids, attention_mask (F, T),
+    optional start/end positions) -> Encoded, so that their batches are padded per batch too."""
+    lengths = feats.attention_mask.sum(axis=1)
+    enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
+                  [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
+    if feats.start_positions is not None:
+        enc.targets = {"start_positions": feats.start_positions, "end_positions": feats.end_positions}
+    return enc
+
+
 def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
     """(N, w, ...) logits -> (N, width, ...), the new positions at -1e4 (never chosen)."""
     out = np.full((rows.shape[0], width, *rows.shape[2:]), -1e4, dtype=np.float32)
     out[:, : rows.shape[1]] = rows
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The loop's task
 
 
 def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:

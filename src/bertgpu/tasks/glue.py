@@ -51,6 +51,8 @@ __all__ = [
     "column_name",
     "find_split_file",
     "get_task",
+    "names",
+    "unknown_task",
     "write_glue_submission",
 ]
 
@@ -161,10 +163,18 @@ def get_task(name: str | GlueTask) -> GlueTask:
         return name
     key = _ALIASES.get(_norm(name))
     if key is None:
-        raise BertgpuError(
-            f"unknown GLUE task {name!r} (expected one of {', '.join(t.name for t in TASKS.values())})"
-        )
+        raise unknown_task(name)
     return TASKS[key]
+
+
+def names() -> tuple[str, ...]:
+    """Every name and alias `get_task` accepts, lower case without "-" or "_" ("sst2", "mnlim")."""
+    return tuple(_ALIASES)
+
+
+def unknown_task(name: str) -> BertgpuError:
+    """The error for a task name that no table knows (tasks/registry.py raises it too)."""
+    return BertgpuError(f"unknown GLUE task {name!r} (expected one of {', '.join(t.name for t in TASKS.values())})")
 
 
 def column_name(task: GlueTask | str, split: str) -> str:

@@ -38,8 +38,14 @@ import numpy as np
 
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.classify import Fields, read_rows
-from bertgpu.tasks.finetuning import Encoded, EvalSet, Job
+from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, JobRequest
+from bertgpu.tasks.tables import (
+    Fields,
+    check_own_files,
+    own_files_record,
+    read_rows,
+    request_fields,
+)
 
 if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
@@ -190,6 +196,22 @@ def word_predictions(logits: np.ndarray, firsts: list[np.ndarray], labels: tuple
 
 # --------------------------------------------------------------------------------------------
 # The job
+
+
+def check_request(request: JobRequest) -> None:
+    """No classify-only flags; your two files named and present."""
+    if request.text_pair_field or request.regression:
+        raise BertgpuError("finetune ner: --text-pair-field and --regression are for classify")
+    check_own_files(request)
+
+
+def build_job(request: JobRequest, tokenizer: Any, cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
+    """The ner job and what results.json records about its data (files, columns, tag names)."""
+    check_request(request)
+    fields = request_fields(request, NER_FIELDS)
+    assert request.train_file is not None and request.dev_file is not None  # checked just above
+    job = ner_job(request.train_file, request.dev_file, tokenizer, cfg, fields)
+    return job, own_files_record(request, fields, "token_classification", job.labels)
 
 
 def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str], tokenizer: Any,

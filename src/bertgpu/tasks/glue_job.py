@@ -1,0 +1,113 @@
+"""`bertgpu finetune TASK` for the nine GLUE tasks (any alias): the job from the task's files.
+
+    bertgpu finetune sst2 --data glue_data --init runs/base --out ft/sst2
+    bertgpu finetune mnli --data glue_data/MNLI --init hf/ --out ft/mnli --predict-test
+
+The task table, where its files are and the submission format are glue.py's; the readers are
+glue_files.py's; the official metrics metrics.py's. This module joins them into a `Job`: the
+training examples encoded as sentence (pairs), every dev split scored with the task's metrics
+(MNLI: matched and mismatched), and with `--predict-test` the test splits written in leaderboard
+format. It is a module of its own because glue_files.py and metrics.py import glue.py's table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks import glue, glue_files
+from bertgpu.tasks import metrics as eval_metrics
+from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
+
+if TYPE_CHECKING:
+    from bertgpu.config.finetune import FinetuneConfig
+    from bertgpu.tasks.glue import Example, GlueTask
+
+
+def check_request(request: JobRequest) -> None:
+    """A GLUE name, --data given, no own-file flags."""
+    request.check_no_columns()
+    glue.get_task(request.task)
+    _data_dir(request)
+
+
+def build_job(request: JobRequest, tokenizer: Any, cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
+    """The job of the task's files under --data, and what results.json records about them."""
+    check_request(request)
+    task, data = glue.get_task(request.task), _data_dir(request)
+    train_path = glue.find_split_file(data, task, "train")
+    devs = [(s, glue_files.read_examples(task, glue.find_split_file(data, task, s))) for s in task.dev_splits]
+    tests = _test_sets(task, data) if request.predict_test else []
+    job = examples_job(task, glue_files.read_examples(task, train_path), devs, tokenizer, cfg,
+                       str(train_path), tests)
+    return job, {"data": str(data), "task_key": task.key, "kind": task.kind}
+
+
+def _data_dir(request: JobRequest) -> str | os.PathLike[str]:
+    if request.data is None:
+        raise BertgpuError(f"finetune {request.task}: --data is required (the GLUE folder)")
+    return request.data
+
+
+def _test_sets(task: GlueTask, data: str | os.PathLike[str]) -> list[tuple[str, list[Example]]]:
+    """The unlabeled test splits that have a file (MNLI has two, the others one)."""
+    tests = []
+    for split in task.test_splits:
+        try:
+            path = glue.find_split_file(data, task, split)
+        except BertgpuError:
+            continue  # no test file for this split: nothing to predict
+        tests.append((split, glue_files.read_examples(task, path, expect_labels=False)))
+    return tests
+
+
+def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, list[Example]]],
+                 tokenizer: Any, cfg: FinetuneConfig, where: str,
+                 tests: Sequence[tuple[str, list[Example]]] = ()) -> Job:
+    """The job of in-memory examples scored like `task` (its kind, labels and official metrics):
+    GLUE's files, or the demo's sets. `where` names the training examples in errors."""
+    seq = cfg.max_seq_len or 128
+    regression = task.kind == "regression"
+    train = train[:cfg.max_train_examples]
+    unlabeled = [e.guid for e in train if e.label is None]
+    if unlabeled:
+        raise BertgpuError(f"{where}: training example {unlabeled[0]} has no label (GLUE {task.name})")
+    evals = [_eval_set(task, split, examples[:cfg.max_eval_examples], tokenizer, seq, where)
+             for split, examples in devs]
+
+    def primary(metrics: dict[str, dict[str, float]]) -> float:
+        return float(np.mean([eval_metrics.task_score(task, m) for m in metrics.values()]))
+
+    test_sets = [(split, encode_pairs(tokenizer, examples, seq, regression), _submission_writer(task, split, examples))
+                 for split, examples in tests]
+    return Job(task.name, "classification", task.num_labels,
+               encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets)
+
+
+def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: Any, seq: int,
+              where: str) -> EvalSet:
+    enc = encode_pairs(tokenizer, examples, seq, task.kind == "regression")
+    if "labels" not in enc.targets:
+        raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; cannot evaluate")
+    labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+
+    def score(outputs: dict[str, np.ndarray], _folder: Path | None) -> dict[str, float]:
+        return eval_metrics.glue_metrics(task, outputs["logits"], labels)
+
+    return EvalSet(split, enc, score, glue.column_name(task, split))
+
+
+def _submission_writer(task: GlueTask, split: str, examples: list[Example]
+                       ) -> Callable[[dict[str, np.ndarray], Path], None]:
+    guids = [e.guid for e in examples]
+
+    def write(outputs: dict[str, np.ndarray], folder: Path) -> None:
+        glue.write_glue_submission(task, outputs["logits"], folder / "submission" /
+                                   f"{glue.column_name(task, split)}.tsv", indices=guids)
+
+    return write

@@ -1,0 +1,89 @@
+"""`bertgpu finetune squad | squad2`: the SQuAD v1.1 / v2.0 job from the official JSON files.
+
+    bertgpu finetune squad --data squad/ --init runs/base --out ft/squad      # train-v1.1.json, dev-v1.1.json
+    bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ --out ft/sq2
+
+Reading, doc-stride windows and n-best decoding are squad.py's, EM/F1 squad_eval.py's; this module
+finds the files, encodes both sets and scores the dev set (writing predictions.json at the end).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks import squad, squad_eval
+from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, pad_to, strip_padding
+
+if TYPE_CHECKING:
+    from bertgpu.config.finetune import FinetuneConfig
+
+VERSIONS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}
+"""The names this module answers to (tasks/registry.py) -> whether the files are SQuAD v2.0."""
+
+
+def check_request(request: JobRequest) -> None:
+    """No own-file flags (SQuAD's JSON fixes its fields)."""
+    request.check_no_columns()
+
+
+def build_job(request: JobRequest, tokenizer: Any, cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
+    """The job of --train-file / --dev-file, or of the official file names under --data."""
+    check_request(request)
+    version_2 = VERSIONS[request.key]
+    train_file, dev_file = _files(request.data, version_2, request.train_file, request.dev_file)
+    job = squad_job(version_2, train_file, dev_file, tokenizer, cfg)
+    return job, {"data": [str(train_file), str(dev_file)], "task_key": request.key}
+
+
+def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.PathLike[str] | None,
+           dev_file: str | os.PathLike[str] | None) -> tuple[Path, Path]:
+    """Each file as given, else `{split}-v1.1.json` (v2.0) in `data`."""
+    ver = "v2.0" if v2 else "v1.1"
+    paths = []
+    for given, split in ((train_file, "train"), (dev_file, "dev")):
+        if given is not None:
+            paths.append(Path(given))
+            continue
+        if data is None:
+            raise BertgpuError(f"SQuAD {ver}: give --data FOLDER (with {split}-{ver}.json) or --{split}-file")
+        path = Path(data) / f"{split}-{ver}.json"
+        if not path.is_file():
+            raise BertgpuError(f"{path}: not found (expected the official SQuAD {ver} {split} file)")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
+              cfg: FinetuneConfig) -> Job:
+    """Read and featurize both files; the dev set is scored with the official EM/F1."""
+    seq = cfg.max_seq_len or 384
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    kw = {"max_seq_len": seq, "doc_stride": cfg.doc_stride, "max_query_len": cfg.max_query_len}
+    train_ex = squad.read_squad(train_file)[:cfg.max_train_examples]
+    dev_ex = squad.read_squad(dev_file)[:cfg.max_eval_examples]
+    train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
+    if len(train_feats) == 0:
+        raise BertgpuError(f"{train_file}: no training features (every answer outside its context?)")
+    dev_feats = squad.featurize(dev_ex, tokenizer, **kw)
+
+    def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
+        # Logits come back padded per batch; postprocess expects (F, max_seq_len). Pad positions
+        # are never context tokens, so any value works there.
+        start, end = (pad_to(outputs[k], seq) for k in ("start_logits", "end_logits"))
+        preds, _ = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
+                                     max_answer_len=cfg.max_answer_len, version_2=version_2,
+                                     null_threshold=cfg.null_threshold)
+        if folder is not None:
+            squad.write_predictions(preds, folder / "predictions.json")
+        return squad_eval.squad_evaluate(dev_ex, preds, version_2=version_2)
+
+    name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
+    return Job(name, "qa", None, strip_padding(train_feats),
+               [EvalSet("dev", strip_padding(dev_feats), score)],
+               lambda m: float(m["dev"]["f1"]))

@@ -1,0 +1,140 @@
+"""Your own labelled files, as `classify` and `ner` read them: rows of CSV, TSV or JSONL with
+the columns the flags name, and the checks of those flags that both tasks share.
+
+`.csv`: comma-separated, a header line, RFC 4180 quoting as written by spreadsheets and pandas;
+`.tsv`: tab-separated, a header line, quoting off as in GLUE (one line is one row, a `"` is a
+character); `.jsonl` / `.json` / `.ndjson`: JSON lines, one object per line. tasks/classify.py and
+tasks/ner.py say what their columns hold.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bertgpu.errors import BertgpuError
+from bertgpu.tasks.glue_files import json_lines
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.finetuning import JobRequest
+
+
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Column (CSV/TSV) or key (JSONL) names of the inputs; None = not used."""
+
+    text: str = "text"
+    text_pair: str | None = None
+    label: str = "label"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading rows
+
+
+def table_format(path: Path) -> str:
+    """"csv", "tsv" or "jsonl" from the file name; BertgpuError for anything else."""
+    kind = TABLE_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise BertgpuError(f"{path}: unknown file type {path.suffix or '(no extension)'!r} "
+                           f"(expected {', '.join(TABLE_SUFFIXES)})")
+    return kind
+
+
+def read_rows(path: str | os.PathLike[str], columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, {column: value}) for every row of a CSV, TSV or JSONL file. `columns` maps
+    each column to read to the flag that names it, for the error when it is missing. Values are
+    strings from CSV/TSV and JSON values from JSONL; blank lines are skipped."""
+    path = Path(path)
+    kind = table_format(path)
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: spreadsheets write a BOM
+            if kind == "jsonl":
+                yield from _jsonl_rows(path, f, columns)
+            else:
+                yield from _delimited_rows(path, f, columns, kind)
+    except FileNotFoundError:
+        raise BertgpuError(f"{path}: not found") from None
+    except UnicodeDecodeError as e:
+        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise BertgpuError(f"{path}: not readable as {kind.upper()} ({e})") from None
+
+
+def _missing(path: Path, line: int, what: str, name: str, flag: str, found: list[str]) -> BertgpuError:
+    shown = ", ".join(repr(c) for c in found[:12]) + (", ..." if len(found) > 12 else "")
+    return BertgpuError(f"{path}:{line}: no {what} {name!r} (found {shown or 'none'}); "
+                        f"expected {flag} to name one")
+
+
+def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
+                    ) -> Iterator[tuple[int, dict[str, Any]]]:
+    if kind == "tsv":  # quoting off, as GLUE's files: a stray quote must not glue rows together
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(f)
+    header = next(reader, None)
+    if header is None:
+        raise BertgpuError(f"{path}: empty (expected a header line naming the columns)")
+    header = [h.strip() for h in header]
+    for name, flag in columns.items():
+        if name not in header:
+            raise _missing(path, 1, "column", name, flag, header)
+    where = {name: header.index(name) for name in columns}
+    for row in reader:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != len(header):
+            raise BertgpuError(f"{path}:{reader.line_num}: {len(row)} fields, expected {len(header)} "
+                               f"as in the header{' (a tab inside a text?)' if kind == 'tsv' else ''}")
+        yield reader.line_num, {name: row[i] for name, i in where.items()}
+
+
+def _jsonl_rows(path: Path, f: Any, columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for n, obj in json_lines(path, f):
+        for name, flag in columns.items():
+            if name not in obj:
+                raise _missing(path, n, "field", name, flag, list(obj))
+        yield n, {name: obj[name] for name in columns}
+
+
+# --------------------------------------------------------------------------------------------
+# The flags of your own files
+
+
+def check_own_files(request: JobRequest) -> None:
+    """--train-file and --dev-file name existing files, and --data / --predict-test (GLUE's and
+    SQuAD's) are not given. Checked once before workers start, so a typo fails one time."""
+    if request.data is not None or request.predict_test:
+        raise BertgpuError(f"finetune {request.key}: takes --train-file and --dev-file "
+                           "(not --data or --predict-test)")
+    files = (("--train-file", request.train_file), ("--dev-file", request.dev_file))
+    missing = [flag for flag, path in files if path is None]
+    if missing:
+        verb = "are" if len(missing) > 1 else "is"
+        raise BertgpuError(f"finetune {request.key}: {' and '.join(missing)} {verb} required "
+                           "(your labelled files)")
+    for flag, path in files:
+        if path is not None and not Path(path).is_file():
+            raise BertgpuError(f"{path}: not found ({flag})")
+
+
+def request_fields(request: JobRequest, default: Fields) -> Fields:
+    """The columns the flags name, `default`'s where a flag is not given."""
+    return Fields(request.text_field or default.text, request.text_pair_field,
+                  request.label_field or default.label)
+
+
+def own_files_record(request: JobRequest, fields: Fields, kind: str,
+                     labels: tuple[str, ...] | None) -> dict[str, Any]:
+    """What results.json records about the data of a classify or ner run."""
+    return {"data": [str(request.train_file), str(request.dev_file)], "task_key": request.key, "kind": kind,
+            "fields": {"text": fields.text, "text_pair": fields.text_pair, "label": fields.label},
+            "labels": list(labels or ())}
