@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, resolve_finetune
+from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, peak_lr, resolve_finetune
 from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
@@ -201,11 +201,15 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
     owns_group = not distributed.is_initialized()
     info = distributed.init_distributed(cfg.device, cfg.timeout_minutes)
     try:
+        # Loading, timed apart from training and evaluation (results.json: load_seconds): the
+        # tokenizer, reading and encoding the data, then the model, the engine (and DDP).
+        t_load = time.perf_counter()
         tokenizer = load_tokenizer(tok_dir)
         pad_id = tokenizer.token_to_id("[PAD]")
         if pad_id is None:
             raise BertgpuError(f"{tok_dir}: the tokenizer has no [PAD] token (expected a BERT vocabulary)")
         job, extra = job_fn(tokenizer)
+        load_data_s = time.perf_counter() - t_load
         model = build_model(init, job.head, job.num_labels, cfg, str(config_from) if config_from else None,
                             labels=job.labels)
         cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
@@ -217,13 +221,15 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
                                "config": config_to_dict(cfg), "world_size": info.world_size}, sort_keys=True)
         loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"), tok_dir,
                                  identity, init, size_note)
+        timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
         result = loop.run()
         if result.preempted:
             return {"preempted": True, "step": result.step}
         results: dict[str, Any] = {}
         if info.is_main:
+            timing["seconds"] = time.perf_counter() - t_start
             results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir, out,
-                                     info, time.perf_counter() - t_start)
+                                     info, timing)
         distributed.barrier()
         return results
     finally:
@@ -262,7 +268,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     per_epoch = steps_per_epoch(job, cfg.global_batch_size, world)
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch, micro_batch_size=micro)
     model = model.to(torch.device(info.device))
-    engine, timer = build_engine(model, info, lr=cfg.lr, train=sec.train, optim=sec.optim, impl=sec.impl,
+    lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
+    engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim, impl=sec.impl,
                                  dist=sec.distributed)
     seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
@@ -275,23 +282,33 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
         ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {micro} / {accumulation}"),
         ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
-        ("learning rate", f"{cfg.lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, {cfg.decay} decay)"),
+        ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, {cfg.decay} decay"
+                          + (f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
+                             if cfg.lr_scaling != "none" else "") + ")"),
         *([("by model size", size_note)] if size_note else []),
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
-                   peak_lr=cfg.lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
+                   peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
                    seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune", startup_rows=rows,
                    checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
                    flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0,
                                                                       with_nsp=False),
                    comm_timer=timer, resume=resume)
+    # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
+    task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
 
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any], cfg: FinetuneConfig,
                    init: str, config_from: Any, tok_dir: Path, out: Path, info: Any,
-                   seconds: float) -> dict[str, Any]:
-    """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed)."""
+                   timing: dict[str, float]) -> dict[str, Any]:
+    """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed).
+
+    Times (rank 0, seconds): `seconds` the whole run in this process; `load_seconds` tokenizer,
+    data (`load_data_seconds`: reading and encoding), model and engine; `train_seconds` the
+    training steps (host batch building included: `data_wait_seconds`); `eval_seconds` every
+    dev evaluation (sharded forward, gather, scoring); per epoch, `epochs[i].train_seconds` is
+    the cumulative train time at that evaluation and `epochs[i].eval_seconds` its own time."""
     import torch
 
     from bertgpu import __version__
@@ -300,6 +317,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     for _split, data, write in job.predict_test:
         write(task.predict(data), work)
     history = task.history
+    train_s = task.train_seconds()  # the steps before a resume included
     final = history[-1]
     best = max(history, key=lambda r: r["score"])
     # GLUE's results-table columns: each split's own score (the job's primary score of that split).
@@ -315,9 +333,12 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
         "train_sequences": len(job.train),
         "eval_sequences": {e.name: len(e.data) for e in job.evals},
         "steps": loop.engine.step, "skipped_steps": loop.engine.skipped_steps,
-        "seconds": seconds,
-        "train_seconds": result.train_s,
-        "train_examples_per_s": result.sequences_seen / max(result.train_s, 1e-9),
+        "peak_lr": peak_lr(cfg),
+        **timing,
+        "train_seconds": train_s,
+        "data_wait_seconds": task.data_wait_seconds(),
+        "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in history),
+        "train_examples_per_s": result.sequences_seen / max(train_s, 1e-9),
         "eval_examples_per_s": task.eval_examples / max(task.eval_s, 1e-9),
         "device": _device_name(info.device), "world_size": info.world_size,
         "torch_version": torch.__version__, "bertgpu_version": __version__,

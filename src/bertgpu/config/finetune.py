@@ -4,6 +4,7 @@ help text each), and the learning rate and epochs that default by model size.
 
     cfg = load_finetune_config(None, ["--epochs", "2"])
     cfg, note = resolve_finetune(cfg, hidden_size=128)   # lr / epochs filled in by model size
+    peak_lr(cfg)                                          # lr after --lr_scaling (results.json: peak_lr)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 from bertgpu.config.overrides import apply_overrides, option, reuse
 from bertgpu.config.schema import (
     DECAYS,
+    LR_SCALING,
     OPTIMIZERS,
     PRECISIONS,
     CheckpointSection,
@@ -29,6 +31,7 @@ from bertgpu.config.schema import (
     TrainSection,
     check,
     check_choice,
+    scaled_lr,
 )
 
 
@@ -46,6 +49,8 @@ class FinetuneConfig:
     micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = global / devices)")
     lr: float | None = reuse(OptimSection, "lr", None, "peak learning rate (none = by model size: 2e-5 for hidden "
                                                        "size 768+, 1e-4 up to 512, 3e-4 up to 256)")
+    lr_scaling: str = reuse(OptimSection, "lr_scaling")
+    reference_batch_size: int | None = reuse(OptimSection, "reference_batch_size")
     weight_decay: float = reuse(OptimSection, "weight_decay")
     warmup_fraction: float = reuse(ScheduleSection, "warmup_fraction", 0.1)
     decay: str = reuse(ScheduleSection, "decay")
@@ -101,6 +106,16 @@ def resolve_finetune(cfg: FinetuneConfig, hidden_size: int) -> tuple[FinetuneCon
     return dataclasses.replace(cfg, **chosen), f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)"
 
 
+def peak_lr(cfg: FinetuneConfig) -> float:
+    """The peak lr a resolved `cfg` trains with: `lr` (the lr tuned at `reference_batch_size`)
+    scaled to `global_batch_size` by `lr_scaling` (none, linear or sqrt: schema.scaled_lr, the
+    rule pretraining applies). `lr` itself stays as given, so results.json's config re-runs the
+    same way."""
+    if cfg.lr is None:
+        raise ValueError("peak_lr: resolve the config first (lr is None)")
+    return scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling)
+
+
 def _finetune_aliases() -> dict[str, str]:
     # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
     keys = list(FinetuneConfig.__dataclass_fields__)
@@ -132,6 +147,11 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     check_choice("decay", cfg.decay, DECAYS)
     check_choice("precision", cfg.precision, PRECISIONS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    check_choice("lr_scaling", cfg.lr_scaling, LR_SCALING)
+    key_is(cfg.reference_batch_size is None or cfg.reference_batch_size > 0, "reference_batch_size",
+           "a positive integer or none")
+    key_is(cfg.lr_scaling == "none" or cfg.reference_batch_size is not None, "reference_batch_size",
+           f"the global batch the lr was tuned for (lr_scaling is {cfg.lr_scaling})")
     key_is(cfg.hidden_dropout_prob is None or 0.0 <= cfg.hidden_dropout_prob < 1.0,
            "hidden_dropout_prob", "a number in [0, 1) or none")
     key_is(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
@@ -157,7 +177,8 @@ def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_b
                            precision=cfg.precision, grad_clip=cfg.grad_clip, budget_hours=cfg.budget_hours,
                            max_nonfinite_steps=cfg.max_nonfinite_steps, eval_every_steps=eval_every,
                            log_every_steps=cfg.log_every_steps),
-        optim=OptimSection(name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay),
+        optim=OptimSection(name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                           lr_scaling=cfg.lr_scaling, reference_batch_size=cfg.reference_batch_size),
         schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
         impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
         checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,

@@ -15,9 +15,11 @@ This module turns a `Job` into what the loop asks for:
   function of (seed, step, world size, micro batch) only, which is all a resume needs;
 - summed losses with matching counts (sequences; labelled tokens for token classification), so
   accumulation and DDP are exact;
-- evaluation at the end of every epoch, sharded: each rank runs the model on its slice of every
-  evaluation set, rank 0 gathers the outputs and scores them (the official metrics, SQuAD's
-  post-processing), recorded as the per-epoch history that results.json reports;
+- evaluation at the end of every epoch, sharded: each rank runs the model on every world-th row
+  of each evaluation set taken longest first (equal work per rank), rank 0 gathers the outputs
+  and scores them (the official metrics, SQuAD's post-processing), recorded as the per-epoch
+  history that results.json reports, with the loop's cumulative train time at that evaluation
+  and the evaluation's own time (rank 0's clock);
 - the export: the fine-tuned model in the Hugging Face layout with its tokenizer.
 """
 
@@ -241,6 +243,10 @@ class FinetuneTask:
         self.history: list[dict[str, Any]] = []
         self.eval_s = 0.0
         self.eval_examples = 0
+        # The loop's (train_s, data_s) since this process started training; the wiring points it
+        # at the running loop (finetune.py). `_clock_before`: the same at the resumed checkpoint.
+        self.clock: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
+        self._clock_before = (0.0, 0.0)
         self._epoch_steps: tuple[int, list[list[list[int]]]] | None = None
 
     def epoch_of(self, step: int) -> int:
@@ -314,31 +320,39 @@ class FinetuneTask:
         return result
 
     def predict_sharded(self, data: Encoded) -> dict[str, np.ndarray] | None:
-        """`predict` over all ranks: rank r runs the r-th contiguous slice of `data`; rank 0
-        gets every output in data order (None on the other ranks)."""
+        """`predict` over all ranks; rank 0 gets every output in data order (None on the other
+        ranks). Rank r runs rows r, r + world, ... of the rows sorted longest first, so every rank
+        gets the same number of rows and about the same number of tokens (contiguous slices of a
+        set sorted by length, SQuAD's windows of one long context, would not)."""
         world = self.info.world_size
         if world == 1:
             return self.predict(data)
-        mine = np.array_split(np.arange(len(data)), world)[self.info.rank]
+        lengths = np.array([len(x) for x in data.ids])
+        shards = [np.argsort(-lengths, kind="stable")[r::world] for r in range(world)]
+        mine = shards[self.info.rank]
         part = Encoded([data.ids[i] for i in mine], [data.types[i] for i in mine])
         parts = distributed.gather_to_main(self.predict(part) if len(part) else None)
         if parts is None:
             return None
-        parts = [p for p in parts if p is not None]
+        rows = [(idx, p) for idx, p in zip(shards, parts, strict=True) if p is not None]
         out: dict[str, np.ndarray] = {}
-        for k in parts[0]:
-            if self.job.padded_outputs:  # padded to the longest row of each slice
-                width = max(p[k].shape[1] for p in parts)
-                out[k] = np.concatenate([pad_to(p[k], width) for p in parts])
-            else:
-                out[k] = np.concatenate([p[k] for p in parts])
+        for k in rows[0][1]:
+            # Padded outputs: each shard is padded to its own longest row; pad to the longest.
+            width = max(p[k].shape[1] for _, p in rows) if self.job.padded_outputs else None
+            first = rows[0][1][k]
+            out[k] = np.empty((len(data), *((width,) if width else first.shape[1:2]), *first.shape[2:]),
+                              dtype=first.dtype)
+            for idx, p in rows:
+                out[k][idx] = pad_to(p[k], width) if width else p[k]
         return out
 
     def evaluate(self, step: int, train_loss: float | None) -> dict[str, Any]:
         """Every evaluation set, sharded over ranks and scored on rank 0 (predictions are written
         at the last epoch); appends the epoch's record to `history` on every rank."""
+        t0 = time.perf_counter()
         epoch = self.epoch_of(step - 1) if step else 1
-        record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_loss}
+        record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_loss,
+                                  "train_seconds": self.train_seconds()}
         flat: dict[str, Any] = {}
         outputs = [self.predict_sharded(ev.data) for ev in self.job.evals]
         if self.info.is_main:
@@ -350,17 +364,29 @@ class FinetuneTask:
             flat = {"epoch": epoch, "score": record["score"],
                     **{f"{split}_{k}": v for split, m in metrics.items() for k, v in m.items()}}
         distributed.barrier()  # the other ranks wait while rank 0 scores (bounded by the timeout)
+        record["eval_seconds"] = time.perf_counter() - t0
         self.history.append(record)
         return flat
 
-    # -- state and result ------------------------------------------------------------------------
+    # -- clocks, state and result ----------------------------------------------------------------
+    def train_seconds(self) -> float:
+        """Time in training steps so far (the loop's, on this rank), the steps before a resume
+        included."""
+        return self._clock_before[0] + self.clock()[0]
+
+    def data_wait_seconds(self) -> float:
+        """The part of `train_seconds` spent building batches on the host (`micro_batches`)."""
+        return self._clock_before[1] + self.clock()[1]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"finetune_history": self.history, "eval_s": self.eval_s, "eval_examples": self.eval_examples}
+        return {"finetune_history": self.history, "eval_s": self.eval_s, "eval_examples": self.eval_examples,
+                "train_seconds": self.train_seconds(), "data_wait_seconds": self.data_wait_seconds()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.history = list(state.get("finetune_history", []))
         self.eval_s = float(state.get("eval_s", 0.0))
         self.eval_examples = int(state.get("eval_examples", 0))
+        self._clock_before = (float(state.get("train_seconds", 0.0)), float(state.get("data_wait_seconds", 0.0)))
 
     def export(self, step: int) -> Path:
         return self._export()

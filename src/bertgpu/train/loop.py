@@ -103,6 +103,8 @@ class LoopResult:
     sequences_seen: int = 0
     train_s: float = 0.0
     """Time spent in training steps (data included; evaluation and checkpoints excluded)."""
+    data_s: float = 0.0
+    """The part of `train_s` spent waiting for `task.micro_batches` (host-side batch building)."""
 
 
 class _Preemption:
@@ -208,6 +210,8 @@ class Loop:
         # final "save unless already saved" is collective.
         self.saved_step: int | None = None
         self.resumed_from: Path | None = None
+        # The result being built while `run()` lasts (a task may read its clocks), then returned.
+        self.result: LoopResult | None = None
         if resume is not None:
             self._restore(*resume)
 
@@ -243,7 +247,7 @@ class Loop:
 
     def _run(self, logger: Any, preempt: _Preemption) -> LoopResult:
         t, c = self.train, self.ckpt
-        result = LoopResult(step=self.engine.step)
+        result = self.result = LoopResult(step=self.engine.step)
         w = _Window(self.world, self.info.rank)
         self._last_ckpt = time.monotonic()
         if self.budget is not None:
@@ -301,6 +305,7 @@ class Loop:
         local = sum(int(mb["input_ids"].shape[0]) for mb in micro_batches)
         w.add_step(data_s=t1 - t0, step_s=t2 - t1, comm_s=comm, local_sequences=local)
         result.train_s += t2 - t0
+        result.data_s += t1 - t0
         tokens = res.counts.get("tokens", 0)
         sequences = res.counts.get("sequences", self.train.global_batch_size)
         self.tokens_seen += tokens
