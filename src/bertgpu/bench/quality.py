@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bertgpu.bench import cells
 from bertgpu.errors import BertgpuError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -353,13 +354,9 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, command: str) -> str:
     from bertgpu.report.render import render_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "quality.jsonl", "a", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, allow_nan=False) + "\n")
+    cells.append_jsonl(out / "quality.jsonl", rows)
     md = f"# bertgpu bench quality\n\n`{command}`\n\n" + render_markdown(quality_blocks(rows, None, "quality"))
-    tmp = out / "quality.md.tmp"
-    tmp.write_text(md, encoding="utf-8")
-    os.replace(tmp, out / "quality.md")
+    cells.write_atomic(out / "quality.md", md)
     with contextlib.suppress(ImportError):  # matplotlib is the report extra
         png = curve_plot(rows, out, "quality.tmp.png")
         if png:

@@ -25,16 +25,15 @@ interconnect, so CPU numbers test the machinery, not a cluster.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bertgpu.bench import cells
 from bertgpu.errors import BertgpuError
 
 # The default model when no recipe is given: small enough for a 2-core CPU.
@@ -276,23 +275,12 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
     overrides += _set_overrides(args.sets)
     cmd = pretrain_command(workers, args.recipe, overrides)
     log = runs_dir / f"w{workers}_a{accumulation}.log"
-    t0 = time.monotonic()
-    with open(log, "w", encoding="utf-8") as f:
-        try:
-            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout_s,
-                                check=False).returncode
-        except subprocess.TimeoutExpired:
-            raise BertgpuError(f"{log}: {workers} workers, accumulation {accumulation}: no result within "
-                               f"--timeout-s {args.timeout_s:g}") from None
-    if rc != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        raise BertgpuError(f"{log}: {workers} workers, accumulation {accumulation} failed with exit code {rc} "
-                           f"({tail[0] if tail else 'no output'})")
+    wall_s = cells.run_logged(cmd, env, log, args.timeout_s, f"{workers} workers, accumulation {accumulation}")
     result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
     shutil.copyfile(run_dir / "metrics.jsonl", runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl")
     shutil.rmtree(run_dir)  # checkpoints and exports of a benchmark are not worth the disk
     return {"workers": workers, "accumulation": accumulation, "micro_batch_size": micro,
-            "global_batch": micro * accumulation * workers, "wall_s": round(time.monotonic() - t0, 1), **result}
+            "global_batch": micro * accumulation * workers, "wall_s": round(wall_s, 1), **result}
 
 
 def _set_overrides(sets: list[str]) -> list[str]:
@@ -416,26 +404,17 @@ def _points(args: argparse.Namespace, on_gpu: bool) -> tuple[list[int], list[int
 
 
 def _child_env(args: argparse.Namespace, on_gpu: bool, most_workers: int) -> dict[str, str]:
-    """The environment of the measured runs: this bertgpu, not a torchrun worker, CPU threads shared."""
-    env = dict(os.environ)
-    env.pop("WORLD_SIZE", None)  # a benchmark started under torchrun must not look like a worker
-    if not on_gpu:
-        threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // most_workers)
-        env["OMP_NUM_THREADS"] = str(threads)
-    src = str(Path(__file__).resolve().parents[2])  # the children import this same bertgpu
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    """The environment of the measured runs: CPU threads shared out between the workers."""
+    if on_gpu:
+        return cells.child_env(None)
+    return cells.child_env(args.threads_per_worker or max(1, (os.cpu_count() or 1) // most_workers))
 
 
 def _write_outputs(rows: list[dict[str, Any]], out: Path, header: str, expected_text: str) -> None:
     """Append scaling.jsonl, replace scaling.md, draw scaling.png, print the tables."""
     table = format_table(rows)
-    with open(out / "scaling.jsonl", "a", encoding="utf-8") as f:
-        for r in rows:  # NaN (no 1-worker baseline) as null: valid JSON
-            f.write(json.dumps({k: None if isinstance(v, float) and v != v else v for k, v in r.items()}) + "\n")
-    tmp = out / "scaling.md.tmp"
-    tmp.write_text(f"{header}\n\n{table}\n{expected_text}", encoding="utf-8")
-    os.replace(tmp, out / "scaling.md")
+    cells.append_jsonl(out / "scaling.jsonl", rows)  # NaN (no 1-worker baseline) as null
+    cells.write_atomic(out / "scaling.md", f"{header}\n\n{table}\n{expected_text}")
     png = plot(rows, out / "scaling.png")
     print(table)
     print(expected_text)

@@ -1,0 +1,69 @@
+"""What the benchmarks that run one command per cell share (`bench scaling`, `bench finetune-scaling`):
+the children's environment, one run in a fresh process with its console in a log file, and the
+outputs (JSONL rows appended, a markdown table replaced atomically).
+
+A fresh process per cell (never a function call in this one) keeps cells independent: nothing of
+one run's threads, allocator, compiled graphs or process group leaks into the next, and a worker
+count > 1 goes through the same launcher a user's command does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+
+def child_env(threads: int | None) -> dict[str, str]:
+    """The environment of a measured run: this bertgpu first on the path, not a torchrun worker,
+    and `threads` intra-op threads per process (None: leave OMP_NUM_THREADS as it is)."""
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)  # a benchmark started under torchrun must not look like a worker
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    src = str(Path(__file__).resolve().parents[2])  # the children import this same bertgpu
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_logged(cmd: list[str], env: Mapping[str, str], log: Path, timeout_s: float, what: str) -> float:
+    """Run `cmd` to completion with stdout and stderr in `log`; the wall-clock seconds it took.
+    A non-zero exit or the timeout is a BertgpuError naming `what`, the log and its last line."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log, "w", encoding="utf-8") as f:
+        try:
+            rc = subprocess.run(cmd, env=dict(env), stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise BertgpuError(f"{log}: {what}: no result within --timeout-s {timeout_s:g}") from None
+    if rc != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+        raise BertgpuError(f"{log}: {what} failed with exit code {rc} ({tail[0] if tail else 'no output'})")
+    return time.monotonic() - t0
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append one JSON object per row; NaN and infinities (no baseline, not reached) as null, so
+    the file stays valid JSON for any reader."""
+    with open(path, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({k: _finite_or_none(v) for k, v in r.items()}, allow_nan=False) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` replaced by `text` in one rename: a reader never sees half a table."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
