@@ -15,7 +15,11 @@ Each PATH is one of (recognised in this order):
   tokens/s per configuration, or tokens/s against workers with the ideal linear line;
 - a quality benchmark file (``quality.jsonl`` from ``bertgpu bench quality``): per recipe the
   pretraining numbers and held-out MLM loss, pretrained vs random init downstream (median and
-  seed spread), the GPU projection, and validation loss against wall-clock and tokens.
+  seed spread), the GPU projection, and validation loss against wall-clock and tokens;
+- a fine-tuning scaling file (``finetune_scaling.jsonl`` from ``bertgpu bench finetune-scaling``):
+  per cell (workers x aggregation x optimizer x seed) train, load and evaluation time, speedup and
+  efficiency at the same global batch, the dev metric and time to target; the dev metric against
+  aggregation and efficiency against workers.
 
 ``OUT/README.md`` holds the report, ``OUT/index.html`` the same as one self-contained page, and the
 plots are PNG files next to them. OUT is written as ``OUT.tmp`` and renamed into place, replacing
@@ -23,7 +27,7 @@ an existing report. Missing keys and null (NaN) values are skipped, never plotte
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
 bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers),
-``render`` (markdown, HTML).
+``finetune_scaling`` (bench finetune-scaling), ``render`` (markdown, HTML).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
+from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_source
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
@@ -103,6 +108,8 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
             blocks += bench_section(s, tmp, i)
         for i, s in enumerate(s for s in sources if s.kind == "quality"):
             blocks += quality_blocks(s.data, tmp, f"quality{i}")
+        for i, s in enumerate(s for s in sources if s.kind == "finetune-scaling"):
+            blocks += study_blocks(s.data, tmp, f"finetune_scaling{i}")
         if fmt in ("md", "both"):
             (tmp / "README.md").write_text(render_markdown(blocks), encoding="utf-8")
         if fmt in ("html", "both"):

@@ -17,7 +17,8 @@ from bertgpu.errors import BertgpuError
 
 @dataclass
 class Source:
-    """One input of the report: ``kind`` is "pretrain", "finetune", "glue", "bench" or "quality"."""
+    """One input of the report: ``kind`` is "pretrain", "finetune", "glue", "bench", "quality" or
+    "finetune-scaling"."""
 
     kind: str
     name: str
@@ -106,6 +107,8 @@ def load_source(path: Path | str) -> Source:
             rows = _read_bench(path)
             if all(r.get("bench") == "quality" for r in rows):  # nested rows (curves): report/quality.py
                 return Source("quality", path.stem, path, rows)
+            if all(r.get("bench") == "finetune-scaling" for r in rows):  # report/finetune_scaling.py
+                return Source("finetune-scaling", path.stem, path, rows)
             return Source("bench", path.stem, path, [_flatten(r) for r in rows])
     else:
         if (path / "glue_results.json").is_file():
