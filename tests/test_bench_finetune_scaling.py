@@ -17,11 +17,13 @@ import pytest
 from _tiny_init import SPECIAL, tiny_init
 
 from bertgpu.bench import finetune_scaling as fs
+from bertgpu.bench.finetune_grid import parse_target, plan_cells
 from bertgpu.cli import main
 from bertgpu.errors import BertgpuError
 
 WORDS = "apple river stone cloud table green quiet music paper window garden silver".split()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 TIMES = ("seconds", "load_seconds", "load_data_seconds", "train_seconds", "eval_seconds",
          "data_wait_seconds", "train_examples_per_s", "eval_examples_per_s")
 
@@ -47,12 +49,14 @@ def classify_fixture(folder: Path, n_train: int = 64, n_dev: int = 16) -> tuple[
 def fixture(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("fs")
     train, dev = classify_fixture(tmp / "data")
-    return {"tmp": tmp, "init": tiny_init(tmp, SPECIAL + ["good", "bad"] + WORDS), "train": train, "dev": dev}
+    init = tiny_init(tmp, SPECIAL + ["good", "bad"] + WORDS)
+    return {"tmp": tmp, "init": init, "train": train, "dev": dev}
 
 
 def _argv(fx: dict[str, Path], out: Path, *extra: str) -> list[str]:
     return ["bench", "finetune-scaling", "--task", "classify", "--train-file", str(fx["train"]),
-            "--dev-file", str(fx["dev"]), "--init", str(fx["init"]), "--device", "cpu", "--out", str(out), *extra]
+            "--dev-file", str(fx["dev"]), "--init", str(fx["init"]), "--device", "cpu",
+            "--out", str(out), *extra]
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,11 +64,12 @@ def _argv(fx: dict[str, Path], out: Path, *extra: str) -> list[str]:
 
 
 def test_references_are_added_and_run_first():
-    cells = fs.plan_cells([1, 2], [1, 4, 16], ["adamw", "radam"], ["none"], [0])
+    cells = plan_cells([1, 2], [1, 4, 16], ["adamw", "radam"], ["none"], [0])
     names = [(c.optimizer, c.workers, c.aggregation, c.reference_only) for c in cells]
-    assert names[:9] == [("adamw", 1, 1, False), ("adamw", 1, 2, True), ("adamw", 1, 4, False),
-                         ("adamw", 1, 8, True), ("adamw", 1, 16, False), ("adamw", 1, 32, True),
-                         ("adamw", 2, 1, False), ("adamw", 2, 4, False), ("adamw", 2, 16, False)]
+    assert names[:9] == [
+        ("adamw", 1, 1, False), ("adamw", 1, 2, True), ("adamw", 1, 4, False),
+        ("adamw", 1, 8, True), ("adamw", 1, 16, False), ("adamw", 1, 32, True),
+        ("adamw", 2, 1, False), ("adamw", 2, 4, False), ("adamw", 2, 16, False)]
     assert len(cells) == 18
     for i, c in enumerate(cells):  # every cell's reference (same global batch, 1 worker) runs first
         ref = c.reference()
@@ -74,13 +79,18 @@ def test_references_are_added_and_run_first():
 
 def test_time_to_target_is_the_train_time_of_the_first_epoch_that_reaches_it():
     res = {"epochs": [{"epoch": e, "train_seconds": 10.0 * e, "score": s,
-                       "metrics": {"dev_matched": {"accuracy": s}, "dev_mismatched": {"accuracy": s + 5}}}
+                       "metrics": {"dev_matched": {"accuracy": s},
+                                   "dev_mismatched": {"accuracy": s + 5}}}
                       for e, s in ((1, 70.0), (2, 80.0), (3, 79.0))]}
-    assert fs.time_to_target(res, fs.parse_target("accuracy=80", "mnli", False)) == (20.0, 2)
-    assert fs.time_to_target(res, fs.parse_target("dev_mismatched.accuracy=75", "mnli", False)) == (10.0, 1)
-    assert fs.time_to_target(res, fs.parse_target("Score=81", "mnli", False)) == (None, None)
-    assert fs.parse_target("F1=88.5", "squad", False).metric == "f1"
-    assert fs.parse_target("HasAns_F1=80", "squad2", False).metric == "HasAns_f1"
+
+    def reached(target: str) -> tuple:
+        return fs.time_to_target(res, parse_target(target, "mnli", False))
+
+    assert reached("accuracy=80") == (20.0, 2)
+    assert reached("dev_mismatched.accuracy=75") == (10.0, 1)
+    assert reached("Score=81") == (None, None)
+    assert parse_target("F1=88.5", "squad", False).metric == "f1"
+    assert parse_target("HasAns_F1=80", "squad2", False).metric == "HasAns_f1"
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -95,8 +105,8 @@ def test_time_to_target_is_the_train_time_of_the_first_epoch_that_reaches_it():
     (["--target", "accuracy"], "--target 'accuracy': expected METRIC=VALUE"),
     (["--ft", "global_batch_size=8"], "every cell sets global_batch_size itself"),
     (["--ft", "epochz=2"], "epochz"),
-    (["--workers", "1", str((len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                             else os.cpu_count() or 1) + 1)], "cores; expected at most one thread per core"),
+    (["--workers", "1", str(CORES + 1)], "cores; expected at most one thread per core"),
+    (["--threads-per-worker", "0"], "--threads-per-worker 0: expected a positive integer"),
 ])
 def test_bad_grids_fail_in_one_line_before_any_work(fixture, tmp_path, capsys, extra, message):
     out = tmp_path / "out"
@@ -108,12 +118,14 @@ def test_bad_grids_fail_in_one_line_before_any_work(fixture, tmp_path, capsys, e
 
 def test_bad_task_flags_and_batches_fail_before_any_work(fixture, tmp_path, capsys):
     out = tmp_path / "out"
-    base = ["bench", "finetune-scaling", "--init", str(fixture["init"]), "--out", str(out), "--device", "cpu"]
+    base = ["bench", "finetune-scaling", "--init", str(fixture["init"]), "--out", str(out),
+            "--device", "cpu"]
     pytest.importorskip("gensim", reason="the polarity set is gensim's test data")
-    assert main([*base, "--task", "polarity", "--micro-batch-size", "8", "--aggregation", "16"]) == 2
-    assert "global batch 256 (micro batch x aggregation x workers, the largest cell): polarity has 160 " \
-           "training examples" in capsys.readouterr().err
-    assert main([*base, "--task", "polarity", "--data", "x"]) == 2
+    polarity = [*base, "--task", "polarity"]
+    assert main([*polarity, "--micro-batch-size", "8", "--aggregation", "16"]) == 2
+    assert ("global batch 256 (micro batch x aggregation x workers, the largest cell): polarity "
+            "has 160 training examples") in capsys.readouterr().err
+    assert main([*polarity, "--data", "x"]) == 2
     assert "--data: --task polarity is a set that ships offline" in capsys.readouterr().err
     assert main([*base, "--task", "classify", "--train-file", str(fixture["train"])]) == 2
     assert "--dev-file" in capsys.readouterr().err
@@ -131,10 +143,11 @@ def study(fixture) -> Path:
     out = fixture["tmp"] / "study"
     # sqrt lr scaling from batch 4: every cell's peak lr differs, and a cell and its reference
     # (same global batch) share theirs; no dropout, so they train alike.
-    assert main(_argv(fixture, out, "--workers", "1", "2", "--aggregation", "1", "2", "--optimizer", "adamw",
-                      "--micro-batch-size", "4", "--epochs", "2", "--lr", "3e-3", "--max-seq-len", "16",
-                      "--lr-scaling", "sqrt", "--target", "accuracy=50",
-                      "--ft", "hidden_dropout_prob=0", "--ft", "log_every_steps=1")) == 0
+    assert main(_argv(fixture, out, "--workers", "1", "2", "--aggregation", "1", "2",
+                      "--optimizer", "adamw", "--micro-batch-size", "4", "--epochs", "2",
+                      "--lr", "3e-3", "--max-seq-len", "16", "--lr-scaling", "sqrt",
+                      "--target", "accuracy=50", "--ft", "hidden_dropout_prob=0",
+                      "--ft", "log_every_steps=1")) == 0
     return out
 
 
@@ -149,22 +162,26 @@ def _results(row: dict) -> dict:
 @pytest.mark.timeout(400)
 def test_every_number_is_the_runs_own(study: Path):
     rows = _rows(study)
-    assert [(r["workers"], r["aggregation"], r["global_batch"], r["reference_only"]) for r in rows] == [
-        (1, 1, 4, False), (1, 2, 8, False), (1, 4, 16, True), (2, 1, 8, False), (2, 2, 16, False)]
+    cells = [(r["workers"], r["aggregation"], r["global_batch"], r["reference_only"]) for r in rows]
+    assert cells == [(1, 1, 4, False), (1, 2, 8, False), (1, 4, 16, True), (2, 1, 8, False),
+                     (2, 2, 16, False)]
     by_cell = {r["cell"]: r for r in rows}
     for r in rows:
         res = _results(r)
-        assert res["world_size"] == r["workers"] and res["config"]["global_batch_size"] == r["global_batch"]
+        assert res["world_size"] == r["workers"]
+        assert res["config"]["global_batch_size"] == r["global_batch"]
         assert res["config"]["micro_batch_size"] == 4 and res["config"]["lr_scaling"] == "sqrt"
         for key in TIMES:
             assert r[key] == res[key], key
         assert r["steps"] == res["steps"] == 2 * math.ceil(64 / r["global_batch"])
         assert r["metric_value"] == res["metrics"]["dev"]["accuracy"] and r["score"] == res["score"]
-        assert r["peak_lr"] == res["peak_lr"] == pytest.approx(3e-3 * math.sqrt(r["global_batch"] / 4))
+        assert r["peak_lr"] == res["peak_lr"]
+        assert res["peak_lr"] == pytest.approx(3e-3 * math.sqrt(r["global_batch"] / 4))
         assert r["data_wait_share"] == res["data_wait_seconds"] / res["train_seconds"]
         # Time to target: the cumulative train time at the first epoch that reaches it.
         first = next(e for e in res["epochs"] if e["metrics"]["dev"]["accuracy"] >= 50)
-        assert (r["time_to_target_s"], r["epochs_to_target"]) == (first["train_seconds"], first["epoch"])
+        assert r["time_to_target_s"] == first["train_seconds"]
+        assert r["epochs_to_target"] == first["epoch"]
         # Speedup against the 1-worker run at the same global batch, from the two results.json.
         ref = _results(by_cell[r["reference_cell"]])
         assert by_cell[r["reference_cell"]]["workers"] == 1
@@ -186,8 +203,8 @@ def test_results_json_times_add_up(study: Path):
         assert 0 < res["load_data_seconds"] <= res["load_seconds"]
         assert res["load_seconds"] + res["train_seconds"] + res["eval_seconds"] <= res["seconds"]
         assert res["seconds"] < r["wall_s"]
-        lrs = [x["lr"] for x in map(json.loads, (Path(r["dir"]) / "metrics.jsonl").read_text().splitlines())
-               if x["kind"] == "train"]
+        records = (Path(r["dir"]) / "metrics.jsonl").read_text().splitlines()
+        lrs = [x["lr"] for x in map(json.loads, records) if x["kind"] == "train"]
         # The engine trains at the scaled lr: the logged lr (after warm-up, at most the peak) comes
         # within a warm-up/decay step of it; unscaled, the G=16 cells would be at half of it.
         assert res["peak_lr"] / 1.2 < max(lrs) <= res["peak_lr"] * (1 + 1e-5)
@@ -195,9 +212,11 @@ def test_results_json_times_add_up(study: Path):
 
 @pytest.mark.timeout(400)
 def test_same_global_batch_trains_alike(study: Path):
-    """DP=2 with aggregation k is the 1-worker run with aggregation 2k: the same steps and losses."""
-    for r in (r for r in _rows(study) if r["workers"] == 2):
-        two, one = _results(r), _results(next(x for x in _rows(study) if x["cell"] == r["reference_cell"]))
+    """DP=2 with aggregation k is the 1-worker run with aggregation 2k: same steps and losses."""
+    rows = _rows(study)
+    for r in (r for r in rows if r["workers"] == 2):
+        one = _results(next(x for x in rows if x["cell"] == r["reference_cell"]))
+        two = _results(r)
         assert two["steps"] == one["steps"]
         assert [e["train_loss"] for e in two["epochs"]] == pytest.approx(
             [e["train_loss"] for e in one["epochs"]], rel=1e-4)
@@ -207,7 +226,8 @@ def _table(md: str) -> tuple[list[str], list[list[str]]]:
     lines = [line for line in md.splitlines() if line.startswith("| optimizer |")]
     assert len(lines) == 1
     block = md.split(lines[0], 1)[1].splitlines()[2:]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block if line.startswith("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in block if line.startswith("|")]
     return [c.strip() for c in lines[0].strip("|").split("|")], rows
 
 
@@ -231,12 +251,13 @@ def test_table_and_report(study: Path, tmp_path):
             assert got["aggregation"].endswith("(ref)") == r["reference_only"]
     for png in ("finetune_scaling_metric.png", "finetune_scaling_efficiency.png"):
         assert (study / png).read_bytes()[:8] == PNG_MAGIC
-    assert main(["report", str(study / "finetune_scaling.jsonl"), "--out", str(tmp_path / "rep")]) == 0
-    text = (tmp_path / "rep" / "README.md").read_text()
+    report = tmp_path / "rep"
+    assert main(["report", str(study / "finetune_scaling.jsonl"), "--out", str(report)]) == 0
+    text = (report / "README.md").read_text()
     assert "## Fine-tuning scaling" in text and "Time split over the 5 cells" in text
     assert _table(text) == _table((study / "finetune_scaling.md").read_text())
     for png in ("finetune_scaling0_metric.png", "finetune_scaling0_efficiency.png"):
-        assert f"]({png})" in text and (tmp_path / "rep" / png).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({png})" in text and (report / png).read_bytes()[:8] == PNG_MAGIC
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,9 +267,9 @@ def test_table_and_report(study: Path, tmp_path):
 def test_lr_scaling_needs_a_reference_batch():
     from bertgpu.config.finetune import load_finetune_config, peak_lr
 
-    with pytest.raises(BertgpuError, match="reference_batch_size = None: expected the global batch the lr"):
+    with pytest.raises(BertgpuError, match="reference_batch_size = None: expected the global"):
         load_finetune_config(None, ["--lr_scaling", "linear"])
-    cfg = load_finetune_config(None, ["--lr_scaling", "linear", "--reference_batch_size", "8", "--lr", "1e-4",
-                                      "--global_batch_size", "32"])
+    cfg = load_finetune_config(None, ["--lr_scaling", "linear", "--reference_batch_size", "8",
+                                      "--lr", "1e-4", "--global_batch_size", "32"])
     assert peak_lr(cfg) == pytest.approx(4e-4) and cfg.lr == 1e-4
     assert peak_lr(load_finetune_config(None, ["--lr", "1e-4"])) == 1e-4

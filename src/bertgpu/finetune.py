@@ -269,7 +269,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch, micro_batch_size=micro)
     model = model.to(torch.device(info.device))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
-    engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim, impl=sec.impl,
+    engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
+                                 impl=sec.impl,
                                  dist=sec.distributed)
     seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
@@ -282,9 +283,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
         ("global batch / micro / accumulation", f"{cfg.global_batch_size} / {micro} / {accumulation}"),
         ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
-        ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, {cfg.decay} decay"
-                          + (f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
-                             if cfg.lr_scaling != "none" else "") + ")"),
+        ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
+                          f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
@@ -297,6 +297,12 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
+
+
+def _scaling_note(cfg: FinetuneConfig) -> str:
+    if cfg.lr_scaling == "none":
+        return ""
+    return f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
 
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any], cfg: FinetuneConfig,

@@ -3,8 +3,8 @@
     bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU, memory
     bertgpu bench scaling [options]   # the same short training at 1..N workers, aggregation 1 vs k
     bertgpu bench quality [options]   # recipes under one budget: held-out loss, fine-tuning vs random init
-    bertgpu bench finetune-scaling [options]   # fine-tuning at 1..N workers x aggregation x optimizer:
-                                               # time, speedup, efficiency, dev metric, time to target
+    bertgpu bench finetune-scaling [options]   # fine-tuning: workers x aggregation x optimizer,
+                                               # speedup, efficiency, dev metric, time to target
 
 Results are printed as a table and appended to a JSONL file so runs accumulate.
 """
@@ -19,8 +19,9 @@ SUITES = {
     "scaling": ("bertgpu.bench.scaling", "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k"),
     "quality": ("bertgpu.bench.quality", "held-out MLM loss and fine-tuned scores per recipe under one "
                 "budget, vs a random-init twin"),
-    "finetune-scaling": ("bertgpu.bench.finetune_scaling", "fine-tuning at 1..N workers x aggregation x "
-                         "optimizer: train/load/eval time, speedup, efficiency, dev metric, time to target"),
+    "finetune-scaling": ("bertgpu.bench.finetune_scaling",
+                         "fine-tuning at 1..N workers x aggregation x optimizer: train/load/eval "
+                         "time, speedup, efficiency, dev metric, time to target"),
 }
 
 

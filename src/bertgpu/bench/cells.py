@@ -1,6 +1,6 @@
-"""What the benchmarks that run one command per cell share (`bench scaling`, `bench finetune-scaling`):
-the children's environment, one run in a fresh process with its console in a log file, and the
-outputs (JSONL rows appended, a markdown table replaced atomically).
+"""What the benchmarks that run one command per cell share (`bench scaling`,
+`bench finetune-scaling`): the children's environment, one run in a fresh process with its console
+in a log file, and the outputs (JSONL rows appended, a markdown table replaced atomically).
 
 A fresh process per cell (never a function call in this one) keeps cells independent: nothing of
 one run's threads, allocator, compiled graphs or process group leaks into the next, and a worker
@@ -33,20 +33,23 @@ def child_env(threads: int | None) -> dict[str, str]:
     return env
 
 
-def run_logged(cmd: list[str], env: Mapping[str, str], log: Path, timeout_s: float, what: str) -> float:
+def run_logged(cmd: list[str], env: Mapping[str, str], log: Path, timeout_s: float,
+               what: str) -> float:
     """Run `cmd` to completion with stdout and stderr in `log`; the wall-clock seconds it took.
     A non-zero exit or the timeout is a BertgpuError naming `what`, the log and its last line."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log, "w", encoding="utf-8") as f:
         try:
-            rc = subprocess.run(cmd, env=dict(env), stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                check=False).returncode
+            rc = subprocess.run(cmd, env=dict(env), stdout=f, stderr=subprocess.STDOUT,
+                                timeout=timeout_s, check=False).returncode
         except subprocess.TimeoutExpired:
-            raise BertgpuError(f"{log}: {what}: no result within --timeout-s {timeout_s:g}") from None
+            raise BertgpuError(f"{log}: {what}: no result within --timeout-s {timeout_s:g}"
+                               ) from None
     if rc != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        raise BertgpuError(f"{log}: {what} failed with exit code {rc} ({tail[0] if tail else 'no output'})")
+        raise BertgpuError(f"{log}: {what} failed with exit code {rc} "
+                           f"({tail[0] if tail else 'no output'})")
     return time.monotonic() - t0
 
 
@@ -59,7 +62,8 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     the file stays valid JSON for any reader."""
     with open(path, "a", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({k: _finite_or_none(v) for k, v in r.items()}, allow_nan=False) + "\n")
+            row = {k: _finite_or_none(v) for k, v in r.items()}
+            f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
 def write_atomic(path: Path, text: str) -> None:

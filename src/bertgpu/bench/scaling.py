@@ -275,12 +275,14 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
     overrides += _set_overrides(args.sets)
     cmd = pretrain_command(workers, args.recipe, overrides)
     log = runs_dir / f"w{workers}_a{accumulation}.log"
-    wall_s = cells.run_logged(cmd, env, log, args.timeout_s, f"{workers} workers, accumulation {accumulation}")
+    wall_s = cells.run_logged(cmd, env, log, args.timeout_s,
+                              f"{workers} workers, accumulation {accumulation}")
     result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
     shutil.copyfile(run_dir / "metrics.jsonl", runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl")
     shutil.rmtree(run_dir)  # checkpoints and exports of a benchmark are not worth the disk
     return {"workers": workers, "accumulation": accumulation, "micro_batch_size": micro,
-            "global_batch": micro * accumulation * workers, "wall_s": round(wall_s, 1), **result}
+            "global_batch": micro * accumulation * workers, "wall_s": round(wall_s, 1),
+            **result}
 
 
 def _set_overrides(sets: list[str]) -> list[str]:
@@ -407,7 +409,8 @@ def _child_env(args: argparse.Namespace, on_gpu: bool, most_workers: int) -> dic
     """The environment of the measured runs: CPU threads shared out between the workers."""
     if on_gpu:
         return cells.child_env(None)
-    return cells.child_env(args.threads_per_worker or max(1, (os.cpu_count() or 1) // most_workers))
+    threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // most_workers)
+    return cells.child_env(threads)
 
 
 def _write_outputs(rows: list[dict[str, Any]], out: Path, header: str, expected_text: str) -> None:

@@ -4,7 +4,7 @@ help text each), and the learning rate and epochs that default by model size.
 
     cfg = load_finetune_config(None, ["--epochs", "2"])
     cfg, note = resolve_finetune(cfg, hidden_size=128)   # lr / epochs filled in by model size
-    peak_lr(cfg)                                          # lr after --lr_scaling (results.json: peak_lr)
+    peak_lr(cfg)                                         # after lr_scaling (results.json: peak_lr)
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_b
                            max_nonfinite_steps=cfg.max_nonfinite_steps, eval_every_steps=eval_every,
                            log_every_steps=cfg.log_every_steps),
         optim=OptimSection(name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                           lr_scaling=cfg.lr_scaling, reference_batch_size=cfg.reference_batch_size),
+                           lr_scaling=cfg.lr_scaling,
+                           reference_batch_size=cfg.reference_batch_size),
         schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
         impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
         checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,

@@ -34,24 +34,29 @@ def _to_target(r: dict[str, Any]) -> str:
     return f"{r['time_to_target_s']:.1f} (epoch {r['epochs_to_target']})"
 
 
+def _percent(v: Any) -> str:
+    return "" if num(v) is None else f"{100 * v:.1f} %"
+
+
 def cells_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """One line per cell, in the study's order; `(ref)` marks the added 1-worker baselines."""
     metric = rows[0].get("metric", "score") if rows else "score"
     target = next((r["target"] for r in rows if r.get("target")), None)
-    header = ["optimizer", "lr rule", "seed", "workers", "aggregation", "global batch", "steps", "peak lr",
-              f"dev {metric}", *([f"time to {target} (s)"] if target else []), "train s",
+    header = ["optimizer", "lr rule", "seed", "workers", "aggregation", "global batch", "steps",
+              "peak lr", f"dev {metric}", *([f"time to {target} (s)"] if target else []), "train s",
               "train examples/s", "speedup", "efficiency", "load s", "eval s", "data wait"]
     cells = []
     for r in rows:
-        cells.append([str(r.get("optimizer")), str(r.get("lr_scaling")), str(r.get("seed")), str(r.get("workers")),
-                      f"{r.get('aggregation')}{' (ref)' if r.get('reference_only') else ''}",
-                      str(r.get("global_batch")), str(r.get("steps")), _f(r.get("peak_lr"), ".3g"),
-                      _f(r.get("metric_value"), ".1f"), *([_to_target(r)] if target else []),
-                      _f(r.get("train_seconds"), ".1f"), _f(r.get("train_examples_per_s"), ".1f"),
-                      _f(r.get("speedup"), ".2f"), _f(r.get("efficiency"), ".2f"),
-                      _f(r.get("load_seconds"), ".1f"), _f(r.get("eval_seconds"), ".1f"),
-                      _f(100 * r["data_wait_share"], ".1f") + " %" if num(r.get("data_wait_share")) is not None
-                      else ""])
+        ref = " (ref)" if r.get("reference_only") else ""
+        cells.append([
+            *(str(r.get(k)) for k in ("optimizer", "lr_scaling", "seed", "workers")),
+            f"{r.get('aggregation')}{ref}", str(r.get("global_batch")), str(r.get("steps")),
+            _f(r.get("peak_lr"), ".3g"), _f(r.get("metric_value"), ".1f"),
+            *([_to_target(r)] if target else []),
+            _f(r.get("train_seconds"), ".1f"), _f(r.get("train_examples_per_s"), ".1f"),
+            _f(r.get("speedup"), ".2f"), _f(r.get("efficiency"), ".2f"),
+            _f(r.get("load_seconds"), ".1f"), _f(r.get("eval_seconds"), ".1f"),
+            _percent(r.get("data_wait_share"))])
     return header, cells
 
 
@@ -68,14 +73,15 @@ def time_split(rows: list[dict[str, Any]]) -> str:
     launch = (total("wall_s") - run) / len(rows)
     eval_rate = statistics.median(num(r.get("eval_examples_per_s")) or 0.0 for r in rows)
     train_rate = statistics.median(num(r.get("train_examples_per_s")) or 0.0 for r in rows)
-    return (f"Time split over the {len(rows)} cells ({run:.0f} s of run time in all, rank 0): loading "
-            f"(tokenizer, reading and encoding, model) {100 * load / run:.1f} %, training "
+    return (f"Time split over the {len(rows)} cells ({run:.0f} s of run time in all, rank 0): "
+            f"loading (tokenizer, reading and encoding, model) {100 * load / run:.1f} %, training "
             f"{100 * train / run:.1f} % (of which building batches on the host "
-            f"{100 * waits / max(train, 1e-9):.1f} %), evaluation (sharded over the workers, scored on "
-            f"rank 0) {100 * evals / run:.1f} %, the rest (export, results) "
-            f"{100 * (run - load - train - evals) / run:.1f} %. Starting each cell's processes (imports, "
-            f"launcher, rendezvous) added {launch:.1f} s per cell. Median rates: training "
-            f"{train_rate:.1f} examples/s (all workers), evaluation {eval_rate:.1f} examples/s per worker.")
+            f"{100 * waits / max(train, 1e-9):.1f} %), evaluation (sharded over the workers, "
+            f"scored on rank 0) {100 * evals / run:.1f} %, the rest (export, results) "
+            f"{100 * (run - load - train - evals) / run:.1f} %. Starting each cell's processes "
+            f"(imports, launcher, rendezvous) added {launch:.1f} s per cell. Median rates: "
+            f"training {train_rate:.1f} examples/s (all workers), evaluation {eval_rate:.1f} "
+            "examples/s per worker.")
 
 
 def _median_by(rows: list[dict[str, Any]], group: tuple[str, ...], x: str, y: str
@@ -86,7 +92,8 @@ def _median_by(rows: list[dict[str, Any]], group: tuple[str, ...], x: str, y: st
         xv, yv = num(r.get(x)), num(r.get(y))
         if xv is not None and yv is not None:
             acc.setdefault(tuple(r.get(k) for k in group), {}).setdefault(xv, []).append(yv)
-    return {g: sorted((xv, statistics.median(ys)) for xv, ys in pts.items()) for g, pts in acc.items()}
+    return {g: sorted((xv, statistics.median(ys)) for xv, ys in pts.items())
+            for g, pts in acc.items()}
 
 
 def _label(optimizer: Any, rule: Any, rules: set[Any]) -> str:
@@ -96,20 +103,22 @@ def _label(optimizer: Any, rule: Any, rules: set[Any]) -> str:
 def metric_plot(rows: list[dict[str, Any]], folder: Path, name: str) -> str | None:
     """Dev metric against aggregation (log scale), a colour per optimizer (and lr rule), a line
     style per worker count; the median over seeds."""
-    groups = _median_by(rows, ("optimizer", "lr_scaling", "workers"), "aggregation", "metric_value")
+    groups = _median_by(rows, ("optimizer", "lr_scaling", "workers"), "aggregation",
+                        "metric_value")
     if not groups:
         return None
     from bertgpu.report.plots import axes, save
 
     metric = rows[0].get("metric", "score")
-    fig, ax = axes(f"Dev {metric} against aggregation", "aggregation (micro batches per worker per step)",
-                   f"dev {metric} (final epoch)")
+    fig, ax = axes(f"Dev {metric} against aggregation",
+                   "aggregation (micro batches per worker per step)", f"dev {metric} (final epoch)")
     kinds = list(dict.fromkeys((g[0], g[1]) for g in groups))
     workers = sorted({g[2] for g in groups})
     rules = {g[1] for g in groups}
     styles = ("-", "--", ":", "-.")
     for (opt, rule, w), pts in groups.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{kinds.index((opt, rule)) % 10}",
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                color=f"C{kinds.index((opt, rule)) % 10}",
                 linestyle=styles[workers.index(w) % len(styles)],
                 label=f"{_label(opt, rule, rules)}, {w:g} worker{'s' if w != 1 else ''}")
     ax.set_xscale("log", base=2)
@@ -128,14 +137,15 @@ def efficiency_plot(rows: list[dict[str, Any]], folder: Path, name: str) -> str 
         return None
     from bertgpu.report.plots import axes, save
 
-    fig, ax = axes("Scaling efficiency against workers (same global batch on 1 worker = 1.0)", "workers",
-                   "efficiency = speedup / workers")
+    fig, ax = axes("Scaling efficiency against workers (same global batch on 1 worker = 1.0)",
+                   "workers", "efficiency = speedup / workers")
     aggs = sorted({g[0] for g in groups})
     kinds = list(dict.fromkeys((g[1], g[2]) for g in groups))
     rules = {g[2] for g in groups}
     styles = ("-", "--", ":", "-.")
     for (agg, opt, rule), pts in groups.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{aggs.index(agg) % 10}",
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                color=f"C{aggs.index(agg) % 10}",
                 linestyle=styles[kinds.index((opt, rule)) % len(styles)],
                 label=f"aggregation {agg}, {_label(opt, rule, rules)}")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -147,15 +157,17 @@ def efficiency_plot(rows: list[dict[str, Any]], folder: Path, name: str) -> str 
 
 def _describe(rows: list[dict[str, Any]]) -> str:
     r = rows[0]
-    threads = f", {r['threads_per_worker']} thread(s) per worker" if r.get("threads_per_worker") else ""
-    rules = sorted({str(x.get("lr_scaling")) for x in rows})
-    return (f"Task {r.get('task')}, init `{r.get('init')}`, on {r.get('device')}{threads}; micro batch "
-            f"{r.get('micro_batch_size')} per worker, global batch = micro x aggregation x workers; peak lr "
-            f"{r.get('lr')} scaled from global batch {r.get('reference_batch_size')} by the lr rule "
-            f"({', '.join(rules)}). Speedup = train examples/s over the 1-worker cell at the same global "
-            "batch (aggregation x workers), efficiency = speedup / workers; (ref) marks those 1-worker "
-            "cells when the grid did not ask for them. Times are rank 0's, from each run's results.json; "
-            "time to target is the train time at the first epoch whose dev metric reaches it.")
+    threads = r.get("threads_per_worker")
+    rules = ", ".join(sorted({str(x.get("lr_scaling")) for x in rows}))
+    return (f"Task {r.get('task')}, init `{r.get('init')}`, on {r.get('device')}"
+            + (f", {threads} thread(s) per worker" if threads else "")
+            + f"; micro batch {r.get('micro_batch_size')} per worker, global batch = micro x "
+            f"aggregation x workers; peak lr {r.get('lr')} scaled from global batch "
+            f"{r.get('reference_batch_size')} by the lr rule ({rules}). Speedup = train "
+            "examples/s over the 1-worker cell at the same global batch (aggregation x workers), "
+            "efficiency = speedup / workers; (ref) marks those 1-worker cells when the grid did "
+            "not ask for them. Times are rank 0's, from each run's results.json; time to target "
+            "is the train time at the first epoch whose dev metric reaches it.")
 
 
 def study_blocks(rows: list[dict[str, Any]], folder: Path | None, stem: str) -> list[Block]:

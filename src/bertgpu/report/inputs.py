@@ -107,7 +107,7 @@ def load_source(path: Path | str) -> Source:
             rows = _read_bench(path)
             if all(r.get("bench") == "quality" for r in rows):  # nested rows (curves): report/quality.py
                 return Source("quality", path.stem, path, rows)
-            if all(r.get("bench") == "finetune-scaling" for r in rows):  # report/finetune_scaling.py
+            if all(r.get("bench") == "finetune-scaling" for r in rows):  # finetune_scaling.py
                 return Source("finetune-scaling", path.stem, path, rows)
             return Source("bench", path.stem, path, [_flatten(r) for r in rows])
     else:

@@ -340,8 +340,8 @@ class FinetuneTask:
             # Padded outputs: each shard is padded to its own longest row; pad to the longest.
             width = max(p[k].shape[1] for _, p in rows) if self.job.padded_outputs else None
             first = rows[0][1][k]
-            out[k] = np.empty((len(data), *((width,) if width else first.shape[1:2]), *first.shape[2:]),
-                              dtype=first.dtype)
+            shape = (len(data), *((width,) if width else first.shape[1:2]), *first.shape[2:])
+            out[k] = np.empty(shape, dtype=first.dtype)
             for idx, p in rows:
                 out[k][idx] = pad_to(p[k], width) if width else p[k]
         return out
@@ -379,14 +379,16 @@ class FinetuneTask:
         return self._clock_before[1] + self.clock()[1]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"finetune_history": self.history, "eval_s": self.eval_s, "eval_examples": self.eval_examples,
-                "train_seconds": self.train_seconds(), "data_wait_seconds": self.data_wait_seconds()}
+        return {"finetune_history": self.history, "eval_s": self.eval_s,
+                "eval_examples": self.eval_examples, "train_seconds": self.train_seconds(),
+                "data_wait_seconds": self.data_wait_seconds()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.history = list(state.get("finetune_history", []))
         self.eval_s = float(state.get("eval_s", 0.0))
         self.eval_examples = int(state.get("eval_examples", 0))
-        self._clock_before = (float(state.get("train_seconds", 0.0)), float(state.get("data_wait_seconds", 0.0)))
+        self._clock_before = (float(state.get("train_seconds", 0.0)),
+                              float(state.get("data_wait_seconds", 0.0)))
 
     def export(self, step: int) -> Path:
         return self._export()
