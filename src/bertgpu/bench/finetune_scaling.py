@@ -45,8 +45,8 @@ Writes OUT/finetune_scaling.jsonl (one row per cell, appended as each cell ends:
 its references, so every row is complete when written), OUT/finetune_scaling.md (this run's
 table) and two plots (dev metric against aggregation, efficiency against workers), drawn by
 report/finetune_scaling.py as `bertgpu report OUT/finetune_scaling.jsonl` draws them. Runs stay in
-OUT/runs/CELL/ (results.json, metrics.jsonl; model/ removed unless --keep-models) with the
-console in OUT/runs/CELL.log.
+OUT/runs/STUDY/CELL/ (results.json, metrics.jsonl; model/ removed unless --keep-models; STUDY is
+the study's start time) with the console in OUT/runs/STUDY/CELL.log.
 
 A bad grid fails before any work, in one line (bench/finetune_grid.py): duplicate or non-positive
 values, an unknown optimizer or lr rule, a target the task does not report, more workers than
@@ -217,7 +217,9 @@ def add_speedup(row: dict[str, Any], done: dict[str, dict[str, Any]], cell: Cell
 def run_study(plan: Plan, out: Path, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Every cell in a fresh process; each row appended to the JSONL file as its cell ends."""
     env = runner.child_env(plan.threads)
-    runs = out / "runs"
+    # A folder per study, so that re-running into the same OUT leaves every earlier row's `dir`
+    # as it was.
+    runs = out / "runs" / base["run_id"].replace(":", "").replace("-", "")
     rows: list[dict[str, Any]] = []
     done: dict[str, dict[str, Any]] = {}
     for i, cell in enumerate(plan.cells, 1):
