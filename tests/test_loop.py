@@ -189,8 +189,13 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
         finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
     work = tmp_path / "ft.tmp"
     assert (work / "checkpoints" / "step_9" / "COMPLETE").is_file() and not (tmp_path / "ft").exists()
+    state = torch.load(work / "checkpoints" / "step_9" / "train_state.pt", weights_only=True)
     monkeypatch.setattr(FinetuneTask, "micro_batches", original)
     res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
+    # Train times count the steps before the crash too: cumulative per epoch, across the resume.
+    epoch_1, epoch_2 = (e["train_seconds"] for e in res["epochs"])
+    assert epoch_1 <= state["train_seconds"] < epoch_2
+    assert res["epochs"][1]["train_seconds"] == res["train_seconds"]
     assert not work.exists() and not (tmp_path / "ft" / "checkpoints").exists()
     assert res["steps"] == ref["steps"] == 16 and [e["epoch"] for e in res["epochs"]] == [1, 2]
     assert res["metrics"] == ref["metrics"]

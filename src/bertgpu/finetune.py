@@ -270,8 +270,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     model = model.to(torch.device(info.device))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
-                                 impl=sec.impl,
-                                 dist=sec.distributed)
+                                 impl=sec.impl, dist=sec.distributed)
     seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
                         micro_batch_size=micro, epochs=cfg.epochs, eval_batch_size=cfg.eval_batch_size,
