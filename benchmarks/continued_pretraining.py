@@ -78,7 +78,8 @@ def main() -> None:
                 "--out", str(data), "--seq-len", "128", "--validation-fraction", "0.05",
                 threads=args.threads)
     budget = ["--train.max_steps", "0", "--train.budget_hours", f"{args.minutes / 60:.6f}",
-              "--train.eval_every_steps", "0", "--impl.device", "cpu"]
+              "--train.eval_every_steps", "0", "--train.log_every_steps", "1",
+              "--impl.device", "cpu"]
     shape = ["--model.hidden_size", "384", "--model.num_hidden_layers", "6",
              "--model.intermediate_size", "1536", "--model.num_attention_heads", "12"]
     runs = {"continued": ["--init", str(minilm)], "random": shape}
@@ -90,10 +91,10 @@ def main() -> None:
             bertgpu("pretrain", str(RECIPE), "--data", str(data), "--out", str(run), *budget,
                     *extra, threads=args.threads)
             print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
-        found, train = evals(run), last_train(run)
+        found, train = evals(run), last_train(run)  # logged every step: the last is the end
+        start = found[0]["val_mlm_loss"] if name == "continued" else None
         rows.append({"run": name, "minutes": args.minutes, "steps": train["step"],
-                     "tokens_seen": train["tokens_seen"],
-                     "val_mlm_loss_start": found[0]["val_mlm_loss"] if name == "continued" else None,
+                     "tokens_seen": train["tokens_seen"], "val_mlm_loss_start": start,
                      "val_mlm_loss_end": found[-1]["val_mlm_loss"],
                      "val_mlm_acc_end": found[-1]["val_mlm_acc"]})
     with open(out / "results.jsonl", "a", encoding="utf-8") as f:

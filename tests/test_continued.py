@@ -225,6 +225,61 @@ def test_phase2_grows_the_position_table_and_exports(phase1, data64, tmp_path, c
                                    atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("where", ["hf", "checkpoint"])
+def test_init_from_a_runs_export_or_checkpoint_folder(phase1, tmp_path, where):
+    last = sorted((phase1 / "checkpoints").glob("step_*"))[-1]
+    init = phase1 / "hf" if where == "hf" else last
+    words = _tiny(phase1.parent / "d32", tmp_path / "r")[2:] + ["--init", str(init)]
+    cfg = schema.load_config(str(CONFIGS / "tiny.toml"), words)
+    loop = pretrain.build(cfg, DistInfo())
+    assert "init: initialised fresh" not in dict(loop.startup_rows)  # nothing missing
+    own = loop.model.state_dict()
+    for k, v in load_file(str(last / "model.safetensors")).items():
+        assert torch.equal(own[k], v), k
+    loop.task.close()
+
+
+def test_init_from_a_transformers_modernbert_masked_lm(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from _tiny_modern import TINY_MODERN
+
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(**dict(TINY_MODERN, vocab_size=100))
+    hf = transformers.ModernBertForMaskedLM(config).eval()
+    hf.save_pretrained(tmp_path / "hf")  # no tokenizer: checked by sizes and special ids only
+    data = write_synthetic_shards(tmp_path / "d", n_train=16, n_val=8, seq_len=32, vocab_size=100)
+    cfg = schema.load_config(ADAPT, ["--init", str(tmp_path / "hf"), "--data", str(data),
+                                     "--out", str(tmp_path / "r"), *SMALL])
+    assert cfg.model.architecture == "modernbert" and cfg.model.local_attention == 4
+    loop = pretrain.build(cfg, DistInfo())
+    assert "init: initialised fresh" not in dict(loop.startup_rows)
+    ours = loop.model.eval()
+    ids = torch.randint(5, 100, (2, 32), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    with torch.no_grad():
+        o = ours(input_ids=ids, attention_mask=mask).prediction_logits
+        r = hf(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()  # padding rows are garbage on both sides
+    torch.testing.assert_close(o[real], r[real], atol=1e-5, rtol=1e-4)
+    loop.task.close()
+
+
+def test_prepare_finds_the_tokenizer_of_a_run_and_of_its_checkpoints(phase1, minilm, tmp_path):
+    from bertgpu.data.tokenizer import find_tokenizer_folder
+
+    step = sorted((phase1 / "checkpoints").glob("step_*"))[-1]
+    assert find_tokenizer_folder(phase1) == find_tokenizer_folder(step) == phase1 / "tokenizer"
+    assert find_tokenizer_folder(minilm) == minilm and find_tokenizer_folder(tmp_path) is None
+
+
+@pytest.mark.parametrize("name, positions", [("bert-base-phase2", 512), ("modern-base-8k", 8192)])
+def test_continuation_recipes_load_on_their_own(name, positions):
+    cfg = schema.load_config(CONFIGS / f"{name}.toml")  # without --init: the architecture's base
+    assert cfg.init is None and cfg.model.max_position_embeddings == positions
+    assert cfg.model.hidden_size == 768
+
+
 def test_longer_shards_without_a_grown_table_are_refused(phase1, data64, tmp_path, capsys):
     rc = main(["pretrain", ADAPT, "--init", str(phase1), "--data", str(data64),
                "--out", str(tmp_path / "r"), *SMALL, "--train.max_steps", "1"])
@@ -344,6 +399,11 @@ def test_recipes_that_contradict_the_init_are_refused(minilm, pydoc_data, tmp_pa
                "--out", str(tmp_path / "r"), *SMALL])
     _one_line_error(capsys, rc, *needles)
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_resume_optimizer_needs_an_init(shards, tmp_path, capsys):
+    rc = main(_tiny(shards, tmp_path / "r", "--resume-optimizer"))
+    _one_line_error(capsys, rc, "resume_optimizer = True", "unless init names the run")
 
 
 def test_special_ids_of_the_model_must_be_the_shards(shards, tmp_path, capsys):

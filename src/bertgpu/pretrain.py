@@ -8,6 +8,12 @@
 
 (`examples/slurm_pretrain.sbatch` is the Slurm version; `examples/multinode.md` explains it.)
 
+Continued pretraining starts from the weights of a run, a checkpoint or a Hugging Face folder,
+whose config.json is then the `[model]` section (config/continued.py, train/continued.py)::
+
+    bertgpu pretrain configs/domain-adapt.toml --init hf/published --data data/ --out runs/adapted
+    bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data data512/ --out runs/phase2
+
 Running the same command again on the same `--out` resumes from the latest checkpoint, bitwise
 exactly on CPU in fp32; so does a torchrun restart (`--max-restarts`). Rank 0 picks the
 checkpoint and broadcasts its step, so every rank resumes from the same one (`--out` must be on
@@ -188,12 +194,7 @@ def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
     from bertgpu.data.tokenizer import find_tokenizer_folder
     from bertgpu.train.continued import InitSource
 
-    if not cfg.init:
-        if cfg.resume_optimizer:
-            raise BertgpuError("config: resume_optimizer is true but init is not set; expected "
-                               "--init RUN_DIR (the run whose optimizer state to take)")
-        return None
-    if resume is not None:  # the run's own checkpoint is newer than the init's weights
+    if not cfg.init or resume is not None:  # a run's own checkpoint is newer than the init
         return None
     src = InitSource.open(cfg.init)
     data.check_init(find_tokenizer_folder(src.folder), cfg.init)

@@ -333,6 +333,8 @@ def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
     _validate_model(cfg)
+    check(cfg.init is not None or not cfg.resume_optimizer, "resume_optimizer", True,
+          "false unless init names the run whose optimizer state to take")
     _validate_data(cfg.data)
     _validate_train(cfg.train)
     _validate_impl(cfg.impl, cfg.train)
