@@ -225,6 +225,28 @@ def test_phase2_grows_the_position_table_and_exports(phase1, data64, tmp_path, c
                                    atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.timeout(240)
+def test_continued_on_two_ranks_equals_one_process_with_accumulation(phase1, tmp_path):
+    from _e2e import bertgpu
+
+    # Dropout off (a continued run may change it) and a constant lr: the runs differ only in how
+    # the global batch of 8 is spread (2 ranks x 4, or 1 process x 2 micro batches of 4).
+    same = ["--init", str(phase1), "--model.hidden_dropout_prob", "0",
+            "--model.attention_probs_dropout_prob", "0", "--impl.micro_batch_size", "4",
+            "--schedule.decay", "constant", "--schedule.warmup_steps", "0",
+            "--train.eval_batches", "2"]
+    data = phase1.parent / "d32"
+    assert main(_tiny(data, tmp_path / "one", *same)) == 0
+    proc = bertgpu([*_tiny(data, tmp_path / "two", *same), "--nproc", "2"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    one, two = (_records(tmp_path / r, "eval") for r in ("one", "two"))
+    assert [e["step"] for e in two] == [0, 3]  # both ranks evaluated the init (collectively)
+    for a, b in zip(one, two, strict=True):
+        assert a["val_mlm_loss"] == pytest.approx(b["val_mlm_loss"], rel=1e-5)
+    losses = [[r["loss"] for r in _records(tmp_path / r, "train")] for r in ("one", "two")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
 @pytest.mark.parametrize("where", ["hf", "checkpoint"])
 def test_init_from_a_runs_export_or_checkpoint_folder(phase1, tmp_path, where):
     last = sorted((phase1 / "checkpoints").glob("step_*"))[-1]
