@@ -12,7 +12,7 @@ Continued pretraining starts from the weights of a run, a checkpoint or a Huggin
 whose config.json is then the `[model]` section (config/continued.py, train/continued.py)::
 
     bertgpu pretrain configs/domain-adapt.toml --init hf/published --data data/ --out runs/adapted
-    bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data data512/ --out runs/phase2
+    bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data d512/ --out runs/p2
 
 Running the same command again on the same `--out` resumes from the latest checkpoint, bitwise
 exactly on CPU in fp32; so does a torchrun restart (`--max-restarts`). Rank 0 picks the
