@@ -8,6 +8,12 @@
 
 (`examples/slurm_pretrain.sbatch` is the Slurm version; `examples/multinode.md` explains it.)
 
+Continued pretraining starts from the weights of a run, a checkpoint or a Hugging Face folder,
+whose config.json is then the `[model]` section (config/continued.py, train/continued.py)::
+
+    bertgpu pretrain configs/domain-adapt.toml --init hf/published --data data/ --out runs/adapted
+    bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data d512/ --out runs/p2
+
 Running the same command again on the same `--out` resumes from the latest checkpoint, bitwise
 exactly on CPU in fp32; so does a torchrun restart (`--max-restarts`). Rank 0 picks the
 checkpoint and broadcasts its step, so every rank resumes from the same one (`--out` must be on
@@ -39,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Declared (not left to the override parser) so `--data D` is never mistaken for the recipe.
     parser.add_argument("--data", default=None, help="shard set from bertgpu prepare (data.dir)")
     parser.add_argument("--out", default=None, help="run folder (out); re-running resumes from it")
+    parser.add_argument("--init", default=None, metavar="PATH",
+                        help="continue pretraining from a run folder, a checkpoint folder or a "
+                             "Hugging Face BERT / ModernBERT folder (weights; [model] from its "
+                             "config.json)")
+    parser.add_argument("--resume-optimizer", action="store_true",
+                        help="with --init from a bertgpu run: also take its optimizer state")
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume even though the shard set or the masking differ from the checkpoint's")
     parser.epilog = (
@@ -50,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> Any:
     from bertgpu.config import schema
 
-    words = [f"--{key}={getattr(args, key)}" for key in ("data", "out") if getattr(args, key, None) is not None]
+    words = [f"--{key}={getattr(args, key)}" for key in ("data", "out", "init")
+             if getattr(args, key, None) is not None]
+    if getattr(args, "resume_optimizer", False):
+        words.append("--resume_optimizer=true")
     return schema.load_config(args.recipe, [*words, *args.overrides])
 
 
@@ -137,6 +152,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)
     data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
+    init = _init_source(cfg, data, resume)
 
     # Batch arithmetic, validated before any model is built.
     micro = _auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto" else impl.micro_batch_size
@@ -144,7 +160,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     peak_lr = schema.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
 
-    model, engine, timer = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr, info)
+    model, engine, timer, init_rows = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr,
+                                                        info, init)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate, whole_word=cfg.data.whole_word_masking)
@@ -163,28 +180,63 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                      peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
                      logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
                      title="bertgpu pretrain",
-                     startup_rows=_startup_rows(cfg, data, model, peak_lr, micro, accumulation, info),
+                     startup_rows=[*_startup_rows(cfg, data, model, peak_lr, micro, accumulation,
+                                                  info), *init_rows],
                      checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
                                                "config.json": _hf_config_json(model)},
                      final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
-                     comm_timer=timer, resume=resume)
+                     comm_timer=timer, resume=resume, evaluate_first=init is not None)
 
 
-def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, peak_lr: float, info: Any) -> Any:
-    """The model (the same initial weights on every rank) and its engine."""
+def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
+    """The weights of `init` (config/continued.py, train/continued.py) for a new run, checked
+    against the shards; None without init, or when the run resumes from its own checkpoint."""
+    from bertgpu.data.tokenizer import find_tokenizer_folder
+    from bertgpu.train.continued import InitSource
+
+    if not cfg.init or resume is not None:  # a run's own checkpoint is newer than the init
+        return None
+    src = InitSource.open(cfg.init)
+    data.check_init(find_tokenizer_folder(src.folder), cfg.init)
+    return src
+
+
+def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, peak_lr: float,
+                      info: Any, init: Any = None) -> Any:
+    """The model (the same initial weights on every rank: the seed's, then `init`'s), its
+    engine, and the start-up rows that say what `init` brought."""
     import torch
 
     from bertgpu.models.build import build_model
+    from bertgpu.train import continued
     from bertgpu.train.engine import build_engine, seed_dropout
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(model_fields, "pretraining", with_nsp=with_nsp).to(torch.device(info.device))
+    model = build_model(model_fields, "pretraining", with_nsp=with_nsp)
+    rows: list[tuple[str, str]] = []
+    if init is not None:
+        rows = continued.load_weights(model, init, cfg.resume_optimizer)
+        changed = _init_changes(cfg)
+        if changed:
+            rows.append(("init: model changed", ", ".join(changed)))
+    elif cfg.init:
+        rows = [("init", f"{cfg.init}: not read (the run resumes from its own checkpoint)")]
+    model = model.to(torch.device(info.device))
     model.unpad_enable(cfg.impl.unpad)
     model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim, impl=cfg.impl,
                                  dist=cfg.distributed)
+    if init is not None and cfg.resume_optimizer:
+        continued.load_optimizer_state(engine.optimizer, init, cfg.optim.name)
     seed_dropout(cfg.seed, info.rank)
-    return model, engine, timer
+    return model, engine, timer, rows
+
+
+def _init_changes(cfg: Any) -> list[str]:
+    """The `[model]` fields this run sets differently from init's config.json."""
+    from bertgpu.config import continued
+
+    return continued.changes(cfg.model, continued.init_model(cfg.init, None, "config"))
 
 
 def _flops_per_token(cfg: Any, data: Any) -> float:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertgpu.config import continued
 from bertgpu.config.overrides import (
     apply_dict,
     apply_overrides,
@@ -200,6 +201,13 @@ class PretrainConfig:
 
     seed: int = option(0, "seed of initialisation, data order and masking (also --seed N)")
     out: str | None = option(None, "run folder: config, metrics, checkpoints, export (also --out DIR)")
+    init: str | None = option(
+        None, "continue pretraining from these weights: a run folder, a checkpoint folder or a "
+        "Hugging Face BERT / ModernBERT folder (also --init PATH); [model] comes from its "
+        "config.json")
+    resume_optimizer: bool = option(
+        False, "with init from a bertgpu run: also take its optimizer state (the schedule still "
+        "starts fresh; also --resume-optimizer)")
     model: Any = option(factory=lambda: build.spec("bert").pretraining_config(),
                         help="the architecture's own config (Hugging Face names): model.architecture "
                              "chooses it, BERT-base by default")
@@ -234,11 +242,21 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     (`model.architecture`, the command line winning; BERT when neither does)."""
     data = read_toml(path) if path is not None else {}
     words = list(overrides or [])
-    arch = _architecture_asked(data, words, str(path))
-    cfg = PretrainConfig(model=build.spec(arch).pretraining_config())
+    asked, where = _architecture_given(data, words, str(path))
+    init = continued.init_asked(data, words)
+    if init is not None:  # continued pretraining: the model is the init's (config/continued.py)
+        model = continued.init_model(init, asked, where)
+    else:
+        model = build.spec(asked or "bert").pretraining_config()
+    base = dataclasses.replace(model)
+    cfg = PretrainConfig(model=model)
     _refuse_other_architectures_keys(cfg.model, data.get("model", {}), words, str(path))
     apply_dict(cfg, data, str(path))
     apply_overrides(cfg, words, "command line", PRETRAIN_ALIASES)
+    if init is not None:
+        given = {key.replace("-", "_"): str(path) for key in data.get("model", {})}
+        given.update((key, "command line") for key, _ in _model_words(words))
+        continued.check_recipe(cfg.model, base, given, init)
     validate(cfg)
     return cfg
 
@@ -257,17 +275,18 @@ def _model_words(words: list[str]) -> list[tuple[str, str | None]]:
     return found
 
 
-def _architecture_asked(data: dict[str, Any], words: list[str], source: str) -> str:
-    """model.architecture of the command line, else of the file, else "bert"; a one-line error
-    for a name that is not registered."""
-    asked, where = data.get("model", {}).get("architecture", "bert"), source
+def _architecture_given(data: dict[str, Any], words: list[str], source: str
+                        ) -> tuple[str | None, str]:
+    """(model.architecture of the command line, else of the file, else None; where it was
+    given); a one-line error for a name that is not registered."""
+    asked, where = data.get("model", {}).get("architecture"), source
     for key, text in _model_words(words):
         if key == "architecture" and text is not None:
             asked, where = text, "command line"
-    if asked not in build.ARCHITECTURES:
+    if asked is not None and asked not in build.ARCHITECTURES:
         raise BertgpuError(f"{where}: model.architecture = {asked!r}: expected one of "
                            f"{', '.join(build.ARCHITECTURES)}")
-    return asked
+    return asked, where
 
 
 def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: list[str],
@@ -314,6 +333,8 @@ def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
     _validate_model(cfg)
+    check(cfg.init is not None or not cfg.resume_optimizer, "resume_optimizer", True,
+          "false unless init names the run whose optimizer state to take")
     _validate_data(cfg.data)
     _validate_train(cfg.train)
     _validate_impl(cfg.impl, cfg.train)

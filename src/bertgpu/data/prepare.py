@@ -57,6 +57,7 @@ from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.split import MIN_UNIT_TOKENS, SplitPlan
 from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
+    find_tokenizer_folder,
     is_lowercase,
     load_tokenizer,
     special_token_ids,
@@ -122,7 +123,7 @@ def prepare(
     workers = workers or os.cpu_count() or 1
     _check_args(seq_len, objective, short_seq_prob, validation_fraction, validation_docs, shard_size,
                 workers, chunk_docs, segmenter)
-    tok_dir = Path(tokenizer_dir)
+    tok_dir = find_tokenizer_folder(tokenizer_dir) or Path(tokenizer_dir)  # errors name the path
     special = special_token_ids(tok_dir)  # also checks the folder loads
     vocab_size = load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
@@ -228,7 +229,10 @@ def split_summary(manifest: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_corpus_arguments(parser)
-    parser.add_argument("--tokenizer", required=True, metavar="TOKDIR", help="output of `bertgpu tokenizer`")
+    parser.add_argument("--tokenizer", required=True, metavar="TOKDIR",
+                        help="output of `bertgpu tokenizer`, a Hugging Face model folder "
+                             "(vocab.txt or tokenizer.json), or a bertgpu run folder (its "
+                             "tokenizer/): the vocabulary of a model to continue pretraining")
     parser.add_argument("--out", required=True, metavar="DATADIR", help="output folder (new or empty)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="mlm",

@@ -177,12 +177,15 @@ def check_compatible(
     tokenizer_hash: str | None = None,
     *,
     type_vocab_size: int | None = None,
+    special_ids: dict[str, int] | None = None,
 ) -> None:
     """Refuse a shard set whose tokenizer or sequence length does not fit the model.
 
     A model vocabulary larger than the tokenizer's is fine (embeddings padded to a multiple of
-    64 are common); a smaller one, a longer sequence than the position table, or another
-    tokenizer (hash from `bertgpu.data.tokenizer.tokenizer_hash`) is an error naming the manifest.
+    64 are common); a smaller one, a longer sequence than the position table, another
+    tokenizer (hash from `bertgpu.data.tokenizer.tokenizer_hash`), or a special token whose id
+    differs from the model's (`special_ids`: "pad" -> the config's pad_token_id, ...) is an
+    error naming the manifest.
     """
     path = shards.manifest_path
     if shards.vocab_size > vocab_size:
@@ -193,8 +196,17 @@ def check_compatible(
     if shards.seq_len > max_position_embeddings:
         raise BertgpuError(
             f"{path}: seq_len {shards.seq_len} is longer than the model's max_position_embeddings "
-            f"{max_position_embeddings}; expected seq_len <= {max_position_embeddings}"
+            f"{max_position_embeddings}; expected seq_len <= {max_position_embeddings} (or a "
+            "larger model.max_position_embeddings)"
         )
+    for key, model_id in (special_ids or {}).items():
+        if shards.special_tokens[key] != model_id:
+            raise BertgpuError(
+                f"{path}: special token {key} has id {shards.special_tokens[key]} in the shards "
+                f"but {model_id} in the model ({key}_token_id); expected the same id (set "
+                f"model.{key}_token_id {shards.special_tokens[key]}, or prepare with the "
+                "model's tokenizer)"
+            )
     if tokenizer_hash is not None and shards.tokenizer_hash != tokenizer_hash:
         raise BertgpuError(
             f"{path}: tokenizer_hash does not match the model's tokenizer: expected {tokenizer_hash}, "

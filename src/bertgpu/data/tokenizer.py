@@ -266,6 +266,21 @@ def _check_folder(folder: Path) -> None:
         )
 
 
+def find_tokenizer_folder(path: str | os.PathLike) -> Path | None:
+    """The tokenizer folder that `path` names, or None: a tokenizer folder or a Hugging Face model
+    folder (vocab.txt or tokenizer.json) as is; a bertgpu run folder's tokenizer/, also from one
+    of its checkpoints/step_N (so `prepare --tokenizer runs/phase1` makes shards for a run
+    continued from it)."""
+    folder = Path(path)
+    candidates = [folder, folder / "tokenizer"]
+    if folder.parent.name == "checkpoints":
+        candidates.append(folder.parent.parent / "tokenizer")
+    for candidate in candidates:
+        if (candidate / "tokenizer.json").is_file() or (candidate / "vocab.txt").is_file():
+            return candidate
+    return None
+
+
 def is_lowercase(folder: str | os.PathLike) -> bool:
     """Whether the tokenizer lower-cases its input (do_lower_case; BERT's default True)."""
     folder = Path(folder)

@@ -197,27 +197,80 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining", num_labe
         with_nsp = "cls.seq_relationship.weight" in sd  # follow the checkpoint: NSP head present -> keep it
     pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
     model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
-    own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
+    report = _copy_weights(model, sd, folder)
+    if report.missing:
+        warnings.warn(report.missing_text(), stacklevel=2)
+    return model
 
+
+@dataclasses.dataclass
+class LoadReport:
+    """What loading weights into a model did besides copying them."""
+
+    folder: Path
+    model_class: str
+    missing: list[str]
+    """Weights of the model the checkpoint lacks, left as initialised (heads it does not have)."""
+    grown: list[tuple[str, int, int]]
+    """(name, rows in the checkpoint, rows now) of the position tables that grew."""
+
+    def missing_text(self) -> str:
+        return (f"{self.folder}: {len(self.missing)} weights of {self.model_class} are not in the "
+                f"checkpoint and were initialised fresh: {_names(self.missing)}")
+
+
+def load_init_weights(model: nn.Module, path: str | os.PathLike) -> LoadReport:
+    """Copy the weights of `path` (an HF folder, a checkpoint folder or a run folder) into
+    `model`, built from a config that agrees with the folder's config.json except that
+    max_position_embeddings may be larger: the rows beyond the old table are copies of the
+    learned rows, repeated (Longformer's initialisation, Beltagy et al. 2020, sec. 5: better
+    than random rows, as attention patterns of nearby positions carry over).
+
+    Heads the folder lacks keep their fresh initialisation and are listed in the report;
+    unknown or mis-shaped weights are a BertgpuError naming them (as in `load_pretrained`)."""
+    folder = resolve_checkpoint_folder(path)
+    arch = _unwrap(model).config.architecture
+    sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch)
+    return _copy_weights(_unwrap(model), sd, folder, grow_positions=True)
+
+
+def _grow_positions(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+                    arch: str) -> list[tuple[str, int, int]]:
+    """Longer position tables in `sd` (in place): the old rows, then copies of them."""
+    grown = []
+    for name in spec(arch).position_tables:
+        key = spec(arch).encoder_prefix + name
+        if key not in sd or key not in own:
+            continue
+        old, new = sd[key], own[key]
+        if old.shape[0] >= new.shape[0] or old.shape[1:] != new.shape[1:]:
+            continue  # the same (nothing to do) or shrunk / mis-shaped (the shape check says so)
+        reps = -(-new.shape[0] // old.shape[0])  # ceil
+        sd[key] = old.repeat(reps, *([1] * (old.dim() - 1)))[: new.shape[0]].clone()
+        grown.append((key, old.shape[0], new.shape[0]))
+    return grown
+
+
+def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
+                  grow_positions: bool = False) -> LoadReport:
+    """`sd` (our names) into `model`: an error for unknown or mis-shaped weights, the missing
+    ones listed; weights are cast to the model's dtype (checkpoints may be fp16/bf16)."""
+    own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
     unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
     if unexpected:
         raise BertgpuError(f"{folder}: {len(unexpected)} unexpected weights for a {type(model).__name__} "
                            f"with this config.json: {_names(unexpected)}")
+    grown = _grow_positions(sd, own, model.config.architecture) if grow_positions else []
     mis_shaped = [f"{k} {tuple(sd[k].shape)} (model {tuple(v.shape)})"
                   for k, v in own.items() if k in sd and sd[k].shape != v.shape]
     if mis_shaped:
         raise BertgpuError(f"{folder}: {len(mis_shaped)} weights have the wrong shape for its config.json: "
                            f"{_names(mis_shaped)}")
     missing = sorted(k for k in own if k not in sd)
-    if missing:
-        warnings.warn(f"{folder}: {len(missing)} weights of {type(model).__name__} are not in the checkpoint "
-                      f"and were initialised fresh: {_names(missing)}", stacklevel=2)
-
-    # Cast to the model's dtype (checkpoints may be fp16/bf16); the model itself stays fp32.
     state = {k: sd[k].to(own[k].dtype) for k in own if k in sd}
     model.load_state_dict(state, strict=False)
     model.tie_weights()
-    return model
+    return LoadReport(folder, type(model).__name__, missing, grown)
 
 
 def _names(keys: list[str], limit: int = 12) -> str:
@@ -302,5 +355,5 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     return replace_dir(tmp, folder)
 
 
-__all__ = ["load_pretrained", "save_pretrained", "hf_config", "architecture",
-           "resolve_checkpoint_folder", "read_config", "read_state_dict"]
+__all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",
+           "architecture", "resolve_checkpoint_folder", "read_config", "read_state_dict"]

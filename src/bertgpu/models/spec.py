@@ -58,6 +58,14 @@ class Architecture:
     equivalents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Fields of other architectures -> this one's names for the same knob (a recipe that names
     the wrong one is told which to use; fine-tuning's --hidden_dropout_prob sets them all)."""
+    position_tables: tuple[str, ...] = ()
+    """Learned position tables (names inside the encoder, e.g. "embeddings.position_embeddings.
+    weight"), one row per position up to max_position_embeddings: what grows when a continued
+    run raises max_position_embeddings (RoPE has none)."""
+    continuation_fields: tuple[str, ...] = ()
+    """`[model]` fields a run continued from a checkpoint (`--init`) may set differently from the
+    checkpoint's config.json: none that changes what a weight means, except
+    max_position_embeddings, which may grow (new rows of `position_tables` are initialised)."""
     fix_legacy_keys: Callable[[dict[str, Any], bool], dict[str, Any]] | None = None
     """(state dict in our names, loading a bare encoder) -> the same with keys that older files
     store differently filled in (e.g. a decoder bias stored only under its old name)."""

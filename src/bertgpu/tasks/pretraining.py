@@ -49,8 +49,36 @@ class PretrainData:
         self.with_nsp = resolve_with_nsp(with_nsp, found, str(self.train.manifest_path))
 
     def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
-        check_compatible(self.train, int(model_fields["vocab_size"]), int(model_fields["max_position_embeddings"]),
-                         tokenizer_hash=tokenizer_hash, type_vocab_size=model_fields.get("type_vocab_size"))
+        # The special ids a config declares (BERT: [PAD]; ModernBERT also [CLS], [SEP]) must be
+        # the shards': the [PAD] row of the embedding gets no gradient, and a run continued
+        # from a published model must see its tokens where it learned them.
+        special = {key: model_fields.get(f"{key}_token_id") for key in ("pad", "cls", "sep")}
+        check_compatible(self.train, int(model_fields["vocab_size"]),
+                         int(model_fields["max_position_embeddings"]),
+                         tokenizer_hash=tokenizer_hash,
+                         type_vocab_size=model_fields.get("type_vocab_size"),
+                         special_ids={k: v for k, v in special.items() if v is not None})
+
+    def check_init(self, tokenizer_dir: Path | None, init: str) -> None:
+        """Shards of a continued run must come from the init's tokenizer (`bertgpu prepare
+        --tokenizer INIT`): the same vocabulary and the same special ids. An init without a
+        tokenizer folder is checked by the config's sizes and ids only (`check_model`)."""
+        from bertgpu.data.tokenizer import special_token_ids, tokenizer_hash
+
+        if tokenizer_dir is None:
+            print(f"warning: --init {init} has no tokenizer files, so the shards' vocabulary is "
+                  "checked by its size and special ids only", flush=True)
+            return
+        path, expected = self.train.manifest_path, tokenizer_hash(tokenizer_dir)
+        if self.train.tokenizer_hash != expected:
+            raise BertgpuError(f"{path}: tokenizer_hash {self.train.tokenizer_hash} differs from "
+                               f"--init's tokenizer {tokenizer_dir} ({expected}); expected shards "
+                               f"made with bertgpu prepare --tokenizer {tokenizer_dir}")
+        ids = special_token_ids(tokenizer_dir)
+        if ids != self.train.special_tokens:
+            raise BertgpuError(f"{path}: special_tokens {self.train.special_tokens} differ from "
+                               f"--init's tokenizer {tokenizer_dir} ({ids}); expected shards made "
+                               f"with bertgpu prepare --tokenizer {tokenizer_dir}")
 
 
 class PretrainTask:

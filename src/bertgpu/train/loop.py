@@ -173,7 +173,8 @@ class Loop:
                  startup_rows: Sequence[tuple[str, str]] = (),
                  checkpoint_files: Callable[[], dict[str, str]] = dict, final_checkpoint: bool = True,
                  flops_per_token: float | None = None, comm_timer: distributed.CommTimer | None = None,
-                 resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None) -> None:
+                 resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None,
+                 evaluate_first: bool = False) -> None:
         """`train`, `schedule`, `checkpoint`, `dist` and `logging` are the config sections (their
         max_steps, budget, cadences, keep_last, load balancing, sinks); `peak_lr` the lr after
         batch scaling; `seed` the run's (dropout noise after a resume at another world size
@@ -181,7 +182,8 @@ class Loop:
         What the job adds: `title` and `startup_rows` for the start-up table, `checkpoint_files`
         (files written into every checkpoint beside the weights, e.g. config.toml),
         `final_checkpoint` (write one at the end of a completed run: pretraining, to continue it;
-        fine-tuning checkpoints only to survive preemption), `flops_per_token` for MFU."""
+        fine-tuning checkpoints only to survive preemption), `flops_per_token` for MFU,
+        `evaluate_first` (evaluate at step 0 of a new run: the baseline of a continued one)."""
         self.max_steps = int(train.max_steps or 0)
         if self.max_steps <= 0 and not train.budget_hours:
             raise BertgpuError("config: max_steps must be positive unless budget_hours is set")
@@ -189,6 +191,7 @@ class Loop:
         self.run_dir, self.train, self.ckpt, self.logging = Path(run_dir), train, checkpoint, logging
         self.seed, self.config, self.title, self.startup_rows = seed, config, title, list(startup_rows)
         self.checkpoint_files, self.final_checkpoint = checkpoint_files, final_checkpoint
+        self.evaluate_first = evaluate_first
         self.flops_per_token, self.comm_timer = flops_per_token, comm_timer
         self.world = info.world_size
         self.schedule = Schedule(peak_lr=peak_lr, decay=schedule.decay, warmup_fraction=schedule.warmup_fraction or 0.0,
@@ -250,6 +253,8 @@ class Loop:
         result = self.result = LoopResult(step=self.engine.step)
         w = _Window(self.world, self.info.rank)
         self._last_ckpt = time.monotonic()
+        if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
+            result.last_eval = self._evaluate(logger, 0, None)
         if self.budget is not None:
             self.budget.start()
         while True:

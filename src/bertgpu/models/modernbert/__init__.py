@@ -33,5 +33,8 @@ SPEC = Architecture(
     equivalents={"hidden_act": ("hidden_activation",), "layer_norm_eps": ("norm_eps",),
                  "hidden_dropout_prob": ("mlp_dropout", "embedding_dropout"),
                  "attention_probs_dropout_prob": ("attention_dropout",)},
+    # The context extension of ModernBERT (1024 -> 8192 tokens) raises the global RoPE theta.
+    continuation_fields=("max_position_embeddings", "global_rope_theta", "local_rope_theta",
+                         "embedding_dropout", "attention_dropout", "mlp_dropout"),
     fix_legacy_keys=_fix_legacy_keys,
 )

@@ -1,0 +1,104 @@
+"""The `[model]` section of a run continued from a checkpoint (`bertgpu pretrain --init PATH`).
+
+Continued pretraining starts from the weights of PATH (a run folder, a checkpoint folder or a
+Hugging Face BERT / ModernBERT folder), so the model is PATH's: its config.json gives `[model]`,
+and a recipe only says how to train it. A `[model]` value in the recipe or on the command line
+that differs from config.json would build another model than the weights describe, so it is an
+error naming both, except the fields the architecture lets a continued run change
+(`Architecture.continuation_fields`: max_position_embeddings, which may only grow, dropout
+rates, ModernBERT's RoPE thetas)::
+
+    bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data d512/ --out runs/p2
+    bertgpu pretrain configs/modern-base-8k.toml --init runs/modern-base --data data8k/ ...
+
+`load_config` (schema.py) calls `init_model` for the section to start from, then applies the
+recipe and the command line, then `check_recipe`. Reading config.json goes through
+`models.hf_io` (imported here only when `--init` is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+from bertgpu.models import build
+
+
+def word_value(words: list[str], key: str) -> str | None:
+    """The value of `--KEY value` / `--KEY=value` among command-line words (the last wins)."""
+    found = None
+    for i, word in enumerate(words):
+        name, eq, text = word[2:].partition("=")
+        if not word.startswith("--") or name.replace("-", "_") != key:
+            continue
+        if eq:
+            found = text
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            found = words[i + 1]
+    return found
+
+
+def init_asked(data: dict[str, Any], words: list[str]) -> str | None:
+    """`init` of the command line, else of the recipe file; None for none (also "none")."""
+    value = word_value(words, "init")
+    if value is None:
+        value = data.get("init")
+    return None if value in (None, "", "none") else str(value)
+
+
+def config_path(init: str) -> Path:
+    """The config.json that describes the weights of `init` (its newest good checkpoint's, for
+    a run folder); a one-line error when there is none."""
+    from bertgpu.models.hf_io import resolve_checkpoint_folder
+
+    return resolve_checkpoint_folder(init) / "config.json"
+
+
+def init_model(init: str, asked: str | None, where: str) -> Any:
+    """The `[model]` section of `init`'s config.json (the architecture's config class, checked).
+    `asked` is the recipe's model.architecture (None when it names none): another one is an
+    error naming both."""
+    from bertgpu.models.hf_io import read_config
+
+    path = config_path(init)
+    fields = read_config(path.parent)
+    arch = build.architecture_of(fields)
+    if asked is not None and asked != arch:
+        raise BertgpuError(f"{where}: model.architecture = {asked!r} contradicts {path}: "
+                           f"model_type {arch!r}; expected the architecture of the --init weights")
+    try:
+        return build.spec(arch).config_class.from_dict(fields).validate()
+    except (BertgpuError, TypeError) as e:
+        raise BertgpuError(f"{path}: {e}") from None
+
+
+def check_recipe(model: Any, base: Any, given: dict[str, str], init: str) -> None:
+    """Every `[model]` field of the resolved `model` that differs from `base` (the init's) must be
+    one the architecture lets a continued run change; `given` maps field -> where it was set.
+    max_position_embeddings may grow, never shrink (the learned rows would be lost)."""
+    spec = build.spec(model.architecture)
+    path = config_path(init)
+    for f in dataclasses.fields(model):
+        value, before = getattr(model, f.name), getattr(base, f.name)
+        if value == before:
+            continue
+        where = given.get(f.name, "config")
+        if f.name not in spec.continuation_fields:
+            raise BertgpuError(f"{where}: model.{f.name} = {value!r} contradicts {path}: "
+                               f"{f.name} = {before!r}; expected {before!r} or no value (the model "
+                               "comes from --init)")
+        if f.name == "max_position_embeddings" and value < before:
+            raise BertgpuError(f"{where}: model.max_position_embeddings = {value} is below {path}: "
+                               f"max_position_embeddings = {before}; expected {before} or more "
+                               "(positions can grow, not shrink)")
+
+
+def changes(model: Any, base: Any) -> list[str]:
+    """`field before -> after` for every `[model]` field a continued run changed (start-up)."""
+    return [f"{f.name} {getattr(base, f.name)!r} -> {getattr(model, f.name)!r}"
+            for f in dataclasses.fields(model) if getattr(model, f.name) != getattr(base, f.name)]
+
+
+__all__ = ["changes", "check_recipe", "config_path", "init_asked", "init_model", "word_value"]
