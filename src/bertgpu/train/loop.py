@@ -395,6 +395,7 @@ class Loop:
 
         t0 = time.perf_counter()
         self._log_written(logger, self.checkpoints.wait())  # a background write still going on
+        waited = time.perf_counter() - t0
         rngs = distributed.gather_objects(rng_state())
         state, files = None, {}
         if self.info.is_main:
@@ -413,8 +414,10 @@ class Loop:
         path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state, files,
                                      background=background)
         self.saved_step = self.engine.step
+        # stall_s: how long training was blocked, waiting for the previous background write
+        # (wait_s) included.
         logger.log(self.engine.step, "info", event="checkpoint", stall_s=time.perf_counter() - t0,
-                   background=path is None)
+                   wait_s=waited if self.checkpoints.background else None, background=path is None)
         return path
 
     def _log_written(self, logger: Any, written: Any) -> None:
