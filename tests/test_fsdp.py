@@ -1,5 +1,6 @@
 """Sharded training (FSDP2) on two gloo processes, through `build_engine` as training builds it:
-fsdp equals ddp and one process with accumulation (fp32, AdamW and LAMB, clipping on); HSDP too;
+fsdp equals ddp and one process with accumulation (fp32, AdamW and LAMB, clipping on); HSDP and
+unequal micro-step counts per rank (load balancing's shares) too;
 accumulation costs no extra collective; the optimizer state per rank is about half of ddp's;
 a non-finite step on one rank is skipped on both; the bf16 / CPU-offload policies; the
 [distributed] options and their one-line errors; the layers the architecture spec names."""
@@ -125,6 +126,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             result[f"calls {key}"] = counter.take()
             result[f"bytes {key}"] = sharding.local_state_bytes(model, engine.optimizer)
             result[f"weights {key}"] = full_weights(model)
+        # Load balancing's unequal shares: rank 0 takes 3 rows in 3 micro-steps, rank 1 the other
+        # 5 in 5 (the collectives of a step must not depend on the number of micro-steps).
+        model, engine = engine_for(info, "fsdp")
+        for s in range(STEPS):
+            rows = range(0, 3) if rank == 0 else range(3, G)
+            batch = global_batch(s)
+            mbs = [{k: v[i:i + 1] for k, v in batch.items()} for i in rows]
+            engine.train_step(mbs, loss_fn, count_fn)
+        result["weights unequal"] = full_weights(model)
         # HSDP: two "nodes" of one rank each: replicate across them, shard within (here: nothing).
         hsdp_info = dataclasses.replace(info, local_world_size=1)
         model, engine = engine_for(hsdp_info, "fsdp", shard_within_node=True)
@@ -191,6 +201,7 @@ def test_fsdp_equals_ddp_and_one_process_with_accumulation(two_ranks, one_thread
     close(main["weights ddp 1 adamw"], main["weights fsdp 1 adamw"])
     close(main["weights ddp 2 lamb"], main["weights fsdp 2 lamb"])
     close(main["weights hsdp"], reference(2)[1])
+    close(main["weights unequal"], reference(2)[1])
     assert all(r["nan"] == (True, True) for r in two_ranks)
 
 
