@@ -34,7 +34,9 @@ def global_batch(step: int) -> dict[str, torch.Tensor]:
     pick = (torch.rand(G, T, generator=g) < 0.25) & mask.bool()
     pick[:, 1] = True
     labels = torch.where(pick, torch.randint(5, TINY["vocab_size"], (G, T), generator=g), -100)
-    return dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels)
+    return dict(
+        input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), labels=labels
+    )
 
 
 def micro_batches(step: int, rank: int, world: int, accum: int) -> list[dict[str, torch.Tensor]]:
@@ -42,7 +44,10 @@ def micro_batches(step: int, rank: int, world: int, accum: int) -> list[dict[str
     per_rank = G // world
     mb, start = per_rank // accum, rank * per_rank
     batch = global_batch(step)
-    return [{k: v[start + i * mb: start + (i + 1) * mb] for k, v in batch.items()} for i in range(accum)]
+    return [
+        {k: v[start + i * mb : start + (i + 1) * mb] for k, v in batch.items()}
+        for i in range(accum)
+    ]
 
 
 def loss_fn(model, batch):
@@ -62,9 +67,15 @@ def engine_for(info, strategy: str, optimizer: str = "adamw", precision: str = "
     from bertgpu.train.engine import build_engine
 
     model = fresh_model()
-    engine, _ = build_engine(model, info, lr=1e-2, train=TrainSection(precision=precision, grad_clip=0.5),
-                             optim=OptimSection(name=optimizer), impl=ImplSection(device="cpu"),
-                             dist=DistributedSection(strategy=strategy, **dist))
+    engine, _ = build_engine(
+        model,
+        info,
+        lr=1e-2,
+        train=TrainSection(precision=precision, grad_clip=0.5),
+        optim=OptimSection(name=optimizer),
+        impl=ImplSection(device="cpu"),
+        dist=DistributedSection(strategy=strategy, **dist),
+    )
     return model, engine
 
 
@@ -85,7 +96,12 @@ def full_weights(model) -> dict[str, torch.Tensor]:
 class Counter:
     """Counts FSDP's all-gathers and reduce-scatters (whichever torch functions this torch uses)."""
 
-    NAMES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor")
+    NAMES = (
+        "all_gather_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor",
+    )
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -93,12 +109,17 @@ class Counter:
         self.calls = {"gather": 0, "scatter": 0}
         for name in self.NAMES:
             if hasattr(dist, name):
-                setattr(dist, name, self._wrap(getattr(dist, name), "gather" if "gather" in name else "scatter"))
+                setattr(
+                    dist,
+                    name,
+                    self._wrap(getattr(dist, name), "gather" if "gather" in name else "scatter"),
+                )
 
     def _wrap(self, fn, kind):
         def counted(*args, **kwargs):
             self.calls[kind] += 1
             return fn(*args, **kwargs)
+
         return counted
 
     def take(self) -> dict[str, int]:
@@ -107,8 +128,14 @@ class Counter:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     torch.set_num_threads(1)
     from bertgpu.train import distributed, sharding
 
@@ -116,10 +143,18 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     counter = Counter()
     result: dict = {}
     try:
-        for strategy, accum, optimizer in (("fsdp", 1, "adamw"), ("fsdp", 2, "adamw"), ("ddp", 1, "adamw"),
-                                           ("fsdp", 2, "lamb"), ("ddp", 2, "lamb")):
+        for strategy, accum, optimizer in (
+            ("fsdp", 1, "adamw"),
+            ("fsdp", 2, "adamw"),
+            ("ddp", 1, "adamw"),
+            ("fsdp", 2, "lamb"),
+            ("ddp", 2, "lamb"),
+        ):
             model, engine = engine_for(info, strategy, optimizer)
-            assert engine.sharded == (strategy == "fsdp") and sharding.is_sharded(model) == engine.sharded
+            assert (
+                engine.sharded == (strategy == "fsdp")
+                and sharding.is_sharded(model) == engine.sharded
+            )
             key = f"{strategy} {accum} {optimizer}"
             counter.take()
             result[f"log {key}"] = train(engine, rank, world, accum)
@@ -132,7 +167,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         for s in range(STEPS):
             rows = range(0, 3) if rank == 0 else range(3, G)
             batch = global_batch(s)
-            mbs = [{k: v[i:i + 1] for k, v in batch.items()} for i in rows]
+            mbs = [{k: v[i : i + 1] for k, v in batch.items()} for i in rows]
             engine.train_step(mbs, loss_fn, count_fn)
         result["weights unequal"] = full_weights(model)
         # HSDP: two "nodes" of one rank each: replicate across them, shard within (here: nothing).
@@ -149,7 +184,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         model, engine = engine_for(info, "fsdp")
         before = full_weights(model)
         mbs = micro_batches(0, rank, world, 2)
-        poisoned = (lambda m, b: {"mlm": loss_fn(m, b)["mlm"] * float("nan")}) if rank == 1 else loss_fn
+        poisoned = (
+            (lambda m, b: {"mlm": loss_fn(m, b)["mlm"] * float("nan")}) if rank == 1 else loss_fn
+        )
         r = engine.train_step(mbs, poisoned, count_fn)
         after = full_weights(model)
         result["nan"] = (r.skipped, all(torch.equal(v, after[k]) for k, v in before.items()))
@@ -196,8 +233,12 @@ def test_fsdp_equals_ddp_and_one_process_with_accumulation(two_ranks, one_thread
         for accum in accums:
             key = f"fsdp {accum} {optimizer}"
             close(main[f"weights {key}"], ref_weights)
-            for (loss, gnorm), (ref_loss, ref_gnorm) in zip(main[f"log {key}"], ref_log, strict=True):
-                assert loss == pytest.approx(ref_loss, rel=1e-5) and gnorm == pytest.approx(ref_gnorm, rel=1e-4)
+            for (loss, gnorm), (ref_loss, ref_gnorm) in zip(
+                main[f"log {key}"], ref_log, strict=True
+            ):
+                assert loss == pytest.approx(ref_loss, rel=1e-5) and gnorm == pytest.approx(
+                    ref_gnorm, rel=1e-4
+                )
     close(main["weights ddp 1 adamw"], main["weights fsdp 1 adamw"])
     close(main["weights ddp 2 lamb"], main["weights fsdp 2 lamb"])
     close(main["weights hsdp"], reference(2)[1])
@@ -236,14 +277,23 @@ def test_policies():
 
     assert fsdp_policies("fp32", False) == {} and fsdp_policies("fp16", False) == {}
     bf16 = fsdp_policies("bf16", True)
-    assert isinstance(bf16["mp_policy"], MixedPrecisionPolicy) and isinstance(bf16["offload_policy"], CPUOffloadPolicy)
-    assert (bf16["mp_policy"].param_dtype, bf16["mp_policy"].reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert isinstance(bf16["mp_policy"], MixedPrecisionPolicy) and isinstance(
+        bf16["offload_policy"], CPUOffloadPolicy
+    )
+    assert (bf16["mp_policy"].param_dtype, bf16["mp_policy"].reduce_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+    )
 
 
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
 @pytest.mark.parametrize("head", ["pretraining", "masked_lm", "classification", "qa", "base"])
 def test_the_spec_names_the_layers(arch, head):
-    fields = {**(TINY if arch == "bert" else TINY_MODERN), "architecture": arch, "num_hidden_layers": 3}
+    fields = {
+        **(TINY if arch == "bert" else TINY_MODERN),
+        "architecture": arch,
+        "num_hidden_layers": 3,
+    }
     model = build_model(fields, head, num_labels=2 if head == "classification" else None)
     layers = spec(arch).layers(model)
     assert len(layers) == 3 and len({id(m) for m in layers}) == 3
@@ -251,9 +301,24 @@ def test_the_spec_names_the_layers(arch, head):
 
 
 def test_distributed_options_and_their_errors(tmp_path):
-    cfg = schema.load_config(None, ["--distributed.strategy", "fsdp", "--distributed.cpu_offload", "true",
-                                    "--checkpoint.async_save", "true", "--train.max_steps", "1"])
-    assert cfg.distributed.strategy == "fsdp" and cfg.distributed.cpu_offload and cfg.checkpoint.async_save
+    cfg = schema.load_config(
+        None,
+        [
+            "--distributed.strategy",
+            "fsdp",
+            "--distributed.cpu_offload",
+            "true",
+            "--checkpoint.async_save",
+            "true",
+            "--train.max_steps",
+            "1",
+        ],
+    )
+    assert (
+        cfg.distributed.strategy == "fsdp"
+        and cfg.distributed.cpu_offload
+        and cfg.checkpoint.async_save
+    )
     path = tmp_path / "c.toml"
     from bertgpu.config.overrides import dump_toml
 
@@ -261,7 +326,10 @@ def test_distributed_options_and_their_errors(tmp_path):
     assert schema.load_config(path) == cfg
     for words, key in (
         (["--distributed.strategy", "zero3"], "distributed.strategy"),
-        (["--distributed.strategy", "fsdp", "--distributed.comm_hook", "bf16"], "distributed.comm_hook"),
+        (
+            ["--distributed.strategy", "fsdp", "--distributed.comm_hook", "bf16"],
+            "distributed.comm_hook",
+        ),
         (["--distributed.cpu_offload", "true"], "distributed.cpu_offload"),
         (["--distributed.shard_within_node", "true"], "distributed.shard_within_node"),
         (["--checkpoint.async_save", "true"], "checkpoint.async_save"),
@@ -270,7 +338,9 @@ def test_distributed_options_and_their_errors(tmp_path):
             schema.load_config(None, words)
         assert len(str(err.value).splitlines()) == 1
     with pytest.raises(BertgpuError, match="compression hooks are DDP's"):
-        schema.load_config(None, ["--distributed.strategy", "fsdp", "--distributed.comm_hook", "powersgd"])
+        schema.load_config(
+            None, ["--distributed.strategy", "fsdp", "--distributed.comm_hook", "powersgd"]
+        )
 
 
 def test_fsdp_needs_a_process_group():
@@ -280,7 +350,10 @@ def test_fsdp_needs_a_process_group():
         engine_for(DistInfo(), "fsdp")
 
 
-@pytest.mark.skipif(not os.environ.get("BERTGPU_SLOW"), reason="CPU inductor compile takes minutes; set BERTGPU_SLOW=1")
+@pytest.mark.skipif(
+    not os.environ.get("BERTGPU_SLOW"),
+    reason="CPU inductor compile takes minutes; set BERTGPU_SLOW=1",
+)
 @pytest.mark.timeout(900)
 def test_compiled_fsdp_equals_ddp(tmp_path):
     import torch.multiprocessing as mp
@@ -291,8 +364,13 @@ def test_compiled_fsdp_equals_ddp(tmp_path):
 
 
 def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
     from bertgpu.train import distributed
     from bertgpu.train.engine import build_engine
@@ -300,9 +378,15 @@ def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     info = distributed.init_distributed("cpu")
     try:
         model = fresh_model()
-        engine, _ = build_engine(model, info, lr=1e-2, train=TrainSection(grad_clip=0.5), optim=OptimSection(),
-                                 impl=ImplSection(device="cpu", compile=True),
-                                 dist=DistributedSection(strategy="fsdp"))
+        engine, _ = build_engine(
+            model,
+            info,
+            lr=1e-2,
+            train=TrainSection(grad_clip=0.5),
+            optim=OptimSection(),
+            impl=ImplSection(device="cpu", compile=True),
+            dist=DistributedSection(strategy="fsdp"),
+        )
         train(engine, rank, world, 2)
         weights = full_weights(model)
         if rank == 0:

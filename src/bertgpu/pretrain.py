@@ -214,16 +214,17 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
         ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
                           f"{_warmup_text(cfg)}, {s.decay} decay)"),
         *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
-                                   f"comm hook {d.comm_hook}")] if info.world_size > 1 and d.strategy == "ddp"
-          else []),
+                                   f"comm hook {d.comm_hook}")]
+          if info.world_size > 1 and d.strategy == "ddp" else []),
         *([("sharding", _sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
     ]
 
 
 def _sharding_text(cfg: Any, info: Any) -> str:
     d = cfg.distributed
+    ranks = f"{info.world_size} rank{'s' if info.world_size > 1 else ''}"
     mesh = (f"HSDP: {info.world_size // info.local_world_size} nodes x {info.local_world_size}"
-            if d.shard_within_node else f"{info.world_size} rank{'s' if info.world_size > 1 else ''}")
+            if d.shard_within_node else ranks)
     params = "bf16 all-gather, fp32 reduce" if cfg.train.precision == "bf16" else "fp32"
     return (f"fsdp (FSDP2) over {mesh}, per layer + root, {params}"
             f"{', CPU offload' if d.cpu_offload else ''}"

@@ -48,8 +48,14 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: str) -> 
     """One rank of one measurement (a spawned process)."""
     import torch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     from bertgpu.train import distributed
     from bertgpu.train.sharding import local_state_bytes
@@ -80,18 +86,26 @@ def _build(job: dict[str, Any], info: Any) -> tuple[Any, Any, dict[str, Any]]:
     dist = DistributedSection(strategy=job["strategy"])
     model = distributed.wrap_model(model, info, dist, precision=job["dtype"])
     optimizer = build_optimizer(getattr(model, "module", model), "adamw", 1e-4)
-    batch = make_batches(1, job["micro_batch"], job["seq_len"], 30522, "full", job["seed"] + info.rank,
-                         device)[0]
+    batch = make_batches(
+        1, job["micro_batch"], job["seq_len"], 30522, "full", job["seed"] + info.rank, device
+    )[0]
     return model, optimizer, batch
 
 
-def _measure(model: Any, optimizer: Any, batch: dict[str, Any], job: dict[str, Any], info: Any,
-             local_state_bytes: Any) -> dict[str, Any]:
+def _measure(
+    model: Any,
+    optimizer: Any,
+    batch: dict[str, Any],
+    job: dict[str, Any],
+    info: Any,
+    local_state_bytes: Any,
+) -> dict[str, Any]:
     import torch
 
     cuda = info.device.startswith("cuda")
-    autocast = torch.autocast(torch.device(info.device).type, dtype=torch.bfloat16,
-                              enabled=job["dtype"] == "bf16")
+    autocast = torch.autocast(
+        torch.device(info.device).type, dtype=torch.bfloat16, enabled=job["dtype"] == "bf16"
+    )
     raw = getattr(model, "module", model)
     times, sizes = [], {}
     for i in range(job["warmup"] + job["iters"]):
@@ -109,14 +123,23 @@ def _measure(model: Any, optimizer: Any, batch: dict[str, Any], job: dict[str, A
         if i >= job["warmup"]:
             times.append(time.perf_counter() - t0)
     sizes["optimizer"] = local_state_bytes(raw, optimizer)["optimizer"]
-    return {"bench": "model_memory", "strategy": job["strategy"], "ranks": info.world_size,
-            "size": job["size"], "dtype": job["dtype"], "micro_batch": job["micro_batch"],
-            "seq_len": job["seq_len"], "params_bytes": sizes["params"], "grads_bytes": sizes["grads"],
-            "optimizer_bytes": sizes["optimizer"],
-            "total_bytes": sizes["params"] + sizes["grads"] + sizes["optimizer"],
-            "step_ms": 1e3 * sum(times) / max(len(times), 1),
-            "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            "device": info.device.split(":")[0], "source": "measured"}
+    return {
+        "bench": "model_memory",
+        "strategy": job["strategy"],
+        "ranks": info.world_size,
+        "size": job["size"],
+        "dtype": job["dtype"],
+        "micro_batch": job["micro_batch"],
+        "seq_len": job["seq_len"],
+        "params_bytes": sizes["params"],
+        "grads_bytes": sizes["grads"],
+        "optimizer_bytes": sizes["optimizer"],
+        "total_bytes": sizes["params"] + sizes["grads"] + sizes["optimizer"],
+        "step_ms": 1e3 * sum(times) / max(len(times), 1),
+        "mem_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "device": info.device.split(":")[0],
+        "source": "measured",
+    }
 
 
 def measure(job: dict[str, Any], world: int) -> dict[str, Any]:
@@ -125,8 +148,13 @@ def measure(job: dict[str, Any], world: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "row.json")
-        mp.start_processes(_worker, args=(world, _free_port(), job, out), nprocs=world, join=True,
-                           start_method="spawn")
+        mp.start_processes(
+            _worker,
+            args=(world, _free_port(), job, out),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
         return json.loads(Path(out).read_text(encoding="utf-8"))
 
 
@@ -143,16 +171,20 @@ def predicted(one_rank: dict[str, Any], world: int) -> dict[str, Any]:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: bytes per rank in MiB, and each row's total against DDP's on as many ranks."""
     ddp = {r["ranks"]: r["total_bytes"] for r in rows if r["strategy"] == "ddp"}
-    head = ("| strategy | ranks | params MiB | grads MiB | optimizer MiB | total MiB | vs ddp | step ms "
-            "| source |")
+    head = (
+        "| strategy | ranks | params MiB | grads MiB | optimizer MiB | total MiB | vs ddp "
+        "| step ms | source |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref = ddp.get(r["ranks"])
         vs = f"{r['total_bytes'] / ref:.2f}" if ref else "-"
         step = f"{r['step_ms']:.0f}" if r.get("step_ms") is not None else "-"
-        lines.append(f"| {r['strategy']} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | "
-                     f"{r['grads_bytes'] / MIB:.1f} | {r['optimizer_bytes'] / MIB:.1f} | "
-                     f"{r['total_bytes'] / MIB:.1f} | {vs} | {step} | {r['source']} |")
+        lines.append(
+            f"| {r['strategy']} | {r['ranks']} | {r['params_bytes'] / MIB:.1f} | "
+            f"{r['grads_bytes'] / MIB:.1f} | {r['optimizer_bytes'] / MIB:.1f} | "
+            f"{r['total_bytes'] / MIB:.1f} | {vs} | {step} | {r['source']} |"
+        )
     return "\n".join(lines)
 
 
@@ -162,7 +194,9 @@ def _ranks(text: str) -> list[int]:
     except ValueError:
         ranks = []
     if not ranks or ranks[0] < 1:
-        raise BertgpuError(f"--ranks {text!r}: expected a comma list of positive integers, e.g. 1,2")
+        raise BertgpuError(
+            f"--ranks {text!r}: expected a comma list of positive integers, e.g. 1,2"
+        )
     return ranks
 
 
@@ -173,7 +207,9 @@ def main(args: argparse.Namespace) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BertgpuError(f"--device {device}: CUDA is not available on this machine; expected --device cpu")
+        raise BertgpuError(
+            f"--device {device}: CUDA is not available on this machine; expected --device cpu"
+        )
     ranks = _ranks(args.ranks)
     if 1 not in ranks:
         ranks = [1, *ranks]  # the predictions start from the one-rank measurement
@@ -181,14 +217,25 @@ def main(args: argparse.Namespace) -> int:
     dtype = (args.dtype or (["bf16"] if device.startswith("cuda") else ["fp32"]))[0]
     iters = args.iters if args.iters is not None else 2
     warmup = args.warmup if args.warmup is not None else 1
-    print(f"bertgpu bench model --strategy {args.strategy} | device {device} | {dtype} | "
-          f"micro batch {args.micro_batch[0]} x {args.seq_len[0]} | torch {torch.__version__}", flush=True)
+    print(
+        f"bertgpu bench model --strategy {args.strategy} | device {device} | {dtype} | "
+        f"micro batch {args.micro_batch[0]} x {args.seq_len[0]} | torch {torch.__version__}",
+        flush=True,
+    )
     rows: list[dict[str, Any]] = []
     for size in args.size:
         for strategy in ("ddp", "fsdp"):
-            job = dict(size=size, strategy=strategy, device="cuda" if device.startswith("cuda") else "cpu",
-                       dtype=dtype, micro_batch=args.micro_batch[0], seq_len=args.seq_len[0],
-                       iters=iters, warmup=warmup, seed=args.seed)
+            job = dict(
+                size=size,
+                strategy=strategy,
+                device="cuda" if device.startswith("cuda") else "cpu",
+                dtype=dtype,
+                micro_batch=args.micro_batch[0],
+                seq_len=args.seq_len[0],
+                iters=iters,
+                warmup=warmup,
+                seed=args.seed,
+            )
             measured = {n: measure(job, n) for n in ranks if n <= most}
             rows += list(measured.values())
             rows += [predicted(measured[1], n) for n in PREDICTED_RANKS if n not in measured]
@@ -196,7 +243,9 @@ def main(args: argparse.Namespace) -> int:
     for size in args.size:
         print(f"\nsize {size}: parameter + gradient + optimizer (AdamW) bytes per rank")
         print(format_table([r for r in rows if r["size"] == size]))
-    print("\npredicted: fsdp (P + G + O) / N from the one-rank measurement; ddp the same on every N")
+    print(
+        "\npredicted: fsdp (P + G + O) / N from the one-rank measurement; ddp the same on every N"
+    )
     if args.out is not None:
         append_rows(args.out, [{**r, "time": time.time()} for r in rows])
         print(f"appended {len(rows)} rows to {args.out}")

@@ -141,8 +141,8 @@ class CheckpointSection:
     keep_last: int = option(3, "keep the newest N checkpoints (0 = keep all)")
     every_minutes: float | None = option(None, "also write one every N minutes of wall time (none = off)")
     async_save: bool = option(
-        False, "fsdp: copy the shards to CPU memory and write them in the background while training "
-               "goes on (the stall is logged); the checkpoint counts only once sealed")
+        False, "fsdp: copy the shards to CPU memory and write them in the background while "
+               "training goes on (the stall is logged); the checkpoint counts only once sealed")
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
@@ -156,8 +156,9 @@ class DistributedSection:
     """How several processes share the work: replicated (DDP) or sharded (FSDP2) models."""
 
     strategy: str = option(
-        "ddp", "ddp (every rank holds the whole model and optimizer) or fsdp (parameters, gradients "
-               "and optimizer state sharded over the ranks: torch's FSDP2, for models that do not fit)")
+        "ddp", "ddp (every rank holds the whole model and optimizer) or fsdp (parameters, "
+               "gradients and optimizer state sharded over the ranks: torch's FSDP2, for models "
+               "that do not fit)")
     shard_within_node: bool = option(
         False, "fsdp on several nodes: shard within each node and replicate across nodes (HSDP)")
     cpu_offload: bool = option(

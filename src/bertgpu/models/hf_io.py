@@ -133,12 +133,15 @@ def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.T
         reader = dcp.FileSystemReader(str(folder))
         entries = reader.read_metadata().state_dict_metadata
         weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
-                   for k, m in entries.items() if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+                   for k, m in entries.items()
+                   if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+        # "assuming the intent is to load in a single process": it is.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dcp.load({prefix[:-1]: weights}, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as e:  # DCP's own error types for damaged files
-        raise BertgpuError(f"{folder}: unreadable sharded checkpoint ({str(e).splitlines()[0]})") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise BertgpuError(f"{folder}: unreadable sharded checkpoint ({first})") from None
     return weights
 
 

@@ -72,7 +72,8 @@ class Architecture:
     def layers(self, model: Any) -> list[Any]:
         """The transformer layers of `model` (any head, or the bare encoder), in order; the model
         itself knows nothing of the parallelism that shards them."""
-        encoder = getattr(model, self.encoder_prefix.rstrip("."), None) if self.encoder_prefix else None
+        prefix = self.encoder_prefix.rstrip(".")
+        encoder = getattr(model, prefix, None) if prefix else None
         return list((encoder if encoder is not None else model).get_submodule(self.layers_path))
 
     def pretraining_config(self) -> Any:

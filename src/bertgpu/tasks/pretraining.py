@@ -153,10 +153,10 @@ class PretrainTask:
     def _eval_forward(self, batch: Mapping[str, Any]) -> Any:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         with self.autocast():
+            nsp = batch.get("next_sentence_label") if self.with_nsp else None
             return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                              next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None,
-                              batch_meta=batch.get("batch_meta"))
+                              next_sentence_label=nsp, batch_meta=batch.get("batch_meta"))
 
     # -- state and result ------------------------------------------------------------------------
     def data_identity(self) -> dict[str, Any]:
@@ -195,9 +195,10 @@ class PretrainTask:
     def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
         from bertgpu.models.hf_io import save_pretrained
 
-        weights = dict(state_dict) if state_dict is not None else None  # a sharded model's, gathered
-        folder = save_pretrained(self.model, self.run_dir / "hf", tokenizer=self.run_dir / "tokenizer",
-                                 state_dict=weights)
+        # A sharded model's weights come gathered (its parameters are shards).
+        weights = dict(state_dict) if state_dict is not None else None
+        folder = save_pretrained(self.model, self.run_dir / "hf",
+                                 tokenizer=self.run_dir / "tokenizer", state_dict=weights)
         print(f"done: step {step}; Hugging Face export in {folder}", flush=True)
         return folder
 

@@ -48,7 +48,10 @@ from bertgpu.train.checkpoint import (
     save_checkpoint,
 )
 
-MODEL_KEY, OPTIM_KEY = "model", "optim"  # the two trees of a DCP checkpoint: "model.<fqn>", "optim..."
+MODEL_KEY, OPTIM_KEY = (
+    "model",
+    "optim",
+)  # the two trees of a DCP checkpoint: "model.<fqn>", "optim..."
 
 
 @dataclass
@@ -74,16 +77,28 @@ class FullCheckpoints:
         self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
         self.failed = False
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             state: dict[str, Any] | None, files: dict[str, str], background: bool = False
-             ) -> Path | None:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any] | None,
+        files: dict[str, str],
+        background: bool = False,
+    ) -> Path | None:
         """Collective; `state` (the train state without the optimizer) and `files` on rank 0."""
         path, error = None, None
         if self.info.is_main:
             try:
                 full = {**(state or {}), "optimizer": optimizer.state_dict()}
-                path = save_checkpoint(self.run_dir, step, model.state_dict(), full, extra_files=files,
-                                       keep_last=self.keep_last)
+                path = save_checkpoint(
+                    self.run_dir,
+                    step,
+                    model.state_dict(),
+                    full,
+                    extra_files=files,
+                    keep_last=self.keep_last,
+                )
                 check_free_space(self.run_dir)  # warns one checkpoint interval before a full disk
             except BertgpuError as exc:
                 error = exc
@@ -108,8 +123,14 @@ class _Pending:
 class ShardedCheckpoints:
     """fsdp runs: DCP shards from every rank, sealed by rank 0 (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, info: distributed.DistInfo, keep_last: int,
-                 background: bool, timeout_minutes: float) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        info: distributed.DistInfo,
+        keep_last: int,
+        background: bool,
+        timeout_minutes: float,
+    ) -> None:
         self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
         self.background = background
         self.failed = False
@@ -124,14 +145,21 @@ class ShardedCheckpoints:
             # The background write's collectives (plans, results) need a group of their own: on
             # the training group they would interleave with the step's collectives. Gloo also
             # gives NCCL runs the CPU backend DCP's async save requires.
-            self._group = dist.new_group(backend="gloo",
-                                         timeout=datetime.timedelta(minutes=timeout_minutes))
+            self._group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(minutes=timeout_minutes)
+            )
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertgpu-ckpt")
 
     # -- saving ------------------------------------------------------------------------------------
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             state: dict[str, Any] | None, files: dict[str, str], background: bool = False
-             ) -> Path | None:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any] | None,
+        files: dict[str, str],
+        background: bool = False,
+    ) -> Path | None:
         """Collective. Writes step N's shards (in the background when asked and configured);
         returns the final folder once written, None while a background write goes on."""
         import torch.distributed.checkpoint as dcp
@@ -148,7 +176,9 @@ class ShardedCheckpoints:
             if self.info.is_main:
                 check_free_space(self.run_dir, needed)
             if background:
-                future = dcp.async_save(tree, storage_writer=_Writer(tmp), process_group=self._group)
+                future = dcp.async_save(
+                    tree, storage_writer=_Writer(tmp), process_group=self._group
+                )
             else:
                 dcp.save(tree, storage_writer=_Writer(tmp))
             if self.info.is_main:
@@ -176,7 +206,9 @@ class ShardedCheckpoints:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         except OSError as exc:
-            return BertgpuError(f"{tmp}: cannot create the checkpoint folder: {exc.strerror or exc}")
+            return BertgpuError(
+                f"{tmp}: cannot create the checkpoint folder: {exc.strerror or exc}"
+            )
         return None
 
     def _seal(self, tmp: Path, final: Path, step: int, needed: int, write: Future | None) -> Path:
@@ -231,22 +263,34 @@ class ShardedCheckpoints:
         try:
             p.future.result()
         except (Exception, _checkpoint_exception()) as exc:
-            self.error = exc if isinstance(exc, BertgpuError) else BertgpuError(
-                f"{self.run_dir}: the background write of step {p.step} failed: "
-                f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
+            self.error = (
+                exc
+                if isinstance(exc, BertgpuError)
+                else BertgpuError(
+                    f"{self.run_dir}: the background write of step {p.step} failed: "
+                    f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
+                )
+            )
             self.failed = True
             return None
         return Written(p.step, time.perf_counter() - p.started)
 
     def failure(self) -> BertgpuError:
         """The error to stop with once some rank's background write failed."""
-        return self.error or BertgpuError(f"{self.run_dir}: a background checkpoint write failed on "
-                                          "another rank (its error names the cause)")
+        return self.error or BertgpuError(
+            f"{self.run_dir}: a background checkpoint write failed on "
+            "another rank (its error names the cause)"
+        )
 
 
-def make_checkpointer(model: torch.nn.Module, info: distributed.DistInfo, run_dir: Path,
-                      keep_last: int, async_save: bool, timeout_minutes: float
-                      ) -> FullCheckpoints | ShardedCheckpoints:
+def make_checkpointer(
+    model: torch.nn.Module,
+    info: distributed.DistInfo,
+    run_dir: Path,
+    keep_last: int,
+    async_save: bool,
+    timeout_minutes: float,
+) -> FullCheckpoints | ShardedCheckpoints:
     """The checkpointer of this model's strategy (collective for a sharded model with
     async_save: it makes the background write's process group)."""
     if sharding.is_sharded(model):
@@ -258,8 +302,13 @@ def make_checkpointer(model: torch.nn.Module, info: distributed.DistInfo, run_di
 # Restoring
 
 
-def restore(path: Path, model_state: dict[str, torch.Tensor], train_state: dict[str, Any],
-            model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def restore(
+    path: Path,
+    model_state: dict[str, torch.Tensor],
+    train_state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> None:
     """Load a checkpoint's weights and optimizer state into `model` (the unwrapped module,
     sharded or not) and `optimizer`; collective when either side is sharded."""
     if is_sharded_checkpoint(path):
@@ -280,8 +329,10 @@ def _check_keys(path: Path, model: torch.nn.Module, model_state: dict[str, torch
     missing = sorted(own - set(model_state))
     unexpected = sorted(set(model_state) - own)
     if unexpected or [k for k in missing if "decoder" not in k]:  # tied decoders are stored once
-        raise BertgpuError(f"{path}: checkpoint does not match the configured model (missing "
-                           f"{missing[:5]}, unexpected {unexpected[:5]}); was the model changed?")
+        raise BertgpuError(
+            f"{path}: checkpoint does not match the configured model (missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}); was the model changed?"
+        )
 
 
 def _load_dcp(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -294,16 +345,25 @@ def _load_dcp(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     try:
         dcp.load(tree, storage_reader=dcp.FileSystemReader(str(path)))
     except (Exception, _checkpoint_exception()) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])
-        detail = next((line for line in first if "Missing key" in line or "Size mismatch" in line),
-                      first[0])
-        raise BertgpuError(f"{path}: checkpoint does not match the configured model ({detail.strip()}); "
-                           "was the model changed?") from None
-    set_state_dict(model, optimizer, model_state_dict=tree[MODEL_KEY], optim_state_dict=tree[OPTIM_KEY])
+        first = str(exc).strip().splitlines() or [type(exc).__name__]
+        detail = next(
+            (line for line in first if "Missing key" in line or "Size mismatch" in line), first[0]
+        )
+        raise BertgpuError(
+            f"{path}: checkpoint does not match the configured model ({detail.strip()}); "
+            "was the model changed?"
+        ) from None
+    set_state_dict(
+        model, optimizer, model_state_dict=tree[MODEL_KEY], optim_state_dict=tree[OPTIM_KEY]
+    )
 
 
-def _load_full_into_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                            model_state: dict[str, torch.Tensor], optim_state: dict[str, Any]) -> None:
+def _load_full_into_sharded(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
+    optim_state: dict[str, Any],
+) -> None:
     """A ddp checkpoint (whole tensors; optimizer state keyed by parameter index) into a sharded
     model: every rank keeps its shard of each tensor."""
     from torch.distributed.checkpoint.state_dict import (
@@ -314,20 +374,28 @@ def _load_full_into_sharded(model: torch.nn.Module, optimizer: torch.optim.Optim
 
     full = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, model_state, options=full)
-    set_optimizer_state_dict(model, optimizer, optim_by_name(model, optimizer, optim_state),
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model,
+        optimizer,
+        optim_by_name(model, optimizer, optim_state),
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
-def optim_by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  state: dict[str, Any]) -> dict[str, Any]:
+def optim_by_name(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> dict[str, Any]:
     """torch's optimizer state dict (parameters numbered in the order of the optimizer's groups)
     keyed by parameter name instead, the form `set_optimizer_state_dict` takes. Both strategies
     build the optimizer over `model.named_parameters()` in the same order."""
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-    return {"state": {order[int(i)]: s for i, s in state["state"].items()},
-            "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]}
-                             for g in state["param_groups"]]}
+    return {
+        "state": {order[int(i)]: s for i, s in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [order[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,5 +480,12 @@ def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
     return _WRITER(str(path))
 
 
-__all__ = ["FullCheckpoints", "ShardedCheckpoints", "Written", "list_checkpoints", "make_checkpointer",
-           "optim_by_name", "restore"]
+__all__ = [
+    "FullCheckpoints",
+    "ShardedCheckpoints",
+    "Written",
+    "list_checkpoints",
+    "make_checkpointer",
+    "optim_by_name",
+    "restore",
+]

@@ -374,7 +374,8 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     sharded = dist.strategy == "fsdp"
-    timer = distributed.CommTimer(device) if info.distributed and dist.measure_comm and not sharded else None
+    measure = info.distributed and dist.measure_comm and not sharded  # DDP's comm hook
+    timer = distributed.CommTimer(device) if measure else None
     if sharded:  # the parameters become DTensor shards: the optimizer must see those
         train_model = distributed.wrap_model(model, info, dist, precision=train.precision)
     optimizer = build_optimizer(model, optim.name, lr, weight_decay=optim.weight_decay,

@@ -85,7 +85,8 @@ class Task(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from a checkpoint's train state."""
 
-    def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path | None:
+    def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None
+               ) -> Path | None:
         """Rank 0 only, at the end of a run that was not preempted: write the result. A task that
         trains a sharded model is given its gathered full weights (`state_dict`) to write."""
 
@@ -411,8 +412,8 @@ class Loop:
                 "world_size": self.world,
             }
             files = self.checkpoint_files()
-        path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state, files,
-                                     background=background)
+        path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state,
+                                     files, background=background)
         self.saved_step = self.engine.step
         # stall_s: how long training was blocked, waiting for the previous background write
         # (wait_s) included.
@@ -423,8 +424,8 @@ class Loop:
     def _log_written(self, logger: Any, written: Any) -> None:
         """A background checkpoint write finished (None: nothing to report)."""
         if written is not None:
-            logger.log(self.engine.step, "info", event="checkpoint_written", saved_step=written.step,
-                       write_s=written.write_s)
+            logger.log(self.engine.step, "info", event="checkpoint_written",
+                       saved_step=written.step, write_s=written.write_s)
 
     def _restore(self, path: Path, model_state: dict[str, torch.Tensor], st: dict[str, Any]) -> None:
         from bertgpu.train.checkpoint import set_rng_state

@@ -58,7 +58,9 @@ def fsdp_policies(precision: str, cpu_offload: bool) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = {}
     if precision == "bf16":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
     if cpu_offload:
         # Pinned host memory makes the copies to and from the GPU asynchronous (CUDA only).
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
@@ -74,25 +76,38 @@ def fsdp_mesh(info: DistInfo, shard_within_node: bool) -> Any:
         return init_device_mesh(device_type, (info.world_size,))
     per_node = info.local_world_size
     if per_node < 1 or info.world_size % per_node:
-        raise BertgpuError(f"distributed.shard_within_node: {info.world_size} ranks do not split into "
-                           f"nodes of {per_node} (LOCAL_WORLD_SIZE); expected the same number per node")
-    return init_device_mesh(device_type, (info.world_size // per_node, per_node),
-                            mesh_dim_names=("replicate", "shard"))
+        raise BertgpuError(
+            f"distributed.shard_within_node: {info.world_size} ranks do not split into "
+            f"nodes of {per_node} (LOCAL_WORLD_SIZE); expected the same number per node"
+        )
+    return init_device_mesh(
+        device_type, (info.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard")
+    )
 
 
-def wrap_fsdp(model: torch.nn.Module, info: DistInfo, layers: Sequence[torch.nn.Module], *,
-              precision: str = "fp32", cpu_offload: bool = False,
-              shard_within_node: bool = False) -> torch.nn.Module:
+def wrap_fsdp(
+    model: torch.nn.Module,
+    info: DistInfo,
+    layers: Sequence[torch.nn.Module],
+    *,
+    precision: str = "fp32",
+    cpu_offload: bool = False,
+    shard_within_node: bool = False,
+) -> torch.nn.Module:
     """Shard `model` in place: `fully_shard` on every layer, then on the root. Needs a process
     group (one process has a group of one: `init_distributed(..., strategy="fsdp")`). Build the
     optimizer afterwards: the parameters are replaced by sharded DTensors."""
     from torch.distributed.fsdp import fully_shard
 
     if not info.distributed:
-        raise BertgpuError("distributed.strategy fsdp: no process group; expected the run started by "
-                           "init_distributed(..., strategy='fsdp') or under torchrun")
+        raise BertgpuError(
+            "distributed.strategy fsdp: no process group; expected the run started by "
+            "init_distributed(..., strategy='fsdp') or under torchrun"
+        )
     if not layers:
-        raise BertgpuError(f"distributed.strategy fsdp: {type(model).__name__} has no layers to shard")
+        raise BertgpuError(
+            f"distributed.strategy fsdp: {type(model).__name__} has no layers to shard"
+        )
     kwargs = {"mesh": fsdp_mesh(info, shard_within_node), **fsdp_policies(precision, cpu_offload)}
     for layer in layers:
         fully_shard(layer, **kwargs)
@@ -145,17 +160,29 @@ def _tensor_bytes(tensors: Any) -> int:
     return total
 
 
-def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
-                      ) -> dict[str, int]:
+def local_state_bytes(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, int]:
     """This rank's bytes of parameters, gradients (as they are now: call after a backward) and
     optimizer state, read from the tensors themselves (a DTensor's local shard)."""
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    states = [v for s in (optimizer.state.values() if optimizer is not None else [])
-              for v in s.values()]
-    return {"params": _tensor_bytes(params), "grads": _tensor_bytes(grads),
-            "optimizer": _tensor_bytes(states)}
+    states = [
+        v for s in (optimizer.state.values() if optimizer is not None else []) for v in s.values()
+    ]
+    return {
+        "params": _tensor_bytes(params),
+        "grads": _tensor_bytes(grads),
+        "optimizer": _tensor_bytes(states),
+    }
 
 
-__all__ = ["accumulating", "fsdp_mesh", "fsdp_policies", "full_state_dict", "is_sharded",
-           "local_state_bytes", "wrap_fsdp"]
+__all__ = [
+    "accumulating",
+    "fsdp_mesh",
+    "fsdp_policies",
+    "full_state_dict",
+    "is_sharded",
+    "local_state_bytes",
+    "wrap_fsdp",
+]
