@@ -124,7 +124,8 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
     """Train according to `cfg` (a validated `schema.PretrainConfig`)."""
     from bertgpu.train import distributed
 
-    info = distributed.init_distributed(cfg.impl.device, cfg.distributed.timeout_minutes)
+    info = distributed.init_distributed(cfg.impl.device, cfg.distributed.timeout_minutes,
+                                        strategy=cfg.distributed.strategy)
     try:
         loop = build(cfg, info, allow_data_change)
         res = loop.run()
@@ -265,8 +266,21 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
         ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
                           f"{_warmup_text(cfg)}, {s.decay} decay)"),
         *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
-                                   f"comm hook {d.comm_hook}")] if info.world_size > 1 else []),
+                                   f"comm hook {d.comm_hook}")]
+          if info.world_size > 1 and d.strategy == "ddp" else []),
+        *([("sharding", _sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
     ]
+
+
+def _sharding_text(cfg: Any, info: Any) -> str:
+    d = cfg.distributed
+    ranks = f"{info.world_size} rank{'s' if info.world_size > 1 else ''}"
+    mesh = (f"HSDP: {info.world_size // info.local_world_size} nodes x {info.local_world_size}"
+            if d.shard_within_node else ranks)
+    params = "bf16 all-gather, fp32 reduce" if cfg.train.precision == "bf16" else "fp32"
+    return (f"fsdp (FSDP2) over {mesh}, per layer + root, {params}"
+            f"{', CPU offload' if d.cpu_offload else ''}"
+            f"{', checkpoints written in the background' if cfg.checkpoint.async_save else ''}")
 
 
 def _hf_config_json(model: Any) -> str:

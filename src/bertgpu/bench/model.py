@@ -13,6 +13,7 @@ mean real length and `flops.peak_tflops`.
     bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/   # lengths of a shard set
     bertgpu bench model --preset gpu --out results/h100.jsonl                          # the GPU table
     bertgpu bench model --check-graph                        # graph breaks / host syncs (graph_check.py)
+    bertgpu bench model --strategy fsdp --size base          # bytes per rank, ddp vs fsdp
 
 Models are built once per size and reused by every row of that size (unpadding is a per-instance
 option, a compiled model wraps the same parameters), and a transformers measurement is reused by
@@ -105,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of timing: check that every training micro-step (pretraining padded/"
                              "packed/unpadded, NSP on/off, the task heads) compiles with no graph break and "
                              "runs with no host sync; exit 1 if not (see bench/graph_check.py)")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
+                        help="instead of ours vs transformers: parameter + gradient + optimizer "
+                             "bytes per rank of ddp and fsdp on --ranks processes, predicted for "
+                             "4 and 8 (sharded.py)")
+    parser.add_argument("--ranks", default="1,2",
+                        help="with --strategy: world sizes to measure (default 1,2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="append one row per model and grid point (.jsonl or .csv)")
 
@@ -387,6 +394,10 @@ def main(args: argparse.Namespace) -> int:
         from bertgpu.bench import graph_check
 
         return graph_check.main(args)
+    if args.strategy is not None:
+        from bertgpu.bench import sharded
+
+        return sharded.main(args)
     import torch
 
     from bertgpu.telemetry.flops import peak_tflops

@@ -141,17 +141,30 @@ class CheckpointSection:
     every_steps: int = option(1000, "write a checkpoint every N steps (0 = only at the end)")
     keep_last: int = option(3, "keep the newest N checkpoints (0 = keep all)")
     every_minutes: float | None = option(None, "also write one every N minutes of wall time (none = off)")
+    async_save: bool = option(
+        False, "fsdp: copy the shards to CPU memory and write them in the background while "
+               "training goes on (the stall is logged); the checkpoint counts only once sealed")
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+STRATEGIES = ("ddp", "fsdp")
 WANDB_MODES = ("auto", "online", "offline")
 BALANCE_MODES = ("none", "auto")
 
 
 @dataclass
 class DistributedSection:
-    """Data-parallel (DDP) gradient all-reduce; only used with more than one process."""
+    """How several processes share the work: replicated (DDP) or sharded (FSDP2) models."""
 
+    strategy: str = option(
+        "ddp", "ddp (every rank holds the whole model and optimizer) or fsdp (parameters, "
+               "gradients and optimizer state sharded over the ranks: torch's FSDP2, for models "
+               "that do not fit)")
+    shard_within_node: bool = option(
+        False, "fsdp on several nodes: shard within each node and replicate across nodes (HSDP)")
+    cpu_offload: bool = option(
+        False, "fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
+               "(less GPU memory, a slower step)")
     bucket_cap_mb: int = option(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)")
     gradient_as_bucket_view: bool = option(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
     comm_hook: str = option("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
@@ -217,7 +230,8 @@ class PretrainConfig:
     optim: OptimSection = option(factory=OptimSection, help="optimizer and learning rate")
     schedule: ScheduleSection = option(factory=ScheduleSection, help="learning-rate schedule")
     checkpoint: CheckpointSection = option(factory=CheckpointSection, help="checkpoint cadence")
-    distributed: DistributedSection = option(factory=DistributedSection, help="DDP buckets and gradient compression")
+    distributed: DistributedSection = option(factory=DistributedSection,
+                                             help="DDP or FSDP, buckets, gradient compression")
     logging: LoggingSection = option(factory=LoggingSection, help="metric sinks (W&B, MLflow, TensorBoard) and the GPU monitor")
 
 
@@ -341,7 +355,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _validate_optim(cfg.optim)
     _validate_schedule(cfg.schedule, cfg.train)
     _validate_checkpoint(cfg.checkpoint)
-    _validate_distributed(cfg.distributed)
+    _validate_distributed(cfg.distributed, cfg.checkpoint)
     cfg.logging.validate()
     return cfg
 
@@ -436,9 +450,19 @@ def _validate_checkpoint(c: CheckpointSection) -> None:
         check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
 
 
-def _validate_distributed(dist: DistributedSection) -> None:
+def _validate_distributed(dist: DistributedSection, ckpt: CheckpointSection) -> None:
     check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb, "a positive integer")
     check_choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
+    check_choice("distributed.strategy", dist.strategy, STRATEGIES)
+    if dist.strategy != "fsdp":
+        for key, on in (("distributed.shard_within_node", dist.shard_within_node),
+                        ("distributed.cpu_offload", dist.cpu_offload),
+                        ("checkpoint.async_save", ckpt.async_save)):
+            check(not on, key, on, "false with distributed.strategy ddp (it is an fsdp option)")
+    else:
+        check(dist.comm_hook == "none", "distributed.comm_hook", dist.comm_hook,
+              "none with distributed.strategy fsdp (compression hooks are DDP's; FSDP reduces in "
+              "fp32, or halves the all-gather with train.precision bf16)")
     check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes, "a positive number")
     check_choice("distributed.balance", dist.balance, BALANCE_MODES)
     check(dist.balance_every_steps >= 1, "distributed.balance_every_steps", dist.balance_every_steps, "1 or more")

@@ -101,7 +101,10 @@ def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors, else pytorch_model.bin (also their sharded *.index.json forms)."""
+    """model.safetensors, else pytorch_model.bin (also their sharded *.index.json forms), else
+    the weights of a sharded run's checkpoint (torch.distributed.checkpoint), gathered whole."""
+    if (folder / ".metadata").is_file() and not (folder / "model.safetensors").is_file():
+        return _read_dcp_weights(folder)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
             return _load_weight_file(folder / name)
@@ -116,6 +119,30 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
                 sd.update(_load_weight_file(folder / shard))
             return sd
     raise BertgpuError(f"{folder}: no model.safetensors or pytorch_model.bin")
+
+
+def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The full weights of a torch.distributed.checkpoint folder (a sharded run's checkpoint: its
+    "model." tree; the optimizer's is not read), from every rank's files, in this process alone
+    (no process group needed, none used)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        reader = dcp.FileSystemReader(str(folder))
+        entries = reader.read_metadata().state_dict_metadata
+        weights = {k[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
+                   for k, m in entries.items()
+                   if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+        # "assuming the intent is to load in a single process": it is.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({prefix[:-1]: weights}, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as e:  # DCP's own error types for damaged files
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise BertgpuError(f"{folder}: unreadable sharded checkpoint ({first})") from None
+    return weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,9 +347,12 @@ def hf_config(model: nn.Module) -> dict[str, Any]:
 
 
 def save_pretrained(model: nn.Module, folder: str | os.PathLike,
-                    tokenizer: str | os.PathLike | None = None) -> Path:
+                    tokenizer: str | os.PathLike | None = None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write `folder` (config.json, model.safetensors, the tokenizer files if `tokenizer` names a
     tokenizer folder) so that transformers' AutoModelFor... loads it with no missing keys.
+    `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered
+    whole by the caller: the model's parameters are then only shards).
 
     Written to `folder.tmp` and renamed into place; an existing `folder` is replaced.
     """
@@ -340,8 +370,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         raise BertgpuError(f"{folder}: exists and is not a folder")
 
     # Tied copies are left out (HF re-ties them on load); each tensor is stored once, contiguous.
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()
-             if k not in TIED_KEYS}
+    weights = model.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().to("cpu").contiguous() for k, v in weights.items() if k not in TIED_KEYS}
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -43,6 +43,9 @@ class Architecture:
     encoder_names: tuple[str, ...]
     """Top-level names of the bare encoder's parameters (a bare encoder folder stores them
     without `encoder_prefix`)."""
+    layers_path: str
+    """Dotted path, inside the bare encoder, of the `nn.ModuleList` of its transformer layers
+    ("encoder.layer", "layers"): what sharded training (FSDP) wraps one by one (`layers`)."""
     flops_per_token: Callable[[Any, int, float, bool], float]
     """(config, seq_len, mlm_fraction, with_nsp) -> training FLOPs per token, for MFU."""
     train_bytes: Callable[..., int]
@@ -73,6 +76,13 @@ class Architecture:
     def heads(self) -> dict[str, Any]:
         """Head name -> model class (imports the model module, hence torch)."""
         return importlib.import_module(self.model_module).HEADS
+
+    def layers(self, model: Any) -> list[Any]:
+        """The transformer layers of `model` (any head, or the bare encoder), in order; the model
+        itself knows nothing of the parallelism that shards them."""
+        prefix = self.encoder_prefix.rstrip(".")
+        encoder = getattr(model, prefix, None) if prefix else None
+        return list((encoder if encoder is not None else model).get_submodule(self.layers_path))
 
     def pretraining_config(self) -> Any:
         """The `[model]` section of a recipe that names this architecture, before the recipe's

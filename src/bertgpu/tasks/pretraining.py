@@ -27,7 +27,7 @@ from bertgpu.data.loaders import PretrainLoader, iter_eval_batches
 from bertgpu.data.masking import MaskingConfig
 from bertgpu.data.shards import ShardSet, check_compatible
 from bertgpu.errors import BertgpuError
-from bertgpu.train import distributed
+from bertgpu.train import distributed, sharding
 from bertgpu.train.engine import StepResult
 
 
@@ -140,27 +140,32 @@ class PretrainTask:
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, step: int, train_loss: float | None) -> dict[str, float]:
         """MLM loss/accuracy (and NSP accuracy) on the held-out split, all ranks together:
-        batches are sharded over ranks with no collective inside the loop, one all-reduce after."""
+        batches are sharded over ranks with no collective inside the loop, one all-reduce after
+        (a sharded model's forwards are collectives: there every rank runs as many as the rank
+        with the most batches, the extra ones on a repeated batch and not counted)."""
         if self.data.val is None:
             return {}
         sums = torch.zeros(5, dtype=torch.float64)  # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
+        mb, limit = self.loader.micro_batch_size, self.eval_batches or None
         self.model.eval()
         with torch.no_grad():
-            for batch in iter_eval_batches(self.data.val, self.eval_masking, self.loader.micro_batch_size,
-                                           seed=self.seed, max_batches=self.eval_batches or None,
-                                           rank=self.info.rank, world_size=self.info.world_size):
-                batch = {k: v.to(self.device) for k, v in batch.items()}
-                with self.autocast():
-                    out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                     token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                                     next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None,
-                                     batch_meta=batch.get("batch_meta"))
+            done = 0
+            for batch in iter_eval_batches(self.data.val, self.eval_masking, mb, seed=self.seed,
+                                           max_batches=limit, rank=self.info.rank,
+                                           world_size=self.info.world_size):
+                out = self._eval_forward(batch)
+                done += 1
                 sums[0] += float(out.mlm_loss_sum)
                 sums[1] += float(out.mlm_count)
                 sums[2] += float(out.mlm_correct)
                 if self.with_nsp:
                     sums[3] += float(out.nsp_correct)
                     sums[4] += float(out.nsp_count)
+            if sharding.is_sharded(self.model):
+                n = min(-(-len(self.data.val) // mb), limit or len(self.data.val))
+                for _ in range(-(-n // self.info.world_size) - done):
+                    self._eval_forward(next(iter_eval_batches(self.data.val, self.eval_masking, mb,
+                                                              seed=self.seed, max_batches=1)))
         self.model.train()
         sums = distributed.all_reduce_sum(sums.to(distributed.collective_device())).cpu()
         result: dict[str, float] = {}
@@ -172,6 +177,14 @@ class PretrainTask:
         if sums[4] > 0:
             result["val_nsp_acc"] = float(sums[3] / sums[4])
         return result
+
+    def _eval_forward(self, batch: Mapping[str, Any]) -> Any:
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with self.autocast():
+            nsp = batch.get("next_sentence_label") if self.with_nsp else None
+            return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              token_type_ids=batch["token_type_ids"], labels=batch["labels"],
+                              next_sentence_label=nsp, batch_meta=batch.get("batch_meta"))
 
     # -- state and result ------------------------------------------------------------------------
     def data_identity(self) -> dict[str, Any]:
@@ -207,10 +220,13 @@ class PretrainTask:
         if shares and len(shares) == self.info.world_size:  # another world size measures again
             self.loader.set_shares(list(shares))
 
-    def export(self, step: int) -> Path:
+    def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
         from bertgpu.models.hf_io import save_pretrained
 
-        folder = save_pretrained(self.model, self.run_dir / "hf", tokenizer=self.run_dir / "tokenizer")
+        # A sharded model's weights come gathered (its parameters are shards).
+        weights = dict(state_dict) if state_dict is not None else None
+        folder = save_pretrained(self.model, self.run_dir / "hf",
+                                 tokenizer=self.run_dir / "tokenizer", state_dict=weights)
         print(f"done: step {step}; Hugging Face export in {folder}", flush=True)
         return folder
 

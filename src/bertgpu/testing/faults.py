@@ -15,6 +15,9 @@ Items, separated by commas (an item may be given more than once):
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th           between_renames
                                   replacement of an existing checkpoint folder
+    slow_write=SECONDS            every rank sleeps SECONDS before writing its          slow_write
+                                  checkpoint files (in the background with
+                                  checkpoint.async_save): a slow filesystem
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
@@ -42,7 +45,7 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N or kill_replace=N")
+           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N or slow_write=SECONDS")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Plan:
     slow: list[Trigger] = field(default_factory=list)
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
+    slow_write_s: float = 0.0
     writes: int = 0
     replaces: int = 0
 
@@ -150,6 +154,13 @@ def parse(spec: str) -> Plan:
             plan.enospc_writes.add(_int(value, item, 1))
         elif key == "kill_replace":
             plan.kill_replaces.add(_int(value, item, 1))
+        elif key == "slow_write":
+            try:
+                plan.slow_write_s = float(value)
+            except ValueError:
+                plan.slow_write_s = -1.0
+            if not plan.slow_write_s >= 0:
+                raise _bad(item, "expected slow_write=SECONDS with SECONDS >= 0")
         else:
             raise _bad(item, f"unknown fault {key!r}")
     return plan
@@ -227,6 +238,14 @@ def check_write(path: Path) -> None:
         path = Path(path)
         os.truncate(path, path.stat().st_size // 2)
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected by {ENV})", str(path))
+
+
+def slow_write() -> None:
+    """Called before a checkpoint's files are written (by every rank; for a background save, in
+    its writer thread): sleep as slow_write says."""
+    plan = active()
+    if plan is not None and plan.slow_write_s > 0:
+        time.sleep(plan.slow_write_s)
 
 
 def between_renames() -> None:

@@ -9,6 +9,11 @@ A checkpoint folder holds::
     checksums.json      size and sha256 of every file above
     COMPLETE            written last: its presence means every other file is whole
 
+A sharded run (`distributed.strategy = "fsdp"`, train/checkpointer.py) writes the weights and the
+optimizer state with torch.distributed.checkpoint instead: `.metadata` and one `__R_0.distcp` per
+rank in the same folder, a train_state.pt without the optimizer, and the same checksums and
+COMPLETE; `is_sharded_checkpoint` tells the two apart, and either resumes into either strategy.
+
 Saving checks the free space first (a warning when the checkpoint will not fit), writes
 everything into `step_N.tmp/`, seals it (checksums, then COMPLETE, all flushed) and swaps it in
 (`fsutil.replace_dir`: new written, old renamed aside, new renamed in, old removed). Older
@@ -53,6 +58,7 @@ from bertgpu.train import distributed
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, beside its *.distcp shards
 _RESERVED = (MODEL_FILE, STATE_FILE, CHECKSUMS, COMPLETE)
 _OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
 # Per tensor: zip record and alignment (torch.save), header entry (safetensors); generous.
@@ -60,7 +66,8 @@ _BYTES_PER_TENSOR = 4096
 
 __all__ = [
     "CHECKPOINTS", "MODEL_FILE", "STATE_FILE", "check_free_space",
-    "checkpoint_dir", "checkpoint_problem", "estimate_checkpoint_bytes", "latest_checkpoint",
+    "checkpoint_dir", "checkpoint_problem", "estimate_checkpoint_bytes", "is_sharded_checkpoint",
+    "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "recover_checkpoints", "resume_checkpoint",
     "rng_state", "save_checkpoint", "set_rng_state",
 ]
@@ -207,6 +214,7 @@ def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mapping[str, Any],
                  extra: Mapping[str, bytes], step: int) -> None:
     tmp.mkdir(parents=True)
+    faults.slow_write()
     _safetensors_save(tensors, tmp / MODEL_FILE)
     faults.check_write(tmp / MODEL_FILE)
     _torch_save(dict(train_state), tmp / STATE_FILE)
@@ -274,18 +282,27 @@ def save_checkpoint(
     return final
 
 
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a torch.distributed.checkpoint folder (a sharded run's), False for the single
+    files of model.safetensors + train_state.pt."""
+    return (Path(path) / DCP_METADATA).is_file()
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(model_state, train_state) of a checkpoint folder, on CPU. Refuses pickles that contain
-    anything but tensors and plain containers (torch.load with weights_only=True)."""
+    anything but tensors and plain containers (torch.load with weights_only=True). A sharded
+    checkpoint gives an empty model_state: its weights and optimizer state are read straight
+    into the (sharded or not) model by `checkpointer.restore`, never gathered whole."""
     from safetensors.torch import load_file
 
     folder = Path(path)
     model_path, state_path = folder / MODEL_FILE, folder / STATE_FILE
-    for p in (model_path, state_path):
+    sharded = is_sharded_checkpoint(folder)
+    for p in (state_path,) if sharded else (model_path, state_path):
         if not p.is_file():
             raise BertgpuError(f"{folder}: not a complete checkpoint ({p.name} is missing)")
     try:
-        model_state = load_file(str(model_path), device="cpu")
+        model_state = {} if sharded else load_file(str(model_path), device="cpu")
     except Exception as exc:  # safetensors raises its own error types
         raise BertgpuError(f"{model_path}: unreadable safetensors file ({exc})") from None
     try:

@@ -38,6 +38,8 @@ class DistInfo:
     """torch device string of this process, e.g. "cuda:3" or "cpu"."""
     backend: str | None = None
     """"nccl", "gloo", or None when running as a single process without a process group."""
+    local_world_size: int = 1
+    """Processes on this node (torchrun's LOCAL_WORLD_SIZE): the shard group of HSDP."""
 
     @property
     def is_main(self) -> bool:
@@ -109,9 +111,11 @@ def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
 DEFAULT_TIMEOUT_MINUTES = 60.0
 
 
-def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = None) -> DistInfo:
+def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = None,
+                     strategy: str = "ddp") -> DistInfo:
     """Set up the process group from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR/PORT); single process without a group when WORLD_SIZE is unset.
+    MASTER_ADDR/PORT); single process without a group when WORLD_SIZE is unset, except with
+    `strategy` "fsdp", which needs one: a group of one process (an in-memory store, no port).
 
     NCCL on CUDA (with `torch.cuda.set_device` on this rank's GPU first, so NCCL and every
     `.cuda()` use it; see `_pick_device`), gloo on CPU. `timeout_minutes` bounds every
@@ -123,10 +127,12 @@ def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     device = _pick_device(device_pref, local_rank, world_size)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    if "WORLD_SIZE" not in os.environ:
+    alone = "WORLD_SIZE" not in os.environ
+    if alone and strategy != "fsdp":
         return DistInfo(0, 1, 0, device, None)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist = _dist()
@@ -136,12 +142,14 @@ def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = 
         minutes = DEFAULT_TIMEOUT_MINUTES if timeout_minutes is None else float(timeout_minutes)
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
                                   "timeout": timedelta(minutes=minutes)}
+        if alone:
+            kwargs["store"] = dist.HashStore()  # a group of one: no rendezvous, no port
         if backend == "nccl":
             # Binds the communicator to this GPU eagerly (torch >= 2.3) and silences the
             # "device id unknown" barrier warning.
             kwargs["device_id"] = torch.device(device)
         dist.init_process_group(**kwargs)
-    return DistInfo(rank, world_size, local_rank, device, backend)
+    return DistInfo(rank, world_size, local_rank, device, backend, local_world)
 
 
 def destroy() -> None:
@@ -353,6 +361,23 @@ def wrap_ddp(
         ddp.register_comm_hook(state, hook)
     ddp.comm_hook_state = state  # for reset_comm_hook_state after a skipped step
     return ddp
+
+
+def wrap_model(model: torch.nn.Module, info: DistInfo, dist: Any, *, precision: str = "fp32",
+               timer: CommTimer | None = None) -> torch.nn.Module:
+    """The training module of `dist.strategy` (a `[distributed]` section): `wrap_ddp`'s wrapper
+    (the model itself on one process), or the model sharded in place by FSDP2 (`sharding.py`,
+    one unit per layer of its architecture's spec, then the root)."""
+    if dist.strategy == "fsdp":
+        from bertgpu.models.build import spec_of_config
+        from bertgpu.train.sharding import wrap_fsdp
+
+        layers = spec_of_config(model.config).layers(model)
+        return wrap_fsdp(model, info, layers, precision=precision, cpu_offload=dist.cpu_offload,
+                         shard_within_node=dist.shard_within_node)
+    return wrap_ddp(model, info, bucket_cap_mb=dist.bucket_cap_mb,
+                    gradient_as_bucket_view=dist.gradient_as_bucket_view, comm_hook=dist.comm_hook,
+                    timer=timer)
 
 
 def reset_comm_hook_state(state: Any) -> None:

@@ -13,8 +13,10 @@ are summed *before* the first backward, and each micro batch contributes
 batch B, and DP=2 equals DP=1 with accumulation 2 (the Megatron-LM convention of normalising by
 the global number of tokens, rather than averaging per-micro-batch means).
 
-DDP averages gradients over ranks, so the loss is multiplied by world_size before backward to
-turn that average back into the sum the normalisation above expects.
+DDP and FSDP average gradients over ranks, so the loss is multiplied by world_size before
+backward to turn that average back into the sum the normalisation above expects. With FSDP
+(`sharding.py`) the micro-steps before the last neither reduce nor reshard (`sharding.accumulating`,
+DDP's no_sync), and the clipping norm is the global norm of the sharded gradients.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from bertgpu.config.schema import (
     TrainSection,
 )
 from bertgpu.errors import BertgpuError
-from bertgpu.train import distributed
+from bertgpu.train import distributed, sharding
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
@@ -103,10 +105,11 @@ def make_grad_scaler(device_type: str) -> Any:
 
 
 class Engine:
-    """Owns AMP, accumulation, DDP sync, clipping and skipping for one model + optimizer.
+    """Owns AMP, accumulation, DDP/FSDP sync, clipping and skipping for one model + optimizer.
 
     `lr_fn()` gives the lr of the step about to be taken (e.g. peak * schedule factor); it is set
-    on every param group before `optimizer.step()`. `ddp=None` detects a DDP-wrapped model.
+    on every param group before `optimizer.step()`. `ddp=None` detects a DDP-wrapped model, and
+    an FSDP2-sharded one (or its compiled wrapper) is detected always.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class Engine:
 
             ddp = isinstance(model, DistributedDataParallel)
         self.ddp = ddp
+        self.sharded = sharding.is_sharded(model)
         # With DDP's gradient_as_bucket_view the .grad tensors alias the all-reduce buckets:
         # zeroing them in place keeps that single copy, setting them to None would make DDP
         # allocate a second one on the next backward.
@@ -222,11 +226,14 @@ class Engine:
         DDP all-reduces on the last micro batch only. Returns this rank's summed loss terms and
         extra sums (detached)."""
         self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
-        loss_scale = float(distributed.get_world_size()) if self.ddp else 1.0  # DDP averages; we want sums
+        # DDP and FSDP average over ranks; we want sums.
+        loss_scale = float(distributed.get_world_size()) if self.ddp or self.sharded else 1.0
         term_sums: dict[str, torch.Tensor] = {}
         extras: dict[str, torch.Tensor] = {}
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
+            if self.sharded:
+                sharding.accumulating(self.model, i < n - 1)
             sync = self.model.no_sync() if self.ddp and i < n - 1 else contextlib.nullcontext()  # type: ignore[operator]
             with sync:  # covers forward too: DDP reads the sync flag in forward
                 batch = _to_device(mb, self.device)
@@ -256,7 +263,11 @@ class Engine:
         params = [p for p in self._params() if p.grad is not None]
         if not params:
             return torch.zeros((), device=self.device)
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # Sharded gradients (DTensors) give a replicated DTensor: the global norm, on every rank
+        # (on the CPU with cpu_offload).
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return norm.to(self.device)
 
     def _reduce_terms(self, keys: list[str], term_sums: Mapping[str, torch.Tensor],
                       extras: Mapping[str, torch.Tensor], grad_norm: torch.Tensor,
@@ -346,11 +357,14 @@ class Engine:
 def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: float, train: TrainSection,
                  optim: OptimSection, impl: ImplSection, dist: DistributedSection
                  ) -> tuple[Engine, distributed.CommTimer | None]:
-    """Optimizer, DDP and compile around `model` (already on its device), and the engine, from
-    the config sections as they are; `lr` is the peak learning rate (after any batch scaling).
+    """Optimizer, DDP or FSDP, and compile around `model` (already on its device), and the
+    engine, from the config sections as they are; `lr` is the peak learning rate (after any
+    batch scaling).
 
     DDP wraps first and torch.compile wraps DDP, the order PyTorch recommends: the compiled
-    graph is split at DDP's bucket boundaries so gradient all-reduces overlap the backward."""
+    graph is split at DDP's bucket boundaries so gradient all-reduces overlap the backward.
+    FSDP shards the model in place (`dist.strategy` "fsdp") and the optimizer is built after,
+    over the sharded parameters; torch.compile then wraps the sharded model."""
     from bertgpu.train.optim import build_optimizer
 
     device = torch.device(info.device)
@@ -359,12 +373,15 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
         # MFU is reported against the TF32 peak accordingly.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    sharded = dist.strategy == "fsdp"
+    measure = info.distributed and dist.measure_comm and not sharded  # DDP's comm hook
+    timer = distributed.CommTimer(device) if measure else None
+    if sharded:  # the parameters become DTensor shards: the optimizer must see those
+        train_model = distributed.wrap_model(model, info, dist, precision=train.precision)
     optimizer = build_optimizer(model, optim.name, lr, weight_decay=optim.weight_decay,
                                 betas=tuple(optim.betas), eps=optim.eps)
-    timer = distributed.CommTimer(device) if info.distributed and dist.measure_comm else None
-    train_model = distributed.wrap_ddp(model, info, bucket_cap_mb=dist.bucket_cap_mb,
-                                       gradient_as_bucket_view=dist.gradient_as_bucket_view,
-                                       comm_hook=dist.comm_hook, timer=timer)
+    if not sharded:
+        train_model = distributed.wrap_model(model, info, dist, timer=timer)
     is_ddp = train_model is not model
     hook_state = getattr(train_model, "comm_hook_state", None)
     if impl.compile:

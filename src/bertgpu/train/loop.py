@@ -85,8 +85,10 @@ class Task(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from a checkpoint's train state."""
 
-    def export(self, step: int) -> Path | None:
-        """Rank 0 only, at the end of a run that was not preempted: write the result."""
+    def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None
+               ) -> Path | None:
+        """Rank 0 only, at the end of a run that was not preempted: write the result. A task that
+        trains a sharded model is given its gathered full weights (`state_dict`) to write."""
 
     def close(self) -> None:
         """Release workers and files."""
@@ -215,6 +217,11 @@ class Loop:
         self.resumed_from: Path | None = None
         # The result being built while `run()` lasts (a task may read its clocks), then returned.
         self.result: LoopResult | None = None
+        from bertgpu.train.checkpointer import make_checkpointer
+
+        # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
+        self.checkpoints = make_checkpointer(model, info, self.run_dir, checkpoint.keep_last,
+                                             checkpoint.async_save, dist.timeout_minutes)
         if resume is not None:
             self._restore(*resume)
 
@@ -264,8 +271,11 @@ class Loop:
                 logger.print(f"budget of {t.budget_hours:g} h reached at step {self.engine.step}")
                 result.stop_reason = "budget"
                 break
+            self._log_written(logger, self.checkpoints.poll())
             res = self._train_step(preempt, w, result)
             step = self.engine.step
+            if res.signals.get("checkpoint_failed", 0.0) > 0:  # a background write, on some rank
+                raise self.checkpoints.failure()
             if step % t.log_every_steps == 0 or step == self.max_steps:
                 self._log_train(logger, res, w)
             if res.skipped:
@@ -283,7 +293,7 @@ class Loop:
             by_time = (c.every_minutes is not None
                        and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
             if (c.every_steps and step % c.every_steps == 0) or by_time:
-                self.save(logger)
+                self.save(logger, background=c.async_save)
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
         return self._finish(logger, result, w)
@@ -302,6 +312,8 @@ class Loop:
         signals = {"preempt": float(preempt.requested),
                    "since_checkpoint_s": time.monotonic() - self._last_ckpt if main else 0.0,
                    "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
+        if self.checkpoints.background:
+            signals["checkpoint_failed"] = float(self.checkpoints.failed)
         res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts, signals=signals)
         if self.budget is not None:
             self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
@@ -370,10 +382,11 @@ class Loop:
             raise BertgpuError(f"ranks stopped at different steps ({lo}..{hi}); please report this bug")
         logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
                    rank_step_min=lo, rank_step_max=hi)
+        self._log_written(logger, self.checkpoints.wait())
         if (self.final_checkpoint or result.preempted) and self.saved_step != step:
             self.save(logger)
-        if not result.preempted and self.info.is_main:
-            result.export_dir = self.task.export(step)
+        if not result.preempted:
+            self._export(result, step)
         distributed.barrier()
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
@@ -385,17 +398,21 @@ class Loop:
         return out
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save(self, logger: Any) -> Path | None:
-        """Write a checkpoint of the current step (collective: every rank sends its RNG state)."""
-        from bertgpu.train.checkpoint import check_free_space, rng_state, save_checkpoint
+    def save(self, logger: Any, background: bool = False) -> Path | None:
+        """Write a checkpoint of the current step (collective: every rank sends its RNG state;
+        with a sharded model every rank writes its shards, in the background if asked). The time
+        the training thread was blocked is logged (`stall_s`)."""
+        from bertgpu.train.checkpoint import rng_state
 
+        t0 = time.perf_counter()
+        self._log_written(logger, self.checkpoints.wait())  # a background write still going on
+        waited = time.perf_counter() - t0
         rngs = distributed.gather_objects(rng_state())
-        path, error = None, None
+        state, files = None, {}
         if self.info.is_main:
             state = {
                 "step": self.engine.step,
                 "engine": self.engine.state_dict(),
-                "optimizer": self.engine.optimizer.state_dict(),
                 **self.task.state_dict(),
                 "rng": rngs,
                 "tokens_seen": self.tokens_seen,
@@ -404,29 +421,28 @@ class Loop:
                 "budget": self.budget.state_dict() if self.budget is not None else None,
                 "world_size": self.world,
             }
-            try:
-                path = save_checkpoint(self.run_dir, self.engine.step, self.model.state_dict(), state,
-                                       extra_files=self.checkpoint_files(), keep_last=self.ckpt.keep_last)
-                check_free_space(self.run_dir)  # warns one checkpoint interval before a full disk
-            except BertgpuError as exc:
-                error = exc
-        # Instead of a barrier: every rank learns whether rank 0's write failed and stops with it.
-        if distributed.any_true(error is not None):
-            raise error or BertgpuError(f"{self.run_dir}: rank 0 could not write the checkpoint of "
-                                        f"step {self.engine.step} (its error names the cause)")
+            files = self.checkpoint_files()
+        path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state,
+                                     files, background=background)
         self.saved_step = self.engine.step
+        # stall_s: how long training was blocked, waiting for the previous background write
+        # (wait_s) included.
+        logger.log(self.engine.step, "info", event="checkpoint", stall_s=time.perf_counter() - t0,
+                   wait_s=waited if self.checkpoints.background else None, background=path is None)
         return path
+
+    def _log_written(self, logger: Any, written: Any) -> None:
+        """A background checkpoint write finished (None: nothing to report)."""
+        if written is not None:
+            logger.log(self.engine.step, "info", event="checkpoint_written",
+                       saved_step=written.step, write_s=written.write_s)
 
     def _restore(self, path: Path, model_state: dict[str, torch.Tensor], st: dict[str, Any]) -> None:
         from bertgpu.train.checkpoint import set_rng_state
+        from bertgpu.train.checkpointer import restore
 
-        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
-        if unexpected or [k for k in missing if "decoder" not in k]:  # tied decoders are stored once
-            raise BertgpuError(f"{path}: checkpoint does not match the configured model (missing "
-                               f"{missing[:5]}, unexpected {unexpected[:5]}); was the model changed?")
-        if hasattr(self.model, "tie_weights"):
-            self.model.tie_weights()
-        self.engine.optimizer.load_state_dict(st["optimizer"])
+        # Weights and optimizer state, whichever strategy wrote them and whichever reads them.
+        restore(path, model_state, st, self.model, self.engine.optimizer)
         self.engine.load_state_dict(st["engine"])
         self.task.load_state_dict(st)
         self.tokens_seen = int(st.get("tokens_seen", 0))
@@ -445,6 +461,18 @@ class Loop:
         if self.info.is_main:
             print(f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens seen)",
                   flush=True)
+
+    def _export(self, result: LoopResult, step: int) -> None:
+        """The task's result, on rank 0; a sharded model's full weights are gathered first
+        (collective, one tensor at a time into rank 0's CPU memory)."""
+        from bertgpu.train import sharding
+
+        if sharding.is_sharded(self.model):
+            full = sharding.full_state_dict(self.model)
+            if self.info.is_main:
+                result.export_dir = self.task.export(step, state_dict=full)
+        elif self.info.is_main:
+            result.export_dir = self.task.export(step)
 
     # -- reporting -------------------------------------------------------------------------------
     def _startup_rows(self) -> list[tuple[str, str]]:

@@ -23,6 +23,7 @@ SPEC = Architecture(
     model_module="bertgpu.models.bert.model",
     encoder_prefix="bert.",
     encoder_names=("embeddings.", "encoder.", "pooler."),
+    layers_path="encoder.layer",
     flops_per_token=cost.flops_per_token_of,
     train_bytes=cost.estimate_train_bytes,
     has_nsp=True,

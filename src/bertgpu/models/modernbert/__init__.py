@@ -25,6 +25,7 @@ SPEC = Architecture(
     model_module="bertgpu.models.modernbert.model",
     encoder_prefix="model.",
     encoder_names=("embeddings.", "layers.", "final_norm."),
+    layers_path="layers",
     flops_per_token=cost.flops_per_token_of,
     train_bytes=cost.estimate_train_bytes,
     has_nsp=False,

@@ -1,0 +1,142 @@
+"""FSDP's CUDA branches, where a GPU exists (`pytest -m gpu`; skipped elsewhere): a one-GPU
+process group (NCCL) with bf16 parameters all-gathered and fp32 gradient reduction, CPU offload,
+and checkpoints written in the background (DCP's async save over its own gloo group), compared
+with ddp on the same GPU.
+
+    pytest -m gpu tests/test_fsdp_gpu.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _e2e import TINY, bertgpu, final_weights
+from _shards import write_synthetic_shards
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "pretrain",
+        TINY,
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--impl.device",
+        "cuda",
+        "--model.vocab_size",
+        "100",
+        "--model.hidden_size",
+        "64",
+        "--model.intermediate_size",
+        "128",
+        "--model.num_attention_heads",
+        "2",
+        "--model.max_position_embeddings",
+        "64",
+        "--model.hidden_dropout_prob",
+        "0",
+        "--model.attention_probs_dropout_prob",
+        "0",
+        "--train.global_batch_size",
+        "8",
+        "--impl.micro_batch_size",
+        "4",
+        "--train.precision",
+        "bf16",
+        "--train.log_every_steps",
+        "1",
+        "--train.eval_every_steps",
+        "0",
+        "--train.eval_batches",
+        "2",
+        "--schedule.decay",
+        "constant",
+        "--schedule.warmup_steps",
+        "0",
+        "--impl.num_workers",
+        "0",
+        "--checkpoint.every_steps",
+        "4",
+        "--checkpoint.keep_last",
+        "0",
+        *extra,
+    ]
+
+
+@pytest.mark.timeout(600)
+def test_bf16_offload_and_async_checkpoints_on_one_gpu(tmp_path):
+    data = write_synthetic_shards(tmp_path / "d", n_train=64, n_val=8, seq_len=32, vocab_size=100)
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    done = bertgpu(args(data, ddp, "--train.max_steps", "8"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = (
+        "--distributed.strategy",
+        "fsdp",
+        "--distributed.cpu_offload",
+        "true",
+        "--checkpoint.async_save",
+        "true",
+    )
+    done = bertgpu(args(data, fsdp, "--train.max_steps", "4", *sharded))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "bf16 all-gather, fp32 reduce, CPU offload" in done.stdout
+    assert (fsdp / "checkpoints" / "step_4" / ".metadata").is_file()
+    done = bertgpu(
+        args(data, fsdp, "--train.max_steps", "8", *sharded)
+    )  # resumes the sharded checkpoint
+    assert done.returncode == 0 and "resumed from" in done.stdout, done.stderr[-3000:]
+    a, b = final_weights(ddp), final_weights(fsdp)
+    for k in a:  # bf16 parameters in the forward (fsdp) vs autocast (ddp): close, not equal
+        torch.testing.assert_close(a[k], b[k], rtol=5e-2, atol=5e-3, msg=k)
+
+
+def test_offloaded_engine_step_reports_the_norm_on_the_gpu(monkeypatch):
+    from _tiny import TINY as TINY_BERT
+
+    from bertgpu.config.schema import DistributedSection, ImplSection, OptimSection, TrainSection
+    from bertgpu.models.build import build_model
+    from bertgpu.train import distributed
+    from bertgpu.train.engine import build_engine
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    info = distributed.init_distributed("cuda", strategy="fsdp")  # a group of one, NCCL
+    try:
+        torch.manual_seed(0)
+        model = build_model(
+            {**TINY_BERT, "architecture": "bert"}, "pretraining", with_nsp=False
+        ).cuda()
+        engine, _ = build_engine(
+            model,
+            info,
+            lr=1e-3,
+            train=TrainSection(precision="bf16"),
+            optim=OptimSection(),
+            impl=ImplSection(device="cuda"),
+            dist=DistributedSection(strategy="fsdp", cpu_offload=True),
+        )
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(5, TINY_BERT["vocab_size"], (4, 12), generator=g)
+        labels = torch.where(torch.rand(4, 12, generator=g) < 0.3, ids, -100)
+        labels[:, 1] = ids[:, 1]
+        batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+        res = engine.train_step(
+            [batch],
+            lambda m, b: {"mlm": m(**b).mlm_loss_sum},
+            lambda b: {"mlm": int((b["labels"] != -100).sum())},
+        )
+        assert not res.skipped and res.grad_norm == res.grad_norm
+        shard = next(model.parameters()).to_local()
+        assert (
+            shard.device.type == "cpu" and shard.dtype == torch.float32
+        )  # offloaded fp32 master weights
+    finally:
+        distributed.destroy()
