@@ -8,6 +8,8 @@ import json
 import pytest
 
 from bertgpu.bench import model as bench_model
+from bertgpu.bench.batches import sample_lengths
+from bertgpu.bench.cells import append_rows
 
 pytest.importorskip("transformers")
 
@@ -45,11 +47,11 @@ def test_bench_model_csv_and_lengths_from_shards(tmp_path):
     from _shards import write_synthetic_shards
 
     data = write_synthetic_shards(tmp_path / "data", seq_len=32, variable_lengths=True)
-    lengths = bench_model.sample_lengths(str(data), 50, 16, seed=0)
+    lengths = sample_lengths(str(data), 50, 16, seed=0)
     assert lengths.shape == (50,) and lengths.max() <= 16 and lengths.min() >= 2
     out = tmp_path / "r.csv"
-    bench_model.append_rows(out, [dict(model="a", tokens_per_s=1.0)])
-    bench_model.append_rows(out, [dict(model="b", tokens_per_s=2.0)])
+    append_rows(out, [dict(model="a", tokens_per_s=1.0)])
+    append_rows(out, [dict(model="b", tokens_per_s=2.0)])
     assert out.read_text().splitlines() == ["model,tokens_per_s", "a,1.0", "b,2.0"]
 
 

@@ -17,7 +17,7 @@ from _tiny import TINY
 from _tiny_modern import TINY_MODERN
 
 from bertgpu.config import schema
-from bertgpu.config.schema import DistributedSection, ImplSection, OptimSection, TrainSection
+from bertgpu.config.sections import DistributedSection, ImplSection, OptimSection, TrainSection
 from bertgpu.errors import BertgpuError
 from bertgpu.models.build import build_model, spec
 

@@ -101,7 +101,7 @@ def test_bf16_offload_and_async_checkpoints_on_one_gpu(tmp_path):
 def test_offloaded_engine_step_reports_the_norm_on_the_gpu(monkeypatch):
     from _tiny import TINY as TINY_BERT
 
-    from bertgpu.config.schema import DistributedSection, ImplSection, OptimSection, TrainSection
+    from bertgpu.config.sections import DistributedSection, ImplSection, OptimSection, TrainSection
     from bertgpu.models.build import build_model
     from bertgpu.train import distributed
     from bertgpu.train.engine import build_engine

@@ -10,7 +10,7 @@ import pytest
 import torch
 from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
 
-from bertgpu.config.schema import (
+from bertgpu.config.sections import (
     CheckpointSection,
     DistributedSection,
     ImplSection,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bertgpu.config.schema import LoggingSection
+from bertgpu.config.sections import LoggingSection
 from bertgpu.errors import BertgpuError
 from bertgpu.telemetry.metrics import MetricsLogger
 from bertgpu.telemetry.records import read_jsonl, read_metrics

@@ -9,6 +9,7 @@ count > 1 goes through the same launcher a user's command does.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -64,6 +65,21 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
         for r in rows:
             row = {k: _finite_or_none(v) for k, v in r.items()}
             f.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows to a JSONL file (`append_jsonl`), or to a CSV (header written when the file is new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".csv":
+        new = not path.exists() or path.stat().st_size == 0
+        keys = list(rows[0]) if rows else []
+        with path.open("a", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        return
+    append_jsonl(path, rows)
 
 
 def write_atomic(path: Path, text: str) -> None:

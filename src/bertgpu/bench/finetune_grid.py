@@ -148,7 +148,7 @@ def on_gpu(device: str) -> bool:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """Check the grid, the task's flags and the overrides; nothing is written."""
-    from bertgpu.config.schema import LR_SCALING, OPTIMIZERS
+    from bertgpu.config.sections import LR_SCALING, OPTIMIZERS
     from bertgpu.finetune import find_tokenizer
 
     gpu = on_gpu(args.device)

@@ -73,18 +73,18 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: str) -> 
 def _build(job: dict[str, Any], info: Any) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
-    from bertgpu.bench.model import SIZES, make_batches
-    from bertgpu.config.schema import DistributedSection
+    from bertgpu.bench.batches import SIZES, make_batches
+    from bertgpu.config.sections import DistributedSection
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.train import distributed
+    from bertgpu.train import sharding
     from bertgpu.train.optim import build_optimizer
 
     device = torch.device(info.device)
     torch.manual_seed(job["seed"])
     model = BertForPreTraining(BertConfig(**SIZES[job["size"]])).to(device)
     dist = DistributedSection(strategy=job["strategy"])
-    model = distributed.wrap_model(model, info, dist, precision=job["dtype"])
+    model = sharding.wrap_model(model, info, dist, precision=job["dtype"])
     optimizer = build_optimizer(getattr(model, "module", model), "adamw", 1e-4)
     batch = make_batches(
         1, job["micro_batch"], job["seq_len"], 30522, "full", job["seed"] + info.rank, device
@@ -203,7 +203,7 @@ def _ranks(text: str) -> list[int]:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from bertgpu.bench.model import append_rows
+    from bertgpu.bench.cells import append_rows
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():

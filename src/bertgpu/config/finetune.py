@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from bertgpu.config.overrides import apply_overrides, option, reuse
-from bertgpu.config.schema import (
+from bertgpu.config.schema import PretrainConfig, scaled_lr
+from bertgpu.config.sections import (
     DECAYS,
     LR_SCALING,
     OPTIMIZERS,
@@ -26,12 +27,10 @@ from bertgpu.config.schema import (
     ImplSection,
     LoggingSection,
     OptimSection,
-    PretrainConfig,
     ScheduleSection,
     TrainSection,
     check,
     check_choice,
-    scaled_lr,
 )
 
 

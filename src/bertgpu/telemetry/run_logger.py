@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bertgpu.config.schema import LoggingSection
+from bertgpu.config.sections import LoggingSection
 from bertgpu.telemetry.metrics import MetricsLogger
 from bertgpu.telemetry.monitor import GpuMonitor
 from bertgpu.telemetry.sinks import MlflowSink, Sink, WandbSink, check_packages

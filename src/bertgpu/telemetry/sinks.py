@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bertgpu.errors import BertgpuError
 
 if TYPE_CHECKING:
-    from bertgpu.config.schema import LoggingSection
+    from bertgpu.config.sections import LoggingSection
 
 
 

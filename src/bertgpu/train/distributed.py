@@ -363,23 +363,6 @@ def wrap_ddp(
     return ddp
 
 
-def wrap_model(model: torch.nn.Module, info: DistInfo, dist: Any, *, precision: str = "fp32",
-               timer: CommTimer | None = None) -> torch.nn.Module:
-    """The training module of `dist.strategy` (a `[distributed]` section): `wrap_ddp`'s wrapper
-    (the model itself on one process), or the model sharded in place by FSDP2 (`sharding.py`,
-    one unit per layer of its architecture's spec, then the root)."""
-    if dist.strategy == "fsdp":
-        from bertgpu.models.build import spec_of_config
-        from bertgpu.train.sharding import wrap_fsdp
-
-        layers = spec_of_config(model.config).layers(model)
-        return wrap_fsdp(model, info, layers, precision=precision, cpu_offload=dist.cpu_offload,
-                         shard_within_node=dist.shard_within_node)
-    return wrap_ddp(model, info, bucket_cap_mb=dist.bucket_cap_mb,
-                    gradient_as_bucket_view=dist.gradient_as_bucket_view, comm_hook=dist.comm_hook,
-                    timer=timer)
-
-
 def reset_comm_hook_state(state: Any) -> None:
     """Forget what a stateful compression hook carried over from earlier steps.
 

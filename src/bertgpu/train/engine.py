@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bertgpu.config.schema import (
+from bertgpu.config.sections import (
     PRECISIONS,
     DistributedSection,
     ImplSection,
@@ -377,11 +377,11 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
     measure = info.distributed and dist.measure_comm and not sharded  # DDP's comm hook
     timer = distributed.CommTimer(device) if measure else None
     if sharded:  # the parameters become DTensor shards: the optimizer must see those
-        train_model = distributed.wrap_model(model, info, dist, precision=train.precision)
+        train_model = sharding.wrap_model(model, info, dist, precision=train.precision)
     optimizer = build_optimizer(model, optim.name, lr, weight_decay=optim.weight_decay,
                                 betas=tuple(optim.betas), eps=optim.eps)
     if not sharded:
-        train_model = distributed.wrap_model(model, info, dist, timer=timer)
+        train_model = sharding.wrap_model(model, info, dist, timer=timer)
     is_ddp = train_model is not model
     hook_state = getattr(train_model, "comm_hook_state", None)
     if impl.compile:

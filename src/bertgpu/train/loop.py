@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import torch
 
-from bertgpu.config.schema import (
+from bertgpu.config.sections import (
     CheckpointSection,
     DistributedSection,
     LoggingSection,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bertgpu.config.schema import OPTIMIZERS
+from bertgpu.config.sections import OPTIMIZERS
 from bertgpu.errors import BertgpuError
 
 

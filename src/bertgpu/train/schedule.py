@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bertgpu.config.schema import DECAYS
+from bertgpu.config.sections import DECAYS
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
 

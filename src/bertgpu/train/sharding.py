@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.train import distributed
+from bertgpu.train.distributed import CommTimer, DistInfo
 
 if TYPE_CHECKING:
     import torch
-
-    from bertgpu.train.distributed import DistInfo
 
 
 def is_sharded(model: Any) -> bool:
@@ -113,6 +113,22 @@ def wrap_fsdp(
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def wrap_model(model: torch.nn.Module, info: DistInfo, dist: Any, *, precision: str = "fp32",
+               timer: CommTimer | None = None) -> torch.nn.Module:
+    """The training module of `dist.strategy` (a `[distributed]` section): `wrap_ddp`'s wrapper
+    (the model itself on one process), or the model sharded in place by FSDP2 (one unit per
+    layer of its architecture's spec, then the root)."""
+    if dist.strategy == "fsdp":
+        from bertgpu.models.build import spec_of_config
+
+        layers = spec_of_config(model.config).layers(model)
+        return wrap_fsdp(model, info, layers, precision=precision, cpu_offload=dist.cpu_offload,
+                         shard_within_node=dist.shard_within_node)
+    return distributed.wrap_ddp(model, info, bucket_cap_mb=dist.bucket_cap_mb,
+                                gradient_as_bucket_view=dist.gradient_as_bucket_view,
+                                comm_hook=dist.comm_hook, timer=timer)
 
 
 def accumulating(model: Any, on: bool) -> None:

@@ -1,0 +1,180 @@
+"""The sections every training job shares and the vocabularies of their settings: `[data]`,
+`[train]` (what changes the result), `[impl]` (what changes only speed and memory), `[optim]`,
+`[schedule]`, `[checkpoint]`, `[distributed]`, `[logging]`. The pretraining schema (`schema.py`)
+holds them with `[model]` and validates them; fine-tuning (`finetune.py`) declares its flat keys
+from these fields. The engine and the loop take these sections as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bertgpu.config.overrides import option
+from bertgpu.errors import BertgpuError
+
+
+@dataclass
+class DataSection:
+    """Where the token shards are and how they are masked."""
+
+    dir: str | None = option(None, "shard set written by `bertgpu prepare` (also --data DIR)")
+    objective: str | None = option(
+        None, "expected objective, mlm or mlm+nsp; checked against the manifest (none = accept the manifest's)"
+    )
+    mask_rate: float = option(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
+    eval_mask_rate: float = option(
+        0.15, "fraction of tokens masked in validation, fixed so that recipes with other training rates compare"
+    )
+    whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainSection:
+    """What is trained and how: batch, precision, length of training, evaluation and logging
+    cadence. Changing one of these changes the result (`[impl]` holds what does not)."""
+
+    max_steps: int = option(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
+    global_batch_size: int = option(256, "sequences per optimizer step, over all devices and micro batches")
+    precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    grad_clip: float = option(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
+    budget_hours: float | None = option(None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)")
+    max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row")
+    eval_every_steps: int = option(1000, "evaluate on the validation split every N steps (0 = only at the end)")
+    eval_batches: int = option(50, "micro batches per evaluation (0 = the whole validation split)")
+    log_every_steps: int = option(10, "console and metrics.jsonl line every N steps")
+    with_nsp: bool | None = option(None, "train the NSP head (none = when the data objective is mlm+nsp)")
+
+
+@dataclass
+class ImplSection:
+    """How the computation is carried out: the same result (to floating-point rounding) whatever
+    these say, only the speed and memory change (Cramming's split of train and impl)."""
+
+    device: str = option("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
+    micro_batch_size: int | str = option(
+        32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's memory"
+    )
+    compile: bool = option(False, "torch.compile the model")
+    unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% more compute")
+    num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
+    bucket_window: int = option(
+        0, "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)"
+    )
+
+
+OPTIMIZERS = ("adamw", "lamb", "radam")
+LR_SCALING = ("none", "linear", "sqrt")
+
+
+@dataclass
+class OptimSection:
+    """Optimizer and the peak learning rate."""
+
+    name: str = option("adamw", "adamw, lamb (You et al. 2019, large batches) or radam")
+    lr: float = option(1e-4, "peak learning rate (before lr_scaling)")
+    weight_decay: float = option(0.01, "decoupled weight decay; never on biases and LayerNorm")
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam moment decay rates, e.g. 0.9,0.98")
+    eps: float = option(1e-6, "Adam epsilon")
+    reference_batch_size: int | None = option(None, "global batch the lr was tuned for (needed by lr_scaling)")
+    lr_scaling: str = option("none", "scale lr by global/reference batch: none, linear or sqrt")
+
+
+DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle", "wsd")
+
+
+@dataclass
+class ScheduleSection:
+    """Shape of lr(progress); progress = step/max_steps, or elapsed/budget in budget mode."""
+
+    warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction)")
+    warmup_fraction: float | None = option(0.01, "warm-up as a fraction of training (budget mode: of the budget)")
+    decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle, wsd (warmup-stable-decay)")
+    min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak")
+    power: float = option(1.0, "exponent of the polynomial decay")
+    decay_fraction: float = option(0.1, "wsd: the lr stays at its peak, then decays (1 - sqrt) over this last fraction of training")
+
+
+@dataclass
+class CheckpointSection:
+    """When checkpoints are written; re-running the same command resumes from the latest."""
+
+    every_steps: int = option(1000, "write a checkpoint every N steps (0 = only at the end)")
+    keep_last: int = option(3, "keep the newest N checkpoints (0 = keep all)")
+    every_minutes: float | None = option(None, "also write one every N minutes of wall time (none = off)")
+    async_save: bool = option(
+        False, "fsdp: copy the shards to CPU memory and write them in the background while "
+               "training goes on (the stall is logged); the checkpoint counts only once sealed")
+
+
+COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+STRATEGIES = ("ddp", "fsdp")
+WANDB_MODES = ("auto", "online", "offline")
+BALANCE_MODES = ("none", "auto")
+
+
+@dataclass
+class DistributedSection:
+    """How several processes share the work: replicated (DDP) or sharded (FSDP2) models."""
+
+    strategy: str = option(
+        "ddp", "ddp (every rank holds the whole model and optimizer) or fsdp (parameters, "
+               "gradients and optimizer state sharded over the ranks: torch's FSDP2, for models "
+               "that do not fit)")
+    shard_within_node: bool = option(
+        False, "fsdp on several nodes: shard within each node and replicate across nodes (HSDP)")
+    cpu_offload: bool = option(
+        False, "fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
+               "(less GPU memory, a slower step)")
+    bucket_cap_mb: int = option(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)")
+    gradient_as_bucket_view: bool = option(True, "gradients alias the all-reduce buckets (saves one gradient copy)")
+    comm_hook: str = option("none", "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)")
+    measure_comm: bool = option(True, "time the gradient all-reduce and log comm_share (the part not hidden behind backward)")
+    timeout_minutes: float = option(
+        60.0, "how long any rank may wait in a collective (a hung rank ends the job after this) before failing"
+    )
+    balance: str = option(
+        "none", "share the global batch by measured speed (auto: for unequal or throttling GPUs) or equally (none)"
+    )
+    balance_every_steps: int = option(50, "with balance = auto: measure each rank's speed over N steps, then re-share")
+
+
+@dataclass
+class LoggingSection:
+    """Metric sinks (rank 0 only) and the GPU monitor; metrics.jsonl is always written."""
+
+    tensorboard: bool | None = option(None, "TensorBoard scalars in RUN_DIR/tensorboard (none = when tensorboard is installed)")
+    wandb: bool = option(False, "log to Weights & Biases (pip install 'bertgpu[wandb]')")
+    wandb_project: str = option("bertgpu", "W&B project")
+    wandb_entity: str | None = option(None, "W&B team or user (none = your default entity)")
+    wandb_run_name: str | None = option(None, "W&B run name (none = the run folder's name)")
+    wandb_mode: str = option("auto", "online, offline (upload later: wandb sync RUN_DIR/wandb/offline-run-*) "
+                             "or auto (WANDB_MODE if set, else online when an API key is set up, else offline)")
+    mlflow: bool = option(False, "log to MLflow (pip install 'bertgpu[mlflow]')")
+    mlflow_tracking_uri: str | None = option(None, "MLflow tracking server or store (none = a file store in RUN_DIR/mlruns)")
+    mlflow_experiment: str = option("bertgpu", "MLflow experiment")
+    mlflow_run_name: str | None = option(None, "MLflow run name (none = the run folder's name)")
+    gpu_monitor_interval_s: float = option(
+        5.0, "sample every GPU of the node (NVML) every N seconds into RUN_DIR/gpu.jsonl (0 = off)")
+
+    def validate(self) -> None:
+        """Raise BertgpuError naming the field when a value is out of range."""
+        if self.wandb_mode not in WANDB_MODES:
+            raise BertgpuError(f"logging.wandb_mode: found {self.wandb_mode!r}, expected one of "
+                               f"{', '.join(WANDB_MODES)}")
+        if not (self.gpu_monitor_interval_s == 0 or self.gpu_monitor_interval_s >= 0.1):
+            raise BertgpuError(f"logging.gpu_monitor_interval_s: found "
+                               f"{self.gpu_monitor_interval_s}, expected 0 (off) or >= 0.1")
+
+
+def check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise BertgpuError(f"config: {key} = {value!r}: expected {expected}")
+
+
+def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    check(value in choices, key, value, "one of " + ", ".join(choices))
