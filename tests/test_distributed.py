@@ -44,41 +44,44 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    info = distributed.init_distributed("cpu")
-    try:
-        assert info.backend == "gloo" and info.world_size == world and info.rank == rank
-        result: dict = {}
-        # Collective helpers.
-        result["any_one"] = distributed.any_true(rank == 1)
-        result["any_none"] = distributed.any_true(False)
-        result["bcast"] = distributed.broadcast_scalar(3.5 if rank == 0 else -1.0)
-        result["sum_int"] = distributed.all_reduce_sum(rank + 1)
-        result["max"] = distributed.all_reduce_max(float(rank))
+    # The checks run in their own frame: their DDP modules are gone before the group is torn
+    # down (a DDP module that outlives it can abort the process at exit).
+    with distributed.process_group("cpu") as info:
+        torch.save(_checks(rank, world, info), os.path.join(out_dir, f"rank{rank}.pt"))
 
-        # DP=2 with accumulation 1 and 2, the model wrapped in DDP.
-        for accum in (1, 2):
-            ddp = distributed.wrap_ddp(fresh_model(), info)
-            engine = Engine(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2))
-            assert engine.ddp
-            result[f"losses_acc{accum}"] = run(engine, rank, world, accum)
-            result[f"params_acc{accum}"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
 
-        # A NaN on rank 1 only skips the step on both ranks. Without DDP, rank 0's own gradients
-        # stay finite, so only the collective flag can make it skip.
-        for use_ddp in (True, False):
-            model = fresh_model()
-            wrapped = distributed.wrap_ddp(model, info) if use_ddp else model
-            engine = Engine(wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-2))
-            before = copy.deepcopy(model.state_dict())
-            mbs = micro_batches(0, rank, world, 2)
-            if rank == 1:
-                mbs[1] = {**mbs[1], "poison": torch.tensor(float("nan"))}
-            r = engine.train_step(mbs, loss_fn, count_fn)
-            unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-            result[f"nan_ddp{use_ddp}"] = (r.skipped, unchanged, engine.nonfinite_in_row)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        distributed.destroy()
+def _checks(rank: int, world: int, info: distributed.DistInfo) -> dict:
+    assert info.backend == "gloo" and info.world_size == world and info.rank == rank
+    result: dict = {}
+    # Collective helpers.
+    result["any_one"] = distributed.any_true(rank == 1)
+    result["any_none"] = distributed.any_true(False)
+    result["bcast"] = distributed.broadcast_scalar(3.5 if rank == 0 else -1.0)
+    result["sum_int"] = distributed.all_reduce_sum(rank + 1)
+    result["max"] = distributed.all_reduce_max(float(rank))
+
+    # DP=2 with accumulation 1 and 2, the model wrapped in DDP.
+    for accum in (1, 2):
+        ddp = distributed.wrap_ddp(fresh_model(), info)
+        engine = Engine(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2))
+        assert engine.ddp
+        result[f"losses_acc{accum}"] = run(engine, rank, world, accum)
+        result[f"params_acc{accum}"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+
+    # A NaN on rank 1 only skips the step on both ranks. Without DDP, rank 0's own gradients
+    # stay finite, so only the collective flag can make it skip.
+    for use_ddp in (True, False):
+        model = fresh_model()
+        wrapped = distributed.wrap_ddp(model, info) if use_ddp else model
+        engine = Engine(wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-2))
+        before = copy.deepcopy(model.state_dict())
+        mbs = micro_batches(0, rank, world, 2)
+        if rank == 1:
+            mbs[1] = {**mbs[1], "poison": torch.tensor(float("nan"))}
+        r = engine.train_step(mbs, loss_fn, count_fn)
+        unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        result[f"nan_ddp{use_ddp}"] = (r.skipped, unchanged, engine.nonfinite_in_row)
+    return result
 
 
 def free_port() -> int:
@@ -140,3 +143,45 @@ def test_launcher_command():
     assert launcher.launcher_command(2, ["pretrain", "cfg.toml"]) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]
+
+
+def test_process_group_tears_down_after_the_modules_are_gone(monkeypatch):
+    """A DDP module alive when its gloo group is destroyed aborts the process at exit in about one
+    run in ten (SIGABRT, "terminate called without an active exception"). `process_group` tears
+    the group down only after the modules built inside it are unreachable: on a normal return
+    (reference cycles included) and when an exception leaves the block with frames that held them.
+    """
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    alive_at_teardown: list[bool] = []
+    real_destroy = dist.destroy_process_group
+
+    def watched_destroy(*args, **kwargs):
+        alive_at_teardown.append(probe() is not None)
+        return real_destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", watched_destroy)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def build(fail: bool) -> float:
+        nonlocal probe
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))
+        ddp.cycle = ddp  # only the garbage collector frees it
+        probe = weakref.ref(ddp)
+        loss = ddp(torch.ones(1, 2)).sum()
+        loss.backward()
+        if fail:
+            raise ValueError("bad batch")
+        return float(loss.detach())
+
+    probe = None
+    with distributed.process_group("cpu", strategy="fsdp") as info:  # a group of one, no port
+        assert info.backend == "gloo" and distributed.is_initialized()
+        build(fail=False)
+    with pytest.raises(ValueError, match="bad batch"):
+        with distributed.process_group("cpu", strategy="fsdp"):
+            build(fail=True)
+    assert alive_at_teardown == [False, False] and not distributed.is_initialized()

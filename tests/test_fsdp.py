@@ -137,62 +137,67 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         LOCAL_WORLD_SIZE=str(world),
     )
     torch.set_num_threads(1)
-    from bertgpu.train import distributed, sharding
+    from bertgpu.train import distributed
 
-    info = distributed.init_distributed("cpu", strategy="fsdp")
+    # The checks run in their own frame: their sharded modules are gone before the group is
+    # torn down (a module that outlives it can abort the process at exit).
+    with distributed.process_group("cpu", strategy="fsdp") as info:
+        torch.save(_checks(rank, world, info), os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _checks(rank: int, world: int, info) -> dict:
+    from bertgpu.train import sharding
+
     counter = Counter()
     result: dict = {}
-    try:
-        for strategy, accum, optimizer in (
-            ("fsdp", 1, "adamw"),
-            ("fsdp", 2, "adamw"),
-            ("ddp", 1, "adamw"),
-            ("fsdp", 2, "lamb"),
-            ("ddp", 2, "lamb"),
-        ):
-            model, engine = engine_for(info, strategy, optimizer)
-            assert (
-                engine.sharded == (strategy == "fsdp")
-                and sharding.is_sharded(model) == engine.sharded
-            )
-            key = f"{strategy} {accum} {optimizer}"
-            counter.take()
-            result[f"log {key}"] = train(engine, rank, world, accum)
-            result[f"calls {key}"] = counter.take()
-            result[f"bytes {key}"] = sharding.local_state_bytes(model, engine.optimizer)
-            result[f"weights {key}"] = full_weights(model)
-        # Load balancing's unequal shares: rank 0 takes 3 rows in 3 micro-steps, rank 1 the other
-        # 5 in 5 (the collectives of a step must not depend on the number of micro-steps).
-        model, engine = engine_for(info, "fsdp")
-        for s in range(STEPS):
-            rows = range(0, 3) if rank == 0 else range(3, G)
-            batch = global_batch(s)
-            mbs = [{k: v[i : i + 1] for k, v in batch.items()} for i in rows]
-            engine.train_step(mbs, loss_fn, count_fn)
-        result["weights unequal"] = full_weights(model)
-        # HSDP: two "nodes" of one rank each: replicate across them, shard within (here: nothing).
-        hsdp_info = dataclasses.replace(info, local_world_size=1)
-        model, engine = engine_for(hsdp_info, "fsdp", shard_within_node=True)
-        train(engine, rank, world, 2)
-        result["weights hsdp"] = full_weights(model)
-        # bf16 with CPU offload: the policies are in force and the steps are finite.
-        model, engine = engine_for(info, "fsdp", precision="bf16", cpu_offload=True)
-        state = model._get_fsdp_state()
-        result["bf16 policy"] = (state._mp_policy.param_dtype, state._mp_policy.reduce_dtype)
-        result["bf16 log"] = train(engine, rank, world, 2)
-        # A NaN on rank 1 only: both ranks skip, nothing changes.
-        model, engine = engine_for(info, "fsdp")
-        before = full_weights(model)
-        mbs = micro_batches(0, rank, world, 2)
-        poisoned = (
-            (lambda m, b: {"mlm": loss_fn(m, b)["mlm"] * float("nan")}) if rank == 1 else loss_fn
+    for strategy, accum, optimizer in (
+        ("fsdp", 1, "adamw"),
+        ("fsdp", 2, "adamw"),
+        ("ddp", 1, "adamw"),
+        ("fsdp", 2, "lamb"),
+        ("ddp", 2, "lamb"),
+    ):
+        model, engine = engine_for(info, strategy, optimizer)
+        assert (
+            engine.sharded == (strategy == "fsdp")
+            and sharding.is_sharded(model) == engine.sharded
         )
-        r = engine.train_step(mbs, poisoned, count_fn)
-        after = full_weights(model)
-        result["nan"] = (r.skipped, all(torch.equal(v, after[k]) for k, v in before.items()))
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        distributed.destroy()
+        key = f"{strategy} {accum} {optimizer}"
+        counter.take()
+        result[f"log {key}"] = train(engine, rank, world, accum)
+        result[f"calls {key}"] = counter.take()
+        result[f"bytes {key}"] = sharding.local_state_bytes(model, engine.optimizer)
+        result[f"weights {key}"] = full_weights(model)
+    # Load balancing's unequal shares: rank 0 takes 3 rows in 3 micro-steps, rank 1 the other
+    # 5 in 5 (the collectives of a step must not depend on the number of micro-steps).
+    model, engine = engine_for(info, "fsdp")
+    for s in range(STEPS):
+        rows = range(0, 3) if rank == 0 else range(3, G)
+        batch = global_batch(s)
+        mbs = [{k: v[i : i + 1] for k, v in batch.items()} for i in rows]
+        engine.train_step(mbs, loss_fn, count_fn)
+    result["weights unequal"] = full_weights(model)
+    # HSDP: two "nodes" of one rank each: replicate across them, shard within (here: nothing).
+    hsdp_info = dataclasses.replace(info, local_world_size=1)
+    model, engine = engine_for(hsdp_info, "fsdp", shard_within_node=True)
+    train(engine, rank, world, 2)
+    result["weights hsdp"] = full_weights(model)
+    # bf16 with CPU offload: the policies are in force and the steps are finite.
+    model, engine = engine_for(info, "fsdp", precision="bf16", cpu_offload=True)
+    state = model._get_fsdp_state()
+    result["bf16 policy"] = (state._mp_policy.param_dtype, state._mp_policy.reduce_dtype)
+    result["bf16 log"] = train(engine, rank, world, 2)
+    # A NaN on rank 1 only: both ranks skip, nothing changes.
+    model, engine = engine_for(info, "fsdp")
+    before = full_weights(model)
+    mbs = micro_batches(0, rank, world, 2)
+    poisoned = (
+        (lambda m, b: {"mlm": loss_fn(m, b)["mlm"] * float("nan")}) if rank == 1 else loss_fn
+    )
+    r = engine.train_step(mbs, poisoned, count_fn)
+    after = full_weights(model)
+    result["nan"] = (r.skipped, all(torch.equal(v, after[k]) for k, v in before.items()))
+    return result
 
 
 def free_port() -> int:
@@ -375,21 +380,23 @@ def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from bertgpu.train import distributed
     from bertgpu.train.engine import build_engine
 
-    info = distributed.init_distributed("cpu")
-    try:
-        model = fresh_model()
-        engine, _ = build_engine(
-            model,
-            info,
-            lr=1e-2,
-            train=TrainSection(grad_clip=0.5),
-            optim=OptimSection(),
-            impl=ImplSection(device="cpu", compile=True),
-            dist=DistributedSection(strategy="fsdp"),
-        )
-        train(engine, rank, world, 2)
-        weights = full_weights(model)
-        if rank == 0:
-            torch.save(weights, os.path.join(out_dir, "compiled.pt"))
-    finally:
-        distributed.destroy()
+    with distributed.process_group("cpu") as info:
+        weights = _train_compiled(rank, world, info, build_engine)
+    if rank == 0:
+        torch.save(weights, os.path.join(out_dir, "compiled.pt"))
+
+
+def _train_compiled(rank: int, world: int, info, build_engine) -> dict:
+    """The compiled fsdp run in its own frame (its module is gone before the group is)."""
+    model = fresh_model()
+    engine, _ = build_engine(
+        model,
+        info,
+        lr=1e-2,
+        train=TrainSection(grad_clip=0.5),
+        optim=OptimSection(),
+        impl=ImplSection(device="cpu", compile=True),
+        dist=DistributedSection(strategy="fsdp"),
+    )
+    train(engine, rank, world, 2)
+    return full_weights(model)

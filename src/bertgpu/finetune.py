@@ -194,47 +194,52 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
 
 def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
          cfg: FinetuneConfig, tok_dir: Path, config_from: Any) -> dict[str, Any]:
-    from bertgpu.data.tokenizer import load_tokenizer
     from bertgpu.train import distributed
 
     t_start = time.perf_counter()
-    owns_group = not distributed.is_initialized()
-    info = distributed.init_distributed(cfg.device, cfg.timeout_minutes)
-    try:
-        # Loading, timed apart from training and evaluation (results.json: load_seconds): the
-        # tokenizer, reading and encoding the data, then the model, the engine (and DDP).
-        t_load = time.perf_counter()
-        tokenizer = load_tokenizer(tok_dir)
-        pad_id = tokenizer.token_to_id("[PAD]")
-        if pad_id is None:
-            raise BertgpuError(f"{tok_dir}: the tokenizer has no [PAD] token (expected a BERT vocabulary)")
-        job, extra = job_fn(tokenizer)
-        load_data_s = time.perf_counter() - t_load
-        model = build_model(init, job.head, job.num_labels, cfg, str(config_from) if config_from else None,
-                            labels=job.labels)
-        cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
-        vocab = model.config.vocab_size
-        if tokenizer.get_vocab_size() > vocab:
-            raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
-                               f"model's config.json says vocab_size {vocab}; expected the model's own tokenizer")
-        identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
-                               "config": config_to_dict(cfg), "world_size": info.world_size}, sort_keys=True)
-        loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"), tok_dir,
-                                 identity, init, size_note)
-        timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
-        result = loop.run()
-        if result.preempted:
-            return {"preempted": True, "step": result.step}
-        results: dict[str, Any] = {}
-        if info.is_main:
-            timing["seconds"] = time.perf_counter() - t_start
-            results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir, out,
-                                     info, timing)
-        distributed.barrier()
-        return results
-    finally:
-        if owns_group:
-            distributed.destroy()
+    with distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
+        return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, info, t_start)
+
+
+def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
+                  cfg: FinetuneConfig, tok_dir: Path, config_from: Any, info: Any,
+                  t_start: float) -> dict[str, Any]:
+    """The run itself: its model, engine and loop die with this frame, before the process group
+    is torn down (distributed.process_group)."""
+    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.train import distributed
+
+    # Loading, timed apart from training and evaluation (results.json: load_seconds): the
+    # tokenizer, reading and encoding the data, then the model, the engine (and DDP).
+    t_load = time.perf_counter()
+    tokenizer = load_tokenizer(tok_dir)
+    pad_id = tokenizer.token_to_id("[PAD]")
+    if pad_id is None:
+        raise BertgpuError(f"{tok_dir}: the tokenizer has no [PAD] token (expected a BERT vocabulary)")
+    job, extra = job_fn(tokenizer)
+    load_data_s = time.perf_counter() - t_load
+    model = build_model(init, job.head, job.num_labels, cfg, str(config_from) if config_from else None,
+                        labels=job.labels)
+    cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
+    vocab = model.config.vocab_size
+    if tokenizer.get_vocab_size() > vocab:
+        raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
+                           f"model's config.json says vocab_size {vocab}; expected the model's own tokenizer")
+    identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
+                           "config": config_to_dict(cfg), "world_size": info.world_size}, sort_keys=True)
+    loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"), tok_dir,
+                             identity, init, size_note)
+    timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
+    result = loop.run()
+    if result.preempted:
+        return {"preempted": True, "step": result.step}
+    results: dict[str, Any] = {}
+    if info.is_main:
+        timing["seconds"] = time.perf_counter() - t_start
+        results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir, out,
+                                 info, timing)
+    distributed.barrier()
+    return results
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,

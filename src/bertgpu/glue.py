@@ -119,9 +119,8 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
             raise BertgpuError(f"--reference {name}: expected one of {', '.join(sorted(REFERENCES))}")
     out = Path(out)
 
-    owns_group = not distributed.is_initialized()
-    distributed.init_distributed(cfg.device, cfg.timeout_minutes)  # one process group for all runs
-    try:
+    # One process group for all runs; each run's DDP model is gone before it is torn down.
+    with distributed.process_group(cfg.device, cfg.timeout_minutes):
         runs: dict[str, dict[int, dict[str, Any]]] = {}
         skipped: list[str] = []
         for task in chosen:
@@ -154,9 +153,6 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
             write_table(summary, out)
         distributed.barrier()
         return summary
-    finally:
-        if owns_group:
-            distributed.destroy()
 
 
 def _read_results(path: Path) -> dict[str, Any]:

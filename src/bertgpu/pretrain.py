@@ -124,14 +124,16 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
     """Train according to `cfg` (a validated `schema.PretrainConfig`)."""
     from bertgpu.train import distributed
 
-    info = distributed.init_distributed(cfg.impl.device, cfg.distributed.timeout_minutes,
-                                        strategy=cfg.distributed.strategy)
-    try:
-        loop = build(cfg, info, allow_data_change)
-        res = loop.run()
-        return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval)
-    finally:
-        distributed.destroy()
+    with distributed.process_group(cfg.impl.device, cfg.distributed.timeout_minutes,
+                                   strategy=cfg.distributed.strategy) as info:
+        return _train(cfg, info, allow_data_change)
+
+
+def _train(cfg: Any, info: Any, allow_data_change: bool) -> RunResult:
+    """Build and run the loop; the loop (and the DDP or FSDP model in it) dies with this frame,
+    before the process group is torn down."""
+    res = build(cfg, info, allow_data_change).run()
+    return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval)
 
 
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:

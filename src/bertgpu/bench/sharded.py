@@ -60,14 +60,16 @@ def _worker(rank: int, world: int, port: int, job: dict[str, Any], out: str) -> 
     from bertgpu.train import distributed
     from bertgpu.train.sharding import local_state_bytes
 
-    info = distributed.init_distributed(job["device"], strategy=job["strategy"])
-    try:
-        model, optimizer, batch = _build(job, info)
-        row = _measure(model, optimizer, batch, job, info, local_state_bytes)
+    with distributed.process_group(job["device"], strategy=job["strategy"]) as info:
+        row = _measure_built(job, info, local_state_bytes)
         if info.is_main:
             Path(out).write_text(json.dumps(row), encoding="utf-8")
-    finally:
-        distributed.destroy()
+
+
+def _measure_built(job: dict[str, Any], info: Any, local_state_bytes: Any) -> dict[str, Any]:
+    """Build and measure; the sharded model dies with this frame, before the group is torn down."""
+    model, optimizer, batch = _build(job, info)
+    return _measure(model, optimizer, batch, job, info, local_state_bytes)
 
 
 def _build(job: dict[str, Any], info: Any) -> tuple[Any, Any, dict[str, Any]]:
