@@ -97,7 +97,9 @@ class ShardSet:
             for field, (dtype, has_t) in self._fields().items():
                 path = self.data_dir / f"{name}.{field}.npy"
                 if not path.is_file():
-                    raise BertgpuError(f"{path}: shard file missing (listed in {self.manifest_path})")
+                    raise BertgpuError(
+                        f"{path}: shard file missing (listed in {self.manifest_path})"
+                    )
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (ValueError, OSError) as e:
@@ -162,7 +164,10 @@ class ShardSet:
         shard_of = np.searchsorted(self._ends, sorted_idx, side="right")
         cuts = np.flatnonzero(np.diff(shard_of)) + 1
         for rows, local, s in zip(
-            np.split(order, cuts), np.split(sorted_idx, cuts), shard_of[np.r_[0, cuts]].tolist(), strict=True
+            np.split(order, cuts),
+            np.split(sorted_idx, cuts),
+            shard_of[np.r_[0, cuts]].tolist(),
+            strict=True,
         ):
             local = local - self._starts[s]
             for field, arr in arrays[s].items():

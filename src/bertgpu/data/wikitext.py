@@ -61,7 +61,9 @@ def read_wiki(path: Path, f: BinaryIO) -> Iterator[str]:
                 yield text
     except ET.ParseError as exc:
         line, col = exc.position
-        raise BertgpuError(f"{path}:{line}: XML error at column {col} ({exc}); expected a MediaWiki XML dump") from None
+        raise BertgpuError(
+            f"{path}:{line}: XML error at column {col} ({exc}); expected a MediaWiki XML dump"
+        ) from None
     if root is None:
         raise BertgpuError(f"{path}: empty file; expected a MediaWiki XML dump")
 

@@ -28,11 +28,18 @@ SPEC = Architecture(
     train_bytes=cost.estimate_train_bytes,
     has_nsp=True,
     has_pooler=True,
-    equivalents={"hidden_activation": ("hidden_act",), "norm_eps": ("layer_norm_eps",),
-                 "embedding_dropout": ("hidden_dropout_prob",), "mlp_dropout": ("hidden_dropout_prob",),
-                 "attention_dropout": ("attention_probs_dropout_prob",)},
+    equivalents={
+        "hidden_activation": ("hidden_act",),
+        "norm_eps": ("layer_norm_eps",),
+        "embedding_dropout": ("hidden_dropout_prob",),
+        "mlp_dropout": ("hidden_dropout_prob",),
+        "attention_dropout": ("attention_probs_dropout_prob",),
+    },
     position_tables=("embeddings.position_embeddings.weight",),
-    continuation_fields=("max_position_embeddings", "hidden_dropout_prob",
-                         "attention_probs_dropout_prob"),
+    continuation_fields=(
+        "max_position_embeddings",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+    ),
     fix_legacy_keys=_fix_legacy_keys,
 )
