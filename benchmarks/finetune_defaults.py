@@ -59,9 +59,8 @@ def minilm_folder() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def run_one(
-    task: str, init: Path, lr: str, epochs: str, seed: int, out: Path, extra: list[str]
-) -> dict:
+def run_one(task: str, init: Path, lr: str, epochs: str, seed: int, out: Path,
+            extra: list[str]) -> dict:
     """One fine-tuning run: polarity (the split of `seed`; dev accuracy) or the NER fixture
     (dev entity F1); the score and the time."""
     from bertgpu.finetune import finetune, finetune_examples
@@ -72,15 +71,8 @@ def run_one(
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fresh classifier head is listed on every run
         if task == "ner":
-            res = finetune(
-                "ner",
-                None,
-                init,
-                out,
-                overrides=overrides,
-                train_file=NER / "train.conll",
-                dev_file=NER / "dev.conll",
-            )
+            res = finetune("ner", None, init, out, overrides=overrides,
+                           train_file=NER / "train.conll", dev_file=NER / "dev.conll")
         else:
             train, dev, glue_task = demo_tasks(seed)["polarity"]
             res = finetune_examples(glue_task, train, dev, init, out, overrides=overrides)
@@ -95,9 +87,8 @@ def main() -> None:
     parser.add_argument("--grid", nargs="+", default=DEFAULT_GRID, help="LR:EPOCHS pairs")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", required=True, help="folder for results.jsonl and the runs")
-    parser.add_argument(
-        "--batch", type=int, default=32, help="global batch size (the finetune default: 32)"
-    )
+    parser.add_argument("--batch", type=int, default=32,
+                        help="global batch size (the finetune default: 32)")
     parser.add_argument("--task", choices=("polarity", "ner"), default="polarity")
     args = parser.parse_args()
     extra = ["--global_batch_size", str(args.batch)]
@@ -111,16 +102,8 @@ def main() -> None:
     if log.is_file():
         for line in log.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            done[
-                (
-                    r.get("task", "polarity"),
-                    r["init"],
-                    r["lr"],
-                    r["epochs"],
-                    r["seed"],
-                    r.get("batch", 32),
-                )
-            ] = r
+            done[(r.get("task", "polarity"), r["init"], r["lr"], r["epochs"], r["seed"],
+                  r.get("batch", 32))] = r
     rows = []
     for name in args.init:
         init = minilm_folder() if name == "minilm" else Path(name)
@@ -132,36 +115,20 @@ def main() -> None:
             for seed in args.seeds:
                 key = (args.task, name, lr, epochs, seed, args.batch)
                 if key not in done:
-                    run_dir = (
-                        out
-                        / "runs"
-                        / f"{args.task}-{Path(name).name}-{lr}-{epochs}-{seed}-b{args.batch}"
-                    )
+                    run_dir = out / "runs" / f"{args.task}-{Path(name).name}-{lr}-{epochs}-{seed}-b{args.batch}"
                     r = run_one(args.task, init, lr, epochs, seed, run_dir, extra)
-                    done[key] = {
-                        "task": args.task,
-                        "init": name,
-                        "hidden_size": hidden,
-                        "lr": lr,
-                        "epochs": epochs,
-                        "seed": seed,
-                        "batch": args.batch,
-                        **r,
-                    }
+                    done[key] = {"task": args.task, "init": name, "hidden_size": hidden, "lr": lr,
+                                 "epochs": epochs, "seed": seed, "batch": args.batch, **r}
                     with open(log, "a", encoding="utf-8") as f:
                         f.write(json.dumps(done[key]) + "\n")
                     print(f"{args.task} {name} lr {lr} x{epochs} seed {seed}: {r['score']:.1f} "
                           f"({r['seconds']:.0f} s)", flush=True)
                 accs.append(done[key].get("score", done[key].get("accuracy")))
             cells.append(f"{statistics.mean(accs):.1f} ({min(accs):.0f}-{max(accs):.0f})")
-        rows.append(
-            f"| {args.task} | {name} | {hidden} | {args.batch} | " + " | ".join(cells) + " |"
-        )
-    print(
-        "\n| task | init | hidden | batch | "
-        + " | ".join(f"lr {p.replace(':', ' x')}" for p in args.grid)
-        + " |"
-    )
+        rows.append(f"| {args.task} | {name} | {hidden} | {args.batch} | "
+                    + " | ".join(cells) + " |")
+    print("\n| task | init | hidden | batch | "
+          + " | ".join(f"lr {p.replace(':', ' x')}" for p in args.grid) + " |")
     print("|---|---|---:|---:|" + "---:|" * len(args.grid))
     print("\n".join(rows))
 

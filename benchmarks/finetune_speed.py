@@ -39,20 +39,15 @@ def main() -> None:
     from bertgpu.train.engine import Engine
     from bertgpu.train.optim import build_optimizer
 
-    cfg = BertConfig(
-        hidden_size=args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=max(args.hidden // 64, 1),
-        intermediate_size=4 * args.hidden,
-    )
+    cfg = BertConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                     num_attention_heads=max(args.hidden // 64, 1),
+                     intermediate_size=4 * args.hidden)
     torch.manual_seed(0)
     ours = BertForSequenceClassification(cfg, num_labels=2)
     with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         save_pretrained(ours, d)
-        hf = transformers.BertForSequenceClassification.from_pretrained(
-            d, attn_implementation="sdpa"
-        )
+        hf = transformers.BertForSequenceClassification.from_pretrained(d, attn_implementation="sdpa")
 
     g = torch.Generator().manual_seed(1)
     batches = []
@@ -60,14 +55,9 @@ def main() -> None:
         ids = torch.randint(5, cfg.vocab_size, (args.batch, args.seq), generator=g)
         types = torch.zeros_like(ids)
         types[:, args.seq // 2:] = 1  # a sentence pair, as in MNLI/QQP
-        batches.append(
-            {
-                "input_ids": ids,
-                "token_type_ids": types,
-                "attention_mask": torch.ones_like(ids),
-                "labels": torch.randint(0, 2, (args.batch,), generator=g),
-            }
-        )
+        batches.append({"input_ids": ids, "token_type_ids": types,
+                        "attention_mask": torch.ones_like(ids),
+                        "labels": torch.randint(0, 2, (args.batch,), generator=g)})
 
     def run(name: str, step) -> float:
         step(batches[0])  # warm-up: allocator, kernels
@@ -78,9 +68,8 @@ def main() -> None:
         print(f"{name:<40} {rate:8.2f} examples/s", flush=True)
         return rate
 
-    engine = Engine(
-        ours, build_optimizer(ours, "adamw", 2e-5), precision=args.precision, grad_clip=1.0
-    )
+    engine = Engine(ours, build_optimizer(ours, "adamw", 2e-5), precision=args.precision,
+                    grad_clip=1.0)
     ours.train()
     # Ours gets the host-side metadata the fine-tuning collator attaches (no host sync in forward).
     r_ours = run("bertgpu (Engine.train_step)",

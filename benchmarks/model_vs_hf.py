@@ -30,29 +30,23 @@ from bertgpu.models.bert.model import BertForPreTraining
 from bertgpu.models.shared import ModelOptions
 
 SIZES = {
-    "tiny": dict(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
-    ),
-    "small": dict(
-        hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048
-    ),
-    "base": dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-    ),
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=512),
+    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  intermediate_size=2048),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
 }
 
 
-def make_batches(
-    n: int, batch: int, seq_len: int, vocab: int, device: str, seed: int
-) -> list[dict]:
+def make_batches(n: int, batch: int, seq_len: int, vocab: int, device: str,
+                 seed: int) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         input_ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
         input_ids[:, 0] = 2  # [CLS]
-        token_type_ids = (
-            (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, -1).contiguous()
-        )
+        token_type_ids = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, -1).contiguous()
         labels = torch.full((batch, seq_len), -100)
         masked = torch.rand(batch, seq_len, generator=g) < 0.15
         masked[:, 0] = False
@@ -93,9 +87,7 @@ def main() -> None:
 
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     dev_type = torch.device(args.device).type
-    autocast = (
-        (lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
-    )
+    autocast = (lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     if dev_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -108,9 +100,8 @@ def main() -> None:
     ours = ours.to(args.device).train()
     ours.load_state_dict(hf.state_dict())
     models = {"bertgpu": ours, "transformers": hf}
-    batches = make_batches(
-        max(2, min(args.iters, 4)), args.batch, args.seq_len, 30522, args.device, args.seed
-    )
+    batches = make_batches(max(2, min(args.iters, 4)), args.batch, args.seq_len, 30522,
+                           args.device, args.seed)
 
     # Same weights, same batch: the losses agree up to dropout (different random streams).
     with torch.no_grad():
@@ -132,37 +123,21 @@ def main() -> None:
     tokens = args.iters * args.batch * args.seq_len
     tps = {name: tokens / t for name, t in elapsed.items()}
     ratio = tps["bertgpu"] / tps["transformers"]
-    device_name = (
-        torch.cuda.get_device_name() if dev_type == "cuda" else platform.processor() or "cpu"
-    )
-    print(
-        f"BertForPreTraining fwd+bwd | size={args.size} batch={args.batch} seq_len={args.seq_len} "
-        f"iters={args.iters} device={args.device} ({device_name}, {torch.get_num_threads()} threads) "
-        f"dtype={dtype} | eval loss |diff|={diff:.2e}"
-    )
+    device_name = (torch.cuda.get_device_name() if dev_type == "cuda"
+                   else platform.processor() or "cpu")
+    print(f"BertForPreTraining fwd+bwd | size={args.size} batch={args.batch} "
+          f"seq_len={args.seq_len} iters={args.iters} device={args.device} ({device_name}, "
+          f"{torch.get_num_threads()} threads) dtype={dtype} | eval loss |diff|={diff:.2e}")
     print(f"{'model':<14}{'step_s':>10}{'tokens/s':>12}")
     for name in models:
         print(f"{name:<14}{elapsed[name] / args.iters:>10.3f}{tps[name]:>12.0f}")
     print(f"speed-up bertgpu / transformers: {ratio:.2f}x")
     if args.out:
-        rec = dict(
-            bench="model_vs_hf",
-            size=args.size,
-            batch=args.batch,
-            seq_len=args.seq_len,
-            iters=args.iters,
-            fused_qkv=args.fused_qkv,
-            device=args.device,
-            device_name=device_name,
-            dtype=dtype,
-            threads=torch.get_num_threads(),
-            tokens_per_s=tps,
-            ratio=ratio,
-            loss_abs_diff=diff,
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-            time=time.time(),
-        )
+        rec = dict(bench="model_vs_hf", size=args.size, batch=args.batch, seq_len=args.seq_len,
+                   iters=args.iters, fused_qkv=args.fused_qkv, device=args.device,
+                   device_name=device_name, dtype=dtype, threads=torch.get_num_threads(),
+                   tokens_per_s=tps, ratio=ratio, loss_abs_diff=diff, torch=torch.__version__,
+                   transformers=transformers.__version__, time=time.time())
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")

@@ -27,9 +27,8 @@ from bertgpu.models.build import build_model
 from bertgpu.models.shared import num_parameters
 
 
-def batch(
-    vocab: int, b: int, t: int, mask_rate: float, device: str, seed: int = 0
-) -> dict[str, torch.Tensor]:
+def batch(vocab: int, b: int, t: int, mask_rate: float, device: str,
+          seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab, (b, t), generator=g)
     labels = torch.where(torch.rand(b, t, generator=g) < mask_rate, ids, torch.full_like(ids, -100))
@@ -59,9 +58,8 @@ def timed_steps(models: dict, batches: dict, iters: int, device: str) -> dict[st
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--recipes", nargs="+", default=["configs/tiny.toml", "configs/modern-tiny.toml"]
-    )
+    p.add_argument("--recipes", nargs="+",
+                   default=["configs/tiny.toml", "configs/modern-tiny.toml"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--iters", type=int, default=10)
@@ -78,14 +76,11 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(config_to_dict(cfg.model), "masked_lm").to(args.device).train()
         models[path] = model
-        batches[path] = batch(
-            cfg.model.vocab_size, args.batch, args.seq_len, cfg.data.mask_rate, args.device
-        )
+        batches[path] = batch(cfg.model.vocab_size, args.batch, args.seq_len, cfg.data.mask_rate,
+                              args.device)
         if cfg.model.architecture == "modernbert":
             fields = {**model.config.to_dict(), "sparse_prediction": True}
-            hf = transformers.ModernBertForMaskedLM(
-                transformers.ModernBertConfig(**fields, attn_implementation="sdpa")
-            )
+            hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**fields, attn_implementation="sdpa"))
             hf.load_state_dict(model.state_dict())
             models[f"transformers {path}"] = hf.to(args.device).train()
             batches[f"transformers {path}"] = batches[path]
@@ -99,17 +94,9 @@ def main() -> None:
         med = statistics.median(ts)
         n = num_parameters(models[name]) / 1e6
         print(f"{name:48s} {n:7.2f}M {1000 * med:17.1f} {med / base:8.2f}x")
-        rows.append(
-            {
-                "model": name,
-                "params_m": n,
-                "step_s_median": med,
-                "device": args.device,
-                "batch": args.batch,
-                "seq_len": args.seq_len,
-                "threads": torch.get_num_threads(),
-            }
-        )
+        rows.append({"model": name, "params_m": n, "step_s_median": med, "device": args.device,
+                     "batch": args.batch, "seq_len": args.seq_len,
+                     "threads": torch.get_num_threads()})
     for row in rows:
         print(json.dumps(row))
 

@@ -51,15 +51,13 @@ print(json.dumps({"seconds": seconds, "tokens": m["counts"]["tokens"], "document
 """
 
 
-def run_case(
-    paths: list[str], tok: Path, work: Path, objective: str, workers: int, shard_size: int
-) -> dict:
+def run_case(paths: list[str], tok: Path, work: Path, objective: str, workers: int,
+             shard_size: int) -> dict:
     out = Path(tempfile.mkdtemp(dir=work)) / "data"
     arg = json.dumps({"paths": paths, "tok": str(tok), "out": str(out), "objective": objective,
                       "workers": workers, "shard_size": shard_size})
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, arg], capture_output=True, text=True, check=True
-    )
+    proc = subprocess.run([sys.executable, "-c", CHILD, arg], capture_output=True,
+                          text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -81,12 +79,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10, help="copies of the text in case (c)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument(
-        "--shard-size", type=int, default=65536, help="sequences per shard (default 65536)"
-    )
-    parser.add_argument(
-        "--cases", default="abcd", help="which inputs to run, by letter (default abcd)"
-    )
+    parser.add_argument("--shard-size", type=int, default=65536,
+                        help="sequences per shard (default 65536)")
+    parser.add_argument("--cases", default="abcd",
+                        help="which inputs to run, by letter (default abcd)")
     args = parser.parse_args()
 
     from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data, iter_documents
@@ -126,22 +122,19 @@ def main() -> int:
         print(f"{os.cpu_count()} cores, shard size {args.shard_size}, seq_len 128; reference: "
               "encode_batch_fast on the same documents, all cores, measured before each case")
         print()
-        print(
-            "| input | objective | workers | tokens | val % | seconds | M tokens/s | tokenizers alone M tokens/s "
-            "| % of tokenizers alone | CPU s | % of tokenizers alone, CPU | peak RSS MB main / worker |"
-        )
+        print("| input | objective | workers | tokens | val % | seconds | M tokens/s | tokenizers "
+              "alone M tokens/s | % of tokenizers alone | CPU s | % of tokenizers alone, CPU | "
+              "peak RSS MB main / worker |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, paths, objective, workers in cases:
             ref, ref_cpu = tokenizers_alone(tok, docs * 2)
             r = run_case(paths, tok, work, objective, workers, args.shard_size)
             rate = r["tokens"] / r["seconds"]
-            print(
-                f"| {name} | {objective} | {workers} | {r['tokens']:,} | {100 * r['val']:.2f} | {r['seconds']:.2f} | "
-                f"{rate / 1e6:.2f} | {ref / 1e6:.2f} | {100 * rate / ref:.0f}% | {r['cpu']:.1f} | "
-                f"{100 * ref_cpu * r['tokens'] / r['cpu']:.0f}% | "
-                f"{r['main_mb']:.0f} / {r['worker_mb']:.0f} |",
-                flush=True,
-            )
+            print(f"| {name} | {objective} | {workers} | {r['tokens']:,} | {100 * r['val']:.2f} | "
+                  f"{r['seconds']:.2f} | {rate / 1e6:.2f} | {ref / 1e6:.2f} | "
+                  f"{100 * rate / ref:.0f}% | {r['cpu']:.1f} | "
+                  f"{100 * ref_cpu * r['tokens'] / r['cpu']:.0f}% | {r['main_mb']:.0f} / "
+                  f"{r['worker_mb']:.0f} |", flush=True)
     return 0
 
 

@@ -16,39 +16,13 @@ STEPS = 12
 
 
 def args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "pretrain",
-        TINY,
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--model.vocab_size",
-        "100",
-        "--model.hidden_size",
-        "32",
-        "--model.intermediate_size",
-        "64",
-        "--model.max_position_embeddings",
-        "64",
-        "--train.global_batch_size",
-        "8",
-        "--impl.micro_batch_size",
-        "4",
-        "--train.log_every_steps",
-        "1",
-        "--train.eval_every_steps",
-        "0",
-        "--train.eval_batches",
-        "2",
-        "--train.max_steps",
-        str(STEPS),
-        "--checkpoint.every_steps",
-        "4",
-        "--checkpoint.keep_last",
-        "0",
-        *extra,
-    ]
+    return ["pretrain", TINY, "--data", str(data), "--out", str(out),
+            "--model.vocab_size", "100", "--model.hidden_size", "32",
+            "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
+            "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
+            "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
+            "--train.eval_batches", "2", "--train.max_steps", str(STEPS),
+            "--checkpoint.every_steps", "4", "--checkpoint.keep_last", "0", *extra]
 
 
 def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedProcess:
@@ -56,15 +30,8 @@ def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedP
     env.pop("BERTGPU_FAULTS", None)
     if faults:
         env["BERTGPU_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-m", "bertgpu", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        **popen,
-    )
+    return subprocess.run([sys.executable, "-m", "bertgpu", *argv], env=env, capture_output=True,
+                          text=True, timeout=240, check=False, **popen)
 
 
 def final_weights(run: Path) -> dict:

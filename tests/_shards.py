@@ -16,13 +16,5 @@ from bertgpu.data.synthetic import (
     write_synthetic_shards,
 )
 
-__all__ = [
-    "CLS",
-    "MASK",
-    "PAD",
-    "SEP",
-    "SPECIALS",
-    "UNK",
-    "synthetic_vocab",
-    "write_synthetic_shards",
-]
+__all__ = ["CLS", "MASK", "PAD", "SEP", "SPECIALS", "UNK", "synthetic_vocab",
+           "write_synthetic_shards"]

@@ -54,9 +54,8 @@ def train_small_tokenizer(folder: Path, vocab_size: int = 2000, lowercase: bool 
     from bertgpu.data.tokenizer import train_tokenizer
 
     corpus = tokenizer_corpus(folder.parent / (folder.name + "_corpus"))
-    return train_tokenizer(
-        [corpus], folder, vocab_size=vocab_size, lowercase=lowercase, min_frequency=1
-    )
+    return train_tokenizer([corpus], folder, vocab_size=vocab_size, lowercase=lowercase,
+                           min_frequency=1)
 
 
 WIKI_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">

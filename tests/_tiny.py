@@ -14,9 +14,8 @@ def tiny_batch(seed: int = 0, B: int = 3, T: int = 11) -> dict[str, torch.Tensor
     lengths = torch.tensor([T, 7, 4][:B])
     attention_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
     input_ids = torch.randint(5, 99, (B, T), generator=g) * attention_mask
-    token_type_ids = (
-        (torch.arange(T)[None, :] >= (lengths[:, None] // 2)) & attention_mask.bool()
-    ).long()
+    token_type_ids = ((torch.arange(T)[None, :] >= (lengths[:, None] // 2))
+                      & attention_mask.bool()).long()
     pick = (torch.rand(B, T, generator=g) < 0.25) & attention_mask.bool()
     pick[:, 1] = True  # at least one label per row
     labels = torch.where(pick, torch.randint(5, 99, (B, T), generator=g), torch.full((B, T), -100))
@@ -46,7 +45,6 @@ def unpad_index(attention_mask: torch.Tensor, backend: str = "auto"):
     if not meta.padded:
         B, T = attention_mask.shape
         n = torch.arange(B * T, device=attention_mask.device)
-        meta = replace(
-            meta, index=n, cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device)
-        )
+        meta = replace(meta, index=n,
+                       cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device))
     return Unpadded.from_meta(meta, attention_mask, backend)

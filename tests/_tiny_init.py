@@ -20,16 +20,9 @@ def tiny_init(root: Path, vocab: list[str]) -> Path:
     tok = root / "tok"
     tok.mkdir(parents=True, exist_ok=True)
     (tok / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (tok / "tokenizer_config.json").write_text(
-        json.dumps({"do_lower_case": True}), encoding="utf-8"
-    )
-    cfg = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
+    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}),
+                                               encoding="utf-8")
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
     torch.manual_seed(0)
     return save_pretrained(BertForPreTraining(cfg, with_nsp=False), root / "init", tokenizer=tok)

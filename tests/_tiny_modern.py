@@ -12,17 +12,8 @@ TINY_MODERN = dict(vocab_size=99, hidden_size=32, intermediate_size=40, num_hidd
                    cls_token_id=2, sep_token_id=3)
 
 # Every optional bias and the other activations switched on, a window of 6, global every 2nd layer.
-TINY_MODERN_BIASED = dict(
-    TINY_MODERN,
-    norm_bias=True,
-    attention_bias=True,
-    mlp_bias=True,
-    decoder_bias=False,
-    classifier_bias=True,
-    hidden_activation="gelu_pytorch_tanh",
-    classifier_activation="silu",
-    local_attention=6,
-    global_attn_every_n_layers=2,
-    global_rope_theta=1000.0,
-    local_rope_theta=50.0,
-)
+TINY_MODERN_BIASED = dict(TINY_MODERN, norm_bias=True, attention_bias=True, mlp_bias=True,
+                          decoder_bias=False, classifier_bias=True,
+                          hidden_activation="gelu_pytorch_tanh", classifier_activation="silu",
+                          local_attention=6, global_attn_every_n_layers=2, global_rope_theta=1000.0,
+                          local_rope_theta=50.0)

@@ -26,12 +26,10 @@ class ToyPretrain(nn.Module):
     def forward(self, input_ids, labels, nsp_labels):
         h = self.LayerNorm(self.body(self.emb(input_ids)))  # (B, T, D)
         mask = labels != -100
-        mlm_sum = nn.functional.cross_entropy(
-            self.mlm(h[mask]).float(), labels[mask], reduction="sum"
-        )
-        nsp_sum = nn.functional.cross_entropy(
-            self.nsp(h[:, 0]).float(), nsp_labels, reduction="sum"
-        )
+        mlm_sum = nn.functional.cross_entropy(self.mlm(h[mask]).float(), labels[mask],
+                                              reduction="sum")
+        nsp_sum = nn.functional.cross_entropy(self.nsp(h[:, 0]).float(), nsp_labels,
+                                              reduction="sum")
         return {"mlm": mlm_sum, "nsp": nsp_sum}
 
 
@@ -55,11 +53,8 @@ def make_batch(n: int, seed: int) -> dict[str, torch.Tensor]:
     keep = torch.rand(n, T, generator=g) < torch.linspace(0.1, 0.9, n).unsqueeze(1)
     keep[:, 0] = True  # at least one prediction per sequence
     labels[~keep] = -100
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "nsp_labels": torch.randint(0, 2, (n,), generator=g),
-    }
+    return {"input_ids": ids, "labels": labels,
+            "nsp_labels": torch.randint(0, 2, (n,), generator=g)}
 
 
 def rows(batch, lo: int, hi: int) -> dict[str, torch.Tensor]:

@@ -69,9 +69,8 @@ def test_pretrain_step_fn_runs_a_full_step():
     step = pretrain_step_fn(model, opt, seq_len=8, device="cpu")
     # a simulated OOM above 4 sequences, probed with real steps below it
     assert find_micro_batch(fits=lambda b: b <= 4 and step(b) is None, start=1, max_batch=16) == 4
-    assert not torch.equal(
-        before, model.cls.predictions.transform.dense.weight
-    )  # the optimizer stepped
+    # the optimizer stepped
+    assert not torch.equal(before, model.cls.predictions.transform.dense.weight)
     assert all(p.grad is None for p in model.parameters())  # grads freed after each probe
 
 
@@ -99,22 +98,15 @@ def test_resolve_auto_batch_errors():
 # Out-of-memory classification, the run's precision and optimizer, rank agreement
 
 
-@pytest.mark.parametrize(
-    "exc, oom",
-    [
-        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-        (
-            RuntimeError(
-                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
-            ),
-            True,
-        ),
-        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
-        (RuntimeError("CUDA error: out of memory"), True),
-        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"), False),
-        (ValueError("out of memory"), False),
-    ],
-)
+@pytest.mark.parametrize("exc, oom", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+     True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+    (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"), False),
+    (ValueError("out of memory"), False),
+])
 def test_out_of_memory_includes_cublas_and_cudnn_allocation_failures(exc, oom):
     assert is_out_of_memory(exc) is oom
 
@@ -122,9 +114,8 @@ def test_out_of_memory_includes_cublas_and_cudnn_allocation_failures(exc, oom):
 def test_a_cublas_allocation_failure_counts_as_not_fitting():
     def step(b: int) -> None:
         if b > 5:
-            raise RuntimeError(
-                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
-            )
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                               "`cublasCreate(handle)`")
 
     assert find_micro_batch(fits=lambda b: attempt(step, b), start=1, max_batch=64) == 5
     with pytest.raises(RuntimeError, match="shapes"):  # a real bug is not mistaken for "too big"
@@ -141,12 +132,10 @@ def test_probe_step_uses_the_runs_precision_and_optimizer(dtype):
     hook = model.cls.predictions.decoder.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     pretrain_step_fn(model, opt, seq_len=8, device="cpu", dtype=dtype)(2)
     hook.remove()
-    assert seen == [
-        torch.bfloat16 if dtype == "bf16" else torch.float16
-    ]  # under the run's autocast
-    assert all(
-        "exp_avg_sq" in opt.state[p] for p in model.parameters()
-    )  # LAMB stepped (fp16: scaler)
+    # under the run's autocast
+    assert seen == [torch.bfloat16 if dtype == "bf16" else torch.float16]
+    # LAMB stepped (fp16: scaler)
+    assert all("exp_avg_sq" in opt.state[p] for p in model.parameters())
     # LAMB's temporaries are counted where the size is estimated instead of probed
     cfg = BertConfig()
     assert estimate_train_bytes(cfg, 8, 128, optimizer="lamb") > estimate_train_bytes(cfg, 8, 128)
@@ -157,41 +146,20 @@ def test_probe_model_follows_the_architecture():
 
     from bertgpu.models.modernbert.config import ModernBertConfig
 
-    bert = probe_model(
-        BertConfig(
-            vocab_size=50,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-        ),
-        with_nsp=True,
-        grad_ckpt=True,
-    )
-    assert (
-        type(bert).__name__ == "BertForPreTraining"
-        and bert.with_nsp
-        and bert.options.gradient_checkpointing
-    )
+    bert = probe_model(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2,
+                                  intermediate_size=32), with_nsp=True, grad_ckpt=True)
+    assert (type(bert).__name__ == "BertForPreTraining" and bert.with_nsp
+            and bert.options.gradient_checkpointing)
     ids = {f.name for f in dataclasses.fields(ModernBertConfig) if f.name.endswith("_token_id")}
-    modern = ModernBertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        **{k: i for i, k in enumerate(sorted(ids))},
-    )
+    modern = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, intermediate_size=64,
+                              **{k: i for i, k in enumerate(sorted(ids))})
     model = probe_model(modern, with_nsp=False, grad_ckpt=False)
     assert type(model).__name__ == "ModernBertForMaskedLM"
-    pretrain_step_fn(
-        model,
-        torch.optim.AdamW(model.parameters()),
-        seq_len=8,
-        device="cpu",
-        dtype="bf16",
-        with_nsp=False,
-    )(2)  # the probe's step runs on it
+    pretrain_step_fn(model, torch.optim.AdamW(model.parameters()), seq_len=8, device="cpu",
+                     dtype="bf16",
+                     with_nsp=False)(2)  # the probe's step runs on it
 
 
 def test_agreement_without_a_process_group():
@@ -213,18 +181,15 @@ def _agree_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         cfg = BertConfig()
         results = []
         # Both fit: the smaller answer wins everywhere.
-        limit = estimate_train_bytes(
-            cfg, 16 if rank == 0 else 8, 128, flash_attention=False
-        )  # as on the CPU
-        results.append(
-            find_pretrain_micro_batch(cfg, 128, "cpu", dtype="fp32", memory_limit_bytes=limit)
-        )
+        # as on the CPU
+        limit = estimate_train_bytes(cfg, 16 if rank == 0 else 8, 128, flash_attention=False)
+        results.append(find_pretrain_micro_batch(cfg, 128, "cpu", dtype="fp32",
+                                                 memory_limit_bytes=limit))
         # Rank 1's probe fails (nothing fits its limit): every rank stops with the same message,
         # none is left waiting in a collective.
         try:
-            find_pretrain_micro_batch(
-                cfg, 128, "cpu", dtype="fp32", memory_limit_bytes=limit if rank == 0 else 1
-            )
+            find_pretrain_micro_batch(cfg, 128, "cpu", dtype="fp32",
+                                      memory_limit_bytes=limit if rank == 0 else 1)
             results.append("no error")
         except BertgpuError as e:
             results.append(str(e))

@@ -23,11 +23,8 @@ from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
 def test_shares_sum_to_the_global_batch_and_follow_the_speeds():
     assert shares_for([1.0, 1.0], 8) == [4, 4]
     assert shares_for([3.0, 1.0], 8) == [6, 2]
-    assert shares_for([1.0, 2.0, 1.0], 10) == [3, 5, 2] or shares_for([1.0, 2.0, 1.0], 10) == [
-        2,
-        5,
-        3,
-    ]
+    assert (shares_for([1.0, 2.0, 1.0], 10) == [3, 5, 2]
+            or shares_for([1.0, 2.0, 1.0], 10) == [2, 5, 3])
     assert shares_for([100.0, 1.0], 8) == [7, 1]  # every rank keeps at least one sequence
     assert shares_for([0.0, 0.0], 6) == [3, 3] and shares_for([float("nan"), 1.0], 4) == [1, 3]
     rng = np.random.default_rng(0)
@@ -71,9 +68,8 @@ def test_loader_shares_partition_each_step_in_rank_order(tmp_path):
         assert torch.equal(a, b)  # the same samples, with the same masks, in the same order
     loader = PretrainLoader(shards, masking, 12, 2, rank=0, world_size=2, seed=3)
     loader.set_shares([9, 3])
-    assert loader.accumulation_steps == 5 and [
-        mb["input_ids"].shape[0] for mb in loader.next_step()
-    ] == [2, 2, 2, 2, 1]
+    assert (loader.accumulation_steps == 5
+            and [mb["input_ids"].shape[0] for mb in loader.next_step()] == [2, 2, 2, 2, 1])
     with pytest.raises(BertgpuError, match="summing to the global batch 12"):
         loader.set_shares([5, 5])
 
@@ -101,9 +97,8 @@ def test_a_slowed_rank_is_named_and_balancing_keeps_the_model(tmp_path):
                         "--distributed.balance_every_steps", "3"), faults=slow)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "batch shares per rank" in done.stdout
-    state = torch.load(
-        sorted((balanced_run / "checkpoints").iterdir())[-1] / "train_state.pt", weights_only=True
-    )
+    state = torch.load(sorted((balanced_run / "checkpoints").iterdir())[-1] / "train_state.pt",
+                       weights_only=True)
     shares = state["shares"]
     assert sum(shares) == 8 and shares[0] > shares[1]  # the fast rank takes more
     a, b = final_weights(equal_run), final_weights(balanced_run)
@@ -111,19 +106,9 @@ def test_a_slowed_rank_is_named_and_balancing_keeps_the_model(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
 
     # A balanced run resumed at world size 1 measures nothing and goes on with the same samples.
-    more = bertgpu(
-        args(
-            data,
-            balanced_run,
-            "--train.max_steps",
-            "12",
-            "--model.hidden_dropout_prob",
-            "0",
-            "--model.attention_probs_dropout_prob",
-            "0",
-            "--checkpoint.every_steps",
-            "0",
-        )
-    )
+    more = bertgpu(args(data, balanced_run, "--train.max_steps", "12",
+                        "--model.hidden_dropout_prob", "0",
+                        "--model.attention_probs_dropout_prob", "0",
+                        "--checkpoint.every_steps", "0"))
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed from" in more.stdout and _train_records(balanced_run)[-1]["step"] == 12

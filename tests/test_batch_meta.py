@@ -36,13 +36,10 @@ def reference_meta(mask: list[list[int]], labels: list[list[int]] | None) -> dic
         out["max_len"] = max(lengths)
         out["packed_ok"] = all(r[0] == 1 for r in mask)
     if labels is not None:
-        out["masked"] = [
-            b * T + t for b in range(B) for t in range(T) if labels[b][t] != IGNORE_INDEX
-        ]
+        out["masked"] = [b * T + t for b in range(B) for t in range(T)
+                         if labels[b][t] != IGNORE_INDEX]
         if out["padded"]:
-            out["masked_rows"] = [
-                i for i, (b, t) in enumerate(kept) if labels[b][t] != IGNORE_INDEX
-            ]
+            out["masked_rows"] = [i for i, (b, t) in enumerate(kept) if labels[b][t] != IGNORE_INDEX]
     return out
 
 
@@ -63,26 +60,18 @@ def adversarial_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     out = []
     one = torch.zeros(3, 6, dtype=torch.long)
     one[1, 0] = 1  # all padding but one token
-    out.append(
-        (
-            one,
-            torch.full((3, 6), IGNORE_INDEX).index_put_(
-                (torch.tensor([1]), torch.tensor([0])), torch.tensor([7])
-            ),
-        )
-    )
+    out.append((one,
+                torch.full((3, 6), IGNORE_INDEX).index_put_((torch.tensor([1]), torch.tensor([0])),
+                                                                  torch.tensor([7]))))
     full = torch.ones(2, 5, dtype=torch.long)  # no padding
     out.append((full, torch.full((2, 5), IGNORE_INDEX)))  # no masked token
     every = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    out.append(
-        (every, torch.where(every.bool(), torch.tensor(9), torch.tensor(IGNORE_INDEX)))
-    )  # all masked
-    out.append(
-        (torch.ones(4, 1, dtype=torch.long), torch.tensor([[5], [IGNORE_INDEX], [6], [7]]))
-    )  # length 1
-    left = torch.tensor(
-        [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]]
-    )  # left padding, empty row
+    # all masked
+    out.append((every, torch.where(every.bool(), torch.tensor(9), torch.tensor(IGNORE_INDEX))))
+    # length 1
+    out.append((torch.ones(4, 1, dtype=torch.long), torch.tensor([[5], [IGNORE_INDEX], [6], [7]])))
+    # left padding, empty row
+    left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     out.append((left, torch.where(left.bool(), torch.tensor(8), torch.tensor(IGNORE_INDEX))))
     return out
 
@@ -90,10 +79,8 @@ def adversarial_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_meta_matches_the_reference_on_random_batches():
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
-        B, T = (
-            int(torch.randint(1, 6, (1,), generator=g)),
-            int(torch.randint(1, 12, (1,), generator=g)),
-        )
+        B, T = (int(torch.randint(1, 6, (1,), generator=g)),
+                int(torch.randint(1, 12, (1,), generator=g)))
         mask = (torch.rand(B, T, generator=g) < 0.7).long()  # holes anywhere, left padding too
         if torch.rand(1, generator=g) < 0.5:  # right padding, as the loaders make it
             lengths = torch.randint(0, T + 1, (B,), generator=g)
@@ -129,13 +116,9 @@ def _tiny_batch(mask: torch.Tensor, labels: torch.Tensor, seed: int = 0) -> dict
     g = torch.Generator().manual_seed(seed)
     B, T = mask.shape
     ids = torch.randint(5, 99, (B, T), generator=g) * mask
-    return dict(
-        input_ids=ids,
-        attention_mask=mask,
-        token_type_ids=(torch.arange(T)[None] >= T // 2).long() * mask,
-        labels=labels,
-        next_sentence_label=torch.randint(0, 2, (B,), generator=g),
-    )
+    return dict(input_ids=ids, attention_mask=mask,
+                token_type_ids=(torch.arange(T)[None] >= T // 2).long() * mask, labels=labels,
+                next_sentence_label=torch.randint(0, 2, (B,), generator=g))
 
 
 def _loss_and_grads(model, **kw):
@@ -175,9 +158,8 @@ def test_meta_made_without_labels_still_serves_the_mlm_head():
     ref = model(**batch).loss
     for unpad in (False, True):
         model.configure(unpad=unpad)
-        torch.testing.assert_close(
-            model(**batch, batch_meta=batch_meta(mask)).loss, ref, atol=1e-5, rtol=1e-4
-        )
+        torch.testing.assert_close(model(**batch, batch_meta=batch_meta(mask)).loss, ref,
+                                   atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("unpad", [False, True])
@@ -190,18 +172,11 @@ def test_task_heads_with_meta_equal_the_hf_style_call(unpad):
     torch.manual_seed(0)
     cases = [
         (BertForSequenceClassification(cfg, num_labels=3), dict(labels=torch.tensor([0, 2, 1]))),
-        (
-            BertForQuestionAnswering(cfg),
-            dict(start_positions=torch.tensor([1, 2, 0]), end_positions=torch.tensor([3, 2, 4])),
-        ),
-        (
-            BertForTokenClassification(cfg, num_labels=4),
-            dict(
-                labels=torch.where(
-                    mask.bool(), torch.arange(6).remainder(4)[None], torch.tensor(IGNORE_INDEX)
-                )
-            ),
-        ),
+        (BertForQuestionAnswering(cfg), dict(start_positions=torch.tensor([1, 2, 0]),
+                                              end_positions=torch.tensor([3, 2, 4]))),
+        (BertForTokenClassification(cfg, num_labels=4),
+         dict(labels=torch.where(mask.bool(), torch.arange(6).remainder(4)[None],
+                                 torch.tensor(IGNORE_INDEX)))),
     ]
     for model, labels in cases:
         model.train()
@@ -244,15 +219,13 @@ def test_loader_batches_carry_their_meta(tmp_path):
     data = write_synthetic_shards(tmp_path / "data", n_train=32, seq_len=32, objective="mlm+nsp",
                                   variable_lengths=True)
     for window in (0, 2):
-        loader = PretrainLoader(
-            ShardSet(data), MaskingConfig(), 16, 4, seed=1, bucket_window=window
-        )
+        loader = PretrainLoader(ShardSet(data), MaskingConfig(), 16, 4, seed=1,
+                                bucket_window=window)
         for mb in loader.next_step():
             meta = mb["batch_meta"]
             check_against_reference(mb["attention_mask"], mb["labels"])
             ref = batch_meta(mb["attention_mask"], mb["labels"])
             assert meta.padded == ref.padded and torch.equal(meta.masked, ref.masked)
             if ref.padded:
-                assert torch.equal(meta.index, ref.index) and torch.equal(
-                    meta.masked_rows, ref.masked_rows
-                )
+                assert (torch.equal(meta.index, ref.index)
+                        and torch.equal(meta.masked_rows, ref.masked_rows))

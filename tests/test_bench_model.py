@@ -22,29 +22,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_bench_model_smoke(tmp_path, capsys):
     out = tmp_path / "results.jsonl"
-    args = parse(
-        [
-            "--size",
-            "tiny",
-            "--micro-batch",
-            "2",
-            "--seq-len",
-            "16",
-            "--iters",
-            "1",
-            "--warmup",
-            "0",
-            "--padding",
-            "padded,unpadded",
-            "--real-lengths",
-            "uniform",
-            "--peak-tflops",
-            "1",
-            "--grad-ckpt",
-            "--out",
-            str(out),
-        ]
-    )
+    args = parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1",
+                  "--warmup", "0", "--padding", "padded,unpadded", "--real-lengths", "uniform",
+                  "--peak-tflops", "1", "--grad-ckpt", "--out", str(out)])
     assert bench_model.main(args) == 0
     text = capsys.readouterr().out
     assert "| size | B | T | dtype |" in text and "bertgpu" in text and "transformers" in text
@@ -58,29 +38,9 @@ def test_bench_model_smoke(tmp_path, capsys):
     hf = [r for r in rows if r["model"] == "transformers"]
     assert all(r["ratio_vs_transformers"] == pytest.approx(1.0) for r in hf)
     # runs accumulate
-    assert (
-        bench_model.main(
-            parse(
-                [
-                    "--size",
-                    "tiny",
-                    "--micro-batch",
-                    "2",
-                    "--seq-len",
-                    "8",
-                    "--iters",
-                    "1",
-                    "--warmup",
-                    "0",
-                    "--models",
-                    "bertgpu",
-                    "--out",
-                    str(out),
-                ]
-            )
-        )
-        == 0
-    )
+    assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8",
+                                   "--iters", "1",
+                                   "--warmup", "0", "--models", "bertgpu", "--out", str(out)])) == 0
     assert len(out.read_text().splitlines()) == 5
 
 
@@ -121,51 +81,23 @@ def test_models_are_built_once_per_size_and_transformers_rows_reused(monkeypatch
 
     monkeypatch.setattr(bench_model, "Models", counting)
     out = tmp_path / "r.jsonl"
-    args = parse(
-        [
-            "--size",
-            "tiny",
-            "--micro-batch",
-            "2",
-            "--seq-len",
-            "8,16",
-            "--iters",
-            "1",
-            "--warmup",
-            "0",
-            "--padding",
-            "padded,unpadded",
-            "--real-lengths",
-            "uniform",
-            "--out",
-            str(out),
-        ]
-    )
+    args = parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8,16", "--iters", "1",
+                  "--warmup", "0", "--padding", "padded,unpadded", "--real-lengths", "uniform",
+                  "--out", str(out)])
     assert bench_model.main(args) == 0
     assert built == ["tiny"]  # one pair of models for all four points
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     hf = [(r["seq_len"], r["reused"]) for r in rows if r["model"] == "transformers"]
-    assert sorted(hf) == [
-        (8, False),
-        (8, True),
-        (16, False),
-        (16, True),
-    ]  # padded HF timed once per length
+    # padded HF timed once per length
+    assert sorted(hf) == [(8, False), (8, True), (16, False), (16, True)]
 
 
 def test_gpu_preset_is_lean():
     grid = bench_model._grid(parse(["--preset", "gpu"]), cuda=True)
-    assert {(p["size"], p["seq_len"]) for p in grid} == {
-        ("base", 128),
-        ("base", 512),
-        ("large", 128),
-        ("large", 512),
-    }
+    assert {(p["size"], p["seq_len"]) for p in grid} == {("base", 128), ("base", 512),
+                                                         ("large", 128), ("large", 512)}
     compiled = [p for p in grid if p["compile"]]
-    assert [p["compile_models"] for p in compiled] == [
-        ["bertgpu"],
-        ["bertgpu"],
-    ]  # one compile per size
-    assert [p["size"] for p in grid] == sorted(
-        (p["size"] for p in grid), key=["base", "large"].index
-    )
+    # one compile per size
+    assert [p["compile_models"] for p in compiled] == [["bertgpu"], ["bertgpu"]]
+    assert [p["size"] for p in grid] == sorted((p["size"] for p in grid),
+                                               key=["base", "large"].index)

@@ -21,9 +21,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def bench_out(tmp_path_factory) -> Path:
-    pytest.importorskip(
-        "gensim", reason="the polarity set is gensim's test data (pip install bertgpu[demo])"
-    )
+    pytest.importorskip("gensim",
+                        reason="the polarity set is gensim's test data (pip install bertgpu[demo])")
     import torch
 
     tmp = tmp_path_factory.mktemp("quality")
@@ -34,39 +33,11 @@ def bench_out(tmp_path_factory) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models on a shared CPU: spin-waiting threads only slow them
     try:
-        assert (
-            main(
-                [
-                    "bench",
-                    "quality",
-                    "--corpus",
-                    str(corpus),
-                    "--seq-len",
-                    "32",
-                    "--validation-fraction",
-                    "0.1",
-                    "--tokens",
-                    "2560",
-                    "--eval-every",
-                    "5",
-                    "--sets",
-                    "polarity",
-                    "--seeds",
-                    "0",
-                    "1",
-                    "--ft",
-                    "epochs=1",
-                    "--ft",
-                    "max_seq_len=32",
-                    "--device",
-                    "cpu",
-                    "--out",
-                    str(out),
-                    *[w for kv in small for w in ("--set", kv)],
-                ]
-            )
-            == 0
-        )
+        assert main(["bench", "quality", "--corpus", str(corpus), "--seq-len", "32",
+                     "--validation-fraction", "0.1", "--tokens", "2560", "--eval-every", "5",
+                     "--sets", "polarity", "--seeds", "0", "1", "--ft", "epochs=1",
+                     "--ft", "max_seq_len=32", "--device", "cpu",
+                     "--out", str(out), *[w for kv in small for w in ("--set", kv)]]) == 0
     finally:
         torch.set_num_threads(threads)
     return out
@@ -90,21 +61,18 @@ def test_pretraining_numbers_are_the_runs_own(bench_out: Path):
         assert r["tokens_seen"] == train[-1]["tokens_seen"]
         assert r["val_mlm_loss"] == evals[-1]["val_mlm_loss"]
         assert r["val_mlm_acc"] == evals[-1]["val_mlm_acc"]
-        assert [(p["step"], p["val_mlm_loss"]) for p in r["curve"]] == [
-            (x["step"], x["val_mlm_loss"]) for x in evals
-        ]
+        assert ([(p["step"], p["val_mlm_loss"]) for p in r["curve"]]
+                == [(x["step"], x["val_mlm_loss"]) for x in evals])
         assert [p["step"] for p in r["curve"]] == [5, 10]
         # The same held-out sequences and masks for both: the whole split, 15%, one seed.
         cfg = (run / "config.toml").read_text()
         assert "eval_mask_rate = 0.15" in cfg and "eval_batches = 0" in cfg and "seed = 0" in cfg
-        assert (run / "tokenizer" / "vocab.txt").read_bytes() == (
-            bench_out / "tokenizer" / "vocab.txt"
-        ).read_bytes()
+        assert ((run / "tokenizer" / "vocab.txt").read_bytes()
+                == (bench_out / "tokenizer" / "vocab.txt").read_bytes())
         assert f"| {r['name']} |" in md and f"{r['val_mlm_loss']:.3f}" in md
     assert pre[0]["val_sequences"] == pre[1]["val_sequences"] > 0
-    assert (
-        "mask_rate = 0.3" in (Path(pre[1]["run_dir"]) / "config.toml").read_text()
-    )  # its own training rate
+    # its own training rate
+    assert "mask_rate = 0.3" in (Path(pre[1]["run_dir"]) / "config.toml").read_text()
     assert (bench_out / "quality.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -121,27 +89,14 @@ def test_finetuning_scores_are_read_from_results(bench_out: Path):
         assert r["median"] == pytest.approx(statistics.median(r["scores"]))
         assert r["spread"] == pytest.approx(max(r["scores"]) - min(r["scores"]))
         if r["init"] == "random":  # the twin: same architecture, no pretrained weights
-            assert all(
-                res["init"] == "random" and res["config_from"].endswith(f"{r['name']}/hf")
-                for res in results
-            )
+            assert all(res["init"] == "random" and res["config_from"].endswith(f"{r['name']}/hf")
+                       for res in results)
         assert f"{r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f})" in md
 
 
 def test_report_renders_the_quality_file(bench_out: Path, tmp_path: Path):
-    assert (
-        main(
-            [
-                "report",
-                str(bench_out / "quality.jsonl"),
-                "--out",
-                str(tmp_path / "rep"),
-                "--format",
-                "both",
-            ]
-        )
-        == 0
-    )
+    assert main(["report", str(bench_out / "quality.jsonl"), "--out", str(tmp_path / "rep"),
+                 "--format", "both"]) == 0
     text = (tmp_path / "rep" / "README.md").read_text()
     assert "Quality per unit of compute" in text and "pretrained: median (min-max)" in text
     pre = next(r for r in _rows(bench_out) if r["kind"] == "pretrain")
@@ -159,9 +114,8 @@ def test_projection_arithmetic_and_inputs(tmp_path: Path):
     rows = bq.project(recipe, "H100 SXM", 0.4, 24.0)
     ours = rows[0]
     cfg = schema.load_config(recipe)
-    fpt = flops_per_token_of(
-        model_config(overrides.config_to_dict(cfg.model)), 128, cfg.data.mask_rate
-    )
+    fpt = flops_per_token_of(model_config(overrides.config_to_dict(cfg.model)), 128,
+                             cfg.data.mask_rate)
     assert ours["flops_per_token"] == pytest.approx(fpt)
     assert ours["tokens"] == pytest.approx(0.4 * 989e12 / fpt * 24 * 3600)
     assert {r["model"] for r in rows} >= {"BERT-base", "ModernBERT-base", "Cramming (crammed BERT)"}
@@ -174,19 +128,8 @@ def test_projection_arithmetic_and_inputs(tmp_path: Path):
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path: Path, capsys):
-    assert (
-        main(
-            [
-                "bench",
-                "quality",
-                "--recipe",
-                str(tmp_path / "none.toml"),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 2
-    )
+    assert main(["bench", "quality", "--recipe", str(tmp_path / "none.toml"),
+                 "--out", str(tmp_path / "o")]) == 2
     assert "none.toml: recipe not found" in capsys.readouterr().err
     assert main(["bench", "quality", "--set", "train.nope=1", "--out", str(tmp_path / "o")]) == 2
     assert main(["bench", "quality", "--seeds", "1", "1", "--out", str(tmp_path / "o")]) == 2

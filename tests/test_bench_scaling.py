@@ -23,9 +23,8 @@ def test_cost_model_limits_and_trends():
     assert bs.predict_efficiency(**base, bandwidth_GBps=1.0, accumulation=1, n=1) == 1.0
     # Infinite-ish bandwidth: only the per-bucket latency after the backward remains.
     assert bs.predict_efficiency(**base, bandwidth_GBps=1e9, accumulation=1, n=8) > 0.99
-    effs = [
-        bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=1, n=n) for n in (2, 4, 8, 64)
-    ]
+    effs = [bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=1, n=n)
+            for n in (2, 4, 8, 64)]
     assert effs == sorted(effs, reverse=True) and effs[-1] < 0.5
     # Accumulation amortises the one all-reduce per step; the exposed time itself is unchanged.
     e1 = bs.predict_efficiency(**base, bandwidth_GBps=16, accumulation=1, n=8)
@@ -36,9 +35,9 @@ def test_cost_model_limits_and_trends():
     ring = 2 * 7 / 8 * 110e6 * 4 / 16e9
     assert exposed1 == pytest.approx(ring - 2 / 3 * 0.02 * (1 - 25 * 2**20 / 440e6), rel=0.05)
     # A tail that is ready only at the end (the tied embedding) cannot be hidden.
-    assert bs.predict_efficiency(
-        **base, bandwidth_GBps=200, accumulation=1, n=8, tail_params=23_000_000
-    ) < bs.predict_efficiency(**base, bandwidth_GBps=200, accumulation=1, n=8)
+    assert (bs.predict_efficiency(**base, bandwidth_GBps=200, accumulation=1, n=8,
+                                  tail_params=23_000_000)
+            < bs.predict_efficiency(**base, bandwidth_GBps=200, accumulation=1, n=8))
     with pytest.raises(BertgpuError):
         bs.predict_efficiency(**base, bandwidth_GBps=0, accumulation=1, n=8)
 
@@ -70,47 +69,20 @@ def test_measure_reads_steady_state_after_warmup(tmp_path):
 @pytest.mark.timeout(240)
 def test_smoke_one_and_two_workers(tmp_path, capsys):
     out = tmp_path / "scaling"
-    args = _args(
-        "--workers",
-        "1",
-        "2",
-        "--accumulation",
-        "1",
-        "--steps",
-        "2",
-        "--warmup-steps",
-        "1",
-        "--device",
-        "cpu",
-        "--micro-batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--set",
-        "model.vocab_size=64",
-        "--set",
-        "model.hidden_size=32",
-        "--set",
-        "model.intermediate_size=64",
-        "--set",
-        "impl.num_workers=0",
-        "--out",
-        str(out),
-    )
+    args = _args("--workers", "1", "2", "--accumulation", "1", "--steps", "2",
+                 "--warmup-steps", "1", "--device", "cpu", "--micro-batch-size", "2",
+                 "--seq-len", "16", "--set", "model.vocab_size=64", "--set", "model.hidden_size=32",
+                 "--set", "model.intermediate_size=64", "--set", "impl.num_workers=0",
+                 "--out", str(out))
     assert bs.main(args) == 0
     rows = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
-    assert [(r["workers"], r["accumulation"], r["global_batch"]) for r in rows] == [
-        (1, 1, 2),
-        (2, 1, 4),
-    ]
+    assert ([(r["workers"], r["accumulation"], r["global_batch"]) for r in rows]
+            == [(1, 1, 2), (2, 1, 4)])
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["steps_measured"] == 2
         assert r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
-    assert (
-        rows[0]["speedup"] == 1.0
-        and rows[0]["comm_share"] == 0.0
-        and 0.0 <= rows[1]["comm_share"] <= 1.0
-    )
+    assert (rows[0]["speedup"] == 1.0 and rows[0]["comm_share"] == 0.0
+            and 0.0 <= rows[1]["comm_share"] <= 1.0)
     md = (out / "scaling.md").read_text()
     assert "| workers | accumulation |" in md and "BERT-large" in md
     assert (out / "scaling.png").stat().st_size > 1000

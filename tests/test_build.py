@@ -59,23 +59,18 @@ def test_heads_follow_their_arguments():
     # num_labels: the argument, else config.json's id2label (with its names), else 2
     labelled = fields("modernbert", id2label={"0": "neg", "1": "neu", "2": "pos"})
     assert build_model(labelled, "classification").id2label == {0: "neg", 1: "neu", 2: "pos"}
-    assert build_model(labelled, "classification", num_labels=2).id2label == {
-        0: "LABEL_0",
-        1: "LABEL_1",
-    }
+    assert (build_model(labelled, "classification", num_labels=2).id2label
+            == {0: "LABEL_0", 1: "LABEL_1"})
     assert build_model(fields("modernbert"), "token_classification").num_labels == 2
 
 
 def test_bert_token_classification_when_available():
     if hasattr(bert, "BertForTokenClassification"):
-        assert (
-            type(build_model(fields("bert"), "token_classification", 4)).__name__
-            == "BertForTokenClassification"
-        )
+        assert (type(build_model(fields("bert"), "token_classification", 4)).__name__
+                == "BertForTokenClassification")
     else:
-        with pytest.raises(
-            BertgpuError, match="token_classification: not available for architecture bert"
-        ):
+        with pytest.raises(BertgpuError,
+                           match="token_classification: not available for architecture bert"):
             build_model(fields("bert"), "token_classification", 4)
 
 
@@ -83,13 +78,11 @@ def test_architecture_from_model_type():
     hf_style = {**TINY_MODERN, "model_type": "modernbert"}  # a transformers config.json
     assert isinstance(build_model(hf_style, "masked_lm"), ModernBertForMaskedLM)
     assert type(build_model(dict(TINY), "base")).__name__ == "BertModel"  # neither given: bert
-    with pytest.raises(
-        BertgpuError, match="architecture 'bert' disagrees with model_type 'modernbert'"
-    ):
+    with pytest.raises(BertgpuError,
+                       match="architecture 'bert' disagrees with model_type 'modernbert'"):
         build_model({**hf_style, "architecture": "bert"}, "base")
-    with pytest.raises(
-        BertgpuError, match="model_type: found 'gpt2', expected one of bert, modernbert"
-    ):
+    with pytest.raises(BertgpuError,
+                       match="model_type: found 'gpt2', expected one of bert, modernbert"):
         build_model({"model_type": "gpt2"}, "base")
 
 
@@ -118,12 +111,8 @@ def test_modern_recipes_load_and_build(name):
     if name == "modern-base":
         assert n == pytest.approx(149.0e6, rel=0.01)  # ModernBERT-base's published 149 M
         kinds = [layer.attention_type for layer in model.model.layers]
-        assert kinds[:4] == [
-            "full_attention",
-            "sliding_attention",
-            "sliding_attention",
-            "full_attention",
-        ]
+        assert kinds[:4] == ["full_attention", "sliding_attention", "sliding_attention",
+                             "full_attention"]
     if name == "modern-tiny":  # about tiny.toml's size (1.49 M)
         assert 1.4e6 < n < 1.7e6
 
@@ -139,40 +128,22 @@ def test_modern_tiny_trains_a_step():
     assert torch.isfinite(out.loss) and out.loss.item() == pytest.approx(9.0, abs=0.5)  # ~ln(8192)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (
-            ["--model.hidden_activation", "silu"],
-            r"model\.hidden_activation = 'silu'.*for bert: model\.hidden_act",
-        ),
-        (
-            ["--model.architecture", "modernbert", "--model.hidden_dropout_prob", "0.2"],
-            r"model\.hidden_dropout_prob = 0\.2.*model\.mlp_dropout",
-        ),
-        (
-            ["--model.architecture", "modernbert", "--model.classifier_pooling", "max"],
-            r"model\.classifier_pooling: found 'max', expected one of cls, mean",
-        ),
-        (
-            ["--model.architecture", "modernbert", "--model.local_attention", "0"],
-            r"model\.local_attention",
-        ),
-        (
-            ["--model.architecture", "modernbert", "--train.with_nsp", "true"],
-            "no next-sentence head",
-        ),
-        (
-            ["--model.architecture", "modernbert", "--data.objective", "mlm+nsp"],
-            "no next-sentence head",
-        ),
-        (
-            ["--model.architecture", "roberta"],
-            r"model\.architecture = 'roberta': expected one of bert, modernbert",
-        ),
-        (["--schedule.decay_fraction", "1.5"], r"schedule\.decay_fraction"),
-    ],
-)
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["--model.hidden_activation", "silu"],
+     r"model\.hidden_activation = 'silu'.*for bert: model\.hidden_act"),
+    (["--model.architecture", "modernbert", "--model.hidden_dropout_prob", "0.2"],
+     r"model\.hidden_dropout_prob = 0\.2.*model\.mlp_dropout"),
+    (["--model.architecture", "modernbert", "--model.classifier_pooling", "max"],
+     r"model\.classifier_pooling: found 'max', expected one of cls, mean"),
+    (["--model.architecture", "modernbert", "--model.local_attention", "0"],
+     r"model\.local_attention"),
+    (["--model.architecture", "modernbert", "--train.with_nsp", "true"], "no next-sentence head"),
+    (["--model.architecture", "modernbert", "--data.objective", "mlm+nsp"],
+     "no next-sentence head"),
+    (["--model.architecture", "roberta"],
+     r"model\.architecture = 'roberta': expected one of bert, modernbert"),
+    (["--schedule.decay_fraction", "1.5"], r"schedule\.decay_fraction"),
+])
 def test_model_section_errors(overrides, message):
     with pytest.raises(BertgpuError, match=message):
         load_config(None, overrides)

@@ -35,11 +35,8 @@ def test_check_graph_passes_for_every_configuration(capsys, one_thread):
 def test_the_check_sees_breaks_and_syncs_without_metadata(one_thread):
     # The Hugging Face-style call (no BatchMeta) decides padding and MLM rows on the device: the
     # check must report that, or its zeros above would mean nothing.
-    case = next(
-        c
-        for c in graph_check.cases(torch.device("cpu"))
-        if c.name == "pretraining unpadded mlm+nsp"
-    )
+    case = next(c for c in graph_check.cases(torch.device("cpu"))
+                if c.name == "pretraining unpadded mlm+nsp")
     case.batch.pop("batch_meta")
     result = graph_check.check(case)
     assert result.breaks > 0 and result.reasons
@@ -70,12 +67,10 @@ def test_the_sync_counter_sees_backward_and_python_values():
 def test_packed_batches_keep_the_flash_path_when_compiled(one_thread):
     # No padding: SDPA must get attn_mask=None inside the compiled graph too (a mask rules the
     # flash kernel out).
-    case = next(
-        c for c in graph_check.cases(torch.device("cpu")) if c.name == "pretraining packed mlm+nsp"
-    )
-    padded = next(
-        c for c in graph_check.cases(torch.device("cpu")) if c.name == "pretraining padded mlm+nsp"
-    )
+    case = next(c for c in graph_check.cases(torch.device("cpu"))
+                if c.name == "pretraining packed mlm+nsp")
+    padded = next(c for c in graph_check.cases(torch.device("cpu"))
+                  if c.name == "pretraining padded mlm+nsp")
 
     def sdpa_masks(c: graph_check.Case) -> list[object]:
         torch._dynamo.reset()
@@ -102,9 +97,8 @@ def test_compiled_fullgraph_equals_eager_with_few_compiles(one_thread):
     from bertgpu.models.shared import ModelOptions
 
     torch.manual_seed(0)
-    model = BertForPreTraining(
-        BertConfig(**graph_check.TINY), options=ModelOptions(unpad=True)
-    ).train()
+    model = BertForPreTraining(BertConfig(**graph_check.TINY),
+                               options=ModelOptions(unpad=True)).train()
     model.configure(attention_backend="padded")  # the CPU kernel, without the fallback warning
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
@@ -118,26 +112,19 @@ def test_compiled_fullgraph_equals_eager_with_few_compiles(one_thread):
         lengths[0] = longest
         mask = (torch.arange(T)[None] < lengths[:, None]).long()
         ids = torch.randint(5, 128, (3, T), generator=g) * mask
-        labels = torch.where(
-            (torch.rand(3, T, generator=g) < 0.3) & mask.bool(), ids, torch.tensor(-100)
-        )
+        labels = torch.where((torch.rand(3, T, generator=g) < 0.3) & mask.bool(), ids,
+                             torch.tensor(-100))
         labels[:, 1] = ids[:, 1]
-        batch = dict(
-            input_ids=ids,
-            attention_mask=mask,
-            token_type_ids=torch.zeros_like(ids),
-            labels=labels,
-            next_sentence_label=torch.tensor([0, 1, 1]),
-            batch_meta=batch_meta(mask, labels),
-        )
+        batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids),
+                     labels=labels, next_sentence_label=torch.tensor([0, 1, 1]),
+                     batch_meta=batch_meta(mask, labels))
         results = []
         for run in (model, compiled):
             model.zero_grad(set_to_none=True)
             loss = run(**batch).loss
             loss.backward()
-            results.append(
-                (loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
-            )
+            results.append((loss.detach(),
+                            [p.grad.clone() for p in model.parameters() if p.grad is not None]))
         torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-4)
         for a, b in zip(results[1][1], results[0][1], strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

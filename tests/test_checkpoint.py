@@ -42,13 +42,8 @@ def test_round_trip_bitwise(tmp_path):
                                 extra_files={"config.toml": "seed = 1\n", "config.json": b"{}"})
     assert path == tmp_path / "checkpoints" / "step_3"
     assert sorted(p.name for p in path.iterdir()) == [
-        "COMPLETE",
-        "checksums.json",
-        "config.json",
-        "config.toml",
-        "model.safetensors",
-        "train_state.pt",
-    ]
+        "COMPLETE", "checksums.json", "config.json", "config.toml", "model.safetensors",
+        "train_state.pt"]
     assert ckpt.latest_checkpoint(tmp_path) == path
     weights, loaded = ckpt.load_checkpoint(path)
     for k, v in model.state_dict().items():
@@ -68,11 +63,8 @@ def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", boom)
-    with pytest.raises(
-        BertgpuError,
-        match=r"checkpoints: cannot write step_2: disk full \(needs about .* free\); "
-        r"step_1 is intact",
-    ):
+    with pytest.raises(BertgpuError, match=r"checkpoints: cannot write step_2: disk full \(needs "
+                                           r"about .* free\); step_1 is intact"):
         ckpt.save_checkpoint(tmp_path, 2, model.state_dict(), train_state(2))
     monkeypatch.undo()
     assert not (tmp_path / "checkpoints" / "step_2.tmp").exists()  # the partial folder is removed
@@ -115,9 +107,8 @@ def test_malicious_pickle_refused(tmp_path):
     path = ckpt.save_checkpoint(tmp_path, 1, tied_model().state_dict(), {"step": 1})
     with open(path / "train_state.pt", "wb") as f:
         pickle.dump({"step": 1, "payload": Evil()}, f, protocol=2)
-    with pytest.raises(
-        BertgpuError, match=r"refusing to load .*train_state.pt: not a plain tensor checkpoint"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"refusing to load .*train_state.pt: not a plain tensor checkpoint"):
         ckpt.load_checkpoint(path)
 
 

@@ -26,7 +26,8 @@ from bertgpu.errors import BertgpuError
 from bertgpu.finetune import finetune
 from bertgpu.tasks import classify, metrics
 
-WORDS = "apple river stone cloud table green quiet music paper window garden silver bright lamp horse ocean".split()
+WORDS = ("apple river stone cloud table green quiet music paper window garden silver bright "
+         "lamp horse ocean".split())
 KEYWORDS = {"positive": "good", "negative": "bad", "neutral": "meh"}
 VOCAB = SPECIAL + ["good", "bad", "meh", '"', ","] + WORDS
 FAST = ["--lr", "3e-3", "--hidden_dropout_prob", "0", "--warmup_fraction", "0.05",
@@ -41,9 +42,8 @@ def sentence(rng: random.Random, keyword: str) -> str:
     return " ".join(words)
 
 
-def write_csv(
-    path: Path, n: int, seed: int, labels: tuple[str, ...] = ("positive", "negative", "neutral")
-) -> Path:
+def write_csv(path: Path, n: int, seed: int,
+              labels: tuple[str, ...] = ("positive", "negative", "neutral")) -> Path:
     """text,label rows; the label is named by the keyword in the text."""
     rng = random.Random(seed)
     rows = ["text,label"]
@@ -73,9 +73,8 @@ def test_macro_f1_matches_sklearn():
             assert metrics.macro_f1(p, y) == pytest.approx(sk.f1_score(y, p, average="macro"))
     # A class only in the predictions, one only in the labels, one never right.
     y, p = np.array([0, 0, 1, 1, 2]), np.array([0, 3, 1, 0, 0])
-    assert metrics.macro_f1(p, y) == pytest.approx(
-        sk.f1_score(y, p, average="macro", zero_division=0)
-    )
+    assert metrics.macro_f1(p, y) == pytest.approx(sk.f1_score(y, p, average="macro",
+                                                               zero_division=0))
 
 
 def test_label_metrics_against_references():
@@ -90,9 +89,8 @@ def test_label_metrics_against_references():
     r = metrics.label_metrics(scores, gold, regression=True)
     assert r["pearson"] == pytest.approx(100 * stats.pearsonr(scores[:, 0], gold)[0])
     assert r["spearman"] == pytest.approx(100 * stats.spearmanr(scores[:, 0], gold)[0])
-    assert (
-        metrics.label_metrics(np.ones(5), gold[:5], regression=True)["pearson"] == 0.0
-    )  # constant: undefined
+    # constant: undefined
+    assert metrics.label_metrics(np.ones(5), gold[:5], regression=True)["pearson"] == 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,25 +99,20 @@ def test_label_metrics_against_references():
 
 def test_readers_agree_across_formats(tmp_path):
     rows = [("it's \"fine\", really", "a", "pos"), ("tab-free text", "b", "neg")]
-    (tmp_path / "x.csv").write_text(
-        'premise,hyp,gold\n"it\'s ""fine"", really",a,pos\ntab-free text,b,neg\n',
-        encoding="utf-8-sig",
-    )  # a BOM, as spreadsheets write it
-    (tmp_path / "x.tsv").write_text(
-        'gold\tpremise\thyp\npos\tit\'s "fine", really\ta\n\nneg\ttab-free text\tb\n'
-    )
-    (tmp_path / "x.jsonl").write_text(
-        "\n".join(json.dumps({"premise": a, "hyp": b, "gold": y, "extra": 1}) for a, b, y in rows)
-        + "\n"
-    )
+    (tmp_path / "x.csv").write_text('premise,hyp,gold\n"it\'s ""fine"", really",a,pos\n'
+                                    'tab-free text,b,neg\n',
+                                    encoding="utf-8-sig")  # a BOM, as spreadsheets write it
+    (tmp_path / "x.tsv").write_text("gold\tpremise\thyp\npos\tit's \"fine\", really\ta\n\n"
+                                    "neg\ttab-free text\tb\n")
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps({"premise": a, "hyp": b, "gold": y,
+                                                            "extra": 1})
+                                                for a, b, y in rows) + "\n")
     fields = classify.Fields("premise", "hyp", "gold")
     for name in ("x.csv", "x.tsv", "x.jsonl"):
         got = classify.read_labelled(tmp_path / name, fields)
         assert [r[1:] for r in got] == rows, name
-    assert [r[0] for r in classify.read_labelled(tmp_path / "x.tsv", fields)] == [
-        2,
-        4,
-    ]  # file lines
+    # file lines
+    assert [r[0] for r in classify.read_labelled(tmp_path / "x.tsv", fields)] == [2, 4]
 
 
 def test_tsv_reads_quotes_as_characters(tmp_path):
@@ -131,16 +124,10 @@ def test_tsv_reads_quotes_as_characters(tmp_path):
 
 def test_labels_are_discovered_sorted():
     p = Path("train.csv")
-    assert classify.discover_labels(p, ["pos", "neg", "neutral", "neg"]) == (
-        "neg",
-        "neutral",
-        "pos",
-    )
-    assert classify.discover_labels(p, ["10", "2", "1", "2"]) == (
-        "1",
-        "2",
-        "10",
-    )  # integers by value
+    assert (classify.discover_labels(p, ["pos", "neg", "neutral", "neg"])
+            == ("neg", "neutral", "pos"))
+    # integers by value
+    assert classify.discover_labels(p, ["10", "2", "1", "2"]) == ("1", "2", "10")
     with pytest.warns(UserWarning, match="--regression"):
         assert classify.discover_labels(p, ["0.5", "1", "2.25"]) == ("0.5", "1", "2.25")
     with pytest.raises(BertgpuError, match="train.csv: every row has the label 'x'"):
@@ -150,11 +137,8 @@ def test_labels_are_discovered_sorted():
 def test_json_labels_may_be_numbers_or_booleans(tmp_path):
     (tmp_path / "j.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": true}\n'
                                       '{"text": "c", "label": 2.5}\n')
-    assert [r[3] for r in classify.read_labelled(tmp_path / "j.jsonl", classify.Fields())] == [
-        "1",
-        "true",
-        "2.5",
-    ]
+    assert ([r[3] for r in classify.read_labelled(tmp_path / "j.jsonl", classify.Fields())]
+            == ["1", "true", "2.5"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,9 +152,8 @@ def test_three_labels_learn_and_export_their_names(tmp_path):
     assert res["task"] == "classify" and res["kind"] == "classification"
     assert res["labels"] == ["negative", "neutral", "positive"] and res["columns"] == {}
     dev_m = res["metrics"]["dev"]
-    assert set(dev_m) == {"accuracy", "macro_f1"} and dev_m["accuracy"] >= 90.0, (
-        dev_m
-    )  # chance: ~33
+    # chance: ~33
+    assert set(dev_m) == {"accuracy", "macro_f1"} and dev_m["accuracy"] >= 90.0, dev_m
     assert res["score"] == pytest.approx((dev_m["accuracy"] + dev_m["macro_f1"]) / 2)
     out = tmp_path / "ft"
     cfg = json.loads((out / "model" / "config.json").read_text())
@@ -179,9 +162,8 @@ def test_three_labels_learn_and_export_their_names(tmp_path):
     assert cfg["architectures"] == ["BertForSequenceClassification"]
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 60 and preds[0]["id"] == "dev.csv:2"
-    assert np.mean([p["label"] == p["prediction"] for p in preds]) * 100 == pytest.approx(
-        dev_m["accuracy"]
-    )
+    assert (np.mean([p["label"] == p["prediction"] for p in preds]) * 100
+            == pytest.approx(dev_m["accuracy"]))
 
     # transformers reads the names: the pipeline says "positive", not LABEL_2.
     transformers = pytest.importorskip("transformers")
@@ -204,9 +186,7 @@ def test_text_pair_reads_the_second_column(tmp_path):
     res = run(tmp_path, tmp_path / "train.jsonl", tmp_path / "dev.jsonl", "--epochs", "8",
               text_field="a", text_pair_field="b", label_field="y")
     assert res["fields"] == {"text": "a", "text_pair": "b", "label": "y"}
-    assert res["labels"] == ["no", "yes"] and res["metrics"]["dev"]["accuracy"] >= 90.0, res[
-        "metrics"
-    ]
+    assert res["labels"] == ["no", "yes"] and res["metrics"]["dev"]["accuracy"] >= 90.0, res["metrics"]
 
 
 def test_regression_learns(tmp_path):
@@ -220,17 +200,8 @@ def test_regression_learns(tmp_path):
             rng.shuffle(words)
             rows.append(f"{' '.join(words)}\t{k}")
         (tmp_path / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    res = run(
-        tmp_path,
-        tmp_path / "train.tsv",
-        tmp_path / "dev.tsv",
-        "--epochs",
-        "4",
-        "--lr",
-        "1e-3",
-        label_field="score",
-        regression=True,
-    )
+    res = run(tmp_path, tmp_path / "train.tsv", tmp_path / "dev.tsv", "--epochs", "4",
+              "--lr", "1e-3", label_field="score", regression=True)
     assert res["kind"] == "regression" and res["labels"] == []
     assert set(res["metrics"]["dev"]) == {"pearson", "spearman"}
     assert res["metrics"]["dev"]["pearson"] > 60.0, res["metrics"]  # chance: ~0
@@ -246,23 +217,14 @@ def test_defaults_by_model_size(tmp_path, capsys):
     assert cfg.lr is None and cfg.epochs is None
     given = load_finetune_config(None, ["--lr", "5e-5"])
     resolved, note = resolve_finetune(given, 768)
-    assert (resolved.lr, resolved.epochs, given.epochs) == (5e-5, 3, None) and note.startswith(
-        "epochs 3 "
-    )
-    assert (
-        resolve_finetune(load_finetune_config(None, ["--lr", "1e-3", "--epochs", "2"]), 64)[1] == ""
-    )
+    assert ((resolved.lr, resolved.epochs, given.epochs) == (5e-5, 3, None)
+            and note.startswith("epochs 3 "))
+    assert resolve_finetune(load_finetune_config(None, ["--lr", "1e-3", "--epochs", "2"]),
+                            64)[1] == ""
     # The run records what it used and prints where it came from.
     train = write_csv(tmp_path / "train.csv", 32, 0)
-    res = finetune(
-        "classify",
-        None,
-        _tiny_init.tiny_init(tmp_path, VOCAB),
-        tmp_path / "ft",
-        train_file=train,
-        dev_file=train,
-        overrides=["--global_batch_size", "16"],
-    )
+    res = finetune("classify", None, _tiny_init.tiny_init(tmp_path, VOCAB), tmp_path / "ft",
+                   train_file=train, dev_file=train, overrides=["--global_batch_size", "16"])
     assert (res["config"]["lr"], res["config"]["epochs"]) == (3e-4, 10) and res["steps"] == 20
     assert "by model size" in capsys.readouterr().out
 
@@ -279,16 +241,10 @@ def _one_line_error(fn, match: str) -> str:
 
 
 BAD_FILES = [  # (file, content, the one-line error)
-    (
-        "a.csv",
-        "sentence,label\nx,y\n",
-        r"a\.csv:1: no column 'text' \(found 'sentence', 'label'\); expected --text-field",
-    ),
-    (
-        "b.jsonl",
-        '{"text": "a", "label": "x"}\n{"text": "b"}\n',
-        r"b\.jsonl:2: no field 'label' .*expected --label-field",
-    ),
+    ("a.csv", "sentence,label\nx,y\n",
+     r"a\.csv:1: no column 'text' \(found 'sentence', 'label'\); expected --text-field"),
+    ("b.jsonl", '{"text": "a", "label": "x"}\n{"text": "b"}\n',
+     r"b\.jsonl:2: no field 'label' .*expected --label-field"),
     ("c.csv", "text,label\nfine,x\nno label,\n", r"c\.csv:3: empty label in 'label'"),
     ("d.jsonl", '{"text": "a", "label": null}\n', r"d\.jsonl:1: empty label"),
     ("e.csv", "text,label\n,x\n", r"e\.csv:2: empty text in 'text'"),
@@ -309,16 +265,13 @@ def test_label_only_in_dev_and_bad_scores(tmp_path):
     (tmp_path / "dev.csv").write_text("text,label\na,pos\nb,neutral\n")
     tok = None  # never reached: the files are checked before encoding
     cfg = FinetuneConfig()
-    _one_line_error(
-        lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok, cfg),
-        r"dev\.csv:3: label 'neutral' is not in the training file \(expected one of 'neg', 'pos'\)",
-    )
-    _one_line_error(
-        lambda: classify.classify_job(
-            tmp_path / "train.csv", tmp_path / "dev.csv", tok, cfg, regression=True
-        ),
-        r"train\.csv:2: label 'pos' in 'label' is not a finite number",
-    )
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok,
+                                                  cfg),
+                    r"dev\.csv:3: label 'neutral' is not in the training file \(expected one of "
+                    r"'neg', 'pos'\)")
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok,
+                                                  cfg, regression=True),
+                    r"train\.csv:2: label 'pos' in 'label' is not a finite number")
 
 
 def test_command_line_errors(tmp_path, capsys):
@@ -335,22 +288,7 @@ def test_command_line_errors(tmp_path, capsys):
     assert main([*base, "--train-file", str(train), "--dev-file", str(tmp_path / "dev.csv")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "dev.csv:1: no column 'text'" in err
-    assert (
-        main(
-            [
-                "finetune",
-                "sst2",
-                "--data",
-                str(tmp_path),
-                "--init",
-                str(init),
-                "--out",
-                str(tmp_path / "o"),
-                "--label-field",
-                "y",
-            ]
-        )
-        == 2
-    )
+    assert main(["finetune", "sst2", "--data", str(tmp_path), "--init", str(init),
+                 "--out", str(tmp_path / "o"), "--label-field", "y"]) == 2
     assert "--label-field: only for finetune classify and ner" in capsys.readouterr().err
     assert not (tmp_path / "ft").exists() and not (tmp_path / "ft.tmp").exists()

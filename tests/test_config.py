@@ -63,12 +63,10 @@ def test_model_section_is_the_architectures_own_config_with_hf_names(architectur
     # Every name but ours is a transformers config name; what transformers 5 dropped or folded is
     # 4.x's (BERT's position_embedding_type; ModernBERT's thetas and layer period, which 5.x writes
     # as rope_parameters and layer_types: both are written, see models/modernbert/config.py).
-    assert set(names) - set(hf) - {"architecture"} <= {
-        "position_embedding_type",
-        "global_rope_theta",
-        "local_rope_theta",
-        "global_attn_every_n_layers",
-    }
+    assert set(names) - set(hf) - {"architecture"} <= {"position_embedding_type",
+                                                       "global_rope_theta",
+                                                      "local_rope_theta",
+                                                       "global_attn_every_n_layers"}
     assert all(help_of(cls, f) for f in dataclasses.fields(cls)), "a [model] field has no help"
     assert f"--model.{names[1]}" in format_help(cfg)
 
@@ -108,14 +106,11 @@ def test_toml_int_for_float_and_auto_micro_batch(tmp_path):
 
 
 def test_unknown_key_suggests(tmp_path):
-    with pytest.raises(
-        BertgpuError,
-        match=r"config.toml: unknown key train.max_stepz \(did you mean train.max_steps\?\)",
-    ):
+    with pytest.raises(BertgpuError, match=r"config.toml: unknown key train.max_stepz \(did you "
+                                           r"mean train.max_steps\?\)"):
         load_config(write(tmp_path, "[train]\nmax_stepz = 3\n"), [])
-    with pytest.raises(
-        BertgpuError, match=r"unknown key trainn.max_steps \(did you mean train.max_steps\?\)"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"unknown key trainn.max_steps \(did you mean train.max_steps\?\)"):
         load_config(None, ["--trainn.max_steps", "3"])
     with pytest.raises(BertgpuError, match="unknown key colour"):
         load_config(write(tmp_path, 'colour = "blue"\n'), [])
@@ -130,14 +125,10 @@ def test_unknown_key_suggests(tmp_path):
         (["--optim.betas", "0.9"], r"optim.betas = 0.9: expected 2 comma-separated values"),
         (["--train.max_steps"], r"--train.max_steps needs a value"),
         (["stray"], r"unexpected argument 'stray'"),
-        (
-            ["--train.precision", "fp8"],
-            r"train.precision = 'fp8': expected one of fp32, bf16, fp16",
-        ),
-        (
-            ["--train.global_batch_size", "100", "--impl.micro_batch_size", "32"],
-            r"multiple of impl.micro_batch_size",
-        ),
+        (["--train.precision", "fp8"],
+         r"train.precision = 'fp8': expected one of fp32, bf16, fp16"),
+        (["--train.global_batch_size", "100", "--impl.micro_batch_size", "32"],
+         r"multiple of impl.micro_batch_size"),
         (["--model.num_attention_heads", "7"], r"model.hidden_size = 768: expected a multiple"),
         (["--optim.lr_scaling", "sqrt"], r"optim.reference_batch_size"),
         (["--train", "3"], r"train is a section"),
@@ -149,36 +140,21 @@ def test_bad_values_name_the_key(overrides, pattern):
 
 
 def test_toml_type_error_names_file_and_key(tmp_path):
-    with pytest.raises(
-        BertgpuError, match=r"config.toml: train.max_steps = \"many\": expected an integer"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"config.toml: train.max_steps = \"many\": expected an integer"):
         load_config(write(tmp_path, '[train]\nmax_steps = "many"\n'), [])
-    with pytest.raises(
-        BertgpuError, match=r"config.toml: impl.compile = 1: expected true or false"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"config.toml: impl.compile = 1: expected true or false"):
         load_config(write(tmp_path, "[impl]\ncompile = 1\n"), [])
     with pytest.raises(BertgpuError, match=r"config.toml: invalid TOML"):
         load_config(write(tmp_path, "[train\n"), [])
 
 
 def test_dump_toml_round_trip(tmp_path):
-    cfg = load_config(
-        None,
-        [
-            "--out",
-            "runs/a",
-            "--optim.betas",
-            "0.9,0.98",
-            "--schedule.warmup_fraction",
-            "none",
-            "--schedule.warmup_steps",
-            "10",
-            "--train.budget_hours",
-            "1.5",
-            "--data.dir",
-            'we"ird dir',
-        ],
-    )
+    cfg = load_config(None,
+                      ["--out", "runs/a", "--optim.betas", "0.9,0.98", "--schedule.warmup_fraction",
+                       "none", "--schedule.warmup_steps", "10", "--train.budget_hours", "1.5",
+                       "--data.dir", 'we"ird dir'])
     text = dump_toml(cfg)
     tomllib.loads(text)  # valid TOML
     path = write(tmp_path, text)
@@ -197,9 +173,8 @@ def test_generic_overrides_on_another_dataclass():
 
     ft = apply_overrides(Finetune(), ["--lr", "1e-4", "--epochs=2", "--task", "rte"], "finetune")
     assert (ft.lr, ft.epochs, ft.task) == (1e-4, 2, "rte")
-    with pytest.raises(
-        BertgpuError, match=r"finetune: unknown key epoch \(did you mean epochs\?\)"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"finetune: unknown key epoch \(did you mean epochs\?\)"):
         apply_overrides(Finetune(), ["--epoch", "2"], "finetune")
 
 
@@ -207,9 +182,8 @@ def test_resolve_batch():
     assert resolve_batch(256, 32, 1) == 8
     assert resolve_batch(256, 32, 8) == 1
     assert resolve_batch(96, 8, 4) == 3
-    with pytest.raises(
-        BertgpuError, match=r"96 is not divisible by impl.micro_batch_size 8 × 5 devices = 40"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"96 is not divisible by impl.micro_batch_size 8 × 5 devices = 40"):
         resolve_batch(96, 8, 5)
     with pytest.raises(BertgpuError):
         resolve_batch(96, "auto", 1)

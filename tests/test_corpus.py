@@ -20,16 +20,14 @@ from bertgpu.data.textio import split_sentences
 from bertgpu.data.wikitext import strip_wiki_markup
 from bertgpu.errors import BertgpuError
 
-needs_gensim = pytest.mark.skipif(
-    importlib.util.find_spec("gensim") is None, reason="gensim not installed"
-)
+needs_gensim = pytest.mark.skipif(importlib.util.find_spec("gensim") is None,
+                                  reason="gensim not installed")
 
 
 def test_sentences_format_documents_split_on_blank_lines(tmp_path):
     path = tmp_path / "sample.txt"
-    path.write_bytes(
-        "\ufeffFirst sentence.\r\nSecond one.\r\n\r\n\r\nOther doc.\n  \nLast doc\n".encode()
-    )
+    path.write_bytes("\ufeffFirst sentence.\r\nSecond one.\r\n\r\n\r\n"
+                     "Other doc.\n  \nLast doc\n".encode())
     stats = CorpusStats()
     docs = list(iter_documents([path], stats=stats))
     assert docs == [["First sentence.", "Second one."], ["Other doc."], ["Last doc"]]
@@ -38,14 +36,11 @@ def test_sentences_format_documents_split_on_blank_lines(tmp_path):
 
 def test_text_format_paragraphs_are_documents_split_into_sentences(tmp_path):
     path = tmp_path / "book.md"
-    path.write_text(
-        "The cat sat. It was\nhappy! Was it?\n\nE.g. this stays, e.g. whole. Next one.\n"
-    )
+    path.write_text("The cat sat. It was\nhappy! Was it?\n\n"
+                    "E.g. this stays, e.g. whole. Next one.\n")
     docs = list(iter_documents([path], fmt="text"))
-    assert docs == [
-        ["The cat sat.", "It was happy!", "Was it?"],
-        ["E.g. this stays, e.g. whole.", "Next one."],
-    ]
+    assert docs == [["The cat sat.", "It was happy!", "Was it?"],
+                    ["E.g. this stays, e.g. whole.", "Next one."]]
 
 
 def test_split_sentences_handles_quotes_and_cjk():
@@ -55,11 +50,8 @@ def test_split_sentences_handles_quotes_and_cjk():
 
 def test_jsonl_reads_text_field_and_custom_field(tmp_path):
     path = tmp_path / "web.jsonl"
-    rows = [
-        {"text": "One. Two.", "id": 1},
-        {"text": "", "id": 2},
-        {"text": "Para one.\n\nPara two."},
-    ]
+    rows = [{"text": "One. Two.", "id": 1}, {"text": "", "id": 2},
+            {"text": "Para one.\n\nPara two."}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert list(iter_documents([path])) == [["One.", "Two."], ["Para one.", "Para two."]]
     other = tmp_path / "body.json"
@@ -123,15 +115,10 @@ def test_resolve_inputs_folders_globs_and_order(tmp_path):
     (tmp_path / "a" / "deep").mkdir(parents=True)
     for rel in ("b/2.txt", "a/deep/1.txt", "a/0.txt", "a/.hidden", "c.jsonl"):
         (tmp_path / rel).write_text("x\n")
-    found = resolve_inputs(
-        [tmp_path / "b", tmp_path / "a", str(tmp_path / "*.jsonl"), tmp_path / "a/0.txt"]
-    )
-    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
-        "b/2.txt",
-        "a/0.txt",
-        "a/deep/1.txt",
-        "c.jsonl",
-    ]
+    found = resolve_inputs([tmp_path / "b", tmp_path / "a", str(tmp_path / "*.jsonl"),
+                            tmp_path / "a/0.txt"])
+    assert ([p.relative_to(tmp_path).as_posix() for p in found]
+            == ["b/2.txt", "a/0.txt", "a/deep/1.txt", "c.jsonl"])
     with pytest.raises(BertgpuError, match="pattern matches no files"):
         resolve_inputs([str(tmp_path / "*.xml")])
     with pytest.raises(BertgpuError, match="no such file"):
@@ -198,11 +185,8 @@ def test_lines_format_one_document_per_line(tmp_path):
     path.write_text("Great phone. Battery lasts!\n\n  \nTerrible support. Never again.\nOk\n")
     stats = CorpusStats()
     docs = list(iter_documents([path], fmt="lines", stats=stats))
-    assert docs == [
-        ["Great phone.", "Battery lasts!"],
-        ["Terrible support.", "Never again."],
-        ["Ok"],
-    ]
+    assert docs == [["Great phone.", "Battery lasts!"],
+                    ["Terrible support.", "Never again."], ["Ok"]]
     assert (stats.files, stats.documents) == (1, 3)
 
 
@@ -236,9 +220,8 @@ def test_bad_utf8_in_a_long_line_names_line_and_byte(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "LINE_PIECE_BYTES", 16)
     path = tmp_path / "bad.txt"
     path.write_bytes(b"ok line\n" + b"abc def ghi jkl mno pqr stu \xff vwx\n")
-    with pytest.raises(
-        BertgpuError, match=r"bad.txt:2: invalid UTF-8 byte 0xff at byte offset 36"
-    ) as info:
+    with pytest.raises(BertgpuError,
+                       match=r"bad.txt:2: invalid UTF-8 byte 0xff at byte offset 36") as info:
         list(corpus.iter_documents([path], fmt="lines"))
     assert "\n" not in str(info.value)
 
@@ -251,11 +234,5 @@ def test_decoded_lines_pieces_end_every_line(tmp_path):
     from bertgpu.data.textio import decoded_lines
 
     got = list(decoded_lines(tmp_path / "x", io.BytesIO(b"ab cd ef\nxy zzz "), piece_bytes=4))
-    assert got == [
-        (1, "ab ", False),
-        (1, "cd ", False),
-        (1, "ef", True),
-        (2, "xy ", False),
-        (2, "zzz ", False),
-        (2, "", True),
-    ]
+    assert got == [(1, "ab ", False), (1, "cd ", False), (1, "ef", True), (2, "xy ", False),
+                   (2, "zzz ", False), (2, "", True)]

@@ -43,18 +43,11 @@ def nsp_dir(tmp_path_factory):
 def _raw(data_dir, split="train"):
     """The split's arrays concatenated in manifest order, read independently of ShardSet."""
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    fields = ["input_ids", "lengths"] + (
-        ["token_type_ids", "nsp_labels"] if manifest["objective"] != "mlm" else []
-    )
-    return {
-        f: np.concatenate(
-            [
-                np.load(data_dir / f"{s['name']}.{f}.npy")
-                for s in manifest["splits"][split]["shards"]
-            ]
-        )
-        for f in fields
-    }
+    fields = ["input_ids", "lengths"] + (["token_type_ids", "nsp_labels"]
+                                         if manifest["objective"] != "mlm" else [])
+    return {f: np.concatenate([np.load(data_dir / f"{s['name']}.{f}.npy")
+                               for s in manifest["splits"][split]["shards"]])
+            for f in fields}
 
 
 # ----------------------------------------------------------------------------- shard set
@@ -66,9 +59,8 @@ def test_shardset_reads_across_shard_boundaries(mlm_dir):
     assert len(shards) == 64 and len(shards.shard_names) == 3  # 24 + 24 + 16
     assert (shards.seq_len, shards.objective, shards.vocab_size) == (32, "mlm", 100)
     assert shards.special_tokens == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
-    idx = np.array(
-        [63, 0, 23, 24, 47, 48, 5, 23, 30]
-    )  # unsorted, repeated, each side of each boundary
+    # unsorted, repeated, each side of each boundary
+    idx = np.array([63, 0, 23, 24, 47, 48, 5, 23, 30])
     got = shards.get(idx)
     assert got["input_ids"].dtype == np.int64 and got["input_ids"].shape == (9, 32)
     assert got["lengths"].dtype == np.int64 and got["token_type_ids"].dtype == np.int64
@@ -79,9 +71,8 @@ def test_shardset_reads_across_shard_boundaries(mlm_dir):
     with pytest.raises(IndexError):
         shards.get([64])
     val = ShardSet(mlm_dir, "validation")
-    np.testing.assert_array_equal(
-        val.get(np.arange(8))["input_ids"], _raw(mlm_dir, "validation")["input_ids"]
-    )
+    np.testing.assert_array_equal(val.get(np.arange(8))["input_ids"],
+                                  _raw(mlm_dir, "validation")["input_ids"])
 
 
 def test_shardset_nsp_fields(nsp_dir):
@@ -99,9 +90,8 @@ def test_shardset_pickles_without_data(mlm_dir):
     shards.get([1])
     blob = pickle.dumps(shards)
     assert len(blob) < 20_000  # the memmaps are re-opened, not copied
-    np.testing.assert_array_equal(
-        pickle.loads(blob).get([40])["input_ids"], shards.get([40])["input_ids"]
-    )
+    np.testing.assert_array_equal(pickle.loads(blob).get([40])["input_ids"],
+                                  shards.get([40])["input_ids"])
 
 
 def _break_missing_manifest(d):
@@ -148,19 +138,10 @@ def _break_not_npy(d):
     return "train-00000.input_ids.npy"
 
 
-@pytest.mark.parametrize(
-    "breaker",
-    [
-        _break_missing_manifest,
-        _break_bad_json,
-        _break_version,
-        _break_missing_shard,
-        _break_shape,
-        _break_dtype,
-        _break_count,
-        _break_not_npy,
-    ],
-)
+@pytest.mark.parametrize("breaker",
+                         [_break_missing_manifest, _break_bad_json, _break_version,
+                          _break_missing_shard, _break_shape, _break_dtype, _break_count,
+                          _break_not_npy])
 def test_shardset_errors_name_the_file(tmp_path, breaker):
     d = write_synthetic_shards(tmp_path / "data")
     name = breaker(d)
@@ -187,22 +168,16 @@ def test_manifest_gives_back_the_keys_of_the_file(mlm_dir, tmp_path):
     assert back.counts == {} and back.created_by is None and not back.has_word_starts
 
 
-@pytest.mark.parametrize(
-    "key, value, expected",
-    [
-        ("dtype", None, "missing key 'dtype'"),
-        ("objective", "clm", "objective: found 'clm', expected one of ['mlm', 'mlm+nsp']"),
-        ("seq_len", True, "seq_len: found True, expected a positive integer"),
-        ("vocab_size", 0, "vocab_size: found 0, expected a positive integer"),
-        ("dtype", "int8", "dtype: found 'int8', expected 'uint16' or 'uint32'"),
-        (
-            "special_tokens",
-            {"pad": 0},
-            "special_tokens: found {'pad': 0}, expected integer ids below vocab_size",
-        ),
-        ("splits", [], "splits: expected an object with 'train' and 'validation'"),
-    ],
-)
+@pytest.mark.parametrize("key, value, expected", [
+    ("dtype", None, "missing key 'dtype'"),
+    ("objective", "clm", "objective: found 'clm', expected one of ['mlm', 'mlm+nsp']"),
+    ("seq_len", True, "seq_len: found True, expected a positive integer"),
+    ("vocab_size", 0, "vocab_size: found 0, expected a positive integer"),
+    ("dtype", "int8", "dtype: found 'int8', expected 'uint16' or 'uint32'"),
+    ("special_tokens", {"pad": 0},
+     "special_tokens: found {'pad': 0}, expected integer ids below vocab_size"),
+    ("splits", [], "splits: expected an object with 'train' and 'validation'"),
+])
 def test_manifest_errors_are_one_line_naming_the_key(mlm_dir, tmp_path, key, value, expected):
     m = json.loads((mlm_dir / "manifest.json").read_text())
     if value is None:
@@ -228,9 +203,8 @@ def test_shard_set_writer_leaves_the_old_set_on_failure(mlm_dir, tmp_path):
 
 def test_check_compatible(mlm_dir):
     shards = ShardSet(mlm_dir)
-    check_compatible(
-        shards, vocab_size=128, max_position_embeddings=32, tokenizer_hash=shards.tokenizer_hash
-    )
+    check_compatible(shards, vocab_size=128, max_position_embeddings=32,
+                     tokenizer_hash=shards.tokenizer_hash)
     cases = [
         (dict(vocab_size=99, max_position_embeddings=64), "vocab_size"),
         (dict(vocab_size=100, max_position_embeddings=16), "max_position_embeddings"),
@@ -281,9 +255,8 @@ def test_masking_statistics(rate):
     B, T = 4000, 64
     ids, lengths = _random_rows(rng, B, T)
     masker = Masker(MaskingConfig(mask_rate=rate), 100, SPECIAL, MASK_ID)
-    masked, labels = masker.mask_batch(
-        ids, lengths, seed=3, epochs=np.zeros(B), indices=np.arange(B)
-    )
+    masked, labels = masker.mask_batch(ids, lengths, seed=3, epochs=np.zeros(B),
+                                       indices=np.arange(B))
     chosen = labels != IGNORE_INDEX
     special = np.isin(ids, list(SPECIAL))
     inside = np.arange(T)[None, :] < lengths[:, None]
@@ -357,9 +330,8 @@ def test_whole_word_masking_masks_all_pieces(mlm_dir):
     for b in range(B):
         row = [2]
         while len(row) < T - 1:
-            row += [int(rng.choice(words))] + rng.choice(
-                conts, size=int(rng.integers(0, 3))
-            ).tolist()
+            row += [int(rng.choice(words))] + rng.choice(conts,
+                                                         size=int(rng.integers(0, 3))).tolist()
         ids[b] = row[: T - 1] + [3]
     lengths = np.full(B, T)
     masked, labels = masker.mask_batch(ids, lengths, 0, np.zeros(B), np.arange(B))
@@ -394,19 +366,8 @@ def test_masking_config_validation():
 def _steps(data_dir, world, micro, steps, G=16, seed=11, state=None, num_workers=0, cfg=None):
     """All ranks' micro batches, concatenated per step in rank order: {key: (steps*G, ...)}."""
     shards = ShardSet(data_dir)
-    loaders = [
-        PretrainLoader(
-            shards,
-            cfg or MaskingConfig(),
-            G,
-            micro,
-            rank=r,
-            world_size=world,
-            seed=seed,
-            num_workers=num_workers,
-        )
-        for r in range(world)
-    ]
+    loaders = [PretrainLoader(shards, cfg or MaskingConfig(), G, micro, rank=r, world_size=world,
+                              seed=seed, num_workers=num_workers) for r in range(world)]
     for ld in loaders:
         assert ld.accumulation_steps == G // (micro * world)
         if state is not None:
@@ -440,13 +401,8 @@ def test_loader_global_order_is_independent_of_world_and_accumulation(nsp_dir):
     steps = 6  # 96 positions: crosses the 64-sample epoch boundary
     ref, state = _steps(nsp_dir, 1, 16, steps)
     assert state == {"position": 96, "seed": 11}
-    assert set(ref) == {
-        "input_ids",
-        "attention_mask",
-        "token_type_ids",
-        "labels",
-        "next_sentence_label",
-    }
+    assert set(ref) == {"input_ids", "attention_mask", "token_type_ids", "labels",
+                        "next_sentence_label"}
     # Independent check: position p holds sample order(epoch)[p % n], unchanged where not masked.
     shards = ShardSet(nsp_dir)
     epochs, indices = positions_to_indices(np.arange(96), 64, 11)
@@ -498,9 +454,8 @@ def test_batch_arithmetic_errors(mlm_dir):
     shards = ShardSet(mlm_dir)
     with pytest.raises(BertgpuError) as err:
         PretrainLoader(shards, MaskingConfig(), 96, 8, rank=0, world_size=5)
-    assert "global_batch_size 96 is not divisible by micro_batch_size 8 x 5 devices" in str(
-        err.value
-    )
+    assert ("global_batch_size 96 is not divisible by micro_batch_size "
+            "8 x 5 devices" in str(err.value))
     with pytest.raises(BertgpuError, match="rank"):
         PretrainLoader(shards, MaskingConfig(), 16, 8, rank=2, world_size=2)
     assert PretrainLoader(shards, MaskingConfig(), 96, 4, world_size=3).accumulation_steps == 8
@@ -533,11 +488,8 @@ def test_trim_batch_keeps_the_math(nsp_dir):
     batch = loader.next_step()[0]
     trimmed = trim_batch(batch)
     L = int(batch["attention_mask"].sum(1).max())
-    assert (
-        L < 32
-        and trimmed["input_ids"].shape == (8, L)
-        and trimmed["next_sentence_label"].shape == (8,)
-    )
+    assert (L < 32 and trimmed["input_ids"].shape == (8, L)
+            and trimmed["next_sentence_label"].shape == (8,))
     assert (batch["labels"][:, L:] == IGNORE_INDEX).all()
     # A tiny encoder + MLM loss gives the same summed loss on the trimmed batch.
     emb, head = torch.nn.Embedding(100, 16), torch.nn.Linear(16, 100)
@@ -546,9 +498,8 @@ def test_trim_batch_keeps_the_math(nsp_dir):
     def loss(b):
         h = layer(emb(b["input_ids"]) + 0.1 * b["token_type_ids"][..., None],
                   src_key_padding_mask=b["attention_mask"] == 0)
-        return torch.nn.functional.cross_entropy(
-            head(h).flatten(0, 1), b["labels"].flatten(), reduction="sum"
-        )
+        return torch.nn.functional.cross_entropy(head(h).flatten(0, 1), b["labels"].flatten(),
+                                                 reduction="sum")
 
     torch.testing.assert_close(loss(trimmed), loss(batch), rtol=1e-5, atol=1e-5)
     raw = ShardSet(nsp_dir).get(np.arange(8))

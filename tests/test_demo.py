@@ -9,34 +9,25 @@ import pytest
 
 from bertgpu.cli import main
 
-pytest.importorskip(
-    "gensim", reason="the demo reads gensim's test data (pip install bertgpu[demo])"
-)
+pytest.importorskip("gensim",
+                    reason="the demo reads gensim's test data (pip install bertgpu[demo])")
 
 
 def test_demo_runs_tokenizer_prepare_pretrain_export_fill_mask(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demo"
-    assert (
-        main(["demo", "--out", str(out), "--steps", "3", "--vocab-size", "2000", "--skip-finetune"])
-        == 0
-    )
+    assert main(["demo", "--out", str(out), "--steps", "3", "--vocab-size", "2000",
+                 "--skip-finetune"]) == 0
     printed = capsys.readouterr().out
-    for stage in (
-        "1. bertgpu tokenizer",
-        "2. bertgpu prepare",
-        "3. bertgpu pretrain",
-        "4. bertgpu export",
-    ):
+    for stage in ("1. bertgpu tokenizer", "2. bertgpu prepare", "3. bertgpu pretrain",
+                  "4. bertgpu export"):
         assert stage in printed
     assert "[MASK]" in printed and "demo finished" in printed
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["counts"]["documents"] > 100  # the 106-article dump, redirects skipped
     assert (out / "run" / "hf" / "model.safetensors").exists()
     # Re-running resumes: the stages that are done are not redone, and the run is complete.
-    assert (
-        main(["demo", "--out", str(out), "--steps", "3", "--vocab-size", "2000", "--skip-finetune"])
-        == 0
-    )
+    assert main(["demo", "--out", str(out), "--steps", "3", "--vocab-size", "2000",
+                 "--skip-finetune"]) == 0
 
 
 def _rows(pre: dict[str, list[float]], rnd: dict[str, list[float]]) -> list[dict]:
@@ -48,52 +39,29 @@ def _rows(pre: dict[str, list[float]], rnd: dict[str, list[float]]) -> list[dict
         for task, scores in by_task.items():
             sizes = {"train_examples": 160, "dev_examples": 40} if task == "polarity" else \
                 {"train_examples": 985, "dev_examples": 240}
-            rows.append(
-                {
-                    "kind": "finetune",
-                    "name": "modern-tiny",
-                    "init": init,
-                    "task": task,
-                    "metric": "accuracy",
-                    **sizes,
-                    "seeds": [0, 1, 2],
-                    "scores": scores,
-                    "median": statistics.median(scores),
-                    "min": min(scores),
-                    "max": max(scores),
-                    "spread": max(scores) - min(scores),
-                }
-            )
+            rows.append({"kind": "finetune", "name": "modern-tiny", "init": init, "task": task,
+                         "metric": "accuracy", **sizes, "seeds": [0, 1, 2], "scores": scores,
+                         "median": statistics.median(scores), "min": min(scores),
+                         "max": max(scores), "spread": max(scores) - min(scores)})
     return rows
 
 
-@pytest.mark.parametrize(
-    "lee_pre, lee_rnd, verdict",
-    [
-        (
-            [70.0, 71.0, 72.0],
-            [70.0, 64.0, 66.0],
-            "spread on 1 of 2 sets. At this size",
-        ),  # +5 < spread 6
-        ([80.0, 81.0, 82.0], [65.0, 64.0, 66.0], "spread on 2 of 2 sets."),
-    ],
-)
-def test_finetune_table_gives_medians_benefit_spread_and_an_honest_verdict(
-    monkeypatch, tmp_path, lee_pre, lee_rnd, verdict
-):
+@pytest.mark.parametrize("lee_pre, lee_rnd, verdict", [
+    # +5 < spread 6
+    ([70.0, 71.0, 72.0], [70.0, 64.0, 66.0], "spread on 1 of 2 sets. At this size"),
+    ([80.0, 81.0, 82.0], [65.0, 64.0, 66.0], "spread on 2 of 2 sets."),
+])
+def test_finetune_table_gives_medians_benefit_spread_and_an_honest_verdict(monkeypatch, tmp_path, lee_pre, lee_rnd,
+                                                                           verdict):
     from bertgpu import demo
     from bertgpu.bench import quality
 
-    rows = _rows(
-        {"polarity": [80.0, 85.0, 82.5], "lee": lee_pre},
-        {"polarity": [50.0, 52.5, 55.0], "lee": lee_rnd},
-    )
+    rows = _rows({"polarity": [80.0, 85.0, 82.5], "lee": lee_pre},
+                 {"polarity": [50.0, 52.5, 55.0], "lee": lee_rnd})
     monkeypatch.setattr(quality, "compare_downstream", lambda inits, sets, seeds, out: rows)
     text = demo.finetune_table(tmp_path / "hf", tmp_path / "ft", [0, 1, 2], "modern-tiny")
-    assert (
-        "| modern-tiny | polarity | accuracy | 82.5 (80.0-85.0) | 52.5 (50.0-55.0) | +30.0 | 5.0 | yes |"
-        in text
-    )
+    assert ("| modern-tiny | polarity | accuracy | 82.5 (80.0-85.0) | 52.5 "
+            "(50.0-55.0) | +30.0 | 5.0 | yes |" in text)
     assert verdict in text
     assert ("seed noise, not a benefit" in text) == ("2 of 2" not in verdict)
     assert "160 train, 40 dev" in text  # the sizes the rows carry

@@ -39,10 +39,8 @@ def test_cuda_is_local_rank_modulo_the_device_count(gpus, count, local_rank, exp
 def test_explicit_gpu_only_for_a_single_process(gpus):
     gpus(2)
     assert distributed._pick_device("cuda:1", 0, world_size=1) == "cuda:1"
-    with pytest.raises(
-        BertgpuError,
-        match=r"impl.device cuda:1: 2 processes would all use GPU 1; expected impl.device cuda",
-    ):
+    with pytest.raises(BertgpuError, match=r"impl.device cuda:1: 2 processes would all use GPU 1; "
+                                           r"expected impl.device cuda"):
         distributed._pick_device("cuda:1", 0, world_size=2)
     with pytest.raises(BertgpuError, match=r"cuda:N with N in \[0, 2\)"):
         distributed._pick_device("cuda:7", 0)

@@ -37,10 +37,8 @@ def fresh_model() -> ToyPretrain:
 
 
 def run(engine: Engine, rank: int, world: int, accum: int) -> list[float]:
-    return [
-        engine.train_step(micro_batches(s, rank, world, accum), loss_fn, count_fn).loss
-        for s in range(STEPS)
-    ]
+    return [engine.train_step(micro_batches(s, rank, world, accum), loss_fn, count_fn).loss
+            for s in range(STEPS)]
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -69,9 +67,7 @@ def _checks(rank: int, world: int, info: distributed.DistInfo) -> dict:
         engine = Engine(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2))
         assert engine.ddp
         result[f"losses_acc{accum}"] = run(engine, rank, world, accum)
-        result[f"params_acc{accum}"] = {
-            k: v.detach().clone() for k, v in ddp.module.state_dict().items()
-        }
+        result[f"params_acc{accum}"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
 
     # A NaN on rank 1 only skips the step on both ranks. Without DDP, rank 0's own gradients
     # stay finite, so only the collective flag can make it skip.
@@ -137,9 +133,8 @@ def test_helpers_without_process_group(monkeypatch):
     distributed.barrier()
     assert distributed.is_main() and distributed.get_world_size() == 1
     assert distributed.resolve_nproc(3) == 3
-    assert distributed.resolve_nproc("auto") == (
-        torch.cuda.device_count() if torch.cuda.is_available() else 1
-    )
+    assert distributed.resolve_nproc("auto") == (torch.cuda.device_count()
+                                                 if torch.cuda.is_available() else 1)
     with pytest.raises(Exception, match="--nproc"):
         distributed.resolve_nproc(0)
 

@@ -104,9 +104,8 @@ def test_nan_gradient_is_skipped():
     assert torch.equal(model.mlm.weight, w) and engine.nonfinite_in_row == 1
 
 
-@pytest.mark.skipif(
-    not cpu_fp16_available(), reason="this torch has no CPU fp16 autocast/GradScaler"
-)
+@pytest.mark.skipif(not cpu_fp16_available(),
+                    reason="this torch has no CPU fp16 autocast/GradScaler")
 def test_fp16_clips_after_unscale():
     torch.manual_seed(0)
     model = ToyPretrain()
@@ -128,17 +127,14 @@ def test_fp16_clips_after_unscale():
     # The reported norm is the unscaled one (not x 1024) ...
     assert r.grad_norm == pytest.approx(true_norm, rel=2e-2)
     # ... and the update was clipped to `clip` in unscaled units.
-    delta = torch.cat(
-        [(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)]
-    )
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
     assert delta.norm().item() == pytest.approx(clip, rel=1e-3)
     state = engine.state_dict()
     assert state["scaler"]["scale"] == 2.0**10
 
     # Loading the state restores counters and the loss scale.
-    other = Engine(
-        copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=1.0), precision="fp16"
-    )
+    other = Engine(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=1.0),
+                   precision="fp16")
     other.load_state_dict(state)
     assert other.step == 1 and other.scaler.get_scale() == 2.0**10
 
@@ -146,9 +142,8 @@ def test_fp16_clips_after_unscale():
 def test_bf16_autocast_step_on_cpu():
     torch.manual_seed(0)
     model = ToyPretrain()
-    r = new_engine(model, precision="bf16").train_step(
-        split(make_batch(4, 0), 2), loss_fn, count_fn
-    )
+    r = new_engine(model, precision="bf16").train_step(split(make_batch(4, 0), 2),
+                                                       loss_fn, count_fn)
     assert math.isfinite(r.loss) and not r.skipped
 
 

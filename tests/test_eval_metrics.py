@@ -59,9 +59,8 @@ def test_edge_cases() -> None:
 def test_glue_metrics_per_task_on_0_100_scale() -> None:
     y = np.array([1, 0, 1, 1, 0, 0, 1, 0])
     p = np.array([1, 0, 0, 1, 0, 1, 1, 0])
-    assert em.glue_metrics("cola", p, y) == {
-        "mcc": pytest.approx(100 * skm.matthews_corrcoef(y, p))
-    }
+    assert (em.glue_metrics("cola", p, y)
+            == {"mcc": pytest.approx(100 * skm.matthews_corrcoef(y, p))})
     mrpc = em.glue_metrics("MRPC", p, y)
     assert list(mrpc) == ["f1", "accuracy"]
     assert mrpc["accuracy"] == pytest.approx(75.0) and mrpc["f1"] == pytest.approx(75.0)

@@ -30,9 +30,8 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def padded_batch(
-    seed: int = 0, lengths: tuple[int, ...] = (11, 7, 4, 9), T: int = 11
-) -> dict[str, torch.Tensor]:
+def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (11, 7, 4, 9),
+                 T: int = 11) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     B = len(lengths)
     lens = torch.tensor(lengths)
@@ -46,15 +45,13 @@ def padded_batch(
                 next_sentence_label=torch.randint(0, 2, (B,), generator=g))
 
 
-def loss_and_grads(
-    model: torch.nn.Module, batch: dict, **kw
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_grads(model: torch.nn.Module, batch: dict,
+                   **kw) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     out = model(**batch, **kw)
     out.loss.backward()
-    return out.loss.detach(), {
-        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
-    }
+    return (out.loss.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
 def assert_same(a: tuple, b: tuple, atol: float = 1e-5, rtol: float = 1e-4) -> None:
@@ -160,9 +157,8 @@ def test_bf16_autocast_close_to_fp32():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(**batch)
     assert out.mlm_loss_sum.dtype == torch.float32  # the cross-entropy runs in fp32
-    torch.testing.assert_close(
-        out.loss, fp32, atol=0.05, rtol=0.02
-    )  # bf16 has ~3 significant digits
+    # bf16 has ~3 significant digits
+    torch.testing.assert_close(out.loss, fp32, atol=0.05, rtol=0.02)
     out.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     # the unpadded path under autocast agrees too
@@ -172,10 +168,8 @@ def test_bf16_autocast_close_to_fp32():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("BERTGPU_SLOW"),
-    reason="CPU inductor compile takes ~1 min; set BERTGPU_SLOW=1",
-)
+@pytest.mark.skipif(not os.environ.get("BERTGPU_SLOW"),
+                    reason="CPU inductor compile takes ~1 min; set BERTGPU_SLOW=1")
 def test_compiled_matches_eager():
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig(**TINY)).train()
@@ -185,10 +179,8 @@ def test_compiled_matches_eager():
     out = compiled(**batch)
     model.zero_grad(set_to_none=True)
     out.loss.backward()
-    got = (
-        out.loss.detach(),
-        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-    )
+    got = (out.loss.detach(),
+           {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert_same(got, eager, atol=1e-4, rtol=1e-3)
 
 

@@ -35,14 +35,10 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 def save(run, step: int, keep_last: int = 0):
-    return ckpt.save_checkpoint(
-        run,
-        step,
-        weights(step),
-        {"step": step, "m": torch.full((50,), float(step))},
-        extra_files={"config.toml": f"step = {step}\n"},
-        keep_last=keep_last,
-    )
+    return ckpt.save_checkpoint(run, step, weights(step),
+                                {"step": step, "m": torch.full((50,), float(step))},
+                                extra_files={"config.toml": f"step = {step}\n"},
+                                keep_last=keep_last)
 
 
 def damage(path, how: str) -> str:
@@ -71,9 +67,9 @@ def damage(path, how: str) -> str:
     raise ValueError(how)
 
 
-@pytest.mark.parametrize(
-    "how", ["truncated", "changed", "missing", "bad checksums.json", "unreadable pickle"]
-)
+@pytest.mark.parametrize("how",
+                         ["truncated", "changed", "missing", "bad checksums.json",
+                          "unreadable pickle"])
 def test_resume_falls_back_past_a_damaged_newest(tmp_path, how):
     for step in (10, 20, 30):
         save(tmp_path, step)
@@ -99,10 +95,8 @@ def test_good_checkpoints_verify_silently(tmp_path):
         assert ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_10") is None
     record = json.loads((tmp_path / "checkpoints" / "step_10" / fsutil.CHECKSUMS).read_text())
     assert sorted(record["files"]) == ["config.toml", "model.safetensors", "train_state.pt"]
-    assert (
-        ckpt.resume_checkpoint(tmp_path / "empty") is None
-        and ckpt.latest_checkpoint(tmp_path / "empty") is None
-    )
+    assert (ckpt.resume_checkpoint(tmp_path / "empty") is None
+            and ckpt.latest_checkpoint(tmp_path / "empty") is None)
 
 
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
@@ -113,9 +107,8 @@ def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
     with pytest.warns(UserWarning), pytest.raises(BertgpuError) as err:
         ckpt.resume_checkpoint(tmp_path)
     msg = str(err.value)
-    assert msg.startswith(
-        f"{tmp_path / 'checkpoints'}: no good checkpoint (step_20: model.safetensors is truncated"
-    )
+    assert msg.startswith(f"{tmp_path / 'checkpoints'}: no good checkpoint (step_20: "
+                          "model.safetensors is truncated")
     assert "; step_10: train_state.pt fails its sha256 checksum" in msg and "\n" not in msg
 
 
@@ -123,9 +116,8 @@ def test_checkpoint_without_checksums_still_loads(tmp_path):
     """Written before checksums existed: COMPLETE is all there is to check."""
     path = save(tmp_path, 10)
     (path / fsutil.CHECKSUMS).unlink()
-    assert (
-        ckpt.checkpoint_problem(path) is None and ckpt.resume_checkpoint(tmp_path)[2]["step"] == 10
-    )
+    assert (ckpt.checkpoint_problem(path) is None
+            and ckpt.resume_checkpoint(tmp_path)[2]["step"] == 10)
 
 
 def test_incomplete_and_half_written_folders(tmp_path):
@@ -136,10 +128,8 @@ def test_incomplete_and_half_written_folders(tmp_path):
     assert [p.name for _, p in ckpt.list_checkpoints(tmp_path)] == ["step_10"]
     assert not fsutil.is_complete(half) and not fsutil.is_complete(incomplete)
     assert ckpt.checkpoint_problem(half) == "half-written (its save was interrupted)"
-    assert (
-        ckpt.checkpoint_problem(incomplete)
-        == "incomplete (no COMPLETE marker: its save did not finish)"
-    )
+    assert (ckpt.checkpoint_problem(incomplete)
+            == "incomplete (no COMPLETE marker: its save did not finish)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,9 +147,8 @@ def test_crash_between_the_renames_is_recovered(tmp_path):
             "save_checkpoint(sys.argv[1], 10, w, {'step': 10, 'copy': 'second'}, keep_last=1)\n")
     env = {**os.environ, faults.ENV: "kill_replace=1"}
     env.pop("TORCHELASTIC_RESTART_COUNT", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(run)], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, "-c", code, str(run)], env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     root = run / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step_10.old", "step_10.tmp"]
@@ -283,10 +272,8 @@ def test_export_step_refuses_incomplete_or_damaged(run, tmp_path, capsys):
     assert not out.exists()
 
     assert cli(["export", str(run), "--step", "40", "--out", str(out)]) == 2
-    assert capsys.readouterr().err == (
-        f"bertgpu export: error: {run}: has no checkpoint step_40 under "
-        "checkpoints/ (complete ones: 10, 20)\n"
-    )
+    assert capsys.readouterr().err == (f"bertgpu export: error: {run}: has no checkpoint step_40 "
+                                       "under checkpoints/ (complete ones: 10, 20)\n")
     damage(root / "step_20", "truncated")
     assert cli(["export", str(run), "--step", "20", "--out", str(out)]) == 2
     assert "step_20: cannot export: model.safetensors is truncated" in capsys.readouterr().err
@@ -300,13 +287,11 @@ def test_export_latest_skips_a_damaged_newest(run, tmp_path):
     from bertgpu.export import export
 
     damage(run / "checkpoints" / "step_20", "changed")
-    with pytest.warns(
-        UserWarning, match="step_20: skipped, train_state.pt fails its sha256 checksum"
-    ):
+    with pytest.warns(UserWarning,
+                      match="step_20: skipped, train_state.pt fails its sha256 checksum"):
         export(run, tmp_path / "hf")
-    assert torch.equal(
-        word_embeddings(tmp_path / "hf"), word_embeddings(run / "checkpoints" / "step_10")
-    )
+    assert torch.equal(word_embeddings(tmp_path / "hf"),
+                       word_embeddings(run / "checkpoints" / "step_10"))
 
 
 def test_load_pretrained_uses_the_same_definition(run):
@@ -325,6 +310,5 @@ def test_load_pretrained_uses_the_same_definition(run):
     damage(root / "step_20", "truncated")
     with pytest.warns(UserWarning, match="step_20: skipped, model.safetensors is truncated"):
         model = load_pretrained(run, head="masked_lm")
-    assert torch.equal(
-        model.bert.embeddings.word_embeddings.weight, word_embeddings(root / "step_10")
-    )
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight,
+                       word_embeddings(root / "step_10"))

@@ -24,14 +24,8 @@ from bertgpu.train import checkpoint as ckpt
 EXTRA = {"config.toml": "seed = 1\n", "config.json": "{}\n"}
 # Files one save writes, in order: model.safetensors, train_state.pt, the two extra files,
 # checksums.json, COMPLETE.
-WRITES = [
-    "model.safetensors",
-    "train_state.pt",
-    "config.toml",
-    "config.json",
-    "checksums.json",
-    "COMPLETE",
-]
+WRITES = ["model.safetensors", "train_state.pt", "config.toml", "config.json",
+          "checksums.json", "COMPLETE"]
 
 
 pytestmark = pytest.mark.usefixtures("no_faults")
@@ -43,11 +37,8 @@ def model_state(n: int = 300, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def state(step: int, n: int = 300) -> dict:
-    return {
-        "step": step,
-        "optimizer": {"exp_avg": torch.full((n, 8), float(step))},
-        "loader": {"position": step},
-    }
+    return {"step": step, "optimizer": {"exp_avg": torch.full((n, 8), float(step))},
+            "loader": {"position": step}}
 
 
 def assert_intact(run, step: int, seed: int = 0) -> None:
@@ -55,13 +46,10 @@ def assert_intact(run, step: int, seed: int = 0) -> None:
     assert latest is not None and latest.name == f"step_{step}"
     assert ckpt.checkpoint_problem(latest) is None
     weights, st = ckpt.load_checkpoint(latest)
-    assert (
-        torch.equal(weights["emb.weight"], model_state(seed=seed)["emb.weight"])
-        and st["step"] == step
-    )
-    leftovers = [
-        p.name for p in (run / "checkpoints").iterdir() if p.name.endswith((".tmp", ".old"))
-    ]
+    assert (torch.equal(weights["emb.weight"], model_state(seed=seed)["emb.weight"])
+            and st["step"] == step)
+    leftovers = [p.name for p in (run / "checkpoints").iterdir()
+                 if p.name.endswith((".tmp", ".old"))]
     assert leftovers == []
 
 
@@ -86,9 +74,8 @@ def test_injected_enospc_on_each_write(tmp_path, monkeypatch, nth):
 
 def test_injected_enospc_on_the_first_save_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv(faults.ENV, "enospc_write=2")
-    with pytest.raises(
-        BertgpuError, match="no earlier checkpoint: free space and re-run the same command$"
-    ):
+    with pytest.raises(BertgpuError,
+                       match="no earlier checkpoint: free space and re-run the same command$"):
         ckpt.save_checkpoint(tmp_path, 1, model_state(), state(1))
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
@@ -129,9 +116,8 @@ def test_real_write_error_inside_the_serialisers(tmp_path, big):
     st = state(20, n=20_000 if big == "train_state" else 300)
     with _FileSizeLimit(200_000), pytest.raises(BertgpuError) as err:
         ckpt.save_checkpoint(run, 20, weights, st)
-    assert str(err.value).startswith(
-        f"{run / 'checkpoints'}: cannot write step_20: File too large (needs about"
-    )
+    assert str(err.value).startswith(f"{run / 'checkpoints'}: cannot write step_20: File too "
+                                     "large (needs about")
     assert "unexpected pos" not in str(err.value)
     assert_intact(run, 10)
 
@@ -165,9 +151,8 @@ def test_real_full_disk(small_disk):
     msg = str(err.value)
     assert msg.startswith(f"{run / 'checkpoints'}: cannot write step_20: No space left on device "
                           "(needs about 1.4 MB, ")
-    assert msg.endswith(
-        "free); step_10 is intact: free space and re-run the same command to resume from it"
-    )
+    assert msg.endswith("free); step_10 is intact: free space and re-run the same command to "
+                        "resume from it")
     assert fsutil.free_bytes(run) == free_before  # the partial step_20.tmp is gone
     assert_intact(run, 10)
 
@@ -182,11 +167,9 @@ def test_free_space_check_warns_before_a_save_that_will_not_fit(tmp_path, monkey
         assert ckpt.check_free_space(tmp_path / "fresh")  # nothing saved yet: nothing to compare
 
     monkeypatch.setattr(fsutil, "free_bytes", lambda path: size - 1)
-    with pytest.warns(
-        UserWarning,
-        match=r"checkpoints: the next checkpoint needs about .* but only .* is free; "
-        r"it will fail unless space is freed",
-    ):
+    with pytest.warns(UserWarning,
+                      match=r"checkpoints: the next checkpoint needs about .* but only .* is free; "
+                            r"it will fail unless space is freed"):
         assert not ckpt.check_free_space(run)  # estimated from the newest checkpoint
     with pytest.warns(UserWarning, match="the next checkpoint needs about"):
         ckpt.save_checkpoint(run, 20, model_state(), state(20))  # estimated from the state

@@ -20,9 +20,8 @@ from _toy import cpu_fp16_available
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return write_synthetic_shards(
-        tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16, seq_len=32, vocab_size=100
-    )
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16,
+                                  seq_len=32, vocab_size=100)
 
 
 _REFERENCES: dict[int, dict] = {}
@@ -53,27 +52,17 @@ def last_line(text: str) -> str:
 def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, reference, nproc):
     """A scheduler's preemption: SIGTERM to every process, loader workers included."""
     run = tmp_path / "run"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "BERTGPU_FAULTS": "delay_rank=0:0.2",
-    }  # slow steps, so the signal lands mid-run
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore",
+           "BERTGPU_FAULTS": "delay_rank=0:0.2"}  # slow steps, so the signal lands mid-run
     extra = ["--impl.num_workers", "1", *(["--nproc", "2"] if nproc == 2 else [])]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bertgpu", *args(shards, run, *extra)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "bertgpu", *args(shards, run, *extra)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-        metrics.exists() and metrics.read_text().count('"train"') >= 2
-    ):
+    while time.monotonic() < deadline and not (metrics.exists()
+                                               and metrics.read_text().count('"train"') >= 2):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -82,10 +71,8 @@ def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, refe
     ckpts = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
     assert ckpts and ckpts[-1] < STEPS and not (run / "hf").exists()
     if nproc == 2:
-        assert last_line(err).startswith(
-            "bertgpu pretrain: stopped by SIGTERM; re-running the same command "
-            f"resumes from step {ckpts[-1]}"
-        )
+        assert last_line(err).startswith("bertgpu pretrain: stopped by SIGTERM; re-running the "
+                                         f"same command resumes from step {ckpts[-1]}")
     again = bertgpu(args(shards, run, *extra))
     assert again.returncode == 0, again.stderr[-2000:]
     assert_bitwise_equal(reference(nproc), final_weights(run))
@@ -125,9 +112,8 @@ def test_truncated_newest_checkpoint_falls_back(shards, tmp_path, reference):
 @pytest.mark.timeout(300)
 def test_killed_rank_restarts_by_itself(shards, tmp_path, reference):
     run = tmp_path / "run"
-    done = bertgpu(
-        args(shards, run, "--nproc", "2", "--max-restarts", "1"), faults="kill_rank=1@step=6"
-    )
+    done = bertgpu(args(shards, run, "--nproc", "2", "--max-restarts", "1"),
+                   faults="kill_rank=1@step=6")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SIGKILL rank 1 at step 6" in done.stderr and "resumed from" in done.stdout
     assert_bitwise_equal(reference(2), final_weights(run))
@@ -138,10 +124,9 @@ def test_killed_rank_without_restarts_says_who_and_how_to_resume(shards, tmp_pat
     run = tmp_path / "run"
     failed = bertgpu(args(shards, run, "--nproc", "2"), faults="kill_rank=1@step=6")
     assert failed.returncode != 0
-    assert last_line(failed.stderr) == (
-        f"bertgpu pretrain: rank 1 died of SIGKILL (exit code -9); re-running "
-        f"the same command resumes from step 4 ({run / 'checkpoints' / 'step_4'})"
-    )
+    assert last_line(failed.stderr) == ("bertgpu pretrain: rank 1 died of SIGKILL (exit code -9); "
+                                        "re-running the same command resumes from step 4 "
+                                        f"({run / 'checkpoints' / 'step_4'})")
 
 
 @pytest.mark.timeout(300)
@@ -165,23 +150,10 @@ def test_hung_rank_ends_the_job_at_the_timeout_and_says_how_to_resume(shards, tm
 def test_compression_hook_recovers_from_one_nonfinite_step(shards, tmp_path, hook):
     run = tmp_path / "run"
     # PowerSGD compresses from its 10th step on; the NaN comes after, on one rank only.
-    done = bertgpu(
-        args(
-            shards,
-            run,
-            "--nproc",
-            "2",
-            "--distributed.comm_hook",
-            hook,
-            "--train.max_steps",
-            "30",
-            "--optim.lr",
-            "3e-3",
-            "--schedule.warmup_fraction",
-            "0",
-        ),
-        faults="nonfinite_rank=1@step=14",
-    )
+    done = bertgpu(args(shards, run, "--nproc", "2", "--distributed.comm_hook", hook,
+                        "--train.max_steps", "30",
+                        "--optim.lr", "3e-3", "--schedule.warmup_fraction", "0"),
+                   faults="nonfinite_rank=1@step=14")
     assert done.returncode == 0, done.stderr[-3000:]
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if r["kind"] == "train"]
@@ -198,10 +170,9 @@ def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
 
     precision = "fp16" if cpu_fp16_available() else "bf16"
     run = tmp_path / "run"
-    failed = bertgpu(
-        args(shards, run, "--train.precision", precision, "--train.max_nonfinite_steps", "3"),
-        faults="nonfinite_rank=0@step=3-",
-    )
+    failed = bertgpu(args(shards, run, "--train.precision", precision,
+                          "--train.max_nonfinite_steps", "3"),
+                     faults="nonfinite_rank=0@step=3-")
     assert failed.returncode == 2
     line = last_line(failed.stderr)
     assert "training diverged: 3 steps in a row with non-finite loss or gradients" in line, line
@@ -216,13 +187,8 @@ def test_changed_mask_rate_on_resume_is_an_error(shards, tmp_path):
     changed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3"))
     assert changed.returncode == 2
     line = last_line(changed.stderr)
-    assert (
-        "resuming with changed data: mask_rate 0.15 -> 0.3" in line
-        and "--allow-data-change" in line
-    ), line
-    allowed = bertgpu(
-        args(
-            shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3", "--allow-data-change"
-        )
-    )
+    assert ("resuming with changed data: mask_rate 0.15 -> 0.3" in line
+            and "--allow-data-change" in line), line
+    allowed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3",
+                           "--allow-data-change"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]

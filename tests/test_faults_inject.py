@@ -19,9 +19,7 @@ pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def test_parse_the_documented_example():
-    plan = faults.parse(
-        "kill_rank=1@step=3,enospc_write=2,nonfinite_rank=0@step=4,delay_rank=1:0.05"
-    )
+    plan = faults.parse("kill_rank=1@step=3,enospc_write=2,nonfinite_rank=0@step=4,delay_rank=1:0.05")
     assert plan.kill == [Trigger(rank=1, first=3, last=3)]
     assert plan.nonfinite == [Trigger(rank=0, first=4, last=4)]
     assert plan.delay == [Trigger(rank=1, first=0, last=None, seconds=0.05)]
@@ -54,9 +52,8 @@ def test_parse_errors_are_one_line_naming_the_item(spec, words):
     with pytest.raises(BertgpuError, match=words) as err:
         faults.parse(spec)
     msg = str(err.value)
-    assert (
-        msg.startswith(f"BERTGPU_FAULTS: item {spec!r}") and "\n" not in msg and "expected" in msg
-    )
+    assert msg.startswith("BERTGPU_FAULTS: "
+                          f"item {spec!r}") and "\n" not in msg and "expected" in msg
 
 
 def test_trigger_hits():
@@ -134,9 +131,8 @@ def test_bad_variable_is_a_clear_error(monkeypatch):
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RESTART_COUNT"}
     full.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_maybe_kill_sends_sigkill_at_its_step_only():

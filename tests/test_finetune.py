@@ -24,12 +24,8 @@ from bertgpu.tasks.demo_sets import demo_tasks
 
 WORDS = ("apple river stone cloud table green quiet music paper window garden silver bright lamp "
          "horse ocean").split()
-ANSWERS = [
-    "red",
-    "blue",
-    "gold",
-    "pink",
-]  # the SQuAD fixture's answers: never elsewhere in a context
+# the SQuAD fixture's answers: never elsewhere in a context
+ANSWERS = ["red", "blue", "gold", "pink"]
 VOCAB = SPECIAL + ["good", "bad", "is", "what", "the", ".", "?"] + WORDS + ANSWERS
 # Fast, learnable settings: no hidden dropout, a high lr for a random model.
 FAST = ["--lr", "3e-3", "--hidden_dropout_prob", "0", "--warmup_fraction", "0.05",
@@ -78,9 +74,8 @@ def test_classification_learns_and_writes_outputs(tmp_path):
     assert not (tmp_path / "ft.tmp").exists()
     kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert kinds.count("eval") == 3
-    assert {"config.json", "model.safetensors", "vocab.txt"} <= {
-        p.name for p in (out / "model").iterdir()
-    }
+    assert ({"config.json", "model.safetensors", "vocab.txt"}
+            <= {p.name for p in (out / "model").iterdir()})
     sub = (out / "submission" / "SST-2.tsv").read_text().splitlines()
     assert sub[0] == "index\tprediction" and len(sub) == 7
     # The test sentences follow the same rule, so the predictions are right too.
@@ -99,9 +94,7 @@ def test_regression_learns(tmp_path):
     rng = random.Random(1)
     folder = tmp_path / "glue" / "STS-B"
     folder.mkdir(parents=True)
-    header = (
-        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
-    )
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
     for split, n in (("train", 320), ("dev", 80)):
         rows = [header]
         for i in range(n):
@@ -153,14 +146,9 @@ def test_span_extraction_learns(tmp_path):
 def test_hf_folder_without_mlm_head_or_pooler(tmp_path):
     """A bare transformers BertModel (like all-MiniLM) fine-tunes; the fresh weights are named."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
+    cfg = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64,
+                                  max_position_embeddings=64)
     folder = tmp_path / "hf"
     transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(folder)
     (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
@@ -177,9 +165,8 @@ def test_random_init_takes_the_architecture_of_config_from(tmp_path):
     sst2_fixture(tmp_path / "SST-2", n_train=32, n_dev=16)
     res = finetune("sst2", tmp_path / "SST-2", "random", tmp_path / "ft", config_from=init,
                    overrides=["--epochs", "1", "--seed", "3"])
-    assert (
-        res["init"] == "random" and res["config_from"] == str(init) and res["config"]["seed"] == 3
-    )
+    assert (res["init"] == "random" and res["config_from"] == str(init)
+            and res["config"]["seed"] == 3)
     cfg = json.loads((tmp_path / "ft" / "model" / "config.json").read_text())
     assert cfg["hidden_size"] == 32 and cfg["architectures"] == ["BertForSequenceClassification"]
     with pytest.raises(BertgpuError, match="--config-from"):

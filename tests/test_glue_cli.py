@@ -23,13 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture
 def tiny_init(tmp_path) -> Path:
     """A tiny random BERT whose vocab.txt holds every lower-cased word of the fixtures."""
-    words = sorted(
-        {
-            w
-            for p in FIXTURES.rglob("*.tsv")
-            for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", p.read_text(encoding="utf-8").lower())
-        }
-    )
+    words = sorted({w for p in FIXTURES.rglob("*.tsv")
+                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
+                                        p.read_text(encoding="utf-8").lower())})
     return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
 
 
@@ -60,9 +56,8 @@ def test_glue_table_average_and_idempotence(tmp_path, tiny_init, capsys):
     md = (out / "glue_results.md").read_text()
     assert '"glue-score" convention' in md and "median over 2 seeds" in md
     assert "| ours |" in md and "(published)" in md and "| 80.9 |" in md
-    assert re.search(
-        r"\| BERT from scratch on one 8 GB GPU.*\| 89\.1 \| 79\.3 \| 80\.1 \| 61\.9 \| 72\.7 \|", md
-    )
+    assert re.search(r"\| BERT from scratch on one 8 GB GPU.*\| 89\.1 \| 79\.3 \| 80\.1 \| "
+                     r"61\.9 \| 72\.7 \|", md)
 
     # Second run: nothing is trained again, the table is rebuilt from results.json.
     stamp = (out / "SST-2" / "seed_1" / "results.json").stat().st_mtime_ns

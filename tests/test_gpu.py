@@ -29,24 +29,15 @@ from bertgpu.models.bert.model import (
 from bertgpu.models.shared import ModelOptions
 from bertgpu.train.optim import build_optimizer, param_groups
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 CUDA = torch.device("cuda", 0)
 BF16 = dict(atol=2e-2, rtol=2e-2)  # bf16 keeps ~3 significant digits
 # A GPU-sized tiny BERT: head size 32 (flash kernels want a multiple of 8), no dropout so paths compare.
-GPU_TINY = dict(
-    vocab_size=512,
-    hidden_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=256,
-    max_position_embeddings=128,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+GPU_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=256, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0)
 
 
 def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (64, 37, 50, 9), T: int = 64,
@@ -59,13 +50,8 @@ def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (64, 37, 50, 9), T: i
     pick = (torch.rand(len(lengths), T, generator=g) < 0.2) & mask.bool()
     pick[:, 1] = True
     labels = torch.where(pick, ids, torch.tensor(-100))
-    b = dict(
-        input_ids=ids,
-        attention_mask=mask,
-        token_type_ids=torch.zeros_like(ids),
-        labels=labels,
-        next_sentence_label=torch.randint(0, 2, (len(lengths),), generator=g),
-    )
+    b = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids),
+             labels=labels, next_sentence_label=torch.randint(0, 2, (len(lengths),), generator=g))
     b["batch_meta"] = batch_meta(mask, labels)
     return {k: v.to(device) for k, v in b.items()}
 
@@ -75,9 +61,8 @@ def loss_and_grads(model: torch.nn.Module, batch: dict, dtype: torch.dtype | Non
     with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
         loss = model(**batch).loss
     loss.backward()
-    return loss.detach().float(), {
-        n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None
-    }
+    return (loss.detach().float(),
+            {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
 def assert_close(a, b, **tol) -> None:
@@ -125,9 +110,8 @@ def test_fused_adamw_matches_foreach():
     b.load_state_dict(a.state_dict())
     fused = build_optimizer(a, "adamw", 1e-3, weight_decay=0.01)
     assert fused.defaults.get("fused") is True  # picked on CUDA
-    foreach = torch.optim.AdamW(
-        param_groups(b, 0.01), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, foreach=True
-    )
+    foreach = torch.optim.AdamW(param_groups(b, 0.01), lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
+                                foreach=True)
     for step in range(4):
         for model, opt in ((a, fused), (b, foreach)):
             loss_and_grads(model, padded_batch(step), dtype=None)
@@ -141,18 +125,16 @@ def test_fp16_scaler_skips_an_overflow_and_backs_off():
 
     torch.manual_seed(0)
     model = ToyPretrain().to(CUDA)
-    engine = Engine(
-        model, torch.optim.AdamW(model.parameters(), lr=1e-2), precision="fp16", device=CUDA
-    )
+    engine = Engine(model, torch.optim.AdamW(model.parameters(), lr=1e-2), precision="fp16",
+                    device=CUDA)
     scale = engine.scaler.get_scale()
     before = [p.detach().clone() for p in model.parameters()]
     poisoned = {**make_batch(4, 0), "poison": torch.tensor(1e20)}  # fp16 gradients overflow
     res = engine.train_step([poisoned], loss_fn, count_fn)
     assert res.skipped
     assert engine.scaler.get_scale() == scale * engine.scaler.get_backoff_factor()
-    assert all(
-        torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True)
-    )  # no update
+    # no update
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     res = engine.train_step([make_batch(4, 1)], loss_fn, count_fn)
     assert not res.skipped
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
@@ -169,19 +151,11 @@ def test_autobatch_survives_a_real_out_of_memory():
     cfg = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=1024, max_position_embeddings=512)
     # Cap this process at ~6 GiB so the search reaches a real OOM quickly; no limit of our own.
-    torch.cuda.set_per_process_memory_fraction(
-        min(1.0, 6 * 2**30 / torch.cuda.get_device_properties(CUDA).total_memory)
-    )
+    torch.cuda.set_per_process_memory_fraction(min(1.0, 6 * 2**30 / torch.cuda.get_device_properties(CUDA).total_memory))
     try:
-        found = find_pretrain_micro_batch(
-            cfg,
-            seq_len=512,
-            device=CUDA,
-            dtype="bf16",
-            optimizer="lamb",
-            max_batch=1 << 16,
-            memory_limit_bytes=1 << 62,
-        )
+        found = find_pretrain_micro_batch(cfg, seq_len=512, device=CUDA, dtype="bf16",
+                                          optimizer="lamb", max_batch=1 << 16,
+                                          memory_limit_bytes=1 << 62)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert 1 <= found < 1 << 16  # something failed above it: the OOM was caught, not raised
@@ -203,9 +177,8 @@ def nccl_group():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torch.cuda.set_device(CUDA)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, device_id=CUDA
-    )
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            device_id=CUDA)
     yield DistInfo(rank=0, world_size=1, local_rank=0, device="cuda:0", backend="nccl")
     dist.destroy_process_group()
 
@@ -254,17 +227,10 @@ def _micro_steps(name: str):
         from bertgpu.models.modernbert.config import ModernBertConfig
         from bertgpu.models.modernbert.model import ModernBertForMaskedLM
 
-        mcfg = ModernBertConfig(
-            vocab_size=512,
-            hidden_size=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            intermediate_size=256,
-            max_position_embeddings=128,
-            local_attention=32,
-            global_attn_every_n_layers=3,
-            pad_token_id=0,
-        )
+        mcfg = ModernBertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=3,
+                                num_attention_heads=4, intermediate_size=256,
+                                max_position_embeddings=128, local_attention=32,
+                                global_attn_every_n_layers=3, pad_token_id=0)
         model = ModernBertForMaskedLM(mcfg, options=ModelOptions(unpad="unpadded" in name))
         cpu = []
         for i, lengths in enumerate(mask_rows):
@@ -273,10 +239,7 @@ def _micro_steps(name: str):
             cpu.append(b)
     elif name.startswith("pretraining"):
         model = BertForPreTraining(cfg, options=ModelOptions(unpad="unpadded" in name))
-        cpu = [
-            padded_batch(i, lengths, device=torch.device("cpu"))
-            for i, lengths in enumerate(mask_rows)
-        ]
+        cpu = [padded_batch(i, lengths, device=torch.device("cpu")) for i, lengths in enumerate(mask_rows)]
     else:
         model = (BertForSequenceClassification(cfg, num_labels=3) if name == "classification"
                  else BertForQuestionAnswering(cfg))
@@ -288,28 +251,18 @@ def _micro_steps(name: str):
             if name == "classification":
                 b["labels"] = torch.tensor([0, 2, 1, 0])
             else:
-                b.update(
-                    start_positions=torch.tensor([3, 1, 40, 2]),
-                    end_positions=torch.tensor([5, 4, 41, 2]),
-                )
+                b.update(start_positions=torch.tensor([3, 1, 40, 2]),
+                         end_positions=torch.tensor([5, 4, 41, 2]))
             cpu.append(b)
     model = model.to(CUDA).train()
     opt = build_optimizer(model, "lamb" if "pretraining" in name else "adamw", 1e-4)
     return model, opt, [{k: v.pin_memory() for k, v in b.items()} for b in cpu]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "pretraining padded",
-        "pretraining unpadded",
-        "pretraining compiled",
-        "classification",
-        "qa",
-        "modernbert pretraining padded",
-        "modernbert pretraining unpadded",
-    ],
-)
+@pytest.mark.parametrize("name",
+                         ["pretraining padded", "pretraining unpadded", "pretraining compiled",
+                          "classification", "qa", "modernbert pretraining padded",
+                          "modernbert pretraining unpadded"])
 def test_steady_state_micro_steps_make_no_host_sync(name):
     model, opt, batches = _micro_steps(name)
     run = torch.compile(model) if name.endswith("compiled") else model
@@ -318,9 +271,8 @@ def test_steady_state_micro_steps_make_no_host_sync(name):
         batch = {k: v.to(CUDA, non_blocking=True) for k, v in b.items()}  # as the engine moves it
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = run(**batch)
-        loss = (
-            out.loss_sum if "loss_sum" in out else out.mlm_loss_sum + out.get("nsp_loss_sum", 0.0)
-        )
+        loss = (out.loss_sum if "loss_sum" in out
+                else out.mlm_loss_sum + out.get("nsp_loss_sum", 0.0))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # returns a tensor: no sync
         opt.step()

@@ -39,9 +39,8 @@ def inputs(b):
 
 def assert_grads_match(ours, hf):
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 def hf_model(cls, attn="eager", **kw):
@@ -59,16 +58,14 @@ def test_load_hf_pretraining(tmp_path, attn):
     ours = load_pretrained(tmp_path, head="pretraining").eval()
     assert ours.with_nsp
     b = tiny_batch()
-    torch.testing.assert_close(
-        ours(**inputs(b)).prediction_logits, hf(**inputs(b)).prediction_logits, atol=1e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(ours(**inputs(b)).prediction_logits,
+                               hf(**inputs(b)).prediction_logits, atol=1e-5, rtol=1e-4)
     o, r = ours(**b), hf(**b)
     torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(o.prediction_logits, r.prediction_logits[b["labels"] != -100],
                                atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(
-        o.seq_relationship_logits, r.seq_relationship_logits, atol=1e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(o.seq_relationship_logits, r.seq_relationship_logits,
+                               atol=1e-5, rtol=1e-4)
     o.loss.backward()
     r.loss.backward()
     assert_grads_match(ours, hf)
@@ -135,41 +132,24 @@ def test_pretraining_checkpoint_into_classifier_warns_about_fresh_head(tmp_path)
 # --- ours -> transformers -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "pretraining",
-        "masked_lm",
-        "classification",
-        "regression",
-        "qa",
-        "base",
-        "token_classification",
-    ],
-)
+@pytest.mark.parametrize("kind",
+                         ["pretraining", "masked_lm", "classification", "regression", "qa", "base",
+                          "token_classification"])
 def test_export_loads_in_transformers(tmp_path, kind):
     torch.manual_seed(0)
     cfg = BertConfig(**TINY)
     ours, auto = {
         "pretraining": (lambda: BertForPreTraining(cfg), transformers.AutoModelForPreTraining),
-        "masked_lm": (
-            lambda: BertForPreTraining(cfg, with_nsp=False),
-            transformers.AutoModelForMaskedLM,
-        ),
-        "classification": (
-            lambda: BertForSequenceClassification(cfg, num_labels=3),
-            transformers.AutoModelForSequenceClassification,
-        ),
-        "regression": (
-            lambda: BertForSequenceClassification(cfg, num_labels=1),
-            transformers.AutoModelForSequenceClassification,
-        ),
+        "masked_lm": (lambda: BertForPreTraining(cfg, with_nsp=False),
+                      transformers.AutoModelForMaskedLM),
+        "classification": (lambda: BertForSequenceClassification(cfg, num_labels=3),
+                           transformers.AutoModelForSequenceClassification),
+        "regression": (lambda: BertForSequenceClassification(cfg, num_labels=1),
+                       transformers.AutoModelForSequenceClassification),
         "qa": (lambda: BertForQuestionAnswering(cfg), transformers.AutoModelForQuestionAnswering),
         "base": (lambda: BertModel(cfg), transformers.AutoModel),
-        "token_classification": (
-            lambda: BertForTokenClassification(cfg, num_labels=3),
-            transformers.AutoModelForTokenClassification,
-        ),
+        "token_classification": (lambda: BertForTokenClassification(cfg, num_labels=3),
+                                 transformers.AutoModelForTokenClassification),
     }[kind]
     ours = perturb(ours()).eval()
     folder = save_pretrained(ours, tmp_path / "export")
@@ -177,17 +157,14 @@ def test_export_loads_in_transformers(tmp_path, kind):
     assert not (tmp_path / "export.tmp").exists()
     hf, info = auto.from_pretrained(folder, output_loading_info=True)
     hf.eval()
-    assert (
-        not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    ), info
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     cfg_json = json.loads((folder / "config.json").read_text())
     assert cfg_json["model_type"] == "bert" and cfg_json["tie_word_embeddings"] is True
     b = tiny_batch(4)
     o, r = ours(**inputs(b)), hf(**inputs(b))
     if kind in ("pretraining", "masked_lm"):
-        assert type(hf).__name__ == (
-            "BertForPreTraining" if kind == "pretraining" else "BertForMaskedLM"
-        )
+        assert type(hf).__name__ == ("BertForPreTraining" if kind == "pretraining"
+                                     else "BertForMaskedLM")
         ref = r.prediction_logits if kind == "pretraining" else r.logits
         torch.testing.assert_close(o.prediction_logits, ref, atol=1e-5, rtol=1e-4)
     elif kind in ("classification", "regression", "token_classification"):
@@ -223,18 +200,16 @@ def test_save_replaces_existing_folder_and_copies_tokenizer(tmp_path):
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
     (tmp_path / "run").mkdir()
     with pytest.raises(BertgpuError, match="no tokenizer files"):
-        save_pretrained(
-            BertModel(BertConfig(**TINY)), tmp_path / "out2", tokenizer=tmp_path / "run"
-        )
+        save_pretrained(BertModel(BertConfig(**TINY)), tmp_path / "out2",
+                        tokenizer=tmp_path / "run")
 
 
 def test_saved_file_has_no_tied_duplicates(tmp_path):
     save_pretrained(BertForPreTraining(BertConfig(**TINY)), tmp_path / "m")
     keys = set(load_file(str(tmp_path / "m" / "model.safetensors")))
     assert "cls.predictions.bias" in keys
-    assert (
-        "cls.predictions.decoder.weight" not in keys and "cls.predictions.decoder.bias" not in keys
-    )
+    assert ("cls.predictions.decoder.weight" not in keys
+            and "cls.predictions.decoder.bias" not in keys)
 
 
 # --- real weights -------------------------------------------------------------------------------
@@ -299,9 +274,8 @@ def test_unexpected_keys_are_an_error(hf_folder):
     sd = load_file(str(path))
     sd["bert.encoder.layer.2.output.dense.weight"] = torch.zeros(32, 37)  # a third layer
     save_file(sd, str(path), metadata={"format": "pt"})
-    with pytest.raises(
-        BertgpuError, match=r"unexpected.*bert\.encoder\.layer\.2\.output\.dense\.weight"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"unexpected.*bert\.encoder\.layer\.2\.output\.dense\.weight"):
         load_pretrained(hf_folder)
 
 
@@ -330,9 +304,7 @@ def test_pytorch_model_bin_with_legacy_names(tmp_path, hf_folder):
     sd = load_file(str(hf_folder / "model.safetensors"))
     legacy = {}
     for k, v in sd.items():
-        k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
-            "LayerNorm.bias", "LayerNorm.beta"
-        )
+        k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
         legacy["cls.predictions.decoder.bias" if k == "cls.predictions.bias" else k] = v
     legacy["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
     legacy["bert.embeddings.position_ids"] = torch.arange(512)[None]
@@ -370,9 +342,8 @@ def test_run_folder_picks_the_latest_checkpoint(tmp_path):
     for step in (5, 10):
         models[step] = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
         save_pretrained(models[step], run / "checkpoints" / f"step_{step}")
-        fsutil.seal(
-            run / "checkpoints" / f"step_{step}"
-        )  # COMPLETE + checksums, as save_checkpoint does
+        # COMPLETE + checksums, as save_checkpoint does
+        fsutil.seal(run / "checkpoints" / f"step_{step}")
     (run / "checkpoints" / "step_20.tmp").mkdir()  # a half-written checkpoint is never chosen
     shutil.copytree(run / "checkpoints" / "step_10", run / "checkpoints" / "step_30")
     (run / "checkpoints" / "step_30" / "COMPLETE").unlink()  # nor one whose save never finished
@@ -412,9 +383,8 @@ def assert_same_outputs(o, r, real):
 def test_modernbert_export_loads_in_transformers(tmp_path, head):
     cls_name, auto = MODERN_HEADS[head]
     torch.manual_seed(0)
-    ours = perturb(
-        build_model({"architecture": "modernbert", **TINY_MODERN}, head, num_labels=3)
-    ).eval()
+    ours = perturb(build_model({"architecture": "modernbert", **TINY_MODERN}, head,
+                               num_labels=3)).eval()
     folder = save_pretrained(ours, tmp_path / "export")
     keys = set(load_file(str(folder / "model.safetensors")))
     prefix = "" if head == "base" else "model."
@@ -422,16 +392,11 @@ def test_modernbert_export_loads_in_transformers(tmp_path, head):
             f"{prefix}layers.1.attn_norm.weight"} <= keys
     assert f"{prefix}layers.0.attn_norm.weight" not in keys  # layer 0 has none, as transformers
     if head == "masked_lm":
-        assert {
-            "head.dense.weight",
-            "head.norm.weight",
-            "decoder.bias",
-        } <= keys and "decoder.weight" not in keys
+        assert ({"head.dense.weight", "head.norm.weight", "decoder.bias"} <= keys
+                and "decoder.weight" not in keys)
     hf, info = getattr(transformers, auto).from_pretrained(folder, output_loading_info=True)
     hf.eval()
-    assert (
-        not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    ), info
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert type(hf).__name__ == cls_name
     cfg_json = json.loads((folder / "config.json").read_text())
     assert cfg_json["model_type"] == "modernbert" and cfg_json["architectures"] == [cls_name]
@@ -509,19 +474,13 @@ def test_hf_modernbert_base_and_legacy_config(tmp_path):
         warnings.simplefilter("error")
         base = load_pretrained(tmp_path, head="base").eval()
     assert_same_outputs(base(**args), hf(**args), real)
-    with pytest.warns(
-        UserWarning, match=r"decoder\.bias, head\.dense\.weight, head\.norm\.weight$"
-    ):
-        mlm = load_pretrained(
-            tmp_path, head="masked_lm", config_overrides={"classifier_dropout": 0.1}
-        ).eval()
+    with pytest.warns(UserWarning,
+                      match=r"decoder\.bias, head\.dense\.weight, head\.norm\.weight$"):
+        mlm = load_pretrained(tmp_path, head="masked_lm",
+                              config_overrides={"classifier_dropout": 0.1}).eval()
     assert mlm.config.classifier_dropout == 0.1
-    torch.testing.assert_close(
-        mlm.model(**args).last_hidden_state[real],
-        hf(**args).last_hidden_state[real],
-        atol=1e-5,
-        rtol=1e-4,
-    )
+    torch.testing.assert_close(mlm.model(**args).last_hidden_state[real],
+                               hf(**args).last_hidden_state[real], atol=1e-5, rtol=1e-4)
     with pytest.raises(BertgpuError, match="hidden_dropout_prob: not a ModernBertConfig field"):
         load_pretrained(tmp_path, head="masked_lm", config_overrides={"hidden_dropout_prob": 0.0})
     cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}

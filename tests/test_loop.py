@@ -45,11 +45,8 @@ class ToyTask:
     loss = staticmethod(loss_fn)
 
     def counts(self, batch):
-        return {
-            **count_fn(batch),
-            "tokens": batch["input_ids"].numel(),
-            "sequences": batch["input_ids"].shape[0],
-        }
+        return {**count_fn(batch), "tokens": batch["input_ids"].numel(),
+                "sequences": batch["input_ids"].shape[0]}
 
     def log_scalars(self, res):
         return {"toy": 1}
@@ -77,43 +74,17 @@ def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, ev
     torch.manual_seed(0)
     model = ToyPretrain()
     info = DistInfo()
-    train = TrainSection(
-        max_steps=max_steps,
-        global_batch_size=8,
-        log_every_steps=2,
-        eval_every_steps=eval_every,
-        budget_hours=budget_hours,
-    )
-    engine, timer = build_engine(
-        model,
-        info,
-        lr=1e-2,
-        train=train,
-        optim=OptimSection(),
-        impl=ImplSection(),
-        dist=DistributedSection(),
-    )
+    train = TrainSection(max_steps=max_steps, global_batch_size=8, log_every_steps=2,
+                         eval_every_steps=eval_every, budget_hours=budget_hours)
+    engine, timer = build_engine(model, info, lr=1e-2, train=train, optim=OptimSection(),
+                                 impl=ImplSection(), dist=DistributedSection())
     task = ToyTask(model, crash_at)
-    return (
-        loop_mod.Loop(
-            task,
-            model,
-            engine,
-            info,
-            run_dir=run_dir,
-            train=train,
-            schedule=ScheduleSection(warmup_fraction=0.2),
-            peak_lr=1e-2,
-            checkpoint=CheckpointSection(every_steps=checkpoint_every),
-            dist=DistributedSection(),
-            logging=LoggingSection(tensorboard=False),
-            comm_timer=timer,
-            resume=load_resume(run_dir, info),
-            **settings,
-        ),
-        task,
-        model,
-    )
+    return loop_mod.Loop(task, model, engine, info, run_dir=run_dir, train=train,
+                         schedule=ScheduleSection(warmup_fraction=0.2), peak_lr=1e-2,
+                         checkpoint=CheckpointSection(every_steps=checkpoint_every),
+                         dist=DistributedSection(), logging=LoggingSection(tensorboard=False),
+                         comm_timer=timer, resume=load_resume(run_dir, info),
+                         **settings), task, model
 
 
 def test_cadence_and_records(tmp_path):
@@ -127,9 +98,8 @@ def test_cadence_and_records(tmp_path):
     assert all(r["toy"] == 1 and r["tokens_per_s"] > 0 for r in recs if r["kind"] == "train")
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert ckpts == ["step_3", "step_6"]  # every 3 steps; the end is step 6 already saved
-    state = torch.load(
-        tmp_path / "run" / "checkpoints" / "step_6" / "train_state.pt", weights_only=True
-    )
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step_6" / "train_state.pt",
+                       weights_only=True)
     assert state["toy_state"] == 7 and state["sequences_seen"] == 48
 
 
@@ -174,12 +144,10 @@ def test_budget_counts_the_time_spent_inside_steps(tmp_path, monkeypatch):
     res = lp.run()
     wall = time_mod.monotonic() - t0
     assert res.stop_reason == "budget"
-    assert 1 <= res.step <= 7, (
-        res.step
-    )  # each step takes >= 0.2 s of the 1.2 s (the read lags one step)
-    state = torch.load(
-        tmp_path / "run" / "checkpoints" / f"step_{res.step}" / "train_state.pt", weights_only=True
-    )
+    # each step takes >= 0.2 s of the 1.2 s (the read lags one step)
+    assert 1 <= res.step <= 7, res.step
+    state = torch.load(tmp_path / "run" / "checkpoints" / f"step_{res.step}" / "train_state.pt",
+                       weights_only=True)
     assert 1.2 <= state["budget"]["elapsed_s"] <= wall
 
 
@@ -202,18 +170,8 @@ def _tiny_finetune(tmp_path):
 
     init = _tiny_init.tiny_init(tmp_path, VOCAB)
     sst2_fixture(tmp_path / "SST-2", n_train=64, n_dev=16)
-    return init, [
-        "--epochs",
-        "2",
-        "--global_batch_size",
-        "8",
-        "--max_seq_len",
-        "32",
-        "--lr",
-        "1e-3",
-        "--checkpoint_every_steps",
-        "3",
-    ]
+    return init, ["--epochs", "2", "--global_batch_size", "8", "--max_seq_len", "32",
+                  "--lr", "1e-3", "--checkpoint_every_steps", "3"]
 
 
 def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
@@ -235,9 +193,8 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
     work = tmp_path / "ft.tmp"
-    assert (work / "checkpoints" / "step_9" / "COMPLETE").is_file() and not (
-        tmp_path / "ft"
-    ).exists()
+    assert ((work / "checkpoints" / "step_9" / "COMPLETE").is_file()
+            and not (tmp_path / "ft").exists())
     state = torch.load(work / "checkpoints" / "step_9" / "train_state.pt", weights_only=True)
     monkeypatch.setattr(FinetuneTask, "micro_batches", original)
     res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
@@ -248,19 +205,16 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
     assert not work.exists() and not (tmp_path / "ft" / "checkpoints").exists()
     assert res["steps"] == ref["steps"] == 16 and [e["epoch"] for e in res["epochs"]] == [1, 2]
     assert res["metrics"] == ref["metrics"]
-    a, b = (
-        load_file(str(p / "model" / "model.safetensors"))
-        for p in (tmp_path / "ref", tmp_path / "ft")
-    )
+    a, b = (load_file(str(p / "model" / "model.safetensors"))
+            for p in (tmp_path / "ref", tmp_path / "ft"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # A different command does not pick up the interrupted run's checkpoint: it starts over.
     monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
     with pytest.raises(KeyboardInterrupt):
         finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=args)
     monkeypatch.setattr(FinetuneTask, "micro_batches", original)
-    other = finetune(
-        "sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=[*args, "--lr", "2e-3"]
-    )
+    other = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2",
+                     overrides=[*args, "--lr", "2e-3"])
     assert json.loads((tmp_path / "ft2" / "results.json").read_text())["config"]["lr"] == 2e-3
     assert other["steps"] == 16
 
@@ -269,12 +223,7 @@ def test_finetune_budget_hours(tmp_path):
     from bertgpu.finetune import finetune
 
     init, args = _tiny_finetune(tmp_path)
-    res = finetune(
-        "sst2",
-        tmp_path / "SST-2",
-        init,
-        tmp_path / "ft",
-        overrides=[*args, "--budget_hours", "1e-9"],
-    )
+    res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft",
+                   overrides=[*args, "--budget_hours", "1e-9"])
     assert 1 <= res["steps"] < 16 and "accuracy" in res["metrics"]["dev"]
     assert res["config"]["budget_hours"] == 1e-9

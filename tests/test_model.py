@@ -26,9 +26,8 @@ transformers = pytest.importorskip("transformers")
 def hf_pair(ours_cls, hf_cls, attn="sdpa", **kw):
     """A random HF model and ours with its exact weights (state dict keys must match 1:1)."""
     torch.manual_seed(0)
-    hf = hf_cls(
-        transformers.BertConfig(**TINY, attn_implementation=attn, **kw.pop("hf_kw", {}))
-    ).eval()
+    hf = hf_cls(transformers.BertConfig(**TINY, attn_implementation=attn,
+                                        **kw.pop("hf_kw", {}))).eval()
     ours = ours_cls(BertConfig(**TINY), **kw).eval()
     hf_sd = hf.state_dict()
     assert set(ours.state_dict()) == set(hf_sd)
@@ -42,15 +41,11 @@ def test_pretraining_matches_transformers(attn):
     b = tiny_batch()
     # Full logits without labels.
     o = ours(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-    r = hf(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-    )
+    r = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+           token_type_ids=b["token_type_ids"])
     torch.testing.assert_close(o.prediction_logits, r.prediction_logits, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(
-        o.seq_relationship_logits, r.seq_relationship_logits, atol=1e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(o.seq_relationship_logits, r.seq_relationship_logits,
+                               atol=1e-5, rtol=1e-4)
 
     # Loss and every gradient with labels; the sparse logits are the full ones at masked positions.
     o = ours(**b)
@@ -60,16 +55,13 @@ def test_pretraining_matches_transformers(attn):
     torch.testing.assert_close(o.prediction_logits, r.prediction_logits[keep], atol=1e-5, rtol=1e-4)
     assert o.mlm_count.item() == keep.sum().item()
     assert o.nsp_count.item() == 3
-    assert (
-        o.mlm_correct.item()
-        == (r.prediction_logits[keep].argmax(-1) == b["labels"][keep]).sum().item()
-    )
+    assert (o.mlm_correct.item()
+            == (r.prediction_logits[keep].argmax(-1) == b["labels"][keep]).sum().item())
     o.loss.backward()
     r.loss.backward()
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 def test_masked_lm_matches_transformers():
@@ -79,9 +71,8 @@ def test_masked_lm_matches_transformers():
     del b["next_sentence_label"]
     o, r = ours(**b), hf(**b)
     torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(
-        o.prediction_logits, r.logits[b["labels"] != -100], atol=1e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(o.prediction_logits, r.logits[b["labels"] != -100],
+                               atol=1e-5, rtol=1e-4)
     assert "seq_relationship_logits" not in o and "nsp_loss_sum" not in o
 
 
@@ -100,22 +91,17 @@ def test_classification_matches_transformers(num_labels):
     o.loss.backward()
     r.loss.backward()
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 def test_qa_matches_transformers():
     ours, hf = hf_pair(BertForQuestionAnswering, transformers.BertForQuestionAnswering)
     b = tiny_batch(3)
     # the third example's answer is outside the window: HF clamps it to T and ignores it
-    kw = dict(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-        start_positions=torch.tensor([3, 0, 40]),
-        end_positions=torch.tensor([5, 0, 45]),
-    )
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+              token_type_ids=b["token_type_ids"], start_positions=torch.tensor([3, 0, 40]),
+              end_positions=torch.tensor([5, 0, 45]))
     o, r = ours(**kw), hf(**kw)
     torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.end_logits, r.end_logits, atol=1e-5, rtol=1e-4)
@@ -125,28 +111,22 @@ def test_qa_matches_transformers():
     o.loss.backward()
     r.loss.backward()
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 def test_token_classification_matches_transformers():
     ours, hf = hf_pair(BertForTokenClassification, transformers.BertForTokenClassification,
                        num_labels=5, hf_kw={"num_labels": 5})
-    assert not any(
-        "pooler" in k for k in ours.state_dict()
-    )  # HF: bert.* without pooler, classifier
+    # HF: bert.* without pooler, classifier
+    assert not any("pooler" in k for k in ours.state_dict())
     b = tiny_batch(6)
     g = torch.Generator().manual_seed(6)
     labels = torch.randint(0, 5, b["input_ids"].shape, generator=g)
     labels[b["attention_mask"] == 0] = -100  # padding and sub-word continuations carry no label
     labels[0, 3] = -100
-    kw = dict(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-        labels=labels,
-    )
+    kw = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+              token_type_ids=b["token_type_ids"], labels=labels)
     o, r = ours(**kw), hf(**kw)
     assert o.logits.shape == (3, 11, 5)
     torch.testing.assert_close(o.logits, r.logits, atol=1e-5, rtol=1e-4)
@@ -156,35 +136,27 @@ def test_token_classification_matches_transformers():
     o.loss.backward()
     r.loss.backward()
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 def test_token_classification_export_loads_in_transformers(tmp_path):
     from bertgpu.models.hf_io import load_pretrained, save_pretrained
 
     torch.manual_seed(0)
-    ours = BertForTokenClassification(
-        BertConfig(**TINY), num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"}
-    )
+    ours = BertForTokenClassification(BertConfig(**TINY), num_labels=3,
+                                      id2label={0: "O", 1: "B-PER", 2: "I-PER"})
     ours.eval()
     save_pretrained(ours, tmp_path / "ner")
-    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(
-        tmp_path / "ner", output_loading_info=True
-    )
+    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "ner", output_loading_info=True)
     assert type(hf).__name__ == "BertForTokenClassification"
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert hf.config.id2label == {0: "O", 1: "B-PER", 2: "I-PER"}
     b = tiny_batch(7)
-    inputs = dict(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-    )
-    torch.testing.assert_close(
-        hf.eval()(**inputs).logits, ours(**inputs).logits, atol=1e-5, rtol=1e-4
-    )
+    inputs = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                  token_type_ids=b["token_type_ids"])
+    torch.testing.assert_close(hf.eval()(**inputs).logits, ours(**inputs).logits,
+                               atol=1e-5, rtol=1e-4)
     back = load_pretrained(tmp_path / "ner", head="token_classification")
     assert isinstance(back, BertForTokenClassification) and back.id2label == ours.id2label
 
@@ -193,11 +165,8 @@ def test_base_model_keys_and_outputs():
     ours, hf = hf_pair(BertModel, transformers.BertModel)
     b = tiny_batch(4)
     o = ours(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-    r = hf(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-    )
+    r = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+           token_type_ids=b["token_type_ids"])
     torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.pooler_output, r.pooler_output, atol=1e-5, rtol=1e-4)
     # all-ones mask takes the attn_mask=None path and agrees with no mask at all
@@ -270,9 +239,8 @@ def test_gradient_checkpointing_same_gradients():
 
 def test_dropout_only_in_training():
     torch.manual_seed(0)
-    m = BertModel(
-        BertConfig(**{**TINY, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})
-    )
+    m = BertModel(BertConfig(**{**TINY, "hidden_dropout_prob": 0.1,
+                                "attention_probs_dropout_prob": 0.1}))
     ids = torch.randint(5, 99, (2, 9))
     m.eval()
     torch.testing.assert_close(m(ids).last_hidden_state, m(ids).last_hidden_state)
@@ -289,14 +257,8 @@ def test_fully_padded_row_is_finite():
 
 
 def test_config_from_dict_to_dict_validate():
-    d = {
-        **TINY,
-        "architectures": ["BertForMaskedLM"],
-        "model_type": "bert",
-        "torch_dtype": "float32",
-        "transformers_version": "4.8.2",
-        "use_cache": True,
-    }
+    d = {**TINY, "architectures": ["BertForMaskedLM"], "model_type": "bert",
+         "torch_dtype": "float32", "transformers_version": "4.8.2", "use_cache": True}
     cfg = BertConfig.from_dict(d)
     assert cfg.hidden_size == 32 and cfg.layer_norm_eps == 1e-12
     assert BertConfig.from_dict(cfg.to_dict()) == cfg

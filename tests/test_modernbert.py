@@ -35,9 +35,8 @@ CONFIGS = {"plain": TINY_MODERN, "biased": TINY_MODERN_BIASED}
 def hf_pair(ours_cls, hf_cls, attn="sdpa", cfg=TINY_MODERN, hf_kw=None, **kw):
     """A random transformers model and ours with its exact weights (keys must match 1:1)."""
     torch.manual_seed(0)
-    hf = perturb(
-        hf_cls(transformers.ModernBertConfig(**cfg, attn_implementation=attn, **(hf_kw or {})))
-    ).eval()
+    hf = perturb(hf_cls(transformers.ModernBertConfig(**cfg, attn_implementation=attn,
+                                                      **(hf_kw or {})))).eval()
     ours = ours_cls(ModernBertConfig(**cfg), **kw).eval()
     hf_sd = hf.state_dict()
     assert set(ours.state_dict()) == set(hf_sd)
@@ -51,9 +50,8 @@ def inputs(b):
 
 def assert_grads_match(ours, hf):
     for name, p in ours.named_parameters():
-        torch.testing.assert_close(
-            p.grad, hf.get_parameter(name).grad, atol=1e-5, rtol=1e-4, msg=name
-        )
+        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+                                   rtol=1e-4, msg=name)
 
 
 # --- parity with transformers, every head --------------------------------------------------------
@@ -62,9 +60,8 @@ def assert_grads_match(ours, hf):
 @pytest.mark.parametrize("variant", ["plain", "biased"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_masked_lm_matches_transformers(attn, variant):
-    ours, hf = hf_pair(
-        ModernBertForMaskedLM, transformers.ModernBertForMaskedLM, attn, CONFIGS[variant]
-    )
+    ours, hf = hf_pair(ModernBertForMaskedLM, transformers.ModernBertForMaskedLM, attn,
+                       CONFIGS[variant])
     assert ours.decoder.weight is ours.model.embeddings.tok_embeddings.weight
     b = tiny_batch()
     real = b["attention_mask"].bool()
@@ -91,28 +88,19 @@ def test_masked_lm_matches_transformers(attn, variant):
 def test_masked_lm_without_padding_mask():
     ours, hf = hf_pair(ModernBertForMaskedLM, transformers.ModernBertForMaskedLM)
     ids = tiny_batch()["input_ids"][:1]  # the full-length row: nothing padded
-    torch.testing.assert_close(
-        ours(ids).prediction_logits, hf(input_ids=ids).logits, atol=1e-5, rtol=1e-4
-    )
-    torch.testing.assert_close(
-        ours(ids, torch.ones_like(ids)).prediction_logits,
-        hf(input_ids=ids).logits,
-        atol=1e-5,
-        rtol=1e-4,
-    )
+    torch.testing.assert_close(ours(ids).prediction_logits, hf(input_ids=ids).logits,
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours(ids, torch.ones_like(ids)).prediction_logits,
+                               hf(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 @pytest.mark.parametrize("num_labels", [3, 1])
 def test_classification_matches_transformers(pooling, num_labels):
     cfg = dict(TINY_MODERN_BIASED if pooling == "mean" else TINY_MODERN, classifier_pooling=pooling)
-    ours, hf = hf_pair(
-        ModernBertForSequenceClassification,
-        transformers.ModernBertForSequenceClassification,
-        cfg=cfg,
-        num_labels=num_labels,
-        hf_kw={"num_labels": num_labels},
-    )
+    ours, hf = hf_pair(ModernBertForSequenceClassification,
+                       transformers.ModernBertForSequenceClassification, cfg=cfg,
+                       num_labels=num_labels, hf_kw={"num_labels": num_labels})
     b = tiny_batch(2)
     labels = torch.tensor([0.5, -1.0, 2.0]) if num_labels == 1 else torch.tensor([2, 0, 1])
     o, r = ours(**inputs(b), labels=labels), hf(**inputs(b), labels=labels)
@@ -126,12 +114,8 @@ def test_classification_matches_transformers(pooling, num_labels):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_qa_matches_transformers(attn):
-    ours, hf = hf_pair(
-        ModernBertForQuestionAnswering,
-        transformers.ModernBertForQuestionAnswering,
-        attn,
-        TINY_MODERN_BIASED,
-    )
+    ours, hf = hf_pair(ModernBertForQuestionAnswering, transformers.ModernBertForQuestionAnswering,
+                       attn, TINY_MODERN_BIASED)
     b = tiny_batch(3)
     real = b["attention_mask"].bool()
     o, r = ours(**inputs(b)), hf(**inputs(b))
@@ -154,19 +138,15 @@ def test_qa_matches_transformers(attn):
 
 
 def test_token_classification_matches_transformers():
-    ours, hf = hf_pair(
-        ModernBertForTokenClassification,
-        transformers.ModernBertForTokenClassification,
-        num_labels=5,
-        hf_kw={"num_labels": 5},
-    )
+    ours, hf = hf_pair(ModernBertForTokenClassification,
+                       transformers.ModernBertForTokenClassification, num_labels=5,
+                       hf_kw={"num_labels": 5})
     b = tiny_batch(4)
     real = b["attention_mask"].bool()
-    labels = torch.where(
-        real,
-        torch.randint(0, 5, real.shape, generator=torch.Generator().manual_seed(1)),
-        torch.full(real.shape, -100),
-    )
+    labels = torch.where(real,
+                         torch.randint(0, 5, real.shape,
+                                       generator=torch.Generator().manual_seed(1)),
+                         torch.full(real.shape, -100))
     o, r = ours(**inputs(b), labels=labels), hf(**inputs(b), labels=labels)
     torch.testing.assert_close(o.logits[real], r.logits[real], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
@@ -203,9 +183,8 @@ def test_sliding_window_mask_against_a_hand_built_mask():
         [0, 0, 0, 1, 1, 1],
     ], dtype=torch.bool)
     assert torch.equal(sliding_window_mask(6, 4), expected)
-    assert torch.equal(
-        sliding_window_mask(6, 5), expected
-    )  # odd widths round down, as transformers
+    # odd widths round down, as transformers
+    assert torch.equal(sliding_window_mask(6, 5), expected)
     assert sliding_window_mask(6, 128).all()
 
 
@@ -233,9 +212,8 @@ def test_attention_masks_with_padding():
 
 def test_local_layers_see_only_their_window():
     """Two local layers of width 4 (two tokens a side): token 0 depends on tokens 0..4 only."""
-    cfg = ModernBertConfig(
-        **dict(TINY_MODERN, num_hidden_layers=2, layer_types=["sliding_attention"] * 2)
-    )
+    cfg = ModernBertConfig(**dict(TINY_MODERN, num_hidden_layers=2,
+                                  layer_types=["sliding_attention"] * 2))
     torch.manual_seed(0)
     model = perturb(ModernBertModel(cfg)).eval()
     ids = torch.randint(5, 99, (1, 11))
@@ -247,9 +225,8 @@ def test_local_layers_see_only_their_window():
     glob = ModernBertModel(ModernBertConfig(**dict(TINY_MODERN, num_hidden_layers=2,
                                                    layer_types=["full_attention"] * 2)))
     glob.load_state_dict(model.state_dict())
-    assert not torch.allclose(
-        glob(ids).last_hidden_state[0, 0], glob(changed).last_hidden_state[0, 0]
-    )
+    assert not torch.allclose(glob(ids).last_hidden_state[0, 0],
+                              glob(changed).last_hidden_state[0, 0])
 
 
 # --- RoPE -----------------------------------------------------------------------------------------
@@ -339,9 +316,8 @@ def test_initialisation_follows_transformers():
     model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN))
     cut = 2.0 * 0.02  # truncated at initializer_cutoff_factor standard deviations
     assert model.model.layers[1].attn.Wqkv.weight.abs().max() <= cut
-    out_cut = cut / math.sqrt(
-        2 * TINY_MODERN["num_hidden_layers"]
-    )  # residual outputs are scaled down
+    # residual outputs are scaled down
+    out_cut = cut / math.sqrt(2 * TINY_MODERN["num_hidden_layers"])
     assert model.model.layers[1].mlp.Wo.weight.abs().max() <= out_cut
     assert isinstance(model.model.layers[0].attn_norm, torch.nn.Identity)
     assert model.model.final_norm.bias is None and model.decoder.bias.abs().max() == 0
@@ -352,13 +328,8 @@ def test_pretraining_loop_call_works_and_nsp_labels_are_refused():
     """The training loop calls every pretraining model with BertForPreTraining's keywords."""
     model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN))
     b = tiny_batch()
-    out = model(
-        input_ids=b["input_ids"],
-        attention_mask=b["attention_mask"],
-        token_type_ids=b["token_type_ids"],
-        labels=b["labels"],
-        next_sentence_label=None,
-    )
+    out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                token_type_ids=b["token_type_ids"], labels=b["labels"], next_sentence_label=None)
     assert {"loss", "mlm_loss_sum", "mlm_count", "mlm_correct", "prediction_logits"} <= set(out)
     with pytest.raises(BertgpuError, match="no next-sentence head"):
         model(**b)
@@ -378,9 +349,8 @@ def layouts() -> dict[str, torch.Tensor]:
 def modern_batch(mask: torch.Tensor) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(5, 99, mask.shape, generator=g) * mask
-    labels = torch.where(
-        (torch.rand(mask.shape, generator=g) < 0.4) & mask.bool(), ids, torch.tensor(IGNORE_INDEX)
-    )
+    labels = torch.where((torch.rand(mask.shape, generator=g) < 0.4) & mask.bool(), ids,
+                         torch.tensor(IGNORE_INDEX))
     labels[0, 0] = 7  # a loss needs one label
     return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
@@ -399,12 +369,10 @@ def test_masked_lm_with_meta_and_unpadding_equals_the_plain_call(layout, unpad):
     model = perturb(ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN_BIASED))).train()
     batch = modern_batch(layouts()[layout])
     ref, ref_grads = loss_and_grads(model, **batch)  # the model computes its own metadata
-    model.configure(
-        unpad=unpad, attention_backend="padded"
-    )  # the exact kernel: no warning on the CPU
-    got, grads = loss_and_grads(
-        model, **batch, batch_meta=batch_meta(batch["attention_mask"], batch["labels"])
-    )
+    # the exact kernel: no warning on the CPU
+    model.configure(unpad=unpad, attention_backend="padded")
+    got, grads = loss_and_grads(model, **batch,
+                                batch_meta=batch_meta(batch["attention_mask"], batch["labels"]))
     torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-4)
     assert int(got.mlm_count) == int((batch["labels"] != IGNORE_INDEX).sum()) == int(ref.mlm_count)
     assert int(got.mlm_correct) == int(ref.mlm_correct)
@@ -428,36 +396,22 @@ def test_task_heads_with_meta_and_unpadding_equal_the_plain_call(unpad):
     mask = layouts()["right"]
     ids = modern_batch(mask)["input_ids"]
     meta = batch_meta(mask)
-    token_labels = torch.where(
-        mask.bool(), torch.arange(11).remainder(4)[None], torch.tensor(IGNORE_INDEX)
-    )
+    token_labels = torch.where(mask.bool(), torch.arange(11).remainder(4)[None],
+                               torch.tensor(IGNORE_INDEX))
     cases = [
-        (
-            ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN), 3),
-            dict(labels=torch.tensor([0, 2, 1])),
-        ),
-        (
-            ModernBertForSequenceClassification(
-                ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 1
-            ),
-            dict(labels=torch.tensor([0.5, -1.0, 2.0])),
-        ),
-        (
-            ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)),
-            dict(start_positions=torch.tensor([1, 2, 0]), end_positions=torch.tensor([3, 2, 30])),
-        ),
-        (
-            ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), 4),
-            dict(labels=token_labels),
-        ),
+        (ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN), 3), dict(labels=torch.tensor([0, 2, 1]))),
+        (ModernBertForSequenceClassification(ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 1),
+         dict(labels=torch.tensor([0.5, -1.0, 2.0]))),
+        (ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)),
+         dict(start_positions=torch.tensor([1, 2, 0]), end_positions=torch.tensor([3, 2, 30]))),
+        (ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), 4), dict(labels=token_labels)),
     ]
     for model, labels in cases:
         perturb(model).train()
         ref, ref_grads = loss_and_grads(model, input_ids=ids, attention_mask=mask, **labels)
         model.configure(unpad=unpad, attention_backend="padded")
-        got, grads = loss_and_grads(
-            model, input_ids=ids, attention_mask=mask, **labels, batch_meta=meta
-        )
+        got, grads = loss_and_grads(model, input_ids=ids, attention_mask=mask, **labels,
+                                    batch_meta=meta)
         torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-4)
         assert int(got["count"]) == int(ref["count"])
         for name in grads:
@@ -524,9 +478,7 @@ def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
     q, k, v = (torch.randn(int(mask.sum()), 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
                for _ in range(3))
     cu = un.cu_seqlens.to(torch.int32)
-    flash = _windowed_varlen()(q, k, v, cu, cu, un.max_len, un.max_len, window_size=(2, 2)).flatten(
-        1
-    )
-    torch.testing.assert_close(
-        flash, unpadded_padded_attention(q, k, v, local), atol=2e-2, rtol=2e-2
-    )
+    flash = _windowed_varlen()(q, k, v, cu, cu, un.max_len, un.max_len,
+                               window_size=(2, 2)).flatten(1)
+    torch.testing.assert_close(flash, unpadded_padded_attention(q, k, v, local),
+                               atol=2e-2, rtol=2e-2)

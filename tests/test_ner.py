@@ -27,16 +27,8 @@ from bertgpu.tasks import metrics, ner
 FIXTURES = Path(__file__).parent / "fixtures" / "ner"
 # Words the tiny vocabulary only has as two pieces each (word -> pieces).
 SPLIT = {"london": ["lon", "##don"], "boston": ["bos", "##ton"], "microsoft": ["micro", "##soft"]}
-FAST = [
-    "--lr",
-    "3e-3",
-    "--hidden_dropout_prob",
-    "0",
-    "--global_batch_size",
-    "16",
-    "--max_seq_len",
-    "32",
-]
+FAST = ["--lr", "3e-3", "--hidden_dropout_prob", "0", "--global_batch_size", "16",
+        "--max_seq_len", "32"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,14 +50,15 @@ def init(tmp_path) -> Path:
 
 
 EDGE_CASES = [
-    (["B-PER", "I-PER", "O"], ["B-PER", "I-PER", "O"]),  # exact
-    (["O", "I-PER", "I-PER"], ["O", "B-PER", "I-PER"]),  # I- after O starts an entity
-    (["I-LOC", "O"], ["B-LOC", "O"]),  # I- at the sentence start
-    (["B-PER", "I-LOC", "I-LOC"], ["B-PER", "I-PER", "I-PER"]),  # the type changes inside
-    (["B-PER", "B-PER", "I-PER"], ["B-PER", "I-PER", "I-PER"]),  # B- after B- of the same type
-    (["O", "B-ORG", "I-ORG"], ["O", "B-ORG", "O"]),  # entity at the sentence end
-    (["B-ORG"], ["B-LOC"]),  # one word, wrong type
-    (["O", "O"], ["B-PER", "O"]),  # no gold entity in the sentence
+    (["B-PER", "I-PER", "O"], ["B-PER", "I-PER", "O"]),              # exact
+    (["O", "I-PER", "I-PER"], ["O", "B-PER", "I-PER"]),              # I- after O starts an entity
+    (["I-LOC", "O"], ["B-LOC", "O"]),                                # I- at the sentence start
+    (["B-PER", "I-LOC", "I-LOC"], ["B-PER", "I-PER", "I-PER"]),      # the type changes inside
+    (["B-PER", "B-PER", "I-PER"], ["B-PER", "I-PER", "I-PER"]),      # B- after B- of the same type
+    (["O", "B-ORG", "I-ORG"], ["O", "B-ORG", "O"]),                  # entity at the sentence end
+    (["B-ORG"], ["B-LOC"]),                                          # one word, wrong type
+    # no gold entity in the sentence
+    (["O", "O"], ["B-PER", "O"]),
     (["I-MISC", "I-MISC", "B-MISC", "I-MISC"], ["B-MISC", "I-MISC", "I-MISC", "I-MISC"]),
 ]
 
@@ -110,63 +103,48 @@ def test_entity_scores_match_seqeval():
 
 
 def test_conll_jsonl_and_csv_read_the_same(tmp_path):
-    (tmp_path / "a.conll").write_text(
-        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n"
-        "German JJ B-NP B-MISC\n\n\n-DOCSTART- -X- -X- O\nPeter\tB-PER\n"
-        "Blackburn\tI-PER",
-        encoding="utf-8",
-    )
+    (tmp_path / "a.conll").write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\n"
+                                      "rejects VBZ B-VP O\n"
+                                      "German JJ B-NP B-MISC\n\n\n-DOCSTART- -X- -X- O\n"
+                                      "Peter\tB-PER\n"
+                                      "Blackburn\tI-PER", encoding="utf-8")
     (tmp_path / "a.jsonl").write_text(
         json.dumps({"words": ["EU", "rejects", "German"], "ner": ["B-ORG", "O", "B-MISC"]}) + "\n\n"
         + json.dumps({"words": ["Peter", "Blackburn"], "ner": ["B-PER", "I-PER"]}) + "\n")
-    (tmp_path / "a.csv").write_text(
-        "words,ner\nEU rejects German,B-ORG O B-MISC\nPeter Blackburn,B-PER I-PER\n"
-    )
-    expected = [
-        (["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
-        (["Peter", "Blackburn"], ["B-PER", "I-PER"]),
-    ]
+    (tmp_path / "a.csv").write_text("words,ner\nEU rejects German,B-ORG O B-MISC\n"
+                                    "Peter Blackburn,B-PER I-PER\n")
+    expected = [(["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
+                (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
     conll = ner.read_sentences(tmp_path / "a.conll")
     assert [(s.tokens, s.tags) for s in conll] == expected and conll[1].lines == [9, 10]
     fields = ner.Fields(text="words", label="ner")
     for name in ("a.jsonl", "a.csv"):
-        assert [
-            (s.tokens, s.tags) for s in ner.read_sentences(tmp_path / name, fields)
-        ] == expected, name
+        assert [(s.tokens, s.tags) for s in ner.read_sentences(tmp_path / name, fields)] == expected, name
 
 
 def test_tag_set_and_dev_types(tmp_path):
     train = [ner.Sentence(["a", "b", "c"], ["B-PER", "O", "B-LOC"], [1, 2, 3])]
     labels = ner.tag_set(tmp_path / "train.conll", train)
     assert labels == ("O", "B-LOC", "I-LOC", "B-PER", "I-PER")
-    ner.check_known(
-        tmp_path / "dev.conll", [ner.Sentence(["x", "y"], ["B-LOC", "I-LOC"], [4, 5])], labels
-    )
-    with pytest.raises(
-        BertgpuError,
-        match=r"dev\.conll:7: tag 'B-ORG': entity type 'ORG' is not in the "
-        r"training file \(expected one of LOC, PER\)",
-    ):
-        ner.check_known(
-            tmp_path / "dev.conll", [ner.Sentence(["x", "y"], ["O", "B-ORG"], [6, 7])], labels
-        )
+    ner.check_known(tmp_path / "dev.conll",
+                    [ner.Sentence(["x", "y"], ["B-LOC", "I-LOC"], [4, 5])], labels)
+    with pytest.raises(BertgpuError,
+                       match=r"dev\.conll:7: tag 'B-ORG': entity type 'ORG' is not in the training "
+                             r"file \(expected one of LOC, PER\)"):
+        ner.check_known(tmp_path / "dev.conll",
+                        [ner.Sentence(["x", "y"], ["O", "B-ORG"], [6, 7])], labels)
     with pytest.raises(BertgpuError, match="train.conll: every tag is O"):
         ner.tag_set(tmp_path / "train.conll", [ner.Sentence(["a"], ["O"], [1])])
 
 
-@pytest.mark.parametrize(
-    "text, match",
-    [
-        (
-            "EU B-ORG\nrejects PER\n",
-            r"x\.conll:2: tag 'PER' is not O, B-TYPE or I-TYPE \(expected BIO / IOB2",
-        ),
-        ("EU S-ORG\n", r"x\.conll:1: tag 'S-ORG' is not O, B-TYPE or I-TYPE"),
-        ("\n\nEU B-\n", r"x\.conll:3: tag 'B-' is not O"),
-        ("EU B-ORG\nrejects\n", r"x\.conll:2: one field 'rejects'; expected a token and its tag"),
-        ("-DOCSTART- -X- O\n\n", r"x\.conll: no sentences"),
-    ],
-)
+@pytest.mark.parametrize("text, match", [
+    ("EU B-ORG\nrejects PER\n",
+     r"x\.conll:2: tag 'PER' is not O, B-TYPE or I-TYPE \(expected BIO / IOB2"),
+    ("EU S-ORG\n", r"x\.conll:1: tag 'S-ORG' is not O, B-TYPE or I-TYPE"),
+    ("\n\nEU B-\n", r"x\.conll:3: tag 'B-' is not O"),
+    ("EU B-ORG\nrejects\n", r"x\.conll:2: one field 'rejects'; expected a token and its tag"),
+    ("-DOCSTART- -X- O\n\n", r"x\.conll: no sentences"),
+])
 def test_bad_conll_lines(tmp_path, text, match):
     (tmp_path / "x.conll").write_text(text)
     with pytest.raises(BertgpuError, match=match) as e:
@@ -175,13 +153,12 @@ def test_bad_conll_lines(tmp_path, text, match):
 
 
 def test_bad_jsonl_rows(tmp_path):
-    cases = [
-        ('{"tokens": ["a", "b"], "tags": ["O"]}', r"x\.jsonl:1: 2 tokens but 1 tags"),
-        ('{"tokens": ["a"], "tags": [""]}', r"x\.jsonl:1: 'tags' is empty or has an empty entry"),
-        ('{"tokens": ["a"], "tags": ["E-PER"]}', r"x\.jsonl:1: tag 'E-PER' is not O"),
-        ('{"tokens": ["a"]}', r"x\.jsonl:1: no field 'tags' .*expected --label-field"),
-        ('{"tokens": "a b", "tags": [1, 2]}', r"x\.jsonl:1: 'tags' is not a list of strings"),
-    ]
+    cases = [('{"tokens": ["a", "b"], "tags": ["O"]}', r"x\.jsonl:1: 2 tokens but 1 tags"),
+             ('{"tokens": ["a"], "tags": [""]}',
+              r"x\.jsonl:1: 'tags' is empty or has an empty entry"),
+             ('{"tokens": ["a"], "tags": ["E-PER"]}', r"x\.jsonl:1: tag 'E-PER' is not O"),
+             ('{"tokens": ["a"]}', r"x\.jsonl:1: no field 'tags' .*expected --label-field"),
+             ('{"tokens": "a b", "tags": [1, 2]}', r"x\.jsonl:1: 'tags' is not a list of strings")]
     for text, match in cases:
         (tmp_path / "x.jsonl").write_text(text + "\n")
         with pytest.raises(BertgpuError, match=match):
@@ -201,15 +178,8 @@ def test_first_piece_carries_the_tag(tmp_path, init):
     enc, firsts = ner.encode_sentences(tok, [s], ids, 32)
     pieces = [tok.id_to_token(i) for i in enc.ids[0]]
     assert pieces == ["[CLS]", "emma", "visited", "lon", "##don", ".", "[SEP]"]
-    assert enc.token_targets["labels"][0].tolist() == [
-        IGNORE_INDEX,
-        3,
-        0,
-        1,
-        IGNORE_INDEX,
-        0,
-        IGNORE_INDEX,
-    ]
+    assert enc.token_targets["labels"][0].tolist() == [IGNORE_INDEX, 3, 0, 1, IGNORE_INDEX, 0,
+                                                       IGNORE_INDEX]
     assert firsts[0].tolist() == [1, 2, 3, 5]
     # Predictions come back per word from the first piece; a word cut off by max_seq_len is O.
     labels = tuple(ids)
@@ -220,11 +190,9 @@ def test_first_piece_carries_the_tag(tmp_path, init):
     assert len(short.ids[0]) == 5 and cut[0].tolist() == [1, 2, 3, -1]
     assert ner.word_predictions(logits[:, :5], cut, labels) == [["B-PER", "O", "B-LOC", "O"]]
     # The batch pads token labels with IGNORE_INDEX.
-    batch = short.__class__(
-        short.ids + enc.ids,
-        short.types + enc.types,
-        token_targets={"labels": short.token_targets["labels"] + enc.token_targets["labels"]},
-    ).batch([0, 1], pad_id=0)
+    batch = short.__class__(short.ids + enc.ids, short.types + enc.types,
+                            token_targets={"labels": short.token_targets["labels"] + enc.token_targets["labels"]}
+                            ).batch([0, 1], pad_id=0)
     assert batch["labels"].shape == (2, 7) and batch["labels"][0, 5:].tolist() == [IGNORE_INDEX] * 2
 
 
@@ -234,15 +202,8 @@ def test_first_piece_carries_the_tag(tmp_path, init):
 
 def test_ner_learns_exports_and_runs_in_a_pipeline(tmp_path, init):
     out = tmp_path / "ft"
-    res = finetune(
-        "ner",
-        None,
-        init,
-        out,
-        train_file=FIXTURES / "train.conll",
-        dev_file=FIXTURES / "dev.conll",
-        overrides=[*FAST, "--epochs", "3"],
-    )
+    res = finetune("ner", None, init, out, train_file=FIXTURES / "train.conll",
+                   dev_file=FIXTURES / "dev.conll", overrides=[*FAST, "--epochs", "3"])
     assert res["task"] == "ner" and res["kind"] == "token_classification"
     assert res["labels"] == ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     dev = res["metrics"]["dev"]
@@ -250,9 +211,8 @@ def test_ner_learns_exports_and_runs_in_a_pipeline(tmp_path, init):
     assert dev["f1"] >= 90.0, dev  # chance: ~0
     # predictions.conll holds what was scored: seqeval on it gives the same F1.
     sq = pytest.importorskip("seqeval.metrics")
-    blocks = [
-        b.splitlines() for b in (out / "predictions.conll").read_text().split("\n\n") if b.strip()
-    ]
+    blocks = [b.splitlines() for b in (out / "predictions.conll").read_text().split("\n\n")
+              if b.strip()]
     gold = [[line.split()[1] for line in b] for b in blocks]
     pred = [[line.split()[2] for line in b] for b in blocks]
     assert len(blocks) == 60 and 100 * sq.f1_score(gold, pred) == pytest.approx(dev["f1"])
@@ -267,14 +227,12 @@ def test_ner_learns_exports_and_runs_in_a_pipeline(tmp_path, init):
 
     transformers = pytest.importorskip("transformers")
     # "first": a word takes its first piece's label, as in training.
-    nlp = transformers.pipeline(
-        "token-classification", model=str(out / "model"), aggregation_strategy="first"
-    )
+    nlp = transformers.pipeline("token-classification", model=str(out / "model"),
+                                aggregation_strategy="first")
     found = {(e["entity_group"], e["word"]) for e in nlp("yesterday emma wilson flew to london .")}
     assert found == {("PER", "emma wilson"), ("LOC", "london")}
-    words = transformers.pipeline("token-classification", model=str(out / "model"))(
-        "emma visited boston"
-    )
+    words = transformers.pipeline("token-classification",
+                                  model=str(out / "model"))("emma visited boston")
     assert [w["entity"] for w in words][:2] == ["B-PER", "B-LOC"]
 
 
@@ -287,30 +245,10 @@ def test_two_processes_score_like_one(tmp_path, init):
     one = finetune("ner", None, init, tmp_path / "ft1", overrides=quick, **files)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bertgpu",
-            "finetune",
-            "ner",
-            "--train-file",
-            str(files["train_file"]),
-            "--dev-file",
-            str(files["dev_file"]),
-            "--init",
-            str(init),
-            "--out",
-            str(tmp_path / "ft2"),
-            "--nproc",
-            "2",
-            *quick,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=140,
-        check=False,
-    )
+        [sys.executable, "-m", "bertgpu", "finetune", "ner",
+         "--train-file", str(files["train_file"]), "--dev-file", str(files["dev_file"]),
+         "--init", str(init), "--out", str(tmp_path / "ft2"), "--nproc", "2", *quick],
+        capture_output=True, text=True, env=env, timeout=140, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     two = json.loads((tmp_path / "ft2" / "results.json").read_text())
     assert two["world_size"] == 2 and two["steps"] == one["steps"] == 6
@@ -326,10 +264,8 @@ def test_command_line_errors(tmp_path, init, capsys):
             "--train-file", str(FIXTURES / "train.conll")]
     assert main([*base, "--dev-file", str(tmp_path / "dev.conll")]) == 2
     err = capsys.readouterr().err.strip()
-    assert (
-        "\n" not in err
-        and "dev.conll:3: tag 'B-PLANET': entity type 'PLANET' is not in the training file" in err
-    )
+    assert ("\n" not in err and "dev.conll:3: tag 'B-PLANET': entity type 'PLANET' is not in the "
+                                "training file" in err)
     assert main([*base, "--dev-file", str(tmp_path / "dev.conll"), "--regression"]) == 2
     assert "--regression are for classify" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.tmp").exists()

@@ -62,11 +62,8 @@ def test_mlm_manifest_and_shards(tok, corpus, tmp_path):
     for split, info in m["splits"].items():
         ids = _load(out, split, "input_ids")
         lengths = _load(out, split, "lengths")
-        assert (
-            ids.dtype == np.uint16
-            and ids.shape == (info["sequences"], 64)
-            and lengths.dtype == np.int32
-        )
+        assert (ids.dtype == np.uint16 and ids.shape == (info["sequences"], 64)
+                and lengths.dtype == np.int32)
         assert int(lengths.sum()) == info["tokens"]
         assert (ids[:, 0] == CLS).all()
         assert (ids[np.arange(len(ids)), lengths - 1] == SEP).all()
@@ -95,11 +92,8 @@ def test_mlm_rows_hold_every_token_in_order(tok, corpus, tmp_path):
 def test_nsp_pairs(tok, corpus, tmp_path):
     out = tmp_path / "nsp"
     m = prepare([corpus], tok, out, seq_len=128, objective="mlm+nsp", workers=1, validation_docs=3)
-    assert (
-        m["objective"] == "mlm+nsp"
-        and m["validation_fraction"] is None
-        and m["validation_docs"] == 3
-    )
+    assert (m["objective"] == "mlm+nsp" and m["validation_fraction"] is None
+            and m["validation_docs"] == 3)
     assert m["splits"]["validation"]["documents"] == 3
     ids, tts = _load(out, "train", "input_ids"), _load(out, "train", "token_type_ids")
     lengths, labels = _load(out, "train", "lengths"), _load(out, "train", "nsp_labels")
@@ -110,11 +104,8 @@ def test_nsp_pairs(tok, corpus, tmp_path):
         assert row[0] == CLS and len(seps) == 2 and seps[1] == n - 1
         a_len, b_len = seps[0] - 1, n - seps[0] - 2
         assert a_len >= 1 and b_len >= 1 and n <= 128
-        assert (
-            (tt[: seps[0] + 1] == 0).all()
-            and (tt[seps[0] + 1 : n] == 1).all()
-            and (tt[n:] == 0).all()
-        )
+        assert ((tt[: seps[0] + 1] == 0).all() and (tt[seps[0] + 1 : n] == 1).all()
+                and (tt[n:] == 0).all())
         assert (row[n:] == 0).all()
     # Half the B segments are random, plus (as in BERT) every single-sentence segment: 0.54 here.
     assert 0.45 < labels.mean() < 0.6
@@ -124,9 +115,8 @@ def test_nsp_pairs(tok, corpus, tmp_path):
 
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
 def test_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective):
-    kw = dict(
-        seq_len=48, objective=objective, shard_size=300, chunk_docs=10, validation_fraction=0.05
-    )
+    kw = dict(seq_len=48, objective=objective, shard_size=300, chunk_docs=10,
+              validation_fraction=0.05)
     one = prepare([corpus], tok, tmp_path / "w1", workers=1, **kw)
     two = prepare([corpus], tok, tmp_path / "w2", workers=2, **kw)
     assert one == two
@@ -184,9 +174,8 @@ def test_cli_prepare_and_bad_file_exit_code(tok, corpus, tmp_path, capsys):
     assert json.loads((out / "manifest.json").read_text())["objective"] == "mlm+nsp"
     bad = tmp_path / "empty.txt"
     bad.write_bytes(b"")
-    code = cli_main(
-        ["prepare", "--corpus", str(bad), "--tokenizer", str(tok), "--out", str(tmp_path / "d2")]
-    )
+    code = cli_main(["prepare", "--corpus", str(bad), "--tokenizer", str(tok),
+                     "--out", str(tmp_path / "d2")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("bertgpu prepare: error:") and "empty.txt: empty file" in err
@@ -199,7 +188,8 @@ def _wiki_dump(path, docs):
 
     pages = []
     for i, doc in enumerate(docs):
-        body = f"{{{{Infobox|n={i}}}}}\n'''{doc[0]}''' [[Link{i}|{' '.join(doc[1:3])}]]<ref>cite {i}</ref>\n"
+        body = (f"{{{{Infobox|n={i}}}}}\n"
+                f"'''{doc[0]}''' [[Link{i}|{' '.join(doc[1:3])}]]<ref>cite {i}</ref>\n")
         body += "== Section ==\n* " + "\n\n".join(doc[3:]) + f"\n[[Category:C{i}]]"
         if i == 5:
             body = "{{Only a template}}\n[[Category:Empty]]"  # strips to nothing: no document
@@ -210,9 +200,8 @@ def _wiki_dump(path, docs):
 
 
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
-def test_wiki_and_text_output_identical_for_one_and_two_workers(
-    tok, corpus, tmp_path, objective, monkeypatch
-):
+def test_wiki_and_text_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective,
+                                                                monkeypatch):
     """Markup stripping runs on the workers (in small batches here): same bytes as in-process."""
     import bertgpu.data.pipeline as prep
     from bertgpu.data.corpus import iter_documents
@@ -222,18 +211,11 @@ def test_wiki_and_text_output_identical_for_one_and_two_workers(
     (tmp_path / "in").mkdir()
     dump = _wiki_dump(tmp_path / "in" / "dump.xml", docs[:40])
     web = tmp_path / "in" / "web.jsonl"  # split into sentences on the workers too
-    web.write_text(
-        "".join(json.dumps({"text": " ".join(d)}) + "\n" for d in docs[40:]), encoding="utf-8"
-    )
+    web.write_text("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in docs[40:]),
+                   encoding="utf-8")
     paths = [dump, corpus / "a.txt", web]
-    kw = dict(
-        seq_len=48,
-        objective=objective,
-        shard_size=200,
-        chunk_docs=6,
-        validation_fraction=0.1,
-        fmt="auto",
-    )
+    kw = dict(seq_len=48, objective=objective, shard_size=200, chunk_docs=6,
+              validation_fraction=0.1, fmt="auto")
     one = prepare(paths, tok, tmp_path / "w1", workers=1, **kw)
     two = prepare(paths, tok, tmp_path / "w2", workers=2, **kw)
     assert one == two
@@ -246,19 +228,16 @@ def test_wiki_and_text_output_identical_for_one_and_two_workers(
 
 def test_wiki_file_of_markup_only_is_no_text_error_with_workers(tok, tmp_path):
     dump = tmp_path / "empty.xml"
-    dump.write_text(
-        "<mediawiki><page><ns>0</ns><revision><text>{{Only a template}}</text></revision></page>"
-        "</mediawiki>"
-    )
+    dump.write_text("<mediawiki><page><ns>0</ns><revision><text>{{Only a "
+                    "template}}</text></revision></page></mediawiki>")
     good = tmp_path / "good.txt"
     good.write_text("A fine sentence.\n\nAnother document here.\n")
     for workers in (1, 2):
         with pytest.raises(BertgpuError, match="empty.xml: no text"):
             prepare([dump, good], tok, tmp_path / f"o{workers}", workers=workers)
         m = prepare([dump, good], tok, tmp_path / f"s{workers}", workers=workers, skip_bad=True)
-        assert [s["path"] for s in m["skipped_inputs"]] == [str(dump)] and m["counts"][
-            "documents"
-        ] == 2
+        assert ([s["path"] for s in m["skipped_inputs"]] == [str(dump)]
+                and m["counts"]["documents"] == 2)
 
 
 # ----------------------------------------------------------------------------- corpora of any shape
@@ -273,10 +252,9 @@ def corpora(tmp_path_factory):
     out = {"many": write_sentences(folder / "many.txt", docs)}
     for n in (1, 2, 3):
         k = len(flat) // n
-        out[n] = write_sentences(
-            folder / f"{n}.txt",
-            [flat[i * k : (i + 1) * k if i < n - 1 else None] for i in range(n)],
-        )
+        out[n] = write_sentences(folder / f"{n}.txt",
+                                 [flat[i * k : (i + 1) * k if i < n - 1 else None]
+                                  for i in range(n)])
     return out
 
 
@@ -290,52 +268,31 @@ def _share_ok(m, fraction, rel, seq_len):
 
 
 @pytest.mark.parametrize("n_docs", [1, 2, 3, "many"])
-def test_validation_share_is_what_was_asked_whatever_the_number_of_documents(
-    tok, corpora, tmp_path, n_docs
-):
+def test_validation_share_is_what_was_asked_whatever_the_number_of_documents(tok, corpora, tmp_path, n_docs):
     corpus = corpora[n_docs]
     for fraction in (0.1, 0.02):
-        m = prepare(
-            [corpus],
-            tok,
-            tmp_path / f"mlm{fraction}",
-            seq_len=64,
-            workers=1,
-            validation_fraction=fraction,
-        )
+        m = prepare([corpus], tok, tmp_path / f"mlm{fraction}", seq_len=64, workers=1,
+                    validation_fraction=fraction)
         assert _share_ok(m, fraction, 0.1, 64), (fraction, m["validation_share"])
-        assert (
-            m["split_unit"] == "chunk" and m["cut_documents"] >= 1
-        )  # pydoc topics are too big to go whole
+        # pydoc topics are too big to go whole
+        assert m["split_unit"] == "chunk" and m["cut_documents"] >= 1
         docs = m["splits"]["train"]["documents"] + m["splits"]["validation"]["documents"]
         assert docs == m["counts"]["documents"] == (79 if n_docs == "many" else n_docs)
-    nsp = prepare(
-        [corpus],
-        tok,
-        tmp_path / "nsp",
-        seq_len=64,
-        objective="mlm+nsp",
-        workers=1,
-        validation_fraction=0.1,
-    )
-    assert _share_ok(nsp, 0.1, 0.2, 64), nsp[
-        "validation_share"
-    ]  # pairs move tokens: a looser bound
+    nsp = prepare([corpus], tok, tmp_path / "nsp", seq_len=64, objective="mlm+nsp", workers=1,
+                  validation_fraction=0.1)
+    # pairs move tokens: a looser bound
+    assert _share_ok(nsp, 0.1, 0.2, 64), nsp["validation_share"]
     two = prepare([corpus], tok, tmp_path / "two", seq_len=64, workers=2, validation_fraction=0.1)
-    assert {k: v for k, v in two.items()} == json.loads(
-        (tmp_path / "mlm0.1" / "manifest.json").read_text()
-    )
+    assert ({k: v for k, v in two.items()}
+            == json.loads((tmp_path / "mlm0.1" / "manifest.json").read_text()))
     for name in sorted(p.name for p in (tmp_path / "two").glob("*.npy")):
-        assert (tmp_path / "two" / name).read_bytes() == (
-            tmp_path / "mlm0.1" / name
-        ).read_bytes(), name
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "mlm0.1" / name).read_bytes(), name
 
 
 def test_many_small_documents_are_held_out_whole(tok, tmp_path):
     sentences = [s for d in pydoc_documents() for s in d if len(s) < 400]  # no code listings
-    docs = [
-        sentences[i : i + 5] for i in range(0, len(sentences), 5)
-    ]  # ~700 documents of ~150 tokens
+    # ~700 documents of ~150 tokens
+    docs = [sentences[i : i + 5] for i in range(0, len(sentences), 5)]
     corpus = write_sentences(tmp_path / "small.txt", docs)
     m = prepare([corpus], tok, tmp_path / "out", seq_len=64, workers=1, validation_fraction=0.1)
     assert m["split_unit"] == "document" and m["cut_documents"] == 0
@@ -345,29 +302,15 @@ def test_many_small_documents_are_held_out_whole(tok, tmp_path):
     assert val_docs + m["splits"]["train"]["documents"] == len(docs)
 
 
-def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(
-    tok, corpora, tmp_path, capsys
-):
-    base = [
-        "prepare",
-        "--corpus",
-        str(corpora[1]),
-        "--tokenizer",
-        str(tok),
-        "--seq-len",
-        "64",
-        "--workers",
-        "1",
-    ]
+def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(tok, corpora, tmp_path, capsys):
+    base = ["prepare", "--corpus", str(corpora[1]), "--tokenizer", str(tok), "--seq-len", "64",
+            "--workers", "1"]
     assert cli_main([*base, "--out", str(tmp_path / "none"), "--validation-fraction", "0"]) == 0
     out = capsys.readouterr().out
     assert "no validation split (--validation-fraction 0)" in out
     m = json.loads((tmp_path / "none" / "manifest.json").read_text())
-    assert (
-        m["split_unit"] == "none"
-        and m["splits"]["validation"]["sequences"] == 0
-        and m["validation_share"] == 0
-    )
+    assert (m["split_unit"] == "none" and m["splits"]["validation"]["sequences"] == 0
+            and m["validation_share"] == 0)
     assert cli_main([*base, "--out", str(tmp_path / "one"), "--validation-fraction", "0.05"]) == 0
     out = capsys.readouterr().out
     m = json.loads((tmp_path / "one" / "manifest.json").read_text())
@@ -377,63 +320,25 @@ def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(
 
 def test_lines_format_for_tokenizer_and_prepare(tmp_path, capsys):
     short = [s for d in pydoc_documents() for s in d if len(s) < 200]
-    reviews = [
-        " ".join(short[i : i + 2]) for i in range(0, len(short), 2)
-    ]  # one per line, no blank lines
+    # one per line, no blank lines
+    reviews = [" ".join(short[i : i + 2]) for i in range(0, len(short), 2)]
     corpus = tmp_path / "reviews.txt"
     corpus.write_text("\n".join(reviews) + "\n", encoding="utf-8")
-    assert (
-        cli_main(
-            [
-                "tokenizer",
-                "--corpus",
-                str(corpus),
-                "--format",
-                "lines",
-                "--vocab-size",
-                "600",
-                "--out",
-                str(tmp_path / "tok"),
-            ]
-        )
-        == 0
-    )
+    assert cli_main(["tokenizer", "--corpus", str(corpus), "--format", "lines",
+                     "--vocab-size", "600", "--out", str(tmp_path / "tok")]) == 0
     assert f"{len(reviews)} documents" in capsys.readouterr().out
-    assert (
-        cli_main(
-            [
-                "prepare",
-                "--corpus",
-                str(corpus),
-                "--format",
-                "lines",
-                "--tokenizer",
-                str(tmp_path / "tok"),
-                "--out",
-                str(tmp_path / "data"),
-                "--seq-len",
-                "32",
-                "--workers",
-                "1",
-                "--validation-fraction",
-                "0.05",
-            ]
-        )
-        == 0
-    )
+    assert cli_main(["prepare", "--corpus", str(corpus), "--format", "lines",
+                     "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "data"),
+                     "--seq-len", "32", "--workers", "1", "--validation-fraction", "0.05"]) == 0
     m = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert m["counts"]["documents"] == len(reviews)
     assert m["split_unit"] == "document"  # ~1,300 short reviews: 5% goes by whole reviews
     assert 0.03 * len(reviews) < m["splits"]["validation"]["documents"] < 0.07 * len(reviews)
-    ids = np.concatenate(
-        [_load(tmp_path / "data", s, "input_ids") for s in ("train", "validation")]
-    )
-    lengths = np.concatenate(
-        [_load(tmp_path / "data", s, "lengths") for s in ("train", "validation")]
-    )
-    separators = sum(
-        int((row[1 : n - 1] == SEP).sum()) for row, n in zip(ids, lengths, strict=True)
-    )
+    ids = np.concatenate([_load(tmp_path / "data", s, "input_ids")
+                          for s in ("train", "validation")])
+    lengths = np.concatenate([_load(tmp_path / "data", s, "lengths")
+                              for s in ("train", "validation")])
+    separators = sum(int((row[1 : n - 1] == SEP).sum()) for row, n in zip(ids, lengths, strict=True))
     assert separators >= len(reviews) - 3  # a [SEP] between documents (fewer: the split's starts)
 
 
@@ -477,25 +382,18 @@ def test_one_huge_document_in_flat_memory_with_the_same_rows(tok, tmp_path):
     ten.write_text(one.read_text(encoding="utf-8") * 10, encoding="utf-8")
     peaks = {}
     for name, path in (("1x", one), ("10x", ten)):
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(path), str(tok), str(tmp_path / name)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(tok),
+                               str(tmp_path / name)],
+                              capture_output=True, text=True, check=True)
         peaks[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert peaks["10x"]["tokens"] > 9 * peaks["1x"]["tokens"]
     for key in ("main_kb", "worker_kb"):
         assert peaks["10x"][key] - peaks["1x"][key] < 25_000, (key, peaks)  # kB: flat, not 10x
     m = prepare([one], tok, tmp_path / "rows", seq_len=128, workers=1, validation_fraction=0.0)
-    ids, lengths = (
-        _load(tmp_path / "rows", "train", "input_ids"),
-        _load(tmp_path / "rows", "train", "lengths"),
-    )
+    ids, lengths = (_load(tmp_path / "rows", "train", "input_ids"),
+                    _load(tmp_path / "rows", "train", "lengths"))
     expected = load_tokenizer(tok).encode(" ".join(lines), add_special_tokens=False).ids
     assert m["counts"]["documents"] == 1 and (lengths[:-1] == 128).all()
     assert (ids[:, 0] == CLS).all() and (ids[np.arange(len(ids)), lengths - 1] == SEP).all()
-    assert (
-        np.concatenate([row[1 : n - 1] for row, n in zip(ids, lengths, strict=True)]).tolist()
-        == expected
-    )
+    assert (np.concatenate([row[1 : n - 1] for row, n in zip(ids, lengths, strict=True)]).tolist()
+            == expected)

@@ -26,41 +26,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "pretrain",
-        TINY,
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--model.vocab_size",
-        "100",
-        "--model.hidden_size",
-        "32",
-        "--model.intermediate_size",
-        "64",
-        "--model.max_position_embeddings",
-        "64",
-        "--train.global_batch_size",
-        "8",
-        "--impl.micro_batch_size",
-        "4",
-        "--train.log_every_steps",
-        "1",
-        "--train.eval_every_steps",
-        "0",
-        "--train.eval_batches",
-        "2",
-        "--checkpoint.keep_last",
-        "0",
-        *extra,
+        "pretrain", TINY, "--data", str(data), "--out", str(out),
+        "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+        "--model.max_position_embeddings", "64",
+        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
+        "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
+        "--train.eval_batches", "2", "--checkpoint.keep_last", "0", *extra,
     ]
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return write_synthetic_shards(
-        tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16, seq_len=32, vocab_size=100
-    )
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16,
+                                  seq_len=32, vocab_size=100)
 
 
 def _final_weights(run: Path) -> dict:
@@ -80,9 +58,8 @@ def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) ->
     # subprocess has reached by then; checkpoints every 8 steps, kept (keep_last 0).
     steps = "300"
     ref = tmp_path / "ref"
-    assert (
-        main(_args(shards, ref, "--train.max_steps", steps, "--checkpoint.every_steps", "8")) == 0
-    )
+    assert main(_args(shards, ref, "--train.max_steps", steps,
+                      "--checkpoint.every_steps", "8")) == 0
 
     # The same run in a subprocess, killed with SIGKILL right after some checkpoint appears.
     run = tmp_path / "killed"
@@ -99,9 +76,8 @@ def test_sigkill_and_rerun_is_bitwise_identical(shards: Path, tmp_path: Path) ->
     assert not (run / "hf").exists(), "the killed run should not have finished"
 
     # Re-running the same command resumes from the latest complete checkpoint.
-    assert (
-        main(_args(shards, run, "--train.max_steps", steps, "--checkpoint.every_steps", "8")) == 0
-    )
+    assert main(_args(shards, run, "--train.max_steps", steps,
+                      "--checkpoint.every_steps", "8")) == 0
     _assert_bitwise_equal(_final_weights(ref), _final_weights(run))
     _assert_bitwise_equal(load_file(str(ref / "hf" / "model.safetensors")),
                           load_file(str(run / "hf" / "model.safetensors")))
@@ -112,14 +88,12 @@ def test_sigterm_writes_a_checkpoint_before_exiting(shards: Path, tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "bertgpu", *_args(shards, run, "--train.max_steps", "100000",
                                                     "--checkpoint.every_steps", "0")]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-        metrics.exists() and metrics.read_text().count("\n") >= 3
-    ):
+    while time.monotonic() < deadline and not (metrics.exists()
+                                               and metrics.read_text().count("\n") >= 3):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -148,9 +122,8 @@ def test_resume_continues_and_does_not_repeat_steps(shards: Path, tmp_path: Path
         (["--model.max_position_embeddings", "16"], "seq"),
     ],
 )
-def test_bad_configs_give_one_line_errors(
-    shards: Path, tmp_path: Path, capsys, extra, message
-) -> None:
+def test_bad_configs_give_one_line_errors(shards: Path, tmp_path: Path, capsys, extra,
+                                          message) -> None:
     rc = main(_args(shards, tmp_path / "bad", "--train.max_steps", "2", *extra))
     err = capsys.readouterr().err.strip()
     assert rc == 2
@@ -158,14 +131,12 @@ def test_bad_configs_give_one_line_errors(
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
-def test_shards_from_another_tokenizer_are_refused_on_resume(
-    shards: Path, tmp_path: Path, capsys
-) -> None:
+def test_shards_from_another_tokenizer_are_refused_on_resume(shards: Path, tmp_path: Path,
+                                                             capsys) -> None:
     run = tmp_path / "r"
     assert main(_args(shards, run, "--train.max_steps", "2")) == 0
-    other = write_synthetic_shards(
-        tmp_path / "other", n_train=32, n_val=8, seq_len=32, vocab_size=99
-    )
+    other = write_synthetic_shards(tmp_path / "other", n_train=32, n_val=8, seq_len=32,
+                                   vocab_size=99)
     rc = main(_args(other, run, "--train.max_steps", "4"))
     err = capsys.readouterr().err
     assert rc == 2 and "tokenizer" in err, err
@@ -193,9 +164,8 @@ def test_padding_free_paths_train_the_same_model(tmp_path: Path) -> None:
 
 def test_auto_micro_batch_keeps_the_global_batch(shards: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "auto"
-    assert (
-        main(_args(shards, run, "--train.max_steps", "2", "--impl.micro_batch_size", "auto")) == 0
-    )
+    assert main(_args(shards, run, "--train.max_steps", "2",
+                      "--impl.micro_batch_size", "auto")) == 0
     out = capsys.readouterr().out
     assert "micro_batch_size auto:" in out and "global batch (sequences/step)  8" in out
 

@@ -31,63 +31,26 @@ def _overrides(data: Path, out: Path, *extra: str) -> list[str]:
     # Dropout 0 and a constant lr without warm-up: the runs below differ only in how the global
     # batch is spread over ranks and micro batches (and the lr does not depend on max_steps).
     return [
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--model.vocab_size",
-        "100",
-        "--model.hidden_size",
-        "32",
-        "--model.intermediate_size",
-        "64",
-        "--model.max_position_embeddings",
-        "64",
-        "--model.hidden_dropout_prob",
-        "0",
-        "--model.attention_probs_dropout_prob",
-        "0",
-        "--train.global_batch_size",
-        "8",
-        "--impl.micro_batch_size",
-        "4",
-        "--train.log_every_steps",
-        "1",
-        "--train.eval_every_steps",
-        "0",
-        "--train.eval_batches",
-        "2",
-        "--schedule.decay",
-        "constant",
-        "--schedule.warmup_steps",
-        "0",
-        "--impl.num_workers",
-        "0",
-        "--checkpoint.keep_last",
-        "0",
-        *extra,
+        "--data", str(data), "--out", str(out),
+        "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+        "--model.max_position_embeddings", "64",
+        "--model.hidden_dropout_prob", "0", "--model.attention_probs_dropout_prob", "0",
+        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
+        "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
+        "--train.eval_batches", "2", "--schedule.decay", "constant", "--schedule.warmup_steps", "0",
+        "--impl.num_workers", "0", "--checkpoint.keep_last", "0", *extra,
     ]
 
 
 def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("WORLD_SIZE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "bertgpu", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return subprocess.run([sys.executable, "-m", "bertgpu", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 def _train_records(run: Path) -> dict[int, dict]:
-    return {
-        r["step"]: r
-        for r in read_metrics(run / "metrics.jsonl", drop_superseded=True)
-        if r["kind"] == "train"
-    }
+    return {r["step"]: r for r in read_metrics(run / "metrics.jsonl", drop_superseded=True) if r["kind"] == "train"}
 
 
 def _assert_close_weights(a: Path, b: Path) -> None:
@@ -102,9 +65,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return write_synthetic_shards(
-        tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16, seq_len=32, vocab_size=100
-    )
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16,
+                                  seq_len=32, vocab_size=100)
 
 
 @pytest.mark.timeout(240)
@@ -119,10 +81,8 @@ def test_nproc2_equals_one_process_with_accumulation_and_resumes_at_world_size_1
     proc = _cli("pretrain", TINY, "--nproc", "2", *_overrides(shards, dp, "--train.max_steps", "3",
                                                              "--checkpoint.every_steps", "3"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert (
-        "accumulation steps             1" in proc.stdout
-        and "devices                        2" in proc.stdout
-    )
+    assert ("accumulation steps             1" in proc.stdout
+            and "devices                        2" in proc.stdout)
     state = torch.load(dp / "checkpoints" / "step_3" / "train_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["rng"]) == 2
 
@@ -133,11 +93,8 @@ def test_nproc2_equals_one_process_with_accumulation_and_resumes_at_world_size_1
         assert dp_steps[s]["grad_norm"] == pytest.approx(ref_steps[s]["grad_norm"], rel=1e-4)
         assert 0.0 <= dp_steps[s]["comm_share"] <= 1.0 and "comm_share" not in ref_steps[s]
     _assert_close_weights(dp / "checkpoints" / "step_3", ref / "checkpoints" / "step_3")
-    end = [
-        r
-        for r in read_metrics(dp / "metrics.jsonl")
-        if r["kind"] == "info" and r.get("event") == "end"
-    ]
+    end = [r for r in read_metrics(dp / "metrics.jsonl")
+           if r["kind"] == "info" and r.get("event") == "end"]
     assert end[-1]["rank_step_min"] == end[-1]["rank_step_max"] == 3 and end[-1]["world_size"] == 2
 
     # Resume the world-size-2 run on 1 process: it continues with exactly the next samples.
@@ -154,24 +111,9 @@ def test_nproc2_equals_one_process_with_accumulation_and_resumes_at_world_size_1
 @pytest.mark.timeout(180)
 def test_budget_stop_on_two_ranks_is_collective(shards, tmp_path):
     run = tmp_path / "budget"
-    proc = _cli(
-        "pretrain",
-        TINY,
-        "--nproc",
-        "2",
-        *_overrides(
-            shards,
-            run,
-            "--train.max_steps",
-            "0",
-            "--train.budget_hours",
-            "0.0003",
-            "--schedule.warmup_steps",
-            "none",
-            "--checkpoint.every_steps",
-            "0",
-        ),
-    )
+    proc = _cli("pretrain", TINY, "--nproc", "2",
+                *_overrides(shards, run, "--train.max_steps", "0", "--train.budget_hours", "0.0003",
+                            "--schedule.warmup_steps", "none", "--checkpoint.every_steps", "0"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     records = read_metrics(run / "metrics.jsonl")
     last_train = max(r["step"] for r in records if r["kind"] == "train")
@@ -189,26 +131,12 @@ def test_budget_stop_on_two_ranks_is_collective(shards, tmp_path):
 @pytest.mark.timeout(60)
 def test_nproc_is_validated_before_launching(shards, tmp_path, capsys):
     # 8 sequences cannot be split over 3 workers with micro batch 4: one error, no workers started.
-    rc = main(
-        [
-            "pretrain",
-            TINY,
-            "--nproc",
-            "3",
-            *_overrides(shards, tmp_path / "x", "--train.max_steps", "1"),
-        ]
-    )
+    rc = main(["pretrain", TINY, "--nproc", "3",
+               *_overrides(shards, tmp_path / "x", "--train.max_steps", "1")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "divisible" in err and "3 devices" in err, err
-    rc = main(
-        [
-            "pretrain",
-            TINY,
-            "--nproc",
-            "zero",
-            *_overrides(shards, tmp_path / "x", "--train.max_steps", "1"),
-        ]
-    )
+    rc = main(["pretrain", TINY, "--nproc", "zero",
+               *_overrides(shards, tmp_path / "x", "--train.max_steps", "1")])
     assert rc == 2 and "--nproc" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -218,9 +146,8 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
 
     calls: list = []
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(
-        launcher, "launch_local", lambda n, argv, **kw: calls.append((n, argv)) or 0
-    )
+    monkeypatch.setattr(launcher, "launch_local",
+                        lambda n, argv, **kw: calls.append((n, argv)) or 0)
     args = _overrides(shards, tmp_path / "r", "--train.max_steps", "1")
     assert main(["pretrain", TINY, "--nproc", "2", *args]) == 0
     # --nproc is gone; everything else passes through (--data/--out as their --key=value form).
@@ -232,27 +159,18 @@ def test_nproc_strips_itself_and_children_do_not_relaunch(shards, tmp_path, monk
     assert load_config(TINY, child[2:]) == load_config(TINY, args)
     # A child (WORLD_SIZE set by the launcher) trains instead of launching again.
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(
-        pretrain, "run", lambda cfg, **kw: calls.append("ran") or pretrain.RunResult(Path("."), 1)
-    )
+    monkeypatch.setattr(pretrain, "run",
+                        lambda cfg, **kw: calls.append("ran") or pretrain.RunResult(Path("."), 1))
     assert main(["pretrain", TINY, "--nproc", "2", *args]) == 0
     assert calls[1:] == ["ran"]
 
 
 def test_distributed_config_section(tmp_path):
-    cfg = schema.load_config(
-        None,
-        [
-            "--distributed.bucket_cap_mb",
-            "50",
-            "--distributed.comm_hook",
-            "bf16",
-            "--distributed.gradient_as_bucket_view",
-            "false",
-            "--train.max_steps",
-            "1",
-        ],
-    )
+    cfg = schema.load_config(None,
+                             ["--distributed.bucket_cap_mb", "50",
+                              "--distributed.comm_hook", "bf16",
+                              "--distributed.gradient_as_bucket_view", "false",
+                              "--train.max_steps", "1"])
     assert (cfg.distributed.bucket_cap_mb, cfg.distributed.comm_hook) == (50, "bf16")
     assert cfg.distributed.gradient_as_bucket_view is False and cfg.distributed.measure_comm is True
     path = tmp_path / "c.toml"
@@ -281,9 +199,8 @@ def test_every_trainable_parameter_gets_a_gradient(tmp_path, objective):
             seen[named[p]] = p.grad is not None and bool(p.grad.abs().sum() > 0)
 
     trainer.engine.optimizer.register_step_pre_hook(record)
-    res = trainer.engine.train_step(
-        trainer.task.micro_batches(0), trainer.task.loss, trainer.task.counts
-    )
+    res = trainer.engine.train_step(trainer.task.micro_batches(0), trainer.task.loss,
+                                    trainer.task.counts)
     assert not res.skipped and seen and all(seen.values()), [n for n, ok in seen.items() if not ok]
     assert any("seq_relationship" in n for n in seen) == (objective == "mlm+nsp")
 

@@ -31,27 +31,22 @@ def test_every_name_and_alias_finds_its_module():
 
 
 def test_each_task_refuses_the_flags_it_does_not_take(tmp_path):
-    with pytest.raises(
-        BertgpuError, match="^--text-field, --regression: only for finetune classify and ner"
-    ):
-        task_module("sst2").check_request(
-            JobRequest("sst2", tmp_path, text_field="x", regression=True)
-        )
+    with pytest.raises(BertgpuError,
+                       match="^--text-field, --regression: only for finetune classify and ner"):
+        task_module("sst2").check_request(JobRequest("sst2", tmp_path, text_field="x",
+                                                     regression=True))
     with pytest.raises(BertgpuError, match="^--label-field: only for finetune classify and ner"):
         task_module("squad").check_request(JobRequest("squad", tmp_path, label_field="y"))
     with pytest.raises(BertgpuError, match="^finetune sst-2: --data is required"):
         task_module("sst-2").check_request(JobRequest("sst-2"))
-    with pytest.raises(
-        BertgpuError, match=r"^finetune classify: takes --train-file and --dev-file \(not --data"
-    ):
+    with pytest.raises(BertgpuError,
+                       match=r"^finetune classify: takes --train-file and --dev-file \(not --data"):
         task_module("classify").check_request(JobRequest("classify", tmp_path))
-    with pytest.raises(
-        BertgpuError, match="^finetune ner: --train-file and --dev-file are required"
-    ):
+    with pytest.raises(BertgpuError,
+                       match="^finetune ner: --train-file and --dev-file are required"):
         task_module("ner").check_request(JobRequest("ner"))
-    with pytest.raises(
-        BertgpuError, match="^finetune ner: --text-pair-field and --regression are for classify"
-    ):
+    with pytest.raises(BertgpuError,
+                       match="^finetune ner: --text-pair-field and --regression are for classify"):
         task_module("ner").check_request(JobRequest("ner", regression=True))
 
 
@@ -64,9 +59,8 @@ def _task_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertgpu.tasks."):
             found.add(node.module.split(".")[2])
         elif isinstance(node, ast.Import):
-            found |= {
-                a.name.split(".")[2] for a in node.names if a.name.startswith("bertgpu.tasks.")
-            }
+            found |= {a.name.split(".")[2] for a in node.names
+                      if a.name.startswith("bertgpu.tasks.")}
     return found - {path.stem}
 
 
@@ -84,7 +78,6 @@ def test_task_modules_import_no_circles():
 
     for name in sorted(graph):
         visit(name, ())
-    for (
-        name
-    ) in JOB_MODULES:  # a task module uses the shared modules and glue's table, no other task
+    # a task module uses the shared modules and glue's table, no other task
+    for name in JOB_MODULES:
         assert not (graph[name] & (JOB_MODULES - {name})), (name, graph[name])

@@ -52,9 +52,8 @@ def test_no_warmup_and_full_warmup():
     assert lr_factor(0.0, 0.0, "linear") == 1.0
     assert lr_factor(1.0, 0.0, "cosine") == pytest.approx(0.0)
     assert lr_factor(0.5, 1.0, "linear") == pytest.approx(0.5)
-    assert lr_factor(0.5, 0.5, "polynomial", power=1.0) == pytest.approx(
-        lr_factor(0.5, 0.5, "linear")
-    )
+    assert (lr_factor(0.5, 0.5, "polynomial", power=1.0)
+            == pytest.approx(lr_factor(0.5, 0.5, "linear")))
     with pytest.raises(BertgpuError, match="schedule.decay"):
         lr_factor(0.5, 0.1, "exponential")
 
@@ -115,9 +114,8 @@ def test_wsd_shape():
     assert f(1.0) == pytest.approx(0.2)
     ps = [0.75 + i / 400 for i in range(101)]
     vals = [f(p) for p in ps]
-    assert all(
-        a > b for a, b in zip(vals[:-1], vals[1:], strict=True)
-    )  # strictly decreasing when decaying
+    # strictly decreasing when decaying
+    assert all(a > b for a, b in zip(vals[:-1], vals[1:], strict=True))
     # 1 - sqrt falls fastest at the start of the decay: below the straight line throughout
     assert all(v < 1 - 0.8 * i / 100 for i, v in enumerate(vals) if 0 < i < 100)
 
@@ -131,8 +129,7 @@ def test_wsd_decay_never_eats_the_warmup():
 
 
 def test_schedule_carries_the_wsd_decay_fraction():
-    sched = Schedule(
-        peak_lr=2.0, decay="wsd", warmup_fraction=0.1, max_steps=100, decay_fraction=0.5
-    )
+    sched = Schedule(peak_lr=2.0, decay="wsd", warmup_fraction=0.1, max_steps=100,
+                     decay_fraction=0.5)
     assert sched.lr(0.4, 40) == 2.0
     assert sched.lr(0.75, 75) == pytest.approx(2.0 * (1 - math.sqrt(0.5)))

@@ -196,9 +196,8 @@ def test_answer_outside_window_and_impossible_map_to_cls(tok: Tokenizer) -> None
     inside = [f for f in range(len(feats)) if feats.start_positions[f] != 0]
     assert 1 <= len(inside) < len(feats)
     for f in inside:
-        assert (
-            _span_text(ex, feats, f, feats.start_positions[f], feats.end_positions[f]) == "town40"
-        )
+        assert _span_text(ex, feats, f, feats.start_positions[f],
+                          feats.end_positions[f]) == "town40"
     imp = SquadExample("x", "t", ex.question, ex.context, (), (), is_impossible=True)
     feats = featurize([imp], tok, max_seq_len=48, doc_stride=12, is_training=True)
     assert not feats.start_positions.any() and not feats.end_positions.any()
@@ -299,9 +298,8 @@ def test_v2_null_threshold(tok: Tokenizer) -> None:
     assert [d["text"] for d in nbest["long"]][:2] == ["town5", ""]
     # null - best is about -2: a threshold below that predicts no answer, above keeps the span.
     assert postprocess([ex], feats, sl, el, version_2=True, null_threshold=-3.0)[0]["long"] == ""
-    assert (
-        postprocess([ex], feats, sl, el, version_2=True, null_threshold=-1.0)[0]["long"] == "town5"
-    )
+    assert postprocess([ex], feats, sl, el, version_2=True,
+                       null_threshold=-1.0)[0]["long"] == "town5"
     # v1 ignores the null score entirely
     assert postprocess([ex], feats, sl, el, null_threshold=-3.0)[0]["long"] == "town5"
     # The null score is the minimum over windows: one window with a low [CLS] score decides.

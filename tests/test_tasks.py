@@ -147,15 +147,13 @@ def test_errors_name_file_line_and_problem(tmp_path: Path) -> None:
     with pytest.raises(BertgpuError, match=r"train.tsv: no examples"):
         read_examples("sst2", header_only)
 
-    no_col = _write(
-        tmp_path / "QNLI" / "dev.tsv", "index\tquestion\tsentnce\tlabel\n0\tq\ts\tentailment\n"
-    )
+    no_col = _write(tmp_path / "QNLI" / "dev.tsv",
+                    "index\tquestion\tsentnce\tlabel\n0\tq\ts\tentailment\n")
     with pytest.raises(BertgpuError, match=r"dev.tsv:1: missing column 'sentence' for GLUE QNLI"):
         read_examples("qnli", no_col)
 
-    empty_label = _write(
-        tmp_path / "WNLI" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\t\n"
-    )
+    empty_label = _write(tmp_path / "WNLI" / "dev.tsv",
+                         "index\tsentence1\tsentence2\tlabel\n0\ta\tb\t\n")
     with pytest.raises(BertgpuError, match=r"dev.tsv:2: empty WNLI label column 'label'"):
         read_examples("wnli", empty_label)
 

@@ -27,10 +27,8 @@ TEXTS = [
     "  spaces\tand\ncontrol\u0007 characters  ",
     "東京 is the capital; ümlaut ÅNGSTRÖM.",
 ]
-PAIRS = [
-    ("What does the if statement do?", "It selects exactly one of the suites."),
-    ("我爱", "Café"),
-]
+PAIRS = [("What does the if statement do?", "It selects exactly one of the suites."),
+         ("我爱", "Café")]
 
 
 @pytest.fixture(scope="module")
@@ -74,22 +72,16 @@ def test_autotokenizer_encodes_exactly_like_load_tokenizer(which, request):
         assert ref["token_type_ids"] == enc.type_ids
         first_sep = enc.ids.index(3)
         assert enc.type_ids == [0] * (first_sep + 1) + [1] * (len(enc.ids) - first_sep - 1)
-    assert hf.convert_tokens_to_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) == [
-        0,
-        1,
-        2,
-        3,
-        4,
-    ]
+    assert (hf.convert_tokens_to_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+            == [0, 1, 2, 3, 4])
 
 
 def test_chinese_split_char_by_char_and_case_handling(uncased, cased):
     tokens = load_tokenizer(uncased).encode("我爱自然语言处理").tokens
     assert tokens == ["[CLS]", *"我爱自然语言处理", "[SEP]"]
     low = load_tokenizer(uncased).encode("Café STATEMENT").tokens
-    assert (
-        "".join(low).replace("##", "") == "[CLS]cafestatement[SEP]"
-    )  # lower-cased, accent stripped
+    # lower-cased, accent stripped
+    assert "".join(low).replace("##", "") == "[CLS]cafestatement[SEP]"
     keep = load_tokenizer(cased).encode("Café STATEMENT").tokens
     assert "é" in "".join(keep) and "S" in "".join(keep)
     assert is_lowercase(uncased) and not is_lowercase(cased)
@@ -162,12 +154,10 @@ def test_training_twice_gives_byte_identical_folders(tmp_path):
     randomly seeded hash order; `_initial_vocabulary` pins them (issue 11). Before that, two
     trainings in one process differed in vocab.txt and tokenizer.json."""
     corpus = tokenizer_corpus(tmp_path / "corpus")
-    first = train_tokenizer(
-        [corpus], tmp_path / "a", vocab_size=1500, min_frequency=1, limit_alphabet=60
-    )
-    second = train_tokenizer(
-        [corpus], tmp_path / "b", vocab_size=1500, min_frequency=1, limit_alphabet=60
-    )
+    first = train_tokenizer([corpus], tmp_path / "a", vocab_size=1500, min_frequency=1,
+                            limit_alphabet=60)
+    second = train_tokenizer([corpus], tmp_path / "b", vocab_size=1500, min_frequency=1,
+                             limit_alphabet=60)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     vocab = (first / "vocab.txt").read_text(encoding="utf-8").splitlines()

@@ -19,9 +19,8 @@ from bertgpu.data.shards import ShardSet
 from bertgpu.data.tokenizer import train_tokenizer
 from bertgpu.errors import BertgpuError
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jieba") is None, reason="jieba not installed"
-)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("jieba") is None,
+                                reason="jieba not installed")
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +57,8 @@ def test_word_starts_follow_jieba_and_leave_the_tokens_alone(zh, tmp_path, objec
     shards, rows = _rows(tmp_path / "seg")
     _, plain_rows = _rows(tmp_path / "plain")
     assert shards.has_word_starts and "word_starts" not in plain_rows
-    np.testing.assert_array_equal(
-        rows["input_ids"], plain_rows["input_ids"]
-    )  # same tokens, same pairs
+    # same tokens, same pairs
+    np.testing.assert_array_equal(rows["input_ids"], plain_rows["input_ids"])
     assert rows["word_starts"].shape == rows["input_ids"].shape
     if objective == "mlm":
         # Every character of this text is one token, so the first row's flags are jieba's word
@@ -109,24 +107,11 @@ def test_masking_takes_whole_jieba_words(zh, tmp_path):
 def test_missing_jieba_is_a_one_line_error(zh, tmp_path, monkeypatch, capsys):
     corpus, tok = zh
     monkeypatch.setitem(sys.modules, "jieba", None)  # import jieba now raises ImportError
-    with pytest.raises(
-        BertgpuError,
-        match=r"jieba package is not installed; expected `pip install 'bertgpu\[zh\]'`",
-    ):
+    with pytest.raises(BertgpuError, match=r"jieba package is not installed; expected `pip install "
+                                           r"'bertgpu\[zh\]'`"):
         prepare([corpus], tok, tmp_path / "d", segmenter="jieba")
-    code = cli_main(
-        [
-            "prepare",
-            "--corpus",
-            str(corpus),
-            "--tokenizer",
-            str(tok),
-            "--out",
-            str(tmp_path / "d"),
-            "--whole-word-segmenter",
-            "jieba",
-        ]
-    )
+    code = cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok),
+                     "--out", str(tmp_path / "d"), "--whole-word-segmenter", "jieba"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--whole-word-segmenter jieba" in err
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.tmp").exists()

@@ -61,11 +61,8 @@ class BatchMeta:
         import torch
 
         device = torch.device(device)
-        moved = {
-            f.name: v.to(device, non_blocking=non_blocking)
-            for f in fields(self)
-            if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device
-        }
+        moved = {f.name: v.to(device, non_blocking=non_blocking)
+                 for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
         return replace(self, **moved) if moved else self
 
     def pin_memory(self) -> BatchMeta:

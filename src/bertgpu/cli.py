@@ -28,10 +28,8 @@ from bertgpu.errors import BertgpuError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "tokenizer": (
-        "bertgpu.data.tokenizer",
-        "train a WordPiece vocabulary (AutoTokenizer-loadable)",
-    ),
+    "tokenizer": ("bertgpu.data.tokenizer",
+                  "train a WordPiece vocabulary (AutoTokenizer-loadable)"),
     "prepare": ("bertgpu.data.prepare", "stream raw text into token shards with a manifest"),
     "pretrain": ("bertgpu.pretrain", "pretrain BERT (MLM or MLM+NSP) on 1 or N devices"),
     "export": ("bertgpu.export", "write a run's checkpoint in the Hugging Face layout"),
@@ -39,10 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("bertgpu.glue", "fine-tune on GLUE tasks x seeds and write the GLUE-dev table"),
     "bench": ("bertgpu.bench", "throughput, MFU and scaling benchmarks"),
     "report": ("bertgpu.report", "markdown report with tables and plots of runs and evaluations"),
-    "watch": (
-        "bertgpu.watch",
-        "live terminal view of a run: loss, speed, ETA, GPUs (--once: one frame)",
-    ),
+    "watch": ("bertgpu.watch",
+              "live terminal view of a run: loss, speed, ETA, GPUs (--once: one frame)"),
     "demo": ("bertgpu.demo", "the whole pipeline, tiny, offline, on a CPU in minutes"),
 }
 
@@ -70,10 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(
-            f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}",
-            file=sys.stderr,
-        )
+        print(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}",
+              file=sys.stderr)
         return 2
     module_name, text = COMMANDS[name]
     module = importlib.import_module(module_name)
@@ -95,12 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             module.check_before_launch(args, n)
             if n > 1:
                 hint = getattr(module, "resume_hint", None)
-                return launcher.launch_local(
-                    n,
-                    [name, *strip_launch_flags(rest)],
-                    max_restarts=args.max_restarts,
-                    resume_hint=(lambda: hint(args)) if hint else None,
-                )
+                return launcher.launch_local(n, [name, *strip_launch_flags(rest)],
+                                             max_restarts=args.max_restarts,
+                                             resume_hint=(lambda: hint(args)) if hint else None)
         return int(module.main(args) or 0)
     except BertgpuError as exc:
         print(f"bertgpu {name}: error: {exc}", file=sys.stderr)

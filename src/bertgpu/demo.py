@@ -37,17 +37,14 @@ FILL_MASK_SENTENCES = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo_out", help="folder for everything the demo writes")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="pretraining steps (default: the recipe's)"
-    )
+    parser.add_argument("--steps", type=int, default=None,
+                        help="pretraining steps (default: the recipe's)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary size")
-    parser.add_argument(
-        "--skip-finetune", action="store_true", help="stop after export and fill-mask"
-    )
+    parser.add_argument("--skip-finetune", action="store_true",
+                        help="stop after export and fill-mask")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds")
-    parser.add_argument(
-        "--fresh", action="store_true", help="delete --out first (otherwise stages resume)"
-    )
+    parser.add_argument("--fresh", action="store_true",
+                        help="delete --out first (otherwise stages resume)")
 
 
 def _stage(title: str) -> float:
@@ -64,9 +61,8 @@ def _recipe() -> Path:
     candidate = ROOT / "configs" / RECIPE
     if candidate.is_file():
         return candidate
-    raise BertgpuError(
-        f"configs/{RECIPE}: not found next to the package; run the demo from a source checkout"
-    )
+    raise BertgpuError(f"configs/{RECIPE}: not found next to the package; run the demo from a "
+                       "source checkout")
 
 
 def _train_curve(run_dir: Path) -> list[dict[str, Any]]:
@@ -81,7 +77,8 @@ def fill_mask(hf_dir: Path, sentences: list[str], top_k: int = 3) -> list[tuple[
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a weight-loading bar per call would clutter the demo's output
+    # a weight-loading bar per call would clutter the demo's output
+    hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForMaskedLM.from_pretrained(hf_dir).eval()
     results = []
@@ -112,25 +109,25 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
     beats = sum(bool(c.get("beats_spread")) for c in verdicts)
     text = render_markdown([("table", header, cells)]).rstrip()
     sizes = {r["task"]: f"{r['train_examples']} train, {r['dev_examples']} dev" for r in rows}
-    return "\n".join(
-        [
-            f"    polarity: movie-review sentences, positive or negative ({sizes['polarity']}), scored like SST-2",
-            f"    lee: similarity of 50 news documents, pairs rated by people ({sizes['lee']}), scored like STS-B",
-            "",
-            *("    " + line for line in text.splitlines()),
-            "",
-            f"    Seeds {', '.join(map(str, seeds))} change the fresh head (and the twin's weights) and the data order; "
-            "the\n    seed spread is the larger max - min of the two rows. Pretraining beats its random twin by more "
-            f"than the\n    spread on {beats} of {len(verdicts)} sets."
-            + (
-                ""
-                if beats == len(verdicts)
-                else " At this size and budget (a tiny model, a few CPU minutes on 106 articles) a\n    difference "
-                "within the spread is seed noise, not a benefit; what the minutes bought is the held-out MLM\n    loss "
-                "above. `bertgpu bench quality` measures both for any recipes and corpus, on a GPU too."
-            ),
-        ]
-    )
+    return "\n".join([
+        f"    polarity: movie-review sentences, positive or negative ({sizes['polarity']}), scored "
+        "like SST-2",
+        f"    lee: similarity of 50 news documents, pairs rated by people ({sizes['lee']}), scored "
+        "like STS-B",
+        "",
+        *("    " + line for line in text.splitlines()),
+        "",
+        f"    Seeds {', '.join(map(str, seeds))} change the fresh head (and the twin's weights) "
+        "and the data order; the\n"
+        "    seed spread is the larger max - min of the two rows. Pretraining beats its random "
+        f"twin by more than the\n    spread on {beats} of {len(verdicts)} sets."
+        + ("" if beats == len(verdicts) else
+           " At this size and budget (a tiny model, a few CPU minutes on 106 articles) a\n"
+           "    difference within the spread is seed noise, not a benefit; what the minutes bought "
+           "is the held-out MLM\n"
+           "    loss above. `bertgpu bench quality` measures both for any recipes and corpus, on a "
+           "GPU too."),
+    ])
 
 
 def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size: int) -> None:
@@ -141,9 +138,8 @@ def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size:
     t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}")
     if not tok_dir.exists():
         train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
-    print(
-        f"    {tok_dir}: {sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces"
-    )
+    print(f"    {tok_dir}: "
+          f"{sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces")
     _done(t0)
 
     t0 = _stage("2. bertgpu prepare --objective mlm --seq-len 128")
@@ -151,10 +147,9 @@ def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size:
         prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm", validation_fraction=0.05)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     splits = manifest["splits"]
-    print(
-        f"    {manifest['counts']['documents']} documents -> {splits['train']['sequences']:,} train / "
-        f"{splits['validation']['sequences']:,} validation sequences of {manifest['seq_len']} tokens"
-    )
+    print(f"    {manifest['counts']['documents']} documents -> {splits['train']['sequences']:,} "
+          f"train / {splits['validation']['sequences']:,} validation sequences of "
+          f"{manifest['seq_len']} tokens")
     _done(t0)
 
 
@@ -163,21 +158,17 @@ def _pretraining_table(run_dir: Path) -> str:
     curve = _train_curve(run_dir)
     train = [r for r in curve if r["kind"] == "train"]
     evals = [r for r in curve if r["kind"] == "eval"]
-    lines = [
-        "",
-        "    how pretraining went (metrics.jsonl):",
-        "    | step | train MLM loss | train MLM acc | val MLM loss | val MLM acc |",
-        "    |---:|---:|---:|---:|---:|",
-    ]
+    lines = ["", "    how pretraining went (metrics.jsonl):",
+             "    | step | train MLM loss | train MLM acc | val MLM loss | val MLM acc |",
+             "    |---:|---:|---:|---:|---:|"]
     by_step = {r["step"]: r for r in evals}
     shown = [train[0]] + [r for r in train[1:] if r["step"] in by_step] if train else []
     for r in shown:
         e = by_step.get(r["step"], {})
         val_loss = f"{e['val_mlm_loss']:.3f}" if "val_mlm_loss" in e else ""
         val_acc = f"{e['val_mlm_acc']:.1%}" if "val_mlm_acc" in e else ""
-        lines.append(
-            f"    | {r['step']} | {r['loss']:.3f} | {r.get('mlm_acc', 0):.1%} | {val_loss} | {val_acc} |"
-        )
+        lines.append(f"    | {r['step']} | {r['loss']:.3f} | {r.get('mlm_acc', 0):.1%} | "
+                     f"{val_loss} | {val_acc} |")
     return "\n".join(lines)
 
 
@@ -198,14 +189,8 @@ def main(args: argparse.Namespace) -> int:
     _tokenizer_and_shards(wiki, tok_dir, data_dir, args.vocab_size)
 
     t0 = _stage(f"3. bertgpu pretrain configs/{RECIPE}")
-    overrides = [
-        "--data",
-        str(data_dir),
-        "--out",
-        str(run_dir),
-        "--model.vocab_size",
-        str(args.vocab_size),
-    ]
+    overrides = ["--data", str(data_dir), "--out", str(run_dir),
+                 "--model.vocab_size", str(args.vocab_size)]
     if args.steps:
         overrides += ["--train.max_steps", str(args.steps)]
     cfg = schema.load_config(_recipe(), overrides)
@@ -226,7 +211,6 @@ def main(args: argparse.Namespace) -> int:
         _done(t0)
 
     print(f"\ndemo finished in {time.perf_counter() - t_all:.0f} s; everything is under {out}/")
-    print(
-        f"  tokenizer {tok_dir}/  shards {data_dir}/  run {run_dir}/  Hugging Face export {hf_dir}/"
-    )
+    print(f"  tokenizer {tok_dir}/  shards {data_dir}/  run {run_dir}/  Hugging Face "
+          f"export {hf_dir}/")
     return 0

@@ -19,9 +19,8 @@ from bertgpu.errors import BertgpuError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out)")
     parser.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
-    parser.add_argument(
-        "--step", type=int, default=None, help="checkpoint step (default: the latest)"
-    )
+    parser.add_argument("--step", type=int, default=None,
+                        help="checkpoint step (default: the latest)")
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
@@ -39,9 +38,8 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
     if step is None:
-        ckpt = latest_checkpoint(
-            run_dir
-        )  # the newest good one; damaged newer ones are warned about
+        # the newest good one; damaged newer ones are warned about
+        ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/")
     else:

@@ -93,21 +93,15 @@ def find_tokenizer(init: str | os.PathLike[str]) -> Path:
 def _tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Path:
     if init == "random":
         if config_from is None:
-            raise BertgpuError(
-                "--init random needs --config-from FOLDER (a run, checkpoint or HF folder)"
-            )
+            raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint "
+                               "or HF folder)")
         return find_tokenizer(config_from)
     return find_tokenizer(init)
 
 
-def build_model(
-    init: str,
-    head: str,
-    num_labels: int | None,
-    cfg: FinetuneConfig,
-    config_from: str | None = None,
-    labels: Sequence[str] | None = None,
-) -> torch.nn.Module:
+def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfig,
+                config_from: str | None = None,
+                labels: Sequence[str] | None = None) -> torch.nn.Module:
     """The task model: pretrained weights from `init` (fresh head, listed in a warning), or with
     `init == "random"` the architecture of `config_from` with fresh weights. `labels`: the class
     names by id, exported as config.json's id2label / label2id."""
@@ -119,33 +113,24 @@ def build_model(
     if cfg.hidden_dropout_prob is not None:
         # BERT's hidden dropout, or what the architecture calls the same places (ModernBERT:
         # embedding and MLP dropout).
-        source = hf_io.read_config(
-            hf_io.resolve_checkpoint_folder(config_from if init == "random" else init)
-        )
+        source = hf_io.read_config(hf_io.resolve_checkpoint_folder(config_from if init == "random" else init))
         spec = build.spec(build.architecture_of(source))
-        names = (
-            ("hidden_dropout_prob",)
-            if "hidden_dropout_prob" in spec.config_class.__dataclass_fields__
-            else spec.equivalents["hidden_dropout_prob"]
-        )
+        names = (("hidden_dropout_prob",)
+                 if "hidden_dropout_prob" in spec.config_class.__dataclass_fields__
+                 else spec.equivalents["hidden_dropout_prob"])
         overrides = dict.fromkeys(names, cfg.hidden_dropout_prob)
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
     if init != "random":
-        model = hf_io.load_pretrained(
-            init, head=head, num_labels=num_labels, config_overrides=overrides
-        )
+        model = hf_io.load_pretrained(init, head=head, num_labels=num_labels,
+                                      config_overrides=overrides)
     else:
         if config_from is None:
-            raise BertgpuError(
-                "--init random needs --config-from FOLDER (a run, checkpoint or HF folder)"
-            )
+            raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint "
+                               "or HF folder)")
         folder = hf_io.resolve_checkpoint_folder(config_from)
         d = {**hf_io.read_config(folder), **(overrides or {})}
-        for key in (
-            "id2label",
-            "label2id",
-            "num_labels",
-        ):  # the labels are this task's, not the folder's
+        # the labels are this task's, not the folder's
+        for key in ("id2label", "label2id", "num_labels"):
             d.pop(key, None)
         try:
             model = build.build_model(d, head, num_labels or (None if head == "qa" else 2))
@@ -160,52 +145,31 @@ def build_model(
 # Entry points
 
 
-def finetune(
-    task: str,
-    data: str | os.PathLike[str] | None,
-    init: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    cfg: FinetuneConfig | None = None,
-    overrides: list[str] | None = None,
-    *,
-    config_from: str | os.PathLike[str] | None = None,
-    train_file: str | os.PathLike[str] | None = None,
-    dev_file: str | os.PathLike[str] | None = None,
-    predict_test: bool = False,
-    text_field: str | None = None,
-    text_pair_field: str | None = None,
-    label_field: str | None = None,
-    regression: bool = False,
-) -> dict[str, Any]:
+def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.PathLike[str],
+             out: str | os.PathLike[str], cfg: FinetuneConfig | None = None,
+             overrides: list[str] | None = None, *,
+             config_from: str | os.PathLike[str] | None = None,
+             train_file: str | os.PathLike[str] | None = None,
+             dev_file: str | os.PathLike[str] | None = None,
+             predict_test: bool = False, text_field: str | None = None,
+             text_pair_field: str | None = None, label_field: str | None = None,
+             regression: bool = False) -> dict[str, Any]:
     """Fine-tune on GLUE task `task` (any alias), `squad` / `squad2`, or your own files (`classify`,
     `ner`) and return results.json's content. `data`: the GLUE root or task folder; for SQuAD a
     folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
     names and `regression` as tasks/classify.py and tasks/ner.py describe."""
     cfg = load_finetune_config(cfg, overrides)
-    request = JobRequest(
-        task,
-        data=data,
-        train_file=train_file,
-        dev_file=dev_file,
-        predict_test=predict_test,
-        text_field=text_field,
-        text_pair_field=text_pair_field,
-        label_field=label_field,
-        regression=regression,
-    )
+    request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file,
+                         predict_test=predict_test, text_field=text_field,
+                         text_pair_field=text_pair_field, label_field=label_field,
+                         regression=regression)
     module = task_module(task)
     module.check_request(request)  # flag errors before the tokenizer loads
     init_s = str(init)
     tok_dir = _tokenizer_for(init_s, config_from)
-    return _run(
-        lambda tokenizer: module.build_job(request, tokenizer, cfg),
-        init_s,
-        Path(out),
-        cfg,
-        tok_dir,
-        config_from,
-    )
+    return _run(lambda tokenizer: module.build_job(request, tokenizer, cfg), init_s, Path(out), cfg,
+                tok_dir, config_from)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -224,9 +188,8 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     tok_dir = _tokenizer_for(init_s, config_from)
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
-        job = examples_job(
-            t, list(train), [("dev", list(dev))], tokenizer, cfg, name or "in-memory examples"
-        )
+        job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, cfg,
+                           name or "in-memory examples")
         if name:
             job.name = name
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
@@ -261,49 +224,23 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     tokenizer = load_tokenizer(tok_dir)
     pad_id = tokenizer.token_to_id("[PAD]")
     if pad_id is None:
-        raise BertgpuError(
-            f"{tok_dir}: the tokenizer has no [PAD] token (expected a BERT vocabulary)"
-        )
+        raise BertgpuError(f"{tok_dir}: the tokenizer has no [PAD] token (expected a "
+                           "BERT vocabulary)")
     job, extra = job_fn(tokenizer)
     load_data_s = time.perf_counter() - t_load
-    model = build_model(
-        init,
-        job.head,
-        job.num_labels,
-        cfg,
-        str(config_from) if config_from else None,
-        labels=job.labels,
-    )
+    model = build_model(init, job.head, job.num_labels, cfg,
+                        str(config_from) if config_from else None, labels=job.labels)
     cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
     vocab = model.config.vocab_size
     if tokenizer.get_vocab_size() > vocab:
-        raise BertgpuError(
-            f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the "
-            f"model's config.json says vocab_size {vocab}; expected the model's own tokenizer"
-        )
-    identity = json.dumps(
-        {
-            "task": job.name,
-            **extra,
-            "init": init,
-            "config_from": str(config_from),
-            "config": config_to_dict(cfg),
-            "world_size": info.world_size,
-        },
-        sort_keys=True,
-    )
-    loop, task = _build_loop(
-        job,
-        model,
-        cfg,
-        info,
-        pad_id,
-        out.with_name(out.name + ".tmp"),
-        tok_dir,
-        identity,
-        init,
-        size_note,
-    )
+        raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
+                           f"the model's config.json says vocab_size {vocab}; expected the model's "
+                           "own tokenizer")
+    identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
+                           "config": config_to_dict(cfg), "world_size": info.world_size},
+                          sort_keys=True)
+    loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"),
+                             tok_dir, identity, init, size_note)
     timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
     result = loop.run()
     if result.preempted:
@@ -311,9 +248,8 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
-        results = _write_results(
-            job, task, loop, result, extra, cfg, init, config_from, tok_dir, out, info, timing
-        )
+        results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir,
+                                 out, info, timing)
     distributed.barrier()
     return results
 
@@ -347,70 +283,37 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     micro = cfg.micro_batch_size or max(cfg.global_batch_size // world, 1)
     accumulation = resolve_batch(cfg.global_batch_size, micro, world)
     per_epoch = steps_per_epoch(job, cfg.global_batch_size, world)
-    sec = as_sections(
-        cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch, micro_batch_size=micro
-    )
+    sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch,
+                      micro_batch_size=micro)
     model = model.to(torch.device(info.device))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
                                  impl=sec.impl, dist=sec.distributed)
     seed_dropout(cfg.seed, info.rank)
-    task = FinetuneTask(
-        job,
-        model,
-        pad_id=pad_id,
-        seed=cfg.seed,
-        global_batch_size=cfg.global_batch_size,
-        micro_batch_size=micro,
-        epochs=cfg.epochs,
-        eval_batch_size=cfg.eval_batch_size,
-        autocast=engine.autocast,
-        info=info,
-        work_dir=work if info.is_main else None,
-        export=lambda: save_pretrained(model, work / "model", tokenizer=tok_dir),
-    )
+    task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed,
+                        global_batch_size=cfg.global_batch_size, micro_batch_size=micro,
+                        epochs=cfg.epochs, eval_batch_size=cfg.eval_batch_size,
+                        autocast=engine.autocast, info=info,
+                        work_dir=work if info.is_main else None,
+                        export=lambda: save_pretrained(model, work / "model", tokenizer=tok_dir))
     seq = cfg.max_seq_len or (384 if job.head == "qa" else 128)
     rows = [
-        ("task", job.name),
-        ("init", init),
-        ("train sequences", f"{len(job.train):,}"),
+        ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
         ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
-        (
-            "global batch / micro / accumulation",
-            f"{cfg.global_batch_size} / {micro} / {accumulation}",
-        ),
+        ("global batch / micro / accumulation",
+         f"{cfg.global_batch_size} / {micro} / {accumulation}"),
         ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
-        (
-            "learning rate",
-            f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
-            f"{cfg.decay} decay" + _scaling_note(cfg) + ")",
-        ),
+        ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
+                          f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
     ]
-    lp = loop.Loop(
-        task,
-        model,
-        engine,
-        info,
-        run_dir=work,
-        train=sec.train,
-        schedule=sec.schedule,
-        peak_lr=lr,
-        checkpoint=sec.checkpoint,
-        dist=sec.distributed,
-        logging=sec.logging,
-        seed=cfg.seed,
-        config=config_to_dict(cfg),
-        title="bertgpu finetune",
-        startup_rows=rows,
-        checkpoint_files=lambda: {"finetune.json": identity},
-        final_checkpoint=False,
-        flops_per_token=flops.flops_per_token_from_config(
-            model.config, seq, mlm_fraction=0.0, with_nsp=False
-        ),
-        comm_timer=timer,
-        resume=resume,
-    )
+    lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
+                   peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
+                   seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune", startup_rows=rows,
+                   checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
+                   flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0,
+                                                                      with_nsp=False),
+                   comm_timer=timer, resume=resume)
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
@@ -422,20 +325,9 @@ def _scaling_note(cfg: FinetuneConfig) -> str:
     return f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
 
 
-def _write_results(
-    job: Job,
-    task: Any,
-    loop: Any,
-    result: Any,
-    extra: dict[str, Any],
-    cfg: FinetuneConfig,
-    init: str,
-    config_from: Any,
-    tok_dir: Path,
-    out: Path,
-    info: Any,
-    timing: dict[str, float],
-) -> dict[str, Any]:
+def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any],
+                   cfg: FinetuneConfig, init: str, config_from: Any, tok_dir: Path, out: Path,
+                   info: Any, timing: dict[str, float]) -> dict[str, Any]:
     """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed).
 
     Times (rank 0, seconds): `seconds` the whole run in this process; `load_seconds` tokenizer,
@@ -455,11 +347,7 @@ def _write_results(
     final = history[-1]
     best = max(history, key=lambda r: r["score"])
     # GLUE's results-table columns: each split's own score (the job's primary score of that split).
-    columns = {
-        ev.column: job.primary({ev.name: final["metrics"][ev.name]})
-        for ev in job.evals
-        if ev.column
-    }
+    columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]}) for ev in job.evals if ev.column}
     results = {
         "task": job.name, **extra, "init": init,
         "config_from": str(config_from) if config_from else None,
@@ -486,15 +374,9 @@ def _write_results(
     os.replace(tmp, work / "results.json")
     shutil.rmtree(work / "checkpoints", ignore_errors=True)
     replace_dir(work, out)
-    print(
-        f"{job.name}: "
-        + ", ".join(
-            f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
-            for s, m in final["metrics"].items()
-        )
-        + f" -> {out}",
-        flush=True,
-    )
+    print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
+                                      for s, m in final["metrics"].items()) + f" -> {out}",
+          flush=True)
     return results
 
 
@@ -505,7 +387,8 @@ def _device_name(device: str) -> str:
 
     if device.startswith("cuda"):
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    return f"{device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return (f"{device} ({platform.processor() or platform.machine()}, "
+            f"{torch.get_num_threads()} threads)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,83 +397,53 @@ def _device_name(device: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False  # else `--seed` would be taken for a prefix of a longer flag
-    parser.add_argument(
-        "task",
-        nargs="?",
-        help="GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, "
-        "wnli; any alias), squad / squad2, or classify / ner "
-        "(your own labelled files)",
-    )
-    parser.add_argument(
-        "--data", help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json"
-    )
-    parser.add_argument(
-        "--init", help="run folder, checkpoint folder, Hugging Face BERT folder, or random"
-    )
-    parser.add_argument(
-        "--config-from", help="with --init random: folder whose config.json (and tokenizer) to use"
-    )
+    parser.add_argument("task", nargs="?",
+                        help="GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli; any "
+                             "alias), squad / squad2, or classify / ner (your own labelled files)")
+    parser.add_argument("--data",
+                        help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json")
+    parser.add_argument("--init",
+                        help="run folder, checkpoint folder, Hugging Face BERT folder, or random")
+    parser.add_argument("--config-from",
+                        help="with --init random: folder whose config.json (and tokenizer) to use")
     parser.add_argument("--out", help="output folder (results.json, metrics.jsonl, model/)")
-    parser.add_argument(
-        "--train-file",
-        help="SQuAD training JSON (instead of --data); classify / ner: "
-        "the training file (.csv, .tsv, .jsonl; ner also CoNLL)",
-    )
-    parser.add_argument(
-        "--dev-file", help="SQuAD dev JSON (instead of --data); classify / ner: the dev file"
-    )
-    parser.add_argument(
-        "--text-field",
-        help="classify: text column (default text); ner: tokens column of "
-        ".jsonl/.csv files (default tokens)",
-    )
-    parser.add_argument(
-        "--text-pair-field", help="classify: second text column for pair tasks (default: none)"
-    )
-    parser.add_argument(
-        "--label-field",
-        help="classify: label column (default label); ner: tags column of "
-        ".jsonl/.csv files (default tags)",
-    )
+    parser.add_argument("--train-file",
+                        help="SQuAD training JSON (instead of --data); classify / ner: the "
+                             "training file (.csv, .tsv, .jsonl; ner also CoNLL)")
+    parser.add_argument("--dev-file",
+                        help="SQuAD dev JSON (instead of --data); classify / ner: the dev file")
+    parser.add_argument("--text-field",
+                        help="classify: text column (default text); ner: tokens column of "
+                             ".jsonl/.csv files (default tokens)")
+    parser.add_argument("--text-pair-field",
+                        help="classify: second text column for pair tasks (default: none)")
+    parser.add_argument("--label-field",
+                        help="classify: label column (default label); ner: tags column of "
+                             ".jsonl/.csv files (default tags)")
     parser.add_argument("--regression", action="store_true",
                         help="classify: labels are numeric scores (Pearson/Spearman), not classes")
-    parser.add_argument(
-        "--predict-test",
-        action="store_true",
-        help="GLUE: also write test-set predictions in leaderboard format to OUT/submission/",
-    )
+    parser.add_argument("--predict-test", action="store_true",
+                        help="GLUE: also write test-set predictions in leaderboard format to "
+                             "OUT/submission/")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
-    parser.epilog = (
-        "Overrides: --key value (or --train.key value), e.g. --epochs 3 --lr 2e-5 --seed 1"
-    )
+    parser.epilog = ("Overrides: --key value (or --train.key value), e.g. --epochs 3 --lr "
+                     "2e-5 --seed 1")
 
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers."""
-    missing = [
-        flag
-        for flag, v in (("TASK", args.task), ("--init", args.init), ("--out", args.out))
-        if not v
-    ]
+    missing = [flag for flag, v in (("TASK", args.task), ("--init", args.init),
+                                    ("--out", args.out)) if not v]
     if missing and not args.help_config:
-        raise BertgpuError(
-            f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init FOLDER --out DIR)"
-        )
+        raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init "
+                           "FOLDER --out DIR)")
     load_finetune_config(None, args.overrides)
     if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
-        task_module(args.task).check_request(
-            JobRequest(
-                args.task,
-                data=args.data,
-                train_file=args.train_file,
-                dev_file=args.dev_file,
-                predict_test=args.predict_test,
-                text_field=args.text_field,
-                text_pair_field=args.text_pair_field,
-                label_field=args.label_field,
-                regression=args.regression,
-            )
-        )
+        task_module(args.task).check_request(JobRequest(
+            args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,
+            predict_test=args.predict_test, text_field=args.text_field,
+            text_pair_field=args.text_pair_field, label_field=args.label_field,
+            regression=args.regression))
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -606,21 +459,12 @@ def main(args: argparse.Namespace) -> int:
         print(format_help(FinetuneConfig))
         return 0
     check_before_launch(args, 1)
-    res = finetune(
-        args.task,
-        args.data,
-        args.init,
-        args.out,
-        load_finetune_config(None, args.overrides),
-        config_from=args.config_from,
-        train_file=args.train_file,
-        dev_file=args.dev_file,
-        predict_test=args.predict_test,
-        text_field=args.text_field,
-        text_pair_field=args.text_pair_field,
-        label_field=args.label_field,
-        regression=args.regression,
-    )
+    res = finetune(args.task, args.data, args.init, args.out,
+                   load_finetune_config(None, args.overrides), config_from=args.config_from,
+                   train_file=args.train_file, dev_file=args.dev_file,
+                   predict_test=args.predict_test, text_field=args.text_field,
+                   text_pair_field=args.text_pair_field, label_field=args.label_field,
+                   regression=args.regression)
     return 143 if res.get("preempted") else 0
 
 

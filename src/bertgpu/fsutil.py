@@ -117,9 +117,8 @@ def seal(folder: Path, note: str = "", after_write: WriteHook | None = None) -> 
             continue
         files[path.name] = {"bytes": path.stat().st_size, "sha256": _digest_and_sync(path)}
     record = {"format": 1, "algorithm": "sha256", "files": files}
-    _write_synced(
-        folder / CHECKSUMS, json.dumps(record, indent=1, sort_keys=True) + "\n", after_write
-    )
+    _write_synced(folder / CHECKSUMS, json.dumps(record, indent=1, sort_keys=True) + "\n",
+                  after_write)
     _write_synced(folder / COMPLETE, note + "\n", after_write)
     fsync_dir(folder)
 

@@ -41,7 +41,8 @@ REFERENCES: dict[str, dict[str, Any]] = {
         "label": "BERT-base, Cramming protocol (published)",
         "columns": {},
         "average": "80.9",
-        "source": "Geiping & Goldstein 2022, Cramming: Training a Language Model on a Single GPU in One Day",
+        "source": "Geiping & Goldstein 2022, Cramming: Training a Language Model on a Single GPU "
+                  "in One Day",
         "note": "average only, as published",
     },
     "cramming-1gpu-24h": {
@@ -53,17 +54,8 @@ REFERENCES: dict[str, dict[str, Any]] = {
     },
     "sidsite-8gb": {
         "label": "BERT from scratch on one 8 GB GPU, ~100 h (published)",
-        "columns": {
-            "MNLI-m": 79.3,
-            "MNLI-mm": 80.1,
-            "SST-2": 89.1,
-            "STS-B": 61.9,
-            "RTE": 55.9,
-            "QNLI": 86.3,
-            "QQP": 86.4,
-            "MRPC": 74.8,
-            "CoLA": 41.0,
-        },
+        "columns": {"MNLI-m": 79.3, "MNLI-mm": 80.1, "SST-2": 89.1, "STS-B": 61.9, "RTE": 55.9,
+                    "QNLI": 86.3, "QQP": 86.4, "MRPC": 74.8, "CoLA": 41.0},
         "average": "72.7",
         "source": "sidsite.com, BERT from scratch on one 8 GB GPU",
         "note": "average as published",
@@ -73,32 +65,24 @@ REFERENCES: dict[str, dict[str, Any]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.allow_abbrev = False  # `--seed` must not be read as an abbreviation of `--seeds`
-    parser.add_argument(
-        "--data-dir", required=True, help="GLUE root: CoLA/, SST-2/, ... (official or HF layout)"
-    )
-    parser.add_argument(
-        "--init", required=True, help="run folder, checkpoint folder, HF BERT folder, or random"
-    )
-    parser.add_argument(
-        "--config-from", help="with --init random: folder whose config.json and tokenizer to use"
-    )
-    parser.add_argument(
-        "--out", required=True, help="output folder: TASK/seed_N/ runs and glue_results.{md,json}"
-    )
-    parser.add_argument(
-        "--tasks", nargs="+", help="tasks to run (default all nine), any alias: cola sst2 mnli ..."
-    )
-    parser.add_argument(
-        "--seeds", nargs="+", type=int, default=[1], help="fine-tuning seeds (default 1)"
-    )
+    parser.add_argument("--data-dir", required=True,
+                        help="GLUE root: CoLA/, SST-2/, ... (official or HF layout)")
+    parser.add_argument("--init", required=True,
+                        help="run folder, checkpoint folder, HF BERT folder, or random")
+    parser.add_argument("--config-from",
+                        help="with --init random: folder whose config.json and tokenizer to use")
+    parser.add_argument("--out", required=True,
+                        help="output folder: TASK/seed_N/ runs and glue_results.{md,json}")
+    parser.add_argument("--tasks", nargs="+",
+                        help="tasks to run (default all nine), any alias: cola sst2 mnli ...")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1],
+                        help="fine-tuning seeds (default 1)")
     parser.add_argument("--reference", nargs="*", default=[], choices=sorted(REFERENCES),
                         help="published rows to print beside ours")
-    parser.add_argument(
-        "--skip-missing", action="store_true", help="skip tasks whose folder is missing"
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="re-run task/seeds that already have results.json"
-    )
+    parser.add_argument("--skip-missing", action="store_true",
+                        help="skip tasks whose folder is missing")
+    parser.add_argument("--force", action="store_true",
+                        help="re-run task/seeds that already have results.json")
     parser.epilog = ("Fine-tuning overrides as in `bertgpu finetune`: --epochs 3 --lr 2e-5 "
                      "--global_batch_size 32 --max_seq_len 128 (--seed is set from --seeds)")
 
@@ -135,17 +119,15 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     if len(set(seeds)) != len(seeds):
         raise BertgpuError(f"--seeds {' '.join(map(str, seeds))}: each seed once")
     cfg = load_finetune_config(None, overrides)
-    if any(
-        w.lstrip("-").split("=")[0].replace("-", "_") in ("seed", "train.seed") for w in overrides
-    ):
+    if any(w.lstrip("-").split("=")[0].replace("-", "_") in ("seed", "train.seed")
+           for w in overrides):
         raise BertgpuError("--seed: use --seeds N [N ...] with bertgpu glue")
     chosen = [tasks_mod.get_task(t) for t in tasks] if tasks else list(tasks_mod.TASKS.values())
     chosen = list({t.key: t for t in chosen}.values())  # "mnli-m mnli-mm" is one task
     for name in references or []:
         if name not in REFERENCES:
-            raise BertgpuError(
-                f"--reference {name}: expected one of {', '.join(sorted(REFERENCES))}"
-            )
+            raise BertgpuError(f"--reference {name}: expected one of "
+                               f"{', '.join(sorted(REFERENCES))}")
     out = Path(out)
 
     # One process group for all runs; each run's DDP model is gone before it is torn down.
@@ -157,9 +139,8 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                 tasks_mod.find_split_file(data_dir, task, "train")
             except BertgpuError as e:
                 if not skip_missing:
-                    raise BertgpuError(
-                        f"{e} (pass --skip-missing to leave {task.name} out)"
-                    ) from None
+                    raise BertgpuError(f"{e} (pass --skip-missing to leave "
+                                       f"{task.name} out)") from None
                 skipped.append(task.name)
                 continue
             runs[task.name] = {}
@@ -168,10 +149,9 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                 done = run_dir / "results.json"
                 if done.is_file() and not force:
                     if distributed.is_main():
-                        print(
-                            f"{task.name} seed {seed}: results.json exists, not re-run (--force to redo)",
-                            flush=True,
-                        )
+                        print(f"{task.name} seed {seed}: results.json exists, not re-run (--force "
+                              "to redo)",
+                              flush=True)
                 else:
                     finetune.finetune(task.key, data_dir, init, run_dir, cfg,
                                       ["--seed", str(seed)], config_from=config_from)
@@ -226,10 +206,8 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
                       key=lambda c: (c != task.name and c != "MNLI-m", c))
         med_cols = {c: _median([r["columns"][c] for r in results.values()]) for c in cols}
         splits = list(next(iter(results.values()))["metrics"])
-        med_metrics = {
-            s: {m: _median([r["metrics"][s][m] for r in results.values()]) for m in task.metrics}
-            for s in splits
-        }
+        med_metrics = {s: {m: _median([r["metrics"][s][m] for r in results.values()]) for m in task.metrics}
+                       for s in splits}
         per_task[task.name] = {
             "columns": med_cols,
             "metrics": med_metrics,
@@ -276,17 +254,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         f"Model: `{summary['init']}`",
         "",
-        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr {'by model size' if p['lr'] is None else format(p['lr'], 'g')} ({p['decay']} decay, "
+        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr "
+        f"{'by model size' if p['lr'] is None else format(p['lr'], 'g')} ({p['decay']} decay, "
         f"{p['warmup_fraction']:.0%} warm-up), batch {p['global_batch_size']}, max_seq_len "
-        f"{p['max_seq_len']}, {p['precision']}, seeds {' '.join(map(str, p['seeds']))}; each cell is the "
-        f"{p['aggregate']} of the {p['checkpoint']} dev score.",
+        f"{p['max_seq_len']}, {p['precision']}, seeds {' '.join(map(str, p['seeds']))}; each cell "
+        f"is the {p['aggregate']} of the {p['checkpoint']} dev score.",
         "",
-        f'Average: "{summary["convention"]}" convention: {summary["convention_text"]}.',
+        f"Average: \"{summary['convention']}\" convention: {summary['convention_text']}.",
         "",
         "| model | " + " | ".join(cols) + " | average |",
         "|---|" + "---:|" * (len(cols) + 1),
-        "| ours | "
-        + " | ".join(_fmt(summary["columns"][c]) for c in cols)
+        "| ours | " + " | ".join(_fmt(summary["columns"][c]) for c in cols)
         + f" | {_fmt(summary['average'])} |",
     ]
     for ref in summary["references"]:
@@ -300,9 +278,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     for name, t in summary["tasks"].items():
         metrics = "; ".join(f"{s}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())
                             for s, m in t["metrics"].items())
-        seeds = ", ".join(
-            f"{s}: " + "/".join(f"{v:.1f}" for v in c.values()) for s, c in t["per_seed"].items()
-        )
+        seeds = ", ".join(f"{s}: " + "/".join(f"{v:.1f}" for v in c.values()) for s, c in t["per_seed"].items())
         lines.append(f"| {name} | {metrics} | {seeds} |")
     if summary["skipped"]:
         lines += ["", f"Skipped (no data folder): {', '.join(summary['skipped'])}."]

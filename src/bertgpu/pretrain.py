@@ -51,11 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "config.json)")
     parser.add_argument("--resume-optimizer", action="store_true",
                         help="with --init from a bertgpu run: also take its optimizer state")
-    parser.add_argument(
-        "--allow-data-change",
-        action="store_true",
-        help="resume even though the shard set or the masking differ from the checkpoint's",
-    )
+    parser.add_argument("--allow-data-change", action="store_true",
+                        help="resume even though the shard set or the masking differ from "
+                             "the checkpoint's")
     parser.epilog = (
         "Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
         "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR"
@@ -161,11 +159,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     init = _init_source(cfg, data, resume)
 
     # Batch arithmetic, validated before any model is built.
-    micro = (
-        _auto_micro_batch(cfg, data, info)
-        if impl.micro_batch_size == "auto"
-        else impl.micro_batch_size
-    )
+    micro = (_auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto"
+             else impl.micro_batch_size)
     accumulation = schema.resolve_batch(t.global_batch_size, micro, info.world_size)
     peak_lr = schema.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
@@ -174,21 +169,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                                                         info, init)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
-    eval_masking = MaskingConfig(
-        mask_rate=cfg.data.eval_mask_rate, whole_word=cfg.data.whole_word_masking
-    )
-    loader = PretrainLoader(
-        data.train,
-        masking,
-        t.global_batch_size,
-        micro,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=cfg.seed,
-        num_workers=impl.num_workers,
-        pin_memory=info.device.startswith("cuda"),
-        bucket_window=impl.bucket_window,
-    )
+    eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate,
+                                 whole_word=cfg.data.whole_word_masking)
+    loader = PretrainLoader(data.train, masking, t.global_batch_size, micro, rank=info.rank,
+                            world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
+                            pin_memory=info.device.startswith("cuda"),
+                            bucket_window=impl.bucket_window)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
@@ -232,9 +218,8 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     from bertgpu.train import continued
     from bertgpu.train.engine import build_engine, seed_dropout
 
-    torch.manual_seed(
-        cfg.seed
-    )  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    torch.manual_seed(cfg.seed)
     model = build_model(model_fields, "pretraining", with_nsp=with_nsp)
     rows: list[tuple[str, str]] = []
     if init is not None:
@@ -247,15 +232,8 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     model = model.to(torch.device(info.device))
     model.unpad_enable(cfg.impl.unpad)
     model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
-    engine, timer = build_engine(
-        model,
-        info,
-        lr=peak_lr,
-        train=cfg.train,
-        optim=cfg.optim,
-        impl=cfg.impl,
-        dist=cfg.distributed,
-    )
+    engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim,
+                                 impl=cfg.impl, dist=cfg.distributed)
     if init is not None and cfg.resume_optimizer:
         continued.load_optimizer_state(engine.optimizer, init, cfg.optim.name)
     seed_dropout(cfg.seed, info.rank)
@@ -273,9 +251,9 @@ def _flops_per_token(cfg: Any, data: Any) -> float:
     """Training FLOPs per real token, for MFU (the architecture's own count)."""
     from bertgpu.telemetry import flops
 
-    return flops.flops_per_token_from_config(
-        cfg.model, data.train.seq_len, mlm_fraction=cfg.data.mask_rate, with_nsp=data.with_nsp
-    )
+    return flops.flops_per_token_from_config(cfg.model, data.train.seq_len,
+                                             mlm_fraction=cfg.data.mask_rate,
+                                             with_nsp=data.with_nsp)
 
 
 def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, accumulation: int,
@@ -285,10 +263,8 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
     t, s, d, o = cfg.train, cfg.schedule, cfg.distributed, cfg.optim
     return [
         ("run folder", str(cfg.out)),
-        (
-            "data",
-            f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})",
-        ),
+        ("data",
+         f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
         ("model", _model_line(model, cfg.model)),
         ("micro batch per device", str(micro)),
         ("accumulation steps", str(accumulation)),
@@ -296,22 +272,11 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
         ("devices", str(info.world_size)),
         ("global batch (sequences/step)", str(t.global_batch_size)),
         ("tokens per step", f"{t.global_batch_size * seq:,}"),
-        (
-            "learning rate",
-            f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
-            f"{_warmup_text(cfg)}, {s.decay} decay)",
-        ),
-        *(
-            [
-                (
-                    "gradient all-reduce",
-                    f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
-                    f"comm hook {d.comm_hook}",
-                )
-            ]
-            if info.world_size > 1 and d.strategy == "ddp"
-            else []
-        ),
+        ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
+                          f"{_warmup_text(cfg)}, {s.decay} decay)"),
+        *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
+                                   f"comm hook {d.comm_hook}")]
+          if info.world_size > 1 and d.strategy == "ddp" else []),
         *([("sharding", _sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
     ]
 
@@ -345,10 +310,9 @@ def _warmup_text(cfg: Any) -> str:
 def _model_line(model: Any, c: Any) -> str:
     from bertgpu.models.shared import num_parameters
 
-    return (
-        f"{c.architecture}, {num_parameters(model) / 1e6:.1f} M parameters (L={c.num_hidden_layers}, "
-        f"H={c.hidden_size}, A={c.num_attention_heads}, V={c.vocab_size})"
-    )
+    return (f"{c.architecture}, {num_parameters(model) / 1e6:.1f} M parameters "
+            f"(L={c.num_hidden_layers}, H={c.hidden_size}, A={c.num_attention_heads}, "
+            f"V={c.vocab_size})")
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
@@ -361,16 +325,10 @@ def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
 
     t = cfg.train
     found = autobatch.find_pretrain_micro_batch(  # collective: the smallest over all ranks
-        cfg.model,
-        seq_len=data.train.seq_len,
-        device=torch.device(info.device),
-        dtype=t.precision,
-        with_nsp=data.with_nsp,
-        grad_ckpt=cfg.impl.gradient_checkpointing,
-        compile=cfg.impl.compile,
-        optimizer=cfg.optim.name,
-        max_batch=max(t.global_batch_size // info.world_size, 1),
-    )
+        cfg.model, seq_len=data.train.seq_len,
+        device=torch.device(info.device), dtype=t.precision, with_nsp=data.with_nsp,
+        grad_ckpt=cfg.impl.gradient_checkpointing, compile=cfg.impl.compile,
+        optimizer=cfg.optim.name, max_batch=max(t.global_batch_size // info.world_size, 1))
     micro, _ = autobatch.resolve_auto_batch(t.global_batch_size, info.world_size, found)
     if info.is_main:
         print(f"micro_batch_size auto: {found} fits, using {micro}", flush=True)

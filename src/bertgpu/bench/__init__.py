@@ -15,36 +15,24 @@ import argparse
 import importlib
 
 SUITES = {
-    "model": (
-        "bertgpu.bench.model",
-        "forward/backward/optimizer time, tokens/s, MFU, peak memory vs transformers",
-    ),
-    "scaling": (
-        "bertgpu.bench.scaling",
-        "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k",
-    ),
-    "quality": (
-        "bertgpu.bench.quality",
-        "held-out MLM loss and fine-tuned scores per recipe under one "
-        "budget, vs a random-init twin",
-    ),
-    "finetune-scaling": (
-        "bertgpu.bench.finetune_scaling",
-        "fine-tuning at 1..N workers x aggregation x optimizer: train/load/eval "
-        "time, speedup, efficiency, dev metric, time to target",
-    ),
+    "model": ("bertgpu.bench.model",
+              "forward/backward/optimizer time, tokens/s, MFU, peak memory vs transformers"),
+    "scaling": ("bertgpu.bench.scaling",
+                "tokens/s and scaling efficiency at 1..N workers, aggregation 1 vs k"),
+    "quality": ("bertgpu.bench.quality",
+                "held-out MLM loss and fine-tuned scores per recipe under one budget, vs a "
+                "random-init twin"),
+    "finetune-scaling": ("bertgpu.bench.finetune_scaling",
+                         "fine-tuning at 1..N workers x aggregation x optimizer: train/load/eval "
+                         "time, speedup, efficiency, dev metric, time to target"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "suite", choices=sorted(SUITES), help="; ".join(f"{k}: {v[1]}" for k, v in SUITES.items())
-    )
-    parser.add_argument(
-        "suite_args",
-        nargs=argparse.REMAINDER,
-        help="the suite's own options (bertgpu bench SUITE --help)",
-    )
+    parser.add_argument("suite", choices=sorted(SUITES),
+                        help="; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()))
+    parser.add_argument("suite_args", nargs=argparse.REMAINDER,
+                        help="the suite's own options (bertgpu bench SUITE --help)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,18 +9,14 @@ from typing import Any
 from bertgpu.errors import BertgpuError
 
 SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
-    ),
-    "small": dict(
-        hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048
-    ),
-    "base": dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
-    ),
-    "large": dict(
-        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
-    ),
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=512),
+    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  intermediate_size=2048),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                  intermediate_size=4096),
 }
 
 
@@ -51,9 +47,7 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str
 
     from bertgpu.batch import batch_meta
 
-    lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(
-        n, batch
-    )
+    lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -64,13 +58,9 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str
         pick = (torch.rand(batch, seq_len, generator=g) < 0.15) & mask.bool()
         pick[:, 0] = False
         labels = torch.where(pick, ids, torch.full_like(ids, -100))
-        b: dict[str, Any] = dict(
-            input_ids=ids,
-            attention_mask=mask,
-            token_type_ids=tt,
-            labels=labels,
-            next_sentence_label=torch.randint(0, 2, (batch,), generator=g),
-        )
+        b: dict[str, Any] = dict(input_ids=ids, attention_mask=mask, token_type_ids=tt,
+                                 labels=labels,
+                                 next_sentence_label=torch.randint(0, 2, (batch,), generator=g))
         b["batch_meta"] = batch_meta(mask, labels)
         out.append({k: v.to(device) for k, v in b.items()})
     return out

@@ -41,49 +41,24 @@ from bertgpu.models.bert.model import (
 )
 from bertgpu.models.shared import ModelOptions
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    hidden_dropout_prob=0.1,
-    attention_probs_dropout_prob=0.0,
-)
+TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.0)
 """Small enough to trace in about a second; dropout on, as in training."""
 
-TINY_MODERN = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    global_attn_every_n_layers=3,
-    local_attention=16,
-    pad_token_id=0,
-    attention_dropout=0.1,
-    mlp_dropout=0.1,
-    embedding_dropout=0.1,
-)
+TINY_MODERN = dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                   intermediate_size=64, max_position_embeddings=64, global_attn_every_n_layers=3,
+                   local_attention=16, pad_token_id=0, attention_dropout=0.1, mlp_dropout=0.1,
+                   embedding_dropout=0.1)
 """Layer 0 global, layers 1-2 in a 16-token window (the window matters at 32 tokens)."""
 
 # Ops whose result the host must wait for (or whose input the host must copy), by overload packet.
-SYNC_OPS = frozenset(
-    {
-        "aten._local_scalar_dense",  # .item(), bool(t), int(t), float(t)
-        "aten.nonzero",
-        "aten.masked_select",
-        "aten.unique_consecutive",
-        "aten._unique2",
-        "aten.unique_dim",
-        "aten.equal",
-        "aten.is_nonzero",
-        "aten.lift_fresh",
-        "aten.lift_fresh_copy",  # torch.tensor(python values)
-    }
-)
+SYNC_OPS = frozenset({
+    "aten._local_scalar_dense",  # .item(), bool(t), int(t), float(t)
+    "aten.nonzero", "aten.masked_select", "aten.unique_consecutive", "aten._unique2",
+    "aten.unique_dim", "aten.equal", "aten.is_nonzero",
+    "aten.lift_fresh", "aten.lift_fresh_copy",  # torch.tensor(python values)
+})
 
 
 class HostSyncCounter(TorchDispatchMode):
@@ -149,9 +124,8 @@ def _inputs(seed: int, B: int, T: int, lengths: list[int] | None) -> dict[str, A
     return dict(input_ids=ids, attention_mask=mask, token_type_ids=types, _g=g)
 
 
-def _mlm_batch(
-    seed: int, lengths: list[int] | None, rate: float, nsp: bool
-) -> tuple[dict[str, Any], dict[str, float]]:
+def _mlm_batch(seed: int, lengths: list[int] | None, rate: float,
+               nsp: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """A pretraining batch (MLM labels at `rate`, NSP labels if asked) with its BatchMeta, and its counts."""
     B, T = 4, 32
     b = _inputs(seed, B, T, lengths)
@@ -176,16 +150,13 @@ def _task_batch(seed: int, head: str) -> tuple[dict[str, Any], dict[str, float]]
         b["labels"] = torch.randint(0, 3, (B,), generator=g)
         count = float(B)
     elif head == "tok":
-        b["labels"] = torch.where(
-            b["attention_mask"].bool(),
-            torch.randint(0, 5, (B, T), generator=g),
-            torch.tensor(IGNORE_INDEX),
-        )
+        b["labels"] = torch.where(b["attention_mask"].bool(),
+                                  torch.randint(0, 5, (B, T), generator=g),
+                                  torch.tensor(IGNORE_INDEX))
         count = float((b["labels"] != IGNORE_INDEX).sum())
     else:
-        b.update(
-            start_positions=torch.tensor([3, 1, 40, 2]), end_positions=torch.tensor([5, 4, 41, 2])
-        )
+        b.update(start_positions=torch.tensor([3, 1, 40, 2]),
+                 end_positions=torch.tensor([5, 4, 41, 2]))
         count = float(B)
     b["batch_meta"] = batch_meta(b["attention_mask"])  # the fine-tuning collator's hook
     return b, {head: count}
@@ -201,42 +172,24 @@ def cases(device: torch.device) -> list[Case]:
     for padding, lengths in PADDINGS:
         for nsp in (True, False):
             b, counts = _mlm_batch(0, lengths, 0.2, nsp)
-            model = BertForPreTraining(
-                cfg, with_nsp=nsp, options=ModelOptions(unpad=padding == "unpadded")
-            )
+            model = BertForPreTraining(cfg, with_nsp=nsp,
+                                       options=ModelOptions(unpad=padding == "unpadded"))
             out.append(Case(f"pretraining {padding} {'mlm+nsp' if nsp else 'mlm'}", model, b,
                             _pretraining_loss, counts))
     for unpad in (False, True):
         b, counts = _task_batch(1, "cls")
         model = BertForSequenceClassification(cfg, num_labels=3, options=ModelOptions(unpad=unpad))
-        out.append(
-            Case(
-                f"classification {'unpadded' if unpad else 'padded'}",
-                model,
-                b,
-                _task_loss("cls"),
-                counts,
-            )
-        )
+        out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b,
+                        _task_loss("cls"), counts))
     b, counts = _task_batch(2, "tok")
-    out.append(
-        Case(
-            "token classification",
-            BertForTokenClassification(cfg, num_labels=5),
-            b,
-            _task_loss("tok"),
-            counts,
-        )
-    )
+    out.append(Case("token classification", BertForTokenClassification(cfg, num_labels=5), b,
+                    _task_loss("tok"), counts))
     b, counts = _task_batch(3, "qa")
-    out.append(
-        Case("question answering", BertForQuestionAnswering(cfg), b, _task_loss("qa"), counts)
-    )
+    out.append(Case("question answering", BertForQuestionAnswering(cfg), b,
+                    _task_loss("qa"), counts))
     out += _modernbert_cases()
-    return [
-        Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts)
-        for c in out
-    ]
+    return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts)
+            for c in out]
 
 
 def _modernbert_cases() -> list[Case]:
@@ -250,45 +203,21 @@ def _modernbert_cases() -> list[Case]:
     for padding, lengths in PADDINGS:
         b, counts = _mlm_batch(4, lengths, 0.3, nsp=False)
         model = mb.ModernBertForMaskedLM(cfg, options=ModelOptions(unpad=padding == "unpadded"))
-        out.append(
-            Case(f"modernbert pretraining {padding} mlm", model, b, _pretraining_loss, counts)
-        )
+        out.append(Case(f"modernbert pretraining {padding} mlm", model, b,
+                        _pretraining_loss, counts))
     for pooling, unpad in (("cls", False), ("mean", True)):
         b, counts = _task_batch(5, "cls")
-        model = mb.ModernBertForSequenceClassification(
-            ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling),
-            num_labels=3,
-            options=ModelOptions(unpad=unpad),
-        )
-        out.append(
-            Case(
-                f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}",
-                model,
-                b,
-                _task_loss("cls"),
-                counts,
-            )
-        )
+        model = mb.ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling),
+                                                       num_labels=3, options=ModelOptions(unpad=unpad))
+        out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}",
+                        model, b, _task_loss("cls"), counts))
     b, counts = _task_batch(6, "tok")
-    out.append(
-        Case(
-            "modernbert token classification",
-            mb.ModernBertForTokenClassification(cfg, num_labels=5),
-            b,
-            _task_loss("tok"),
-            counts,
-        )
-    )
+    out.append(Case("modernbert token classification",
+                    mb.ModernBertForTokenClassification(cfg, num_labels=5), b,
+                    _task_loss("tok"), counts))
     b, counts = _task_batch(7, "qa")
-    out.append(
-        Case(
-            "modernbert question answering",
-            mb.ModernBertForQuestionAnswering(cfg),
-            b,
-            _task_loss("qa"),
-            counts,
-        )
-    )
+    out.append(Case("modernbert question answering", mb.ModernBertForQuestionAnswering(cfg), b,
+                    _task_loss("qa"), counts))
     return out
 
 
@@ -324,16 +253,14 @@ def check(case: Case, autocast: Callable[[], Any] = nullcontext) -> Result:
     for r in explained.break_reasons:
         where = r.user_stack[-1] if getattr(r, "user_stack", None) else None
         first = str(r.reason).strip().splitlines()[0] if str(r.reason).strip() else "?"
-        reasons.append(
-            f"{first}" + (f" ({where.filename}:{where.lineno})" if where is not None else "")
-        )
+        reasons.append(f"{first}"
+                       + (f" ({where.filename}:{where.lineno})" if where is not None else ""))
     case.model.zero_grad(set_to_none=True)
     with HostSyncCounter() as counter:
         step(case.batch).backward()
     case.model.zero_grad(set_to_none=True)
-    return Result(
-        case.name, explained.graph_count, explained.graph_break_count, reasons, counter.ops
-    )
+    return Result(case.name, explained.graph_count, explained.graph_break_count, reasons,
+                  counter.ops)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -344,25 +271,22 @@ def main(args: argparse.Namespace) -> int:
     if dtype == "bf16":
         autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     torch.manual_seed(args.seed)
-    print(
-        f"bertgpu bench model --check-graph | torch {torch.__version__} | {device} {dtype} | tiny BERT and ModernBERT",
-        flush=True,
-    )
+    print(f"bertgpu bench model --check-graph | torch {torch.__version__} | {device} {dtype} | "
+          "tiny BERT and ModernBERT",
+          flush=True)
     results = [check(case, autocast) for case in cases(device)]
     width = max(len(r.name) for r in results)
     for r in results:
-        print(
-            f"{r.name:<{width}}  graph breaks: {r.breaks}  host syncs: {len(r.syncs)}", flush=True
-        )
+        print(f"{r.name:<{width}}  graph breaks: {r.breaks}  host syncs: {len(r.syncs)}",
+              flush=True)
         for reason in r.reasons:
             print(f"    break: {reason}")
         if r.syncs:
             print(f"    syncs: {', '.join(sorted(set(r.syncs)))}")
     bad = [r.name for r in results if not r.ok]
-    print(
-        f"{len(results) - len(bad)}/{len(results)} configurations compile to one graph without host syncs"
-        + (f"; not: {', '.join(bad)}" if bad else "")
-    )
+    print(f"{len(results) - len(bad)}/{len(results)} configurations compile to one graph without "
+          "host syncs"
+          + (f"; not: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
 
 

@@ -41,36 +41,14 @@ from bertgpu.errors import BertgpuError
 
 # The GPU table, run in order; "compile_models" lists who is compiled on the compile-on rows.
 GPU_PRESET: list[dict[str, Any]] = [
-    dict(
-        size="base",
-        micro_batch=128,
-        seq_len=128,
-        dtype="bf16",
-        compile=["off", "on"],
-        padding=["padded"],
-        compile_models=["bertgpu"],
-    ),
-    dict(
-        size="base",
-        micro_batch=32,
-        seq_len=512,
-        dtype="bf16",
-        compile=["off"],
-        padding=["padded", "unpadded"],
-        lengths="uniform",
-    ),
-    dict(
-        size="large",
-        micro_batch=64,
-        seq_len=128,
-        dtype="bf16",
-        compile=["off", "on"],
-        padding=["padded"],
-        compile_models=["bertgpu"],
-    ),
-    dict(
-        size="large", micro_batch=16, seq_len=512, dtype="bf16", compile=["off"], padding=["padded"]
-    ),
+    dict(size="base", micro_batch=128, seq_len=128, dtype="bf16", compile=["off", "on"],
+         padding=["padded"], compile_models=["bertgpu"]),
+    dict(size="base", micro_batch=32, seq_len=512, dtype="bf16", compile=["off"],
+         padding=["padded", "unpadded"], lengths="uniform"),
+    dict(size="large", micro_batch=64, seq_len=128, dtype="bf16", compile=["off", "on"],
+         padding=["padded"], compile_models=["bertgpu"]),
+    dict(size="large", micro_batch=16, seq_len=512, dtype="bf16", compile=["off"],
+         padding=["padded"]),
 ]
 
 
@@ -80,17 +58,15 @@ def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
         try:
             out = [kind(t) for t in items]
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma list of {kind.__name__}, found {text!r}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}, "
+                                             f"found {text!r}") from None
         if not out:
             raise argparse.ArgumentTypeError("expected at least one value")
         if choices is not None:
             bad = [t for t in out if t not in choices]
             if bad:
-                raise argparse.ArgumentTypeError(
-                    f"{bad[0]!r}: expected one of {', '.join(choices)}"
-                )
+                raise argparse.ArgumentTypeError(f"{bad[0]!r}: expected one of "
+                                                 f"{', '.join(choices)}")
         return out
     return parse
 
@@ -98,75 +74,46 @@ def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=["small"],
                         help="model sizes, comma list of tiny, small, base, large (default small)")
-    parser.add_argument(
-        "--micro-batch", type=_csv_list(int), default=[8], help="sequences per step (comma list)"
-    )
-    parser.add_argument(
-        "--seq-len", type=_csv_list(int), default=[128], help="sequence lengths (comma list)"
-    )
+    parser.add_argument("--micro-batch", type=_csv_list(int), default=[8],
+                        help="sequences per step (comma list)")
+    parser.add_argument("--seq-len", type=_csv_list(int), default=[128],
+                        help="sequence lengths (comma list)")
     parser.add_argument("--dtype", type=_csv_list(str, ("fp32", "bf16")), default=None,
                         help="fp32 and/or bf16 (autocast); default bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--compile", type=_csv_list(str, ("off", "on")), default=["off"],
                         help="torch.compile both models: off, on or off,on")
-    parser.add_argument(
-        "--padding",
-        type=_csv_list(str, ("padded", "unpadded")),
-        default=["padded"],
-        help="padded (both models see the padded batch) and/or unpadded (our model "
-        "gathers the real tokens; transformers stays padded)",
-    )
-    parser.add_argument(
-        "--real-lengths",
-        default="full",
-        metavar="full|uniform|DATA_DIR",
-        help="sequence lengths: full (no padding, default), uniform (synthetic, uniform "
-        "in [T/8, T]) or a shard set whose train lengths are sampled",
-    )
-    parser.add_argument(
-        "--grad-ckpt", action="store_true", help="activation checkpointing in both models"
-    )
-    parser.add_argument(
-        "--fused-qkv",
-        action="store_true",
-        help="our model computes query/key/value as one matmul (ModelOptions.fused_qkv)",
-    )
-    parser.add_argument(
-        "--iters", type=int, default=None, help="timed steps per model (default 3 CPU, 10 CUDA)"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=None,
-        help="untimed steps per model first (default 1 CPU, 3 CUDA)",
-    )
-    parser.add_argument(
-        "--models",
-        type=_csv_list(str, ("bertgpu", "transformers")),
-        default=["bertgpu", "transformers"],
-        help="which models to time (default both)",
-    )
-    parser.add_argument(
-        "--device", default=None, help="cpu or cuda[:N] (default: cuda when available)"
-    )
-    parser.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=None,
-        help="peak TFLOP/s of one device for MFU (default: the table in metrics.py; none on CPU)",
-    )
-    parser.add_argument(
-        "--preset",
-        choices=["gpu"],
-        default=None,
-        help="gpu: base+large seq 128 bf16 compile off/on, base seq 512 padded vs unpadded",
-    )
-    parser.add_argument(
-        "--check-graph",
-        action="store_true",
-        help="instead of timing: check that every training micro-step (pretraining padded/"
-        "packed/unpadded, NSP on/off, the task heads) compiles with no graph break and "
-        "runs with no host sync; exit 1 if not (see bench/graph_check.py)",
-    )
+    parser.add_argument("--padding", type=_csv_list(str, ("padded", "unpadded")),
+                        default=["padded"],
+                        help="padded (both models see the padded batch) and/or unpadded (our model "
+                             "gathers the real tokens; transformers stays padded)")
+    parser.add_argument("--real-lengths", default="full", metavar="full|uniform|DATA_DIR",
+                        help="sequence lengths: full (no padding, default), uniform (synthetic, "
+                             "uniform in [T/8, T]) or a shard set whose train lengths are sampled")
+    parser.add_argument("--grad-ckpt", action="store_true",
+                        help="activation checkpointing in both models")
+    parser.add_argument("--fused-qkv", action="store_true",
+                        help="our model computes query/key/value as one matmul "
+                             "(ModelOptions.fused_qkv)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="timed steps per model (default 3 CPU, 10 CUDA)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps per model first (default 1 CPU, 3 CUDA)")
+    parser.add_argument("--models", type=_csv_list(str, ("bertgpu", "transformers")),
+                        default=["bertgpu", "transformers"],
+                        help="which models to time (default both)")
+    parser.add_argument("--device", default=None,
+                        help="cpu or cuda[:N] (default: cuda when available)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak TFLOP/s of one device for MFU (default: the table in "
+                             "metrics.py; none on CPU)")
+    parser.add_argument("--preset", choices=["gpu"], default=None,
+                        help="gpu: base+large seq 128 bf16 compile off/on, base seq 512 "
+                             "padded vs unpadded")
+    parser.add_argument("--check-graph", action="store_true",
+                        help="instead of timing: check that every training micro-step (pretraining "
+                             "padded/packed/unpadded, NSP on/off, the task heads) compiles with no "
+                             "graph break and runs with no host sync; exit 1 if not (see "
+                             "bench/graph_check.py)")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
                         help="instead of ours vs transformers: parameter + gradient + optimizer "
                              "bytes per rank of ddp and fsdp on --ranks processes, predicted for "
@@ -174,12 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default="1,2",
                         help="with --strategy: world sizes to measure (default 1,2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="append one row per model and grid point (.jsonl or .csv)",
-    )
+    parser.add_argument("--out", type=Path, default=None,
+                        help="append one row per model and grid point (.jsonl or .csv)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,13 +137,7 @@ class _Runner:
     """One model, its optimizer, and the accumulated phase times of its timed steps."""
 
     def __init__(self, name: str, model: Any, optimizer: Any, device: Any, autocast: Any) -> None:
-        self.name, self.model, self.optimizer, self.device, self.autocast = (
-            name,
-            model,
-            optimizer,
-            device,
-            autocast,
-        )
+        self.name, self.model, self.optimizer, self.device, self.autocast = name, model, optimizer, device, autocast
         self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
         self.steps = 0
         self.tokens = 0
@@ -242,9 +179,8 @@ class _Runner:
             self.steps += 1
             self.tokens += int(batch["attention_mask"].sum())
             if cuda:
-                self.peak_bytes = max(
-                    self.peak_bytes or 0, torch.cuda.max_memory_allocated(self.device)
-                )
+                self.peak_bytes = max(self.peak_bytes or 0,
+                                      torch.cuda.max_memory_allocated(self.device))
 
 
 class Models:
@@ -264,9 +200,7 @@ class Models:
         import transformers
 
         torch.manual_seed(seed)
-        hf = transformers.BertForPreTraining(
-            transformers.BertConfig(**SIZES[size], attn_implementation="sdpa")
-        )
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
         self.size = size
         self.config = BertConfig(**SIZES[size])
         self.eager: dict[str, Any] = {}
@@ -294,22 +228,10 @@ class Models:
         return self._compiled[name]
 
 
-def run_point(
-    models: Models,
-    micro_batch: int,
-    seq_len: int,
-    dtype: str,
-    compile_models: list[str],
-    padding: str,
-    lengths: str,
-    device: Any,
-    iters: int,
-    warmup: int,
-    grad_ckpt: bool,
-    peak: float | None,
-    seed: int,
-    reuse: dict[tuple, dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
+def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compile_models: list[str],
+              padding: str, lengths: str, device: Any, iters: int, warmup: int, grad_ckpt: bool,
+              peak: float | None, seed: int,
+              reuse: dict[tuple, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Time the models on one grid point; one result row per model timed.
 
     A model that is not compiled here and whose row for the same (batch, length, dtype, padding)
@@ -318,37 +240,21 @@ def run_point(
 
     from bertgpu.telemetry.flops import flops_per_token_from_config, mfu
 
-    autocast = (
-        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
-        if dtype == "bf16"
-        else nullcontext
-    )
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     reuse = {} if reuse is None else reuse
     if "bertgpu" in models.eager:
         models.eager["bertgpu"].configure(unpad=padding == "unpadded")
     runners, reused = {}, {}
     for name in models.eager:
-        key = (
-            name,
-            micro_batch,
-            seq_len,
-            dtype,
-            lengths,
-            padding if name == "bertgpu" else "padded",
-        )
+        key = (name, micro_batch, seq_len, dtype, lengths,
+               padding if name == "bertgpu" else "padded")
         if name not in compile_models and key in reuse:
             reused[name] = reuse[key]
             continue
-        runners[name] = _Runner(
-            name,
-            models.module(name, name in compile_models),
-            models.optimizers[name],
-            device,
-            autocast,
-        )
-    batches = make_batches(
-        max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths, seed, device
-    )
+        runners[name] = _Runner(name, models.module(name, name in compile_models),
+                                models.optimizers[name], device, autocast)
+    batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths,
+                           seed, device)
     for i in range(warmup):
         for r in runners.values():
             r.step(batches[i % len(batches)], timed=False)
@@ -356,43 +262,24 @@ def run_point(
     for i in range(iters):
         for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
             runners[name].step(batches[i % len(batches)], timed=True)
-    real = sum(int(b["attention_mask"].sum()) for b in batches) / (
-        len(batches) * micro_batch
-    )  # mean length
-    fpt = flops_per_token_from_config(
-        models.config, seq_len=max(1, round(real)), mlm_fraction=0.15, with_nsp=True
-    )
+    # mean length
+    real = sum(int(b["attention_mask"].sum()) for b in batches) / (len(batches) * micro_batch)
+    fpt = flops_per_token_from_config(models.config, seq_len=max(1, round(real)), mlm_fraction=0.15,
+                                      with_nsp=True)
     tps = {n: r.tokens / max(sum(r.times.values()), 1e-12) for n, r in runners.items()}
     tps.update({n: row["tokens_per_s"] for n, row in reused.items()})
     rows = [{**row, "reused": True} for row in reused.values()]
     for name, r in runners.items():
         n = max(r.steps, 1)
         row = dict(
-            bench="model",
-            model=name,
-            size=models.size,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            dtype=dtype,
-            compile=name in compile_models,
-            padding=padding if name == "bertgpu" else "padded",
-            lengths=lengths,
-            mean_length=round(real, 1),
-            grad_ckpt=grad_ckpt,
-            iters=r.steps,
-            fwd_ms=1e3 * r.times["fwd"] / n,
-            bwd_ms=1e3 * r.times["bwd"] / n,
-            opt_ms=1e3 * r.times["opt"] / n,
+            bench="model", model=name, size=models.size, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
+            compile=name in compile_models, padding=padding if name == "bertgpu" else "padded", lengths=lengths,
+            mean_length=round(real, 1), grad_ckpt=grad_ckpt, iters=r.steps,
+            fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n, opt_ms=1e3 * r.times["opt"] / n,
             tokens_per_s=tps[name],
-            ratio_vs_transformers=tps[name] / tps["transformers"]
-            if "transformers" in tps
-            else None,
-            mfu=mfu(tps[name], fpt, peak),
-            flops_per_token=fpt,
-            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None,
-            loss=r.loss,
-            reused=False,
-        )
+            ratio_vs_transformers=tps[name] / tps["transformers"] if "transformers" in tps else None,
+            mfu=mfu(tps[name], fpt, peak), flops_per_token=fpt,
+            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss, reused=False)
         if name not in compile_models:
             reuse[(name, micro_batch, seq_len, dtype, lengths, row["padding"])] = row
         rows.append(row)
@@ -406,22 +293,10 @@ def run_point(
 # Output
 
 
-COLUMNS = [
-    ("size", "size"),
-    ("micro_batch", "B"),
-    ("seq_len", "T"),
-    ("dtype", "dtype"),
-    ("compile", "compile"),
-    ("padding", "padding"),
-    ("model", "model"),
-    ("fwd_ms", "fwd ms"),
-    ("bwd_ms", "bwd ms"),
-    ("opt_ms", "opt ms"),
-    ("tokens_per_s", "tokens/s"),
-    ("ratio_vs_transformers", "vs HF"),
-    ("mfu", "MFU"),
-    ("mem_peak_gib", "mem GiB"),
-]
+COLUMNS = [("size", "size"), ("micro_batch", "B"), ("seq_len", "T"), ("dtype", "dtype"),
+           ("compile", "compile"), ("padding", "padding"), ("model", "model"), ("fwd_ms", "fwd ms"),
+           ("bwd_ms", "bwd ms"), ("opt_ms", "opt ms"), ("tokens_per_s", "tokens/s"),
+           ("ratio_vs_transformers", "vs HF"), ("mfu", "MFU"), ("mem_peak_gib", "mem GiB")]
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -442,10 +317,8 @@ def _fmt(key: str, value: Any) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of result rows."""
-    lines = [
-        "| " + " | ".join(h for _, h in COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
-    ]
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(k, r.get(k)) for k, _ in COLUMNS) + " |")
     return "\n".join(lines)
@@ -458,40 +331,16 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
         for p in GPU_PRESET:
             for c in p["compile"]:
                 for pad in p["padding"]:
-                    points.append(
-                        dict(
-                            size=p["size"],
-                            micro_batch=p["micro_batch"],
-                            seq_len=p["seq_len"],
-                            dtype=p["dtype"],
-                            compile=c == "on",
-                            padding=pad,
-                            lengths=p.get("lengths", args.real_lengths),
-                            compile_models=p.get("compile_models", args.models)
-                            if c == "on"
-                            else [],
-                        )
-                    )
+                    points.append(dict(size=p["size"], micro_batch=p["micro_batch"], seq_len=p["seq_len"],
+                                       dtype=p["dtype"], compile=c == "on", padding=pad,
+                                       lengths=p.get("lengths", args.real_lengths),
+                                       compile_models=p.get("compile_models", args.models) if c == "on" else []))
         return points
     dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
-    return [
-        dict(
-            size=s,
-            micro_batch=b,
-            seq_len=t,
-            dtype=d,
-            compile=c == "on",
-            padding=p,
-            lengths=args.real_lengths,
-            compile_models=list(args.models) if c == "on" else [],
-        )
-        for s in args.size
-        for b in args.micro_batch
-        for t in args.seq_len
-        for d in dtypes
-        for c in args.compile
-        for p in args.padding
-    ]
+    return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p,
+                 lengths=args.real_lengths, compile_models=list(args.models) if c == "on" else [])
+            for s in args.size for b in args.micro_batch for t in args.seq_len for d in dtypes
+            for c in args.compile for p in args.padding]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -509,35 +358,25 @@ def main(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise BertgpuError(
-            f"--device {args.device}: CUDA is not available on this machine; expected --device cpu"
-        )
-    if (
-        args.padding
-        and "unpadded" in args.padding
-        and args.real_lengths == "full"
-        and args.preset is None
-    ):
-        print(
-            "note: --real-lengths full has no padding, so unpadded equals padded; try --real-lengths uniform"
-        )
+        raise BertgpuError(f"--device {args.device}: CUDA is not available on this machine; "
+                           "expected --device cpu")
+    if (args.padding and "unpadded" in args.padding and args.real_lengths == "full"
+            and args.preset is None):
+        print("note: --real-lengths full has no padding, so unpadded equals padded; try "
+              "--real-lengths uniform")
     cuda = device.type == "cuda"
     iters = args.iters if args.iters is not None else (10 if cuda else 3)
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if iters < 1 or warmup < 0:
-        raise BertgpuError(
-            f"--iters {iters} / --warmup {warmup}: expected iters >= 1 and warmup >= 0"
-        )
+        raise BertgpuError(f"--iters {iters} / --warmup {warmup}: expected iters >= 1 "
+                           "and warmup >= 0")
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = (
-            True  # fp32 rows: TF32 tensor cores, as training would
-        )
+        # fp32 rows: TF32 tensor cores, as training would
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
-    header = (
-        f"bertgpu bench model | device {device} ({name}, {torch.get_num_threads()} threads) | "
-        f"torch {torch.__version__} | iters {iters} warmup {warmup}"
-    )
+    header = (f"bertgpu bench model | device {device} ({name}, {torch.get_num_threads()} "
+              f"threads) | torch {torch.__version__} | iters {iters} warmup {warmup}")
     print(header, flush=True)
     rows: list[dict[str, Any]] = []
     models: Models | None = None
@@ -547,43 +386,21 @@ def main(args: argparse.Namespace) -> int:
             models = None  # free the previous size first
             if cuda:
                 torch.cuda.empty_cache()
-            models = Models(
-                point["size"], device, args.models, args.grad_ckpt, args.seed, bool(args.fused_qkv)
-            )
+            models = Models(point["size"], device, args.models, args.grad_ckpt, args.seed,
+                            bool(args.fused_qkv))
             reuse = {}
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
         t0 = time.perf_counter()
-        new = run_point(
-            models,
-            point["micro_batch"],
-            point["seq_len"],
-            point["dtype"],
-            point["compile_models"],
-            point["padding"],
-            point["lengths"],
-            device,
-            iters,
-            warmup,
-            args.grad_ckpt,
-            peak,
-            args.seed,
-            reuse,
-        )
-        stamp = dict(
-            fused_qkv=bool(args.fused_qkv),
-            device=str(device),
-            device_name=name,
-            torch=torch.__version__,
-            threads=torch.get_num_threads(),
-            time=time.time(),
-            wall_s=round(time.perf_counter() - t0, 1),
-        )
+        new = run_point(models, point["micro_batch"], point["seq_len"], point["dtype"],
+                        point["compile_models"], point["padding"], point["lengths"], device, iters,
+                        warmup, args.grad_ckpt, peak, args.seed, reuse)
+        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name,
+                     torch=torch.__version__, threads=torch.get_num_threads(), time=time.time(),
+                     wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]
         rows += new
-        print(
-            format_table(new).split("\n", 2)[2] if len(rows) > len(new) else format_table(new),
-            flush=True,
-        )
+        print(format_table(new).split("\n", 2)[2] if len(rows) > len(new) else format_table(new),
+              flush=True)
         if args.out is not None:
             append_rows(args.out, new)
     print()

@@ -52,77 +52,52 @@ DEMO_SETS = ("polarity", "lee")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--recipe",
-        action="append",
-        help="TOML recipe (repeat; default: configs/tiny.toml and configs/modern-tiny.toml)",
-    )
-    parser.add_argument(
-        "--corpus",
-        action="append",
-        help="corpus file or folder (repeat; default: the Wikipedia sample in gensim's test data)",
-    )
-    parser.add_argument(
-        "--data", help="an existing shard set (skips the tokenizer and prepare steps)"
-    )
-    parser.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="WordPiece vocabulary (default: the smallest model.vocab_size of the recipes)",
-    )
-    parser.add_argument(
-        "--seq-len", type=int, default=128, help="tokens per sequence of the shard set"
-    )
-    parser.add_argument(
-        "--validation-fraction", type=float, default=0.05, help="documents held out"
-    )
-    parser.add_argument(
-        "--budget-minutes", type=float, default=3.0, help="wall-clock budget per recipe"
-    )
-    parser.add_argument(
-        "--tokens", type=int, default=None, help="token budget per recipe instead of minutes"
-    )
+    parser.add_argument("--recipe", action="append",
+                        help="TOML recipe (repeat; default: configs/tiny.toml and "
+                             "configs/modern-tiny.toml)")
+    parser.add_argument("--corpus", action="append",
+                        help="corpus file or folder (repeat; default: the Wikipedia sample in "
+                             "gensim's test data)")
+    parser.add_argument("--data",
+                        help="an existing shard set (skips the tokenizer and prepare steps)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="WordPiece vocabulary (default: the smallest model.vocab_size "
+                             "of the recipes)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="tokens per sequence of the shard set")
+    parser.add_argument("--validation-fraction", type=float, default=0.05,
+                        help="documents held out")
+    parser.add_argument("--budget-minutes", type=float, default=3.0,
+                        help="wall-clock budget per recipe")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="token budget per recipe instead of minutes")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="evaluate every N steps: points of the curve (default: the recipe's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds")
     parser.add_argument("--sets", nargs="+", default=list(DEMO_SETS), choices=DEMO_SETS,
                         help="the demo's labelled sets to fine-tune on (without --glue)")
-    parser.add_argument(
-        "--glue", help="GLUE folder: fine-tune on its tasks instead of the demo's sets"
-    )
+    parser.add_argument("--glue",
+                        help="GLUE folder: fine-tune on its tasks instead of the demo's sets")
     parser.add_argument("--glue-tasks", nargs="+", help="GLUE tasks (default: all nine)")
     parser.add_argument("--ft", action="append", default=[], metavar="KEY=VALUE",
                         help="fine-tuning override for every run, e.g. --ft lr=1e-4 (repeatable)")
-    parser.add_argument(
-        "--set",
-        dest="sets_",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pretraining override for every recipe, e.g. --set train.precision=bf16",
-    )
-    parser.add_argument(
-        "--skip-finetune", action="store_true", help="pretraining and held-out loss only"
-    )
+    parser.add_argument("--set", dest="sets_", action="append", default=[], metavar="KEY=VALUE",
+                        help="pretraining override for every recipe, e.g. --set "
+                             "train.precision=bf16")
+    parser.add_argument("--skip-finetune", action="store_true",
+                        help="pretraining and held-out loss only")
     parser.add_argument("--pretrain-seed", type=int, default=0,
                         help="seed of every recipe (initialisation, data order, masks)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads of every run (default: torch's; 1 is steadier on a shared machine)",
-    )
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of every run (default: torch's; 1 is steadier on a "
+                             "shared machine)")
     parser.add_argument("--out", default="bench_out/quality", help="results folder")
     parser.add_argument("--project", action="store_true", help="print the GPU projection and exit")
     parser.add_argument("--project-recipe", default="configs/modern-budget-24h.toml",
                         help="recipe of the projection")
-    parser.add_argument(
-        "--gpu",
-        default="H100 SXM",
-        help="GPU of the projection (a telemetry/flops.py PEAK_TFLOPS key)",
-    )
+    parser.add_argument("--gpu", default="H100 SXM",
+                        help="GPU of the projection (a telemetry/flops.py PEAK_TFLOPS key)")
     parser.add_argument("--mfu", type=float, default=0.40, help="assumed model FLOPs utilisation")
     parser.add_argument("--hours", type=float, default=24.0, help="budget of the projection")
 
@@ -171,34 +146,22 @@ def shared_data(args: argparse.Namespace, out: Path, vocab_size: int) -> Path:
     tok, data = out / "tokenizer", out / "data"
     for folder in (tok, data):
         shutil.rmtree(folder, ignore_errors=True)
-    print(
-        f"bench quality: tokenizer ({vocab_size:,} WordPieces) and shards ({args.seq_len} tokens) "
-        f"from {', '.join(c.name for c in corpus)}",
-        flush=True,
-    )
+    print(f"bench quality: tokenizer ({vocab_size:,} WordPieces) and shards ({args.seq_len} "
+          f"tokens) from {', '.join(c.name for c in corpus)}", flush=True)
     train_tokenizer(corpus, tok, vocab_size=vocab_size)
     prepare(corpus, tok, data, seq_len=args.seq_len, objective="mlm",
             validation_fraction=args.validation_fraction)
     return data
 
 
-def pretrain_overrides(
-    args: argparse.Namespace, data_dir: Path, run_dir: Path, cfg: Any, seq_len: int
-) -> list[str]:
+def pretrain_overrides(args: argparse.Namespace, data_dir: Path, run_dir: Path, cfg: Any,
+                       seq_len: int) -> list[str]:
     """What every recipe gets: the shared data, the budget, one log line per step (the curve's
     tokens), the whole validation split at 15% with the same seed, no intermediate checkpoints."""
-    words = [
-        f"--data={data_dir}",
-        f"--out={run_dir}",
-        f"--seed={args.pretrain_seed}",
-        "--train.log_every_steps=1",
-        "--train.eval_batches=0",
-        "--data.eval_mask_rate=0.15",
-        "--checkpoint.every_steps=0",
-        "--checkpoint.every_minutes=none",
-        "--checkpoint.keep_last=1",
-        f"--impl.device={args.device}",
-    ]
+    words = [f"--data={data_dir}", f"--out={run_dir}", f"--seed={args.pretrain_seed}",
+             "--train.log_every_steps=1", "--train.eval_batches=0", "--data.eval_mask_rate=0.15",
+             "--checkpoint.every_steps=0", "--checkpoint.every_minutes=none",
+             "--checkpoint.keep_last=1", f"--impl.device={args.device}"]
     if args.tokens:
         steps = math.ceil(args.tokens / (cfg.train.global_batch_size * seq_len))
         words += [f"--train.max_steps={steps}", "--train.budget_hours=none"]
@@ -220,20 +183,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval" and r.get("val_mlm_loss") is not None]
     if not train or not evals:
-        raise BertgpuError(
-            f"{run_dir / 'metrics.jsonl'}: no train or eval records; did the run fail?"
-        )
+        raise BertgpuError(f"{run_dir / 'metrics.jsonl'}: no train or eval records; did "
+                           "the run fail?")
     tokens = {r["step"]: r.get("tokens_seen") for r in train}
-    curve = [
-        {
-            "step": e["step"],
-            "elapsed_s": e["elapsed_s"],
-            "tokens_seen": tokens.get(e["step"]),
-            "val_mlm_loss": e["val_mlm_loss"],
-            "val_mlm_acc": e.get("val_mlm_acc"),
-        }
-        for e in evals
-    ]
+    curve = [{"step": e["step"], "elapsed_s": e["elapsed_s"], "tokens_seen": tokens.get(e["step"]),
+              "val_mlm_loss": e["val_mlm_loss"], "val_mlm_acc": e.get("val_mlm_acc")}
+             for e in evals]
     fields = read_config(run_dir / "hf")
     return {"architecture": architecture_of(fields),
             "params": num_parameters(build_model(fields, "masked_lm")),
@@ -242,15 +197,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "val_mlm_acc": evals[-1].get("val_mlm_acc"), "curve": curve}
 
 
-def pretrain_all(
-    args: argparse.Namespace,
-    recipes: list[Path],
-    names: list[str],
-    cfgs: list[Any],
-    data_dir: Path,
-    out: Path,
-    base: dict[str, Any],
-) -> list[dict[str, Any]]:
+def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any],
+                 data_dir: Path, out: Path, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Pretrain every recipe (`cfgs`: each loaded with the --set overrides) under the budget."""
     from bertgpu import pretrain
     from bertgpu.config import schema
@@ -262,31 +210,18 @@ def pretrain_all(
     for recipe, name, given in zip(recipes, names, cfgs, strict=True):
         run_dir = out / "runs" / name
         shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed, not measured
-        cfg = schema.load_config(
-            recipe, pretrain_overrides(args, data_dir, run_dir, given, seq_len)
-        )
+        cfg = schema.load_config(recipe,
+                                 pretrain_overrides(args, data_dir, run_dir, given, seq_len))
         log = out / "runs" / f"{name}.log"
-        print(
-            f"bench quality: pretraining {name} ({recipe}, {base['budget']}); console in {log}",
-            flush=True,
-        )
+        print(f"bench quality: pretraining {name} ({recipe}, {base['budget']}); console in {log}",
+              flush=True)
         with _quiet(log):
             pretrain.run(cfg)
-        row = {
-            **base,
-            "kind": "pretrain",
-            "name": name,
-            "recipe": str(recipe),
-            "run_dir": str(run_dir),
-            "eval_mask_rate": cfg.data.eval_mask_rate,
-            "val_sequences": len(val),
-            **read_run(run_dir),
-        }
-        print(
-            f"bench quality: {name}: {row['steps']} steps, {row['tokens_seen']:,} tokens, val MLM loss "
-            f"{row['val_mlm_loss']:.3f} (accuracy {row['val_mlm_acc']:.1%})",
-            flush=True,
-        )
+        row = {**base, "kind": "pretrain", "name": name, "recipe": str(recipe),
+               "run_dir": str(run_dir), "eval_mask_rate": cfg.data.eval_mask_rate,
+               "val_sequences": len(val), **read_run(run_dir)}
+        print(f"bench quality: {name}: {row['steps']} steps, {row['tokens_seen']:,} tokens, val "
+              f"MLM loss {row['val_mlm_loss']:.3f} (accuracy {row['val_mlm_acc']:.1%})", flush=True)
         rows.append(row)
     return rows
 
@@ -341,51 +276,26 @@ def compare_downstream(inits: dict[str, Path], sets: list[str], seeds: list[int]
                     with _quiet(run.with_suffix(".log")), warnings.catch_warnings():
                         # The task head is fresh in every pretrained run: expected, said once in the table.
                         warnings.filterwarnings("ignore", message=".*initialised fresh")
-                        finetune_examples(
-                            task,
-                            train,
-                            dev,
-                            init,
-                            run,
-                            config_from=config_from,
-                            name=set_name,
-                            overrides=[*set_overrides(set_name, extra or []), "--seed", str(seed)],
-                        )
+                        finetune_examples(task, train, dev, init, run, config_from=config_from,
+                                          name=set_name,
+                                          overrides=[*set_overrides(set_name, extra or []),
+                                                     "--seed", str(seed)])
                     score, metric = _read_score(run)
                     scores.append(score)
                     dirs.append(str(run))
-                rows.append(
-                    {
-                        "kind": "finetune",
-                        "name": name,
-                        "init": label,
-                        "task": set_name,
-                        "scored_like": task.name,
-                        "metric": metric,
-                        "train_examples": len(train),
-                        "dev_examples": len(dev),
-                        "seeds": list(seeds),
-                        "scores": scores,
-                        **_spread_row(scores),
-                        "dirs": dirs,
-                    }
-                )
-                print(
-                    f"    fine-tuned {name} ({label} init) on {set_name}, seeds {', '.join(map(str, seeds))}: "
-                    + ", ".join(f"{s:.1f}" for s in scores),
-                    flush=True,
-                )
+                rows.append({"kind": "finetune", "name": name, "init": label, "task": set_name,
+                             "scored_like": task.name, "metric": metric,
+                             "train_examples": len(train), "dev_examples": len(dev),
+                             "seeds": list(seeds), "scores": scores, **_spread_row(scores),
+                             "dirs": dirs})
+                print(f"    fine-tuned {name} ({label} init) on {set_name}, seeds "
+                      f"{', '.join(map(str, seeds))}: "
+                      + ", ".join(f"{s:.1f}" for s in scores), flush=True)
     return rows
 
 
-def compare_glue(
-    inits: dict[str, Path],
-    glue_dir: str,
-    tasks: list[str] | None,
-    seeds: list[int],
-    out: Path,
-    extra: list[str],
-) -> list[dict[str, Any]]:
+def compare_glue(inits: dict[str, Path], glue_dir: str, tasks: list[str] | None, seeds: list[int],
+                 out: Path, extra: list[str]) -> list[dict[str, Any]]:
     """As `compare_downstream` on a GLUE folder through `bertgpu glue` (its lr and epochs by model
     size unless --ft sets them); each task's score per seed from its results.json."""
     from bertgpu import glue
@@ -396,33 +306,16 @@ def compare_glue(
             folder = out / name / label / "glue"
             shutil.rmtree(folder, ignore_errors=True)
             with _quiet(folder.with_suffix(".log")):
-                summary = glue.run(
-                    glue_dir,
-                    init,
-                    folder,
-                    tasks=tasks,
-                    seeds=seeds,
-                    overrides=extra,
-                    config_from=config_from,
-                    skip_missing=tasks is None,
-                )
+                summary = glue.run(glue_dir, init, folder, tasks=tasks, seeds=seeds,
+                                   overrides=extra, config_from=config_from,
+                                   skip_missing=tasks is None)
             for task in summary["tasks"]:
                 read = [_read_score(folder / task / f"seed_{s}") for s in seeds]
                 scores = [s for s, _ in read]
-                rows.append(
-                    {
-                        "kind": "finetune",
-                        "name": name,
-                        "init": label,
-                        "task": task,
-                        "scored_like": task,
-                        "metric": read[0][1],
-                        "seeds": list(seeds),
-                        "scores": scores,
-                        **_spread_row(scores),
-                        "dirs": [str(folder / task / f"seed_{s}") for s in seeds],
-                    }
-                )
+                rows.append({"kind": "finetune", "name": name, "init": label, "task": task,
+                             "scored_like": task, "metric": read[0][1], "seeds": list(seeds),
+                             "scores": scores, **_spread_row(scores),
+                             "dirs": [str(folder / task / f"seed_{s}") for s in seeds]})
     return rows
 
 
@@ -444,9 +337,8 @@ CRAMMING_SHAPE = {"hidden_size": 768, "num_hidden_layers": 16, "num_attention_he
                   "intermediate_size": 2304, "vocab_size": 32768}
 
 
-def project(
-    recipe: Path, gpu: str, mfu: float, hours: float, seq_len: int = 128
-) -> list[dict[str, Any]]:
+def project(recipe: Path, gpu: str, mfu: float, hours: float,
+            seq_len: int = 128) -> list[dict[str, Any]]:
     """Tokens a recipe would see in `hours` on one `gpu` at `mfu`: tokens/s = mfu x peak (bf16)
     / training FLOPs per token (telemetry/flops.py, the MLM head at the recipe's mask rate); and the
     rows to compare it with (published counts, Cramming computed the same way on its GPU)."""
@@ -458,46 +350,28 @@ def project(
     if not 0 < mfu <= 1:
         raise BertgpuError(f"--mfu {mfu}: expected a fraction in (0, 1]")
     if gpu not in flops.PEAK_TFLOPS or "bf16" not in flops.PEAK_TFLOPS[gpu]:
-        raise BertgpuError(
-            f"--gpu {gpu!r}: expected one of {', '.join(k for k, v in flops.PEAK_TFLOPS.items() if 'bf16' in v)}"
-        )
+        raise BertgpuError(f"--gpu {gpu!r}: expected one of "
+                           f"{', '.join(k for k, v in flops.PEAK_TFLOPS.items() if 'bf16' in v)}")
     cfg = schema.load_config(recipe)
 
     def row(model: str, shape: Any, mask_rate: float, on: str, h: float) -> dict[str, Any]:
-        fpt = flops.flops_per_token_from_config(
-            shape, seq_len, mlm_fraction=mask_rate, with_nsp=False
-        )
+        fpt = flops.flops_per_token_from_config(shape, seq_len, mlm_fraction=mask_rate,
+                                                with_nsp=False)
         per_s = mfu * flops.PEAK_TFLOPS[on]["bf16"] * 1e12 / fpt
-        return {
-            "kind": "projection",
-            "model": model,
-            "hardware": f"1 {on}, {h:g} h",
-            "tokens": per_s * h * 3600,
-            "tokens_per_s": per_s,
-            "flops_per_token": fpt,
-            "mfu": mfu,
-            "seq_len": seq_len,
-            "source": f"computed: {mfu:.0%} MFU x {flops.PEAK_TFLOPS[on]['bf16']:g} TFLOP/s (bf16 peak) / "
-            f"{fpt / 1e9:.3g} GFLOP per token (telemetry/flops.py)",
-        }
+        return {"kind": "projection", "model": model, "hardware": f"1 {on}, {h:g} h",
+                "tokens": per_s * h * 3600, "tokens_per_s": per_s, "flops_per_token": fpt,
+                "mfu": mfu, "seq_len": seq_len,
+                "source": f"computed: {mfu:.0%} MFU x {flops.PEAK_TFLOPS[on]['bf16']:g} TFLOP/s "
+                          f"(bf16 peak) / {fpt / 1e9:.3g} GFLOP per token (telemetry/flops.py)"}
 
-    rows = [
-        row(
-            f"{recipe.stem} (ours)",
-            model_config(overrides.config_to_dict(cfg.model)),
-            cfg.data.mask_rate,
-            gpu,
-            hours,
-        ),
-        row(
-            "Cramming (crammed BERT)", BertConfig.from_dict(CRAMMING_SHAPE), 0.15, "RTX A6000", 24.0
-        ),
-    ]
+    rows = [row(f"{recipe.stem} (ours)", model_config(overrides.config_to_dict(cfg.model)),
+                cfg.data.mask_rate, gpu, hours),
+            row("Cramming (crammed BERT)", BertConfig.from_dict(CRAMMING_SHAPE), 0.15,
+                "RTX A6000", 24.0)]
     rows[-1]["source"] += "; Cramming publishes the budget (24 h, one RTX A6000), not a token count"
-    rows += [
-        {"kind": "projection", "model": m, "hardware": hw, "tokens": n, "source": f"published: {s}"}
-        for m, hw, n, s in PUBLISHED_TOKENS
-    ]
+    rows += [{"kind": "projection", "model": m, "hardware": hw, "tokens": n,
+              "source": f"published: {s}"}
+             for m, hw, n, s in PUBLISHED_TOKENS]
     return rows
 
 
@@ -512,9 +386,8 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, command: str) -> str:
 
     out.mkdir(parents=True, exist_ok=True)
     cells.append_jsonl(out / "quality.jsonl", rows)
-    md = f"# bertgpu bench quality\n\n`{command}`\n\n" + render_markdown(
-        quality_blocks(rows, None, "quality")
-    )
+    md = (f"# bertgpu bench quality\n\n`{command}`\n\n"
+          + render_markdown(quality_blocks(rows, None, "quality")))
     cells.write_atomic(out / "quality.md", md)
     with contextlib.suppress(ImportError):  # matplotlib is the report extra
         png = curve_plot(rows, out, "quality.tmp.png")
@@ -530,25 +403,20 @@ def main(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     command = "bertgpu " + " ".join(sys.argv[1:])
     if args.project:
-        rows = [
-            {"bench": "quality", "run_id": stamp, **r}
-            for r in project(
-                resolve_recipe(args.project_recipe), args.gpu, args.mfu, args.hours, args.seq_len
-            )
-        ]
+        rows = [{"bench": "quality", "run_id": stamp, **r}
+                for r in project(resolve_recipe(args.project_recipe), args.gpu, args.mfu,
+                                 args.hours, args.seq_len)]
         print(write_outputs(rows, out, command.strip()))
         return 0
     if (args.tokens is not None and args.tokens <= 0) or args.budget_minutes <= 0:
-        raise BertgpuError(
-            f"--tokens {args.tokens} / --budget-minutes {args.budget_minutes:g}: expected positive"
-        )
+        raise BertgpuError(f"--tokens {args.tokens} / --budget-minutes {args.budget_minutes:g}: "
+                           "expected positive")
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: expected distinct seeds")
     recipes = [resolve_recipe(r) for r in (args.recipe or DEFAULT_RECIPES)]
     names = _names(recipes)
-    cfgs = [
-        schema.load_config(r, _kv(args.sets_, "--set")) for r in recipes
-    ]  # typos fail before any work
+    # typos fail before any work
+    cfgs = [schema.load_config(r, _kv(args.sets_, "--set")) for r in recipes]
     vocab = args.vocab_size or min(c.model.vocab_size for c in cfgs)
     budget = f"{args.tokens:,} tokens" if args.tokens else f"{args.budget_minutes:g} min wall-clock"
     corpus = "the Wikipedia sample (gensim test data)" if not (args.corpus or args.data) else \
@@ -570,26 +438,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(
-    args: argparse.Namespace,
-    recipes: list[Path],
-    names: list[str],
-    cfgs: list[Any],
-    out: Path,
-    vocab: int,
-    base: dict[str, Any],
-) -> list[dict[str, Any]]:
+def run_bench(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any],
+              out: Path, vocab: int, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Steps 1-4 of the module docstring; the rows of quality.jsonl."""
     data_dir = shared_data(args, out, vocab)
     rows = pretrain_all(args, recipes, names, cfgs, data_dir, out, base)
     if not args.skip_finetune:
         inits = {r["name"]: Path(r["run_dir"]) / "hf" for r in rows}
         extra = _kv(args.ft, "--ft")
-        ft = (
-            compare_glue(inits, args.glue, args.glue_tasks, args.seeds, out / "finetune", extra)
-            if args.glue
-            else compare_downstream(inits, args.sets, args.seeds, out / "finetune", extra)
-        )
+        ft = (compare_glue(inits, args.glue, args.glue_tasks, args.seeds, out / "finetune", extra)
+              if args.glue
+              else compare_downstream(inits, args.sets, args.seeds, out / "finetune", extra))
         rows += [{**base, **r} for r in ft]
     return rows
 

@@ -49,15 +49,11 @@ TINY_MODEL = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", help="TOML recipe (default: a tiny 2-layer, 128-wide BERT)")
-    parser.add_argument(
-        "--data", help="shard set from `bertgpu prepare` (default: synthetic random tokens)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        nargs="+",
-        help="worker counts (default: 1, 2, 4, ... up to every visible GPU; 1 2 on CPU)",
-    )
+    parser.add_argument("--data",
+                        help="shard set from `bertgpu prepare` (default: synthetic random tokens)")
+    parser.add_argument("--workers", type=int, nargs="+",
+                        help="worker counts (default: 1, 2, 4, ... up to every visible "
+                             "GPU; 1 2 on CPU)")
     parser.add_argument("--accumulation", type=int, nargs="+", default=[1, 4],
                         help="micro batches per optimizer step (gradient all-reduce once per step)")
     parser.add_argument("--micro-batch-size", type=int, default=None,
@@ -67,41 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps")
     parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (>= 1)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument(
-        "--precision", default=None, help="fp32, bf16 or fp16 (default: the recipe's)"
-    )
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)",
-    )
-    parser.add_argument(
-        "--threads-per-worker",
-        type=int,
-        default=None,
-        help="OMP threads per worker on CPU (default: cores / the largest worker count)",
-    )
+    parser.add_argument("--precision", default=None,
+                        help="fp32, bf16 or fp16 (default: the recipe's)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra pretrain override, e.g. --set "
+                             "distributed.bucket_cap_mb=50 (repeatable)")
+    parser.add_argument("--threads-per-worker", type=int, default=None,
+                        help="OMP threads per worker on CPU (default: cores / the largest "
+                             "worker count)")
     parser.add_argument("--out", default="bench_out/scaling", help="results folder")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit per training run")
-    parser.add_argument(
-        "--bandwidth-gbps",
-        type=float,
-        nargs="+",
-        default=[200.0, 16.0],
-        help="all-reduce bus bandwidths (GB/s) for the cost model: NVLink ~150-300, PCIe ~12-25",
-    )
-    parser.add_argument(
-        "--device-tflops",
-        type=float,
-        default=400.0,
-        help="achieved TFLOP/s per GPU for the cost model (H100 bf16 at ~40%% MFU: 400)",
-    )
-    parser.add_argument(
-        "--predict-only", action="store_true", help="print the cost model's table and exit"
-    )
+    parser.add_argument("--bandwidth-gbps", type=float, nargs="+", default=[200.0, 16.0],
+                        help="all-reduce bus bandwidths (GB/s) for the cost model: "
+                             "NVLink ~150-300, PCIe ~12-25")
+    parser.add_argument("--device-tflops", type=float, default=400.0,
+                        help="achieved TFLOP/s per GPU for the cost model (H100 bf16 "
+                             "at ~40%% MFU: 400)")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="print the cost model's table and exit")
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,10 +117,8 @@ def predict_efficiency(
       optimizer step and data loading cost the same at any n.
     """
     if n < 1 or accumulation < 1 or step_compute_s <= 0 or bandwidth_GBps <= 0 or bucket_mb <= 0:
-        raise BertgpuError(
-            "predict_efficiency: n, accumulation, step_compute_s, bandwidth and bucket_mb "
-            "must be positive"
-        )
+        raise BertgpuError("predict_efficiency: n, accumulation, step_compute_s, bandwidth and "
+                           "bucket_mb must be positive")
     if n == 1:
         return 1.0
     total = params * bytes_per_grad
@@ -170,72 +147,50 @@ def bert_params(hidden: int, layers: int, vocab: int = 30522, positions: int = 5
     d, ff = hidden, intermediate or 4 * hidden
     embeddings = (vocab + positions + 2) * d + 2 * d
     layer = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d
-    heads = (
-        d * d + d + 2 * d + vocab + (d * d + d) + (2 * d + 2)
-    )  # MLM transform + bias, pooler, NSP
+    # MLM transform + bias, pooler, NSP
+    heads = d * d + d + 2 * d + vocab + (d * d + d) + (2 * d + 2)
     return embeddings + layers * layer + heads, vocab * d
 
 
-def expected_table(
-    bandwidths: list[float],
-    device_tflops: float,
-    micro_batch: int = 32,
-    seq_len: int = 128,
-    n: int = 8,
-    bucket_mb: float = 25.0,
-) -> list[dict[str, Any]]:
+def expected_table(bandwidths: list[float], device_tflops: float, micro_batch: int = 32,
+                   seq_len: int = 128, n: int = 8, bucket_mb: float = 25.0) -> list[dict[str, Any]]:
     """The cost model for BERT-base and BERT-large at `n` GPUs, accumulation 1 and 4."""
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.telemetry import flops
 
     rows = []
     for name, hidden, layers in (("BERT-base", 768, 12), ("BERT-large", 1024, 24)):
-        cfg = BertConfig.from_dict(
-            {
-                "hidden_size": hidden,
-                "num_hidden_layers": layers,
-                "num_attention_heads": hidden // 64,
-                "intermediate_size": 4 * hidden,
-            }
-        )
+        cfg = BertConfig.from_dict({"hidden_size": hidden, "num_hidden_layers": layers,
+                                    "num_attention_heads": hidden // 64,
+                                    "intermediate_size": 4 * hidden})
         fpt = flops.flops_per_token_from_config(cfg, seq_len, mlm_fraction=0.15, with_nsp=False)
         step_s = micro_batch * seq_len * fpt / (device_tflops * 1e12)
         params, tail = bert_params(hidden, layers)
         for bw in bandwidths:
             for acc in (1, 4):
                 eff = predict_efficiency(params, bucket_mb, bw, step_s, acc, n, tail_params=tail)
-                rows.append(
-                    {
-                        "model": name,
-                        "params_M": round(params / 1e6, 1),
-                        "bandwidth_GBps": bw,
-                        "accumulation": acc,
-                        "micro_step_ms": round(step_s * 1e3, 2),
-                        "allreduce_ms": round(2 * (n - 1) / n * params * 4 / (bw * 1e9) * 1e3, 2),
-                        "workers": n,
-                        "efficiency": round(eff, 3),
-                    }
-                )
+                rows.append({"model": name, "params_M": round(params / 1e6, 1),
+                             "bandwidth_GBps": bw, "accumulation": acc,
+                             "micro_step_ms": round(step_s * 1e3, 2),
+                             "allreduce_ms": round(2 * (n - 1) / n * params * 4 / (bw * 1e9) * 1e3,
+                                                   2),
+                             "workers": n, "efficiency": round(eff, 3)})
     return rows
 
 
-def format_expected(
-    rows: list[dict[str, Any]], device_tflops: float, micro_batch: int, seq_len: int
-) -> str:
-    head = (
-        f"Expected weak-scaling efficiency at {rows[0]['workers']} GPUs (ring all-reduce cost model: "
-        f"fp32 gradients, 25 MiB buckets overlapped with the last backward, tied embedding last; "
-        f"{device_tflops:g} TFLOP/s achieved per GPU, micro batch {micro_batch} x {seq_len} tokens)\n\n"
-    )
-    lines = [
-        "| model | params (M) | bus GB/s | accumulation | micro-step ms | all-reduce ms | efficiency |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+def format_expected(rows: list[dict[str, Any]], device_tflops: float, micro_batch: int,
+                    seq_len: int) -> str:
+    head = (f"Expected weak-scaling efficiency at {rows[0]['workers']} GPUs (ring all-reduce cost "
+            "model: fp32 gradients, 25 MiB buckets overlapped with the last backward, tied "
+            f"embedding last; {device_tflops:g} TFLOP/s achieved per GPU, micro batch "
+            f"{micro_batch} x {seq_len} tokens)\n\n")
+    lines = ["| model | params (M) | bus GB/s | accumulation | micro-step ms | all-reduce ms | "
+             "efficiency |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['params_M']} | {r['bandwidth_GBps']:g} | {r['accumulation']} | "
-            f"{r['micro_step_ms']} | {r['allreduce_ms']} | {r['efficiency']:.2f} |"
-        )
+        lines.append(f"| {r['model']} | {r['params_M']} | {r['bandwidth_GBps']:g} | "
+                     f"{r['accumulation']} | {r['micro_step_ms']} | {r['allreduce_ms']} | "
+                     f"{r['efficiency']:.2f} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -244,23 +199,16 @@ def format_expected(
 # --------------------------------------------------------------------------------------------
 
 
-def write_synthetic_data(
-    folder: Path, vocab_size: int, seq_len: int, n_train: int = 2048, n_val: int = 64, seed: int = 0
-) -> Path:
+def write_synthetic_data(folder: Path, vocab_size: int, seq_len: int, n_train: int = 2048,
+                         n_val: int = 64, seed: int = 0) -> Path:
     """A synthetic shard set in the `bertgpu prepare` layout (full-length rows of random words):
     enough for a throughput benchmark, the model does the same work on any tokens."""
     from bertgpu.data.synthetic import write_synthetic_shards
 
-    return write_synthetic_shards(
-        folder,
-        n_train=n_train,
-        n_val=n_val,
-        seq_len=seq_len,
-        vocab_size=vocab_size,
-        seed=seed,
-        sequences_per_shard=max(n_train, n_val),
-        created_by="bertgpu bench scaling (synthetic)",
-    )
+    return write_synthetic_shards(folder, n_train=n_train, n_val=n_val, seq_len=seq_len,
+                                  vocab_size=vocab_size, seed=seed,
+                                  sequences_per_shard=max(n_train, n_val),
+                                  created_by="bertgpu bench scaling (synthetic)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,14 +235,8 @@ def default_workers(device: str) -> list[int]:
 
 def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> list[str]:
     """The command of one point: the elastic launcher for N > 1, the plain entry point for 1."""
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(workers),
-    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(workers)]
     head = launcher if workers > 1 else [sys.executable]
     return [*head, "-m", "bertgpu", "pretrain", *([recipe] if recipe else []), *overrides]
 
@@ -308,9 +250,8 @@ def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
     origin = next((r for r in train if r["step"] == warmup_steps), None)
     after = [r for r in train if r["step"] > warmup_steps]
     if origin is None or not after:
-        raise BertgpuError(
-            f"{metrics_path}: found no train records after step {warmup_steps}; did the run fail?"
-        )
+        raise BertgpuError(f"{metrics_path}: found no train records after step {warmup_steps}; did "
+                           "the run fail?")
     dt = after[-1]["elapsed_s"] - origin["elapsed_s"]
     if dt <= 0:
         raise BertgpuError(f"{metrics_path}: elapsed_s does not increase after the warm-up")
@@ -328,22 +269,14 @@ def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
         data.append(r.get("data_wait_share", 0.0))
     total = sum(weights) or 1.0
     out["comm_share"] = sum(w * c for w, c in zip(weights, comm, strict=True) if c == c) / total
-    out["data_wait_share"] = (
-        sum(w * d for w, d in zip(weights, data, strict=True) if d == d) / total
-    )
+    out["data_wait_share"] = (sum(w * d for w, d in zip(weights, data, strict=True) if d == d)
+                              / total)
     return out
 
 
-def _run_point(
-    args: argparse.Namespace,
-    data_dir: Path,
-    workers: int,
-    accumulation: int,
-    micro: int,
-    model_overrides: list[str],
-    env: dict[str, str],
-    runs_dir: Path,
-) -> dict[str, Any]:
+def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulation: int,
+               micro: int, model_overrides: list[str], env: dict[str, str],
+               runs_dir: Path) -> dict[str, Any]:
     run_dir = runs_dir / f"w{workers}_a{accumulation}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a leftover run folder would be resumed, not measured
@@ -366,9 +299,8 @@ def _run_point(
     wall_s = cells.run_logged(cmd, env, log, args.timeout_s,
                               f"{workers} workers, accumulation {accumulation}")
     result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
-    shutil.copyfile(
-        run_dir / "metrics.jsonl", runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl"
-    )
+    shutil.copyfile(run_dir / "metrics.jsonl",
+                    runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl")
     shutil.rmtree(run_dir)  # checkpoints and exports of a benchmark are not worth the disk
     return {"workers": workers, "accumulation": accumulation, "micro_batch_size": micro,
             "global_batch": micro * accumulation * workers, "wall_s": round(wall_s, 1),
@@ -378,9 +310,8 @@ def _run_point(
 def _set_overrides(sets: list[str]) -> list[str]:
     for item in sets:
         if "=" not in item:
-            raise BertgpuError(
-                f"--set {item!r}: expected KEY=VALUE, e.g. distributed.bucket_cap_mb=50"
-            )
+            raise BertgpuError(f"--set {item!r}: expected KEY=VALUE, e.g. "
+                               "distributed.bucket_cap_mb=50")
     return ["--" + item for item in sets]
 
 
@@ -395,16 +326,15 @@ def _model_overrides(args: argparse.Namespace) -> tuple[list[str], int, int]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| workers | accumulation | global batch | tokens/s | tokens/s per device | speedup | efficiency "
-        "| comm share | data wait share |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = ["| workers | accumulation | global batch | tokens/s | tokens/s per device | speedup | "
+             "efficiency | comm share | data wait share |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['workers']} | {r['accumulation']} | {r['global_batch']} | {r['tokens_per_s']:,.0f} | "
-            f"{r['tokens_per_s_per_device']:,.0f} | {r['speedup']:.2f} | {r['efficiency']:.2f} | "
-            f"{r['comm_share']:.3f} | {r['data_wait_share']:.3f} |"
+            f"| {r['workers']} | {r['accumulation']} | {r['global_batch']} | "
+            f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_device']:,.0f} | "
+            f"{r['speedup']:.2f} | {r['efficiency']:.2f} | {r['comm_share']:.3f} | "
+            f"{r['data_wait_share']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -465,27 +395,24 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for acc in accumulations:
         for w in workers:
-            print(
-                f"bench scaling: {w} worker{'s' if w > 1 else ''}, accumulation {acc} ...",
-                flush=True,
-            )
+            print(f"bench scaling: {w} worker{'s' if w > 1 else ''}, accumulation {acc} ...",
+                  flush=True)
             rows.append(_run_point(args, data_dir, w, acc, micro, model_overrides, env, runs_dir))
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     device = "cuda" if on_gpu else "cpu"
     for r in rows:
-        base = next(
-            (b for b in rows if b["workers"] == 1 and b["accumulation"] == r["accumulation"]), None
-        )
+        base = next((b for b in rows
+                     if b["workers"] == 1 and b["accumulation"] == r["accumulation"]), None)
         r["tokens_per_s_per_device"] = r["tokens_per_s"] / r["workers"]
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
         r["efficiency"] = r["speedup"] / r["workers"]
         r.update(device=device, seq_len=seq_len, recipe=args.recipe or "tiny (built in)",
                  data=args.data or "synthetic", time=stamp)
-    header = (
-        f"# bertgpu bench scaling ({stamp}, {device})\n\n`{('bertgpu ' + ' '.join(sys.argv[1:])).strip()}`\n\n"
-        f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + {args.steps} "
-        f"measured steps; efficiency = speedup / workers; comm share = exposed all-reduce time / step time."
-    )
+    header = (f"# bertgpu bench scaling ({stamp}, {device})\n\n"
+              f"`{('bertgpu ' + ' '.join(sys.argv[1:])).strip()}`\n\n"
+              f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + "
+              f"{args.steps} measured steps; efficiency = speedup / workers; comm share = exposed "
+              "all-reduce time / step time.")
     _write_outputs(rows, out, header, expected_text)
     return 0
 
@@ -493,9 +420,8 @@ def main(args: argparse.Namespace) -> int:
 def _points(args: argparse.Namespace, on_gpu: bool) -> tuple[list[int], list[int]]:
     """The worker counts and accumulations to measure, checked before anything runs."""
     if args.warmup_steps < 1 or args.steps < 1:
-        raise BertgpuError(
-            f"--warmup-steps {args.warmup_steps}, --steps {args.steps}: expected both >= 1"
-        )
+        raise BertgpuError(f"--warmup-steps {args.warmup_steps}, --steps {args.steps}: "
+                           "expected both >= 1")
     workers = sorted(set(args.workers or default_workers(args.device)))
     accumulations = sorted(set(args.accumulation))
     if min(workers) < 1 or min(accumulations) < 1:
@@ -504,9 +430,8 @@ def _points(args: argparse.Namespace, on_gpu: bool) -> tuple[list[int], list[int
         import torch
 
         if max(workers) > torch.cuda.device_count():
-            raise BertgpuError(
-                f"--workers {max(workers)}: only {torch.cuda.device_count()} GPUs are visible"
-            )
+            raise BertgpuError(f"--workers {max(workers)}: only {torch.cuda.device_count()} "
+                               "GPUs are visible")
     return workers, accumulations
 
 

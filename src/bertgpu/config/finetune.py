@@ -38,32 +38,20 @@ from bertgpu.config.sections import (
 class FinetuneConfig:
     """Every knob of `bertgpu finetune` (flat keys); results.json records it resolved."""
 
-    seed: int = reuse(
-        PretrainConfig,
-        "seed",
-        help="seed of the fresh head, data order and dropout (glue --seeds sets it)",
-    )
-    max_seq_len: int | None = option(
-        None, "tokens per sequence, longer inputs truncated (none = 128 GLUE, 384 SQuAD)"
-    )
+    seed: int = reuse(PretrainConfig, "seed",
+                      help="seed of the fresh head, data order and dropout (glue --seeds sets it)")
+    max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = "
+                                           "128 GLUE, 384 SQuAD)")
     doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
-    epochs: int | None = option(
-        None,
-        "passes over the training set (none = by model size: 3 for hidden size 768+, "
-        "5 up to 512, 10 up to 256)",
-    )
+    epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for "
+                                      "hidden size 768+, 5 up to 512, 10 up to 256)")
     global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
-    micro_batch_size: int | None = option(
-        None, "sequences per forward pass per device (none = global / devices)"
-    )
-    lr: float | None = reuse(
-        OptimSection,
-        "lr",
-        None,
-        "peak learning rate (none = by model size: 2e-5 for hidden "
-        "size 768+, 1e-4 up to 512, 3e-4 up to 256)",
-    )
+    micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = "
+                                                "global / devices)")
+    lr: float | None = reuse(OptimSection, "lr", None,
+                             "peak learning rate (none = by model size: 2e-5 for hidden size 768+, "
+                             "1e-4 up to 512, 3e-4 up to 256)")
     lr_scaling: str = reuse(OptimSection, "lr_scaling")
     reference_batch_size: int | None = reuse(OptimSection, "reference_batch_size")
     weight_decay: float = reuse(OptimSection, "weight_decay")
@@ -75,28 +63,21 @@ class FinetuneConfig:
     eval_batch_size: int = option(64, "sequences per forward pass in evaluation")
     n_best: int = option(20, "SQuAD: start/end candidates per window")
     max_answer_len: int = option(30, "SQuAD: longest answer in tokens")
-    null_threshold: float = option(
-        0.0, "SQuAD v2: predict no answer when null - best span score > this"
-    )
-    max_train_examples: int | None = option(
-        None, "use only the first N training examples (quick runs)"
-    )
-    max_eval_examples: int | None = option(
-        None, "evaluate on the first N examples of each dev split"
-    )
-    hidden_dropout_prob: float | None = option(
-        None, "override the model's hidden dropout (none = keep)"
-    )
+    null_threshold: float = option(0.0,
+                                   "SQuAD v2: predict no answer when null - best span score > this")
+    max_train_examples: int | None = option(None,
+                                            "use only the first N training examples (quick runs)")
+    max_eval_examples: int | None = option(None,
+                                           "evaluate on the first N examples of each dev split")
+    hidden_dropout_prob: float | None = option(None,
+                                               "override the model's hidden dropout (none = keep)")
     log_every_steps: int = reuse(TrainSection, "log_every_steps")
     device: str = reuse(ImplSection, "device")
     budget_hours: float | None = reuse(TrainSection, "budget_hours")
     max_nonfinite_steps: int = reuse(TrainSection, "max_nonfinite_steps")
-    checkpoint_every_steps: int = reuse(
-        CheckpointSection,
-        "every_steps",
-        0,
-        "write a resumable checkpoint every N steps (0 = only when preempted)",
-    )
+    checkpoint_every_steps: int = reuse(CheckpointSection, "every_steps", 0,
+                                        "write a resumable checkpoint every N steps (0 = only "
+                                        "when preempted)")
     checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
     timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
     logging: LoggingSection = option(
@@ -111,11 +92,8 @@ class FinetuneConfig:
 # al. 2019, search lr up to 3e-4). Measured (benchmarks/finetune_defaults.py, its docstring): on
 # the NER fixture, 2e-5 x3 gives entity F1 9 (hidden 128) and 16 (hidden 384, all-MiniLM); 3e-4
 # x10 gives 96.5 at hidden 128, 1e-4 x5 gives 100 at hidden 384.
-FINETUNE_DEFAULTS: tuple[tuple[int, float, int], ...] = (
-    (256, 3e-4, 10),
-    (512, 1e-4, 5),
-    (1 << 30, 2e-5, 3),
-)
+FINETUNE_DEFAULTS: tuple[tuple[int, float, int], ...] = ((256, 3e-4, 10), (512, 1e-4, 5),
+                                                         (1 << 30, 2e-5, 3))
 
 
 def finetune_defaults(hidden_size: int) -> tuple[float, int]:
@@ -134,9 +112,8 @@ def resolve_finetune(cfg: FinetuneConfig, hidden_size: int) -> tuple[FinetuneCon
     if not chosen:
         return cfg, ""
     note = ", ".join(f"{k} {v:g}" for k, v in chosen.items())
-    return dataclasses.replace(
-        cfg, **chosen
-    ), f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)"
+    return (dataclasses.replace(cfg, **chosen),
+            f"{note} (hidden size {hidden_size}; set --lr / --epochs to change)")
 
 
 def peak_lr(cfg: FinetuneConfig) -> float:
@@ -155,9 +132,8 @@ def _finetune_aliases() -> dict[str, str]:
     return {f"{section}.{k}": k for k in keys for section in ("train", "optim", "finetune")}
 
 
-def load_finetune_config(
-    cfg: FinetuneConfig | None = None, overrides: list[str] | None = None
-) -> FinetuneConfig:
+def load_finetune_config(cfg: FinetuneConfig | None = None,
+                         overrides: list[str] | None = None) -> FinetuneConfig:
     """Defaults (or `cfg`, copied) <- command-line overrides, then range checks."""
 
     cfg = copy.deepcopy(cfg) if cfg is not None else FinetuneConfig()
@@ -173,19 +149,12 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
                 "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
         key_is(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in (
-        "epochs",
-        "max_seq_len",
-        "micro_batch_size",
-        "max_train_examples",
-        "max_eval_examples",
-    ):
-        key_is(
-            getattr(cfg, key) is None or getattr(cfg, key) > 0, key, "a positive integer or none"
-        )
-    key_is(
-        cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr", "a positive number or none"
-    )
+    for key in ("epochs", "max_seq_len", "micro_batch_size", "max_train_examples",
+                "max_eval_examples"):
+        key_is(getattr(cfg, key) is None or getattr(cfg, key) > 0, key,
+               "a positive integer or none")
+    key_is(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr",
+           "a positive number or none")
     key_is(cfg.weight_decay >= 0, "weight_decay", "0 or more")
     key_is(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
     key_is(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")
@@ -218,30 +187,18 @@ def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_b
     `cfg` must be resolved (lr set: `resolve_finetune`). Keys fine-tuning does not expose keep the
     sections' defaults."""
     return SimpleNamespace(
-        train=TrainSection(
-            max_steps=max_steps,
-            global_batch_size=cfg.global_batch_size,
-            precision=cfg.precision,
-            grad_clip=cfg.grad_clip,
-            budget_hours=cfg.budget_hours,
-            max_nonfinite_steps=cfg.max_nonfinite_steps,
-            eval_every_steps=eval_every,
-            log_every_steps=cfg.log_every_steps,
-        ),
-        optim=OptimSection(
-            name=cfg.optimizer,
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            lr_scaling=cfg.lr_scaling,
-            reference_batch_size=cfg.reference_batch_size,
-        ),
+        train=TrainSection(max_steps=max_steps, global_batch_size=cfg.global_batch_size,
+                           precision=cfg.precision, grad_clip=cfg.grad_clip,
+                           budget_hours=cfg.budget_hours,
+                           max_nonfinite_steps=cfg.max_nonfinite_steps, eval_every_steps=eval_every,
+                           log_every_steps=cfg.log_every_steps),
+        optim=OptimSection(name=cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                           lr_scaling=cfg.lr_scaling,
+                           reference_batch_size=cfg.reference_batch_size),
         schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
         impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
-        checkpoint=CheckpointSection(
-            every_steps=cfg.checkpoint_every_steps,
-            every_minutes=cfg.checkpoint_every_minutes,
-            keep_last=1,
-        ),
+        checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,
+                                     every_minutes=cfg.checkpoint_every_minutes, keep_last=1),
         distributed=DistributedSection(timeout_minutes=cfg.timeout_minutes),
         logging=cfg.logging,
     )

@@ -34,9 +34,8 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 
 
-def option(
-    default: Any = dataclasses.MISSING, help: str = "", factory: Any = dataclasses.MISSING
-) -> Any:
+def option(default: Any = dataclasses.MISSING, help: str = "",
+           factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field with its help text in `metadata["help"]` (printed by --help-config)."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"help": help})
@@ -44,9 +43,8 @@ def option(
 
 
 
-def reuse(
-    section: type, name: str, default: Any = dataclasses.MISSING, help: str | None = None
-) -> Any:
+def reuse(section: type, name: str, default: Any = dataclasses.MISSING,
+          help: str | None = None) -> Any:
     """The field `name` of dataclass `section` again, for another schema: the same help text
     (unless `help` is given) and the same default (unless `default` is given). The fine-tuning
     schema takes its shared knobs from the pretraining sections this way instead of
@@ -152,12 +150,8 @@ def _parse_text(text: str, tp: Any) -> Any:
         inner = typing.get_args(tp)
         parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
         elem = inner[0] if inner else str
-        if (
-            typing.get_origin(tp) is tuple
-            and inner
-            and inner[-1] is not Ellipsis
-            and len(parts) != len(inner)
-        ):
+        if (typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis
+                and len(parts) != len(inner)):
             raise _BadValue(text)
         values = [_parse_text(p, elem) for p in parts]
         return tuple(values) if typing.get_origin(tp) is tuple else values
@@ -202,12 +196,8 @@ def _coerce(value: Any, tp: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise _BadValue(value)
         inner = typing.get_args(tp)
-        if (
-            typing.get_origin(tp) is tuple
-            and inner
-            and inner[-1] is not Ellipsis
-            and len(value) != len(inner)
-        ):
+        if (typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis
+                and len(value) != len(inner)):
             raise _BadValue(value)
         elem = inner[0] if inner else Any
         values = [v if elem is Any else _coerce(v, elem) for v in value]
@@ -262,9 +252,8 @@ def _unknown(key: str, obj: Any, source: str) -> BertgpuError:
     if not close:  # also try the last part alone ("max_stepz" -> "train.max_steps")
         leaf = key.rsplit(".", 1)[-1]
         by_leaf = {k.rsplit(".", 1)[-1]: k for k in candidates}
-        close = [
-            by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
-        ]
+        close = [by_leaf[m]
+                 for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)]
     hint = f" (did you mean {close[0]}?)" if close else ""
     return BertgpuError(f"{source}: unknown key {key}{hint}")
 
@@ -280,9 +269,8 @@ def _resolve(obj: Any, key: str, source: str) -> tuple[Any, str, Any]:
         tp, value = hints[part], getattr(target, part)
         if i == len(parts) - 1:
             if _is_section(value):
-                raise BertgpuError(
-                    f"{source}: {key} is a section; set one of its keys, e.g. {all_keys(value, key + '.')[0]}"
-                )
+                raise BertgpuError(f"{source}: {key} is a section; set one of its keys, e.g. "
+                                   f"{all_keys(value, key + '.')[0]}")
             return target, part, tp
         if not _is_section(value):
             raise _unknown(key, obj, source)
@@ -296,13 +284,8 @@ def set_value(obj: Any, key: str, value: Any, source: str, *, from_text: bool = 
     try:
         converted = _parse_text(value, tp) if from_text else _coerce(value, tp)
     except _BadValue:
-        shown = (
-            value
-            if from_text
-            else json.dumps(value)
-            if not isinstance(value, tuple)
-            else list(value)
-        )
+        shown = (value if from_text else json.dumps(value) if not isinstance(value, tuple)
+                 else list(value))
         raise BertgpuError(f"{source}: {key} = {shown}: expected {_type_name(tp)}") from None
     setattr(owner, name, converted)
 
@@ -319,9 +302,8 @@ def apply_dict(obj: Any, data: dict[str, Any], source: str, prefix: str = "") ->
             name = key.replace("-", "_")
             if name not in hints or not _is_section(getattr(owner, name)):
                 if name in hints:
-                    raise BertgpuError(
-                        f"{source}: {dotted} = a table: expected {_type_name(hints[name])}"
-                    )
+                    raise BertgpuError(f"{source}: {dotted} = a table: expected "
+                                       f"{_type_name(hints[name])}")
                 raise _unknown(dotted, obj, source)
             apply_dict(obj, value, source, prefix=dotted + ".")
         else:
@@ -438,10 +420,8 @@ def dump_toml(cfg: Any) -> str:
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             lines = [f"[{f.name}]"]
-            lines += [
-                f"{g.name} = {_toml_value(getattr(value, g.name))}"
-                for g in dataclasses.fields(value)
-            ]
+            lines += [f"{g.name} = {_toml_value(getattr(value, g.name))}"
+                      for g in dataclasses.fields(value)]
             tables.append("\n".join(lines))
         else:
             top.append(f"{f.name} = {_toml_value(value)}")
@@ -466,13 +446,8 @@ def format_help(schema: Any, prefix: str = "") -> str:
                 lines.append(f"\n[{prefix}{f.name}]  {help_of(cls, f)}")
                 walk(value, f"{prefix}{f.name}.")
                 continue
-            shown = (
-                "none"
-                if value is None
-                else ",".join(map(str, value))
-                if isinstance(value, (tuple, list))
-                else value
-            )
+            shown = ("none" if value is None else ",".join(map(str, value))
+                     if isinstance(value, (tuple, list)) else value)
             lines.append(f"  --{prefix}{f.name} ({_type_name(hints[f.name])}; default {shown})")
             lines.append(f"      {help_of(cls, f)}")
 

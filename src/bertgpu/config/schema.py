@@ -73,9 +73,8 @@ class PretrainConfig:
     """Everything `bertgpu pretrain` needs; `config.toml` in a run folder is this, resolved."""
 
     seed: int = option(0, "seed of initialisation, data order and masking (also --seed N)")
-    out: str | None = option(
-        None, "run folder: config, metrics, checkpoints, export (also --out DIR)"
-    )
+    out: str | None = option(None,
+                             "run folder: config, metrics, checkpoints, export (also --out DIR)")
     init: str | None = option(
         None, "continue pretraining from these weights: a run folder, a checkpoint folder or a "
         "Hugging Face BERT / ModernBERT folder (also --init PATH); [model] comes from its "
@@ -83,24 +82,21 @@ class PretrainConfig:
     resume_optimizer: bool = option(
         False, "with init from a bertgpu run: also take its optimizer state (the schedule still "
         "starts fresh; also --resume-optimizer)")
-    model: Any = option(
-        factory=lambda: build.spec("bert").pretraining_config(),
-        help="the architecture's own config (Hugging Face names): model.architecture "
-        "chooses it, BERT-base by default",
-    )
+    model: Any = option(factory=lambda: build.spec("bert").pretraining_config(),
+                        help="the architecture's own config (Hugging Face names): "
+                             "model.architecture chooses it, BERT-base by default")
     data: DataSection = option(factory=DataSection, help="token shards and masking")
     train: TrainSection = option(factory=TrainSection, help="batch, precision, length, cadence")
-    impl: ImplSection = option(
-        factory=ImplSection, help="device, micro batch, compile, unpadding, workers"
-    )
+    impl: ImplSection = option(factory=ImplSection,
+                               help="device, micro batch, compile, unpadding, workers")
     optim: OptimSection = option(factory=OptimSection, help="optimizer and learning rate")
     schedule: ScheduleSection = option(factory=ScheduleSection, help="learning-rate schedule")
     checkpoint: CheckpointSection = option(factory=CheckpointSection, help="checkpoint cadence")
     distributed: DistributedSection = option(factory=DistributedSection,
                                              help="DDP or FSDP, buckets, gradient compression")
-    logging: LoggingSection = option(
-        factory=LoggingSection, help="metric sinks (W&B, MLflow, TensorBoard) and the GPU monitor"
-    )
+    logging: LoggingSection = option(factory=LoggingSection,
+                                     help="metric sinks (W&B, MLflow, TensorBoard) and "
+                                          "the GPU monitor")
 
 
 # Short command-line spellings of frequently used keys.
@@ -114,9 +110,8 @@ def help_text() -> str:
     for name in build.ARCHITECTURES:
         if name != PretrainConfig().model.architecture:
             model = build.spec(name).pretraining_config()
-            text += f"\n[model] with architecture = {name!r}\n" + format_help(
-                model, prefix="model."
-            )
+            text += (f"\n[model] with architecture = {name!r}\n"
+                     + format_help(model, prefix="model."))
     return text
 
 
@@ -195,9 +190,8 @@ def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: l
                 except ValueError:
                     pass
             instead = spec.equivalents.get(key, ())
-            hint = (
-                f" (for {spec.name}: {', '.join('model.' + n for n in instead)})" if instead else ""
-            )
+            hint = (f" (for {spec.name}: {', '.join('model.' + n for n in instead)})"
+                    if instead else "")
             raise BertgpuError(f"{where}: model.{key} = {value!r}: a {name} field, not one of "
                                f"{spec.name}{hint}")
 
@@ -229,13 +223,10 @@ def _validate_model(cfg: PretrainConfig) -> None:
     m = cfg.model
     check_choice("model.architecture", m.architecture, tuple(build.ARCHITECTURES))
     spec = build.spec(m.architecture)
-    if not isinstance(
-        m, spec.config_class
-    ):  # the file named one architecture, the command line another
-        raise BertgpuError(
-            f"config: model.architecture = {m.architecture!r} but the [model] section "
-            f"holds {type(m).__name__} fields; name the architecture once"
-        )
+    # the file named one architecture, the command line another
+    if not isinstance(m, spec.config_class):
+        raise BertgpuError(f"config: model.architecture = {m.architecture!r} but the [model] "
+                           f"section holds {type(m).__name__} fields; name the architecture once")
     m.validate(prefix="config: model.")
     if not spec.has_nsp:
         check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
@@ -248,38 +239,25 @@ def _validate_data(d: DataSection) -> None:
     if d.objective is not None:
         check_choice("data.objective", d.objective, OBJECTIVES)
     check(0.0 < d.mask_rate < 1.0, "data.mask_rate", d.mask_rate, "a number in (0, 1)")
-    check(
-        0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate, "a number in (0, 1)"
-    )
+    check(0.0 < d.eval_mask_rate < 1.0, "data.eval_mask_rate", d.eval_mask_rate,
+          "a number in (0, 1)")
 
 
 def _validate_train(t: TrainSection) -> None:
     check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
     if t.budget_hours is None:
-        check(
-            t.max_steps > 0,
-            "train.max_steps",
-            t.max_steps,
-            "a positive integer (or set train.budget_hours)",
-        )
+        check(t.max_steps > 0, "train.max_steps", t.max_steps,
+              "a positive integer (or set train.budget_hours)")
     else:
-        check(
-            t.budget_hours > 0 and math.isfinite(t.budget_hours),
-            "train.budget_hours",
-            t.budget_hours,
-            "a positive number of hours",
-        )
-    check(
-        t.global_batch_size > 0,
-        "train.global_batch_size",
-        t.global_batch_size,
-        "a positive integer",
-    )
+        check(t.budget_hours > 0 and math.isfinite(t.budget_hours), "train.budget_hours",
+              t.budget_hours,
+               "a positive number of hours")
+    check(t.global_batch_size > 0, "train.global_batch_size", t.global_batch_size,
+          "a positive integer")
     check_choice("train.precision", t.precision, PRECISIONS)
     check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "0 (off) or a positive number")
-    check(
-        t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps, "1 or more"
-    )
+    check(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps,
+          "1 or more")
     check(t.eval_every_steps >= 0, "train.eval_every_steps", t.eval_every_steps, "0 or more")
     check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
     check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
@@ -290,12 +268,8 @@ def _validate_impl(i: ImplSection, t: TrainSection) -> None:
         check(i.micro_batch_size == "auto", "impl.micro_batch_size", i.micro_batch_size,
               "a positive integer or auto")
     else:
-        check(
-            i.micro_batch_size > 0,
-            "impl.micro_batch_size",
-            i.micro_batch_size,
-            "a positive integer",
-        )
+        check(i.micro_batch_size > 0, "impl.micro_batch_size", i.micro_batch_size,
+              "a positive integer")
         check(t.global_batch_size % i.micro_batch_size == 0, "train.global_batch_size",
               t.global_batch_size, f"a multiple of impl.micro_batch_size ({i.micro_batch_size})")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
@@ -328,16 +302,11 @@ def _validate_schedule(s: ScheduleSection, t: TrainSection) -> None:
     if t.budget_hours is not None and s.warmup_steps is not None and t.max_steps == 0:
         check(False, "schedule.warmup_steps", s.warmup_steps,
                "none in budget mode without train.max_steps (use schedule.warmup_fraction)")
-    check(
-        0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio, "a number in [0, 1]"
-    )
+    check(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio,
+          "a number in [0, 1]")
     check(s.power > 0, "schedule.power", s.power, "a positive number")
-    check(
-        0.0 <= s.decay_fraction <= 1.0,
-        "schedule.decay_fraction",
-        s.decay_fraction,
-        "a number in [0, 1]",
-    )
+    check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction,
+          "a number in [0, 1]")
 
 
 def _validate_checkpoint(c: CheckpointSection) -> None:
@@ -348,12 +317,8 @@ def _validate_checkpoint(c: CheckpointSection) -> None:
 
 
 def _validate_distributed(dist: DistributedSection, ckpt: CheckpointSection) -> None:
-    check(
-        dist.bucket_cap_mb > 0,
-        "distributed.bucket_cap_mb",
-        dist.bucket_cap_mb,
-        "a positive integer",
-    )
+    check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb,
+          "a positive integer")
     check_choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
     check_choice("distributed.strategy", dist.strategy, STRATEGIES)
     if dist.strategy != "fsdp":
@@ -365,39 +330,32 @@ def _validate_distributed(dist: DistributedSection, ckpt: CheckpointSection) -> 
         check(dist.comm_hook == "none", "distributed.comm_hook", dist.comm_hook,
               "none with distributed.strategy fsdp (compression hooks are DDP's; FSDP reduces in "
               "fp32, or halves the all-gather with train.precision bf16)")
-    check(
-        dist.timeout_minutes > 0,
-        "distributed.timeout_minutes",
-        dist.timeout_minutes,
-        "a positive number",
-    )
+    check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes,
+          "a positive number")
     check_choice("distributed.balance", dist.balance, BALANCE_MODES)
-    check(
-        dist.balance_every_steps >= 1,
-        "distributed.balance_every_steps",
-        dist.balance_every_steps,
-        "1 or more",
-    )
+    check(dist.balance_every_steps >= 1, "distributed.balance_every_steps",
+          dist.balance_every_steps, "1 or more")
 
 
 def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_size: int) -> int:
     """Accumulation steps = global / (micro x world); BertgpuError when it does not divide."""
     if isinstance(micro_batch_size, str):
         raise BertgpuError(
-            f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before resolve_batch"
+            f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before "
+            "resolve_batch"
         )
     if global_batch_size <= 0 or micro_batch_size <= 0 or world_size <= 0:
         raise BertgpuError(
-            f"train.global_batch_size {global_batch_size}, impl.micro_batch_size {micro_batch_size}, "
-            f"{world_size} devices: all must be positive"
+            f"train.global_batch_size {global_batch_size}, impl.micro_batch_size "
+            f"{micro_batch_size}, {world_size} devices: all must be positive"
         )
     per_step = micro_batch_size * world_size
     if global_batch_size % per_step:
         devices = "device" if world_size == 1 else "devices"
         raise BertgpuError(
-            f"train.global_batch_size {global_batch_size} is not divisible by impl.micro_batch_size "
-            f"{micro_batch_size} × {world_size} {devices} = {per_step}; choose a global batch that "
-            f"is a multiple of {per_step}"
+            f"train.global_batch_size {global_batch_size} is not divisible by "
+            f"impl.micro_batch_size {micro_batch_size} × {world_size} {devices} = {per_step}; "
+            f"choose a global batch that is a multiple of {per_step}"
         )
     return global_batch_size // per_step
 
@@ -406,15 +364,14 @@ def resolve_with_nsp(with_nsp: bool | None, objective: str, source: str = "data"
     """Whether to train the NSP head: `train.with_nsp` if set, else from the shard set's objective.
     NSP needs sentence pairs, so with_nsp true on MLM-only shards is an error."""
     if objective not in OBJECTIVES:
-        raise BertgpuError(
-            f"{source}: objective {objective!r}: expected one of {', '.join(OBJECTIVES)}"
-        )
+        raise BertgpuError(f"{source}: objective {objective!r}: expected one of "
+                           f"{', '.join(OBJECTIVES)}")
     if with_nsp is None:
         return objective == "mlm+nsp"
     if with_nsp and objective != "mlm+nsp":
         raise BertgpuError(
-            f"{source}: train.with_nsp is true but the shards have objective {objective} (no sentence "
-            f"pairs); prepare the data with objective mlm+nsp or set train.with_nsp false"
+            f"{source}: train.with_nsp is true but the shards have objective {objective} (no "
+            "sentence pairs); prepare the data with objective mlm+nsp or set train.with_nsp false"
         )
     return with_nsp
 

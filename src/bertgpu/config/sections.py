@@ -20,13 +20,13 @@ class DataSection:
 
     dir: str | None = option(None, "shard set written by `bertgpu prepare` (also --data DIR)")
     objective: str | None = option(
-        None,
-        "expected objective, mlm or mlm+nsp; checked against the manifest (none = accept the manifest's)",
+        None, "expected objective, mlm or mlm+nsp; checked against the manifest (none = accept the "
+              "manifest's)"
     )
     mask_rate: float = option(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
     eval_mask_rate: float = option(
-        0.15,
-        "fraction of tokens masked in validation, fixed so that recipes with other training rates compare",
+        0.15, "fraction of tokens masked in validation, fixed so that recipes with other training "
+              "rates compare"
     )
     whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
 
@@ -40,23 +40,19 @@ class TrainSection:
     cadence. Changing one of these changes the result (`[impl]` holds what does not)."""
 
     max_steps: int = option(10000, "optimizer steps; in budget mode an upper bound (0 = none)")
-    global_batch_size: int = option(
-        256, "sequences per optimizer step, over all devices and micro batches"
-    )
+    global_batch_size: int = option(256, "sequences per optimizer step, over all devices and "
+                                         "micro batches")
     precision: str = option("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
     grad_clip: float = option(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
-    budget_hours: float | None = option(
-        None, "wall-clock budget; the schedule follows elapsed/budget (none = step-based)"
-    )
+    budget_hours: float | None = option(None, "wall-clock budget; the schedule follows "
+                                              "elapsed/budget (none = step-based)")
     max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row")
-    eval_every_steps: int = option(
-        1000, "evaluate on the validation split every N steps (0 = only at the end)"
-    )
+    eval_every_steps: int = option(1000, "evaluate on the validation split every N steps (0 = "
+                                         "only at the end)")
     eval_batches: int = option(50, "micro batches per evaluation (0 = the whole validation split)")
     log_every_steps: int = option(10, "console and metrics.jsonl line every N steps")
-    with_nsp: bool | None = option(
-        None, "train the NSP head (none = when the data objective is mlm+nsp)"
-    )
+    with_nsp: bool | None = option(None,
+                                   "train the NSP head (none = when the data objective is mlm+nsp)")
 
 
 @dataclass
@@ -66,18 +62,17 @@ class ImplSection:
 
     device: str = option("auto", "auto, cpu, cuda, cuda:N or mps (auto = CUDA when visible)")
     micro_batch_size: int | str = option(
-        32,
-        'sequences per forward pass per device; "auto" = the largest that fits the device\'s memory',
+        32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's "
+            "memory"
     )
     compile: bool = option(False, "torch.compile the model")
     unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
-    gradient_checkpointing: bool = option(
-        False, "recompute activations in backward: less memory, ~30% more compute"
-    )
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less "
+                                                 "memory, ~30% more compute")
     num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
     bucket_window: int = option(
-        0,
-        "sort each window of N micro batches of a step by length so each pads to its own longest (0 = off)",
+        0, "sort each window of N micro batches of a step by length so each pads to its own "
+           "longest (0 = off)"
     )
 
 
@@ -94,9 +89,8 @@ class OptimSection:
     weight_decay: float = option(0.01, "decoupled weight decay; never on biases and LayerNorm")
     betas: tuple[float, float] = option((0.9, 0.999), "Adam moment decay rates, e.g. 0.9,0.98")
     eps: float = option(1e-6, "Adam epsilon")
-    reference_batch_size: int | None = option(
-        None, "global batch the lr was tuned for (needed by lr_scaling)"
-    )
+    reference_batch_size: int | None = option(None, "global batch the lr was tuned for (needed "
+                                                    "by lr_scaling)")
     lr_scaling: str = option("none", "scale lr by global/reference batch: none, linear or sqrt")
 
 
@@ -108,19 +102,14 @@ class ScheduleSection:
     """Shape of lr(progress); progress = step/max_steps, or elapsed/budget in budget mode."""
 
     warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction)")
-    warmup_fraction: float | None = option(
-        0.01, "warm-up as a fraction of training (budget mode: of the budget)"
-    )
-    decay: str = option(
-        "linear",
-        "linear, cosine, constant, polynomial, triangle / one-cycle, wsd (warmup-stable-decay)",
-    )
+    warmup_fraction: float | None = option(0.01, "warm-up as a fraction of training (budget mode: "
+                                                 "of the budget)")
+    decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle, wsd "
+                                  "(warmup-stable-decay)")
     min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak")
     power: float = option(1.0, "exponent of the polynomial decay")
-    decay_fraction: float = option(
-        0.1,
-        "wsd: the lr stays at its peak, then decays (1 - sqrt) over this last fraction of training",
-    )
+    decay_fraction: float = option(0.1, "wsd: the lr stays at its peak, then decays (1 - sqrt) "
+                                        "over this last fraction of training")
 
 
 @dataclass
@@ -129,9 +118,8 @@ class CheckpointSection:
 
     every_steps: int = option(1000, "write a checkpoint every N steps (0 = only at the end)")
     keep_last: int = option(3, "keep the newest N checkpoints (0 = keep all)")
-    every_minutes: float | None = option(
-        None, "also write one every N minutes of wall time (none = off)"
-    )
+    every_minutes: float | None = option(None,
+                                         "also write one every N minutes of wall time (none = off)")
     async_save: bool = option(
         False, "fsdp: copy the shards to CPU memory and write them in the background while "
                "training goes on (the stall is logged); the checkpoint counts only once sealed")
@@ -156,53 +144,42 @@ class DistributedSection:
     cpu_offload: bool = option(
         False, "fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
                "(less GPU memory, a slower step)")
-    bucket_cap_mb: int = option(
-        25, "DDP gradient bucket size in MB (larger: fewer all-reduces, less overlap)"
-    )
-    gradient_as_bucket_view: bool = option(
-        True, "gradients alias the all-reduce buckets (saves one gradient copy)"
-    )
-    comm_hook: str = option(
-        "none",
-        "gradient compression: none, bf16, fp16 (half the bytes) or powersgd (rank 1, changes the math)",
-    )
-    measure_comm: bool = option(
-        True,
-        "time the gradient all-reduce and log comm_share (the part not hidden behind backward)",
-    )
+    bucket_cap_mb: int = option(25, "DDP gradient bucket size in MB (larger: fewer all-reduces, "
+                                    "less overlap)")
+    gradient_as_bucket_view: bool = option(True, "gradients alias the all-reduce buckets (saves "
+                                                 "one gradient copy)")
+    comm_hook: str = option("none", "gradient compression: none, bf16, fp16 (half the bytes) or "
+                                    "powersgd (rank 1, changes the math)")
+    measure_comm: bool = option(True, "time the gradient all-reduce and log comm_share (the part "
+                                      "not hidden behind backward)")
     timeout_minutes: float = option(
-        60.0,
-        "how long any rank may wait in a collective (a hung rank ends the job after this) before failing",
+        60.0, "how long any rank may wait in a collective (a hung rank ends the job after this) "
+              "before failing"
     )
     balance: str = option(
-        "none",
-        "share the global batch by measured speed (auto: for unequal or throttling GPUs) or equally (none)",
+        "none", "share the global batch by measured speed (auto: for unequal or throttling GPUs) "
+                "or equally (none)"
     )
-    balance_every_steps: int = option(
-        50, "with balance = auto: measure each rank's speed over N steps, then re-share"
-    )
+    balance_every_steps: int = option(50, "with balance = auto: measure each rank's speed over N "
+                                          "steps, then re-share")
 
 
 @dataclass
 class LoggingSection:
     """Metric sinks (rank 0 only) and the GPU monitor; metrics.jsonl is always written."""
 
-    tensorboard: bool | None = option(
-        None, "TensorBoard scalars in RUN_DIR/tensorboard (none = when tensorboard is installed)"
-    )
+    tensorboard: bool | None = option(None, "TensorBoard scalars in RUN_DIR/tensorboard (none = "
+                                            "when tensorboard is installed)")
     wandb: bool = option(False, "log to Weights & Biases (pip install 'bertgpu[wandb]')")
     wandb_project: str = option("bertgpu", "W&B project")
     wandb_entity: str | None = option(None, "W&B team or user (none = your default entity)")
     wandb_run_name: str | None = option(None, "W&B run name (none = the run folder's name)")
-    wandb_mode: str = option(
-        "auto",
-        "online, offline (upload later: wandb sync RUN_DIR/wandb/offline-run-*) "
-        "or auto (WANDB_MODE if set, else online when an API key is set up, else offline)",
-    )
+    wandb_mode: str = option("auto", "online, offline (upload later: wandb sync "
+                                     "RUN_DIR/wandb/offline-run-*) or auto (WANDB_MODE if set, "
+                                     "else online when an API key is set up, else offline)")
     mlflow: bool = option(False, "log to MLflow (pip install 'bertgpu[mlflow]')")
-    mlflow_tracking_uri: str | None = option(
-        None, "MLflow tracking server or store (none = a file store in RUN_DIR/mlruns)"
-    )
+    mlflow_tracking_uri: str | None = option(None, "MLflow tracking server or store (none = a file "
+                                                   "store in RUN_DIR/mlruns)")
     mlflow_experiment: str = option("bertgpu", "MLflow experiment")
     mlflow_run_name: str | None = option(None, "MLflow run name (none = the run folder's name)")
     gpu_monitor_interval_s: float = option(

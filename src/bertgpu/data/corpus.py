@@ -149,9 +149,8 @@ def gensim_test_data(name: str) -> Path:
         path = Path(base) / "test" / "test_data" / name
         if path.is_file():
             return path
-    raise BertgpuError(
-        f"gensim test data {name!r}: not found in {list(spec.submodule_search_locations)}"
-    )
+    raise BertgpuError(f"gensim test data {name!r}: not found in "
+                       f"{list(spec.submodule_search_locations)}")
 
 
 def detect_format(path: Path) -> str:
@@ -332,9 +331,8 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
                 pending = False
         elif kind == "end":
             if yielded == 0:
-                message = (
-                    f"{value}: no text (only blank lines or markup); expected at least one document"
-                )
+                message = (f"{value}: no text (only blank lines or markup); expected at "
+                           "least one document")
                 if not skip_bad:
                     raise BertgpuError(message)
                 stats.skipped.append((value, message))
@@ -391,17 +389,11 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     """The input flags `bertgpu tokenizer` and `bertgpu prepare` share."""
     parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
                         help="files, folders (recursive) or glob patterns")
-    parser.add_argument(
-        "--format",
-        default="auto",
-        choices=FORMATS,
-        help="corpus format: sentences (one per line, blank line between documents), "
-        "text (paragraphs), lines (one document per line), jsonl, wiki "
-        "(default: by extension)",
-    )
-    parser.add_argument(
-        "--text-field", default="text", help="JSONL field with the text (default 'text')"
-    )
-    parser.add_argument(
-        "--skip-bad", action="store_true", help="skip unreadable files instead of stopping"
-    )
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="corpus format: sentences (one per line, blank line between "
+                             "documents), text (paragraphs), lines (one document per line), jsonl, "
+                             "wiki (default: by extension)")
+    parser.add_argument("--text-field", default="text",
+                        help="JSONL field with the text (default 'text')")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip unreadable files instead of stopping")

@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 # Batches and loaders
 
 
-def _make_batch(
-    shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray, indices: np.ndarray
-) -> dict[str, torch.Tensor]:
+def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray,
+                indices: np.ndarray) -> dict[str, torch.Tensor]:
     """Samples (epoch, index) -> one model batch of torch.long tensors (B, T) / (B,)."""
     import torch
 
@@ -65,17 +64,8 @@ class _MicroBatches:
     samples starting `offset` into the step's window, in micro batches of `micro_batch_size`
     (the last one smaller when the share does not divide). Picklable for worker processes."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        masker: Masker,
-        seed: int,
-        start: int,
-        global_batch_size: int,
-        micro_batch_size: int,
-        offset: int,
-        share: int,
-    ) -> None:
+    def __init__(self, shards: ShardSet, masker: Masker, seed: int, start: int,
+                 global_batch_size: int, micro_batch_size: int, offset: int, share: int) -> None:
         self.shards, self.masker, self.seed, self.start = shards, masker, seed, start
         self.G, self.m = global_batch_size, micro_batch_size
         self.offset, self.share = offset, share
@@ -147,11 +137,8 @@ class PretrainLoader:
         prefetch_factor: int = 2,
         bucket_window: int = 0,
     ) -> None:
-        for name, value in (
-            ("global_batch_size", global_batch_size),
-            ("micro_batch_size", micro_batch_size),
-            ("world_size", world_size),
-        ):
+        for name, value in (("global_batch_size", global_batch_size),
+                            ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
             if not isinstance(value, int) or value <= 0:
                 raise BertgpuError(f"{name}: found {value!r}, expected a positive integer")
         if not 0 <= rank < world_size:
@@ -167,9 +154,8 @@ class PretrainLoader:
         if num_workers < 0:
             raise BertgpuError(f"num_workers: found {num_workers}, expected >= 0")
         if not isinstance(bucket_window, int) or bucket_window < 0:
-            raise BertgpuError(
-                f"bucket_window: found {bucket_window!r}, expected an integer >= 0 (0 = off)"
-            )
+            raise BertgpuError(f"bucket_window: found {bucket_window!r}, expected an "
+                               "integer >= 0 (0 = off)")
         self.bucket_window = bucket_window
         self.shards = shards
         self.masker = _as_masker(masking, shards)
@@ -194,10 +180,8 @@ class PretrainLoader:
         """Samples per rank per step from the next step on (see the class docstring)."""
         if (len(shares) != self.world_size or sum(shares) != self.global_batch_size
                 or any(int(n) < 1 for n in shares)):
-            raise BertgpuError(
-                f"shares {shares}: expected {self.world_size} positive numbers summing to "
-                f"the global batch {self.global_batch_size}"
-            )
+            raise BertgpuError(f"shares {shares}: expected {self.world_size} positive numbers "
+                               f"summing to the global batch {self.global_batch_size}")
         shares = [int(n) for n in shares]
         if shares != self.shares:
             self.shares = shares
@@ -209,16 +193,9 @@ class PretrainLoader:
         return self.position // len(self.shards)
 
     def _dataset(self) -> _MicroBatches:
-        return _MicroBatches(
-            self.shards,
-            self.masker,
-            self.seed,
-            self.position,
-            self.global_batch_size,
-            self.micro_batch_size,
-            sum(self.shares[: self.rank]),
-            self.shares[self.rank],
-        )
+        return _MicroBatches(self.shards, self.masker, self.seed, self.position,
+                             self.global_batch_size, self.micro_batch_size,
+                             sum(self.shares[: self.rank]), self.shares[self.rank])
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """This rank's micro batches for the next optimizer step; advances the position by G."""
@@ -235,13 +212,9 @@ class PretrainLoader:
                 # The dataset starts at the current position; the sampler walks it in order and
                 # the DataLoader keeps prefetch_factor x num_workers micro batches in flight.
                 loader = torch.utils.data.DataLoader(
-                    self._dataset(),
-                    batch_size=None,
-                    sampler=range(1 << 62),
-                    num_workers=self.num_workers,
-                    pin_memory=self.pin_memory,
-                    prefetch_factor=self.prefetch_factor,
-                    worker_init_fn=ignore_stop_signals,
+                    self._dataset(), batch_size=None, sampler=range(1 << 62),
+                    num_workers=self.num_workers, pin_memory=self.pin_memory,
+                    prefetch_factor=self.prefetch_factor, worker_init_fn=ignore_stop_signals,
                     # Its own generator: a DataLoader without one draws its workers' base seed from
                     # the global torch RNG, which would shift the dropout stream and break exact
                     # resume (and make num_workers change the result). Batches are deterministic
@@ -256,9 +229,8 @@ class PretrainLoader:
         if pin:
             import torch
 
-            if (
-                torch.cuda.is_available()
-            ):  # page-locked memory makes .to(device, non_blocking=True) async
+            # page-locked memory makes .to(device, non_blocking=True) async
+            if torch.cuda.is_available():
                 out = [{k: v.pin_memory() for k, v in mb.items()} for mb in out]
         self.position += self.global_batch_size
         return out
@@ -277,13 +249,13 @@ class PretrainLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         position = state.get("position")
         if not isinstance(position, (int, np.integer)) or position < 0:
-            raise BertgpuError(
-                f"data loader state: position: found {position!r}, expected an integer >= 0"
-            )
+            raise BertgpuError(f"data loader state: position: found {position!r}, expected "
+                               "an integer >= 0")
         if "seed" in state and int(state["seed"]) != self.seed:
             raise BertgpuError(
-                f"data loader state: seed: the checkpoint was trained with data seed {state['seed']}, "
-                f"expected the configured seed {self.seed} (resuming with another seed changes the sample order)"
+                "data loader state: seed: the checkpoint was trained with data seed "
+                f"{state['seed']}, expected the configured seed {self.seed} (resuming with another "
+                "seed changes the sample order)"
             )
         self.position = int(position)
         self._iter = None  # prefetched batches belong to the old position
@@ -319,30 +291,16 @@ def iter_eval_batches(
 class ValidationLoader:
     """Re-iterable `iter_eval_batches`: `for batch in ValidationLoader(...)` once per evaluation."""
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        masking: Masker | MaskingConfig,
-        batch_size: int,
-        seed: int = 0,
-        max_batches: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
+    def __init__(self, shards: ShardSet, masking: Masker | MaskingConfig, batch_size: int,
+                 seed: int = 0, max_batches: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.shards, self.masker = shards, _as_masker(masking, shards)
         self.batch_size, self.seed, self.max_batches = batch_size, seed, max_batches
         self.rank, self.world_size = rank, world_size
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return iter_eval_batches(
-            self.shards,
-            self.masker,
-            self.batch_size,
-            self.seed,
-            self.max_batches,
-            self.rank,
-            self.world_size,
-        )
+        return iter_eval_batches(self.shards, self.masker, self.batch_size, self.seed,
+                                 self.max_batches, self.rank, self.world_size)
 
     def __len__(self) -> int:
         """Batches this rank yields."""
@@ -384,9 +342,8 @@ def trim_batch(batch: Mapping[str, Any], round_width: bool = False) -> dict[str,
     for key, value in batch.items():
         if getattr(value, "ndim", 0) == 2 and value.shape[1] == T and L < T:
             value = value[:, :L]
-            value = (
-                value.contiguous() if hasattr(value, "contiguous") else np.ascontiguousarray(value)
-            )
+            value = (value.contiguous() if hasattr(value, "contiguous")
+                     else np.ascontiguousarray(value))
         out[key] = value
     return _with_meta(out) if "batch_meta" in out else out
 

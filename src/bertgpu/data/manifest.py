@@ -28,15 +28,8 @@ from bertgpu.errors import BertgpuError
 FORMAT_VERSION = 1
 OBJECTIVES = ("mlm", "mlm+nsp")
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
-REQUIRED_KEYS = (
-    "objective",
-    "seq_len",
-    "dtype",
-    "vocab_size",
-    "tokenizer_hash",
-    "special_tokens",
-    "splits",
-)
+REQUIRED_KEYS = ("objective", "seq_len", "dtype", "vocab_size", "tokenizer_hash",
+                 "special_tokens", "splits")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,9 +81,8 @@ class Manifest:
 
     def __post_init__(self) -> None:
         if not self.absent <= OPTIONAL_KEYS:
-            raise ValueError(
-                f"Manifest.absent: {sorted(self.absent - OPTIONAL_KEYS)} are not optional keys"
-            )
+            raise ValueError(f"Manifest.absent: {sorted(self.absent - OPTIONAL_KEYS)} are not "
+                             "optional keys")
 
     @property
     def has_nsp(self) -> bool:
@@ -114,9 +106,8 @@ class Manifest:
     def read(cls, path: Path) -> Manifest:
         """Load and validate `path`; every problem is a BertgpuError naming the file."""
         if not path.is_file():
-            raise BertgpuError(
-                f"{path}: no manifest.json found (expected a shard set written by `bertgpu prepare`)"
-            )
+            raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by "
+                               "`bertgpu prepare`)")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
@@ -135,25 +126,21 @@ class Manifest:
             raise BertgpuError(f"{path}: expected a JSON object, found {type(data).__name__}")
         _check_version(data, path)
         _check_required(data, path)
-        return cls(
-            **{k: data[k] for k in KEYS if k in data},
-            absent=frozenset(k for k in KEYS if k not in data),
-        )
+        return cls(**{k: data[k] for k in KEYS if k in data},
+                   absent=frozenset(k for k in KEYS if k not in data))
 
     def split_shards(self, split: str, path: Path) -> list[tuple[str, int]]:
         """(file stem, sequences) of each shard of `split`, checked; `path` names the manifest in errors."""
         info = self.splits.get(split)
         if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
             raise BertgpuError(
-                f"{path}: splits.{split}: missing or without a 'shards' list (found splits {sorted(self.splits)})"
+                f"{path}: splits.{split}: missing or without a 'shards' list (found splits "
+                f"{sorted(self.splits)})"
             )
         shards: list[tuple[str, int]] = []
         for k, shard in enumerate(info["shards"]):
-            ok = (
-                isinstance(shard, dict)
-                and isinstance(shard.get("name"), str)
-                and isinstance(shard.get("sequences"), int)
-            )
+            ok = (isinstance(shard, dict) and isinstance(shard.get("name"), str)
+                  and isinstance(shard.get("sequences"), int))
             # A name is a file stem in the data folder, never a path out of it.
             if not ok or shard["sequences"] < 0 or "/" in shard["name"] or "\\" in shard["name"]:
                 raise BertgpuError(
@@ -163,9 +150,8 @@ class Manifest:
             shards.append((shard["name"], shard["sequences"]))
         declared, total = info.get("sequences"), sum(n for _, n in shards)
         if isinstance(declared, int) and declared != total:
-            raise BertgpuError(
-                f"{path}: splits.{split}.sequences is {declared} but its shards hold {total}"
-            )
+            raise BertgpuError(f"{path}: splits.{split}.sequences is {declared} but its "
+                               f"shards hold {total}")
         return shards
 
 
@@ -199,9 +185,8 @@ def _check_required(data: dict[str, Any], path: Path) -> None:
         if key not in data:
             raise BertgpuError(f"{path}: missing key {key!r}")
     if data["objective"] not in OBJECTIVES:
-        raise BertgpuError(
-            f"{path}: objective: found {data['objective']!r}, expected one of {list(OBJECTIVES)}"
-        )
+        raise BertgpuError(f"{path}: objective: found {data['objective']!r}, expected one of "
+                           f"{list(OBJECTIVES)}")
     for key in ("seq_len", "vocab_size"):
         value = data[key]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -214,7 +199,8 @@ def _check_required(data: dict[str, Any], path: Path) -> None:
         for k in SPECIAL_KEYS
     ):
         raise BertgpuError(
-            f"{path}: special_tokens: found {special!r}, expected integer ids below vocab_size for {list(SPECIAL_KEYS)}"
+            f"{path}: special_tokens: found {special!r}, expected integer ids below vocab_size for "
+            f"{list(SPECIAL_KEYS)}"
         )
     if not isinstance(data["splits"], dict):
         raise BertgpuError(f"{path}: splits: expected an object with 'train' and 'validation'")

@@ -31,11 +31,8 @@ _MASK_DOMAIN = 0x6D61736B  # "mask"
 
 
 def check_seed(seed: int) -> int:
-    if (
-        not isinstance(seed, (int, np.integer))
-        or isinstance(seed, bool)
-        or not 0 <= int(seed) <= _U64
-    ):
+    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+            or not 0 <= int(seed) <= _U64):
         raise BertgpuError(f"seed: found {seed!r}, expected an integer in [0, 2**64)")
     return int(seed)
 
@@ -104,17 +101,16 @@ class MaskingConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_rate < 1.0:
-            raise BertgpuError(
-                f"masking.mask_rate: found {self.mask_rate}, expected a value in (0, 1)"
-            )
+            raise BertgpuError(f"masking.mask_rate: found {self.mask_rate}, expected a "
+                               "value in (0, 1)")
         for name in ("replace_mask", "replace_random"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise BertgpuError(
-                    f"masking.{name}: found {getattr(self, name)}, expected a value in [0, 1]"
-                )
+                raise BertgpuError(f"masking.{name}: found {getattr(self, name)}, expected a "
+                                   "value in [0, 1]")
         if self.replace_mask + self.replace_random > 1.0 + 1e-9:
             raise BertgpuError(
-                f"masking: replace_mask + replace_random = {self.replace_mask + self.replace_random}, expected <= 1"
+                "masking: replace_mask + replace_random = "
+                f"{self.replace_mask + self.replace_random}, expected <= 1"
             )
 
 
@@ -157,9 +153,8 @@ class Masker:
         self._continuation: np.ndarray | None = None
         if cfg.whole_word:
             if continuation is None:
-                raise BertgpuError(
-                    "masking.whole_word needs the tokenizer's vocab.txt (continuation table)"
-                )
+                raise BertgpuError("masking.whole_word needs the tokenizer's vocab.txt "
+                                   "(continuation table)")
             table = np.zeros(max(self.vocab_size, len(continuation)), dtype=bool)
             table[: len(continuation)] = np.asarray(continuation, dtype=bool)
             self._continuation = table
@@ -173,27 +168,19 @@ class Masker:
             continuation = continuation_table_from_vocab(vocab_txt)
             if len(continuation) != shards.vocab_size:
                 raise BertgpuError(
-                    f"{vocab_txt}: {len(continuation)} entries, expected vocab_size {shards.vocab_size} "
-                    f"from {shards.manifest_path}"
+                    f"{vocab_txt}: {len(continuation)} entries, expected vocab_size "
+                    f"{shards.vocab_size} from {shards.manifest_path}"
                 )
-        return cls(
-            cfg,
-            shards.vocab_size,
-            shards.special_tokens.values(),
-            shards.special_tokens["mask"],
-            continuation,
-        )
+        return cls(cfg, shards.vocab_size, shards.special_tokens.values(),
+                   shards.special_tokens["mask"], continuation)
 
     def mask(
         self, input_ids_row: np.ndarray, length: int, seed: int, epoch: int, index: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mask one row (T,): returns (masked ids (T,), labels (T,) with -100 where not predicted)."""
         masked, labels = self.mask_batch(
-            np.asarray(input_ids_row)[None, :],
-            np.array([length]),
-            seed,
-            np.array([epoch]),
-            np.array([index]),
+            np.asarray(input_ids_row)[None, :], np.array([length]), seed, np.array([epoch]),
+            np.array([index])
         )
         return masked[0], labels[0]
 
@@ -228,15 +215,11 @@ class Masker:
         bit_gen = np.random.Philox(key=np.array([seed, _MASK_DOMAIN], dtype=np.uint64))
         gen = np.random.Generator(bit_gen)
         state = bit_gen.state
-        for b, (L, e, i) in enumerate(
-            zip(lens.tolist(), epochs.tolist(), indices.tolist(), strict=True)
-        ):
+        for b, (L, e, i) in enumerate(zip(lens.tolist(), epochs.tolist(), indices.tolist(),
+                                          strict=True)):
             state["state"]["counter"] = np.array([0, 0, i, e], dtype=np.uint64)
-            state["buffer_pos"], state["has_uint32"], state["uinteger"] = (
-                4,
-                0,
-                0,
-            )  # drop buffered draws
+            # drop buffered draws
+            state["buffer_pos"], state["has_uint32"], state["uinteger"] = 4, 0, 0
             bit_gen.state = state
             u[:, b, :L] = gen.random((3, L))
         n_cand = cand.sum(axis=1)  # (B,)
@@ -250,9 +233,8 @@ class Masker:
         to_mask = chosen & (action < self.cfg.replace_mask)
         to_random = chosen & ~to_mask & (action < self.cfg.replace_mask + self.cfg.replace_random)
         n_repl = self._replacement.size
-        random_ids = self._replacement[
-            np.minimum((u[2] * n_repl).astype(np.int64), n_repl - 1)
-        ]  # (B, T)
+        # (B, T)
+        random_ids = self._replacement[np.minimum((u[2] * n_repl).astype(np.int64), n_repl - 1)]
         masked = ids.copy()
         masked[to_mask] = self.mask_id
         masked[to_random] = random_ids[to_random]
@@ -278,11 +260,8 @@ class Masker:
         prev_cand[:, 1:] = cand[:, :-1]
         # A word starts at a candidate unless it continues the word of the candidate before it:
         # a "##" piece, or (segmented shards) a token the segmenter did not mark as a start.
-        inside = (
-            ~np.asarray(word_starts, dtype=bool)
-            if word_starts is not None
-            else self._continuation[ids]
-        )
+        inside = (~np.asarray(word_starts, dtype=bool) if word_starts is not None
+                  else self._continuation[ids])
         start = cand & ~(inside & prev_cand)
         chosen = np.zeros((B, T), dtype=bool)
         for b in range(B):
@@ -293,9 +272,8 @@ class Masker:
             sizes = np.bincount(word_of[cand[b]], minlength=starts.size)
             take = np.zeros(starts.size, dtype=bool)
             covered, k = 0, int(budget[b])
-            for w in np.argsort(
-                keys[b, starts], kind="stable"
-            ).tolist():  # word key: its first piece's
+            # word key: its first piece's
+            for w in np.argsort(keys[b, starts], kind="stable").tolist():
                 if covered + sizes[w] > k:
                     continue
                 take[w] = True

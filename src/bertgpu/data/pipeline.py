@@ -28,9 +28,8 @@ from bertgpu.data.corpus import CorpusStats, settle_parts
 from bertgpu.data.prepare_worker import encode_items, init_worker, nsp_chunk
 from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 
-CHUNK_CHARS = (
-    500_000  # a chunk closes at this many characters (after MIN_CHUNK_DOCS pieces): spreads work
-)
+# a chunk closes at this many characters (after MIN_CHUNK_DOCS pieces): spreads work
+CHUNK_CHARS = 500_000
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books
 MAX_CHUNK_CHARS = 1_000_000  # ... and at this many whatever its pieces: bounds memory
 RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many characters ...
@@ -61,13 +60,8 @@ def _raw_batches(items: Iterator[tuple]) -> Iterator[list[tuple]]:
     for item in items:
         batch.append(item)
         kind, payload = item[0], item[1]
-        chars += (
-            len(payload)
-            if isinstance(payload, str)
-            else sum(map(len, payload))
-            if kind == "lines"
-            else 0
-        )
+        chars += (len(payload) if isinstance(payload, str) else sum(map(len, payload))
+                  if kind == "lines" else 0)
         if chars >= RAW_BATCH_CHARS or len(batch) >= RAW_BATCH_ITEMS:
             yield batch
             batch, chars = [], 0
@@ -165,6 +159,5 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
         if not nsp:
             yield from mlm_units(parts, plan)
             return
-        yield from _ordered_map(
-            pool, nsp_chunk, work_chunks(nsp_pieces(parts, plan), chunk_docs), 2 * workers
-        )
+        yield from _ordered_map(pool, nsp_chunk, work_chunks(nsp_pieces(parts, plan), chunk_docs),
+                                2 * workers)

@@ -79,19 +79,16 @@ def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_
                 validation_docs: int | None, shard_size: int, workers: int, chunk_docs: int,
                 segmenter: str | None) -> None:
     if objective not in OBJECTIVES:
-        raise BertgpuError(
-            f"--objective {objective!r}: unknown; expected one of {', '.join(OBJECTIVES)}"
-        )
+        raise BertgpuError(f"--objective {objective!r}: unknown; expected one of "
+                           f"{', '.join(OBJECTIVES)}")
     if seq_len < 8:
-        raise BertgpuError(
-            f"--seq-len {seq_len}: too short; expected 8 or more (128 and 512 are usual)"
-        )
+        raise BertgpuError(f"--seq-len {seq_len}: too short; expected 8 or more (128 and "
+                           "512 are usual)")
     if not 0.0 <= short_seq_prob <= 1.0:
         raise BertgpuError(f"--short-seq-prob {short_seq_prob}: expected a probability in [0, 1]")
     if not 0.0 <= validation_fraction < 1.0:
-        raise BertgpuError(
-            f"--validation-fraction {validation_fraction}: expected a value in [0, 1)"
-        )
+        raise BertgpuError(f"--validation-fraction {validation_fraction}: expected a "
+                           "value in [0, 1)")
     if validation_docs is not None and validation_docs < 0:
         raise BertgpuError(f"--validation-docs {validation_docs}: expected 0 or more")
     if shard_size < 1 or workers < 1 or chunk_docs < 1:
@@ -127,17 +124,8 @@ def prepare(
     ``segmenter``: a whole-word segmenter (`segment.SEGMENTERS`) whose word starts are stored.
     """
     workers = workers or os.cpu_count() or 1
-    _check_args(
-        seq_len,
-        objective,
-        short_seq_prob,
-        validation_fraction,
-        validation_docs,
-        shard_size,
-        workers,
-        chunk_docs,
-        segmenter,
-    )
+    _check_args(seq_len, objective, short_seq_prob, validation_fraction, validation_docs,
+                shard_size, workers, chunk_docs, segmenter)
     tok_dir = find_tokenizer_folder(tokenizer_dir) or Path(tokenizer_dir)  # errors name the path
     special = special_token_ids(tok_dir)  # also checks the folder loads
     vocab_size = load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
@@ -145,73 +133,38 @@ def prepare(
     inputs = resolve_inputs(paths)  # fail on a missing input before any work
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise BertgpuError(
-            f"{out}: already exists and is not empty; expected a new folder (or --overwrite)"
-        )
+        raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
+                           "(or --overwrite)")
 
     nsp = objective == "mlm+nsp"
-    with ShardSetWriter(
-        out, seq_len, dtype, shard_size, nsp, word_starts=segmenter is not None
-    ) as data:
+    with ShardSetWriter(out, seq_len, dtype, shard_size, nsp,
+                        word_starts=segmenter is not None) as data:
         stats = CorpusStats()
-        packers = {
-            s: Packer(data.writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS
-        }
-        settings = {
-            "seed": seed,
-            "objective": objective,
-            "seq_len": seq_len,
-            "short_seq_prob": short_seq_prob,
-            "cls": special["cls"],
-            "sep": special["sep"],
-            "segmenter": segmenter,
-        }
-        plan = SplitPlan(
-            seed,
-            validation_fraction,
-            validation_docs,
-            sum(p.stat().st_size for p in inputs),
-            min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
-        )
-        raw = iter_raw_documents(
-            inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats
-        )
-        results = pipeline.run(
-            raw, plan, chunk_docs, workers, str(tok_dir), settings, skip_bad, stats
-        )
+        packers = {s: Packer(data.writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
+        settings = {"seed": seed, "objective": objective, "seq_len": seq_len,
+                    "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
+                    "segmenter": segmenter}
+        plan = SplitPlan(seed, validation_fraction, validation_docs,
+                         sum(p.stat().st_size for p in inputs),
+                         min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS)
+        raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad,
+                                 stats=stats)
+        results = pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings,
+                               skip_bad, stats)
         _write(results, nsp, data.writers, packers, stats, progress)
         if stats.documents == 0:
             raise BertgpuError("no documents read from the corpus; expected text to tokenize")
         splits = data.close(plan.documents)
-        manifest = _manifest(
-            objective,
-            seq_len,
-            dtype,
-            vocab_size,
-            tok_dir,
-            special,
-            seed,
-            None if validation_docs is not None else validation_fraction,
-            validation_docs,
-            stats,
-            splits,
-            inputs,
-            plan,
-            segmenter,
-        )
+        manifest = _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed,
+                             None if validation_docs is not None else validation_fraction,
+                             validation_docs, stats, splits, inputs, plan, segmenter)
         _copy_tokenizer(tok_dir, data.folder / "tokenizer")
         data.commit(manifest)
     return manifest.to_json()
 
 
-def _write(
-    results: Iterator,
-    nsp: bool,
-    writers: dict[str, ShardWriter],
-    packers: dict[str, Packer],
-    stats: CorpusStats,
-    progress: bool,
-) -> None:
+def _write(results: Iterator, nsp: bool, writers: dict[str, ShardWriter],
+           packers: dict[str, Packer], stats: CorpusStats, progress: bool) -> None:
     """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly."""
     bar = None
     if progress:
@@ -235,46 +188,22 @@ def _write(
         packers[split].finish()  # the writers' last shards are written by ShardSetWriter.close
 
 
-def _manifest(
-    objective: str,
-    seq_len: int,
-    dtype: np.dtype,
-    vocab_size: int,
-    tok_dir: Path,
-    special: dict[str, int],
-    seed: int,
-    fraction: float | None,
-    validation_docs: int | None,
-    stats: CorpusStats,
-    splits: dict[str, dict[str, Any]],
-    inputs: list[Path],
-    plan: SplitPlan,
-    segmenter: str | None,
-) -> Manifest:
+def _manifest(objective: str, seq_len: int, dtype: np.dtype, vocab_size: int, tok_dir: Path,
+              special: dict[str, int], seed: int, fraction: float | None,
+              validation_docs: int | None, stats: CorpusStats, splits: dict[str, dict[str, Any]],
+              inputs: list[Path], plan: SplitPlan, segmenter: str | None) -> Manifest:
     counts = total_counts(splits, stats.documents)
     skipped = {p for p, _ in stats.skipped}
     return Manifest(
-        objective=objective,
-        seq_len=seq_len,
-        dtype=dtype.name,
-        vocab_size=vocab_size,
-        tokenizer_hash=tokenizer_hash(tok_dir),
-        do_lower_case=is_lowercase(tok_dir),
-        special_tokens=special,
-        seed=seed,
-        validation_fraction=fraction,
-        validation_docs=validation_docs,
-        split_unit=plan.split_unit,
+        objective=objective, seq_len=seq_len, dtype=dtype.name, vocab_size=vocab_size,
+        tokenizer_hash=tokenizer_hash(tok_dir), do_lower_case=is_lowercase(tok_dir),
+        special_tokens=special, seed=seed, validation_fraction=fraction,
+        validation_docs=validation_docs, split_unit=plan.split_unit,
         cut_documents=plan.cut_documents,
         validation_share=round(splits["validation"]["tokens"] / max(counts["tokens"], 1), 6),
-        whole_word_segmenter=segmenter,
-        counts=counts,
-        splits=splits,
-        inputs=[
-            {"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)}
-            for p in inputs
-            if str(p) not in skipped
-        ],
+        whole_word_segmenter=segmenter, counts=counts, splits=splits,
+        inputs=[{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)}
+                for p in inputs if str(p) not in skipped],
         skipped_inputs=[{"path": p, "reason": r} for p, r in stats.skipped],
         created_by=f"bertgpu {__version__}",
     )
@@ -294,20 +223,15 @@ def split_summary(manifest: dict[str, Any]) -> str:
     if unit == "none":
         return "no validation split (--validation-fraction 0)"
     if manifest.get("validation_docs") is not None:
-        return (
-            f"validation: the first {manifest['validation_docs']} documents, {val['sequences']} sequences, "
-            f"{share:.2%} of the tokens"
-        )
+        return (f"validation: the first {manifest['validation_docs']} documents, "
+                f"{val['sequences']} sequences, {share:.2%} of the tokens")
     asked = manifest["validation_fraction"]
-    text = (
-        f"validation: {val['sequences']} sequences, {share:.2%} of the tokens (asked {asked:.2%})"
-    )
+    text = (f"validation: {val['sequences']} sequences, {share:.2%} of the tokens "
+            f"(asked {asked:.2%})")
     if unit == "chunk":
         n = manifest["counts"]["documents"]
-        return (
-            f"{text}; split by chunks of documents: {manifest['cut_documents']} of {n} documents have "
-            "chunks on both sides (too few documents to hold out whole ones)"
-        )
+        return (f"{text}; split by chunks of documents: {manifest['cut_documents']} of {n} "
+                "documents have chunks on both sides (too few documents to hold out whole ones)")
     return f"{text}; split by whole documents"
 
 
@@ -320,15 +244,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output of `bertgpu tokenizer`, a Hugging Face model folder "
                              "(vocab.txt or tokenizer.json), or a bertgpu run folder (its "
                              "tokenizer/): the vocabulary of a model to continue pretraining")
-    parser.add_argument(
-        "--out", required=True, metavar="DATADIR", help="output folder (new or empty)"
-    )
-    parser.add_argument(
-        "--seq-len",
-        type=int,
-        default=128,
-        help="tokens per sequence incl. [CLS]/[SEP] (default 128)",
-    )
+    parser.add_argument("--out", required=True, metavar="DATADIR",
+                        help="output folder (new or empty)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="mlm",
                         help="mlm: packed full rows; mlm+nsp: BERT sentence pairs (default mlm)")
     parser.add_argument("--short-seq-prob", type=float, default=0.1,
@@ -337,37 +256,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     val.add_argument("--validation-fraction", type=float, default=0.01,
                      help="share of the text held out, by documents or, with too few, by chunks of "
                           "documents (default 0.01; 0 = none)")
-    val.add_argument(
-        "--validation-docs", type=int, default=None, help="hold out the first N documents instead"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=12345, help="seed of the split and the NSP choices"
-    )
-    parser.add_argument(
-        "--shard-size", type=int, default=65536, help="sequences per shard file (default 65536)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="tokenizing processes (default: all cores); the output does not depend on it",
-    )
-    parser.add_argument(
-        "--chunk-docs",
-        type=int,
-        default=1000,
-        help="mlm+nsp: documents (or pieces of long ones) per work unit, also the pool "
-        "random B segments come from (default 1000)",
-    )
-    parser.add_argument(
-        "--whole-word-segmenter",
-        choices=SEGMENTERS,
-        default=None,
-        help="store word boundaries for whole-word masking of Chinese (needs `pip install jieba`)",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an existing non-empty output folder"
-    )
+    val.add_argument("--validation-docs", type=int, default=None,
+                     help="hold out the first N documents instead")
+    parser.add_argument("--seed", type=int, default=12345,
+                        help="seed of the split and the NSP choices")
+    parser.add_argument("--shard-size", type=int, default=65536,
+                        help="sequences per shard file (default 65536)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="tokenizing processes (default: all cores); the output does "
+                             "not depend on it")
+    parser.add_argument("--chunk-docs", type=int, default=1000,
+                        help="mlm+nsp: documents (or pieces of long ones) per work unit, also the "
+                             "pool random B segments come from (default 1000)")
+    parser.add_argument("--whole-word-segmenter", choices=SEGMENTERS, default=None,
+                        help="store word boundaries for whole-word masking of Chinese (needs `pip "
+                             "install jieba`)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing non-empty output folder")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -381,12 +286,10 @@ def main(args: argparse.Namespace) -> int:
         segmenter=args.whole_word_segmenter,
     )
     c, s = manifest["counts"], time.perf_counter() - start
-    print(
-        f"prepare: {c['documents']} documents -> {c['sequences']} sequences, {c['tokens']} tokens "
-        f"(train {manifest['splits']['train']['sequences']}, validation "
-        f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
-        f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}"
-    )
+    print(f"prepare: {c['documents']} documents -> {c['sequences']} sequences, {c['tokens']} "
+          f"tokens (train {manifest['splits']['train']['sequences']}, validation "
+          f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
+          f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}")
     print(f"prepare: {split_summary(manifest)}")
     for item in manifest["skipped_inputs"]:
         print(f"prepare: skipped {item['reason']}")

@@ -131,14 +131,12 @@ def _nsp_rows(docs: list[list[list[int]]], rng: np.random.Generator) -> dict:
     With a segmenter each token travels as ``id * 2 + word_start`` through the pairing (which
     only moves tokens around) and is split again when the rows are written.
     """
-    tokenized = [
-        sents for sents in ([s for s in d if s] for d in docs) if sents
-    ]  # control characters have no tokens
+    # control characters have no tokens
+    tokenized = [sents for sents in ([s for s in d if s] for d in docs) if sents]
     pairs: list[tuple[list[int], list[int], int]] = []
     for d in range(len(tokenized)):
-        pairs.extend(
-            _document_pairs(tokenized, d, rng, _STATE["seq_len"] - 3, _STATE["short_seq_prob"])
-        )
+        pairs.extend(_document_pairs(tokenized, d, rng, _STATE["seq_len"] - 3,
+                                     _STATE["short_seq_prob"]))
     return _rows(pairs, _STATE["seq_len"])
 
 
@@ -149,9 +147,8 @@ def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
     tts = np.zeros((n, seq_len), np.uint8)
     lengths = np.zeros(n, np.int32)
     labels = np.zeros(n, np.uint8)
-    cls, sep = (
-        (_STATE["cls"] * 2 + 1, _STATE["sep"] * 2 + 1) if packed else (_STATE["cls"], _STATE["sep"])
-    )
+    cls, sep = ((_STATE["cls"] * 2 + 1, _STATE["sep"] * 2 + 1) if packed
+                else (_STATE["cls"], _STATE["sep"]))
     for r, (a, b, label) in enumerate(pairs):
         row = [cls, *a, sep, *b, sep]
         ids[r, : len(row)] = row
@@ -166,11 +163,8 @@ def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
 
 
 def _document_pairs(
-    docs: list[list[list[int]]],
-    d: int,
-    rng: np.random.Generator,
-    max_tokens: int,
-    short_seq_prob: float,
+    docs: list[list[list[int]]], d: int, rng: np.random.Generator, max_tokens: int,
+    short_seq_prob: float
 ) -> list[tuple[list[int], list[int], int]]:
     """(A, B, nsp_label) pairs from document d; the random B comes from another of ``docs``."""
     document = docs[d]
@@ -214,9 +208,8 @@ def _other_document(n: int, d: int, rng: np.random.Generator) -> int:
     return r if r < d else r + 1  # uniform over the other n-1 documents
 
 
-def _truncate_pair(
-    a: list[int], b: list[int], max_tokens: int, rng: np.random.Generator
-) -> tuple[list[int], list[int]]:
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int,
+                   rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """BERT's truncate_seq_pair: trim the longer side, one token at a time from a random end.
 
     The per-token coin flips are drawn in bulk: which side loses each token is fixed (the longer,

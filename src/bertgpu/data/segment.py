@@ -26,9 +26,8 @@ SEGMENTERS = ("jieba",)
 def check_segmenter(name: str) -> None:
     """Fail early, in one line, on an unknown segmenter or a missing optional dependency."""
     if name not in SEGMENTERS:
-        raise BertgpuError(
-            f"--whole-word-segmenter {name!r}: unknown; expected one of {', '.join(SEGMENTERS)}"
-        )
+        raise BertgpuError(f"--whole-word-segmenter {name!r}: unknown; expected one of "
+                           f"{', '.join(SEGMENTERS)}")
     try:
         import jieba  # noqa: F401
     except ImportError:
@@ -54,9 +53,8 @@ def load_segmenter(name: str) -> Callable[[str], np.ndarray]:
     return word_starts
 
 
-def word_start_flags(
-    ids: list[int], starts: list[int], continuation: np.ndarray, word_starts: np.ndarray
-) -> np.ndarray:
+def word_start_flags(ids: list[int], starts: list[int], continuation: np.ndarray,
+                     word_starts: np.ndarray) -> np.ndarray:
     """(n_tokens,) uint8: 1 where a token begins a word (see the module docstring).
 
     ``ids`` and ``starts`` (each token's first character) come from one encoding of the text

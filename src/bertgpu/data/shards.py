@@ -97,9 +97,8 @@ class ShardSet:
             for field, (dtype, has_t) in self._fields().items():
                 path = self.data_dir / f"{name}.{field}.npy"
                 if not path.is_file():
-                    raise BertgpuError(
-                        f"{path}: shard file missing (listed in {self.manifest_path})"
-                    )
+                    raise BertgpuError(f"{path}: shard file missing (listed in "
+                                       f"{self.manifest_path})")
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (ValueError, OSError) as e:
@@ -107,8 +106,8 @@ class ShardSet:
                 shape = (count, self.seq_len) if has_t else (count,)
                 if arr.shape != shape or arr.dtype != dtype:
                     raise BertgpuError(
-                        f"{path}: found shape {arr.shape} dtype {arr.dtype}, expected shape {shape} dtype {dtype} "
-                        f"(from {self.manifest_path})"
+                        f"{path}: found shape {arr.shape} dtype {arr.dtype}, expected shape "
+                        f"{shape} dtype {dtype} (from {self.manifest_path})"
                     )
                 shard[field] = arr
             arrays.append(shard)
@@ -129,8 +128,8 @@ class ShardSet:
 
     def __repr__(self) -> str:
         return (
-            f"ShardSet({str(self.data_dir)!r}, split={self.split!r}: {len(self)} sequences of {self.seq_len} "
-            f"in {len(self.shard_names)} shards, objective {self.objective!r})"
+            f"ShardSet({str(self.data_dir)!r}, split={self.split!r}: {len(self)} sequences of "
+            f"{self.seq_len} in {len(self.shard_names)} shards, objective {self.objective!r})"
         )
 
     def get(self, indices: np.ndarray | Iterable[int]) -> dict[str, np.ndarray]:
@@ -164,10 +163,8 @@ class ShardSet:
         shard_of = np.searchsorted(self._ends, sorted_idx, side="right")
         cuts = np.flatnonzero(np.diff(shard_of)) + 1
         for rows, local, s in zip(
-            np.split(order, cuts),
-            np.split(sorted_idx, cuts),
-            shard_of[np.r_[0, cuts]].tolist(),
-            strict=True,
+            np.split(order, cuts), np.split(sorted_idx, cuts), shard_of[np.r_[0, cuts]].tolist(),
+            strict=True
         ):
             local = local - self._starts[s]
             for field, arr in arrays[s].items():
@@ -195,8 +192,8 @@ def check_compatible(
     path = shards.manifest_path
     if shards.vocab_size > vocab_size:
         raise BertgpuError(
-            f"{path}: vocab_size {shards.vocab_size} does not fit the model: expected at most the model's "
-            f"vocab_size {vocab_size}, found {shards.vocab_size}"
+            f"{path}: vocab_size {shards.vocab_size} does not fit the model: expected at most the "
+            f"model's vocab_size {vocab_size}, found {shards.vocab_size}"
         )
     if shards.seq_len > max_position_embeddings:
         raise BertgpuError(
@@ -214,13 +211,14 @@ def check_compatible(
             )
     if tokenizer_hash is not None and shards.tokenizer_hash != tokenizer_hash:
         raise BertgpuError(
-            f"{path}: tokenizer_hash does not match the model's tokenizer: expected {tokenizer_hash}, "
-            f"found {shards.tokenizer_hash} (the shards were prepared with another tokenizer)"
+            f"{path}: tokenizer_hash does not match the model's tokenizer: expected "
+            f"{tokenizer_hash}, found {shards.tokenizer_hash} (the shards were prepared with "
+            "another tokenizer)"
         )
     if type_vocab_size is not None and shards.has_nsp and type_vocab_size < 2:
         raise BertgpuError(
-            f"{path}: objective 'mlm+nsp' needs token types 0 and 1: expected type_vocab_size >= 2, "
-            f"found {type_vocab_size}"
+            f"{path}: objective 'mlm+nsp' needs token types 0 and 1: expected type_vocab_size >= "
+            f"2, found {type_vocab_size}"
         )
 
 

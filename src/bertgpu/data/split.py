@@ -94,9 +94,8 @@ class SplitPlan:
         if self.validation_docs is not None:
             is_val = self._doc < self.validation_docs
         elif self.fraction <= 0 or self.units == 0:
-            is_val = (
-                False  # the first unit trains: a corpus of one small document keeps a train split
-            )
+            # the first unit trains: a corpus of one small document keeps a train split
+            is_val = False
         else:
             shortfall = self.fraction * self.read - self.held  # self.read includes this unit
             is_val = shortfall >= size * _uniform(self.seed, self.units)
@@ -138,18 +137,14 @@ class _Run:
 
     def take(self) -> tuple[np.ndarray, np.ndarray | None]:
         tokens = np.concatenate(self.tokens) if len(self.tokens) > 1 else self.tokens[0]
-        flags = (
-            (np.concatenate(self.flags) if len(self.flags) > 1 else self.flags[0])
-            if self.flags
-            else None
-        )
+        flags = ((np.concatenate(self.flags) if len(self.flags) > 1 else self.flags[0])
+                 if self.flags else None)
         self._clear()
         return tokens, flags
 
 
-def mlm_units(
-    parts: Iterable[tuple], plan: SplitPlan
-) -> Iterator[tuple[bool, np.ndarray, np.ndarray | None, bool]]:
+def mlm_units(parts: Iterable[tuple],
+              plan: SplitPlan) -> Iterator[tuple[bool, np.ndarray, np.ndarray | None, bool]]:
     """``(is_validation, tokens, word_starts, joins)`` of each unit, in order (mlm: cut anywhere)."""
     run = _Run()
     for enc, new_doc in parts:
@@ -160,10 +155,8 @@ def mlm_units(
         pos, n = 0, len(enc.tokens)
         while pos < n:
             take = min(plan.limit - run.size, n - pos)
-            run.add(
-                enc.tokens[pos : pos + take],
-                None if enc.word_starts is None else enc.word_starts[pos : pos + take],
-            )
+            run.add(enc.tokens[pos : pos + take],
+                    None if enc.word_starts is None else enc.word_starts[pos : pos + take])
             pos += take
             if run.size >= plan.limit:
                 yield _decided(plan, run)

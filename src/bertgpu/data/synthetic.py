@@ -46,23 +46,12 @@ def _write_tokenizer(folder: Path, vocab: list[str], seq_len: int) -> str:
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("".join(tok + "\n" for tok in vocab), encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "BertTokenizerFast",
-                "do_lower_case": True,
-                "tokenize_chinese_chars": True,
-                "strip_accents": None,
-                "model_max_length": seq_len,
-                "unk_token": "[UNK]",
-                "sep_token": "[SEP]",
-                "pad_token": "[PAD]",
-                "cls_token": "[CLS]",
-                "mask_token": "[MASK]",
-            },
-            indent=2,
-        )
-    )
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizerFast", "do_lower_case": True,
+        "tokenize_chinese_chars": True, "strip_accents": None, "model_max_length": seq_len,
+        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }, indent=2))
     (folder / "special_tokens_map.json").write_text(json.dumps({
         "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
         "mask_token": "[MASK]",
@@ -79,9 +68,8 @@ def _write_tokenizer(folder: Path, vocab: list[str], seq_len: int) -> str:
     return tokenizer_hash(folder)
 
 
-def _random_words(
-    rng: np.random.Generator, n_tokens: int, word_ids: np.ndarray, cont_ids: np.ndarray
-) -> np.ndarray:
+def _random_words(rng: np.random.Generator, n_tokens: int, word_ids: np.ndarray,
+                  cont_ids: np.ndarray) -> np.ndarray:
     """`n_tokens` ids made of words: a "wN" start followed by 0-2 "##cN" pieces."""
     out: list[int] = []
     while len(out) < n_tokens:
@@ -111,22 +99,14 @@ def _split(rng, n, seq_len, objective, variable_lengths, word_ids, cont_ids, dty
     return ids, lengths, types, nsp
 
 
-def _write_splits(
-    data: ShardSetWriter,
-    rng: np.random.Generator,
-    sizes: dict[str, int],
-    seq_len: int,
-    objective: str,
-    variable_lengths: bool,
-    vocab: list[str],
-) -> None:
+def _write_splits(data: ShardSetWriter, rng: np.random.Generator, sizes: dict[str, int],
+                  seq_len: int, objective: str, variable_lengths: bool, vocab: list[str]) -> None:
     word_ids = np.array([i for i, t in enumerate(vocab) if t.startswith("w")])
     cont_ids = np.array([i for i, t in enumerate(vocab) if t.startswith("##")], dtype=np.int64)
     for split, n in sizes.items():
         dtype = data.writers[split].dtype
-        ids, lengths, types, nsp = _split(
-            rng, n, seq_len, objective, variable_lengths, word_ids, cont_ids, dtype
-        )
+        ids, lengths, types, nsp = _split(rng, n, seq_len, objective, variable_lengths, word_ids,
+                                          cont_ids, dtype)
         arrays = {"input_ids": ids, "lengths": lengths}
         if objective == "mlm+nsp":
             arrays.update(token_type_ids=types, nsp_labels=nsp)
@@ -157,37 +137,26 @@ def write_synthetic_shards(
     [max(5, seq_len // 4), seq_len] instead of full rows.
     """
     if objective not in OBJECTIVES:
-        raise BertgpuError(
-            f"synthetic data: objective {objective!r}: expected one of {', '.join(OBJECTIVES)}"
-        )
+        raise BertgpuError(f"synthetic data: objective {objective!r}: expected one of "
+                           f"{', '.join(OBJECTIVES)}")
     if seq_len < 8 or n_train < 1 or n_val < 0 or sequences_per_shard < 1:
-        raise BertgpuError(
-            f"synthetic data: seq_len {seq_len}, n_train {n_train}, n_val {n_val}, "
-            f"sequences_per_shard {sequences_per_shard}: expected seq_len >= 8 and positive counts"
-        )
+        raise BertgpuError(f"synthetic data: seq_len {seq_len}, n_train {n_train}, n_val {n_val}, "
+                           f"sequences_per_shard {sequences_per_shard}: expected seq_len >= 8 and "
+                           "positive counts")
     vocab = synthetic_vocab(vocab_size)
     sizes = {"train": n_train, "validation": n_val}
-    with ShardSetWriter(
-        dir, seq_len, _dtype(vocab_size), sequences_per_shard, nsp=objective == "mlm+nsp"
-    ) as data:
+    with ShardSetWriter(dir, seq_len, _dtype(vocab_size), sequences_per_shard,
+                        nsp=objective == "mlm+nsp") as data:
         tok_hash = _write_tokenizer(data.folder / "tokenizer", vocab, seq_len)
-        _write_splits(
-            data, np.random.default_rng(seed), sizes, seq_len, objective, variable_lengths, vocab
-        )
+        _write_splits(data, np.random.default_rng(seed), sizes, seq_len, objective,
+                      variable_lengths, vocab)
         splits = data.close()
         manifest = Manifest(
-            objective=objective,
-            seq_len=seq_len,
-            dtype=_dtype(vocab_size).name,
-            vocab_size=vocab_size,
-            tokenizer_hash=tok_hash,
-            do_lower_case=True,
+            objective=objective, seq_len=seq_len, dtype=_dtype(vocab_size).name,
+            vocab_size=vocab_size, tokenizer_hash=tok_hash, do_lower_case=True,
             special_tokens={"pad": PAD, "unk": UNK, "cls": CLS, "sep": SEP, "mask": MASK},
-            seed=seed,
-            validation_fraction=n_val / (n_train + n_val),
+            seed=seed, validation_fraction=n_val / (n_train + n_val),
             counts=total_counts(splits, n_train + n_val),  # each row stands for a document
-            splits=splits,
-            created_by=created_by,
-            absent=NOT_RECORDED,
+            splits=splits, created_by=created_by, absent=NOT_RECORDED,
         )
         return data.commit(manifest)

@@ -46,9 +46,8 @@ def _cut(raw: bytes) -> int:
     return j if j > 0 else len(raw)
 
 
-def decoded_lines(
-    path: Path, f: BinaryIO, piece_bytes: int | None = None
-) -> Iterator[tuple[int, str, bool]]:
+def decoded_lines(path: Path, f: BinaryIO,
+                  piece_bytes: int | None = None) -> Iterator[tuple[int, str, bool]]:
     """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line and byte.
 
     With ``piece_bytes``, a line longer than that arrives as several pieces (cut by `_cut`) with
@@ -96,9 +95,7 @@ def decoded_lines(
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and whitespace, when
 # the next word does not start with a lower-case ASCII letter ("e.g. the" stays whole). CJK full
 # stops end a sentence with no space after them.
-_SENT_END = re.compile(
-    r"(?<=[.!?][\"')\]’”])\s+(?=[^\sa-z])|(?<=[.!?])\s+(?=[^\sa-z])|(?<=[。！？])"
-)
+_SENT_END = re.compile(r"(?<=[.!?][\"')\]’”])\s+(?=[^\sa-z])|(?<=[.!?])\s+(?=[^\sa-z])|(?<=[。！？])")
 
 
 def split_sentences(text: str) -> list[str]:

@@ -32,22 +32,13 @@ from bertgpu.data.corpus import CorpusStats, add_corpus_arguments, iter_document
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-_SPECIAL_KEYS = {
-    "pad": "pad_token",
-    "unk": "unk_token",
-    "cls": "cls_token",
-    "sep": "sep_token",
-    "mask": "mask_token",
-}
+_SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token",
+                 "mask": "mask_token"}
 _DEFAULT_SPECIAL = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
 MODEL_MAX_LENGTH = 512
 # Files `prepare` copies into a data folder and `save_pretrained` next to a model.
-TOKENIZER_FILES = (
-    "vocab.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json")
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -70,9 +61,8 @@ def _pipeline(tokenizer, lowercase: bool, strip_accents: bool | None, cls_id: in
     tokenizer.decoder = decoders.WordPiece(prefix="##")
 
 
-def _sentence_batches(
-    parts: Iterator[tuple[list[str], bool]], batch: int = 1000
-) -> Iterator[list[str]]:
+def _sentence_batches(parts: Iterator[tuple[list[str], bool]],
+                      batch: int = 1000) -> Iterator[list[str]]:
     buf: list[str] = []
     for sentences, _ in parts:
         buf.extend(sentences)
@@ -146,9 +136,8 @@ def train_tokenizer(
     accents). The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
     """
     if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise BertgpuError(
-            f"--vocab-size {vocab_size}: too small; expected at least {len(SPECIAL_TOKENS) + 1}"
-        )
+        raise BertgpuError(f"--vocab-size {vocab_size}: too small; expected at least "
+                           f"{len(SPECIAL_TOKENS) + 1}")
     if min_frequency < 1:
         raise BertgpuError(f"--min-frequency {min_frequency}: expected 1 or more")
     out = Path(out_dir)
@@ -159,18 +148,10 @@ def train_tokenizer(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        parts = iter_document_parts(
-            paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad, stats=stats
-        )
-        tok = _train(
-            parts,
-            tmp / "corpus.txt",
-            lowercase,
-            strip_accents,
-            vocab_size,
-            min_frequency,
-            limit_alphabet,
-        )
+        parts = iter_document_parts(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad,
+                                    stats=stats)
+        tok = _train(parts, tmp / "corpus.txt", lowercase, strip_accents, vocab_size, min_frequency,
+                     limit_alphabet)
         if stats.documents == 0:
             raise BertgpuError("no documents read from the corpus; expected text to train on")
         (tmp / "corpus.txt").unlink()
@@ -184,24 +165,14 @@ def train_tokenizer(
     return out
 
 
-def _train(
-    parts: Iterator[tuple[list[str], bool]],
-    copy_path: Path,
-    lowercase: bool,
-    strip_accents: bool | None,
-    vocab_size: int,
-    min_frequency: int,
-    limit_alphabet: int,
-):
+def _train(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: bool,
+           strip_accents: bool | None, vocab_size: int, min_frequency: int, limit_alphabet: int):
     """Read the corpus once (counting, and copying its sentences to ``copy_path``), then train the
     WordPiece model on the copy: the trainer's Rust reader skips decompression and markup."""
     from tokenizers import Tokenizer, models, trainers
 
-    tok = Tokenizer(
-        models.WordPiece(
-            unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
-        )
-    )
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
+                                     max_input_chars_per_word=100))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
     with open(copy_path, "w", encoding="utf-8") as copy:
         alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy)
@@ -295,9 +266,8 @@ def _read_json_or_empty(path: Path, expected: str = "") -> dict:
 
 def _check_folder(folder: Path) -> None:
     if not folder.is_dir():
-        raise BertgpuError(
-            f"{folder}: no such tokenizer folder; expected the output of `bertgpu tokenizer`"
-        )
+        raise BertgpuError(f"{folder}: no such tokenizer folder; expected the output of "
+                           "`bertgpu tokenizer`")
     if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
         raise BertgpuError(
             f"{folder}: neither tokenizer.json nor vocab.txt found; expected a tokenizer folder"
@@ -355,24 +325,16 @@ def load_tokenizer(folder: str | os.PathLike):
         try:
             return Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # the Rust side raises plain Exception with its message
-            raise BertgpuError(
-                f"{folder / 'tokenizer.json'}: cannot load ({exc}); expected a tokenizers JSON file"
-            ) from None
+            raise BertgpuError(f"{folder / 'tokenizer.json'}: cannot load ({exc}); expected a "
+                               "tokenizers JSON file") from None
     specials = _special_strings(folder)
     vocab = _read_vocab(folder / "vocab.txt")
     missing = [t for t in specials.values() if t not in vocab]
     if missing:
-        raise BertgpuError(
-            f"{folder / 'vocab.txt'}: special tokens {missing} missing; expected them in the vocabulary"
-        )
-    tok = Tokenizer(
-        models.WordPiece(
-            vocab,
-            unk_token=specials["unk"],
-            continuing_subword_prefix="##",
-            max_input_chars_per_word=100,
-        )
-    )
+        raise BertgpuError(f"{folder / 'vocab.txt'}: special tokens {missing} missing; expected "
+                           "them in the vocabulary")
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=specials["unk"],
+                                     continuing_subword_prefix="##", max_input_chars_per_word=100))
     config = _read_config(folder)
     lowercase = is_lowercase(folder)
     strip = config.get("strip_accents")
@@ -419,11 +381,8 @@ def tokenizer_hash(folder: str | os.PathLike) -> str:
     else:  # a tokenizer.json-only folder: its vocabulary in id order stands in for vocab.txt
         vocab = load_tokenizer(folder).get_vocab(with_added_tokens=True)
         h.update("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])).encode())
-    settings = {
-        "lowercase": is_lowercase(folder),
-        "strip_accents": _strip_accents(folder),
-        "chinese_chars": True,
-    }
+    settings = {"lowercase": is_lowercase(folder), "strip_accents": _strip_accents(folder),
+                "chinese_chars": True}
     h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -433,17 +392,14 @@ def tokenizer_hash(folder: str | os.PathLike) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_corpus_arguments(parser)
-    parser.add_argument(
-        "--out", required=True, metavar="DIR", help="output folder (must not exist or be empty)"
-    )
-    parser.add_argument(
-        "--vocab-size", type=int, default=30522, help="vocabulary size (default 30522)"
-    )
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output folder (must not exist or be empty)")
+    parser.add_argument("--vocab-size", type=int, default=30522,
+                        help="vocabulary size (default 30522)")
     parser.add_argument("--min-frequency", type=int, default=2,
                         help="minimum count of a merged piece (default 2)")
-    parser.add_argument(
-        "--cased", action="store_true", help="keep case and accents (default: lower-case)"
-    )
+    parser.add_argument("--cased", action="store_true",
+                        help="keep case and accents (default: lower-case)")
     parser.add_argument("--strip-accents", choices=["auto", "yes", "no"], default="auto",
                         help="accent stripping; auto = with lower-casing, like BERT (default)")
     parser.add_argument("--limit-alphabet", type=int, default=1000,
@@ -455,21 +411,12 @@ def main(args: argparse.Namespace) -> int:
     stats = CorpusStats()
     strip = {"auto": None, "yes": True, "no": False}[args.strip_accents]
     out = train_tokenizer(
-        args.corpus,
-        args.out,
-        vocab_size=args.vocab_size,
-        lowercase=not args.cased,
-        min_frequency=args.min_frequency,
-        fmt=args.format,
-        skip_bad=args.skip_bad,
-        text_field=args.text_field,
-        strip_accents=strip,
-        limit_alphabet=args.limit_alphabet,
+        args.corpus, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
+        min_frequency=args.min_frequency, fmt=args.format, skip_bad=args.skip_bad,
+        text_field=args.text_field, strip_accents=strip, limit_alphabet=args.limit_alphabet,
         stats=stats,
     )
     size = load_tokenizer(out).get_vocab_size(with_added_tokens=True)
-    print(
-        f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from {stats.summary()} "
-        f"in {time.perf_counter() - start:.1f}s -> {out}"
-    )
+    print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "
+          f"{stats.summary()} in {time.perf_counter() - start:.1f}s -> {out}")
     return 0

@@ -37,7 +37,8 @@ def read_wiki(path: Path, f: BinaryIO) -> Iterator[str]:
             if root is None:
                 if tag != "mediawiki":
                     raise BertgpuError(
-                        f"{path}: root element <{tag}> is not <mediawiki>; expected a MediaWiki XML dump"
+                        f"{path}: root element <{tag}> is not <mediawiki>; expected a MediaWiki "
+                        "XML dump"
                     )
                 root = elem
                 continue
@@ -61,9 +62,8 @@ def read_wiki(path: Path, f: BinaryIO) -> Iterator[str]:
                 yield text
     except ET.ParseError as exc:
         line, col = exc.position
-        raise BertgpuError(
-            f"{path}:{line}: XML error at column {col} ({exc}); expected a MediaWiki XML dump"
-        ) from None
+        raise BertgpuError(f"{path}:{line}: XML error at column {col} ({exc}); expected a "
+                           "MediaWiki XML dump") from None
     if root is None:
         raise BertgpuError(f"{path}: empty file; expected a MediaWiki XML dump")
 

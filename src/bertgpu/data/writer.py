@@ -61,10 +61,7 @@ class ShardSetWriter:
         """
         for writer in self.writers.values():
             writer.flush()
-        return {
-            s: w.summary(None if documents is None else documents[s])
-            for s, w in self.writers.items()
-        }
+        return {s: w.summary(None if documents is None else documents[s]) for s, w in self.writers.items()}
 
     def commit(self, manifest: Manifest) -> Path:
         """Write manifest.json, then move the finished folder to DIR (replacing one there)."""
@@ -81,16 +78,8 @@ class ShardWriter:
     and ``nsp_labels`` (N,); with ``word_starts`` also ``word_starts`` (N, T).
     """
 
-    def __init__(
-        self,
-        folder: Path,
-        split: str,
-        seq_len: int,
-        dtype: np.dtype,
-        shard_size: int,
-        nsp: bool,
-        word_starts: bool = False,
-    ) -> None:
+    def __init__(self, folder: Path, split: str, seq_len: int, dtype: np.dtype, shard_size: int,
+                 nsp: bool, word_starts: bool = False) -> None:
         self.folder, self.split = folder, split
         self.seq_len, self.dtype, self.shard_size = seq_len, np.dtype(dtype), shard_size
         self.dtypes = {"input_ids": self.dtype, "lengths": np.dtype(np.int32)}
@@ -114,9 +103,7 @@ class ShardWriter:
             take = min(self.shard_size - self.n, len(lengths) - done)
             if not self.files:
                 name = self._name()
-                self.files = {
-                    key: open(self.folder / f"{name}.{key}.npy.part", "wb") for key in self.dtypes
-                }
+                self.files = {key: open(self.folder / f"{name}.{key}.npy.part", "wb") for key in self.dtypes}
             for key, dtype in self.dtypes.items():
                 part = np.ascontiguousarray(arrays[key][done : done + take], dtype=dtype)
                 self.files[key].write(part.data)
@@ -133,16 +120,10 @@ class ShardWriter:
         name = self._name()
         for key, f in self.files.items():
             f.close()
-            shape = (
-                (self.n, self.seq_len)
-                if key in ("input_ids", "token_type_ids", "word_starts")
-                else (self.n,)
-            )
-            header = {
-                "descr": np.lib.format.dtype_to_descr(self.dtypes[key]),
-                "fortran_order": False,
-                "shape": shape,
-            }
+            shape = ((self.n, self.seq_len) if key in ("input_ids", "token_type_ids", "word_starts")
+                     else (self.n,))
+            header = {"descr": np.lib.format.dtype_to_descr(self.dtypes[key]),
+                      "fortran_order": False, "shape": shape}
             part = self.folder / f"{name}.{key}.npy.part"
             with open(self.folder / f"{name}.{key}.npy", "wb") as out, open(part, "rb") as src:
                 np.lib.format.write_array_header_1_0(out, header)
@@ -185,15 +166,11 @@ class Packer:
         if tokens.size == 0:
             return
         sep = self.started and not joins
-        buf = np.concatenate(
-            [self.carry, np.array([self.sep], np.int32), tokens] if sep else [self.carry, tokens]
-        )
+        buf = np.concatenate([self.carry, np.array([self.sep], np.int32), tokens] if sep
+                             else [self.carry, tokens])
         if self.with_flags:
-            parts = (
-                [self.carry_flags, np.ones(1, np.uint8), word_starts]
-                if sep
-                else [self.carry_flags, word_starts]
-            )
+            parts = ([self.carry_flags, np.ones(1, np.uint8), word_starts] if sep
+                     else [self.carry_flags, word_starts])
             self.carry_flags = np.concatenate(parts)
         self.started = True
         content = self.seq_len - 2
@@ -205,9 +182,7 @@ class Packer:
             rows[:, -1] = self.sep
             arrays = {"input_ids": rows, "lengths": np.full(n, self.seq_len, np.int32)}
             if self.with_flags:
-                arrays["word_starts"] = self._flag_rows(
-                    self.carry_flags[: n * content].reshape(n, content)
-                )
+                arrays["word_starts"] = self._flag_rows(self.carry_flags[: n * content].reshape(n, content))
             self.writer.add(arrays)
         self.carry = buf[n * content :]
         self.carry_flags = self.carry_flags[n * content :]

@@ -43,12 +43,8 @@ def traced_meta(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> 
     return BatchMeta(padded=attention_mask is not None, packed_ok=False, max_len=int(shape[1]))
 
 
-def resolve_meta(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    given: BatchMeta | None,
-    labels: torch.Tensor | None = None,
-) -> BatchMeta:
+def resolve_meta(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 given: BatchMeta | None, labels: torch.Tensor | None = None) -> BatchMeta:
     """What a model's forward works from: `given` (the loader's) on the inputs' device, or, for the
     Hugging Face-style call, this batch's metadata computed here (`traced_meta` when compiling)."""
     if given is not None:
@@ -90,23 +86,14 @@ class Unpadded:
     """The requested kernel; `choose_backend` settles it per call."""
 
     @classmethod
-    def from_meta(
-        cls, meta: BatchMeta, attention_mask: torch.Tensor, backend: str = "auto"
-    ) -> Unpadded:
+    def from_meta(cls, meta: BatchMeta, attention_mask: torch.Tensor,
+                  backend: str = "auto") -> Unpadded:
         B, T = attention_mask.shape
-        assert meta.index is not None and meta.cu_seqlens is not None, (
-            "metadata of an unpadded batch"
-        )
-        return cls(
-            index=meta.index,
-            batch=B,
-            seq_len=T,
-            cu_seqlens=meta.cu_seqlens,
-            max_len=meta.max_len,
-            mask=sdpa_mask(attention_mask),
-            packed_ok=meta.packed_ok,
-            backend=backend,
-        )
+        assert meta.index is not None and meta.cu_seqlens is not None, ("metadata of an "
+                                                                        "unpadded batch")
+        return cls(index=meta.index, batch=B, seq_len=T, cu_seqlens=meta.cu_seqlens,
+                   max_len=meta.max_len, mask=sdpa_mask(attention_mask), packed_ok=meta.packed_ok,
+                   backend=backend)
 
     def first_rows(self) -> torch.Tensor:
         """(B,) row of each sequence's column 0 (its [CLS] token)."""
@@ -138,15 +125,12 @@ def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok:
     if requested == "auto":
         if fused:
             return "nested"
-        _warn_once(
-            f"unpadded attention: no fused kernel for {q.device.type} {q.dtype} inputs; using "
-            "the padded kernel (projections and FFN still skip padding)"
-        )
+        _warn_once(f"unpadded attention: no fused kernel for {q.device.type} {q.dtype} inputs; "
+                   "using the padded kernel (projections and FFN still skip padding)")
         return "padded"
     if requested == "varlen" and fused and (_varlen_attn is None or dropout_p > 0):
-        why = (
-            "attention dropout" if dropout_p > 0 else "this torch (needs torch.nn.attention.varlen)"
-        )
+        why = ("attention dropout" if dropout_p > 0
+               else "this torch (needs torch.nn.attention.varlen)")
         _warn_once(f"unpadded attention: backend 'varlen' cannot run with {why}; using 'nested'")
         return "nested"
     if not fused:
@@ -164,13 +148,8 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def padded_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     attn_mask: torch.Tensor | None, dropout_p: float = 0.0) -> torch.Tensor:
     """q, k, v (B, T, N, D) -> (B, T, N D): softmax(q k^T / sqrt(D)) v. attn_mask (B, 1, 1, T)
     bool (True = may attend) or None (no padding: SDPA may pick the flash kernel)."""
     B, T = q.shape[:2]
@@ -194,9 +173,8 @@ def nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpa
     return y.transpose(1, 2).values().flatten(1)
 
 
-def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded
-) -> torch.Tensor:
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     un: Unpadded) -> torch.Tensor:
     """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D) through flash attention's varlen kernel
     (CUDA, fp16/bf16, no dropout: see `choose_backend`)."""
     cu = un.cu_seqlens.to(torch.int32)  # device cast, no sync
@@ -211,13 +189,8 @@ def unpadded_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return y.reshape(un.batch * un.seq_len, -1).index_select(0, un.index)
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    layout: torch.Tensor | Unpadded | None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              layout: torch.Tensor | Unpadded | None, dropout_p: float = 0.0) -> torch.Tensor:
     """Multi-head attention without projections.
 
     layout an SDPA mask or None: q, k, v (B, T, N, D) -> (B, T, N D).
@@ -233,16 +206,6 @@ def attention(
     return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
-__all__ = [
-    "traced_meta",
-    "resolve_meta",
-    "sdpa_mask",
-    "Unpadded",
-    "pad_rows",
-    "choose_backend",
-    "padded_attention",
-    "nested_attention",
-    "varlen_attention",
-    "unpadded_padded_attention",
-    "attention",
-]
+__all__ = ["traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "pad_rows", "choose_backend",
+           "padded_attention", "nested_attention", "varlen_attention", "unpadded_padded_attention",
+           "attention"]

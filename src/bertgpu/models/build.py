@@ -40,33 +40,28 @@ def architecture_of(fields: dict[str, Any]) -> str:
     when neither is (old BERT config.json files may lack model_type)."""
     arch, model_type = fields.get("architecture"), fields.get("model_type")
     if arch is not None and model_type is not None and arch != model_type:
-        raise BertgpuError(
-            f"config field architecture {arch!r} disagrees with model_type {model_type!r}"
-        )
+        raise BertgpuError(f"config field architecture {arch!r} disagrees with model_type "
+                           f"{model_type!r}")
     name = arch if arch is not None else model_type if model_type is not None else "bert"
     if name not in ARCHITECTURES:
-        raise BertgpuError(
-            f"config field {'architecture' if arch is not None else 'model_type'}: found "
-            f"{name!r}, expected one of {', '.join(ARCHITECTURES)}"
-        )
+        raise BertgpuError(f"config field {'architecture' if arch is not None else 'model_type'}: "
+                           f"found {name!r}, expected one of {', '.join(ARCHITECTURES)}")
     return name
 
 
 def spec(architecture: str) -> Architecture:
     """The `SPEC` of a registered architecture (no torch import)."""
     if architecture not in ARCHITECTURES:
-        raise BertgpuError(
-            f"architecture {architecture!r}: expected one of {', '.join(ARCHITECTURES)}"
-        )
+        raise BertgpuError(f"architecture {architecture!r}: expected one of "
+                           f"{', '.join(ARCHITECTURES)}")
     return importlib.import_module(ARCHITECTURES[architecture]).SPEC
 
 
 def spec_of_config(config: Any) -> Architecture:
     """The spec of a config object: ours (its `architecture` field), or any object with
     transformers' field names (its `model_type`, else BERT)."""
-    return spec(
-        getattr(config, "architecture", None) or getattr(config, "model_type", None) or "bert"
-    )
+    return spec(getattr(config, "architecture", None)
+                or getattr(config, "model_type", None) or "bert")
 
 
 def config_class(architecture: str) -> type:
@@ -114,10 +109,9 @@ def build_model(fields: dict[str, Any], head: str, num_labels: int | None = None
     arch = spec(architecture_of(fields))
     config = model_config(fields)
     if with_nsp and not arch.has_nsp:
-        raise BertgpuError(
-            f"with_nsp: {arch.title} has no next-sentence head; expected train.with_nsp false (and MLM-only data, "
-            f"objective mlm) for architecture {arch.name}"
-        )
+        raise BertgpuError(f"with_nsp: {arch.title} has no next-sentence head; expected "
+                           "train.with_nsp false (and MLM-only data, objective mlm) for "
+                           f"architecture {arch.name}")
     cls = arch.heads()[head]
     if head in ("classification", "token_classification"):
         n, id2label = labels_of(fields, num_labels)

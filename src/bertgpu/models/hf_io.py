@@ -38,13 +38,8 @@ from bertgpu.models.shared import Configurable
 # BERT's MLM decoder, then ModernBERT's (its weight is the token embedding).
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "decoder.weight")
 # Files of a tokenizer folder that travel with an export (tokenizer.py writes these).
-TOKENIZER_FILES = (
-    "vocab.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-)
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json")
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "head.", "decoder.")
 
 
@@ -58,9 +53,8 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
     complete, checksums matching; a damaged newer one is skipped with a warning)."""
     folder = Path(path)
     if not folder.is_dir():
-        raise BertgpuError(
-            f"{folder}: not a folder (expected a Hugging Face model folder or a bertgpu run folder)"
-        )
+        raise BertgpuError(f"{folder}: not a folder (expected a Hugging Face model folder or a "
+                           "bertgpu run folder)")
     if folder.parent.name == "checkpoints" and folder.name.startswith("step_"):
         problem = fsutil.verify_folder(folder)
         if problem is not None:
@@ -70,10 +64,8 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
     newest = fsutil.newest_good(folder / "checkpoints")
     if newest is not None:
         return newest
-    raise BertgpuError(
-        f"{folder}: no config.json (expected a Hugging Face model folder, a checkpoint "
-        "folder, or a run folder with a complete checkpoints/step_N/)"
-    )
+    raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a "
+                       "checkpoint folder, or a run folder with a complete checkpoints/step_N/)")
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -85,9 +77,8 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise BertgpuError(f"{path}: found {type(d).__name__}, expected a JSON object")
     if d.get("model_type", "bert") not in ARCHITECTURES:
-        raise BertgpuError(
-            f"{path}: model_type is {d['model_type']!r}, expected one of {', '.join(ARCHITECTURES)}"
-        )
+        raise BertgpuError(f"{path}: model_type is {d['model_type']!r}, expected one of "
+                           f"{', '.join(ARCHITECTURES)}")
     return d
 
 
@@ -103,10 +94,10 @@ def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
         # weights_only: a pickle may run arbitrary code; this refuses anything but tensors.
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise BertgpuError(
-            f"{path}: refused to load (only plain tensor pickles are accepted with "
-            f"weights_only=True): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
+        raise BertgpuError(f"{path}: refused to load (only plain tensor pickles are accepted with "
+                           "weights_only=True): "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                           ) from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise BertgpuError(f"{path}: expected a dict of tensors (a state dict)")
     return sd
@@ -123,9 +114,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         index = folder / f"{name}.index.json"
         if index.is_file():
             try:
-                shards = sorted(
-                    set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-                )
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             except (OSError, ValueError, KeyError, AttributeError) as e:
                 raise BertgpuError(f"{index}: cannot read the weight_map ({e})") from None
             sd: dict[str, torch.Tensor] = {}
@@ -163,9 +152,8 @@ def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.T
 # Loading
 
 
-def _normalise_keys(
-    sd: dict[str, torch.Tensor], base: bool, arch: str = "bert"
-) -> dict[str, torch.Tensor]:
+def _normalise_keys(sd: dict[str, torch.Tensor], base: bool,
+                    arch: str = "bert") -> dict[str, torch.Tensor]:
     """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the encoder's prefix ("bert.",
     "model.": present in task models, absent in a bare encoder such as all-MiniLM), the keys the
     architecture's older files store differently, the tied decoder copies."""
@@ -190,10 +178,8 @@ def _normalise_keys(
 def _harmless(key: str, model_keys: set[str]) -> bool:
     """Keys we may drop: old persistent buffers, a pooler the model does not use, and heads of
     another task (an MLM head when fine-tuning, a classifier when loading the encoder)."""
-    if (
-        key.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
-        or "rotary_emb." in key
-    ):
+    if (key.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
+            or "rotary_emb." in key):
         return True  # old persistent buffers (positions, RoPE frequencies): recomputed here
     if "pooler." in key and not any("pooler." in k for k in model_keys):
         return True
@@ -205,13 +191,9 @@ def _harmless(key: str, model_keys: set[str]) -> bool:
     return False
 
 
-def load_pretrained(
-    path: str | os.PathLike,
-    head: str = "pretraining",
-    num_labels: int | None = None,
-    with_nsp: bool | None = None,
-    config_overrides: dict[str, Any] | None = None,
-) -> nn.Module:
+def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
+                    num_labels: int | None = None, with_nsp: bool | None = None,
+                    config_overrides: dict[str, Any] | None = None) -> nn.Module:
     """Build the model for `head` from an HF folder, a checkpoint folder or a run folder.
 
     The architecture is config.json's model_type: "bert" or "modernbert" (see build.py).
@@ -244,9 +226,8 @@ def load_pretrained(
     raw = read_state_dict(folder)
     sd = _normalise_keys(raw, base=(head == "base"), arch=arch)
     if spec(arch).has_nsp and head == "pretraining" and with_nsp is None:
-        with_nsp = (
-            "cls.seq_relationship.weight" in sd
-        )  # follow the checkpoint: NSP head present -> keep it
+        # follow the checkpoint: NSP head present -> keep it
+        with_nsp = "cls.seq_relationship.weight" in sd
     pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
     model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
     report = _copy_weights(model, sd, folder)
@@ -310,18 +291,14 @@ def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
     own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
     unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
     if unexpected:
-        raise BertgpuError(
-            f"{folder}: {len(unexpected)} unexpected weights for a {type(model).__name__} "
-            f"with this config.json: {_names(unexpected)}"
-        )
+        raise BertgpuError(f"{folder}: {len(unexpected)} unexpected weights for a "
+                           f"{type(model).__name__} with this config.json: {_names(unexpected)}")
     grown = _grow_positions(sd, own, model.config.architecture) if grow_positions else []
     mis_shaped = [f"{k} {tuple(sd[k].shape)} (model {tuple(v.shape)})"
                   for k, v in own.items() if k in sd and sd[k].shape != v.shape]
     if mis_shaped:
-        raise BertgpuError(
-            f"{folder}: {len(mis_shaped)} weights have the wrong shape for its config.json: "
-            f"{_names(mis_shaped)}"
-        )
+        raise BertgpuError(f"{folder}: {len(mis_shaped)} weights have the wrong shape for its "
+                           f"config.json: {_names(mis_shaped)}")
     missing = sorted(k for k in own if k not in sd)
     state = {k: sd[k].to(own[k].dtype) for k in own if k in sd}
     model.load_state_dict(state, strict=False)
@@ -343,10 +320,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
     while not isinstance(model, Configurable):
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
         if inner is None:
-            raise BertgpuError(
-                f"save_pretrained: found {type(model).__name__}, expected a bertgpu BERT "
-                "or ModernBERT model"
-            )
+            raise BertgpuError(f"save_pretrained: found {type(model).__name__}, expected a bertgpu "
+                               "BERT or ModernBERT model")
         model = inner
     return model
 
@@ -373,9 +348,8 @@ def hf_config(model: nn.Module) -> dict[str, Any]:
         cfg["id2label"] = {str(i): name for i, name in sorted(model.id2label.items())}
         cfg["label2id"] = {name: i for i, name in sorted(model.id2label.items())}
         if architecture(model).endswith("ForSequenceClassification"):
-            cfg["problem_type"] = (
-                "regression" if model.num_labels == 1 else "single_label_classification"
-            )
+            cfg["problem_type"] = ("regression" if model.num_labels == 1
+                                   else "single_label_classification")
     return cfg
 
 
@@ -398,9 +372,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     if tok_dir is not None:
         tok_files = [tok_dir / n for n in TOKENIZER_FILES if (tok_dir / n).is_file()]
         if not tok_files:
-            raise BertgpuError(
-                f"{tok_dir}: no tokenizer files (expected {', '.join(TOKENIZER_FILES[:4])})"
-            )
+            raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
+                               f"{', '.join(TOKENIZER_FILES[:4])})")
     if folder.exists() and not folder.is_dir():
         raise BertgpuError(f"{folder}: exists and is not a folder")
 

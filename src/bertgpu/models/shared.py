@@ -102,15 +102,13 @@ def masked_lm_terms(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, to
     }
 
 
-def sequence_loss_terms(
-    logits: torch.Tensor, labels: torch.Tensor, num_labels: int
-) -> dict[str, torch.Tensor]:
+def sequence_loss_terms(logits: torch.Tensor, labels: torch.Tensor,
+                        num_labels: int) -> dict[str, torch.Tensor]:
     """Sequence classification: summed cross-entropy (MSE when num_labels == 1), the number of
     sequences (a device count, no tensor built from a Python int) and the mean loss."""
     if num_labels == 1:
-        loss_sum = F.mse_loss(
-            logits.float().reshape(-1), labels.float().reshape(-1), reduction="sum"
-        )
+        loss_sum = F.mse_loss(logits.float().reshape(-1), labels.float().reshape(-1),
+                              reduction="sum")
     else:
         loss_sum = F.cross_entropy(logits.float(), labels.reshape(-1), reduction="sum")
     count = torch.ones_like(labels.reshape(-1), dtype=torch.int64).sum()  # (), B
@@ -121,19 +119,15 @@ def token_loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, to
     """Per-token classification: logits (B, T, C), labels (B, T) with IGNORE_INDEX where not
     labelled -> summed cross-entropy over labelled positions, their count, and the mean."""
     flat = labels.reshape(-1)
-    loss_sum = F.cross_entropy(
-        logits.float().reshape(flat.numel(), -1), flat, ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    loss_sum = F.cross_entropy(logits.float().reshape(flat.numel(), -1), flat,
+                               ignore_index=IGNORE_INDEX, reduction="sum")
     count = (flat != IGNORE_INDEX).sum()
     return {"loss_sum": loss_sum, "count": count, "loss": loss_sum / count.clamp(min=1)}
 
 
-def span_loss_terms(
-    start_logits: torch.Tensor,
-    end_logits: torch.Tensor,
-    start_positions: torch.Tensor,
-    end_positions: torch.Tensor,
-) -> dict[str, torch.Tensor]:
+def span_loss_terms(start_logits: torch.Tensor, end_logits: torch.Tensor,
+                    start_positions: torch.Tensor,
+                    end_positions: torch.Tensor) -> dict[str, torch.Tensor]:
     """Extractive QA, as transformers computes it: start/end logits (B, T); positions outside the
     window are clamped to T and ignored. `loss` is HF's (CE_start + CE_end) / 2; `loss_sum` /
     `count` equals it whenever start and end are ignored together (always, for SQuAD features)."""
@@ -146,11 +140,9 @@ def span_loss_terms(
     return {"loss": (s_sum / n_s + e_sum / n_e) / 2, "loss_sum": (s_sum + e_sum) / 2, "count": n_s}
 
 
-def labelled_output(
-    logits: torch.Tensor,
-    labels: torch.Tensor | None,
-    loss_terms: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]],
-) -> ModelOutput:
+def labelled_output(logits: torch.Tensor, labels: torch.Tensor | None,
+                    loss_terms: Callable[[torch.Tensor, torch.Tensor],
+                                         dict[str, torch.Tensor]]) -> ModelOutput:
     """A classifier's output: its logits, and with labels the loss terms of `loss_terms`."""
     out = ModelOutput(logits=logits)
     if labels is not None:
@@ -174,14 +166,6 @@ def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
     return total
 
 
-__all__ = [
-    "ATTENTION_BACKENDS",
-    "ModelOutput",
-    "ModelOptions",
-    "Configurable",
-    "masked_lm_terms",
-    "sequence_loss_terms",
-    "token_loss_terms",
-    "span_loss_terms",
-    "num_parameters",
-]
+__all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable",
+           "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "span_loss_terms",
+           "num_parameters"]

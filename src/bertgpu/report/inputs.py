@@ -105,9 +105,8 @@ def load_source(path: Path | str) -> Source:
             return load_source(path.parent)
         if path.suffix == ".jsonl":
             rows = _read_bench(path)
-            if all(
-                r.get("bench") == "quality" for r in rows
-            ):  # nested rows (curves): report/quality.py
+            # nested rows (curves): report/quality.py
+            if all(r.get("bench") == "quality" for r in rows):
                 return Source("quality", path.stem, path, rows)
             if all(r.get("bench") == "finetune-scaling" for r in rows):  # finetune_scaling.py
                 return Source("finetune-scaling", path.stem, path, rows)

@@ -89,46 +89,22 @@ def _score(r: dict[str, Any] | None) -> str:
 
 
 def downstream_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = [
-        "recipe",
-        "task",
-        "metric",
-        "pretrained: median (min-max)",
-        "random init: median (min-max)",
-        "benefit",
-        "seed spread",
-        "benefit > spread",
-    ]
+    header = ["recipe", "task", "metric", "pretrained: median (min-max)",
+              "random init: median (min-max)", "benefit", "seed spread", "benefit > spread"]
     cells = []
     for c in comparisons(rows):
         verdict = "" if "beats_spread" not in c else "yes" if c["beats_spread"] else "no"
-        cells.append(
-            [
-                c["name"],
-                c["task"],
-                c["metric"],
-                _score(c["pretrained"]),
-                _score(c["random"]),
-                _f(c.get("benefit"), "+.1f"),
-                _f(c.get("spread"), ".1f"),
-                verdict,
-            ]
-        )
+        cells.append([c["name"], c["task"], c["metric"], _score(c["pretrained"]),
+                      _score(c["random"]), _f(c.get("benefit"), "+.1f"),
+                      _f(c.get("spread"), ".1f"), verdict])
     return header, cells
 
 
 def projection_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = ["model", "hardware and time", "tokens", "how the number is obtained"]
-    cells = [
-        [
-            str(r.get("model")),
-            str(r.get("hardware", "")),
-            _count(r.get("tokens")),
-            str(r.get("source", "")),
-        ]
-        for r in rows
-        if r.get("kind") == "projection"
-    ]
+    cells = [[str(r.get("model")), str(r.get("hardware", "")), _count(r.get("tokens")),
+              str(r.get("source", ""))]
+             for r in rows if r.get("kind") == "projection"]
     return header, cells
 
 
@@ -164,17 +140,14 @@ def _describe(rows: list[dict[str, Any]]) -> str:
         return ""
     r = pre[0]
     seeds = next((x["seeds"] for x in rows if x.get("kind") == "finetune"), None)
-    text = (
-        f"Budget {r.get('budget', '?')} per recipe on {r.get('device', '?')}; corpus {r.get('corpus', '?')}; "
-        f"one tokenizer and shard set for all; validation: the same {r.get('val_sequences', '?')} held-out "
-        f"sequences masked at {r.get('eval_mask_rate', 0.15):.0%} for every recipe."
-    )
+    text = (f"Budget {r.get('budget', '?')} per recipe on {r.get('device', '?')}; corpus "
+            f"{r.get('corpus', '?')}; one tokenizer and shard set for all; validation: the same "
+            f"{r.get('val_sequences', '?')} held-out sequences masked at "
+            f"{r.get('eval_mask_rate', 0.15):.0%} for every recipe.")
     if seeds:
-        text += (
-            f" Fine-tuning: seeds {', '.join(map(str, seeds))}; median and min-max over them; the random "
-            "twin has the recipe's architecture and fresh weights; benefit = difference of the medians, "
-            "seed spread = the larger max - min of the two."
-        )
+        text += (f" Fine-tuning: seeds {', '.join(map(str, seeds))}; median and min-max over them; "
+                 "the random twin has the recipe's architecture and fresh weights; benefit = "
+                 "difference of the medians, seed spread = the larger max - min of the two.")
     return text
 
 
@@ -184,22 +157,15 @@ def quality_blocks(rows: list[dict[str, Any]], folder: Path | None, stem: str) -
     run_ids = list(dict.fromkeys(str(r.get("run_id", "")) for r in rows))
     for n, run_id in enumerate(run_ids):
         group = [r for r in rows if str(r.get("run_id", "")) == run_id]
-        blocks.append(
-            (
-                "h2",
-                f"Quality per unit of compute ({run_id})"
-                if run_id
-                else "Quality per unit of compute",
-            )
-        )
+        blocks.append(("h2", "Quality per unit of "
+                             f"compute ({run_id})" if run_id else "Quality per unit of compute"))
         text = _describe(group)
         if text:
             blocks.append(("p", text))
-        for title, (header, cells) in (
-            ("Pretraining, one row per recipe:", pretrain_table(group)),
-            ("Fine-tuning, pretrained vs random init:", downstream_table(group)),
-            ("GPU projection:", projection_table(group)),
-        ):
+        for title, (header, cells) in (("Pretraining, one row per recipe:", pretrain_table(group)),
+                                       ("Fine-tuning, pretrained vs random init:",
+                                        downstream_table(group)),
+                                       ("GPU projection:", projection_table(group))):
             if cells:
                 blocks += [("p", title), ("table", header, cells)]
         plot = curve_plot(group, folder, f"{stem}_{n}.png" if len(run_ids) > 1 else f"{stem}.png") \

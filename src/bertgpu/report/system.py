@@ -117,12 +117,8 @@ def _rank_times(records: list[dict[str, Any]]) -> tuple[list[float], list[list[f
     steps, times = [], []
     for r in records:
         v = r.get("rank_compute_s")
-        if (
-            r.get("kind") == "train"
-            and isinstance(v, list)
-            and v
-            and num(r.get("step")) is not None
-        ):
+        if (r.get("kind") == "train" and isinstance(v, list) and v
+                and num(r.get("step")) is not None):
             steps.append(float(r["step"]))
             times.append([num(x) for x in v])
     return steps, times

@@ -52,9 +52,8 @@ if TYPE_CHECKING:
 def text_value(path: Path, line: int, value: Any, name: str) -> str:
     """A non-empty text (a JSON string, or any CSV cell)."""
     if not isinstance(value, str):
-        raise BertgpuError(
-            f"{path}:{line}: {name!r} is a JSON {type(value).__name__}, expected a string"
-        )
+        raise BertgpuError(f"{path}:{line}: {name!r} is a JSON {type(value).__name__}, "
+                           "expected a string")
     if not value.strip():
         raise BertgpuError(f"{path}:{line}: empty text in {name!r}")
     return value
@@ -65,12 +64,10 @@ def label_value(path: Path, line: int, value: Any, name: str) -> str:
     if isinstance(value, (bool, int, float)):
         value = json.dumps(value)
     if value is None or not isinstance(value, str) or not value.strip():
-        found = (
-            "empty" if value is None or isinstance(value, str) else f"a JSON {type(value).__name__}"
-        )
-        raise BertgpuError(
-            f"{path}:{line}: {found} label in {name!r}; expected a label on every row"
-        )
+        found = ("empty" if value is None or isinstance(value, str)
+                 else f"a JSON {type(value).__name__}")
+        raise BertgpuError(f"{path}:{line}: {found} label in {name!r}; expected a "
+                           "label on every row")
     return value.strip()
 
 
@@ -78,9 +75,8 @@ def label_value(path: Path, line: int, value: Any, name: str) -> str:
 # Labels and examples
 
 
-def read_labelled(
-    path: str | os.PathLike[str], fields: Fields
-) -> list[tuple[int, str, str | None, str]]:
+def read_labelled(path: str | os.PathLike[str],
+                  fields: Fields) -> list[tuple[int, str, str | None, str]]:
     """(line, text, text pair or None, label) for every row."""
     path = Path(path)
     columns = {fields.text: "--text-field", fields.label: "--label-field"}
@@ -89,11 +85,8 @@ def read_labelled(
     out = []
     for line, row in read_rows(path, columns):
         text = text_value(path, line, row[fields.text], fields.text)
-        pair = (
-            text_value(path, line, row[fields.text_pair], fields.text_pair)
-            if fields.text_pair
-            else None
-        )
+        pair = (text_value(path, line, row[fields.text_pair], fields.text_pair)
+                if fields.text_pair else None)
         out.append((line, text, pair, label_value(path, line, row[fields.label], fields.label)))
     if not out:
         raise BertgpuError(f"{path}: no rows (expected a header line and labelled rows)")
@@ -120,33 +113,23 @@ def discover_labels(path: Path, labels: list[str]) -> tuple[str, ...]:
     integers ("2" before "10"), else as text. Fewer than two is an error."""
     distinct = set(labels)
     if len(distinct) < 2:
-        raise BertgpuError(
-            f"{path}: every row has the label {labels[0]!r}; expected two classes or more "
-            "(or --regression for numeric scores)"
-        )
+        raise BertgpuError(f"{path}: every row has the label {labels[0]!r}; expected two classes "
+                           "or more (or --regression for numeric scores)")
     ints = {label: _as_int(label) for label in distinct}
     if all(v is not None for v in ints.values()):
         ordered = sorted(distinct, key=lambda label: (ints[label], label))
     else:
         ordered = sorted(distinct)
-    if all(_as_float(x) is not None for x in distinct) and not all(
-        v is not None for v in ints.values()
-    ):
-        warnings.warn(
-            f"{path}: all {len(distinct)} labels are numbers, some with fractions "
-            f"(e.g. {next(x for x in ordered if ints[x] is None)!r}); they are read as classes. "
-            "Pass --regression to predict a score instead",
-            stacklevel=2,
-        )
+    if (all(_as_float(x) is not None for x in distinct)
+            and not all(v is not None for v in ints.values())):
+        warnings.warn(f"{path}: all {len(distinct)} labels are numbers, some with fractions "
+                      f"(e.g. {next(x for x in ordered if ints[x] is None)!r}); they are read as "
+                      "classes. Pass --regression to predict a score instead", stacklevel=2)
     return tuple(ordered)
 
 
-def to_examples(
-    path: Path,
-    rows: list[tuple[int, str, str | None, str]],
-    classes: tuple[str, ...] | None,
-    label_name: str,
-) -> list[Example]:
+def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]],
+                classes: tuple[str, ...] | None, label_name: str) -> list[Example]:
     """Rows -> `glue.Example`s with class ids (`classes` given) or float scores (regression)."""
     from bertgpu.tasks.glue import Example
 
@@ -155,19 +138,16 @@ def to_examples(
     for line, text, pair, label in rows:
         if classes is not None:
             if label not in ids:
-                shown = ", ".join(repr(c) for c in classes[:10]) + (
-                    ", ..." if len(classes) > 10 else ""
-                )
+                shown = (", ".join(repr(c) for c in classes[:10])
+                         + (", ..." if len(classes) > 10 else ""))
                 raise BertgpuError(f"{path}:{line}: label {label!r} is not in the training file "
                                    f"(expected one of {shown})")
             target: int | float = ids[label]
         else:
             score = _as_float(label)
             if score is None:
-                raise BertgpuError(
-                    f"{path}:{line}: label {label!r} in {label_name!r} is not a finite "
-                    "number (expected a score with --regression)"
-                )
+                raise BertgpuError(f"{path}:{line}: label {label!r} in {label_name!r} is not a "
+                                   "finite number (expected a score with --regression)")
             target = score
         out.append(Example(f"{path.name}:{line}", text, pair, target))
     return out
@@ -182,29 +162,22 @@ def check_request(request: JobRequest) -> None:
     check_own_files(request)
 
 
-def build_job(
-    request: JobRequest, tokenizer: Any, cfg: FinetuneConfig
-) -> tuple[Job, dict[str, Any]]:
+def build_job(request: JobRequest, tokenizer: Any,
+              cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
     """The classify job and what results.json records about its data (files, kind, columns,
     label names)."""
     check_request(request)
     fields = request_fields(request, Fields())
     assert request.train_file is not None and request.dev_file is not None  # checked just above
-    job = classify_job(
-        request.train_file, request.dev_file, tokenizer, cfg, fields, request.regression
-    )
+    job = classify_job(request.train_file, request.dev_file, tokenizer, cfg, fields,
+                       request.regression)
     kind = "regression" if request.regression else "classification"
     return job, own_files_record(request, fields, kind, job.labels)
 
 
-def classify_job(
-    train_file: str | os.PathLike[str],
-    dev_file: str | os.PathLike[str],
-    tokenizer: Any,
-    cfg: FinetuneConfig,
-    fields: Fields | None = None,
-    regression: bool = False,
-) -> Job:
+def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str],
+                 tokenizer: Any, cfg: FinetuneConfig, fields: Fields | None = None,
+                 regression: bool = False) -> Job:
     """Read, check and encode both files; the dev set is scored with `metrics.label_metrics`."""
     from bertgpu.tasks import metrics as eval_metrics
 

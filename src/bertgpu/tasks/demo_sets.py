@@ -31,9 +31,9 @@ def finetune_words(name: str) -> list[str]:
     """The fine-tuning overrides of demo set `name`."""
     return [*FINETUNE_COMMON, *FINETUNE_PER_SET.get(name, [])]
 
-def demo_tasks(
-    seed: int = 0, dev_fraction: float = 0.2
-) -> dict[str, tuple[list[Example], list[Example], GlueTask]]:
+def demo_tasks(seed: int = 0,
+               dev_fraction: float = 0.2) -> dict[str,
+                                                  tuple[list[Example], list[Example], GlueTask]]:
     """Two small real-text tasks, split deterministically from `seed`:
 
     - "polarity": gensim's pang_lee_polarity.cor, 200 movie-review sentences ("__label__neg ..." /
@@ -71,10 +71,8 @@ def demo_tasks(
     docs = [d.strip() for d in docs_path.read_text(encoding="cp1252").splitlines() if d.strip()]
     sim = np.loadtxt(sim_path, dtype=np.float64)
     if sim.shape != (len(docs), len(docs)):
-        raise BertgpuError(
-            f"{sim_path}: a {sim.shape[0]}x{sim.shape[1]} matrix for {len(docs)} documents "
-            f"in {docs_path}; expected {len(docs)}x{len(docs)}"
-        )
+        raise BertgpuError(f"{sim_path}: a {sim.shape[0]}x{sim.shape[1]} matrix for {len(docs)} "
+                           f"documents in {docs_path}; expected {len(docs)}x{len(docs)}")
     pairs = [tasks.Example(f"lee-{i}-{j}", docs[i], docs[j], float(5.0 * sim[i, j]))
              for i in range(len(docs)) for j in range(i + 1, len(docs))]
 

@@ -82,24 +82,17 @@ class JobRequest:
 
     def column_flags(self) -> list[str]:
         """The own-file flags that were given, in command-line order."""
-        return [
-            flag
-            for flag, v in (
-                ("--text-field", self.text_field),
-                ("--text-pair-field", self.text_pair_field),
-                ("--label-field", self.label_field),
-                ("--regression", self.regression),
-            )
-            if v
-        ]
+        return [flag for flag, v in (("--text-field", self.text_field),
+                                     ("--text-pair-field", self.text_pair_field),
+                                     ("--label-field", self.label_field),
+                                     ("--regression", self.regression)) if v]
 
     def check_no_columns(self) -> None:
         """For the tasks whose file formats fix the columns (GLUE, SQuAD): the flags are an error."""
         given = self.column_flags()
         if given:
-            raise BertgpuError(
-                f"{', '.join(given)}: only for finetune classify and ner (your own files)"
-            )
+            raise BertgpuError(f"{', '.join(given)}: only for finetune classify and ner "
+                               "(your own files)")
 
 
 @dataclass
@@ -211,10 +204,8 @@ def strip_padding(feats: Any) -> Encoded:
     enc = Encoded([feats.input_ids[f, :n] for f, n in enumerate(lengths)],
                   [feats.token_type_ids[f, :n] for f, n in enumerate(lengths)])
     if feats.start_positions is not None:
-        enc.targets = {
-            "start_positions": feats.start_positions,
-            "end_positions": feats.end_positions,
-        }
+        enc.targets = {"start_positions": feats.start_positions,
+                       "end_positions": feats.end_positions}
     return enc
 
 
@@ -242,22 +233,10 @@ def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:
 class FinetuneTask:
     """The loop's task for one `Job` (see the module docstring)."""
 
-    def __init__(
-        self,
-        job: Job,
-        model: torch.nn.Module,
-        *,
-        pad_id: int,
-        seed: int,
-        global_batch_size: int,
-        micro_batch_size: int,
-        epochs: int,
-        eval_batch_size: int,
-        autocast: Callable[[], Any],
-        info: distributed.DistInfo,
-        work_dir: Path | None,
-        export: Callable[[], Path],
-    ) -> None:
+    def __init__(self, job: Job, model: torch.nn.Module, *, pad_id: int, seed: int,
+                 global_batch_size: int, micro_batch_size: int, epochs: int, eval_batch_size: int,
+                 autocast: Callable[[], Any], info: distributed.DistInfo, work_dir: Path | None,
+                 export: Callable[[], Path]) -> None:
         self.job, self.model, self.pad_id, self.seed = job, model, pad_id, seed
         self.global_batch_size, self.micro = global_batch_size, micro_batch_size
         self.epochs, self.eval_batch_size = epochs, eval_batch_size
@@ -286,20 +265,17 @@ class FinetuneTask:
             order = np.random.default_rng([self.seed, epoch]).permutation(len(self.job.train))
             g, steps = self.global_batch_size, []
             for s in range(self.steps_per_epoch):
-                mine = np.array_split(order[s * g : (s + 1) * g], self.info.world_size)[
-                    self.info.rank
-                ]
-                steps.append(
-                    [mine[i : i + self.micro].tolist() for i in range(0, len(mine), self.micro)]
-                )
+                mine = np.array_split(order[s * g:(s + 1) * g],
+                                      self.info.world_size)[self.info.rank]
+                steps.append([mine[i:i + self.micro].tolist()
+                              for i in range(0, len(mine), self.micro)])
             self._epoch_steps = (epoch, steps)
         return self._epoch_steps[1]
 
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
         steps = self._step_indices(self.epoch_of(step))
-        return [
-            self.job.train.batch(idx, self.pad_id) for idx in steps[step % self.steps_per_epoch]
-        ]
+        return [self.job.train.batch(idx, self.pad_id)
+                for idx in steps[step % self.steps_per_epoch]]
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         return {self.loss_key: model(**batch).loss_sum}
@@ -309,11 +285,8 @@ class FinetuneTask:
         # Token classification averages over the labelled tokens of the whole step (HF's loss
         # averages per batch), so that accumulation and DDP give the same step as one batch.
         labelled = int((batch["labels"] != IGNORE_INDEX).sum()) if self.loss_key == "tok" else n
-        return {
-            self.loss_key: labelled,
-            "sequences": n,
-            "tokens": int(batch["attention_mask"].sum()),
-        }
+        return {self.loss_key: labelled, "sequences": n,
+                "tokens": int(batch["attention_mask"].sum())}
 
     def log_scalars(self, res: StepResult) -> dict[str, Any]:
         return {"epoch": self.epoch_of(res.step - 1)}
@@ -344,16 +317,12 @@ class FinetuneTask:
         for k in keys:
             if self.job.padded_outputs:
                 width = int(lengths.max()) if len(lengths) else 0
-                empty = np.zeros(
-                    (0, 0) if self.job.head == "qa" else (0, 0, self.job.num_labels or 1)
-                )
+                empty = np.zeros((0, 0) if self.job.head == "qa"
+                                 else (0, 0, self.job.num_labels or 1))
                 rows = np.concatenate([pad_to(c, width) for c in chunks[k]]) if chunks[k] else empty
             else:
-                rows = (
-                    np.concatenate(chunks[k])
-                    if chunks[k]
-                    else np.zeros((0, self.job.num_labels or 1))
-                )
+                rows = (np.concatenate(chunks[k]) if chunks[k]
+                        else np.zeros((0, self.job.num_labels or 1)))
             unsorted = np.empty_like(rows)
             unsorted[order] = rows
             result[k] = unsorted

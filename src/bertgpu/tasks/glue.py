@@ -174,9 +174,8 @@ def names() -> tuple[str, ...]:
 
 def unknown_task(name: str) -> BertgpuError:
     """The error for a task name that no table knows (tasks/registry.py raises it too)."""
-    return BertgpuError(
-        f"unknown GLUE task {name!r} (expected one of {', '.join(t.name for t in TASKS.values())})"
-    )
+    return BertgpuError(f"unknown GLUE task {name!r} (expected one of "
+                        f"{', '.join(t.name for t in TASKS.values())})")
 
 
 def column_name(task: GlueTask | str, split: str) -> str:

@@ -180,13 +180,11 @@ def json_lines(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, dict[str
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise BertgpuError(
-                f"{path}:{n}: not JSON ({e.msg}); expected one JSON object per line"
-            ) from None
+            raise BertgpuError(f"{path}:{n}: not JSON ({e.msg}); expected one JSON "
+                               "object per line") from None
         if not isinstance(obj, dict):
-            raise BertgpuError(
-                f"{path}:{n}: found a JSON {type(obj).__name__}, expected an object per line"
-            )
+            raise BertgpuError(f"{path}:{n}: found a JSON {type(obj).__name__}, expected an "
+                               "object per line")
         yield n, obj
 
 
@@ -231,9 +229,8 @@ def _read_hf(task: GlueTask, path: Path, expect_labels: bool) -> list[Example]:
     for n, (loc, rec) in enumerate(_hf_records(path)):
         where = f"{path}: {loc}"
         if not isinstance(rec, dict):
-            raise BertgpuError(
-                f"{where}: expected an object with columns, found {type(rec).__name__}"
-            )
+            raise BertgpuError(f"{where}: expected an object with columns, found "
+                               f"{type(rec).__name__}")
         for c in (task.hf_text_a, task.hf_text_b):
             if c is not None and c not in rec:
                 raise BertgpuError(

@@ -36,17 +36,14 @@ def check_request(request: JobRequest) -> None:
     _data_dir(request)
 
 
-def build_job(
-    request: JobRequest, tokenizer: Any, cfg: FinetuneConfig
-) -> tuple[Job, dict[str, Any]]:
+def build_job(request: JobRequest, tokenizer: Any,
+              cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
     """The job of the task's files under --data, and what results.json records about them."""
     check_request(request)
     task, data = glue.get_task(request.task), _data_dir(request)
     train_path = glue.find_split_file(data, task, "train")
-    devs = [
-        (s, glue_files.read_examples(task, glue.find_split_file(data, task, s)))
-        for s in task.dev_splits
-    ]
+    devs = [(s, glue_files.read_examples(task, glue.find_split_file(data, task, s)))
+            for s in task.dev_splits]
     tests = _test_sets(task, data) if request.predict_test else []
     job = examples_job(task, glue_files.read_examples(task, train_path), devs, tokenizer, cfg,
                        str(train_path), tests)
@@ -81,23 +78,17 @@ def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, lis
     train = train[:cfg.max_train_examples]
     unlabeled = [e.guid for e in train if e.label is None]
     if unlabeled:
-        raise BertgpuError(
-            f"{where}: training example {unlabeled[0]} has no label (GLUE {task.name})"
-        )
+        raise BertgpuError(f"{where}: training example {unlabeled[0]} has no label "
+                           f"(GLUE {task.name})")
     evals = [_eval_set(task, split, examples[:cfg.max_eval_examples], tokenizer, seq, where)
              for split, examples in devs]
 
     def primary(metrics: dict[str, dict[str, float]]) -> float:
         return float(np.mean([eval_metrics.task_score(task, m) for m in metrics.values()]))
 
-    test_sets = [
-        (
-            split,
-            encode_pairs(tokenizer, examples, seq, regression),
-            _submission_writer(task, split, examples),
-        )
-        for split, examples in tests
-    ]
+    test_sets = [(split, encode_pairs(tokenizer, examples, seq, regression),
+                  _submission_writer(task, split, examples))
+                 for split, examples in tests]
     return Job(task.name, "classification", task.num_labels,
                encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets)
 
@@ -106,9 +97,8 @@ def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: An
               where: str) -> EvalSet:
     enc = encode_pairs(tokenizer, examples, seq, task.kind == "regression")
     if "labels" not in enc.targets:
-        raise BertgpuError(
-            f"{where}: {task.name} {split} split has unlabeled examples; cannot evaluate"
-        )
+        raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; "
+                           "cannot evaluate")
     labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
 
     def score(outputs: dict[str, np.ndarray], _folder: Path | None) -> dict[str, float]:

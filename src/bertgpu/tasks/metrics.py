@@ -167,9 +167,8 @@ def glue_metrics(task: GlueTask | str, predictions: npt.ArrayLike,
     return out
 
 
-def label_metrics(
-    predictions: npt.ArrayLike, labels: npt.ArrayLike, regression: bool
-) -> dict[str, float]:
+def label_metrics(predictions: npt.ArrayLike, labels: npt.ArrayLike,
+                  regression: bool) -> dict[str, float]:
     """`bertgpu finetune classify` on the 0-100 scale: accuracy and macro-F1 of class ids (logits
     (N, C) or ids (N,)), or Pearson and Spearman of scores (N,) / (N, 1) for regression (an
     undefined correlation, from a constant prediction, reported as 0 as in `glue_metrics`)."""
@@ -200,9 +199,8 @@ def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     return spans
 
 
-def entity_scores(
-    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
-) -> dict[str, float]:
+def entity_scores(gold: Sequence[Sequence[str]],
+                  predicted: Sequence[Sequence[str]]) -> dict[str, float]:
     """Micro-averaged entity precision, recall and F1 (an entity counts when its type and both
     ends match) and word accuracy, on the 0-100 scale; seqeval's default-mode precision_score /
     recall_score / f1_score / accuracy_score. No predicted (or gold) entity gives precision

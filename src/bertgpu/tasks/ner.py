@@ -102,10 +102,8 @@ def _conll_sentences(path: Path) -> list[Sentence]:
                         current = Sentence([], [], [])
                     continue
                 if len(parts) < 2:
-                    raise BertgpuError(
-                        f"{path}:{n}: one field {parts[0]!r}; expected a token and its "
-                        "tag separated by whitespace (CoNLL style)"
-                    )
+                    raise BertgpuError(f"{path}:{n}: one field {parts[0]!r}; expected a token and "
+                                       "its tag separated by whitespace (CoNLL style)")
                 current.tokens.append(parts[0])
                 current.tags.append(check_tag(path, n, parts[-1]))
                 current.lines.append(n)
@@ -125,9 +123,8 @@ def _word_list(path: Path, line: int, value: Any, name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
         raise BertgpuError(f"{path}:{line}: {name!r} is not a list of strings")
     if not value or any(not w.strip() for w in value):
-        raise BertgpuError(
-            f"{path}:{line}: {name!r} is empty or has an empty entry; expected one per token"
-        )
+        raise BertgpuError(f"{path}:{line}: {name!r} is empty or has an empty entry; expected "
+                           "one per token")
     return value
 
 
@@ -137,13 +134,10 @@ def _table_sentences(path: Path, fields: Fields) -> list[Sentence]:
         tokens = _word_list(path, line, row[fields.text], fields.text)
         tags = _word_list(path, line, row[fields.label], fields.label)
         if len(tokens) != len(tags):
-            raise BertgpuError(
-                f"{path}:{line}: {len(tokens)} tokens but {len(tags)} tags; expected one "
-                "tag per token"
-            )
-        sentences.append(
-            Sentence(tokens, [check_tag(path, line, t) for t in tags], [line] * len(tokens))
-        )
+            raise BertgpuError(f"{path}:{line}: {len(tokens)} tokens but {len(tags)} tags; "
+                               "expected one tag per token")
+        sentences.append(Sentence(tokens, [check_tag(path, line, t) for t in tags],
+                                  [line] * len(tokens)))
     return sentences
 
 
@@ -166,10 +160,8 @@ def check_known(path: Path, sentences: list[Sentence], labels: tuple[str, ...]) 
         for tag, line in zip(s.tags, s.lines, strict=True):
             if tag not in known:
                 types = sorted({t[2:] for t in labels if t != "O"})
-                raise BertgpuError(
-                    f"{path}:{line}: tag {tag!r}: entity type {tag[2:]!r} is not in the "
-                    f"training file (expected one of {', '.join(types)})"
-                )
+                raise BertgpuError(f"{path}:{line}: tag {tag!r}: entity type {tag[2:]!r} is not in "
+                                   f"the training file (expected one of {', '.join(types)})")
 
 
 def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[str, int],
@@ -179,11 +171,8 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
     `max_seq_len`, or a word the tokenizer drops)."""
     tokenizer.enable_truncation(max_length=max_seq_len)
     tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
-    encs = (
-        tokenizer.encode_batch([s.tokens for s in sentences], is_pretokenized=True)
-        if sentences
-        else []
-    )
+    encs = (tokenizer.encode_batch([s.tokens for s in sentences], is_pretokenized=True)
+            if sentences else [])
     enc = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
                   [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
     labels, firsts = [], []
@@ -202,14 +191,11 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
     return enc, firsts
 
 
-def word_predictions(
-    logits: np.ndarray, firsts: list[np.ndarray], labels: tuple[str, ...]
-) -> list[list[str]]:
+def word_predictions(logits: np.ndarray, firsts: list[np.ndarray],
+                     labels: tuple[str, ...]) -> list[list[str]]:
     """Per-token logits (N, T, C) -> each word's tag: its first piece's argmax, O when cut off."""
     ids = logits.argmax(axis=-1) if len(logits) else np.zeros((0, 0), dtype=np.int64)  # (N, T)
-    return [
-        [labels[int(ids[i, p])] if p >= 0 else "O" for p in first] for i, first in enumerate(firsts)
-    ]
+    return [[labels[int(ids[i, p])] if p >= 0 else "O" for p in first] for i, first in enumerate(firsts)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,9 +209,8 @@ def check_request(request: JobRequest) -> None:
     check_own_files(request)
 
 
-def build_job(
-    request: JobRequest, tokenizer: Any, cfg: FinetuneConfig
-) -> tuple[Job, dict[str, Any]]:
+def build_job(request: JobRequest, tokenizer: Any,
+              cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
     """The ner job and what results.json records about its data (files, columns, tag names)."""
     check_request(request)
     fields = request_fields(request, NER_FIELDS)
@@ -251,11 +236,10 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
     dev_enc.token_targets.clear()  # kept out of the forward pass: eval needs logits only
     cut = sum(int((f < 0).any()) for f in firsts)
     if cut:
-        warnings.warn(
-            f"{dev_path}: {cut} of {len(dev)} sentences are longer than max_seq_len {seq} "
-            "tokens (or hold words the tokenizer drops); those words count as predicted O",
-            stacklevel=2,
-        )
+        warnings.warn(f"{dev_path}: {cut} of {len(dev)} sentences are longer than max_seq_len "
+                      f"{seq} tokens (or hold words the tokenizer drops); those words count as "
+                      "predicted O",
+                      stacklevel=2)
     gold = [s.tags for s in dev]
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
@@ -264,15 +248,8 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
             _write_conll(folder / "predictions.conll", dev, predicted)
         return eval_metrics.entity_scores(gold, predicted)
 
-    return Job(
-        "ner",
-        "token_classification",
-        len(labels),
-        train_enc,
-        [EvalSet("dev", dev_enc, score)],
-        lambda m: float(m["dev"]["f1"]),
-        labels=labels,
-    )
+    return Job("ner", "token_classification", len(labels), train_enc,
+               [EvalSet("dev", dev_enc, score)], lambda m: float(m["dev"]["f1"]), labels=labels)
 
 
 def _write_conll(path: Path, dev: list[Sentence], predicted: list[list[str]]) -> None:

@@ -44,10 +44,8 @@ class PretrainData:
             self.val = ShardSet(self.dir, "validation")
         found = self.train.objective
         if objective and objective != found:
-            raise BertgpuError(
-                f"{self.train.manifest_path}: objective is {found!r} but the config asks "
-                f"for data.objective {objective!r}"
-            )
+            raise BertgpuError(f"{self.train.manifest_path}: objective is {found!r} but the config "
+                               f"asks for data.objective {objective!r}")
         self.with_nsp = resolve_with_nsp(with_nsp, found, str(self.train.manifest_path))
 
     def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
@@ -98,11 +96,9 @@ class PretrainTask:
         self.with_nsp = data.with_nsp
         self.allow_data_change = allow_data_change
         if data.val is None and info.is_main:
-            print(
-                f"warning: {data.train.manifest_path}: the validation split is empty, so evaluation "
-                "is skipped (prepare with --validation-fraction > 0 to measure held-out loss)",
-                flush=True,
-            )
+            print(f"warning: {data.train.manifest_path}: the validation split is empty, so "
+                  "evaluation is skipped (prepare with --validation-fraction > 0 to measure "
+                  "held-out loss)", flush=True)
 
     # -- training ---------------------------------------------------------------------------------
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
@@ -150,9 +146,8 @@ class PretrainTask:
         with the most batches, the extra ones on a repeated batch and not counted)."""
         if self.data.val is None:
             return {}
-        sums = torch.zeros(
-            5, dtype=torch.float64
-        )  # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
+        # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
+        sums = torch.zeros(5, dtype=torch.float64)
         mb, limit = self.loader.micro_batch_size, self.eval_batches or None
         self.model.eval()
         with torch.no_grad():
@@ -210,28 +205,21 @@ class PretrainTask:
         self.loader.set_shares(shares)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "loader": self.loader.state_dict(),
-            "tokenizer_hash": self.data.train.tokenizer_hash,
-            "data_identity": self.data_identity(),
-            "shares": self.shares(),
-        }
+        return {"loader": self.loader.state_dict(),
+                "tokenizer_hash": self.data.train.tokenizer_hash,
+                "data_identity": self.data_identity(), "shares": self.shares()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         saved, now = state.get("data_identity"), self.data_identity()
         if saved is not None and not self.allow_data_change:
             changed = [k for k in now if saved.get(k) != now[k]]
             if changed:
-                what = ", ".join(
-                    f"{k} {saved.get(k)!r} -> {now[k]!r}"
-                    if k != "manifest_sha256"
-                    else f"the shard set ({self.data.train.manifest_path} differs)"
-                    for k in changed
-                )
-                raise BertgpuError(
-                    f"{self.run_dir}: resuming with changed data: {what}; expected the "
-                    "checkpoint's data and masking (pass --allow-data-change to continue anyway)"
-                )
+                what = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" if k != "manifest_sha256"
+                                 else f"the shard set ({self.data.train.manifest_path} differs)"
+                                 for k in changed)
+                raise BertgpuError(f"{self.run_dir}: resuming with changed data: {what}; expected "
+                                   "the checkpoint's data and masking (pass --allow-data-change "
+                                   "to continue anyway)")
         self.loader.load_state_dict(state["loader"])
         shares = state.get("shares")
         if shares and len(shares) == self.info.world_size:  # another world size measures again

@@ -34,9 +34,8 @@ class TaskModule(Protocol):
 
 
 TASKS: dict[str, TaskModule] = {  # keys as `task_key` spells them
-    **dict.fromkeys(
-        glue.names(), glue_job
-    ),  # every GLUE name and alias of glue.TASKS (none has a ".")
+    # every GLUE name and alias of glue.TASKS (none has a ".")
+    **dict.fromkeys(glue.names(), glue_job),
     **dict.fromkeys(squad_job.VERSIONS, squad_job),  # squad, squad1, squad2, squadv2
     "classify": classify,
     "ner": ner,

@@ -138,9 +138,8 @@ def _read_json(path: Path) -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as e:
-        raise BertgpuError(
-            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
+        raise BertgpuError(f"{path}: invalid JSON at line {e.lineno} column "
+                           f"{e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e:
         raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
@@ -158,9 +157,8 @@ def _need(path: Path, obj: Any, key: str, kind: type | tuple[type, ...], where: 
     return v
 
 
-def _answers(
-    path: Path, qa: Any, context: str, impossible: bool, wq: str
-) -> tuple[list[str], list[int], int]:
+def _answers(path: Path, qa: Any, context: str, impossible: bool,
+             wq: str) -> tuple[list[str], list[int], int]:
     """The answer texts of a question, their starts (moved onto the text when off), and how many moved."""
     answers = qa.get("answers", []) if impossible else _need(path, qa, "answers", list, wq)
     texts: list[str] = []
@@ -175,9 +173,8 @@ def _answers(
         texts.append(text)
         starts.append(fixed)
     if not impossible and not texts:
-        raise BertgpuError(
-            f'{path}: {wq}.answers: empty for a question without "is_impossible": true'
-        )
+        raise BertgpuError(f'{path}: {wq}.answers: empty for a question without '
+                           '"is_impossible": true')
     return texts, starts, moved
 
 
@@ -254,17 +251,8 @@ def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_le
             continue
         windows = _windows(len(ce.ids), max_ctx, doc_stride)
         for w in range(len(windows)):
-            rows.add(
-                i,
-                q_ids,
-                ce.ids,
-                ce.offsets,
-                windows,
-                w,
-                specials,
-                tok_span if is_training else None,
-                is_training,
-            )
+            rows.add(i, q_ids, ce.ids, ce.offsets, windows, w, specials,
+                     tok_span if is_training else None, is_training)
     return rows.features(max_seq_len, specials[2], is_training)
 
 
@@ -301,9 +289,9 @@ class _Rows:
         self.ids.append([cls_id, *q_ids, sep_id, *c_ids[s:e], sep_id])
         self.types.append([0] * prefix + [1] * (e - s + 1))
         self.offsets.append([None] * prefix + [tuple(o) for o in c_off[s:e]] + [None])  # type: ignore[misc]
-        self.max_context.append(
-            [False] * prefix + [_is_max_context(windows, w, t) for t in range(s, e)] + [False]
-        )
+        self.max_context.append([False] * prefix
+                                + [_is_max_context(windows, w, t) for t in range(s, e)]
+                                + [False])
         self.example_index.append(i)
         if is_training:
             inside = tok_span is not None and s <= tok_span[0] and tok_span[1] < e
@@ -317,9 +305,8 @@ class _Rows:
         token_type_ids = np.zeros((f_count, max_seq_len), dtype=np.int64)
         attention_mask = np.zeros((f_count, max_seq_len), dtype=np.int64)
         is_max = np.zeros((f_count, max_seq_len), dtype=bool)
-        for f, (ids, types, mc) in enumerate(
-            zip(self.ids, self.types, self.max_context, strict=True)
-        ):
+        for f, (ids, types, mc) in enumerate(zip(self.ids, self.types, self.max_context,
+                                                 strict=True)):
             input_ids[f, : len(ids)] = ids
             token_type_ids[f, : len(ids)] = types
             attention_mask[f, : len(ids)] = 1
@@ -422,9 +409,8 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
         sl, el = sl_all[f], el_all[f]
         null_score = min(null_score, sl[0] + el[0])
         ok_end = features.context_mask(f)[: len(sl)]
-        ok_start = (
-            ok_end & features.token_is_max_context[f][: len(sl)] if use_max_context else ok_end
-        )
+        ok_start = (ok_end & features.token_is_max_context[f][: len(sl)] if use_max_context
+                    else ok_end)
         s_idx = np.argsort(-sl, kind="stable")[:n_best]
         e_idx = np.argsort(-el, kind="stable")[:n_best]
         length = e_idx[None, :] - s_idx[:, None] + 1  # (n, n)
@@ -438,9 +424,8 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
     return cands, null_score
 
 
-def _distinct_best(
-    cands: list[tuple[float, float, float, str]], n_best: int
-) -> list[dict[str, Any]]:
+def _distinct_best(cands: list[tuple[float, float, float, str]],
+                   n_best: int) -> list[dict[str, Any]]:
     """The n-best entries, keeping the best-scoring occurrence of each text (the same span comes
     from two windows)."""
     seen: set[str] = set()

@@ -31,9 +31,8 @@ def check_request(request: JobRequest) -> None:
     request.check_no_columns()
 
 
-def build_job(
-    request: JobRequest, tokenizer: Any, cfg: FinetuneConfig
-) -> tuple[Job, dict[str, Any]]:
+def build_job(request: JobRequest, tokenizer: Any,
+              cfg: FinetuneConfig) -> tuple[Job, dict[str, Any]]:
     """The job of --train-file / --dev-file, or of the official file names under --data."""
     check_request(request)
     version_2 = VERSIONS[request.key]
@@ -52,14 +51,12 @@ def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.P
             paths.append(Path(given))
             continue
         if data is None:
-            raise BertgpuError(
-                f"SQuAD {ver}: give --data FOLDER (with {split}-{ver}.json) or --{split}-file"
-            )
+            raise BertgpuError(f"SQuAD {ver}: give --data FOLDER (with {split}-{ver}.json) or "
+                               f"--{split}-file")
         path = Path(data) / f"{split}-{ver}.json"
         if not path.is_file():
-            raise BertgpuError(
-                f"{path}: not found (expected the official SQuAD {ver} {split} file)"
-            )
+            raise BertgpuError(f"{path}: not found (expected the official SQuAD {ver} "
+                               f"{split} file)")
         paths.append(path)
     return paths[0], paths[1]
 
@@ -75,9 +72,8 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
     dev_ex = squad.read_squad(dev_file)[:cfg.max_eval_examples]
     train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
     if len(train_feats) == 0:
-        raise BertgpuError(
-            f"{train_file}: no training features (every answer outside its context?)"
-        )
+        raise BertgpuError(f"{train_file}: no training features (every answer outside "
+                           "its context?)")
     dev_feats = squad.featurize(dev_ex, tokenizer, **kw)
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:

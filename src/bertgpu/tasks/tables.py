@@ -23,13 +23,8 @@ if TYPE_CHECKING:
     from bertgpu.tasks.finetuning import JobRequest
 
 
-TABLE_SUFFIXES = {
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".jsonl": "jsonl",
-    ".json": "jsonl",
-    ".ndjson": "jsonl",
-}
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl",
+                  ".ndjson": "jsonl"}
 
 
 @dataclass(frozen=True)
@@ -54,9 +49,8 @@ def table_format(path: Path) -> str:
     return kind
 
 
-def read_rows(
-    path: str | os.PathLike[str], columns: Mapping[str, str]
-) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_rows(path: str | os.PathLike[str],
+              columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, {column: value}) for every row of a CSV, TSV or JSONL file. `columns` maps
     each column to read to the flag that names it, for the error when it is missing. Values are
     strings from CSV/TSV and JSON values from JSONL; blank lines are skipped."""
@@ -76,9 +70,8 @@ def read_rows(
         raise BertgpuError(f"{path}: not readable as {kind.upper()} ({e})") from None
 
 
-def _missing(
-    path: Path, line: int, what: str, name: str, flag: str, found: list[str]
-) -> BertgpuError:
+def _missing(path: Path, line: int, what: str, name: str, flag: str,
+             found: list[str]) -> BertgpuError:
     shown = ", ".join(repr(c) for c in found[:12]) + (", ..." if len(found) > 12 else "")
     return BertgpuError(f"{path}:{line}: no {what} {name!r} (found {shown or 'none'}); "
                         f"expected {flag} to name one")
@@ -102,16 +95,14 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         if len(row) != len(header):
-            raise BertgpuError(
-                f"{path}:{reader.line_num}: {len(row)} fields, expected {len(header)} "
-                f"as in the header{' (a tab inside a text?)' if kind == 'tsv' else ''}"
-            )
+            raise BertgpuError(f"{path}:{reader.line_num}: {len(row)} fields, expected "
+                               f"{len(header)} as in the "
+                               f"header{' (a tab inside a text?)' if kind == 'tsv' else ''}")
         yield reader.line_num, {name: row[i] for name, i in where.items()}
 
 
-def _jsonl_rows(
-    path: Path, f: Any, columns: Mapping[str, str]
-) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_rows(path: Path, f: Any,
+                columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
     for n, obj in json_lines(path, f):
         for name, flag in columns.items():
             if name not in obj:
@@ -149,10 +140,7 @@ def request_fields(request: JobRequest, default: Fields) -> Fields:
 def own_files_record(request: JobRequest, fields: Fields, kind: str,
                      labels: tuple[str, ...] | None) -> dict[str, Any]:
     """What results.json records about the data of a classify or ner run."""
-    return {
-        "data": [str(request.train_file), str(request.dev_file)],
-        "task_key": request.key,
-        "kind": kind,
-        "fields": {"text": fields.text, "text_pair": fields.text_pair, "label": fields.label},
-        "labels": list(labels or ()),
-    }
+    return {"data": [str(request.train_file), str(request.dev_file)], "task_key": request.key,
+            "kind": kind,
+            "fields": {"text": fields.text, "text_pair": fields.text_pair, "label": fields.label},
+            "labels": list(labels or ())}

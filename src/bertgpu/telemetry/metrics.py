@@ -347,11 +347,8 @@ class MetricsLogger:
         return out
 
     def _forward_system(self, step: int) -> None:
-        if (
-            self.monitor is None
-            or self._sinks is None
-            or self.monitor.samples == self._monitor_seen
-        ):
+        if (self.monitor is None or self._sinks is None
+                or self.monitor.samples == self._monitor_seen):
             return
         self._monitor_seen = self.monitor.samples
         self._sinks.log(step, "system", system_scalars(list(self.monitor.latest().values())))

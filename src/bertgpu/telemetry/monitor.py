@@ -81,10 +81,8 @@ def _throttle_mask(nvml: Any, h: Any) -> int:
 
 def _memory(nvml: Any, h: Any) -> dict[str, float]:
     info = nvml.nvmlDeviceGetMemoryInfo(h)
-    return {
-        "mem_used_gib": round(info.used / _GIB, 3),
-        "mem_total_gib": round(info.total / _GIB, 3),
-    }
+    return {"mem_used_gib": round(info.used / _GIB, 3),
+            "mem_total_gib": round(info.total / _GIB, 3)}
 
 
 # What each sample reads, in order: (name, read(nvml module, device handle) -> fields).
@@ -315,12 +313,8 @@ def summarize(samples: list[dict[str, Any]], lost: list[int] | tuple[int, ...] =
 
 
 def _finite(v: Any) -> bool:
-    return (
-        isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and v == v
-        and abs(v) != float("inf")
-    )
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+            and abs(v) != float("inf"))
 
 
 def nvml_index_of(torch_index: int, torch_uuid: str | None, visible: str | None,

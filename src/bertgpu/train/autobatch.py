@@ -72,21 +72,15 @@ def search_largest(fits: Callable[[int], bool], start: int = 1, max_batch: int =
             hi = mid
     if lo == 0:
         raise BertgpuError(
-            "micro batch search: even a micro batch of 1 sequence does not fit in memory; expected a "
-            "smaller model, a shorter seq_len, bf16, or activation checkpointing (train.grad_ckpt)"
-        )
+            "micro batch search: even a micro batch of 1 sequence does not fit in memory; expected "
+            "a smaller model, a shorter seq_len, bf16, or activation checkpointing "
+            "(train.grad_ckpt)")
     return lo
 
 
-def estimate_train_bytes(
-    config: Any,
-    micro_batch: int,
-    seq_len: int,
-    dtype_bytes: int = 4,
-    grad_ckpt: bool = False,
-    flash_attention: bool = True,
-    optimizer: str = "adamw",
-) -> int:
+def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
+                         grad_ckpt: bool = False, flash_attention: bool = True,
+                         optimizer: str = "adamw") -> int:
     """Rough bytes of one pretraining step of the model `config` describes, by its architecture's
     own estimate (`models/<name>/cost.py`: parameters, gradients and optimizer moments, the
     activations kept for backward, the MLM logits)."""
@@ -126,14 +120,11 @@ def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
 
     dev = torch.device(device) if device is not None else torch.device("cuda")
     if dev.type != "cuda":
-        raise BertgpuError(
-            f"probe_fits: device {dev} cannot be probed (an out-of-memory there is fatal); "
-            "use estimate_train_bytes with a memory limit instead"
-        )
+        raise BertgpuError(f"probe_fits: device {dev} cannot be probed (an out-of-memory there is "
+                           "fatal); use estimate_train_bytes with a memory limit instead")
     if memory_limit_bytes is None:
-        memory_limit_bytes = int(
-            CUDA_MEMORY_FRACTION * torch.cuda.get_device_properties(dev).total_memory
-        )
+        memory_limit_bytes = int(CUDA_MEMORY_FRACTION
+                                 * torch.cuda.get_device_properties(dev).total_memory)
 
     def fits(batch: int) -> bool:
         torch.cuda.synchronize(dev)
@@ -147,19 +138,12 @@ def probe_fits(step_fn: Callable[[int], Any], device: Any = None,
     return fits
 
 
-def find_micro_batch(
-    step_fn: Callable[[int], Any] | None = None,
-    device: Any = None,
-    seq_len: int = 128,
-    start: int = 8,
-    max_batch: int = 4096,
-    memory_limit_bytes: int | None = None,
-    fits: Callable[[int], bool] | None = None,
-    config: Any = None,
-    dtype_bytes: int = 4,
-    grad_ckpt: bool = False,
-    optimizer: str = "adamw",
-) -> int:
+def find_micro_batch(step_fn: Callable[[int], Any] | None = None, device: Any = None,
+                     seq_len: int = 128, start: int = 8, max_batch: int = 4096,
+                     memory_limit_bytes: int | None = None,
+                     fits: Callable[[int], bool] | None = None, config: Any = None,
+                     dtype_bytes: int = 4, grad_ckpt: bool = False,
+                     optimizer: str = "adamw") -> int:
     """The largest micro batch (sequences of `seq_len`) whose training step fits.
 
     The test of a size is, in order of precedence: `fits(batch)` when given (tests simulate a
@@ -178,16 +162,11 @@ def find_micro_batch(
             flash = dev.type == "cuda"
 
             def fits(batch: int) -> bool:
-                return (
-                    estimate_train_bytes(
-                        config, batch, seq_len, dtype_bytes, grad_ckpt, flash, optimizer
-                    )
-                    <= limit
-                )
+                return estimate_train_bytes(config, batch, seq_len, dtype_bytes, grad_ckpt, flash,
+                                            optimizer) <= limit
         else:
-            raise BertgpuError(
-                "find_micro_batch: expected fits=, a CUDA device with step_fn=, or config="
-            )
+            raise BertgpuError("find_micro_batch: expected fits=, a CUDA device with "
+                               "step_fn=, or config=")
     return search_largest(fits, start=start, max_batch=max_batch)
 
 
@@ -216,9 +195,8 @@ def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
     def step(batch: int) -> None:
         g = torch.Generator().manual_seed(batch)
         ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
-        labels = torch.where(
-            torch.rand(batch, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100)
-        )
+        labels = torch.where(torch.rand(batch, seq_len, generator=g) < 0.15, ids,
+                             torch.full_like(ids, -100))
         b: dict[str, Any] = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
                                  token_type_ids=torch.zeros_like(ids), labels=labels)
         if with_nsp:
@@ -240,19 +218,11 @@ def pretrain_step_fn(model: Any, optimizer: Any, seq_len: int, device: Any,
     return step
 
 
-def find_pretrain_micro_batch(
-    config: Any,
-    seq_len: int,
-    device: Any,
-    dtype: str = "bf16",
-    with_nsp: bool = True,
-    grad_ckpt: bool = False,
-    compile: bool = False,
-    start: int = 8,
-    max_batch: int = 4096,
-    memory_limit_bytes: int | None = None,
-    optimizer: str = "adamw",
-) -> int:
+def find_pretrain_micro_batch(config: Any, seq_len: int, device: Any, dtype: str = "bf16",
+                              with_nsp: bool = True, grad_ckpt: bool = False, compile: bool = False,
+                              start: int = 8, max_batch: int = 4096,
+                              memory_limit_bytes: int | None = None,
+                              optimizer: str = "adamw") -> int:
     """`find_micro_batch` for the pretraining model of `config` (a BertConfig or ModernBertConfig)
     trained with `optimizer` in `dtype` ("fp32", "bf16", "fp16") on `device`; the smallest answer
     over all ranks.
@@ -265,55 +235,25 @@ def find_pretrain_micro_batch(
     error: str | None = None
     found = 0
     try:
-        found = _probe_pretrain(
-            config,
-            seq_len,
-            device,
-            dtype,
-            with_nsp,
-            grad_ckpt,
-            compile,
-            start,
-            max_batch,
-            memory_limit_bytes,
-            optimizer,
-        )
+        found = _probe_pretrain(config, seq_len, device, dtype, with_nsp, grad_ckpt, compile, start,
+                                max_batch, memory_limit_bytes, optimizer)
     except Exception as exc:  # noqa: BLE001 - every rank must reach the agreement below
         error = str(exc) if isinstance(exc, BertgpuError) else f"{type(exc).__name__}: {exc}"
     return agree_on_micro_batch(found, error)
 
 
-def _probe_pretrain(
-    config: Any,
-    seq_len: int,
-    device: Any,
-    dtype: str,
-    with_nsp: bool,
-    grad_ckpt: bool,
-    compile: bool,
-    start: int,
-    max_batch: int,
-    memory_limit_bytes: int | None,
-    optimizer: str,
-) -> int:
+def _probe_pretrain(config: Any, seq_len: int, device: Any, dtype: str, with_nsp: bool,
+                    grad_ckpt: bool, compile: bool, start: int, max_batch: int,
+                    memory_limit_bytes: int | None, optimizer: str) -> int:
     import torch
 
     from bertgpu.train.optim import build_optimizer
 
     dev = torch.device(device)
     if dev.type != "cuda":
-        return find_micro_batch(
-            None,
-            dev,
-            seq_len,
-            start,
-            max_batch,
-            memory_limit_bytes,
-            config=config,
-            dtype_bytes=4 if dtype == "fp32" else 2,
-            grad_ckpt=grad_ckpt,
-            optimizer=optimizer,
-        )
+        return find_micro_batch(None, dev, seq_len, start, max_batch, memory_limit_bytes,
+                                config=config, dtype_bytes=4 if dtype == "fp32" else 2,
+                                grad_ckpt=grad_ckpt, optimizer=optimizer)
     model = probe_model(config, with_nsp, grad_ckpt).to(dev).train()
     opt = build_optimizer(model, optimizer, 1e-4)
     run = torch.compile(model) if compile else model
@@ -333,9 +273,8 @@ def probe_model(config: Any, with_nsp: bool, grad_ckpt: bool) -> Any:
     from bertgpu.models.build import build_model, spec_of_config
 
     spec = spec_of_config(config)
-    model = build_model(
-        config.to_dict(), "pretraining", with_nsp=with_nsp if spec.has_nsp else None
-    )
+    model = build_model(config.to_dict(), "pretraining",
+                        with_nsp=with_nsp if spec.has_nsp else None)
     model.configure(gradient_checkpointing=grad_ckpt)
     return model
 
@@ -357,14 +296,10 @@ def agree_on_micro_batch(found: int, error: str | None) -> int:
     failed = [(rank, err) for rank, (_, err) in enumerate(reports) if err is not None]
     if failed:
         rank, err = failed[0]
-        others = (
-            f" (and {len(failed) - 1} more rank{'s' if len(failed) > 2 else ''})"
-            if len(failed) > 1
-            else ""
-        )
-        raise BertgpuError(
-            f"automatic micro batch size: the probe failed on rank {rank}{others}: {err}"
-        )
+        others = (f" (and {len(failed) - 1} more rank{'s' if len(failed) > 2 else ''})"
+                  if len(failed) > 1 else "")
+        raise BertgpuError("automatic micro batch size: the probe failed on rank "
+                           f"{rank}{others}: {err}")
     return min(size for size, _ in reports)
 
 
@@ -372,30 +307,16 @@ def resolve_auto_batch(global_batch: int, world: int, found_micro: int) -> tuple
     """(micro, accumulation) with micro the largest divisor of global/world that is <= found_micro,
     so micro x accumulation x world == global_batch exactly."""
     if global_batch <= 0 or world <= 0 or found_micro <= 0:
-        raise BertgpuError(
-            f"auto micro batch: global batch {global_batch}, world {world} and found micro batch "
-            f"{found_micro} must all be positive"
-        )
+        raise BertgpuError(f"auto micro batch: global batch {global_batch}, world {world} and "
+                           f"found micro batch {found_micro} must all be positive")
     if global_batch % world:
-        raise BertgpuError(
-            f"train.global_batch_size {global_batch} is not divisible by the {world} devices; "
-            f"expected a multiple of {world}"
-        )
+        raise BertgpuError(f"train.global_batch_size {global_batch} is not divisible by the "
+                           f"{world} devices; expected a multiple of {world}")
     per_device = global_batch // world
     micro = max(d for d in range(1, min(per_device, found_micro) + 1) if per_device % d == 0)
     return micro, per_device // micro
 
 
-__all__ = [
-    "search_largest",
-    "estimate_train_bytes",
-    "is_out_of_memory",
-    "attempt",
-    "probe_fits",
-    "find_micro_batch",
-    "pretrain_step_fn",
-    "find_pretrain_micro_batch",
-    "probe_model",
-    "agree_on_micro_batch",
-    "resolve_auto_batch",
-]
+__all__ = ["search_largest", "estimate_train_bytes", "is_out_of_memory", "attempt", "probe_fits",
+           "find_micro_batch", "pretrain_step_fn", "find_pretrain_micro_batch", "probe_model",
+           "agree_on_micro_batch", "resolve_auto_batch"]

@@ -39,17 +39,13 @@ def shares_for(speeds: Sequence[float], global_batch: int, minimum: int = 1) -> 
     to the lower rank, so every rank computes the same answer from the same numbers)."""
     world = len(speeds)
     if world * minimum > global_batch:
-        raise BertgpuError(
-            f"global batch {global_batch} cannot give {world} ranks {minimum} sequences each"
-        )
+        raise BertgpuError(f"global batch {global_batch} cannot give {world} ranks {minimum} "
+                           "sequences each")
     clean = [s if s > 0 and s == s and s != float("inf") else 0.0 for s in speeds]
     total = sum(clean)
     if total <= 0:
-        return (
-            equal_shares(global_batch, world)
-            if global_batch % world == 0
-            else _spread(global_batch, world)
-        )
+        return (equal_shares(global_batch, world) if global_batch % world == 0
+                else _spread(global_batch, world))
     ideal = [global_batch * s / total for s in clean]
     shares = [max(minimum, int(x)) for x in ideal]
     # One sequence at a time: to the rank furthest below its ideal share, or (when raising the
@@ -59,10 +55,8 @@ def shares_for(speeds: Sequence[float], global_batch: int, minimum: int = 1) -> 
         r = max(range(world), key=lambda q: (ideal[q] - shares[q], -q))
         shares[r] += 1
     while sum(shares) > global_batch:
-        r = max(
-            (q for q in range(world) if shares[q] > minimum),
-            key=lambda q: (shares[q] - ideal[q], -q),
-        )
+        r = max((q for q in range(world) if shares[q] > minimum),
+                key=lambda q: (shares[q] - ideal[q], -q))
         shares[r] -= 1
     return shares
 

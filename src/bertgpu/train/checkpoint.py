@@ -116,9 +116,8 @@ def resume_checkpoint(
     """(path, model_state, train_state) of the newest checkpoint that verifies *and* loads (a
     pickle that will not load counts as damage: warning, previous one), or None when the run has
     no complete checkpoint. Rank 0 calls this; the other ranks `load_checkpoint` the step it found."""
-    return fsutil.newest_good(
-        Path(run_dir) / CHECKPOINTS, accept=lambda p: (p, *load_checkpoint(p))
-    )
+    return fsutil.newest_good(Path(run_dir) / CHECKPOINTS,
+                              accept=lambda p: (p, *load_checkpoint(p)))
 
 
 def recover_checkpoints(run_dir: str | os.PathLike[str]) -> list[str]:
@@ -144,9 +143,8 @@ def estimate_checkpoint_bytes(
             stack.extend(x.values())
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
-    extra = sum(
-        len(c.encode("utf-8") if isinstance(c, str) else c) for c in (extra_files or {}).values()
-    )
+    extra = sum(len(c.encode("utf-8") if isinstance(c, str) else c)
+                for c in (extra_files or {}).values())
     return total + extra + (64 << 10)
 
 
@@ -232,11 +230,9 @@ def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mappi
 def _save_failed(run_dir: Path, final: Path, exc: OSError, needed: int) -> BertgpuError:
     free = fsutil.free_bytes(final.parent)
     kept = list_checkpoints(run_dir)
-    after = (
-        f"{kept[-1][1].name} is intact: free space and re-run the same command to resume from it"
-        if kept
-        else "no earlier checkpoint: free space and re-run the same command"
-    )
+    after = (f"{kept[-1][1].name} is intact: free space and re-run the same command to resume from "
+             "it"
+             if kept else "no earlier checkpoint: free space and re-run the same command")
     return BertgpuError(
         f"{final.parent}: cannot write {final.name}: {exc.strerror or exc} (needs about "
         f"{fsutil.human_bytes(needed)}, {fsutil.human_bytes(free)} free); {after}"
@@ -322,9 +318,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
     except (RuntimeError, EOFError, OSError) as exc:
         raise BertgpuError(f"{state_path}: unreadable checkpoint state ({exc})") from None
     if not isinstance(train_state, dict):
-        raise BertgpuError(
-            f"{state_path}: expected a dict of training state, found {type(train_state).__name__}"
-        )
+        raise BertgpuError(f"{state_path}: expected a dict of training state, found "
+                           f"{type(train_state).__name__}")
     return model_state, train_state
 
 
@@ -356,19 +351,16 @@ def load_resume(run_dir: Path, info: distributed.DistInfo
         found = resume_checkpoint(run_dir)
     if info.world_size == 1:
         return found
-    step = int(
-        distributed.broadcast_scalar(float(int(found[0].name.split("_")[1]) if found else -1))
-    )
+    step = int(distributed.broadcast_scalar(float(int(found[0].name.split("_")[1])
+                                                  if found else -1)))
     if step < 0:
         return None
     if info.is_main:
         return found
     path = checkpoint_dir(run_dir, step)
     if not (path / COMPLETE).is_file():
-        raise BertgpuError(
-            f"{path}: rank {info.rank} cannot see the checkpoint rank 0 resumes from; "
-            f"expected the output folder on a filesystem shared by every node"
-        )
+        raise BertgpuError(f"{path}: rank {info.rank} cannot see the checkpoint rank 0 resumes "
+                           "from; expected the output folder on a filesystem shared by every node")
     return (path, *load_checkpoint(path))
 
 
@@ -396,9 +388,8 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((int(version), tuple(int(x) for x in internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(
-        (name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached))
-    )
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss),
+                         float(cached)))
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = list(state["cuda"])[: torch.cuda.device_count()]

@@ -92,9 +92,8 @@ def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
         device_pref = "cuda" if torch.cuda.is_available() else "cpu"
     if device_pref == "cuda" or device_pref.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise BertgpuError(
-                f"impl.device {device_pref}: no CUDA device is visible to this process"
-            )
+            raise BertgpuError(f"impl.device {device_pref}: no CUDA device is visible "
+                               "to this process")
         count = torch.cuda.device_count()
         if device_pref == "cuda":
             return f"cuda:{local_rank % count}"
@@ -103,11 +102,9 @@ def _pick_device(device_pref: str, local_rank: int, world_size: int = 1) -> str:
             raise BertgpuError(f"impl.device {device_pref}: expected cuda:N with N in [0, {count}) "
                                f"({count} GPU{'s' if count > 1 else ''} visible)")
         if world_size > 1:
-            raise BertgpuError(
-                f"impl.device {device_pref}: {world_size} processes would all use GPU "
-                f"{index}; expected impl.device cuda (rank r takes GPU r % {count}) "
-                "and CUDA_VISIBLE_DEVICES to choose the GPUs"
-            )
+            raise BertgpuError(f"impl.device {device_pref}: {world_size} processes would all use "
+                               f"GPU {index}; expected impl.device cuda (rank r takes GPU r % "
+                               f"{count}) and CUDA_VISIBLE_DEVICES to choose the GPUs")
         return device_pref
     if device_pref == "mps":
         return "mps"
@@ -287,9 +284,8 @@ def comm_hook_for(name: str) -> tuple[Any, Any]:
     if name == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10
-        )
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=10)
         return state, powerSGD_hook.powerSGD_hook
     raise BertgpuError(f"distributed.comm_hook {name!r}: expected none, bf16, fp16 or powersgd")
 

@@ -127,9 +127,8 @@ class Engine:
         on_numerics_reset: Callable[[], None] | None = None,
     ) -> None:
         if precision not in PRECISIONS:
-            raise BertgpuError(
-                f"train.precision {precision!r}: expected one of {', '.join(PRECISIONS)}"
-            )
+            raise BertgpuError(f"train.precision {precision!r}: expected one of "
+                               f"{', '.join(PRECISIONS)}")
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
@@ -155,9 +154,8 @@ class Engine:
         self.step = 0  # train_step calls, skipped ones included
         self.micro_step = 0  # forward/backward passes on this rank
         self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or gradients)
-        self.nonfinite_in_row = (
-            0  # consecutive skipped steps, any cause; aborts at max_nonfinite_steps
-        )
+        # consecutive skipped steps, any cause; aborts at max_nonfinite_steps
+        self.nonfinite_in_row = 0
 
     # -- autocast -------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -171,11 +169,8 @@ class Engine:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def current_lr(self) -> float:
-        return (
-            float(self.lr_fn())
-            if self.lr_fn is not None
-            else float(self.optimizer.param_groups[0]["lr"])
-        )
+        return (float(self.lr_fn()) if self.lr_fn is not None
+                else float(self.optimizer.param_groups[0]["lr"]))
 
     # -- the step -------------------------------------------------------------------------------
     def train_step(
@@ -201,9 +196,8 @@ class Engine:
         divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
         term_sums, extras = self._accumulate(micro_batches, loss_fn, divisors)
         grad_norm_t = self._unscale_and_clip()
-        losses, extras_out, any_bad = self._reduce_terms(
-            sorted(totals), term_sums, extras, grad_norm_t, divisors
-        )
+        losses, extras_out, any_bad = self._reduce_terms(sorted(totals), term_sums, extras,
+                                                         grad_norm_t, divisors)
         total_loss, grad_norm = float(sum(losses.values())), float(grad_norm_t)
         lr = self.current_lr()
         self.step += 1
@@ -211,23 +205,14 @@ class Engine:
             self._skip(total_loss, grad_norm, lr)
         else:
             self._update(lr)
-        return StepResult(
-            loss=total_loss,
-            losses=losses,
-            grad_norm=grad_norm,
-            lr=lr,
-            skipped=any_bad,
-            counts={k: int(round(v)) for k, v in totals.items()},
-            step_s=time.perf_counter() - t0,
-            micro_batches=len(micro_batches),
-            extras=extras_out,
-            step=self.step,
-            signals=signals_out,
-        )
+        return StepResult(loss=total_loss, losses=losses, grad_norm=grad_norm, lr=lr,
+                          skipped=any_bad, counts={k: int(round(v)) for k, v in totals.items()},
+                          step_s=time.perf_counter() - t0, micro_batches=len(micro_batches),
+                          extras=extras_out, step=self.step, signals=signals_out)
 
-    def _global_counts(
-        self, micro_batches: Sequence[Batch], count_fn: CountFn, signals: Mapping[str, float]
-    ) -> tuple[dict[str, float], dict[str, float]]:
+    def _global_counts(self, micro_batches: Sequence[Batch], count_fn: CountFn,
+                       signals: Mapping[str, float]
+                       ) -> tuple[dict[str, float], dict[str, float]]:
         """Counts of all micro batches on all ranks, and the signals summed over ranks: one
         all-reduce of a small float64 vector, before any backward."""
         local: dict[str, float] = {}
@@ -235,16 +220,15 @@ class Engine:
             for key, value in count_fn(mb).items():
                 local[key] = local.get(key, 0.0) + float(value)
         keys, signal_keys = sorted(local), sorted(signals)
-        vector = torch.tensor(
-            [local[k] for k in keys] + [float(signals[k]) for k in signal_keys], dtype=torch.float64
-        )
+        vector = torch.tensor([local[k] for k in keys] + [float(signals[k]) for k in signal_keys],
+                              dtype=torch.float64)
         summed = distributed.all_reduce_sum(vector.to(distributed.collective_device())).tolist()
         return (dict(zip(keys, summed[: len(keys)], strict=True)),
                 dict(zip(signal_keys, summed[len(keys):], strict=True)))
 
-    def _accumulate(
-        self, micro_batches: Sequence[Batch], loss_fn: LossFn, divisors: Mapping[str, float]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _accumulate(self, micro_batches: Sequence[Batch], loss_fn: LossFn,
+                    divisors: Mapping[str, float]
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Forward and backward of every micro batch, each weighted by the step's global counts;
         DDP all-reduces on the last micro batch only. Returns this rank's summed loss terms and
         extra sums (detached)."""
@@ -292,34 +276,25 @@ class Engine:
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         return norm.to(self.device)
 
-    def _reduce_terms(
-        self,
-        keys: list[str],
-        term_sums: Mapping[str, torch.Tensor],
-        extras: Mapping[str, torch.Tensor],
-        grad_norm: torch.Tensor,
-        divisors: Mapping[str, float],
-    ) -> tuple[dict[str, float], dict[str, float], bool]:
+    def _reduce_terms(self, keys: list[str], term_sums: Mapping[str, torch.Tensor],
+                      extras: Mapping[str, torch.Tensor], grad_norm: torch.Tensor,
+                      divisors: Mapping[str, float]) -> tuple[dict[str, float],
+                                                              dict[str, float], bool]:
         """One all-reduce for the loss terms, the extras and the non-finite flags (summing a flag
         is OR) and the step's one host sync: (normalised losses, extra sums, any rank bad). Packed
         by the count keys (the same on every rank), not by what this rank's loss_fn happened to
         return, so every rank all-reduces a vector of the same length."""
         zero = torch.zeros((), device=self.device)
-        terms = [
-            torch.as_tensor(term_sums.get(k, zero), device=self.device).reshape(()) for k in keys
-        ]
+        terms = [torch.as_tensor(term_sums.get(k, zero), device=self.device).reshape(())
+                 for k in keys]
         extra_keys = sorted(extras)
         local_loss = sum(terms, zero)
         packed = torch.stack(
             [x.double() for x in terms]
-            + [
-                torch.as_tensor(extras[k], device=self.device).reshape(()).double()
-                for k in extra_keys
-            ]
-            + [
-                (~torch.isfinite(local_loss)).double(),
-                (~torch.isfinite(grad_norm.float())).double(),
-            ]
+            + [torch.as_tensor(extras[k], device=self.device).reshape(()).double()
+               for k in extra_keys]
+            + [(~torch.isfinite(local_loss)).double(),
+               (~torch.isfinite(grad_norm.float())).double()]
         ).to(distributed.collective_device())
         values = distributed.all_reduce_sum(packed).tolist()
         nt, ne = len(keys), len(extra_keys)
@@ -362,11 +337,8 @@ class Engine:
             raise TrainingDiverged(self._diverged_message(loss, grad_norm, lr))
 
     def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:
-        hints = [
-            "lower optim.lr",
-            "a longer warm-up (schedule.warmup_steps)",
-            "train.grad_clip 1.0",
-        ]
+        hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)",
+                 "train.grad_clip 1.0"]
         if self.precision == "fp16":
             hints.insert(0, "train.precision bf16 (fp16 overflows)")
         return (
@@ -394,16 +366,10 @@ class Engine:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def build_engine(
-    model: torch.nn.Module,
-    info: distributed.DistInfo,
-    *,
-    lr: float,
-    train: TrainSection,
-    optim: OptimSection,
-    impl: ImplSection,
-    dist: DistributedSection,
-) -> tuple[Engine, distributed.CommTimer | None]:
+def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: float,
+                 train: TrainSection, optim: OptimSection, impl: ImplSection,
+                 dist: DistributedSection
+                 ) -> tuple[Engine, distributed.CommTimer | None]:
     """Optimizer, DDP or FSDP, and compile around `model` (already on its device), and the
     engine, from the config sections as they are; `lr` is the peak learning rate (after any
     batch scaling).
@@ -433,19 +399,11 @@ def build_engine(
     hook_state = getattr(train_model, "comm_hook_state", None)
     if impl.compile:
         train_model = torch.compile(train_model)
-    engine = Engine(
-        train_model,
-        optimizer,
-        precision=train.precision,
-        device=device,
-        grad_clip=train.grad_clip,
-        max_nonfinite_steps=train.max_nonfinite_steps,
-        ddp=is_ddp,
-        grads_are_bucket_views=is_ddp and dist.gradient_as_bucket_view,
-        on_numerics_reset=(lambda: distributed.reset_comm_hook_state(hook_state))
-        if hook_state is not None
-        else None,
-    )
+    engine = Engine(train_model, optimizer, precision=train.precision, device=device,
+                    grad_clip=train.grad_clip, max_nonfinite_steps=train.max_nonfinite_steps,
+                    ddp=is_ddp, grads_are_bucket_views=is_ddp and dist.gradient_as_bucket_view,
+                    on_numerics_reset=(lambda: distributed.reset_comm_hook_state(hook_state))
+                    if hook_state is not None else None)
     return engine, timer
 
 

@@ -37,17 +37,8 @@ RESTART_ENV = "BERTGPU_RESTART_COUNT"
 
 def launcher_command(nproc: int, argv: list[str]) -> list[str]:
     """The torch elastic launcher's command line for `python -m bertgpu ARGV` on `nproc` workers."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "bertgpu",
-        *argv,
-    ]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), "-m", "bertgpu", *argv]
 
 
 def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
@@ -61,23 +52,16 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
         rc, tail, received = _launch_once(nproc, argv, attempt)
         if rc == 0:
             return 0
-        hint = (
-            resume_hint() if resume_hint else None
-        ) or "re-running the same command resumes from its newest checkpoint"
+        hint = ((resume_hint() if resume_hint else None)
+                or "re-running the same command resumes from its newest checkpoint")
         if received:
-            print(
-                f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
+                  file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
         if attempt < max_restarts:
-            print(
-                f"{name}: {describe_failure(tail)}; restart {attempt + 1} of {max_restarts}: "
-                f"{hint.replace('re-running the same command resumes', 'resuming')}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"{name}: {describe_failure(tail)}; restart {attempt + 1} of {max_restarts}: "
+                  f"{hint.replace('re-running the same command resumes', 'resuming')}",
+                  file=sys.stderr, flush=True)
             continue
         print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
     return rc

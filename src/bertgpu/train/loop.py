@@ -168,31 +168,17 @@ class Loop:
     DDP / compiled wrapper. Construction resumes from the newest checkpoint under
     `settings.run_dir`, if any (the same one on every rank)."""
 
-    def __init__(
-        self,
-        task: Task,
-        model: torch.nn.Module,
-        engine: Engine,
-        info: distributed.DistInfo,
-        *,
-        run_dir: Path,
-        train: TrainSection,
-        schedule: ScheduleSection,
-        peak_lr: float,
-        checkpoint: CheckpointSection,
-        dist: DistributedSection,
-        logging: LoggingSection,
-        seed: int = 0,
-        config: dict[str, Any] | None = None,
-        title: str = "bertgpu",
-        startup_rows: Sequence[tuple[str, str]] = (),
-        checkpoint_files: Callable[[], dict[str, str]] = dict,
-        final_checkpoint: bool = True,
-        flops_per_token: float | None = None,
-        comm_timer: distributed.CommTimer | None = None,
-        resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None,
-        evaluate_first: bool = False,
-    ) -> None:
+    def __init__(self, task: Task, model: torch.nn.Module, engine: Engine,
+                 info: distributed.DistInfo, *, run_dir: Path, train: TrainSection,
+                 schedule: ScheduleSection, peak_lr: float, checkpoint: CheckpointSection,
+                 dist: DistributedSection, logging: LoggingSection, seed: int = 0,
+                 config: dict[str, Any] | None = None, title: str = "bertgpu",
+                 startup_rows: Sequence[tuple[str, str]] = (),
+                 checkpoint_files: Callable[[], dict[str, str]] = dict,
+                 final_checkpoint: bool = True, flops_per_token: float | None = None,
+                 comm_timer: distributed.CommTimer | None = None,
+                 resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None,
+                 evaluate_first: bool = False) -> None:
         """`train`, `schedule`, `checkpoint`, `dist` and `logging` are the config sections (their
         max_steps, budget, cadences, keep_last, load balancing, sinks); `peak_lr` the lr after
         batch scaling; `seed` the run's (dropout noise after a resume at another world size
@@ -206,38 +192,23 @@ class Loop:
         if self.max_steps <= 0 and not train.budget_hours:
             raise BertgpuError("config: max_steps must be positive unless budget_hours is set")
         self.task, self.model, self.engine, self.info = task, model, engine, info
-        self.run_dir, self.train, self.ckpt, self.logging = (
-            Path(run_dir),
-            train,
-            checkpoint,
-            logging,
-        )
-        self.seed, self.config, self.title, self.startup_rows = (
-            seed,
-            config,
-            title,
-            list(startup_rows),
-        )
+        self.run_dir, self.train, self.ckpt, self.logging = (Path(run_dir), train,
+                                                             checkpoint, logging)
+        self.seed, self.config, self.title, self.startup_rows = seed, config, title, list(startup_rows)
         self.checkpoint_files, self.final_checkpoint = checkpoint_files, final_checkpoint
         self.evaluate_first = evaluate_first
         self.flops_per_token, self.comm_timer = flops_per_token, comm_timer
         self.world = info.world_size
-        self.schedule = Schedule(
-            peak_lr=peak_lr,
-            decay=schedule.decay,
-            warmup_fraction=schedule.warmup_fraction or 0.0,
-            warmup_steps=schedule.warmup_steps,
-            max_steps=self.max_steps,
-            budget_mode=bool(train.budget_hours),
-            min_lr_ratio=schedule.min_lr_ratio,
-            power=schedule.power,
-            decay_fraction=schedule.decay_fraction,
-        )
+        self.schedule = Schedule(peak_lr=peak_lr, decay=schedule.decay,
+                                 warmup_fraction=schedule.warmup_fraction or 0.0,
+                                 warmup_steps=schedule.warmup_steps, max_steps=self.max_steps,
+                                 budget_mode=bool(train.budget_hours),
+                                 min_lr_ratio=schedule.min_lr_ratio, power=schedule.power,
+                                 decay_fraction=schedule.decay_fraction)
         # Re-share the global batch by measured speed every N steps (0 = equal shares; the task
         # must then have `shares()` / `set_shares()`).
-        self.balance_every = (
-            dist.balance_every_steps if dist.balance == "auto" and self.world > 1 else 0
-        )
+        self.balance_every = (dist.balance_every_steps
+                              if dist.balance == "auto" and self.world > 1 else 0)
         self.budget = BudgetClock(train.budget_hours * 3600.0) if train.budget_hours else None
         # Fault injection (testing/faults.py) is read once: None unless BERTGPU_FAULTS is set, and
         # then the step pays for nothing else.
@@ -335,9 +306,8 @@ class Loop:
 
     def _train_step(self, preempt: _Preemption, w: _Window, result: LoopResult) -> StepResult:
         """One optimizer step with its timing and counters."""
-        if (
-            self.faults is not None
-        ):  # the test double (testing/faults.py): off unless BERTGPU_FAULTS
+        # the test double (testing/faults.py): off unless BERTGPU_FAULTS
+        if self.faults is not None:
             faults.maybe_kill(self.info.rank, self.engine.step + 1)
             faults.delay(self.info.rank, self.engine.step + 1)
         t0 = time.perf_counter()
@@ -351,9 +321,8 @@ class Loop:
                    "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
         if self.checkpoints.background:
             signals["checkpoint_failed"] = float(self.checkpoints.failed)
-        res = self.engine.train_step(
-            micro_batches, self._loss_fn(), self.task.counts, signals=signals
-        )
+        res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts,
+                                     signals=signals)
         if self.budget is not None:
             self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
         t2 = time.perf_counter()
@@ -390,10 +359,9 @@ class Loop:
         shares = shares_for(speeds_of(compute_s, sequences), self.train.global_batch_size)
         if shares != self.task.shares():
             self.task.set_shares(shares)
-            logger.print(
-                f"step {self.engine.step}: batch shares per rank {shares} "
-                f"(sequences/s measured: {', '.join(f'{x:.1f}' for x in speeds_of(compute_s, sequences))})"
-            )
+            logger.print(f"step {self.engine.step}: batch shares per rank {shares} "
+                         "(sequences/s measured: "
+                         f"{', '.join(f'{x:.1f}' for x in speeds_of(compute_s, sequences))})")
 
     def _loss_fn(self) -> Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]:
         """The task's loss, made non-finite on this rank when a fault is injected for the step
@@ -404,14 +372,10 @@ class Loop:
         rank, poison = self.info.rank, faults.nonfinite(self.info.rank, self.engine.step + 1)
 
         def injected(model: torch.nn.Module, batch: Batch) -> Mapping[str, torch.Tensor]:
-            faults.slow_down(
-                rank, int(batch["input_ids"].shape[0])
-            )  # a slower device, per sequence
+            # a slower device, per sequence
+            faults.slow_down(rank, int(batch["input_ids"].shape[0]))
             out = self.task.loss(model, batch)
-            return {
-                k: v * float("nan") if poison and not k.startswith("_") else v
-                for k, v in out.items()
-            }
+            return {k: v * float("nan") if poison and not k.startswith("_") else v for k, v in out.items()}
 
         return injected
 
@@ -425,9 +389,8 @@ class Loop:
         # Ranks agree on the step by construction; check it once (cheap) rather than trust it.
         lo, hi = -distributed.all_reduce_max(-step), distributed.all_reduce_max(step)
         if lo != hi:
-            raise BertgpuError(
-                f"ranks stopped at different steps ({lo}..{hi}); please report this bug"
-            )
+            raise BertgpuError(f"ranks stopped at different steps ({lo}..{hi}); please "
+                               "report this bug")
         logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
                    rank_step_min=lo, rank_step_max=hi)
         self._log_written(logger, self.checkpoints.wait())
@@ -485,9 +448,8 @@ class Loop:
             logger.log(self.engine.step, "info", event="checkpoint_written",
                        saved_step=written.step, write_s=written.write_s)
 
-    def _restore(
-        self, path: Path, model_state: dict[str, torch.Tensor], st: dict[str, Any]
-    ) -> None:
+    def _restore(self, path: Path, model_state: dict[str, torch.Tensor],
+                 st: dict[str, Any]) -> None:
         from bertgpu.train.checkpoint import set_rng_state
         from bertgpu.train.checkpointer import restore
 
@@ -509,10 +471,9 @@ class Loop:
             torch.manual_seed(self.seed * 1000003 + self.info.rank + 7919 * self.engine.step)
         self.saved_step, self.resumed_from = self.engine.step, path
         if self.info.is_main:
-            print(
-                f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens seen)",
-                flush=True,
-            )
+            print(f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens "
+                  "seen)",
+                  flush=True)
 
     def _export(self, result: LoopResult, step: int) -> None:
         """The task's result, on rank 0; a sharded model's full weights are gathered first

@@ -65,9 +65,8 @@ def build_optimizer(
     if name == "radam":
         # Decoupled decay (AdamW-style) matches the other two; torch >= 2.2 has the flag.
         try:
-            return torch.optim.RAdam(
-                groups, lr=lr, betas=betas, eps=eps, decoupled_weight_decay=True
-            )
+            return torch.optim.RAdam(groups, lr=lr, betas=betas, eps=eps,
+                                     decoupled_weight_decay=True)
         except TypeError:
             return torch.optim.RAdam(groups, lr=lr, betas=betas, eps=eps)
     if name == "lamb":
@@ -99,9 +98,8 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"invalid learning rate {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"invalid betas {betas}")
-        super().__init__(
-            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        )
+        super().__init__(params,
+                         {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -150,9 +148,8 @@ class Lamb(torch.optim.Optimizer):
         return updates
 
     @staticmethod
-    def _apply_trust_ratio(
-        params: list[torch.Tensor], updates: list[torch.Tensor], lr: float
-    ) -> None:
+    def _apply_trust_ratio(params: list[torch.Tensor], updates: list[torch.Tensor],
+                           lr: float) -> None:
         """w -= lr * (||w|| / ||r||) * r for every tensor (ratio 1 when either norm is 0).
 
         All P tensors at once: two fused norm launches and one stacked (P,) vector of ratios on
@@ -162,9 +159,8 @@ class Lamb(torch.optim.Optimizer):
         about ten kernels per tensor."""
         w_norms = torch.stack(torch._foreach_norm(params)).float()  # (P,)
         r_norms = torch.stack(torch._foreach_norm(updates)).float()  # (P,)
-        ratios = torch.where(
-            (w_norms > 0) & (r_norms > 0), w_norms / r_norms, torch.ones_like(w_norms)
-        )
+        ratios = torch.where((w_norms > 0) & (r_norms > 0), w_norms / r_norms,
+                             torch.ones_like(w_norms))
         scales = (ratios * -lr).to(updates[0].dtype).unbind(0)  # P 0-dim tensors (views)
         torch._foreach_mul_(updates, scales)
         torch._foreach_add_(params, updates)

@@ -73,9 +73,8 @@ def progress_from_steps(step: int, max_steps: int) -> float:
     return min(max(step / max_steps, 0.0), 1.0)
 
 
-def warmup_fraction(
-    warmup_steps: int | None, warmup_fraction: float | None, max_steps: int
-) -> float:
+def warmup_fraction(warmup_steps: int | None, warmup_fraction: float | None,
+                    max_steps: int) -> float:
     """The warm-up as a fraction of training, from either knob (steps win when both are set)."""
     if warmup_steps is not None:
         return 0.0 if max_steps <= 0 else min(warmup_steps / max_steps, 1.0)
@@ -92,9 +91,8 @@ class BudgetClock:
 
     def __init__(self, budget_s: float, time_fn: Callable[[], float] = time.monotonic) -> None:
         if budget_s <= 0:
-            raise BertgpuError(
-                f"train.budget_hours: expected a positive number, got {budget_s / 3600:g}"
-            )
+            raise BertgpuError("train.budget_hours: expected a positive number, got "
+                               f"{budget_s / 3600:g}")
         self.budget_s = float(budget_s)
         self.time_fn = time_fn
         self.elapsed_s = 0.0
@@ -176,13 +174,8 @@ class Schedule:
         """lr of optimizer step `step` (0-based) taken at training progress `progress`."""
         if self.budget_mode and self.warmup_steps:
             ramp = min((step + 1) / self.warmup_steps, 1.0)
-            return (
-                self.peak_lr
-                * ramp
-                * lr_factor(
-                    progress, 0.0, self.decay, self.min_lr_ratio, self.power, self.decay_fraction
-                )
-            )
+            return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio,
+                                                   self.power, self.decay_fraction)
         warmup = warmup_fraction(self.warmup_steps, self.warmup_fraction, self.max_steps)
         return self.peak_lr * lr_factor(progress, warmup, self.decay, self.min_lr_ratio, self.power,
                                         self.decay_fraction)

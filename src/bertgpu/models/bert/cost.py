@@ -81,30 +81,18 @@ def flops_per_token(
     return flops
 
 
-def flops_per_token_of(
-    cfg: Any, seq_len: int, mlm_fraction: float = 1.0, with_nsp: bool = True
-) -> float:
+def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
+                       with_nsp: bool = True) -> float:
     """`flops_per_token` of any object with BertConfig's field names (ours, or transformers')."""
-    return flops_per_token(
-        hidden_size=int(cfg.hidden_size),
-        num_layers=int(cfg.num_hidden_layers),
-        intermediate_size=int(cfg.intermediate_size),
-        vocab_size=int(cfg.vocab_size),
-        seq_len=seq_len,
-        mlm_fraction=mlm_fraction,
-        with_nsp=with_nsp,
-    )
+    return flops_per_token(hidden_size=int(cfg.hidden_size), num_layers=int(cfg.num_hidden_layers),
+                           intermediate_size=int(cfg.intermediate_size),
+                           vocab_size=int(cfg.vocab_size), seq_len=seq_len,
+                           mlm_fraction=mlm_fraction, with_nsp=with_nsp)
 
 
-def estimate_train_bytes(
-    config: Any,
-    micro_batch: int,
-    seq_len: int,
-    dtype_bytes: int = 4,
-    grad_ckpt: bool = False,
-    flash_attention: bool = True,
-    optimizer: str = "adamw",
-) -> int:
+def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
+                         grad_ckpt: bool = False, flash_attention: bool = True,
+                         optimizer: str = "adamw") -> int:
     """Rough bytes of one training step of BertForPreTraining (an upper-ish estimate).
 
     - parameters, gradients and the two moments of AdamW / RAdam / LAMB: 4 fp32 copies of every

@@ -54,9 +54,8 @@ def activation(name: str):
         return lambda x: F.gelu(x, approximate="tanh")  # GPT-2's tanh approximation
     if name == "relu":
         return F.relu
-    raise BertgpuError(
-        f"config field hidden_act: found {name!r}, expected one of {', '.join(ACTIVATIONS)}"
-    )
+    raise BertgpuError(f"config field hidden_act: found {name!r}, expected one of "
+                       f"{', '.join(ACTIVATIONS)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,11 +72,9 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Not persistent: HF (>= 4.31) leaves it out of state dicts too, so the keys match.
-        self.register_buffer(
-            "position_ids",
-            torch.arange(config.max_position_embeddings).unsqueeze(0),
-            persistent=False,
-        )
+        self.register_buffer("position_ids",
+                             torch.arange(config.max_position_embeddings).unsqueeze(0),
+                             persistent=False)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 unpadded: Unpadded | None = None) -> torch.Tensor:
@@ -239,12 +236,8 @@ class BertPreTrainedModel(Configurable):
 
 
 class BertModel(BertPreTrainedModel):
-    def __init__(
-        self,
-        config: BertConfig,
-        add_pooling_layer: bool = True,
-        options: ModelOptions | None = None,
-    ):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True,
+                 options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.embeddings = BertEmbeddings(config)
@@ -330,9 +323,8 @@ def _labelled_rows(x: torch.Tensor, labels: torch.Tensor, meta: BatchMeta,
     flat = labels.reshape(-1)  # (B T,)
     if un is None:
         rows = x.reshape(-1, x.size(-1))  # (B T, H)
-        pos = (
-            meta.masked if meta.masked is not None else (flat != IGNORE_INDEX).nonzero().squeeze(1)
-        )
+        pos = (meta.masked if meta.masked is not None
+               else (flat != IGNORE_INDEX).nonzero().squeeze(1))
         return rows.index_select(0, pos), flat.index_select(0, pos)
     rows = meta.masked_rows
     if rows is None:  # metadata made without the labels: find the labelled rows here (a host sync)
@@ -349,9 +341,8 @@ class BertForPreTraining(BertPreTrainedModel):
         """The transformers class of the export: BertForPreTraining, or BertForMaskedLM without NSP."""
         return "BertForPreTraining" if self.with_nsp else "BertForMaskedLM"
 
-    def __init__(
-        self, config: BertConfig, with_nsp: bool = True, options: ModelOptions | None = None
-    ):
+    def __init__(self, config: BertConfig, with_nsp: bool = True,
+                 options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.with_nsp = with_nsp
@@ -363,16 +354,10 @@ class BertForPreTraining(BertPreTrainedModel):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
         self.cls.predictions.decoder.bias = self.cls.predictions.bias
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-        batch_meta: BatchMeta | None = None,
-        unpad: bool | None = None,
-    ) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None, unpad: bool | None = None) -> ModelOutput:
         meta = resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
         x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, meta,
@@ -410,23 +395,15 @@ class _BertWithClassifier(BertPreTrainedModel):
 
     POOLER: bool = True
 
-    def __init__(
-        self,
-        config: BertConfig,
-        num_labels: int = 2,
-        id2label: dict[int, str] | None = None,
-        options: ModelOptions | None = None,
-    ):
+    def __init__(self, config: BertConfig, num_labels: int = 2,
+                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
         super().__init__()
         self.config = config.validate()
         self.num_labels = num_labels
         self.id2label = dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(num_labels)}
         self.bert = BertModel(config, add_pooling_layer=self.POOLER)
-        p = (
-            config.classifier_dropout
-            if config.classifier_dropout is not None
-            else config.hidden_dropout_prob
-        )
+        p = (config.classifier_dropout if config.classifier_dropout is not None
+             else config.hidden_dropout_prob)
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.post_init(options)
@@ -440,9 +417,8 @@ class BertForSequenceClassification(_BertWithClassifier):
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x, un = self.bert.encode(input_ids, attention_mask, token_type_ids, batch_meta)
         logits = self.classifier(self.dropout(self.bert.pooled(x, un)))  # (B, num_labels)
-        return labelled_output(
-            logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels)
-        )
+        return labelled_output(logits, labels,
+                               lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
 
 
 class BertForTokenClassification(_BertWithClassifier):
@@ -454,12 +430,10 @@ class BertForTokenClassification(_BertWithClassifier):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
-        x = self.bert(
-            input_ids, attention_mask, token_type_ids, batch_meta
-        ).last_hidden_state  # (B, T, H)
-        return labelled_output(
-            self.classifier(self.dropout(x)), labels, token_loss_terms
-        )  # (B, T, num_labels)
+        # (B, T, H)
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state
+        # (B, T, num_labels)
+        return labelled_output(self.classifier(self.dropout(x)), labels, token_loss_terms)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -472,20 +446,14 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init(options)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-        batch_meta: BatchMeta | None = None,
-    ) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
         # Always padded: HF's span softmax runs over every position, padding included, and an
         # unpadded encoder leaves zeros there instead of the padded model's values.
-        x = self.bert(
-            input_ids, attention_mask, token_type_ids, batch_meta, unpad=False
-        ).last_hidden_state
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta, unpad=False).last_hidden_state
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:

@@ -29,22 +29,14 @@ SPEC = Architecture(
     flops_per_token=cost.flops_per_token_of,
     train_bytes=cost.estimate_train_bytes,
     has_nsp=False,
-    # transformers' ModernBERT default [PAD] is its own vocabulary's 50283; a bertgpu tokenizer's is 0.
+    # transformers' ModernBERT default [PAD] is its own vocabulary's 50283; a bertgpu tokenizer's is
+    # 0.
     pretraining_defaults={"pad_token_id": 0},
-    equivalents={
-        "hidden_act": ("hidden_activation",),
-        "layer_norm_eps": ("norm_eps",),
-        "hidden_dropout_prob": ("mlp_dropout", "embedding_dropout"),
-        "attention_probs_dropout_prob": ("attention_dropout",),
-    },
+    equivalents={"hidden_act": ("hidden_activation",), "layer_norm_eps": ("norm_eps",),
+                 "hidden_dropout_prob": ("mlp_dropout", "embedding_dropout"),
+                 "attention_probs_dropout_prob": ("attention_dropout",)},
     # The context extension of ModernBERT (1024 -> 8192 tokens) raises the global RoPE theta.
-    continuation_fields=(
-        "max_position_embeddings",
-        "global_rope_theta",
-        "local_rope_theta",
-        "embedding_dropout",
-        "attention_dropout",
-        "mlp_dropout",
-    ),
+    continuation_fields=("max_position_embeddings", "global_rope_theta", "local_rope_theta",
+                         "embedding_dropout", "attention_dropout", "mlp_dropout"),
     fix_legacy_keys=_fix_legacy_keys,
 )

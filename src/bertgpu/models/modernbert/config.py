@@ -103,23 +103,18 @@ class ModernBertConfig:
         d = dict(d)
         rope = d.pop("rope_parameters", None)
         if isinstance(rope, dict):
-            for kind, key in (
-                ("full_attention", "global_rope_theta"),
-                ("sliding_attention", "local_rope_theta"),
-            ):
+            for kind, key in (("full_attention", "global_rope_theta"),
+                              ("sliding_attention", "local_rope_theta")):
                 params = rope.get(kind) or {}
                 if params.get("rope_type", "default") != "default":
-                    raise BertgpuError(
-                        f"config field rope_parameters.{kind}.rope_type: found "
-                        f"{params['rope_type']!r}, expected 'default' (scaled RoPE is not supported)"
-                    )
+                    raise BertgpuError(f"config field rope_parameters.{kind}.rope_type: found "
+                                       f"{params['rope_type']!r}, expected 'default' (scaled RoPE "
+                                       "is not supported)")
                 if params.get("rope_theta") is not None:
                     d[key] = params["rope_theta"]
         if d.get("rope_scaling"):
-            raise BertgpuError(
-                f"config field rope_scaling: found {d['rope_scaling']!r}, expected none "
-                "(scaled RoPE is not supported)"
-            )
+            raise BertgpuError(f"config field rope_scaling: found {d['rope_scaling']!r}, expected "
+                               "none (scaled RoPE is not supported)")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -146,17 +141,14 @@ class ModernBertConfig:
         if self.layer_types is not None:
             return list(self.layer_types)
         n = self.global_attn_every_n_layers
-        return [
-            "sliding_attention" if i % n else "full_attention"
-            for i in range(self.num_hidden_layers)
-        ]
+        return ["sliding_attention" if i % n else "full_attention"
+                for i in range(self.num_hidden_layers)]
 
     def validate(self, prefix: str = "config field ") -> ModernBertConfig:
         """Raise BertgpuError naming the field (after `prefix`) if the combination cannot be built."""
         if self.architecture != "modernbert":
-            raise BertgpuError(
-                f"{prefix}architecture: found {self.architecture!r}, expected 'modernbert'"
-            )
+            raise BertgpuError(f"{prefix}architecture: found {self.architecture!r}, "
+                               "expected 'modernbert'")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
                      "local_attention"):
@@ -165,9 +157,9 @@ class ModernBertConfig:
                 raise BertgpuError(f"{prefix}{name}: found {value!r}, expected a positive integer")
         if self.hidden_size % self.num_attention_heads or self.head_dim % 2:
             raise BertgpuError(
-                f"{prefix}hidden_size: {self.hidden_size} / num_attention_heads {self.num_attention_heads} "
-                "must be an even integer (RoPE rotates pairs of head features)"
-            )
+                f"{prefix}hidden_size: {self.hidden_size} / num_attention_heads "
+                f"{self.num_attention_heads} must be an even integer (RoPE rotates pairs of "
+                "head features)")
         for name in ("hidden_activation", "classifier_activation"):
             if getattr(self, name) not in ACTIVATIONS:
                 raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, "
@@ -177,20 +169,17 @@ class ModernBertConfig:
                                f"expected one of {', '.join(POOLINGS)}")
         for name in ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise BertgpuError(
-                    f"{prefix}{name}: found {getattr(self, name)!r}, expected a number in [0, 1)"
-                )
+                raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, expected a "
+                                   "number in [0, 1)")
         for name in ("global_rope_theta", "local_theta", "norm_eps", "initializer_range"):
             if not getattr(self, name) > 0:
-                raise BertgpuError(
-                    f"{prefix}{name}: found {getattr(self, name)!r}, expected a positive number"
-                )
+                raise BertgpuError(f"{prefix}{name}: found {getattr(self, name)!r}, expected a "
+                                   "positive number")
         types = self.resolved_layer_types()
         if len(types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in types):
-            raise BertgpuError(
-                f"{prefix}layer_types: found {types!r}, expected {self.num_hidden_layers} "
-                f"entries, each one of {', '.join(LAYER_TYPES)}"
-            )
+            raise BertgpuError(f"{prefix}layer_types: found {types!r}, expected "
+                               f"{self.num_hidden_layers} entries, each one of "
+                               f"{', '.join(LAYER_TYPES)}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise BertgpuError(f"{prefix}pad_token_id: found {self.pad_token_id!r}, expected an id "
                                f"below vocab_size ({self.vocab_size})")

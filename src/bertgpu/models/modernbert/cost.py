@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def flops_per_token_of(
-    cfg: Any, seq_len: int, mlm_fraction: float = 1.0, with_nsp: bool = False
-) -> float:
+def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
+                       with_nsp: bool = False) -> float:
     """Training FLOPs per token of ModernBERT, counted as models/bert/cost.py counts BERT.
 
     Per layer (d = hidden_size, f = intermediate_size): Wqkv ``3 d^2``, attention output ``d^2``,
@@ -21,12 +20,8 @@ def flops_per_token_of(
     sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
     The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only.
     ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
-    d, f, L, T = (
-        int(cfg.hidden_size),
-        int(cfg.intermediate_size),
-        int(cfg.num_hidden_layers),
-        int(seq_len),
-    )
+    d, f, L, T = (int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers),
+                  int(seq_len))
     if min(d, f, L, T) <= 0:
         raise ValueError("flops_per_token_of: all sizes must be positive")
     every = max(int(cfg.global_attn_every_n_layers), 1)
@@ -37,15 +32,9 @@ def flops_per_token_of(
     return 6.0 * L * per_layer + attention + mlm_fraction * 6.0 * head
 
 
-def estimate_train_bytes(
-    config: Any,
-    micro_batch: int,
-    seq_len: int,
-    dtype_bytes: int = 4,
-    grad_ckpt: bool = False,
-    flash_attention: bool = True,
-    optimizer: str = "adamw",
-) -> int:
+def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
+                         grad_ckpt: bool = False, flash_attention: bool = True,
+                         optimizer: str = "adamw") -> int:
     """Rough bytes of one training step of ModernBertForMaskedLM (an upper-ish estimate), counted
     as models/bert/cost.py counts BERT:
 
@@ -66,9 +55,8 @@ def estimate_train_bytes(
     if not flash_attention:
         per_layer += micro_batch * N * seq_len * seq_len * (dtype_bytes + 1)
     activations = (tokens * H * dtype_bytes * L + per_layer) if grad_ckpt else per_layer * L
-    mlm = (
-        int(0.3 * tokens) * V * 4 * 2
-    )  # fp32 logits of the masked rows (30%: its recipes) and their gradient
+    # fp32 logits of the masked rows (30%: its recipes) and their gradient
+    mlm = int(0.3 * tokens) * V * 4 * 2
     copies = 6 if optimizer == "lamb" else 4
     return 4 * copies * params + activations + mlm
 

@@ -116,14 +116,8 @@ def _windowed_varlen() -> Any:
     return varlen_attn if "window_size" in inspect.signature(varlen_attn).parameters else None
 
 
-def windowed_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    layout: Layout,
-    window: int | None,
-    dropout_p: float,
-) -> torch.Tensor:
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
+                       window: int | None, dropout_p: float) -> torch.Tensor:
     """attention.attention with a sliding window of `window` tokens on each side (None: global).
 
     Padded rows and the padded fallback of unpadded ones carry the window in their mask (see
@@ -132,10 +126,8 @@ def windowed_attention(
     """
     if window is None or not isinstance(layout, Unpadded):
         return attention(q, k, v, layout, dropout_p)
-    if (
-        choose_backend(layout.backend, q, dropout_p, layout.packed_ok) == "varlen"
-        and _windowed_varlen()
-    ):
+    if (choose_backend(layout.backend, q, dropout_p, layout.packed_ok) == "varlen"
+            and _windowed_varlen()):
         cu = layout.cu_seqlens.to(torch.int32)  # device cast, no sync
         return _windowed_varlen()(q, k, v, cu, cu, layout.max_len, layout.max_len,
                                   window_size=(window, window)).flatten(1)
@@ -153,9 +145,8 @@ def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(
-            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
-        )
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                           padding_idx=config.pad_token_id)
         self.norm = _layer_norm(config)
         self.drop = nn.Dropout(config.embedding_dropout)
 
@@ -182,9 +173,8 @@ class ModernBertAttention(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.Wqkv = nn.Linear(
-            config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias
-        )
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size,
+                              bias=config.attention_bias)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.dropout_p = config.attention_dropout
         # transformers applies the attention dropout a second time on the output projection
@@ -226,11 +216,9 @@ class ModernBertPreTrainedModel(Configurable):
 
     def _init_weights(self, module: nn.Module) -> None:
         c = self.config
-        stds = {
-            "in": c.initializer_range,
-            "out": c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers),
-            "final_out": c.hidden_size**-0.5,
-        }
+        stds = {"in": c.initializer_range,
+                "out": c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers),
+                "final_out": c.hidden_size ** -0.5}
 
         def init(linear: nn.Module, std: float) -> None:
             cut = c.initializer_cutoff_factor * std
@@ -269,43 +257,33 @@ class ModernBertModel(ModernBertPreTrainedModel):
         super().__init__()
         self.config = config.validate()
         self.embeddings = ModernBertEmbeddings(config)
-        self.layers = nn.ModuleList(
-            ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i)
+                                    for i in range(config.num_hidden_layers))
         self.final_norm = _layer_norm(config)
         self.post_init(options)
 
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        meta: BatchMeta | None = None,
-        unpad: bool | None = None,
-    ) -> tuple[torch.Tensor, Unpadded | None]:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               meta: BatchMeta | None = None,
+               unpad: bool | None = None) -> tuple[torch.Tensor, Unpadded | None]:
         """Embeddings + layers + final norm: (B, T, H) and None, or, unpadded, (N_tok, H) and its
         Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is padded)."""
         c = self.config
         T = input_ids.size(1)
         meta = resolve_meta(input_ids, attention_mask, meta)
-        masks = attention_masks(
-            attention_mask if meta.padded else None, T, c.local_attention, input_ids.device
-        )
+        masks = attention_masks(attention_mask if meta.padded else None, T, c.local_attention,
+                                input_ids.device)
         unpad = self.options.unpad if unpad is None else unpad
         un = None
-        positions = torch.arange(T, device=input_ids.device)[
-            None
-        ]  # (1, T): the column, as transformers
+        # (1, T): the column, as transformers
+        positions = torch.arange(T, device=input_ids.device)[None]
         if unpad and meta.padded and meta.index is not None:
             un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
             masks = {kind: dataclasses.replace(un, mask=mask) for kind, mask in masks.items()}
-            input_ids, positions = (
-                input_ids.reshape(-1).index_select(0, un.index),
-                un.index % T,
-            )  # (N_tok,)
-        ropes = {
-            "full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
-            "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta),
-        }  # (..., 1, D) each
+            # (N_tok,)
+            input_ids, positions = input_ids.reshape(-1).index_select(0, un.index), un.index % T
+        ropes = {"full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
+                 # (..., 1, D) each
+                 "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}
         half = c.local_attention // 2
         windows = {"full_attention": None, "sliding_attention": half if T > half + 1 else None}
         x = self.embeddings(input_ids)  # (B, T, H) or (N_tok, H)
@@ -361,55 +339,35 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
     def tie_weights(self) -> None:
         self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-        batch_meta: BatchMeta | None = None,
-        unpad: bool | None = None,
-    ) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None, unpad: bool | None = None) -> ModelOutput:
         """BertForPreTraining's signature, so one training loop drives either architecture;
         `next_sentence_label` must be None (build_model and the config refuse NSP earlier)."""
         if next_sentence_label is not None:
-            raise BertgpuError(
-                "ModernBERT has no next-sentence head: expected no next_sentence_label "
-                "(train.with_nsp false, data objective mlm)"
-            )
+            raise BertgpuError("ModernBERT has no next-sentence head: expected no "
+                               "next_sentence_label (train.with_nsp false, data objective mlm)")
         meta = resolve_meta(input_ids, attention_mask, batch_meta, labels)
         # Full (B, T, V) logits need every position: unpadding only pays with labels.
-        x, un = self.model.encode(
-            input_ids, attention_mask, meta, unpad=False if labels is None else unpad
-        )
+        x, un = self.model.encode(input_ids, attention_mask, meta,
+                                  unpad=False if labels is None else unpad)
         if labels is None:
             return ModelOutput(prediction_logits=self.decoder(self.head(x)))  # (B, T, V)
         # Sparse head: same logits and gradients as the dense one at the labelled rows.
         flat = labels.reshape(-1)  # (B T,)
         if un is not None:
-            keep = (
-                meta.masked_rows
-            )  # None: metadata made without the labels, found here (a host sync)
-            keep = (
-                (flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
-                if keep is None
-                else keep
-            )
-            rows, targets = (
-                x.index_select(0, keep),
-                flat.index_select(0, un.index.index_select(0, keep)),
-            )
+            # None: metadata made without the labels, found here (a host sync)
+            keep = meta.masked_rows
+            keep = ((flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
+                    if keep is None else keep)
+            rows, targets = (x.index_select(0, keep),
+                             flat.index_select(0, un.index.index_select(0, keep)))
         else:
-            pos = (
-                meta.masked
-                if meta.masked is not None
-                else (flat != IGNORE_INDEX).nonzero().squeeze(1)
-            )
-            rows, targets = (
-                x.reshape(-1, x.size(-1)).index_select(0, pos),
-                flat.index_select(0, pos),
-            )
+            pos = (meta.masked if meta.masked is not None
+                   else (flat != IGNORE_INDEX).nonzero().squeeze(1))
+            rows, targets = (x.reshape(-1, x.size(-1)).index_select(0, pos),
+                             flat.index_select(0, pos))
         out = ModelOutput(prediction_logits=self.decoder(self.head(rows)))  # (M, V)
         out.update(masked_lm_terms(out.prediction_logits, targets))
         out.loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
@@ -419,13 +377,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 class _WithClassifier(ModernBertPreTrainedModel):
     """model -> head -> drop -> classifier(out_features), the layout of the three task models."""
 
-    def __init__(
-        self,
-        config: ModernBertConfig,
-        num_labels: int = 2,
-        id2label: dict[int, str] | None = None,
-        options: ModelOptions | None = None,
-    ):
+    def __init__(self, config: ModernBertConfig, num_labels: int = 2,
+                 id2label: dict[int, str] | None = None, options: ModelOptions | None = None):
         super().__init__()
         out_features = num_labels  # the classifier's outputs: labels, or start and end for QA
         self.config = config.validate()
@@ -434,9 +387,8 @@ class _WithClassifier(ModernBertPreTrainedModel):
         self.drop = nn.Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, out_features)
         self.num_labels = out_features
-        self.id2label = (
-            dict(id2label) if id2label else {i: f"LABEL_{i}" for i in range(out_features)}
-        )
+        self.id2label = (dict(id2label) if id2label
+                         else {i: f"LABEL_{i}" for i in range(out_features)})
         self.post_init(options)
 
     def _classify(self, x: torch.Tensor) -> torch.Tensor:
@@ -452,13 +404,11 @@ class ModernBertForSequenceClassification(_WithClassifier):
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x, un = self.model.encode(input_ids, attention_mask, batch_meta)  # (B, T, H) or (N_tok, H)
         logits = self._classify(self._pool(x, un, attention_mask))  # (B, num_labels)
-        return labelled_output(
-            logits, labels, lambda lg, y: sequence_loss_terms(lg, y, self.num_labels)
-        )
+        return labelled_output(logits, labels,
+                               lambda lg, y: sequence_loss_terms(lg, y, self.num_labels))
 
-    def _pool(
-        self, x: torch.Tensor, un: Unpadded | None, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _pool(self, x: torch.Tensor, un: Unpadded | None,
+              attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(B, H): column 0 (each sequence's first row when unpadded), or the mean over tokens."""
         if self.config.classifier_pooling == "cls":
             return x[:, 0] if un is None else x.index_select(0, un.first_rows())
@@ -479,19 +429,13 @@ class ModernBertForQuestionAnswering(_WithClassifier):
     def __init__(self, config: ModernBertConfig, options: ModelOptions | None = None):
         super().__init__(config, 2, None, options)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,
-        end_positions: torch.Tensor | None = None,
-        batch_meta: BatchMeta | None = None,
-    ) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None,
+                batch_meta: BatchMeta | None = None) -> ModelOutput:
         # Padded even when unpadding: the span softmax covers padding columns, as transformers'
-        x = self.model(
-            input_ids, attention_mask, batch_meta=batch_meta, unpad=False
-        ).last_hidden_state
+        x = self.model(input_ids, attention_mask, batch_meta=batch_meta, unpad=False).last_hidden_state
         start_logits, end_logits = self._classify(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
@@ -507,21 +451,16 @@ class ModernBertForTokenClassification(_WithClassifier):
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         x = self.model(input_ids, attention_mask, batch_meta=batch_meta).last_hidden_state
-        return labelled_output(
-            self._classify(x), labels, token_loss_terms
-        )  # logits (B, T, num_labels)
+        # logits (B, T, num_labels)
+        return labelled_output(self._classify(x), labels, token_loss_terms)
 
 
 # Head name -> class taking the config: what models/build.py builds (see models/spec.py).
 # ModernBERT has no next-sentence head: "pretraining" is its masked LM.
-HEADS = {
-    "base": ModernBertModel,
-    "pretraining": ModernBertForMaskedLM,
-    "masked_lm": ModernBertForMaskedLM,
-    "classification": ModernBertForSequenceClassification,
-    "qa": ModernBertForQuestionAnswering,
-    "token_classification": ModernBertForTokenClassification,
-}
+HEADS = {"base": ModernBertModel, "pretraining": ModernBertForMaskedLM,
+         "masked_lm": ModernBertForMaskedLM, "classification": ModernBertForSequenceClassification,
+         "qa": ModernBertForQuestionAnswering,
+         "token_classification": ModernBertForTokenClassification}
 
 __all__ = [
     "HEADS", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",

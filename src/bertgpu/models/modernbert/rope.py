@@ -25,17 +25,15 @@ def inv_freq(head_dim: int, theta: float, device: torch.device | None = None) ->
     return 1.0 / (theta ** exponents)
 
 
-def cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin(positions: torch.Tensor, head_dim: int,
+            theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer positions (...) -> cos, sin of shape (..., 1, D) in fp32.
 
     The trailing 1 broadcasts over the heads of a (..., N, D) query or key; each of the D/2
     angles appears twice (once per half), matching `apply_rope`'s pairing.
     """
-    angles = positions.to(torch.float32)[..., None] * inv_freq(
-        head_dim, theta, positions.device
-    )  # (..., D/2)
+    # (..., D/2)
+    angles = positions.to(torch.float32)[..., None] * inv_freq(head_dim, theta, positions.device)
     angles = torch.cat((angles, angles), dim=-1)[..., None, :]  # (..., 1, D)
     return angles.cos(), angles.sin()
 
@@ -48,9 +46,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
-def sliding_window_mask(
-    seq_len: int, local_attention: int, device: torch.device | None = None
-) -> torch.Tensor:
+def sliding_window_mask(seq_len: int, local_attention: int,
+                        device: torch.device | None = None) -> torch.Tensor:
     """(T, T) bool, True where query i may attend to key j: |i - j| <= local_attention // 2.
 
     ModernBERT's `local_attention` is the whole window (128 = 64 tokens each side plus the token
