@@ -115,7 +115,8 @@ def main() -> None:
             for seed in args.seeds:
                 key = (args.task, name, lr, epochs, seed, args.batch)
                 if key not in done:
-                    run_dir = out / "runs" / f"{args.task}-{Path(name).name}-{lr}-{epochs}-{seed}-b{args.batch}"
+                    run_dir = out / "runs" / (f"{args.task}-{Path(name).name}-{lr}-{epochs}-"
+                                              f"{seed}-b{args.batch}")
                     r = run_one(args.task, init, lr, epochs, seed, run_dir, extra)
                     done[key] = {"task": args.task, "init": name, "hidden_size": hidden, "lr": lr,
                                  "epochs": epochs, "seed": seed, "batch": args.batch, **r}

@@ -47,7 +47,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         save_pretrained(ours, d)
-        hf = transformers.BertForSequenceClassification.from_pretrained(d, attn_implementation="sdpa")
+        hf = transformers.BertForSequenceClassification.from_pretrained(
+            d, attn_implementation="sdpa")
 
     g = torch.Generator().manual_seed(1)
     batches = []

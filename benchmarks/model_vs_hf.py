@@ -46,7 +46,8 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, device: str,
     for _ in range(n):
         input_ids = torch.randint(5, vocab, (batch, seq_len), generator=g)
         input_ids[:, 0] = 2  # [CLS]
-        token_type_ids = (torch.arange(seq_len) >= seq_len // 2).long().expand(batch, -1).contiguous()
+        token_type_ids = ((torch.arange(seq_len) >= seq_len // 2).long()
+                          .expand(batch, -1).contiguous())
         labels = torch.full((batch, seq_len), -100)
         masked = torch.rand(batch, seq_len, generator=g) < 0.15
         masked[:, 0] = False
@@ -87,7 +88,8 @@ def main() -> None:
 
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     dev_type = torch.device(args.device).type
-    autocast = (lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
+    autocast = ((lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if dtype == "bf16"
+                else nullcontext)
     if dev_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

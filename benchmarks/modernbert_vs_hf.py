@@ -80,7 +80,8 @@ def main() -> None:
                               args.device)
         if cfg.model.architecture == "modernbert":
             fields = {**model.config.to_dict(), "sparse_prediction": True}
-            hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**fields, attn_implementation="sdpa"))
+            hf = transformers.ModernBertForMaskedLM(
+                transformers.ModernBertConfig(**fields, attn_implementation="sdpa"))
             hf.load_state_dict(model.state_dict())
             models[f"transformers {path}"] = hf.to(args.device).train()
             batches[f"transformers {path}"] = batches[path]

@@ -37,8 +37,8 @@ import json, resource, sys, time
 from bertgpu.data.prepare import prepare
 args = json.loads(sys.argv[1])
 start = time.perf_counter()
-m = prepare(args["paths"], args["tok"], args["out"], objective=args["objective"], workers=args["workers"],
-            seq_len=128, shard_size=args["shard_size"])
+m = prepare(args["paths"], args["tok"], args["out"], objective=args["objective"],
+            workers=args["workers"], seq_len=128, shard_size=args["shard_size"])
 seconds = time.perf_counter() - start
 # VmHWM, not ru_maxrss, for this process: Linux carries ru_maxrss over exec from the parent.
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
@@ -46,8 +46,10 @@ kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB; the largest
 cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                             resource.getrusage(resource.RUSAGE_CHILDREN)))
 val = m["splits"]["validation"]["tokens"] / max(m["counts"]["tokens"], 1)
-print(json.dumps({"seconds": seconds, "tokens": m["counts"]["tokens"], "documents": m["counts"]["documents"], "val": val,
-                  "sequences": m["counts"]["sequences"], "main_mb": hwm / 1024, "worker_mb": kids / 1024, "cpu": cpu}))
+print(json.dumps({"seconds": seconds, "tokens": m["counts"]["tokens"],
+                  "documents": m["counts"]["documents"], "val": val,
+                  "sequences": m["counts"]["sequences"], "main_mb": hwm / 1024,
+                  "worker_mb": kids / 1024, "cpu": cpu}))
 """
 
 

@@ -147,8 +147,8 @@ def test_probe_model_follows_the_architecture():
     from bertgpu.models.modernbert.config import ModernBertConfig
 
     bert = probe_model(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                  num_attention_heads=2,
-                                  intermediate_size=32), with_nsp=True, grad_ckpt=True)
+                                  num_attention_heads=2, intermediate_size=32),
+                       with_nsp=True, grad_ckpt=True)
     assert (type(bert).__name__ == "BertForPreTraining" and bert.with_nsp
             and bert.options.gradient_checkpointing)
     ids = {f.name for f in dataclasses.fields(ModernBertConfig) if f.name.endswith("_token_id")}
@@ -158,8 +158,7 @@ def test_probe_model_follows_the_architecture():
     model = probe_model(modern, with_nsp=False, grad_ckpt=False)
     assert type(model).__name__ == "ModernBertForMaskedLM"
     pretrain_step_fn(model, torch.optim.AdamW(model.parameters()), seq_len=8, device="cpu",
-                     dtype="bf16",
-                     with_nsp=False)(2)  # the probe's step runs on it
+                     dtype="bf16", with_nsp=False)(2)  # the probe's step runs on it
 
 
 def test_agreement_without_a_process_group():

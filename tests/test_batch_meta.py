@@ -39,7 +39,8 @@ def reference_meta(mask: list[list[int]], labels: list[list[int]] | None) -> dic
         out["masked"] = [b * T + t for b in range(B) for t in range(T)
                          if labels[b][t] != IGNORE_INDEX]
         if out["padded"]:
-            out["masked_rows"] = [i for i, (b, t) in enumerate(kept) if labels[b][t] != IGNORE_INDEX]
+            out["masked_rows"] = [i for i, (b, t) in enumerate(kept)
+                                  if labels[b][t] != IGNORE_INDEX]
     return out
 
 
@@ -60,9 +61,8 @@ def adversarial_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     out = []
     one = torch.zeros(3, 6, dtype=torch.long)
     one[1, 0] = 1  # all padding but one token
-    out.append((one,
-                torch.full((3, 6), IGNORE_INDEX).index_put_((torch.tensor([1]), torch.tensor([0])),
-                                                                  torch.tensor([7]))))
+    out.append((one, torch.full((3, 6), IGNORE_INDEX).index_put_(
+        (torch.tensor([1]), torch.tensor([0])), torch.tensor([7]))))
     full = torch.ones(2, 5, dtype=torch.long)  # no padding
     out.append((full, torch.full((2, 5), IGNORE_INDEX)))  # no masked token
     every = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
@@ -79,8 +79,8 @@ def adversarial_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 def test_meta_matches_the_reference_on_random_batches():
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
-        B, T = (int(torch.randint(1, 6, (1,), generator=g)),
-                int(torch.randint(1, 12, (1,), generator=g)))
+        B = int(torch.randint(1, 6, (1,), generator=g))
+        T = int(torch.randint(1, 12, (1,), generator=g))
         mask = (torch.rand(B, T, generator=g) < 0.7).long()  # holes anywhere, left padding too
         if torch.rand(1, generator=g) < 0.5:  # right padding, as the loaders make it
             lengths = torch.randint(0, T + 1, (B,), generator=g)

@@ -39,8 +39,8 @@ def test_bench_model_smoke(tmp_path, capsys):
     assert all(r["ratio_vs_transformers"] == pytest.approx(1.0) for r in hf)
     # runs accumulate
     assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8",
-                                   "--iters", "1",
-                                   "--warmup", "0", "--models", "bertgpu", "--out", str(out)])) == 0
+                                   "--iters", "1", "--warmup", "0", "--models", "bertgpu",
+                                   "--out", str(out)])) == 0
     assert len(out.read_text().splitlines()) == 5
 
 

@@ -104,9 +104,8 @@ def test_readers_agree_across_formats(tmp_path):
                                     encoding="utf-8-sig")  # a BOM, as spreadsheets write it
     (tmp_path / "x.tsv").write_text("gold\tpremise\thyp\npos\tit's \"fine\", really\ta\n\n"
                                     "neg\ttab-free text\tb\n")
-    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps({"premise": a, "hyp": b, "gold": y,
-                                                            "extra": 1})
-                                                for a, b, y in rows) + "\n")
+    (tmp_path / "x.jsonl").write_text("\n".join(
+        json.dumps({"premise": a, "hyp": b, "gold": y, "extra": 1}) for a, b, y in rows) + "\n")
     fields = classify.Fields("premise", "hyp", "gold")
     for name in ("x.csv", "x.tsv", "x.jsonl"):
         got = classify.read_labelled(tmp_path / name, fields)
@@ -186,7 +185,8 @@ def test_text_pair_reads_the_second_column(tmp_path):
     res = run(tmp_path, tmp_path / "train.jsonl", tmp_path / "dev.jsonl", "--epochs", "8",
               text_field="a", text_pair_field="b", label_field="y")
     assert res["fields"] == {"text": "a", "text_pair": "b", "label": "y"}
-    assert res["labels"] == ["no", "yes"] and res["metrics"]["dev"]["accuracy"] >= 90.0, res["metrics"]
+    assert (res["labels"] == ["no", "yes"]
+            and res["metrics"]["dev"]["accuracy"] >= 90.0), res["metrics"]
 
 
 def test_regression_learns(tmp_path):
@@ -265,12 +265,12 @@ def test_label_only_in_dev_and_bad_scores(tmp_path):
     (tmp_path / "dev.csv").write_text("text,label\na,pos\nb,neutral\n")
     tok = None  # never reached: the files are checked before encoding
     cfg = FinetuneConfig()
-    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok,
-                                                  cfg),
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv",
+                                                  tok, cfg),
                     r"dev\.csv:3: label 'neutral' is not in the training file \(expected one of "
                     r"'neg', 'pos'\)")
-    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv", tok,
-                                                  cfg, regression=True),
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv",
+                                                  tok, cfg, regression=True),
                     r"train\.csv:2: label 'pos' in 'label' is not a finite number")
 
 

@@ -64,8 +64,7 @@ def test_model_section_is_the_architectures_own_config_with_hf_names(architectur
     # 4.x's (BERT's position_embedding_type; ModernBERT's thetas and layer period, which 5.x writes
     # as rope_parameters and layer_types: both are written, see models/modernbert/config.py).
     assert set(names) - set(hf) - {"architecture"} <= {"position_embedding_type",
-                                                       "global_rope_theta",
-                                                      "local_rope_theta",
+                                                       "global_rope_theta", "local_rope_theta",
                                                        "global_attn_every_n_layers"}
     assert all(help_of(cls, f) for f in dataclasses.fields(cls)), "a [model] field has no help"
     assert f"--model.{names[1]}" in format_help(cfg)

@@ -330,8 +330,8 @@ def test_whole_word_masking_masks_all_pieces(mlm_dir):
     for b in range(B):
         row = [2]
         while len(row) < T - 1:
-            row += [int(rng.choice(words))] + rng.choice(conts,
-                                                         size=int(rng.integers(0, 3))).tolist()
+            row += [int(rng.choice(words))] + rng.choice(
+                conts, size=int(rng.integers(0, 3))).tolist()
         ids[b] = row[: T - 1] + [3]
     lengths = np.full(B, T)
     masked, labels = masker.mask_batch(ids, lengths, 0, np.zeros(B), np.arange(B))

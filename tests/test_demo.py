@@ -51,8 +51,8 @@ def _rows(pre: dict[str, list[float]], rnd: dict[str, list[float]]) -> list[dict
     ([70.0, 71.0, 72.0], [70.0, 64.0, 66.0], "spread on 1 of 2 sets. At this size"),
     ([80.0, 81.0, 82.0], [65.0, 64.0, 66.0], "spread on 2 of 2 sets."),
 ])
-def test_finetune_table_gives_medians_benefit_spread_and_an_honest_verdict(monkeypatch, tmp_path, lee_pre, lee_rnd,
-                                                                           verdict):
+def test_finetune_table_gives_medians_benefit_spread_and_an_honest_verdict(
+        monkeypatch, tmp_path, lee_pre, lee_rnd, verdict):
     from bertgpu import demo
     from bertgpu.bench import quality
 

@@ -67,7 +67,8 @@ def _checks(rank: int, world: int, info: distributed.DistInfo) -> dict:
         engine = Engine(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2))
         assert engine.ddp
         result[f"losses_acc{accum}"] = run(engine, rank, world, accum)
-        result[f"params_acc{accum}"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+        result[f"params_acc{accum}"] = {k: v.detach().clone()
+                                        for k, v in ddp.module.state_dict().items()}
 
     # A NaN on rank 1 only skips the step on both ranks. Without DDP, rank 0's own gradients
     # stay finite, so only the collective flag can make it skip.

@@ -127,7 +127,8 @@ def test_fp16_clips_after_unscale():
     # The reported norm is the unscaled one (not x 1024) ...
     assert r.grad_norm == pytest.approx(true_norm, rel=2e-2)
     # ... and the update was clipped to `clip` in unscaled units.
-    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+    delta = torch.cat([(p.detach() - b).flatten()
+                       for p, b in zip(model.parameters(), before, strict=True)])
     assert delta.norm().item() == pytest.approx(clip, rel=1e-3)
     state = engine.state_dict()
     assert state["scaler"]["scale"] == 2.0**10

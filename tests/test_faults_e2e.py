@@ -61,8 +61,8 @@ def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, refe
                             start_new_session=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (metrics.exists()
-                                               and metrics.read_text().count('"train"') >= 2):
+    while (time.monotonic() < deadline
+           and not (metrics.exists() and metrics.read_text().count('"train"') >= 2)):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -151,8 +151,8 @@ def test_compression_hook_recovers_from_one_nonfinite_step(shards, tmp_path, hoo
     run = tmp_path / "run"
     # PowerSGD compresses from its 10th step on; the NaN comes after, on one rank only.
     done = bertgpu(args(shards, run, "--nproc", "2", "--distributed.comm_hook", hook,
-                        "--train.max_steps", "30",
-                        "--optim.lr", "3e-3", "--schedule.warmup_fraction", "0"),
+                        "--train.max_steps", "30", "--optim.lr", "3e-3",
+                        "--schedule.warmup_fraction", "0"),
                    faults="nonfinite_rank=1@step=14")
     assert done.returncode == 0, done.stderr[-3000:]
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("no_faults")
 
 
 def test_parse_the_documented_example():
-    plan = faults.parse("kill_rank=1@step=3,enospc_write=2,nonfinite_rank=0@step=4,delay_rank=1:0.05")
+    plan = faults.parse("kill_rank=1@step=3,enospc_write=2,nonfinite_rank=0@step=4,"
+                        "delay_rank=1:0.05")
     assert plan.kill == [Trigger(rank=1, first=3, last=3)]
     assert plan.nonfinite == [Trigger(rank=0, first=4, last=4)]
     assert plan.delay == [Trigger(rank=1, first=0, last=None, seconds=0.05)]
@@ -52,8 +53,8 @@ def test_parse_errors_are_one_line_naming_the_item(spec, words):
     with pytest.raises(BertgpuError, match=words) as err:
         faults.parse(spec)
     msg = str(err.value)
-    assert msg.startswith("BERTGPU_FAULTS: "
-                          f"item {spec!r}") and "\n" not in msg and "expected" in msg
+    assert (msg.startswith(f"BERTGPU_FAULTS: item {spec!r}") and "\n" not in msg
+            and "expected" in msg)
 
 
 def test_trigger_hits():

@@ -94,7 +94,8 @@ def test_regression_learns(tmp_path):
     rng = random.Random(1)
     folder = tmp_path / "glue" / "STS-B"
     folder.mkdir(parents=True)
-    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    header = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
+              "\tscore")
     for split, n in (("train", 320), ("dev", 80)):
         rows = [header]
         for i in range(n):

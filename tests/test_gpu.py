@@ -151,7 +151,8 @@ def test_autobatch_survives_a_real_out_of_memory():
     cfg = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=1024, max_position_embeddings=512)
     # Cap this process at ~6 GiB so the search reaches a real OOM quickly; no limit of our own.
-    torch.cuda.set_per_process_memory_fraction(min(1.0, 6 * 2**30 / torch.cuda.get_device_properties(CUDA).total_memory))
+    torch.cuda.set_per_process_memory_fraction(
+        min(1.0, 6 * 2**30 / torch.cuda.get_device_properties(CUDA).total_memory))
     try:
         found = find_pretrain_micro_batch(cfg, seq_len=512, device=CUDA, dtype="bf16",
                                           optimizer="lamb", max_batch=1 << 16,
@@ -239,7 +240,8 @@ def _micro_steps(name: str):
             cpu.append(b)
     elif name.startswith("pretraining"):
         model = BertForPreTraining(cfg, options=ModelOptions(unpad="unpadded" in name))
-        cpu = [padded_batch(i, lengths, device=torch.device("cpu")) for i, lengths in enumerate(mask_rows)]
+        cpu = [padded_batch(i, lengths, device=torch.device("cpu"))
+               for i, lengths in enumerate(mask_rows)]
     else:
         model = (BertForSequenceClassification(cfg, num_labels=3) if name == "classification"
                  else BertForQuestionAnswering(cfg))

@@ -157,7 +157,8 @@ def test_export_loads_in_transformers(tmp_path, kind):
     assert not (tmp_path / "export.tmp").exists()
     hf, info = auto.from_pretrained(folder, output_loading_info=True)
     hf.eval()
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert (not info["missing_keys"] and not info["unexpected_keys"]
+            and not info["mismatched_keys"]), info
     cfg_json = json.loads((folder / "config.json").read_text())
     assert cfg_json["model_type"] == "bert" and cfg_json["tie_word_embeddings"] is True
     b = tiny_batch(4)
@@ -304,7 +305,8 @@ def test_pytorch_model_bin_with_legacy_names(tmp_path, hf_folder):
     sd = load_file(str(hf_folder / "model.safetensors"))
     legacy = {}
     for k, v in sd.items():
-        k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        k = (k.replace("LayerNorm.weight", "LayerNorm.gamma")
+             .replace("LayerNorm.bias", "LayerNorm.beta"))
         legacy["cls.predictions.decoder.bias" if k == "cls.predictions.bias" else k] = v
     legacy["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
     legacy["bert.embeddings.position_ids"] = torch.arange(512)[None]
@@ -396,7 +398,8 @@ def test_modernbert_export_loads_in_transformers(tmp_path, head):
                 and "decoder.weight" not in keys)
     hf, info = getattr(transformers, auto).from_pretrained(folder, output_loading_info=True)
     hf.eval()
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert (not info["missing_keys"] and not info["unexpected_keys"]
+            and not info["mismatched_keys"]), info
     assert type(hf).__name__ == cls_name
     cfg_json = json.loads((folder / "config.json").read_text())
     assert cfg_json["model_type"] == "modernbert" and cfg_json["architectures"] == [cls_name]

@@ -148,7 +148,8 @@ def test_token_classification_export_loads_in_transformers(tmp_path):
                                       id2label={0: "O", 1: "B-PER", 2: "I-PER"})
     ours.eval()
     save_pretrained(ours, tmp_path / "ner")
-    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "ner", output_loading_info=True)
+    hf, info = transformers.AutoModelForTokenClassification.from_pretrained(
+        tmp_path / "ner", output_loading_info=True)
     assert type(hf).__name__ == "BertForTokenClassification"
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert hf.config.id2label == {0: "O", 1: "B-PER", 2: "I-PER"}

@@ -143,9 +143,8 @@ def test_token_classification_matches_transformers():
                        hf_kw={"num_labels": 5})
     b = tiny_batch(4)
     real = b["attention_mask"].bool()
-    labels = torch.where(real,
-                         torch.randint(0, 5, real.shape,
-                                       generator=torch.Generator().manual_seed(1)),
+    labels = torch.where(real, torch.randint(0, 5, real.shape,
+                                             generator=torch.Generator().manual_seed(1)),
                          torch.full(real.shape, -100))
     o, r = ours(**inputs(b), labels=labels), hf(**inputs(b), labels=labels)
     torch.testing.assert_close(o.logits[real], r.logits[real], atol=1e-5, rtol=1e-4)
@@ -399,12 +398,15 @@ def test_task_heads_with_meta_and_unpadding_equal_the_plain_call(unpad):
     token_labels = torch.where(mask.bool(), torch.arange(11).remainder(4)[None],
                                torch.tensor(IGNORE_INDEX))
     cases = [
-        (ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN), 3), dict(labels=torch.tensor([0, 2, 1]))),
-        (ModernBertForSequenceClassification(ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 1),
+        (ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN), 3),
+         dict(labels=torch.tensor([0, 2, 1]))),
+        (ModernBertForSequenceClassification(
+            ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 1),
          dict(labels=torch.tensor([0.5, -1.0, 2.0]))),
         (ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN)),
          dict(start_positions=torch.tensor([1, 2, 0]), end_positions=torch.tensor([3, 2, 30]))),
-        (ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), 4), dict(labels=token_labels)),
+        (ModernBertForTokenClassification(ModernBertConfig(**TINY_MODERN), 4),
+         dict(labels=token_labels)),
     ]
     for model, labels in cases:
         perturb(model).train()

@@ -119,7 +119,8 @@ def test_conll_jsonl_and_csv_read_the_same(tmp_path):
     assert [(s.tokens, s.tags) for s in conll] == expected and conll[1].lines == [9, 10]
     fields = ner.Fields(text="words", label="ner")
     for name in ("a.jsonl", "a.csv"):
-        assert [(s.tokens, s.tags) for s in ner.read_sentences(tmp_path / name, fields)] == expected, name
+        assert [(s.tokens, s.tags)
+                for s in ner.read_sentences(tmp_path / name, fields)] == expected, name
 
 
 def test_tag_set_and_dev_types(tmp_path):
@@ -191,7 +192,8 @@ def test_first_piece_carries_the_tag(tmp_path, init):
     assert ner.word_predictions(logits[:, :5], cut, labels) == [["B-PER", "O", "B-LOC", "O"]]
     # The batch pads token labels with IGNORE_INDEX.
     batch = short.__class__(short.ids + enc.ids, short.types + enc.types,
-                            token_targets={"labels": short.token_targets["labels"] + enc.token_targets["labels"]}
+                            token_targets={"labels": short.token_targets["labels"]
+                                           + enc.token_targets["labels"]}
                             ).batch([0, 1], pad_id=0)
     assert batch["labels"].shape == (2, 7) and batch["labels"][0, 5:].tolist() == [IGNORE_INDEX] * 2
 

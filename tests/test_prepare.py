@@ -268,7 +268,8 @@ def _share_ok(m, fraction, rel, seq_len):
 
 
 @pytest.mark.parametrize("n_docs", [1, 2, 3, "many"])
-def test_validation_share_is_what_was_asked_whatever_the_number_of_documents(tok, corpora, tmp_path, n_docs):
+def test_validation_share_is_what_was_asked_whatever_the_number_of_documents(
+        tok, corpora, tmp_path, n_docs):
     corpus = corpora[n_docs]
     for fraction in (0.1, 0.02):
         m = prepare([corpus], tok, tmp_path / f"mlm{fraction}", seq_len=64, workers=1,
@@ -286,7 +287,8 @@ def test_validation_share_is_what_was_asked_whatever_the_number_of_documents(tok
     assert ({k: v for k, v in two.items()}
             == json.loads((tmp_path / "mlm0.1" / "manifest.json").read_text()))
     for name in sorted(p.name for p in (tmp_path / "two").glob("*.npy")):
-        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "mlm0.1" / name).read_bytes(), name
+        assert ((tmp_path / "two" / name).read_bytes()
+                == (tmp_path / "mlm0.1" / name).read_bytes()), name
 
 
 def test_many_small_documents_are_held_out_whole(tok, tmp_path):
@@ -302,7 +304,8 @@ def test_many_small_documents_are_held_out_whole(tok, tmp_path):
     assert val_docs + m["splits"]["train"]["documents"] == len(docs)
 
 
-def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(tok, corpora, tmp_path, capsys):
+def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(
+        tok, corpora, tmp_path, capsys):
     base = ["prepare", "--corpus", str(corpora[1]), "--tokenizer", str(tok), "--seq-len", "64",
             "--workers", "1"]
     assert cli_main([*base, "--out", str(tmp_path / "none"), "--validation-fraction", "0"]) == 0
@@ -338,7 +341,8 @@ def test_lines_format_for_tokenizer_and_prepare(tmp_path, capsys):
                           for s in ("train", "validation")])
     lengths = np.concatenate([_load(tmp_path / "data", s, "lengths")
                               for s in ("train", "validation")])
-    separators = sum(int((row[1 : n - 1] == SEP).sum()) for row, n in zip(ids, lengths, strict=True))
+    separators = sum(int((row[1 : n - 1] == SEP).sum())
+                     for row, n in zip(ids, lengths, strict=True))
     assert separators >= len(reviews) - 3  # a [SEP] between documents (fewer: the split's starts)
 
 
@@ -390,8 +394,8 @@ def test_one_huge_document_in_flat_memory_with_the_same_rows(tok, tmp_path):
     for key in ("main_kb", "worker_kb"):
         assert peaks["10x"][key] - peaks["1x"][key] < 25_000, (key, peaks)  # kB: flat, not 10x
     m = prepare([one], tok, tmp_path / "rows", seq_len=128, workers=1, validation_fraction=0.0)
-    ids, lengths = (_load(tmp_path / "rows", "train", "input_ids"),
-                    _load(tmp_path / "rows", "train", "lengths"))
+    ids = _load(tmp_path / "rows", "train", "input_ids")
+    lengths = _load(tmp_path / "rows", "train", "lengths")
     expected = load_tokenizer(tok).encode(" ".join(lines), add_special_tokens=False).ids
     assert m["counts"]["documents"] == 1 and (lengths[:-1] == 128).all()
     assert (ids[:, 0] == CLS).all() and (ids[np.arange(len(ids)), lengths - 1] == SEP).all()

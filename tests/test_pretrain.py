@@ -92,8 +92,8 @@ def test_sigterm_writes_a_checkpoint_before_exiting(shards: Path, tmp_path: Path
                             stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (metrics.exists()
-                                               and metrics.read_text().count("\n") >= 3):
+    while (time.monotonic() < deadline
+           and not (metrics.exists() and metrics.read_text().count("\n") >= 3)):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

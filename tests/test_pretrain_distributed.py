@@ -50,7 +50,8 @@ def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
 
 
 def _train_records(run: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in read_metrics(run / "metrics.jsonl", drop_superseded=True) if r["kind"] == "train"}
+    return {r["step"]: r for r in read_metrics(run / "metrics.jsonl", drop_superseded=True)
+            if r["kind"] == "train"}
 
 
 def _assert_close_weights(a: Path, b: Path) -> None:

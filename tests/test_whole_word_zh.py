@@ -107,8 +107,8 @@ def test_masking_takes_whole_jieba_words(zh, tmp_path):
 def test_missing_jieba_is_a_one_line_error(zh, tmp_path, monkeypatch, capsys):
     corpus, tok = zh
     monkeypatch.setitem(sys.modules, "jieba", None)  # import jieba now raises ImportError
-    with pytest.raises(BertgpuError, match=r"jieba package is not installed; expected `pip install "
-                                           r"'bertgpu\[zh\]'`"):
+    with pytest.raises(BertgpuError, match=r"jieba package is not installed; expected "
+                                           r"`pip install 'bertgpu\[zh\]'`"):
         prepare([corpus], tok, tmp_path / "d", segmenter="jieba")
     code = cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok),
                      "--out", str(tmp_path / "d"), "--whole-word-segmenter", "jieba"])

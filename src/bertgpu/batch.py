@@ -62,7 +62,8 @@ class BatchMeta:
 
         device = torch.device(device)
         moved = {f.name: v.to(device, non_blocking=non_blocking)
-                 for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
+                 for f in fields(self)
+                 if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
         return replace(self, **moved) if moved else self
 
     def pin_memory(self) -> BatchMeta:

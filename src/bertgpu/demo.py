@@ -120,13 +120,14 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
         f"    Seeds {', '.join(map(str, seeds))} change the fresh head (and the twin's weights) "
         "and the data order; the\n"
         "    seed spread is the larger max - min of the two rows. Pretraining beats its random "
-        f"twin by more than the\n    spread on {beats} of {len(verdicts)} sets."
+        "twin by more than the\n"
+        f"    spread on {beats} of {len(verdicts)} sets."
         + ("" if beats == len(verdicts) else
            " At this size and budget (a tiny model, a few CPU minutes on 106 articles) a\n"
-           "    difference within the spread is seed noise, not a benefit; what the minutes bought "
-           "is the held-out MLM\n"
-           "    loss above. `bertgpu bench quality` measures both for any recipes and corpus, on a "
-           "GPU too."),
+           "    difference within the spread is seed noise, not a benefit; what the minutes "
+           "bought is the held-out MLM\n"
+           "    loss above. `bertgpu bench quality` measures both for any recipes and corpus, "
+           "on a GPU too."),
     ])
 
 

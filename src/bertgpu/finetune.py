@@ -113,7 +113,8 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
     if cfg.hidden_dropout_prob is not None:
         # BERT's hidden dropout, or what the architecture calls the same places (ModernBERT:
         # embedding and MLP dropout).
-        source = hf_io.read_config(hf_io.resolve_checkpoint_folder(config_from if init == "random" else init))
+        source = hf_io.read_config(
+            hf_io.resolve_checkpoint_folder(config_from if init == "random" else init))
         spec = build.spec(build.architecture_of(source))
         names = (("hidden_dropout_prob",)
                  if "hidden_dropout_prob" in spec.config_class.__dataclass_fields__
@@ -309,10 +310,11 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
-                   seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune", startup_rows=rows,
-                   checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
-                   flops_per_token=flops.flops_per_token_from_config(model.config, seq, mlm_fraction=0.0,
-                                                                      with_nsp=False),
+                   seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune",
+                   startup_rows=rows, checkpoint_files=lambda: {"finetune.json": identity},
+                   final_checkpoint=False,
+                   flops_per_token=flops.flops_per_token_from_config(
+                       model.config, seq, mlm_fraction=0.0, with_nsp=False),
                    comm_timer=timer, resume=resume)
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
@@ -347,7 +349,8 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     final = history[-1]
     best = max(history, key=lambda r: r["score"])
     # GLUE's results-table columns: each split's own score (the job's primary score of that split).
-    columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]}) for ev in job.evals if ev.column}
+    columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]})
+               for ev in job.evals if ev.column}
     results = {
         "task": job.name, **extra, "init": init,
         "config_from": str(config_from) if config_from else None,

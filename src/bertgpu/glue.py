@@ -206,7 +206,8 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
                       key=lambda c: (c != task.name and c != "MNLI-m", c))
         med_cols = {c: _median([r["columns"][c] for r in results.values()]) for c in cols}
         splits = list(next(iter(results.values()))["metrics"])
-        med_metrics = {s: {m: _median([r["metrics"][s][m] for r in results.values()]) for m in task.metrics}
+        med_metrics = {s: {m: _median([r["metrics"][s][m] for r in results.values()])
+                           for m in task.metrics}
                        for s in splits}
         per_task[task.name] = {
             "columns": med_cols,
@@ -278,7 +279,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     for name, t in summary["tasks"].items():
         metrics = "; ".join(f"{s}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())
                             for s, m in t["metrics"].items())
-        seeds = ", ".join(f"{s}: " + "/".join(f"{v:.1f}" for v in c.values()) for s, c in t["per_seed"].items())
+        seeds = ", ".join(f"{s}: " + "/".join(f"{v:.1f}" for v in c.values())
+                          for s, c in t["per_seed"].items())
         lines.append(f"| {name} | {metrics} | {seeds} |")
     if summary["skipped"]:
         lines += ["", f"Skipped (no data folder): {', '.join(summary['skipped'])}."]

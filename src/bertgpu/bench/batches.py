@@ -47,7 +47,8 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, lengths_spec: str
 
     from bertgpu.batch import batch_meta
 
-    lengths = torch.from_numpy(sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
+    lengths = torch.from_numpy(
+        sample_lengths(lengths_spec, n * batch, seq_len, seed)).view(n, batch)
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):

@@ -207,8 +207,9 @@ def _modernbert_cases() -> list[Case]:
                         _pretraining_loss, counts))
     for pooling, unpad in (("cls", False), ("mean", True)):
         b, counts = _task_batch(5, "cls")
-        model = mb.ModernBertForSequenceClassification(ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling),
-                                                       num_labels=3, options=ModelOptions(unpad=unpad))
+        model = mb.ModernBertForSequenceClassification(
+            ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling), num_labels=3,
+            options=ModelOptions(unpad=unpad))
         out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}",
                         model, b, _task_loss("cls"), counts))
     b, counts = _task_batch(6, "tok")

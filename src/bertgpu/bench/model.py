@@ -137,7 +137,8 @@ class _Runner:
     """One model, its optimizer, and the accumulated phase times of its timed steps."""
 
     def __init__(self, name: str, model: Any, optimizer: Any, device: Any, autocast: Any) -> None:
-        self.name, self.model, self.optimizer, self.device, self.autocast = name, model, optimizer, device, autocast
+        self.name, self.model, self.optimizer = name, model, optimizer
+        self.device, self.autocast = device, autocast
         self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
         self.steps = 0
         self.tokens = 0
@@ -200,7 +201,8 @@ class Models:
         import transformers
 
         torch.manual_seed(seed)
-        hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
+        hf = transformers.BertForPreTraining(
+            transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
         self.size = size
         self.config = BertConfig(**SIZES[size])
         self.eager: dict[str, Any] = {}
@@ -240,7 +242,8 @@ def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compil
 
     from bertgpu.telemetry.flops import flops_per_token_from_config, mfu
 
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
+    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16"
+                else nullcontext)
     reuse = {} if reuse is None else reuse
     if "bertgpu" in models.eager:
         models.eager["bertgpu"].configure(unpad=padding == "unpadded")
@@ -272,14 +275,17 @@ def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compil
     for name, r in runners.items():
         n = max(r.steps, 1)
         row = dict(
-            bench="model", model=name, size=models.size, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
-            compile=name in compile_models, padding=padding if name == "bertgpu" else "padded", lengths=lengths,
+            bench="model", model=name, size=models.size, micro_batch=micro_batch, seq_len=seq_len,
+            dtype=dtype, compile=name in compile_models,
+            padding=padding if name == "bertgpu" else "padded", lengths=lengths,
             mean_length=round(real, 1), grad_ckpt=grad_ckpt, iters=r.steps,
-            fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n, opt_ms=1e3 * r.times["opt"] / n,
-            tokens_per_s=tps[name],
-            ratio_vs_transformers=tps[name] / tps["transformers"] if "transformers" in tps else None,
+            fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n,
+            opt_ms=1e3 * r.times["opt"] / n, tokens_per_s=tps[name],
+            ratio_vs_transformers=(tps[name] / tps["transformers"] if "transformers" in tps
+                                   else None),
             mfu=mfu(tps[name], fpt, peak), flops_per_token=fpt,
-            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss, reused=False)
+            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss,
+            reused=False)
         if name not in compile_models:
             reuse[(name, micro_batch, seq_len, dtype, lengths, row["padding"])] = row
         rows.append(row)
@@ -331,10 +337,11 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
         for p in GPU_PRESET:
             for c in p["compile"]:
                 for pad in p["padding"]:
-                    points.append(dict(size=p["size"], micro_batch=p["micro_batch"], seq_len=p["seq_len"],
-                                       dtype=p["dtype"], compile=c == "on", padding=pad,
-                                       lengths=p.get("lengths", args.real_lengths),
-                                       compile_models=p.get("compile_models", args.models) if c == "on" else []))
+                    points.append(dict(size=p["size"], micro_batch=p["micro_batch"],
+                                       seq_len=p["seq_len"], dtype=p["dtype"], compile=c == "on",
+                                       padding=pad, lengths=p.get("lengths", args.real_lengths),
+                                       compile_models=(p.get("compile_models", args.models)
+                                                       if c == "on" else [])))
         return points
     dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
     return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p,

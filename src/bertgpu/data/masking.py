@@ -233,7 +233,7 @@ class Masker:
         to_mask = chosen & (action < self.cfg.replace_mask)
         to_random = chosen & ~to_mask & (action < self.cfg.replace_mask + self.cfg.replace_random)
         n_repl = self._replacement.size
-        # (B, T)
+        # random_ids: (B, T)
         random_ids = self._replacement[np.minimum((u[2] * n_repl).astype(np.int64), n_repl - 1)]
         masked = ids.copy()
         masked[to_mask] = self.mask_id

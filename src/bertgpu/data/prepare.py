@@ -140,7 +140,8 @@ def prepare(
     with ShardSetWriter(out, seq_len, dtype, shard_size, nsp,
                         word_starts=segmenter is not None) as data:
         stats = CorpusStats()
-        packers = {s: Packer(data.writers[s], seq_len, special["cls"], special["sep"]) for s in SPLITS}
+        packers = {s: Packer(data.writers[s], seq_len, special["cls"], special["sep"])
+                   for s in SPLITS}
         settings = {"seed": seed, "objective": objective, "seq_len": seq_len,
                     "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
                     "segmenter": segmenter}

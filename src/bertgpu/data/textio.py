@@ -95,7 +95,8 @@ def decoded_lines(path: Path, f: BinaryIO,
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and whitespace, when
 # the next word does not start with a lower-case ASCII letter ("e.g. the" stays whole). CJK full
 # stops end a sentence with no space after them.
-_SENT_END = re.compile(r"(?<=[.!?][\"')\]’”])\s+(?=[^\sa-z])|(?<=[.!?])\s+(?=[^\sa-z])|(?<=[。！？])")
+_SENT_END = re.compile(r"(?<=[.!?][\"')\]’”])\s+(?=[^\sa-z])|(?<=[.!?])\s+(?=[^\sa-z])"
+                       r"|(?<=[。！？])")
 
 
 def split_sentences(text: str) -> list[str]:

@@ -61,7 +61,8 @@ class ShardSetWriter:
         """
         for writer in self.writers.values():
             writer.flush()
-        return {s: w.summary(None if documents is None else documents[s]) for s, w in self.writers.items()}
+        return {s: w.summary(None if documents is None else documents[s])
+                for s, w in self.writers.items()}
 
     def commit(self, manifest: Manifest) -> Path:
         """Write manifest.json, then move the finished folder to DIR (replacing one there)."""
@@ -103,7 +104,8 @@ class ShardWriter:
             take = min(self.shard_size - self.n, len(lengths) - done)
             if not self.files:
                 name = self._name()
-                self.files = {key: open(self.folder / f"{name}.{key}.npy.part", "wb") for key in self.dtypes}
+                self.files = {key: open(self.folder / f"{name}.{key}.npy.part", "wb")
+                              for key in self.dtypes}
             for key, dtype in self.dtypes.items():
                 part = np.ascontiguousarray(arrays[key][done : done + take], dtype=dtype)
                 self.files[key].write(part.data)
@@ -182,7 +184,8 @@ class Packer:
             rows[:, -1] = self.sep
             arrays = {"input_ids": rows, "lengths": np.full(n, self.seq_len, np.int32)}
             if self.with_flags:
-                arrays["word_starts"] = self._flag_rows(self.carry_flags[: n * content].reshape(n, content))
+                arrays["word_starts"] = self._flag_rows(
+                    self.carry_flags[: n * content].reshape(n, content))
             self.writer.add(arrays)
         self.carry = buf[n * content :]
         self.carry_flags = self.carry_flags[n * content :]

@@ -89,8 +89,8 @@ class Unpadded:
     def from_meta(cls, meta: BatchMeta, attention_mask: torch.Tensor,
                   backend: str = "auto") -> Unpadded:
         B, T = attention_mask.shape
-        assert meta.index is not None and meta.cu_seqlens is not None, ("metadata of an "
-                                                                        "unpadded batch")
+        assert (meta.index is not None
+                and meta.cu_seqlens is not None), "metadata of an unpadded batch"
         return cls(index=meta.index, batch=B, seq_len=T, cu_seqlens=meta.cu_seqlens,
                    max_len=meta.max_len, mask=sdpa_mask(attention_mask), packed_ok=meta.packed_ok,
                    backend=backend)

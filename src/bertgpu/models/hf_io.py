@@ -114,7 +114,8 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         index = folder / f"{name}.index.json"
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+                shards = sorted(set(
+                    json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             except (OSError, ValueError, KeyError, AttributeError) as e:
                 raise BertgpuError(f"{index}: cannot read the weight_map ({e})") from None
             sd: dict[str, torch.Tensor] = {}

@@ -157,8 +157,8 @@ def quality_blocks(rows: list[dict[str, Any]], folder: Path | None, stem: str) -
     run_ids = list(dict.fromkeys(str(r.get("run_id", "")) for r in rows))
     for n, run_id in enumerate(run_ids):
         group = [r for r in rows if str(r.get("run_id", "")) == run_id]
-        blocks.append(("h2", "Quality per unit of "
-                             f"compute ({run_id})" if run_id else "Quality per unit of compute"))
+        blocks.append(("h2", f"Quality per unit of compute ({run_id})" if run_id
+                       else "Quality per unit of compute"))
         text = _describe(group)
         if text:
             blocks.append(("p", text))

@@ -31,9 +31,9 @@ def finetune_words(name: str) -> list[str]:
     """The fine-tuning overrides of demo set `name`."""
     return [*FINETUNE_COMMON, *FINETUNE_PER_SET.get(name, [])]
 
-def demo_tasks(seed: int = 0,
-               dev_fraction: float = 0.2) -> dict[str,
-                                                  tuple[list[Example], list[Example], GlueTask]]:
+def demo_tasks(
+    seed: int = 0, dev_fraction: float = 0.2
+) -> dict[str, tuple[list[Example], list[Example], GlueTask]]:
     """Two small real-text tasks, split deterministically from `seed`:
 
     - "polarity": gensim's pang_lee_polarity.cor, 200 movie-review sentences ("__label__neg ..." /

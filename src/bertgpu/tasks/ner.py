@@ -195,7 +195,8 @@ def word_predictions(logits: np.ndarray, firsts: list[np.ndarray],
                      labels: tuple[str, ...]) -> list[list[str]]:
     """Per-token logits (N, T, C) -> each word's tag: its first piece's argmax, O when cut off."""
     ids = logits.argmax(axis=-1) if len(logits) else np.zeros((0, 0), dtype=np.int64)  # (N, T)
-    return [[labels[int(ids[i, p])] if p >= 0 else "O" for p in first] for i, first in enumerate(firsts)]
+    return [[labels[int(ids[i, p])] if p >= 0 else "O" for p in first]
+            for i, first in enumerate(firsts)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -192,9 +192,10 @@ class Loop:
         if self.max_steps <= 0 and not train.budget_hours:
             raise BertgpuError("config: max_steps must be positive unless budget_hours is set")
         self.task, self.model, self.engine, self.info = task, model, engine, info
-        self.run_dir, self.train, self.ckpt, self.logging = (Path(run_dir), train,
-                                                             checkpoint, logging)
-        self.seed, self.config, self.title, self.startup_rows = seed, config, title, list(startup_rows)
+        self.run_dir, self.train = Path(run_dir), train
+        self.ckpt, self.logging = checkpoint, logging
+        self.seed, self.config = seed, config
+        self.title, self.startup_rows = title, list(startup_rows)
         self.checkpoint_files, self.final_checkpoint = checkpoint_files, final_checkpoint
         self.evaluate_first = evaluate_first
         self.flops_per_token, self.comm_timer = flops_per_token, comm_timer
@@ -375,7 +376,8 @@ class Loop:
             # a slower device, per sequence
             faults.slow_down(rank, int(batch["input_ids"].shape[0]))
             out = self.task.loss(model, batch)
-            return {k: v * float("nan") if poison and not k.startswith("_") else v for k, v in out.items()}
+            return {k: v * float("nan") if poison and not k.startswith("_") else v
+                    for k, v in out.items()}
 
         return injected
 

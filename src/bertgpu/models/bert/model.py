@@ -430,9 +430,8 @@ class BertForTokenClassification(_BertWithClassifier):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
-        # (B, T, H)
+        # x: (B, T, H); logits: (B, T, num_labels)
         x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state
-        # (B, T, num_labels)
         return labelled_output(self.classifier(self.dropout(x)), labels, token_loss_terms)
 
 
@@ -453,7 +452,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         # Always padded: HF's span softmax runs over every position, padding included, and an
         # unpadded encoder leaves zeros there instead of the padded model's values.
-        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta, unpad=False).last_hidden_state
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta,
+                      unpad=False).last_hidden_state
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:

@@ -20,8 +20,8 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
     The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only.
     ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
-    d, f, L, T = (int(cfg.hidden_size), int(cfg.intermediate_size), int(cfg.num_hidden_layers),
-                  int(seq_len))
+    d, f = int(cfg.hidden_size), int(cfg.intermediate_size)
+    L, T = int(cfg.num_hidden_layers), int(seq_len)
     if min(d, f, L, T) <= 0:
         raise ValueError("flops_per_token_of: all sizes must be positive")
     every = max(int(cfg.global_attn_every_n_layers), 1)

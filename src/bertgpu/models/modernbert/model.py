@@ -274,15 +274,15 @@ class ModernBertModel(ModernBertPreTrainedModel):
                                 input_ids.device)
         unpad = self.options.unpad if unpad is None else unpad
         un = None
-        # (1, T): the column, as transformers
+        # positions (1, T): the column, as transformers
         positions = torch.arange(T, device=input_ids.device)[None]
         if unpad and meta.padded and meta.index is not None:
             un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
             masks = {kind: dataclasses.replace(un, mask=mask) for kind, mask in masks.items()}
-            # (N_tok,)
+            # both (N_tok,)
             input_ids, positions = input_ids.reshape(-1).index_select(0, un.index), un.index % T
+        # (cos, sin) per layer type, (..., 1, D) each
         ropes = {"full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
-                 # (..., 1, D) each
                  "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}
         half = c.local_attention // 2
         windows = {"full_attention": None, "sliding_attention": half if T > half + 1 else None}
@@ -361,13 +361,13 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
             keep = meta.masked_rows
             keep = ((flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
                     if keep is None else keep)
-            rows, targets = (x.index_select(0, keep),
-                             flat.index_select(0, un.index.index_select(0, keep)))
+            rows = x.index_select(0, keep)
+            targets = flat.index_select(0, un.index.index_select(0, keep))
         else:
             pos = (meta.masked if meta.masked is not None
                    else (flat != IGNORE_INDEX).nonzero().squeeze(1))
-            rows, targets = (x.reshape(-1, x.size(-1)).index_select(0, pos),
-                             flat.index_select(0, pos))
+            rows = x.reshape(-1, x.size(-1)).index_select(0, pos)
+            targets = flat.index_select(0, pos)
         out = ModelOutput(prediction_logits=self.decoder(self.head(rows)))  # (M, V)
         out.update(masked_lm_terms(out.prediction_logits, targets))
         out.loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
@@ -435,7 +435,8 @@ class ModernBertForQuestionAnswering(_WithClassifier):
                 end_positions: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
         # Padded even when unpadding: the span softmax covers padding columns, as transformers'
-        x = self.model(input_ids, attention_mask, batch_meta=batch_meta, unpad=False).last_hidden_state
+        x = self.model(input_ids, attention_mask, batch_meta=batch_meta,
+                       unpad=False).last_hidden_state
         start_logits, end_logits = self._classify(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:

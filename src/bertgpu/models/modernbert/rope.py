@@ -32,7 +32,7 @@ def cos_sin(positions: torch.Tensor, head_dim: int,
     The trailing 1 broadcasts over the heads of a (..., N, D) query or key; each of the D/2
     angles appears twice (once per half), matching `apply_rope`'s pairing.
     """
-    # (..., D/2)
+    # angles: (..., D/2)
     angles = positions.to(torch.float32)[..., None] * inv_freq(head_dim, theta, positions.device)
     angles = torch.cat((angles, angles), dim=-1)[..., None, :]  # (..., 1, D)
     return angles.cos(), angles.sin()
