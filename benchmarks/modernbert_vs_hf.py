@@ -6,9 +6,10 @@ machine. A step is forward + backward on full-length sequences with MLM labels a
 `data.mask_rate` (no optimizer: the same for all). transformers runs with SDPA attention and its
 own sparse MLM head (`sparse_prediction=True`), so both predict only the masked tokens.
 
-    python benchmarks/modernbert_vs_hf.py                                          # modern-tiny vs HF, tiny vs modern-tiny
-    python benchmarks/modernbert_vs_hf.py --recipes configs/budget-24h.toml configs/modern-budget-24h.toml \\
-        --device cuda --batch 64 --iters 20                                        # bf16 autocast on a GPU
+    python benchmarks/modernbert_vs_hf.py        # modern-tiny vs HF, tiny vs modern-tiny
+    python benchmarks/modernbert_vs_hf.py \\
+        --recipes configs/budget-24h.toml configs/modern-budget-24h.toml \\
+        --device cuda --batch 64 --iters 20      # bf16 autocast on a GPU
 """
 
 from __future__ import annotations

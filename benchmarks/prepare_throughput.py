@@ -1,8 +1,8 @@
 """Throughput (tokens/s) and peak memory of `bertgpu prepare`, against tokenizers alone.
 
-    .venv/bin/python benchmarks/prepare_throughput.py                      # markdown table on stdout
+    .venv/bin/python benchmarks/prepare_throughput.py             # markdown table on stdout
     .venv/bin/python benchmarks/prepare_throughput.py --repeat 10 --workers 2 --shard-size 4096
-    .venv/bin/python benchmarks/prepare_throughput.py --cases ad          # the dump and one huge document
+    .venv/bin/python benchmarks/prepare_throughput.py --cases ad  # the dump and one huge document
 
 Inputs: gensim's real Wikipedia sample (106 articles, ~0.56 M tokens), read (a) from the XML
 dump, (b) as extracted text in the one-sentence-per-line format, (c) that text repeated

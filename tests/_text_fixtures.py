@@ -58,7 +58,8 @@ def train_small_tokenizer(folder: Path, vocab_size: int = 2000, lowercase: bool 
                            min_frequency=1)
 
 
-WIKI_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">
+WIKI_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" \
+xml:lang="en">
   <siteinfo><sitename>Wikipedia</sitename></siteinfo>
   <page>
     <title>Redirected</title><ns>0</ns><id>1</id>
@@ -71,12 +72,14 @@ WIKI_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" versi
   </page>
   <page>
     <title>Wikipedia:About</title><ns>4</ns><id>3</id>
-    <revision><id>13</id><text xml:space="preserve">Project page text that is not an article.</text></revision>
+    <revision><id>13</id><text xml:space="preserve">Project page text that is not an article.\
+</text></revision>
   </page>
   <page>
     <title>Alpha</title><ns>0</ns><id>4</id>
     <revision><id>14</id><text xml:space="preserve">{{Infobox thing|name={{nested|x}}|size=3}}
-'''Alpha''' is the first letter of the [[Greek alphabet|Greek script]]. It comes before [[Beta]].&lt;ref name="a"&gt;A citation {{cite|x}}&lt;/ref&gt;
+'''Alpha''' is the first letter of the [[Greek alphabet|Greek script]]. It comes before \
+[[Beta]].&lt;ref name="a"&gt;A citation {{cite|x}}&lt;/ref&gt;
 [[File:Alpha.png|thumb|A picture with a [[caption link]] inside [sic].]]
 
 == History ==
@@ -94,7 +97,8 @@ The letter was used in [http://example.org ancient times] and ''later'' periods.
   </page>
   <page>
     <title>Beta</title><ns>0</ns><id>5</id>
-    <revision><id>15</id><text xml:space="preserve">Beta is the second letter. It follows alpha.&lt;br/&gt;Its value is two.</text></revision>
+    <revision><id>15</id><text xml:space="preserve">Beta is the second letter. It follows \
+alpha.&lt;br/&gt;Its value is two.</text></revision>
   </page>
 </mediawiki>
 """

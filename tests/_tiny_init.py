@@ -1,4 +1,5 @@
-"""One tiny random BERT in the Hugging Face layout, the `--init` of the fine-tuning and GLUE tests."""
+"""One tiny random BERT in the Hugging Face layout,
+the `--init` of the fine-tuning and GLUE tests."""
 
 from __future__ import annotations
 

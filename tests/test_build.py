@@ -1,4 +1,5 @@
-"""build.py (architecture + head -> model class) and the recipes and [model] section that feed it."""
+"""build.py (architecture + head -> model class) and the recipes and
+[model] section that feed it."""
 
 from __future__ import annotations
 

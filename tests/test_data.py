@@ -1,4 +1,5 @@
-"""Tests for bertgpu.data (shards, masking, loaders): shard validation, global order, masking statistics, rank/resume invariance."""
+"""Tests for bertgpu.data (shards, masking, loaders): shard validation, global order,
+masking statistics, rank/resume invariance."""
 
 from __future__ import annotations
 
@@ -281,7 +282,8 @@ def test_masking_statistics(rate):
     replaced = masked[chosen & (masked != MASK_ID)]
     assert not np.isin(replaced, list(SPECIAL)).any()
     assert len(np.unique(masked[changed])) > 80
-    # Chosen positions are uniform over the sequence (no positional bias): first half vs second half.
+    # Chosen positions are uniform over the sequence (no positional bias): first half vs second
+    # half.
     half = (np.arange(T)[None, :] < (lengths[:, None] // 2))
     ratio = (chosen & half).sum() / (cand & half).sum()
     assert abs(ratio - chosen.sum() / cand.sum()) < 0.01

@@ -1,4 +1,5 @@
-"""Tests for FLOPs per token (models/bert/cost.py, telemetry/flops.py) against a hand count and torch's FLOP counter, peak lookup, MFU."""
+"""Tests for FLOPs per token (models/bert/cost.py, telemetry/flops.py) against a hand count and
+torch's FLOP counter, peak lookup, MFU."""
 
 from __future__ import annotations
 

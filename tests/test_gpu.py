@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.gpu,
 
 CUDA = torch.device("cuda", 0)
 BF16 = dict(atol=2e-2, rtol=2e-2)  # bf16 keeps ~3 significant digits
-# A GPU-sized tiny BERT: head size 32 (flash kernels want a multiple of 8), no dropout so paths compare.
+# A GPU-sized tiny BERT: head size 32 (flash kernels want a multiple of 8), no dropout so paths
+# compare.
 GPU_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=256, max_position_embeddings=128, hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0)

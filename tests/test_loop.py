@@ -129,8 +129,8 @@ def test_budget_stops_the_run_and_is_saved(tmp_path):
 def test_budget_counts_the_time_spent_inside_steps(tmp_path, monkeypatch):
     """Every step's compute counts against the budget: with 0.2 s of work inside each step's loss
     (between rank 0's clock read and the all-reduce that agrees on it) a 1.2 s budget stops the
-    run after at most 7 steps (a busy machine may take fewer), and the stored elapsed time is the time
-    the steps took."""
+    run after at most 7 steps (a busy machine may take fewer), and the stored elapsed time is the
+    time the steps took."""
     import time as time_mod
 
     lp, task, _ = make_loop(tmp_path / "run", max_steps=0, budget_hours=1.2 / 3600)

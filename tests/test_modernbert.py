@@ -334,11 +334,12 @@ def test_pretraining_loop_call_works_and_nsp_labels_are_refused():
         model(**b)
 
 
-# --- batch metadata, unpadding, no host syncs ------------------------------------------------------
+# --- batch metadata, unpadding, no host syncs -----------------------------------------------------
 
 
 def layouts() -> dict[str, torch.Tensor]:
-    """Attention masks of T = 11 (window +-2): right padding, left padding with an empty row, none."""
+    """Attention masks of T = 11 (window +-2): right padding,
+    left padding with an empty row, none."""
     right = tiny_batch()["attention_mask"]
     left = right.flip(1).clone()
     left[2] = 0
@@ -380,7 +381,8 @@ def test_masked_lm_with_meta_and_unpadding_equals_the_plain_call(layout, unpad):
 
 
 def test_unpadded_masked_lm_with_meta_made_without_labels():
-    """A collator may build the metadata before the labels exist: the labelled rows are found then."""
+    """A collator may build the metadata before the labels exist:
+    the labelled rows are found then."""
     torch.manual_seed(0)
     model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN)).train()
     batch = modern_batch(layouts()["right"])

@@ -45,12 +45,14 @@ class BatchMeta:
     max_len: int = 0
     """Longest kept sequence (the varlen kernel's tile loop bound)."""
     index: torch.Tensor | None = None
-    """(N_tok,) flat positions b * T + t of the kept tokens, ascending; None when nothing is padded."""
+    """(N_tok,) flat positions b * T + t of the kept tokens, ascending;
+    None when nothing is padded."""
     cu_seqlens: torch.Tensor | None = None
     """(B + 1,) offsets of each sequence's kept rows; row 0 of sequence b is its column 0 (the
     [CLS] token a pooler reads, kept even when padding). None when nothing is padded."""
     masked: torch.Tensor | None = None
-    """(M,) flat positions b * T + t with an MLM label (the sparse MLM head's rows); None without labels."""
+    """(M,) flat positions b * T + t with an MLM label (the sparse MLM head's rows);
+    None without labels."""
     masked_rows: torch.Tensor | None = None
     """(M',) rows of the unpadded (N_tok, H) activations with an MLM label (labels on padding,
     which no collator writes, are dropped there); None when nothing is padded or without labels."""

@@ -4,8 +4,8 @@
 
 1. tokenizer  WordPiece on a real Wikipedia sample (106 articles shipped in gensim's test data)
 2. prepare    stream the XML dump into token shards (MLM, packed 128-token sequences)
-3. pretrain   configs/modern-tiny.toml: a 3-layer ModernBERT-style encoder (the recipe that reaches the
-              lower held-out loss in the same CPU minutes: `bertgpu bench quality`)
+3. pretrain   configs/modern-tiny.toml: a 3-layer ModernBERT-style encoder (the recipe that
+              reaches the lower held-out loss in the same CPU minutes: `bertgpu bench quality`)
 4. export     the Hugging Face layout, loaded back through transformers for fill-in-the-blank
 5. finetune   the real labelled sets in gensim's test data (polarity sentences as an SST-2-style
               task, Lee document similarity as an STS-B-style task), pretrained vs random init

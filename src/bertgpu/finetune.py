@@ -4,10 +4,13 @@ folder or any Hugging Face BERT.
     bertgpu finetune sst2 --data glue_data --init runs/base --out ft/sst2
     bertgpu finetune mnli --data glue_data/MNLI --init bert-base-uncased/ --out ft/mnli \\
         --epochs 3 --lr 2e-5 --global_batch_size 32 --precision bf16 --nproc 2
-    bertgpu finetune squad --data squad/ --init runs/base --out ft/squad      # train-v1.1.json, dev-v1.1.json
-    bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ --out ft/sq2
+    bertgpu finetune squad --data squad/ --init runs/base --out ft/squad
+                                      # (squad/ holds train-v1.1.json, dev-v1.1.json)
+    bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ \\
+        --out ft/sq2
     bertgpu finetune rte --data glue_data --init random --config-from runs/base --out ft/rte-random
-    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base --out ft/mine
+    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base \\
+        --out ft/mine
     bertgpu finetune ner --train-file train.conll --dev-file dev.conll --init runs/base --out ft/ner
 
     from bertgpu.finetune import finetune
@@ -15,8 +18,8 @@ folder or any Hugging Face BERT.
 
 Overrides are the flat `FinetuneConfig` keys (config/finetune.py), `--epochs 3 --lr=2e-5`
 (`--help-config` lists them); `--train.epochs 3` is accepted as the same key. The lr and the
-epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and results.json's
-config say what was used.
+epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and
+results.json's config say what was used.
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and

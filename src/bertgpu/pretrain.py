@@ -1,10 +1,11 @@
 """`bertgpu pretrain`: one entry point for 1 device, N local devices, or many machines.
 
     bertgpu pretrain configs/tiny.toml --data data/ --out runs/tiny
-    bertgpu pretrain configs/bert-base.toml --data data/ --out runs/base --nproc auto   # every GPU
-    bertgpu pretrain configs/tiny.toml --data data/ --out runs/tiny --nproc 2          # 2 gloo CPU workers
+    bertgpu pretrain configs/bert-base.toml --data data/ --out runs/base --nproc auto  # every GPU
+    bertgpu pretrain configs/tiny.toml --data data/ --out runs/tiny --nproc 2   # 2 gloo CPU workers
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        --rdzv-id JOB --max-restarts 3 -m bertgpu pretrain configs/bert-base.toml --data data/ --out runs/base
+        --rdzv-id JOB --max-restarts 3 -m bertgpu pretrain configs/bert-base.toml --data data/ \\
+        --out runs/base
 
 (`examples/slurm_pretrain.sbatch` is the Slurm version; `examples/multinode.md` explains it.)
 

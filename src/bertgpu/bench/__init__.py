@@ -1,8 +1,10 @@
 """Benchmarks, each in its own module (only the chosen one is imported):
 
-    bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU, memory
+    bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU,
+                                      # memory
     bertgpu bench scaling [options]   # the same short training at 1..N workers, aggregation 1 vs k
-    bertgpu bench quality [options]   # recipes under one budget: held-out loss, fine-tuning vs random init
+    bertgpu bench quality [options]   # recipes under one budget: held-out loss, fine-tuning vs
+                                      # random init
     bertgpu bench finetune-scaling [options]   # fine-tuning: workers x aggregation x optimizer,
                                                # speedup, efficiency, dev metric, time to target
 

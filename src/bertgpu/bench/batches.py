@@ -21,7 +21,8 @@ SIZES: dict[str, dict[str, int]] = {
 
 
 def sample_lengths(spec: str, n: int, seq_len: int, seed: int) -> Any:
-    """(n,) int64 real lengths in [2, seq_len]: full, uniform or drawn from a shard set's lengths."""
+    """(n,) int64 real lengths in [2, seq_len]: full, uniform or drawn
+    from a shard set's lengths."""
     import numpy as np
 
     rng = np.random.default_rng(seed)

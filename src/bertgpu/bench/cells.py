@@ -68,7 +68,8 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows to a JSONL file (`append_jsonl`), or to a CSV (header written when the file is new)."""
+    """Append rows to a JSONL file (`append_jsonl`), or to a CSV
+    (header written when the file is new)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".csv":
         new = not path.exists() or path.stat().st_size == 0

@@ -126,7 +126,8 @@ def _inputs(seed: int, B: int, T: int, lengths: list[int] | None) -> dict[str, A
 
 def _mlm_batch(seed: int, lengths: list[int] | None, rate: float,
                nsp: bool) -> tuple[dict[str, Any], dict[str, float]]:
-    """A pretraining batch (MLM labels at `rate`, NSP labels if asked) with its BatchMeta, and its counts."""
+    """A pretraining batch (MLM labels at `rate`, NSP labels if asked) with its BatchMeta,
+    and its counts."""
     B, T = 4, 32
     b = _inputs(seed, B, T, lengths)
     g = b.pop("_g")
@@ -142,7 +143,8 @@ def _mlm_batch(seed: int, lengths: list[int] | None, rate: float,
 
 
 def _task_batch(seed: int, head: str) -> tuple[dict[str, Any], dict[str, float]]:
-    """A fine-tuning batch of `head` (cls, tok or qa) with the collator's BatchMeta, and its counts."""
+    """A fine-tuning batch of `head` (cls, tok or qa) with the collator's BatchMeta,
+    and its counts."""
     B, T = 4, 32
     b = _inputs(seed, B, T, [32, 17, 25, 8])
     g = b.pop("_g")

@@ -1,4 +1,5 @@
-"""`bertgpu bench model`: training-step speed of our BertForPreTraining vs transformers', side by side.
+"""`bertgpu bench model`: training-step speed of our BertForPreTraining vs transformers', side by
+side.
 
 For every point of the grid (size x micro batch x seq len x dtype x compile x padding) both models
 get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches (ours with
@@ -8,12 +9,13 @@ optimizer step are timed separately (with a device synchronisation between them 
 tokens/s counts real (non-padding) tokens; MFU uses `flops.flops_per_token_from_config` at the
 mean real length and `flops.peak_tflops`.
 
-    bertgpu bench model                                      # CPU default: small, B 8, T 128, fp32 (~1 min)
+    bertgpu bench model                          # CPU default: small, B 8, T 128, fp32 (~1 min)
     bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
-    bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/   # lengths of a shard set
-    bertgpu bench model --preset gpu --out results/h100.jsonl                          # the GPU table
-    bertgpu bench model --check-graph                        # graph breaks / host syncs (graph_check.py)
-    bertgpu bench model --strategy fsdp --size base          # bytes per rank, ddp vs fsdp
+    bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/
+                                                 # (lengths of a shard set)
+    bertgpu bench model --preset gpu --out results/h100.jsonl   # the GPU table
+    bertgpu bench model --check-graph            # graph breaks / host syncs (graph_check.py)
+    bertgpu bench model --strategy fsdp --size base   # bytes per rank, ddp vs fsdp
 
 Models are built once per size and reused by every row of that size (unpadding is a per-instance
 option, a compiled model wraps the same parameters), and a transformers measurement is reused by
@@ -237,7 +239,8 @@ def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compil
     """Time the models on one grid point; one result row per model timed.
 
     A model that is not compiled here and whose row for the same (batch, length, dtype, padding)
-    is in `reuse` is not timed again: that row is repeated (marked `reused`) and serves the ratio."""
+    is in `reuse` is not timed again: that row is repeated (marked `reused`) and serves the
+    ratio."""
     import torch
 
     from bertgpu.telemetry.flops import flops_per_token_from_config, mfu

@@ -1,10 +1,11 @@
 """Quality per unit of compute: what a recipe turns a budget into, measured the same way for each.
 
-    bertgpu bench quality                                    # CPU: tiny vs modern-tiny, Wikipedia sample
+    bertgpu bench quality                          # CPU: tiny vs modern-tiny, Wikipedia sample
     bertgpu bench quality --recipe configs/bert-base.toml --recipe configs/modern-base.toml \\
-        --corpus corpus/*.jsonl --budget-minutes 120 --glue glue_data --seeds 1 2 3 --out bench_out/q
-    bertgpu bench quality --tokens 20000000 ...              # a token budget instead of wall-clock
-    bertgpu bench quality --project                          # the GPU projection of modern-budget-24h only
+        --corpus corpus/*.jsonl --budget-minutes 120 --glue glue_data --seeds 1 2 3 \\
+        --out bench_out/q
+    bertgpu bench quality --tokens 20000000 ...    # a token budget instead of wall-clock
+    bertgpu bench quality --project                # the GPU projection of modern-budget-24h only
 
 1. One WordPiece tokenizer and one shard set (`--corpus`, default the Wikipedia sample in gensim's
    test data), shared by every recipe, so the held-out sequences are the same; or `--data DIR`.
@@ -135,7 +136,8 @@ def _quiet(log: Path):
 
 
 def shared_data(args: argparse.Namespace, out: Path, vocab_size: int) -> Path:
-    """The tokenizer and shard set every recipe trains on (rebuilt each run: the corpus may differ)."""
+    """The tokenizer and shard set every recipe trains on (rebuilt each run:
+    the corpus may differ)."""
     if args.data:
         return Path(args.data)
     from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
@@ -274,7 +276,8 @@ def compare_downstream(inits: dict[str, Path], sets: list[str], seeds: list[int]
                     run = out / name / label / set_name / f"seed_{seed}"
                     shutil.rmtree(run, ignore_errors=True)
                     with _quiet(run.with_suffix(".log")), warnings.catch_warnings():
-                        # The task head is fresh in every pretrained run: expected, said once in the table.
+                        # The task head is fresh in every pretrained run: expected, said once in
+                        # the table.
                         warnings.filterwarnings("ignore", message=".*initialised fresh")
                         finetune_examples(task, train, dev, init, run, config_from=config_from,
                                           name=set_name,

@@ -1,9 +1,10 @@
 """Data-parallel scaling: the same short training at 1, 2, ... N workers and accumulation 1 vs k.
 
-    bertgpu bench scaling                                        # CPU: 1 and 2 gloo workers, tiny model
+    bertgpu bench scaling                          # CPU: 1 and 2 gloo workers, tiny model
     bertgpu bench scaling --recipe configs/bert-base.toml --workers 1 2 4 8 --accumulation 1 4 \\
         --micro-batch-size 32 --seq-len 128 --precision bf16 --out bench_out/scaling
-    bertgpu bench scaling --predict-only --bandwidth-gbps 200 16  # the ring all-reduce cost model only
+    bertgpu bench scaling --predict-only --bandwidth-gbps 200 16   # the ring all-reduce cost
+                                                                   # model only
 
 Weak scaling: every run keeps the per-device micro batch, so the global batch is
 micro x accumulation x workers. Each (workers, accumulation) point is a fresh `bertgpu pretrain`
@@ -243,7 +244,8 @@ def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> 
 
 def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
     """Steady-state numbers of one run from its metrics.jsonl (one train record per step):
-    tokens/s over the steps after `warmup_steps`, and the step-time-weighted comm and data shares."""
+    tokens/s over the steps after `warmup_steps`, and the step-time-weighted comm and data
+    shares."""
     from bertgpu.telemetry.records import read_metrics
 
     train = [r for r in read_metrics(metrics_path) if r.get("kind") == "train"]

@@ -300,7 +300,8 @@ def raw_to_sentences(kind: str, payload) -> list[str]:
 
 
 def convert_item(item: RawItem) -> RawItem:
-    """``(kind, payload, first)`` of a raw part -> ``("part", sentences, first)``; events unchanged."""
+    """``(kind, payload, first)`` of a raw part -> ``("part", sentences, first)``; events
+    unchanged."""
     kind, payload, first = item
     return ("part", raw_to_sentences(kind, payload), first) if kind in DOC_KINDS else item
 
@@ -353,7 +354,8 @@ def iter_document_parts(
     skip_bad: bool = False,
     stats: CorpusStats | None = None,
 ) -> Iterator[tuple[list[str], bool]]:
-    """Stream ``(sentences, new_doc)`` parts of all inputs in order, in one process (bounded memory).
+    """Stream ``(sentences, new_doc)`` parts of all inputs in order, in one process (bounded
+    memory).
 
     ``paths``: files, folders (read recursively) and glob patterns, see `resolve_inputs`.
     ``stats``: if given, counts files, documents and skipped files as the stream advances.

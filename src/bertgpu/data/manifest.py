@@ -3,10 +3,12 @@
 
     from bertgpu.data.manifest import Manifest
 
-    m = Manifest.read(Path("data/manifest.json"))   # validated: a one-line BertgpuError naming the file
+    m = Manifest.read(Path("data/manifest.json"))  # validated: a one-line BertgpuError naming
+                                                   # the file
     m.seq_len, m.objective, m.splits["train"]["sequences"]
-    m.split_shards("train", path)                   # [("train-00000", 65536), ...], checked
-    m.to_json()                                     # the dict manifest.json holds, keys in file order
+    m.split_shards("train", path)                  # [("train-00000", 65536), ...], checked
+    m.to_json()                                    # the dict manifest.json holds, keys in file
+                                                   # order
 
 The fields are the keys, in file order. `read` checks the keys a reader depends on (the version,
 then REQUIRED_KEYS and their types); the other keys are kept as found, and a manifest may lack
@@ -69,7 +71,8 @@ class Manifest:
     counts: dict[str, int] = field(default_factory=dict)
     """documents, sequences and tokens of the whole set."""
     splits: dict[str, dict[str, Any]]
-    """Per split: sequences, tokens, documents (prepare only) and shards [{name, sequences, tokens}]."""
+    """Per split: sequences, tokens, documents (prepare only) and shards
+    [{name, sequences, tokens}]."""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     """The corpus files read: path, bytes, sha256."""
     skipped_inputs: list[dict[str, str]] = field(default_factory=list)
@@ -130,7 +133,8 @@ class Manifest:
                    absent=frozenset(k for k in KEYS if k not in data))
 
     def split_shards(self, split: str, path: Path) -> list[tuple[str, int]]:
-        """(file stem, sequences) of each shard of `split`, checked; `path` names the manifest in errors."""
+        """(file stem, sequences) of each shard of `split`, checked;
+        `path` names the manifest in errors."""
         info = self.splits.get(split)
         if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
             raise BertgpuError(

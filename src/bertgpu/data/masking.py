@@ -49,7 +49,8 @@ def _philox(seed: int, domain: int, epoch: int, index: int) -> np.random.Generat
 
 
 def sample_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The permutation of `range(n)` (int64) used in `epoch`; a function of (n, seed, epoch) alone."""
+    """The permutation of `range(n)` (int64) used in `epoch`;
+    a function of (n, seed, epoch) alone."""
     return _philox(check_seed(seed), _ORDER_DOMAIN, int(epoch), 0).permutation(int(n))
 
 
@@ -177,7 +178,8 @@ class Masker:
     def mask(
         self, input_ids_row: np.ndarray, length: int, seed: int, epoch: int, index: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Mask one row (T,): returns (masked ids (T,), labels (T,) with -100 where not predicted)."""
+        """Mask one row (T,): returns (masked ids (T,), labels (T,) with -100 where not
+        predicted)."""
         masked, labels = self.mask_batch(
             np.asarray(input_ids_row)[None, :], np.array([length]), seed, np.array([epoch]),
             np.array([index])
@@ -193,7 +195,8 @@ class Masker:
         indices: np.ndarray,
         word_starts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Mask a batch: input_ids (B, T), lengths/epochs/indices (B,) -> (masked ids, labels), (B, T) int64.
+        """Mask a batch: input_ids (B, T), lengths/epochs/indices (B,) -> (masked ids, labels),
+        (B, T) int64.
 
         Row b is exactly `mask(input_ids[b], lengths[b], seed, epochs[b], indices[b])`: nothing
         depends on the other rows or on T beyond the row's length. ``word_starts`` (B, T), from a
@@ -243,7 +246,8 @@ class Masker:
 
     @staticmethod
     def _choose_tokens(keys: np.ndarray, cand: np.ndarray, budget: np.ndarray) -> np.ndarray:
-        """The `budget[b]` candidates with the smallest keys in each row: a uniform random subset."""
+        """The `budget[b]` candidates with the smallest keys in each row:
+        a uniform random subset."""
         B, T = cand.shape
         order = np.argsort(np.where(cand, keys, np.inf), axis=1)
         chosen = np.zeros((B, T), dtype=bool)

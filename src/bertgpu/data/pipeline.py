@@ -101,7 +101,8 @@ def _make_pool(workers: int, tokenizer_dir: str, settings: dict):
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
-    """Iterate ``items`` in a background thread, at most ``depth`` ahead; re-raise its errors here."""
+    """Iterate ``items`` in a background thread, at most ``depth`` ahead;
+    re-raise its errors here."""
     done = object()
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -143,7 +144,8 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
     nsp = settings["objective"] != "mlm"
     if workers <= 1:
         init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
-        # Reading, text work and tokenizing run in a thread meanwhile: encode_batch releases the GIL.
+        # Reading, text work and tokenizing run in a thread meanwhile: encode_batch releases the
+        # GIL.
         encoded = prefetch((encode_items(batch) for batch in _raw_batches(raw)), depth=2)
         parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
         if not nsp:

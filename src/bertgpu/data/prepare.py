@@ -3,7 +3,8 @@
     bertgpu prepare --corpus wiki.xml.bz2 books/ --tokenizer tok/ --out data/ --seq-len 128
     bertgpu prepare --corpus sample_text.txt --tokenizer tok/ --out data_nsp/ --objective mlm+nsp
     bertgpu prepare --corpus reviews.txt --format lines --tokenizer tok/ --out data/
-    bertgpu prepare --corpus news.txt --format lines --tokenizer tok/ --out data/ --whole-word-segmenter jieba
+    bertgpu prepare --corpus news.txt --format lines --tokenizer tok/ --out data/ \\
+        --whole-word-segmenter jieba
 
     from bertgpu.data.prepare import prepare
     manifest = prepare(["corpus/"], "tok/", "data/", seq_len=128, objective="mlm")

@@ -1,6 +1,7 @@
 """Word boundaries for whole-word masking where WordPiece has none: Chinese, segmented by jieba.
 
-    bertgpu prepare --corpus news.txt --format lines --tokenizer tok/ --out data/ --whole-word-segmenter jieba
+    bertgpu prepare --corpus news.txt --format lines --tokenizer tok/ --out data/ \\
+        --whole-word-segmenter jieba
 
 BERT's tokenizer splits every CJK character into a token of its own, so the "##" rule of
 whole-word masking sees one word per character. With a segmenter, `prepare` stores a word-start

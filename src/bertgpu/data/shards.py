@@ -136,7 +136,8 @@ class ShardSet:
         """Rows at global `indices` (any order, repeats allowed), as int64 arrays.
 
         Returns `input_ids` (B, T), `lengths` (B,), `token_type_ids` (B, T) (zeros for "mlm") and,
-        for "mlm+nsp", `nsp_labels` (B,); with a whole-word segmenter also `word_starts` (B, T) bool.
+        for "mlm+nsp", `nsp_labels` (B,); with a whole-word segmenter also `word_starts` (B, T)
+        bool.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n, T, B = len(self), self.seq_len, idx.size

@@ -79,7 +79,8 @@ class SplitPlan:
         return int(min(MAX_UNIT_TOKENS, max(self.min_unit, target)))
 
     def new_document(self) -> None:
-        """The previous document ended (a document without tokens trains); the next unit starts one."""
+        """The previous document ended (a document without tokens trains);
+        the next unit starts one."""
         if self._starts_doc and self._doc >= 0:
             self.documents["train"] += 1
         self.cut_documents += len(self._sides) == 2
@@ -145,7 +146,8 @@ class _Run:
 
 def mlm_units(parts: Iterable[tuple],
               plan: SplitPlan) -> Iterator[tuple[bool, np.ndarray, np.ndarray | None, bool]]:
-    """``(is_validation, tokens, word_starts, joins)`` of each unit, in order (mlm: cut anywhere)."""
+    """``(is_validation, tokens, word_starts, joins)`` of each unit, in order
+    (mlm: cut anywhere)."""
     run = _Run()
     for enc, new_doc in parts:
         if new_doc:

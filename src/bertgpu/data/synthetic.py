@@ -1,14 +1,15 @@
 """Synthetic shard sets in the exact `bertgpu prepare` layout, for tests and throughput benchmarks.
 
     from bertgpu.data.synthetic import write_synthetic_shards
-    data = write_synthetic_shards("bench_out/data", n_train=2048, n_val=64, seq_len=128, vocab_size=4096)
+    data = write_synthetic_shards("bench_out/data", n_train=2048, n_val=64, seq_len=128,
+                                  vocab_size=4096)
 
 Rows are random "sentences" of words: a whole word "wN" followed by 0-2 "##cN" continuation
 pieces, so whole-word masking has words to find; "mlm+nsp" rows are ``[CLS] A [SEP] B [SEP]``
 with random labels. The tokenizer/ folder (vocab.txt with [PAD] [UNK] [CLS] [SEP] [MASK], then
 ~2/3 words and 1/3 pieces; tokenizer.json, tokenizer_config.json, special_tokens_map.json)
-loads like a real one. Everything is seeded, and written by prepare's writer (`writer.ShardSetWriter`:
-DIR.tmp, then renamed).
+loads like a real one. Everything is seeded, and written by prepare's writer
+(`writer.ShardSetWriter`: DIR.tmp, then renamed).
 """
 
 from __future__ import annotations

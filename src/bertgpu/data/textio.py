@@ -48,7 +48,8 @@ def _cut(raw: bytes) -> int:
 
 def decoded_lines(path: Path, f: BinaryIO,
                   piece_bytes: int | None = None) -> Iterator[tuple[int, str, bool]]:
-    """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line and byte.
+    """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line
+    and byte.
 
     With ``piece_bytes``, a line longer than that arrives as several pieces (cut by `_cut`) with
     ``ends_line`` False on all but the last, so memory never holds more than a piece of it.

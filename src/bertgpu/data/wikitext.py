@@ -1,7 +1,8 @@
 """MediaWiki XML dumps: the articles of a dump, and their wikitext as plain sentences.
 
     from bertgpu.data.wikitext import strip_wiki_markup, wiki_to_sentences
-    wiki_to_sentences("'''Alpha''' is a [[Greek alphabet|letter]]. {{Infobox}}")  # ['Alpha is a letter.']
+    wiki_to_sentences("'''Alpha''' is a [[Greek alphabet|letter]]. {{Infobox}}")
+    # -> ['Alpha is a letter.']
 
 `read_wiki` streams a dump with ``iterparse`` and clears every finished page, so memory does not
 depend on the dump's size (an article is held whole: it is one XML element). Markup is stripped

@@ -97,7 +97,8 @@ class ShardWriter:
         return f"{self.split}-{len(self.shards):05d}"
 
     def add(self, arrays: dict[str, np.ndarray]) -> None:
-        """Append rows: ``arrays`` holds every key of this writer, all with the same number of rows."""
+        """Append rows: ``arrays`` holds every key of this writer,
+        all with the same number of rows."""
         lengths = arrays["lengths"]
         done = 0
         while done < len(lengths):
@@ -149,7 +150,8 @@ class ShardWriter:
 
 
 class Packer:
-    """Packs a split's units of tokens into full ``[CLS] ... [SEP]`` rows, carrying the remainder over.
+    """Packs a split's units of tokens into full ``[CLS] ... [SEP]`` rows, carrying the remainder
+    over.
 
     A unit that does not continue the previous one (``joins`` False: a new document, or one
     resuming after a chunk went to the other split) is preceded by [SEP]. Every row is full

@@ -1,4 +1,5 @@
-"""Attention backends, unpadding, and the batch metadata that keeps the GPU from waiting on the host.
+"""Attention backends, unpadding, and the batch metadata that keeps the GPU from waiting on the
+host.
 
 Nothing here knows BERT: q, k, v come in, attention comes out, and a batch's layout is described
 by plain tensors.
@@ -32,7 +33,8 @@ import torch.nn.functional as F
 from bertgpu.batch import BatchMeta, batch_meta
 
 try:  # flash attention over packed sequences (CUDA, fp16/bf16; torch >= 2.10). Resolved here,
-    # once, rather than inside a traced forward, where an import in a try block could break the graph.
+    # once, rather than inside a traced forward, where an import in a try block could break the
+    # graph.
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
 except ImportError:
     _varlen_attn = None

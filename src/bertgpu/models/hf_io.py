@@ -2,11 +2,12 @@
 importing transformers, for both architectures: BERT (`model_type` "bert") and ModernBERT
 ("modernbert"); `build.py` picks the classes.
 
-Our parameter names are HF's (see bert.py, modernbert.py), so loading is a key check, not a conversion:
+Our parameter names are HF's (see bert.py, modernbert.py), so loading is a key check, not a
+conversion:
 
-    model = load_pretrained("hf/base", head="classification", num_labels=3)   # HF folder
-    model = load_pretrained("runs/base", head="masked_lm")                      # latest checkpoints/step_N
-    save_pretrained(model, "hf/out", tokenizer="runs/base/tokenizer")          # loads in AutoModelFor...
+    model = load_pretrained("hf/base", head="classification", num_labels=3)  # HF folder
+    model = load_pretrained("runs/base", head="masked_lm")     # latest checkpoints/step_N
+    save_pretrained(model, "hf/out", tokenizer="runs/base/tokenizer")   # loads in AutoModelFor...
 
 The check is strict where a silent mistake would cost a training run: a tensor of the wrong shape
 or a key we do not recognise is an error naming it. Weights the model has and the checkpoint lacks
@@ -185,7 +186,8 @@ def _harmless(key: str, model_keys: set[str]) -> bool:
     if "pooler." in key and not any("pooler." in k for k in model_keys):
         return True
     if key.startswith(_HEAD_PREFIXES):
-        # the head module: "cls.seq_relationship.", "classifier.", ...; harmless if the model has none
+        # the head module: "cls.seq_relationship.", "classifier.", ...; harmless if the model has
+        # none
         parts = key.split(".")
         module = ".".join(parts[:2] if parts[0] == "cls" else parts[:1]) + "."
         return not any(k.startswith(module) for k in model_keys)

@@ -1,4 +1,5 @@
-"""`bertgpu report`: a markdown (and optionally HTML) page with tables and plots of runs and evaluations.
+"""`bertgpu report`: a markdown (and optionally HTML) page with tables and plots of runs and
+evaluations.
 
     bertgpu report runs/base runs/large eval/glue bench.jsonl --out report/ --format both
 

@@ -30,7 +30,8 @@ def render_markdown(blocks: list[Block]) -> str:
     return "\n".join(lines)
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}h1,h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;\
+color:#222}h1,h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccc;
 padding:.3em .7em}td:not(:first-child){text-align:right;font-variant-numeric:tabular-nums}
 th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}img{max-width:100%;display:block;

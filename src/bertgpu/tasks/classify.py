@@ -1,6 +1,7 @@
 """`bertgpu finetune classify`: sequence classification or regression on your own labelled files.
 
-    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base --out ft/reviews
+    bertgpu finetune classify --train-file train.csv --dev-file dev.csv --init runs/base \\
+        --out ft/reviews
     bertgpu finetune classify --train-file train.jsonl --dev-file dev.jsonl --text-field premise \\
         --text-pair-field hypothesis --label-field gold --init hf/ --out ft/nli
     bertgpu finetune classify --train-file scores.tsv --dev-file dev.tsv --regression ...

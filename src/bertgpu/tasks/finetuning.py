@@ -88,7 +88,8 @@ class JobRequest:
                                      ("--regression", self.regression)) if v]
 
     def check_no_columns(self) -> None:
-        """For the tasks whose file formats fix the columns (GLUE, SQuAD): the flags are an error."""
+        """For the tasks whose file formats fix the columns (GLUE, SQuAD):
+        the flags are an error."""
         given = self.column_flags()
         if given:
             raise BertgpuError(f"{', '.join(given)}: only for finetune classify and ner "

@@ -2,8 +2,8 @@
 
 Every task is a row of `TASKS`; there is no per-task reader or loop. A row says where the text
 and label live in each file format, the label order, the dev/test split names and the official
-metrics. The readers (`glue_files.py`) return plain `Example`s (strings and a number), so the fine-tuning code never
-looks at a file format.
+metrics. The readers (`glue_files.py`) return plain `Example`s (strings and a number), so the
+fine-tuning code never looks at a file format.
 
 Label ids follow Hugging Face `datasets` (`nyu-mll/glue`), so a model fine-tuned here predicts the
 same ids as one fine-tuned with `transformers`' run_glue.py:
@@ -69,7 +69,8 @@ class Example:
     text_b: str | None
     """The second sentence of a pair task; None for CoLA and SST-2."""
     label: Label
-    """Class id (int, Hugging Face order) for classification, float for STS-B, None when unlabeled."""
+    """Class id (int, Hugging Face order) for classification,
+    float for STS-B, None when unlabeled."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ for _t in TASKS.values():
 
 
 def get_task(name: str | GlueTask) -> GlueTask:
-    """The task for an official name or alias: "SST-2", "sst2", "sst-2", "STS-B", "stsb", "MNLI-m"."""
+    """The task for an official name or alias: "SST-2", "sst2", "sst-2", "STS-B", "stsb",
+    "MNLI-m"."""
     if isinstance(name, GlueTask):
         return name
     key = _ALIASES.get(_norm(name))
@@ -179,7 +181,8 @@ def unknown_task(name: str) -> BertgpuError:
 
 
 def column_name(task: GlueTask | str, split: str) -> str:
-    """Results-table column and leaderboard file stem of a split: "MNLI-m", "MNLI-mm", else the name."""
+    """Results-table column and leaderboard file stem of a split: "MNLI-m", "MNLI-mm", else the
+    name."""
     task = get_task(task)
     if task.key == "mnli":
         return "MNLI-mm" if "mismatched" in split else "MNLI-m"

@@ -159,7 +159,8 @@ def _need(path: Path, obj: Any, key: str, kind: type | tuple[type, ...], where: 
 
 def _answers(path: Path, qa: Any, context: str, impossible: bool,
              wq: str) -> tuple[list[str], list[int], int]:
-    """The answer texts of a question, their starts (moved onto the text when off), and how many moved."""
+    """The answer texts of a question, their starts (moved onto the text when off),
+    and how many moved."""
     answers = qa.get("answers", []) if impossible else _need(path, qa, "answers", list, wq)
     texts: list[str] = []
     starts: list[int] = []

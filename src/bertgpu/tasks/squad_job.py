@@ -1,7 +1,9 @@
 """`bertgpu finetune squad | squad2`: the SQuAD v1.1 / v2.0 job from the official JSON files.
 
-    bertgpu finetune squad --data squad/ --init runs/base --out ft/squad      # train-v1.1.json, dev-v1.1.json
-    bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ --out ft/sq2
+    bertgpu finetune squad --data squad/ --init runs/base --out ft/squad
+                                      # (squad/ holds train-v1.1.json, dev-v1.1.json)
+    bertgpu finetune squad2 --train-file train-v2.0.json --dev-file dev-v2.0.json --init hf/ \\
+        --out ft/sq2
 
 Reading, doc-stride windows and n-best decoding are squad.py's, EM/F1 squad_eval.py's; this module
 finds the files, encodes both sets and scores the dev set (writing predictions.json at the end).

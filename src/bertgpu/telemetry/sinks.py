@@ -13,7 +13,8 @@ switched off with one warning and the run goes on.
 W&B without network: ``wandb_mode = "offline"`` (or ``"auto"`` without an API key) writes the
 run under ``RUN_DIR/wandb/``; upload it later with ``wandb sync RUN_DIR/wandb/offline-run-*``.
 MLflow without a server: a file store in ``RUN_DIR/mlruns`` (browse it with the full mlflow
-package: ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri RUN_DIR/mlruns``). A resumed run continues the same W&B and MLflow runs (their ids are kept in
+package: ``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri RUN_DIR/mlruns``). A
+resumed run continues the same W&B and MLflow runs (their ids are kept in
 ``RUN_DIR/sinks.json``).
 """
 

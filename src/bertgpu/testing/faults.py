@@ -6,16 +6,16 @@ so the suite can drive every fault path end to end through the real commands.
 
 Items, separated by commas (an item may be given more than once):
 
-    kill_rank=R@step=S            rank R sends itself SIGKILL at optimizer step S      maybe_kill
-    nonfinite_rank=R@step=S       rank R's loss is made non-finite at step S           nonfinite
-    delay_rank=R:SECONDS[@step=S] rank R sleeps SECONDS at each step (or at steps S)   delay
-    slow_rank=R:SECONDS           rank R sleeps SECONDS per sequence it computes:       slow_down
+    kill_rank=R@step=S            rank R sends itself SIGKILL at optimizer step S    maybe_kill
+    nonfinite_rank=R@step=S       rank R's loss is made non-finite at step S         nonfinite
+    delay_rank=R:SECONDS[@step=S] rank R sleeps SECONDS each step (or at steps S)    delay
+    slow_rank=R:SECONDS           rank R sleeps SECONDS per sequence it computes:    slow_down
                                   a slower device, for load balancing tests
-    enospc_write=N                the N-th file written by save_checkpoint in this      check_write
+    enospc_write=N                the N-th file written by save_checkpoint in this   check_write
                                   process is cut to half its size and raises ENOSPC
-    kill_replace=N                SIGKILL between the two renames of the N-th           between_renames
+    kill_replace=N                SIGKILL between the two renames of the N-th        between_renames
                                   replacement of an existing checkpoint folder
-    slow_write=SECONDS            every rank sleeps SECONDS before writing its          slow_write
+    slow_write=SECONDS            every rank sleeps SECONDS before writing its       slow_write
                                   checkpoint files (in the background with
                                   checkpoint.async_save): a slow filesystem
 

@@ -4,7 +4,8 @@ A checkpoint folder holds::
 
     model.safetensors   weights (no pickle), tied tensors stored once each under every name
     train_state.pt      optimizer, engine, loader cursor, schedule clock, RNG states (plain tensors,
-                        numbers, lists and dicts only, so it loads with torch.load(weights_only=True))
+                        numbers, lists and dicts only, so it loads with
+                        torch.load(weights_only=True))
     config.toml, config.json, ...   any extra files the caller passes
     checksums.json      size and sha256 of every file above
     COMPLETE            written last: its presence means every other file is whole
@@ -115,7 +116,8 @@ def resume_checkpoint(
 ) -> tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None:
     """(path, model_state, train_state) of the newest checkpoint that verifies *and* loads (a
     pickle that will not load counts as damage: warning, previous one), or None when the run has
-    no complete checkpoint. Rank 0 calls this; the other ranks `load_checkpoint` the step it found."""
+    no complete checkpoint. Rank 0 calls this; the other ranks `load_checkpoint` the step it
+    found."""
     return fsutil.newest_good(Path(run_dir) / CHECKPOINTS,
                               accept=lambda p: (p, *load_checkpoint(p)))
 

@@ -124,9 +124,10 @@ def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = 
 
     NCCL on CUDA (with `torch.cuda.set_device` on this rank's GPU first, so NCCL and every
     `.cuda()` use it; see `_pick_device`), gloo on CPU. `timeout_minutes` bounds every
-    collective wait (default `DEFAULT_TIMEOUT_MINUTES`): long enough for the longest legitimate wait (rank 0 writing a
-    large checkpoint or post-processing SQuAD v2 while the others wait), short enough that a hung
-    rank ends the job with an error instead of holding the GPUs for ever."""
+    collective wait (default `DEFAULT_TIMEOUT_MINUTES`): long enough for the longest legitimate
+    wait (rank 0 writing a large checkpoint or post-processing SQuAD v2 while the others wait),
+    short enough that a hung rank ends the job with an error instead of holding the GPUs for
+    ever."""
     import torch
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -224,7 +225,8 @@ def _reduce(x: Any, op_name: str) -> Any:
 
 
 def all_reduce_sum(x: Any) -> Any:
-    """Sum over ranks. A tensor is reduced in place and returned; a float/int returns a new value."""
+    """Sum over ranks. A tensor is reduced in place and returned;
+    a float/int returns a new value."""
     return _reduce(x, "SUM")
 
 
@@ -234,7 +236,8 @@ def all_reduce_max(x: Any) -> Any:
 
 
 def broadcast_scalar(x: float, src: int = 0) -> float:
-    """Rank `src`'s value of `x` on every rank (e.g. the wall clock, so all ranks agree on progress)."""
+    """Rank `src`'s value of `x` on every rank (e.g. the wall clock,
+    so all ranks agree on progress)."""
     if not is_initialized():
         return x
     import torch

@@ -2,7 +2,8 @@
 clear last line about how it ended.
 
     launch_local(2, ["pretrain", "configs/tiny.toml", "--data", "d", "--out", "r"],
-                 max_restarts=1, resume_hint=lambda: "re-running the same command resumes from step 40")
+                 max_restarts=1,
+                 resume_hint=lambda: "re-running the same command resumes from step 40")
 
 The launcher (`python -m torch.distributed.run --standalone`) runs in a session of its own, so
 that a stop signal that reaches this process (Ctrl-C in a terminal, `kill`, a scheduler's

@@ -4,7 +4,8 @@
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim, ...)
     loop = Loop(task, model, engine, info, run_dir=run_dir, train=cfg.train, schedule=cfg.schedule,
                 peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
-                logging=cfg.logging, seed=cfg.seed, comm_timer=timer, resume=load_resume(run_dir, info))
+                logging=cfg.logging, seed=cfg.seed, comm_timer=timer,
+                resume=load_resume(run_dir, info))
     result = loop.run()                      # -> LoopResult(step, preempted, last_eval, ...)
 
 The loop owns what every job needs and nothing else: the step loop and its stop decisions

@@ -103,7 +103,8 @@ class BudgetClock:
         self._started_at = self.time_fn()
 
     def pause(self) -> None:
-        """Stop counting (e.g. around evaluation or checkpoint writes, if excluded from the budget)."""
+        """Stop counting (e.g. around evaluation or checkpoint writes,
+        if excluded from the budget)."""
         self.sync()
         self._started_at = None
 
@@ -123,7 +124,8 @@ class BudgetClock:
         return self.elapsed_s >= self.budget_s
 
     def local_elapsed(self) -> float:
-        """This rank's clock, without a collective (rank 0's is sent to the others by the caller)."""
+        """This rank's clock, without a collective (rank 0's is sent to the
+        others by the caller)."""
         if self._started_at is not None:
             now = self.time_fn()
             self.elapsed_s += now - self._started_at

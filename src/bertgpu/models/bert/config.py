@@ -66,7 +66,8 @@ class BertConfig:
         return dataclasses.asdict(self)
 
     def validate(self, prefix: str = "config field ") -> BertConfig:
-        """Raise BertgpuError naming the field (after `prefix`) if the combination cannot be built."""
+        """Raise BertgpuError naming the field (after `prefix`) if the
+        combination cannot be built."""
 
         def check(ok: bool, name: str, expected: str) -> None:
             if not ok:

@@ -338,7 +338,8 @@ class BertForPreTraining(BertPreTrainedModel):
 
     @property
     def hf_class_name(self) -> str:
-        """The transformers class of the export: BertForPreTraining, or BertForMaskedLM without NSP."""
+        """The transformers class of the export: BertForPreTraining,
+        or BertForMaskedLM without NSP."""
         return "BertForPreTraining" if self.with_nsp else "BertForMaskedLM"
 
     def __init__(self, config: BertConfig, with_nsp: bool = True,
@@ -465,7 +466,8 @@ def _masked_lm(config: BertConfig) -> BertForPreTraining:
     return BertForPreTraining(config, with_nsp=False)  # exported as transformers' BertForMaskedLM
 
 
-# Head name -> class (or factory) taking the config: what models/build.py builds (see models/spec.py).
+# Head name -> class (or factory) taking the config: what models/build.py builds (see
+# models/spec.py).
 HEADS = {"base": BertModel, "pretraining": BertForPreTraining, "masked_lm": _masked_lm,
          "classification": BertForSequenceClassification, "qa": BertForQuestionAnswering,
          "token_classification": BertForTokenClassification}

@@ -82,7 +82,8 @@ class ModernBertConfig:
     decoder_bias: bool = True
     """Bias of the MLM decoder (its weight is tied to the token embeddings)."""
     classifier_pooling: str = "cls"
-    """Sequence classification reads the first token ("cls") or the mean over real tokens ("mean")."""
+    """Sequence classification reads the first token ("cls") or the mean over real tokens
+    ("mean")."""
     classifier_dropout: float = 0.0
     """Dropout before the classification / QA / token-classification layer."""
     classifier_bias: bool = False
@@ -145,7 +146,8 @@ class ModernBertConfig:
                 for i in range(self.num_hidden_layers)]
 
     def validate(self, prefix: str = "config field ") -> ModernBertConfig:
-        """Raise BertgpuError naming the field (after `prefix`) if the combination cannot be built."""
+        """Raise BertgpuError naming the field (after `prefix`) if the
+        combination cannot be built."""
         if self.architecture != "modernbert":
             raise BertgpuError(f"{prefix}architecture: found {self.architecture!r}, "
                                "expected 'modernbert'")

@@ -13,8 +13,9 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     """Training FLOPs per token of ModernBERT, counted as models/bert/cost.py counts BERT.
 
     Per layer (d = hidden_size, f = intermediate_size): Wqkv ``3 d^2``, attention output ``d^2``,
-    the GeGLU input ``Wi`` (d -> 2 f: input and gate) ``2 d f`` and ``Wo`` ``f d``: ``4 d^2 + 3 d f``
-    weights (plus biases and norm gains when configured; both negligible), so 6x that per token.
+    the GeGLU input ``Wi`` (d -> 2 f: input and gate) ``2 d f`` and ``Wo`` ``f d``:
+    ``4 d^2 + 3 d f`` weights (plus biases and norm gains when configured; both negligible), so 6x
+    that per token.
     Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
     sequence length for global layers (0, n, 2n, ...) and ``min(T, local_attention + 1)`` for
     sliding-window layers (what the banded mask lets a token see; the kernels may compute more).

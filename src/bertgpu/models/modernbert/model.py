@@ -8,14 +8,15 @@ blocks with bias-free LayerNorms and Linears, a fused Wqkv projection, a GeGLU f
 tokens wide) on all but every `global_attn_every_n_layers`-th layer (layer 0 is global), a final
 norm, and an MLM head (dense -> activation -> norm) with a decoder tied to the token embeddings.
 
-Parameter names are transformers': `model.layers.N.attn.Wqkv.weight`, `model.layers.N.mlp.Wi.weight`,
-`head.dense.weight`, `decoder.bias`, ... so `hf_io.py` reads and writes ModernBERT folders as they
-are. The rest is shared with bert.py: the MLM head runs only at labelled positions, outputs carry
-summed losses and counts for the engine (`mlm_loss_sum`, `mlm_count`, `loss_sum`, ...), a
-`BatchMeta` from the loader keeps the forward free of host syncs, and `ModelOptions` (unpadding
-and its attention kernel, gradient checkpointing) belong to the instance (layers.py, attention.py).
-ModernBERT has no NSP head and no segment embeddings: `token_type_ids` is accepted (the batches of
-either architecture have it) and ignored, as by transformers' ModernBERT tokenizer, which emits none.
+Parameter names are transformers': `model.layers.N.attn.Wqkv.weight`,
+`model.layers.N.mlp.Wi.weight`, `head.dense.weight`, `decoder.bias`, ... so `hf_io.py` reads and
+writes ModernBERT folders as they are. The rest is shared with bert.py: the MLM head runs only at
+labelled positions, outputs carry summed losses and counts for the engine (`mlm_loss_sum`,
+`mlm_count`, `loss_sum`, ...), a `BatchMeta` from the loader keeps the forward free of host syncs,
+and `ModelOptions` (unpadding and its attention kernel, gradient checkpointing) belong to the
+instance (layers.py, attention.py). ModernBERT has no NSP head and no segment embeddings:
+`token_type_ids` is accepted (the batches of either architecture have it) and ignored, as by
+transformers' ModernBERT tokenizer, which emits none.
 
 Shapes in comments: B batch, T sequence length, H hidden size, N heads, D head size, I
 intermediate size, V vocabulary, M masked tokens, N_tok kept (real) tokens.
@@ -85,7 +86,8 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
     """SDPA masks (True = may attend) per layer type, built once per forward from the (B, T)
     padding mask (1 = token, 0 = padding, None = nothing padded):
 
-    full_attention     (B, 1, 1, T) the keys that are tokens (attention.sdpa_mask); None without padding
+    full_attention     (B, 1, 1, T) the keys that are tokens (attention.sdpa_mask); None without
+                       padding
     sliding_attention  (B or 1, 1, T, T) the window |i - j| <= local_attention // 2, and tokens;
                        None when the window covers the whole sequence and nothing is padded
 
@@ -108,7 +110,8 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
 
 @functools.cache
 def _windowed_varlen() -> Any:
-    """torch's varlen flash attention if it takes a `window_size` (torch >= 2.10 CUDA builds), else None."""
+    """torch's varlen flash attention if it takes a `window_size`
+    (torch >= 2.10 CUDA builds), else None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -266,7 +269,8 @@ class ModernBertModel(ModernBertPreTrainedModel):
                meta: BatchMeta | None = None,
                unpad: bool | None = None) -> tuple[torch.Tensor, Unpadded | None]:
         """Embeddings + layers + final norm: (B, T, H) and None, or, unpadded, (N_tok, H) and its
-        Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is padded)."""
+        Unpadded (only when asked, `unpad` default `self.options.unpad`, and something is
+        padded)."""
         c = self.config
         T = input_ids.size(1)
         meta = resolve_meta(input_ids, attention_mask, meta)

@@ -39,7 +39,8 @@ def cos_sin(positions: torch.Tensor, head_dim: int,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (d, d + D/2) of `x` (..., N, D) by the angles behind cos/sin; same dtype out."""
+    """Rotate the pairs (d, d + D/2) of `x` (..., N, D) by the angles behind cos/sin;
+    same dtype out."""
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)  # the 90-degree turn of each pair
