@@ -154,7 +154,6 @@ def test_process_group_tears_down_after_the_modules_are_gone(monkeypatch):
     the group down only after the modules built inside it are unreachable: on a normal return
     (reference cycles included) and when an exception leaves the block with frames that held them.
     """
-    import gc
     import weakref
 
     import torch.distributed as dist
