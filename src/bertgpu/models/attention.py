@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from bertgpu.batch import BatchMeta, batch_meta
+from bertgpu.models.dropout import dropout
 
 try:  # flash attention over packed sequences (CUDA, fp16/bf16; torch >= 2.10). Resolved here,
     # once, rather than inside a traced forward, where an import in a try block could break the
@@ -154,11 +155,36 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      attn_mask: torch.Tensor | None, dropout_p: float = 0.0) -> torch.Tensor:
     """q, k, v (B, T, N, D) -> (B, T, N D): softmax(q k^T / sqrt(D)) v. attn_mask (B, 1, 1, T)
     bool (True = may attend) or None (no padding: SDPA may pick the flash kernel)."""
+    if dropout_p > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
+        return cpu_dropout_attention(q, k, v, attn_mask, dropout_p)
     B, T = q.shape[:2]
     # (B, N, T, D) views: the layout SDPA wants
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=attn_mask, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(B, T, -1)
+
+
+def cpu_dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          attn_mask: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
+    """`padded_attention` for CPU training with attention dropout, written out.
+
+    SDPA has no fused CPU kernel with dropout and falls back to its math kernel, which scales q
+    and k apart, runs a safe softmax (three extra passes over the (B, N, T, T) scores) and draws
+    the dropout mask with the single-threaded `bernoulli_`. Here: one batched matmul with the
+    scale folded in, the masked softmax, `dropout.dropout`'s cheaper mask, one batched matmul. The
+    same math. No mask here has an empty row (`sdpa_mask`; ModernBERT's `attention_masks`), so
+    the plain softmax never sees a row of -inf.
+    """
+    B, T, N, D = q.shape
+    qh = q.transpose(1, 2).reshape(B * N, T, D)  # (B N, T, D)
+    kt = k.permute(0, 2, 3, 1).reshape(B * N, D, T)  # (B N, D, T)
+    vh = v.transpose(1, 2).reshape(B * N, T, D)
+    scores = torch.bmm(qh, kt).mul_(D**-0.5).view(B, N, T, T)
+    if attn_mask is not None:
+        scores = scores.masked_fill_(~attn_mask, float("-inf"))
+    probs = dropout(torch.softmax(scores, dim=-1), dropout_p)  # (B, N, T, T)
+    y = torch.bmm(probs.view(B * N, T, T), vh)  # (B N, T, D)
+    return y.view(B, N, T, D).transpose(1, 2).reshape(B, T, N * D)
 
 
 def nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
@@ -209,5 +235,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 __all__ = ["traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "pad_rows", "choose_backend",
-           "padded_attention", "nested_attention", "varlen_attention", "unpadded_padded_attention",
-           "attention"]
+           "padded_attention", "cpu_dropout_attention", "nested_attention", "varlen_attention",
+           "unpadded_padded_attention", "attention"]

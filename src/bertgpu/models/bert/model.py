@@ -12,7 +12,9 @@ positions); the speed comes from things that do not change it, each a per-instan
   largest matmul of BERT-base's training step when it runs on every token;
 - `BatchMeta` (attention.py), computed by the loader on the host: given it, forward and backward
   never wait on the host (no `.item()`, `nonzero()`, `bool(tensor)`) and compile to one graph;
-- options: unpadding (the encoder runs on real tokens only), fused QKV, gradient checkpointing.
+- options: unpadding (the encoder runs on real tokens only), fused QKV, gradient checkpointing;
+- on the CPU, dropout masks drawn more cheaply (dropout.py) and attention with dropout written
+  out instead of SDPA's math fallback (attention.cpu_dropout_attention).
 
 Shapes in comments: B batch, T sequence length, H hidden size, N heads, D head size (H / N),
 V vocabulary, M masked tokens, N_tok kept (real) tokens.
@@ -34,6 +36,7 @@ from bertgpu.batch import IGNORE_INDEX, BatchMeta
 from bertgpu.errors import BertgpuError
 from bertgpu.models.attention import Unpadded, attention, pad_rows, resolve_meta, sdpa_mask
 from bertgpu.models.bert.config import ACTIVATIONS, BertConfig
+from bertgpu.models.dropout import Dropout
 from bertgpu.models.shared import (
     Configurable,
     ModelOptions,
@@ -70,7 +73,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         # Not persistent: HF (>= 4.31) leaves it out of state dicts too, so the keys match.
         self.register_buffer("position_ids",
                              torch.arange(config.max_position_embeddings).unsqueeze(0),
@@ -130,7 +133,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)
@@ -405,7 +408,7 @@ class _BertWithClassifier(BertPreTrainedModel):
         self.bert = BertModel(config, add_pooling_layer=self.POOLER)
         p = (config.classifier_dropout if config.classifier_dropout is not None
              else config.hidden_dropout_prob)
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.post_init(options)
 

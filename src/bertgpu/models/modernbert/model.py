@@ -51,6 +51,7 @@ from bertgpu.models.attention import (
     sdpa_mask,
     unpadded_padded_attention,
 )
+from bertgpu.models.dropout import Dropout
 from bertgpu.models.modernbert.config import ModernBertConfig
 from bertgpu.models.modernbert.rope import apply_rope, cos_sin, sliding_window_mask
 from bertgpu.models.shared import (
@@ -151,7 +152,7 @@ class ModernBertEmbeddings(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
                                            padding_idx=config.pad_token_id)
         self.norm = _layer_norm(config)
-        self.drop = nn.Dropout(config.embedding_dropout)
+        self.drop = Dropout(config.embedding_dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.drop(self.norm(self.tok_embeddings(input_ids)))  # (B, T, H) or (N_tok, H)
@@ -164,7 +165,7 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = activation(config.hidden_activation)
-        self.drop = nn.Dropout(config.mlp_dropout)
+        self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -181,7 +182,7 @@ class ModernBertAttention(nn.Module):
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.dropout_p = config.attention_dropout
         # transformers applies the attention dropout a second time on the output projection
-        self.out_drop = nn.Dropout(config.attention_dropout)
+        self.out_drop = Dropout(config.attention_dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: Layout,
                 window: int | None) -> torch.Tensor:
@@ -388,7 +389,7 @@ class _WithClassifier(ModernBertPreTrainedModel):
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.drop = nn.Dropout(config.classifier_dropout)
+        self.drop = Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, out_features)
         self.num_labels = out_features
         self.id2label = (dict(id2label) if id2label

@@ -1,0 +1,107 @@
+"""The CPU dropout (models/dropout.py) and the written-out CPU attention with dropout
+(attention.cpu_dropout_attention): torch's distribution and SDPA's math, checked against
+statistics and against SDPA itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertgpu.models import attention
+from bertgpu.models.dropout import Dropout, dropout
+from bertgpu.models.modernbert.model import attention_masks
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_has_torchs_distribution(p):
+    torch.manual_seed(0)
+    x = torch.full((2_000_000,), 3.0, requires_grad=True)
+    y = dropout(x, p)
+    dropped = (y == 0).double().mean().item()
+    # A binomial proportion: within 5 standard deviations of p.
+    assert abs(dropped - p) < 5 * math.sqrt(p * (1 - p) / x.numel())
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 3.0 / (1 - p)))
+    assert abs(y.mean().item() - 3.0) < 0.01  # unbiased, as F.dropout
+    # The gradient is the same mask and scale.
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach() / 3.0)
+
+
+def test_dropout_is_seeded_by_torch_and_independent_of_threads():
+    x = torch.randn(64, 128)
+    threads = torch.get_num_threads()
+    try:
+        masks = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            torch.manual_seed(7)
+            masks.append(dropout(x, 0.1) == 0)
+        torch.manual_seed(8)
+        other = dropout(x, 0.1) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], other)
+    # The draws advance torch's generator, so a checkpointed RNG state replays them.
+    state = torch.get_rng_state()
+    a = dropout(x, 0.3)
+    torch.set_rng_state(state)
+    assert torch.equal(a, dropout(x, 0.3))
+
+
+def test_dropout_edges_and_module():
+    x = torch.randn(4, 8)
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    m = Dropout(0.25)
+    assert repr(m) == repr(torch.nn.Dropout(0.25)) and not m.state_dict()
+    assert m.eval()(x) is x
+    bf16 = dropout(x.bfloat16(), 0.5)
+    assert bf16.dtype == torch.bfloat16 and set(bf16.unique().tolist()) <= {0.0} | set(
+        (x.bfloat16() * 2).flatten().tolist())
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "window"])
+def test_cpu_attention_with_dropout_is_sdpas_math(monkeypatch, mask_kind):
+    """With the mask drawing nothing (dropout patched to the identity), the written-out path that
+    CPU training takes equals SDPA without dropout, forward and every gradient."""
+    torch.manual_seed(0)
+    B, T, N, D = 3, 10, 4, 8
+    q, k, v = (torch.randn(B, T, N, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    tokens = (torch.arange(T)[None, :] < torch.tensor([10, 6, 1])[:, None]).long()  # (B, T)
+    # The masks the models build: BERT's padding mask, ModernBERT's local layers' window.
+    mask = {"none": None, "padding": attention.sdpa_mask(tokens),
+            "window": attention_masks(tokens, T, 4, q.device)["sliding_attention"]}[mask_kind]
+    calls = []
+
+    def identity(x, p, training=True):
+        calls.append(p)
+        return x
+
+    monkeypatch.setattr(attention, "dropout", identity)
+    got = attention.padded_attention(q, k, v, mask, dropout_p=0.1)  # routed to the CPU path
+    assert calls == [0.1]
+    want = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                          v.transpose(1, 2), attn_mask=mask)
+    want = want.transpose(1, 2).reshape(B, T, N * D)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v), g),
+                               torch.autograd.grad(want, (q, k, v), g))
+
+
+def test_cpu_attention_drops_attention_probabilities():
+    """Real dropout on the probabilities: averaged over draws, the output is the expectation,
+    SDPA's output without dropout."""
+    torch.manual_seed(0)
+    B, T, N, D = 2, 6, 2, 4
+    q, k, v = (torch.randn(B, T, N, D, dtype=torch.float64) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                          v.transpose(1, 2)).transpose(1, 2).reshape(B, T, -1)
+    one = attention.padded_attention(q, k, v, None, dropout_p=0.5)
+    assert not torch.allclose(one, want)
+    mean = sum(attention.padded_attention(q, k, v, None, dropout_p=0.5) for _ in range(4000))
+    torch.testing.assert_close(mean / 4000, want, atol=0.05, rtol=0)
