@@ -50,6 +50,11 @@ def fixture(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("fs")
     train, dev = classify_fixture(tmp / "data")
     init = tiny_init(tmp, SPECIAL + ["good", "bad"] + WORDS)
+    # No attention dropout either (the study's --ft hidden_dropout_prob=0 sets the rest): a cell
+    # and its 1-worker reference then differ only in floating-point summation order.
+    config = json.loads((init / "config.json").read_text(encoding="utf-8"))
+    config["attention_probs_dropout_prob"] = 0.0
+    (init / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return {"tmp": tmp, "init": init, "train": train, "dev": dev}
 
 
@@ -212,14 +217,15 @@ def test_results_json_times_add_up(study: Path):
 
 @pytest.mark.timeout(400)
 def test_same_global_batch_trains_alike(study: Path):
-    """DP=2 with aggregation k is the 1-worker run with aggregation 2k: same steps and losses."""
+    """DP=2 with aggregation k is the 1-worker run with aggregation 2k: same steps and losses (no
+    dropout anywhere, so only the summation order differs)."""
     rows = _rows(study)
     for r in (r for r in rows if r["workers"] == 2):
         one = _results(next(x for x in rows if x["cell"] == r["reference_cell"]))
         two = _results(r)
         assert two["steps"] == one["steps"]
         assert [e["train_loss"] for e in two["epochs"]] == pytest.approx(
-            [e["train_loss"] for e in one["epochs"]], rel=1e-4)
+            [e["train_loss"] for e in one["epochs"]], rel=1e-5)
 
 
 def _table(md: str) -> tuple[list[str], list[list[str]]]:
