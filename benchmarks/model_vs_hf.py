@@ -8,8 +8,9 @@ noisy machine. A step is forward + backward (no optimizer: it is the same for bo
     python benchmarks/model_vs_hf.py --device cuda --batch 32 --iters 20             # bf16 autocast
     python benchmarks/model_vs_hf.py --size tiny --out results/model_vs_hf.jsonl     # append JSON
 
-The difference comes from the sparse MLM head (transform + decoder only on masked tokens) and
-SDPA without a mask when nothing is padded; the math is the same (the loss difference is printed).
+The difference comes from the sparse MLM head (transform + decoder only on masked tokens), SDPA
+without a mask when nothing is padded and, on the CPU, cheaper dropout masks and attention with
+dropout written out (models/dropout.py); the math is the same (the loss difference is printed).
 `--fused-qkv` switches on the one-matmul query/key/value projection. For forward / backward /
 optimizer times, bf16, compile, unpadding and MFU use `bertgpu bench model`.
 """
@@ -25,18 +26,10 @@ from contextlib import nullcontext
 
 import torch
 
+from bertgpu.bench.batches import SIZES
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.bert.model import BertForPreTraining
 from bertgpu.models.shared import ModelOptions
-
-SIZES = {
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=512),
-    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-                  intermediate_size=2048),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072),
-}
 
 
 def make_batches(n: int, batch: int, seq_len: int, vocab: int, device: str,
