@@ -29,18 +29,18 @@ def reference_meta(mask: list[list[int]], labels: list[list[int]] | None) -> dic
         row = [t for t in range(T) if mask[b][t] or t == 0 or not any(mask[b])]
         kept += [(b, t) for t in row]
         lengths.append(len(row))
+    # The unpadded layout is there whether or not anything is padded (the identity then), so an
+    # unpadded model runs one graph for both kinds of batch.
     out = {"padded": any(0 in r for r in mask)}
-    if out["padded"]:
-        out["index"] = [b * T + t for b, t in kept]
-        out["cu_seqlens"] = [sum(lengths[:b]) for b in range(B + 1)]
-        out["max_len"] = max(lengths)
-        out["packed_ok"] = all(r[0] == 1 for r in mask)
+    out["index"] = [b * T + t for b, t in kept]
+    out["cu_seqlens"] = [sum(lengths[:b]) for b in range(B + 1)]
+    out["max_len"] = max(lengths)
+    out["packed_ok"] = all(r[0] == 1 for r in mask)
     if labels is not None:
         out["masked"] = [b * T + t for b in range(B) for t in range(T)
                          if labels[b][t] != IGNORE_INDEX]
-        if out["padded"]:
-            out["masked_rows"] = [i for i, (b, t) in enumerate(kept)
-                                  if labels[b][t] != IGNORE_INDEX]
+        out["masked_rows"] = [i for i, (b, t) in enumerate(kept)
+                              if labels[b][t] != IGNORE_INDEX]
     return out
 
 

@@ -14,6 +14,7 @@ kernels that read it)::
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -45,17 +46,22 @@ class BatchMeta:
     max_len: int = 0
     """Longest kept sequence (the varlen kernel's tile loop bound)."""
     index: torch.Tensor | None = None
-    """(N_tok,) flat positions b * T + t of the kept tokens, ascending;
-    None when nothing is padded."""
+    """(N_tok,) flat positions b * T + t of the kept tokens, ascending (every position when nothing
+    is padded: an unpadded model then runs the same graph on full and padded batches); None only
+    for metadata made without a mask."""
     cu_seqlens: torch.Tensor | None = None
     """(B + 1,) offsets of each sequence's kept rows; row 0 of sequence b is its column 0 (the
-    [CLS] token a pooler reads, kept even when padding). None when nothing is padded."""
+    [CLS] token a pooler reads, kept even when padding). None when `index` is."""
     masked: torch.Tensor | None = None
     """(M,) flat positions b * T + t with an MLM label (the sparse MLM head's rows);
     None without labels."""
     masked_rows: torch.Tensor | None = None
     """(M',) rows of the unpadded (N_tok, H) activations with an MLM label (labels on padding,
-    which no collator writes, are dropped there); None when nothing is padded or without labels."""
+    which no collator writes, are dropped there); None when `index` is or without labels."""
+
+    VARYING = ("index", "masked", "masked_rows")
+    """Fields whose length changes from batch to batch (kept tokens, masked tokens): marked dynamic
+    for torch.compile (`to`), so a new length reuses the graph instead of compiling another."""
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> BatchMeta:
         """The same metadata with its tensors on `device` (itself when they are there already).
@@ -66,7 +72,22 @@ class BatchMeta:
         moved = {f.name: v.to(device, non_blocking=non_blocking)
                  for f in fields(self)
                  if isinstance(v := getattr(self, f.name), torch.Tensor) and v.device != device}
-        return replace(self, **moved) if moved else self
+        out = replace(self, **moved) if moved else self
+        out.mark_dynamic()
+        return out
+
+    def mark_dynamic(self) -> None:
+        """Mark the `VARYING` lengths dynamic for torch.compile, once torch.compile is in use (its
+        module imported; nothing is imported here): the first compile then makes a graph for any
+        length, where dynamo would otherwise specialise on the first batch's and compile again on
+        the first batch that differs. Harmless without compile (an attribute on the tensor)."""
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None:
+            return
+        for name in self.VARYING:
+            t = getattr(self, name)
+            if t is not None and t.dim() == 1 and t.numel() > 1:
+                dynamo.maybe_mark_dynamic(t, 0)
 
     def pin_memory(self) -> BatchMeta:
         """Page-locked copies of the tensors (what a DataLoader with pin_memory=True calls)."""
@@ -83,6 +104,7 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
 
     Meant for CPU tensors (loader, collator): its `bool()` and `nonzero()` are host work there.
     On device tensors it is correct but waits on the device (the Hugging Face-style call)."""
+    import torch
     import torch.nn.functional as F
 
     masked = None
@@ -94,8 +116,11 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
         return BatchMeta(padded=False, max_len=int(shape[1]), masked=masked)
     real = attention_mask.bool()
     B, T = real.shape
-    if bool(real.all()):
-        return BatchMeta(padded=False, max_len=T, masked=masked)
+    if bool(real.all()):  # every position kept: the unpadded layout is the identity
+        lengths = torch.full((B,), T, dtype=torch.int64)
+        return BatchMeta(padded=False, max_len=T, index=torch.arange(B * T),
+                         cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)), masked=masked,
+                         masked_rows=masked)
     keep = real.clone()
     packed_ok = bool(keep[:, 0].all())
     keep[:, 0] = True  # the pooler reads column 0 of every row

@@ -17,9 +17,22 @@ call) the model computes the same metadata itself, at the price of those host sy
 
 **Unpadding.** With `ModelOptions.unpad`, the real tokens are gathered into (N_tok, H) rows
 (`Unpadded`), so projections, FFN and norms skip padding; attention runs per sequence with one of
-three kernels (`choose_backend`): "varlen" (flash attention over packed sequences), "nested"
-(jagged nested tensors into SDPA), or "padded" (q, k, v scattered back to (B, T), masked SDPA,
-gathered again; exact everywhere). Same loss and gradients as the padded model.
+three kernels (`choose_backend`): "varlen" (torch's flash attention over packed sequences, called
+directly: models/flash.py; attention dropout and sliding windows included), "nested" (jagged
+nested tensors into SDPA), or "padded" (q, k, v scattered back to (B, T), masked SDPA, gathered
+again; exact everywhere). "auto" is "varlen" where it runs (CUDA, fp16/bf16), else "padded".
+Same loss and gradients as the padded model.
+
+**Padded batches on the GPU.** Without unpadding, a padded (B, T) batch on CUDA in fp16/bf16
+runs attention through the same flash kernel over its `Segments` (each row's tokens, then its
+padding tail as a sequence of its own; models/flash.py): exact for real tokens, with no (T, T)
+mask even for sliding windows, and one compiled graph whether or not a batch has padding.
+
+**One graph.** Nothing a compiled forward reads depends on the batch beyond tensor sizes: the
+loader's metadata always carries the unpad indices (also when nothing is padded), the flash
+kernel is given the padded length T as its bound, and the row counts that vary (kept tokens,
+masked tokens) are marked dynamic when the metadata moves to the device (`BatchMeta.to`), so
+the first compile already covers every later batch.
 """
 
 from __future__ import annotations
@@ -31,14 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from bertgpu.batch import BatchMeta, batch_meta
+from bertgpu.models import flash
 from bertgpu.models.dropout import dropout
 
-try:  # flash attention over packed sequences (CUDA, fp16/bf16; torch >= 2.10). Resolved here,
-    # once, rather than inside a traced forward, where an import in a try block could break the
-    # graph.
-    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
-except ImportError:
-    _varlen_attn = None
+# The flash kernel's op, looked up once here rather than inside a traced forward.
+_HAS_FLASH = hasattr(torch.ops.aten, "_flash_attention_forward")
 
 def traced_meta(attention_mask: torch.Tensor | None, shape: tuple[int, int]) -> BatchMeta:
     """What a model assumes inside `torch.compile` when no metadata was passed: padded whenever a
@@ -51,7 +61,10 @@ def resolve_meta(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     """What a model's forward works from: `given` (the loader's) on the inputs' device, or, for the
     Hugging Face-style call, this batch's metadata computed here (`traced_meta` when compiling)."""
     if given is not None:
-        return given.to(input_ids.device)
+        # Compiled, the metadata is already where the batch is (the engine and the benches move
+        # it): `to` would read every field, and the graph would guard on values such as
+        # `padded` that change from batch to batch.
+        return given if torch.compiler.is_compiling() else given.to(input_ids.device)
     if torch.compiler.is_compiling():
         return traced_meta(attention_mask, tuple(input_ids.shape))
     return batch_meta(attention_mask, labels, shape=tuple(input_ids.shape))
@@ -82,11 +95,15 @@ class Unpadded:
     cu_seqlens: torch.Tensor
     """(B + 1,) int64 offsets of each sequence's rows."""
     max_len: int
+    """The padded length T: an upper bound of every sequence, static for a compiled graph (the
+    batch's own longest sequence would be a value the graph guards on)."""
     mask: torch.Tensor
     """(B, 1, 1, T) bool SDPA mask of the padded fallback (`sdpa_mask`)."""
     packed_ok: bool
     backend: str = "auto"
     """The requested kernel; `choose_backend` settles it per call."""
+    cu_seqlens_i32: torch.Tensor | None = None
+    """`cu_seqlens` as int32, the flash kernel's type (cast once per forward, on the device)."""
 
     @classmethod
     def from_meta(cls, meta: BatchMeta, attention_mask: torch.Tensor,
@@ -95,8 +112,8 @@ class Unpadded:
         assert (meta.index is not None
                 and meta.cu_seqlens is not None), "metadata of an unpadded batch"
         return cls(index=meta.index, batch=B, seq_len=T, cu_seqlens=meta.cu_seqlens,
-                   max_len=meta.max_len, mask=sdpa_mask(attention_mask), packed_ok=meta.packed_ok,
-                   backend=backend)
+                   max_len=T, mask=sdpa_mask(attention_mask), packed_ok=meta.packed_ok,
+                   backend=backend, cu_seqlens_i32=meta.cu_seqlens.to(torch.int32))
 
     def first_rows(self) -> torch.Tensor:
         """(B,) row of each sequence's column 0 (its [CLS] token)."""
@@ -109,6 +126,38 @@ def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
     return out.index_copy(0, un.index, x).view(un.batch, un.seq_len, x.size(-1))
 
 
+@dataclass
+class Segments:
+    """The layout of padded (B, T) rows for the flash kernel: `flash.segments` of the batch, each
+    row's tokens then its padding tail (see models/flash.py)."""
+
+    cu_seqlens: torch.Tensor
+    """(2B + 1,) int32."""
+
+
+def flash_expected(device: torch.device, param_dtype: torch.dtype, head_dim: int) -> bool:
+    """Attention inputs will be CUDA fp16/bf16 (half parameters, or half autocast on CUDA) with a
+    head size the flash kernel takes, so it can run (`flash.usable` of the q to come): decided
+    before q, k, v exist, to choose the batch layout. Static under torch.compile (device, dtype
+    and the autocast state are part of the graph)."""
+    if device.type != "cuda" or not _HAS_FLASH or head_dim > flash.MAX_HEAD_DIM:
+        return False
+    return param_dtype in flash.HALF or (torch.is_autocast_enabled(device.type)
+                                         and torch.get_autocast_dtype(device.type) in flash.HALF)
+
+
+def padded_layout(attention_mask: torch.Tensor | None, meta: BatchMeta, backend: str,
+                  device: torch.device, param_dtype: torch.dtype, shape: tuple[int, int],
+                  head_dim: int) -> torch.Tensor | Segments | None:
+    """What padded (B, T) rows attend with: `Segments` for the flash kernel on CUDA fp16/bf16
+    (backend "auto" or "varlen", right padding), whatever the batch's padding; else the SDPA mask,
+    or None when nothing is padded (SDPA may then pick its own flash kernel)."""
+    if (backend in ("auto", "varlen") and meta.packed_ok
+            and flash_expected(device, param_dtype, head_dim)):
+        return Segments(flash.segments(attention_mask, shape[0], shape[1], device))
+    return sdpa_mask(attention_mask) if meta.padded else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernels
 
@@ -117,26 +166,24 @@ def choose_backend(requested: str, q: torch.Tensor, dropout_p: float, packed_ok:
     """The kernel unpadded attention runs: the requested one where a fused kernel exists for these
     inputs, else "padded" (exact everywhere), with one warning per distinct reason.
 
-    Fused kernels need CUDA and fp16/bf16 inputs: in fp32 nested tensors land on the math
-    kernel (the memory-efficient kernel refuses nested inputs that need grad) and the flash
-    varlen kernel raises. Varlen has no attention dropout (nested has). Left padding or an
-    empty row (`packed_ok` False) makes only the masked padded kernel exact: no warning, it is
-    a property of the batch, not of the setup."""
+    "auto" and "varlen" are the flash kernel (models/flash.py: CUDA, fp16/bf16, dropout and
+    windows included); "nested" needs CUDA fp16/bf16 too (in fp32 nested tensors land on the
+    math kernel). "auto" falls back without a warning: on the CPU or in fp32 that is expected.
+    Left padding or an empty row (`packed_ok` False) makes only the masked padded kernel exact:
+    no warning, it is a property of the batch, not of the setup. `dropout_p` is accepted for the
+    callers' symmetry; every fused kernel here takes dropout."""
     if requested == "padded" or not packed_ok:
         return "padded"
-    fused = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    if requested == "auto":
-        if fused:
-            return "nested"
-        _warn_once(f"unpadded attention: no fused kernel for {q.device.type} {q.dtype} inputs; "
-                   "using the padded kernel (projections and FFN still skip padding)")
+    half_cuda = q.is_cuda and q.dtype in flash.HALF
+    if requested in ("auto", "varlen"):
+        if _HAS_FLASH and flash.usable(q):
+            return "varlen"
+        if requested == "varlen":
+            _warn_once(f"unpadded attention: backend 'varlen' needs CUDA fp16/bf16 inputs with "
+                       f"a head size <= 256, found {q.device.type} {q.dtype} "
+                       f"(head size {q.shape[-1]}); using the padded kernel")
         return "padded"
-    if requested == "varlen" and fused and (_varlen_attn is None or dropout_p > 0):
-        why = ("attention dropout" if dropout_p > 0
-               else "this torch (needs torch.nn.attention.varlen)")
-        _warn_once(f"unpadded attention: backend 'varlen' cannot run with {why}; using 'nested'")
-        return "nested"
-    if not fused:
+    if not half_cuda:
         _warn_once(f"unpadded attention: backend {requested!r} needs CUDA fp16/bf16 inputs, found "
                    f"{q.device.type} {q.dtype}; using the padded kernel")
         return "padded"
@@ -201,12 +248,12 @@ def nested_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpa
     return y.transpose(1, 2).values().flatten(1)
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     un: Unpadded) -> torch.Tensor:
-    """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D) through flash attention's varlen kernel
-    (CUDA, fp16/bf16, no dropout: see `choose_backend`)."""
-    cu = un.cu_seqlens.to(torch.int32)  # device cast, no sync
-    return _varlen_attn(q, k, v, cu, cu, un.max_len, un.max_len).flatten(1)
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
+                     dropout_p: float = 0.0, window: int | None = None) -> torch.Tensor:
+    """q, k, v (N_tok, N, D) packed rows -> (N_tok, N D) through the flash kernel over the
+    sequences of `un` (models/flash.py), with attention dropout and an optional sliding window."""
+    cu = un.cu_seqlens_i32 if un.cu_seqlens_i32 is not None else un.cu_seqlens.to(torch.int32)
+    return flash.flash_varlen(q, k, v, cu, un.seq_len, dropout_p, window).flatten(1)
 
 
 def unpadded_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, un: Unpadded,
@@ -217,23 +264,34 @@ def unpadded_padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return y.reshape(un.batch * un.seq_len, -1).index_select(0, un.index)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              layout: torch.Tensor | Unpadded | None, dropout_p: float = 0.0) -> torch.Tensor:
+Layout = torch.Tensor | Segments | Unpadded | None
+"""What a layer's attention gets: an SDPA mask or None, or `Segments` (padded (B, T) rows), or an
+`Unpadded` (packed rows)."""
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
+              dropout_p: float = 0.0, window: int | None = None) -> torch.Tensor:
     """Multi-head attention without projections.
 
     layout an SDPA mask or None: q, k, v (B, T, N, D) -> (B, T, N D).
+    layout `Segments`: the same through the flash kernel.
     layout an `Unpadded`: q, k, v (N_tok, N, D) -> (N_tok, N D), with the kernel from
-    `choose_backend(layout.backend, ...)`."""
+    `choose_backend(layout.backend, ...)`.
+    `window` (keys at most that far on either side) is honoured by the flash paths only: the
+    callers with a window (ModernBERT's local layers) put it in the mask of the others."""
+    if isinstance(layout, Segments):
+        return flash.padded_flash(q, k, v, layout.cu_seqlens, dropout_p, window)
     if not isinstance(layout, Unpadded):
         return padded_attention(q, k, v, layout, dropout_p)
     backend = choose_backend(layout.backend, q, dropout_p, layout.packed_ok)
     if backend == "varlen":
-        return varlen_attention(q, k, v, layout)
+        return varlen_attention(q, k, v, layout, dropout_p, window)
     if backend == "nested":
         return nested_attention(q, k, v, layout, dropout_p)
     return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
-__all__ = ["traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "pad_rows", "choose_backend",
+__all__ = ["traced_meta", "resolve_meta", "sdpa_mask", "Unpadded", "pad_rows", "Segments",
+           "flash_expected", "padded_layout", "Layout", "choose_backend",
            "padded_attention", "cpu_dropout_attention", "nested_attention", "varlen_attention",
            "unpadded_padded_attention", "attention"]

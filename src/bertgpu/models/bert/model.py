@@ -34,7 +34,14 @@ from torch.utils.checkpoint import checkpoint
 
 from bertgpu.batch import IGNORE_INDEX, BatchMeta
 from bertgpu.errors import BertgpuError
-from bertgpu.models.attention import Unpadded, attention, pad_rows, resolve_meta, sdpa_mask
+from bertgpu.models.attention import (
+    Layout,
+    Unpadded,
+    attention,
+    pad_rows,
+    padded_layout,
+    resolve_meta,
+)
 from bertgpu.models.bert.config import ACTIVATIONS, BertConfig
 from bertgpu.models.dropout import Dropout
 from bertgpu.models.shared import (
@@ -120,7 +127,7 @@ class BertSelfAttention(nn.Module):
                 self.key(x).unflatten(-1, (self.num_heads, -1)),
                 self.value(x).unflatten(-1, (self.num_heads, -1)))
 
-    def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: Layout) -> torch.Tensor:
         q, k, v = self._qkv(x)  # (B, T, N, D) each, or (N_tok, N, D) unpadded
         return attention(q, k, v, attn, self.dropout_p if self.training else 0.0)
 
@@ -145,7 +152,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: Layout) -> torch.Tensor:
         return self.output(self.self(x, attn), x)
 
 
@@ -171,7 +178,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: Layout) -> torch.Tensor:
         # x (B, T, H) with attn the SDPA mask, or (N_tok, H) with attn an Unpadded
         a = self.attention(x, attn)
         return self.output(self.intermediate(a), a)
@@ -187,7 +194,7 @@ class BertEncoder(nn.Module):
     def gradient_checkpointing(self) -> bool:
         return self.options.gradient_checkpointing
 
-    def forward(self, x: torch.Tensor, attn: torch.Tensor | Unpadded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: Layout) -> torch.Tensor:
         for layer in self.layer:
             if self.options.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, attn, use_reentrant=False)
@@ -258,12 +265,18 @@ class BertModel(BertPreTrainedModel):
         metadata is computed here, which waits on the device (and, compiled, masks always)."""
         meta = resolve_meta(input_ids, attention_mask, batch_meta)
         unpad = self.options.unpad if unpad is None else unpad
-        if unpad and meta.padded and meta.index is not None:
-            un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
+        backend = self.options.attention_backend
+        if unpad and attention_mask is not None and meta.index is not None:
+            # also when nothing is padded: full and padded batches then share one compiled graph
+            un = Unpadded.from_meta(meta, attention_mask, backend)
             x = self.embeddings(input_ids, token_type_ids, un)  # (N_tok, H)
             return self.encoder(x, un), un
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        return self.encoder(x, sdpa_mask(attention_mask) if meta.padded else None), None
+        layout = padded_layout(attention_mask, meta, backend, input_ids.device,
+                               self.embeddings.word_embeddings.weight.dtype,
+                               tuple(input_ids.shape),
+                               self.config.hidden_size // self.config.num_attention_heads)
+        return self.encoder(x, layout), None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,

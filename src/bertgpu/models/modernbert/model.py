@@ -30,10 +30,7 @@ intermediate size, V vocabulary, M masked tokens, N_tok kept (real) tokens.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +40,18 @@ from torch.utils.checkpoint import checkpoint
 from bertgpu.batch import IGNORE_INDEX, BatchMeta
 from bertgpu.errors import BertgpuError
 from bertgpu.models.attention import (
+    Layout,
+    Segments,
     Unpadded,
     attention,
     choose_backend,
+    flash_expected,
     pad_rows,
+    padded_layout,
     resolve_meta,
     sdpa_mask,
     unpadded_padded_attention,
+    varlen_attention,
 )
 from bertgpu.models.dropout import Dropout
 from bertgpu.models.modernbert.config import ModernBertConfig
@@ -64,9 +66,6 @@ from bertgpu.models.shared import (
     span_loss_terms,
     token_loss_terms,
 )
-
-Layout = torch.Tensor | Unpadded | None
-"""What a layer's attention gets: an SDPA mask or None (padded (B, T) rows), or an `Unpadded`."""
 
 
 def activation(name: str):
@@ -109,32 +108,21 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
     return {"full_attention": full, "sliding_attention": local}
 
 
-@functools.cache
-def _windowed_varlen() -> Any:
-    """torch's varlen flash attention if it takes a `window_size`
-    (torch >= 2.10 CUDA builds), else None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn if "window_size" in inspect.signature(varlen_attn).parameters else None
-
-
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout,
                        window: int | None, dropout_p: float) -> torch.Tensor:
     """attention.attention with a sliding window of `window` tokens on each side (None: global).
 
-    Padded rows and the padded fallback of unpadded ones carry the window in their mask (see
-    `attention_masks`); the varlen flash kernel takes it as window_size=(window, window); nested
-    tensors take no mask, so where `choose_backend` picks them a local layer runs the padded kernel.
-    """
-    if window is None or not isinstance(layout, Unpadded):
-        return attention(q, k, v, layout, dropout_p)
-    if (choose_backend(layout.backend, q, dropout_p, layout.packed_ok) == "varlen"
-            and _windowed_varlen()):
-        cu = layout.cu_seqlens.to(torch.int32)  # device cast, no sync
-        return _windowed_varlen()(q, k, v, cu, cu, layout.max_len, layout.max_len,
-                                  window_size=(window, window)).flatten(1)
+    The flash paths (`Segments` of padded rows, the "varlen" kernel of unpadded ones) take the
+    window as window_size=(window, window) and never build a (T, T) mask; padded SDPA rows and the
+    padded fallback of unpadded ones carry the window in their mask (see `attention_masks`);
+    nested tensors take no mask, so where `choose_backend` picks them a local layer runs the
+    padded kernel."""
+    if window is None or isinstance(layout, Segments):
+        return attention(q, k, v, layout, dropout_p, window)
+    if not isinstance(layout, Unpadded):
+        return attention(q, k, v, layout, dropout_p)  # the window is in the mask
+    if choose_backend(layout.backend, q, dropout_p, layout.packed_ok) == "varlen":
+        return varlen_attention(q, k, v, layout, dropout_p, window)
     return unpadded_padded_attention(q, k, v, layout, dropout_p)
 
 
@@ -275,17 +263,27 @@ class ModernBertModel(ModernBertPreTrainedModel):
         c = self.config
         T = input_ids.size(1)
         meta = resolve_meta(input_ids, attention_mask, meta)
-        masks = attention_masks(attention_mask if meta.padded else None, T, c.local_attention,
-                                input_ids.device)
         unpad = self.options.unpad if unpad is None else unpad
+        backend = self.options.attention_backend
         un = None
         # positions (1, T): the column, as transformers
         positions = torch.arange(T, device=input_ids.device)[None]
-        if unpad and meta.padded and meta.index is not None:
-            un = Unpadded.from_meta(meta, attention_mask, self.options.attention_backend)
-            masks = {kind: dataclasses.replace(un, mask=mask) for kind, mask in masks.items()}
+        if unpad and attention_mask is not None and meta.index is not None:
+            # also when nothing is padded: full and padded batches share one compiled graph
+            un = Unpadded.from_meta(meta, attention_mask, backend)
+            flash = (backend in ("auto", "varlen") and meta.packed_ok and flash_expected(
+                input_ids.device, self.embeddings.tok_embeddings.weight.dtype, c.head_dim))
+            layouts = self._unpadded_layouts(un, attention_mask, T, flash)
             # both (N_tok,)
             input_ids, positions = input_ids.reshape(-1).index_select(0, un.index), un.index % T
+        else:
+            layout = padded_layout(attention_mask, meta, backend, input_ids.device,
+                                   self.embeddings.tok_embeddings.weight.dtype,
+                                   tuple(input_ids.shape), c.head_dim)
+            layouts = ({"full_attention": layout, "sliding_attention": layout}
+                       if isinstance(layout, Segments) else
+                       attention_masks(attention_mask if meta.padded else None, T,
+                                       c.local_attention, input_ids.device))
         # (cos, sin) per layer type, (..., 1, D) each
         ropes = {"full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
                  "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}
@@ -294,12 +292,23 @@ class ModernBertModel(ModernBertPreTrainedModel):
         x = self.embeddings(input_ids)  # (B, T, H) or (N_tok, H)
         for layer in self.layers:
             kind = layer.attention_type
-            args = (x, ropes[kind], masks[kind], windows[kind])
+            args = (x, ropes[kind], layouts[kind], windows[kind])
             if self.options.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, *args, use_reentrant=False)
             else:
                 x = layer(*args)
         return self.final_norm(x), un
+
+    def _unpadded_layouts(self, un: Unpadded, attention_mask: torch.Tensor, seq_len: int,
+                          flash: bool) -> dict[str, Unpadded]:
+        """The `Unpadded` of each layer type: where the flash kernel runs, one for both (the
+        window is the kernel's argument); elsewhere each with its SDPA mask for the padded
+        fallback (the sliding one with its (B, 1, T, T) window)."""
+        if flash:
+            return {"full_attention": un, "sliding_attention": un}
+        masks = attention_masks(attention_mask, seq_len, self.config.local_attention,
+                                attention_mask.device)
+        return {kind: dataclasses.replace(un, mask=mask) for kind, mask in masks.items()}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, batch_meta: BatchMeta | None = None,

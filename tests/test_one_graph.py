@@ -1,0 +1,88 @@
+"""One compiled graph for a whole run: no recompile after the first step.
+
+The H100 run of issue 24 recompiled at about step 15 (24 s) when the first micro batch with
+padding arrived: the model branched on `batch_meta.index is None`, and the graph guarded on
+values that change between batches. Here a tiny BERT and ModernBERT are compiled with dynamo
+(backend "aot_eager": the same graph capture and guards as inductor, forward and backward, without
+generating kernels, so it runs in seconds on a CPU) and trained on the real loader's micro batches
+across an epoch boundary, over full batches, a batch with padding and masked-token counts that
+change; dynamo's own counters must show one graph and no recompile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _shards import write_synthetic_shards
+from _tiny import TINY
+
+from bertgpu.data.loaders import PretrainLoader
+from bertgpu.data.masking import MaskingConfig
+from bertgpu.data.shards import ShardSet
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.models.modernbert.config import ModernBertConfig
+from bertgpu.models.modernbert.model import ModernBertForMaskedLM
+from bertgpu.models.shared import ModelOptions
+
+
+def _loader_batches(tmp_path, steps: int) -> list[dict]:
+    """`steps` micro batches of 4 from 10 training sequences (an epoch every 2.5 steps), one of
+    them short: full batches, padded ones, and 15% masks whose count changes per batch."""
+    data = write_synthetic_shards(tmp_path / "data", n_train=10, n_val=2, seq_len=16,
+                                  vocab_size=99, variable_lengths=False)
+    shards = ShardSet(data, "train")
+    loader = PretrainLoader(shards, MaskingConfig(), global_batch_size=4, micro_batch_size=4)
+    batches = [loader.next_step()[0] for _ in range(steps)]
+    loader.close()
+    return batches
+
+
+def _short_batch(batch: dict) -> dict:
+    """The same micro batch with its second row cut to 5 tokens (right padding) and the labels
+    there dropped, its metadata rebuilt as the loader builds it."""
+    from bertgpu.batch import IGNORE_INDEX, batch_meta
+
+    b = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    b["attention_mask"][1, 5:] = 0
+    b["input_ids"][1, 5:] = 0
+    b["labels"][1, 5:] = IGNORE_INDEX
+    b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"])
+    return b
+
+
+def _train(model, batches) -> int:
+    """Graphs dynamo made while training on `batches`: a graph break or a recompile each add one."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    for batch in batches:
+        meta = batch["batch_meta"].to("cpu")  # what the engine does when it moves a batch
+        out = compiled(**{**batch, "batch_meta": meta})
+        out.loss.backward()
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_unpadded_model_compiles_once_over_epochs_and_padding(tmp_path, arch, one_thread):
+    batches = _loader_batches(tmp_path, steps=6)  # 24 samples of 10: into the third epoch
+    batches.insert(2, _short_batch(batches[1]))  # the first padded batch after two full ones
+    masked = {int(b["batch_meta"].masked.numel()) for b in batches}
+    assert len(masked) > 1, "the masked-token count should vary for this test to mean anything"
+    assert not batches[0]["batch_meta"].padded and batches[2]["batch_meta"].padded
+    torch.manual_seed(0)
+    if arch == "bert":
+        model = BertForPreTraining(BertConfig(**TINY), with_nsp=False,
+                                   options=ModelOptions(unpad=True))
+        batches = [{k: v for k, v in b.items() if k != "next_sentence_label"} for b in batches]
+    else:
+        model = ModernBertForMaskedLM(ModernBertConfig(
+            vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=40, local_attention=8, global_attn_every_n_layers=3,
+            pad_token_id=0), options=ModelOptions(unpad=True))
+        batches = [{k: v for k, v in b.items() if k != "next_sentence_label"
+                    and k != "token_type_ids"} for b in batches]
+    assert _train(model.train(), batches) == 1
