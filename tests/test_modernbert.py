@@ -26,6 +26,7 @@ from bertgpu.models.modernbert.model import (
     attention_masks,
 )
 from bertgpu.models.modernbert.rope import apply_rope, cos_sin, sliding_window_mask
+from bertgpu.models.shared import ModelOptions
 
 transformers = pytest.importorskip("transformers")
 
@@ -449,13 +450,15 @@ def test_compiles_without_graph_breaks():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fused kernels need CUDA")
-@pytest.mark.parametrize("backend", ["varlen", "nested"])
+@pytest.mark.parametrize("backend", ["varlen", "nested", "auto"])
 def test_fused_unpadded_kernels_match_the_padded_model_on_gpu(backend):
     """bf16 on CUDA: varlen flash attention takes the window as window_size; where nested tensors
-    (no mask) are picked, local layers run the padded kernel. Same loss as the padded model."""
+    (no mask) are picked, local layers run the padded kernel. Same loss as the padded model with
+    SDPA and (T, T) window masks (backend "padded")."""
     torch.manual_seed(0)
     cfg = ModernBertConfig(**dict(TINY_MODERN, hidden_size=64, num_attention_heads=2))
-    model = perturb(ModernBertForMaskedLM(cfg)).cuda().train()
+    model = perturb(ModernBertForMaskedLM(cfg, options=ModelOptions(attention_backend="padded")))
+    model = model.cuda().train()
     batch = {k: v.cuda() for k, v in modern_batch(layouts()["right"]).items()}
     meta = batch_meta(batch["attention_mask"].cpu(), batch["labels"].cpu()).to("cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -470,10 +473,8 @@ def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
     from _tiny import unpad_index
 
     from bertgpu.models.attention import unpadded_padded_attention
-    from bertgpu.models.modernbert.model import _windowed_varlen
+    from bertgpu.models.flash import flash_varlen
 
-    if _windowed_varlen() is None:
-        pytest.skip("this torch's varlen_attn has no window_size")
     mask = layouts()["right"].cuda()
     masks = attention_masks(mask, 11, 4, mask.device)
     un = unpad_index(mask)
@@ -482,7 +483,6 @@ def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
     q, k, v = (torch.randn(int(mask.sum()), 2, 64, device="cuda", generator=g, dtype=torch.bfloat16)
                for _ in range(3))
     cu = un.cu_seqlens.to(torch.int32)
-    flash = _windowed_varlen()(q, k, v, cu, cu, un.max_len, un.max_len,
-                               window_size=(2, 2)).flatten(1)
+    flash = flash_varlen(q, k, v, cu, 11, window=2).flatten(1)
     torch.testing.assert_close(flash, unpadded_padded_attention(q, k, v, local),
                                atol=2e-2, rtol=2e-2)

@@ -267,6 +267,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
 
     from bertgpu.config.finetune import as_sections
     from bertgpu.config.schema import resolve_batch
+    from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_io import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops
@@ -290,6 +291,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch,
                       micro_batch_size=micro)
     model = model.to(torch.device(info.device))
+    # padding-free on CUDA in bf16/fp16 (fine-tuning batches are the ones with padding)
+    model.unpad_enable(resolved_unpad(sec.impl.unpad, info.device, sec.train.precision))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
                                  impl=sec.impl, dist=sec.distributed)

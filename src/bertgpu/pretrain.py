@@ -215,6 +215,7 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     engine, and the start-up rows that say what `init` brought."""
     import torch
 
+    from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.build import build_model
     from bertgpu.train import continued
     from bertgpu.train.engine import build_engine, seed_dropout
@@ -231,7 +232,7 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     elif cfg.init:
         rows = [("init", f"{cfg.init}: not read (the run resumes from its own checkpoint)")]
     model = model.to(torch.device(info.device))
-    model.unpad_enable(cfg.impl.unpad)
+    model.unpad_enable(resolved_unpad(cfg.impl.unpad, info.device, cfg.train.precision))
     model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim,
                                  impl=cfg.impl, dist=cfg.distributed)

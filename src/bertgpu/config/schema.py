@@ -272,6 +272,7 @@ def _validate_impl(i: ImplSection, t: TrainSection) -> None:
               "a positive integer")
         check(t.global_batch_size % i.micro_batch_size == 0, "train.global_batch_size",
               t.global_batch_size, f"a multiple of impl.micro_batch_size ({i.micro_batch_size})")
+    check(i.unpad in (True, False, "auto"), "impl.unpad", i.unpad, "true, false or auto")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
     check(i.bucket_window >= 0, "impl.bucket_window", i.bucket_window, "0 or more")
 

@@ -66,7 +66,10 @@ class ImplSection:
             "memory"
     )
     compile: bool = option(False, "torch.compile the model")
-    unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
+    unpad: bool | str = option(
+        "auto", "run the encoder on real tokens only (padding-free, the same math); \"auto\" = "
+                "on CUDA in bf16/fp16, where the flash kernel runs, off elsewhere"
+    )
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less "
                                                  "memory, ~30% more compute")
     num_workers: int = option(2, "data-loader worker processes per rank (0 = in the main process)")
@@ -74,6 +77,15 @@ class ImplSection:
         0, "sort each window of N micro batches of a step by length so each pads to its own "
            "longest (0 = off)"
     )
+
+
+def resolved_unpad(unpad: bool | str, device: str, precision: str) -> bool:
+    """`impl.unpad` as a yes/no for a run on `device` ("cuda", "cuda:1", "cpu", ...) in
+    `precision`: "auto" is on where unpadded attention has its fused kernel (CUDA, bf16/fp16:
+    models/flash.py) and off elsewhere, where it would scatter rows back to (B, T) per layer."""
+    if isinstance(unpad, bool):
+        return unpad
+    return str(device).startswith("cuda") and precision in ("bf16", "fp16")
 
 
 OPTIMIZERS = ("adamw", "lamb", "radam")

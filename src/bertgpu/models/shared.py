@@ -66,6 +66,26 @@ class ModelOptions:
         return self
 
 
+class LayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` (same parameters, same math) whose output, under fp16/bf16 autocast, is in
+    the autocast dtype.
+
+    Autocast runs layer_norm in fp32 and returns fp32, so without this the residual stream, the
+    dropout masks applied to it and every activation saved for backward between layers are fp32:
+    twice the bytes of the memory-bound part of a step. On an H100 (BERT-base, 128 x 128,
+    compiled) the step's GPU time fell from 28.6 to 26.9 ms (probe of issue 24). The normalisation
+    itself still computes in fp32; outside autocast nothing changes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        kind = y.device.type
+        if y.dtype == torch.float32 and torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+            if dtype in (torch.float16, torch.bfloat16):
+                y = y.to(dtype)
+        return y
+
+
 class Configurable(nn.Module):
     """A model whose `ModelOptions` can change after construction, for this instance only.
 
@@ -166,6 +186,6 @@ def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
     return total
 
 
-__all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable",
+__all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable", "LayerNorm",
            "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "span_loss_terms",
            "num_parameters"]

@@ -46,6 +46,7 @@ from bertgpu.models.bert.config import ACTIVATIONS, BertConfig
 from bertgpu.models.dropout import Dropout
 from bertgpu.models.shared import (
     Configurable,
+    LayerNorm,
     ModelOptions,
     ModelOutput,
     labelled_output,
@@ -79,7 +80,7 @@ class BertEmbeddings(nn.Module):
                                             padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         # Not persistent: HF (>= 4.31) leaves it out of state dicts too, so the keys match.
         self.register_buffer("position_ids",
@@ -139,7 +140,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, config: BertConfig, in_features: int | None = None):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -306,7 +307,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))

@@ -58,6 +58,7 @@ from bertgpu.models.modernbert.config import ModernBertConfig
 from bertgpu.models.modernbert.rope import apply_rope, cos_sin, sliding_window_mask
 from bertgpu.models.shared import (
     Configurable,
+    LayerNorm,
     ModelOptions,
     ModelOutput,
     labelled_output,
@@ -130,8 +131,8 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
 # The encoder
 
 
-def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+def _layer_norm(config: ModernBertConfig) -> LayerNorm:
+    return LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
 
 class ModernBertEmbeddings(nn.Module):
