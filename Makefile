@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint bench clean
+.PHONY: venv test demo lint bench clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/bertgpu demo --out demo_out
+
+# The GPU checks of issue 24 in one command, for a machine with a CUDA GPU and its own torch
+# (2.11 or later) and transformers: no venv, a plain checkout (benchmarks/gpu_check.py). Results
+# land in $$GPU_CHECK_OUT (default gpu_check_out/); on a CPU, `make gpu-check ARGS=--smoke`.
+gpu-check:
+	PYTHONPATH=src $(PYTHON) benchmarks/gpu_check.py $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -1,0 +1,171 @@
+"""The GPU checks of one lease, in one command: `make gpu-check` (or this script).
+
+    GPU_CHECK_OUT=results/h100 PYTHONPATH=src python3 benchmarks/gpu_check.py
+    GPU_CHECK_OUT=/tmp/smoke PYTHONPATH=src python3 benchmarks/gpu_check.py --smoke   # on a CPU
+
+Stages, in order, each in its own process group under its own time limit (`timeout -k`'s job: a
+hang or a crash costs that stage, never the next ones), each with its log under GPU_CHECK_OUT:
+
+1. `pytest -m gpu` on the files with CUDA tests (kernels against references, compile, no host
+   sync, fused optimizers, NCCL DDP, FSDP on one GPU);
+2. `bertgpu bench model --preset gpu`: ours vs transformers (eager and compiled), MFU, padded vs
+   unpadded at real lengths, ModernBERT-base;
+3. a 60-step `bertgpu pretrain` of bert-base and of modern-base on the shard sets kept in
+   benchmarks/data (real Wikipedia text, the bert-base-uncased vocabulary; prepared by
+   `benchmarks/make_gpu_shards.py`), compiled, with TORCH_LOGS=recompiles: its steady tokens/s,
+   compile seconds and recompiles;
+4. `benchmarks/checkpoint_stall.py --device cuda --size base`: the training-thread stall of a
+   background checkpoint against a synchronous one.
+
+The whole is meant to fit in 8 minutes on one H100 with the machine's own torch (2.11 or later)
+and transformers, no network. The last lines printed are a summary table (also summary.md).
+`--smoke` runs the same stages at toy sizes (pytest collects and skips, `--preset gpu-smoke`,
+tiny models for a few steps) so the script itself is tested on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data"
+
+GPU_TESTS = ["tests/test_gpu_flash.py", "tests/test_gpu.py", "tests/test_modernbert.py",
+             "tests/test_fsdp_gpu.py"]
+
+
+def stages(smoke: bool, out: Path) -> list[dict]:
+    py = sys.executable
+    common = ["--train.log_every_steps", "10", "--train.eval_every_steps", "0",
+              "--train.eval_batches", "4", "--checkpoint.every_steps", "0"]
+    if smoke:
+        small = ["--model.num_hidden_layers", "1", "--model.hidden_size", "64",
+                 "--model.num_attention_heads", "2", "--model.intermediate_size", "128",
+                 "--train.max_steps", "3", "--train.global_batch_size", "4",
+                 "--impl.micro_batch_size", "4", "--impl.num_workers", "0",
+                 "--impl.compile", "false", "--train.precision", "fp32"]
+        bert_args = small + ["--train.log_every_steps", "1"]
+        modern_args = small + ["--train.log_every_steps", "1", "--model.local_attention", "16",
+                               "--model.global_attn_every_n_layers", "1"]
+    else:
+        bert_args = ["--train.max_steps", "60", "--train.global_batch_size", "256",
+                     "--impl.micro_batch_size", "256", "--impl.compile", "true"]
+        modern_args = ["--train.max_steps", "60", "--train.global_batch_size", "32",
+                       "--impl.micro_batch_size", "32", "--impl.compile", "true"]
+    pretrain = [py, "-m", "bertgpu", "pretrain"]
+    return [
+        dict(name="pytest -m gpu", limit=150,
+             cmd=[py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
+                  "--timeout", "120", *GPU_TESTS]),
+        dict(name="bench model", limit=40 if smoke else 210,
+             cmd=[py, "-m", "bertgpu", "bench", "model", "--preset",
+                  "gpu-smoke" if smoke else "gpu", "--out", str(out / "bench.jsonl")]),
+        dict(name="pretrain bert-base", limit=60 if smoke else 100, run=out / "run-bert",
+             cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
+                  "--out", str(out / "run-bert"), *common, *bert_args]),
+        dict(name="pretrain modern-base", limit=60 if smoke else 110, run=out / "run-modern",
+             cmd=[*pretrain, "configs/modern-base.toml", "--data", str(DATA / "wiki-1024"),
+                  "--out", str(out / "run-modern"), *common, *modern_args]),
+        dict(name="checkpoint stall", limit=40 if smoke else 60,
+             cmd=[py, "benchmarks/checkpoint_stall.py", "--device", "cpu" if smoke else "cuda",
+                  "--size", "small" if smoke else "base", "--out", str(out / "stall")]),
+    ]
+
+
+def run_stage(stage: dict, out: Path) -> dict:
+    """Run one stage in its own process group; kill the group at its limit."""
+    log = out / (stage["name"].replace(" ", "_").replace("-", "_") + ".log")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_LOGS="recompiles",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH")])))
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(stage["cmd"]) + "\n")
+        f.flush()
+        proc = subprocess.Popen(stage["cmd"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=stage["limit"])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = "timeout"
+    return dict(name=stage["name"], rc=rc, seconds=round(time.perf_counter() - t0, 1), log=log,
+                run=stage.get("run"))
+
+
+def run_numbers(run: Path, log: Path) -> str:
+    """Steady tokens/s, MFU and compile seconds of a pretraining run (its metrics.jsonl), and the
+    recompiles dynamo logged (TORCH_LOGS=recompiles)."""
+    rows = []
+    metrics = run / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    train = [r for r in rows if "tokens_per_s" in r]
+    text = log.read_text(errors="replace") if log.exists() else ""
+    recompiles = text.count("Recompiling function")
+    if not train:
+        return f"no training record; recompiles {recompiles}"
+    first, last = train[0], train[-1]
+    compile_s = max((r.get("compile_s") or 0.0) for r in train)
+    parts = [f"first interval {first['tokens_per_s']:,.0f} tok/s",
+             f"last {last['tokens_per_s']:,.0f} tok/s"]
+    if last.get("mfu") is not None:
+        parts.append(f"MFU {last['mfu']:.1%}")
+    parts += [f"compile {compile_s:.1f} s", f"recompiles {recompiles}"]
+    return ", ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="toy sizes, for a CPU")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these stage names")
+    args = parser.parse_args(argv)
+    out = Path(os.environ.get("GPU_CHECK_OUT") or os.environ.get("OUT") or "gpu_check_out")
+    out.mkdir(parents=True, exist_ok=True)
+    info = subprocess.run([sys.executable, "-c",
+                           "import torch, platform; print(torch.__version__, "
+                           "torch.cuda.get_device_name() if torch.cuda.is_available() "
+                           "else platform.processor() or 'cpu')"],
+                          capture_output=True, text=True).stdout.strip()
+    print(f"gpu-check: torch {info}; results in {out}", flush=True)
+    results = []
+    for stage in stages(args.smoke, out):
+        if args.only and stage["name"] not in args.only:
+            continue
+        r = run_stage(stage, out)
+        note = run_numbers(r["run"], r["log"]) if r["run"] else ""
+        if stage["name"].startswith("pytest"):
+            tail = [ln for ln in r["log"].read_text(errors="replace").splitlines() if ln.strip()]
+            note = tail[-1][:160] if tail else ""
+        r["note"] = note
+        results.append(r)
+        print(f"  {r['name']:<22} rc={r['rc']!s:<8} {r['seconds']:>6.1f} s  {note}", flush=True)
+    lines = [f"# gpu-check: torch {info}", "", "| stage | rc | seconds | numbers |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['rc']} | {r['seconds']} | {r['note']} |" for r in results]
+    bench = out / "bench.md"
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if bench.exists():
+        print(bench.read_text())
+    return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
