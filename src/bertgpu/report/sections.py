@@ -14,7 +14,8 @@ from bertgpu.report.plots import bar_chart, pyplot, run_plot, save, scaling_plot
 from bertgpu.report.render import Block
 
 # Row label fields of a bench table, in the order they name a configuration.
-_BENCH_LABEL_KEYS = ("bench", "model", "size", "seq_len", "batch", "dtype", "device")
+_BENCH_LABEL_KEYS = ("bench", "arch", "model", "size", "micro_batch", "seq_len", "batch",
+                     "lengths", "padding", "compile_mode", "dtype", "device")
 
 def _fmt_count(v: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
