@@ -168,6 +168,8 @@ def test_bad_flags_are_rejected():
         parse(["--micro-batch", "x"])
     with pytest.raises(SystemExit):
         parse(["--compile-mode", "fastest"])
+    with pytest.raises(BertgpuError, match="--mask-rate 1.5: expected a value in"):
+        bench_model.main(parse(["--mask-rate", "1.5"]))
     with pytest.raises(BertgpuError, match="--size large: modernbert comes in tiny, base"):
         bench_model._grid(parse(["--arch", "modernbert", "--size", "large"]), cuda=False)
 

@@ -280,6 +280,8 @@ def main(args: argparse.Namespace) -> int:
     if iters < 1 or warmup < 0:
         raise BertgpuError(f"--iters {iters} / --warmup {warmup}: expected iters >= 1 "
                            "and warmup >= 0")
+    if args.mask_rate is not None and not 0.0 < args.mask_rate < 1.0:
+        raise BertgpuError(f"--mask-rate {args.mask_rate}: expected a value in (0, 1)")
     backend = args.compile_backend or ("eager" if smoke and not cuda else "inductor")
     grid = _grid(args, cuda)  # bad sizes refused before any model is built
     if cuda:
