@@ -1,23 +1,34 @@
-"""`bertgpu bench model` smoke test: tiny sizes, one timed step of both models, table + JSONL."""
+"""`bertgpu bench model`: the CLI grid (table + JSONL), the GPU preset's code path on the CPU
+(gpu-smoke: every row, its ratios, no compile inside timed steps), batches whose masks and
+lengths are what training draws, the length sources (shard set, SQuAD) and the preset's shape."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
 from bertgpu.bench import model as bench_model
-from bertgpu.bench.batches import sample_lengths
+from bertgpu.bench.batches import make_batches, sample_lengths
 from bertgpu.bench.cells import append_rows
+from bertgpu.errors import BertgpuError
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SQUAD = Path(__file__).parent / "fixtures" / "squad" / "dev-v1.1-sample.json"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     bench_model.add_arguments(p)
     return p.parse_args(argv)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_bench_model_smoke(tmp_path, capsys):
@@ -27,41 +38,127 @@ def test_bench_model_smoke(tmp_path, capsys):
                   "--peak-tflops", "1", "--grad-ckpt", "--out", str(out)])
     assert bench_model.main(args) == 0
     text = capsys.readouterr().out
-    assert "| size | B | T | dtype |" in text and "bertgpu" in text and "transformers" in text
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 4 and {r["model"] for r in rows} == {"bertgpu", "transformers"}
+    assert "| arch | size | B | T | lengths | dtype |" in text
+    assert "bertgpu" in text and "transformers" in text
+    rows = read_rows(out)
+    # ours padded and unpadded, transformers (padded) once
+    assert [(r["model"], r["padding"]) for r in rows] == [
+        ("bertgpu", "padded"), ("bertgpu", "unpadded"), ("transformers", "padded")]
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["opt_ms"] >= 0
         assert r["mfu"] is not None and r["mfu"] > 0  # --peak-tflops given
-        assert r["mean_length"] <= 16
-    assert [r["padding"] for r in rows if r["model"] == "bertgpu"] == ["padded", "unpadded"]
-    hf = [r for r in rows if r["model"] == "transformers"]
-    assert all(r["ratio_vs_transformers"] == pytest.approx(1.0) for r in hf)
+        assert r["mean_length"] <= 16 and r["compile_mode"] == "off" and r["grad_ckpt"]
+    ours, unpadded, hf = rows
+    assert hf["vs_hf_eager"] == pytest.approx(1.0) and hf["vs_hf_compiled"] is None
+    assert ours["vs_hf_eager"] == pytest.approx(ours["tokens_per_s"] / hf["tokens_per_s"])
+    assert unpadded["unpadded_vs_padded"] == pytest.approx(
+        unpadded["tokens_per_s"] / ours["tokens_per_s"])
     # runs accumulate
     assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8",
                                    "--iters", "1", "--warmup", "0", "--models", "bertgpu",
                                    "--out", str(out)])) == 0
-    assert len(out.read_text().splitlines()) == 5
+    assert len(out.read_text().splitlines()) == 4
 
 
-def test_bench_model_csv_and_lengths_from_shards(tmp_path):
+def test_gpu_smoke_preset_runs_every_row_of_the_gpu_table(tmp_path, capsys):
+    """The GPU preset's code path on the CPU: the same points and variants, tiny; compiled rows
+    compile in their warm-up (a cheap backend here), never in a timed step; every ratio the
+    table shows is the one its rows imply; a row says device, versions, dtype, compile mode."""
+    out = tmp_path / "smoke.jsonl"
+    assert bench_model.main(parse(["--preset", "gpu-smoke", "--out", str(out)])) == 0
+    text = capsys.readouterr().out
+    rows = read_rows(out)
+    expected = [v for p in bench_model.GPU_PRESET for v in p["variants"]]
+    assert [(r["model"], r["compile"], r["padding"]) for r in rows] == [
+        (v.model, v.compile, v.padding) for v in expected]
+    assert {r["arch"] for r in rows} == {"bert", "modernbert"}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["timed_compiles"] == 0 and r["preset"] == "gpu-smoke"
+        assert r["device_name"] and r["torch"] and r["transformers"] and r["dtype"] == "fp32"
+        assert r["compile_mode"] == ("eager backend" if r["compile"] else "off")
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        points.setdefault((r["arch"], r["seq_len"], r["lengths"], r["time"]), []).append(r)
+    for group in points.values():
+        tps = {(r["model"], r["compile"], r["padding"]): r["tokens_per_s"] for r in group}
+        for r in group:
+            hf = tps.get(("transformers", False, "padded"))
+            assert r["vs_hf_eager"] == pytest.approx(r["tokens_per_s"] / hf)
+            hfc = tps.get(("transformers", True, "padded"))
+            assert r["vs_hf_compiled"] == (pytest.approx(r["tokens_per_s"] / hfc) if hfc
+                                           else None)
+            if r["padding"] == "unpadded" and ("bertgpu", r["compile"], "padded") in tps:
+                assert r["unpadded_vs_padded"] == pytest.approx(
+                    r["tokens_per_s"] / tps[("bertgpu", r["compile"], "padded")])
+    first = [r for r in rows if r["compile"]][0]
+    assert first["compile_s"] > 0  # the first compile happened in the warm-up, and was timed
+    table = text[text.index("| model | B x T |"):]
+    assert "| BERT-tiny HF | 2 x 16 | full | padded | eager backend |" in table
+    assert "ModernBERT-tiny ours | 2 x 64 | uniform | unpadded | eager backend" in table
+    assert len([ln for ln in table.splitlines() if ln.startswith("| ")]) == len(rows) + 1
+
+
+def test_batches_mask_a_fixed_count_per_sequence_and_share_their_shapes():
+    """Masks as training draws them (exactly round(rate x maskable) per row: [CLS] is never
+    masked), and every batch a permutation of one length sample: the same tokens, masked count
+    and longest row, so a compiled model does not recompile from batch to batch."""
+    batches = make_batches(4, 8, 64, 1000, "uniform", 3, "cpu", mask_rate=0.3)
+    shapes = set()
+    for b in batches:
+        lengths = b["attention_mask"].sum(1)
+        labelled = (b["labels"] != -100).sum(1)
+        assert labelled.tolist() == [int(0.3 * (n - 1) + 0.5) for n in lengths.tolist()]
+        assert not (b["labels"][:, 0] != -100).any() and (b["input_ids"][:, 0] == 2).all()
+        shapes.add((int(lengths.sum()), int(labelled.sum()), b["batch_meta"].max_len,
+                    tuple(sorted(lengths.tolist()))))
+    assert len(shapes) == 1
+    assert len({tuple(b["attention_mask"].sum(1).tolist()) for b in batches}) > 1  # permuted
+
+
+def test_compiled_rows_compile_once_per_shape(tmp_path):
+    """A compiled variant at variable lengths: its compile happens in the warm-up (one is added
+    when none was asked for), and the timed steps over four different batches compile nothing."""
+    import torch
+
+    from bertgpu.bench.model_runs import Models, Variant, run_point
+
+    models = Models("bert", "tiny", torch.device("cpu"), ["bertgpu"], False, 0, backend="eager")
+    rows = run_point(models, [Variant("bertgpu", True, "unpadded"), Variant("bertgpu", True)],
+                     2, 32, "fp32", "uniform", torch.device("cpu"), iters=4, warmup=0, peak=None,
+                     seed=0)
+    assert [r["timed_compiles"] for r in rows] == [0, 0] and all(r["compile_s"] > 0 for r in rows)
+    assert rows[0]["unpadded_vs_padded"] == pytest.approx(
+        rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])
+
+
+def test_lengths_from_shards_squad_and_csv(tmp_path, capsys):
     from _shards import write_synthetic_shards
+
+    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.tasks.squad import featurize, read_squad
 
     data = write_synthetic_shards(tmp_path / "data", seq_len=32, variable_lengths=True)
     lengths = sample_lengths(str(data), 50, 16, seed=0)
     assert lengths.shape == (50,) and lengths.max() <= 16 and lengths.min() >= 2
-    out = tmp_path / "r.csv"
-    append_rows(out, [dict(model="a", tokens_per_s=1.0)])
-    append_rows(out, [dict(model="b", tokens_per_s=2.0)])
-    assert out.read_text().splitlines() == ["model,tokens_per_s", "a,1.0", "b,2.0"]
-
-
-def test_bench_model_gpu_preset_grid():
-    args = parse(["--preset", "gpu"])
-    grid = bench_model._grid(args, cuda=True)
-    assert {p["size"] for p in grid} == {"base", "large"}
-    assert {(p["seq_len"], p["padding"]) for p in grid} >= {(512, "padded"), (512, "unpadded")}
-    assert any(p["compile"] for p in grid) and all(p["dtype"] == "bf16" for p in grid)
+    # SQuAD: the feature lengths fine-tuning would give, tokenized with the data's tokenizer
+    feats = featurize(read_squad(SQUAD), load_tokenizer(data / "tokenizer"), max_seq_len=64,
+                      doc_stride=22, max_query_len=16)
+    squad = sample_lengths(f"squad:{SQUAD}", 200, 64, seed=0, tokenizer=str(data))
+    assert set(squad.tolist()) == set(feats.attention_mask.sum(1).tolist())
+    with pytest.raises(BertgpuError, match="expected --tokenizer"):
+        sample_lengths(f"squad:{SQUAD}", 4, 64, seed=0)
+    with pytest.raises(BertgpuError, match="expected full, uniform, squad:FILE"):
+        sample_lengths(str(tmp_path / "nothing"), 4, 64, seed=0)
+    out = tmp_path / "r.jsonl"
+    assert bench_model.main(parse([
+        "--size", "tiny", "--micro-batch", "2", "--seq-len", "64", "--iters", "1", "--warmup",
+        "0", "--models", "bertgpu", "--real-lengths", f"uniform,squad:{SQUAD}",
+        "--tokenizer", str(data), "--out", str(out)])) == 0
+    assert [r["lengths"] for r in read_rows(out)] == ["uniform", f"squad:{SQUAD}"]
+    csv = tmp_path / "r.csv"
+    append_rows(csv, [dict(model="a", tokens_per_s=1.0)])
+    append_rows(csv, [dict(model="b", tokens_per_s=2.0)])
+    assert csv.read_text().splitlines() == ["model,tokens_per_s", "a,1.0", "b,2.0"]
 
 
 def test_bad_flags_are_rejected():
@@ -69,15 +166,22 @@ def test_bad_flags_are_rejected():
         parse(["--size", "huge"])
     with pytest.raises(SystemExit):
         parse(["--micro-batch", "x"])
+    with pytest.raises(SystemExit):
+        parse(["--compile-mode", "fastest"])
+    with pytest.raises(BertgpuError, match="--mask-rate 1.5: expected a value in"):
+        bench_model.main(parse(["--mask-rate", "1.5"]))
+    with pytest.raises(BertgpuError, match="--size large: modernbert comes in tiny, base"):
+        bench_model._grid(parse(["--arch", "modernbert", "--size", "large"]), cuda=False)
 
 
-def test_models_are_built_once_per_size_and_transformers_rows_reused(monkeypatch, tmp_path):
-    built: list[str] = []
+def test_models_are_built_once_per_size_and_transformers_timed_once_per_point(monkeypatch,
+                                                                              tmp_path):
+    built: list[tuple[str, str]] = []
     real = bench_model.Models
 
-    def counting(size, *a, **kw):
-        built.append(size)
-        return real(size, *a, **kw)
+    def counting(arch, size, *a, **kw):
+        built.append((arch, size))
+        return real(arch, size, *a, **kw)
 
     monkeypatch.setattr(bench_model, "Models", counting)
     out = tmp_path / "r.jsonl"
@@ -85,19 +189,29 @@ def test_models_are_built_once_per_size_and_transformers_rows_reused(monkeypatch
                   "--warmup", "0", "--padding", "padded,unpadded", "--real-lengths", "uniform",
                   "--out", str(out)])
     assert bench_model.main(args) == 0
-    assert built == ["tiny"]  # one pair of models for all four points
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    hf = [(r["seq_len"], r["reused"]) for r in rows if r["model"] == "transformers"]
-    # padded HF timed once per length
-    assert sorted(hf) == [(8, False), (8, True), (16, False), (16, True)]
+    assert built == [("bert", "tiny")]  # one pair of models for both points
+    rows = read_rows(out)
+    assert sorted(r["seq_len"] for r in rows if r["model"] == "transformers") == [8, 16]
 
 
 def test_gpu_preset_is_lean():
+    """BERT-base/large and ModernBERT-base in bf16; transformers compiled as well as eager at
+    BERT-base seq 128; padded and unpadded at real lengths; each model compiled once per shape
+    and padding (six compiles); points grouped by model so each is built once."""
     grid = bench_model._grid(parse(["--preset", "gpu"]), cuda=True)
-    assert {(p["size"], p["seq_len"]) for p in grid} == {("base", 128), ("base", 512),
-                                                         ("large", 128), ("large", 512)}
-    compiled = [p for p in grid if p["compile"]]
-    # one compile per size
-    assert [p["compile_models"] for p in compiled] == [["bertgpu"], ["bertgpu"]]
-    assert [p["size"] for p in grid] == sorted((p["size"] for p in grid),
-                                               key=["base", "large"].index)
+    assert all(p["dtype"] == "bf16" for p in grid)
+    assert [(p["arch"], p["size"], p["seq_len"], p["lengths"]) for p in grid] == [
+        ("bert", "base", 128, "full"), ("bert", "base", 512, "uniform"),
+        ("bert", "large", 128, "full"), ("modernbert", "base", 1024, "uniform")]
+    compiles = [(p["arch"], p["size"], p["seq_len"], v.model, v.padding)
+                for p in grid for v in p["variants"] if v.compile]
+    assert len(compiles) == len(set(compiles)) == 6
+    assert ("bert", "base", 128, "transformers", "padded") in compiles
+    assert ("modernbert", "base", 1024, "bertgpu", "unpadded") in compiles
+    base512 = {(v.model, v.compile, v.padding) for v in grid[1]["variants"]}
+    assert {("bertgpu", c, p) for c in (False, True) for p in ("padded", "unpadded")} <= base512
+    # Extra length sources repeat the variable-length points; full rows stay once.
+    grid = bench_model._grid(parse(["--preset", "gpu", "--real-lengths", "uniform,squad:x.json"]),
+                             cuda=True)
+    assert [p["lengths"] for p in grid] == ["full", "uniform", "squad:x.json", "full", "uniform",
+                                            "squad:x.json"]

@@ -70,14 +70,15 @@ class ToyTask:
 
 
 def make_loop(run_dir: Path, max_steps: int = 6, crash_at: int | None = None, eval_every: int = 0,
-              checkpoint_every: int = 0, budget_hours: float | None = None, **settings):
+              checkpoint_every: int = 0, budget_hours: float | None = None,
+              impl: ImplSection | None = None, log_every: int = 2, **settings):
     torch.manual_seed(0)
     model = ToyPretrain()
     info = DistInfo()
-    train = TrainSection(max_steps=max_steps, global_batch_size=8, log_every_steps=2,
+    train = TrainSection(max_steps=max_steps, global_batch_size=8, log_every_steps=log_every,
                          eval_every_steps=eval_every, budget_hours=budget_hours)
     engine, timer = build_engine(model, info, lr=1e-2, train=train, optim=OptimSection(),
-                                 impl=ImplSection(), dist=DistributedSection())
+                                 impl=impl or ImplSection(), dist=DistributedSection())
     task = ToyTask(model, crash_at)
     return loop_mod.Loop(task, model, engine, info, run_dir=run_dir, train=train,
                          schedule=ScheduleSection(warmup_fraction=0.2), peak_lr=1e-2,
@@ -101,6 +102,37 @@ def test_cadence_and_records(tmp_path):
     state = torch.load(tmp_path / "run" / "checkpoints" / "step_6" / "train_state.pt",
                        weights_only=True)
     assert state["toy_state"] == 7 and state["sequences_seen"] == 48
+
+
+def test_first_logged_rate_leaves_a_slow_compile_out(tmp_path, monkeypatch, capsys):
+    """A compiled model whose compile is slow (a dynamo backend that sleeps): the first logged
+    tokens/s is already the steady one, not an average over the compile, and the compile's
+    seconds are logged apart (compile_s) and shown on the progress line."""
+    import time
+
+    graphs = []
+
+    def slow_backend(gm, example_inputs):
+        graphs.append(gm)
+        time.sleep(0.2)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: real_compile(m, backend=slow_backend))
+    torch._dynamo.reset()
+    try:
+        lp, _, _ = make_loop(tmp_path / "run", max_steps=12, log_every=4,
+                             impl=ImplSection(compile=True))
+        lp.run()
+    finally:
+        torch._dynamo.reset()
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [4, 8, 12] and graphs
+    assert train[0]["compile_s"] >= 0.2 * len(graphs) and train[0]["compile_steps"] >= 1
+    steady = sorted(r["tokens_per_s"] for r in train[1:])[0]
+    # A window that averaged the compile in would show ~1/100 of it.
+    assert train[0]["tokens_per_s"] > 0.25 * steady
+    assert f"compile {train[0]['compile_s']:.1f} s" in capsys.readouterr().out
 
 
 def test_crash_and_resume_is_bitwise_identical(tmp_path):

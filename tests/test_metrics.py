@@ -65,6 +65,71 @@ def test_throughput_rates_with_fake_clock():
     assert tp.tokens == 6 * 1024
 
 
+def test_throughput_leaves_compile_steps_and_the_first_step_out():
+    """Steps during which torch compiled (the compile counter moved) are timed apart as
+    compile_s and kept out of the rates, so the first rate is already the steady one; the first
+    step is kept out also when nothing compiled; compile work before a reset() (an evaluation
+    that compiled) does not mark the next step."""
+    clock, events = FakeClock(), [0]
+    tp = Throughput(window=3, clock=clock, compile_events=lambda: events[0], skip_first=True)
+
+    def step(seconds: float, compiles: int = 0) -> None:
+        clock.t += seconds
+        events[0] += compiles
+        tp.update(tokens=1000, sequences=4)
+
+    step(30.0, compiles=15)  # the first compile
+    assert tp.rates() == {} and tp.compile_fields() == {"compile_s": 30.0, "compile_steps": 1}
+    step(0.5)
+    assert tp.rates()["tokens_per_s"] == pytest.approx(2000)  # the steady rate at once
+    step(5.0, compiles=3)  # a recompile
+    step(0.5)
+    assert tp.rates()["tokens_per_s"] == pytest.approx(2000)
+    assert tp.rates()["step_time_s"] == pytest.approx(0.5)
+    assert tp.compile_fields() == {"compile_s": 35.0, "compile_steps": 2}
+    assert (tp.tokens, tp.steps, tp.warmup_s) == (4000, 4, 0.0)
+    clock.t += 60.0  # an evaluation that compiled its own graph, then reset()
+    events[0] += 7
+    tp.reset()
+    step(0.25)
+    assert tp.rates()["tokens_per_s"] == pytest.approx(4000) and tp.compile_steps == 2
+    # Nothing compiled: the first step (cold caches) is warm-up, neither rate nor compile.
+    plain = Throughput(clock=clock, compile_events=lambda: 0, skip_first=True)
+    clock.t += 9.0
+    plain.update(tokens=1000, sequences=4)
+    assert plain.rates() == {} and plain.warmup_s == 9.0 and plain.compile_s == 0.0
+    clock.t += 1.0
+    plain.update(tokens=1000, sequences=4)
+    assert plain.rates()["tokens_per_s"] == pytest.approx(1000)
+
+
+def test_compile_events_mark_compiles_and_recompiles_only(one_thread):
+    """torch's own record of compile work grows in a step that compiles (forward and the lazily
+    compiled backward) or recompiles (a new shape), and not in a step that reuses a graph."""
+    import torch
+
+    from bertgpu.telemetry.throughput import compile_events
+
+    torch._dynamo.reset()
+    model = torch.compile(torch.nn.Linear(4, 4), backend="aot_eager", dynamic=False)
+    compiled = []
+    for rows in (2, 2, 3, 3, 2):
+        before = compile_events()
+        model(torch.randn(rows, 4)).sum().backward()
+        compiled.append(compile_events() > before)
+    torch._dynamo.reset()
+    assert compiled == [True, False, True, False, False]
+
+
+def test_console_shows_compile_time_only_when_something_compiled():
+    from bertgpu.telemetry.console import console_fields
+
+    assert console_fields({"tokens_per_s": 2000.0, "compile_s": 0.0, "compile_steps": 0}) == [
+        "tok/s 2.0k"]
+    assert console_fields({"tokens_per_s": 2000.0, "compile_s": 27.14, "compile_steps": 2}) == [
+        "tok/s 2.0k", "compile 27.1 s"]
+
+
 def test_format_startup_table():
     text = format_startup_table(
         [("per-device batch", "32"), ("devices", "8"), ("global batch", "256")], title="batch"

@@ -125,6 +125,17 @@ def test_pretrain_summary_numbers(run_dir: Path):
     assert s["wall_s"] == 46.5 and s["world_size"] == 2 and s["val_nsp_acc"] is None
 
 
+def test_pretrain_summary_of_a_run_that_logs_compile_time():
+    """Rates logged beside compile_s leave the compile steps out already: every interval counts
+    (the first too), and the compile time of a resumed run adds up over its processes."""
+    records = [_train(1, 9.0, 100.0, compile_s=30.0), _train(2, 8.0, 200.0, compile_s=30.0),
+               _train(3, 7.0, 300.0, compile_s=42.0),  # a recompile
+               _train(4, 6.0, 400.0, compile_s=20.0)]  # resumed: a new process compiled again
+    s = pretrain_summary(records)
+    assert s["tokens_per_s"] == pytest.approx(250.0) and s["compile_s"] == pytest.approx(62.0)
+    assert pretrain_summary([_train(s, 1.0, 100.0 * s) for s in (1, 2, 3)])["compile_s"] is None
+
+
 def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, bench_files):
     out = build_report([run_dir, finetune_dir, glue_dir, *bench_files], tmp_path / "rep", "both")
     assert out == tmp_path / "rep"

@@ -89,6 +89,19 @@ def test_once_on_a_finished_run_and_budget_eta(run, capsys, monkeypatch):
     assert eta_s(state) == pytest.approx(5.0)  # 45 s of budget, 40 s gone; steps would need 60
 
 
+def test_compile_time_shown_apart_from_the_rates(run, capsys, monkeypatch):
+    """The seconds of the steps that compiled, which the logged rates leave out, are shown
+    beside them; a run that compiled nothing does not say so."""
+    def rate_line() -> str:
+        return next(line for line in _frame(capsys, monkeypatch, run).splitlines()
+                    if line.startswith("tok/s"))
+
+    _append(run / "metrics.jsonl", [{**_train(5), "compile_s": 0.0, "compile_steps": 0}])
+    assert rate_line().endswith("mem 1.25 GiB")
+    _append(run / "metrics.jsonl", [{**_train(6), "compile_s": 27.14, "compile_steps": 2}])
+    assert rate_line().endswith("mem 1.25 GiB  ·  compile 27.1 s (2 steps)")
+
+
 def test_following_growing_files_cut_lines_and_a_resume(tmp_path):
     run = tmp_path / "r"
     run.mkdir()

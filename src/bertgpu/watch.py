@@ -4,7 +4,8 @@
     bertgpu watch runs/base --once          # one frame, then exit (scripts, logs, cron mail)
     ssh node7 -t bertgpu watch /scratch/runs/base
 
-It reads what the run writes anyway: ``metrics.jsonl`` (loss, learning rate, tokens/s, MFU,
+It reads what the run writes anyway: ``metrics.jsonl`` (loss, learning rate, tokens/s and MFU
+over the last log interval of steps that did not compile, the seconds spent compiling,
 evaluations, the per-rank step times), ``gpu.jsonl`` and ``gpu.nodeN.jsonl`` (the GPU monitor's
 samples) and ``config.toml`` (model, batch, length of the run), following each file as it grows.
 It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
@@ -201,6 +202,10 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
                       ("comm_share", "comm {:.0%}")):
         if _num(last.get(key)) is not None:
             rate.append(text.format(last[key]))
+    compiled = _num(last.get("compile_s"))
+    if compiled:  # the seconds of the steps that compiled: the rates above leave them out
+        n = _num(last.get("compile_steps"))
+        rate.append(f"compile {compiled:.1f} s" + (f" ({n:.0f} steps)" if n and n > 1 else ""))
     if rate:
         lines.append("  ·  ".join(rate))
     if _num(last.get("slowest_rank")) is not None:

@@ -1,7 +1,7 @@
 """Benchmarks, each in its own module (only the chosen one is imported):
 
-    bertgpu bench model   [options]   # our BertForPreTraining vs transformers', tokens/s, MFU,
-                                      # memory
+    bertgpu bench model   [options]   # our BERT / ModernBERT vs transformers' (eager and
+                                      # compiled), tokens/s, MFU, memory
     bertgpu bench scaling [options]   # the same short training at 1..N workers, aggregation 1 vs k
     bertgpu bench quality [options]   # recipes under one budget: held-out loss, fine-tuning vs
                                       # random init

@@ -1,57 +1,79 @@
-"""`bertgpu bench model`: training-step speed of our BertForPreTraining vs transformers', side by
-side.
+"""`bertgpu bench model`: training-step speed of our models vs transformers', side by side.
 
-For every point of the grid (size x micro batch x seq len x dtype x compile x padding) both models
-get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches (ours with
-the host-side `BatchMeta` the loader ships), and their timed steps alternate in one process (who
-goes first alternates too), so the ratio is fair on a noisy machine. Forward, backward and the
-optimizer step are timed separately (with a device synchronisation between them on CUDA);
-tokens/s counts real (non-padding) tokens; MFU uses `flops.flops_per_token_from_config` at the
-mean real length and `flops.peak_tflops`.
+For every point of the grid (architecture x size x micro batch x seq len x dtype x lengths) both
+models get the same weights, the same optimizer (AdamW, fused on CUDA) and the same batches (ours
+with the host-side `BatchMeta` the loader ships; MLM masks drawn as training draws them, a fixed
+count per sequence), and the timed steps of every variant (model x compile x padding) alternate
+in one process, so the ratios are fair on a noisy machine (model_runs.py). Tokens/s counts real
+(non-padding) tokens; MFU uses the architecture's FLOPs per token at each sequence's own length
+and `flops.peak_tflops`. A row says the device, torch and transformers versions, dtype and
+compile mode, its ratios against transformers eager and compiled (`vs_hf_eager`,
+`vs_hf_compiled`), for an unpadded row against our padded one (`unpadded_vs_padded`), and
+`timed_compiles`: timed steps during which torch compiled (0 in a row to trust).
 
     bertgpu bench model                          # CPU default: small, B 8, T 128, fp32 (~1 min)
     bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
-    bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths data/
-                                                 # (lengths of a shard set)
-    bertgpu bench model --preset gpu --out results/h100.jsonl   # the GPU table
+    bertgpu bench model --seq-len 512 --padding padded,unpadded --real-lengths uniform,data/
+    bertgpu bench model --seq-len 384 --padding padded,unpadded \\
+        --real-lengths squad:train-v1.1.json --tokenizer data/   # SQuAD fine-tuning lengths
+    bertgpu bench model --arch modernbert --size base --seq-len 1024 --compile on
+    bertgpu bench model --preset gpu --out results/h100.jsonl   # the GPU table (see GPU_PRESET)
+    bertgpu bench model --preset gpu-smoke       # the same code path, tiny, on the CPU (seconds)
     bertgpu bench model --check-graph            # graph breaks / host syncs (graph_check.py)
     bertgpu bench model --strategy fsdp --size base   # bytes per rank, ddp vs fsdp
 
-Models are built once per size and reused by every row of that size (unpadding is a per-instance
-option, a compiled model wraps the same parameters), and a transformers measurement is reused by
-rows that differ only in our model's settings. `--preset gpu` (BERT-base and BERT-large at seq
-128 and 512, bf16) compiles only our model, once per size, at seq 128 (two compiles in all); it
-is meant to finish in under 6 minutes on one H100 (not measured yet: no GPU in the session that
-wrote it). `--padding unpadded` turns on our model's unpadding (transformers has none, it runs
-padded); `--padding bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows
-are appended to `--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
+Models are built once per (architecture, size) and serve every point of it (unpadding is a
+per-instance option set before each step, a compiled wrapper shares the model's parameters and
+compiles once per shape: `dynamic=False`). `--padding unpadded` turns on our model's unpadding
+(transformers runs padded: it unpads only with flash-attention-2, not with SDPA); `--padding
+bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows are appended to
+`--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from bertgpu.bench.batches import SIZES, make_batches
+from bertgpu.bench.batches import MODERN_SIZES, SIZES
 from bertgpu.bench.cells import append_rows
+from bertgpu.bench.model_runs import ARCHS, COMPILE_MODES, Models, Variant, run_point
 from bertgpu.errors import BertgpuError
 
-# The GPU table, run in order; "compile_models" lists who is compiled on the compile-on rows.
+_OURS, _HF = "bertgpu", "transformers"
+VARIABLE = "variable"
+"""A preset point's lengths: each of `--real-lengths` other than full (default: uniform)."""
+
 GPU_PRESET: list[dict[str, Any]] = [
-    dict(size="base", micro_batch=128, seq_len=128, dtype="bf16", compile=["off", "on"],
-         padding=["padded"], compile_models=["bertgpu"]),
-    dict(size="base", micro_batch=32, seq_len=512, dtype="bf16", compile=["off"],
-         padding=["padded", "unpadded"], lengths="uniform"),
-    dict(size="large", micro_batch=64, seq_len=128, dtype="bf16", compile=["off", "on"],
-         padding=["padded"], compile_models=["bertgpu"]),
-    dict(size="large", micro_batch=16, seq_len=512, dtype="bf16", compile=["off"],
-         padding=["padded"]),
+    # Full-length rows (packed pretraining): ours and transformers, each eager and compiled.
+    dict(arch="bert", size="base", micro_batch=128, seq_len=128, lengths="full",
+         variants=[Variant(_OURS, False), Variant(_OURS, True), Variant(_HF, False),
+                   Variant(_HF, True)]),
+    # Variable real lengths: our padded and unpadded paths, eager and compiled, vs transformers.
+    dict(arch="bert", size="base", micro_batch=32, seq_len=512, lengths=VARIABLE,
+         variants=[Variant(_OURS, False, "padded"), Variant(_OURS, False, "unpadded"),
+                   Variant(_OURS, True, "padded"), Variant(_OURS, True, "unpadded"),
+                   Variant(_HF, False)]),
+    dict(arch="bert", size="large", micro_batch=64, seq_len=128, lengths="full",
+         variants=[Variant(_OURS, False), Variant(_OURS, True), Variant(_HF, False)]),
+    # ModernBERT-base at its pretraining length, unpadded and compiled, vs transformers'.
+    dict(arch="modernbert", size="base", micro_batch=32, seq_len=1024, lengths=VARIABLE,
+         variants=[Variant(_OURS, False, "padded"), Variant(_OURS, False, "unpadded"),
+                   Variant(_OURS, True, "unpadded"), Variant(_HF, False)]),
 ]
+"""The GPU table, in order: bf16, 6 compiles (our BERT-base at two shapes padded and one
+unpadded, transformers' BERT-base, our BERT-large and ModernBERT-base once each)."""
+
+_SMOKE_SHAPES = {128: 16, 512: 32, 1024: 64}
+
+
+def _smoke_preset() -> list[dict[str, Any]]:
+    """GPU_PRESET shrunk: tiny models, micro batch 2, short sequences; the same variants."""
+    return [{**p, "size": "tiny", "micro_batch": 2, "seq_len": _SMOKE_SHAPES[p["seq_len"]]}
+            for p in GPU_PRESET]
 
 
 def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
@@ -74,6 +96,8 @@ def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", type=_csv_list(str, ARCHS), default=["bert"],
+                        help="bert and/or modernbert (sizes tiny and base) (default bert)")
     parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=["small"],
                         help="model sizes, comma list of tiny, small, base, large (default small)")
     parser.add_argument("--micro-batch", type=_csv_list(int), default=[8],
@@ -83,34 +107,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", type=_csv_list(str, ("fp32", "bf16")), default=None,
                         help="fp32 and/or bf16 (autocast); default bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--compile", type=_csv_list(str, ("off", "on")), default=["off"],
-                        help="torch.compile both models: off, on or off,on")
+                        help="torch.compile the models: off, on or off,on (both are rows)")
+    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                        help="torch.compile mode of the compiled rows (default: default)")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend (default inductor; gpu-smoke on a CPU: eager)")
     parser.add_argument("--padding", type=_csv_list(str, ("padded", "unpadded")),
                         default=["padded"],
                         help="padded (both models see the padded batch) and/or unpadded (our model "
                              "gathers the real tokens; transformers stays padded)")
-    parser.add_argument("--real-lengths", default="full", metavar="full|uniform|DATA_DIR",
-                        help="sequence lengths: full (no padding, default), uniform (synthetic, "
-                             "uniform in [T/8, T]) or a shard set whose train lengths are sampled")
+    parser.add_argument("--real-lengths", type=_csv_list(str), default=None,
+                        metavar="full|uniform|DATA_DIR|squad:FILE",
+                        help="comma list of sequence-length sources: full (no padding, default), "
+                             "uniform (in [T/8, T]), a prepared data folder (its train lengths), "
+                             "squad:FILE (SQuAD feature lengths, tokenized with --tokenizer)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="WordPiece folder (or a data folder holding one) for squad:FILE")
+    parser.add_argument("--mask-rate", type=float, default=None,
+                        help="MLM rate, a fixed count per sequence (default 0.15 BERT, 0.3 "
+                             "ModernBERT, as their recipes)")
     parser.add_argument("--grad-ckpt", action="store_true",
                         help="activation checkpointing in both models")
     parser.add_argument("--fused-qkv", action="store_true",
                         help="our model computes query/key/value as one matmul "
                              "(ModelOptions.fused_qkv)")
     parser.add_argument("--iters", type=int, default=None,
-                        help="timed steps per model (default 3 CPU, 10 CUDA)")
+                        help="timed steps per variant (default 3 CPU, 10 CUDA; gpu-smoke 1)")
     parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps per model first (default 1 CPU, 3 CUDA)")
-    parser.add_argument("--models", type=_csv_list(str, ("bertgpu", "transformers")),
-                        default=["bertgpu", "transformers"],
+                        help="untimed steps per variant first (default 1 CPU, 3 CUDA); a compiled "
+                             "one warms up until a step compiles nothing")
+    parser.add_argument("--models", type=_csv_list(str, (_OURS, _HF)), default=[_OURS, _HF],
                         help="which models to time (default both)")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda when available)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak TFLOP/s of one device for MFU (default: the table in "
-                             "metrics.py; none on CPU)")
-    parser.add_argument("--preset", choices=["gpu"], default=None,
-                        help="gpu: base+large seq 128 bf16 compile off/on, base seq 512 "
-                             "padded vs unpadded")
+                             "flops.py; none on CPU)")
+    parser.add_argument("--preset", choices=["gpu", "gpu-smoke"], default=None,
+                        help="gpu: BERT-base/large and ModernBERT-base, bf16, ours and "
+                             "transformers eager and compiled, padded vs unpadded at real "
+                             "lengths (GPU_PRESET); gpu-smoke: the same rows tiny, in seconds")
     parser.add_argument("--check-graph", action="store_true",
                         help="instead of timing: check that every training micro-step (pretraining "
                              "padded/packed/unpadded, NSP on/off, the task heads) compiles with no "
@@ -124,233 +160,93 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --strategy: world sizes to measure (default 1,2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
-                        help="append one row per model and grid point (.jsonl or .csv)")
+                        help="append one row per variant and grid point (.jsonl or .csv)")
 
 
 # --------------------------------------------------------------------------------------------
-# Batches
+# The grid
 
 
-# --------------------------------------------------------------------------------------------
-# Timing
+def _variants(args: argparse.Namespace) -> list[Variant]:
+    out = []
+    for name in args.models:
+        for c in args.compile:
+            for pad in (args.padding if name == _OURS else ["padded"]):
+                out.append(Variant(name, c == "on", pad))
+    return out
 
 
-class _Runner:
-    """One model, its optimizer, and the accumulated phase times of its timed steps."""
-
-    def __init__(self, name: str, model: Any, optimizer: Any, device: Any, autocast: Any) -> None:
-        self.name, self.model, self.optimizer = name, model, optimizer
-        self.device, self.autocast = device, autocast
-        self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
-        self.steps = 0
-        self.tokens = 0
-        self.peak_bytes: int | None = None
-        self.loss = float("nan")
-
-    def _sync(self) -> None:
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def step(self, batch: dict[str, Any], timed: bool) -> None:
-        import torch
-
-        cuda = self.device.type == "cuda"
-        if self.name == "transformers":
-            batch = {k: v for k, v in batch.items() if k != "batch_meta"}
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self._sync()
-        t0 = time.perf_counter()
-        with self.autocast():
-            loss = self.model(**batch).loss
-        self._sync()
-        t1 = time.perf_counter()
-        loss.backward()
-        self._sync()
-        t2 = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._sync()
-        t3 = time.perf_counter()
-        self.loss = float(loss.detach())
-        if timed:
-            self.times["fwd"] += t1 - t0
-            self.times["bwd"] += t2 - t1
-            self.times["opt"] += t3 - t2
-            self.steps += 1
-            self.tokens += int(batch["attention_mask"].sum())
-            if cuda:
-                self.peak_bytes = max(self.peak_bytes or 0,
-                                      torch.cuda.max_memory_allocated(self.device))
-
-
-class Models:
-    """Both models of one size with identical weights, their optimizers, and compiled wrappers
-    made on first use (a compiled wrapper shares the parameters: one compile serves every row)."""
-
-    def __init__(self, size: str, device: Any, names: list[str], grad_ckpt: bool, seed: int,
-                 fused_qkv: bool = False) -> None:
-        import torch
-
-        from bertgpu.models.bert.config import BertConfig
-        from bertgpu.models.bert.model import BertForPreTraining
-        from bertgpu.models.shared import ModelOptions
-        from bertgpu.train.optim import build_optimizer
-
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import transformers
-
-        torch.manual_seed(seed)
-        hf = transformers.BertForPreTraining(
-            transformers.BertConfig(**SIZES[size], attn_implementation="sdpa"))
-        self.size = size
-        self.config = BertConfig(**SIZES[size])
-        self.eager: dict[str, Any] = {}
-        self.optimizers: dict[str, Any] = {}
-        self._compiled: dict[str, Any] = {}
-        for name in names:
-            if name == "transformers":
-                model = hf
-                if grad_ckpt:
-                    model.gradient_checkpointing_enable()
-            else:
-                options = ModelOptions(fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt)
-                model = BertForPreTraining(self.config, options=options)
-                model.load_state_dict(hf.state_dict())
-            self.eager[name] = model.to(device).train()
-            self.optimizers[name] = build_optimizer(self.eager[name], "adamw", 1e-4)
-
-    def module(self, name: str, compiled: bool) -> Any:
-        import torch
-
-        if not compiled:
-            return self.eager[name]
-        if name not in self._compiled:
-            self._compiled[name] = torch.compile(self.eager[name])
-        return self._compiled[name]
-
-
-def run_point(models: Models, micro_batch: int, seq_len: int, dtype: str, compile_models: list[str],
-              padding: str, lengths: str, device: Any, iters: int, warmup: int, grad_ckpt: bool,
-              peak: float | None, seed: int,
-              reuse: dict[tuple, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Time the models on one grid point; one result row per model timed.
-
-    A model that is not compiled here and whose row for the same (batch, length, dtype, padding)
-    is in `reuse` is not timed again: that row is repeated (marked `reused`) and serves the
-    ratio."""
-    import torch
-
-    from bertgpu.telemetry.flops import flops_per_token_from_config, mfu
-
-    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16"
-                else nullcontext)
-    reuse = {} if reuse is None else reuse
-    if "bertgpu" in models.eager:
-        models.eager["bertgpu"].configure(unpad=padding == "unpadded")
-    runners, reused = {}, {}
-    for name in models.eager:
-        key = (name, micro_batch, seq_len, dtype, lengths,
-               padding if name == "bertgpu" else "padded")
-        if name not in compile_models and key in reuse:
-            reused[name] = reuse[key]
-            continue
-        runners[name] = _Runner(name, models.module(name, name in compile_models),
-                                models.optimizers[name], device, autocast)
-    batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, 30522, lengths,
-                           seed, device)
-    for i in range(warmup):
-        for r in runners.values():
-            r.step(batches[i % len(batches)], timed=False)
-    order = list(runners)
-    for i in range(iters):
-        for name in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
-            runners[name].step(batches[i % len(batches)], timed=True)
-    # mean length
-    real = sum(int(b["attention_mask"].sum()) for b in batches) / (len(batches) * micro_batch)
-    fpt = flops_per_token_from_config(models.config, seq_len=max(1, round(real)), mlm_fraction=0.15,
-                                      with_nsp=True)
-    tps = {n: r.tokens / max(sum(r.times.values()), 1e-12) for n, r in runners.items()}
-    tps.update({n: row["tokens_per_s"] for n, row in reused.items()})
-    rows = [{**row, "reused": True} for row in reused.values()]
-    for name, r in runners.items():
-        n = max(r.steps, 1)
-        row = dict(
-            bench="model", model=name, size=models.size, micro_batch=micro_batch, seq_len=seq_len,
-            dtype=dtype, compile=name in compile_models,
-            padding=padding if name == "bertgpu" else "padded", lengths=lengths,
-            mean_length=round(real, 1), grad_ckpt=grad_ckpt, iters=r.steps,
-            fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n,
-            opt_ms=1e3 * r.times["opt"] / n, tokens_per_s=tps[name],
-            ratio_vs_transformers=(tps[name] / tps["transformers"] if "transformers" in tps
-                                   else None),
-            mfu=mfu(tps[name], fpt, peak), flops_per_token=fpt,
-            mem_peak_gib=r.peak_bytes / 2**30 if r.peak_bytes is not None else None, loss=r.loss,
-            reused=False)
-        if name not in compile_models:
-            reuse[(name, micro_batch, seq_len, dtype, lengths, row["padding"])] = row
-        rows.append(row)
-    del runners, batches
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rows
+def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
+    """The points to time, in order (grouped by architecture and size: models built once)."""
+    sources = args.real_lengths or ["full"]
+    if args.preset is not None:
+        variable = [s for s in sources if s != "full"] or ["uniform"]
+        preset = GPU_PRESET if args.preset == "gpu" else _smoke_preset()
+        dtype = "bf16" if cuda else "fp32"
+        return [{**p, "dtype": dtype, "lengths": s,
+                 "variants": [v for v in p["variants"] if v.model in args.models]}
+                for p in preset for s in (variable if p["lengths"] == VARIABLE else [p["lengths"]])]
+    for arch in args.arch:
+        sizes = MODERN_SIZES if arch == "modernbert" else SIZES
+        bad = [s for s in args.size if s not in sizes]
+        if bad:
+            raise BertgpuError(f"--size {bad[0]}: {arch} comes in {', '.join(sizes)}")
+    dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
+    return [dict(arch=a, size=s, micro_batch=b, seq_len=t, dtype=d, lengths=n,
+                 variants=_variants(args))
+            for a in args.arch for s in args.size for b in args.micro_batch for t in args.seq_len
+            for d in dtypes for n in sources]
 
 
 # --------------------------------------------------------------------------------------------
 # Output
 
 
-COLUMNS = [("size", "size"), ("micro_batch", "B"), ("seq_len", "T"), ("dtype", "dtype"),
-           ("compile", "compile"), ("padding", "padding"), ("model", "model"), ("fwd_ms", "fwd ms"),
-           ("bwd_ms", "bwd ms"), ("opt_ms", "opt ms"), ("tokens_per_s", "tokens/s"),
-           ("ratio_vs_transformers", "vs HF"), ("mfu", "MFU"), ("mem_peak_gib", "mem GiB")]
+COLUMNS = [("arch", "arch"), ("size", "size"), ("micro_batch", "B"), ("seq_len", "T"),
+           ("lengths", "lengths"), ("dtype", "dtype"), ("compile_mode", "compile"),
+           ("padding", "padding"), ("model", "model"), ("fwd_ms", "fwd ms"), ("bwd_ms", "bwd ms"),
+           ("opt_ms", "opt ms"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
+           ("vs_hf_eager", "vs HF eager"), ("vs_hf_compiled", "vs HF compiled"),
+           ("unpadded_vs_padded", "unpadded/padded"), ("compile_s", "compile s"),
+           ("timed_compiles", "timed compiles"), ("mem_peak_gib", "mem GiB")]
+COMPACT = [("name", "model"), ("shape", "B x T"), ("lengths", "lengths"), ("padding", "padding"),
+           ("compile_mode", "compile"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
+           ("vs_hf_eager", "vs HF eager"), ("vs_hf_compiled", "vs HF compiled"),
+           ("unpadded_vs_padded", "unpadded/padded"), ("timed_compiles", "timed compiles")]
 
 
 def _fmt(key: str, value: Any) -> str:
     if value is None:
         return "-"
-    if key == "compile":
-        return "on" if value else "off"
     if key == "mfu":
         return f"{100 * value:.1f}%"
-    if key == "ratio_vs_transformers":
+    if key in ("vs_hf_eager", "vs_hf_compiled", "unpadded_vs_padded"):
         return f"{value:.2f}x"
     if key == "tokens_per_s":
         return f"{value:,.0f}"
+    if key == "lengths" and len(str(value)) > 24:
+        return "..." + str(value)[-21:]
     if isinstance(value, float):
-        return f"{value:.1f}" if key.endswith("_ms") else f"{value:.2f}"
+        return f"{value:.1f}" if key.endswith("_ms") or key == "compile_s" else f"{value:.2f}"
     return str(value)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]] = COLUMNS) -> str:
     """Markdown table of result rows."""
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines = ["| " + " | ".join(h for _, h in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(k, r.get(k)) for k, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(k, r.get(k)) for k, _ in columns) + " |")
     return "\n".join(lines)
 
 
-def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
-    """The points to time, in order (grouped by size so each size's models are built once)."""
-    if args.preset == "gpu":
-        points = []
-        for p in GPU_PRESET:
-            for c in p["compile"]:
-                for pad in p["padding"]:
-                    points.append(dict(size=p["size"], micro_batch=p["micro_batch"],
-                                       seq_len=p["seq_len"], dtype=p["dtype"], compile=c == "on",
-                                       padding=pad, lengths=p.get("lengths", args.real_lengths),
-                                       compile_models=(p.get("compile_models", args.models)
-                                                       if c == "on" else [])))
-        return points
-    dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
-    return [dict(size=s, micro_batch=b, seq_len=t, dtype=d, compile=c == "on", padding=p,
-                 lengths=args.real_lengths, compile_models=list(args.models) if c == "on" else [])
-            for s in args.size for b in args.micro_batch for t in args.seq_len for d in dtypes
-            for c in args.compile for p in args.padding]
+def format_compact(rows: list[dict[str, Any]]) -> str:
+    """The end-of-run table: one line per row, the numbers a reader compares."""
+    titles = {"bert": "BERT", "modernbert": "ModernBERT"}
+    named = [{**r, "name": f"{titles.get(r['arch'], r['arch'])}-{r['size']} "
+                           f"{'ours' if r['model'] == _OURS else 'HF'}",
+              "shape": f"{r['micro_batch']} x {r['seq_len']}"} for r in rows]
+    return format_table(named, COMPACT)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -370,16 +266,24 @@ def main(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertgpuError(f"--device {args.device}: CUDA is not available on this machine; "
                            "expected --device cpu")
-    if (args.padding and "unpadded" in args.padding and args.real_lengths == "full"
+    if (args.padding and "unpadded" in args.padding and (args.real_lengths or ["full"]) == ["full"]
             and args.preset is None):
         print("note: --real-lengths full has no padding, so unpadded equals padded; try "
               "--real-lengths uniform")
     cuda = device.type == "cuda"
-    iters = args.iters if args.iters is not None else (10 if cuda else 3)
+    if args.preset == "gpu" and not cuda:
+        print("note: --preset gpu is the GPU table (BERT-large, ModernBERT-base at 1024): hours "
+              "on a CPU; --preset gpu-smoke runs its rows tiny")
+    smoke = args.preset == "gpu-smoke"
+    iters = args.iters if args.iters is not None else (1 if smoke else 10 if cuda else 3)
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if iters < 1 or warmup < 0:
         raise BertgpuError(f"--iters {iters} / --warmup {warmup}: expected iters >= 1 "
                            "and warmup >= 0")
+    if args.mask_rate is not None and not 0.0 < args.mask_rate < 1.0:
+        raise BertgpuError(f"--mask-rate {args.mask_rate}: expected a value in (0, 1)")
+    backend = args.compile_backend or ("eager" if smoke and not cuda else "inductor")
+    grid = _grid(args, cuda)  # bad sizes refused before any model is built
     if cuda:
         # fp32 rows: TF32 tensor cores, as training would
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -390,22 +294,23 @@ def main(args: argparse.Namespace) -> int:
     print(header, flush=True)
     rows: list[dict[str, Any]] = []
     models: Models | None = None
-    reuse: dict[tuple, dict[str, Any]] = {}
-    for point in _grid(args, cuda):
-        if models is None or models.size != point["size"]:
+    start = time.perf_counter()
+    for point in grid:
+        if models is None or (models.arch, models.size) != (point["arch"], point["size"]):
             models = None  # free the previous size first
             if cuda:
                 torch.cuda.empty_cache()
-            models = Models(point["size"], device, args.models, args.grad_ckpt, args.seed,
-                            bool(args.fused_qkv))
-            reuse = {}
+            models = Models(point["arch"], point["size"], device, args.models, args.grad_ckpt,
+                            args.seed, bool(args.fused_qkv), args.compile_mode, backend)
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
+        mask_rate = args.mask_rate or (0.3 if point["arch"] == "modernbert" else 0.15)
         t0 = time.perf_counter()
-        new = run_point(models, point["micro_batch"], point["seq_len"], point["dtype"],
-                        point["compile_models"], point["padding"], point["lengths"], device, iters,
-                        warmup, args.grad_ckpt, peak, args.seed, reuse)
-        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name,
-                     torch=torch.__version__, threads=torch.get_num_threads(), time=time.time(),
+        new = run_point(models, point["variants"], point["micro_batch"], point["seq_len"],
+                        point["dtype"], point["lengths"], device, iters, warmup, peak, args.seed,
+                        tokenizer=args.tokenizer, mask_rate=mask_rate)
+        stamp = dict(grad_ckpt=bool(args.grad_ckpt), fused_qkv=bool(args.fused_qkv),
+                     device=str(device), device_name=name, torch=torch.__version__,
+                     threads=torch.get_num_threads(), preset=args.preset, time=time.time(),
                      wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]
         rows += new
@@ -414,7 +319,13 @@ def main(args: argparse.Namespace) -> int:
         if args.out is not None:
             append_rows(args.out, new)
     print()
-    print(format_table(rows))
+    print(f"{name} | torch {torch.__version__} | transformers "
+          f"{rows[0]['transformers'] if rows else '-'} | {rows[0]['dtype'] if rows else '-'} | "
+          f"{time.perf_counter() - start:.0f} s in all")
+    print(format_compact(rows))
+    if any(r["timed_compiles"] for r in rows):
+        print("warning: torch compiled during timed steps of some rows (timed compiles > 0): "
+              "their numbers include compile time")
     if args.out is not None:
         print(f"appended {len(rows)} rows to {args.out}")
     return 0

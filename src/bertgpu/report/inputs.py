@@ -153,14 +153,23 @@ def _last(records: list[dict[str, Any]], kind: str, key: str) -> float | None:
 def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
     """The numbers of a run's summary table; None where the run did not log them.
 
-    Throughput and MFU are means over the logged train intervals, leaving out the first when
-    there are three or more (it includes start-up: compilation, data warm-up).
+    Throughput and MFU are means over the logged train intervals. A run that logs ``compile_s``
+    measured its rates without the steps that compiled and without its first step, so every
+    interval counts; an older run's first interval included start-up (compilation, data
+    warm-up) and is left out when there are three or more. ``compile_s`` is the time spent in
+    steps that compiled, summed over the processes of a resumed run (each starts from zero).
     """
+    honest = any("compile_s" in r for r in records if r.get("kind") == "train")
 
     def rate(key: str) -> float | None:
         ys = series(records, "train", key)[1]
-        ys = ys[1:] if len(ys) >= 3 else ys
+        ys = ys[1:] if len(ys) >= 3 and not honest else ys
         return sum(ys) / len(ys) if ys else None
+
+    compile_s, last = 0.0, 0.0
+    for y in series(records, "train", "compile_s")[1]:
+        compile_s += y - last if y >= last else y  # a drop: a new process after a resume
+        last = y
 
     steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train") if s]
     elapsed = [e for e in (num(r.get("elapsed_s")) for r in records) if e is not None]
@@ -176,6 +185,7 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
         "tokens_per_s": rate("tokens_per_s"),
         "tokens_per_s_per_device": rate("tokens_per_s_per_device"),
         "mfu": rate("mfu"),
+        "compile_s": compile_s if honest else None,
         "mem_peak_gib": max(mem) if mem else None,
         "wall_s": max(elapsed) if elapsed else None,
         "world_size": worlds[-1] if worlds else None,

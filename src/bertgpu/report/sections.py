@@ -14,7 +14,8 @@ from bertgpu.report.plots import bar_chart, pyplot, run_plot, save, scaling_plot
 from bertgpu.report.render import Block
 
 # Row label fields of a bench table, in the order they name a configuration.
-_BENCH_LABEL_KEYS = ("bench", "model", "size", "seq_len", "batch", "dtype", "device")
+_BENCH_LABEL_KEYS = ("bench", "arch", "model", "size", "micro_batch", "seq_len", "batch",
+                     "lengths", "padding", "compile_mode", "dtype", "device")
 
 def _fmt_count(v: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -51,6 +52,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("tokens_per_s_per_device", "mean tokens/s per device", lambda v: f"{v:,.0f}"),
     ("world_size", "devices", lambda v: f"{v:.0f}"),
     ("mfu", "mean MFU", lambda v: f"{100 * v:.1f} %"),
+    ("compile_s", "time in steps that compiled", lambda v: f"{v:.1f} s"),
     ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
     ("wall_s", "wall time", _fmt_duration),
 )
@@ -113,7 +115,9 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
     if not rows:
         return [*blocks, ("p", "No train or eval records logged yet.")]
     blocks.append(("table", ["", *[r.name for r in runs]], rows))
-    blocks.append(("p", "Means of tokens/s and MFU leave out the first logged interval "
+    blocks.append(("p", "Means of tokens/s and MFU are over the logged intervals, whose rates "
+                        "leave out the first step and the steps that compiled (runs that log "
+                        "compile time); for older runs, without the first logged interval "
                         "(start-up) when a run logged three or more."))
     for file, caption in _pretrain_plots(runs, folder):
         blocks.append(("img", file, caption))

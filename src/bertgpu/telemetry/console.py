@@ -1,7 +1,8 @@
 """Console text for the training log and ``bertgpu watch``: short forms, units, durations.
 
 The console shows the same keys as ``metrics.jsonl`` with shorter labels (``tok/s 123.5k``,
-``MFU 42.1%``); keys that would crowd one line stay in the file only.
+``MFU 42.1%``, ``compile 27.1 s``: the seconds of the steps that compiled, which the rates leave
+out); keys that would crowd one line stay in the file only.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ SHORT: dict[str, tuple[str, Callable[[Any], str]]] = {
     "sequences_per_s": ("seq/s", si),
     "step_time_s": ("step", lambda v: f"{v:.3g}s"),
     "mfu": ("MFU", lambda v: f"{100 * v:.1f}%"),
+    "compile_s": ("compile", lambda v: f"{v:.1f} s"),
     "mem_peak_gib": ("mem", lambda v: f"{v:.2f}GiB"),
 }
 # Kept in metrics.jsonl but too much for one console line (the GPU keys are summed up by the
@@ -65,7 +67,10 @@ CONSOLE_SKIP = {
     "gpu_temp_max_c",
     "gpu_util_min_pct",
     "rank_compute_s",
+    "compile_steps",
 }
+# Shown only when not zero: a run that compiled nothing need not say so on every line.
+HIDE_ZERO = {"compile_s"}
 
 
 def _short_value(v: Any) -> str:
@@ -82,6 +87,8 @@ def console_fields(scalars: dict[str, Any]) -> list[str]:
     for key, (label, fmt) in SHORT.items():
         if key in scalars:
             v = scalars[key]
+            if key in HIDE_ZERO and not v:
+                continue
             parts.append(f"{label} {'nan' if v is None else fmt(v)}")
     for key, v in scalars.items():
         if key not in SHORT and key not in CONSOLE_SKIP:

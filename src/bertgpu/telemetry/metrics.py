@@ -1,4 +1,4 @@
-"""Throughput, memory, the start-up table and the metrics log.
+"""Memory, the metrics log and the progress line (throughput: `throughput.py`).
 
 Every log line answers "is it healthy and how fast?" (STYLE.md habit 5): loss, lr, grad norm,
 tokens/s, MFU, memory and ETA, with the same keys on the console and in ``RUN_DIR/metrics.jsonl``
@@ -6,15 +6,16 @@ and units in the key names (``tokens_per_s``, ``mem_peak_gib``, ``elapsed_s``).
 
 Typical use in a training loop (rank 0 logs, other ranks get a logger that does nothing)::
 
-    tput = Throughput(n_devices=world_size)
+    tput = Throughput(n_devices=world_size, compile_events=compile_events, skip_first=True)
     log = MetricsLogger(run_dir, is_main=rank == 0, total_steps=cfg.max_steps, initial_step=step)
     log.print(format_startup_table([("global batch", "256 sequences"), ...]))
     for step in range(step + 1, cfg.max_steps + 1):
         ...
         tput.update(tokens=global_batch * seq_len, sequences=global_batch)
         rates = tput.rates()
-        log.log(step, "train", loss=loss, lr=lr, grad_norm=gn, **rates,
-                mfu=mfu(rates.get("tokens_per_s", 0.0), fpt, peak, world_size), **device_memory())
+        log.log(step, "train", loss=loss, lr=lr, grad_norm=gn, **rates, **tput.compile_fields(),
+                mfu=mfu(rates["tokens_per_s"], fpt, peak, world_size) if rates else None,
+                **device_memory())
     log.close()
 
 ``mfu`` (from `flops.py`) is a fraction (0.42 means 42 %); the console shows it as a percentage.
@@ -29,14 +30,14 @@ import json
 import math
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from bertgpu.telemetry.console import console_fields, duration
 from bertgpu.telemetry.records import open_for_append
 from bertgpu.telemetry.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
+from bertgpu.telemetry.throughput import Throughput
 
 # Re-exported: callers have always found them here.
 __all__ = ["MetricsLogger", "Throughput", "device_memory", "gpu_utilisation"]
@@ -107,78 +108,6 @@ def gpu_utilisation(device: Any = None, monitor: Any = None) -> dict[str, float]
     GPU, monitoring off) or before its first sample. A logger with a monitor adds these keys
     to its train records by itself."""
     return monitor.device_stats(device) if monitor is not None else {}
-
-
-# --------------------------------------------------------------------------------------------
-# Throughput
-# --------------------------------------------------------------------------------------------
-
-
-class Throughput:
-    """Rates over a rolling window of the last ``window`` updates.
-
-    Call ``update`` once per optimizer step with that step's totals over *all* devices (tokens
-    and sequences actually processed, padding included when the model computed on it). The
-    first rate is available after the first update (measured from construction or ``reset``);
-    call ``reset()`` just before the loop so start-up time (compilation, data warm-up) does not
-    dilute it.
-    """
-
-    def __init__(
-        self,
-        window: int = 20,
-        n_devices: int = 1,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        if window < 1:
-            raise ValueError("Throughput: window must be >= 1")
-        if n_devices < 1:
-            raise ValueError("Throughput: n_devices must be >= 1")
-        self.window = window
-        self.n_devices = n_devices
-        self._clock = clock
-        self.tokens = 0
-        self.sequences = 0
-        self.steps = 0
-        self._points: deque[tuple[float, int, int, int]] = deque(maxlen=window + 1)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the window (not the cumulative counts) and start measuring from now."""
-        self._points.clear()
-        self._points.append((self._clock(), self.tokens, self.sequences, self.steps))
-
-    def update(self, tokens: int, sequences: int, steps: int = 1) -> None:
-        """Record that ``steps`` steps covering ``tokens`` / ``sequences`` have finished now."""
-        self.tokens += int(tokens)
-        self.sequences += int(sequences)
-        self.steps += int(steps)
-        self._points.append((self._clock(), self.tokens, self.sequences, self.steps))
-
-    def rates(self) -> dict[str, float]:
-        """``tokens_per_s``, ``tokens_per_s_per_device``, ``sequences_per_s``,
-        ``sequences_per_s_per_device``, ``steps_per_s``, ``step_time_s``; ``{}`` before the first
-        update (or when no time has passed)."""
-        if len(self._points) < 2:
-            return {}
-        t0, tok0, seq0, st0 = self._points[0]
-        t1, tok1, seq1, st1 = self._points[-1]
-        dt = t1 - t0
-        if dt <= 0:
-            return {}
-        tokens_per_s = (tok1 - tok0) / dt
-        sequences_per_s = (seq1 - seq0) / dt
-        steps_per_s = (st1 - st0) / dt
-        out = {
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_device": tokens_per_s / self.n_devices,
-            "sequences_per_s": sequences_per_s,
-            "sequences_per_s_per_device": sequences_per_s / self.n_devices,
-            "steps_per_s": steps_per_s,
-        }
-        if steps_per_s > 0:
-            out["step_time_s"] = 1.0 / steps_per_s
-        return out
 
 
 def _clean(value: Any, key: str = "") -> Any:

@@ -98,10 +98,13 @@ class _Preemption:
 class _Window:
     """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
 
-    def __init__(self, world: int, rank: int) -> None:
-        from bertgpu.telemetry import metrics
+    def __init__(self, world: int, rank: int, log_every: int) -> None:
+        from bertgpu.telemetry.throughput import Throughput, compile_events
 
-        self.throughput = metrics.Throughput(n_devices=world)
+        # Rates over the last log interval of steps that neither compiled nor were the first;
+        # the compile steps' time is reported apart (telemetry/throughput.py).
+        self.throughput = Throughput(window=log_every, n_devices=world,
+                                     compile_events=compile_events, skip_first=True)
         # Loop time (data + step), time waiting for data, exposed all-reduce time of the log
         # window; evaluation and checkpoint writes fall outside it on purpose.
         self.window_s = self.data_s = self.comm_s = 0.0
@@ -229,10 +232,10 @@ class Loop:
     def _run(self, logger: Any, preempt: _Preemption) -> LoopResult:
         t, c = self.train, self.ckpt
         result = self.result = LoopResult(step=self.engine.step)
-        w = _Window(self.world, self.info.rank)
         self._last_ckpt = time.monotonic()
         if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
             result.last_eval = self._evaluate(logger, 0, None)
+        w = _Window(self.world, self.info.rank, t.log_every_steps)
         if self.budget is not None:
             self.budget.start()
         while True:
@@ -311,7 +314,8 @@ class Loop:
         rates = w.throughput.rates()
         stragglers = straggler_fields(w.log_times.gather()[0]) if self.world > 1 else {}
         logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
-                   grad_norm=res.grad_norm, **rates, mfu=self._mfu(rates.get("tokens_per_s", 0.0)),
+                   grad_norm=res.grad_norm, **rates, **w.throughput.compile_fields(),
+                   mfu=self._mfu(rates["tokens_per_s"]) if rates else None,
                    data_wait_share=w.data_s / max(w.window_s, 1e-9),
                    comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
                    tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
