@@ -67,6 +67,23 @@ GPU_PRESET: list[dict[str, Any]] = [
 """The GPU table, in order: bf16, 6 compiles (our BERT-base at two shapes padded and one
 unpadded, transformers' BERT-base, our BERT-large and ModernBERT-base once each)."""
 
+GPU_CHECK_PRESET: list[dict[str, Any]] = [
+    dict(arch="bert", size="base", micro_batch=128, seq_len=128, lengths="full",
+         variants=[Variant(_OURS, False), Variant(_OURS, True), Variant(_HF, False),
+                   Variant(_HF, True)]),
+    dict(arch="bert", size="base", micro_batch=32, seq_len=512, lengths=VARIABLE,
+         variants=[Variant(_OURS, False, "padded"), Variant(_OURS, False, "unpadded"),
+                   Variant(_HF, False)]),
+    dict(arch="bert", size="large", micro_batch=64, seq_len=128, lengths="full",
+         variants=[Variant(_OURS, False), Variant(_HF, False)]),
+    dict(arch="modernbert", size="base", micro_batch=32, seq_len=1024, lengths=VARIABLE,
+         variants=[Variant(_OURS, False, "unpadded"), Variant(_OURS, True, "unpadded"),
+                   Variant(_HF, False)]),
+]
+"""The part of GPU_PRESET that fits `make gpu-check`'s 8 minutes with the GPU tests and two
+pretraining runs: 3 compiles (ours and transformers' BERT-base at 128 x 128, our ModernBERT-base
+unpadded at 1024), padded vs unpadded at 512 eager, BERT-large eager."""
+
 _SMOKE_SHAPES = {128: 16, 512: 32, 1024: 64}
 
 
@@ -143,10 +160,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak TFLOP/s of one device for MFU (default: the table in "
                              "flops.py; none on CPU)")
-    parser.add_argument("--preset", choices=["gpu", "gpu-smoke"], default=None,
+    parser.add_argument("--preset", choices=["gpu", "gpu-check", "gpu-smoke"], default=None,
                         help="gpu: BERT-base/large and ModernBERT-base, bf16, ours and "
                              "transformers eager and compiled, padded vs unpadded at real "
-                             "lengths (GPU_PRESET); gpu-smoke: the same rows tiny, in seconds")
+                             "lengths (GPU_PRESET); gpu-check: its 3-compile part (make "
+                             "gpu-check); gpu-smoke: the gpu rows tiny, in seconds")
     parser.add_argument("--check-graph", action="store_true",
                         help="instead of timing: check that every training micro-step (pretraining "
                              "padded/packed/unpadded, NSP on/off, the task heads) compiles with no "
@@ -181,7 +199,8 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     sources = args.real_lengths or ["full"]
     if args.preset is not None:
         variable = [s for s in sources if s != "full"] or ["uniform"]
-        preset = GPU_PRESET if args.preset == "gpu" else _smoke_preset()
+        preset = {"gpu": GPU_PRESET, "gpu-check": GPU_CHECK_PRESET}.get(args.preset) \
+            or _smoke_preset()
         dtype = "bf16" if cuda else "fp32"
         return [{**p, "dtype": dtype, "lengths": s,
                  "variants": [v for v in p["variants"] if v.model in args.models]}
@@ -271,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
         print("note: --real-lengths full has no padding, so unpadded equals padded; try "
               "--real-lengths uniform")
     cuda = device.type == "cuda"
-    if args.preset == "gpu" and not cuda:
+    if args.preset in ("gpu", "gpu-check") and not cuda:
         print("note: --preset gpu is the GPU table (BERT-large, ModernBERT-base at 1024): hours "
               "on a CPU; --preset gpu-smoke runs its rows tiny")
     smoke = args.preset == "gpu-smoke"

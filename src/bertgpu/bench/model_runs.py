@@ -11,8 +11,13 @@ before each of its steps (the compiled wrapper keeps one graph for each).
 `run_point` times the variants of one point: warm-up steps first (a compiled variant's compile
 happens there, and its warm-up goes on, a few steps at most, until a step compiles nothing: a
 CUDA-graph mode records in its second step), then `iters` rounds in which every variant takes
-one step, the order reversed every other round. Forward, backward and the optimizer step are
-timed apart (with a device synchronisation between them on CUDA). A row counts real
+`block` steps in a row (1 on the CPU, 4 on CUDA), the order reversed every other round. A step
+is timed as training runs it: on CUDA nothing waits for the device inside a block (no
+synchronisation between forward, backward and the optimizer step, the loss read after the
+block), so the host launches ahead and the device never idles for a sync the loop would not
+make; the block's wall time (synchronised at both ends) gives tokens/s, CUDA events between the
+phases give their split (fwd/bwd/opt ms, which add up to at most the step). On the CPU each
+phase is timed by the clock. A row counts real
 (non-padding) tokens, so padded and unpadded rows compare the work a user wants done; its ratios
 are against transformers eager and compiled, and for an unpadded row against our padded row
 with the same compile setting. `timed_compiles` counts timed steps during which torch compiled
@@ -129,10 +134,16 @@ class _Runner:
         self.optimizer = models.optimizers[variant.model]
         self.ours = models.eager[variant.model] if variant.model == "bertgpu" else None
         self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
+        self.wall_s = 0.0  # timed blocks, synchronised at both ends
         self.steps = self.tokens = self.timed_compiles = 0
         self.compile_s = 0.0
         self.peak_bytes: int | None = None
-        self.loss = float("nan")
+        self._loss: Any = None
+        self._marks: list[Any] = []  # CUDA events of the timed steps: (start, fwd, bwd, opt)
+
+    @property
+    def loss(self) -> float:
+        return float("nan") if self._loss is None else float(self._loss)
 
     def _sync(self) -> None:
         import torch
@@ -140,46 +151,72 @@ class _Runner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def step(self, batch: dict[str, Any], timed: bool) -> bool:
-        """One training step; returns whether torch compiled during it."""
+    def _mark(self, stamps: list[Any]) -> None:
         import torch
 
-        cuda = self.device.type == "cuda"
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            stamps.append(event)
+        else:
+            stamps.append(time.perf_counter())
+
+    def step(self, batch: dict[str, Any], timed: bool, tokens: int) -> bool:
+        """One training step; returns whether torch compiled during it. `tokens`: the batch's
+        real tokens, counted on the host (a count of the device tensor would be a sync)."""
         if self.ours is not None:
             self.ours.configure(unpad=self.variant.padding == "unpadded")
         else:
             batch = {k: v for k, v in batch.items() if k != "batch_meta"}
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
         events = compile_events()
-        self._sync()
+        stamps: list[Any] = []
+        if not timed:
+            self._sync()
         t0 = time.perf_counter()
+        self._mark(stamps)
         with self.autocast():
             loss = self.model(**batch).loss
-        self._sync()
-        t1 = time.perf_counter()
+        self._mark(stamps)
         loss.backward()
-        self._sync()
-        t2 = time.perf_counter()
+        self._mark(stamps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._sync()
-        t3 = time.perf_counter()
+        self._mark(stamps)
         compiled = compile_events() != events
-        self.loss = float(loss.detach())
+        self._loss = loss.detach()
         if not timed:
-            self.compile_s += (t3 - t0) if compiled else 0.0
+            self._sync()
+            self.compile_s += (time.perf_counter() - t0) if compiled else 0.0
             return compiled
         self.timed_compiles += int(compiled)
-        self.times["fwd"] += t1 - t0
-        self.times["bwd"] += t2 - t1
-        self.times["opt"] += t3 - t2
+        self._marks.append(stamps)
         self.steps += 1
-        self.tokens += int(batch["attention_mask"].sum())
+        self.tokens += tokens
+        return compiled
+
+    def block(self, batches: list[tuple[dict[str, Any], int]]) -> None:
+        """Timed steps back to back, the device synchronised before the first and after the
+        last only."""
+        import torch
+
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._sync()
+        t0 = time.perf_counter()
+        for batch, tokens in batches:
+            self.step(batch, timed=True, tokens=tokens)
+        self._sync()
+        self.wall_s += time.perf_counter() - t0
+        for s in self._marks:  # phase split: events (ms) on CUDA, clock (s) on the CPU
+            gaps = ([a.elapsed_time(b) / 1e3 for a, b in zip(s, s[1:], strict=False)] if cuda
+                    else [b - a for a, b in zip(s, s[1:], strict=False)])
+            for key, gap in zip(("fwd", "bwd", "opt"), gaps, strict=True):
+                self.times[key] += gap
+        self._marks.clear()
         if cuda:
             self.peak_bytes = max(self.peak_bytes or 0,
                                   torch.cuda.max_memory_allocated(self.device))
-        return compiled
 
 
 def _flops_per_token(config: Any, batches: list[dict[str, Any]], nsp: bool) -> tuple[float, float]:
@@ -216,17 +253,20 @@ def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len
     runners = [_Runner(v, models, device, autocast) for v in variants]
     batches = make_batches(max(2, min(iters, 4)), micro_batch, seq_len, models.vocab, lengths,
                            seed, device, mask_rate=mask_rate, nsp=nsp, tokenizer=tokenizer)
+    real = [int(b["attention_mask"].sum()) for b in batches]  # once, before any timing
     for r in runners:
         compiled = r.variant.compile  # a compiled variant takes one warm-up step at least
         for i in range(warmup + _EXTRA_WARMUP if r.variant.compile else warmup):
             if i >= warmup and not compiled:
                 break
-            compiled = r.step(batches[i % len(batches)], timed=False)
+            compiled = r.step(batches[i % len(batches)], timed=False, tokens=real[i % len(real)])
+    block = 4 if device.type == "cuda" else 1
     for i in range(iters):
         for r in (runners if i % 2 == 0 else runners[::-1]):  # alternate who goes first
-            r.step(batches[i % len(batches)], timed=True)
+            r.block([(batches[j % len(batches)], real[j % len(real)])
+                     for j in range(i * block, (i + 1) * block)])
     fpt, mean_length = _flops_per_token(models.config, batches, nsp)
-    tps = {r.variant: r.tokens / max(sum(r.times.values()), 1e-12) for r in runners}
+    tps = {r.variant: r.tokens / max(r.wall_s, 1e-12) for r in runners}
     hf_eager = tps.get(Variant("transformers", False))
     hf_compiled = tps.get(Variant("transformers", True))
     rows = []
@@ -239,7 +279,7 @@ def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len
             compile_mode=models.compile_label(v.compile), padding=v.padding, lengths=lengths,
             mean_length=round(mean_length, 1), mask_rate=mask_rate, iters=r.steps,
             fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n,
-            opt_ms=1e3 * r.times["opt"] / n, step_ms=1e3 * sum(r.times.values()) / n,
+            opt_ms=1e3 * r.times["opt"] / n, step_ms=1e3 * r.wall_s / n,
             tokens_per_s=tps[v], mfu=mfu(tps[v], fpt, peak), flops_per_token=fpt,
             vs_hf_eager=tps[v] / hf_eager if hf_eager else None,
             vs_hf_compiled=tps[v] / hf_compiled if hf_compiled else None,
