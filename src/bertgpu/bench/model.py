@@ -24,8 +24,9 @@ compile mode, its ratios against transformers eager and compiled (`vs_hf_eager`,
 
 Models are built once per (architecture, size) and serve every point of it (unpadding is a
 per-instance option set before each step, a compiled wrapper shares the model's parameters and
-compiles once per shape: `dynamic=False`). `--padding unpadded` turns on our model's unpadding
-(transformers runs padded: it unpads only with flash-attention-2, not with SDPA); `--padding
+compiles as training does: one graph per point, see model_runs.py). `--padding unpadded` turns on
+our model's unpadding (transformers runs padded: it unpads only with flash-attention-2, not with
+SDPA); `--padding
 bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows are appended to
 `--out` (JSONL, or CSV when the name ends in .csv), so runs accumulate.
 """

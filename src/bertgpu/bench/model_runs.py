@@ -108,15 +108,16 @@ class Models:
         return hf
 
     def module(self, name: str, compiled: bool) -> Any:
-        """The model to call: eager, or its compiled wrapper (one per model, static shapes: a new
-        shape compiles a new graph rather than a dynamic one)."""
+        """The model to call: eager, or its compiled wrapper (one per model, compiled as training
+        compiles it: the metadata's varying lengths marked dynamic by `BatchMeta.to`; every batch
+        of a point has the same shapes anyway)."""
         import torch
 
         if not compiled:
             return self.eager[name]
         if name not in self._compiled:
             self._compiled[name] = torch.compile(self.eager[name], mode=self.compile_mode,
-                                                 backend=self.backend, dynamic=False)
+                                                 backend=self.backend)
         return self._compiled[name]
 
     def compile_label(self, compiled: bool) -> str:
