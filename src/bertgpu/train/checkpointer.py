@@ -26,7 +26,6 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,79 +44,13 @@ from bertgpu.train.checkpoint import (
     checkpoint_dir,
     is_sharded_checkpoint,
     list_checkpoints,
-    save_checkpoint,
 )
+from bertgpu.train.full_checkpoints import FullCheckpoints, Pending, Written, agree, first_line
 
 MODEL_KEY, OPTIM_KEY = (
     "model",
     "optim",
 )  # the two trees of a DCP checkpoint: "model.<fqn>", "optim..."
-
-
-@dataclass
-class Written:
-    """A background write that finished: its step and how long it took (seconds)."""
-
-    step: int
-    write_s: float
-
-
-def _agree(error: BertgpuError | None, what: str) -> None:
-    """Collective: every rank stops when any rank failed (rank 0's message when it is the one)."""
-    if distributed.any_true(error is not None):
-        raise error or BertgpuError(f"{what} failed on another rank (its error names the cause)")
-
-
-class FullCheckpoints:
-    """DDP and single-process runs: rank 0 writes the whole model and optimizer."""
-
-    background = False
-
-    def __init__(self, run_dir: Path, info: distributed.DistInfo, keep_last: int) -> None:
-        self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
-        self.failed = False
-
-    def save(
-        self,
-        step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        state: dict[str, Any] | None,
-        files: dict[str, str],
-        background: bool = False,
-    ) -> Path | None:
-        """Collective; `state` (the train state without the optimizer) and `files` on rank 0."""
-        path, error = None, None
-        if self.info.is_main:
-            try:
-                full = {**(state or {}), "optimizer": optimizer.state_dict()}
-                path = save_checkpoint(
-                    self.run_dir,
-                    step,
-                    model.state_dict(),
-                    full,
-                    extra_files=files,
-                    keep_last=self.keep_last,
-                )
-                check_free_space(self.run_dir)  # warns one checkpoint interval before a full disk
-            except BertgpuError as exc:
-                error = exc
-        # Instead of a barrier: every rank learns whether rank 0's write failed and stops with it.
-        _agree(error, f"{self.run_dir}: the checkpoint of step {step}")
-        return path
-
-    def poll(self) -> Written | None:
-        return None
-
-    def wait(self) -> Written | None:
-        return None
-
-
-@dataclass
-class _Pending:
-    step: int
-    started: float
-    future: Future  # rank 0: wait + seal + rename; the other ranks: DCP's own write
 
 
 class ShardedCheckpoints:
@@ -130,12 +63,15 @@ class ShardedCheckpoints:
         keep_last: int,
         background: bool,
         timeout_minutes: float,
+        note: str = "",
     ) -> None:
         self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
-        self.background = background
+        self.background, self.note = background, note
+        self.last_write_s: float | None = None  # the last save, copy and write, for estimates
+        self._stall_s = 0.0
         self.failed = False
         self.error: BertgpuError | None = None
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._group = self._executor = None
         if background:
             import datetime
@@ -166,9 +102,10 @@ class ShardedCheckpoints:
 
         self.wait()
         background = background and self.background
+        t0 = time.perf_counter()
         final = checkpoint_dir(self.run_dir, step)
         tmp = final.with_name(final.name + ".tmp")
-        _agree(self._prepare(tmp) if self.info.is_main else None, f"{tmp}: preparing it")
+        agree(self._prepare(tmp) if self.info.is_main else None, f"{tmp}: preparing it")
         tree = _dcp_state(model, optimizer)
         needed = int(distributed.all_reduce_sum(_local_bytes(tree)))
         error, future = None, None
@@ -185,7 +122,7 @@ class ShardedCheckpoints:
                 _write_rank0_files(tmp, state or {}, files)
         except (Exception, _checkpoint_exception()) as exc:
             error = self._failure(exc, final, tmp, needed)
-        _agree(error, f"{self.run_dir}: the checkpoint of step {step}")
+        agree(error, f"{self.run_dir}: the checkpoint of step {step}")
         if future is None:  # written: rank 0 seals and renames, the others learn how it went
             seal_error = None
             if self.info.is_main:
@@ -193,11 +130,13 @@ class ShardedCheckpoints:
                     self._seal(tmp, final, step, needed, None)
                 except BertgpuError as exc:
                     seal_error = exc
-            _agree(seal_error, f"{self.run_dir}: sealing the checkpoint of step {step}")
+            agree(seal_error, f"{self.run_dir}: sealing the checkpoint of step {step}")
+            self.last_write_s = time.perf_counter() - t0
             return final
         if self.info.is_main:  # seal after the write, in the background as well
             future = self._executor.submit(self._seal, tmp, final, step, needed, future)
-        self._pending = _Pending(step, time.perf_counter(), future)
+        self._stall_s = time.perf_counter() - t0
+        self._pending = Pending(step, time.perf_counter(), future)
         return None
 
     def _prepare(self, tmp: Path) -> BertgpuError | None:
@@ -238,8 +177,7 @@ class ShardedCheckpoints:
         os_error = _os_error(exc)
         if os_error is not None:
             return _save_failed(self.run_dir, final, os_error, needed)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return BertgpuError(f"{final.parent}: cannot write {final.name}: {first}")
+        return BertgpuError(f"{final.parent}: cannot write {final.name}: {first_line(exc)}")
 
     # -- the background write --------------------------------------------------------------------
     def poll(self) -> Written | None:
@@ -254,7 +192,7 @@ class ShardedCheckpoints:
         """Collective: finish the background write, if any; raise on every rank if it failed."""
         done = self._collect() if self._pending is not None else None
         if self.background:
-            _agree(self.error, f"{self.run_dir}: a background checkpoint write")
+            agree(self.error, f"{self.run_dir}: a background checkpoint write")
         return done
 
     def _collect(self) -> Written | None:
@@ -268,12 +206,29 @@ class ShardedCheckpoints:
                 if isinstance(exc, BertgpuError)
                 else BertgpuError(
                     f"{self.run_dir}: the background write of step {p.step} failed: "
-                    f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
+                    f"{first_line(exc)}"
                 )
             )
             self.failed = True
             return None
-        return Written(p.step, time.perf_counter() - p.started)
+        written = Written(p.step, time.perf_counter() - p.started)
+        self.last_write_s = self._stall_s + written.write_s
+        return written
+
+    def settle(self, before_step: int) -> None:
+        """This rank, no collective: let a background write of a checkpoint older than
+        `before_step` finish (its outcome stays for `poll` and `wait`)."""
+        p = self._pending
+        if p is not None and p.step < before_step:
+            try:
+                p.future.result()
+            except (Exception, _checkpoint_exception()):
+                pass  # reported by poll / wait
+
+    def pending(self) -> tuple[int, float] | None:
+        """(step, seconds since it started) of the write in flight on this rank, if any."""
+        p = self._pending
+        return None if p is None else (p.step, time.perf_counter() - p.started)
 
     def failure(self) -> BertgpuError:
         """The error to stop with once some rank's background write failed."""
@@ -291,11 +246,29 @@ def make_checkpointer(
     async_save: bool,
     timeout_minutes: float,
 ) -> FullCheckpoints | ShardedCheckpoints:
-    """The checkpointer of this model's strategy (collective for a sharded model with
-    async_save: it makes the background write's process group)."""
-    if sharding.is_sharded(model):
-        return ShardedCheckpoints(run_dir, info, keep_last, async_save, timeout_minutes)
-    return FullCheckpoints(run_dir, info, keep_last)
+    """The checkpointer of this model's strategy (collective: every rank learns whether the
+    checkpoints are written in the background; a sharded model's background writes also get a
+    process group of their own). `note` says how, for the start-up table."""
+    from bertgpu.fsutil import human_bytes
+    from bertgpu.train.hostcopy import available_bytes, estimate_host_bytes, fits_in_memory
+
+    sharded = sharding.is_sharded(model)
+    # ddp: rank 0 alone copies the whole state; fsdp: every rank of a node copies its shards.
+    copies = info.local_world_size if sharded else int(info.is_main)
+    needed, free = estimate_host_bytes(model) * copies, available_bytes()
+    fits = not distributed.any_true(not fits_in_memory(needed, free))
+    background = async_save and fits
+    if not async_save:
+        note = "written in place (checkpoint.async_save false)"
+    elif background:
+        note = f"written in the background (host copy about {human_bytes(needed)}"
+        note += ", pinned)" if torch.cuda.is_available() and info.device.startswith("cuda") else ")"
+    else:
+        note = (f"written in place: a host copy of about {human_bytes(needed)} would not fit in "
+                f"{human_bytes(free or 0)} of available memory")
+    if sharded:
+        return ShardedCheckpoints(run_dir, info, keep_last, background, timeout_minutes, note)
+    return FullCheckpoints(run_dir, info, keep_last, background, note)
 
 
 # ---------------------------------------------------------------------------------------------
