@@ -17,13 +17,11 @@ object (`Task`) supplies the rest: this rank's micro batches of a step, the summ
 their counts, how to evaluate and what to export.
 
 Every decision that ends or skips work is collective, so ranks never disagree about the step they
-are on. Rank 0's budget clock and rank 0's time since the last checkpoint ride in the count
-all-reduce the engine does anyway at the start of each step (`signals`), so they cost no
-collective of their own; the decision they carry takes effect after that step. The budget clock
-is rank 0's (per-rank clocks drift); the learning rate of a step uses the clock agreed at the
-previous step, the same number on every rank. A stop signal (SIGTERM, SIGINT) is looked at
-before every step, after every micro-step and after every evaluation, and ends the run within
-`checkpoint.grace_s` (train/preemption.py).
+are on. Rank 0's budget clock and its time since the last checkpoint ride in the count all-reduce
+the engine does anyway at the start of each step (`signals`), so they cost no collective of their
+own; the decision they carry takes effect after that step. The budget clock is rank 0's (per-rank
+clocks drift); the learning rate of a step uses the clock agreed at the previous step, the same
+number on every rank. A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
 
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
 evaluate / checkpoint; everything that must be exactly right in one optimizer step
@@ -366,8 +364,9 @@ class Loop:
 
     def _evaluate(self, logger: Any, step: int, train_loss: float | None) -> dict[str, Any]:
         """The task's evaluation, cut short by a stop signal (then Preempted, on every rank)."""
-        out = self.preemption.interruptible(f"in the evaluation at step {step}", lambda: (
-            faults.slow_eval(), self.task.evaluate(step, train_loss))[1])
+        slow = faults.slow_eval if self.faults is not None else lambda: None  # the test double
+        out = self.preemption.interruptible(f"in the evaluation at step {step}",
+                                            lambda: slow() or self.task.evaluate(step, train_loss))
         self.preemption.check()
         if out:
             logger.log(step, "eval", **out)
