@@ -219,3 +219,28 @@ def test_grace_s_must_be_positive():
     with pytest.raises(BertgpuError, match="checkpoint.grace_s") as err:
         schema.load_config(None, ["--checkpoint.grace_s", "0"])
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_the_report_shows_how_long_checkpoints_stopped_training(tmp_path):
+    import json
+
+    from bertgpu.report import build_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("seed = 0\n", encoding="utf-8")
+    records = [{"step": 1, "kind": "train", "loss": 5.0},
+               {"step": 4, "kind": "info", "event": "checkpoint", "stall_s": 0.25, "wait_s": 0.0,
+                "background": True},
+               {"step": 6, "kind": "info", "event": "checkpoint_written", "saved_step": 4,
+                "write_s": 3.0},
+               {"step": 8, "kind": "info", "event": "checkpoint", "stall_s": 1.75, "wait_s": 1.5,
+                "background": True},
+               {"step": 9, "kind": "info", "event": "checkpoint_written", "saved_step": 8,
+                "write_s": 2.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    md = (build_report([run], tmp_path / "report") / "README.md").read_text()
+    for row in ("| checkpoints | 2 |", "| mean checkpoint stall (training waits) | 1 s |",
+                "| longest checkpoint stall | 1.75 s |",
+                "| mean background checkpoint write | 2.5 s |"):
+        assert row in md, md
