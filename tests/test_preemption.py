@@ -244,3 +244,18 @@ def test_the_report_shows_how_long_checkpoints_stopped_training(tmp_path):
                 "| longest checkpoint stall | 1.75 s |",
                 "| mean background checkpoint write | 2.5 s |"):
         assert row in md, md
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_host_copy_of_cuda_tensors_is_pinned_and_complete_after_one_synchronisation():
+    from bertgpu.train.hostcopy import HostCopy
+
+    w = torch.randn(1024, 1024, device="cuda")
+    step = torch.tensor(3.0, device="cuda")
+    host = HostCopy().copy({"w": w, "opt": {"step": step, "cpu": torch.ones(2)}})
+    expected = w.cpu()
+    w.mul_(2)  # queued after the copies: the copy must hold the values from before
+    assert host["w"].is_pinned() and host["w"].device.type == "cpu"
+    assert torch.equal(host["w"], expected) and host["opt"]["step"].item() == 3.0
+    assert not host["opt"]["cpu"].is_pinned()  # only what came from the GPU

@@ -315,11 +315,9 @@ class Preemption:
         """Every rank, once agreed: rank 0 decides (one collective), the preemption checkpoint
         is written or not, one line says which. Returns the exit status. `loop` is the
         train.loop.Loop (its step, checkpoints, model and `save`)."""
-        from bertgpu.train import sharding
-
+        # An aborted fsdp accumulation leaves the parameters unsharded; FSDP2's state-dict
+        # pre-hook (to_sharded) still gives the checkpoint the shards.
         step, ckpts = loop.engine.step, loop.checkpoints
-        if sharding.is_sharded(loop.model) and self.snapshot is not None:
-            _reshard(loop.model)  # an aborted accumulation left the parameters unsharded
         verdict, estimate, left = _NONE_NEEDED, 0.0, 0.0
         if self.info.is_main:
             verdict, estimate, left = self._decide(step, loop.saved_step, ckpts, loop.model)
@@ -372,18 +370,6 @@ class Preemption:
         t = torch.tensor([float(verdict)], dtype=torch.float64)
         dist.broadcast(t, src=0, group=self._group)
         return int(t.item())
-
-
-def _reshard(model: torch.nn.Module) -> None:
-    """FSDP2: back to sharded parameters, and the next backward would reduce again."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from bertgpu.train import sharding
-
-    sharding.accumulating(model, False)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
 
 
 def _flush_stdio() -> None:
