@@ -16,9 +16,10 @@ Items, separated by commas (an item may be given more than once):
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th        between_renames
                                   replacement of an existing checkpoint folder
-    slow_write=SECONDS            every rank sleeps SECONDS before writing its       slow_write
-                                  checkpoint files (in the background with
-                                  checkpoint.async_save): a slow filesystem
+    slow_write=SECONDS[@step=S]   every rank sleeps SECONDS before writing its       slow_write
+                                  checkpoint files (of step S only, when given; in
+                                  the background with checkpoint.async_save): a
+                                  slow filesystem
     slow_eval=SECONDS             every rank sleeps SECONDS in each evaluation:      slow_eval
                                   a long one, for preemption tests
 
@@ -56,7 +57,7 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS or "
+           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS[@step=S] or "
            "slow_eval=SECONDS")
 
 
@@ -88,6 +89,7 @@ class Plan:
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
     slow_write_s: float = 0.0
+    slow_write_steps: tuple[int, int | None] | None = None  # None: every checkpoint
     slow_eval_s: float = 0.0
     writes: int = 0
     replaces: int = 0
@@ -168,13 +170,16 @@ def parse(spec: str) -> Plan:
         elif key == "kill_replace":
             plan.kill_replaces.add(_int(value, item, 1))
         elif key in ("slow_write", "slow_eval"):
+            value, at, steps = value.partition("@step=")
             try:
                 seconds = float(value)
             except ValueError:
                 seconds = -1.0
-            if not seconds >= 0:
+            if not seconds >= 0 or (at and key == "slow_eval"):
                 raise _bad(item, f"expected {key}=SECONDS with SECONDS >= 0")
             setattr(plan, f"{key}_s", seconds)
+            if at:
+                plan.slow_write_steps = _steps(steps, item)
         else:
             raise _bad(item, f"unknown fault {key!r}")
     return plan
@@ -258,12 +263,17 @@ def check_write(path: Path) -> None:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected by {ENV})", str(path))
 
 
-def slow_write() -> None:
-    """Called before a checkpoint's files are written (by every rank; for a background save, in
-    its writer thread): sleep as slow_write says."""
+def slow_write(step: int) -> None:
+    """Called before the files of step `step`'s checkpoint are written (by every rank; for a
+    background save, in its writer thread): sleep as slow_write says."""
     plan = active()
-    if plan is not None and plan.slow_write_s > 0:
-        time.sleep(plan.slow_write_s)
+    if plan is None or plan.slow_write_s <= 0:
+        return
+    if plan.slow_write_steps is not None:
+        first, last = plan.slow_write_steps
+        if step < first or (last is not None and step > last):
+            return
+    time.sleep(plan.slow_write_s)
 
 
 def slow_eval() -> None:

@@ -218,7 +218,7 @@ def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mapping[str, Any],
                  extra: Mapping[str, bytes], step: int) -> None:
     tmp.mkdir(parents=True)
-    faults.slow_write()
+    faults.slow_write(step)
     _safetensors_save(tensors, tmp / MODEL_FILE)
     faults.check_write(tmp / MODEL_FILE)
     _torch_save(dict(train_state), tmp / STATE_FILE)

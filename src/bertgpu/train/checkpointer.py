@@ -114,10 +114,10 @@ class ShardedCheckpoints:
                 check_free_space(self.run_dir, needed)
             if background:
                 future = dcp.async_save(
-                    tree, storage_writer=_Writer(tmp), process_group=self._group
+                    tree, storage_writer=_Writer(tmp, step), process_group=self._group
                 )
             else:
-                dcp.save(tree, storage_writer=_Writer(tmp))
+                dcp.save(tree, storage_writer=_Writer(tmp, step))
             if self.info.is_main:
                 _write_rank0_files(tmp, state or {}, files)
         except (Exception, _checkpoint_exception()) as exc:
@@ -437,7 +437,7 @@ def _write_rank0_files(tmp: Path, state: dict[str, Any], files: dict[str, str]) 
 _WRITER: type | None = None
 
 
-def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
+def _Writer(path: Path, step: int) -> Any:  # noqa: N802 - reads as the class it makes
     """DCP's file writer with the test double's slow filesystem (testing/faults.py); the class is
     made on first use so that importing this module does not import torch.distributed."""
     global _WRITER
@@ -445,12 +445,16 @@ def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
         from torch.distributed.checkpoint import FileSystemWriter
 
         class Writer(FileSystemWriter):
+            step = 0
+
             def write_data(self, plan: Any, planner: Any) -> Any:
-                faults.slow_write()
+                faults.slow_write(self.step)
                 return super().write_data(plan, planner)
 
         _WRITER = Writer
-    return _WRITER(str(path))
+    writer = _WRITER(str(path))
+    writer.step = step
+    return writer
 
 
 __all__ = [
