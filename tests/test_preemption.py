@@ -259,3 +259,17 @@ def test_the_host_copy_of_cuda_tensors_is_pinned_and_complete_after_one_synchron
     assert host["w"].is_pinned() and host["w"].device.type == "cpu"
     assert torch.equal(host["w"], expected) and host["opt"]["step"].item() == 3.0
     assert not host["opt"]["cpu"].is_pinned()  # only what came from the GPU
+
+
+def test_slow_writes_of_one_step_and_slow_evaluations_are_injected(no_faults, monkeypatch):
+    from bertgpu.testing import faults
+
+    monkeypatch.setenv(faults.ENV, "slow_write=0.3@step=8,slow_eval=0.2")
+    t0 = time.monotonic()
+    faults.slow_write(4)  # another step's checkpoint: no delay
+    assert time.monotonic() - t0 < 0.1
+    faults.slow_write(8)
+    faults.slow_eval()
+    assert time.monotonic() - t0 >= 0.5
+    with pytest.raises(BertgpuError, match="slow_eval"):
+        faults.parse("slow_eval=1@step=2")
