@@ -81,6 +81,27 @@ def test_the_loss_is_checked_after_every_micro_step_but_the_last(preemption):
     assert preemption.checked_loss(len, 1) is len  # one micro-step: nothing in between
 
 
+def test_a_signal_noted_as_the_run_ends_arms_no_deadline_after_it():
+    """The listener may read a signal's byte only after the run ended: no deadline may outlive
+    the run (in a library caller's process it would end the process 23 s later)."""
+    p = Preemption(25.0, DistInfo())
+    note = p._note
+    p._note = lambda signum: (time.sleep(0.3), note(signum))  # the listener lags behind
+    p.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        p.restore()
+    try:
+        assert p.signum == signal.SIGTERM  # noted all the same
+        if p._timer is not None:
+            p._timer.join(1.0)  # a cancelled deadline's thread ends at once
+            assert not p._timer.is_alive()
+    finally:
+        if p._timer is not None:
+            p._timer.cancel()
+
+
 _CHILD = """
 import os, signal, sys, time
 from bertgpu.train.distributed import DistInfo

@@ -98,7 +98,7 @@ class Preemption:
         self._own: tuple[int, float] | None = None  # this rank's first signal and its time
         self._interruptible = False
         self._lock = threading.RLock()
-        self._exiting = False
+        self._exiting = self._closed = False
         self._timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
         self._wakeup: int | None = None
@@ -141,9 +141,9 @@ class Preemption:
         self._listener.start()
 
     def restore(self) -> None:
-        """Put the previous handlers back and disarm the deadline (the run has ended)."""
-        if self._timer is not None:
-            self._timer.cancel()
+        """Put the previous handlers back and disarm the deadline (the run has ended). The
+        listener first reads what is left, so that no signal it notes later arms a deadline
+        that would end the process after the run."""
         if self._sockets is not None:
             signal.set_wakeup_fd(self._wakeup if self._wakeup is not None else -1)
             self._sockets[1].close()  # the listener reads end-of-file and returns
@@ -151,6 +151,10 @@ class Preemption:
                 self._listener.join(timeout=5)
             self._sockets[0].close()
             self._sockets = self._listener = None
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -194,7 +198,7 @@ class Preemption:
 
     def _arm(self, deadline: float) -> None:
         with self._lock:
-            if self.deadline is not None and self.deadline <= deadline:
+            if self._closed or (self.deadline is not None and self.deadline <= deadline):
                 return
             if self._timer is not None:
                 self._timer.cancel()
