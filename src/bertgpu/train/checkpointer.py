@@ -3,17 +3,21 @@
 The loop (train/loop.py) decides when to save and what the train state holds; a checkpointer
 writes it, one per strategy (`make_checkpointer`), into `RUN_DIR/checkpoints/step_N/`:
 
-- `FullCheckpoints` (ddp, or one process): rank 0 writes model.safetensors and train_state.pt
-  with the optimizer's state dict (`checkpoint.save_checkpoint`).
+- `FullCheckpoints` (ddp, or one process; train/full_checkpoints.py): rank 0 writes
+  model.safetensors and train_state.pt with the optimizer's state dict
+  (`checkpoint.save_checkpoint`), in place or, from a host copy, in the background.
 - `ShardedCheckpoints` (fsdp): every rank writes its shards of the weights and of the optimizer
   state with torch.distributed.checkpoint (DCP: `.metadata`, `__R_0.distcp`) into `step_N.tmp/`;
   rank 0 adds train_state.pt (no optimizer), seals the folder (checksums over every file,
-  COMPLETE) once every rank's files are written, and renames it into place. With
-  `checkpoint.async_save` the shards are copied to CPU memory (the only time training waits:
+  COMPLETE) once every rank's files are written, and renames it into place. In the background
+  (`checkpoint.async_save`) the shards are copied to CPU memory (the only time training waits:
   the stall, logged) and written by a background thread while training goes on; sealing and
   renaming happen in the background too, after the write completed, so a crash during the write
   leaves the previous checkpoint the newest complete one. A failed background write stops every
   rank at the next step (the loop passes `failed` in the step's signals).
+
+`make_checkpointer` decides once, for every rank alike, whether checkpoints are written in the
+background: `checkpoint.async_save` and a host copy that fits in memory (train/hostcopy.py).
 
 `restore` reads any checkpoint into any model: a sharded one into a sharded model (resharded by
 DCP to this world size) or into a plain one (full tensors), a full one into a plain model or
