@@ -233,6 +233,8 @@ class Preemption:
         return signal.Signals(self.signum or self._seen or signal.SIGTERM).name
 
     def _hint(self) -> str:
+        if self.run_dir is None:  # no run folder: nothing to resume (and no torch to import)
+            return "no checkpoint was written, so re-running the same command starts over"
         from bertgpu.train.checkpoint import hint_for
 
         try:
