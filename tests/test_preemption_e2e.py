@@ -60,8 +60,15 @@ def _last_line(text: str) -> str:
 
 
 def _rerun(shards: Path, run: Path, *extra: str) -> None:
-    done = bertgpu(args(shards, run, *extra))
-    assert done.returncode == 0, done.stderr[-3000:]
+    """The same command again, to its end: in this process (one thread, as the subprocesses run:
+    the `one_thread` fixture) unless it launches workers."""
+    if "--nproc" in extra:
+        done = bertgpu(args(shards, run, *extra))
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        from bertgpu.cli import main
+
+        assert main(args(shards, run, *extra)) == 0
 
 
 def _same_checkpoint(a: Path, b: Path) -> None:
@@ -119,8 +126,11 @@ def test_a_slow_step_on_two_ranks_with_loader_workers_ends_within_the_grace(shar
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_during_an_evaluation_stops_it_and_writes_the_checkpoint(shards, tmp_path,
-                                                                        tmp_path_factory):
+def test_sigterm_during_an_evaluation_stops_it_and_writes_the_checkpoint(
+        shards, tmp_path, tmp_path_factory, one_thread, no_faults):
+    """The evaluation of step 4 would take 60 s: SIGTERM cuts it short and the checkpoint of
+    step 4 is written. The re-run writes its checkpoints in place: the same state as the
+    background ones of the run that never stopped."""
     run = tmp_path / "run"
     extra = ["--train.eval_every_steps", "4"]
     proc = _start(shards, run, *extra, faults="slow_eval=60")
@@ -130,19 +140,22 @@ def test_sigterm_during_an_evaluation_stops_it_and_writes_the_checkpoint(shards,
     assert _last_line(err).startswith("bertgpu pretrain: SIGTERM: wrote a preemption checkpoint "
                                       "of step 4 in "), err[-2000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_4"]
-    _rerun(shards, run, *extra)
-    assert_bitwise_equal(final_weights(reference_run(shards, tmp_path_factory)),
-                         final_weights(run))
+    _rerun(shards, run, *extra, "--checkpoint.async_save", "false")
+    ref = reference_run(shards, tmp_path_factory)
+    assert_bitwise_equal(final_weights(ref), final_weights(run))
+    for step in (8, 12):
+        _same_checkpoint(ref / "checkpoints" / f"step_{step}", run / "checkpoints" / f"step_{step}")
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_during_a_background_write_waits_for_it(shards, tmp_path, tmp_path_factory):
-    """Every write takes 2 s more and every micro-step 0.12 s: SIGTERM in step 10 while step 8's
-    checkpoint is written in the background. The run stops at the next micro-step, lets that
-    write finish and writes the last completed step's checkpoint (from the state before the
-    aborted step: its data had been read)."""
+def test_sigterm_during_a_background_write_waits_for_it(shards, tmp_path, tmp_path_factory,
+                                                        one_thread, no_faults):
+    """Step 8's checkpoint write takes 2 s more, every micro-step 0.12 s: SIGTERM in step 10
+    while step 8's checkpoint is written in the background. The run stops at the next
+    micro-step, lets that write finish and writes the last completed step's checkpoint (from the
+    state before the aborted step: its data had been read)."""
     run = tmp_path / "run"
-    proc = _start(shards, run, faults="slow_write=2,slow_rank=0:0.03")
+    proc = _start(shards, run, faults="slow_write=2@step=8,slow_rank=0:0.03")
     _until(lambda: _trained(run, 9))
     err, _ = _stop(proc, 0.05)
     assert proc.returncode == 143, err[-2000:]
@@ -156,30 +169,28 @@ def test_sigterm_during_a_background_write_waits_for_it(shards, tmp_path, tmp_pa
 
 
 @pytest.mark.timeout(300)
-def test_a_second_sigterm_during_a_write_exits_at_once(shards, tmp_path, tmp_path_factory):
-    """Checkpoints written in place, each 3 s more: the first SIGTERM lets step 8's write go on,
-    the second ends the process at once. step_8 never became complete, step_4 is intact, the
-    re-run resumes from it and writes its checkpoints in place: the same state as the background
-    ones of the run that never stopped."""
+def test_a_second_sigterm_during_a_write_exits_at_once(shards, tmp_path, tmp_path_factory,
+                                                       one_thread, no_faults):
+    """Checkpoints written in place, step 8's 3 s more: the first SIGTERM lets that write go on,
+    the second ends the process at once. step_8 never became complete, step_4 is intact and the
+    re-run resumes from it."""
     run = tmp_path / "run"
     extra = ["--checkpoint.async_save", "false"]
-    proc = _start(shards, run, *extra, faults="slow_write=3")
+    proc = _start(shards, run, *extra, faults="slow_write=3@step=8")
     _until(lambda: (run / "checkpoints" / "step_8.tmp").exists())
     err, took = _stop(proc, 0.0, 1.2)
     assert proc.returncode == 143 and took < 1.5, (took, err[-2000:])
     assert _last_line(err) == ("bertgpu pretrain: second SIGTERM: stopped at once while writing "
                                "the checkpoint of step 8; re-running the same command resumes "
                                f"from step 4 ({run / 'checkpoints' / 'step_4'})"), err[-2000:]
-    _rerun(shards, run, *extra)
-    ref = reference_run(shards, tmp_path_factory)
-    assert_bitwise_equal(final_weights(ref), final_weights(run))
-    for step in (8, 12):
-        _same_checkpoint(ref / "checkpoints" / f"step_{step}", run / "checkpoints" / f"step_{step}")
+    _rerun(shards, run)
+    assert_bitwise_equal(final_weights(reference_run(shards, tmp_path_factory)),
+                         final_weights(run))
 
 
 @pytest.mark.timeout(300)
 def test_sigkill_during_a_background_write_loses_only_the_steps_since_the_previous(
-        shards, tmp_path, tmp_path_factory):
+        shards, tmp_path, tmp_path_factory, one_thread, no_faults, capsys):
     """Every write takes 1 s more; rank 0 dies at step 9 while step 8's checkpoint is written in
     the background (from a host copy taken at step 8: steps 5-8 changed the weights while step
     4's was written). step_4 stays the newest complete checkpoint."""
@@ -189,8 +200,7 @@ def test_sigkill_during_a_background_write_loses_only_the_steps_since_the_previo
     # step_8.tmp, unless the kill came before the writer thread made it
     assert sorted(p.name for p in (run / "checkpoints").iterdir())[:1] == ["step_4"]
     assert not (run / "checkpoints" / "step_8").exists()
-    again = bertgpu(args(shards, run))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "step_4 (step 4" in again.stdout
+    _rerun(shards, run)
+    assert "step_4 (step 4" in capsys.readouterr().out
     assert_bitwise_equal(final_weights(reference_run(shards, tmp_path_factory)),
                          final_weights(run))
