@@ -34,6 +34,29 @@ def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedP
                           text=True, timeout=240, check=False, **popen)
 
 
+def e2e_shards(tmp_path_factory) -> Path:
+    """The shard set every `args` run uses (the same bytes in every module that writes it)."""
+    from bertgpu.data.synthetic import write_synthetic_shards
+
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16,
+                                  seq_len=32, vocab_size=100)
+
+
+_REFERENCE_RUNS: dict[int, Path] = {}
+
+
+def reference_run(shards: Path, tmp_path_factory, nproc: int = 1) -> Path:
+    """The folder of the `args(shards, ...)` run that never failed, on `nproc` processes (with
+    dropout on, each rank has its own noise stream), made once per test session for every module
+    that compares with it (their `e2e_shards` are the same bytes)."""
+    if nproc not in _REFERENCE_RUNS:
+        run = tmp_path_factory.mktemp("ref") / "run"
+        done = bertgpu(args(shards, run, *(["--nproc", str(nproc)] if nproc > 1 else [])))
+        assert done.returncode == 0, done.stderr[-2000:]
+        _REFERENCE_RUNS[nproc] = run
+    return _REFERENCE_RUNS[nproc]
+
+
 def final_weights(run: Path) -> dict:
     return load_file(str(run / "hf" / "model.safetensors"))
 

@@ -13,18 +13,22 @@ import time
 from pathlib import Path
 
 import pytest
-from _e2e import ROOT, STEPS, args, assert_bitwise_equal, bertgpu, final_weights
-from _shards import write_synthetic_shards
+from _e2e import (
+    ROOT,
+    STEPS,
+    args,
+    assert_bitwise_equal,
+    bertgpu,
+    e2e_shards,
+    final_weights,
+    reference_run,
+)
 from _toy import cpu_fp16_available
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=96, n_val=16,
-                                  seq_len=32, vocab_size=100)
-
-
-_REFERENCES: dict[int, dict] = {}
+    return e2e_shards(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +37,7 @@ def reference(shards, tmp_path_factory):
     the same number of processes (with dropout on, each rank has its own noise stream)."""
 
     def get(nproc: int = 1) -> dict:
-        if nproc not in _REFERENCES:
-            run = tmp_path_factory.mktemp("ref") / "run"
-            done = bertgpu(args(shards, run, *(["--nproc", str(nproc)] if nproc > 1 else [])))
-            assert done.returncode == 0, done.stderr[-2000:]
-            _REFERENCES[nproc] = final_weights(run)
-        return _REFERENCES[nproc]
+        return final_weights(reference_run(shards, tmp_path_factory, nproc))
 
     return get
 

@@ -248,7 +248,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
     result = loop.run()
     if result.preempted:
-        return {"preempted": True, "step": result.step}
+        return {"preempted": True, "step": result.step, "exit_status": result.exit_status}
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
@@ -474,7 +474,7 @@ def main(args: argparse.Namespace) -> int:
                    predict_test=args.predict_test, text_field=args.text_field,
                    text_pair_field=args.text_pair_field, label_field=args.label_field,
                    regression=args.regression)
-    return 143 if res.get("preempted") else 0
+    return res.get("exit_status", 143) if res.get("preempted") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,8 @@ Running the same command again on the same `--out` resumes from the latest check
 exactly on CPU in fp32; so does a torchrun restart (`--max-restarts`). Rank 0 picks the
 checkpoint and broadcasts its step, so every rank resumes from the same one (`--out` must be on
 a filesystem every node sees). Resuming at another world size continues with exactly the next
-samples. SIGTERM (a preemption) writes a checkpoint and exits with status 143.
+samples. SIGTERM or SIGINT (a preemption) ends the run within `checkpoint.grace_s` seconds, with a
+checkpoint of the last completed step when it fits, and exit status 143 (130 for SIGINT).
 
 This module only wires parts built elsewhere: the config (config/schema.py), the shard set and
 loader (data/), the model (models/), the pretraining task (tasks/pretraining.py), the engine and
@@ -95,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         print(schema.help_text())
         return 0
     result = run(_config(args), allow_data_change=args.allow_data_change)
-    return 143 if result.preempted else 0
+    return result.exit_status if result.preempted else 0
 
 
 def _check_gpu_count(n: int, device: str) -> None:
@@ -120,6 +121,7 @@ class RunResult:
     export_dir: Path | None = None
     preempted: bool = False
     last_eval: dict[str, float] = field(default_factory=dict)
+    exit_status: int = 0
 
 
 def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
@@ -135,7 +137,8 @@ def _train(cfg: Any, info: Any, allow_data_change: bool) -> RunResult:
     """Build and run the loop; the loop (and the DDP or FSDP model in it) dies with this frame,
     before the process group is torn down."""
     res = build(cfg, info, allow_data_change).run()
-    return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval)
+    return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval,
+                     res.exit_status)
 
 
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:

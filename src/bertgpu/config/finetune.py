@@ -79,6 +79,8 @@ class FinetuneConfig:
                                         "write a resumable checkpoint every N steps (0 = only "
                                         "when preempted)")
     checkpoint_every_minutes: float | None = reuse(CheckpointSection, "every_minutes")
+    checkpoint_grace_s: float = reuse(CheckpointSection, "grace_s")
+    checkpoint_async_save: bool = reuse(CheckpointSection, "async_save")
     timeout_minutes: float = reuse(DistributedSection, "timeout_minutes")
     logging: LoggingSection = option(
         factory=lambda: LoggingSection(tensorboard=False),
@@ -175,6 +177,7 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     cfg.logging.validate()
     key_is(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
            "checkpoint_every_minutes", "a positive number or none")
+    key_is(cfg.checkpoint_grace_s > 0, "checkpoint_grace_s", "a positive number of seconds")
     return cfg
 
 
@@ -198,7 +201,9 @@ def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_b
         schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
         impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
         checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,
-                                     every_minutes=cfg.checkpoint_every_minutes, keep_last=1),
+                                     every_minutes=cfg.checkpoint_every_minutes, keep_last=1,
+                                     grace_s=cfg.checkpoint_grace_s,
+                                     async_save=cfg.checkpoint_async_save),
         distributed=DistributedSection(timeout_minutes=cfg.timeout_minutes),
         logging=cfg.logging,
     )

@@ -212,7 +212,7 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _validate_optim(cfg.optim)
     _validate_schedule(cfg.schedule, cfg.train)
     _validate_checkpoint(cfg.checkpoint)
-    _validate_distributed(cfg.distributed, cfg.checkpoint)
+    _validate_distributed(cfg.distributed)
     cfg.logging.validate()
     return cfg
 
@@ -315,17 +315,17 @@ def _validate_checkpoint(c: CheckpointSection) -> None:
     check(c.keep_last >= 0, "checkpoint.keep_last", c.keep_last, "0 (keep all) or more")
     if c.every_minutes is not None:
         check(c.every_minutes > 0, "checkpoint.every_minutes", c.every_minutes, "a positive number")
+    check(c.grace_s > 0, "checkpoint.grace_s", c.grace_s, "a positive number of seconds")
 
 
-def _validate_distributed(dist: DistributedSection, ckpt: CheckpointSection) -> None:
+def _validate_distributed(dist: DistributedSection) -> None:
     check(dist.bucket_cap_mb > 0, "distributed.bucket_cap_mb", dist.bucket_cap_mb,
           "a positive integer")
     check_choice("distributed.comm_hook", dist.comm_hook, COMM_HOOKS)
     check_choice("distributed.strategy", dist.strategy, STRATEGIES)
     if dist.strategy != "fsdp":
         for key, on in (("distributed.shard_within_node", dist.shard_within_node),
-                        ("distributed.cpu_offload", dist.cpu_offload),
-                        ("checkpoint.async_save", ckpt.async_save)):
+                        ("distributed.cpu_offload", dist.cpu_offload)):
             check(not on, key, on, "false with distributed.strategy ddp (it is an fsdp option)")
     else:
         check(dist.comm_hook == "none", "distributed.comm_hook", dist.comm_hook,

@@ -133,8 +133,14 @@ class CheckpointSection:
     every_minutes: float | None = option(None,
                                          "also write one every N minutes of wall time (none = off)")
     async_save: bool = option(
-        False, "fsdp: copy the shards to CPU memory and write them in the background while "
-               "training goes on (the stall is logged); the checkpoint counts only once sealed")
+        True, "write checkpoints in the background: training waits only while the state is "
+              "copied to host memory (the stall, logged), then goes on while a thread writes, "
+              "checksums and seals it; falls back to writing in place when the host copy would "
+              "not fit in memory (said at start-up); false = always in place")
+    grace_s: float = option(
+        25.0, "from the first SIGTERM/SIGINT the run ends within this many seconds: with a "
+              "checkpoint of the last completed step when its write fits, else keeping the newest "
+              "one (Slurm and Kubernetes allow 30 s by default)")
 
 
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")

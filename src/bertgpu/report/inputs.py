@@ -172,6 +172,10 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
         last = y
 
     steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train") if s]
+    # Checkpoints: how long each kept the training thread (stall_s; background writes: only the
+    # host copy and any wait for the previous write) and how long background writes took.
+    stalls = series(records, "info", "stall_s")[1]
+    writes = series(records, "info", "write_s")[1]
     elapsed = [e for e in (num(r.get("elapsed_s")) for r in records) if e is not None]
     mem = series(records, "train", "mem_peak_gib")[1]
     worlds = [w for w in (num(r.get("world_size")) for r in records) if w is not None]
@@ -189,4 +193,8 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
         "mem_peak_gib": max(mem) if mem else None,
         "wall_s": max(elapsed) if elapsed else None,
         "world_size": worlds[-1] if worlds else None,
+        "checkpoints": len(stalls) or None,
+        "checkpoint_stall_s": sum(stalls) / len(stalls) if stalls else None,
+        "checkpoint_stall_max_s": max(stalls) if stalls else None,
+        "checkpoint_write_s": sum(writes) / len(writes) if writes else None,
     }

@@ -7,6 +7,7 @@ so the suite can drive every fault path end to end through the real commands.
 Items, separated by commas (an item may be given more than once):
 
     kill_rank=R@step=S            rank R sends itself SIGKILL at optimizer step S    maybe_kill
+                                  (see below for a checkpoint written in the background)
     nonfinite_rank=R@step=S       rank R's loss is made non-finite at step S         nonfinite
     delay_rank=R:SECONDS[@step=S] rank R sleeps SECONDS each step (or at steps S)    delay
     slow_rank=R:SECONDS           rank R sleeps SECONDS per sequence it computes:    slow_down
@@ -15,9 +16,19 @@ Items, separated by commas (an item may be given more than once):
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th        between_renames
                                   replacement of an existing checkpoint folder
-    slow_write=SECONDS            every rank sleeps SECONDS before writing its       slow_write
-                                  checkpoint files (in the background with
-                                  checkpoint.async_save): a slow filesystem
+    slow_write=SECONDS[@step=S]   every rank sleeps SECONDS before writing its       slow_write
+                                  checkpoint files (of step S only, when given; in
+                                  the background with checkpoint.async_save): a
+                                  slow filesystem
+    slow_eval=SECONDS             every rank sleeps SECONDS in each evaluation:      slow_eval
+                                  a long one, for preemption tests
+
+A slow step (one that cannot be interrupted, e.g. one that compiles) is delay_rank=R:SECONDS@step=S.
+
+So that what a kill finds on disk does not depend on the machine's speed, `kill_rank` lets a
+checkpoint write that this rank runs in the background finish first when that checkpoint is of a
+step before S - 1; the write of step S - 1's checkpoint is the one a kill at step S can land in
+(make it slow with slow_write to be sure it is still going).
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
@@ -37,6 +48,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +57,8 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N or slow_write=SECONDS")
+           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS[@step=S] or "
+           "slow_eval=SECONDS")
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class Plan:
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
     slow_write_s: float = 0.0
+    slow_write_steps: tuple[int, int | None] | None = None  # None: every checkpoint
+    slow_eval_s: float = 0.0
     writes: int = 0
     replaces: int = 0
 
@@ -154,13 +169,17 @@ def parse(spec: str) -> Plan:
             plan.enospc_writes.add(_int(value, item, 1))
         elif key == "kill_replace":
             plan.kill_replaces.add(_int(value, item, 1))
-        elif key == "slow_write":
+        elif key in ("slow_write", "slow_eval"):
+            value, at, steps = value.partition("@step=")
             try:
-                plan.slow_write_s = float(value)
+                seconds = float(value)
             except ValueError:
-                plan.slow_write_s = -1.0
-            if not plan.slow_write_s >= 0:
-                raise _bad(item, "expected slow_write=SECONDS with SECONDS >= 0")
+                seconds = -1.0
+            if not seconds >= 0 or (at and key == "slow_eval"):
+                raise _bad(item, f"expected {key}=SECONDS with SECONDS >= 0")
+            setattr(plan, f"{key}_s", seconds)
+            if at:
+                plan.slow_write_steps = _steps(steps, item)
         else:
             raise _bad(item, f"unknown fault {key!r}")
     return plan
@@ -192,10 +211,14 @@ def _die(what: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def maybe_kill(rank: int, step: int) -> None:
-    """SIGKILL this process if a kill_rank item names this rank and step."""
+def maybe_kill(rank: int, step: int, settle: Callable[[int], None] | None = None) -> None:
+    """SIGKILL this process if a kill_rank item names this rank and step. `settle(step - 1)`
+    runs first: it lets this rank's background checkpoint write of a step before `step - 1`
+    finish (see the module docstring)."""
     plan = active()
     if plan is not None and any(t.hits(rank, step) for t in plan.kill):
+        if settle is not None:
+            settle(step - 1)
         _die(f"rank {rank} at step {step}")
 
 
@@ -240,12 +263,25 @@ def check_write(path: Path) -> None:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected by {ENV})", str(path))
 
 
-def slow_write() -> None:
-    """Called before a checkpoint's files are written (by every rank; for a background save, in
-    its writer thread): sleep as slow_write says."""
+def slow_write(step: int) -> None:
+    """Called before the files of step `step`'s checkpoint are written (by every rank; for a
+    background save, in its writer thread): sleep as slow_write says."""
     plan = active()
-    if plan is not None and plan.slow_write_s > 0:
-        time.sleep(plan.slow_write_s)
+    if plan is None or plan.slow_write_s <= 0:
+        return
+    if plan.slow_write_steps is not None:
+        first, last = plan.slow_write_steps
+        if step < first or (last is not None and step > last):
+            return
+    time.sleep(plan.slow_write_s)
+
+
+def slow_eval() -> None:
+    """Called inside every evaluation (where a stop signal may interrupt it): sleep as slow_eval
+    says."""
+    plan = active()
+    if plan is not None and plan.slow_eval_s > 0:
+        time.sleep(plan.slow_eval_s)
 
 
 def between_renames() -> None:

@@ -70,7 +70,7 @@ __all__ = [
     "checkpoint_dir", "checkpoint_problem", "estimate_checkpoint_bytes", "is_sharded_checkpoint",
     "latest_checkpoint",
     "list_checkpoints", "load_checkpoint", "recover_checkpoints", "resume_checkpoint",
-    "rng_state", "save_checkpoint", "set_rng_state",
+    "capture_rng", "rng_state", "save_checkpoint", "set_rng_state",
 ]
 
 
@@ -218,7 +218,7 @@ def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mapping[str, Any],
                  extra: Mapping[str, bytes], step: int) -> None:
     tmp.mkdir(parents=True)
-    faults.slow_write()
+    faults.slow_write(step)
     _safetensors_save(tensors, tmp / MODEL_FILE)
     faults.check_write(tmp / MODEL_FILE)
     _torch_save(dict(train_state), tmp / STATE_FILE)
@@ -366,20 +366,30 @@ def load_resume(run_dir: Path, info: distributed.DistInfo
     return (path, *load_checkpoint(path))
 
 
-def rng_state() -> dict[str, Any]:
-    """Python, numpy (global) and torch CPU/CUDA generator states as plain values and tensors,
-    so they survive `torch.load(weights_only=True)`."""
+def capture_rng() -> tuple[Any, ...]:
+    """Python, numpy (global) and torch CPU/CUDA generator states as the generators give them:
+    cheap enough to take before every step (the preemption snapshot); `rng_state(captured)`
+    turns them into a checkpoint's plain values."""
     import numpy as np
 
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    cuda = (torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    return random.getstate(), np.random.get_state(legacy=True), torch.get_rng_state(), cuda
+
+
+def rng_state(captured: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    """The generator states now (or as `capture_rng` took them) as plain values and tensors, so
+    they survive `torch.load(weights_only=True)`."""
+    py, np_state, cpu, cuda = captured if captured is not None else capture_rng()
+    version, internal, gauss = py
+    name, keys, pos, has_gauss, cached = np_state
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
+        "torch": cpu,
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if cuda is not None:
+        state["cuda"] = cuda
     return state
 
 

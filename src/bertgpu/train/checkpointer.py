@@ -3,17 +3,21 @@
 The loop (train/loop.py) decides when to save and what the train state holds; a checkpointer
 writes it, one per strategy (`make_checkpointer`), into `RUN_DIR/checkpoints/step_N/`:
 
-- `FullCheckpoints` (ddp, or one process): rank 0 writes model.safetensors and train_state.pt
-  with the optimizer's state dict (`checkpoint.save_checkpoint`).
+- `FullCheckpoints` (ddp, or one process; train/full_checkpoints.py): rank 0 writes
+  model.safetensors and train_state.pt with the optimizer's state dict
+  (`checkpoint.save_checkpoint`), in place or, from a host copy, in the background.
 - `ShardedCheckpoints` (fsdp): every rank writes its shards of the weights and of the optimizer
   state with torch.distributed.checkpoint (DCP: `.metadata`, `__R_0.distcp`) into `step_N.tmp/`;
   rank 0 adds train_state.pt (no optimizer), seals the folder (checksums over every file,
-  COMPLETE) once every rank's files are written, and renames it into place. With
-  `checkpoint.async_save` the shards are copied to CPU memory (the only time training waits:
+  COMPLETE) once every rank's files are written, and renames it into place. In the background
+  (`checkpoint.async_save`) the shards are copied to CPU memory (the only time training waits:
   the stall, logged) and written by a background thread while training goes on; sealing and
   renaming happen in the background too, after the write completed, so a crash during the write
   leaves the previous checkpoint the newest complete one. A failed background write stops every
   rank at the next step (the loop passes `failed` in the step's signals).
+
+`make_checkpointer` decides once, for every rank alike, whether checkpoints are written in the
+background: `checkpoint.async_save` and a host copy that fits in memory (train/hostcopy.py).
 
 `restore` reads any checkpoint into any model: a sharded one into a sharded model (resharded by
 DCP to this world size) or into a plain one (full tensors), a full one into a plain model or
@@ -26,7 +30,6 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,79 +48,13 @@ from bertgpu.train.checkpoint import (
     checkpoint_dir,
     is_sharded_checkpoint,
     list_checkpoints,
-    save_checkpoint,
 )
+from bertgpu.train.full_checkpoints import FullCheckpoints, Pending, Written, agree, first_line
 
 MODEL_KEY, OPTIM_KEY = (
     "model",
     "optim",
 )  # the two trees of a DCP checkpoint: "model.<fqn>", "optim..."
-
-
-@dataclass
-class Written:
-    """A background write that finished: its step and how long it took (seconds)."""
-
-    step: int
-    write_s: float
-
-
-def _agree(error: BertgpuError | None, what: str) -> None:
-    """Collective: every rank stops when any rank failed (rank 0's message when it is the one)."""
-    if distributed.any_true(error is not None):
-        raise error or BertgpuError(f"{what} failed on another rank (its error names the cause)")
-
-
-class FullCheckpoints:
-    """DDP and single-process runs: rank 0 writes the whole model and optimizer."""
-
-    background = False
-
-    def __init__(self, run_dir: Path, info: distributed.DistInfo, keep_last: int) -> None:
-        self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
-        self.failed = False
-
-    def save(
-        self,
-        step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        state: dict[str, Any] | None,
-        files: dict[str, str],
-        background: bool = False,
-    ) -> Path | None:
-        """Collective; `state` (the train state without the optimizer) and `files` on rank 0."""
-        path, error = None, None
-        if self.info.is_main:
-            try:
-                full = {**(state or {}), "optimizer": optimizer.state_dict()}
-                path = save_checkpoint(
-                    self.run_dir,
-                    step,
-                    model.state_dict(),
-                    full,
-                    extra_files=files,
-                    keep_last=self.keep_last,
-                )
-                check_free_space(self.run_dir)  # warns one checkpoint interval before a full disk
-            except BertgpuError as exc:
-                error = exc
-        # Instead of a barrier: every rank learns whether rank 0's write failed and stops with it.
-        _agree(error, f"{self.run_dir}: the checkpoint of step {step}")
-        return path
-
-    def poll(self) -> Written | None:
-        return None
-
-    def wait(self) -> Written | None:
-        return None
-
-
-@dataclass
-class _Pending:
-    step: int
-    started: float
-    future: Future  # rank 0: wait + seal + rename; the other ranks: DCP's own write
 
 
 class ShardedCheckpoints:
@@ -130,12 +67,15 @@ class ShardedCheckpoints:
         keep_last: int,
         background: bool,
         timeout_minutes: float,
+        note: str = "",
     ) -> None:
         self.run_dir, self.info, self.keep_last = Path(run_dir), info, keep_last
-        self.background = background
+        self.background, self.note = background, note
+        self.last_write_s: float | None = None  # the last save, copy and write, for estimates
+        self._stall_s = 0.0
         self.failed = False
         self.error: BertgpuError | None = None
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._group = self._executor = None
         if background:
             import datetime
@@ -166,9 +106,10 @@ class ShardedCheckpoints:
 
         self.wait()
         background = background and self.background
+        t0 = time.perf_counter()
         final = checkpoint_dir(self.run_dir, step)
         tmp = final.with_name(final.name + ".tmp")
-        _agree(self._prepare(tmp) if self.info.is_main else None, f"{tmp}: preparing it")
+        agree(self._prepare(tmp) if self.info.is_main else None, f"{tmp}: preparing it")
         tree = _dcp_state(model, optimizer)
         needed = int(distributed.all_reduce_sum(_local_bytes(tree)))
         error, future = None, None
@@ -177,15 +118,15 @@ class ShardedCheckpoints:
                 check_free_space(self.run_dir, needed)
             if background:
                 future = dcp.async_save(
-                    tree, storage_writer=_Writer(tmp), process_group=self._group
+                    tree, storage_writer=_Writer(tmp, step), process_group=self._group
                 )
             else:
-                dcp.save(tree, storage_writer=_Writer(tmp))
+                dcp.save(tree, storage_writer=_Writer(tmp, step))
             if self.info.is_main:
                 _write_rank0_files(tmp, state or {}, files)
         except (Exception, _checkpoint_exception()) as exc:
             error = self._failure(exc, final, tmp, needed)
-        _agree(error, f"{self.run_dir}: the checkpoint of step {step}")
+        agree(error, f"{self.run_dir}: the checkpoint of step {step}")
         if future is None:  # written: rank 0 seals and renames, the others learn how it went
             seal_error = None
             if self.info.is_main:
@@ -193,11 +134,13 @@ class ShardedCheckpoints:
                     self._seal(tmp, final, step, needed, None)
                 except BertgpuError as exc:
                     seal_error = exc
-            _agree(seal_error, f"{self.run_dir}: sealing the checkpoint of step {step}")
+            agree(seal_error, f"{self.run_dir}: sealing the checkpoint of step {step}")
+            self.last_write_s = time.perf_counter() - t0
             return final
         if self.info.is_main:  # seal after the write, in the background as well
             future = self._executor.submit(self._seal, tmp, final, step, needed, future)
-        self._pending = _Pending(step, time.perf_counter(), future)
+        self._stall_s = time.perf_counter() - t0
+        self._pending = Pending(step, time.perf_counter(), future)
         return None
 
     def _prepare(self, tmp: Path) -> BertgpuError | None:
@@ -238,8 +181,7 @@ class ShardedCheckpoints:
         os_error = _os_error(exc)
         if os_error is not None:
             return _save_failed(self.run_dir, final, os_error, needed)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return BertgpuError(f"{final.parent}: cannot write {final.name}: {first}")
+        return BertgpuError(f"{final.parent}: cannot write {final.name}: {first_line(exc)}")
 
     # -- the background write --------------------------------------------------------------------
     def poll(self) -> Written | None:
@@ -254,7 +196,7 @@ class ShardedCheckpoints:
         """Collective: finish the background write, if any; raise on every rank if it failed."""
         done = self._collect() if self._pending is not None else None
         if self.background:
-            _agree(self.error, f"{self.run_dir}: a background checkpoint write")
+            agree(self.error, f"{self.run_dir}: a background checkpoint write")
         return done
 
     def _collect(self) -> Written | None:
@@ -268,12 +210,29 @@ class ShardedCheckpoints:
                 if isinstance(exc, BertgpuError)
                 else BertgpuError(
                     f"{self.run_dir}: the background write of step {p.step} failed: "
-                    f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
+                    f"{first_line(exc)}"
                 )
             )
             self.failed = True
             return None
-        return Written(p.step, time.perf_counter() - p.started)
+        written = Written(p.step, time.perf_counter() - p.started)
+        self.last_write_s = self._stall_s + written.write_s
+        return written
+
+    def settle(self, before_step: int) -> None:
+        """This rank, no collective: let a background write of a checkpoint older than
+        `before_step` finish (its outcome stays for `poll` and `wait`)."""
+        p = self._pending
+        if p is not None and p.step < before_step:
+            try:
+                p.future.result()
+            except (Exception, _checkpoint_exception()):
+                pass  # reported by poll / wait
+
+    def pending(self) -> tuple[int, float] | None:
+        """(step, seconds since it started) of the write in flight on this rank, if any."""
+        p = self._pending
+        return None if p is None else (p.step, time.perf_counter() - p.started)
 
     def failure(self) -> BertgpuError:
         """The error to stop with once some rank's background write failed."""
@@ -291,11 +250,29 @@ def make_checkpointer(
     async_save: bool,
     timeout_minutes: float,
 ) -> FullCheckpoints | ShardedCheckpoints:
-    """The checkpointer of this model's strategy (collective for a sharded model with
-    async_save: it makes the background write's process group)."""
-    if sharding.is_sharded(model):
-        return ShardedCheckpoints(run_dir, info, keep_last, async_save, timeout_minutes)
-    return FullCheckpoints(run_dir, info, keep_last)
+    """The checkpointer of this model's strategy (collective: every rank learns whether the
+    checkpoints are written in the background; a sharded model's background writes also get a
+    process group of their own). `note` says how, for the start-up table."""
+    from bertgpu.fsutil import human_bytes
+    from bertgpu.train.hostcopy import available_bytes, estimate_host_bytes, fits_in_memory
+
+    sharded = sharding.is_sharded(model)
+    # ddp: rank 0 alone copies the whole state; fsdp: every rank of a node copies its shards.
+    copies = info.local_world_size if sharded else int(info.is_main)
+    needed, free = estimate_host_bytes(model) * copies, available_bytes()
+    fits = not distributed.any_true(not fits_in_memory(needed, free))
+    background = async_save and fits
+    if not async_save:
+        note = "written in place (checkpoint.async_save false)"
+    elif background:
+        note = f"written in the background (host copy about {human_bytes(needed)}"
+        note += ", pinned)" if torch.cuda.is_available() and info.device.startswith("cuda") else ")"
+    else:
+        note = (f"written in place: a host copy of about {human_bytes(needed)} would not fit in "
+                f"{human_bytes(free or 0)} of available memory")
+    if sharded:
+        return ShardedCheckpoints(run_dir, info, keep_last, background, timeout_minutes, note)
+    return FullCheckpoints(run_dir, info, keep_last, background, note)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +441,7 @@ def _write_rank0_files(tmp: Path, state: dict[str, Any], files: dict[str, str]) 
 _WRITER: type | None = None
 
 
-def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
+def _Writer(path: Path, step: int) -> Any:  # noqa: N802 - reads as the class it makes
     """DCP's file writer with the test double's slow filesystem (testing/faults.py); the class is
     made on first use so that importing this module does not import torch.distributed."""
     global _WRITER
@@ -472,12 +449,16 @@ def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
         from torch.distributed.checkpoint import FileSystemWriter
 
         class Writer(FileSystemWriter):
+            step = 0
+
             def write_data(self, plan: Any, planner: Any) -> Any:
-                faults.slow_write()
+                faults.slow_write(self.step)
                 return super().write_data(plan, planner)
 
         _WRITER = Writer
-    return _WRITER(str(path))
+    writer = _WRITER(str(path))
+    writer.step = step
+    return writer
 
 
 __all__ = [

@@ -8,7 +8,9 @@ clear last line about how it ended.
 The launcher (`python -m torch.distributed.run --standalone`) runs in a session of its own, so
 that a stop signal that reaches this process (Ctrl-C in a terminal, `kill`, a scheduler's
 SIGTERM) is forwarded to the launcher's whole process group exactly once: the workers and their
-loader processes see it, write the preemption checkpoint, and this process exits 143 saying so.
+loader processes see it, end within `checkpoint.grace_s` (train/preemption.py; torchrun forwards
+the signal to its workers again, which they count once, and kills them 30 s later), and this
+process exits 143 (130 for SIGINT) saying so.
 
 With `max_restarts`, a failed job is started again, up to that many times, and resumes from the
 newest good checkpoint. The restart is a fresh launcher (a new rendezvous, new ports) rather than
@@ -30,7 +32,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PREEMPTED_EXIT = 143  # 128 + SIGTERM, what schedulers and shells expect from a stopped job
 
 
 RESTART_ENV = "BERTGPU_RESTART_COUNT"
@@ -45,9 +46,9 @@ def launcher_command(nproc: int, argv: list[str]) -> list[str]:
 def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
                  resume_hint: Callable[[], str | None] | None = None) -> int:
     """Run the launcher (again after a failure, up to `max_restarts` times), pass its output
-    through, forward stop signals; returns the exit status (0, 143 when stopped by a signal, else
-    the launcher's). The caller must strip its own `--nproc` from `argv` so the children (which
-    see WORLD_SIZE) do not launch again."""
+    through, forward stop signals; returns the exit status (0, 128 + the signal when stopped by
+    one: 143 for SIGTERM, 130 for SIGINT; else the launcher's). The caller must strip its own
+    `--nproc` from `argv` so the children (which see WORLD_SIZE) do not launch again."""
     name = f"bertgpu {argv[0]}" if argv else "bertgpu"
     for attempt in range(max_restarts + 1):
         rc, tail, received = _launch_once(nproc, argv, attempt)
@@ -58,7 +59,7 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
         if received:
             print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
                   file=sys.stderr, flush=True)
-            return PREEMPTED_EXIT
+            return 128 + received[0]
         if attempt < max_restarts:
             print(f"{name}: {describe_failure(tail)}; restart {attempt + 1} of {max_restarts}: "
                   f"{hint.replace('re-running the same command resumes', 'resuming')}",

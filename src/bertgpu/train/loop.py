@@ -17,11 +17,11 @@ object (`Task`) supplies the rest: this rank's micro batches of a step, the summ
 their counts, how to evaluate and what to export.
 
 Every decision that ends or skips work is collective, so ranks never disagree about the step they
-are on. The preemption flag, rank 0's budget clock and rank 0's time since the last checkpoint
-ride in the count all-reduce the engine does anyway at the start of each step (`signals`), so
-they cost no collective of their own; the decision they carry takes effect after that step.
-The budget clock is rank 0's (per-rank clocks drift); the learning rate of a step uses the
-clock agreed at the previous step, the same number on every rank.
+are on. Rank 0's budget clock and its time since the last checkpoint ride in the count all-reduce
+the engine does anyway at the start of each step (`signals`), so they cost no collective of their
+own; the decision they carry takes effect after that step. The budget clock is rank 0's (per-rank
+clocks drift); the learning rate of a step uses the clock agreed at the previous step, the same
+number on every rank. A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
 
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
 evaluate / checkpoint; everything that must be exactly right in one optimizer step
@@ -33,7 +33,6 @@ rank, comes from `checkpoint.load_resume`. The loop takes the config sections as
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from bertgpu.testing import faults
 from bertgpu.train import distributed
 from bertgpu.train.balance import RankTimes, shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult
+from bertgpu.train.preemption import Preempted, Preemption, Snapshot
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
 
@@ -71,28 +71,8 @@ class LoopResult:
     """Time spent in training steps (data included; evaluation and checkpoints excluded)."""
     data_s: float = 0.0
     """The part of `train_s` spent waiting for `task.micro_batches` (host-side batch building)."""
-
-
-class _Preemption:
-    """SIGTERM/SIGINT set a flag; the loop acts on it collectively after the current step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. called from a test thread)
-                pass
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+    exit_status: int = 0
+    """128 + the stop signal when preempted (143 for SIGTERM, 130 for SIGINT), else 0."""
 
 
 class _Window:
@@ -196,6 +176,8 @@ class Loop:
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
         self.checkpoints = make_checkpointer(model, info, self.run_dir, checkpoint.keep_last,
                                              checkpoint.async_save, dist.timeout_minutes)
+        self.preemption = Preemption(checkpoint.grace_s, info, title=title, run_dir=self.run_dir,
+                                     timeout_minutes=dist.timeout_minutes)
         if resume is not None:
             self._restore(*resume)
 
@@ -220,19 +202,26 @@ class Loop:
             self.run_dir, self.info.is_main, self.logging, self.config, device=self.engine.device,
             total_steps=self.max_steps or None, log_every=self.train.log_every_steps,
             initial_step=self.engine.step, elapsed_offset_s=self.elapsed_offset)
-        preempt = _Preemption()
-        preempt.install()
+        self.preemption.install()
         try:
-            return self._run(logger, preempt)
+            return self._run(logger)
         finally:
-            preempt.restore()
+            self.checkpoints.settle(self.engine.step + 1)  # an error: let a write in flight end
             logger.close()
             self.task.close()
+            self.preemption.restore()
 
-    def _run(self, logger: Any, preempt: _Preemption) -> LoopResult:
-        t, c = self.train, self.ckpt
+    def _run(self, logger: Any) -> LoopResult:
         result = self.result = LoopResult(step=self.engine.step)
         self._last_ckpt = time.monotonic()
+        try:
+            self._steps(logger, result, w)
+        except Preempted:  # every rank agreed (preemption.check)
+            result.preempted, result.stop_reason = True, "preempted"
+        return self._finish(logger, result, w)
+
+    def _steps(self, logger: Any, result: LoopResult, w: _Window) -> None:
+        t, c = self.train, self.ckpt
         if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
             result.last_eval = self._evaluate(logger, 0, None)
         w = _Window(self.world, self.info.rank, t.log_every_steps)
@@ -246,7 +235,7 @@ class Loop:
                 result.stop_reason = "budget"
                 break
             self._log_written(logger, self.checkpoints.poll())
-            res = self._train_step(preempt, w, result)
+            res = self._train_step(w, result)
             step = self.engine.step
             if res.signals.get("checkpoint_failed", 0.0) > 0:  # a background write, on some rank
                 raise self.checkpoints.failure()
@@ -255,9 +244,6 @@ class Loop:
             if res.skipped:
                 logger.print(f"step {step}: non-finite loss or gradients, update skipped "
                              f"({self.engine.nonfinite_in_row} in a row)")
-            if res.signals.get("preempt", 0.0) > 0:
-                result.preempted, result.stop_reason = True, "preempted"
-                break
             if self.balance_every and step % self.balance_every == 0:
                 self._rebalance(logger, w)
             if t.eval_every_steps and step % t.eval_every_steps == 0:
@@ -270,27 +256,31 @@ class Loop:
                 self.save(logger, background=c.async_save)
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
-        return self._finish(logger, result, w)
 
-    def _train_step(self, preempt: _Preemption, w: _Window, result: LoopResult) -> StepResult:
-        """One optimizer step with its timing and counters."""
+    def _train_step(self, w: _Window, result: LoopResult) -> StepResult:
+        """One optimizer step with its timing and counters; Preempted when a stop signal came
+        (the step is then dropped: the preemption checkpoint holds the state from before it)."""
+        step = self.engine.step
+        self.preemption.begin_step(step, self.task, self.engine)
         # the test double (testing/faults.py): off unless BERTGPU_FAULTS
         if self.faults is not None:
-            faults.maybe_kill(self.info.rank, self.engine.step + 1)
-            faults.delay(self.info.rank, self.engine.step + 1)
+            faults.maybe_kill(self.info.rank, step + 1, settle=self.checkpoints.settle)
+            faults.delay(self.info.rank, step + 1)
         t0 = time.perf_counter()
-        micro_batches = self.task.micro_batches(self.engine.step)
+        micro_batches = self.preemption.interruptible(
+            f"waiting for the data of step {step + 1}", lambda: self.task.micro_batches(step))
+        n = self.preemption.check(len(micro_batches or ()))  # every rank; raises Preempted
         t1 = time.perf_counter()
         # The same keys on every rank (one all-reduce); the clocks are rank 0's, the other ranks
         # add zeros.
         main = self.info.is_main
-        signals = {"preempt": float(preempt.requested),
-                   "since_checkpoint_s": time.monotonic() - self._last_ckpt if main else 0.0,
+        signals = {"since_checkpoint_s": time.monotonic() - self._last_ckpt if main else 0.0,
                    "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
         if self.checkpoints.background:
             signals["checkpoint_failed"] = float(self.checkpoints.failed)
-        res = self.engine.train_step(micro_batches, self._loss_fn(), self.task.counts,
-                                     signals=signals)
+        loss_fn = self.preemption.checked_loss(self._loss_fn(), n)  # a check per micro-step
+        res = self.engine.train_step(micro_batches, loss_fn, self.task.counts, signals=signals)
+        self.preemption.end_step(self.engine.step)
         if self.budget is not None:
             self.budget.agree(res.signals.get("budget_elapsed_s", 0.0))
         t2 = time.perf_counter()
@@ -350,12 +340,14 @@ class Loop:
         return injected
 
     def _finish(self, logger: Any, result: LoopResult, w: _Window) -> LoopResult:
-        """End of training (steps, budget, or preemption): evaluate, checkpoint, export."""
+        """End of training (steps, budget, or preemption): evaluate, checkpoint, export; when
+        preempted, the preemption checkpoint if it fits in the grace (train/preemption.py)."""
         step = result.step = self.engine.step
-        if result.preempted:
-            logger.print(f"preempted at step {step}: writing a checkpoint and stopping")
-        elif w.evaluated_at != step:
-            result.last_eval = self._evaluate(logger, step, w.train_loss())
+        if not result.preempted and w.evaluated_at != step:
+            try:
+                result.last_eval = self._evaluate(logger, step, w.train_loss())
+            except Preempted:
+                result.preempted, result.stop_reason = True, "preempted"
         # Ranks agree on the step by construction; check it once (cheap) rather than trust it.
         lo, hi = -distributed.all_reduce_max(-step), distributed.all_reduce_max(step)
         if lo != hi:
@@ -363,38 +355,47 @@ class Loop:
                                "report this bug")
         logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
                    rank_step_min=lo, rank_step_max=hi)
-        self._log_written(logger, self.checkpoints.wait())
-        if (self.final_checkpoint or result.preempted) and self.saved_step != step:
-            self.save(logger)
-        if not result.preempted:
+        if result.preempted:
+            result.exit_status = self.preemption.stop(self, logger)
+        else:
+            self._log_written(logger, self.checkpoints.wait())
+            if self.final_checkpoint and self.saved_step != step:
+                self.save(logger)
             self._export(result, step)
         distributed.barrier()
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
 
     def _evaluate(self, logger: Any, step: int, train_loss: float | None) -> dict[str, Any]:
-        out = self.task.evaluate(step, train_loss)
+        """The task's evaluation, cut short by a stop signal (then Preempted, on every rank)."""
+        slow = faults.slow_eval if self.faults is not None else lambda: None  # the test double
+        out = self.preemption.interruptible(f"in the evaluation at step {step}",
+                                            lambda: slow() or self.task.evaluate(step, train_loss))
+        self.preemption.check()
         if out:
             logger.log(step, "eval", **out)
-        return out
+        return out or {}
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save(self, logger: Any, background: bool = False) -> Path | None:
+    def save(self, logger: Any, background: bool = False,
+             snapshot: Snapshot | None = None) -> Path | None:
         """Write a checkpoint of the current step (collective: every rank sends its RNG state;
-        with a sharded model every rank writes its shards, in the background if asked). The time
-        the training thread was blocked is logged (`stall_s`)."""
+        rank 0 writes, or with a sharded model every rank writes its shards; in the background
+        if asked). `snapshot`: the state from before a step that was aborted. The time the
+        training thread was blocked is logged (`stall_s`)."""
         from bertgpu.train.checkpoint import rng_state
 
         t0 = time.perf_counter()
+        self.preemption.phase = f"while writing the checkpoint of step {self.engine.step}"
         self._log_written(logger, self.checkpoints.wait())  # a background write still going on
         waited = time.perf_counter() - t0
-        rngs = distributed.gather_objects(rng_state())
+        rngs = distributed.gather_objects(rng_state(snapshot.rng if snapshot else None))
         state, files = None, {}
         if self.info.is_main:
             state = {
                 "step": self.engine.step,
-                "engine": self.engine.state_dict(),
-                **self.task.state_dict(),
+                "engine": snapshot.engine if snapshot else self.engine.state_dict(),
+                **(snapshot.task if snapshot else self.task.state_dict()),
                 "rng": rngs,
                 "tokens_seen": self.tokens_seen,
                 "sequences_seen": self.sequences_seen,
@@ -468,6 +469,8 @@ class Loop:
             rows.append(("steps", f"{self.max_steps:,}"))
         if self.resumed_from is not None:
             rows.append(("resumed at step", str(e.step)))
+        rows.append(("checkpoints", f"{self.checkpoints.note}; stop signals end the run within "
+                                    f"{self.ckpt.grace_s:g} s"))
         return rows
 
     def _mfu(self, tokens_per_s: float) -> float | None:
