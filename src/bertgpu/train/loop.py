@@ -213,6 +213,7 @@ class Loop:
 
     def _run(self, logger: Any) -> LoopResult:
         result = self.result = LoopResult(step=self.engine.step)
+        w = _Window(self.world, self.info.rank, self.train.log_every_steps)
         self._last_ckpt = time.monotonic()
         try:
             self._steps(logger, result, w)
@@ -224,7 +225,7 @@ class Loop:
         t, c = self.train, self.ckpt
         if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
             result.last_eval = self._evaluate(logger, 0, None)
-        w = _Window(self.world, self.info.rank, t.log_every_steps)
+            w.throughput.reset()  # the rates start after it
         if self.budget is not None:
             self.budget.start()
         while True:
