@@ -15,15 +15,21 @@ Items, separated by commas (an item may be given more than once):
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th        between_renames
                                   replacement of an existing checkpoint folder
-    slow_write=SECONDS            every rank sleeps SECONDS before writing its       slow_write
-                                  checkpoint files (in the background with
-                                  checkpoint.async_save): a slow filesystem
+    slow_write=SECONDS            a slow filesystem: every rank writes the first     slow_write,
+                                  bytes of each shard file of a sharded checkpoint   slow_files
+                                  and waits SECONDS before the rest (in the
+                                  background with checkpoint.async_save), so a
+                                  crash meanwhile leaves a cut file; a whole-file
+                                  checkpoint waits before its files
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
 Faults fire in a launcher's first attempt only (TORCHELASTIC_RESTART_COUNT and
 BERTGPU_RESTART_COUNT unset or 0): a job that `--max-restarts` restarts then runs clean, as it
 would after a real one-off fault.
+
+With slow_write, a kill_rank item waits (up to SECONDS) until that process is in the middle of a
+shard file, so the crash cuts one whatever the timing of the background write.
 
 Every helper reads the environment variable first and returns at once when it is unset, so the
 training loop may call them at every step. The parsed plan (with its write and replace counters)
@@ -32,11 +38,14 @@ is kept per value of the variable; `reset()` forgets it, for tests that reuse on
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,9 +202,12 @@ def _die(what: str) -> None:
 
 
 def maybe_kill(rank: int, step: int) -> None:
-    """SIGKILL this process if a kill_rank item names this rank and step."""
+    """SIGKILL this process if a kill_rank item names this rank and step (with slow_write: once
+    a shard file is cut, or after SECONDS)."""
     plan = active()
     if plan is not None and any(t.hits(rank, step) for t in plan.kill):
+        if plan.slow_write_s > 0:
+            _mid_file.wait(plan.slow_write_s)
         _die(f"rank {rank} at step {step}")
 
 
@@ -241,11 +253,58 @@ def check_write(path: Path) -> None:
 
 
 def slow_write() -> None:
-    """Called before a checkpoint's files are written (by every rank; for a background save, in
-    its writer thread): sleep as slow_write says."""
+    """Called before a whole-file checkpoint's files are written: sleep as slow_write says."""
     plan = active()
     if plan is not None and plan.slow_write_s > 0:
         time.sleep(plan.slow_write_s)
+
+
+_mid_file = threading.Event()
+"""Set while a slow_write waits in the middle of a shard file (what maybe_kill waits for)."""
+
+
+def slow_files(fs: object) -> object:
+    """DCP's filesystem object (`FileSystemWriter.fs`) as slow_write makes it: each shard file
+    (*.distcp) opened for writing gets its first write flushed to disk, then its writer waits
+    SECONDS before the rest. `fs` itself when slow_write is off."""
+    plan = active()
+    return fs if plan is None or plan.slow_write_s <= 0 else _SlowFiles(fs, plan.slow_write_s)
+
+
+class _SlowFiles:
+    def __init__(self, fs: object, seconds: float) -> None:
+        self._fs, self._seconds = fs, seconds
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._fs, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: object, mode: str) -> Iterator[object]:
+        with self._fs.create_stream(path, mode) as stream:
+            shard = str(path).endswith(".distcp") and "w" in mode
+            yield _SlowStream(stream, self._seconds) if shard else stream
+
+
+class _SlowStream:
+    """A file whose first write reaches the disk, then waits: a crash meanwhile cuts it."""
+
+    def __init__(self, stream: object, seconds: float) -> None:
+        self._stream, self._seconds, self._waited = stream, seconds, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+    def write(self, data: object) -> int:
+        n = self._stream.write(data)
+        if not self._waited:
+            self._waited = True
+            self._stream.flush()
+            _mid_file.set()
+            try:
+                time.sleep(self._seconds)
+            finally:
+                _mid_file.clear()
+        return n
 
 
 def between_renames() -> None:

@@ -473,7 +473,7 @@ def _Writer(path: Path) -> Any:  # noqa: N802 - reads as the class it makes
 
         class Writer(FileSystemWriter):
             def write_data(self, plan: Any, planner: Any) -> Any:
-                faults.slow_write()
+                self.fs = faults.slow_files(self.fs)
                 return super().write_data(plan, planner)
 
         _WRITER = Writer
