@@ -178,6 +178,10 @@ def test_every_number_is_the_runs_own(study: Path):
         assert res["config"]["micro_batch_size"] == 4 and res["config"]["lr_scaling"] == "sqrt"
         for key in TIMES:
             assert r[key] == res[key], key
+        # The rate from the run's own counts: every epoch trains on all 64 examples, whatever the
+        # worker count (examples counted per rank would halve the 2-worker cells' speedup).
+        assert res["train_sequences"] == 64 and len(res["epochs"]) == 2
+        assert r["train_examples_per_s"] == pytest.approx(2 * 64 / res["train_seconds"], rel=1e-9)
         assert r["steps"] == res["steps"] == 2 * math.ceil(64 / r["global_batch"])
         assert r["metric_value"] == res["metrics"]["dev"]["accuracy"] and r["score"] == res["score"]
         assert r["peak_lr"] == res["peak_lr"]
@@ -194,6 +198,27 @@ def test_every_number_is_the_runs_own(study: Path):
         assert r["speedup"] == res["train_examples_per_s"] / ref["train_examples_per_s"]
         assert r["efficiency"] == r["speedup"] / r["workers"]
         assert not (Path(r["dir"]) / "model").exists()  # exports removed unless --keep-models
+
+
+@pytest.mark.timeout(400)
+def test_time_to_target_reached_at_a_later_epoch(study: Path, tmp_path):
+    """The row of a cell that first reaches the target at epoch 2 carries epoch 2's cumulative
+    train time (not that epoch's own time, nor epoch 1's). The study's cells all reach 50% at
+    epoch 1, so a 2-worker cell's results.json is read with its epoch-1 accuracy set below."""
+    from bertgpu.bench.finetune_grid import Cell, Plan
+
+    row = next(r for r in _rows(study) if r["workers"] == 2 and r["aggregation"] == 1)
+    res = _results(row)
+    res["epochs"][0]["metrics"]["dev"]["accuracy"] = 10.0
+    (tmp_path / "results.json").write_text(json.dumps(res), encoding="utf-8")
+    cell = Cell("adamw", "sqrt", 0, 2, 1)
+    plan = Plan(cells=[cell], micro=4, reference_batch=4, device="cpu", threads=None,
+                init=str(row["dir"]), target=parse_target("accuracy=50", "classify", False),
+                task_words=[], overrides=[])
+    got = fs.read_cell(tmp_path, cell, plan, wall_s=row["wall_s"])
+    first, second = (e["train_seconds"] for e in res["epochs"])
+    assert 0 < first < second
+    assert (got["time_to_target_s"], got["epochs_to_target"]) == (second, 2)
 
 
 @pytest.mark.timeout(400)

@@ -5,6 +5,7 @@ lengths are what training draws, the length sources (shard set, SQuAD) and the p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -215,3 +216,79 @@ def test_gpu_preset_is_lean():
                              cuda=True)
     assert [p["lengths"] for p in grid] == ["full", "uniform", "squad:x.json", "full", "uniform",
                                             "squad:x.json"]
+
+
+# --------------------------------------------------------------------------------------------
+# --strategy fsdp: bytes per rank (bench/sharded.py)
+
+
+@functools.cache
+def _bert_params(size: str) -> list:
+    """The distinct parameters of our BertForPreTraining of a bench size (the tied decoder once),
+    as meta tensors: shapes without memory."""
+    import torch
+
+    from bertgpu.bench.batches import SIZES
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+
+    with torch.device("meta"):
+        return list(BertForPreTraining(BertConfig(**SIZES[size])).parameters())
+
+
+@pytest.mark.timeout(300)
+def test_strategy_fsdp_measures_and_predicts_bytes_per_rank(tmp_path, capsys):
+    """Counted independently from the model's shapes: fp32 parameters and gradients (4 bytes an
+    element), AdamW's two moments (8) plus a 4-byte step count per tensor; on 2 fsdp ranks rank
+    0 holds ceil(rows / 2) of each tensor; the 4- and 8-rank rows are the one-rank bytes / N."""
+    out = tmp_path / "memory.jsonl"
+    args = parse(["--strategy", "fsdp", "--size", "tiny", "--micro-batch", "1", "--seq-len", "8",
+                  "--iters", "1", "--warmup", "0", "--ranks", "2", "--device", "cpu",
+                  "--out", str(out)])
+    assert bench_model.main(args) == 0
+    assert "| fsdp | 8 |" in capsys.readouterr().out
+    rows = {(r["strategy"], r["ranks"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [(s, n) for s in ("ddp", "fsdp") for n in (1, 2, 4, 8)]
+    for (_, n), r in rows.items():
+        assert r["source"] == ("measured" if n <= 2 else "predicted"), r
+        assert r["total_bytes"] == r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
+    params = _bert_params("tiny")
+    elements = sum(p.numel() for p in params)
+    shard = sum(-(-p.shape[0] // 2) * (p[0].numel() if p.dim() > 1 else 1) for p in params)
+    whole = (4 * elements, 4 * elements, 8 * elements + 4 * len(params))
+    half = (4 * shard, 4 * shard, 8 * shard + 4 * len(params))
+
+    def parts(r: dict) -> tuple[int, int, int]:
+        return r["params_bytes"], r["grads_bytes"], r["optimizer_bytes"]
+
+    for n in (1, 2, 4, 8):  # ddp: everything on every rank, measured or predicted
+        assert parts(rows["ddp", n]) == whole, n
+    assert parts(rows["fsdp", 1]) == whole and parts(rows["fsdp", 2]) == half
+    for n in (4, 8):
+        assert parts(rows["fsdp", n]) == tuple(-(-b // n) for b in whole), n
+    # the prediction's rule holds where it can be measured: 2 ranks within 0.1%
+    for got, one in zip(parts(rows["fsdp", 2]), whole, strict=True):
+        assert abs(got - one / 2) < 1e-3 * got
+
+
+def test_readme_table_of_bytes_per_rank_follows_from_the_models_shapes():
+    """The README's table (BERT-base and -large, ddp and fsdp on 2, 4 and 8 ranks), each MiB
+    figure recomputed from the parameter shapes: (P + G + O) / N for fsdp, all of it for ddp."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = [[c.strip() for c in line.strip("|").split("|")]
+             for line in readme.splitlines() if line.startswith("| BERT-")]
+    assert [(r[0], r[1], r[2], r[-1]) for r in table] == [
+        (model, strategy, ranks, source) for model in ("BERT-base", "BERT-large")
+        for strategy, ranks, source in (("ddp", "any", "measured (1, 2)"),
+                                        ("fsdp", "2", "measured"), ("fsdp", "4", "predicted"),
+                                        ("fsdp", "8", "predicted"))]
+    for model, strategy, ranks, *mib, _ in table:
+        params = _bert_params(model.removeprefix("BERT-"))
+        elements = sum(p.numel() for p in params)
+        n = 1 if strategy == "ddp" else int(ranks)
+        want = [4 * elements, 4 * elements, 8 * elements + 4 * len(params)]
+        want = [b / n for b in want] + [sum(want) / n]
+        for got, b in zip(mib, want, strict=True):
+            assert abs(float(got) - b / 2**20) <= 0.05 + 1e-9, (model, strategy, ranks, mib)

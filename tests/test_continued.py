@@ -99,12 +99,25 @@ def test_init_from_minilm_gives_transformers_logits_before_step_1(pydoc_data, mi
     # A bare encoder: the MLM head is new, and listed.
     assert "cls.predictions.transform.dense.weight" in rows["init: initialised fresh"]
     ours = loop.model.eval()
+    own = ours.state_dict()
+    # Our encoder is MiniLM's, tensor for tensor, read from its file rather than by our loader.
+    theirs = load_file(str(minilm / "model.safetensors"))
+    absent = {k for k in theirs if f"bert.{k}" not in own}
+    assert absent == {"embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"}
+    for k in sorted(set(theirs) - absent):
+        assert torch.equal(own[f"bert.{k}"], theirs[k]), k
 
     hf = transformers.BertForMaskedLM.from_pretrained(minilm).eval()  # MiniLM's encoder, HF's code
-    with torch.no_grad():  # ... with our (fresh) head, so that whole logits compare
-        head = {k: v for k, v in ours.state_dict().items() if k.startswith("cls.predictions.")}
+    with torch.no_grad():  # ... with our (fresh) head, so that whole logits compare. Not the
+        # decoder weight: each side ties it to its own word embeddings (11.7 M of MiniLM's 22.7 M
+        # parameters), which a copy would make ours on both sides.
+        head = {k: v for k, v in own.items()
+                if k.startswith("cls.predictions.") and k != "cls.predictions.decoder.weight"}
         missing, unexpected = hf.load_state_dict(head, strict=False)
         assert not unexpected
+    assert hf.cls.predictions.decoder.weight is hf.bert.embeddings.word_embeddings.weight
+    assert torch.equal(hf.bert.embeddings.word_embeddings.weight,
+                       theirs["embeddings.word_embeddings.weight"])
     tok = transformers.AutoTokenizer.from_pretrained(minilm)
     enc = tok(["The with statement wraps a block.", "Lambda expressions create functions."],
               padding=True, return_tensors="pt")
@@ -128,7 +141,17 @@ def test_continued_minilm_beats_its_init_and_a_random_twin_and_exports(pydoc_dat
     evals = _records(run, "eval")
     assert [e["step"] for e in evals] == [0, 10]  # the init's own held-out loss first
     before, after = evals[0]["val_mlm_loss"], evals[-1]["val_mlm_loss"]
-    assert after < before
+    assert after < before  # (the step-0 head is random: any optimizer step lowers it)
+    # The run started from MiniLM's encoder: 10 AdamW steps at lr 5e-4 move each weight matrix
+    # by 1-3% of its norm (measured); from a random init it would be more than 100% away.
+    final = load_file(str(run / "hf" / "model.safetensors"))
+    theirs = load_file(str(minilm / "model.safetensors"))
+    matrices = [k for k, v in theirs.items()
+                if v.dim() == 2 and v.is_floating_point() and not k.startswith("pooler.")]
+    assert len(matrices) == 3 + 6 * 6  # embeddings, and per layer q, k, v, out, up, down
+    for k in matrices:
+        moved = (final[f"bert.{k}"] - theirs[k]).norm() / theirs[k].norm()
+        assert moved < 0.1, (k, float(moved))
 
     # The same architecture from random weights, the same steps: the init's weights are worth it.
     twin = tmp_path / "random"
@@ -316,7 +339,8 @@ def test_resume_optimizer_takes_the_moments_and_keeps_this_runs_settings(phase1,
     data = phase1.parent / "d32"
     cfg = schema.load_config(str(CONFIGS / "tiny.toml"), _tiny(data, tmp_path / "r")[2:] + [
         "--init", str(phase1), "--resume-optimizer", "--optim.lr", "3e-4",
-        "--optim.weight_decay", "0.05"])
+        "--optim.weight_decay", "0.05", "--schedule.decay", "constant",
+        "--schedule.warmup_steps", "0"])
     loop = pretrain.build(cfg, DistInfo())
     _, saved = load_checkpoint(sorted((phase1 / "checkpoints").glob("step_*"))[-1])
     opt = loop.engine.optimizer
@@ -326,8 +350,16 @@ def test_resume_optimizer_takes_the_moments_and_keeps_this_runs_settings(phase1,
     for p, i in zip(params, ids, strict=True):
         assert torch.equal(opt.state[p]["exp_avg"], saved["optimizer"]["state"][i]["exp_avg"])
     assert {g["weight_decay"] for g in opt.param_groups} == {0.0, 0.05}  # ours, not phase 1's
+    assert saved["optimizer"]["param_groups"][0]["lr"] != 3e-4
+    assert {g["lr"] for g in opt.param_groups} == {3e-4}
     assert "weights and optimizer state" in dict(loop.startup_rows)["init"]
-    loop.task.close()
+    # The steps themselves run at this run's lr (constant 3e-4 here), not at phase 1's.
+    applied: list[set[float]] = []
+    opt.register_step_pre_hook(
+        lambda o, args, kwargs: applied.append({g["lr"] for g in o.param_groups}))
+    loop.run()
+    assert applied == [{3e-4}] * 3
+    assert [r["lr"] for r in _records(tmp_path / "r", "train")] == pytest.approx([3e-4] * 3)
 
 
 # --- ModernBERT's context extension, at reduced sizes ---------------------------------------------

@@ -18,11 +18,18 @@ from bertgpu.models.modernbert.model import attention_masks
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_has_torchs_distribution(p):
     torch.manual_seed(0)
-    x = torch.full((2_000_000,), 3.0, requires_grad=True)
+    R, C = 1000, 2000  # a 2-D input: one mask element per element, not per row or per column
+    x = torch.full((R, C), 3.0, requires_grad=True)
     y = dropout(x, p)
-    dropped = (y == 0).double().mean().item()
+    gone = y == 0
+    dropped = gone.double().mean().item()
     # A binomial proportion: within 5 standard deviations of p.
     assert abs(dropped - p) < 5 * math.sqrt(p * (1 - p) / x.numel())
+    # Independent across rows and across columns: neighbours are both dropped with probability
+    # p**2 (a mask drawn for one row or one column and broadcast gives p).
+    for both in ((gone[1:] & gone[:-1]), (gone[:, 1:] & gone[:, :-1])):
+        q = p * p
+        assert abs(both.double().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / both.numel())
     kept = y[y != 0]
     torch.testing.assert_close(kept, torch.full_like(kept, 3.0 / (1 - p)))
     assert abs(y.mean().item() - 3.0) < 0.01  # unbiased, as F.dropout
@@ -93,15 +100,33 @@ def test_cpu_attention_with_dropout_is_sdpas_math(monkeypatch, mask_kind):
                                torch.autograd.grad(want, (q, k, v), g))
 
 
-def test_cpu_attention_drops_attention_probabilities():
-    """Real dropout on the probabilities: averaged over draws, the output is the expectation,
-    SDPA's output without dropout."""
+def test_cpu_attention_drops_attention_probabilities(monkeypatch, one_thread):
+    """Real dropout on the probabilities: the mask is drawn for the (B, N, T, T) softmax (dropout
+    on V or on the output has the same mean, not this shape), the output is the dropped
+    probabilities times V, and averaged over draws it is the expectation, SDPA's output without
+    dropout."""
     torch.manual_seed(0)
     B, T, N, D = 2, 6, 2, 4
     q, k, v = (torch.randn(B, T, N, D, dtype=torch.float64) for _ in range(3))
     want = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                           v.transpose(1, 2)).transpose(1, 2).reshape(B, T, -1)
+    drawn = []
+
+    def recorded(x, p, training=True):
+        y = dropout(x, p, training)
+        drawn.append((x.detach(), y.detach()))
+        return y
+
+    monkeypatch.setattr(attention, "dropout", recorded)
     one = attention.padded_attention(q, k, v, None, dropout_p=0.5)
     assert not torch.allclose(one, want)
-    mean = sum(attention.padded_attention(q, k, v, None, dropout_p=0.5) for _ in range(4000))
-    torch.testing.assert_close(mean / 4000, want, atol=0.05, rtol=0)
+    [(probs, dropped)] = drawn
+    assert probs.shape == (B, N, T, T)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(B, N, T, dtype=torch.float64))
+    assert ((dropped == 0) | (dropped == 2 * probs)).all() and (dropped == 0).any()
+    torch.testing.assert_close(one, (dropped @ v.transpose(1, 2)).transpose(1, 2).reshape(B, T, -1))
+    # 4,000 draws in one call: the batch repeated, one independent mask per copy.
+    n = 4000
+    many = attention.padded_attention(*(t.repeat(n, 1, 1, 1) for t in (q, k, v)), None,
+                                      dropout_p=0.5)
+    torch.testing.assert_close(many.view(n, B, T, -1).mean(0), want, atol=0.05, rtol=0)

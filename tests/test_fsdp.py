@@ -177,16 +177,39 @@ def _checks(rank: int, world: int, info) -> dict:
         mbs = [{k: v[i : i + 1] for k, v in batch.items()} for i in rows]
         engine.train_step(mbs, loss_fn, count_fn)
     result["weights unequal"] = full_weights(model)
-    # HSDP: two "nodes" of one rank each: replicate across them, shard within (here: nothing).
-    hsdp_info = dataclasses.replace(info, local_world_size=1)
-    model, engine = engine_for(hsdp_info, "fsdp", shard_within_node=True)
-    train(engine, rank, world, 2)
-    result["weights hsdp"] = full_weights(model)
-    # bf16 with CPU offload: the policies are in force and the steps are finite.
+    # HSDP, a (nodes, ranks per node) mesh: two "nodes" of one rank (replicate across them:
+    # every rank keeps all of ddp's bytes), then one "node" of two (shard within it: fsdp's
+    # bytes). An ignored shard_within_node (a 1-D mesh) or swapped mesh dimensions change both
+    # the mesh and the bytes of one of the two.
+    for per_node in (1, 2):
+        hsdp_info = dataclasses.replace(info, local_world_size=per_node)
+        model, engine = engine_for(hsdp_info, "fsdp", shard_within_node=True)
+        train(engine, rank, world, 2)
+        result[f"hsdp {per_node} mesh"] = {
+            (tuple(p.device_mesh.shape), p.device_mesh.mesh_dim_names,
+             tuple(map(repr, p.placements)))
+            for p in model.parameters()
+        }
+        result[f"hsdp {per_node} bytes"] = sharding.local_state_bytes(model, engine.optimizer)
+        result[f"weights hsdp {per_node}"] = full_weights(model)
+    # bf16 with CPU offload: every unit (each layer, the root) has both policies, and the fp32
+    # master shards and the optimizer state are in CPU memory.
+    from torch.distributed.fsdp import FSDPModule
+
     model, engine = engine_for(info, "fsdp", precision="bf16", cpu_offload=True)
-    state = model._get_fsdp_state()
-    result["bf16 policy"] = (state._mp_policy.param_dtype, state._mp_policy.reduce_dtype)
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules()
+              if isinstance(m, FSDPModule)]
+    result["bf16 units"] = [
+        (g.mp_policy.param_dtype, g.mp_policy.reduce_dtype, type(g.offload_policy).__name__,
+         all(fp.offload_to_cpu for fp in g.fsdp_params))
+        for g in groups
+    ]
     result["bf16 log"] = train(engine, rank, world, 2)
+    result["bf16 where"] = {
+        "params": {(p.to_local().device.type, p.to_local().dtype) for p in model.parameters()},
+        "optimizer": {(v.device.type, v.dtype) for s in engine.optimizer.state.values()
+                      for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0},
+    }
     # A NaN on rank 1 only: both ranks skip, nothing changes.
     model, engine = engine_for(info, "fsdp")
     before = full_weights(model)
@@ -246,7 +269,8 @@ def test_fsdp_equals_ddp_and_one_process_with_accumulation(two_ranks, one_thread
                 )
     close(main["weights ddp 1 adamw"], main["weights fsdp 1 adamw"])
     close(main["weights ddp 2 lamb"], main["weights fsdp 2 lamb"])
-    close(main["weights hsdp"], reference(2)[1])
+    close(main["weights hsdp 1"], reference(2)[1])
+    close(main["weights hsdp 2"], reference(2)[1])
     close(main["weights unequal"], reference(2)[1])
     assert all(r["nan"] == (True, True) for r in two_ranks)
 
@@ -267,9 +291,27 @@ def test_optimizer_state_per_rank_is_about_half(two_ranks):
             assert 0.45 < fsdp[part] / ddp[part] < 0.6, (part, fsdp, ddp)
 
 
+def test_hsdp_mesh_and_bytes_per_rank(two_ranks):
+    """shard_within_node with 1 rank per node: a (2, 1) mesh that replicates (ddp's bytes on
+    every rank); with 2 per node: (1, 2), sharded (fsdp's bytes). Weights: the test above."""
+    for r in two_ranks:
+        placements = ("Replicate()", "Shard(dim=0)")
+        assert r["hsdp 1 mesh"] == {((2, 1), ("replicate", "shard"), placements)}
+        assert r["hsdp 2 mesh"] == {((1, 2), ("replicate", "shard"), placements)}
+        for part in ("params", "optimizer"):
+            assert r["hsdp 1 bytes"][part] == r["bytes ddp 1 adamw"][part], part
+            assert r["hsdp 2 bytes"][part] == r["bytes fsdp 1 adamw"][part], part
+            assert r["hsdp 2 bytes"][part] < 0.6 * r["hsdp 1 bytes"][part], part
+
+
 def test_bf16_policy_and_cpu_offload_run(two_ranks):
     main = two_ranks[0]
-    assert main["bf16 policy"] == (torch.bfloat16, torch.float32)
+    # the root and both layers: bf16 all-gather, fp32 reduce, offloaded parameters
+    assert main["bf16 units"] == [(torch.bfloat16, torch.float32, "CPUOffloadPolicy", True)] * 3
+    # fp32 master shards and AdamW's moments in CPU memory (on a CPU run the device cannot tell
+    # an offload apart; tests/test_fsdp_gpu.py checks the same on a GPU)
+    assert main["bf16 where"] == {"params": {("cpu", torch.float32)},
+                                  "optimizer": {("cpu", torch.float32)}}
     assert all(loss == loss and gnorm == gnorm for loss, gnorm in main["bf16 log"])
     close_enough = pytest.approx([x for x, _ in main["log fsdp 2 adamw"]], rel=2e-2)
     assert [x for x, _ in main["bf16 log"]] == close_enough
@@ -356,20 +398,33 @@ def test_fsdp_needs_a_process_group():
         engine_for(DistInfo(), "fsdp")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("BERTGPU_SLOW"),
-    reason="CPU inductor compile takes minutes; set BERTGPU_SLOW=1",
-)
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not os.environ.get("BERTGPU_SLOW"),
+        reason="CPU inductor compile takes minutes; set BERTGPU_SLOW=1")),
+])
 @pytest.mark.timeout(900)
-def test_compiled_fsdp_equals_ddp(tmp_path):
+def test_compiled_fsdp_equals_one_process(tmp_path, backend, one_thread):
+    """`impl.compile` with fsdp: torch.compile wraps the sharded model, and the engine, the
+    accumulation switches and the full state dict reach the FSDP module through the wrapper.
+    aot_eager (dynamo and AOTAutograd, without inductor's C++ code generation, which takes
+    minutes on a CPU) keeps the case within CI's time; inductor under BERTGPU_SLOW."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_compiled_worker, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_compiled_worker, args=(WORLD, free_port(), str(tmp_path), backend), nprocs=WORLD,
+             join=True)
     got = torch.load(tmp_path / "compiled.pt", weights_only=False)
-    close(got, reference(2)[1])
+    assert got["wrapper"] == "OptimizedModule" and got["graphs"] > 0  # compiled, not eager
+    assert got["sharded"] == (True, True)
+    ref_log, ref_weights = reference(2)
+    close(got["weights"], ref_weights)
+    for (loss, gnorm), (ref_loss, ref_gnorm) in zip(got["log"], ref_log, strict=True):
+        assert loss == pytest.approx(ref_loss, rel=1e-5) and gnorm == pytest.approx(ref_gnorm,
+                                                                                   rel=1e-4)
 
 
-def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _compiled_worker(rank: int, world: int, port: int, out_dir: str, backend: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -378,17 +433,25 @@ def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
+    if backend != "inductor":  # build_engine calls torch.compile(model): the backend chosen here
+        import functools
+
+        torch.compile = functools.partial(torch.compile, backend=backend)
     from bertgpu.train import distributed
-    from bertgpu.train.engine import build_engine
 
     with distributed.process_group("cpu") as info:
-        weights = _train_compiled(rank, world, info, build_engine)
+        result = _train_compiled(rank, world, info)
     if rank == 0:
-        torch.save(weights, os.path.join(out_dir, "compiled.pt"))
+        torch.save(result, os.path.join(out_dir, "compiled.pt"))
 
 
-def _train_compiled(rank: int, world: int, info, build_engine) -> dict:
+def _train_compiled(rank: int, world: int, info) -> dict:
     """The compiled fsdp run in its own frame (its module is gone before the group is)."""
+    from torch._dynamo.utils import counters
+
+    from bertgpu.train import sharding
+    from bertgpu.train.engine import build_engine
+
     model = fresh_model()
     engine, _ = build_engine(
         model,
@@ -399,5 +462,11 @@ def _train_compiled(rank: int, world: int, info, build_engine) -> dict:
         impl=ImplSection(device="cpu", compile=True),
         dist=DistributedSection(strategy="fsdp"),
     )
-    train(engine, rank, world, 2)
-    return full_weights(model)
+    log = train(engine, rank, world, 2)
+    return {
+        "wrapper": type(engine.model).__name__,
+        "graphs": counters["stats"]["unique_graphs"],
+        "sharded": (engine.sharded, sharding.is_sharded(engine.model)),
+        "log": log,
+        "weights": full_weights(engine.model),  # through the compiled wrapper
+    }

@@ -104,6 +104,16 @@ def runs(shards, tmp_path_factory):
 @pytest.mark.timeout(400)
 def test_fsdp_equals_ddp_and_writes_sharded_checkpoints(runs, tmp_path):
     close(final_weights(runs["fsdp"]), final_weights(runs["ddp"]))
+    # The logged loss and gradient norm of every step too: AdamW with clipping barely moves the
+    # weights differently for a gradient off by a constant factor, the norm shows it.
+    logs = {
+        s: [r for r in read_metrics(runs[s] / "metrics.jsonl") if r["kind"] == "train"]
+        for s in runs
+    }
+    assert len(logs["fsdp"]) == len(logs["ddp"]) == STEPS
+    for a, b in zip(logs["fsdp"], logs["ddp"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (a, b)
     ckpt = runs["fsdp"] / "checkpoints" / "step_12"
     names = sorted(p.name for p in ckpt.iterdir())
     assert names == [
@@ -170,9 +180,10 @@ def test_ddp_to_fsdp_to_ddp_at_other_world_sizes(shards, runs, tmp_path):
 def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
     shards, runs, tmp_path
 ):
-    """Every checkpoint write takes 5 s more (slow_write): the one of step 4 goes on while steps
-    5.. train; rank 0 dies at step 9, while step 8's is being written: step_4 stays the newest
-    complete checkpoint and the re-run ends bitwise equal to the run that never failed."""
+    """Every shard file waits 5 s after its first bytes (slow_write): the write of step 4 goes on
+    while steps 5.. train; rank 0 dies at step 9 in the middle of step 8's shard file, which is
+    left cut: step_4 stays the newest complete checkpoint and the re-run ends bitwise equal to
+    the run that never failed."""
     run = tmp_path / "run"
     extra = ("--nproc", "2", *FSDP, "--checkpoint.async_save", "true")
     killed = bertgpu(args(shards, run, *extra), faults="slow_write=5,kill_rank=0@step=9")
@@ -191,6 +202,11 @@ def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
     assert 5 in during, (started, written, during)  # training went on while the files were written
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step_4", "step_8.tmp"], names
+    # rank 0's shard of step 8 is on disk, cut: some bytes, fewer than step 4's same tensors
+    cut = run / "checkpoints" / "step_8.tmp" / "__0_0.distcp"
+    whole = (run / "checkpoints" / "step_4" / "__0_0.distcp").stat().st_size
+    assert 0 < cut.stat().st_size < whole, (cut.stat().st_size, whole)
+    assert not (cut.parent / ".metadata").exists()
     again = bertgpu(args(shards, run, *extra))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "step_8.tmp: removed" in again.stdout and "resumed from" in again.stdout

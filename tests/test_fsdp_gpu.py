@@ -1,7 +1,9 @@
 """FSDP's CUDA branches, where a GPU exists (`pytest -m gpu`; skipped elsewhere): a one-GPU
-process group (NCCL) with bf16 parameters all-gathered and fp32 gradient reduction, CPU offload,
-and checkpoints written in the background (DCP's async save over its own gloo group), compared
-with ddp on the same GPU.
+process group (NCCL) with bf16 parameters all-gathered and fp32 gradient reduction, CPU offload
+(shards and optimizer state in CPU memory), and checkpoints written in the background (DCP's
+async save over its own gloo group): a run resumed from its step-4 checkpoint ends where the
+uninterrupted run does (within a tolerance that tells one checkpoint from the next), and close
+to ddp on the same GPU.
 
     pytest -m gpu tests/test_fsdp_gpu.py
 """
@@ -71,12 +73,26 @@ def args(data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+RESUME_ATOL = 1e-4
+"""How far a resumed fsdp run may end from the uninterrupted one on the same GPU: the same bf16
+path, so only non-deterministic kernels differ (SDPA's memory-efficient backward accumulates
+with atomics), ~1e-7 relative in a gradient, which AdamW's ~lr-sized steps (lr 1e-3 here) carry
+into the weights at about that size. One checkpoint interval (4 steps) moves weights by ~4e-3:
+the test checks that the uninterrupted run's step-4 and step-8 weights differ by more than
+10 x this, so a resume from the wrong checkpoint, or without its optimizer state, fails."""
+
+
+def _checkpoint(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """The fp32 weights of a run's (sharded) checkpoint, gathered whole."""
+    from bertgpu.models.hf_io import read_state_dict
+
+    return read_state_dict(run / "checkpoints" / f"step_{step}")
+
+
 @pytest.mark.timeout(600)
 def test_bf16_offload_and_async_checkpoints_on_one_gpu(tmp_path):
     data = write_synthetic_shards(tmp_path / "d", n_train=64, n_val=8, seq_len=32, vocab_size=100)
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    done = bertgpu(args(data, ddp, "--train.max_steps", "8"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    ddp, whole, resumed = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "resumed"
     sharded = (
         "--distributed.strategy",
         "fsdp",
@@ -85,16 +101,27 @@ def test_bf16_offload_and_async_checkpoints_on_one_gpu(tmp_path):
         "--checkpoint.async_save",
         "true",
     )
-    done = bertgpu(args(data, fsdp, "--train.max_steps", "4", *sharded))
+    done = bertgpu(args(data, ddp, "--train.max_steps", "8"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = bertgpu(args(data, whole, "--train.max_steps", "8", *sharded))  # uninterrupted
     assert done.returncode == 0, done.stderr[-3000:]
     assert "bf16 all-gather, fp32 reduce, CPU offload" in done.stdout
-    assert (fsdp / "checkpoints" / "step_4" / ".metadata").is_file()
-    done = bertgpu(
-        args(data, fsdp, "--train.max_steps", "8", *sharded)
-    )  # resumes the sharded checkpoint
+    done = bertgpu(args(data, resumed, "--train.max_steps", "4", *sharded))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (resumed / "checkpoints" / "step_4" / ".metadata").is_file()
+    done = bertgpu(args(data, resumed, "--train.max_steps", "8", *sharded))
     assert done.returncode == 0 and "resumed from" in done.stdout, done.stderr[-3000:]
-    a, b = final_weights(ddp), final_weights(fsdp)
-    for k in a:  # bf16 parameters in the forward (fsdp) vs autocast (ddp): close, not equal
+    assert "step_4" in done.stdout
+    ref, got, wrong = _checkpoint(whole, 8), _checkpoint(resumed, 8), _checkpoint(whole, 4)
+    assert ref.keys() == got.keys() == wrong.keys()
+    gap = max(float((ref[k] - wrong[k]).abs().max()) for k in ref)
+    assert gap > 10 * RESUME_ATOL, gap  # the tolerance tells one checkpoint from the next
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=0, atol=RESUME_ATOL, msg=k)
+    # Against ddp on the same GPU (autocast instead of bf16 parameters in the forward): close,
+    # not equal; the weights the export holds.
+    a, b = final_weights(ddp), final_weights(whole)
+    for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=5e-2, atol=5e-3, msg=k)
 
 
@@ -134,9 +161,11 @@ def test_offloaded_engine_step_reports_the_norm_on_the_gpu(monkeypatch):
             lambda b: {"mlm": int((b["labels"] != -100).sum())},
         )
         assert not res.skipped and res.grad_norm == res.grad_norm
-        shard = next(model.parameters()).to_local()
-        assert (
-            shard.device.type == "cpu" and shard.dtype == torch.float32
-        )  # offloaded fp32 master weights
+        # offloaded: every fp32 master shard and AdamW's state in CPU memory
+        shards = {(p.to_local().device.type, p.to_local().dtype) for p in model.parameters()}
+        assert shards == {("cpu", torch.float32)}
+        state = {(v.device.type, v.dtype) for st in engine.optimizer.state.values()
+                 for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0}
+        assert state == {("cpu", torch.float32)}
     finally:
         distributed.destroy()

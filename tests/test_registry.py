@@ -3,10 +3,10 @@ tasks/: no circles, and no task module leaning on another (only on glue.py's tab
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+from _imports import imports
 
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks import classify, glue, glue_job, ner, squad_job
@@ -51,16 +51,9 @@ def test_each_task_refuses_the_flags_it_does_not_take(tmp_path):
 
 
 def _task_imports(path: Path) -> set[str]:
-    """The tasks/ modules `path` imports anywhere: top level, inside functions, TYPE_CHECKING."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module == "bertgpu.tasks":
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertgpu.tasks."):
-            found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[2] for a in node.names
-                      if a.name.startswith("bertgpu.tasks.")}
+    """The tasks/ modules `path` imports anywhere: top level, inside functions, TYPE_CHECKING,
+    relative imports and modules loaded by name included (tests/_imports.py)."""
+    found = {m.split(".")[2] for m in imports(path) if m.startswith("bertgpu.tasks.")}
     return found - {path.stem}
 
 

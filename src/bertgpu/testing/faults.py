@@ -16,10 +16,13 @@ Items, separated by commas (an item may be given more than once):
                                   process is cut to half its size and raises ENOSPC
     kill_replace=N                SIGKILL between the two renames of the N-th        between_renames
                                   replacement of an existing checkpoint folder
-    slow_write=SECONDS[@step=S]   every rank sleeps SECONDS before writing its       slow_write
-                                  checkpoint files (of step S only, when given; in
-                                  the background with checkpoint.async_save): a
-                                  slow filesystem
+    slow_write=SECONDS[@step=S]   a slow filesystem, on every rank (of step S's      slow_write,
+                                  checkpoint only, when given; in the background      slow_files
+                                  with checkpoint.async_save): a whole-file
+                                  checkpoint sleeps SECONDS before its files; a
+                                  sharded one writes the first bytes of each shard
+                                  file and waits SECONDS before the rest, so a
+                                  crash meanwhile leaves a cut file
     slow_eval=SECONDS             every rank sleeps SECONDS in each evaluation:      slow_eval
                                   a long one, for preemption tests
 
@@ -28,13 +31,17 @@ A slow step (one that cannot be interrupted, e.g. one that compiles) is delay_ra
 So that what a kill finds on disk does not depend on the machine's speed, `kill_rank` lets a
 checkpoint write that this rank runs in the background finish first when that checkpoint is of a
 step before S - 1; the write of step S - 1's checkpoint is the one a kill at step S can land in
-(make it slow with slow_write to be sure it is still going).
+(make it slow with slow_write to be sure it is still going). While a sharded write is slowed,
+the kill waits (SECONDS at most) until a shard file is cut in the middle.
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
 Faults fire in a launcher's first attempt only (TORCHELASTIC_RESTART_COUNT and
 BERTGPU_RESTART_COUNT unset or 0): a job that `--max-restarts` restarts then runs clean, as it
 would after a real one-off fault.
+
+With slow_write, a kill_rank item waits (up to SECONDS) until that process is in the middle of a
+shard file, so the crash cuts one whatever the timing of the background write.
 
 Every helper reads the environment variable first and returns at once when it is unset, so the
 training loop may call them at every step. The parsed plan (with its write and replace counters)
@@ -43,12 +50,14 @@ is kept per value of the variable; `reset()` forgets it, for tests that reuse on
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,11 +223,14 @@ def _die(what: str) -> None:
 def maybe_kill(rank: int, step: int, settle: Callable[[int], None] | None = None) -> None:
     """SIGKILL this process if a kill_rank item names this rank and step. `settle(step - 1)`
     runs first: it lets this rank's background checkpoint write of a step before `step - 1`
-    finish (see the module docstring)."""
+    finish (see the module docstring); with a slowed sharded write, the kill then waits until a
+    shard file is cut (SECONDS at most)."""
     plan = active()
     if plan is not None and any(t.hits(rank, step) for t in plan.kill):
         if settle is not None:
             settle(step - 1)
+        if plan.slow_write_s > 0 and _slow_files_used.is_set():
+            _mid_file.wait(plan.slow_write_s)
         _die(f"rank {rank} at step {step}")
 
 
@@ -263,17 +275,24 @@ def check_write(path: Path) -> None:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected by {ENV})", str(path))
 
 
-def slow_write(step: int) -> None:
-    """Called before the files of step `step`'s checkpoint are written (by every rank; for a
-    background save, in its writer thread): sleep as slow_write says."""
+def _slow_write_s(step: int) -> float:
+    """The seconds slow_write asks for the checkpoint of `step` (0: none)."""
     plan = active()
     if plan is None or plan.slow_write_s <= 0:
-        return
+        return 0.0
     if plan.slow_write_steps is not None:
         first, last = plan.slow_write_steps
         if step < first or (last is not None and step > last):
-            return
-    time.sleep(plan.slow_write_s)
+            return 0.0
+    return plan.slow_write_s
+
+
+def slow_write(step: int) -> None:
+    """Called before the files of step `step`'s whole-file checkpoint are written (for a
+    background save, in its writer thread): sleep as slow_write says."""
+    seconds = _slow_write_s(step)
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def slow_eval() -> None:
@@ -282,6 +301,61 @@ def slow_eval() -> None:
     plan = active()
     if plan is not None and plan.slow_eval_s > 0:
         time.sleep(plan.slow_eval_s)
+
+
+_mid_file = threading.Event()
+"""Set while a slow_write waits in the middle of a shard file (what maybe_kill waits for)."""
+
+
+_slow_files_used = threading.Event()
+"""Set once a sharded checkpoint writes through `slow_files` (a kill then waits for a cut)."""
+
+
+def slow_files(fs: object, step: int) -> object:
+    """DCP's filesystem object (`FileSystemWriter.fs`) as slow_write makes it for the checkpoint
+    of `step`: each shard file (*.distcp) opened for writing gets its first write flushed to disk,
+    then its writer waits SECONDS before the rest. `fs` itself when slow_write is off."""
+    seconds = _slow_write_s(step)
+    if seconds <= 0:
+        return fs
+    _slow_files_used.set()
+    return _SlowFiles(fs, seconds)
+
+
+class _SlowFiles:
+    def __init__(self, fs: object, seconds: float) -> None:
+        self._fs, self._seconds = fs, seconds
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._fs, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: object, mode: str) -> Iterator[object]:
+        with self._fs.create_stream(path, mode) as stream:
+            shard = str(path).endswith(".distcp") and "w" in mode
+            yield _SlowStream(stream, self._seconds) if shard else stream
+
+
+class _SlowStream:
+    """A file whose first write reaches the disk, then waits: a crash meanwhile cuts it."""
+
+    def __init__(self, stream: object, seconds: float) -> None:
+        self._stream, self._seconds, self._waited = stream, seconds, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+    def write(self, data: object) -> int:
+        n = self._stream.write(data)
+        if not self._waited:
+            self._waited = True
+            self._stream.flush()
+            _mid_file.set()
+            try:
+                time.sleep(self._seconds)
+            finally:
+                _mid_file.clear()
+        return n
 
 
 def between_renames() -> None:

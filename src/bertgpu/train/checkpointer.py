@@ -452,7 +452,7 @@ def _Writer(path: Path, step: int) -> Any:  # noqa: N802 - reads as the class it
             step = 0
 
             def write_data(self, plan: Any, planner: Any) -> Any:
-                faults.slow_write(self.step)
+                self.fs = faults.slow_files(self.fs, self.step)
                 return super().write_data(plan, planner)
 
         _WRITER = Writer
