@@ -18,6 +18,10 @@ Items, separated by commas (an item may be given more than once):
     slow_write=SECONDS            every rank sleeps SECONDS before writing its       slow_write
                                   checkpoint files (in the background with
                                   checkpoint.async_save): a slow filesystem
+    kill_unit=U                   the process preparing work unit U of `bertgpu     kill_unit
+                                  prepare` sends itself SIGKILL once the unit's
+                                  first shard is written (a Ray worker, or the
+                                  local engine's main process: the driver)
 
 S is one step (3), a range (3-5) or an open range (3-: step 3 and every later one).
 
@@ -45,7 +49,8 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N or slow_write=SECONDS")
+           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS or "
+           "kill_unit=U")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Plan:
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
     slow_write_s: float = 0.0
+    kill_units: set[int] = field(default_factory=set)
     writes: int = 0
     replaces: int = 0
 
@@ -154,6 +160,8 @@ def parse(spec: str) -> Plan:
             plan.enospc_writes.add(_int(value, item, 1))
         elif key == "kill_replace":
             plan.kill_replaces.add(_int(value, item, 1))
+        elif key == "kill_unit":
+            plan.kill_units.add(_int(value, item, 0))
         elif key == "slow_write":
             try:
                 plan.slow_write_s = float(value)
@@ -257,3 +265,11 @@ def between_renames() -> None:
     plan.replaces += 1
     if plan.replaces in plan.kill_replaces:
         _die(f"between the renames of folder replacement {plan.replaces}")
+
+
+def kill_unit(unit: int) -> None:
+    """Called by `bertgpu prepare` while it writes work unit ``unit``'s shards: SIGKILL if a
+    kill_unit item names the unit."""
+    plan = active()
+    if plan is not None and unit in plan.kill_units:
+        _die(f"while preparing work unit {unit}")
