@@ -6,8 +6,9 @@
     work.write_record(3, record)           # ... and last, the record that says unit 3 is done
     work.seal(manifest_text, tok_dir)      # driver: tokenizer/, then manifest.json, then in place
 
-A local output is built in DATADIR.tmp and renamed to DATADIR when sealed (`fsutil.replace_dir`:
-an old DATADIR stays whole until the new one replaces it). A URL output is built in place, since
+A local output (a path, or a file:// URL: a shared filesystem a cluster mounts) is built in
+DATADIR.tmp and renamed to DATADIR when sealed (`fsutil.replace_dir`: an old DATADIR stays whole
+until the new one replaces it). A URL output is built in place, since
 an object store cannot rename a folder: every file is uploaded whole under its final name (a PUT
 is atomic: a reader never sees half a shard), the bookkeeping is removed and manifest.json,
 uploaded last, seals the set; readers need the manifest, so there is no moment with a set that
@@ -42,6 +43,8 @@ class WorkFolder:
 
     def __init__(self, out: str | os.PathLike, base: str | None = None) -> None:
         text = os.fspath(out)
+        if text.startswith("file://"):  # a local (or shared, mounted) folder: renames work
+            text = text[len("file://"):]
         self.remote = is_url(text)
         if self.remote:
             self.out = text.rstrip("/")

@@ -30,6 +30,7 @@ from bertgpu.data.engines import Done, Progress, RunStopped
 from bertgpu.data.unit_job import UnitJob, run_unit
 from bertgpu.data.units import Unit
 from bertgpu.errors import BertgpuError
+from bertgpu.testing import faults
 
 TASK_RETRIES = 2
 CONNECT_TIMEOUT_S = 10.0
@@ -63,9 +64,16 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def prepare_unit(job: UnitJob, unit: Unit, held: int | None) -> dict[str, Any]:
-    """The Ray task: one unit, single-threaded (the cluster's CPUs are the parallelism)."""
+def prepare_unit(job: UnitJob, unit: Unit, held: int | None,
+                 fault_plan: str | None) -> dict[str, Any]:
+    """The Ray task: one unit, single-threaded (the cluster's CPUs are the parallelism), under
+    the driver's BERTGPU_FAULTS (set here, not in a runtime_env: that would start new
+    workers)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if fault_plan:
+        os.environ[faults.ENV] = fault_plan
+    else:
+        os.environ.pop(faults.ENV, None)
     return run_unit(job, unit, held)
 
 
@@ -91,17 +99,15 @@ class RayEngine:
                 raise BertgpuError(f"--ray-address {address}: cannot join the Ray cluster "
                                    f"({_one_line(exc)})") from None
             self.started = True
-        env = {"TOKENIZERS_PARALLELISM": "false"}
-        if os.environ.get("BERTGPU_FAULTS"):
-            env["BERTGPU_FAULTS"] = os.environ["BERTGPU_FAULTS"]
         self.task = ray.remote(prepare_unit).options(
-            num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False,
-            runtime_env={"env_vars": env})
+            num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
         self.job = ray.put(job)
+        self.fault_plan = os.environ.get(faults.ENV) or None
 
     def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
         ray = self.ray
-        pending = {self.task.remote(self.job, unit, held): unit for unit, held in work}
+        pending = {self.task.remote(self.job, unit, held, self.fault_plan): unit
+                   for unit, held in work}
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
