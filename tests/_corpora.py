@@ -26,7 +26,8 @@ def write_parquet(path: Path, docs: list[str], row_group_size: int) -> Path:
 
 def write_formats(folder: Path, docs: list[str]) -> dict[str, tuple[Path, str]]:
     """name -> (file, --format) of the same documents as text, lines, JSONL (plain, gzip,
-    zstd) and Parquet with several row groups (zstd and Parquet only when installed)."""
+    zstd in two frames), Parquet with several row groups and a saved Arrow dataset (zstd,
+    Parquet and Arrow only when installed)."""
     folder.mkdir(parents=True, exist_ok=True)
     jsonl = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
     out = {}
@@ -41,7 +42,9 @@ def write_formats(folder: Path, docs: list[str]) -> dict[str, tuple[Path, str]]:
     try:
         import zstandard
 
-        (folder / "docs.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jsonl))
+        half = jsonl.index(b"\n", len(jsonl) // 2) + 1  # two frames, as pzstd and streams write
+        frames = [zstandard.ZstdCompressor().compress(x) for x in (jsonl[:half], jsonl[half:])]
+        (folder / "docs.jsonl.zst").write_bytes(b"".join(frames))
         out["jsonl.zst"] = (folder / "docs.jsonl.zst", "auto")
     except ImportError:
         pass

@@ -154,7 +154,7 @@ def test_url_round_trips_memory_and_file(tok, mixed, reference, tmp_path):
     assert got["splits"] == m["splits"] and npy_files(tmp_path / "data") == npy_files(ref_dir)
 
 
-def test_killed_run_is_finished_by_the_same_command(tok, mixed, reference, tmp_path):
+def test_killed_run_is_finished_by_the_same_command(tok, mixed, reference, tmp_path, capsys):
     """The local engine's process is killed while writing unit 5 (BERTGPU_FAULTS kill_unit):
     the finished units stay in DATA.tmp, nothing is sealed, and the same command redoes units
     5 to 9 only, giving the same bytes."""
@@ -170,6 +170,8 @@ def test_killed_run_is_finished_by_the_same_command(tok, mixed, reference, tmp_p
     kept = sorted(p.name for p in (tmp_path / "data.tmp" / "units").iterdir())
     assert kept == [f"{u:05d}.json" for u in range(5)]
     assert cli_main(cmd[3:]) == 0
+    assert "10 work units on the local engine, 5 of them finished by an earlier run and kept" in (
+        capsys.readouterr().out)
     assert tree_bytes(out) == tree_bytes(ref_dir) and not (tmp_path / "data.tmp").exists()
 
 
@@ -254,3 +256,29 @@ def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(mixed, tmp_path, ca
     finally:
         memory.rm("/tok27", recursive=True)
     assert code == 0 and "tokenizer: vocab 200" in capsys.readouterr().out
+
+
+def test_compression_and_format_by_magic_bytes(tmp_path):
+    """A gzip stream named like plain text, zstd without a suffix and a Parquet file named like
+    Spark's part files are read for what they are; a folder skips a saved dataset's metadata."""
+    pytest.importorskip("zstandard")
+    pytest.importorskip("pyarrow")
+    import gzip
+
+    import zstandard
+
+    from bertgpu.data.corpus import detect_format, iter_documents
+
+    (tmp_path / "news.txt").write_bytes(gzip.compress(b"One sentence.\nTwo.\n\nOther doc.\n"))
+    (tmp_path / "blob").write_bytes(zstandard.ZstdCompressor().compress(b"Zstd text here.\n"))
+    write_parquet(tmp_path / "part-00000", ["Parquet row one.", "Row two."], row_group_size=1)
+    assert detect_format(tmp_path / "part-00000") == "parquet"
+    assert detect_format(tmp_path / "blob") == "sentences"
+    docs = list(iter_documents([tmp_path / n for n in ("news.txt", "blob", "part-00000")]))
+    assert docs == [["One sentence.", "Two."], ["Other doc."], ["Zstd text here."],
+                    ["Parquet row one."], ["Row two."]]
+    saved = tmp_path / "saved"
+    from _corpora import write_saved_dataset
+
+    write_saved_dataset(saved, ["Saved row."])
+    assert list(iter_documents([saved])) == [["Saved row."]]
