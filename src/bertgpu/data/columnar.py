@@ -4,7 +4,7 @@
     for text in read_parquet(src, "text", 2, 5): ...  # row groups 2, 3 and 4 (None: a null)
     for text in read_arrow(src, "text"): ...          # a dataset saved by `datasets`
 
-Parquet is read with pyarrow by row groups, in batches of BATCH_ROWS rows of the text column
+Parquet is read with pyarrow by row groups, in batches of about BATCH_BYTES of the text column
 only (`ParquetFile.iter_batches`), never the whole file, so memory is bounded by a row group's
 text column whatever the file's size; a work unit reads a range of row groups (`units`). Arrow
 files (Hugging Face `datasets`' save_to_disk: IPC streams of record batches) are read one
@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from bertgpu.data.sources import Source, open_raw
 from bertgpu.errors import BertgpuError
 
-BATCH_ROWS = 1024
+BATCH_BYTES = 1 << 20
+"""Text per batch: the batch's rows follow from the row groups' bytes per row, so a corpus of
+books holds no more in memory than one of tweets."""
+MAX_BATCH_ROWS = 1024
 
 
 def _pyarrow(src: Source):
@@ -83,8 +86,13 @@ def read_parquet(src: Source, field: str, start: int = 0,
         groups = list(range(start, pf.num_row_groups if stop is None else stop))
         if not groups:
             return
+        column = pf.schema_arrow.get_field_index(field)
+        meta = [pf.metadata.row_group(g) for g in groups]
+        rows = sum(m.num_rows for m in meta)
+        text = sum(m.column(column).total_uncompressed_size for m in meta)
+        batch_rows = max(1, min(MAX_BATCH_ROWS, rows * BATCH_BYTES // max(text, 1)))
         try:
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups,
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups,
                                          columns=[field], use_threads=False):
                 yield from batch.column(0).to_pylist()
         except (pa.ArrowException, OSError) as exc:

@@ -14,7 +14,9 @@ order of completion give the same bytes.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +83,7 @@ def tokenizer_folder(job: UnitJob) -> str:
     folder = _TOKENIZERS.get(job.tokenizer_hash)
     if folder is None or not Path(folder).is_dir():
         folder = tempfile.mkdtemp(prefix="bertgpu-tokenizer-")
+        atexit.register(shutil.rmtree, folder, True)
         for name, data in job.tokenizer_files.items():
             Path(folder, name).write_bytes(data)
         _TOKENIZERS[job.tokenizer_hash] = folder
