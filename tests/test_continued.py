@@ -84,7 +84,8 @@ def test_prepare_takes_the_vocabulary_of_a_hugging_face_folder(pydoc_data: Path,
     assert manifest["special_tokens"] == {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
     assert manifest["vocab_size"] == 30522
     assert manifest["tokenizer_hash"] == tokenizer_hash(minilm)
-    ids = np.load(pydoc_data / "train-00000.input_ids.npy")
+    first = manifest["splits"]["train"]["shards"][0]["name"]  # work unit 0's first shard
+    ids = np.load(pydoc_data / f"{first}.input_ids.npy")
     assert (ids[:, 0] == 101).all()  # every row opens with MiniLM's [CLS]
 
 

@@ -16,21 +16,31 @@ Formats (``fmt``; "auto" picks one per file from its name):
   like ``text``; blank lines are ignored.
 - ``jsonl``: one JSON object per line, the document in a string field (``text`` by default).
   Auto for ``.jsonl`` / ``.json`` (optionally ``.bz2`` / ``.gz``).
-- ``wiki``: a MediaWiki XML dump (``.xml``, ``.xml.bz2``, or any ``.bz2`` whose content starts
-  like one). Articles only (namespace 0, no redirects), markup stripped (`wikitext`).
+- ``wiki``: a MediaWiki XML dump (``.xml``, ``.xml.bz2``, or a file of another name whose
+  content starts like one). Articles only (namespace 0, no redirects), markup stripped
+  (`wikitext`).
+- ``parquet``: the ``--text-field`` column (``text`` by default) of each row is a document, read
+  by row groups in batches (`columnar`). Auto for ``.parquet`` / ``.pq`` and the PAR1 magic.
+- ``arrow``: the same column of an Arrow IPC file or stream (Hugging Face ``datasets``'
+  save_to_disk). Auto for ``.arrow``.
 
 Memory does not depend on the length of a document in the line-based formats (sentences, text,
 lines): a document is read as parts of about PART_CHARS characters and a line longer than
-LINE_PIECE_BYTES as pieces. A JSONL document (one JSON value) and a wiki article (one XML
-element) are read whole. ``.bz2`` and ``.gz`` files are decompressed on the fly.
+LINE_PIECE_BYTES as pieces. A JSONL document (one JSON value), a row's text and a wiki article
+(one XML element) are read whole. gzip, bzip2 and zstd files are decompressed on the fly
+(`textio`); paths may be URLs (`sources`).
+
+What is read is a list of `Piece`s: a whole file, or a part of a large one (a byte range of an
+uncompressed line-based file, `textio.LineRange`; a range of a Parquet file's row groups), the
+work units of `bertgpu prepare` (`units`).
 
 Stages, so that a caller can run the expensive one on other cores (``bertgpu prepare`` does):
 
 - `iter_raw_documents` (cheap, sequential): decompress, decode, parse; yields raw items
   ``(kind, payload, first)``: a part of a document still to be split (a block of lines, a
   paragraph, a JSON text field, an article's wikitext), ``first`` on a document's first part;
-  and file events (``("end", path, False)``, ``("bad", (path, reason), False)``) that keep the
-  per-file bookkeeping in order.
+  and file events (``("end", path, False)``, for a part of a file ``("slice", path, False)``,
+  ``("bad", (path, reason), False)``) that keep the per-file bookkeeping in order.
 - `convert_items` (expensive, per part, independent): markup stripping and sentence splitting;
   turns each raw part into ``("part", sentences, first)``, passes events through.
 - `settle_parts` (cheap, in order): drops empty parts, counts documents, and turns a file that
@@ -47,20 +57,34 @@ and the next file is read; parts that came before the problem were already yield
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from bertgpu.data.textio import decoded_lines, open_binary, split_sentences
+from bertgpu.data.columnar import read_arrow, read_parquet
+from bertgpu.data.sources import Source, file_size, name_of, open_raw, resolve_inputs
+from bertgpu.data.textio import (
+    LineRange,
+    compression_suffix,
+    decoded_lines,
+    open_binary,
+    read_errors,
+    split_sentences,
+)
 from bertgpu.data.wikitext import read_wiki, wiki_to_sentences
 from bertgpu.errors import BertgpuError
 
-FORMATS = ("auto", "sentences", "text", "lines", "jsonl", "wiki")
+__all__ = ["FORMATS", "CorpusStats", "Piece", "detect_format", "iter_documents",
+           "iter_document_parts", "iter_piece_items", "iter_raw_documents", "resolve_inputs",
+           "settle_parts"]
+
+FORMATS = ("auto", "sentences", "text", "lines", "jsonl", "wiki", "parquet", "arrow")
+LINE_FORMATS = ("sentences", "text", "lines", "jsonl")  # a file of these may be read in parts
+TABLE_FORMATS = ("parquet", "arrow")
 PART_CHARS = 1 << 16  # a document of the line-based formats travels in parts of about this size
 LINE_PIECE_BYTES = 1 << 20  # ... and a longer line in pieces of at most this many bytes
 
@@ -74,7 +98,13 @@ class CorpusStats:
     documents: int = 0
     """Documents yielded (from all files, skipped ones included)."""
     bytes: int = 0
-    """Bytes of the input files as stored on disk (compressed size for .bz2 / .gz)."""
+    """Bytes of the inputs as stored (compressed size for .bz2 / .gz / .zst), counted as each
+    file (or part of a file) starts."""
+    read: int = 0
+    """Stored bytes read so far, as the readers go (for the progress line)."""
+    slices: dict[str, int] = field(default_factory=dict)
+    """Parts of a file read in parts (work units): path -> parts of text found, so that whoever
+    sees every part can tell a file without text."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(path, reason) of each file abandoned because of bad input (only with skip_bad)."""
 
@@ -83,51 +113,6 @@ class CorpusStats:
         if self.skipped:
             text += f", {len(self.skipped)} skipped (" + "; ".join(r for _, r in self.skipped) + ")"
         return text
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def resolve_inputs(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand files, folders (recursively) and glob patterns into a sorted, duplicate-free list.
-
-    The order is deterministic (sorted within each argument, arguments in the order given) so
-    that the same command always produces the same documents in the same order. Hidden files
-    (names starting with ``.``) inside folders are ignored.
-    """
-    out: list[Path] = []
-    seen: set[Path] = set()
-    for raw in paths:
-        text = os.fspath(raw)
-        p = Path(text)
-        if p.is_dir():
-            found = sorted(_walk_files(p))
-            if not found:
-                raise BertgpuError(f"{text}: folder contains no files; expected corpus files")
-        elif p.is_file():
-            found = [p]
-        elif glob.has_magic(text):
-            found = sorted(Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file())
-            if not found:
-                raise BertgpuError(f"{text}: pattern matches no files")
-        else:
-            raise BertgpuError(f"{text}: no such file or folder")
-        for f in found:
-            key = f.resolve()
-            if key not in seen:
-                seen.add(key)
-                out.append(f)
-    if not out:
-        raise BertgpuError("no corpus files given; expected --corpus PATH...")
-    return out
-
-
-def _walk_files(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if not name.startswith("."):
-                yield Path(dirpath) / name
 
 
 WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -153,27 +138,56 @@ def gensim_test_data(name: str) -> Path:
                        f"{list(spec.submodule_search_locations)}")
 
 
-def detect_format(path: Path) -> str:
-    """The reader for a file, from its name (and for a bare ``.bz2``, its first bytes)."""
-    name = path.name.lower()
-    for suffix in (".bz2", ".gz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    if name.endswith((".jsonl", ".json")):
-        return "jsonl"
-    if name.endswith(".xml"):
-        return "wiki"
-    if path.name.lower().endswith((".bz2", ".gz")):
-        # Wikipedia's dump chunks are named like "...articles1.xml-p10p30302.bz2".
-        try:
-            with open_binary(path) as f:
-                head = f.read(4096)
-        except (OSError, EOFError) as exc:
-            raise BertgpuError(f"{path}: cannot decompress ({exc})") from None
-        if b"<mediawiki" in head:
-            return "wiki"
-    return "sentences"
+@dataclass(frozen=True)
+class Piece:
+    """What one reader reads: a whole file, or part ``part`` of ``parts`` of a large one.
+
+    A part is ``[start, stop)`` in bytes (a line-based format, uncompressed: `textio.LineRange`)
+    or in row groups (Parquet); ``stop`` None runs to the end. ``kind`` is the reader when the
+    planner already detected it (None: detect when read). ``span`` is the stored bytes the piece
+    accounts for (its share of the file's size and checksum; None: the whole file).
+    """
+
+    src: Source
+    kind: str | None = None
+    start: int = 0
+    stop: int | None = None
+    part: int = 0
+    parts: int = 1
+    span: tuple[int, int] | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.parts == 1
+
+
+_KNOWN = {".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki", ".parquet": "parquet",
+          ".pq": "parquet", ".arrow": "arrow", ".txt": "sentences", ".text": "sentences"}
+
+
+def detect_format(src: Source) -> str:
+    """The reader for a file, from its name; a name without a known extension (after any
+    compression suffix) is sniffed: Parquet or Arrow magic, a MediaWiki dump, else sentences."""
+    name = name_of(src).lower()
+    suffix = compression_suffix(name)
+    base = name[: -len(suffix)] if suffix else name
+    ext = os.path.splitext(base)[1]
+    if ext in _KNOWN:
+        return _KNOWN[ext]
+    # Wikipedia's dump chunks are named like "...articles1.xml-p10p30302.bz2"; Spark writes
+    # "part-00000" files: the content says what they are.
+    try:
+        with open_raw(src) as raw:
+            magic = raw.read(6)
+        if magic[:4] == b"PAR1":
+            return "parquet"
+        if magic == b"ARROW1":
+            return "arrow"
+        with open_binary(src) as f:
+            head = f.read(4096)
+    except read_errors() as exc:
+        raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
+    return "wiki" if b"<mediawiki" in head else "sentences"
 
 
 # --------------------------------------------------------------------------- readers
@@ -182,7 +196,9 @@ RawItem = tuple  # (kind, payload, first): see the module docstring
 DOC_KINDS = ("lines", "text", "jsonl", "wiki")  # parts of raw documents; the rest are file events
 
 
-def _line_parts(path: Path, f: BinaryIO, per_line: bool) -> Iterator[tuple[list[str], bool]]:
+def _line_parts(path: Source | str, f: BinaryIO, per_line: bool,
+                lines: Iterator[tuple[int, str, bool]] | None = None
+                ) -> Iterator[tuple[list[str], bool]]:
     """(stripped non-empty lines, first) parts of documents of at most about PART_CHARS characters.
 
     A document ends at a blank line, or with ``per_line`` at the end of each line. The pieces
@@ -192,7 +208,7 @@ def _line_parts(path: Path, f: BinaryIO, per_line: bool) -> Iterator[tuple[list[
     chars = 0
     first = True  # the next part starts a document
     line_has_text = False
-    for _, piece, ends_line in decoded_lines(path, f, LINE_PIECE_BYTES):
+    for _, piece, ends_line in lines or decoded_lines(path, f, LINE_PIECE_BYTES):
         text = piece.strip()
         if text:
             part.append(text)
@@ -216,8 +232,9 @@ def _line_parts(path: Path, f: BinaryIO, per_line: bool) -> Iterator[tuple[list[
         yield part, first
 
 
-def _read_jsonl(path: Path, f: BinaryIO, text_field: str) -> Iterator[RawItem]:
-    for lineno, line, _ in decoded_lines(path, f):
+def _read_jsonl(path: Source | str, text_field: str,
+                lines: Iterator[tuple[int, str, bool]]) -> Iterator[RawItem]:
+    for lineno, line, _ in lines:
         if not line.strip():
             continue
         try:
@@ -236,26 +253,94 @@ def _read_jsonl(path: Path, f: BinaryIO, text_field: str) -> Iterator[RawItem]:
         yield "jsonl", obj[text_field], True
 
 
-def _read_file(path: Path, fmt: str, text_field: str) -> Iterator[RawItem]:
-    kind = detect_format(path) if fmt == "auto" else fmt
+def _text_items(label: Source | str, f: BinaryIO, kind: str, text_field: str,
+                part: LineRange | None = None) -> Iterator[RawItem]:
+    """The raw items of a line-based or wiki stream (``part``: ``f`` is a part of a file)."""
+    if kind == "wiki":
+        yield from (("wiki", article, True) for article in read_wiki(label, f))
+        return
+    pieces = None if kind == "jsonl" else LINE_PIECE_BYTES
+    lines = decoded_lines(label, f, pieces, first_offset=part.first if part else 0,
+                          part=part is not None)
+    if kind == "sentences":  # one sentence per line: final already
+        for block, first in _line_parts(label, f, per_line=False, lines=lines):
+            yield "lines", block, first
+    elif kind in ("text", "lines"):  # a paragraph (or a line) per document, lines joined
+        for block, first in _line_parts(label, f, per_line=kind == "lines", lines=lines):
+            yield "text", " ".join(block), first
+    else:
+        yield from _read_jsonl(label, text_field, lines)
+
+
+def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> Iterator[RawItem]:
+    """The raw items of a piece; ``stats.read`` follows the stored bytes read so far."""
+    src = piece.src
+    kind = piece.kind or (detect_format(src) if fmt == "auto" else fmt)
+    base = stats.read
     try:
-        with open_binary(path) as f:
-            if kind == "sentences":  # one sentence per line: final already
-                for lines, first in _line_parts(path, f, per_line=False):
-                    yield "lines", lines, first
-            elif kind in ("text", "lines"):  # a paragraph (or a line) per document, lines joined
-                for lines, first in _line_parts(path, f, per_line=kind == "lines"):
-                    yield "text", " ".join(lines), first
-            elif kind == "jsonl":
-                yield from _read_jsonl(path, f, text_field)
-            else:
-                for article in read_wiki(path, f):
-                    yield "wiki", article, True
-    except (OSError, EOFError) as exc:  # unreadable or a truncated / corrupt .bz2 or .gz
-        raise BertgpuError(f"{path}: cannot read ({exc})") from None
+        if kind in TABLE_FORMATS:  # a row's text is a document, like a JSONL line's
+            rows = (read_parquet(src, text_field, piece.start, piece.stop) if kind == "parquet"
+                    else read_arrow(src, text_field))
+            yield from (("jsonl", text, True) for text in rows if isinstance(text, str))
+        elif not piece.whole:
+            if kind not in LINE_FORMATS:
+                raise ValueError(f"{src}: a {kind} file is not read in parts")
+            with open_raw(src) as raw:
+                part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
+                label = f"{src} (part {piece.part + 1} of {piece.parts}, from byte {part.first})"
+                for item in _text_items(label, part, kind, text_field, part):  # type: ignore[arg-type]
+                    yield item
+                    stats.read = base + part.pos - piece.start
+        else:
+            with open_binary(src) as f:
+                stored = getattr(f, "_under", f)  # under a decompressor: the compressed bytes
+                for item in _text_items(src, f, kind, text_field):
+                    yield item
+                    stats.read = base + stored.tell()
+    except read_errors() as exc:  # unreadable, or a truncated / corrupt compressed stream
+        raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
 
 
 # --------------------------------------------------------------------------- the stream
+
+
+def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str = "text",
+                     skip_bad: bool = False, stats: CorpusStats | None = None,
+                     quota: Callable[[Piece], int | None] | None = None) -> Iterator[RawItem]:
+    """The cheap, sequential stage: raw document parts and file events of the pieces, in order.
+
+    Only ``stats.bytes`` is counted here; `settle_parts` counts the rest. A bad file raises
+    `BertgpuError`, or with ``skip_bad`` ends with a ``("bad", (path, reason), False)`` event
+    instead of ``("end", path, False)`` (``("slice", ...)`` for a part of a file).
+    ``quota(piece)``: read at most about that many characters of text of the piece (a sample).
+    """
+    if fmt not in FORMATS:
+        raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
+    stats = stats if stats is not None else CorpusStats()
+    for piece in pieces:
+        span = piece.span
+        stats.bytes += span[1] - span[0] if span else file_size(piece.src)
+        limit = quota(piece) if quota is not None else None
+        base = stats.read
+        try:
+            chars = 0
+            for item in _read_piece(piece, fmt, text_field, stats):
+                yield item
+                chars += _chars(item)
+                if limit is not None and chars >= limit:
+                    break
+        except BertgpuError as exc:
+            if not skip_bad:
+                raise
+            yield "bad", (str(piece.src), str(exc)), False
+        else:
+            yield ("end" if piece.whole else "slice"), str(piece.src), False
+        stats.read = base + (span[1] - span[0] if span else 0)
+
+
+def _chars(item: RawItem) -> int:
+    payload = item[1]
+    return len(payload) if isinstance(payload, str) else sum(map(len, payload))
 
 
 def iter_raw_documents(
@@ -265,25 +350,11 @@ def iter_raw_documents(
     skip_bad: bool = False,
     stats: CorpusStats | None = None,
 ) -> Iterator[RawItem]:
-    """The cheap, sequential stage: raw document parts and file events of all inputs, in order.
-
-    Only ``stats.bytes`` is counted here; `settle_parts` counts the rest. A bad file raises
-    `BertgpuError`, or with ``skip_bad`` ends with a ``("bad", (path, reason), False)`` event
-    instead of ``("end", path, False)``.
-    """
+    """`iter_piece_items` over the whole files of ``paths`` (files, folders, globs, URLs)."""
     if fmt not in FORMATS:
         raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
-    stats = stats if stats is not None else CorpusStats()
-    for path in resolve_inputs(paths):
-        stats.bytes += path.stat().st_size
-        try:
-            yield from _read_file(path, fmt, text_field)
-        except BertgpuError as exc:
-            if not skip_bad:
-                raise
-            yield "bad", (str(path), str(exc)), False
-        else:
-            yield "end", str(path), False
+    return iter_piece_items((Piece(src) for src in resolve_inputs(paths)), fmt, text_field,
+                            skip_bad, stats)
 
 
 def raw_to_sentences(kind: str, payload) -> list[str]:
@@ -340,6 +411,9 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
             else:
                 stats.files += 1
             yielded = 0
+        elif kind == "slice":  # whether the file had text is known once every part is read
+            stats.slices[value] = stats.slices.get(value, 0) + yielded
+            yielded = 0
         elif kind == "bad":
             stats.skipped.append(value)
             yielded = 0
@@ -390,12 +464,13 @@ def iter_documents(
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     """The input flags `bertgpu tokenizer` and `bertgpu prepare` share."""
     parser.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                        help="files, folders (recursive) or glob patterns")
+                        help="files, folders (recursive), glob patterns or URLs (s3://, gs://, "
+                             "hf://, https://: needs bertgpu[remote] and the protocol's package)")
     parser.add_argument("--format", default="auto", choices=FORMATS,
                         help="corpus format: sentences (one per line, blank line between "
                              "documents), text (paragraphs), lines (one document per line), jsonl, "
-                             "wiki (default: by extension)")
+                             "wiki, parquet, arrow (default: by extension and content)")
     parser.add_argument("--text-field", default="text",
-                        help="JSONL field with the text (default 'text')")
+                        help="JSONL field or Parquet/Arrow column with the text (default 'text')")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip unreadable files instead of stopping")

@@ -6,7 +6,7 @@
     m = Manifest.read(Path("data/manifest.json"))  # validated: a one-line BertgpuError naming
                                                    # the file
     m.seq_len, m.objective, m.splits["train"]["sequences"]
-    m.split_shards("train", path)                  # [("train-00000", 65536), ...], checked
+    m.split_shards("train", path)                  # [("train-00000-00000", 65536), ...]
     m.to_json()                                    # the dict manifest.json holds, keys in file
                                                    # order
 

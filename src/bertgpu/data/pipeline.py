@@ -36,10 +36,11 @@ RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many c
 RAW_BATCH_ITEMS = 512  # ... or this many items
 
 
-def work_chunks(pieces: Iterator[tuple], chunk_docs: int) -> Iterator[tuple[int, list[tuple]]]:
+def work_chunks(pieces: Iterator[tuple], chunk_docs: int,
+                first: int = 0) -> Iterator[tuple[int, list[tuple]]]:
     """(chunk index, pieces from `split.nsp_pieces`): at most ``chunk_docs`` pieces, closed early
-    by their characters."""
-    index = chars = 0
+    by their characters. Indices count from ``first`` (work unit u: ``u << 32``)."""
+    index, chars = first, 0
     batch: list[tuple] = []
     for piece in pieces:
         batch.append(piece)
@@ -84,7 +85,8 @@ def _ordered_map(pool, fn: Callable, items: Iterator, window: int) -> Iterator:
         yield pending.popleft().get()
 
 
-def _make_pool(workers: int, tokenizer_dir: str, settings: dict):
+def make_pool(workers: int, tokenizer_dir: str, settings: dict):
+    """A pool of ``workers`` processes with the tokenizer loaded (`prepare_worker.init_worker`)."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     ctx = multiprocessing.get_context(method)
     # Each worker tokenizes single-threaded: processes already use the cores, and a forked child
@@ -138,10 +140,19 @@ def prefetch(items: Iterator, depth: int) -> Iterator:
 
 
 def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, tokenizer_dir: str,
-        settings: dict, skip_bad: bool, stats: CorpusStats) -> Iterator:
+        settings: dict, skip_bad: bool, stats: CorpusStats, pool=None) -> Iterator:
     """In corpus order: mlm, ``(is_validation, tokens, word_starts, joins)`` of each unit;
-    mlm+nsp, the rows of each chunk (`packing.nsp_chunk`). See the module docstring."""
+    mlm+nsp, the rows of each chunk (`packing.nsp_chunk`). See the module docstring.
+
+    ``pool``: a pool from `make_pool` to reuse (work unit after work unit); else one is made.
+    The NSP chunks of work unit u are numbered from ``u << 32`` (their random generator's seed).
+    """
     nsp = settings["objective"] != "mlm"
+    first_chunk = plan.work_unit << 32
+    if pool is not None:
+        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, nsp,
+                             first_chunk)
+        return
     if workers <= 1:
         init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
         # Reading, text work and tokenizing run in a thread meanwhile: encode_batch releases the
@@ -151,15 +162,22 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
         if not nsp:
             yield from mlm_units(parts, plan)
             return
-        for task in work_chunks(nsp_pieces(parts, plan), chunk_docs):
+        for task in work_chunks(nsp_pieces(parts, plan), chunk_docs, first_chunk):
             yield nsp_chunk(task)
         return
-    with _make_pool(workers, tokenizer_dir, settings) as pool:
-        batches = prefetch(_raw_batches(raw), depth=2)  # decompression overlaps the rest of main
-        encoded = _ordered_map(pool, encode_items, batches, 2 * workers)
-        parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
-        if not nsp:
-            yield from mlm_units(parts, plan)
-            return
-        yield from _ordered_map(pool, nsp_chunk, work_chunks(nsp_pieces(parts, plan), chunk_docs),
-                                2 * workers)
+    with make_pool(workers, tokenizer_dir, settings) as pool:
+        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, nsp,
+                             first_chunk)
+
+
+def _run_pool(pool, raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int,
+              skip_bad: bool, stats: CorpusStats, nsp: bool, first_chunk: int) -> Iterator:
+    batches = prefetch(_raw_batches(raw), depth=2)  # decompression overlaps the rest of main
+    encoded = _ordered_map(pool, encode_items, batches, 2 * workers)
+    parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
+    if not nsp:
+        yield from mlm_units(parts, plan)
+        return
+    yield from _ordered_map(pool, nsp_chunk,
+                            work_chunks(nsp_pieces(parts, plan), chunk_docs, first_chunk),
+                            2 * workers)

@@ -1,25 +1,33 @@
-"""Raw text -> token-id shards + manifest.json, streamed, on all cores, in bounded memory.
+"""Raw text -> token-id shards + manifest.json, streamed, on all cores or a Ray cluster, in bounded
+memory.
 
     bertgpu prepare --corpus wiki.xml.bz2 books/ --tokenizer tok/ --out data/ --seq-len 128
     bertgpu prepare --corpus sample_text.txt --tokenizer tok/ --out data_nsp/ --objective mlm+nsp
     bertgpu prepare --corpus reviews.txt --format lines --tokenizer tok/ --out data/
     bertgpu prepare --corpus news.txt --format lines --tokenizer tok/ --out data/ \\
         --whole-word-segmenter jieba
+    bertgpu prepare --corpus s3://bucket/fineweb/*.parquet --tokenizer tok/ \\
+        --out s3://bucket/data/ --engine ray --ray-address HEAD:6379
 
     from bertgpu.data.prepare import prepare
     manifest = prepare(["corpus/"], "tok/", "data/", seq_len=128, objective="mlm")
 
-How (`pipeline`): the corpus is read as a stream of document parts, tokenized on the workers
-(`packing`), cut into units that go to train or validation by their token counts (`split`),
-packed into rows (mlm, `writer`) or paired into sentence pairs on the workers (mlm+nsp), and
-written shard by shard (`writer`). Memory does not grow with the corpus or with the length of a
-document, and the output is byte-identical for any --workers.
+How: the corpus is cut into work units (`units`: whole files up to --unit-bytes, or parts of a
+larger Parquet or uncompressed line-based file), and each unit is prepared on its own
+(`unit_job`): read as a stream of document parts, tokenized (`pipeline`, on the pool of
+--workers processes), cut into pieces that go to train or validation by their token counts
+(`split`), packed into rows (mlm, `writer`) or paired into sentence pairs (mlm+nsp), and written
+as the unit's own shards. The engine (`engines`: ``local``, or ``ray`` for a cluster) only
+decides where and in what order units run: the shards, the manifest and the split are the same
+bytes for any engine, any --workers and any order of completion. Memory does not grow with the
+corpus or with the length of a document.
 
 Objectives
 - ``mlm``: the token streams of the documents, [SEP] between documents, packed into rows of
-  ``[CLS] + seq_len-2 tokens + [SEP]``; every row is full except the last of each split.
+  ``[CLS] + seq_len-2 tokens + [SEP]``; every row is full except the last of each split of each
+  work unit.
 - ``mlm+nsp``: BERT's sentence pairs ``[CLS] A [SEP] B [SEP]`` with next-sentence labels
-  (`packing` has the recipe).
+  (`prepare_worker` has the recipe).
 
 Train/validation split (`split`): ``--validation-fraction F`` holds out F of the tokens, within
 a tenth of F, by whole documents when they are small enough and by chunks of documents when
@@ -27,35 +35,32 @@ there are too few (the summary and the manifest's ``split_unit`` say which);
 ``--validation-fraction 0`` holds out nothing; ``--validation-docs N`` holds out the first N
 documents instead.
 
-The output layout (shards, dtypes, manifest keys) is specified in docs/ARCHITECTURE.md. All files
-are written to DATADIR.tmp, which is renamed to DATADIR at the end (or removed on failure).
+The output layout (shards, dtypes, manifest keys) is specified in docs/ARCHITECTURE.md. A local
+output is written to DATADIR.tmp and renamed to DATADIR at the end; a URL output is written in
+place with manifest.json last (`output`). Bad input stops the run with one line and removes what
+it wrote. A run stopped otherwise (a worker or the driver killed, Ctrl-C) keeps its finished
+units: the same command redoes only the others.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bertgpu import __version__
-from bertgpu.data import pipeline
-from bertgpu.data.corpus import (
-    CorpusStats,
-    add_corpus_arguments,
-    iter_raw_documents,
-    resolve_inputs,
-)
+from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
+from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
+from bertgpu.data.output import WorkFolder
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.split import MIN_UNIT_TOKENS, SplitPlan
+from bertgpu.data.sources import is_url
+from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
     find_tokenizer_folder,
@@ -64,16 +69,10 @@ from bertgpu.data.tokenizer import (
     special_token_ids,
     tokenizer_hash,
 )
-from bertgpu.data.writer import SPLITS, Packer, ShardSetWriter, ShardWriter
+from bertgpu.data.unit_job import UnitJob, tokenizer_folder
+from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
+from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_fraction: float,
@@ -117,105 +116,139 @@ def prepare(
     chunk_docs: int = 1000,
     progress: bool = False,
     segmenter: str | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    unit_bytes: int = UNIT_BYTES,
+    report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Tokenize the corpus into shards under ``out_dir`` and return manifest.json's content.
 
     ``validation_docs`` (the first N documents) replaces ``validation_fraction`` when given.
-    ``workers``: tokenizing processes (default: all cores); the output does not depend on it.
-    ``segmenter``: a whole-word segmenter (`segment.SEGMENTERS`) whose word starts are stored.
+    ``workers``: tokenizing processes (default: all cores), or the CPUs of a local Ray cluster;
+    the output does not depend on it, nor on ``engine`` ("local" or "ray"; ``ray_address`` joins
+    a running cluster). ``unit_bytes``: stored bytes per work unit (it does change the output:
+    each unit packs its own rows). ``segmenter``: a whole-word segmenter (`segment.SEGMENTERS`)
+    whose word starts are stored. ``report``: filled with the work units' records and how many
+    an earlier run had finished (benchmarks).
     """
     workers = workers or os.cpu_count() or 1
     _check_args(seq_len, objective, short_seq_prob, validation_fraction, validation_docs,
                 shard_size, workers, chunk_docs, segmenter)
+    if engine not in ENGINES:
+        raise BertgpuError(f"--engine {engine!r}: unknown; expected one of {', '.join(ENGINES)}")
     tok_dir = find_tokenizer_folder(tokenizer_dir) or Path(tokenizer_dir)  # errors name the path
     special = special_token_ids(tok_dir)  # also checks the folder loads
     vocab_size = load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
     inputs = resolve_inputs(paths)  # fail on a missing input before any work
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    out = os.fspath(out_dir)
+    if not is_url(out) and Path(out).exists() and (
+            not Path(out).is_dir() or any(Path(out).iterdir())) and not overwrite:
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
                            "(or --overwrite)")
-
+    units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
-    with ShardSetWriter(out, seq_len, dtype, shard_size, nsp,
-                        word_starts=segmenter is not None) as data:
-        stats = CorpusStats()
-        packers = {s: Packer(data.writers[s], seq_len, special["cls"], special["sep"])
-                   for s in SPLITS}
-        settings = {"seed": seed, "objective": objective, "seq_len": seq_len,
-                    "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
-                    "segmenter": segmenter}
-        plan = SplitPlan(seed, validation_fraction, validation_docs,
-                         sum(p.stat().st_size for p in inputs),
-                         min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS)
-        raw = iter_raw_documents(inputs, fmt=fmt, text_field=text_field, skip_bad=skip_bad,
-                                 stats=stats)
-        results = pipeline.run(raw, plan, chunk_docs, workers, str(tok_dir), settings,
-                               skip_bad, stats)
-        _write(results, nsp, data.writers, packers, stats, progress)
-        if stats.documents == 0:
-            raise BertgpuError("no documents read from the corpus; expected text to tokenize")
-        splits = data.close(plan.documents)
-        manifest = _manifest(objective, seq_len, dtype, vocab_size, tok_dir, special, seed,
-                             None if validation_docs is not None else validation_fraction,
-                             validation_docs, stats, splits, inputs, plan, segmenter)
-        _copy_tokenizer(tok_dir, data.folder / "tokenizer")
-        data.commit(manifest)
+    job = UnitJob(
+        tokenizer_files={n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES
+                         if (tok_dir / n).is_file()},
+        tokenizer_hash=tokenizer_hash(tok_dir),
+        settings={"seed": seed, "objective": objective, "seq_len": seq_len,
+                  "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
+                  "segmenter": segmenter},
+        fmt=fmt, text_field=text_field, skip_bad=skip_bad, fraction=validation_fraction,
+        validation_docs=validation_docs, min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
+        shard_size=shard_size, chunk_docs=chunk_docs, dtype=dtype.name,
+        word_starts=segmenter is not None, out=out, base=os.getcwd())
+    work = WorkFolder(out, job.base)
+    plan = {"created_by": f"bertgpu {__version__}", "tokenizer_hash": job.tokenizer_hash,
+            "settings": job.settings, "unit_bytes": unit_bytes,
+            "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
+                    chunk_docs, dtype.name], **plan_record(units)}
+    finished = work.begin(plan, overwrite)
+    bar = Progress(units, finished, progress)
+    try:
+        runner = open_engine(engine, job, workers, ray_address, bar)
+        try:
+            records = run_all(runner, units, finished, validation_docs)
+        finally:
+            runner.close()
+        bar.close()
+        manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
+                             None if validation_docs is not None else validation_fraction)
+        work.seal(manifest.dumps(), Path(tokenizer_folder(job)))
+    except (RunStopped, KeyboardInterrupt):
+        raise  # the finished units stay for a re-run
+    except BaseException:
+        work.discard()
+        raise
+    finally:
+        bar.close()
+    if report is not None:
+        report.update(units=[records[u.index] for u in units], resumed=len(finished),
+                      engine=engine)
     return manifest.to_json()
 
 
-def _write(results: Iterator, nsp: bool, writers: dict[str, ShardWriter],
-           packers: dict[str, Packer], stats: CorpusStats, progress: bool) -> None:
-    """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly."""
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(unit="doc", desc="prepare", file=sys.stderr)
-    for result in results:
-        if nsp:
-            for split, part in result.items():
-                writers[split].add({"input_ids": part["ids"], "lengths": part["lengths"],
-                                    "token_type_ids": part["tt"], "nsp_labels": part["labels"],
-                                    "word_starts": part["word_starts"]})
-        else:
-            is_val, tokens, word_starts, joins = result
-            packers["validation" if is_val else "train"].add(tokens, word_starts, joins)
-        if bar is not None:
-            bar.update(stats.documents - bar.n)
-    if bar is not None:
-        bar.close()
-    for split in SPLITS:
-        packers[split].finish()  # the writers' last shards are written by ShardSetWriter.close
-
-
-def _manifest(objective: str, seq_len: int, dtype: np.dtype, vocab_size: int, tok_dir: Path,
-              special: dict[str, int], seed: int, fraction: float | None,
-              validation_docs: int | None, stats: CorpusStats, splits: dict[str, dict[str, Any]],
-              inputs: list[Path], plan: SplitPlan, segmenter: str | None) -> Manifest:
-    counts = total_counts(splits, stats.documents)
-    skipped = {p for p, _ in stats.skipped}
+def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]],
+              vocab_size: int, tok_dir: Path, special: dict[str, int], seed: int,
+              fraction: float | None) -> Manifest:
+    """The manifest of the finished units, in unit order (so in corpus order)."""
+    ordered = [records[u.index] for u in units]
+    skipped = [tuple(s) for r in ordered for s in r["skipped"]]
+    bad = {p for p, _ in skipped}
+    texts: dict[str, int] = {}
+    for r in ordered:
+        for path, n in r["slices"].items():
+            texts[path] = texts.get(path, 0) + n
+    for path, n in texts.items():  # a file read in parts: did any part have text?
+        if n == 0 and path not in bad:
+            message = (f"{path}: no text (only blank lines or markup); expected at least one "
+                       "document")
+            if not job.skip_bad:
+                raise BertgpuError(message)
+            skipped.append((path, message))
+            bad.add(path)
+    documents = sum(r["documents"] for r in ordered)
+    if documents == 0:
+        raise BertgpuError("no documents read from the corpus; expected text to tokenize")
+    splits = {s: {"sequences": sum(r["splits"][s]["sequences"] for r in ordered),
+                  "tokens": sum(r["splits"][s]["tokens"] for r in ordered),
+                  "documents": sum(r["splits"][s]["documents"] for r in ordered),
+                  "shards": [shard for r in ordered for shard in r["splits"][s]["shards"]]}
+              for s in SPLITS}
+    counts = total_counts(splits, documents)
+    by_docs = job.validation_docs is not None
+    none = job.validation_docs == 0 if by_docs else job.fraction <= 0
+    cut = sum(r["cut_documents"] for r in ordered)
     return Manifest(
-        objective=objective, seq_len=seq_len, dtype=dtype.name, vocab_size=vocab_size,
-        tokenizer_hash=tokenizer_hash(tok_dir), do_lower_case=is_lowercase(tok_dir),
-        special_tokens=special, seed=seed, validation_fraction=fraction,
-        validation_docs=validation_docs, split_unit=plan.split_unit,
-        cut_documents=plan.cut_documents,
+        objective=job.settings["objective"], seq_len=job.settings["seq_len"], dtype=job.dtype,
+        vocab_size=vocab_size, tokenizer_hash=job.tokenizer_hash,
+        do_lower_case=is_lowercase(tok_dir), special_tokens=special, seed=seed,
+        validation_fraction=fraction, validation_docs=job.validation_docs,
+        split_unit="none" if none else "chunk" if cut else "document", cut_documents=cut,
         validation_share=round(splits["validation"]["tokens"] / max(counts["tokens"], 1), 6),
-        whole_word_segmenter=segmenter, counts=counts, splits=splits,
-        inputs=[{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)}
-                for p in inputs if str(p) not in skipped],
-        skipped_inputs=[{"path": p, "reason": r} for p, r in stats.skipped],
+        whole_word_segmenter=job.settings["segmenter"], counts=counts, splits=splits,
+        inputs=_inputs(ordered, bad), skipped_inputs=[{"path": p, "reason": r} for p, r in skipped],
         created_by=f"bertgpu {__version__}",
     )
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
-    dst.mkdir()
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
+def _inputs(records: list[dict[str, Any]], bad: set[str]) -> list[dict[str, Any]]:
+    """The manifest's ``inputs``: path, stored bytes and sha256 of each file read; a file read
+    in parts has the sha256 of each part's bytes instead (no one worker read all of it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for piece in r["inputs"]:
+            path, (a, b) = piece["path"], piece["span"]
+            if path in bad:
+                continue
+            if piece["parts"] == 1:
+                out[path] = {"path": path, "bytes": b - a, "sha256": piece["sha256"]}
+                continue
+            entry = out.setdefault(path, {"path": path, "bytes": 0, "parts": []})
+            entry["bytes"] += b - a
+            entry["parts"].append({"start": a, "end": b, "sha256": piece["sha256"]})
+    return list(out.values())
 
 
 def split_summary(manifest: dict[str, Any]) -> str:
@@ -247,7 +280,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(vocab.txt or tokenizer.json), or a bertgpu run folder (its "
                              "tokenizer/): the vocabulary of a model to continue pretraining")
     parser.add_argument("--out", required=True, metavar="DATADIR",
-                        help="output folder (new or empty)")
+                        help="output folder (new or empty), or a URL (s3://bucket/data/, ...)")
     parser.add_argument("--seq-len", type=int, default=128,
                         help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="mlm",
@@ -265,8 +298,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=int, default=65536,
                         help="sequences per shard file (default 65536)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="tokenizing processes (default: all cores); the output does "
-                             "not depend on it")
+                        help="tokenizing processes (default: all cores), or the CPUs of the "
+                             "local Ray cluster --engine ray starts; the output does not depend "
+                             "on it")
+    parser.add_argument("--engine", choices=ENGINES, default="local",
+                        help="local: this machine's processes (default); ray: the work units as "
+                             "tasks on a Ray cluster (needs bertgpu[ray]); the same output")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="--engine ray: join this running cluster (what `ray start --head` "
+                             "printed) instead of starting one on this machine")
+    parser.add_argument("--unit-bytes", type=int, default=UNIT_BYTES, metavar="BYTES",
+                        help="stored bytes per work unit: whole files up to this, larger "
+                             "Parquet and uncompressed files in parts of it (default 64 MiB)")
     parser.add_argument("--chunk-docs", type=int, default=1000,
                         help="mlm+nsp: documents (or pieces of long ones) per work unit, also the "
                              "pool random B segments come from (default 1000)")
@@ -279,13 +322,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    report: dict[str, Any] = {}
     manifest = prepare(
         args.corpus, args.tokenizer, args.out, seq_len=args.seq_len, objective=args.objective,
         short_seq_prob=args.short_seq_prob, validation_fraction=args.validation_fraction,
         validation_docs=args.validation_docs, seed=args.seed, shard_size=args.shard_size,
         workers=args.workers, fmt=args.format, text_field=args.text_field, skip_bad=args.skip_bad,
         overwrite=args.overwrite, chunk_docs=args.chunk_docs, progress=sys.stderr.isatty(),
-        segmenter=args.whole_word_segmenter,
+        segmenter=args.whole_word_segmenter, engine=args.engine, ray_address=args.ray_address,
+        unit_bytes=args.unit_bytes, report=report,
     )
     c, s = manifest["counts"], time.perf_counter() - start
     print(f"prepare: {c['documents']} documents -> {c['sequences']} sequences, {c['tokens']} "
@@ -293,6 +338,9 @@ def main(args: argparse.Namespace) -> int:
           f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
           f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}")
     print(f"prepare: {split_summary(manifest)}")
+    units, resumed = len(report["units"]), report["resumed"]
+    print(f"prepare: {units} work units on the {args.engine} engine"
+          + (f", {resumed} of them finished by an earlier run and kept" if resumed else ""))
     for item in manifest["skipped_inputs"]:
         print(f"prepare: skipped {item['reason']}")
     return 0

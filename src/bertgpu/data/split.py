@@ -25,6 +25,12 @@ reports how many documents ended up on both sides (``cut_documents``; ``split_un
 The first unit always trains, so that a tiny corpus keeps a training split.
 ``validation_docs=N`` holds out the first N documents instead.
 
+`bertgpu prepare` runs one plan per work unit (`units`), so that units are independent: the
+estimate is the unit's stored bytes, the random thresholds are drawn from (seed, unit, index)
+(``unit`` 0 draws exactly what a single stream did), only unit 0's first unit is sure to train,
+and a unit is told how many of the first N documents are still to hold out. Each work unit's
+share is F within UNIT_SHARE * F, hence the corpus's too.
+
 Every decision is made in the main process from the tokens alone, so the split does not depend
 on the number of workers. A unit is held until its size is known (at most MAX_UNIT_TOKENS);
 for mlm+nsp it then travels to the workers in pieces of about PIECE_TOKENS.
@@ -44,8 +50,9 @@ PIECE_TOKENS = 1 << 15
 CHARS_PER_TOKEN = 4  # for the first estimate of the corpus size from its files
 
 
-def _uniform(seed: int, index: int) -> float:
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+def _uniform(seed: int, index: int, unit: int = 0) -> float:
+    key = f"{seed}:{index}" if unit == 0 else f"{seed}:{unit}:{index}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64
 
 
@@ -53,8 +60,9 @@ class SplitPlan:
     """Assigns units of a document stream to train or validation, and counts what it did."""
 
     def __init__(self, seed: int, fraction: float, validation_docs: int | None, corpus_bytes: int,
-                 min_unit: int = MIN_UNIT_TOKENS) -> None:
+                 min_unit: int = MIN_UNIT_TOKENS, work_unit: int = 0) -> None:
         self.seed, self.fraction, self.validation_docs = seed, fraction, validation_docs
+        self.work_unit = work_unit  # which work unit of the corpus this plan splits
         self.min_unit = min_unit
         self.estimate = max(0, corpus_bytes) // CHARS_PER_TOKEN
         self.read = 0  # tokens of all units so far
@@ -94,12 +102,12 @@ class SplitPlan:
         self.read += size
         if self.validation_docs is not None:
             is_val = self._doc < self.validation_docs
-        elif self.fraction <= 0 or self.units == 0:
+        elif self.fraction <= 0 or (self.units == 0 and self.work_unit == 0):
             # the first unit trains: a corpus of one small document keeps a train split
             is_val = False
         else:
             shortfall = self.fraction * self.read - self.held  # self.read includes this unit
-            is_val = shortfall >= size * _uniform(self.seed, self.units)
+            is_val = shortfall >= size * _uniform(self.seed, self.units, self.work_unit)
         self.units += 1
         self.held += size * is_val
         joins = not self._starts_doc and self._previous == is_val

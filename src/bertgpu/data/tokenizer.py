@@ -2,6 +2,7 @@
 
     bertgpu tokenizer --corpus wiki.xml.bz2 books/ --vocab-size 30522 --out tok/
     bertgpu tokenizer --corpus data.jsonl --text-field body --vocab-size 32000 --cased --out tok/
+    bertgpu tokenizer --corpus s3://bucket/fineweb/ --sample-bytes 2000000000 --out tok/
 
     from bertgpu.data.tokenizer import load_tokenizer
     tok = load_tokenizer("tok/")                     # a tokenizers.Tokenizer
@@ -10,6 +11,11 @@
 The pipeline is BERT's: BertNormalizer (clean text, CJK characters split one by one, lower-case
 and strip accents unless --cased), BertPreTokenizer, WordPiece with "##" continuations,
 [CLS]/[SEP] templates with token type ids. Special tokens [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
+
+The corpus is read like `bertgpu prepare` reads it (every format, URLs). ``--sample-bytes N``
+trains on about N bytes of text spread over the whole corpus: from each file, or part of a
+large Parquet or uncompressed file (`units.split_file`), a share of N proportional to its size,
+read from its start; a vocabulary of a remote corpus without downloading all of it.
 
 The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
 and special_tokens_map.json. `load_tokenizer` also accepts any Hugging Face BERT folder that has
@@ -28,7 +34,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from bertgpu.data.corpus import CorpusStats, add_corpus_arguments, iter_document_parts
+from bertgpu.data.corpus import (
+    CorpusStats,
+    add_corpus_arguments,
+    convert_item,
+    iter_document_parts,
+    iter_piece_items,
+    resolve_inputs,
+    settle_parts,
+)
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -129,12 +143,16 @@ def train_tokenizer(
     strip_accents: bool | None = None,
     limit_alphabet: int = 1000,
     stats: CorpusStats | None = None,
+    sample_bytes: int | None = None,
 ) -> Path:
     """Train a WordPiece vocabulary on the corpus and write an AutoTokenizer-loadable folder.
 
     ``strip_accents=None`` follows ``lowercase`` (BERT's convention: uncased models also drop
-    accents). The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
+    accents). ``sample_bytes``: train on about that many bytes of text spread over the corpus.
+    The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
     """
+    if sample_bytes is not None and sample_bytes < 1:
+        raise BertgpuError(f"--sample-bytes {sample_bytes}: expected 1 or more")
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise BertgpuError(f"--vocab-size {vocab_size}: too small; expected at least "
                            f"{len(SPECIAL_TOKENS) + 1}")
@@ -148,8 +166,11 @@ def train_tokenizer(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        parts = iter_document_parts(paths, fmt=fmt, text_field=text_field, skip_bad=skip_bad,
-                                    stats=stats)
+        if sample_bytes is None:
+            parts = iter_document_parts(paths, fmt=fmt, text_field=text_field,
+                                        skip_bad=skip_bad, stats=stats)
+        else:
+            parts = _sample_parts(paths, fmt, text_field, skip_bad, stats, sample_bytes)
         tok = _train(parts, tmp / "corpus.txt", lowercase, strip_accents, vocab_size, min_frequency,
                      limit_alphabet)
         if stats.documents == 0:
@@ -163,6 +184,19 @@ def train_tokenizer(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _sample_parts(paths: list[str | os.PathLike], fmt: str, text_field: str, skip_bad: bool,
+                  stats: CorpusStats, sample_bytes: int) -> Iterator[tuple[list[str], bool]]:
+    """The document parts of a sample of about ``sample_bytes`` characters of the corpus."""
+    from bertgpu.data.sources import file_size
+    from bertgpu.data.units import UNIT_BYTES, sample_quota, split_file
+
+    pieces = [piece for src in resolve_inputs(paths)
+              for piece in split_file(src, file_size(src), fmt, UNIT_BYTES)]
+    raw = iter_piece_items(pieces, fmt, text_field, skip_bad, stats,
+                           quota=sample_quota(pieces, sample_bytes))
+    return settle_parts((convert_item(item) for item in raw), skip_bad, stats)
 
 
 def _train(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: bool,
@@ -404,6 +438,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accent stripping; auto = with lower-casing, like BERT (default)")
     parser.add_argument("--limit-alphabet", type=int, default=1000,
                         help="most distinct characters kept in the initial alphabet (default 1000)")
+    parser.add_argument("--sample-bytes", type=int, default=None, metavar="N",
+                        help="train on about N bytes of text spread over the whole corpus (each "
+                             "file or part of a large one in proportion to its size) instead of "
+                             "all of it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -414,7 +452,7 @@ def main(args: argparse.Namespace) -> int:
         args.corpus, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
         min_frequency=args.min_frequency, fmt=args.format, skip_bad=args.skip_bad,
         text_field=args.text_field, strip_accents=strip, limit_alphabet=args.limit_alphabet,
-        stats=stats,
+        stats=stats, sample_bytes=args.sample_bytes,
     )
     size = load_tokenizer(out).get_vocab_size(with_added_tokens=True)
     print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "

@@ -10,12 +10,18 @@ row, manifest.json last, the whole folder moved into place at the end; and the M
         data.commit(Manifest(..., splits=splits))
 
 Nothing of a shard stays in memory: rows go to ``NAME.KEY.npy.part`` as they come and are copied
-behind the .npy header when the shard is complete (the same bytes as ``np.save``).
+behind the .npy header when the shard is complete (the same bytes as ``np.save``), into
+``NAME.KEY.npy.tmp`` renamed to ``NAME.KEY.npy``, so a reader never sees a partial shard file.
+`bertgpu prepare` writes one `ShardWriter` per split and work unit (``prefix``
+"train-00003": shards "train-00003-00000", ...) and may upload each finished file
+(``on_file``, `output`).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -80,8 +86,11 @@ class ShardWriter:
     """
 
     def __init__(self, folder: Path, split: str, seq_len: int, dtype: np.dtype, shard_size: int,
-                 nsp: bool, word_starts: bool = False) -> None:
+                 nsp: bool, word_starts: bool = False, prefix: str | None = None,
+                 on_file: Callable[[Path], None] | None = None) -> None:
         self.folder, self.split = folder, split
+        self.prefix = prefix or split
+        self.on_file = on_file  # called with each finished .npy file
         self.seq_len, self.dtype, self.shard_size = seq_len, np.dtype(dtype), shard_size
         self.dtypes = {"input_ids": self.dtype, "lengths": np.dtype(np.int32)}
         if nsp:
@@ -94,7 +103,7 @@ class ShardWriter:
         self.shards: list[dict] = []
 
     def _name(self) -> str:
-        return f"{self.split}-{len(self.shards):05d}"
+        return f"{self.prefix}-{len(self.shards):05d}"
 
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """Append rows: ``arrays`` holds every key of this writer,
@@ -128,10 +137,15 @@ class ShardWriter:
             header = {"descr": np.lib.format.dtype_to_descr(self.dtypes[key]),
                       "fortran_order": False, "shape": shape}
             part = self.folder / f"{name}.{key}.npy.part"
-            with open(self.folder / f"{name}.{key}.npy", "wb") as out, open(part, "rb") as src:
+            final = self.folder / f"{name}.{key}.npy"
+            tmp = final.with_name(final.name + ".tmp")
+            with open(tmp, "wb") as out, open(part, "rb") as src:
                 np.lib.format.write_array_header_1_0(out, header)
                 shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, final)
             part.unlink()
+            if self.on_file is not None:
+                self.on_file(final)
         self.files = {}
         self.shards.append({"name": name, "sequences": self.n, "tokens": self.tokens})
         self.n = 0

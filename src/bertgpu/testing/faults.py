@@ -25,6 +25,10 @@ Items, separated by commas (an item may be given more than once):
                                   crash meanwhile leaves a cut file
     slow_eval=SECONDS             every rank sleeps SECONDS in each evaluation:      slow_eval
                                   a long one, for preemption tests
+    kill_unit=U                   the process preparing work unit U of `bertgpu     kill_unit
+                                  prepare` sends itself SIGKILL once the unit's
+                                  first shard is written (a Ray worker, or the
+                                  local engine's main process: the driver)
 
 A slow step (one that cannot be interrupted, e.g. one that compiles) is delay_rank=R:SECONDS@step=S.
 
@@ -66,8 +70,8 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS[@step=S] or "
-           "slow_eval=SECONDS")
+           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS[@step=S], "
+           "slow_eval=SECONDS or kill_unit=U")
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class Plan:
     slow_write_s: float = 0.0
     slow_write_steps: tuple[int, int | None] | None = None  # None: every checkpoint
     slow_eval_s: float = 0.0
+    kill_units: set[int] = field(default_factory=set)
     writes: int = 0
     replaces: int = 0
 
@@ -178,6 +183,8 @@ def parse(spec: str) -> Plan:
             plan.enospc_writes.add(_int(value, item, 1))
         elif key == "kill_replace":
             plan.kill_replaces.add(_int(value, item, 1))
+        elif key == "kill_unit":
+            plan.kill_units.add(_int(value, item, 0))
         elif key in ("slow_write", "slow_eval"):
             value, at, steps = value.partition("@step=")
             try:
@@ -367,3 +374,11 @@ def between_renames() -> None:
     plan.replaces += 1
     if plan.replaces in plan.kill_replaces:
         _die(f"between the renames of folder replacement {plan.replaces}")
+
+
+def kill_unit(unit: int) -> None:
+    """Called by `bertgpu prepare` while it writes work unit ``unit``'s shards: SIGKILL if a
+    kill_unit item names the unit."""
+    plan = active()
+    if plan is not None and unit in plan.kill_units:
+        _die(f"while preparing work unit {unit}")

@@ -1,0 +1,117 @@
+"""Parquet and Arrow corpora: the text column of each row is a document, read a batch at a time.
+
+    groups = parquet_row_groups(src)                 # [(rows, bytes, offset)] from the footer
+    for text in read_parquet(src, "text", 2, 5): ...  # row groups 2, 3 and 4 (None: a null)
+    for text in read_arrow(src, "text"): ...          # a dataset saved by `datasets`
+
+Parquet is read with pyarrow by row groups, in batches of about BATCH_BYTES of the text column
+only (`ParquetFile.iter_batches`), never the whole file, so memory is bounded by a row group's
+text column whatever the file's size; a work unit reads a range of row groups (`units`). Arrow
+files (Hugging Face `datasets`' save_to_disk: IPC streams of record batches) are read one
+record batch at a time and not split. Both need pyarrow (`pip install 'bertgpu[parquet]'`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bertgpu.data.sources import Source, open_raw
+from bertgpu.errors import BertgpuError
+
+BATCH_BYTES = 1 << 20
+"""Text per batch: the batch's rows follow from the row groups' bytes per row, so a corpus of
+books holds no more in memory than one of tweets."""
+MAX_BATCH_ROWS = 1024
+
+
+def _pyarrow(src: Source):
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401 - the submodule is used through `pyarrow`
+    except ImportError:
+        raise BertgpuError(f"{src}: Parquet/Arrow; reading it needs pyarrow, expected `pip "
+                           "install 'bertgpu[parquet]'`") from None
+    return pyarrow
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _text_column(src: Source, schema, field: str) -> None:
+    """Refuse a table without ``field`` or whose ``field`` does not hold strings."""
+    pa = _pyarrow(src)
+    if field not in schema.names:
+        raise BertgpuError(f"{src}: no column {field!r} (found columns {schema.names[:8]}); "
+                           "expected a string column with the text (choose it with --text-field)")
+    kind = schema.field(field).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+        raise BertgpuError(f"{src}: column {field!r} holds {kind}; expected strings (choose the "
+                           "text column with --text-field)")
+
+
+def _parquet_file(src: Source, f):
+    pa = _pyarrow(src)
+    try:
+        return pa.parquet.ParquetFile(f)
+    except (pa.ArrowException, OSError) as exc:
+        raise BertgpuError(f"{src}: not a readable Parquet file ({_one_line(exc)})") from None
+
+
+def parquet_row_groups(src: Source) -> list[tuple[int, int, int]]:
+    """(rows, compressed bytes, first byte) of each row group, from the file's footer only."""
+    with open_raw(src) as f:
+        meta = _parquet_file(src, f).metadata
+        out = []
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            columns = [group.column(c) for c in range(group.num_columns)]
+            first = min((c.dictionary_page_offset or c.data_page_offset for c in columns),
+                        default=0)
+            size = sum(c.total_compressed_size for c in columns)
+            out.append((group.num_rows, size, first))
+    return out
+
+
+def read_parquet(src: Source, field: str, start: int = 0,
+                 stop: int | None = None) -> Iterator[str | None]:
+    """The ``field`` value of each row of row groups ``[start, stop)`` (None: to the last)."""
+    pa = _pyarrow(src)
+    with open_raw(src) as f:
+        pf = _parquet_file(src, f)
+        _text_column(src, pf.schema_arrow, field)
+        groups = list(range(start, pf.num_row_groups if stop is None else stop))
+        if not groups:
+            return
+        column = pf.schema_arrow.get_field_index(field)
+        meta = [pf.metadata.row_group(g) for g in groups]
+        rows = sum(m.num_rows for m in meta)
+        text = sum(m.column(column).total_uncompressed_size for m in meta)
+        batch_rows = max(1, min(MAX_BATCH_ROWS, rows * BATCH_BYTES // max(text, 1)))
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups,
+                                         columns=[field], use_threads=False):
+                yield from batch.column(0).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise BertgpuError(f"{src}: cannot read Parquet ({_one_line(exc)})") from None
+
+
+def read_arrow(src: Source, field: str) -> Iterator[str | None]:
+    """The ``field`` value of each row of an Arrow IPC file or stream, a record batch at a
+    time."""
+    pa = _pyarrow(src)
+    with open_raw(src) as f:
+        try:
+            head = f.read(6)
+            f.seek(0)
+            reader = pa.ipc.open_file(f) if head == b"ARROW1" else pa.ipc.open_stream(f)
+            _text_column(src, reader.schema, field)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches)) \
+                if head == b"ARROW1" else reader
+            for batch in batches:
+                yield from batch.column(field).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise BertgpuError(f"{src}: not a readable Arrow file ({_one_line(exc)})") from None

@@ -1,0 +1,161 @@
+"""The execution engines of `bertgpu prepare`: who runs the work units, in what order, and the
+progress line. The output never depends on the engine (`unit_job`).
+
+    with open_engine("local", job, workers=8) as engine:     # or "ray", address="HOST:6379"
+        records = run_all(engine, units, finished, job.validation_docs, progress)
+
+- ``local``: the units one after another in this process, each with the pool of ``workers``
+  processes behind the ordered pipeline (`pipeline`): a single large file still uses every core.
+- ``ray``: each unit is a Ray task on a cluster (`ray_engine`), as many at a time as it has CPUs.
+
+`run_all` sends the engine the units not already finished. With --validation-docs N a unit must
+know how many of the first N documents the units before it held, so the units that may hold
+some run one at a time first, the rest all at once.
+
+The progress line (stderr, when it is a terminal) counts the stored bytes read, with the units
+done of the total, tokens/s and bytes/s across the cluster and the ETA:
+``prepare:  42%|████▏     | 1.21G/2.88G [01:10<01:37, 17.2MB/s, 19/45 units, 4.31M tokens/s]``
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from bertgpu.data import pipeline
+from bertgpu.data.unit_job import UnitJob, run_unit, tokenizer_folder
+from bertgpu.data.units import Unit
+from bertgpu.errors import BertgpuError
+
+ENGINES = ("local", "ray")
+Done = Callable[[dict[str, Any]], None]
+
+
+class Engine(Protocol):
+    def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
+        """Prepare each (unit, held_docs); call ``done(record)`` as each finishes, any order."""
+
+    def close(self) -> None: ...
+
+
+class RunStopped(BertgpuError):
+    """A run stopped by something other than its input (a worker died, Ctrl-C): the finished
+    units stay in the work folder and a re-run of the same command redoes only the rest."""
+
+
+class Progress:
+    """The one progress line: stored bytes (rate, ETA), units done of all, tokens/s."""
+
+    def __init__(self, units: list[Unit], finished: Iterable[int], enabled: bool) -> None:
+        self.total_units = len(units)
+        finished = set(finished)
+        self.done = len(finished)
+        self.tokens = 0
+        self.start = time.perf_counter()
+        self.live = 0  # bytes of the unit in progress (local engine)
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=sum(u.bytes for u in units), unit="B", unit_scale=True,
+                            desc="prepare", file=sys.stderr, dynamic_ncols=True,
+                            initial=sum(u.bytes for u in units if u.index in finished))
+            self._postfix()
+
+    def _postfix(self) -> None:
+        rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.done}/{self.total_units} units, "
+                                 f"{_si(rate)} tokens/s", refresh=False)
+
+    def within(self, read_bytes: int) -> None:
+        """Bytes read so far of the unit in progress."""
+        if self.bar is not None and read_bytes > self.live:
+            self.bar.update(read_bytes - self.live)
+            self.live = read_bytes
+
+    def unit_done(self, record: dict[str, Any], tokens_seen: int = 0) -> None:
+        self.done += 1
+        self.tokens += sum(s["tokens"] for s in record["splits"].values()) - tokens_seen
+        if self.bar is not None:
+            self.bar.update(record["bytes"] - self.live)
+            self.live = 0
+            self._postfix()
+            self.bar.refresh()
+
+    def tokens_within(self, tokens: int) -> None:
+        self.tokens += tokens
+        if self.bar is not None:
+            self._postfix()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+class LocalEngine:
+    """The units in order in this process, each tokenized on one shared pool."""
+
+    def __init__(self, job: UnitJob, workers: int, progress: Progress) -> None:
+        self.job, self.workers, self.progress = job, workers, progress
+        self.pool = None
+        if workers > 1:
+            self.pool = pipeline.make_pool(workers, tokenizer_folder(job), job.settings)
+
+    def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
+        for unit, held in work:
+            seen = [0]
+
+            def progress(tokens: int, read: int, seen: list[int] = seen) -> None:
+                self.progress.tokens_within(tokens - seen[0])
+                seen[0] = tokens
+                self.progress.within(read)
+
+            record = run_unit(self.job, unit, held, self.workers, self.pool, progress)
+            self.progress.unit_done(record, tokens_seen=seen[0])
+            done(record)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def open_engine(name: str, job: UnitJob, workers: int, address: str | None,
+                progress: Progress) -> Engine:
+    if name == "local":
+        if address is not None:
+            raise BertgpuError("--ray-address: only with --engine ray")
+        return LocalEngine(job, workers, progress)
+    if name == "ray":
+        from bertgpu.data.ray_engine import RayEngine
+
+        return RayEngine(job, address, workers, progress)
+    raise BertgpuError(f"--engine {name!r}: unknown; expected one of {', '.join(ENGINES)}")
+
+
+def run_all(engine: Engine, units: list[Unit], finished: dict[int, dict[str, Any]],
+            validation_docs: int | None) -> dict[int, dict[str, Any]]:
+    """Every unit's record, in a dict by unit index: ``finished`` ones kept, the rest run."""
+    records = dict(finished)
+    start = 0
+    if validation_docs is not None:  # the units that hold the first N documents, in order
+        left = validation_docs
+        while start < len(units) and left > 0:
+            if start not in records:
+                engine.run([(units[start], left)], lambda r: records.__setitem__(r["unit"], r))
+            left -= records[start]["documents"]
+            start += 1
+    todo = [(u, 0 if validation_docs is not None else None) for u in units[start:]
+            if u.index not in records]
+    if todo:
+        engine.run(todo, lambda r: records.__setitem__(r["unit"], r))
+    return records

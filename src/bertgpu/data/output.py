@@ -1,0 +1,204 @@
+"""Where `bertgpu prepare` writes while it runs, and how the finished shard set is sealed.
+
+    work = WorkFolder("data/")             # or "s3://bucket/data/", "file:///shared/data"
+    done = work.begin(plan, overwrite)     # driver: start, or keep the units a killed run finished
+    work.scratch(3); work.publish(path)    # a worker: shard files of unit 3, each put in whole
+    work.write_record(3, record)           # ... and last, the record that says unit 3 is done
+    work.seal(manifest_text, tok_dir)      # driver: tokenizer/, then manifest.json, then in place
+
+A local output (a path, or a file:// URL: a shared filesystem a cluster mounts) is built in
+DATADIR.tmp and renamed to DATADIR when sealed (`fsutil.replace_dir`: an old DATADIR stays whole
+until the new one replaces it). A URL output is built in place, since
+an object store cannot rename a folder: every file is uploaded whole under its final name (a PUT
+is atomic: a reader never sees half a shard), the bookkeeping is removed and manifest.json,
+uploaded last, seals the set; readers need the manifest, so there is no moment with a set that
+looks complete and is not.
+
+The bookkeeping of a run in progress is ``prepare-plan.json`` (the work units and the files'
+versions, `units.plan_record`) and ``units/NNNNN.json`` (one record per finished unit, written
+after its shards). A re-run of the same command on the same corpus finds both, keeps the units
+whose records and shard files are there, and redoes the others; any other plan starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from bertgpu.data.sources import filesystem, is_url
+from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import replace_dir
+
+PLAN = "prepare-plan.json"
+UNITS = "units"
+MANIFEST = "manifest.json"
+
+
+class WorkFolder:
+    """The files of one `bertgpu prepare` output while it is written (see the module docstring).
+    Picklable: a Ray worker gets one and writes its unit's files through it."""
+
+    def __init__(self, out: str | os.PathLike, base: str | None = None) -> None:
+        text = os.fspath(out)
+        if text.startswith("file://"):  # a local (or shared, mounted) folder: renames work
+            text = text[len("file://"):]
+        self.remote = is_url(text)
+        if self.remote:
+            self.out = text.rstrip("/")
+            self.folder = self.out
+        else:
+            final = Path(text)
+            final = final if final.is_absolute() or base is None else Path(base) / final
+            self.out = str(final)
+            self.folder = str(final.with_name(final.name + ".tmp"))
+
+    # ------------------------------------------------------------------ paths
+
+    def _fs(self):
+        return filesystem(self.folder)
+
+    def _path(self, name: str) -> str:
+        """Path of ``name`` in the folder (inside the filesystem, for a URL)."""
+        if not self.remote:
+            return str(Path(self.folder) / name)
+        fs, root = self._fs()
+        return f"{root.rstrip('/')}/{name}"
+
+    def _write_text(self, name: str, text: str) -> None:
+        if self.remote:
+            fs, _ = self._fs()
+            fs.pipe_file(self._path(name), text.encode("utf-8"))
+            return
+        path = Path(self._path(name))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _read_text(self, name: str) -> str | None:
+        try:
+            if self.remote:
+                fs, _ = self._fs()
+                return fs.cat_file(self._path(name)).decode("utf-8")
+            return Path(self._path(name)).read_text(encoding="utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+
+    def _exists(self, name: str) -> bool:
+        if self.remote:
+            fs, _ = self._fs()
+            return fs.exists(self._path(name))
+        return Path(self._path(name)).exists()
+
+    # ------------------------------------------------------------------ the workers' side
+
+    def scratch(self, unit: int) -> Path:
+        """A local folder for the shard files of ``unit`` (the folder itself when local)."""
+        if not self.remote:
+            return Path(self.folder)
+        return Path(tempfile.mkdtemp(prefix=f"bertgpu-unit{unit:05d}-"))
+
+    def publish(self, path: Path) -> None:
+        """A finished file of the scratch folder into the output (uploaded whole)."""
+        if self.remote:
+            fs, _ = self._fs()
+            fs.put_file(str(path), self._path(path.name))
+            path.unlink()
+
+    def drop_scratch(self, scratch: Path) -> None:
+        if self.remote:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def write_record(self, unit: int, record: dict) -> None:
+        """The last thing a unit writes: after it, the unit counts as done."""
+        self._write_text(f"{UNITS}/{unit:05d}.json", json.dumps(record, indent=1) + "\n")
+
+    # ------------------------------------------------------------------ the driver's side
+
+    def begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
+        """Start writing; returns the records of the units a run of the same plan finished."""
+        text = json.dumps(plan, sort_keys=True)
+        if self._read_text(PLAN) == text:
+            return self._finished()
+        if self.remote:
+            self._clear_remote(overwrite)
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)  # another plan's, or none
+            Path(self.folder, UNITS).mkdir(parents=True)
+        self._write_text(PLAN, text)
+        return {}
+
+    def _clear_remote(self, overwrite: bool) -> None:
+        fs, root = self._fs()
+        try:
+            found = fs.exists(root) and bool(fs.ls(root))
+        except Exception as exc:  # noqa: BLE001 - one line naming the URL, whatever the store
+            raise BertgpuError(f"{self.out}: cannot reach ({' '.join(str(exc).split())})") from None
+        if found:
+            if self._exists(MANIFEST) and not overwrite:
+                raise BertgpuError(f"{self.out}: already exists and is not empty; expected a new "
+                                   "folder (or --overwrite)")
+            if self._exists(MANIFEST):
+                fs.rm_file(self._path(MANIFEST))  # unseal first: never a manifest over a mix
+            fs.rm(root, recursive=True)
+        fs.makedirs(f"{root.rstrip('/')}/{UNITS}", exist_ok=True)
+
+    def _finished(self) -> dict[int, dict]:
+        """Records of finished units whose shard files are all there."""
+        if self.remote:
+            fs, _ = self._fs()
+            names = [p.rsplit("/", 1)[-1] for p in fs.find(self._path(UNITS))]
+        else:
+            names = [p.name for p in Path(self._path(UNITS)).glob("*.json")]
+        out = {}
+        for name in names:
+            text = self._read_text(f"{UNITS}/{name}")
+            try:
+                record = json.loads(text) if text else None
+            except json.JSONDecodeError:
+                record = None
+            if record is not None and all(self._exists(f) for f in shard_files(record)):
+                out[int(record["unit"])] = record
+        return out
+
+    def seal(self, manifest_text: str, tokenizer_dir: Path) -> str:
+        """tokenizer/, the bookkeeping removed, manifest.json last; the set in place."""
+        names = [p for p in sorted(Path(tokenizer_dir).iterdir()) if p.is_file()]
+        if self.remote:
+            fs, _ = self._fs()
+            for path in names:
+                fs.put_file(str(path), self._path(f"tokenizer/{path.name}"))
+            fs.rm(self._path(UNITS), recursive=True)
+            fs.rm_file(self._path(PLAN))
+            self._write_text(MANIFEST, manifest_text)
+            return self.out
+        folder = Path(self.folder)
+        (folder / "tokenizer").mkdir(exist_ok=True)
+        for path in names:
+            shutil.copy2(path, folder / "tokenizer" / path.name)
+        shutil.rmtree(folder / UNITS)
+        (folder / PLAN).unlink()
+        self._write_text(MANIFEST, manifest_text)
+        replace_dir(folder, Path(self.out))
+        return self.out
+
+    def discard(self) -> None:
+        """Remove everything this run wrote (bad input: nothing is kept, nothing sealed)."""
+        if not self.remote:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        fs, root = self._fs()
+        try:
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
+        except Exception:  # noqa: BLE001 - the error being reported matters more
+            pass
+
+
+def shard_files(record: dict) -> list[str]:
+    """Every .npy file of a unit record's shards."""
+    keys = record["keys"]
+    return [f"{s['name']}.{k}.npy" for split in record["splits"].values()
+            for s in split["shards"] for k in keys]

@@ -1,0 +1,143 @@
+"""`bertgpu prepare --engine ray`: the work units as Ray tasks, on the cluster a user already runs.
+
+    ray start --head --port 6379                    # on the head node; `ray start --address
+                                                    # HEAD:6379` on each of the others
+    bertgpu prepare --corpus s3://bucket/corpus/ --tokenizer tok/ --out s3://bucket/data/ \\
+        --engine ray --ray-address HEAD:6379
+
+Each unit is one task (`unit_job.run_unit` on one CPU of a worker, tokenizing single-threaded):
+it reads its pieces, writes its shards and its record straight to the output, and returns the
+record to the driver, which seals the set once every unit is done (`output.WorkFolder`). The
+job (tokenizer files included: a worker may be another machine) is put in the object store
+once. Inputs and output must be paths every worker can read and write: URLs (s3://, gs://, ...)
+or a shared filesystem. Every node needs bertgpu (the same version) and the extras of the
+formats and protocols read.
+
+Without --ray-address (and no Ray already initialised in this process) a local cluster of
+--workers CPUs is started and shut down at the end. A task whose worker dies is retried by Ray
+(TASK_RETRIES times); after that the run stops with one line, keeping the finished units, and
+the same command redoes only the rest. BERTGPU_FAULTS of the driver reaches the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from bertgpu.data.engines import Done, Progress, RunStopped
+from bertgpu.data.unit_job import UnitJob, run_unit
+from bertgpu.data.units import Unit
+from bertgpu.errors import BertgpuError
+from bertgpu.testing import faults
+
+TASK_RETRIES = 2
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise BertgpuError("--engine ray: Ray is not installed; expected `pip install "
+                           "'bertgpu[ray]'`") from None
+    return ray
+
+
+def check_address(address: str) -> None:
+    """Refuse at once an address where nothing listens (Ray itself would retry for minutes)."""
+    if address in ("auto", "local"):
+        return
+    host_port = address.split("://", 1)[-1].rstrip("/")
+    host, colon, port = host_port.rpartition(":")
+    if not colon:
+        host, port = host_port, "6379"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise BertgpuError(f"--ray-address {address}: no Ray cluster answers ({exc}); expected "
+                           "the address `ray start --head` printed (HOST:6379)") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def prepare_unit(job: UnitJob, unit: Unit, held: int | None,
+                 fault_plan: str | None) -> dict[str, Any]:
+    """The Ray task: one unit, single-threaded (the cluster's CPUs are the parallelism), under
+    the driver's BERTGPU_FAULTS (set here, not in a runtime_env: that would start new
+    workers)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if fault_plan:
+        os.environ[faults.ENV] = fault_plan
+    else:
+        os.environ.pop(faults.ENV, None)
+    return run_unit(job, unit, held)
+
+
+class RayEngine:
+    """Units as Ray tasks, completed in any order."""
+
+    def __init__(self, job: UnitJob, address: str | None, workers: int,
+                 progress: Progress) -> None:
+        ray = _ray()
+        self.ray, self.progress = ray, progress
+        if address is not None:
+            check_address(address)
+        self.started = False
+        if not ray.is_initialized():
+            options = dict(include_dashboard=False, log_to_driver=False,
+                           logging_level=logging.ERROR)
+            try:
+                if address is not None:
+                    ray.init(address=address, **options)
+                else:
+                    ray.init(num_cpus=workers, **options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise BertgpuError(f"--ray-address {address}: cannot join the Ray cluster "
+                                   f"({_one_line(exc)})") from None
+            self.started = True
+        self.task = ray.remote(prepare_unit).options(
+            num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
+        self.job = ray.put(job)
+        self.fault_plan = os.environ.get(faults.ENV) or None
+
+    def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
+        ray = self.ray
+        pending = {self.task.remote(self.job, unit, held, self.fault_plan): unit
+                   for unit, held in work}
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    unit = pending.pop(ref)
+                    record = self._result(ref, unit)
+                    self.progress.unit_done(record)
+                    done(record)
+        finally:
+            if pending:  # a failure: stop the others before the driver cleans up after them
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                ray.wait(list(pending), num_returns=len(pending), timeout=30)
+
+    def _result(self, ref, unit: Unit) -> dict[str, Any]:
+        ray = self.ray
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BertgpuError):  # bad input: the same one-line error
+                raise BertgpuError(str(cause)) from None
+            raise RunStopped(f"{unit.describe()}: failed on a Ray worker "
+                             f"({_one_line(cause or exc)}); the finished units are kept: re-run "
+                             "the same command to do the rest") from None
+        except ray.exceptions.RayError as exc:
+            raise RunStopped(f"{unit.describe()}: its Ray worker died ({_one_line(exc)[:300]}); "
+                             "the finished units are kept: re-run the same command to do the "
+                             "rest") from None
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()

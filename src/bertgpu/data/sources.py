@@ -1,0 +1,190 @@
+"""Where corpus files live: local paths as they are, URLs (``s3://``, ``gs://``, ``hf://``,
+``https://``, ``memory://``, ``file://``) through fsspec.
+
+    inputs = resolve_inputs(["books/", "s3://bucket/web/*.jsonl.zst"])  # Path or URL string each
+    with open_raw(inputs[1]) as f: ...          # the stored bytes, seekable where the store is
+    file_size(inputs[1]), file_version(inputs[1])
+
+A URL needs fsspec (`pip install 'bertgpu[remote]'`) and the package of its protocol (s3fs,
+gcsfs, huggingface_hub, aiohttp for https). Local paths never touch fsspec, so the common case
+has no dependency and behaves exactly as before. Every problem is one `BertgpuError` line naming
+the path or URL: a protocol without its package, a host that does not answer, nothing there.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from bertgpu.errors import BertgpuError
+
+Source = Path | str
+"""A resolved corpus file: a local Path, or a URL string (never a local path as a string)."""
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# Metadata files of a Hugging Face dataset saved to disk, skipped inside folders (never when
+# named): the data are its .arrow files, or the .parquet files of its export.
+DATASET_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def _oneline(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path inside it) of a URL; a missing package is a one-line error."""
+    try:
+        import fsspec
+    except ImportError:
+        raise BertgpuError(f"{url}: reading URLs needs fsspec; expected `pip install "
+                           "'bertgpu[remote]'` (and s3fs, gcsfs, ... for the protocol)") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise BertgpuError(f"{url}: no filesystem for this protocol ({exc}); expected its fsspec "
+                           "package installed") from None
+    except ValueError as exc:
+        raise BertgpuError(f"{url}: {exc}; expected a path or a URL fsspec knows") from None
+
+
+def open_raw(src: Source) -> BinaryIO:
+    """The file's stored bytes (not decompressed)."""
+    if isinstance(src, Path):
+        return open(src, "rb")
+    fs, path = filesystem(src)
+    try:
+        return fs.open(path, "rb")
+    except FileNotFoundError:
+        raise BertgpuError(f"{src}: no such file") from None
+    except Exception as exc:  # noqa: BLE001 - any store's failure is one line naming the URL
+        raise BertgpuError(f"{src}: cannot open ({_oneline(exc)})") from None
+
+
+def file_size(src: Source) -> int:
+    if isinstance(src, Path):
+        return src.stat().st_size
+    fs, path = filesystem(src)
+    return int(_info(src, fs, path)["size"])
+
+
+def file_version(src: Source) -> str:
+    """What changes when the file does (size and modification time, or the store's ETag): a
+    re-run resumes only the work of an unchanged corpus."""
+    if isinstance(src, Path):
+        st = src.stat()
+        return f"{st.st_size}:{st.st_mtime_ns}"
+    fs, path = filesystem(src)
+    info = _info(src, fs, path)
+    for key in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "updated", "created"):
+        if info.get(key) is not None:
+            return f"{info['size']}:{info[key]}"
+    return str(info["size"])
+
+
+def _info(src: str, fs, path: str) -> dict:
+    try:
+        return fs.info(path)
+    except FileNotFoundError:
+        raise BertgpuError(f"{src}: no such file") from None
+    except Exception as exc:  # noqa: BLE001
+        raise BertgpuError(f"{src}: cannot reach ({_oneline(exc)})") from None
+
+
+def name_of(src: Source) -> str:
+    """The file name (last path component), for detecting its format."""
+    return src.name if isinstance(src, Path) else src.rstrip("/").rsplit("/", 1)[-1]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def resolve_inputs(paths: Iterable[str | os.PathLike]) -> list[Source]:
+    """Expand files, folders (recursively) and glob patterns into a sorted, duplicate-free list.
+
+    The order is deterministic (sorted within each argument, arguments in the order given) so
+    that the same command always produces the same documents in the same order. Hidden files
+    (names starting with ``.``) and a saved dataset's metadata files inside folders are ignored.
+    Local inputs come back as Paths, URLs as URL strings (``memory:///corpus/a.jsonl``).
+    """
+    out: list[Source] = []
+    seen: set = set()
+    for raw in paths:
+        found = _resolve_url(raw) if is_url(raw) else _resolve_local(os.fspath(raw))
+        for f in found:
+            key = f.resolve() if isinstance(f, Path) else f
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
+    if not out:
+        raise BertgpuError("no corpus files given; expected --corpus PATH...")
+    return out
+
+
+def _resolve_local(text: str) -> list[Source]:
+    p = Path(text)
+    if p.is_dir():
+        found = sorted(_walk_files(p))
+        if not found:
+            raise BertgpuError(f"{text}: folder contains no files; expected corpus files")
+        return found
+    if p.is_file():
+        return [p]
+    if glob.has_magic(text):
+        found = sorted(Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file())
+        if not found:
+            raise BertgpuError(f"{text}: pattern matches no files")
+        return found
+    raise BertgpuError(f"{text}: no such file or folder")
+
+
+def _walk_files(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith(".") and name not in DATASET_METADATA:
+                yield Path(dirpath) / name
+
+
+def _hidden(rel: str) -> bool:
+    parts = rel.strip("/").split("/")
+    return any(p.startswith(".") for p in parts) or parts[-1] in DATASET_METADATA
+
+
+def _resolve_url(url: str) -> list[Source]:
+    fs, path = filesystem(url)
+    try:
+        if glob.has_magic(path):
+            found = sorted(p for p, i in fs.glob(path, detail=True).items()
+                           if i.get("type") == "file")
+            if not found:
+                raise BertgpuError(f"{url}: pattern matches no files")
+        elif fs.isdir(path):  # first: over http this is what fails on a host that is down
+            root = path.rstrip("/")
+            found = sorted(p for p in fs.find(path) if not _hidden(p[len(root):]))
+            if not found:
+                raise BertgpuError(f"{url}: folder contains no files; expected corpus files")
+        elif fs.isfile(path):
+            found = [path]
+        else:
+            raise BertgpuError(f"{url}: no such file or folder")
+    except BertgpuError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreachable host, refused credentials, ...
+        raise BertgpuError(f"{url}: cannot reach ({_oneline(exc)})") from None
+    return [url if p == path else fs.unstrip_protocol(p) for p in found]
+
+
+def local_or_url(text: str | os.PathLike, base: str | None = None) -> Source:
+    """A path or URL as the user gave it, as a Source (relative paths against ``base``)."""
+    if is_url(text):
+        return str(text)
+    p = Path(text)
+    return Path(base) / p if base is not None and not p.is_absolute() else p

@@ -1,0 +1,191 @@
+"""One work unit of `bertgpu prepare`, start to end, on whatever runs it (this machine's main
+process with its pool, or a Ray worker): read its pieces, tokenize, split, pack or pair, write
+its shards, and last its record.
+
+    job = UnitJob(tokenizer_files=..., settings=..., ..., out="data/")   # the same for every unit
+    record = run_unit(job, unit, held_docs=None)                          # unit: `units.Unit`
+
+The shards of unit u are ``train-UUUUU-KKKKK`` and ``validation-UUUUU-KKKKK``; the record
+(`output.WorkFolder.write_record`) holds what the manifest needs: the shards and counts per split,
+documents, files read and skipped, how the split was cut, and each piece's sha256. Everything in
+a unit depends on the unit's text and the job alone, so any engine, any worker count and any
+order of completion give the same bytes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertgpu.data import pipeline
+from bertgpu.data.corpus import CorpusStats, iter_piece_items
+from bertgpu.data.output import WorkFolder
+from bertgpu.data.sources import local_or_url, open_raw
+from bertgpu.data.split import SplitPlan
+from bertgpu.data.units import Unit
+from bertgpu.data.writer import SPLITS, Packer, ShardWriter
+from bertgpu.testing import faults
+
+Progress = Callable[[int, int], None]  # (tokens written, stored bytes read) so far in the unit
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    """What every unit of one `prepare` run shares; sent once to each worker."""
+
+    tokenizer_files: dict[str, bytes]
+    """The tokenizer folder's files: a worker may be another machine."""
+    tokenizer_hash: str
+    settings: dict[str, Any]
+    """For `prepare_worker.init_worker`: seed, objective, seq_len, short_seq_prob, cls, sep,
+    segmenter."""
+    fmt: str
+    text_field: str
+    skip_bad: bool
+    fraction: float
+    validation_docs: int | None
+    min_unit: int
+    shard_size: int
+    chunk_docs: int
+    dtype: str
+    word_starts: bool
+    out: str
+    """The output as given (a local path or a URL)."""
+    base: str
+    """The driver's working directory: relative local paths are relative to it."""
+
+    @property
+    def nsp(self) -> bool:
+        return self.settings["objective"] == "mlm+nsp"
+
+    @property
+    def keys(self) -> list[str]:
+        """The .npy files of each shard."""
+        keys = ["input_ids", "lengths"]
+        keys += ["token_type_ids", "nsp_labels"] if self.nsp else []
+        return keys + (["word_starts"] if self.word_starts else [])
+
+
+_TOKENIZERS: dict[str, str] = {}  # tokenizer hash -> this process's copy of the folder
+
+
+def tokenizer_folder(job: UnitJob) -> str:
+    """A folder with the job's tokenizer files, written once per process."""
+    folder = _TOKENIZERS.get(job.tokenizer_hash)
+    if folder is None or not Path(folder).is_dir():
+        folder = tempfile.mkdtemp(prefix="bertgpu-tokenizer-")
+        atexit.register(shutil.rmtree, folder, True)
+        for name, data in job.tokenizer_files.items():
+            Path(folder, name).write_bytes(data)
+        _TOKENIZERS[job.tokenizer_hash] = folder
+    return folder
+
+
+def _sha256(src, span: tuple[int, int]) -> str:
+    """sha256 of the stored bytes ``[a, b)`` of a file (a whole file is ``[0, size)``)."""
+    h = hashlib.sha256()
+    a, b = span
+    with open_raw(src) as f:
+        f.seek(a)
+        left = b - a
+        while left > 0:
+            block = f.read(min(left, 8 << 20))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def _peak_rss_kb() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return None
+
+
+def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, pool=None,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """Prepare ``unit`` and return its record (also written to the work folder, last).
+
+    ``held_docs``: with --validation-docs N, how many of the first N documents are left to hold
+    out when this unit starts (the units before it hold the others).
+    """
+    start = time.perf_counter()
+    work = WorkFolder(job.out, job.base)
+    pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
+    stats = CorpusStats()
+    by_docs = job.validation_docs is not None
+    plan = SplitPlan(job.settings["seed"], 0.0 if by_docs else job.fraction,
+                     held_docs if by_docs else None, unit.bytes, job.min_unit,
+                     work_unit=unit.index)
+    scratch = work.scratch(unit.index)
+    seq_len = job.settings["seq_len"]
+    dtype = np.dtype(job.dtype)
+    try:
+        writers = {s: ShardWriter(scratch, s, seq_len, dtype, job.shard_size, job.nsp,
+                                  job.word_starts, prefix=f"{s}-{unit.index:05d}",
+                                  on_file=work.publish) for s in SPLITS}
+        raw = iter_piece_items(pieces, job.fmt, job.text_field, job.skip_bad, stats)
+        results = pipeline.run(raw, plan, job.chunk_docs, workers, tokenizer_folder(job),
+                               job.settings, job.skip_bad, stats, pool=pool)
+        _write(results, job, writers, stats, unit.index, progress)
+        for writer in writers.values():
+            writer.flush()
+    finally:
+        work.drop_scratch(scratch)
+    record = {
+        "unit": unit.index,
+        "keys": job.keys,
+        "splits": {s: w.summary(plan.documents[s]) for s, w in writers.items()},
+        "documents": sum(plan.documents.values()),
+        "files": stats.files,
+        "skipped": [list(s) for s in stats.skipped],
+        "slices": stats.slices,
+        "cut_documents": plan.cut_documents,
+        "bytes": unit.bytes,
+        "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
+                    "span": list(p.span) if p.span else None,
+                    "sha256": _sha256(q.src, p.span) if p.span else None}
+                   for p, q in zip(unit.pieces, pieces, strict=True)],
+        "seconds": round(time.perf_counter() - start, 3),
+        "peak_rss_kb": _peak_rss_kb(),
+    }
+    work.write_record(unit.index, record)
+    return record
+
+
+def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], stats: CorpusStats,
+           unit: int, progress: Progress | None) -> None:
+    """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly."""
+    special = job.settings
+    packers = {s: Packer(writers[s], special["seq_len"], special["cls"], special["sep"])
+               for s in SPLITS}
+    tokens = 0
+    for result in results:
+        if job.nsp:
+            for split, part in result.items():
+                writers[split].add({"input_ids": part["ids"], "lengths": part["lengths"],
+                                    "token_type_ids": part["tt"], "nsp_labels": part["labels"],
+                                    "word_starts": part["word_starts"]})
+                tokens += int(part["lengths"].sum())
+        else:
+            is_val, ids, word_starts, joins = result
+            packers["validation" if is_val else "train"].add(ids, word_starts, joins)
+            tokens += len(ids)
+        if writers["train"].shards:  # a shard is out: a fault may strike mid-unit
+            faults.kill_unit(unit)
+        if progress is not None:
+            progress(tokens, stats.read)
+    for split in SPLITS:
+        packers[split].finish()
