@@ -8,7 +8,7 @@ from these fields. The engine and the loop take these sections as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bertgpu.config.overrides import option
 from bertgpu.errors import BertgpuError
@@ -65,7 +65,8 @@ class ImplSection:
         32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's "
             "memory"
     )
-    compile: bool = option(False, "torch.compile the model")
+    compile: bool | Literal["auto"] = option(
+        "auto", "torch.compile the model: true, false or auto (on CUDA, off elsewhere)")
     unpad: bool = option(False, "run the encoder on real tokens only (padding-free; the same math)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less "
                                                  "memory, ~30% more compute")
@@ -74,6 +75,11 @@ class ImplSection:
         0, "sort each window of N micro batches of a step by length so each pads to its own "
            "longest (0 = off)"
     )
+
+    def compile_on(self, device_type: str) -> bool:
+        """Whether to torch.compile the model on a device of `device_type` ("cuda", "cpu", ...):
+        "auto" compiles on CUDA only (on the CPU compiling costs minutes and gains little)."""
+        return device_type == "cuda" if self.compile == "auto" else bool(self.compile)
 
 
 OPTIMIZERS = ("adamw", "lamb", "radam")

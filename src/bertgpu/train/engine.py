@@ -460,7 +460,7 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
         train_model = sharding.wrap_model(model, info, dist, timer=timer)
     is_ddp = train_model is not model
     hook_state = getattr(train_model, "comm_hook_state", None)
-    if impl.compile:
+    if impl.compile_on(device.type):
         train_model = torch.compile(train_model)
     engine = Engine(train_model, optimizer, precision=train.precision, device=device,
                     grad_clip=train.grad_clip, max_nonfinite_steps=train.max_nonfinite_steps,
