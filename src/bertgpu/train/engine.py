@@ -322,8 +322,10 @@ class Engine:
                for k in extra_keys]
             + [(~torch.isfinite(local_loss)).double(),
                (~torch.isfinite(grad_norm.float())).double()]
-        ).to(distributed.collective_device())
-        return distributed.all_reduce_sum(packed)
+        )
+        if not distributed.is_initialized():  # one process: the vector stays where it is
+            return packed
+        return distributed.all_reduce_sum(packed.to(distributed.collective_device()))
 
     def _apply(self, lr: float, found_inf: torch.Tensor, host_skip: bool | None = None) -> None:
         """The update with learning rate `lr`, made a no-op by `found_inf` (0-dim, 0 or 1) in the
