@@ -202,3 +202,19 @@ def test_resolve_with_nsp():
     assert resolve_with_nsp(False, "mlm+nsp") is False
     with pytest.raises(BertgpuError, match="no sentence pairs"):
         resolve_with_nsp(True, "mlm", "data/manifest.json")
+
+
+def test_compile_is_auto_by_default_on_for_cuda_only(tmp_path):
+    cfg = load_config(None, [])
+    assert cfg.impl.compile == "auto"
+    assert cfg.impl.compile_on("cuda") and not cfg.impl.compile_on("cpu")
+    for words, value, cuda, cpu in ((["--impl.compile", "false"], False, False, False),
+                                    (["--impl.compile"], True, True, True),
+                                    (["--impl.compile", "auto"], "auto", True, False)):
+        impl = load_config(None, words).impl
+        assert (impl.compile, impl.compile_on("cuda"), impl.compile_on("cpu")) == (value, cuda, cpu)
+    assert load_config(write(tmp_path, '[impl]\ncompile = "auto"\n'), []).impl.compile == "auto"
+    assert load_config(write(tmp_path, "[impl]\ncompile = false\n"), []).impl.compile is False
+    message = r'config.toml: impl.compile = "maybe": expected true or false or auto'
+    with pytest.raises(BertgpuError, match=message):
+        load_config(write(tmp_path, '[impl]\ncompile = "maybe"\n'), [])

@@ -167,3 +167,18 @@ def test_extra_scalars_are_summed_not_backpropagated():
 
     r = new_engine(model).train_step(split(make_batch(6, 0), 3), with_extras, count_fn)
     assert r.extras == {"_sequences": 6.0} and set(r.losses) == {"mlm", "nsp"}
+
+
+def test_build_engine_compiles_where_impl_compile_says():
+    """impl.compile "auto" (the default) compiles on CUDA only: not here; true compiles here too
+    (the wrapper is made; nothing is compiled before its first call)."""
+    from bertgpu.config.sections import DistributedSection, ImplSection, OptimSection, TrainSection
+    from bertgpu.train.distributed import DistInfo
+    from bertgpu.train.engine import build_engine
+
+    for impl, compiled in ((ImplSection(), False), (ImplSection(compile=True), True)):
+        model = ToyPretrain()
+        engine, _ = build_engine(model, DistInfo(), lr=1e-3, train=TrainSection(),
+                                 optim=OptimSection(), impl=impl, dist=DistributedSection())
+        assert (engine.model is not model) is compiled
+        assert getattr(engine.model, "_orig_mod", model) is model

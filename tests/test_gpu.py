@@ -4,7 +4,7 @@ Each test compares a GPU path with a plain one on the same inputs: the fused att
 with the padded kernel, fused AdamW with foreach AdamW, DDP (one-process NCCL group, each comm
 hook) with the bare model, compiled with eager; fp16's loss scaler skips an overflowing step and
 backs off; the micro batch search survives a real out-of-memory; and steady-state training
-micro-steps make no host sync (`torch.cuda.set_sync_debug_mode("error")`).
+micro-steps, and whole engine steps, make no host sync (`torch.cuda.set_sync_debug_mode("error")`).
 
     pytest -m gpu tests/test_gpu.py
 """
@@ -141,6 +141,55 @@ def test_fp16_scaler_skips_an_overflow_and_backs_off():
     res = engine.train_step([make_batch(4, 1)], loss_fn, count_fn)
     assert not res.skipped
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def _engine_step_parts(optimizer: str, precision: str, device: torch.device = CUDA):
+    """An engine over a tiny BERT on `device` and pinned host batches with their metadata, one
+    of them non-finite (loss x inf)."""
+    from bertgpu.train.engine import Engine
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**GPU_TINY)).to(device).train()
+    engine = Engine(model, build_optimizer(model, optimizer, 1e-4), precision=precision,
+                    device=device)
+    batches = [padded_batch(i, device=torch.device("cpu")) for i in range(3)]
+    batches[1]["poison"] = torch.tensor(float("inf"))
+    if device.type == "cuda":
+        batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
+
+    def loss(model, batch):
+        out = model(**{k: v for k, v in batch.items() if k != "poison"})
+        mlm = out.mlm_loss_sum * batch["poison"] if "poison" in batch else out.mlm_loss_sum
+        return {"mlm": mlm, "nsp": out.nsp_loss_sum, "_mlm_correct": out.mlm_correct}
+
+    def counts(batch):  # on the host, from the CPU batch, as the tasks count
+        return {"mlm": int((batch["labels"] != -100).sum()),
+                "nsp": int(batch["input_ids"].shape[0])}
+
+    return engine, batches, loss, counts
+
+
+@pytest.mark.parametrize(("optimizer", "precision"),
+                         [("adamw", "bf16"), ("lamb", "bf16"), ("adamw", "fp16"), ("lamb", "fp16")])
+def test_engine_steps_make_no_host_sync(optimizer, precision):
+    """A whole engine step (forward, backward, clipping, the skip decision, the update, the fp16
+    scaler) queues without a host sync, a non-finite step included: the step's numbers are read
+    one step late through a pinned copy and an event. Reading them afterwards gives the skip."""
+    engine, batches, loss, counts = _engine_step_parts(optimizer, precision)
+    assert engine.read_late and engine.skips_on_device()
+    for b in batches:  # warm-up: cuBLAS handles, the pinned buffers, the optimizer state
+        engine.train_step([b], loss, counts)
+    engine.read_all()
+    torch.cuda.synchronize()
+    results = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in batches:
+            results.append(engine.train_step([b], loss, counts))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [r.skipped for r in results] == [False, True, False]
+    assert engine.skipped_steps == 2 and engine.nonfinite_in_row == 0
 
 
 # --------------------------------------------------------------------------------------------

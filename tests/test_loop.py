@@ -259,3 +259,35 @@ def test_finetune_budget_hours(tmp_path):
                    overrides=[*args, "--budget_hours", "1e-9"])
     assert 1 <= res["steps"] < 16 and "accuracy" in res["metrics"]["dev"]
     assert res["config"]["budget_hours"] == 1e-9
+
+
+def test_steps_read_one_step_late_are_counted_as_if_read_at_once(tmp_path, capsys):
+    """The engine reading each step's numbers one step late (its CUDA default, forced here): the
+    skipped steps are reported and left out of the training loss, each evaluation gets the mean
+    loss of the good steps since the previous one, and the run is the one that reads every step
+    at its end (metrics, evaluations, weights)."""
+    runs = {}
+    for late in (False, True):
+        lp, task, model = make_loop(tmp_path / f"late_{late}", eval_every=4)
+        lp.engine.read_late = late
+        batches, step = task.micro_batches, lp.engine.train_step
+        task.micro_batches = lambda s, f=batches: (  # steps 2 and 3 (1-based) are non-finite
+            [{**mb, "poison": torch.tensor(float("nan"))} for mb in f(s)] if s in (1, 2) else f(s))
+        results = []
+        lp.engine.train_step = lambda *a, f=step, rs=results, **k: (rs.append(f(*a, **k))
+                                                                     or rs[-1])
+        lp.run()
+        out = capsys.readouterr().out
+        assert "step 2: non-finite loss or gradients, update skipped (1 in a row)" in out
+        assert "step 3: non-finite loss or gradients, update skipped (2 in a row)" in out
+        assert [r.skipped for r in results] == [False, True, True, False, False, False]
+        mean = lambda rs: sum(r.loss for r in rs if not r.skipped) / sum(  # noqa: E731
+            not r.skipped for r in rs)
+        assert task.evaluated == [(4, mean(results[:4])), (6, mean(results[4:]))]
+        records = [{k: r.get(k) for k in ("kind", "step", "loss", "lr", "grad_norm",
+                                          "skipped_steps", "tokens_seen", "val_step")}
+                   for r in read_metrics(tmp_path / f"late_{late}" / "metrics.jsonl")]
+        runs[late] = (str(records), task.evaluated, model.state_dict())
+    assert runs[True][:2] == runs[False][:2]
+    for k, v in runs[False][2].items():
+        assert torch.equal(v, runs[True][2][k]), k

@@ -165,3 +165,131 @@ def test_lamb_state_dict_round_trip():
         o.step()
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+def lamb_run(grads, found=()):
+    """A fresh LAMB over three tensors (one of zero norm) stepped on each of `grads` (a list of
+    seeds); the steps in `found` get NaN gradients and found_inf = 1, as the engine and
+    GradScaler set them."""
+    gen = torch.Generator().manual_seed(1)
+    params = [nn.Parameter(torch.randn(3, 4, generator=gen)), nn.Parameter(torch.zeros(5)),
+              nn.Parameter(torch.randn(2, 2, generator=gen))]
+    opt = Lamb(params, lr=0.05, betas=(0.9, 0.99), weight_decay=0.1)
+    assert opt._step_supports_amp_scaling  # the CPU has torch's fused Adam kernel
+    for i, seed in enumerate(grads):
+        gen = torch.Generator().manual_seed(seed)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+            if i in found:
+                p.grad[0] = float("nan")
+        opt.found_inf = torch.tensor(float(i in found))
+        opt.step()
+        del opt.found_inf
+    return params, opt
+
+
+def test_lamb_found_inf_leaves_weights_moments_and_counts_as_they_were():
+    """found_inf = 1 with NaN gradients moves nothing (weights, moments, step counts), on the
+    first step (no state yet) and later; a run with skipped steps then equals the run without
+    them, bitwise."""
+    params, opt = lamb_run([0], found={0})
+    assert all(torch.equal(p, q) for p, q in zip(params, lamb_run([])[0], strict=True))
+    assert all(s["step"] == 0 and not s["exp_avg"].any() and not s["exp_avg_sq"].any()
+               for s in opt.state.values())
+    skipped, opt_a = lamb_run([10, 11, 12, 13, 14], found={0, 2, 3})
+    plain, opt_b = lamb_run([11, 14])
+    for p, q in zip(skipped, plain, strict=True):
+        assert torch.equal(p, q) and p.isfinite().all()
+    for sa, sb in zip(opt_a.state.values(), opt_b.state.values(), strict=True):
+        assert all(torch.equal(sa[k], sb[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert all(s["step"] == 2 for s in opt_a.state.values())
+
+
+def test_lamb_grad_scale_divides_the_gradients():
+    """GradScaler's other half: scaled gradients with grad_scale give the unscaled step and
+    moments (the step alone would not show it: LAMB's update hardly depends on the scale)."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    oa, ob = Lamb(a.parameters(), lr=0.01), Lamb(b.parameters(), lr=0.01)
+    x = torch.randn(5, 4)
+    a(x).pow(2).sum().backward()
+    (b(x).pow(2).sum() * 1024).backward()
+    ob.grad_scale = torch.tensor(1024.0)
+    oa.step()
+    ob.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-6, atol=1e-7)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(oa.state[pa][key], ob.state[pb][key])
+
+
+def test_lamb_reads_step_counts_saved_as_ints():
+    """Checkpoints written before the step counts were device tensors stored Python ints: they
+    load and step on exactly as the tensors do."""
+    torch.manual_seed(0)
+    a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+    b.load_state_dict(a.state_dict())
+    oa, ob = Lamb(a.parameters(), lr=0.01), Lamb(b.parameters(), lr=0.01)
+    x = torch.randn(4, 3)
+    a(x).sum().backward()
+    oa.step()
+    old = copy.deepcopy(oa.state_dict())
+    for s in old["state"].values():
+        s["step"] = int(s["step"])
+    ob.load_state_dict(old)
+    b.load_state_dict(a.state_dict())
+    for m, o in ((a, oa), (b, ob)):
+        o.zero_grad()
+        m(x).pow(2).sum().backward()
+        o.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+    assert all(s["step"].dtype == torch.float32 and s["step"] == 2 for s in ob.state.values())
+
+
+def test_adamw_is_fused_on_the_cpu_and_matches_the_for_loop(one_thread):
+    """build_optimizer picks torch's fused AdamW on the CPU as well (one kernel for all
+    parameters, and found_inf honoured); it agrees with torch's plain per-tensor AdamW."""
+    from _tiny import TINY, tiny_batch
+
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+
+    torch.manual_seed(0)
+    a = BertForPreTraining(BertConfig(**TINY))
+    b = BertForPreTraining(BertConfig(**TINY))
+    b.load_state_dict(a.state_dict())
+    fused = build_optimizer(a, "adamw", 1e-3, weight_decay=0.01)
+    assert fused.defaults["fused"] is True and fused._step_supports_amp_scaling
+    plain = torch.optim.AdamW(param_groups(b, 0.01), lr=1e-3, betas=(0.9, 0.999), eps=1e-6,
+                              foreach=False)
+    for step in range(4):
+        for model, opt in ((a, fused), (b, plain)):
+            model(**tiny_batch(step)).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+
+
+def test_lamb_step_compiles_to_one_graph():
+    """No host read and no Python decision on tensor values in LAMB's step: dynamo captures it
+    whole (fullgraph), and a changing learning rate recompiles once, then stays dynamic."""
+    import torch._dynamo.testing
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    opt = Lamb(param_groups(model, 0.01), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()  # the state exists, as after the first step of a run
+    counter = torch._dynamo.testing.CompileCounter()
+    step = torch.compile(opt.step, backend=counter, fullgraph=True)
+    for i in range(4):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * (i + 1)
+        opt.found_inf = torch.tensor(float(i == 2))
+        step()
+    assert counter.frame_count <= 2 and counter.op_count > 0
+    torch._dynamo.reset()

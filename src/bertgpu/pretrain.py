@@ -328,11 +328,11 @@ def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:
 
     from bertgpu.train import autobatch
 
-    t = cfg.train
+    t, device = cfg.train, torch.device(info.device)
     found = autobatch.find_pretrain_micro_batch(  # collective: the smallest over all ranks
         cfg.model, seq_len=data.train.seq_len,
-        device=torch.device(info.device), dtype=t.precision, with_nsp=data.with_nsp,
-        grad_ckpt=cfg.impl.gradient_checkpointing, compile=cfg.impl.compile,
+        device=device, dtype=t.precision, with_nsp=data.with_nsp,
+        grad_ckpt=cfg.impl.gradient_checkpointing, compile=cfg.impl.compile_on(device.type),
         optimizer=cfg.optim.name, max_batch=max(t.global_batch_size // info.world_size, 1))
     micro, _ = autobatch.resolve_auto_batch(t.global_batch_size, info.world_size, found)
     if info.is_main:

@@ -199,7 +199,9 @@ def as_sections(cfg: FinetuneConfig, *, max_steps: int, eval_every: int, micro_b
                            lr_scaling=cfg.lr_scaling,
                            reference_batch_size=cfg.reference_batch_size),
         schedule=ScheduleSection(warmup_fraction=cfg.warmup_fraction, decay=cfg.decay),
-        impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size),
+        # No compile key: batches take several widths (bucket_width), a compile each, which a
+        # run of minutes does not win back.
+        impl=ImplSection(device=cfg.device, micro_batch_size=micro_batch_size, compile=False),
         checkpoint=CheckpointSection(every_steps=cfg.checkpoint_every_steps,
                                      every_minutes=cfg.checkpoint_every_minutes, keep_last=1,
                                      grace_s=cfg.checkpoint_grace_s,

@@ -112,6 +112,8 @@ def _type_name(tp: Any) -> str:
     args = _union_args(tp)
     if args is not None:
         return " or ".join("none" if a is type(None) else _type_name(a) for a in args)
+    if typing.get_origin(tp) is typing.Literal:  # a few words, e.g. Literal["auto"]
+        return " or ".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (tuple, list):
         inner = typing.get_args(tp)
         if typing.get_origin(tp) is tuple and inner and inner[-1] is not Ellipsis:
@@ -146,6 +148,10 @@ def _parse_text(text: str, tp: Any) -> Any:
         if type(None) in args and text.strip().lower() in ("none", "null"):
             return None
         return _first_that_converts(args, _parse_text, text)
+    if typing.get_origin(tp) is typing.Literal:
+        if text.strip() in typing.get_args(tp):
+            return text.strip()
+        raise _BadValue(text)
     if typing.get_origin(tp) in (tuple, list):
         inner = typing.get_args(tp)
         parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
@@ -192,6 +198,8 @@ def _coerce(value: Any, tp: Any) -> Any:
     args = _union_args(tp)
     if args is not None:
         return _first_that_converts(args, _coerce, value)
+    if typing.get_origin(tp) is typing.Literal:  # a string is parsed above
+        raise _BadValue(value)
     if typing.get_origin(tp) in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise _BadValue(value)

@@ -8,7 +8,7 @@ from these fields. The engine and the loop take these sections as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bertgpu.config.overrides import option
 from bertgpu.errors import BertgpuError
@@ -65,8 +65,9 @@ class ImplSection:
         32, "sequences per forward pass per device; \"auto\" = the largest that fits the device's "
             "memory"
     )
-    compile: bool = option(False, "torch.compile the model")
-    unpad: bool | str = option(
+    compile: bool | Literal["auto"] = option(
+        "auto", "torch.compile the model: true, false or auto (on CUDA, off elsewhere)")
+    unpad: bool | Literal["auto"] = option(
         "auto", "run the encoder on real tokens only (padding-free, the same math); \"auto\" = "
                 "on CUDA in bf16/fp16, where the flash kernel runs, off elsewhere"
     )
@@ -77,6 +78,11 @@ class ImplSection:
         0, "sort each window of N micro batches of a step by length so each pads to its own "
            "longest (0 = off)"
     )
+
+    def compile_on(self, device_type: str) -> bool:
+        """Whether to torch.compile the model on a device of `device_type` ("cuda", "cpu", ...):
+        "auto" compiles on CUDA only (on the CPU compiling costs minutes and gains little)."""
+        return device_type == "cuda" if self.compile == "auto" else bool(self.compile)
 
 
 def resolved_unpad(unpad: bool | str, device: str, precision: str) -> bool:

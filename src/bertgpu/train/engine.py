@@ -17,6 +17,19 @@ DDP and FSDP average gradients over ranks, so the loss is multiplied by world_si
 backward to turn that average back into the sum the normalisation above expects. With FSDP
 (`sharding.py`) the micro-steps before the last neither reduce nor reshard (`sharding.accumulating`,
 DDP's no_sync), and the clipping norm is the global norm of the sharded gradients.
+
+No host sync before the update. Whether a step is skipped is decided on the device: the summed
+non-finite flags become a 0/1 `found_inf` that the optimizer's own kernels honour (torch's fused
+AdamW, our LAMB: weights, moments and step counts stay as they were), and the fp16 scaler backs
+off by the same flag. The loss, the grad norm and the flag reach the host afterwards: on CUDA a
+copy into pinned memory queued behind the update, read one step late (at the end of the next
+`train_step`, whose kernels are queued by then) or when the caller first asks for them (the
+loop's log line, evaluation, a checkpoint: `StepResult`'s numbers, `state_dict`). Reading a step
+applies its counters in order (skipped steps, the run of non-finite ones, the abort after
+`max_nonfinite_steps`, the compression hook's reset), so they keep their meaning; only their
+moment moves. On the CPU every step is read at its end, as if synchronous. An optimizer that
+cannot skip on the device (RAdam, a foreach AdamW) gets the host's decision before its step,
+as before.
 """
 
 from __future__ import annotations
@@ -25,7 +38,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +51,7 @@ from bertgpu.config.sections import (
 )
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed, sharding
+from bertgpu.train.readback import PendingStep, StepNumbers, StepResult
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
@@ -48,34 +61,6 @@ CountFn = Callable[[Batch], Mapping[str, Any]]
 
 class TrainingDiverged(BertgpuError):
     """Raised after too many non-finite steps in a row."""
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step did; every number is global (the same on every rank)."""
-
-    loss: float
-    """sum_k loss_sum[k] / count[k] over all micro batches and ranks."""
-    losses: dict[str, float]
-    """Per-term normalised losses, e.g. {"mlm": 2.1, "nsp": 0.6}."""
-    grad_norm: float
-    """Global L2 norm of the (unscaled) gradients before clipping; nan/inf on a skipped step."""
-    lr: float
-    """Learning rate applied to every parameter group at this step."""
-    skipped: bool
-    """True when the update was not applied (non-finite loss or gradients)."""
-    counts: dict[str, int]
-    """Totals of count_fn over all micro batches and ranks (e.g. masked tokens, sequences)."""
-    step_s: float = 0.0
-    """Wall time of the whole train_step call, in seconds."""
-    micro_batches: int = 0
-    """Number of micro batches on this rank (the accumulation steps)."""
-    extras: dict[str, float] = field(default_factory=dict)
-    """Global sums of any extra scalar outputs (keys of loss_fn's result starting with "_")."""
-    step: int = 0
-    """The engine's step counter after this step (1 for the first step)."""
-    signals: dict[str, float] = field(default_factory=dict)
-    """Global sums of the `signals` given to train_step (e.g. a preemption flag, rank 0's clock)."""
 
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
@@ -109,7 +94,9 @@ class Engine:
 
     `lr_fn()` gives the lr of the step about to be taken (e.g. peak * schedule factor); it is set
     on every param group before `optimizer.step()`. `ddp=None` detects a DDP-wrapped model, and
-    an FSDP2-sharded one (or its compiled wrapper) is detected always.
+    an FSDP2-sharded one (or its compiled wrapper) is detected always. `read_late` (default: on
+    CUDA) reads a step's numbers at the end of the next step instead of at its own end (module
+    docstring); `on_skipped(step, in_row)` hears of every skipped step when it is read.
     """
 
     def __init__(
@@ -125,6 +112,7 @@ class Engine:
         ddp: bool | None = None,
         grads_are_bucket_views: bool = False,
         on_numerics_reset: Callable[[], None] | None = None,
+        read_late: bool | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise BertgpuError(f"train.precision {precision!r}: expected one of "
@@ -149,13 +137,27 @@ class Engine:
         # Called after a skipped step and after an fp16 loss-scale change, e.g. to clear a
         # compression hook's error feedback (distributed.reset_comm_hook_state).
         self.on_numerics_reset = on_numerics_reset
+        self.on_skipped: Callable[[int, int], None] | None = None
+        self.read_late = self.device.type == "cuda" if read_late is None else read_late
         self.scaler = make_grad_scaler(self.device.type) if precision == "fp16" else None
         # Counters (saved in checkpoints): each has one meaning.
         self.step = 0  # train_step calls, skipped ones included
         self.micro_step = 0  # forward/backward passes on this rank
-        self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or gradients)
-        # consecutive skipped steps, any cause; aborts at max_nonfinite_steps
-        self.nonfinite_in_row = 0
+        self._skipped_steps = 0  # steps whose update was not applied
+        self._nonfinite_in_row = 0  # consecutive skipped steps, any cause; abort at the maximum
+        self._unread: list[PendingStep] = []  # steps the host has not applied yet, in order
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was not applied (non-finite loss or gradients), read so far."""
+        self.read_all()
+        return self._skipped_steps
+
+    @property
+    def nonfinite_in_row(self) -> int:
+        """Consecutive skipped steps up to the newest step (any cause)."""
+        self.read_all()
+        return self._nonfinite_in_row
 
     # -- autocast -------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -171,6 +173,11 @@ class Engine:
     def current_lr(self) -> float:
         return (float(self.lr_fn()) if self.lr_fn is not None
                 else float(self.optimizer.param_groups[0]["lr"]))
+
+    def skips_on_device(self) -> bool:
+        """The optimizer honours `found_inf` (torch's fused kernels, our LAMB): a step is
+        skipped without the host reading the flag first."""
+        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
 
     # -- the step -------------------------------------------------------------------------------
     def train_step(
@@ -192,34 +199,56 @@ class Engine:
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         t0 = time.perf_counter()
+        if self.on_numerics_reset is not None:
+            self.read_all()  # a hook's state must be cleared before this step's backward runs
         totals, signals_out = self._global_counts(micro_batches, count_fn, signals or {})
         divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
         term_sums, extras = self._accumulate(micro_batches, loss_fn, divisors)
-        grad_norm_t = self._unscale_and_clip()
-        losses, extras_out, any_bad = self._reduce_terms(sorted(totals), term_sums, extras,
-                                                         grad_norm_t, divisors)
-        total_loss, grad_norm = float(sum(losses.values())), float(grad_norm_t)
+        grad_norm = self._unscale_and_clip()
+        keys, extra_keys = sorted(totals), sorted(extras)
+        summed = self._reduce_terms(keys, term_sums, extra_keys, extras, grad_norm)
+        # The summed flags are > 0 when the loss or the gradients were non-finite on any rank:
+        # the same 0/1 on every rank, one policy wherever the cause.
+        found_inf = (summed[len(keys) + len(extra_keys):].sum() > 0).to(self.device,
+                                                                         torch.float32)
         lr = self.current_lr()
         self.step += 1
-        if any_bad:
-            self._skip(total_loss, grad_norm, lr)
-        else:
-            self._update(lr)
-        return StepResult(loss=total_loss, losses=losses, grad_norm=grad_norm, lr=lr,
-                          skipped=any_bad, counts={k: int(round(v)) for k, v in totals.items()},
+        vector = torch.cat([summed.to(self.device), grad_norm.reshape(1).double()])
+        on_device = self.skips_on_device()
+        if on_device:
+            scale = self._scale_tensor()
+            self._apply(lr, found_inf)
+            if scale is not None:  # the loss scale before and after, for a compression hook
+                vector = torch.cat([vector, scale, self._scale_tensor()])
+        pending = PendingStep(self.step, lr, vector, keys, extra_keys, divisors)
+        if not on_device:  # the host decides before the update, as torch's non-fused optimizers
+            numbers = pending.read()
+            before = self.scaler.get_scale() if self.scaler is not None else None
+            self._apply(lr, found_inf, host_skip=numbers.skipped)
+            numbers.scale_changed = before is not None and self.scaler.get_scale() != before
+        self._unread.append(pending)
+        if not (self.read_late and on_device):
+            self.read_all()
+        elif self.on_numerics_reset is None:
+            self._read_through(self.step - 1)  # its copy is queued behind this step's kernels
+        return StepResult(lr=lr, counts={k: int(round(v)) for k, v in totals.items()},
                           step_s=time.perf_counter() - t0, micro_batches=len(micro_batches),
-                          extras=extras_out, step=self.step, signals=signals_out)
+                          step=self.step, signals=signals_out,
+                          read=lambda: self._numbers_of(pending))
 
     def _global_counts(self, micro_batches: Sequence[Batch], count_fn: CountFn,
                        signals: Mapping[str, float]
                        ) -> tuple[dict[str, float], dict[str, float]]:
         """Counts of all micro batches on all ranks, and the signals summed over ranks: one
-        all-reduce of a small float64 vector, before any backward."""
+        all-reduce of a small float64 vector, before any backward (host numbers only, without
+        a process group)."""
         local: dict[str, float] = {}
         for mb in micro_batches:
             for key, value in count_fn(mb).items():
                 local[key] = local.get(key, 0.0) + float(value)
         keys, signal_keys = sorted(local), sorted(signals)
+        if not distributed.is_initialized():
+            return {k: local[k] for k in keys}, {k: float(signals[k]) for k in signal_keys}
         vector = torch.tensor([local[k] for k in keys] + [float(signals[k]) for k in signal_keys],
                               dtype=torch.float64)
         summed = distributed.all_reduce_sum(vector.to(distributed.collective_device())).tolist()
@@ -277,17 +306,15 @@ class Engine:
         return norm.to(self.device)
 
     def _reduce_terms(self, keys: list[str], term_sums: Mapping[str, torch.Tensor],
-                      extras: Mapping[str, torch.Tensor], grad_norm: torch.Tensor,
-                      divisors: Mapping[str, float]) -> tuple[dict[str, float],
-                                                              dict[str, float], bool]:
+                      extra_keys: list[str], extras: Mapping[str, torch.Tensor],
+                      grad_norm: torch.Tensor) -> torch.Tensor:
         """One all-reduce for the loss terms, the extras and the non-finite flags (summing a flag
-        is OR) and the step's one host sync: (normalised losses, extra sums, any rank bad). Packed
-        by the count keys (the same on every rank), not by what this rank's loss_fn happened to
-        return, so every rank all-reduces a vector of the same length."""
+        is OR): a float64 vector that stays on the device. Packed by the count keys (the same on
+        every rank), not by what this rank's loss_fn happened to return, so every rank
+        all-reduces a vector of the same length."""
         zero = torch.zeros((), device=self.device)
         terms = [torch.as_tensor(term_sums.get(k, zero), device=self.device).reshape(())
                  for k in keys]
-        extra_keys = sorted(extras)
         local_loss = sum(terms, zero)
         packed = torch.stack(
             [x.double() for x in terms]
@@ -295,73 +322,111 @@ class Engine:
                for k in extra_keys]
             + [(~torch.isfinite(local_loss)).double(),
                (~torch.isfinite(grad_norm.float())).double()]
-        ).to(distributed.collective_device())
-        values = distributed.all_reduce_sum(packed).tolist()
-        nt, ne = len(keys), len(extra_keys)
-        losses = {k: values[i] / divisors[k] for i, k in enumerate(keys)}
-        extras_out = {k: values[nt + i] for i, k in enumerate(extra_keys)}
-        return losses, extras_out, values[nt + ne] > 0 or values[nt + ne + 1] > 0
+        )
+        if not distributed.is_initialized():  # one process: the vector stays where it is
+            return packed
+        return distributed.all_reduce_sum(packed.to(distributed.collective_device()))
 
-    def _update(self, lr: float) -> None:
-        """Apply the step with learning rate `lr` (through the fp16 scaler when there is one)."""
-        self.nonfinite_in_row = 0
+    def _apply(self, lr: float, found_inf: torch.Tensor, host_skip: bool | None = None) -> None:
+        """The update with learning rate `lr`, made a no-op by `found_inf` (0-dim, 0 or 1) in the
+        optimizer's kernels, or skipped by the host's `host_skip`; through the fp16 scaler, whose
+        scale backs off by the same flag."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.scaler.get_scale() != scale and self.on_numerics_reset is not None:
-                self.on_numerics_reset()  # a hook's stored error is in the old scale's units
-        else:
+            self._share_found_inf(found_inf)
+            self.scaler.step(self.optimizer)  # a fused optimizer gets found_inf, others a check
+            self.scaler.update()  # x backoff and growth interval restarted, or growth, on device
+        elif host_skip is None:
+            self.optimizer.found_inf, self.optimizer.grad_scale = found_inf, None  # type: ignore[attr-defined]
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
+        elif not host_skip:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
 
-    def _skip(self, loss: float, grad_norm: float, lr: float) -> None:
+    def _share_found_inf(self, found_inf: torch.Tensor) -> None:
+        """The scaler recorded this rank's own found_inf in `unscale_`; the step's decision is
+        the global flag (loss or gradients, any rank), so that record becomes the flag: one
+        device carries it, the others 0 (the scaler sums them)."""
+        record = self.scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
+        for i, found in enumerate(record.values()):
+            if i == 0:
+                found.copy_(found_inf)
+            else:
+                found.zero_()
+
+    def _scale_tensor(self) -> torch.Tensor | None:
+        """The fp16 loss scale as a (1,) float64 device tensor (no sync), where a compression
+        hook needs to hear that it changed; None otherwise."""
+        if self.scaler is None or self.on_numerics_reset is None:
+            return None
+        return self.scaler._get_scale_async().detach().double().reshape(1).clone()
+
+    # -- reading the steps' numbers -------------------------------------------------------------
+    def read_all(self) -> None:
+        """Read every step so far and apply its counters (may raise TrainingDiverged)."""
+        self._read_through(self.step)
+
+    def _read_through(self, step: int) -> None:
+        while self._unread and self._unread[0].step <= step:
+            pending = self._unread.pop(0)  # first: an abort must not be raised twice
+            self._count(pending, pending.read())
+
+    def _numbers_of(self, pending: PendingStep) -> StepNumbers:
+        if any(p is pending for p in self._unread):
+            self._read_through(pending.step)
+        return pending.read()
+
+    def _count(self, pending: PendingStep, numbers: StepNumbers) -> None:
         """One policy for every non-finite step, whatever its cause (loss or gradients, fp16 or
-        bf16, any rank): no update anywhere, the fp16 scale backs off by the scaler's own rule
-        (scale x backoff_factor, growth interval restarted) on every rank alike, a compression
-        hook's state is cleared, and `max_nonfinite_steps` in a row stop the run."""
-        self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
-        self.skipped_steps += 1
-        self.nonfinite_in_row += 1
-        if self.scaler is not None:
-            backed_off = self.scaler.get_scale() * self.scaler.get_backoff_factor()
-            self.scaler.update(backed_off)  # also ends this step's unscale_ bookkeeping
-            state = self.scaler.state_dict()
-            state["_growth_tracker"] = 0  # growth waits a whole interval again, as after inf
-            self.scaler.load_state_dict(state)
+        bf16, any rank): the update was not applied anywhere and the fp16 scale backed off (in
+        the step), it is counted, a compression hook's state is cleared, and
+        `max_nonfinite_steps` in a row stop the run."""
+        if not numbers.skipped:
+            self._nonfinite_in_row = 0
+            if numbers.scale_changed and self.on_numerics_reset is not None:
+                self.on_numerics_reset()  # a hook's stored error is in the old scale's units
+            return
+        self._skipped_steps += 1
+        self._nonfinite_in_row += 1
         if self.on_numerics_reset is not None:
             self.on_numerics_reset()
-        if self.nonfinite_in_row >= self.max_nonfinite_steps:
-            raise TrainingDiverged(self._diverged_message(loss, grad_norm, lr))
+        if self._nonfinite_in_row >= self.max_nonfinite_steps:
+            raise TrainingDiverged(self._diverged_message(pending.step, numbers, pending.lr))
+        if self.on_skipped is not None:
+            self.on_skipped(pending.step, self._nonfinite_in_row)
 
-    def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:
+    def _diverged_message(self, step: int, numbers: StepNumbers, lr: float) -> str:
         hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)",
                  "train.grad_clip 1.0"]
         if self.precision == "fp16":
             hints.insert(0, "train.precision bf16 (fp16 overflows)")
         return (
-            f"training diverged: {self.nonfinite_in_row} steps in a row with non-finite loss or "
-            f"gradients (step {self.step}, loss {loss}, grad norm {grad_norm}, lr {lr:.3g}); "
-            f"try {', '.join(hints)}; resume from the last checkpoint"
+            f"training diverged: {self._nonfinite_in_row} steps in a row with non-finite loss or "
+            f"gradients (step {step}, loss {numbers.loss}, grad norm {numbers.grad_norm}, "
+            f"lr {lr:.3g}); try {', '.join(hints)}; resume from the last checkpoint"
         )
 
     # -- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self.read_all()  # a checkpoint must not lose a step the host has not read yet
         return {
             "step": self.step,
             "micro_step": self.micro_step,
-            "skipped_steps": self.skipped_steps,
-            "nonfinite_in_row": self.nonfinite_in_row,
+            "skipped_steps": self._skipped_steps,
+            "nonfinite_in_row": self._nonfinite_in_row,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._unread.clear()
         self.step = int(state["step"])
         self.micro_step = int(state.get("micro_step", 0))
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+        self._skipped_steps = int(state.get("skipped_steps", 0))
+        self._nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
@@ -397,7 +462,7 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
         train_model = sharding.wrap_model(model, info, dist, timer=timer)
     is_ddp = train_model is not model
     hook_state = getattr(train_model, "comm_hook_state", None)
-    if impl.compile:
+    if impl.compile_on(device.type):
         train_model = torch.compile(train_model)
     engine = Engine(train_model, optimizer, precision=train.precision, device=device,
                     grad_clip=train.grad_clip, max_nonfinite_steps=train.max_nonfinite_steps,

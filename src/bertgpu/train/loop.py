@@ -91,6 +91,7 @@ class _Window:
         self.log_times = RankTimes(world, rank)  # compute time per rank, for the straggler fields
         self.balance_times = RankTimes(world, rank)  # ... and for load balancing
         self.loss_sum = self.loss_n = 0.0  # training loss since the last evaluation, by sequences
+        self.unread: tuple[StepResult, int] | None = None  # the newest step's, read one step late
         self.evaluated_at: int | None = None
 
     def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
@@ -101,8 +102,17 @@ class _Window:
         self.log_times.add(step_s - comm_s, local_sequences)
         self.balance_times.add(step_s - comm_s, local_sequences)
 
+    def add_loss(self, res: StepResult | None, sequences: int = 0) -> None:
+        """A step's loss joins the mean at the next step (the engine has read it by then without
+        waiting on the device) or in `train_loss`; skipped steps do not count."""
+        if self.unread is not None and not self.unread[0].skipped:
+            self.loss_sum += self.unread[0].loss * self.unread[1]
+            self.loss_n += self.unread[1]
+        self.unread = (res, sequences) if res is not None else None
+
     def train_loss(self) -> float | None:
         """Mean training loss since the last call (weighted by sequences), then reset."""
+        self.add_loss(None)
         mean = self.loss_sum / self.loss_n if self.loss_n > 0 else None
         self.loss_sum = self.loss_n = 0.0
         return mean
@@ -228,6 +238,8 @@ class Loop:
             w.throughput.reset()  # the rates start after it
         if self.budget is not None:
             self.budget.start()
+        self.engine.on_skipped = lambda step, n: logger.print(  # when the engine reads the step
+            f"step {step}: non-finite loss or gradients, update skipped ({n} in a row)")
         while True:
             if self.max_steps and self.engine.step >= self.max_steps:
                 break
@@ -242,9 +254,6 @@ class Loop:
                 raise self.checkpoints.failure()
             if step % t.log_every_steps == 0 or step == self.max_steps:
                 self._log_train(logger, res, w)
-            if res.skipped:
-                logger.print(f"step {step}: non-finite loss or gradients, update skipped "
-                             f"({self.engine.nonfinite_in_row} in a row)")
             if self.balance_every and step % self.balance_every == 0:
                 self._rebalance(logger, w)
             if t.eval_every_steps and step % t.eval_every_steps == 0:
@@ -295,8 +304,7 @@ class Loop:
         self.tokens_seen += tokens
         self.sequences_seen += sequences
         w.throughput.update(tokens=tokens, sequences=sequences)
-        if not res.skipped:
-            w.loss_sum, w.loss_n = w.loss_sum + res.loss * sequences, w.loss_n + sequences
+        w.add_loss(res, sequences)
         return res
 
     def _log_train(self, logger: Any, res: StepResult, w: _Window) -> None:
