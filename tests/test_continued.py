@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from bertgpu import pretrain
 from bertgpu.cli import main
 from bertgpu.config import schema
+from bertgpu.models.layout import hf_state_dict
 from bertgpu.train.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_init_from_minilm_gives_transformers_logits_before_step_1(pydoc_data, mi
 
     hf = transformers.BertForMaskedLM.from_pretrained(minilm).eval()  # MiniLM's encoder, HF's code
     with torch.no_grad():  # ... with our (fresh) head, so that whole logits compare
-        head = {k: v for k, v in ours.state_dict().items() if k.startswith("cls.predictions.")}
+        head = {k: v for k, v in hf_state_dict(ours).items() if k.startswith("cls.predictions.")}
         missing, unexpected = hf.load_state_dict(head, strict=False)
         assert not unexpected
     tok = transformers.AutoTokenizer.from_pretrained(minilm)

@@ -93,9 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "uniform in [T/8, T]) or a shard set whose train lengths are sampled")
     parser.add_argument("--grad-ckpt", action="store_true",
                         help="activation checkpointing in both models")
-    parser.add_argument("--fused-qkv", action="store_true",
-                        help="our model computes query/key/value as one matmul "
-                             "(ModelOptions.fused_qkv)")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed steps per model (default 3 CPU, 10 CUDA)")
     parser.add_argument("--warmup", type=int, default=None,
@@ -190,12 +187,13 @@ class Models:
     """Both models of one size with identical weights, their optimizers, and compiled wrappers
     made on first use (a compiled wrapper shares the parameters: one compile serves every row)."""
 
-    def __init__(self, size: str, device: Any, names: list[str], grad_ckpt: bool, seed: int,
-                 fused_qkv: bool = False) -> None:
+    def __init__(self, size: str, device: Any, names: list[str], grad_ckpt: bool,
+                 seed: int) -> None:
         import torch
 
         from bertgpu.models.bert.config import BertConfig
         from bertgpu.models.bert.model import BertForPreTraining
+        from bertgpu.models.layout import load_hf_state_dict
         from bertgpu.models.shared import ModelOptions
         from bertgpu.train.optim import build_optimizer
 
@@ -216,9 +214,9 @@ class Models:
                 if grad_ckpt:
                     model.gradient_checkpointing_enable()
             else:
-                options = ModelOptions(fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt)
+                options = ModelOptions(gradient_checkpointing=grad_ckpt)
                 model = BertForPreTraining(self.config, options=options)
-                model.load_state_dict(hf.state_dict())
+                load_hf_state_dict(model, hf.state_dict())  # fused QKV, padded vocabulary
             self.eager[name] = model.to(device).train()
             self.optimizers[name] = build_optimizer(self.eager[name], "adamw", 1e-4)
 
@@ -396,15 +394,14 @@ def main(args: argparse.Namespace) -> int:
             models = None  # free the previous size first
             if cuda:
                 torch.cuda.empty_cache()
-            models = Models(point["size"], device, args.models, args.grad_ckpt, args.seed,
-                            bool(args.fused_qkv))
+            models = Models(point["size"], device, args.models, args.grad_ckpt, args.seed)
             reuse = {}
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
         t0 = time.perf_counter()
         new = run_point(models, point["micro_batch"], point["seq_len"], point["dtype"],
                         point["compile_models"], point["padding"], point["lengths"], device, iters,
                         warmup, args.grad_ckpt, peak, args.seed, reuse)
-        stamp = dict(fused_qkv=bool(args.fused_qkv), device=str(device), device_name=name,
+        stamp = dict(device=str(device), device_name=name,
                      torch=torch.__version__, threads=torch.get_num_threads(), time=time.time(),
                      wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]

@@ -9,10 +9,13 @@ tokens wide) on all but every `global_attn_every_n_layers`-th layer (layer 0 is 
 norm, and an MLM head (dense -> activation -> norm) with a decoder tied to the token embeddings.
 
 Parameter names are transformers': `model.layers.N.attn.Wqkv.weight`,
-`model.layers.N.mlp.Wi.weight`, `head.dense.weight`, `decoder.bias`, ... so `hf_io.py` reads and
-writes ModernBERT folders as they are. The rest is shared with bert.py: the MLM head runs only at
-labelled positions, outputs carry summed losses and counts for the engine (`mlm_loss_sum`,
-`mlm_count`, `loss_sum`, ...), a `BatchMeta` from the loader keeps the forward free of host syncs,
+`model.layers.N.mlp.Wi.weight`, `head.dense.weight`, `decoder.bias`, ... (its query, key and value
+are one Linear already). Only the vocabulary tables differ inside the model: they have
+`padded_vocab_size(V)` rows (shared.VocabEmbedding, shared.VocabDecoder: logits cut back to V),
+which `layout.py` cuts off on export and adds when reading a ModernBERT folder.
+The rest is shared with bert.py: the MLM head runs only at labelled positions, outputs carry
+summed losses and counts for the engine (`mlm_loss_sum`, `mlm_count`, `loss_sum`, ...), a
+`BatchMeta` from the loader keeps the forward free of host syncs,
 and `ModelOptions` (unpadding and its attention kernel, gradient checkpointing) belong to the
 instance (layers.py, attention.py). ModernBERT has no NSP head and no segment embeddings:
 `token_type_ids` is accepted (the batches of either architecture have it) and ignored, as by
@@ -58,6 +61,8 @@ from bertgpu.models.shared import (
     Configurable,
     ModelOptions,
     ModelOutput,
+    VocabDecoder,
+    VocabEmbedding,
     labelled_output,
     masked_lm_terms,
     sequence_loss_terms,
@@ -149,8 +154,8 @@ def _layer_norm(config: ModernBertConfig) -> nn.LayerNorm:
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
-                                           padding_idx=config.pad_token_id)
+        self.tok_embeddings = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                             padding_idx=config.pad_token_id)  # (V_pad, H)
         self.norm = _layer_norm(config)
         self.drop = Dropout(config.embedding_dropout)
 
@@ -232,6 +237,7 @@ class ModernBertPreTrainedModel(Configurable):
 
         if isinstance(module, ModernBertEmbeddings):
             init(module.tok_embeddings, stds["in"])
+            module.tok_embeddings.zero_padding_rows()
         elif isinstance(module, (ModernBertMLP, ModernBertAttention)):
             init(module.Wi if isinstance(module, ModernBertMLP) else module.Wqkv, stds["in"])
             init(module.Wo, stds["out"])
@@ -338,7 +344,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        # (H -> V_pad), logits cut to V; weight tied to the token embeddings
+        self.decoder = VocabDecoder(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
         self.post_init(options)
 
     def tie_weights(self) -> None:
