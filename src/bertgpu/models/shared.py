@@ -124,16 +124,24 @@ class VocabEmbedding(nn.Embedding):
 
 class VocabDecoder(nn.Linear):
     """The MLM decoder over the padded vocabulary: one (H x V_pad) matmul, whose logits are cut to
-    the real V (a view, no copy). Everything downstream (the returned logits, the cross-entropy,
-    argmax accuracy) sees exactly the unpadded model's V columns, and the cut columns get zero
-    gradient: the padded rows of the tied embedding and of the bias get none."""
+    the real V. Everything downstream (the returned logits, the cross-entropy, argmax accuracy)
+    sees exactly the unpadded model's V columns, and the cut columns get zero gradient: the
+    padded rows of the tied embedding and of the bias get none.
+
+    The cut logits are copied out of the padded ones rather than returned as a strided view: FSDP2
+    warns about (and an in-place op would break the backward hook of) a view in the output of the
+    model it wraps, and the cross-entropy makes a contiguous copy anyway. The copy is O(M V) next
+    to the matmul's O(M V H)."""
 
     def __init__(self, in_features: int, vocab_size: int, bias: bool = True):
         super().__init__(in_features, padded_vocab_size(vocab_size), bias=bias)
         self.vocab_size = int(vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)[..., : self.vocab_size]  # (..., V_pad) -> (..., V)
+        logits = super().forward(x)  # (..., V_pad)
+        if self.out_features == self.vocab_size:
+            return logits
+        return logits[..., : self.vocab_size].contiguous()  # (..., V)
 
 
 def masked_lm_terms(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
