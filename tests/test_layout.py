@@ -48,6 +48,25 @@ def test_padded_vocab_size_and_the_tables_that_have_it():
     assert out.prediction_logits.shape[-1] == 99  # logits over the real vocabulary only
 
 
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_padding_leaves_the_initial_weights_alone(arch, monkeypatch):
+    # Initialisers draw for the token rows only, so a seed gives the weights an unpadded model
+    # gets (VOCAB_MULTIPLE 1: no padding row), every tensor after the vocabulary tables included.
+    from bertgpu.models import shared
+    from bertgpu.models.build import build_model
+
+    fields = dict(TINY if arch == "bert" else dict(TINY_MODERN, decoder_bias=True),
+                  architecture=arch)
+    weights = {}
+    for multiple in (64, 1):
+        monkeypatch.setattr(shared, "VOCAB_MULTIPLE", multiple)
+        torch.manual_seed(0)
+        weights[multiple] = hf_state_dict(build_model(fields, "pretraining"))
+    assert weights[64].keys() == weights[1].keys()
+    for k, v in weights[1].items():
+        assert torch.equal(weights[64][k], v), k
+
+
 def _hf_pretraining(arch: str):
     torch.manual_seed(0)
     if arch == "bert":

@@ -12,6 +12,7 @@ build on it. The vocabulary tables (`VocabEmbedding`, `VocabDecoder`) are padded
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,12 +110,25 @@ class VocabEmbedding(nn.Embedding):
     """A token embedding with `padded_vocab_size(vocab_size)` rows, of which the first
     `vocab_size` are tokens. The padding rows are zero and stay zero: no id reaches them, and the
     tied decoder (`VocabDecoder`) cuts their logits off, so they never get a gradient (Adam and
-    LAMB then leave them at zero, and decoupled weight decay of zero is zero)."""
+    LAMB then leave them at zero, and decoupled weight decay of zero is zero).
+
+    Initialisers draw random numbers for the token rows only (`tokens`), so a model built under a
+    seed gets the initial weights the unpadded table would have had, every later tensor too."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, padding_idx: int | None = None):
+        self.vocab_size = int(vocab_size)  # before nn.Embedding's reset_parameters reads it
         super().__init__(padded_vocab_size(vocab_size), embedding_dim, padding_idx=padding_idx)
-        self.vocab_size = int(vocab_size)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The (V, H) rows of real tokens (a view of the weight)."""
+        return self.weight[: self.vocab_size]
+
+    def reset_parameters(self) -> None:
+        """nn.Embedding's N(0, 1), on the token rows only; padding rows and padding_idx zero."""
+        nn.init.normal_(self.tokens)
         self.zero_padding_rows()
+        self._fill_padding_idx_with_zero()
 
     def zero_padding_rows(self) -> None:
         """Zero the rows past the real vocabulary (call after any re-initialisation)."""
@@ -134,8 +148,26 @@ class VocabDecoder(nn.Linear):
     to the matmul's O(M V H)."""
 
     def __init__(self, in_features: int, vocab_size: int, bias: bool = True):
+        self.vocab_size = int(vocab_size)  # before nn.Linear's reset_parameters reads it
         super().__init__(in_features, padded_vocab_size(vocab_size), bias=bias)
-        self.vocab_size = int(vocab_size)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The (V, H) weight rows of real tokens (a view)."""
+        return self.weight[: self.vocab_size]
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialisation of the token rows only (the same random numbers as an
+        unpadded decoder: see VocabEmbedding); the padding rows zero."""
+        v = self.vocab_size
+        nn.init.kaiming_uniform_(self.tokens, a=math.sqrt(5))  # as nn.Linear
+        with torch.no_grad():
+            self.weight[v:].zero_()
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias[:v], -bound, bound)
+            with torch.no_grad():
+                self.bias[v:].zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = super().forward(x)  # (..., V_pad)

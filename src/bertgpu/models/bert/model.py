@@ -210,11 +210,16 @@ class BertPreTrainedModel(Configurable):
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            # the decoder before tie_weights: its token rows only, as VocabEmbedding below
+            rows = module.tokens if isinstance(module, VocabDecoder) else module.weight
+            nn.init.normal_(rows, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            # a padded vocabulary draws for its token rows only: the unpadded model's values
+            # (shared.VocabEmbedding)
+            rows = module.tokens if isinstance(module, VocabEmbedding) else module.weight
+            nn.init.normal_(rows, mean=0.0, std=std)
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()

@@ -231,7 +231,9 @@ class ModernBertPreTrainedModel(Configurable):
 
         def init(linear: nn.Module, std: float) -> None:
             cut = c.initializer_cutoff_factor * std
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-cut, b=cut)
+            # a padded vocabulary draws for its token rows only: the unpadded model's values
+            weight = linear.tokens if isinstance(linear, VocabEmbedding) else linear.weight
+            nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-cut, b=cut)
             if getattr(linear, "bias", None) is not None:
                 nn.init.zeros_(linear.bias)
 
