@@ -131,7 +131,7 @@ class VocabEmbedding(nn.Embedding):
         self._fill_padding_idx_with_zero()
 
     def zero_padding_rows(self) -> None:
-        """Zero the rows past the real vocabulary (call after any re-initialisation)."""
+        """Zero the rows past the real vocabulary."""
         with torch.no_grad():
             self.weight[self.vocab_size:].zero_()
 

@@ -223,8 +223,6 @@ class BertPreTrainedModel(Configurable):
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
-            if isinstance(module, VocabEmbedding):
-                module.zero_padding_rows()
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)

@@ -238,8 +238,7 @@ class ModernBertPreTrainedModel(Configurable):
                 nn.init.zeros_(linear.bias)
 
         if isinstance(module, ModernBertEmbeddings):
-            init(module.tok_embeddings, stds["in"])
-            module.tok_embeddings.zero_padding_rows()
+            init(module.tok_embeddings, stds["in"])  # its token rows; the padding stays zero
         elif isinstance(module, (ModernBertMLP, ModernBertAttention)):
             init(module.Wi if isinstance(module, ModernBertMLP) else module.Wqkv, stds["in"])
             init(module.Wo, stds["out"])
