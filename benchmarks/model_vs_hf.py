@@ -11,8 +11,8 @@ noisy machine. A step is forward + backward (no optimizer: it is the same for bo
 The difference comes from the sparse MLM head (transform + decoder only on masked tokens), SDPA
 without a mask when nothing is padded and, on the CPU, cheaper dropout masks and attention with
 dropout written out (models/dropout.py); the math is the same (the loss difference is printed).
-`--fused-qkv` switches on the one-matmul query/key/value projection. For forward / backward /
-optimizer times, bf16, compile, unpadding and MFU use `bertgpu bench model`.
+For forward / backward / optimizer times, bf16, compile, unpadding and MFU use
+`bertgpu bench model`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from bertgpu.bench.batches import SIZES
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.bert.model import BertForPreTraining
-from bertgpu.models.shared import ModelOptions
+from bertgpu.models.layout import load_hf_state_dict
 
 
 def make_batches(n: int, batch: int, seq_len: int, vocab: int, device: str,
@@ -73,7 +73,6 @@ def main() -> None:
                    help="bf16 = autocast (default on CUDA), fp32 otherwise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="append one JSON line with the results to this file")
-    p.add_argument("--fused-qkv", action="store_true", help="our query/key/value as one matmul")
     args = p.parse_args()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,9 +90,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(**size, attn_implementation="sdpa")).to(args.device).train()
-    ours = BertForPreTraining(BertConfig(**size), options=ModelOptions(fused_qkv=args.fused_qkv))
-    ours = ours.to(args.device).train()
-    ours.load_state_dict(hf.state_dict())
+    ours = BertForPreTraining(BertConfig(**size)).to(args.device).train()
+    load_hf_state_dict(ours, hf.state_dict())  # our layout: fused QKV, padded vocabulary
     models = {"bertgpu": ours, "transformers": hf}
     batches = make_batches(max(2, min(args.iters, 4)), args.batch, args.seq_len, 30522,
                            args.device, args.seed)
@@ -129,7 +127,7 @@ def main() -> None:
     print(f"speed-up bertgpu / transformers: {ratio:.2f}x")
     if args.out:
         rec = dict(bench="model_vs_hf", size=args.size, batch=args.batch, seq_len=args.seq_len,
-                   iters=args.iters, fused_qkv=args.fused_qkv, device=args.device,
+                   iters=args.iters, device=args.device,
                    device_name=device_name, dtype=dtype, threads=torch.get_num_threads(),
                    tokens_per_s=tps, ratio=ratio, loss_abs_diff=diff, torch=torch.__version__,
                    transformers=transformers.__version__, time=time.time())

@@ -25,6 +25,7 @@ import torch
 from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.schema import load_config
 from bertgpu.models.build import build_model
+from bertgpu.models.layout import hf_state_dict
 from bertgpu.models.shared import num_parameters
 
 
@@ -83,7 +84,7 @@ def main() -> None:
             fields = {**model.config.to_dict(), "sparse_prediction": True}
             hf = transformers.ModernBertForMaskedLM(
                 transformers.ModernBertConfig(**fields, attn_implementation="sdpa"))
-            hf.load_state_dict(model.state_dict())
+            hf.load_state_dict(hf_state_dict(model))  # our padded vocabulary cut to HF's
             models[f"transformers {path}"] = hf.to(args.device).train()
             batches[f"transformers {path}"] = batches[path]
             with torch.no_grad():

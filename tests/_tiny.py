@@ -48,3 +48,13 @@ def unpad_index(attention_mask: torch.Tensor, backend: str = "auto"):
         meta = replace(meta, index=n,
                        cu_seqlens=torch.arange(0, B * T + 1, T, device=attention_mask.device))
     return Unpadded.from_meta(meta, attention_mask, backend)
+
+
+def hf_grads(model) -> dict[str, torch.Tensor]:
+    """The gradients of `model`'s parameters under Hugging Face's names and shapes (BERT's fused
+    query/key/value split, the vocabulary tables' padding rows cut: models/layout.py), to compare
+    with a transformers model's `get_parameter(name).grad`."""
+    from bertgpu.models.layout import to_hf
+
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return to_hf(grads, model.config.architecture, model.config.vocab_size)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from bertgpu import pretrain
 from bertgpu.cli import main
 from bertgpu.config import schema
+from bertgpu.models.layout import hf_state_dict
 from bertgpu.train.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def test_init_from_minilm_gives_transformers_logits_before_step_1(pydoc_data, mi
     # A bare encoder: the MLM head is new, and listed.
     assert "cls.predictions.transform.dense.weight" in rows["init: initialised fresh"]
     ours = loop.model.eval()
-    own = ours.state_dict()
+    own = hf_state_dict(ours)  # in Hugging Face's names and shapes (models/layout.py)
     # Our encoder is MiniLM's, tensor for tensor, read from its file rather than by our loader.
     theirs = load_file(str(minilm / "model.safetensors"))
     absent = {k for k in theirs if f"bert.{k}" not in own}

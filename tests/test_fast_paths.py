@@ -1,4 +1,4 @@
-"""Fast paths against the plain ones: unpadding, fused QKV, length bucketing, bf16, torch.compile.
+"""Fast paths against the plain ones: unpadding, length bucketing, bf16, torch.compile.
 
 Each switch must leave the math alone: same loss and gradients (to float tolerance) as the path
 it replaces, on tiny configs on the CPU.
@@ -135,18 +135,16 @@ def test_unpad_backend_errors():
     assert_same(got, ref)
 
 
-def test_fused_qkv_matches_separate_projections():
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig(**TINY)).train()
-    other = BertForPreTraining(BertConfig(**TINY), options=ModelOptions(fused_qkv=True))
-    batch = padded_batch()
-    separate = loss_and_grads(model, batch)
-    model.configure(fused_qkv=True)
-    fused = loss_and_grads(model, batch)
-    assert_same(fused, separate)
-    # per instance: turning it on here leaves every other model alone
-    assert other.options.fused_qkv and not BertForPreTraining(BertConfig(**TINY)).options.fused_qkv
-    assert all(m.options.fused_qkv for m in model.modules() if hasattr(m, "options"))
+def test_options_belong_to_the_instance():
+    # A class-wide switch once leaked from one test's model into the next: options are per
+    # instance, and `configure` hands them to every submodule that reads them.
+    model = BertForPreTraining(BertConfig(**TINY))
+    other = BertForPreTraining(BertConfig(**TINY), options=ModelOptions(unpad=True))
+    model.configure(gradient_checkpointing=True)
+    assert all(m.options.gradient_checkpointing for m in model.modules() if hasattr(m, "options"))
+    assert other.options.unpad and not other.options.gradient_checkpointing
+    assert not model.options.unpad
+    assert not BertForPreTraining(BertConfig(**TINY)).options.gradient_checkpointing
 
 
 def test_bf16_autocast_close_to_fp32():

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from _tiny import TINY, perturb, tiny_batch  # noqa: E402
+from _tiny import TINY, hf_grads, perturb, tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN
 from safetensors.torch import load_file, save_file
 
@@ -38,8 +38,8 @@ def inputs(b):
 
 
 def assert_grads_match(ours, hf):
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from _tiny import TINY, tiny_batch  # noqa: E402
+from _tiny import TINY, hf_grads, tiny_batch  # noqa: E402
 
 from bertgpu.errors import BertgpuError
 from bertgpu.models.bert.config import BertConfig
@@ -19,19 +19,21 @@ from bertgpu.models.bert.model import (
     BertForTokenClassification,
     BertModel,
 )
+from bertgpu.models.layout import hf_state_dict, load_hf_state_dict
 from bertgpu.models.shared import ModelOutput, num_parameters
 
 transformers = pytest.importorskip("transformers")
 
 def hf_pair(ours_cls, hf_cls, attn="sdpa", **kw):
-    """A random HF model and ours with its exact weights (state dict keys must match 1:1)."""
+    """A random HF model and ours with its exact weights (state dict keys must match 1:1 in
+    Hugging Face's layout: models/layout.py)."""
     torch.manual_seed(0)
     hf = hf_cls(transformers.BertConfig(**TINY, attn_implementation=attn,
                                         **kw.pop("hf_kw", {}))).eval()
     ours = ours_cls(BertConfig(**TINY), **kw).eval()
     hf_sd = hf.state_dict()
-    assert set(ours.state_dict()) == set(hf_sd)
-    ours.load_state_dict(hf_sd)
+    assert set(hf_state_dict(ours)) == set(hf_sd)
+    load_hf_state_dict(ours, hf_sd)
     return ours, hf
 
 
@@ -59,8 +61,8 @@ def test_pretraining_matches_transformers(attn):
             == (r.prediction_logits[keep].argmax(-1) == b["labels"][keep]).sum().item())
     o.loss.backward()
     r.loss.backward()
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 
@@ -90,8 +92,8 @@ def test_classification_matches_transformers(num_labels):
     torch.testing.assert_close(o.loss_sum / o.count, o.loss)
     o.loss.backward()
     r.loss.backward()
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 
@@ -110,8 +112,8 @@ def test_qa_matches_transformers():
     torch.testing.assert_close(o.loss_sum / o.count, o.loss)
     o.loss.backward()
     r.loss.backward()
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 
@@ -135,8 +137,8 @@ def test_token_classification_matches_transformers():
     torch.testing.assert_close(o.loss_sum / o.count, o.loss)
     o.loss.backward()
     r.loss.backward()
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 
@@ -181,7 +183,7 @@ def test_other_activations_match(act):
     torch.manual_seed(0)
     hf = transformers.BertModel(transformers.BertConfig(**TINY, hidden_act=act)).eval()
     ours = BertModel(BertConfig(**TINY, hidden_act=act)).eval()
-    ours.load_state_dict(hf.state_dict())
+    load_hf_state_dict(ours, hf.state_dict())
     ids = torch.randint(5, 99, (2, 9))
     torch.testing.assert_close(ours(ids).last_hidden_state, hf(input_ids=ids).last_hidden_state,
                                atol=1e-5, rtol=1e-4)
@@ -220,7 +222,7 @@ def test_with_nsp_false_has_no_pooler():
     assert m.bert.pooler is None
     assert not any("pooler" in k or "seq_relationship" in k for k in m.state_dict())
     hf = transformers.BertForMaskedLM(transformers.BertConfig(**TINY))
-    assert set(m.state_dict()) == set(hf.state_dict())
+    assert set(hf_state_dict(m)) == set(hf.state_dict())
 
 
 def test_gradient_checkpointing_same_gradients():

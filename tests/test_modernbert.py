@@ -11,11 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from _tiny import perturb, tiny_batch  # noqa: E402
+from _tiny import hf_grads, perturb, tiny_batch  # noqa: E402
 from _tiny_modern import TINY_MODERN, TINY_MODERN_BIASED
 
 from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.errors import BertgpuError
+from bertgpu.models.layout import hf_state_dict, load_hf_state_dict
 from bertgpu.models.modernbert.config import ModernBertConfig
 from bertgpu.models.modernbert.model import (
     ModernBertForMaskedLM,
@@ -34,14 +35,15 @@ CONFIGS = {"plain": TINY_MODERN, "biased": TINY_MODERN_BIASED}
 
 
 def hf_pair(ours_cls, hf_cls, attn="sdpa", cfg=TINY_MODERN, hf_kw=None, **kw):
-    """A random transformers model and ours with its exact weights (keys must match 1:1)."""
+    """A random transformers model and ours with its exact weights (keys must match 1:1 in
+    Hugging Face's layout: models/layout.py)."""
     torch.manual_seed(0)
     hf = perturb(hf_cls(transformers.ModernBertConfig(**cfg, attn_implementation=attn,
                                                       **(hf_kw or {})))).eval()
     ours = ours_cls(ModernBertConfig(**cfg), **kw).eval()
     hf_sd = hf.state_dict()
-    assert set(ours.state_dict()) == set(hf_sd)
-    ours.load_state_dict(hf_sd)
+    assert set(hf_state_dict(ours)) == set(hf_sd)
+    load_hf_state_dict(ours, hf_sd)
     return ours, hf
 
 
@@ -50,8 +52,8 @@ def inputs(b):
 
 
 def assert_grads_match(ours, hf):
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, hf.get_parameter(name).grad, atol=1e-5,
+    for name, grad in hf_grads(ours).items():
+        torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
 
 

@@ -146,9 +146,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ModernBERT, as their recipes)")
     parser.add_argument("--grad-ckpt", action="store_true",
                         help="activation checkpointing in both models")
-    parser.add_argument("--fused-qkv", action="store_true",
-                        help="our model computes query/key/value as one matmul "
-                             "(ModelOptions.fused_qkv)")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed steps per variant (default 3 CPU, 10 CUDA; gpu-smoke 1)")
     parser.add_argument("--warmup", type=int, default=None,
@@ -321,14 +318,14 @@ def main(args: argparse.Namespace) -> int:
             if cuda:
                 torch.cuda.empty_cache()
             models = Models(point["arch"], point["size"], device, args.models, args.grad_ckpt,
-                            args.seed, bool(args.fused_qkv), args.compile_mode, backend)
+                            args.seed, args.compile_mode, backend)
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
         mask_rate = args.mask_rate or (0.3 if point["arch"] == "modernbert" else 0.15)
         t0 = time.perf_counter()
         new = run_point(models, point["variants"], point["micro_batch"], point["seq_len"],
                         point["dtype"], point["lengths"], device, iters, warmup, peak, args.seed,
                         tokenizer=args.tokenizer, mask_rate=mask_rate)
-        stamp = dict(grad_ckpt=bool(args.grad_ckpt), fused_qkv=bool(args.fused_qkv),
+        stamp = dict(grad_ckpt=bool(args.grad_ckpt),
                      device=str(device), device_name=name, torch=torch.__version__,
                      threads=torch.get_num_threads(), preset=args.preset, time=time.time(),
                      wall_s=round(time.perf_counter() - t0, 1))

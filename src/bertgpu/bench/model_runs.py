@@ -53,7 +53,7 @@ class Models:
     """Ours and transformers' model of one architecture and size (see the module docstring)."""
 
     def __init__(self, arch: str, size: str, device: Any, names: list[str], grad_ckpt: bool,
-                 seed: int, fused_qkv: bool = False, compile_mode: str = "default",
+                 seed: int, compile_mode: str = "default",
                  backend: str = "inductor") -> None:
         import torch
 
@@ -68,7 +68,7 @@ class Models:
         self.transformers_version = transformers.__version__
         torch._dynamo.reset()  # the previous size's graphs: free them, and no cache limit hit
         torch.manual_seed(seed)
-        ours = self._ours(ModelOptions(fused_qkv=fused_qkv, gradient_checkpointing=grad_ckpt))
+        ours = self._ours(ModelOptions(gradient_checkpointing=grad_ckpt))
         self.config = ours.config
         self.eager: dict[str, Any] = {}
         self.optimizers: dict[str, Any] = {}
@@ -97,6 +97,8 @@ class Models:
 
     def _hf(self, transformers: Any, ours: Any) -> Any:
         """transformers' peer with our weights."""
+        from bertgpu.models.layout import hf_state_dict
+
         if self.arch == "bert":
             hf = transformers.BertForPreTraining(transformers.BertConfig(
                 **SIZES[self.size], vocab_size=BERT_VOCAB, attn_implementation="sdpa"))
@@ -104,7 +106,7 @@ class Models:
             fields = {**ours.config.to_dict(), "sparse_prediction": True}
             hf = transformers.ModernBertForMaskedLM(
                 transformers.ModernBertConfig(**fields, attn_implementation="sdpa"))
-        hf.load_state_dict(ours.state_dict())
+        hf.load_state_dict(hf_state_dict(ours))  # Hugging Face's names and shapes
         return hf
 
     def module(self, name: str, compiled: bool) -> Any:

@@ -2,8 +2,13 @@
 importing transformers, for both architectures: BERT (`model_type` "bert") and ModernBERT
 ("modernbert"); `build.py` picks the classes.
 
-Our parameter names are HF's (see bert.py, modernbert.py), so loading is a key check, not a
-conversion:
+Files are in Hugging Face's layout (names, shapes); our models hold two kinds of tensor
+differently for speed (BERT's query/key/value as one Linear, vocabulary tables padded to a
+multiple of 64 rows: layout.py). Loading normalises whatever it reads (a Hugging Face folder, or a
+bertgpu checkpoint, which is in the model's own layout) to Hugging Face's layout, checks keys and
+shapes there, so every message names the keys and shapes users know, then converts into the
+model; saving converts back, so an export has exactly the keys, shapes and values of the unpadded,
+unfused model:
 
     model = load_pretrained("hf/base", head="classification", num_labels=3)  # HF folder
     model = load_pretrained("runs/base", head="masked_lm")     # latest checkpoints/step_N
@@ -32,6 +37,7 @@ from torch import nn
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import replace_dir
+from bertgpu.models import layout
 from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, spec
 from bertgpu.models.shared import Configurable
 
@@ -154,11 +160,13 @@ def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.T
 # Loading
 
 
-def _normalise_keys(sd: dict[str, torch.Tensor], base: bool,
-                    arch: str = "bert") -> dict[str, torch.Tensor]:
-    """Checkpoint names -> our names: legacy LayerNorm.gamma/beta, the encoder's prefix ("bert.",
-    "model.": present in task models, absent in a bare encoder such as all-MiniLM), the keys the
-    architecture's older files store differently, the tied decoder copies."""
+def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str,
+                    vocab_size: int) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> our model's names in Hugging Face's layout: legacy LayerNorm.gamma/beta,
+    the encoder's prefix ("bert.", "model.": present in task models, absent in a bare encoder such
+    as all-MiniLM), the keys the architecture's older files store differently, the tied decoder
+    copies dropped, and a bertgpu checkpoint's fused and padded tensors split and cut
+    (`layout.to_hf` with the file's own `vocab_size`)."""
     a = spec(arch)
     prefix, encoder_names = a.encoder_prefix, a.encoder_names
     out: dict[str, torch.Tensor] = {}
@@ -174,7 +182,15 @@ def _normalise_keys(sd: dict[str, torch.Tensor], base: bool,
         out = a.fix_legacy_keys(out, base)
     for k in TIED_KEYS:
         out.pop(k, None)
-    return out
+    return layout.to_hf(out, arch, vocab_size)
+
+
+def _vocab_size(folder: Path, cfg: dict[str, Any], arch: str) -> int:
+    """The vocabulary size a folder's weights were saved with (its config.json's)."""
+    try:
+        return int(spec(arch).config_class.from_dict(cfg).vocab_size)
+    except (BertgpuError, TypeError, ValueError) as e:
+        raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
 
 
 def _harmless(key: str, model_keys: set[str]) -> bool:
@@ -227,7 +243,9 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
         raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
 
     raw = read_state_dict(folder)
-    sd = _normalise_keys(raw, base=(head == "base"), arch=arch)
+    # the rows of a bertgpu checkpoint's padded tables follow the file's config, not the overrides
+    sd = _normalise_keys(raw, base=(head == "base"), arch=arch,
+                         vocab_size=_vocab_size(folder, read_config(folder), arch))
     if spec(arch).has_nsp and head == "pretraining" and with_nsp is None:
         # follow the checkpoint: NSP head present -> keep it
         with_nsp = "cls.seq_relationship.weight" in sd
@@ -266,7 +284,8 @@ def load_init_weights(model: nn.Module, path: str | os.PathLike) -> LoadReport:
     unknown or mis-shaped weights are a BertgpuError naming them (as in `load_pretrained`)."""
     folder = resolve_checkpoint_folder(path)
     arch = _unwrap(model).config.architecture
-    sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch)
+    vocab = _vocab_size(folder, read_config(folder), arch)
+    sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch, vocab_size=vocab)
     return _copy_weights(_unwrap(model), sd, folder, grow_positions=True)
 
 
@@ -289,9 +308,11 @@ def _grow_positions(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
 
 def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
                   grow_positions: bool = False) -> LoadReport:
-    """`sd` (our names) into `model`: an error for unknown or mis-shaped weights, the missing
-    ones listed; weights are cast to the model's dtype (checkpoints may be fp16/bf16)."""
-    own = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
+    """`sd` (our names, Hugging Face's layout) into `model`: an error for unknown or mis-shaped
+    weights, the missing ones listed (they keep the model's values); weights are cast to the
+    model's dtype (checkpoints may be fp16/bf16). The checks compare Hugging Face layouts, the
+    copy goes through `layout.from_hf`."""
+    own = {k: v for k, v in layout.hf_state_dict(model).items() if k not in TIED_KEYS}
     unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
     if unexpected:
         raise BertgpuError(f"{folder}: {len(unexpected)} unexpected weights for a "
@@ -303,8 +324,12 @@ def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
         raise BertgpuError(f"{folder}: {len(mis_shaped)} weights have the wrong shape for its "
                            f"config.json: {_names(mis_shaped)}")
     missing = sorted(k for k in own if k not in sd)
-    state = {k: sd[k].to(own[k].dtype) for k in own if k in sd}
-    model.load_state_dict(state, strict=False)
+    # Missing parts keep the model's values (copies: a fused tensor is rebuilt from all its parts)
+    state = {k: sd[k].to(v.dtype) if k in sd else v.clone() for k, v in own.items()}
+    config = model.config
+    # strict=False: the tied decoder copies are not in `state`; every other key is
+    model.load_state_dict(layout.from_hf(state, config.architecture, config.vocab_size),
+                          strict=False)
     model.tie_weights()
     return LoadReport(folder, type(model).__name__, missing, grown)
 
@@ -380,9 +405,13 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     if folder.exists() and not folder.is_dir():
         raise BertgpuError(f"{folder}: exists and is not a folder")
 
-    # Tied copies are left out (HF re-ties them on load); each tensor is stored once, contiguous.
+    # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
+    # layout; each tensor stored once, a copy of its own (split parts of one tensor share memory,
+    # which safetensors refuses).
     weights = model.state_dict() if state_dict is None else state_dict
-    state = {k: v.detach().to("cpu").contiguous() for k, v in weights.items() if k not in TIED_KEYS}
+    hf = layout.to_hf({k: v for k, v in weights.items() if k not in TIED_KEYS},
+                      model.config.architecture, model.config.vocab_size)
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in hf.items()}
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -1,15 +1,18 @@
 """Pieces every encoder here shares: outputs, per-instance speed options and the summed losses
 the engine normalises.
 
-Nothing in this file knows BERT's parameter names; `bert.py` and `modernbert.py` build on it.
+Nothing in this file knows BERT's parameter names; `bert/model.py` and `modernbert/model.py`
+build on it. The vocabulary tables (`VocabEmbedding`, `VocabDecoder`) are padded to
+`VOCAB_MULTIPLE` rows here; `layout.py` converts to and from Hugging Face's unpadded files.
 
-    opts = ModelOptions(unpad=True, attention_backend="auto", fused_qkv=False)
+    opts = ModelOptions(unpad=True, attention_backend="auto")
     model = BertForPreTraining(config, options=opts)     # or later: model.configure(unpad=True)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +54,6 @@ class ModelOptions:
     fp16/bf16), "varlen" (flash attention over packed sequences), "nested", or "padded" (masked
     SDPA on re-padded q, k, v: exact everywhere). Where the asked kernel has no fused
     implementation the padded one runs, with one warning."""
-    fused_qkv: bool = False
-    """Query, key and value as one (H x 3H) matmul over the concatenated weights (the parameters
-    stay three HF-named Linear layers). Measured slower on CPU (BERT-base, seq 128, fp32); on GPU
-    `bertgpu bench model --fused-qkv` compares."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in backward instead of storing them: ~1/3 more compute
     for a much smaller activation footprint (8 GB cards, long sequences)."""
@@ -109,6 +108,92 @@ class Configurable(nn.Module):
     def unpad_enable(self, enabled: bool = True, backend: str = "auto") -> None:
         """`configure(unpad=enabled, attention_backend=backend)`."""
         self.configure(unpad=enabled, attention_backend=backend)
+
+
+VOCAB_MULTIPLE = 64
+"""Rows of the vocabulary tables (token embedding, tied MLM decoder and its bias) are padded to a
+multiple of this inside the model: BERT's 30,522 becomes 30,528, so the decoder matmul (and its
+weight gradient) has a vocabulary dimension that tensor-core tiles cover evenly (bf16/fp16 GEMMs
+want multiples of 8 and fill whole tiles at multiples of 64: nanoGPT pads GPT-2's 50,257 to
+50,304 for the same reason, Megatron-LM to 128 per rank).
+A constant, not an option: the shapes inside a checkpoint follow from `vocab_size` alone. The
+padding never shows outside the model: logits and losses are over the real vocabulary, and
+`layout.py` cuts the rows off on export (Hugging Face files have `vocab_size` rows)."""
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """`vocab_size` rounded up to a multiple of `VOCAB_MULTIPLE` (30522 -> 30528, 99 -> 128)."""
+    return -(-int(vocab_size) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+class VocabEmbedding(nn.Embedding):
+    """A token embedding with `padded_vocab_size(vocab_size)` rows, of which the first
+    `vocab_size` are tokens. The padding rows are zero and stay zero: no id reaches them, and the
+    tied decoder (`VocabDecoder`) cuts their logits off, so they never get a gradient (Adam and
+    LAMB then leave them at zero, and decoupled weight decay of zero is zero).
+
+    Initialisers draw random numbers for the token rows only (`tokens`), so a model built under a
+    seed gets the initial weights the unpadded table would have had, every later tensor too."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, padding_idx: int | None = None):
+        self.vocab_size = int(vocab_size)  # before nn.Embedding's reset_parameters reads it
+        super().__init__(padded_vocab_size(vocab_size), embedding_dim, padding_idx=padding_idx)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The (V, H) rows of real tokens (a view of the weight)."""
+        return self.weight[: self.vocab_size]
+
+    def reset_parameters(self) -> None:
+        """nn.Embedding's N(0, 1), on the token rows only; padding rows and padding_idx zero."""
+        nn.init.normal_(self.tokens)
+        self.zero_padding_rows()
+        self._fill_padding_idx_with_zero()
+
+    def zero_padding_rows(self) -> None:
+        """Zero the rows past the real vocabulary."""
+        with torch.no_grad():
+            self.weight[self.vocab_size:].zero_()
+
+
+class VocabDecoder(nn.Linear):
+    """The MLM decoder over the padded vocabulary: one (H x V_pad) matmul, whose logits are cut to
+    the real V. Everything downstream (the returned logits, the cross-entropy, argmax accuracy)
+    sees exactly the unpadded model's V columns, and the cut columns get zero gradient: the
+    padded rows of the tied embedding and of the bias get none.
+
+    The cut logits are copied out of the padded ones rather than returned as a strided view: FSDP2
+    warns about (and an in-place op would break the backward hook of) a view in the output of the
+    model it wraps, and the cross-entropy makes a contiguous copy anyway. The copy is O(M V) next
+    to the matmul's O(M V H)."""
+
+    def __init__(self, in_features: int, vocab_size: int, bias: bool = True):
+        self.vocab_size = int(vocab_size)  # before nn.Linear's reset_parameters reads it
+        super().__init__(in_features, padded_vocab_size(vocab_size), bias=bias)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The (V, H) weight rows of real tokens (a view)."""
+        return self.weight[: self.vocab_size]
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialisation of the token rows only (the same random numbers as an
+        unpadded decoder: see VocabEmbedding); the padding rows zero."""
+        v = self.vocab_size
+        nn.init.kaiming_uniform_(self.tokens, a=math.sqrt(5))  # as nn.Linear
+        with torch.no_grad():
+            self.weight[v:].zero_()
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias[:v], -bound, bound)
+            with torch.no_grad():
+                self.bias[v:].zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)  # (..., V_pad)
+        if self.out_features == self.vocab_size:
+            return logits
+        return logits[..., : self.vocab_size].contiguous()  # (..., V)
 
 
 def masked_lm_terms(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -171,21 +256,28 @@ def labelled_output(logits: torch.Tensor, labels: torch.Tensor | None,
 
 
 def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:
-    """Number of distinct parameters (tied weights counted once); optionally without the
-    embedding tables (the usual "non-embedding parameters" used for FLOP estimates)."""
+    """Number of distinct parameters (tied weights counted once), without the padding rows of
+    the vocabulary tables (always zero, never trained: the count is the Hugging Face model's);
+    optionally without the embedding tables (the usual "non-embedding parameters" used for FLOP
+    estimates)."""
     seen: set[int] = set()
     skip: set[int] = set()
     if exclude_embeddings:
         skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    padding: dict[int, int] = {}  # parameter -> elements in its padding rows
+    for m in model.modules():
+        if isinstance(m, (VocabEmbedding, VocabDecoder)):
+            for p in m.parameters(recurse=False):
+                padding[id(p)] = (p.shape[0] - m.vocab_size) * (p.numel() // p.shape[0])
     total = 0
     for p in model.parameters():
         if id(p) in seen or id(p) in skip:
             continue
         seen.add(id(p))
-        total += p.numel()
+        total += p.numel() - padding.get(id(p), 0)
     return total
 
 
-__all__ = ["ATTENTION_BACKENDS", "ModelOutput", "ModelOptions", "Configurable", "LayerNorm",
-           "masked_lm_terms", "sequence_loss_terms", "token_loss_terms", "span_loss_terms",
-           "num_parameters"]
+__all__ = ["ATTENTION_BACKENDS", "VOCAB_MULTIPLE", "ModelOutput", "ModelOptions", "Configurable",
+           "LayerNorm", "VocabDecoder", "VocabEmbedding", "padded_vocab_size", "masked_lm_terms",
+           "sequence_loss_terms", "token_loss_terms", "span_loss_terms", "num_parameters"]

@@ -69,6 +69,15 @@ class Architecture:
     """`[model]` fields a run continued from a checkpoint (`--init`) may set differently from the
     checkpoint's config.json: none that changes what a weight means, except
     max_position_embeddings, which may grow (new rows of `position_tables` are initialised)."""
+    fused_linears: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Linear layers the model holds as one that Hugging Face stores as several, as module paths
+    inside a layer: {"attention.self.qkv": ("attention.self.query", "attention.self.key",
+    "attention.self.value")}. The model's weight and bias are HF's stacked along the output
+    dimension, in this order; `layout.py` splits them on export and stacks them on load."""
+    vocab_tables: tuple[str, ...] = ()
+    """Parameters with one row per token (name suffixes, tied copies included, e.g.
+    "embeddings.word_embeddings.weight"): `shared.padded_vocab_size(vocab_size)` rows inside the
+    model, `vocab_size` rows in Hugging Face files (`layout.py` converts)."""
     fix_legacy_keys: Callable[[dict[str, Any], bool], dict[str, Any]] | None = None
     """(state dict in our names, loading a bare encoder) -> the same with keys that older files
     store differently filled in (e.g. a decoder bias stored only under its old name)."""

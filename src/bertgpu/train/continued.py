@@ -103,7 +103,8 @@ def _check_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, path: P
     """Same groups of the same sizes, and every state tensor of a parameter's shape."""
     sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
     own = [len(g["params"]) for g in optimizer.param_groups]
-    hint = "the model differs (an NSP head, a grown position table); drop --resume-optimizer"
+    hint = ("the model differs (an NSP head, a grown position table, or a checkpoint from before "
+            "bertgpu fused query/key/value); drop --resume-optimizer")
     if sizes != own:
         raise BertgpuError(f"--resume-optimizer: {path}: parameter groups of sizes {sizes}, this "
                            f"model's {own}; {hint}")

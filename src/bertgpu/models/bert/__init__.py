@@ -36,4 +36,8 @@ SPEC = Architecture(
     continuation_fields=("max_position_embeddings", "hidden_dropout_prob",
                          "attention_probs_dropout_prob"),
     fix_legacy_keys=_fix_legacy_keys,
+    fused_linears={"attention.self.qkv": ("attention.self.query", "attention.self.key",
+                                          "attention.self.value")},
+    vocab_tables=("embeddings.word_embeddings.weight", "cls.predictions.bias",
+                  "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
 )

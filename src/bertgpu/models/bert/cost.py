@@ -58,7 +58,9 @@ def flops_per_token(
     - MLM head, evaluated only at the predicted positions (our sparse head), so per input token it
       costs ``mlm_fraction * 6 * n_head`` with ``n_head = (d^2 + d) + 2 d + (d V + V)``: transform
       dense, its LayerNorm, decoder (tied to the word embeddings, but still a matmul) and bias.
-      Pass ``mlm_fraction=1.0`` for a dense head that scores every position.
+      Pass ``mlm_fraction=1.0`` for a dense head that scores every position. V is the real
+      vocabulary (config.vocab_size): the model's padding columns (shared.VOCAB_MULTIPLE) are
+      computed but are no useful work, so MFU does not count them.
     - Pooler and NSP classifier run once per sequence: ``6 * ((d^2 + d) + (2 d + 2)) / T`` per
       token when ``with_nsp``.
 

@@ -1,10 +1,13 @@
 """BERT, named and computed exactly like Hugging Face's `modeling_bert.py`, and nothing else.
 
-Parameter names are our compatibility contract: a state dict of `BertForPreTraining` here has the
-same keys, shapes and meaning as `transformers.BertForPreTraining`'s, so `hf_io.py` only reads and
-writes files. The math is the same too (post-LayerNorm encoder, erf GELU, learned absolute
-positions); the speed comes from things that do not change it, each a per-instance
-`ModelOptions` (layers.py) or a property of the batch:
+Parameter names are our compatibility contract: every file we read or write has the keys, shapes
+and meaning of `transformers.BertForPreTraining`'s. Inside the model two tensors are laid out for
+speed instead, and `layout.py` converts at the Hugging Face boundary (hf_io, export, `--init`):
+query, key and value are one `attention.self.qkv` Linear (3H x H: one matmul, no concatenation
+per forward), and the vocabulary tables have `padded_vocab_size(V)` rows (shared.VocabEmbedding,
+shared.VocabDecoder; the logits are cut back to V). The math is the same (post-LayerNorm
+encoder, erf GELU, learned absolute positions); the speed comes from things that do not change
+it, each a per-instance `ModelOptions` (shared.py), a parameter layout or a property of the batch:
 
 - attention through `F.scaled_dot_product_attention` (attention.py), with `attn_mask=None` when
   nothing is padded so the flash kernel is allowed;
@@ -12,7 +15,7 @@ positions); the speed comes from things that do not change it, each a per-instan
   largest matmul of BERT-base's training step when it runs on every token;
 - `BatchMeta` (attention.py), computed by the loader on the host: given it, forward and backward
   never wait on the host (no `.item()`, `nonzero()`, `bool(tensor)`) and compile to one graph;
-- options: unpadding (the encoder runs on real tokens only), fused QKV, gradient checkpointing;
+- options: unpadding (the encoder runs on real tokens only), gradient checkpointing;
 - on the CPU, dropout masks drawn more cheaply (dropout.py) and attention with dropout written
   out instead of SDPA's math fallback (attention.cpu_dropout_attention).
 
@@ -49,6 +52,8 @@ from bertgpu.models.shared import (
     LayerNorm,
     ModelOptions,
     ModelOutput,
+    VocabDecoder,
+    VocabEmbedding,
     labelled_output,
     masked_lm_terms,
     sequence_loss_terms,
@@ -76,8 +81,8 @@ def activation(name: str):
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
-                                            padding_idx=config.pad_token_id)
+        self.word_embeddings = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                              padding_idx=config.pad_token_id)  # (V_pad, H)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -109,24 +114,15 @@ class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        # HF's query, key and value stacked: weight (3H, H) = [W_q; W_k; W_v], bias (3H,), so the
+        # projection is one matmul (layout.py splits it into HF's three on export).
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.options = ModelOptions()  # set by the model's `configure`
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(..., H) -> q, k, v, each (..., N, D) (views, no copies)."""
-        if self.options.fused_qkv:
-            # One (H x 3H) matmul; the gradient flows back through torch.cat to the three
-            # HF-named parameters.
-            w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
-            b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
-            q, k, v = F.linear(x, w, b).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
-            return q, k, v
-        return (self.query(x).unflatten(-1, (self.num_heads, -1)),
-                self.key(x).unflatten(-1, (self.num_heads, -1)),
-                self.value(x).unflatten(-1, (self.num_heads, -1)))
+        """(..., H) -> q, k, v, each (..., N, D): views of one (..., 3H) matmul, no copies."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, attn: Layout) -> torch.Tensor:
         q, k, v = self._qkv(x)  # (B, T, N, D) each, or (N_tok, N, D) unpadded
@@ -222,11 +218,16 @@ class BertPreTrainedModel(Configurable):
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            # the decoder before tie_weights: its token rows only, as VocabEmbedding below
+            rows = module.tokens if isinstance(module, VocabDecoder) else module.weight
+            nn.init.normal_(rows, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            # a padded vocabulary draws for its token rows only: the unpadded model's values
+            # (shared.VocabEmbedding)
+            rows = module.tokens if isinstance(module, VocabEmbedding) else module.weight
+            nn.init.normal_(rows, mean=0.0, std=std)
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
@@ -318,9 +319,10 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         # decoder.weight is tied to the word embeddings and decoder.bias *is* self.bias, exactly
-        # as in HF, so the state dict has HF's keys (both cls.predictions.bias and .decoder.bias).
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # as in HF, so the state dict has HF's keys (both cls.predictions.bias and .decoder.bias);
+        # both have V_pad rows, and the decoder cuts its logits to V.
+        self.decoder = VocabDecoder(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(self.decoder.out_features))  # (V_pad,)
         self.decoder.bias = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

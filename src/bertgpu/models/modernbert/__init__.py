@@ -39,4 +39,6 @@ SPEC = Architecture(
     continuation_fields=("max_position_embeddings", "global_rope_theta", "local_rope_theta",
                          "embedding_dropout", "attention_dropout", "mlp_dropout"),
     fix_legacy_keys=_fix_legacy_keys,
+    # Wqkv is one Linear in transformers too: only the vocabulary is laid out differently.
+    vocab_tables=("embeddings.tok_embeddings.weight", "decoder.weight", "decoder.bias"),
 )

@@ -19,7 +19,8 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
     sequence length for global layers (0, n, 2n, ...) and ``min(T, local_attention + 1)`` for
     sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
-    The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only.
+    The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only; V is
+    the real vocabulary (the model's padding columns, shared.VOCAB_MULTIPLE, are not useful work).
     ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
     d, f = int(cfg.hidden_size), int(cfg.intermediate_size)
     L, T = int(cfg.num_hidden_layers), int(seq_len)

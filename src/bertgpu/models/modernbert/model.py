@@ -9,10 +9,13 @@ tokens wide) on all but every `global_attn_every_n_layers`-th layer (layer 0 is 
 norm, and an MLM head (dense -> activation -> norm) with a decoder tied to the token embeddings.
 
 Parameter names are transformers': `model.layers.N.attn.Wqkv.weight`,
-`model.layers.N.mlp.Wi.weight`, `head.dense.weight`, `decoder.bias`, ... so `hf_io.py` reads and
-writes ModernBERT folders as they are. The rest is shared with bert.py: the MLM head runs only at
-labelled positions, outputs carry summed losses and counts for the engine (`mlm_loss_sum`,
-`mlm_count`, `loss_sum`, ...), a `BatchMeta` from the loader keeps the forward free of host syncs,
+`model.layers.N.mlp.Wi.weight`, `head.dense.weight`, `decoder.bias`, ... (its query, key and value
+are one Linear already). Only the vocabulary tables differ inside the model: they have
+`padded_vocab_size(V)` rows (shared.VocabEmbedding, shared.VocabDecoder: logits cut back to V),
+which `layout.py` cuts off on export and adds when reading a ModernBERT folder.
+The rest is shared with bert.py: the MLM head runs only at labelled positions, outputs carry
+summed losses and counts for the engine (`mlm_loss_sum`, `mlm_count`, `loss_sum`, ...), a
+`BatchMeta` from the loader keeps the forward free of host syncs,
 and `ModelOptions` (unpadding and its attention kernel, gradient checkpointing) belong to the
 instance (layers.py, attention.py). ModernBERT has no NSP head and no segment embeddings:
 `token_type_ids` is accepted (the batches of either architecture have it) and ignored, as by
@@ -61,6 +64,8 @@ from bertgpu.models.shared import (
     LayerNorm,
     ModelOptions,
     ModelOutput,
+    VocabDecoder,
+    VocabEmbedding,
     labelled_output,
     masked_lm_terms,
     sequence_loss_terms,
@@ -138,8 +143,8 @@ def _layer_norm(config: ModernBertConfig) -> LayerNorm:
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
-                                           padding_idx=config.pad_token_id)
+        self.tok_embeddings = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                             padding_idx=config.pad_token_id)  # (V_pad, H)
         self.norm = _layer_norm(config)
         self.drop = Dropout(config.embedding_dropout)
 
@@ -215,12 +220,14 @@ class ModernBertPreTrainedModel(Configurable):
 
         def init(linear: nn.Module, std: float) -> None:
             cut = c.initializer_cutoff_factor * std
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-cut, b=cut)
+            # a padded vocabulary draws for its token rows only: the unpadded model's values
+            weight = linear.tokens if isinstance(linear, VocabEmbedding) else linear.weight
+            nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-cut, b=cut)
             if getattr(linear, "bias", None) is not None:
                 nn.init.zeros_(linear.bias)
 
         if isinstance(module, ModernBertEmbeddings):
-            init(module.tok_embeddings, stds["in"])
+            init(module.tok_embeddings, stds["in"])  # its token rows; the padding stays zero
         elif isinstance(module, (ModernBertMLP, ModernBertAttention)):
             init(module.Wi if isinstance(module, ModernBertMLP) else module.Wqkv, stds["in"])
             init(module.Wo, stds["out"])
@@ -348,7 +355,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         self.config = config.validate()
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        # (H -> V_pad), logits cut to V; weight tied to the token embeddings
+        self.decoder = VocabDecoder(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
         self.post_init(options)
 
     def tie_weights(self) -> None:
