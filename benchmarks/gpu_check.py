@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
 
 GPU_TESTS = ["tests/test_gpu_flash.py", "tests/test_gpu.py", "tests/test_modernbert.py",
-             "tests/test_fsdp_gpu.py"]
+             "tests/test_fsdp_gpu.py", "tests/test_preemption.py"]
 
 
 def stages(smoke: bool, out: Path) -> list[dict]:
@@ -62,21 +62,21 @@ def stages(smoke: bool, out: Path) -> list[dict]:
                        "--impl.micro_batch_size", "32", "--impl.compile", "true"]
     pretrain = [py, "-m", "bertgpu", "pretrain"]
     return [
-        dict(name="pytest -m gpu", limit=150,
-             cmd=[py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
+        dict(name="pytest -m gpu", limit=130,
+             cmd=[py, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rfE",
                   "--timeout", "120", *GPU_TESTS]),
-        dict(name="bench model", limit=40 if smoke else 210,
+        dict(name="bench model", limit=120 if smoke else 220,
              cmd=[py, "-m", "bertgpu", "bench", "model", "--preset",
                   "gpu-smoke" if smoke else "gpu-check", "--out", str(out / "bench.jsonl")]),
-        dict(name="pretrain bert-base", limit=60 if smoke else 100, run=out / "run-bert",
+        dict(name="pretrain bert-base", limit=90, run=out / "run-bert",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
                   "--out", str(out / "run-bert"), *common, *bert_args]),
-        dict(name="pretrain modern-base", limit=60 if smoke else 110, run=out / "run-modern",
+        dict(name="pretrain modern-base", limit=100, run=out / "run-modern",
              cmd=[*pretrain, "configs/modern-base.toml", "--data", str(DATA / "wiki-1024"),
                   "--out", str(out / "run-modern"), *common, *modern_args]),
-        dict(name="checkpoint stall", limit=40 if smoke else 60,
+        dict(name="checkpoint stall", limit=60 if smoke else 45,
              cmd=[py, "benchmarks/checkpoint_stall.py", "--device", "cpu" if smoke else "cuda",
-                  "--size", "small" if smoke else "base", "--out", str(out / "stall")]),
+                  "--size", "tiny" if smoke else "base", "--out", str(out / "stall")]),
     ]
 
 
@@ -151,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
-        if stage["name"].startswith("pytest"):
-            tail = [ln for ln in r["log"].read_text(errors="replace").splitlines() if ln.strip()]
-            note = tail[-1][:160] if tail else ""
+        if stage["name"].startswith("pytest"):  # -v: one line per test, kept if the stage is cut
+            lines = [ln for ln in r["log"].read_text(errors="replace").splitlines() if "::" in ln]
+            counts = {w: sum(f" {w}" in ln for ln in lines)
+                      for w in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+            failed = [ln.split(" ")[0] for ln in lines if " FAILED" in ln or " ERROR" in ln]
+            note = ", ".join(f"{n} {w.lower()}" for w, n in counts.items() if n)
+            note += "".join(f"; {t}" for t in failed[:6])
         r["note"] = note
         results.append(r)
         print(f"  {r['name']:<22} rc={r['rc']!s:<8} {r['seconds']:>6.1f} s  {note}", flush=True)

@@ -451,6 +451,7 @@ def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fused kernels need CUDA")
 @pytest.mark.parametrize("backend", ["varlen", "nested", "auto"])
 def test_fused_unpadded_kernels_match_the_padded_model_on_gpu(backend):
@@ -470,6 +471,7 @@ def test_fused_unpadded_kernels_match_the_padded_model_on_gpu(backend):
     torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs CUDA")
 def test_windowed_varlen_equals_the_masked_kernel_on_gpu():
     from _tiny import unpad_index
