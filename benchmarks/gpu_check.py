@@ -62,10 +62,10 @@ def stages(smoke: bool, out: Path) -> list[dict]:
                        "--impl.micro_batch_size", "32", "--impl.compile", "true"]
     pretrain = [py, "-m", "bertgpu", "pretrain"]
     return [
-        dict(name="pytest -m gpu", limit=130,
+        dict(name="pytest -m gpu", limit=125,
              cmd=[py, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rfE",
                   "--timeout", "120", *GPU_TESTS]),
-        dict(name="bench model", limit=120 if smoke else 220,
+        dict(name="bench model", limit=120 if smoke else 210,
              cmd=[py, "-m", "bertgpu", "bench", "model", "--preset",
                   "gpu-smoke" if smoke else "gpu-check", "--out", str(out / "bench.jsonl")]),
         dict(name="pretrain bert-base", limit=90, run=out / "run-bert",

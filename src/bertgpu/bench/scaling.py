@@ -144,7 +144,11 @@ def predict_efficiency(
 def bert_params(hidden: int, layers: int, vocab: int = 30522, positions: int = 512,
                 intermediate: int | None = None) -> tuple[int, int]:
     """(trainable parameters of BertForPreTraining, of which the tied word embedding) — the
-    decoder weight is tied, so it is counted once."""
+    decoder weight is tied, so it is counted once. The vocabulary tables count with the rows the
+    model pads them to (`shared.padded_vocab_size`): their gradients are all-reduced too."""
+    from bertgpu.models.shared import padded_vocab_size
+
+    vocab = padded_vocab_size(vocab)
     d, ff = hidden, intermediate or 4 * hidden
     embeddings = (vocab + positions + 2) * d + 2 * d
     layer = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d
