@@ -63,7 +63,7 @@ def stages(smoke: bool, out: Path) -> list[dict]:
     pretrain = [py, "-m", "bertgpu", "pretrain"]
     return [
         dict(name="pytest -m gpu", limit=125,
-             cmd=[py, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rfE",
+             cmd=[py, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-rfE",
                   "--timeout", "120", *GPU_TESTS]),
         dict(name="bench model", limit=120 if smoke else 210,
              cmd=[py, "-m", "bertgpu", "bench", "model", "--preset",
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
-        if stage["name"].startswith("pytest"):  # -v: one line per test, kept if the stage is cut
+        if stage["name"].startswith("pytest"):  # -vv (addopts has -q): one line per test, kept if the stage is cut
             lines = [ln for ln in r["log"].read_text(errors="replace").splitlines() if "::" in ln]
             counts = {w: sum(f" {w}" in ln for ln in lines)
                       for w in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
