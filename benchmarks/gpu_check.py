@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
-        if stage["name"].startswith("pytest"):  # -vv (addopts has -q): one line per test, kept if the stage is cut
+        # pytest at -vv (addopts has -q): one line per test, kept if the stage is cut
+        if stage["name"].startswith("pytest"):
             lines = [ln for ln in r["log"].read_text(errors="replace").splitlines() if "::" in ln]
             counts = {w: sum(f" {w}" in ln for ln in lines)
                       for w in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
