@@ -165,3 +165,16 @@ def test_weight_decay_groups_are_transformers_by_name():
     assert ours_names == decayed(hf, lambda n, p: [n])
     assert "bert.encoder.layer.1.attention.self.value.weight" in ours_names
     assert set(hf_state_dict(ours)) == set(hf.state_dict())
+
+
+def test_mfu_counts_the_real_vocabulary():
+    # The MLM head's FLOPs are 6 per parameter of the exported (unpadded) head: the padding
+    # columns the decoder computes are no useful work.
+    from bertgpu.telemetry.flops import flops_per_token_from_config
+
+    model = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+    head = sum(v.numel() for k, v in hf_state_dict(model).items()
+               if k.startswith("cls.predictions.") and k != "cls.predictions.decoder.bias")
+    per_token = [flops_per_token_from_config(model.config, seq_len=11, mlm_fraction=f,
+                                             with_nsp=False) for f in (1.0, 0.0)]
+    assert per_token[0] - per_token[1] == 6 * head
