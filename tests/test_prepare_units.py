@@ -124,6 +124,37 @@ def test_parts_of_a_file_read_every_document_exactly_once(tmp_path, fmt):
         assert parts == whole, part_bytes
 
 
+
+def test_parquet_reader_holds_a_page_not_its_row_groups(tmp_path, monkeypatch):
+    """Reading Parquet holds one data page and one batch of the text column, not the row groups
+    of the range read (pyarrow's pre_buffer) nor a row group's column chunk (unbuffered reads):
+    the reader's memory does not grow with a unit's or a row group's size. Measured with
+    tracemalloc, which sees the chunks pyarrow reads from a Python file object."""
+    pytest.importorskip("pyarrow")
+    import tracemalloc
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertgpu.data import columnar
+
+    docs = documents()
+    rows = [f"{i}. {docs[i % len(docs)]}" for i in range(2000)]  # 10 MiB of text
+    path = tmp_path / "pages.parquet"
+    pq.write_table(pa.table({"id": list(range(len(rows))), "text": rows}), path,
+                   row_group_size=1000, data_page_size=64 << 10, write_batch_size=16,
+                   use_dictionary=False, compression="none")  # 2 row groups, pages of ~64 KiB
+    monkeypatch.setattr(columnar, "BATCH_BYTES", 64 << 10)
+    tracemalloc.start()
+    try:
+        for got, want in zip(columnar.read_parquet(path, "text"), rows, strict=True):
+            assert got == want
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a page, a batch and a read of READ_BUFFER (1 MiB): 1.1 MiB; the row groups take 5 MiB each
+    assert peak < 3 << 20, f"{peak / 2**20:.1f} MiB"
+
 def test_url_round_trips_memory_and_file(tok, mixed, reference, tmp_path):
     """A corpus read from memory:// and file:// URLs, the shard set written to memory:// and
     file://: the same bytes as local paths."""

@@ -4,9 +4,11 @@
     for text in read_parquet(src, "text", 2, 5): ...  # row groups 2, 3 and 4 (None: a null)
     for text in read_arrow(src, "text"): ...          # a dataset saved by `datasets`
 
-Parquet is read with pyarrow by row groups, in batches of about BATCH_BYTES of the text column
-only (`ParquetFile.iter_batches`), never the whole file, so memory is bounded by a row group's
-text column whatever the file's size; a work unit reads a range of row groups (`units`). Arrow
+Parquet is read with pyarrow, the text column only, in batches of about BATCH_BYTES
+(`ParquetFile.iter_batches`), never the whole file; a work unit reads a range of row groups
+(`units`). The reader holds one data page of the text column at a time (read through a buffer of
+READ_BUFFER bytes) and one batch, so its memory depends on the file's page size (at most its row
+group's text column) and never on the file's or the unit's size. Arrow
 files (Hugging Face `datasets`' save_to_disk: IPC streams of record batches) are read one
 record batch at a time and not split. Both need pyarrow (`pip install 'bertgpu[parquet]'`).
 """
@@ -22,6 +24,9 @@ BATCH_BYTES = 1 << 20
 """Text per batch: the batch's rows follow from the row groups' bytes per row, so a corpus of
 books holds no more in memory than one of tweets."""
 MAX_BATCH_ROWS = 1024
+READ_BUFFER = 1 << 20
+"""Column chunks are read through a buffer of this size, page by page: unbuffered, pyarrow reads
+a row group's whole text column chunk (64 MB for a row group of 64 MB of text) at once."""
 
 
 def _pyarrow(src: Source):
@@ -56,7 +61,9 @@ def _text_column(src: Source, schema, field: str) -> None:
 def _parquet_file(src: Source, f):
     pa = _pyarrow(src)
     try:
-        return pa.parquet.ParquetFile(f)
+        # pre_buffer (pyarrow's default) reads every requested row group's chunks before the
+        # first batch: a work unit's whole text column (64 MiB) held until the unit is read.
+        return pa.parquet.ParquetFile(f, pre_buffer=False, buffer_size=READ_BUFFER)
     except (pa.ArrowException, OSError) as exc:
         raise BertgpuError(f"{src}: not a readable Parquet file ({_one_line(exc)})") from None
 
