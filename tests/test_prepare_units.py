@@ -124,7 +124,6 @@ def test_parts_of_a_file_read_every_document_exactly_once(tmp_path, fmt):
         assert parts == whole, part_bytes
 
 
-
 def test_parquet_reader_holds_a_page_not_its_row_groups(tmp_path, monkeypatch):
     """Reading Parquet holds one data page and one batch of the text column, not the row groups
     of the range read (pyarrow's pre_buffer) nor a row group's column chunk (unbuffered reads):
@@ -154,6 +153,7 @@ def test_parquet_reader_holds_a_page_not_its_row_groups(tmp_path, monkeypatch):
         tracemalloc.stop()
     # a page, a batch and a read of READ_BUFFER (1 MiB): 1.1 MiB; the row groups take 5 MiB each
     assert peak < 3 << 20, f"{peak / 2**20:.1f} MiB"
+
 
 def test_url_round_trips_memory_and_file(tok, mixed, reference, tmp_path):
     """A corpus read from memory:// and file:// URLs, the shard set written to memory:// and
