@@ -293,3 +293,35 @@ def test_readme_table_of_bytes_per_rank_follows_from_the_models_shapes():
         want = [b / n for b in want] + [sum(want) / n]
         for got, b in zip(mib, want, strict=True):
             assert abs(float(got) - b / 2**20) <= 0.05 + 1e-9, (model, strategy, ranks, mib)
+
+
+def test_compile_modes_are_rows_side_by_side_each_against_its_own_peer(tmp_path):
+    """`--compile-mode a,b`: every compiled variant once per mode, in one process; a row's
+    *vs HF compiled* divides by transformers compiled in the same mode, or in the default mode
+    when transformers has no row in that one."""
+    import torch
+
+    from bertgpu.bench.model_runs import Models, Variant, run_point
+
+    out = tmp_path / "modes.jsonl"
+    auto = "max-autotune-no-cudagraphs"
+    assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "2", "--seq-len", "8",
+                                   "--iters", "1", "--warmup", "0", "--compile", "on",
+                                   "--compile-mode", f"default,{auto}", "--compile-backend",
+                                   "eager", "--out", str(out)])) == 0
+    rows = read_rows(out)
+    assert [(r["model"], r["compile_mode"]) for r in rows] == [
+        ("bertgpu", "eager backend"), ("bertgpu", f"{auto}, eager backend"),
+        ("transformers", "eager backend"), ("transformers", f"{auto}, eager backend")]
+    ours, ours_auto, hf, hf_auto = rows
+    assert ours["vs_hf_compiled"] == pytest.approx(ours["tokens_per_s"] / hf["tokens_per_s"])
+    assert ours_auto["vs_hf_compiled"] == pytest.approx(
+        ours_auto["tokens_per_s"] / hf_auto["tokens_per_s"])
+
+    models = Models("bert", "tiny", torch.device("cpu"), ["bertgpu", "transformers"], False, 0,
+                    backend="eager")
+    rows = run_point(models, [Variant("bertgpu", True, mode=auto), Variant("transformers", True)],
+                     2, 8, "fp32", "full", torch.device("cpu"), iters=1, warmup=0, peak=None,
+                     seed=0)
+    assert rows[0]["vs_hf_compiled"] == pytest.approx(
+        rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])

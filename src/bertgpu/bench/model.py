@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fp32 and/or bf16 (autocast); default bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--compile", type=_csv_list(str, ("off", "on")), default=["off"],
                         help="torch.compile the models: off, on or off,on (both are rows)")
-    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
-                        help="torch.compile mode of the compiled rows (default: default)")
+    parser.add_argument("--compile-mode", type=_csv_list(str, COMPILE_MODES), default=["default"],
+                        help="torch.compile modes of the compiled rows, comma list (a row each, "
+                             "side by side): default, reduce-overhead (CUDA graphs), "
+                             "max-autotune, max-autotune-no-cudagraphs (default: default)")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend (default inductor; gpu-smoke on a CPU: eager)")
     parser.add_argument("--padding", type=_csv_list(str, ("padded", "unpadded")),
@@ -188,8 +191,14 @@ def _variants(args: argparse.Namespace) -> list[Variant]:
     for name in args.models:
         for c in args.compile:
             for pad in (args.padding if name == _OURS else ["padded"]):
-                out.append(Variant(name, c == "on", pad))
+                for mode in (args.compile_mode if c == "on" else ["default"]):
+                    out.append(Variant(name, c == "on", pad, mode))
     return out
+
+
+def _in_modes(variants: list[Variant], modes: list[str]) -> list[Variant]:
+    """A preset's variants with each compiled one once per torch.compile mode."""
+    return [replace(v, mode=m) for v in variants for m in (modes if v.compile else [v.mode])]
 
 
 def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
@@ -201,7 +210,8 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
             or _smoke_preset()
         dtype = "bf16" if cuda else "fp32"
         return [{**p, "dtype": dtype, "lengths": s,
-                 "variants": [v for v in p["variants"] if v.model in args.models]}
+                 "variants": _in_modes([v for v in p["variants"] if v.model in args.models],
+                                       args.compile_mode)}
                 for p in preset for s in (variable if p["lengths"] == VARIABLE else [p["lengths"]])]
     for arch in args.arch:
         sizes = MODERN_SIZES if arch == "modernbert" else SIZES
@@ -318,7 +328,7 @@ def main(args: argparse.Namespace) -> int:
             if cuda:
                 torch.cuda.empty_cache()
             models = Models(point["arch"], point["size"], device, args.models, args.grad_ckpt,
-                            args.seed, args.compile_mode, backend)
+                            args.seed, backend)
         peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
         mask_rate = args.mask_rate or (0.3 if point["arch"] == "modernbert" else 0.15)
         t0 = time.perf_counter()

@@ -47,14 +47,14 @@ class Variant:
     model: str  # "bertgpu" or "transformers" (always padded: it has no unpadding with SDPA)
     compile: bool
     padding: str = "padded"
+    mode: str = "default"  # torch.compile mode of a compiled variant (COMPILE_MODES)
 
 
 class Models:
     """Ours and transformers' model of one architecture and size (see the module docstring)."""
 
     def __init__(self, arch: str, size: str, device: Any, names: list[str], grad_ckpt: bool,
-                 seed: int, compile_mode: str = "default",
-                 backend: str = "inductor") -> None:
+                 seed: int, backend: str = "inductor") -> None:
         import torch
 
         from bertgpu.models.shared import ModelOptions
@@ -64,7 +64,7 @@ class Models:
         import transformers
 
         self.arch, self.size = arch, size
-        self.compile_mode, self.backend = compile_mode, backend
+        self.backend = backend
         self.transformers_version = transformers.__version__
         torch._dynamo.reset()  # the previous size's graphs: free them, and no cache limit hit
         torch.manual_seed(seed)
@@ -72,7 +72,7 @@ class Models:
         self.config = ours.config
         self.eager: dict[str, Any] = {}
         self.optimizers: dict[str, Any] = {}
-        self._compiled: dict[str, Any] = {}
+        self._compiled: dict[tuple[str, str], Any] = {}
         for name in names:
             model = ours
             if name == "transformers":
@@ -109,23 +109,26 @@ class Models:
         hf.load_state_dict(hf_state_dict(ours))  # Hugging Face's names and shapes
         return hf
 
-    def module(self, name: str, compiled: bool) -> Any:
-        """The model to call: eager, or its compiled wrapper (one per model, compiled as training
-        compiles it: the metadata's varying lengths marked dynamic by `BatchMeta.to`; every batch
-        of a point has the same shapes anyway)."""
+    def module(self, name: str, compiled: bool, mode: str = "default") -> Any:
+        """The model to call: eager, or its compiled wrapper in torch.compile `mode` (one per model
+        and mode, compiled as training compiles it: the metadata's varying lengths marked
+        dynamic by `BatchMeta.to`; every batch of a point has the same shapes anyway)."""
         import torch
 
         if not compiled:
             return self.eager[name]
-        if name not in self._compiled:
-            self._compiled[name] = torch.compile(self.eager[name], mode=self.compile_mode,
-                                                 backend=self.backend)
-        return self._compiled[name]
+        if (name, mode) not in self._compiled:
+            self._compiled[name, mode] = torch.compile(self.eager[name], mode=mode,
+                                                       backend=self.backend)
+        return self._compiled[name, mode]
 
-    def compile_label(self, compiled: bool) -> str:
-        if not compiled:
+    def compile_label(self, variant: Variant) -> str:
+        if not variant.compile:
             return "off"
-        return self.compile_mode if self.backend == "inductor" else f"{self.backend} backend"
+        if self.backend == "inductor":
+            return variant.mode
+        backend = f"{self.backend} backend"  # which may ignore the mode (eager does)
+        return backend if variant.mode == "default" else f"{variant.mode}, {backend}"
 
 
 class _Runner:
@@ -133,7 +136,7 @@ class _Runner:
 
     def __init__(self, variant: Variant, models: Models, device: Any, autocast: Any) -> None:
         self.variant, self.device, self.autocast = variant, device, autocast
-        self.model = models.module(variant.model, variant.compile)
+        self.model = models.module(variant.model, variant.compile, variant.mode)
         self.optimizer = models.optimizers[variant.model]
         self.ours = models.eager[variant.model] if variant.model == "bertgpu" else None
         self.times = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
@@ -186,7 +189,9 @@ class _Runner:
         self.optimizer.zero_grad(set_to_none=True)
         self._mark(stamps)
         compiled = compile_events() != events
-        self._loss = loss.detach()
+        # a copy: a CUDA-graph mode overwrites its outputs when a graph (this or another
+        # variant's) replays, and the loss is read after the others' steps
+        self._loss = loss.detach().clone()
         if not timed:
             self._sync()
             self.compile_s += (time.perf_counter() - t0) if compiled else 0.0
@@ -271,15 +276,17 @@ def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len
     fpt, mean_length = _flops_per_token(models.config, batches, nsp)
     tps = {r.variant: r.tokens / max(r.wall_s, 1e-12) for r in runners}
     hf_eager = tps.get(Variant("transformers", False))
-    hf_compiled = tps.get(Variant("transformers", True))
+    hf_default = tps.get(Variant("transformers", True))
     rows = []
     for r in runners:
         v, n = r.variant, max(r.steps, 1)
-        padded = tps.get(Variant("bertgpu", v.compile, "padded"))
+        padded = tps.get(Variant("bertgpu", v.compile, "padded", v.mode))
+        # transformers compiled in the same mode, else in the default mode (the peer a user picks)
+        hf_compiled = tps.get(Variant("transformers", True, "padded", v.mode)) or hf_default
         rows.append(dict(
             bench="model", arch=models.arch, model=v.model, size=models.size,
             micro_batch=micro_batch, seq_len=seq_len, dtype=dtype, compile=v.compile,
-            compile_mode=models.compile_label(v.compile), padding=v.padding, lengths=lengths,
+            compile_mode=models.compile_label(v), padding=v.padding, lengths=lengths,
             mean_length=round(mean_length, 1), mask_rate=mask_rate, iters=r.steps,
             fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n,
             opt_ms=1e3 * r.times["opt"] / n, step_ms=1e3 * r.wall_s / n,
