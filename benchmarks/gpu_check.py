@@ -18,6 +18,12 @@ hang or a crash costs that stage, never the next ones), each with its log under 
 4. `benchmarks/checkpoint_stall.py --device cuda --size base`: the training-thread stall of a
    background checkpoint against a synchronous one.
 
+Extra stages, run only when named (`--only profile "compile modes"`), for what to try next:
+`profile` (benchmarks/gpu_profile.py: BERT-base 256 x 128 compiled, device time by kernel
+family), `compile modes` and `autotune` (`bench model` at that point with torch.compile's
+default mode beside reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs),
+`pretrain cuda graphs` (the bert-base run with `--impl.compile_mode reduce-overhead`).
+
 The whole is meant to fit in 8 minutes on one H100 with the machine's own torch (2.11 or later)
 and transformers, no network. The last lines printed are a summary table (also summary.md).
 `--smoke` runs the same stages at toy sizes (pytest collects and skips, `--preset gpu-smoke`,
@@ -61,6 +67,11 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         modern_args = ["--train.max_steps", "60", "--train.global_batch_size", "32",
                        "--impl.micro_batch_size", "32", "--impl.compile", "true"]
     pretrain = [py, "-m", "bertgpu", "pretrain"]
+    # one BERT-base point (ours only) for the compile-mode stages; tiny and eager in --smoke
+    bench_point = (["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1",
+                    "--warmup", "0", "--compile-backend", "eager", "--models", "bertgpu"]
+                   if smoke else ["--size", "base", "--micro-batch", "256", "--seq-len", "128",
+                                  "--models", "bertgpu", "--iters", "6"])
     return [
         dict(name="pytest -m gpu", limit=125,
              cmd=[py, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-rfE",
@@ -77,6 +88,23 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         dict(name="checkpoint stall", limit=60 if smoke else 45,
              cmd=[py, "benchmarks/checkpoint_stall.py", "--device", "cpu" if smoke else "cuda",
                   "--size", "tiny" if smoke else "base", "--out", str(out / "stall")]),
+        # Extra stages, run only when named in --only: the next measurements of issue 24.
+        dict(name="profile", limit=120 if smoke else 60, extra=True,
+             cmd=[py, "benchmarks/gpu_profile.py", "--out", str(out / "profile"),
+                  *(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
+                     "--steps", "2", "--warmup", "1"] if smoke else [])]),
+        dict(name="compile modes", limit=120 if smoke else 150, extra=True,
+             cmd=[py, "-m", "bertgpu", "bench", "model", *bench_point, "--compile", "on",
+                  "--compile-mode", "default,reduce-overhead", "--out",
+                  str(out / "modes.jsonl")]),
+        dict(name="autotune", limit=120 if smoke else 300, extra=True,
+             cmd=[py, "-m", "bertgpu", "bench", "model", *bench_point, "--compile", "on",
+                  "--compile-mode", "default,max-autotune-no-cudagraphs", "--out",
+                  str(out / "autotune.jsonl")]),
+        dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
+             cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
+                  "--out", str(out / "run-graphs"), *common, *bert_args,
+                  "--impl.compile_mode", "reduce-overhead"]),
     ]
 
 
@@ -135,7 +163,9 @@ def run_numbers(run: Path, log: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="toy sizes, for a CPU")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these stage names")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only these stages, by name (the extra stages run only so: "
+                             "profile, compile modes, autotune, pretrain cuda graphs)")
     args = parser.parse_args(argv)
     out = Path(os.environ.get("GPU_CHECK_OUT") or os.environ.get("OUT") or "gpu_check_out")
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: torch {info}; results in {out}", flush=True)
     results = []
     for stage in stages(args.smoke, out):
-        if args.only and stage["name"] not in args.only:
+        if (stage["name"] not in args.only) if args.only else stage.get("extra"):
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
@@ -165,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# gpu-check: torch {info}", "", "| stage | rc | seconds | numbers |",
              "|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['rc']} | {r['seconds']} | {r['note']} |" for r in results]
-    bench = out / "bench.md"
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if bench.exists():
-        print(bench.read_text())
+    profile = out / "profile" / "profile.md"
+    if profile.exists():
+        print(profile.read_text())
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 

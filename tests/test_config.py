@@ -131,6 +131,11 @@ def test_unknown_key_suggests(tmp_path):
         (["--model.num_attention_heads", "7"], r"model.hidden_size = 768: expected a multiple"),
         (["--optim.lr_scaling", "sqrt"], r"optim.reference_batch_size"),
         (["--train", "3"], r"train is a section"),
+        (["--impl.compile_mode", "fast"], r"impl.compile_mode = 'fast': expected one of default, "
+                                          r"max-autotune-no-cudagraphs, reduce-overhead"),
+        (["--impl.compile_mode", "reduce-overhead", "--distributed.strategy", "fsdp"],
+         r"impl.compile_mode = 'reduce-overhead': expected default or max-autotune-no-cudagraphs "
+         r"with distributed.strategy fsdp"),
     ],
 )
 def test_bad_values_name_the_key(overrides, pattern):

@@ -182,3 +182,82 @@ def test_build_engine_compiles_where_impl_compile_says():
                                  optim=OptimSection(), impl=impl, dist=DistributedSection())
         assert (engine.model is not model) is compiled
         assert getattr(engine.model, "_orig_mod", model) is model
+
+
+def test_build_engine_passes_the_compile_mode_and_keeps_grads_for_cuda_graphs(monkeypatch):
+    """impl.compile_mode goes to torch.compile; a CUDA-graph mode gives the engine stable
+    gradients on CUDA only (elsewhere those modes replay no graph)."""
+    from bertgpu.config.sections import DistributedSection, ImplSection, OptimSection, TrainSection
+    from bertgpu.train.distributed import DistInfo
+    from bertgpu.train.engine import build_engine
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: modes.append(kw["mode"]) or m)
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        impl = ImplSection(compile=True, compile_mode=mode)
+        engine, _ = build_engine(ToyPretrain(), DistInfo(), lr=1e-3, train=TrainSection(),
+                                 optim=OptimSection(), impl=impl, dist=DistributedSection())
+        assert not engine.stable_grads and engine.set_grads_to_none  # the CPU: no graphs
+    assert modes == ["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+    graphs = [ImplSection(compile=c, compile_mode=m).cuda_graphs(d)
+              for d in ("cuda", "cpu") for c in ("auto", False)
+              for m in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")]
+    assert graphs == [True, True, False] + [False] * 9
+
+
+class _PoolLinear(torch.autograd.Function):
+    """x @ w.T whose backward hands out w's gradient in one reused buffer, as a CUDA graph
+    hands out outputs in its memory pool; every forward first overwrites the buffer, as the
+    next replay does."""
+
+    @staticmethod
+    def forward(ctx, x, w, pool):
+        pool.fill_(float("nan"))
+        ctx.save_for_backward(x, w)
+        ctx.pool = pool
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        ctx.pool.copy_(g.t() @ x)
+        return g @ w, ctx.pool[...], None
+
+
+class _PoolModel(torch.nn.Module):
+    def __init__(self, graphs: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 12).reshape(4, 3))
+        self.unused = torch.nn.Parameter(torch.ones(2))  # no gradient: never decayed by AdamW
+        self.graphs = graphs
+        self.pool = torch.zeros(4, 3)
+
+    def forward(self, x):
+        if self.graphs:
+            return _PoolLinear.apply(x, self.w, self.pool)
+        return x @ self.w.t()
+
+
+def test_stable_grads_survive_a_cuda_graph_pool_overwritten_by_the_next_replay():
+    """`stable_grads` (the CUDA-graph compile modes): the first backward's gradients are copied
+    out of the pool and later ones added into them, so accumulation over micro batches gives
+    the gradients of an ordinary backward; parameters without a gradient keep None."""
+    def loss(model, batch):
+        return {"mse": (model(batch["x"]) ** 2).sum()}
+
+    def counts(batch):
+        return {"mse": batch["x"].shape[0]}
+
+    g = torch.Generator().manual_seed(0)
+    batches = [[{"x": torch.randn(2, 3, generator=g)} for _ in range(3)] for _ in range(3)]
+    ref, graphed = _PoolModel(graphs=False), _PoolModel(graphs=True)
+    e_ref, e_graph = new_engine(ref), new_engine(graphed, stable_grads=True)
+    grads = []
+    for step in batches:
+        r1, r2 = e_ref.train_step(step, loss, counts), e_graph.train_step(step, loss, counts)
+        assert r1.grad_norm == r2.grad_norm and r1.loss == r2.loss
+        grads.append(graphed.w.grad)
+        assert graphed.unused.grad is None
+    assert grads[0] is grads[1] is grads[2]  # one tensor, zeroed in place between steps
+    torch.testing.assert_close(graphed.w, ref.w, rtol=0, atol=0)
+    torch.testing.assert_close(graphed.unused, ref.unused, rtol=0, atol=0)

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bertgpu.bench.batches import BERT_VOCAB, MODERN_SIZES, SIZES, make_batches
+from bertgpu.config.sections import COMPILE_MODES
 from bertgpu.telemetry.throughput import compile_events
 
 ARCHS = ("bert", "modernbert")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _EXTRA_WARMUP = 4  # at most this many more warm-up steps while a compiled variant still compiles
 
 

@@ -43,6 +43,8 @@ from bertgpu.config.overrides import (
 from bertgpu.config.sections import (
     BALANCE_MODES,
     COMM_HOOKS,
+    COMPILE_MODES,
+    CUDA_GRAPH_MODES,
     DECAYS,
     LR_SCALING,
     OPTIMIZERS,
@@ -213,6 +215,10 @@ def validate(cfg: PretrainConfig) -> PretrainConfig:
     _validate_schedule(cfg.schedule, cfg.train)
     _validate_checkpoint(cfg.checkpoint)
     _validate_distributed(cfg.distributed)
+    if cfg.distributed.strategy == "fsdp":
+        check(cfg.impl.compile_mode not in CUDA_GRAPH_MODES, "impl.compile_mode",
+              cfg.impl.compile_mode, "default or max-autotune-no-cudagraphs with "
+              "distributed.strategy fsdp (its collectives run between the graphs' kernels)")
     cfg.logging.validate()
     return cfg
 
@@ -275,6 +281,7 @@ def _validate_impl(i: ImplSection, t: TrainSection) -> None:
     check(i.unpad in (True, False, "auto"), "impl.unpad", i.unpad, "true, false or auto")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
     check(i.bucket_window >= 0, "impl.bucket_window", i.bucket_window, "0 or more")
+    check_choice("impl.compile_mode", i.compile_mode, COMPILE_MODES)
 
 
 def _validate_optim(o: OptimSection) -> None:

@@ -55,6 +55,11 @@ class TrainSection:
                                    "train the NSP head (none = when the data objective is mlm+nsp)")
 
 
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The torch.compile modes that replay CUDA graphs (on CUDA; elsewhere as the others)."""
+
+
 @dataclass
 class ImplSection:
     """How the computation is carried out: the same result (to floating-point rounding) whatever
@@ -67,6 +72,12 @@ class ImplSection:
     )
     compile: bool | Literal["auto"] = option(
         "auto", "torch.compile the model: true, false or auto (on CUDA, off elsewhere)")
+    compile_mode: str = option(
+        "default", "torch.compile mode: default, max-autotune-no-cudagraphs (matrix products "
+                   "autotuned, epilogues fused: a longer compile), reduce-overhead or "
+                   "max-autotune (CUDA graphs: one per batch shape, for packed batches of one "
+                   "shape; not with fsdp)"
+    )
     unpad: bool | Literal["auto"] = option(
         "auto", "run the encoder on real tokens only (padding-free, the same math); \"auto\" = "
                 "on CUDA in bf16/fp16, where the flash kernel runs, off elsewhere"
@@ -83,6 +94,11 @@ class ImplSection:
         """Whether to torch.compile the model on a device of `device_type` ("cuda", "cpu", ...):
         "auto" compiles on CUDA only (on the CPU compiling costs minutes and gains little)."""
         return device_type == "cuda" if self.compile == "auto" else bool(self.compile)
+
+    def cuda_graphs(self, device_type: str) -> bool:
+        """Whether the compiled model replays CUDA graphs on a device of `device_type`."""
+        return (device_type == "cuda" and self.compile_on(device_type)
+                and self.compile_mode in CUDA_GRAPH_MODES)
 
 
 def resolved_unpad(unpad: bool | str, device: str, precision: str) -> bool:

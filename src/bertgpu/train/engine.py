@@ -113,6 +113,7 @@ class Engine:
         grads_are_bucket_views: bool = False,
         on_numerics_reset: Callable[[], None] | None = None,
         read_late: bool | None = None,
+        stable_grads: bool = False,
     ) -> None:
         if precision not in PRECISIONS:
             raise BertgpuError(f"train.precision {precision!r}: expected one of "
@@ -134,6 +135,13 @@ class Engine:
         # zeroing them in place keeps that single copy, setting them to None would make DDP
         # allocate a second one on the next backward.
         self.set_grads_to_none = not grads_are_bucket_views
+        # CUDA graphs: a compiled backward's gradient lives in the graphs' pool, which the next
+        # replay overwrites, and AccumulateGrad keeps the first as .grad. So those are copied out
+        # once and zeroed in place after (never None); parameters without one keep None.
+        self.stable_grads = stable_grads
+        self._grads_copied = False
+        if stable_grads:
+            self.set_grads_to_none = False
         # Called after a skipped step and after an fp16 loss-scale change, e.g. to clear a
         # compression hook's error feedback (distributed.reset_comm_hook_state).
         self.on_numerics_reset = on_numerics_reset
@@ -287,8 +295,18 @@ class Engine:
                     term_sums[key] = term_sums.get(key, 0.0) + value32.detach()
                 scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            if self.stable_grads and not self._grads_copied:
+                self._copy_grads_out()
             self.micro_step += 1
         return term_sums, extras
+
+    def _copy_grads_out(self) -> None:
+        """Each .grad the first backward made, as a copy in ordinary memory (`stable_grads`)."""
+        with torch.no_grad():
+            for p in self._params():
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+        self._grads_copied = True
 
     def _unscale_and_clip(self) -> torch.Tensor:
         """Unscale (fp16), then measure and clip the true gradient norm: clipping a scaled
@@ -463,8 +481,9 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
     is_ddp = train_model is not model
     hook_state = getattr(train_model, "comm_hook_state", None)
     if impl.compile_on(device.type):
-        train_model = torch.compile(train_model)
+        train_model = torch.compile(train_model, mode=impl.compile_mode)
     engine = Engine(train_model, optimizer, precision=train.precision, device=device,
+                    stable_grads=impl.cuda_graphs(device.type),
                     grad_clip=train.grad_clip, max_nonfinite_steps=train.max_nonfinite_steps,
                     ddp=is_ddp, grads_are_bucket_views=is_ddp and dist.gradient_as_bucket_view,
                     on_numerics_reset=(lambda: distributed.reset_comm_hook_state(hook_state))

@@ -1,0 +1,168 @@
+"""Where a training step's device time goes: torch.profiler over steps of our BERT, by kernel
+family, for deciding what to fuse next.
+
+    PYTHONPATH=src python3 benchmarks/gpu_profile.py --out /tmp/prof               # BERT-base
+    PYTHONPATH=src python3 benchmarks/gpu_profile.py --size tiny --device cpu --out /tmp/prof
+
+The model, batches and optimizer are `bench model`'s (bench/model_runs.py: our
+BertForPreTraining, masks a fixed count per sequence, fused AdamW on CUDA), compiled in
+--compile-mode unless --eager, in bf16 on CUDA (fp32 on the CPU), padded or --unpadded. After
+--warmup steps (the compile happens there) the profiler records --steps steps and writes:
+
+- `profile.md`: the device time per step by family (matrix products, attention, the compiled
+  fused kernels, normalisation, the optimizer, copies, the rest), each family's share, the step
+  time and the MFU its FLOPs give; then the 25 kernels with the most device time;
+- `trace.json`: the Chrome trace (with --trace; open in Perfetto).
+
+On the CPU (no CUDA activity) the same tables come from the CPU operators, which is what the
+test checks; their numbers say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+FAMILIES: list[tuple[str, re.Pattern[str]]] = [
+    ("matrix products", re.compile(r"gemm|sm\d+_xmma|cutlass|cublas|nvjet|aten::(mm|bmm|addmm|"
+                                   r"matmul|linear)\b", re.IGNORECASE)),
+    ("loss (cross-entropy)", re.compile(r"log_softmax|nll_loss|cross_entropy|SoftMax(Forward|"
+                                        r"Backward)", re.IGNORECASE)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax", re.IGNORECASE)),
+    ("optimizer", re.compile(r"adam|lamb|multi_tensor|foreach|Optimizer", re.IGNORECASE)),
+    ("normalisation", re.compile(r"layer_?norm|rms_?norm|welford", re.IGNORECASE)),
+    ("compiled fused kernels", re.compile(r"^triton_|^cpp_fused|Compiled Region", re.IGNORECASE)),
+    ("elementwise and reductions (eager)", re.compile(
+        r"elementwise_kernel|reduce_kernel|aten::(add|sub|mul|div|gelu|where|bernoulli|"
+        r"native_dropout|dropout|sum|argmax|eq|ne)", re.IGNORECASE)),
+    ("copies and fills", re.compile(r"memcpy|memset|copy|fill|cat|index|gather|scatter",
+                                    re.IGNORECASE)),
+]
+"""Kernel (CUDA) or operator (CPU) name -> family, the first pattern that matches."""
+
+
+def family(name: str) -> str:
+    for label, pattern in FAMILIES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def kernel_times(events, cuda: bool) -> dict[str, float]:
+    """Self device time (us) per kernel name (CPU: self CPU time per operator)."""
+    times: dict[str, float] = {}
+    for e in events:
+        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+             if cuda else e.self_cpu_time_total)
+        if t and t > 0:
+            times[e.key] = times.get(e.key, 0.0) + float(t)
+    return times
+
+
+def report(times: dict[str, float], steps: int, step_s: float, flops_per_step: float,
+           peak_tflops: float | None, header: str) -> str:
+    total = sum(times.values()) or 1.0
+    by_family: dict[str, float] = {}
+    for name, t in times.items():
+        by_family[family(name)] = by_family.get(family(name), 0.0) + t
+    lines = [f"# {header}", "",
+             f"step {step_s * 1e3:.1f} ms wall; device time {total / steps / 1e3:.1f} ms per "
+             f"step over {steps} steps"]
+    if peak_tflops:
+        achieved = flops_per_step / step_s / 1e12
+        lines.append(f"model FLOPs {flops_per_step / 1e12:.2f} T per step: {achieved:.0f} "
+                     f"TFLOP/s, MFU {achieved / peak_tflops:.1%}")
+    lines += ["", "| family | ms per step | share |", "|---|---|---|"]
+    for label, t in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {label} | {t / steps / 1e3:.2f} | {t / total:.1%} |")
+    lines += ["", "| kernel | family | ms per step | share |", "|---|---|---|---|"]
+    for name, t in sorted(times.items(), key=lambda kv: -kv[1])[:25]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(f"| `{short}` | {family(name)} | {t / steps / 1e3:.3f} | {t / total:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="base", choices=["tiny", "small", "base", "large"])
+    parser.add_argument("--micro-batch", type=int, default=None, help="default 256 (tiny: 4)")
+    parser.add_argument("--seq-len", type=int, default=None, help="default 128 (tiny: 32)")
+    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    parser.add_argument("--eager", action="store_true", help="do not torch.compile")
+    parser.add_argument("--compile-mode", default="default")
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--unpadded", action="store_true",
+                        help="uniform lengths, our padding-free path (default: full rows)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--trace", action="store_true", help="also write trace.json")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bertgpu.bench.batches import make_batches
+    from bertgpu.bench.model_runs import Models, _flops_per_token
+    from bertgpu.telemetry.flops import peak_tflops
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    tiny = args.size == "tiny"
+    B = args.micro_batch or (4 if tiny else 256)
+    T = args.seq_len or (32 if tiny else 128)
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = Models("bert", args.size, device, ["bertgpu"], False, 0,
+                    backend=args.compile_backend)
+    ours = models.eager["bertgpu"]
+    ours.configure(unpad=args.unpadded)
+    model = models.module("bertgpu", not args.eager, args.compile_mode)
+    optimizer = models.optimizers["bertgpu"]
+    batches = make_batches(4, B, T, models.vocab, "uniform" if args.unpadded else "full", 0,
+                           device)
+    dtype = torch.bfloat16 if cuda else torch.float32
+
+    def step(i: int) -> None:
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+            loss = model(**batches[i % len(batches)]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    t0 = time.perf_counter()
+    for i in range(args.warmup):
+        step(i)
+    sync()
+    warm_s = time.perf_counter() - t0
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            step(i)
+        sync()
+        step_s = (time.perf_counter() - t0) / args.steps
+    if args.trace:
+        prof.export_chrome_trace(str(args.out / "trace.json"))
+    fpt, _ = _flops_per_token(models.config, batches, nsp=True)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches) / len(batches)
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    peak = peak_tflops(name if cuda else None, "bf16" if cuda else "fp32")
+    mode = "eager" if args.eager else f"compiled ({args.compile_mode})"
+    header = (f"BERT-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
+              f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")
+    text = report(kernel_times(prof.key_averages(), cuda), args.steps, step_s, fpt * tokens,
+                  peak, header)
+    (args.out / "profile.md").write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

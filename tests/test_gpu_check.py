@@ -1,0 +1,72 @@
+"""`make gpu-check` is run on a lent GPU with no chance to fix a typo: its stages are checked
+here, on the CPU (the commands parse, the extra stages run only when named), and the profiler
+script's tables add up."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_every_stage_command_parses(tmp_path, smoke):
+    """Each `bench model` stage's arguments parse with bench's own parser, each pretraining
+    stage's overrides load as a config, and the extra stages are marked extra."""
+    pytest.importorskip("transformers")
+    from bertgpu.bench import model as bench_model
+    from bertgpu.config.schema import load_config
+
+    gpu_check = load("gpu_check")
+    stages = gpu_check.stages(smoke, tmp_path)
+    names = [s["name"] for s in stages]
+    assert len(set(names)) == len(names)
+    assert [s["name"] for s in stages if s.get("extra")] == [
+        "profile", "compile modes", "autotune", "pretrain cuda graphs"]
+    for stage in stages:
+        cmd = stage["cmd"]
+        if cmd[1:4] == ["-m", "bertgpu", "bench"]:
+            parser = argparse.ArgumentParser()
+            bench_model.add_arguments(parser)
+            parser.parse_args(cmd[5:])
+        elif cmd[1:4] == ["-m", "bertgpu", "pretrain"]:
+            overrides = list(cmd[5:])
+            i = overrides.index("--data")
+            del overrides[i:i + 2]
+            i = overrides.index("--out")
+            del overrides[i:i + 2]
+            cfg = load_config(ROOT / cmd[4], overrides)
+            if stage["name"] == "pretrain cuda graphs":
+                assert cfg.impl.compile_mode == "reduce-overhead"
+        else:
+            assert Path(ROOT / cmd[1]).exists() or cmd[1] == "-m", cmd
+
+
+def test_profile_tables_add_up(tmp_path):
+    """benchmarks/gpu_profile.py on a tiny model on the CPU: every family's share and the
+    per-step times are the kernel table's, and the matrix products are found."""
+    gpu_profile = load("gpu_profile")
+    assert gpu_profile.main(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
+                             "--warmup", "1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "profile.md").read_text()
+    families = dict(re.findall(r"^\| ([a-z][^|`]*?) \| [\d.]+ \| ([\d.]+)% \|$", text, re.M))
+    assert "matrix products" in families and "optimizer" in families
+    assert sum(float(v) for v in families.values()) == pytest.approx(100, abs=0.1 * len(families))
+    assert gpu_profile.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matrix products"
+    assert gpu_profile.family("triton_per_fused__log_softmax_1") == "loss (cross-entropy)"
+    assert gpu_profile.family("triton_poi_fused_add_native_dropout_3") == "compiled fused kernels"
+    assert gpu_profile.family("pytorch_flash::flash_fwd_kernel") == "attention"
