@@ -34,6 +34,11 @@ from bertgpu.testing import faults
 
 TASK_RETRIES = 2
 CONNECT_TIMEOUT_S = 10.0
+UNITS_PER_WORKER = 4
+"""A Ray worker process runs at most this many units, then Ray starts a fresh one: inside a Ray
+worker the native heap grew by about 10-30 MB per unit (benchmarks/prepare_engines.py; the
+same units in one plain process stay flat), so a worker's memory is bounded by a few units
+whatever the corpus size. A fresh worker costs a few seconds against a unit's ~30 s."""
 
 
 def _ray():
@@ -74,7 +79,21 @@ def prepare_unit(job: UnitJob, unit: Unit, held: int | None,
         os.environ[faults.ENV] = fault_plan
     else:
         os.environ.pop(faults.ENV, None)
-    return run_unit(job, unit, held)
+    try:
+        return run_unit(job, unit, held)
+    finally:
+        _release_heap()
+
+
+def _release_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
+    what one unit freed stays free for the next instead of being counted to the worker."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class RayEngine:
@@ -99,7 +118,7 @@ class RayEngine:
                 raise BertgpuError(f"--ray-address {address}: cannot join the Ray cluster "
                                    f"({_one_line(exc)})") from None
             self.started = True
-        self.task = ray.remote(prepare_unit).options(
+        self.task = ray.remote(max_calls=UNITS_PER_WORKER)(prepare_unit).options(
             num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
         self.job = ray.put(job)
         self.fault_plan = os.environ.get(faults.ENV) or None
