@@ -306,6 +306,23 @@ def test_cuda_graph_training_matches_the_default_compile():
         torch.testing.assert_close(runs[1][1][name], p, msg=name, **BF16)
 
 
+def test_cuda_graph_replays_draw_new_dropout_masks():
+    """Under CUDA graphs (reduce-overhead) each replay draws new dropout masks, attention
+    dropout in the flash kernel included: a graph that froze its random numbers would give the
+    same loss for the same batch every time."""
+    torch.manual_seed(0)
+    cfg = BertConfig(**{**GPU_TINY, "hidden_dropout_prob": 0.1,
+                        "attention_probs_dropout_prob": 0.1})
+    model = BertForPreTraining(cfg, options=ModelOptions(unpad=True)).to(CUDA).train()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    batch = padded_batch(0)
+    losses = []
+    for _ in range(6):  # warm-up and recording first, then replays
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(float(compiled(**batch).loss))
+    assert len(set(losses[2:])) == 4, losses
+
+
 def _micro_steps(name: str):
     """(model, optimizer, batches) of one training configuration, batches pinned on the host."""
     torch.manual_seed(0)
