@@ -137,8 +137,9 @@ class Engine:
         self.set_grads_to_none = not grads_are_bucket_views
         # CUDA graphs: a compiled backward's gradient lives in the graphs' pool, which the next
         # replay overwrites, and AccumulateGrad keeps the first as .grad. So those are copied out
-        # once and zeroed in place after (never None); parameters without one keep None.
-        self.stable_grads = stable_grads
+        # once and zeroed in place after (never None); parameters without one keep None. DDP's
+        # bucket views are such stable gradients already.
+        self.stable_grads = stable_grads and not grads_are_bucket_views
         self._grads_copied = False
         if stable_grads:
             self.set_grads_to_none = False
