@@ -132,10 +132,12 @@ def test_killed_rank_without_restarts_says_who_and_how_to_resume(shards, tmp_pat
 def test_hung_rank_ends_the_job_at_the_timeout_and_says_how_to_resume(shards, tmp_path):
     """Rank 1 stops answering at step 6 (it sleeps 200 s); rank 0's all-reduce gives up after
     distributed.timeout_minutes (6 s here) instead of waiting for ever, and the job ends with the
-    line that names the rank and the step a re-run resumes from."""
+    line that names the rank and the step a re-run resumes from. (The hung rank then gets
+    torchrun's SIGTERM and leaves within checkpoint.grace_s: 3 s here, not the default 25.)"""
     run = tmp_path / "run"
     t0 = time.monotonic()
-    failed = bertgpu(args(shards, run, "--nproc", "2", "--distributed.timeout_minutes", "0.1"),
+    failed = bertgpu(args(shards, run, "--nproc", "2", "--distributed.timeout_minutes", "0.1",
+                          "--checkpoint.grace_s", "3"),
                      faults="delay_rank=1:200@step=6")
     assert failed.returncode != 0
     assert time.monotonic() - t0 < 150, "the job waited for the hung rank instead of timing out"
