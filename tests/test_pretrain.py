@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,6 +169,7 @@ def test_auto_micro_batch_keeps_the_global_batch(shards: Path, tmp_path: Path, c
                       "--impl.micro_batch_size", "auto")) == 0
     out = capsys.readouterr().out
     assert "micro_batch_size auto:" in out and "global batch (sequences/step)  8" in out
+    assert re.search(r"^ +compute +cpu, fp32, eager, padded batches$", out, re.M), out
 
 
 def test_tokens_seen_counts_real_tokens_not_padding(tmp_path: Path) -> None:
@@ -188,3 +190,21 @@ def test_tokens_seen_counts_real_tokens_not_padding(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     seen = [r["tokens_seen"] for r in records if r["kind"] == "train"][-1]
     assert seen == expected < 3 * 8 * 32
+
+
+def test_the_startup_table_says_how_the_model_computes() -> None:
+    """The start-up table's compute row, as resolved for the device: compile mode and CUDA
+    graphs, and padded or padding-free batches (impl.unpad "auto")."""
+    from types import SimpleNamespace
+
+    from bertgpu.config.schema import load_config
+    from bertgpu.pretrain import _compute_text
+
+    cfg = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
+                             "bf16"])
+    assert _compute_text(cfg, SimpleNamespace(device="cuda:0")) == (
+        "cuda:0, bf16, torch.compile (reduce-overhead, CUDA graphs), padding-free batches")
+    assert _compute_text(cfg, SimpleNamespace(device="cpu")) == "cpu, bf16, eager, padded batches"
+    cfg = load_config(None, ["--impl.compile", "true", "--impl.unpad", "true"])
+    assert _compute_text(cfg, SimpleNamespace(device="cpu")) == (
+        "cpu, fp32, torch.compile (default), padding-free batches")

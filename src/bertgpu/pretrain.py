@@ -271,6 +271,7 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
         ("data",
          f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
         ("model", _model_line(model, cfg.model)),
+        ("compute", _compute_text(cfg, info)),
         ("micro batch per device", str(micro)),
         ("accumulation steps", str(accumulation)),
         ("batch per device per step", str(micro * accumulation)),
@@ -284,6 +285,20 @@ def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, a
           if info.world_size > 1 and d.strategy == "ddp" else []),
         *([("sharding", _sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
     ]
+
+
+def _compute_text(cfg: Any, info: Any) -> str:
+    """Device, precision, compile (mode, CUDA graphs) and the attention layout, as resolved."""
+    from bertgpu.config.sections import resolved_unpad
+
+    impl, kind = cfg.impl, str(info.device).split(":")[0]
+    compiled = "eager"
+    if impl.compile_on(kind):
+        graphs = ", CUDA graphs" if impl.cuda_graphs(kind) else ""
+        compiled = f"torch.compile ({impl.compile_mode}{graphs})"
+    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision)
+    return (f"{info.device}, {cfg.train.precision}, {compiled}, "
+            f"{'padding-free' if unpad else 'padded'} batches")
 
 
 def _sharding_text(cfg: Any, info: Any) -> str:
