@@ -36,9 +36,10 @@ TASK_RETRIES = 2
 CONNECT_TIMEOUT_S = 10.0
 UNITS_PER_WORKER = 4
 """A Ray worker process runs at most this many units, then Ray starts a fresh one: inside a Ray
-worker the native heap grew by about 10-30 MB per unit (benchmarks/prepare_engines.py; the
-same units in one plain process stay flat), so a worker's memory is bounded by a few units
-whatever the corpus size. A fresh worker costs a few seconds against a unit's ~30 s."""
+worker the native heap grew by about 10-30 MB per unit (one worker: 225 MB after its first
+64 MiB unit, 381 MB after its seventh; the same units in one plain process stay flat), so a
+worker's memory is bounded by a few units whatever the corpus size
+(benchmarks/prepare_engines.py). A fresh worker costs a few seconds against a unit's ~30 s."""
 
 
 def _ray():

@@ -134,15 +134,13 @@ class Engine:
         # With DDP's gradient_as_bucket_view the .grad tensors alias the all-reduce buckets:
         # zeroing them in place keeps that single copy, setting them to None would make DDP
         # allocate a second one on the next backward.
-        self.set_grads_to_none = not grads_are_bucket_views
         # CUDA graphs: a compiled backward's gradient lives in the graphs' pool, which the next
         # replay overwrites, and AccumulateGrad keeps the first as .grad. So those are copied out
         # once and zeroed in place after (never None); parameters without one keep None. DDP's
         # bucket views are such stable gradients already.
+        self.set_grads_to_none = not (grads_are_bucket_views or stable_grads)
         self.stable_grads = stable_grads and not grads_are_bucket_views
-        self._grads_copied = False
-        if stable_grads:
-            self.set_grads_to_none = False
+        self._grads_to_copy = self.stable_grads  # until the first backward's are copied out
         # Called after a skipped step and after an fp16 loss-scale change, e.g. to clear a
         # compression hook's error feedback (distributed.reset_comm_hook_state).
         self.on_numerics_reset = on_numerics_reset
@@ -296,7 +294,7 @@ class Engine:
                     term_sums[key] = term_sums.get(key, 0.0) + value32.detach()
                 scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            if self.stable_grads and not self._grads_copied:
+            if self._grads_to_copy:
                 self._copy_grads_out()
             self.micro_step += 1
         return term_sums, extras
@@ -307,7 +305,7 @@ class Engine:
             for p in self._params():
                 if p.grad is not None:
                     p.grad = p.grad.clone()
-        self._grads_copied = True
+        self._grads_to_copy = False
 
     def _unscale_and_clip(self) -> torch.Tensor:
         """Unscale (fp16), then measure and clip the true gradient norm: clipping a scaled
