@@ -36,7 +36,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
     names = [s["name"] for s in stages]
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
-        "profile", "compile modes", "autotune", "pretrain cuda graphs"]
+        "profile", "compile modes", "autotune", "unpadded compiled", "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
@@ -72,3 +72,16 @@ def test_profile_tables_add_up(tmp_path):
     assert gpu_profile.family("triton_per_fused__log_softmax_1") == "loss (cross-entropy)"
     assert gpu_profile.family("triton_poi_fused_add_native_dropout_3") == "compiled fused kernels"
     assert gpu_profile.family("pytorch_flash::flash_fwd_kernel") == "attention"
+
+
+def test_bench_table_is_the_last_table_of_the_log(tmp_path):
+    """A bench stage's table comes back in the printed output (a short lease reads that, not the
+    files): the caption and rows of the last table, not an earlier one or the lines after it."""
+    gpu_check = load("gpu_check")
+    log = tmp_path / "bench.log"
+    log.write_text("$ bench\n| a | b |\n|---|---|\n| 1 | 2 |\nwarmup...\n"
+                   "cuda | torch 2.11 | bf16\n| model | tokens/s |\n|---|---|\n| ours | 9 |\n"
+                   "appended 1 rows to x.jsonl\n")
+    assert gpu_check.bench_table(log) == (
+        "cuda | torch 2.11 | bf16\n| model | tokens/s |\n|---|---|\n| ours | 9 |")
+    assert gpu_check.bench_table(tmp_path / "missing.log") == ""
