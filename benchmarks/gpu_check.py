@@ -19,20 +19,21 @@ hang or a crash costs that stage, never the next ones), each with its log under 
    background checkpoint against a synchronous one.
 
 Extra stages, run only when named (`--only profile "compile modes"`), for what to try next:
-`profile` (benchmarks/gpu_profile.py: BERT-base 256 x 128 compiled, device time by kernel
-family), `compile modes` and `autotune` (`bench model` at that point with torch.compile's
-default mode beside reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs),
-`unpadded compiled` (BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths
-compiled: the default bench stage times them eager), `pretrain cuda graphs` (the bert-base run
-with `--impl.compile_mode reduce-overhead`).
+`profile` and `profile modernbert` (benchmarks/gpu_profile.py: BERT-base 256 x 128 and
+ModernBERT-base 32 x 1024 unpadded, compiled, device time by kernel family), `compile modes`
+and `autotune` (`bench model` at the BERT-base point with torch.compile's default mode beside
+reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs), `unpadded compiled`
+(BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths compiled: the default
+bench stage times them eager), `pretrain cuda graphs` (the bert-base run with
+`--impl.compile_mode reduce-overhead`).
 
 The default stages took 547 s on an H200 (their limits add up to 615 s, the extra ones' to
-720 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
+820 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
 the machine's own torch (2.11 or later) and transformers, no network. A lease after the default
-stages have run once fits two calls:
+stages have run once fits two calls back to back (the second within what `status` leaves):
 
     --only "pytest -m gpu" profile "compile modes" "unpadded compiled"    # limits 500 s
-    --only autotune                                                      # limit 300 s
+    --only autotune "profile modernbert"                                  # limits 400 s
 
 The last lines printed are a summary table (also summary.md), then each bench stage's
 table. `--smoke` runs the same stages at toy sizes (pytest collects and skips, `--preset
@@ -107,6 +108,11 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         # Extra stages, run only when named in --only: the next measurements of issue 24.
         dict(name="profile", limit=120 if smoke else 60, extra=True,
              cmd=[py, "benchmarks/gpu_profile.py", "--out", str(out / "profile"),
+                  *(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
+                     "--steps", "2", "--warmup", "1"] if smoke else [])]),
+        dict(name="profile modernbert", limit=120 if smoke else 100, extra=True,
+             cmd=[py, "benchmarks/gpu_profile.py", "--arch", "modernbert", "--out",
+                  str(out / "profile-modern"),
                   *(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
                      "--steps", "2", "--warmup", "1"] if smoke else [])]),
         dict(name="compile modes", limit=120 if smoke else 150, extra=True,
@@ -198,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="toy sizes, for a CPU")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these stages, by name (the extra stages run only so: "
-                             "profile, compile modes, autotune, unpadded compiled, pretrain "
-                             "cuda graphs)")
+                             "profile, profile modernbert, compile modes, autotune, unpadded "
+                             "compiled, pretrain cuda graphs)")
     args = parser.parse_args(argv)
     out = Path(os.environ.get("GPU_CHECK_OUT") or os.environ.get("OUT") or "gpu_check_out")
     out.mkdir(parents=True, exist_ok=True)
@@ -237,9 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         table = bench_table(r["log"]) if " bench " in " ".join(stage_cmds[r["name"]]) else ""
         if table:
             print(f"\n## {r['name']}\n\n{table}")
-    profile = out / "profile" / "profile.md"
-    if profile.exists():
-        print(profile.read_text())
+    for folder in ("profile", "profile-modern"):
+        profile = out / folder / "profile.md"
+        if profile.exists():
+            print(profile.read_text())
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 

@@ -1,12 +1,15 @@
-"""Where a training step's device time goes: torch.profiler over steps of our BERT, by kernel
-family, for deciding what to fuse next.
+"""Where a training step's device time goes: torch.profiler over steps of our BERT or ModernBERT,
+by kernel family, for deciding what to fuse next.
 
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --out /tmp/prof               # BERT-base
+    PYTHONPATH=src python3 benchmarks/gpu_profile.py --arch modernbert --out /tmp/prof-modern
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --size tiny --device cpu --out /tmp/prof
 
 The model, batches and optimizer are `bench model`'s (bench/model_runs.py: our
-BertForPreTraining, masks a fixed count per sequence, fused AdamW on CUDA), compiled in
---compile-mode unless --eager, in bf16 on CUDA (fp32 on the CPU), padded or --unpadded. After
+BertForPreTraining or ModernBertForMaskedLM, masks a fixed count per sequence at 15% for BERT and
+30% for ModernBERT, fused AdamW on CUDA), compiled in --compile-mode unless --eager, in bf16 on
+CUDA (fp32 on the CPU), padded or --unpadded. BERT defaults to 256 x 128 full rows, ModernBERT
+to its pretraining point, 32 x 1024 unpadded at uniform lengths. After
 --warmup steps (the compile happens there) the profiler records --steps steps and writes:
 
 - `profile.md`: the device time per step by family (matrix products, attention, the compiled
@@ -87,15 +90,19 @@ def report(times: dict[str, float], steps: int, step_s: float, flops_per_step: f
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="bert", choices=["bert", "modernbert"])
     parser.add_argument("--size", default="base", choices=["tiny", "small", "base", "large"])
-    parser.add_argument("--micro-batch", type=int, default=None, help="default 256 (tiny: 4)")
-    parser.add_argument("--seq-len", type=int, default=None, help="default 128 (tiny: 32)")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="default 256 BERT, 32 ModernBERT (tiny: 4)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="default 128 BERT, 1024 ModernBERT (tiny: 32)")
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--eager", action="store_true", help="do not torch.compile")
     parser.add_argument("--compile-mode", default="default")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--unpadded", action="store_true",
-                        help="uniform lengths, our padding-free path (default: full rows)")
+                        help="uniform lengths, our padding-free path (default: full rows for "
+                             "BERT; ModernBERT always runs so)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--trace", action="store_true", help="also write trace.json")
@@ -105,24 +112,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bertgpu.bench.batches import make_batches
+    from bertgpu.bench.batches import MODERN_SIZES, make_batches
     from bertgpu.bench.model_runs import Models, _flops_per_token
     from bertgpu.telemetry.flops import peak_tflops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     tiny = args.size == "tiny"
-    B = args.micro_batch or (4 if tiny else 256)
-    T = args.seq_len or (32 if tiny else 128)
+    modern = args.arch == "modernbert"
+    if modern and args.size not in MODERN_SIZES:
+        parser.error(f"--size {args.size}: modernbert comes in {', '.join(MODERN_SIZES)}")
+    args.unpadded = args.unpadded or modern
+    B = args.micro_batch or (4 if tiny else 32 if modern else 256)
+    T = args.seq_len or (32 if tiny else 1024 if modern else 128)
     args.out.mkdir(parents=True, exist_ok=True)
-    models = Models("bert", args.size, device, ["bertgpu"], False, 0,
+    models = Models(args.arch, args.size, device, ["bertgpu"], False, 0,
                     backend=args.compile_backend)
     ours = models.eager["bertgpu"]
     ours.configure(unpad=args.unpadded)
     model = models.module("bertgpu", not args.eager, args.compile_mode)
     optimizer = models.optimizers["bertgpu"]
     batches = make_batches(4, B, T, models.vocab, "uniform" if args.unpadded else "full", 0,
-                           device)
+                           device, mask_rate=0.3 if modern else 0.15, nsp=not modern)
     dtype = torch.bfloat16 if cuda else torch.float32
 
     def step(i: int) -> None:
@@ -150,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         step_s = (time.perf_counter() - t0) / args.steps
     if args.trace:
         prof.export_chrome_trace(str(args.out / "trace.json"))
-    fpt, _ = _flops_per_token(models.config, batches, nsp=True)
+    fpt, _ = _flops_per_token(models.config, batches, nsp=not modern)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches) / len(batches)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = peak_tflops(name if cuda else None, "bf16" if cuda else "fp32")
     mode = "eager" if args.eager else f"compiled ({args.compile_mode})"
-    header = (f"BERT-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
+    label = "ModernBERT" if modern else "BERT"
+    header = (f"{label}-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
               f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")
     text = report(kernel_times(prof.key_averages(), cuda), args.steps, step_s, fpt * tokens,
                   peak, header)
