@@ -59,13 +59,17 @@ def test_every_stage_command_parses(tmp_path, smoke):
             assert (ROOT / cmd[1]).exists(), cmd
 
 
-def test_profile_tables_add_up(tmp_path):
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_profile_tables_add_up(tmp_path, arch):
     """benchmarks/gpu_profile.py on a tiny model on the CPU: every family's share and the
     per-step times are the kernel table's, and the matrix products are found."""
     gpu_profile = load("gpu_profile")
-    assert gpu_profile.main(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
-                             "--warmup", "1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    assert gpu_profile.main(["--arch", arch, "--size", "tiny", "--device", "cpu",
+                             "--compile-backend", "eager", "--warmup", "1", "--steps", "2",
+                             "--out", str(tmp_path)]) == 0
     text = (tmp_path / "profile.md").read_text()
+    assert text.startswith("# ModernBERT-tiny 4 x 32 unpadded" if arch == "modernbert"
+                           else "# BERT-tiny 4 x 32 full")
     families = dict(re.findall(r"^\| ([a-z][^|`]*?) \| [\d.]+ \| ([\d.]+)% \|$", text, re.M))
     assert "matrix products" in families and "optimizer" in families
     assert sum(float(v) for v in families.values()) == pytest.approx(100, abs=0.1 * len(families))
