@@ -133,6 +133,11 @@ def test_unknown_key_suggests(tmp_path):
         (["--train", "3"], r"train is a section"),
         (["--impl.compile_mode", "fast"], r"impl.compile_mode = 'fast': expected one of default, "
                                           r"max-autotune-no-cudagraphs, reduce-overhead"),
+        (["--impl.compile_mode", "reduce-overhead", "--impl.unpad", "true"],
+         r"impl.unpad = True: expected auto or false with impl.compile_mode reduce-overhead "
+         r"\(padding-free batches change their token count"),
+        (["--impl.compile_mode", "max-autotune", "--impl.bucket_window", "2"],
+         r"impl.bucket_window = 2: expected 0 with impl.compile_mode max-autotune \(bucketed"),
         (["--impl.compile_mode", "reduce-overhead", "--distributed.strategy", "fsdp"],
          r"impl.compile_mode = 'reduce-overhead': expected default or max-autotune-no-cudagraphs "
          r"with distributed.strategy fsdp"),

@@ -42,8 +42,9 @@ GPU_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attent
 
 
 def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (64, 37, 50, 9), T: int = 64,
-                 device: torch.device = CUDA) -> dict:
-    """Right-padded pretraining batch with MLM and NSP labels and its host-side metadata."""
+                 device: torch.device = CUDA, masked_capacity: int | None = None) -> dict:
+    """Right-padded pretraining batch with MLM and NSP labels and its host-side metadata (its MLM
+    positions padded to `masked_capacity`, as the loader does for CUDA graphs)."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.tensor(lengths)
     mask = (torch.arange(T)[None] < lens[:, None]).long()
@@ -53,7 +54,7 @@ def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (64, 37, 50, 9), T: i
     labels = torch.where(pick, ids, torch.tensor(-100))
     b = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids),
              labels=labels, next_sentence_label=torch.randint(0, 2, (len(lengths),), generator=g))
-    b["batch_meta"] = batch_meta(mask, labels)
+    b["batch_meta"] = batch_meta(mask, labels, masked_capacity=masked_capacity)
     return {k: v.to(device) for k, v in b.items()}
 
 
@@ -279,10 +280,12 @@ def test_compiled_matches_eager():
 def test_cuda_graph_training_matches_the_default_compile():
     """impl.compile_mode reduce-overhead: steps of 2 micro batches through the engine (stable
     gradients: the graphs' pool is overwritten by each replay) give the losses and weights of
-    the default compile mode."""
+    the default compile mode. The batches' label counts differ; their MLM positions are padded
+    to one capacity, as the loader pads them under CUDA graphs (one shape to replay)."""
     from bertgpu.train.engine import Engine
 
-    batches = [padded_batch(i) for i in range(4)]
+    batches = [padded_batch(i, masked_capacity=64) for i in range(4)]
+    assert len({int(b["batch_meta"].masked_count) for b in batches}) > 1
 
     def loss(model, batch):
         out = model(**batch)

@@ -194,7 +194,8 @@ def test_tokens_seen_counts_real_tokens_not_padding(tmp_path: Path) -> None:
 
 def test_the_startup_table_says_how_the_model_computes() -> None:
     """The start-up table's compute row, as resolved for the device: compile mode and CUDA
-    graphs, and padded or padding-free batches (impl.unpad "auto")."""
+    graphs, and padded or padding-free batches (impl.unpad "auto": padded under CUDA graphs,
+    which replay one shape, with the MLM rows padded to one shape too)."""
     from types import SimpleNamespace
 
     from bertgpu.config.schema import load_config
@@ -203,7 +204,14 @@ def test_the_startup_table_says_how_the_model_computes() -> None:
     cfg = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
                              "bf16"])
     assert _compute_text(cfg, SimpleNamespace(device="cuda:0")) == (
-        "cuda:0, bf16, torch.compile (reduce-overhead, CUDA graphs), padding-free batches")
+        "cuda:0, bf16, torch.compile (reduce-overhead, CUDA graphs), padded batches, MLM rows "
+        "padded to one shape")
+    cfg = load_config(None, ["--impl.compile_mode", "max-autotune-no-cudagraphs",
+                             "--train.precision", "bf16"])
+    assert _compute_text(cfg, SimpleNamespace(device="cuda:0")) == (
+        "cuda:0, bf16, torch.compile (max-autotune-no-cudagraphs), padding-free batches")
+    cfg = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
+                             "bf16"])
     assert _compute_text(cfg, SimpleNamespace(device="cpu")) == "cpu, bf16, eager, padded batches"
     cfg = load_config(None, ["--impl.compile", "true", "--impl.unpad", "true"])
     assert _compute_text(cfg, SimpleNamespace(device="cpu")) == (

@@ -58,10 +58,16 @@ class BatchMeta:
     masked_rows: torch.Tensor | None = None
     """(M',) rows of the unpadded (N_tok, H) activations with an MLM label (labels on padding,
     which no collator writes, are dropped there); None when `index` is or without labels."""
+    masked_count: torch.Tensor | None = None
+    """0-dim: how many entries of `masked` / `masked_rows` are real, when both are padded to a
+    fixed capacity (`batch_meta(masked_capacity=...)`, for CUDA graphs, which replay one shape):
+    the entries after it repeat position 0 and the model gives them no label. None when they
+    hold exactly the labelled positions."""
 
     VARYING = ("index", "masked", "masked_rows")
     """Fields whose length changes from batch to batch (kept tokens, masked tokens): marked dynamic
-    for torch.compile (`to`), so a new length reuses the graph instead of compiling another."""
+    for torch.compile (`to`), so a new length reuses the graph instead of compiling another;
+    `masked` and `masked_rows` only when not padded to a capacity (then their length is fixed)."""
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> BatchMeta:
         """The same metadata with its tensors on `device` (itself when they are there already).
@@ -85,6 +91,8 @@ class BatchMeta:
         if dynamo is None:
             return
         for name in self.VARYING:
+            if name != "index" and self.masked_count is not None:
+                continue  # padded to a fixed capacity: one length for the whole run
             t = getattr(self, name)
             if t is not None and t.dim() == 1 and t.numel() > 1:
                 dynamo.maybe_mark_dynamic(t, 0)
@@ -98,9 +106,14 @@ class BatchMeta:
 
 
 def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | None = None,
-               shape: tuple[int, int] | None = None) -> BatchMeta:
+               shape: tuple[int, int] | None = None,
+               masked_capacity: int | None = None) -> BatchMeta:
     """Metadata of a batch from its (B, T) attention mask (1 = token, 0 = padding; None = all
     tokens, then `shape` gives (B, T)) and optional (B, T) MLM labels (IGNORE_INDEX = no label).
+
+    `masked_capacity` pads the MLM positions to that many (or to M, when a batch has more: one
+    more shape, never a lost label) and records M in `masked_count`, so that every batch of a run
+    gives the MLM head the same shape (CUDA graphs replay one shape).
 
     Meant for CPU tensors (loader, collator): its `bool()` and `nonzero()` are host work there.
     On device tensors it is correct but waits on the device (the Hugging Face-style call)."""
@@ -113,14 +126,16 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
     if attention_mask is None:
         if shape is None:
             raise ValueError("batch_meta needs an attention mask or the batch shape")
-        return BatchMeta(padded=False, max_len=int(shape[1]), masked=masked)
+        meta = BatchMeta(padded=False, max_len=int(shape[1]), masked=masked)
+        return _to_capacity(meta, masked_capacity)
     real = attention_mask.bool()
     B, T = real.shape
     if bool(real.all()):  # every position kept: the unpadded layout is the identity
         lengths = torch.full((B,), T, dtype=torch.int64)
-        return BatchMeta(padded=False, max_len=T, index=torch.arange(B * T),
+        meta = BatchMeta(padded=False, max_len=T, index=torch.arange(B * T),
                          cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)), masked=masked,
                          masked_rows=masked)
+        return _to_capacity(meta, masked_capacity)
     keep = real.clone()
     packed_ok = bool(keep[:, 0].all())
     keep[:, 0] = True  # the pooler reads column 0 of every row
@@ -134,9 +149,33 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
         row_of = flat.long().cumsum(0) - 1  # (B T,) row of each kept position
         labelled = masked[flat.index_select(0, masked)]
         rows = row_of.index_select(0, labelled)
-    return BatchMeta(padded=True, packed_ok=packed_ok, max_len=int(lengths.max()),
+    meta = BatchMeta(padded=True, packed_ok=packed_ok, max_len=int(lengths.max()),
                      index=flat.nonzero().squeeze(1), cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)),
                      masked=masked, masked_rows=rows)
+    return _to_capacity(meta, masked_capacity)
+
+
+def _to_capacity(meta: BatchMeta, capacity: int | None) -> BatchMeta:
+    """`meta` with `masked` and `masked_rows` padded with position 0 to `capacity` entries (to M
+    when M is larger) and `masked_count` = M; `meta` itself without a capacity or labels."""
+    import torch
+    import torch.nn.functional as F
+
+    if capacity is None or meta.masked is None:
+        return meta
+    count = meta.masked.numel()
+    if meta.masked_rows is not None and meta.masked_rows.numel() != count:
+        # one count serves both layouts; no collator labels padding
+        raise ValueError("batch_meta: MLM labels on padding positions cannot be padded to a "
+                         "capacity")
+    size = max(int(capacity), count)
+
+    def pad(t: torch.Tensor | None) -> torch.Tensor | None:
+        # real rows first, then position 0 (a valid row of any layout): the model drops its label
+        return None if t is None else F.pad(t, (0, size - t.numel()))
+
+    return replace(meta, masked=pad(meta.masked), masked_rows=pad(meta.masked_rows),
+                   masked_count=torch.tensor(count, dtype=torch.int64))
 
 
 __all__ = ["IGNORE_INDEX", "BatchMeta", "batch_meta"]

@@ -178,7 +178,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     loader = PretrainLoader(data.train, masking, t.global_batch_size, micro, rank=info.rank,
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),
-                            bucket_window=impl.bucket_window)
+                            bucket_window=impl.bucket_window,
+                            static_shapes=impl.cuda_graphs(_device_type(info)))
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
@@ -235,7 +236,8 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     elif cfg.init:
         rows = [("init", f"{cfg.init}: not read (the run resumes from its own checkpoint)")]
     model = model.to(torch.device(info.device))
-    model.unpad_enable(resolved_unpad(cfg.impl.unpad, info.device, cfg.train.precision))
+    model.unpad_enable(resolved_unpad(cfg.impl.unpad, info.device, cfg.train.precision,
+                                      cfg.impl.cuda_graphs(_device_type(info))))
     model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim,
                                  impl=cfg.impl, dist=cfg.distributed)
@@ -291,14 +293,20 @@ def _compute_text(cfg: Any, info: Any) -> str:
     """Device, precision, compile (mode, CUDA graphs) and the attention layout, as resolved."""
     from bertgpu.config.sections import resolved_unpad
 
-    impl, kind = cfg.impl, str(info.device).split(":")[0]
+    impl, kind = cfg.impl, _device_type(info)
     compiled = "eager"
     if impl.compile_on(kind):
         graphs = ", CUDA graphs" if impl.cuda_graphs(kind) else ""
         compiled = f"torch.compile ({impl.compile_mode}{graphs})"
-    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision)
+    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision, impl.cuda_graphs(kind))
+    static = ", MLM rows padded to one shape" if impl.cuda_graphs(kind) else ""
     return (f"{info.device}, {cfg.train.precision}, {compiled}, "
-            f"{'padding-free' if unpad else 'padded'} batches")
+            f"{'padding-free' if unpad else 'padded'} batches{static}")
+
+
+def _device_type(info: Any) -> str:
+    """"cuda", "cpu", ... of the run's device ("cuda:1" -> "cuda")."""
+    return str(info.device).split(":")[0]
 
 
 def _sharding_text(cfg: Any, info: Any) -> str:

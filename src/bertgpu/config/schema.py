@@ -282,6 +282,12 @@ def _validate_impl(i: ImplSection, t: TrainSection) -> None:
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
     check(i.bucket_window >= 0, "impl.bucket_window", i.bucket_window, "0 or more")
     check_choice("impl.compile_mode", i.compile_mode, COMPILE_MODES)
+    if i.compile_mode in CUDA_GRAPH_MODES:  # CUDA graphs replay one shape
+        check(i.unpad is not True, "impl.unpad", i.unpad,
+              f"auto or false with impl.compile_mode {i.compile_mode} (padding-free batches change "
+              "their token count from batch to batch; auto runs padded batches there)")
+        check(i.bucket_window == 0, "impl.bucket_window", i.bucket_window,
+              f"0 with impl.compile_mode {i.compile_mode} (bucketed batches change their width)")
 
 
 def _validate_optim(o: OptimSection) -> None:

@@ -75,8 +75,9 @@ class ImplSection:
     compile_mode: str = option(
         "default", "torch.compile mode: default, max-autotune-no-cudagraphs (matrix products "
                    "autotuned, epilogues fused: a longer compile), reduce-overhead or "
-                   "max-autotune (CUDA graphs: one per batch shape, for packed batches of one "
-                   "shape; not with fsdp)"
+                   "max-autotune (CUDA graphs, which replay one shape: every batch padded to "
+                   "the same shapes, impl.unpad auto runs padded; not with fsdp, unpad true or "
+                   "bucket_window)"
     )
     unpad: bool | Literal["auto"] = option(
         "auto", "run the encoder on real tokens only (padding-free, the same math); \"auto\" = "
@@ -101,13 +102,16 @@ class ImplSection:
                 and self.compile_mode in CUDA_GRAPH_MODES)
 
 
-def resolved_unpad(unpad: bool | str, device: str, precision: str) -> bool:
+def resolved_unpad(unpad: bool | str, device: str, precision: str,
+                   cuda_graphs: bool = False) -> bool:
     """`impl.unpad` as a yes/no for a run on `device` ("cuda", "cuda:1", "cpu", ...) in
     `precision`: "auto" is on where unpadded attention has its fused kernel (CUDA, bf16/fp16:
-    models/flash.py) and off elsewhere, where it would scatter rows back to (B, T) per layer."""
+    models/flash.py) and off elsewhere, where it would scatter rows back to (B, T) per layer, and
+    off under `cuda_graphs`, which replay one shape where unpadded batches change their token
+    count (padded batches run through the same flash kernel on CUDA)."""
     if isinstance(unpad, bool):
         return unpad
-    return str(device).startswith("cuda") and precision in ("bf16", "fp16")
+    return str(device).startswith("cuda") and precision in ("bf16", "fp16") and not cuda_graphs
 
 
 OPTIMIZERS = ("adamw", "lamb", "radam")

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 
 def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray,
-                indices: np.ndarray) -> dict[str, torch.Tensor]:
-    """Samples (epoch, index) -> one model batch of torch.long tensors (B, T) / (B,)."""
+                indices: np.ndarray, static_shapes: bool = False) -> dict[str, torch.Tensor]:
+    """Samples (epoch, index) -> one model batch of torch.long tensors (B, T) / (B,).
+    `static_shapes`: the metadata's MLM positions padded to the most B rows can get
+    (`Masker.most_per_row`), so every batch of B rows has the same shapes."""
     import torch
 
     raw = shards.get(indices)
@@ -46,16 +48,18 @@ def _make_batch(shards: ShardSet, masker: Masker, seed: int, epochs: np.ndarray,
     }
     if "nsp_labels" in raw:
         batch["next_sentence_label"] = torch.from_numpy(raw["nsp_labels"])
-    return _with_meta(batch)
+    capacity = len(indices) * masker.most_per_row(T) if static_shapes else None
+    return _with_meta(batch, capacity)
 
 
-def _with_meta(batch: dict[str, Any]) -> dict[str, Any]:
+def _with_meta(batch: dict[str, Any], masked_capacity: int | None = None) -> dict[str, Any]:
     """The batch with its host-side `BatchMeta` (padding, unpad indices, MLM rows) under
     "batch_meta": computed here on the CPU (in the worker processes), so the model's forward
     never waits on the device to find them."""
     from bertgpu.batch import batch_meta
 
-    return {**batch, "batch_meta": batch_meta(batch["attention_mask"], batch["labels"])}
+    return {**batch, "batch_meta": batch_meta(batch["attention_mask"], batch["labels"],
+                                              masked_capacity=masked_capacity)}
 
 
 class _MicroBatches:
@@ -65,8 +69,10 @@ class _MicroBatches:
     (the last one smaller when the share does not divide). Picklable for worker processes."""
 
     def __init__(self, shards: ShardSet, masker: Masker, seed: int, start: int,
-                 global_batch_size: int, micro_batch_size: int, offset: int, share: int) -> None:
+                 global_batch_size: int, micro_batch_size: int, offset: int, share: int,
+                 static_shapes: bool = False) -> None:
         self.shards, self.masker, self.seed, self.start = shards, masker, seed, start
+        self.static_shapes = static_shapes
         self.G, self.m = global_batch_size, micro_batch_size
         self.offset, self.share = offset, share
         self.A = -(-share // micro_batch_size)
@@ -79,7 +85,8 @@ class _MicroBatches:
 
     def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
         epochs, indices = positions_to_indices(self.positions(j), len(self.shards), self.seed)
-        return _make_batch(self.shards, self.masker, self.seed, epochs, indices)
+        return _make_batch(self.shards, self.masker, self.seed, epochs, indices,
+                           self.static_shapes)
 
     def __len__(self) -> int:
         return 1 << 62  # endless: the loader stops asking, not the dataset
@@ -121,6 +128,10 @@ class PretrainLoader:
     length and cuts every micro batch to its own longest sequence (`bucket_by_length`): the same
     samples with the same masks in the same step, less padding, and, since the engine normalises
     by the step's token count, the same step loss.
+
+    `static_shapes=True` gives every micro batch of a run the same shapes, for CUDA graphs (which
+    replay one shape): the MLM positions of the batch metadata are padded to the most the masking
+    can give (`BatchMeta.masked_count`); no bucketing then.
     """
 
     def __init__(
@@ -136,6 +147,7 @@ class PretrainLoader:
         pin_memory: bool = False,
         prefetch_factor: int = 2,
         bucket_window: int = 0,
+        static_shapes: bool = False,
     ) -> None:
         for name, value in (("global_batch_size", global_batch_size),
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
@@ -156,7 +168,11 @@ class PretrainLoader:
         if not isinstance(bucket_window, int) or bucket_window < 0:
             raise BertgpuError(f"bucket_window: found {bucket_window!r}, expected an "
                                "integer >= 0 (0 = off)")
+        if static_shapes and bucket_window:
+            raise BertgpuError("bucket_window: batches cut to their own longest sequence change "
+                               "shape, which static_shapes (CUDA graphs) rules out; expected 0")
         self.bucket_window = bucket_window
+        self.static_shapes = static_shapes
         self.shards = shards
         self.masker = _as_masker(masking, shards)
         self.global_batch_size = global_batch_size
@@ -195,7 +211,8 @@ class PretrainLoader:
     def _dataset(self) -> _MicroBatches:
         return _MicroBatches(self.shards, self.masker, self.seed, self.position,
                              self.global_batch_size, self.micro_batch_size,
-                             sum(self.shares[: self.rank]), self.shares[self.rank])
+                             sum(self.shares[: self.rank]), self.shares[self.rank],
+                             self.static_shapes)
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """This rank's micro batches for the next optimizer step; advances the position by G."""

@@ -186,6 +186,12 @@ class Masker:
         )
         return masked[0], labels[0]
 
+    def most_per_row(self, seq_len: int) -> int:
+        """The most labels `mask_batch` gives a row of `seq_len` tokens: its budget for a row
+        whose every token is a candidate (whole-word masking exceeds it only in a row whose one
+        chosen word is longer than the budget)."""
+        return max(1, int(np.floor(self.cfg.mask_rate * int(seq_len) + 0.5)))
+
     def mask_batch(
         self,
         input_ids: np.ndarray,

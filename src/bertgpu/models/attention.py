@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bertgpu.batch import BatchMeta, batch_meta
+from bertgpu.batch import IGNORE_INDEX, BatchMeta, batch_meta
 from bertgpu.models import flash
 from bertgpu.models.dropout import dropout
 
@@ -124,6 +124,31 @@ def pad_rows(x: torch.Tensor, un: Unpadded) -> torch.Tensor:
     """(N_tok, C) rows of the kept tokens -> (B, T, C) with zeros at the dropped positions."""
     out = x.new_zeros(un.batch * un.seq_len, x.size(-1))
     return out.index_copy(0, un.index, x).view(un.batch, un.seq_len, x.size(-1))
+
+
+def labelled_rows(x: torch.Tensor, labels: torch.Tensor, meta: BatchMeta,
+                  un: Unpadded | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, H) rows of the encoder output `x` ((B, T, H), or (N_tok, H) with `un`) that carry an
+    MLM label, and their (M,) targets: the sparse MLM head's input, the same logits and gradients
+    at those rows as a dense head. When the metadata's positions are padded to a fixed capacity
+    (`BatchMeta.masked_count`), the padding entries get the target IGNORE_INDEX: no loss, no
+    gradient, no count."""
+    flat = labels.reshape(-1)  # (B T,)
+    if un is None:
+        rows = x.reshape(-1, x.size(-1))  # (B T, H)
+        pos = (meta.masked if meta.masked is not None
+               else (flat != IGNORE_INDEX).nonzero().squeeze(1))
+        picked, targets = rows.index_select(0, pos), flat.index_select(0, pos)
+    else:
+        keep = meta.masked_rows
+        if keep is None:  # metadata made without the labels: found here (a host sync)
+            keep = (flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
+        picked = x.index_select(0, keep)
+        targets = flat.index_select(0, un.index.index_select(0, keep))
+    if meta.masked_count is not None:
+        filler = torch.arange(targets.numel(), device=targets.device) >= meta.masked_count
+        targets = targets.masked_fill(filler, IGNORE_INDEX)
+    return picked, targets
 
 
 @dataclass

@@ -41,6 +41,7 @@ from bertgpu.models.attention import (
     Layout,
     Unpadded,
     attention,
+    labelled_rows,
     pad_rows,
     padded_layout,
     resolve_meta,
@@ -336,21 +337,6 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2) if with_nsp else None
 
 
-def _labelled_rows(x: torch.Tensor, labels: torch.Tensor, meta: BatchMeta,
-                   un: Unpadded | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, H) rows of the encoder output that carry an MLM label and their (M,) targets."""
-    flat = labels.reshape(-1)  # (B T,)
-    if un is None:
-        rows = x.reshape(-1, x.size(-1))  # (B T, H)
-        pos = (meta.masked if meta.masked is not None
-               else (flat != IGNORE_INDEX).nonzero().squeeze(1))
-        return rows.index_select(0, pos), flat.index_select(0, pos)
-    rows = meta.masked_rows
-    if rows is None:  # metadata made without the labels: find the labelled rows here (a host sync)
-        rows = (flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
-    return x.index_select(0, rows), flat.index_select(0, un.index.index_select(0, rows))
-
-
 class BertForPreTraining(BertPreTrainedModel):
     """MLM (+ NSP when `with_nsp`). with_nsp=False is HF's BertForMaskedLM: no pooler, no
     seq_relationship, and it is exported under that architecture name."""
@@ -390,7 +376,7 @@ class BertForPreTraining(BertPreTrainedModel):
         else:
             # Sparse head: transform + decoder only where a label exists (M ~ 0.15 B T rows);
             # same logits and gradients as the dense head.
-            rows, targets = _labelled_rows(x, labels, meta, un)
+            rows, targets = labelled_rows(x, labels, meta, un)
             out.prediction_logits = self.cls.predictions(rows)  # (M, V)
             out.update(masked_lm_terms(out.prediction_logits, targets))
             losses.append(out.mlm_loss_sum / out.mlm_count.clamp(min=1))

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertgpu.batch import IGNORE_INDEX, BatchMeta
+from bertgpu.batch import BatchMeta
 from bertgpu.errors import BertgpuError
 from bertgpu.models.attention import (
     Layout,
@@ -49,6 +49,7 @@ from bertgpu.models.attention import (
     attention,
     choose_backend,
     flash_expected,
+    labelled_rows,
     pad_rows,
     padded_layout,
     resolve_meta,
@@ -378,19 +379,7 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         if labels is None:
             return ModelOutput(prediction_logits=self.decoder(self.head(x)))  # (B, T, V)
         # Sparse head: same logits and gradients as the dense one at the labelled rows.
-        flat = labels.reshape(-1)  # (B T,)
-        if un is not None:
-            # None: metadata made without the labels, found here (a host sync)
-            keep = meta.masked_rows
-            keep = ((flat.index_select(0, un.index) != IGNORE_INDEX).nonzero().squeeze(1)
-                    if keep is None else keep)
-            rows = x.index_select(0, keep)
-            targets = flat.index_select(0, un.index.index_select(0, keep))
-        else:
-            pos = (meta.masked if meta.masked is not None
-                   else (flat != IGNORE_INDEX).nonzero().squeeze(1))
-            rows = x.reshape(-1, x.size(-1)).index_select(0, pos)
-            targets = flat.index_select(0, pos)
+        rows, targets = labelled_rows(x, labels, meta, un)
         out = ModelOutput(prediction_logits=self.decoder(self.head(rows)))  # (M, V)
         out.update(masked_lm_terms(out.prediction_logits, targets))
         out.loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
