@@ -128,6 +128,7 @@ def stages(smoke: bool, out: Path) -> list[dict]:
                   "--padding", "padded,unpadded", "--real-lengths", "uniform", "--out",
                   str(out / "unpadded.jsonl")]),
         dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
+             torch_logs="recompiles,cudagraphs",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
                   "--out", str(out / "run-graphs"), *common, *bert_args,
                   "--impl.compile_mode", "reduce-overhead"]),
@@ -137,7 +138,7 @@ def stages(smoke: bool, out: Path) -> list[dict]:
 def run_stage(stage: dict, out: Path) -> dict:
     """Run one stage in its own process group; kill the group at its limit."""
     log = out / (stage["name"].replace(" ", "_").replace("-", "_") + ".log")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_LOGS="recompiles",
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_LOGS=stage.get("torch_logs", "recompiles"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                         os.environ.get("PYTHONPATH")])))
     t0 = time.perf_counter()
@@ -162,7 +163,8 @@ def run_stage(stage: dict, out: Path) -> dict:
 
 def run_numbers(run: Path, log: Path) -> str:
     """Steady tokens/s, MFU and compile seconds of a pretraining run (its metrics.jsonl), and the
-    recompiles dynamo logged (TORCH_LOGS=recompiles)."""
+    recompiles dynamo logged (TORCH_LOGS=recompiles) and, with TORCH_LOGS=cudagraphs, the CUDA
+    graphs recorded."""
     rows = []
     metrics = run / "metrics.jsonl"
     if metrics.exists():
@@ -183,6 +185,9 @@ def run_numbers(run: Path, log: Path) -> str:
     if last.get("mfu") is not None:
         parts.append(f"MFU {last['mfu']:.1%}")
     parts += [f"compile {compile_s:.1f} s", f"recompiles {recompiles}"]
+    recordings = text.count("Recording function")  # TORCH_LOGS=cudagraphs: one per CUDA graph
+    if recordings:
+        parts.append(f"CUDA graph recordings {recordings}")
     return ", ".join(parts)
 
 

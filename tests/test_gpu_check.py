@@ -90,3 +90,24 @@ def test_bench_table_is_the_last_table_of_the_log(tmp_path):
     assert gpu_check.bench_table(log) == (
         "cuda | torch 2.11 | bf16\n| model | tokens/s |\n|---|---|\n| ours | 9 |")
     assert gpu_check.bench_table(tmp_path / "missing.log") == ""
+
+
+def test_run_numbers_read_the_metrics_and_count_recompiles_and_recordings(tmp_path):
+    """A pretraining stage's line: first and last interval, MFU, compile seconds (the largest
+    logged), the recompiles and the CUDA graph recordings its log shows."""
+    gpu_check = load("gpu_check")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"kind": "train", "tokens_per_s": 1000.0, "mfu": 0.25, "compile_s": 30.5}\n'
+        '{"kind": "eval", "val_mlm_loss": 3.0}\nnot json\n'
+        '{"kind": "train", "tokens_per_s": 2000.0, "mfu": 0.5, "compile_s": 0.0}\n')
+    log = tmp_path / "stage.log"
+    log.write_text("Recompiling function forward\n" + "[0/0] Recording function=f, mode=FWD\n"
+                   "[0/0] Recording function=f, mode=BWD\n")
+    assert gpu_check.run_numbers(run, log) == (
+        "first interval 1,000 tok/s, last 2,000 tok/s, MFU 50.0%, compile 30.5 s, recompiles 1, "
+        "CUDA graph recordings 2")
+    log.write_text("")
+    assert gpu_check.run_numbers(run, log).endswith("recompiles 0")
+    assert gpu_check.run_numbers(tmp_path / "none", log) == "no training record; recompiles 0"
