@@ -1,7 +1,8 @@
 """`bertgpu bench model --check-graph`: does the training micro-step compile to one graph and run
 without waiting on the host? Runs anywhere, in seconds, no GPU needed.
 
-For each configuration (pretraining padded / packed / unpadded, with and without NSP, and the
+For each configuration (pretraining padded / packed / unpadded, with and without NSP, padded
+with its MLM rows padded to a capacity as CUDA graphs run it, and the
 sequence-classification, token-classification and QA heads, for BERT; the same without NSP for
 ModernBERT, local and global layers, CLS and mean pooling) the micro-step is built exactly as
 the engine runs it: the batch with its host-side `BatchMeta` (as the loader ships it), the task's
@@ -178,6 +179,11 @@ def cases(device: torch.device) -> list[Case]:
                                        options=ModelOptions(unpad=padding == "unpadded"))
             out.append(Case(f"pretraining {padding} {'mlm+nsp' if nsp else 'mlm'}", model, b,
                             _pretraining_loss, counts))
+    # CUDA graphs' batches (impl.compile_mode reduce-overhead): padded, MLM rows to a capacity
+    b, counts = _mlm_batch(0, PADDINGS[0][1], 0.2, False)
+    b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"], masked_capacity=4 * 32)
+    out.append(Case("pretraining padded mlm, static shapes",
+                    BertForPreTraining(cfg, with_nsp=False), b, _pretraining_loss, counts))
     for unpad in (False, True):
         b, counts = _task_batch(1, "cls")
         model = BertForSequenceClassification(cfg, num_labels=3, options=ModelOptions(unpad=unpad))
