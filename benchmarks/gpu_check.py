@@ -78,17 +78,18 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         modern_args = ["--train.max_steps", "60", "--train.global_batch_size", "32",
                        "--impl.micro_batch_size", "32", "--impl.compile", "true"]
     pretrain = [py, "-m", "bertgpu", "pretrain"]
-    # one BERT-base point (ours only) for the compile-mode stages; tiny and eager in --smoke
-    bench_point = (["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1",
-                    "--warmup", "0", "--compile-backend", "eager", "--models", "bertgpu"]
-                   if smoke else ["--size", "base", "--micro-batch", "256", "--seq-len", "128",
-                                  "--models", "bertgpu", "--iters", "6"])
+    # the bench stages' points, ours only; in --smoke one tiny eager point for both
+    tiny_point = ["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1",
+                  "--warmup", "0", "--compile-backend", "eager", "--models", "bertgpu"]
+    # one BERT-base point for the compile-mode stages
+    bench_point = tiny_point if smoke else ["--size", "base", "--micro-batch", "256",
+                                            "--seq-len", "128", "--models", "bertgpu",
+                                            "--iters", "6"]
     # BERT-base at seq 512 and real (uniform) lengths: our padded and unpadded paths compiled,
     # the issue's 1.3x target (the default bench stage runs this point eager only)
-    unpadded_point = (["--size", "tiny", "--micro-batch", "2", "--seq-len", "16", "--iters", "1",
-                       "--warmup", "0", "--compile-backend", "eager", "--models", "bertgpu"]
-                      if smoke else ["--size", "base", "--micro-batch", "32", "--seq-len", "512",
-                                     "--models", "bertgpu", "--iters", "10"])
+    unpadded_point = tiny_point if smoke else ["--size", "base", "--micro-batch", "32",
+                                               "--seq-len", "512", "--models", "bertgpu",
+                                               "--iters", "10"]
     return [
         dict(name="pytest -m gpu", limit=170,
              cmd=[py, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-rfE",
@@ -221,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
                           capture_output=True, text=True).stdout.strip()
     print(f"gpu-check: torch {info}; results in {out}", flush=True)
     results = []
-    stage_cmds = {stage["name"]: stage["cmd"] for stage in stages(args.smoke, out)}
     for stage in stages(args.smoke, out):
         if (stage["name"] not in args.only) if args.only else stage.get("extra"):
             continue
@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             note = ", ".join(f"{n} {w.lower()}" for w, n in counts.items() if n)
             note += "".join(f"; {t}" for t in failed[:6])
         r["note"] = note
+        r["bench"] = stage["cmd"][1:4] == ["-m", "bertgpu", "bench"]
         results.append(r)
         print(f"  {r['name']:<22} rc={r['rc']!s:<8} {r['seconds']:>6.1f} s  {note}", flush=True)
     lines = [f"# gpu-check: torch {info}", "", "| stage | rc | seconds | numbers |",
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     # each bench stage's table too: the summary and these are what a short lease reads back
     for r in results:
-        table = bench_table(r["log"]) if " bench " in " ".join(stage_cmds[r["name"]]) else ""
+        table = bench_table(r["log"]) if r["bench"] else ""
         if table:
             print(f"\n## {r['name']}\n\n{table}")
     for folder in ("profile", "profile-modern"):

@@ -201,18 +201,17 @@ def test_the_startup_table_says_how_the_model_computes() -> None:
     from bertgpu.config.schema import load_config
     from bertgpu.pretrain import _compute_text
 
-    cfg = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
-                             "bf16"])
-    assert _compute_text(cfg, SimpleNamespace(device="cuda:0")) == (
+    graphs = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
+                                "bf16"])
+    assert _compute_text(graphs, SimpleNamespace(device="cuda:0")) == (
         "cuda:0, bf16, torch.compile (reduce-overhead, CUDA graphs), padded batches, MLM rows "
         "padded to one shape")
+    assert _compute_text(graphs, SimpleNamespace(device="cpu")) == (
+        "cpu, bf16, eager, padded batches")
     cfg = load_config(None, ["--impl.compile_mode", "max-autotune-no-cudagraphs",
                              "--train.precision", "bf16"])
     assert _compute_text(cfg, SimpleNamespace(device="cuda:0")) == (
         "cuda:0, bf16, torch.compile (max-autotune-no-cudagraphs), padding-free batches")
-    cfg = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
-                             "bf16"])
-    assert _compute_text(cfg, SimpleNamespace(device="cpu")) == "cpu, bf16, eager, padded batches"
     cfg = load_config(None, ["--impl.compile", "true", "--impl.unpad", "true"])
     assert _compute_text(cfg, SimpleNamespace(device="cpu")) == (
         "cpu, fp32, torch.compile (default), padding-free batches")

@@ -90,9 +90,8 @@ class BatchMeta:
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is None:
             return
-        for name in self.VARYING:
-            if name != "index" and self.masked_count is not None:
-                continue  # padded to a fixed capacity: one length for the whole run
+        # MLM positions padded to a capacity (masked_count) have one length for the whole run
+        for name in ("index",) if self.masked_count is not None else self.VARYING:
             t = getattr(self, name)
             if t is not None and t.dim() == 1 and t.numel() > 1:
                 dynamo.maybe_mark_dynamic(t, 0)

@@ -294,12 +294,12 @@ def _compute_text(cfg: Any, info: Any) -> str:
     from bertgpu.config.sections import resolved_unpad
 
     impl, kind = cfg.impl, _device_type(info)
+    graphs = impl.cuda_graphs(kind)
     compiled = "eager"
     if impl.compile_on(kind):
-        graphs = ", CUDA graphs" if impl.cuda_graphs(kind) else ""
-        compiled = f"torch.compile ({impl.compile_mode}{graphs})"
-    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision, impl.cuda_graphs(kind))
-    static = ", MLM rows padded to one shape" if impl.cuda_graphs(kind) else ""
+        compiled = f"torch.compile ({impl.compile_mode}{', CUDA graphs' if graphs else ''})"
+    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision, graphs)
+    static = ", MLM rows padded to one shape" if graphs else ""
     return (f"{info.device}, {cfg.train.precision}, {compiled}, "
             f"{'padding-free' if unpad else 'padded'} batches{static}")
 

@@ -186,11 +186,18 @@ class Masker:
         )
         return masked[0], labels[0]
 
+    def budget(self, n_cand: np.ndarray) -> np.ndarray:
+        """Labels per row for rows of `n_cand` maskable tokens: mask_rate of them rounded half
+        up, at least 1 where a row has any."""
+        n_cand = np.asarray(n_cand, dtype=np.int64)
+        budget = np.floor(self.cfg.mask_rate * n_cand + 0.5).astype(np.int64)  # round half up
+        return np.where((n_cand > 0) & (budget == 0), 1, budget)
+
     def most_per_row(self, seq_len: int) -> int:
         """The most labels `mask_batch` gives a row of `seq_len` tokens: its budget for a row
         whose every token is a candidate (whole-word masking exceeds it only in a row whose one
         chosen word is longer than the budget)."""
-        return max(1, int(np.floor(self.cfg.mask_rate * int(seq_len) + 0.5)))
+        return int(self.budget(np.array([int(seq_len)]))[0])
 
     def mask_batch(
         self,
@@ -231,9 +238,7 @@ class Masker:
             state["buffer_pos"], state["has_uint32"], state["uinteger"] = 4, 0, 0
             bit_gen.state = state
             u[:, b, :L] = gen.random((3, L))
-        n_cand = cand.sum(axis=1)  # (B,)
-        budget = np.floor(self.cfg.mask_rate * n_cand + 0.5).astype(np.int64)  # round half up
-        budget = np.where((n_cand > 0) & (budget == 0), 1, budget)
+        budget = self.budget(cand.sum(axis=1))  # (B,)
         if self._continuation is None:
             chosen = self._choose_tokens(u[0], cand, budget)
         else:
