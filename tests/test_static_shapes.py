@@ -168,3 +168,20 @@ def test_auto_unpad_runs_padded_under_cuda_graphs_and_bucketing_is_refused(tmp_p
     with pytest.raises(BertgpuError, match="bucket_window: .* static_shapes"):
         PretrainLoader(ShardSet(tmp_path / "data", "train"), MaskingConfig(), 8, 4,
                        bucket_window=2, static_shapes=True)
+
+
+def test_batch_shapes_script_counts_one_shape_with_static_shapes():
+    """benchmarks/batch_shapes.py on the real Wikipedia shards kept in the repository: several
+    MLM lengths from the plain loader, one from the static one."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("batch_shapes",
+                                                  root / "benchmarks" / "batch_shapes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = root / "benchmarks" / "data" / "wiki-128"
+    masked, _ = module.shapes(data, 256, 12, 0.15, static=False)
+    assert len(masked) > 1
+    assert module.shapes(data, 256, 12, 0.15, static=True)[0] == [256 * 19]  # round(0.15 * 128)
