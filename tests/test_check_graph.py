@@ -129,3 +129,44 @@ def test_compiled_fullgraph_equals_eager_with_few_compiles(one_thread):
         for a, b in zip(results[1][1], results[0][1], strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert counter.frame_count <= 2
+
+
+def test_the_compiled_step_keeps_bf16_activations_for_backward():
+    """Under bf16 autocast, what the compiled step saves per token and encoder layer (inductor's
+    partitioner) is bf16 plus BERT's two dropout masks: BERT-base 16 hidden-sized bf16 tensors
+    (the layer input, q/k/v, the attention output, two LayerNorm inputs and the first one's
+    output, the intermediate before and after GELU), ModernBERT-base its GeGLU and rotated q/k.
+    Broken: LayerNorm outputs left fp32 (the residual stream fp32), seen failing here."""
+    from bertgpu.bench import saved_bytes
+
+    bert = saved_bytes.per_layer("bert", torch.device("cpu"))
+    modern = saved_bytes.per_layer("modernbert", torch.device("cpu"))
+    H = 768
+    for saved in (bert, modern):
+        print(saved.line())
+        assert saved.ok, saved.line()
+    assert bert.by_dtype["bool"] == 2 * H  # one byte per element of each hidden dropout mask
+    # the design's minimum: one more hidden-sized bf16 tensor (2 H bytes) would fail
+    assert 32 * H <= bert.by_dtype["bfloat16"] < 34 * H
+    assert "bool" not in modern.by_dtype  # modern-base trains without dropout
+    assert 28 * H <= modern.by_dtype["bfloat16"] < 31 * H
+
+
+def test_check_graph_under_bf16_reports_the_saved_bytes_and_fails_on_fp32(capsys, monkeypatch,
+                                                                         one_thread):
+    from bertgpu.bench import saved_bytes
+
+    H = 768
+    audited = [saved_bytes.Saved("bert-base padded", H, {"bfloat16": 32.0 * H, "bool": 2.0 * H}),
+               saved_bytes.Saved("modern-base padded", H, {"bfloat16": 29.0 * H,
+                                                           "float32": 4.0 * H})]
+    monkeypatch.setattr(saved_bytes, "audit", lambda device: audited)
+    every_case = graph_check.cases
+    monkeypatch.setattr(graph_check, "cases", lambda device: every_case(device)[:1])
+    assert bench_model.main(parse(["--check-graph", "--dtype", "bf16"])) == 1
+    out = capsys.readouterr().out
+    assert "bert-base padded                   saved for backward: 34.0 x H bytes per token and " \
+           "layer (bfloat16 32.0 H, bool 2.0 H)" in out
+    assert "modern-base padded" in out
+    assert "an fp32 activation of the hidden state's size or larger is kept (4.0 x H" in out
+    assert out.count("an fp32 activation") == 1

@@ -14,11 +14,14 @@ loss function (summed losses), the engine's normalisation into one scalar, then 
   `bool(tensor)` (`_local_scalar_dense`), `nonzero` and friends (output shapes read back from the
   device), tensors built from Python values (`lift_fresh`, an H2D copy on CUDA).
 
-One line per configuration, `graph breaks: N  host syncs: M`, then the reasons; the exit status
-is 1 when any N or M is above 0::
+One line per configuration, `graph breaks: N  host syncs: M`, then the reasons. Under bf16,
+also what the compiled step keeps for backward per token and encoder layer of BERT-base and
+ModernBERT-base, by dtype (bench/saved_bytes.py): an fp32 activation there (a LayerNorm or a
+residual left in fp32) doubles that tensor's memory traffic on a GPU. The exit status is 1 when
+any N or M is above 0 or such an fp32 activation is kept::
 
     bertgpu bench model --check-graph                 # CPU, tiny models, fp32, well under a minute
-    bertgpu bench model --check-graph --dtype bf16    # under bf16 autocast
+    bertgpu bench model --check-graph --dtype bf16    # under bf16 autocast, and the saved bytes
 """
 
 from __future__ import annotations
@@ -295,7 +298,16 @@ def main(args: argparse.Namespace) -> int:
     bad = [r.name for r in results if not r.ok]
     print(f"{len(results) - len(bad)}/{len(results)} configurations compile to one graph without "
           "host syncs"
-          + (f"; not: {', '.join(bad)}" if bad else ""))
+          + (f"; not: {', '.join(bad)}" if bad else ""), flush=True)
+    if dtype == "bf16":
+        from bertgpu.bench import saved_bytes
+
+        for saved in saved_bytes.audit(device):
+            print(saved.line(), flush=True)
+            if not saved.ok:
+                print(f"    an fp32 activation of the hidden state's size or larger is kept "
+                      f"({saved.by_dtype['float32'] / saved.hidden:.1f} x H bytes per token)")
+                bad.append(saved.name)
     return 1 if bad else 0
 
 
