@@ -3,9 +3,9 @@
 Every tensor saved in the forward is written once and read once more in the backward, and on a
 GPU the step's elementwise kernels are memory-bound: these bytes are a large share of its memory
 traffic (and of its activation memory, which caps the micro batch). An fp32 activation among
-them means the residual stream, a dropout or a LayerNorm left bf16 somewhere: twice the traffic
-of that tensor, seen on an H100 as 28.6 vs 26.9 ms per BERT-base step (issue 24's probe, when
-LayerNorm outputs were still fp32). This runs on a CPU in seconds and needs no GPU.
+them means the residual stream, a dropout or a LayerNorm left in fp32 somewhere: twice the
+traffic of that tensor, seen on an H100 as 28.6 vs 26.9 ms per BERT-base step (issue 24's
+probe, when LayerNorm outputs were still fp32). This runs on a CPU in seconds and needs no GPU.
 
 How: the micro-step (`graph_check.micro_step`: the model's loss under bf16 autocast, the
 engine's normalisation) is compiled with AOT autograd, inductor's decompositions and inductor's
@@ -17,6 +17,10 @@ heads and weights (whose size does not grow with the rows or the layers) cancel 
 
 Bytes are those of the buffers kept alive: views of one buffer (q, k and v of the fused
 projection; an output and its reshape) count once, and a view keeps its whole buffer.
+
+On a CPU, layer_norm runs as CUDA autocast runs it (input cast to fp32, `cuda_autocast_policy`):
+CPU autocast keeps it in the input's dtype, and the GPU's choice (save the bf16 input and cast
+again in backward, or save the fp32 copy) would go unseen.
 
 The models have the dimensions of configs/bert-base.toml and configs/modern-base.toml (hidden
 768) with their dropouts, on rows of 128 tokens. Attention on the CPU is not the GPU's flash
@@ -31,11 +35,13 @@ attends through a padded fallback that saves what the GPU's varlen kernel does n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.bench.batches import MODERN_SIZES, SIZES
@@ -115,10 +121,30 @@ def saved_tensors(case: Case, autocast: Callable[[], Any]) -> Counter[str]:
     step = torch.compile(micro_step(case, autocast), backend=backend, dynamic=False,
                          fullgraph=True)
     case.model.zero_grad(set_to_none=True)
-    step(case.batch).backward()
+    with cuda_autocast_policy():
+        step(case.batch).backward()
     case.model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
     return found
+
+
+@contextmanager
+def cuda_autocast_policy() -> Iterator[None]:
+    """Where CPU and CUDA autocast differ for these models, do as CUDA does: CUDA autocast runs
+    layer_norm in fp32 (its input cast up, its output fp32), CPU autocast in the input's dtype.
+    Without this a CPU audit would not see what a GPU keeps around a LayerNorm."""
+    layer_norm = F.layer_norm
+
+    def fp32_layer_norm(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu") and x.device.type == "cpu":
+            x = x.float()
+        return layer_norm(x, *args, **kwargs)
+
+    F.layer_norm = fp32_layer_norm
+    try:
+        yield
+    finally:
+        F.layer_norm = layer_norm
 
 
 def _batch(rows: int, device: torch.device | None = None
@@ -199,4 +225,5 @@ def audit(device: torch.device) -> list[Saved]:
     return [per_layer(arch, device, unpad) for arch in ARCHS for unpad in layouts]
 
 
-__all__ = ["SEQ_LEN", "VOCAB", "Saved", "saved_tensors", "per_layer", "ARCHS", "audit"]
+__all__ = ["SEQ_LEN", "VOCAB", "Saved", "saved_tensors", "cuda_autocast_policy", "per_layer",
+           "ARCHS", "audit"]
