@@ -50,10 +50,11 @@ class ModelOptions:
     """Run padded batches on their real tokens only: embeddings, projections, FFN and norms on
     (N_tok, H) rows, attention per sequence (see `attention.Unpadded`)."""
     attention_backend: str = "auto"
-    """Kernel of unpadded attention: "auto" (nested tensors where a fused kernel exists: CUDA,
-    fp16/bf16), "varlen" (flash attention over packed sequences), "nested", or "padded" (masked
-    SDPA on re-padded q, k, v: exact everywhere). Where the asked kernel has no fused
-    implementation the padded one runs, with one warning."""
+    """Kernel of unpadded attention: "auto" or "varlen" (flash attention over the packed
+    sequences, models/flash.py, where it exists: CUDA, fp16/bf16), "nested" (nested tensors
+    through SDPA, CUDA fp16/bf16), or "padded" (masked SDPA on re-padded q, k, v: exact
+    everywhere). Where the asked kernel has no fused implementation the padded one runs, with one
+    warning ("auto" without: on a CPU or in fp32 that is expected)."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in backward instead of storing them: ~1/3 more compute
     for a much smaller activation footprint (8 GB cards, long sequences)."""
