@@ -20,7 +20,8 @@ hang or a crash costs that stage, never the next ones), each with its log under 
 
 Extra stages, run only when named (`--only profile "compile modes"`), for what to try next:
 `profile` and `profile modernbert` (benchmarks/gpu_profile.py: BERT-base 256 x 128 and
-ModernBERT-base 32 x 1024 unpadded, compiled, device time by kernel family), `compile modes`
+ModernBERT-base 32 x 1024 unpadded, compiled, device time by kernel family and the compiled
+kernels' achieved memory bandwidth), `compile modes`
 and `autotune` (`bench model` at the BERT-base point with torch.compile's default mode beside
 reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs), `unpadded compiled`
 (BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths compiled: the default

@@ -14,7 +14,11 @@ to its pretraining point, 32 x 1024 unpadded at uniform lengths. After
 
 - `profile.md`: the device time per step by family (matrix products, attention, the compiled
   fused kernels, normalisation, the optimizer, copies, the rest), each family's share, the step
-  time and the MFU its FLOPs give; then the 25 kernels with the most device time;
+  time and the MFU its FLOPs give; then the 25 kernels with the most device time; compiled on
+  CUDA, also the memory traffic of inductor's Triton kernels (the bytes inductor estimates each
+  one moves, `kernel_num_gb`, over its measured time): their achieved bandwidth against the
+  device's HBM peak says whether the memory-bound part of the step is at the roofline (then only
+  fewer bytes help) or far below it (block sizes, RNG, reductions: kernel quality);
 - `trace.json`: the Chrome trace (with --trace; open in Perfetto).
 
 On the CPU (no CUDA activity) the same tables come from the CPU operators, which is what the
@@ -65,8 +69,78 @@ def kernel_times(events, cuda: bool) -> dict[str, float]:
     return times
 
 
+def kernel_counts(events) -> dict[str, int]:
+    """Launches (CPU: calls) per kernel name over the profiled steps."""
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.key] = counts.get(e.key, 0) + int(getattr(e, "count", 0) or 0)
+    return counts
+
+
+HBM_TB_S = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "A100": 2.0,
+            "A10": 0.6, "L40S": 0.86, "L4": 0.3, "RTX 4090": 1.0, "RTX 3090": 0.94}
+"""Peak memory bandwidth (TB/s) of the devices telemetry/flops.py names (vendor figures; the
+80 GB A100s)."""
+
+
+def triton_kernel_bytes() -> dict[str, list[float]]:
+    """Bytes per launch of every compiled Triton kernel in this process, by kernel name, as
+    inductor estimates them (`kernel_num_gb`, recorded when `torch._inductor.config.
+    benchmark_kernel` is on at compile time). Names can repeat across compiled graphs (the
+    forward's and the backward's kernels are numbered separately): a list per name."""
+    import gc
+
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return {}
+    out: dict[str, list[float]] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), CachingAutotuner):  # not isinstance: no proxy's __class__
+            meta = getattr(obj, "inductor_meta", None) or {}
+            name, gb = meta.get("kernel_name"), meta.get("kernel_num_gb")
+            if name and gb:
+                out.setdefault(str(name), []).append(float(gb) * 1e9)
+    return out
+
+
+def traffic(times: dict[str, float], counts: dict[str, int],
+            kernel_bytes: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """(bytes moved, device us) over the profiled steps for each kernel with a byte estimate:
+    launches x bytes per launch (the mean where several kernels share a name)."""
+    out = {}
+    for name, per_launch in kernel_bytes.items():
+        if name in times and counts.get(name):
+            out[name] = (counts[name] * sum(per_launch) / len(per_launch), times[name])
+    return out
+
+
+def traffic_lines(moved: dict[str, tuple[float, float]], times: dict[str, float], steps: int,
+                  peak_tb_s: float | None) -> list[str]:
+    """The report's memory-traffic section: the Triton kernels' bytes, time and achieved TB/s."""
+    triton = [n for n in times if n.startswith("triton_")]
+    if not moved:
+        return []
+    total_b = sum(b for b, _ in moved.values())
+    total_us = sum(t for _, t in moved.values())
+    rate = total_b / total_us / 1e6  # bytes / us -> TB/s
+    lines = ["", "## Memory traffic of the compiled kernels", "",
+             f"{len(moved)} of {len(triton)} Triton kernels have inductor's byte estimate: "
+             f"{total_b / steps / 1e9:.2f} GB per step in {total_us / steps / 1e3:.2f} ms, "
+             f"{rate:.2f} TB/s"
+             + (f" ({rate / peak_tb_s:.0%} of the device's {peak_tb_s} TB/s)" if peak_tb_s
+                else ""),
+             "", "| kernel | ms per step | GB per step | TB/s |", "|---|---|---|---|"]
+    for name, (b, t) in sorted(moved.items(), key=lambda kv: -kv[1][1])[:15]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(f"| `{short}` | {t / steps / 1e3:.3f} | {b / steps / 1e9:.3f} | "
+                     f"{b / t / 1e6:.2f} |")
+    return lines
+
+
 def report(times: dict[str, float], steps: int, step_s: float, flops_per_step: float,
-           peak_tflops: float | None, header: str) -> str:
+           peak_tflops: float | None, header: str,
+           extra: list[str] | None = None) -> str:
     total = sum(times.values()) or 1.0
     by_family: dict[str, float] = {}
     for name, t in times.items():
@@ -85,7 +159,7 @@ def report(times: dict[str, float], steps: int, step_s: float, flops_per_step: f
     for name, t in sorted(times.items(), key=lambda kv: -kv[1])[:25]:
         short = name if len(name) <= 90 else name[:87] + "..."
         lines.append(f"| `{short}` | {family(name)} | {t / steps / 1e3:.3f} | {t / total:.1%} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + (extra or [])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bertgpu.bench.batches import MODERN_SIZES, make_batches
     from bertgpu.bench.model_runs import Models, _flops_per_token
-    from bertgpu.telemetry.flops import peak_tflops
+    from bertgpu.telemetry.flops import gpu_model, peak_tflops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
@@ -126,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     B = args.micro_batch or (4 if tiny else 32 if modern else 256)
     T = args.seq_len or (32 if tiny else 1024 if modern else 128)
     args.out.mkdir(parents=True, exist_ok=True)
+    if cuda and not args.eager and args.compile_backend == "inductor":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.benchmark_kernel = True  # each Triton kernel records its byte estimate
     models = Models(args.arch, args.size, device, ["bertgpu"], False, 0,
                     backend=args.compile_backend)
     ours = models.eager["bertgpu"]
@@ -169,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     label = "ModernBERT" if modern else "BERT"
     header = (f"{label}-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
               f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")
-    text = report(kernel_times(prof.key_averages(), cuda), args.steps, step_s, fpt * tokens,
-                  peak, header)
+    events = prof.key_averages()
+    times = kernel_times(events, cuda)
+    moved = traffic(times, kernel_counts(events), triton_kernel_bytes()) if cuda else {}
+    bandwidth = HBM_TB_S.get(gpu_model(name) or "") if cuda else None
+    text = report(times, args.steps, step_s, fpt * tokens, peak, header,
+                  traffic_lines(moved, times, args.steps, bandwidth))
     (args.out / "profile.md").write_text(text)
     print(text, flush=True)
     return 0

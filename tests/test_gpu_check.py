@@ -111,3 +111,37 @@ def test_run_numbers_read_the_metrics_and_count_recompiles_and_recordings(tmp_pa
     log.write_text("")
     assert gpu_check.run_numbers(run, log).endswith("recompiles 0")
     assert gpu_check.run_numbers(tmp_path / "none", log) == "no training record; recompiles 0"
+
+
+def test_profile_memory_traffic_joins_inductor_bytes_with_kernel_times():
+    """The compiled kernels' traffic: each kernel's bytes per launch (inductor's estimate, found
+    on the live autotuners; a name shared by two graphs' kernels takes their mean) times its
+    launches, over its device time; the total rate against the device's HBM peak."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    gpu_profile = load("gpu_profile")
+    kernels = []
+    for name, gb in (("triton_per_fused_layer_norm_0", 0.004), ("triton_poi_fused_gelu_1", 0.002),
+                     ("triton_poi_fused_gelu_1", 0.006)):
+        k = object.__new__(CachingAutotuner)  # what inductor leaves in the process, bare
+        k.inductor_meta = {"kernel_name": name, "kernel_num_gb": gb}
+        kernels.append(k)
+    found = gpu_profile.triton_kernel_bytes()
+    assert found["triton_per_fused_layer_norm_0"] == [4e6]
+    assert sorted(found["triton_poi_fused_gelu_1"]) == [2e6, 6e6]
+    # 2 steps: the norm ran 24 times in 40 us (2.4 TB/s), the GELU 12 times in 16 us (3 TB/s)
+    times = {"triton_per_fused_layer_norm_0": 40.0, "triton_poi_fused_gelu_1": 16.0,
+             "triton_poi_fused_other_2": 10.0, "sm90_xmma_gemm": 100.0}
+    counts = {"triton_per_fused_layer_norm_0": 24, "triton_poi_fused_gelu_1": 12,
+              "triton_poi_fused_other_2": 2, "sm90_xmma_gemm": 10}
+    moved = gpu_profile.traffic(times, counts, found)
+    assert moved["triton_per_fused_layer_norm_0"] == (24 * 4e6, 40.0)
+    assert moved["triton_poi_fused_gelu_1"] == (12 * 4e6, 16.0)
+    lines = gpu_profile.traffic_lines(moved, times, 2, 3.35)
+    text = "\n".join(lines)
+    assert ("2 of 3 Triton kernels have inductor's byte estimate: 0.07 GB per step in 0.03 ms, "
+            "2.57 TB/s (77% of the device's 3.35 TB/s)") in text
+    assert "| `triton_per_fused_layer_norm_0` | 0.020 | 0.048 | 2.40 |" in text
+    assert "| `triton_poi_fused_gelu_1` | 0.008 | 0.024 | 3.00 |" in text
+    assert gpu_profile.traffic_lines({}, times, 2, 3.35) == []
+    del kernels
