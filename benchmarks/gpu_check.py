@@ -30,11 +30,14 @@ bench stage times them eager), `pretrain cuda graphs` (the bert-base run with
 
 The default stages took 547 s on an H200 (their limits add up to 615 s, the extra ones' to
 820 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
-the machine's own torch (2.11 or later) and transformers, no network. A lease after the default
-stages have run once fits two calls back to back (the second within what `status` leaves):
+the machine's own torch (2.11 or later) and transformers, no network. `--only` runs the named
+stages in the order named (a misspelt name stops the script before anything runs), and
+`--budget-s` starts a stage only while its whole limit fits in what is left of the call, so one
+call can list stages by priority and end in time. A lease after the default stages have run once
+fits two calls back to back (the second within what `status` leaves):
 
-    --only "pytest -m gpu" profile "compile modes" "unpadded compiled"    # limits 500 s
-    --only autotune "profile modernbert"                                  # limits 400 s
+    --budget-s 560 --only "pytest -m gpu" autotune "compile modes" profile
+    --budget-s "$LEFT" --only "unpadded compiled" "profile modernbert" "pretrain cuda graphs"
 
 The last lines printed are a summary table (also summary.md), then each bench stage's
 table. `--smoke` runs the same stages at toy sizes (pytest collects and skips, `--preset
@@ -206,15 +209,35 @@ def bench_table(log: Path) -> str:
     return "\n".join(caption + lines[start:end + 1])
 
 
+def select(all_stages: list[dict], only: list[str] | None) -> list[dict]:
+    """The stages to run, in order: the default ones as listed, or exactly those named in
+    `only`, in the order named (most wanted first, for a lease that may run out). A name that is
+    no stage is an error, before anything runs: a typo must not cost a lease."""
+    if not only:
+        return [s for s in all_stages if not s.get("extra")]
+    by_name = {s["name"]: s for s in all_stages}
+    unknown = [n for n in only if n not in by_name]
+    if unknown:
+        raise SystemExit(f"gpu_check.py --only: no stage {', '.join(map(repr, unknown))}; the "
+                         f"stages are {', '.join(map(repr, by_name))}")
+    return [by_name[n] for n in dict.fromkeys(only)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="toy sizes, for a CPU")
     parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these stages, by name (the extra stages run only so: "
-                             "profile, profile modernbert, compile modes, autotune, unpadded "
-                             "compiled, pretrain cuda graphs)")
+                        help="run only these stages, by name, in this order (the extra stages "
+                             "run only so: profile, profile modernbert, compile modes, autotune, "
+                             "unpadded compiled, pretrain cuda graphs)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds this call may take: a stage starts only if its limit "
+                             "still fits (a later, shorter one may), the rest are listed as "
+                             "skipped")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     out = Path(os.environ.get("GPU_CHECK_OUT") or os.environ.get("OUT") or "gpu_check_out")
+    chosen = select(stages(args.smoke, out), args.only)  # a misspelt name stops here
     out.mkdir(parents=True, exist_ok=True)
     info = subprocess.run([sys.executable, "-c",
                            "import torch, platform; print(torch.__version__, "
@@ -223,8 +246,14 @@ def main(argv: list[str] | None = None) -> int:
                           capture_output=True, text=True).stdout.strip()
     print(f"gpu-check: torch {info}; results in {out}", flush=True)
     results = []
-    for stage in stages(args.smoke, out):
-        if (stage["name"] not in args.only) if args.only else stage.get("extra"):
+    for stage in chosen:
+        elapsed = time.perf_counter() - start
+        if args.budget_s is not None and elapsed + stage["limit"] > args.budget_s:
+            results.append(dict(name=stage["name"], rc="skipped", seconds=0.0, log=None,
+                                run=None, bench=False,
+                                note=f"its {stage['limit']} s limit did not fit the "
+                                     f"{args.budget_s - elapsed:.0f} s left of --budget-s"))
+            print(f"  {stage['name']:<22} skipped: {results[-1]['note']}", flush=True)
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
@@ -254,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = out / folder / "profile.md"
         if profile.exists():
             print(profile.read_text())
-    return 0 if all(r["rc"] == 0 for r in results) else 1
+    return 0 if all(r["rc"] in (0, "skipped") for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -145,3 +145,36 @@ def test_profile_memory_traffic_joins_inductor_bytes_with_kernel_times():
     assert "| `triton_poi_fused_gelu_1` | 0.008 | 0.024 | 3.00 |" in text
     assert gpu_profile.traffic_lines({}, times, 2, 3.35) == []
     del kernels
+
+
+def test_only_runs_the_named_stages_in_their_order_and_refuses_a_misspelt_one(tmp_path):
+    gpu_check = load("gpu_check")
+    stages = gpu_check.stages(True, tmp_path)
+    assert [s["name"] for s in gpu_check.select(stages, ["autotune", "pytest -m gpu", "profile"])
+            ] == ["autotune", "pytest -m gpu", "profile"]
+    assert not any(s.get("extra") for s in gpu_check.select(stages, None))
+    with pytest.raises(SystemExit, match="no stage 'autotun'; the stages are 'pytest -m gpu'"):
+        gpu_check.select(stages, ["profile", "autotun"])
+
+
+def test_budget_skips_a_stage_whose_limit_no_longer_fits(tmp_path, monkeypatch, capsys):
+    """--budget-s: a stage starts only when its whole limit fits what is left; a later, shorter
+    one still runs; skipped stages are listed, not failures."""
+    gpu_check = load("gpu_check")
+    ran = []
+
+    def fake_run(stage, out):
+        ran.append(stage["name"])
+        return dict(name=stage["name"], rc=0, seconds=0.0, log=out / "x.log", run=None)
+
+    monkeypatch.setattr(gpu_check, "run_stage", fake_run)
+    monkeypatch.setenv("GPU_CHECK_OUT", str(tmp_path))
+    # smoke limits: profile 120 s, checkpoint stall 60 s, unpadded compiled 120 s
+    assert gpu_check.main(["--smoke", "--only", "profile", "checkpoint stall",
+                           "unpadded compiled", "--budget-s", "100"]) == 0
+    assert ran == ["checkpoint stall"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert re.search(r"\| profile \| skipped \| 0.0 \| its 120 s limit did not fit the \d+ s left",
+                     summary)
+    assert "| checkpoint stall | 0 |" in summary
+    assert "| unpadded compiled | skipped |" in summary
