@@ -209,7 +209,7 @@ def per_layer(arch: str, device: torch.device, unpad: bool = False) -> Saved:
     dtypes = set().union(*totals.values())
     by_dtype = {d: (totals[2, 4][d] - totals[2, 2][d] - totals[1, 4][d] + totals[1, 2][d])
                 / tokens_added for d in dtypes}
-    hidden = 768
+    hidden = (MODERN_SIZES["base"] if arch == "modernbert" else SIZES["base"])["hidden_size"]
     return Saved(f"{'modern-base' if arch == 'modernbert' else 'bert-base'} {padding}", hidden,
                  {d: b for d, b in by_dtype.items() if abs(b) > 1e-9})
 
