@@ -268,7 +268,6 @@ def test_the_report_shows_how_long_checkpoints_stopped_training(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_host_copy_of_cuda_tensors_is_pinned_and_complete_after_one_synchronisation():
     from bertgpu.train.hostcopy import HostCopy
