@@ -38,8 +38,7 @@ the default stages have run once fits two calls back to back (the second within 
 leaves):
 
     --only "pytest -m gpu" autotune "compile modes"
-    --budget-s "$LEFT" --only profile "unpadded compiled" "profile modernbert" \
-        "pretrain cuda graphs"
+    --budget-s "$LEFT" --only profile "unpadded compiled" "profile modernbert"
 
 The last lines printed are a summary table (also summary.md), then each bench stage's
 table. `--smoke` runs the same stages at toy sizes (pytest collects and skips, `--preset
