@@ -26,7 +26,8 @@ and `autotune` (`bench model` at the BERT-base point with torch.compile's defaul
 reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs), `unpadded compiled`
 (BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths compiled: the default
 bench stage times them eager), `pretrain cuda graphs` (the bert-base run with
-`--impl.compile_mode reduce-overhead`).
+`--impl.compile_mode reduce-overhead`), `saved bytes` (`bench model --check-graph --dtype bf16` on
+CUDA: what the compiled step keeps for backward, padded and padding-free).
 
 The default stages took 547 s on an H200 (their limits add up to 685 s, the extra ones' to
 820 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
@@ -138,6 +139,11 @@ def stages(smoke: bool, out: Path) -> list[dict]:
              cmd=[py, "-m", "bertgpu", "bench", "model", *unpadded_point, "--compile", "on",
                   "--padding", "padded,unpadded", "--real-lengths", "uniform", "--out",
                   str(out / "unpadded.jsonl")]),
+        # what the compiled step keeps for backward, measured where the flash kernel runs
+        # (padded and padding-free; the CPU audit of `make test` sees the padded layout only)
+        dict(name="saved bytes", limit=120, extra=True, grep="saved for backward:",
+             cmd=[py, "-m", "bertgpu", "bench", "model", "--check-graph", "--dtype", "bf16",
+                  "--device", "cpu" if smoke else "cuda"]),
         dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
              torch_logs="recompiles,cudagraphs",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these stages, by name, in this order (the extra stages "
                              "run only so: profile, profile modernbert, compile modes, autotune, "
-                             "unpadded compiled, pretrain cuda graphs)")
+                             "unpadded compiled, saved bytes, pretrain cuda graphs)")
     parser.add_argument("--budget-s", type=float, default=DEVICE_CALL_S,
                         help="seconds this call may take: a stage starts only if its limit "
                              "still fits (a later, shorter one may), the rest are listed as "
@@ -263,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = run_stage(stage, out)
         note = run_numbers(r["run"], r["log"]) if r["run"] else ""
+        if stage.get("grep"):  # the lines of its log that carry the stage's numbers
+            text = r["log"].read_text(errors="replace") if r["log"].exists() else ""
+            note = "; ".join(" ".join(ln.split()) for ln in text.splitlines()
+                             if stage["grep"] in ln)
         # pytest at -vv (addopts has -q): one line per test, kept if the stage is cut
         if stage["name"].startswith("pytest"):
             lines = [ln for ln in r["log"].read_text(errors="replace").splitlines() if "::" in ln]

@@ -37,7 +37,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
         "profile", "profile modernbert", "compile modes", "autotune", "unpadded compiled",
-        "pretrain cuda graphs"]
+        "saved bytes", "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
@@ -178,3 +178,22 @@ def test_budget_skips_a_stage_whose_limit_no_longer_fits(tmp_path, monkeypatch, 
                      summary)
     assert "| checkpoint stall | 0 |" in summary
     assert "| unpadded compiled | skipped |" in summary
+
+
+def test_saved_bytes_stage_puts_its_audit_lines_in_the_summary(tmp_path, monkeypatch):
+    """A short lease reads the summary: the `saved bytes` stage's audit rows go into it."""
+    gpu_check = load("gpu_check")
+
+    def fake_run(stage, out):
+        log = out / "saved.log"
+        log.write_text("18/18 configurations compile\n"
+                       "bert-base padded     saved for backward: 34.1 x H bytes (bf16 32.0 H)\n"
+                       "bert-base unpadded   saved for backward: 33.9 x H bytes (bf16 31.9 H)\n")
+        return dict(name=stage["name"], rc=0, seconds=1.0, log=log, run=None)
+
+    monkeypatch.setattr(gpu_check, "run_stage", fake_run)
+    monkeypatch.setenv("GPU_CHECK_OUT", str(tmp_path))
+    assert gpu_check.main(["--smoke", "--only", "saved bytes"]) == 0
+    assert ("| saved bytes | 0 | 1.0 | bert-base padded saved for backward: 34.1 x H bytes "
+            "(bf16 32.0 H); bert-base unpadded saved for backward: 33.9 x H bytes (bf16 31.9 H) |"
+            ) in (tmp_path / "summary.md").read_text()
