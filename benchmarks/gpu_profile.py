@@ -118,9 +118,9 @@ def traffic(times: dict[str, float], counts: dict[str, int],
 def traffic_lines(moved: dict[str, tuple[float, float]], times: dict[str, float], steps: int,
                   peak_tb_s: float | None) -> list[str]:
     """The report's memory-traffic section: the Triton kernels' bytes, time and achieved TB/s."""
-    triton = [n for n in times if n.startswith("triton_")]
     if not moved:
         return []
+    triton = [n for n in times if n.startswith("triton_")]
     total_b = sum(b for b, _ in moved.values())
     total_us = sum(t for _, t in moved.values())
     rate = total_b / total_us / 1e6  # bytes / us -> TB/s
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     B = args.micro_batch or (4 if tiny else 32 if modern else 256)
     T = args.seq_len or (32 if tiny else 1024 if modern else 128)
     args.out.mkdir(parents=True, exist_ok=True)
-    kernel_bytes = cuda and not args.eager and args.compile_backend == "inductor"
-    if kernel_bytes:
+    record_bytes = cuda and not args.eager and args.compile_backend == "inductor"
+    if record_bytes:
         import torch._inductor.config as inductor_config
 
         inductor_config.benchmark_kernel = True  # each Triton kernel records its byte estimate
@@ -231,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.warmup):
             step(i)
     except Exception as exc:  # noqa: BLE001 - the byte estimates are a bonus, not the profile
-        if not kernel_bytes:
+        if not record_bytes:
             raise
         # benchmark_kernel changes inductor's code generation: should a torch version fail to
         # compile with it, profile without the traffic section rather than lose the stage
         print(f"compiling with benchmark_kernel failed ({type(exc).__name__}: "
               f"{str(exc).strip()[:200]}); profiling without the kernels' byte estimates",
               flush=True)
-        inductor_config.benchmark_kernel = kernel_bytes = False
+        inductor_config.benchmark_kernel = record_bytes = False
         optimizer.zero_grad(set_to_none=True)
         torch._dynamo.reset()
         for i in range(args.warmup):
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")
     events = prof.key_averages()
     times = kernel_times(events, cuda)
-    moved = traffic(times, kernel_counts(events), triton_kernel_bytes()) if kernel_bytes else {}
+    moved = traffic(times, kernel_counts(events), triton_kernel_bytes()) if record_bytes else {}
     bandwidth = HBM_TB_S.get(gpu_model(name) or "") if cuda else None
     text = report(times, args.steps, step_s, fpt * tokens, peak, header,
                   traffic_lines(moved, times, args.steps, bandwidth))

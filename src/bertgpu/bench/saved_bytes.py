@@ -196,16 +196,17 @@ def per_layer(arch: str, device: torch.device, unpad: bool = False) -> Saved:
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
     totals: dict[tuple[int, int], Counter[str]] = {}
+    tokens: dict[int, int] = {}  # per row count: padded, every position; unpadded, real tokens
     for layers in (1, 2):
         torch.manual_seed(0)
         model = _model(arch, layers, unpad).to(device).train()
         for rows in (2, 4):
             batch, counts = _batch(rows, device)
+            mask = batch["attention_mask"]
+            tokens[rows] = int(mask.sum()) if unpad else mask.numel()
             case = Case(f"{arch} {padding}", model, batch, _pretraining_loss, counts)
             totals[layers, rows] = saved_tensors(case, autocast)
-    # the rows a batch adds: padded, all their positions; unpadded, their real tokens only
-    extra = _batch(2)[0]["attention_mask"]
-    tokens_added = int(extra.sum()) if unpad else extra.numel()
+    tokens_added = tokens[4] - tokens[2]
     dtypes = set().union(*totals.values())
     by_dtype = {d: (totals[2, 4][d] - totals[2, 2][d] - totals[1, 4][d] + totals[1, 2][d])
                 / tokens_added for d in dtypes}
