@@ -93,6 +93,28 @@ def test_work_units_give_the_same_bytes_for_any_workers(tok, mixed, reference, t
     assert d["sha256"] == hashlib.sha256(mixed[3].read_bytes()).hexdigest()
 
 
+def test_a_process_that_skips_atexit_leaves_nothing_in_the_temp_folder(tok, tmp_path):
+    """A Ray worker or a pool's child ends without running atexit handlers; the tokenizer once
+    went to a temp folder removed only at exit, so each such process left one behind (138 of
+    them in /tmp on the machine that found it). Workers now load it from memory."""
+    import multiprocessing
+    import tempfile
+
+    path, fmt = write_formats(tmp_path / "in", documents()[:10])["jsonl"]
+    temp = tmp_path / "temp"
+    temp.mkdir()
+
+    def child() -> None:  # a multiprocessing child exits with os._exit: no atexit
+        tempfile.tempdir = str(temp)
+        prepare([path], tok, tmp_path / "out", seq_len=64, workers=1, fmt=fmt)
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0 and (tmp_path / "out" / "manifest.json").is_file()
+    assert sorted(p.name for p in temp.iterdir()) == []
+
+
 @pytest.mark.parametrize("fmt", ["lines", "sentences", "jsonl"])
 def test_parts_of_a_file_read_every_document_exactly_once(tmp_path, fmt):
     """Cut anywhere, the parts of a file together hold its documents: one per line, or between

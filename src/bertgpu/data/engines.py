@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from bertgpu.data import pipeline
-from bertgpu.data.unit_job import UnitJob, run_unit, tokenizer_folder
+from bertgpu.data.unit_job import UnitJob, run_unit
 from bertgpu.data.units import Unit
 from bertgpu.errors import BertgpuError
 
@@ -108,7 +108,7 @@ class LocalEngine:
         self.job, self.workers, self.progress = job, workers, progress
         self.pool = None
         if workers > 1:
-            self.pool = pipeline.make_pool(workers, tokenizer_folder(job), job.settings)
+            self.pool = pipeline.make_pool(workers, job.tokenizer_json, job.settings)
 
     def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
         for unit, held in work:

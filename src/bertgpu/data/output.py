@@ -4,7 +4,7 @@
     done = work.begin(plan, overwrite)     # driver: start, or keep the units a killed run finished
     work.scratch(3); work.publish(path)    # a worker: shard files of unit 3, each put in whole
     work.write_record(3, record)           # ... and last, the record that says unit 3 is done
-    work.seal(manifest_text, tok_dir)      # driver: tokenizer/, then manifest.json, then in place
+    work.seal(manifest_text, tok_files)    # driver: tokenizer/, then manifest.json, then in place
 
 A local output (a path, or a file:// URL: a shared filesystem a cluster mounts) is built in
 DATADIR.tmp and renamed to DATADIR when sealed (`fsutil.replace_dir`: an old DATADIR stays whole
@@ -163,21 +163,21 @@ class WorkFolder:
                 out[int(record["unit"])] = record
         return out
 
-    def seal(self, manifest_text: str, tokenizer_dir: Path) -> str:
-        """tokenizer/, the bookkeeping removed, manifest.json last; the set in place."""
-        names = [p for p in sorted(Path(tokenizer_dir).iterdir()) if p.is_file()]
+    def seal(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
+        """tokenizer/ (``tokenizer_files``: name -> bytes), the bookkeeping removed,
+        manifest.json last; the set in place."""
         if self.remote:
             fs, _ = self._fs()
-            for path in names:
-                fs.put_file(str(path), self._path(f"tokenizer/{path.name}"))
+            for name, data in sorted(tokenizer_files.items()):
+                fs.pipe_file(self._path(f"tokenizer/{name}"), data)
             fs.rm(self._path(UNITS), recursive=True)
             fs.rm_file(self._path(PLAN))
             self._write_text(MANIFEST, manifest_text)
             return self.out
         folder = Path(self.folder)
         (folder / "tokenizer").mkdir(exist_ok=True)
-        for path in names:
-            shutil.copy2(path, folder / "tokenizer" / path.name)
+        for name, data in sorted(tokenizer_files.items()):
+            (folder / "tokenizer" / name).write_bytes(data)
         shutil.rmtree(folder / UNITS)
         (folder / PLAN).unlink()
         self._write_text(MANIFEST, manifest_text)

@@ -85,7 +85,7 @@ def _ordered_map(pool, fn: Callable, items: Iterator, window: int) -> Iterator:
         yield pending.popleft().get()
 
 
-def make_pool(workers: int, tokenizer_dir: str, settings: dict):
+def make_pool(workers: int, tokenizer_json: str, settings: dict):
     """A pool of ``workers`` processes with the tokenizer loaded (`prepare_worker.init_worker`)."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     ctx = multiprocessing.get_context(method)
@@ -94,7 +94,7 @@ def make_pool(workers: int, tokenizer_dir: str, settings: dict):
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return ctx.Pool(workers, initializer=init_worker, initargs=(tokenizer_dir, settings))
+        return ctx.Pool(workers, initializer=init_worker, initargs=(tokenizer_json, settings))
     finally:
         if saved is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
@@ -139,7 +139,7 @@ def prefetch(items: Iterator, depth: int) -> Iterator:
         thread.join()
 
 
-def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, tokenizer_dir: str,
+def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, tokenizer_json: str,
         settings: dict, skip_bad: bool, stats: CorpusStats, pool=None) -> Iterator:
     """In corpus order: mlm, ``(is_validation, tokens, word_starts, joins)`` of each unit;
     mlm+nsp, the rows of each chunk (`packing.nsp_chunk`). See the module docstring.
@@ -154,7 +154,7 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
                              first_chunk)
         return
     if workers <= 1:
-        init_worker(tokenizer_dir, settings)  # in-process; encode_batch uses Rust threads itself
+        init_worker(tokenizer_json, settings)  # in-process; encode_batch uses Rust threads itself
         # Reading, text work and tokenizing run in a thread meanwhile: encode_batch releases the
         # GIL.
         encoded = prefetch((encode_items(batch) for batch in _raw_batches(raw)), depth=2)
@@ -165,7 +165,7 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
         for task in work_chunks(nsp_pieces(parts, plan), chunk_docs, first_chunk):
             yield nsp_chunk(task)
         return
-    with make_pool(workers, tokenizer_dir, settings) as pool:
+    with make_pool(workers, tokenizer_json, settings) as pool:
         yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, nsp,
                              first_chunk)
 

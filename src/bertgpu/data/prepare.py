@@ -69,7 +69,7 @@ from bertgpu.data.tokenizer import (
     special_token_ids,
     tokenizer_hash,
 )
-from bertgpu.data.unit_job import UnitJob, tokenizer_folder
+from bertgpu.data.unit_job import UnitJob
 from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
@@ -138,7 +138,10 @@ def prepare(
         raise BertgpuError(f"--engine {engine!r}: unknown; expected one of {', '.join(ENGINES)}")
     tok_dir = find_tokenizer_folder(tokenizer_dir) or Path(tokenizer_dir)  # errors name the path
     special = special_token_ids(tok_dir)  # also checks the folder loads
-    vocab_size = load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
+    tokenizer = load_tokenizer(tok_dir)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    tokenizer_files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES
+                       if (tok_dir / n).is_file()}
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
     inputs = resolve_inputs(paths)  # fail on a missing input before any work
     out = os.fspath(out_dir)
@@ -149,8 +152,7 @@ def prepare(
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(
-        tokenizer_files={n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES
-                         if (tok_dir / n).is_file()},
+        tokenizer_json=tokenizer.to_str(),
         tokenizer_hash=tokenizer_hash(tok_dir),
         settings={"seed": seed, "objective": objective, "seq_len": seq_len,
                   "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
@@ -175,7 +177,7 @@ def prepare(
         bar.close()
         manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
                              None if validation_docs is not None else validation_fraction)
-        work.seal(manifest.dumps(), Path(tokenizer_folder(job)))
+        work.seal(manifest.dumps(), tokenizer_files)
     except (RunStopped, KeyboardInterrupt):
         raise  # the finished units stay for a re-run
     except BaseException:

@@ -1,6 +1,6 @@
 """Worker side of `bertgpu prepare`: the two stages that run on the worker processes.
 
-    init_worker("tok/", settings)                  # once per process (or in-process, 1 worker)
+    init_worker(tokenizer_json, settings)          # once per process (or in-process, 1 worker)
     encode_items(raw_batch)                         # stage 1: text -> tokens, per document part
     nsp_chunk((index, pieces))                      # stage 2 (mlm+nsp): tokens -> sentence pairs
 
@@ -28,7 +28,6 @@ import numpy as np
 
 from bertgpu.data.corpus import convert_items
 from bertgpu.data.segment import load_segmenter, word_start_flags
-from bertgpu.data.tokenizer import load_tokenizer
 
 _STATE: dict = {}
 
@@ -46,10 +45,13 @@ class Encoded(NamedTuple):
     """mlm+nsp: (sentences,) characters of each sentence."""
 
 
-def init_worker(tokenizer_dir: str, settings: dict) -> None:
-    """Load the tokenizer (and segmenter) once per process; ``settings``: seed, objective, seq_len,
-    short_seq_prob, cls, sep, segmenter (None or a name from `segment.SEGMENTERS`)."""
-    tok = load_tokenizer(tokenizer_dir)
+def init_worker(tokenizer_json: str, settings: dict) -> None:
+    """Load the tokenizer (serialized, `tokenizers.Tokenizer.to_str`) and segmenter once per
+    process; ``settings``: seed, objective, seq_len, short_seq_prob, cls, sep, segmenter (None or
+    a name from `segment.SEGMENTERS`)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
     tok.no_truncation()
     tok.no_padding()
     _STATE.clear()

@@ -2,7 +2,7 @@
 process with its pool, or a Ray worker): read its pieces, tokenize, split, pack or pair, write
 its shards, and last its record.
 
-    job = UnitJob(tokenizer_files=..., settings=..., ..., out="data/")   # the same for every unit
+    job = UnitJob(tokenizer_json=..., settings=..., ..., out="data/")    # the same for every unit
     record = run_unit(job, unit, held_docs=None)                          # unit: `units.Unit`
 
 The shards of unit u are ``train-UUUUU-KKKKK`` and ``validation-UUUUU-KKKKK``; the record
@@ -14,14 +14,10 @@ order of completion give the same bytes.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,8 +38,9 @@ Progress = Callable[[int, int], None]  # (tokens written, stored bytes read) so 
 class UnitJob:
     """What every unit of one `prepare` run shares; sent once to each worker."""
 
-    tokenizer_files: dict[str, bytes]
-    """The tokenizer folder's files: a worker may be another machine."""
+    tokenizer_json: str
+    """The tokenizer, serialized (`tokenizers.Tokenizer.to_str`): a worker may be another
+    machine, and loads it from memory (no folder written anywhere)."""
     tokenizer_hash: str
     settings: dict[str, Any]
     """For `prepare_worker.init_worker`: seed, objective, seq_len, short_seq_prob, cls, sep,
@@ -73,21 +70,6 @@ class UnitJob:
         keys = ["input_ids", "lengths"]
         keys += ["token_type_ids", "nsp_labels"] if self.nsp else []
         return keys + (["word_starts"] if self.word_starts else [])
-
-
-_TOKENIZERS: dict[str, str] = {}  # tokenizer hash -> this process's copy of the folder
-
-
-def tokenizer_folder(job: UnitJob) -> str:
-    """A folder with the job's tokenizer files, written once per process."""
-    folder = _TOKENIZERS.get(job.tokenizer_hash)
-    if folder is None or not Path(folder).is_dir():
-        folder = tempfile.mkdtemp(prefix="bertgpu-tokenizer-")
-        atexit.register(shutil.rmtree, folder, True)
-        for name, data in job.tokenizer_files.items():
-            Path(folder, name).write_bytes(data)
-        _TOKENIZERS[job.tokenizer_hash] = folder
-    return folder
 
 
 def _sha256(src, span: tuple[int, int]) -> str:
@@ -137,7 +119,7 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
                                   job.word_starts, prefix=f"{s}-{unit.index:05d}",
                                   on_file=work.publish) for s in SPLITS}
         raw = iter_piece_items(pieces, job.fmt, job.text_field, job.skip_bad, stats)
-        results = pipeline.run(raw, plan, job.chunk_docs, workers, tokenizer_folder(job),
+        results = pipeline.run(raw, plan, job.chunk_docs, workers, job.tokenizer_json,
                                job.settings, job.skip_bad, stats, pool=pool)
         _write(results, job, writers, stats, unit.index, progress)
         for writer in writers.values():
