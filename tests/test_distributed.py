@@ -143,9 +143,23 @@ def test_helpers_without_process_group(monkeypatch):
 def test_launcher_command():
     from bertgpu.train import launcher
 
-    assert launcher.launcher_command(2, ["pretrain", "cfg.toml"]) == [
+    assert launcher.launcher_command(2, ["pretrain", "cfg.toml"], "/tmp/logs") == [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", "2", "-m", "bertgpu", "pretrain", "cfg.toml"]
+        "--nproc-per-node", "2", "--log-dir", "/tmp/logs", "-m", "bertgpu", "pretrain",
+        "cfg.toml"]
+
+
+@pytest.mark.timeout(120)
+def test_launch_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """torch's launcher makes a torchelastic_* folder per run (each rank's error file) and never
+    removes it: one per `--nproc` run, 987 of them in /tmp on the machine that found it."""
+    from bertgpu.train import launcher
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the launcher's and the workers' temp folder
+    assert launcher.launch_local(2, ["--version"]) == 0
+    assert sorted(p.name for p in temp.iterdir()) == []
 
 
 def test_process_group_tears_down_after_the_modules_are_gone(monkeypatch):

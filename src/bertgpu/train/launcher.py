@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -37,10 +38,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RESTART_ENV = "BERTGPU_RESTART_COUNT"
 
 
-def launcher_command(nproc: int, argv: list[str]) -> list[str]:
-    """The torch elastic launcher's command line for `python -m bertgpu ARGV` on `nproc` workers."""
+def launcher_command(nproc: int, argv: list[str], log_dir: str) -> list[str]:
+    """The torch elastic launcher's command line for `python -m bertgpu ARGV` on `nproc` workers;
+    ``log_dir``: where it keeps each rank's error file (for its failure report)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc), "-m", "bertgpu", *argv]
+            "--nproc-per-node", str(nproc), "--log-dir", log_dir, "-m", "bertgpu", *argv]
 
 
 def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
@@ -71,8 +73,14 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
 
 def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
     """One launcher run: (exit status, last lines of its stderr, stop signals received)."""
+    # Without --log-dir, torch makes a torchelastic_* folder per run and never removes it.
+    with tempfile.TemporaryDirectory(prefix="bertgpu-launch-") as log_dir:
+        return _run_launcher(launcher_command(nproc, argv, log_dir), attempt)
+
+
+def _run_launcher(command: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
     env = {**os.environ, RESTART_ENV: str(attempt)}
-    proc = subprocess.Popen(launcher_command(nproc, argv), stderr=subprocess.PIPE, env=env,
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env,
                             start_new_session=True, text=True, errors="replace", bufsize=1)
     received: list[int] = []
 
