@@ -19,9 +19,14 @@ WORLD_SIZE and train.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 from bertgpu import __version__
 from bertgpu.errors import BertgpuError
@@ -77,28 +82,58 @@ def main(argv: list[str] | None = None) -> int:
     if launches:
         _add_launch_arguments(parser)
     try:
-        if getattr(module, "ACCEPTS_OVERRIDES", False):
-            args, unknown = parser.parse_known_args(rest)
-            args.overrides = unknown
-        else:
-            args = parser.parse_args(rest)
-        if launches and args.nproc is not None and "WORLD_SIZE" not in os.environ:
-            from bertgpu.train import distributed, launcher
-
-            n = distributed.resolve_nproc(args.nproc)
-            module.check_before_launch(args, n)
-            if n > 1:
-                hint = getattr(module, "resume_hint", None)
-                return launcher.launch_local(n, [name, *strip_launch_flags(rest)],
-                                             max_restarts=args.max_restarts,
-                                             resume_hint=(lambda: hint(args)) if hint else None)
-        return int(module.main(args) or 0)
+        with _warnings_as_lines(f"bertgpu {name}"):
+            return _run(module, parser, name, rest, launches)
     except BertgpuError as exc:
         print(f"bertgpu {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"bertgpu {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
+         launches: bool) -> int:
+    """Parse the arguments, then launch N workers or run the command here."""
+    if getattr(module, "ACCEPTS_OVERRIDES", False):
+        args, unknown = parser.parse_known_args(rest)
+        args.overrides = unknown
+    else:
+        args = parser.parse_args(rest)
+    if launches and args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        from bertgpu.train import distributed, launcher
+
+        n = distributed.resolve_nproc(args.nproc)
+        module.check_before_launch(args, n)
+        if n > 1:
+            hint = getattr(module, "resume_hint", None)
+            return launcher.launch_local(n, [name, *strip_launch_flags(rest)],
+                                         max_restarts=args.max_restarts,
+                                         resume_hint=(lambda: hint(args)) if hint else None)
+    return int(module.main(args) or 0)
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(prog: str) -> Iterator[None]:
+    """While a command runs, a warning raised by bertgpu's own code prints as one line,
+    ``bertgpu finetune: warning: MESSAGE``, instead of Python's two (the file and line, then the
+    source line that called): the message already names the file or folder it is about. Others'
+    warnings (torch, transformers) keep Python's form."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not Path(filename).resolve().is_relative_to(_PACKAGE):
+            return shown(message, category, filename, lineno, file, line)
+        print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 LAUNCH_FLAGS = ("--nproc", "--max-restarts")
