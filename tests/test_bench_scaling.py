@@ -68,8 +68,11 @@ def test_measure_reads_steady_state_after_warmup(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_smoke_one_and_two_workers(tmp_path, capsys):
+def test_smoke_one_and_two_workers(tmp_path, capsys, monkeypatch):
     out = tmp_path / "scaling"
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the runs' temp folder: torch's launcher left one
     args = _args("--workers", "1", "2", "--accumulation", "1", "--steps", "2",
                  "--warmup-steps", "1", "--device", "cpu", "--micro-batch-size", "2",
                  "--seq-len", "16", "--set", "model.vocab_size=64", "--set", "model.hidden_size=32",
@@ -88,4 +91,7 @@ def test_smoke_one_and_two_workers(tmp_path, capsys):
     assert "| workers | accumulation |" in md and "BERT-large" in md
     assert (out / "scaling.png").stat().st_size > 1000
     assert not (out / "runs" / "w2_a1").exists() and (out / "runs" / "w2_a1.metrics.jsonl").exists()
+    assert not (out / "runs" / "w2_a1.launcher").exists()  # the launcher's files of a good run
+    # inductor's compile cache is kept there on purpose
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
     assert "efficiency" in capsys.readouterr().out

@@ -238,12 +238,16 @@ def default_workers(device: str) -> list[int]:
     return out + ([count] if count not in out else [])
 
 
-def pretrain_command(workers: int, recipe: str | None, overrides: list[str]) -> list[str]:
-    """The command of one point: the elastic launcher for N > 1, the plain entry point for 1."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(workers)]
-    head = launcher if workers > 1 else [sys.executable]
-    return [*head, "-m", "bertgpu", "pretrain", *([recipe] if recipe else []), *overrides]
+def pretrain_command(workers: int, recipe: str | None, overrides: list[str],
+                     log_dir: Path) -> list[str]:
+    """The command of one point: the elastic launcher for N > 1 (its ranks' error files under
+    `log_dir`), the plain entry point for 1."""
+    from bertgpu.train.launcher import launcher_command
+
+    argv = ["pretrain", *([recipe] if recipe else []), *overrides]
+    if workers > 1:
+        return launcher_command(workers, argv, str(log_dir))
+    return [sys.executable, "-m", "bertgpu", *argv]
 
 
 def measure(metrics_path: Path, warmup_steps: int) -> dict[str, float]:
@@ -300,10 +304,13 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
     if args.precision:
         overrides.append(f"--train.precision={args.precision}")
     overrides += _set_overrides(args.sets)
-    cmd = pretrain_command(workers, args.recipe, overrides)
+    # torch's launcher keeps each rank's error file here (kept if the point fails)
+    launcher_logs = runs_dir / f"w{workers}_a{accumulation}.launcher"
+    cmd = pretrain_command(workers, args.recipe, overrides, launcher_logs)
     log = runs_dir / f"w{workers}_a{accumulation}.log"
     wall_s = cells.run_logged(cmd, env, log, args.timeout_s,
                               f"{workers} workers, accumulation {accumulation}")
+    shutil.rmtree(launcher_logs, ignore_errors=True)
     result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
     shutil.copyfile(run_dir / "metrics.jsonl",
                     runs_dir / f"w{workers}_a{accumulation}.metrics.jsonl")
