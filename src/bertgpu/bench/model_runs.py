@@ -77,8 +77,9 @@ class Models:
             model = ours
             if name == "transformers":
                 model = self._hf(transformers, ours)
-                if grad_ckpt:
-                    model.gradient_checkpointing_enable()
+                if grad_ckpt:  # the newer name where it exists (the old one goes in v6)
+                    getattr(model, "activation_checkpointing_enable",
+                            model.gradient_checkpointing_enable)()
             self.eager[name] = model.to(device).train()
             self.optimizers[name] = build_optimizer(self.eager[name], "adamw", 1e-4)
         self.vocab = int(self.config.vocab_size)
