@@ -74,11 +74,15 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
 def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
     """One launcher run: (exit status, last lines of its stderr, stop signals received)."""
     # Without --log-dir, torch makes a torchelastic_* folder per run and never removes it.
-    with tempfile.TemporaryDirectory(prefix="bertgpu-launch-") as log_dir:
-        return _run_launcher(launcher_command(nproc, argv, log_dir), attempt)
+    # (A worker that outlives the launcher and still writes there must not turn a finished run's
+    # exit status into a cleanup error.)
+    with tempfile.TemporaryDirectory(prefix="bertgpu-launch-", ignore_cleanup_errors=True) as logs:
+        return _run_launcher(launcher_command(nproc, argv, logs), attempt)
 
 
 def _run_launcher(command: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
+    """Run `command` (the launcher) in a session of its own, its stderr passed through, stop
+    signals forwarded to its process group."""
     env = {**os.environ, RESTART_ENV: str(attempt)}
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env,
                             start_new_session=True, text=True, errors="replace", bufsize=1)
