@@ -159,6 +159,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)
+    if resume is not None:
+        check_same_model(resume[0], model_fields)
     data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
     init = _init_source(cfg, data, resume)
 
@@ -198,6 +200,33 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                                                "config.json": _hf_config_json(model)},
                      final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
                      comm_timer=timer, resume=resume, evaluate_first=init is not None)
+
+
+def _may_change_on_resume(key: str) -> bool:
+    """[model] keys a resumed run may change: dropout rates, and the initialisation (which a
+    resumed run does not use). Every other key shapes the weights or what they compute."""
+    return "dropout" in key or key.startswith("initializer")
+
+
+def check_same_model(checkpoint: Path, model_fields: dict[str, Any]) -> None:
+    """Refuse to resume from `checkpoint` with another model: its config.toml's [model] against
+    this run's, every key but dropout and initialisation. Other head counts keep every weight's
+    shape, so comparing the weights would miss them."""
+    from bertgpu.config import overrides, schema
+
+    path = checkpoint / "config.toml"
+    if not path.is_file():
+        return
+    saved = overrides.config_to_dict(schema.load_config(str(path), []).model)  # as read here
+    keys = sorted(set(saved) | set(model_fields))
+    differ = [k for k in keys if not _may_change_on_resume(k)
+              and saved.get(k) != model_fields.get(k)]
+    if differ:
+        diffs = ", ".join(f"{k} {saved.get(k)} there, {model_fields.get(k)} here" for k in differ)
+        raise BertgpuError(
+            f"{checkpoint}: the run resumes from this checkpoint, whose model differs from the "
+            f"config's ({diffs}); resume with the run's [model] settings ({path}), or give "
+            "another --out for a new run")
 
 
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
