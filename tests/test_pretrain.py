@@ -166,6 +166,23 @@ def test_another_model_is_refused_on_resume_and_the_run_is_left_as_it_was(
                       "--model.hidden_dropout_prob", "0")) == 0
 
 
+def test_resume_with_another_global_batch_continues(shards: Path,
+                                                    tmp_path: Path) -> None:
+    """The loader's state is a global position, so a run may resume with a larger global batch
+    (the checkpoint's per-rank batch shares, summing to the old one, are measured again)."""
+    import json
+
+    run = tmp_path / "r"
+    assert main(_args(shards, run, "--train.max_steps", "2")) == 0
+    assert main(_args(shards, run, "--train.max_steps", "3", "--train.global_batch_size",
+                      "16")) == 0
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    seen = [r["tokens_seen"] for r in train]
+    assert seen[2] - seen[1] == 2 * (seen[1] - seen[0])  # 16 sequences of 32 tokens, not 8
+
+
 def _losses(run: Path) -> list[float]:
     import json
 

@@ -222,7 +222,9 @@ class PretrainTask:
                                    "to continue anyway)")
         self.loader.load_state_dict(state["loader"])
         shares = state.get("shares")
-        if shares and len(shares) == self.info.world_size:  # another world size measures again
+        # another world size or global batch starts from equal shares and measures again
+        if (shares and len(shares) == self.info.world_size
+                and sum(shares) == self.loader.global_batch_size):
             self.loader.set_shares(list(shares))
 
     def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
