@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 SCRIPT = r'''
 import sys, types, warnings
@@ -36,3 +37,46 @@ def test_own_warnings_are_one_line_and_others_keep_their_form():
     assert proc.stderr.splitlines() == [
         "bertgpu fake: warning: run/checkpoints/step_3: 2 weights initialised fresh",
         "/site-packages/other.py:7: UserWarning: from elsewhere"]
+
+
+def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys):
+    """--out naming a file (or a path through one) stops every command that writes a folder
+    before any work, with one line naming it. With real inputs `finetune` used to replace the
+    user's file with its results folder, `pretrain` and `glue` to raise a traceback, `bench model`
+    to raise one after all its measurements."""
+    import re
+
+    import _tiny_init
+    from _shards import write_synthetic_shards
+
+    from bertgpu import cli
+
+    root = Path(__file__).parent
+    glue_data = root / "fixtures" / "glue"
+    words = sorted({w for f in glue_data.rglob("*.tsv")
+                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", f.read_text().lower())})
+    init = _tiny_init.tiny_init(tmp_path / "m", [*_tiny_init.SPECIAL, *words])
+    shards = write_synthetic_shards(tmp_path / "shards", n_train=16, n_val=8, seq_len=32,
+                                    vocab_size=100)
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    commands = {
+        "pretrain": ["pretrain", str(root.parent / "configs" / "tiny.toml"), "--data",
+                     str(shards), "--out", str(afile), "--model.vocab_size", "100",
+                     "--train.max_steps", "1"],
+        "finetune": ["finetune", "sst2", "--data", str(glue_data), "--init", str(init),
+                     "--out", str(afile), "--epochs", "1"],
+        "glue": ["glue", "--data-dir", str(glue_data), "--tasks", "sst2", "--init", str(init),
+                 "--out", str(afile), "--epochs", "1"],
+        "report": ["report", str(init), "--out", str(afile / "report")],
+        "bench model": ["bench", "model", "--size", "tiny", "--out", str(afile / "rows.jsonl")],
+        "bench scaling": ["bench", "scaling", "--workers", "1", "--out", str(afile)],
+        "bench finetune-scaling": ["bench", "finetune-scaling", "--out", str(afile)],
+        "bench quality": ["bench", "quality", "--out", str(afile)],
+    }
+    for name, argv in commands.items():
+        assert cli.main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{afile}: exists and is not a folder" in err, (
+            name, err)
+        assert afile.read_text() == "mine", name

@@ -163,6 +163,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
     names and `regression` as tasks/classify.py and tasks/ner.py describe."""
+    _check_out(out)
     cfg = load_finetune_config(cfg, overrides)
     request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file,
                          predict_test=predict_test, text_field=text_field,
@@ -186,6 +187,7 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     from bertgpu.tasks import glue as glue_tasks
     from bertgpu.tasks.glue_job import examples_job
 
+    _check_out(out)
     t = glue_tasks.get_task(task)
     cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
@@ -199,6 +201,12 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
 
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
+
+
+def _check_out(out: str | os.PathLike[str]) -> None:
+    from bertgpu.fsutil import check_output_folder
+
+    check_output_folder(out, "an output folder (the fine-tuned model and results.json)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,6 +454,8 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     if missing and not args.help_config:
         raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init "
                            "FOLDER --out DIR)")
+    if args.out:
+        _check_out(args.out)
     load_finetune_config(None, args.overrides)
     if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
         task_module(args.task).check_request(JobRequest(

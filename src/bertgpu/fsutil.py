@@ -56,6 +56,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def check_output_folder(path: str | os.PathLike[str], what: str = "an output folder") -> None:
+    """`path` may become a folder: it is one already or does not exist, and its nearest existing
+    parent is a folder. Else a one-line error naming the file in the way, before any work (a
+    command that replaces its output folder would otherwise replace a file of the user's)."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                where = "" if p == path else f" (on the way to {path})"
+                raise BertgpuError(f"{p}: exists and is not a folder{where}; expected {what}")
+            return
+
+
 def replace_dir(tmp: Path, final: Path, between: Hook | None = None) -> Path:
     """Move the finished folder `tmp` to `final`, replacing an existing `final`.
 

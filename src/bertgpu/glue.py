@@ -111,9 +111,11 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     content of glue_results.json."""
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
+    from bertgpu.fsutil import check_output_folder
     from bertgpu.tasks import glue as tasks_mod
     from bertgpu.train import distributed
 
+    check_output_folder(out, "an output folder (a folder per task and seed, and the table)")
     overrides = list(overrides or [])
     seeds = list(seeds or [1])
     if len(set(seeds)) != len(seeds):

@@ -75,8 +75,11 @@ def _config(args: argparse.Namespace) -> Any:
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
     from bertgpu.config import schema
+    from bertgpu.fsutil import check_output_folder
 
     cfg = _config(args)
+    if cfg.out:
+        check_output_folder(cfg.out, "a run folder")
     if not isinstance(cfg.impl.micro_batch_size, str):
         schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
     _check_gpu_count(nproc, cfg.impl.device)
@@ -147,6 +150,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     from bertgpu.config import overrides, schema
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
+    from bertgpu.fsutil import check_output_folder
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import loop
     from bertgpu.train.checkpoint import load_resume
@@ -156,6 +160,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     if not cfg.data.dir:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
     run_dir, t, impl = Path(cfg.out), cfg.train, cfg.impl
+    check_output_folder(run_dir, "a run folder")
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)

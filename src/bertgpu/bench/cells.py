@@ -67,6 +67,17 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
             f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
+def check_rows_file(path: str | Path) -> None:
+    """Before a benchmark runs: `path` can take its rows (not a folder, under a folder that is
+    or can be made), so that minutes of measurements are not lost at the end."""
+    from bertgpu.fsutil import check_output_folder
+
+    if Path(path).is_dir():
+        raise BertgpuError(f"{path}: is a folder; expected a .jsonl or .csv file to append the "
+                           "rows to")
+    check_output_folder(Path(path).parent, "a folder for the results file")
+
+
 def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     """Append rows to a JSONL file (`append_jsonl`), or to a CSV
     (header written when the file is new)."""

@@ -66,6 +66,7 @@ from typing import Any
 
 from bertgpu.bench import cells as runner
 from bertgpu.bench.finetune_grid import DEMO_SETS, Cell, Plan, Target, make_plan
+from bertgpu.fsutil import check_output_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -251,6 +252,7 @@ def main(args: argparse.Namespace) -> int:
 
     plan = make_plan(args)  # every check before the output folder exists
     out = Path(args.out)
+    check_output_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     key = task_key(args.task)
     if key in DEMO_SETS:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.bench.batches import MODERN_SIZES, SIZES
-from bertgpu.bench.cells import append_rows
+from bertgpu.bench.cells import append_rows, check_rows_file
 from bertgpu.bench.model_runs import ARCHS, COMPILE_MODES, Models, Variant, run_point
 from bertgpu.errors import BertgpuError
 
@@ -297,6 +297,8 @@ def main(args: argparse.Namespace) -> int:
             and args.preset is None):
         print("note: --real-lengths full has no padding, so unpadded equals padded; try "
               "--real-lengths uniform")
+    if args.out is not None:
+        check_rows_file(args.out)
     cuda = device.type == "cuda"
     if args.preset in ("gpu", "gpu-check") and not cuda:
         print("note: --preset gpu is the GPU table (BERT-large, ModernBERT-base at 1024): hours "

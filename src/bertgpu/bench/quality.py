@@ -45,6 +45,7 @@ from typing import Any
 
 from bertgpu.bench import cells
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_RECIPES = ("configs/tiny.toml", "configs/modern-tiny.toml")
@@ -403,6 +404,7 @@ def main(args: argparse.Namespace) -> int:
     from bertgpu.config import schema
 
     out = Path(args.out)
+    check_output_folder(out)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     command = "bertgpu " + " ".join(sys.argv[1:])
     if args.project:

@@ -36,6 +36,7 @@ from typing import Any
 
 from bertgpu.bench import cells
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder
 
 # The default model when no recipe is given: small enough for a 2-core CPU.
 TINY_MODEL = {
@@ -396,6 +397,7 @@ def main(args: argparse.Namespace) -> int:
     workers, accumulations = _points(args, on_gpu)
 
     out = Path(args.out)
+    check_output_folder(out)
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     model_overrides, vocab, positions = _model_overrides(args)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import check_output_folder, replace_dir
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_source
 from bertgpu.report.quality import quality_blocks
@@ -79,8 +79,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
         raise BertgpuError("report: no inputs; expected run folders, GLUE/fine-tuning folders "
                            "or bench .jsonl files")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BertgpuError(f"{out}: exists and is not a folder; expected an output folder")
+    check_output_folder(out)
     for p in paths:
         if _within(Path(p), out) or _within(out, Path(p)):
             raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
