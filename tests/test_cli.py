@@ -41,9 +41,9 @@ def test_own_warnings_are_one_line_and_others_keep_their_form():
 
 def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys):
     """--out naming a file (or a path through one) stops every command that writes a folder
-    before any work, with one line naming it. With real inputs `finetune` used to replace the
-    user's file with its results folder, `pretrain` and `glue` to raise a traceback, `bench model`
-    to raise one after all its measurements."""
+    before any work, with one line naming it. With real inputs `finetune` and `prepare
+    --overwrite` used to replace the user's file with their output folder, `pretrain`, `glue` and
+    `demo` to raise a traceback, `bench model` to raise one after all its measurements."""
     import re
 
     import _tiny_init
@@ -73,6 +73,11 @@ def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path
         "bench scaling": ["bench", "scaling", "--workers", "1", "--out", str(afile)],
         "bench finetune-scaling": ["bench", "finetune-scaling", "--out", str(afile)],
         "bench quality": ["bench", "quality", "--out", str(afile)],
+        "prepare --overwrite": ["prepare", "--corpus", str(root.parent / "README.md"),
+                                "--tokenizer", str(init), "--out", str(afile), "--overwrite"],
+        "tokenizer": ["tokenizer", "--corpus", str(root.parent / "README.md"),
+                      "--out", str(afile / "tok")],
+        "demo": ["demo", "--out", str(afile), "--fresh"],
     }
     for name, argv in commands.items():
         assert cli.main(argv) == 2, name

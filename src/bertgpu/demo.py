@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "modern-tiny.toml"
@@ -179,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
     from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
 
     out = Path(args.out)
+    check_output_folder(out)
     if args.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)

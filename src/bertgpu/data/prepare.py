@@ -73,6 +73,7 @@ from bertgpu.data.unit_job import UnitJob
 from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder
 
 
 def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_fraction: float,
@@ -145,6 +146,8 @@ def prepare(
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
     inputs = resolve_inputs(paths)  # fail on a missing input before any work
     out = os.fspath(out_dir)
+    if not is_url(out):  # a file there is refused even with --overwrite, which replaces shards
+        check_output_folder(out, "a folder for the shard set")
     if not is_url(out) and Path(out).exists() and (
             not Path(out).is_dir() or any(Path(out).iterdir())) and not overwrite:
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
