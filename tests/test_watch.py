@@ -137,6 +137,9 @@ def test_finetune_in_progress_and_bad_input(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "bertgpu watch: error:" in err and "missing: does not exist" in err
     assert err.count("\n") == 1
+    (tmp_path / "a.txt").write_text("")
+    assert cli_main(["watch", str(tmp_path / "a.txt"), "--once"]) == 2
+    assert "a.txt: is a file; expected a run folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert "waiting for the first record" in _frame(capsys, monkeypatch, tmp_path / "empty")
 

@@ -289,7 +289,8 @@ def _resolve(folder: Path) -> Path:
         return running  # a fine-tuning run still in progress
     if folder.is_dir():
         return folder  # a run that has not written its first record yet
-    raise BertgpuError(f"{folder}: does not exist; expected a run folder (metrics.jsonl) of "
+    problem = "is a file" if folder.exists() else "does not exist"
+    raise BertgpuError(f"{folder}: {problem}; expected a run folder (metrics.jsonl) of "
                        "bertgpu pretrain or finetune")
 
 
