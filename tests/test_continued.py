@@ -175,10 +175,14 @@ def test_continued_minilm_beats_its_init_and_a_random_twin_and_exports(pydoc_dat
     with torch.no_grad():
         torch.testing.assert_close(ours(**enc).prediction_logits, hf(**enc).logits, atol=1e-4,
                                    rtol=1e-4)
-    # Re-running the same command resumes the run; the init is not read again.
+    # Re-running the same command finds the run finished; with one more step it resumes the
+    # run, and the init is not read again.
     capsys.readouterr()
     assert main(["pretrain", ADAPT, "--init", str(minilm), "--data", str(pydoc_data),
                  "--out", str(run), *SMALL, *steps]) == 0
+    assert "finished at step 10 (train.max_steps 10)" in capsys.readouterr().out
+    assert main(["pretrain", ADAPT, "--init", str(minilm), "--data", str(pydoc_data),
+                 "--out", str(run), *SMALL, *steps, "--train.max_steps", "11"]) == 0
     assert "not read (the run resumes from its own checkpoint)" in capsys.readouterr().out
 
 

@@ -183,6 +183,25 @@ def test_resume_with_another_global_batch_continues(shards: Path,
     assert seen[2] - seen[1] == 2 * (seen[1] - seen[0])  # 16 sequences of 32 tokens, not 8
 
 
+def test_rerunning_a_finished_run_says_so_and_changes_nothing(shards: Path, tmp_path: Path,
+                                                              capsys) -> None:
+    """The same command again after a run ended at max_steps: one line, no evaluation or export
+    of the same weights again, metrics.jsonl as it was; a larger max_steps trains on."""
+    run = tmp_path / "r"
+    assert main(_args(shards, run, "--train.max_steps", "2")) == 0
+    metrics = (run / "metrics.jsonl").read_text()
+    export = (run / "hf" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(_args(shards, run, "--train.max_steps", "2")) == 0
+    out = capsys.readouterr().out
+    assert f"{run}: finished at step 2 (train.max_steps 2); nothing to train" in out, out
+    assert len(out.strip().splitlines()) == 1, out
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert (run / "hf" / "model.safetensors").stat().st_mtime_ns == export
+    assert main(_args(shards, run, "--train.max_steps", "3")) == 0
+    assert "done: step 3" in capsys.readouterr().out
+
+
 def _losses(run: Path) -> list[float]:
     import json
 

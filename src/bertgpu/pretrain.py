@@ -139,9 +139,45 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
 def _train(cfg: Any, info: Any, allow_data_change: bool) -> RunResult:
     """Build and run the loop; the loop (and the DDP or FSDP model in it) dies with this frame,
     before the process group is torn down."""
+    done = finished_run(cfg, say=info.is_main)
+    if done is not None:
+        return done
     res = build(cfg, info, allow_data_change).run()
     return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval,
                      res.exit_status)
+
+
+def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
+    """The run in `cfg.out` if it already ended at its newest checkpoint by reaching max_steps
+    (an `end` record there) at or past this config's train.max_steps, with its Hugging Face
+    export written after that checkpoint: a re-run of the finished command then says so and
+    returns, instead of evaluating and exporting the same weights again. None otherwise (no run,
+    more steps to take, a budget run, an export missing)."""
+    from bertgpu.fsutil import COMPLETE, complete_steps
+    from bertgpu.telemetry.records import read_metrics
+
+    run_dir = Path(cfg.out)
+    max_steps = cfg.train.max_steps
+    steps = complete_steps(run_dir / "checkpoints")
+    export = run_dir / "hf" / "model.safetensors"
+    if not steps or not max_steps or cfg.train.budget_hours or not export.is_file():
+        return None
+    step, checkpoint = steps[-1]
+    if step < max_steps or export.stat().st_mtime < (checkpoint / COMPLETE).stat().st_mtime:
+        return None
+    ends = [r for r in read_metrics(run_dir / "metrics.jsonl")
+            if r.get("kind") == "info" and r.get("event") == "end"] if (
+        run_dir / "metrics.jsonl").is_file() else []
+    if not ends or ends[-1].get("step") != step or ends[-1].get("reason") != "max_steps":
+        return None
+    from bertgpu.config import overrides
+
+    check_same_model(checkpoint, overrides.config_to_dict(cfg.model))
+    if say:
+        print(f"{run_dir}: finished at step {step} (train.max_steps {max_steps}); nothing to "
+              f"train. Its Hugging Face export: {run_dir / 'hf'} (raise --train.max_steps to "
+              "train on)", flush=True)
+    return RunResult(run_dir, step, run_dir / "hf")
 
 
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
