@@ -226,21 +226,23 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
+    training = loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
+                         peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
+                         logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
+                         title="bertgpu pretrain",
+                         startup_rows=[*_startup_rows(cfg, data, model, peak_lr, micro,
+                                                      accumulation, info), *init_rows],
+                         checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
+                                                   "config.json": _hf_config_json(model)},
+                         final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
+                         comm_timer=timer, resume=resume, evaluate_first=init is not None)
+    # Written once the checkpoint has been restored: a resume it refuses (another seed, other
+    # data) leaves the run folder as it was.
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
         copy_tokenizer(data, run_dir)
-
-    return loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
-                     peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
-                     logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
-                     title="bertgpu pretrain",
-                     startup_rows=[*_startup_rows(cfg, data, model, peak_lr, micro, accumulation,
-                                                  info), *init_rows],
-                     checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
-                                               "config.json": _hf_config_json(model)},
-                     final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
-                     comm_timer=timer, resume=resume, evaluate_first=init is not None)
+    return training
 
 
 def _may_change_on_resume(key: str) -> bool:
