@@ -204,6 +204,14 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(shards: Path, tmp_
     assert "done: step 3" in capsys.readouterr().out
 
 
+def test_a_warm_up_longer_than_the_run_is_a_warning(shards: Path, tmp_path: Path,
+                                                    capsys) -> None:
+    assert main(_args(shards, tmp_path / "r", "--train.max_steps", "2",
+                      "--schedule.warmup_steps", "5")) == 0
+    assert ("bertgpu pretrain: warning: schedule.warmup_steps 5 >= train.max_steps 2: the warm-up "
+            "takes the whole run") in capsys.readouterr().err
+
+
 def _losses(run: Path) -> list[float]:
     import json
 

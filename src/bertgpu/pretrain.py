@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,11 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
     run_dir, t, impl = Path(cfg.out), cfg.train, cfg.impl
     check_output_folder(run_dir, "a run folder")
+    warmup = cfg.schedule.warmup_steps
+    if info.is_main and warmup and t.max_steps and not t.budget_hours and warmup >= t.max_steps:
+        warnings.warn(f"schedule.warmup_steps {warmup} >= train.max_steps {t.max_steps}: the "
+                      "warm-up takes the whole run, and the learning rate reaches optim.lr only "
+                      f"at step {warmup}", stacklevel=2)
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)
