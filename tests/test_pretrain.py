@@ -164,6 +164,11 @@ def test_another_model_is_refused_on_resume_and_the_run_is_left_as_it_was(
             assert "step_2" in err and "--out" in err, err
         assert (run / "config.toml").read_text() == config, change
         assert (run / "metrics.jsonl").read_text() == metrics, change
+    # with --nproc, refused before any worker starts (not once per rank under torch's report)
+    rc = main(_args(shards, run, "--train.max_steps", "4", "--model.hidden_size", "16",
+                    "--nproc", "2"))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "hidden_size 32 there, 16 here" in err, err
     assert main(_args(shards, run, "--train.max_steps", "3",
                       "--model.hidden_dropout_prob", "0")) == 0
 

@@ -75,12 +75,15 @@ def _config(args: argparse.Namespace) -> Any:
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
-    from bertgpu.config import schema
-    from bertgpu.fsutil import check_output_folder
+    from bertgpu.config import overrides, schema
+    from bertgpu.fsutil import check_output_folder, complete_steps
 
     cfg = _config(args)
     if cfg.out:
         check_output_folder(cfg.out, "a run folder")
+        checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
+        if checkpoints:  # the workers would each refuse it, under the launcher's long report
+            check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
     if not isinstance(cfg.impl.micro_batch_size, str):
         schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
     _check_gpu_count(nproc, cfg.impl.device)
