@@ -85,3 +85,30 @@ def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path
         assert len(err.splitlines()) == 1 and f"{afile}: exists and is not a folder" in err, (
             name, err)
         assert afile.read_text() == "mine", name
+
+
+def test_bad_inputs_with_nproc_are_one_line_before_any_worker_starts(tmp_path, capsys):
+    """With --nproc 2 a missing init, data folder or shard set used to surface inside both
+    workers, under torch's 40-line failure report; each is now one line, and no worker starts."""
+    import _tiny_init
+
+    from bertgpu import cli
+
+    root = Path(__file__).parent
+    missing = str(tmp_path / "absent")
+    init = str(_tiny_init.tiny_init(tmp_path / "m", [*_tiny_init.SPECIAL, "a"]))
+    cases = {
+        "pretrain, no shard set": (["pretrain", str(root.parent / "configs" / "tiny.toml"),
+                                    "--data", missing, "--out", str(tmp_path / "r"),
+                                    "--impl.micro_batch_size", "16"], "manifest.json"),
+        "finetune, no init": (["finetune", "sst2", "--data", str(root / "fixtures" / "glue"),
+                               "--init", missing, "--out", str(tmp_path / "f")], "absent"),
+        "finetune, no GLUE files": (["finetune", "sst2", "--data", missing, "--init", init,
+                                     "--out", str(tmp_path / "f")], "no train file"),
+        "glue, no init": (["glue", "--data-dir", str(root / "fixtures" / "glue"), "--init",
+                           missing, "--out", str(tmp_path / "g")], "absent"),
+    }
+    for name, (argv, message) in cases.items():
+        assert cli.main([*argv, "--nproc", "2"]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, (name, err)

@@ -93,7 +93,9 @@ def find_tokenizer(init: str | os.PathLike[str]) -> Path:
                        "tokenizer/ folder of a bertgpu run)")
 
 
-def _tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Path:
+def tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Path:
+    """The tokenizer folder of `init` (of `config_from` with `--init random`); a one-line error
+    when either is not a model or run folder."""
     if init == "random":
         if config_from is None:
             raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint "
@@ -172,7 +174,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     module = task_module(task)
     module.check_request(request)  # flag errors before the tokenizer loads
     init_s = str(init)
-    tok_dir = _tokenizer_for(init_s, config_from)
+    tok_dir = tokenizer_for(init_s, config_from)
     return _run(lambda tokenizer: module.build_job(request, tokenizer, cfg), init_s, Path(out), cfg,
                 tok_dir, config_from)
 
@@ -191,7 +193,7 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     t = glue_tasks.get_task(task)
     cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
-    tok_dir = _tokenizer_for(init_s, config_from)
+    tok_dir = tokenizer_for(init_s, config_from)
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
         job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, cfg,
@@ -457,6 +459,8 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     if args.out:
         _check_out(args.out)
     load_finetune_config(None, args.overrides)
+    if args.init:  # the init folder and its tokenizer (the workers would each fail on it)
+        tokenizer_for(str(args.init), args.config_from)
     if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
         task_module(args.task).check_request(JobRequest(
             args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,

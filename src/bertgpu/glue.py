@@ -88,10 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
-    """A typo in the fine-tuning overrides fails here, once, before any run or worker starts."""
+    """A typo in the fine-tuning overrides, an --out that is a file or an --init that is not a
+    model fails here, once, before any run or worker starts."""
     from bertgpu.config.finetune import load_finetune_config
+    from bertgpu.finetune import tokenizer_for
+    from bertgpu.fsutil import check_output_folder
 
+    check_output_folder(args.out, "an output folder (a folder per task and seed, and the table)")
     load_finetune_config(None, args.overrides)
+    tokenizer_for(str(args.init), args.config_from)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -84,6 +84,11 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
         checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
         if checkpoints:  # the workers would each refuse it, under the launcher's long report
             check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
+    if cfg.data.dir:  # the shard set, and that the model fits it
+        from bertgpu.tasks.pretraining import PretrainData
+
+        PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
+            overrides.config_to_dict(cfg.model), None)
     if not isinstance(cfg.impl.micro_batch_size, str):
         schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
     _check_gpu_count(nproc, cfg.impl.device)

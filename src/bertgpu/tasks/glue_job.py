@@ -30,10 +30,12 @@ if TYPE_CHECKING:
 
 
 def check_request(request: JobRequest) -> None:
-    """A GLUE name, --data given, no own-file flags."""
+    """A GLUE name, --data given and holding the task's train and dev files, no own-file
+    flags."""
     request.check_no_columns()
-    glue.get_task(request.task)
-    _data_dir(request)
+    task, data = glue.get_task(request.task), _data_dir(request)
+    for split in ("train", *task.dev_splits):
+        glue.find_split_file(data, task, split)
 
 
 def build_job(request: JobRequest, tokenizer: Any,
