@@ -174,9 +174,9 @@ def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
     step, checkpoint = steps[-1]
     if step < max_steps or export.stat().st_mtime < (checkpoint / COMPLETE).stat().st_mtime:
         return None
-    ends = [r for r in read_metrics(run_dir / "metrics.jsonl")
-            if r.get("kind") == "info" and r.get("event") == "end"] if (
-        run_dir / "metrics.jsonl").is_file() else []
+    metrics = run_dir / "metrics.jsonl"
+    records = read_metrics(metrics) if metrics.is_file() else []
+    ends = [r for r in records if r.get("kind") == "info" and r.get("event") == "end"]
     if not ends or ends[-1].get("step") != step or ends[-1].get("reason") != "max_steps":
         return None
     from bertgpu.config import overrides
