@@ -89,7 +89,8 @@ def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path
 
 def test_bad_inputs_with_nproc_are_one_line_before_any_worker_starts(tmp_path, capsys):
     """With --nproc 2 a missing init, data folder or shard set used to surface inside both
-    workers, under torch's 40-line failure report; each is now one line, and no worker starts."""
+    workers, under torch's failure report (about 45 lines); each is now one line, and no worker
+    starts."""
     import _tiny_init
 
     from bertgpu import cli

@@ -92,11 +92,16 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     model fails here, once, before any run or worker starts."""
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.finetune import tokenizer_for
-    from bertgpu.fsutil import check_output_folder
 
-    check_output_folder(args.out, "an output folder (a folder per task and seed, and the table)")
+    _check_out(args.out)
     load_finetune_config(None, args.overrides)
     tokenizer_for(str(args.init), args.config_from)
+
+
+def _check_out(out: str | os.PathLike[str]) -> None:
+    from bertgpu.fsutil import check_output_folder
+
+    check_output_folder(out, "an output folder (a folder per task and seed, and the table)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,11 +121,10 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     content of glue_results.json."""
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
-    from bertgpu.fsutil import check_output_folder
     from bertgpu.tasks import glue as tasks_mod
     from bertgpu.train import distributed
 
-    check_output_folder(out, "an output folder (a folder per task and seed, and the table)")
+    _check_out(out)
     overrides = list(overrides or [])
     seeds = list(seeds or [1])
     if len(set(seeds)) != len(seeds):

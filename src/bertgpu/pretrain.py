@@ -162,6 +162,7 @@ def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
     export written after that checkpoint: a re-run of the finished command then says so and
     returns, instead of evaluating and exporting the same weights again. None otherwise (no run,
     more steps to take, a budget run, an export missing)."""
+    from bertgpu.config import overrides
     from bertgpu.fsutil import COMPLETE, complete_steps
     from bertgpu.telemetry.records import read_metrics
 
@@ -179,8 +180,6 @@ def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
     ends = [r for r in records if r.get("kind") == "info" and r.get("event") == "end"]
     if not ends or ends[-1].get("step") != step or ends[-1].get("reason") != "max_steps":
         return None
-    from bertgpu.config import overrides
-
     check_same_model(checkpoint, overrides.config_to_dict(cfg.model))
     if say:
         print(f"{run_dir}: finished at step {step} (train.max_steps {max_steps}); nothing to "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder
 
 
 def child_env(threads: int | None) -> dict[str, str]:
@@ -70,8 +71,6 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
 def check_rows_file(path: str | Path) -> None:
     """Before a benchmark runs: `path` can take its rows (not a folder, under a folder that is
     or can be made), so that minutes of measurements are not lost at the end."""
-    from bertgpu.fsutil import check_output_folder
-
     if Path(path).is_dir():
         raise BertgpuError(f"{path}: is a folder; expected a .jsonl or .csv file to append the "
                            "rows to")

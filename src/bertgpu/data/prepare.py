@@ -148,10 +148,9 @@ def prepare(
     out = os.fspath(out_dir)
     if not is_url(out):  # a file there is refused even with --overwrite, which replaces shards
         check_output_folder(out, "a folder for the shard set")
-    if not is_url(out) and Path(out).exists() and (
-            not Path(out).is_dir() or any(Path(out).iterdir())) and not overwrite:
-        raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
-                           "(or --overwrite)")
+        if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
+            raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
+                               "(or --overwrite)")
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(

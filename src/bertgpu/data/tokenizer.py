@@ -244,7 +244,7 @@ def _check_out_dir(out: Path) -> None:
     from bertgpu.fsutil import check_output_folder
 
     check_output_folder(out, "a new output folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and any(out.iterdir()):
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new output folder")
 
 
