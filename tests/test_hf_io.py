@@ -192,9 +192,8 @@ def test_save_replaces_existing_folder_and_copies_tokenizer(tmp_path):
     (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     (tok / "tokenizer_config.json").write_text("{}")
     (tok / "config.json").write_text("{\"not\": \"copied\"}")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    out = save_pretrained(BertForPreTraining(BertConfig(**TINY)), tmp_path / "out")
+    (out / "stale.txt").write_text("old")  # an earlier export's, replaced whole
     save_pretrained(BertModel(BertConfig(**TINY)), out, tokenizer=tok)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
                                                      "tokenizer_config.json", "vocab.txt"]

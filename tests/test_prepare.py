@@ -128,13 +128,24 @@ def test_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objecti
 
 def test_refuses_existing_output_unless_overwrite(tok, corpus, tmp_path):
     out = tmp_path / "data"
-    out.mkdir()
-    (out / "keep.txt").write_text("x")
+    prepare([corpus], tok, out, workers=1, seq_len=64)
     with pytest.raises(BertgpuError, match="already exists and is not empty"):
         prepare([corpus], tok, out, workers=1)
-    assert (out / "keep.txt").exists()
+    assert json.loads((out / "manifest.json").read_text())["seq_len"] == 64
     prepare([corpus], tok, out, workers=1, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
+    assert json.loads((out / "manifest.json").read_text())["seq_len"] == 128
+
+
+def test_overwrite_replaces_only_a_shard_set(tok, corpus, tmp_path):
+    """--overwrite replaces an earlier shard set, never a folder of the user's (it once deleted a
+    project folder, corpus included, given as --out)."""
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(BertgpuError, match=r"project: a folder that is not a shard set"):
+            prepare([corpus], tok, out, workers=1, overwrite=overwrite)
+        assert (out / "notes.md").read_text() == "mine"
 
 
 def test_failure_midway_leaves_nothing_behind(tok, corpus, tmp_path):

@@ -200,8 +200,8 @@ def test_empty_log_and_replaces_existing_report(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text("", encoding="utf-8")
     out = tmp_path / "rep"
-    out.mkdir()
-    (out / "stale.png").write_bytes(b"old")
+    build_report([run], out, "md")
+    (out / "stale.png").write_bytes(b"old")  # an earlier report's, replaced whole
     build_report([run], out, "html")
     assert sorted(p.name for p in out.iterdir()) == ["index.html"]
     assert "No train or eval records" in (out / "index.html").read_text(encoding="utf-8")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder
+from bertgpu.fsutil import check_output_folder, check_replaceable
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "modern-tiny.toml"
@@ -174,6 +174,15 @@ def _pretraining_table(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+DEMO_ENTRIES = ("tokenizer", "data", "run", "finetune")
+
+
+def is_demo_output(folder: Path) -> bool:
+    """Everything in `folder` is what a demo writes (its stages' folders, their .tmp and .old)."""
+    return all(e.name.removesuffix(".tmp").removesuffix(".old") in DEMO_ENTRIES
+               for e in Path(folder).iterdir())
+
+
 def main(args: argparse.Namespace) -> int:
     from bertgpu import pretrain
     from bertgpu.config import schema
@@ -182,6 +191,8 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_folder(out)
     if args.fresh and out.exists():
+        check_replaceable(out, is_demo_output, "a demo folder (only tokenizer/, data/, run/ and "
+                          "finetune/ in it), which --fresh deletes")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()

@@ -18,7 +18,9 @@ from bertgpu.errors import BertgpuError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out)")
-    parser.add_argument("--out", required=True, help="folder to write (replaced if it exists)")
+    parser.add_argument("--out", required=True,
+                        help="folder to write (an earlier export there is replaced; any other "
+                        "non-empty folder is refused)")
     parser.add_argument("--step", type=int, default=None,
                         help="checkpoint step (default: the latest)")
 
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
     from bertgpu import fsutil
-    from bertgpu.models.hf_io import load_pretrained, save_pretrained
+    from bertgpu.models.hf_io import MODEL_FOLDER, is_model_folder, load_pretrained, save_pretrained
     from bertgpu.train.checkpoint import (
         CHECKPOINTS,
         checkpoint_problem,
@@ -37,6 +39,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
+    fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
     if step is None:
         # the newest good one; damaged newer ones are warned about
         ckpt = latest_checkpoint(run_dir)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, peak_lr, resolve_finetune
 from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import make_scratch, replace_dir
 from bertgpu.tasks.finetuning import JobRequest
 from bertgpu.tasks.registry import task_module
 
@@ -205,10 +205,18 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
 
 
+FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
+
+
+def is_finetune_output(folder: Path) -> bool:
+    """An earlier fine-tuning output, which a new run to the same --out replaces."""
+    return (Path(folder) / "results.json").is_file()
+
+
 def _check_out(out: str | os.PathLike[str]) -> None:
     from bertgpu.fsutil import check_output_folder
 
-    check_output_folder(out, "an output folder (the fine-tuned model and results.json)")
+    check_output_folder(out, FINETUNE_OUTPUT, replaces=is_finetune_output)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,8 +297,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
         resume = None  # an interrupted run of other settings: start over
     if info.is_main:
-        if resume is None and work.exists():
-            shutil.rmtree(work)  # left over from an interrupted run
+        if resume is None:  # one left over from an interrupted run is removed
+            make_scratch(work, work.with_name(work.name.removesuffix(".tmp")))
         work.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
 
@@ -392,7 +400,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, work / "results.json")
     shutil.rmtree(work / "checkpoints", ignore_errors=True)
-    replace_dir(work, out)
+    replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
     print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
                                       for s, m in final["metrics"].items()) + f" -> {out}",
           flush=True)

@@ -4,6 +4,12 @@ Atomic folders. A folder is built under a temporary name and swapped in by `repl
 new, rename old aside (`NAME.old`), rename new in, remove old. At every moment either the old or
 the new whole folder exists under one of those two names.
 
+Only bertgpu's own folders are ever deleted. `NAME.tmp` and `NAME.old` beside a user's output
+folder hold `SCRATCH_MARK` (`make_scratch`, `replace_dir`); one without it is the user's and is
+refused in one line, never removed. A folder that `replace_dir` replaces must be empty or pass
+the command's own test (`replaces`: an earlier output of that command, e.g. a shard set's
+manifest.json), checked at start-up by `check_output_folder(..., replaces=...)`.
+
 Sealed folders. `seal(folder)` records the size and sha256 of every file in `checksums.json`,
 then writes `COMPLETE`, and flushes all of it to disk. The one definition used everywhere
 (training resume, `bertgpu export --step`, `load_pretrained` of a run folder):
@@ -35,6 +41,7 @@ from bertgpu.errors import BertgpuError
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
 OLD, TMP = ".old", ".tmp"
+SCRATCH_MARK = ".bertgpu-scratch"  # in NAME.tmp / NAME.old beside an output: bertgpu's to delete
 _STEP_RE = re.compile(r"^step_(\d+)(\.old)?$")
 _CHUNK = 8 << 20
 T = TypeVar("T")
@@ -56,29 +63,135 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_output_folder(path: str | os.PathLike[str], what: str = "an output folder") -> None:
+def check_output_folder(path: str | os.PathLike[str], what: str = "an output folder", *,
+                        replaces: Callable[[Path], bool] | None = None) -> None:
     """`path` may become a folder: it is one already or does not exist, and its nearest existing
     parent is a folder. Else a one-line error naming the file in the way, before any work (a
-    command that replaces its output folder would otherwise replace a file of the user's)."""
+    command that replaces its output folder would otherwise replace a file of the user's).
+
+    `replaces`: the command builds its output as PATH.tmp and swaps it in with `replace_dir`.
+    Then an existing non-empty PATH must pass `replaces` (an earlier output of the same command),
+    and PATH.tmp and PATH.old, which the command removes, must be bertgpu's scratch folders."""
     path = Path(path)
     for p in (path, *path.parents):
         if p.exists() or p.is_symlink():
             if not p.is_dir():
                 where = "" if p == path else f" (on the way to {path})"
                 raise BertgpuError(f"{p}: exists and is not a folder{where}; expected {what}")
-            return
+            break
+    if replaces is None:
+        return
+    check_replaceable(path, replaces, what)
+    check_siblings(path)
 
 
-def replace_dir(tmp: Path, final: Path, between: Hook | None = None) -> Path:
+def check_siblings(path: Path) -> None:
+    """PATH.tmp and PATH.old, which a command that swaps PATH in removes, are bertgpu's own."""
+    path = Path(path)
+    for suffix in (TMP, OLD):
+        check_scratch(path.with_name(path.name + suffix), path)
+
+
+def within(path: Path, folder: Path) -> bool:
+    """`path` is `folder` or lies inside it (links resolved)."""
+    try:
+        Path(path).resolve().relative_to(Path(folder).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def check_apart(out: str | os.PathLike[str], inputs: list, flag: str = "--corpus") -> None:
+    """The output folder `out` (and OUT.tmp, OUT.old) neither lies inside an input nor holds one:
+    a folder that is read while it is written, or replaced while it holds the input, would lose
+    data. `inputs`: the paths given (folders included) and the files they resolved to; URLs are
+    skipped."""
+    out = Path(out)
+    family = [out, out.with_name(out.name + TMP), out.with_name(out.name + OLD)]
+    for raw in inputs:
+        text = os.fspath(raw)
+        if "://" in text or not Path(text).exists():
+            continue
+        for folder in family:
+            if within(text, folder) or within(folder, text):
+                raise BertgpuError(f"{out}: overlaps the input {text} ({flag}); expected an output "
+                                   "folder outside the inputs, holding none of them")
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def check_replaceable(path: Path, replaces: Callable[[Path], bool], what: str) -> None:
+    """A non-empty folder at `path` is replaced only when `replaces(path)` says it is an earlier
+    output of the same kind; anything else is the user's, refused in one line."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink() and not _empty_dir(path) and not replaces(path):
+        raise BertgpuError(f"{path}: a folder that is not {what}; it would be replaced, so "
+                           "expected a new or empty folder, or an earlier output of this command")
+    if path.is_symlink():
+        raise BertgpuError(f"{path}: is a symbolic link; expected {what} (a real folder, which "
+                           "is replaced)")
+
+
+def check_scratch(scratch: Path, output: Path) -> None:
+    """`scratch` (OUTPUT.tmp or OUTPUT.old) is absent or bertgpu's own: it will be removed."""
+    scratch = Path(scratch)
+    if not (scratch.exists() or scratch.is_symlink()) or is_scratch(scratch):
+        return
+    raise BertgpuError(f"{scratch}: exists and was not made by bertgpu, which writes {output.name} "
+                       f"through it (and would remove it); move it away or choose another output")
+
+
+def is_scratch(path: Path) -> bool:
+    """`path` is a scratch folder bertgpu made (and may remove)."""
+    return path.is_dir() and not path.is_symlink() and (path / SCRATCH_MARK).is_file()
+
+
+def make_scratch(scratch: Path, output: Path) -> Path:
+    """A fresh, empty scratch folder `scratch` for `output` (an old one of bertgpu's is removed; a
+    folder of the user's there is refused). Marked so a later run knows it may remove it."""
+    scratch = Path(scratch)
+    check_scratch(scratch, output)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    (scratch / SCRATCH_MARK).touch()
+    return scratch
+
+
+def remove_scratch(scratch: Path, output: Path) -> None:
+    """Remove `scratch` if it is bertgpu's (a folder of the user's there is refused)."""
+    check_scratch(scratch, output)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _mark(folder: Path) -> None:
+    try:
+        (folder / SCRATCH_MARK).touch()
+    except OSError:
+        pass
+
+
+def replace_dir(tmp: Path, final: Path, between: Hook | None = None,
+                replaces: Callable[[Path], bool] | None = None, what: str = "an output folder"
+                ) -> Path:
     """Move the finished folder `tmp` to `final`, replacing an existing `final`.
 
-    The old folder is renamed aside (`final.old`) and removed only after the new one is in
-    place, so a crash leaves a whole folder under `final` or `final.old` (`between` runs between
-    the two renames; tests use it to crash there)."""
+    The old folder is marked as bertgpu's scratch, renamed aside (`final.old`) and removed only
+    after the new one is in place, so a crash leaves a whole folder under `final` or `final.old`
+    (`between` runs between the two renames; tests use it to crash there). A `final.old` of the
+    user's is refused, and so is a non-empty `final` that fails `replaces` when it is given
+    (checked again here, after the work, in case the folder appeared meanwhile)."""
     tmp, final = Path(tmp), Path(final)
+    old = final.with_name(final.name + OLD)
+    if replaces is not None:
+        check_replaceable(final, replaces, what)
     if final.exists():
-        old = final.with_name(final.name + OLD)
+        check_scratch(old, final)
+    (tmp / SCRATCH_MARK).unlink(missing_ok=True)
+    if final.exists():
         shutil.rmtree(old, ignore_errors=True)  # left by an earlier crash; `final` is the whole one
+        _mark(final)  # before the rename: `old` is marked from its first moment
         os.replace(final, old)
         if between is not None:
             between()
@@ -259,6 +372,7 @@ def recover_leftovers(root: Path) -> list[str]:
                 shutil.rmtree(entry, ignore_errors=True)
                 done.append(f"{entry}: removed (left over from a replacement)")
             elif not final.exists():
+                (entry / SCRATCH_MARK).unlink(missing_ok=True)
                 os.replace(entry, final)
                 done.append(f"{final}: restored from {entry.name} (a replacement was interrupted)")
     fsync_dir(root)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bertgpu.data.sources import filesystem, is_url
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import SCRATCH_MARK, is_scratch, make_scratch, replace_dir
 
 PLAN = "prepare-plan.json"
 UNITS = "units"
@@ -121,12 +121,14 @@ class WorkFolder:
         """Start writing; returns the records of the units a run of the same plan finished."""
         text = json.dumps(plan, sort_keys=True)
         if self._read_text(PLAN) == text:
+            if not self.remote:
+                (Path(self.folder) / SCRATCH_MARK).touch()  # (bertgpu 0.1 did not mark it)
             return self._finished()
         if self.remote:
             self._clear_remote(overwrite)
-        else:
-            shutil.rmtree(self.folder, ignore_errors=True)  # another plan's, or none
-            Path(self.folder, UNITS).mkdir(parents=True)
+        else:  # another plan's, or none; a folder of the user's there is refused
+            make_scratch(Path(self.folder), Path(self.out))
+            Path(self.folder, UNITS).mkdir()
         self._write_text(PLAN, text)
         return {}
 
@@ -181,13 +183,14 @@ class WorkFolder:
         shutil.rmtree(folder / UNITS)
         (folder / PLAN).unlink()
         self._write_text(MANIFEST, manifest_text)
-        replace_dir(folder, Path(self.out))
+        replace_dir(folder, Path(self.out), replaces=is_shard_set, what=SHARD_SET)
         return self.out
 
     def discard(self) -> None:
         """Remove everything this run wrote (bad input: nothing is kept, nothing sealed)."""
         if not self.remote:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            if is_scratch(Path(self.folder)):
+                shutil.rmtree(self.folder, ignore_errors=True)
             return
         fs, root = self._fs()
         try:
@@ -195,6 +198,14 @@ class WorkFolder:
                 fs.rm(root, recursive=True)
         except Exception:  # noqa: BLE001 - the error being reported matters more
             pass
+
+
+SHARD_SET = "a shard set (bertgpu prepare's output, with manifest.json)"
+
+
+def is_shard_set(folder: Path) -> bool:
+    """An earlier shard set, which --overwrite may replace: anything else at --out is refused."""
+    return (Path(folder) / MANIFEST).is_file()
 
 
 def shard_files(record: dict) -> list[str]:

@@ -57,7 +57,7 @@ from bertgpu import __version__
 from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
-from bertgpu.data.output import WorkFolder
+from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.sources import is_url
 from bertgpu.data.split import MIN_UNIT_TOKENS
@@ -73,7 +73,7 @@ from bertgpu.data.unit_job import UnitJob
 from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder
+from bertgpu.fsutil import check_apart, check_output_folder
 
 
 def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_fraction: float,
@@ -146,11 +146,12 @@ def prepare(
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
     inputs = resolve_inputs(paths)  # fail on a missing input before any work
     out = os.fspath(out_dir)
-    if not is_url(out):  # a file there is refused even with --overwrite, which replaces shards
-        check_output_folder(out, "a folder for the shard set")
+    if not is_url(out):  # only an earlier shard set is replaced, and only with --overwrite
+        check_output_folder(out, SHARD_SET, replaces=is_shard_set)
         if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
             raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
                                "(or --overwrite)")
+        check_apart(out, [*paths, *inputs])
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(

@@ -44,6 +44,13 @@ from bertgpu.data.corpus import (
     settle_parts,
 )
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import (
+    check_apart,
+    check_output_folder,
+    check_siblings,
+    make_scratch,
+    replace_dir,
+)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token",
@@ -159,12 +166,10 @@ def train_tokenizer(
     if min_frequency < 1:
         raise BertgpuError(f"--min-frequency {min_frequency}: expected 1 or more")
     out = Path(out_dir)
-    _check_out_dir(out)
+    _check_out_dir(out, paths)
     stats = stats if stats is not None else CorpusStats()
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = make_scratch(out.with_name(out.name + ".tmp"), out)
     try:
         if sample_bytes is None:
             parts = iter_document_parts(paths, fmt=fmt, text_field=text_field,
@@ -179,7 +184,7 @@ def train_tokenizer(
         _write_folder(tok, tmp, lowercase, strip_accents)
         if out.exists():
             out.rmdir()  # _check_out_dir made sure it is empty
-        os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -240,12 +245,12 @@ def _without_added_pieces(trained, lowercase: bool, strip_accents: bool | None):
     return tok
 
 
-def _check_out_dir(out: Path) -> None:
-    from bertgpu.fsutil import check_output_folder
-
+def _check_out_dir(out: Path, paths: list[str | os.PathLike]) -> None:
     check_output_folder(out, "a new output folder")
     if out.exists() and any(out.iterdir()):
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new output folder")
+    check_siblings(out)
+    check_apart(out, list(paths))
 
 
 def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bertgpu.data.manifest import Manifest
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import is_scratch, make_scratch, replace_dir
 
 SPLITS = ("train", "validation")
 
@@ -51,13 +51,12 @@ class ShardSetWriter:
         self._committed = False
 
     def __enter__(self) -> ShardSetWriter:
-        shutil.rmtree(self.folder, ignore_errors=True)  # left over from a killed run
-        self.folder.mkdir(parents=True)
+        make_scratch(self.folder, self.out)  # one left over from a killed run is removed
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if not self._committed:
+        if not self._committed and is_scratch(self.folder):
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def close(self, documents: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
@@ -73,7 +72,8 @@ class ShardSetWriter:
     def commit(self, manifest: Manifest) -> Path:
         """Write manifest.json, then move the finished folder to DIR (replacing one there)."""
         (self.folder / "manifest.json").write_text(manifest.dumps(), encoding="utf-8")
-        replace_dir(self.folder, self.out)
+        replace_dir(self.folder, self.out, replaces=lambda p: (p / "manifest.json").is_file(),
+                    what="a shard set (with manifest.json)")
         self._committed = True
         return self.out
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import replace_dir
+from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir
 from bertgpu.models import layout
 from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, spec
 from bertgpu.models.shared import Configurable
@@ -402,8 +402,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         if not tok_files:
             raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
                                f"{', '.join(TOKENIZER_FILES[:4])})")
-    if folder.exists() and not folder.is_dir():
-        raise BertgpuError(f"{folder}: exists and is not a folder")
+    check_output_folder(folder, MODEL_FOLDER, replaces=is_model_folder)
 
     # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
     # layout; each tensor stored once, a copy of its own (split parts of one tensor share memory,
@@ -412,17 +411,22 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     hf = layout.to_hf({k: v for k, v in weights.items() if k not in TIED_KEYS},
                       model.config.architecture, model.config.vocab_size)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in hf.items()}
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = make_scratch(folder.with_name(folder.name + ".tmp"), folder)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
     for f in tok_files:
         shutil.copyfile(f, tmp / f.name)
 
-    return replace_dir(tmp, folder)
+    return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
+
+
+MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
+
+
+def is_model_folder(folder: Path) -> bool:
+    """A Hugging Face model folder (an earlier export), which a new export may replace."""
+    return (Path(folder) / "config.json").is_file()
 
 
 __all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder, replace_dir
+from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_source
 from bertgpu.report.quality import quality_blocks
@@ -79,17 +79,14 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
         raise BertgpuError("report: no inputs; expected run folders, GLUE/fine-tuning folders "
                            "or bench .jsonl files")
     out = Path(out)
-    check_output_folder(out)
+    check_output_folder(out, REPORT_FOLDER, replaces=is_report)
     for p in paths:
         if _within(Path(p), out) or _within(out, Path(p)):
             raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
     sources = [load_source(p) for p in paths]
     _unique_names(sources)
 
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left over from an interrupted report
-    tmp.mkdir(parents=True)
+    tmp = make_scratch(out.with_name(out.name + ".tmp"), out)  # (one of an interrupted report)
     try:
         blocks: list[Block] = [
             ("h1", "bertgpu report"),
@@ -117,7 +114,22 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return replace_dir(tmp, out)
+    return replace_dir(tmp, out, replaces=is_report, what=REPORT_FOLDER)
+
+
+REPORT_FOLDER = "a report folder (README.md or index.html of bertgpu report)"
+
+
+def is_report(folder: Path) -> bool:
+    """An earlier report, which a new one replaces: its README.md or index.html says so."""
+    for name, head in (("README.md", "# bertgpu report"), ("index.html", "<title>bertgpu report")):
+        try:
+            with open(Path(folder) / name, encoding="utf-8") as f:
+                if head in f.read(4096):
+                    return True
+        except (OSError, UnicodeDecodeError):
+            pass
+    return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,134 @@
+"""Only bertgpu's own folders are ever deleted.
+
+Commands that build their output as OUT.tmp and swap it in (renaming an old OUT to OUT.old) used
+to delete whatever stood at OUT.tmp or OUT.old, and `prepare --overwrite`, `export`, `report`,
+`finetune` and `demo --fresh` replaced any folder given as --out: a project folder, corpus
+included, was lost. Each now refuses a folder that is not its own, in one line, before any work,
+and leaves it as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertgpu import cli, fsutil
+from bertgpu.errors import BertgpuError
+
+ROOT = Path(__file__).parent
+CORPUS = ROOT.parent / "README.md"
+
+
+def _user_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "notes.md").write_text("mine")
+    return path
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    import _tiny_init
+
+    return _tiny_init.tiny_init(tmp_path_factory.mktemp("m"), [*_tiny_init.SPECIAL, "the", "a"])
+
+
+def _commands(init: Path, out: Path, run: Path) -> dict[str, list[str]]:
+    return {
+        "prepare": ["prepare", "--corpus", str(CORPUS), "--tokenizer", str(init), "--out",
+                    str(out), "--overwrite"],
+        "tokenizer": ["tokenizer", "--corpus", str(CORPUS), "--vocab-size", "200", "--out",
+                      str(out)],
+        "export": ["export", str(run), "--out", str(out)],
+        "report": ["report", str(init), "--out", str(out)],
+        "finetune": ["finetune", "sst2", "--data", str(ROOT / "fixtures" / "glue"), "--init",
+                     str(init), "--out", str(out), "--epochs", "1"],
+    }
+
+
+def test_a_user_folder_given_as_out_is_refused_and_kept(init, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    out = _user_folder(tmp_path / "project")
+    commands = _commands(init, out, run)
+    commands["demo --fresh"] = ["demo", "--out", str(out), "--fresh"]
+    expected = {"tokenizer": "already exists and is not empty"}
+    for name, argv in commands.items():
+        assert cli.main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, (name, err)
+        assert f"{out}: " + expected.get(name, "a folder that is not") in err, (name, err)
+        assert sorted(p.name for p in out.iterdir()) == ["notes.md"], name
+        assert (out / "notes.md").read_text() == "mine", name
+
+
+@pytest.mark.parametrize("suffix", [".tmp", ".old"])
+def test_a_user_folder_beside_out_is_refused_and_kept(init, tmp_path, capsys, suffix):
+    """OUT.tmp and OUT.old are where these commands build and set aside their output; a folder
+    of the user's under either name used to be deleted (prepare, even without --overwrite)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    out = tmp_path / "mydata"
+    beside = _user_folder(tmp_path / f"mydata{suffix}")
+    for name, argv in _commands(init, out, run).items():
+        assert cli.main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, (name, err)
+        assert f"{beside}: exists and was not made by bertgpu" in err, (name, err)
+        assert (beside / "notes.md").read_text() == "mine", name
+        assert not out.exists(), name
+
+
+def test_an_interrupted_runs_scratch_is_still_cleaned(init, tmp_path):
+    """What bertgpu left itself (a killed run's OUT.tmp, a crash's OUT.old) is still removed."""
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    out = tmp_path / "tok"
+    fsutil.make_scratch(out.with_name("tok.tmp"), out)
+    (out.with_name("tok.tmp") / "corpus.txt").write_text("half")
+    old = fsutil.make_scratch(out.with_name("tok.old"), out)
+    train_tokenizer([CORPUS], out, vocab_size=200)
+    assert (out / "vocab.txt").is_file() and not (out / fsutil.SCRATCH_MARK).exists()
+    assert not out.with_name("tok.tmp").exists()
+    assert old.exists()  # OUT.old is touched only when OUT is replaced
+
+
+def test_replace_dir_marks_the_old_folder_and_refuses_a_users(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "a").write_text("1")
+    seen = []
+    tmp = fsutil.make_scratch(tmp_path / "out.tmp", final)
+    (tmp / "a").write_text("2")
+    fsutil.replace_dir(tmp, final, between=lambda: seen.append(
+        fsutil.is_scratch(tmp_path / "out.old")))
+    assert seen == [True] and (final / "a").read_text() == "2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in final.iterdir()) == ["a"]
+    _user_folder(tmp_path / "out.old")
+    tmp = fsutil.make_scratch(tmp_path / "out.tmp", final)
+    with pytest.raises(BertgpuError, match=r"out.old: exists and was not made by bertgpu"):
+        fsutil.replace_dir(tmp, final)
+    assert (tmp_path / "out.old" / "notes.md").read_text() == "mine"
+    assert (final / "a").read_text() == "2"
+
+
+@pytest.mark.parametrize("layout", ["out inside the corpus", "corpus inside out"])
+def test_prepare_and_tokenizer_refuse_an_output_that_overlaps_the_corpus(init, tmp_path, capsys,
+                                                                          layout):
+    """An output inside the corpus folder was read back as corpus on a rerun (and a killed run's
+    finished units were deleted); a corpus inside --out --overwrite was deleted."""
+    corpus = _user_folder(tmp_path / "corpus")
+    (corpus / "text.txt").write_text(CORPUS.read_text())
+    out = corpus / "data" if layout == "out inside the corpus" else corpus
+    argvs = [["prepare", "--corpus", str(corpus / "text.txt" if out == corpus else corpus),
+              "--tokenizer", str(init), "--out", str(out), "--overwrite"],
+             ["tokenizer", "--corpus", str(corpus), "--vocab-size", "200", "--out", str(out)]]
+    for argv in argvs:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        if out == corpus:  # refused as a folder of the user's first
+            assert "not empty" in err or "not a shard set" in err, err
+        else:
+            assert f"{out}: overlaps the input {corpus}" in err, err
+        assert sorted(p.name for p in corpus.iterdir()) == ["notes.md", "text.txt"]
