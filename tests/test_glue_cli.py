@@ -67,9 +67,16 @@ def test_glue_table_average_and_idempotence(tmp_path, tiny_init, capsys):
     assert printed.count("results.json exists, not re-run") == 6 and "note:" not in printed
     assert (out / "SST-2" / "seed_1" / "results.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "glue_results.json").read_text())["columns"] == c
-    assert glue(out, tiny_init, "--seeds", "1", "--lr", "1e-4") == 0
+    # A finished run of other settings or another init is refused before any training: the
+    # table used to list it under this command's protocol and model.
+    assert glue(out, tiny_init, "--seeds", "1", "--lr", "1e-4") == 2
     # lr left to the model size: the runs used (and recorded) the small-model default
-    assert "results.json was made with lr 0.0003 (now 0.0001)" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "results.json: made with lr 0.0003 (now 0.0001)" in err and "--force" in err, err
+    other = _tiny_init.tiny_init(tmp_path / "other", [*SPECIAL, "a"])
+    assert glue(out, other, "--seeds", "1") == 2
+    assert f"made with init {tiny_init} (now {other})" in capsys.readouterr().err
+    assert json.loads((out / "glue_results.json").read_text())["columns"] == c
 
     # --force trains again (one task to keep it quick).
     assert main(["glue", "--data-dir", str(FIXTURES), "--init", str(tiny_init), "--out", str(out),
@@ -78,6 +85,8 @@ def test_glue_table_average_and_idempotence(tmp_path, tiny_init, capsys):
 
 
 def test_missing_task_folder_is_an_error_unless_skipped(tmp_path, tiny_init, capsys):
+    """A missing task is found before the first run (it used to stop the command after the
+    tasks before it had trained); --skip-missing leaves it out, but not every task."""
     data = tmp_path / "data"
     (data / "SST-2").mkdir(parents=True)
     for name in ("train.tsv", "dev.tsv"):
@@ -87,6 +96,10 @@ def test_missing_task_folder_is_an_error_unless_skipped(tmp_path, tiny_init, cap
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "no train file for GLUE task RTE" in err and "--skip-missing" in err
+    assert not (tmp_path / "o" / "SST-2").exists()  # nothing trained
+    assert main(["glue", "--data-dir", str(tmp_path / "none"), "--init", str(tiny_init), "--out",
+                 str(tmp_path / "o"), "--tasks", "rte", "--skip-missing", *FAST]) == 2
+    assert "none of the tasks asked for has its files (RTE)" in capsys.readouterr().err
     assert main([*args, "--skip-missing"]) == 0
     summary = json.loads((tmp_path / "o" / "glue_results.json").read_text())
     assert summary["skipped"] == ["RTE"] and list(summary["columns"]) == ["SST-2"]
@@ -102,3 +115,25 @@ def test_bad_arguments(tmp_path, tiny_init, capsys):
     assert main([*base, "--tasks", "nope"]) == 2
     assert "unknown GLUE task 'nope'" in capsys.readouterr().err
     assert not any(tmp_path.glob("*/seed_*"))
+
+
+def test_a_run_stopped_by_a_signal_stops_the_command_with_its_status(tmp_path, tiny_init, capsys,
+                                                                    monkeypatch):
+    """Ctrl-C or a preemption inside one fine-tuning run (its checkpoint written, finetune
+    returning {"preempted": True}) ends `glue` with that run's exit status and no table; it used
+    to go on, find no results.json and say "unreadable results ...; delete it or pass --force"
+    with status 2."""
+    from bertgpu import finetune
+
+    calls = []
+
+    def stopped(task, *args, **kwargs):
+        calls.append(task)
+        return {"preempted": True, "step": 3, "exit_status": 130}
+
+    monkeypatch.setattr(finetune, "finetune", stopped)
+    out = tmp_path / "glue"
+    assert glue(out, tiny_init) == 130
+    captured = capsys.readouterr()
+    assert "error" not in captured.err and calls == ["sst2"]
+    assert not (out / "glue_results.json").exists()

@@ -106,10 +106,10 @@ def _check_out(out: str | os.PathLike[str]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_before_launch(args, 1)
-    run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
-        overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
-        references=args.reference, config_from=args.config_from)
-    return 0
+    summary = run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
+                  overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
+                  references=args.reference, config_from=args.config_from)
+    return summary.get("exit_status", 143) if summary.get("preempted") else 0
 
 
 def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -118,7 +118,11 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
         references: list[str] | None = None,
         config_from: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Fine-tune every task x seed (skipping finished ones) and write the table; returns the
-    content of glue_results.json."""
+    content of glue_results.json, or finetune's {"preempted": True, ...} when a run was stopped
+    by a signal (its checkpoint kept: re-running the command resumes it; no table is written).
+
+    Every task's files are found before the first run, and a finished run made with another init
+    or other settings is refused (the table would mix them under one protocol) unless --force."""
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
@@ -142,18 +146,18 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     out = Path(out)
 
     # One process group for all runs; each run's DDP model is gone before it is torn down.
+    present, skipped = _find_tasks(data_dir, chosen, skip_missing)
+    if not force:  # before any training: a finished run of other settings stops the command
+        for task in present:
+            for seed in seeds:
+                done = out / task.name / f"seed_{seed}" / "results.json"
+                if done.is_file():
+                    _check_same_settings(done, _read_results(done), cfg, seed, init, config_from)
+
+    # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
         runs: dict[str, dict[int, dict[str, Any]]] = {}
-        skipped: list[str] = []
-        for task in chosen:
-            try:
-                tasks_mod.find_split_file(data_dir, task, "train")
-            except BertgpuError as e:
-                if not skip_missing:
-                    raise BertgpuError(f"{e} (pass --skip-missing to leave "
-                                       f"{task.name} out)") from None
-                skipped.append(task.name)
-                continue
+        for task in present:
             runs[task.name] = {}
             for seed in seeds:
                 run_dir = out / task.name / f"seed_{seed}"
@@ -164,14 +168,12 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                               "to redo)",
                               flush=True)
                 else:
-                    finetune.finetune(task.key, data_dir, init, run_dir, cfg,
-                                      ["--seed", str(seed)], config_from=config_from)
+                    result = finetune.finetune(task.key, data_dir, init, run_dir, cfg,
+                                               ["--seed", str(seed)], config_from=config_from)
+                    if result.get("preempted"):
+                        return result  # its checkpoint is kept; the same command resumes it
                 distributed.barrier()  # rank 0 wrote results.json
                 runs[task.name][seed] = _read_results(done)
-                differs = _config_differences(runs[task.name][seed], cfg, seed)
-                if differs and distributed.is_main():
-                    print(f"{task.name} seed {seed}: note: results.json was made with {differs}; "
-                          "pass --force to re-run with this command's settings", flush=True)
         summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped)
         if distributed.is_main():
             write_table(summary, out)
@@ -184,6 +186,44 @@ def _read_results(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise BertgpuError(f"{path}: unreadable results ({e}); delete it or pass --force") from None
+
+
+def _find_tasks(data_dir: str | os.PathLike[str], chosen: list[Any],
+                skip_missing: bool) -> tuple[list[Any], list[str]]:
+    """The tasks whose train and dev files are there, and the names of those skipped (only with
+    --skip-missing; at least one task must be left)."""
+    from bertgpu.tasks import glue as tasks_mod
+
+    present, skipped = [], []
+    for task in chosen:
+        try:
+            for split in ("train", *task.dev_splits):
+                tasks_mod.find_split_file(data_dir, task, split)
+        except BertgpuError as e:
+            if not skip_missing:
+                raise BertgpuError(f"{e} (pass --skip-missing to leave {task.name} out)") from None
+            skipped.append(task.name)
+            continue
+        present.append(task)
+    if not present:
+        raise BertgpuError(f"{data_dir}: none of the tasks asked for has its files "
+                           f"({', '.join(skipped)}); expected a GLUE folder (CoLA/, SST-2/, ...)")
+    return present, skipped
+
+
+def _check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
+                         init: str | os.PathLike[str],
+                         config_from: str | os.PathLike[str] | None) -> None:
+    """A finished run counts in this command's table only when it was made the same way."""
+    differs = _config_differences(results, cfg, seed)
+    then = (results.get("init"), results.get("config_from"))
+    now = (str(init), str(config_from) if config_from else None)
+    for key, a, b in (("init", then[0], now[0]), ("config_from", then[1], now[1])):
+        if a != b:
+            differs = ", ".join(x for x in (f"{key} {a} (now {b})", differs) if x)
+    if differs:
+        raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
+                           "pass --force to re-run it with this command's, or use another --out")
 
 
 def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
