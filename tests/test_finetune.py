@@ -201,8 +201,9 @@ def test_missing_squad_file_and_unknown_task(tmp_path):
     init = tiny_init(tmp_path)
     with pytest.raises(BertgpuError, match="train-v2.0.json: not found"):
         finetune("squad2", tmp_path, init, tmp_path / "ft")
-    with pytest.raises(BertgpuError, match="unknown GLUE task 'squad3'"):
+    with pytest.raises(BertgpuError, match="unknown GLUE task 'squad3'") as err:
         finetune("squad3", tmp_path, init, tmp_path / "ft")
+    assert "squad, squad2, classify or ner" in str(err.value)  # every task, not GLUE's alone
     assert not (tmp_path / "ft").exists() and not (tmp_path / "ft.tmp").exists()
 
 

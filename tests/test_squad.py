@@ -208,6 +208,32 @@ def test_answer_outside_window_and_impossible_map_to_cls(tok: Tokenizer) -> None
         featurize([ex], tok, max_seq_len=48, doc_stride=40)
 
 
+def test_windows_too_short_for_the_question_say_to_raise_max_seq_len(tok: Tokenizer) -> None:
+    ex = _long_example()
+    with pytest.raises(BertgpuError) as err:
+        featurize([ex], tok, max_seq_len=4, doc_stride=2)
+    msg = str(err.value)
+    assert "leaves no context tokens after a" in msg and "raise max_seq_len" in msg
+    assert "-" not in msg.split("leaves")[1].split("after")[0]  # no negative token count
+
+
+def test_doc_stride_fits_the_windows_of_a_capped_default_length() -> None:
+    """doc_stride 128 (run_qa.py's, for 384 tokens) unless the default max_seq_len, capped at
+    the model's positions, leaves shorter windows after the longest question: then half a
+    window. A max_seq_len given keeps doc_stride as given (featurize's error if it does not
+    fit)."""
+    from bertgpu.config.finetune import doc_stride, job_config, load_finetune_config
+
+    cfg = load_finetune_config()
+    assert doc_stride(cfg, 384) == 128 and doc_stride(cfg, 128) == (128 - 64 - 3) // 2
+    assert doc_stride(cfg, 16) == 1
+    assert job_config(cfg, 128).doc_stride == 30 and job_config(cfg, 128).max_seq_len == 128
+    given = load_finetune_config(None, ["--max_seq_len", "128"])
+    assert doc_stride(given, 128) == 128 and job_config(given, 128).doc_stride == 128
+    assert doc_stride(load_finetune_config(None, ["--doc_stride", "61"]), 128) == 30
+    assert doc_stride(load_finetune_config(None, ["--doc_stride", "60"]), 128) == 60
+
+
 # --------------------------------------------------------------------------------------------
 # Post-processing
 

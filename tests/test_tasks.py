@@ -224,3 +224,24 @@ def test_submission_format(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(BertgpuError, match="not a RTE class id"):
         write_glue_submission("rte", [3], tmp_path / "RTE.tsv")
+
+
+def test_stsb_submissions_are_clipped_to_its_range(tmp_path: Path) -> None:
+    """A regression head predicts any number; STS-B's leaderboard scores lie in [0, 5]."""
+    out = write_glue_submission("stsb", [-0.4, 2.5, 5.3], tmp_path / "STS-B.tsv")
+    rows = list(csv.reader(out.open(), delimiter="\t"))
+    assert [float(r[1]) for r in rows[1:]] == [0.0, 2.5, 5.0]
+
+
+def test_malformed_rows_name_the_flag_that_skips_them(tmp_path: Path) -> None:
+    path = GLUE / "QQP" / "train.tsv"
+    with pytest.raises(BertgpuError, match=r"expected 6 for GLUE QQP \(pass --skip_malformed true "
+                                           r"to skip such rows\)$"):
+        read_examples("qqp", path)
+    with pytest.warns(UserWarning, match=r"train\.tsv: skipped 1 malformed rows .*read 4$"):
+        assert len(read_examples("qqp", path, skip_malformed=True)) == 4
+    # A test file keeps every row: the leaderboard wants a prediction for each.
+    test = _write(tmp_path / "QQP" / "test.tsv", "id\tquestion1\tquestion2\n0\ta\tb\n1\ta\n")
+    with pytest.raises(BertgpuError, match=r"test\.tsv:3: 2 columns, expected 3 .*a test file "
+                                           "must keep every row"):
+        read_examples("qqp", test)

@@ -19,7 +19,10 @@ folder or any Hugging Face BERT.
 Overrides are the flat `FinetuneConfig` keys (config/finetune.py), `--epochs 3 --lr=2e-5`
 (`--help-config` lists them); `--train.epochs 3` is accepted as the same key. The lr and the
 epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and
-results.json's config say what was used.
+results.json's config say what was used. `--max_seq_len` defaults to the task's (128, SQuAD
+384) capped at the model's max_position_embeddings (results.json: `max_seq_len`, as used); a
+larger value is refused before anything loads. GLUE .tsv rows with the wrong number of columns
+stop the run unless `--skip_malformed true` (the official QQP train.tsv has a few).
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and
@@ -53,7 +56,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertgpu.config.finetune import FinetuneConfig, load_finetune_config, peak_lr, resolve_finetune
+from bertgpu.config.finetune import (
+    FinetuneConfig,
+    check_batch,
+    job_config,
+    load_finetune_config,
+    peak_lr,
+    resolve_finetune,
+    resolve_seq_len,
+)
 from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
@@ -142,9 +153,26 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
             model = build.build_model(d, head, num_labels or (None if head == "qa" else 2))
         except BertgpuError as e:
             raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
-    if labels is not None:
-        model.id2label = dict(enumerate(labels))  # what save_pretrained writes into config.json
+    if hasattr(model, "id2label"):
+        # What save_pretrained writes into config.json: this task's label names, or LABEL_i;
+        # never the init's (a model fine-tuned on another task carries that task's names).
+        model.id2label = (dict(enumerate(labels)) if labels is not None
+                          else {i: f"LABEL_{i}" for i in range(model.num_labels)})
     return model
+
+
+def sequence_length(cfg: FinetuneConfig, task_default: int, init: str,
+                    config_from: str | os.PathLike[str] | None) -> tuple[int, str]:
+    """Tokens per sequence of the run and the start-up row's note: --max_seq_len, else the
+    task's default capped at the model's max_position_embeddings; a given value beyond it is a
+    one-line error before anything loads."""
+    from bertgpu.models.hf_io import position_limit
+
+    if init == "random" and config_from is None:
+        raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint "
+                           "or HF folder)")
+    limit, where = position_limit(config_from if init == "random" else init)
+    return resolve_seq_len(cfg, task_default, limit, str(where))
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,8 +203,10 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     module.check_request(request)  # flag errors before the tokenizer loads
     init_s = str(init)
     tok_dir = tokenizer_for(init_s, config_from)
-    return _run(lambda tokenizer: module.build_job(request, tokenizer, cfg), init_s, Path(out), cfg,
-                tok_dir, config_from)
+    seq = sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, init_s, config_from)
+    job_cfg = job_config(cfg, seq[0])  # results.json keeps cfg as given
+    return _run(lambda tokenizer: module.build_job(request, tokenizer, job_cfg), init_s,
+                Path(out), cfg, tok_dir, config_from, seq)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -187,22 +217,24 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     """Fine-tune on in-memory examples scored like GLUE task `task` (its kind, number of labels
     and official metrics), e.g. the demo's polarity sentences as an SST-2-style task."""
     from bertgpu.tasks import glue as glue_tasks
-    from bertgpu.tasks.glue_job import examples_job
+    from bertgpu.tasks.glue_job import DEFAULT_MAX_SEQ_LEN, examples_job
 
     _check_out(out)
     t = glue_tasks.get_task(task)
     cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
     tok_dir = tokenizer_for(init_s, config_from)
+    seq = sequence_length(cfg, DEFAULT_MAX_SEQ_LEN, init_s, config_from)
+    job_cfg = job_config(cfg, seq[0])
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
-        job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, cfg,
+        job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, job_cfg,
                            name or "in-memory examples")
         if name:
             job.name = name
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
 
-    return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from)
+    return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from, seq)
 
 
 FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
@@ -224,22 +256,25 @@ def _check_out(out: str | os.PathLike[str]) -> None:
 
 
 def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
-         cfg: FinetuneConfig, tok_dir: Path, config_from: Any) -> dict[str, Any]:
+         cfg: FinetuneConfig, tok_dir: Path, config_from: Any,
+         seq: tuple[int, str]) -> dict[str, Any]:
     from bertgpu.train import distributed
 
     t_start = time.perf_counter()
     with distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
-        return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, info, t_start)
+        return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, info, t_start)
 
 
 def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
-                  cfg: FinetuneConfig, tok_dir: Path, config_from: Any, info: Any,
-                  t_start: float) -> dict[str, Any]:
+                  cfg: FinetuneConfig, tok_dir: Path, config_from: Any, seq: tuple[int, str],
+                  info: Any, t_start: float) -> dict[str, Any]:
     """The run itself: its model, engine and loop die with this frame, before the process group
-    is torn down (distributed.process_group)."""
+    is torn down (distributed.process_group). `seq`: the tokens per sequence (`sequence_length`)
+    and its start-up note."""
     from bertgpu.data.tokenizer import load_tokenizer
     from bertgpu.train import distributed
 
+    check_batch(cfg, info.world_size)  # before anything loads
     # Loading, timed apart from training and evaluation (results.json: load_seconds): the
     # tokenizer, reading and encoding the data, then the model, the engine (and DDP).
     t_load = time.perf_counter()
@@ -261,30 +296,47 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
                            "config": config_to_dict(cfg), "world_size": info.world_size},
                           sort_keys=True)
-    loop, task = _build_loop(job, model, cfg, info, pad_id, out.with_name(out.name + ".tmp"),
-                             tok_dir, identity, init, size_note)
-    timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
-    result = loop.run()
+    work = out.with_name(out.name + ".tmp")
+    try:
+        loop, task = _build_loop(job, model, cfg, info, pad_id, work, tok_dir, identity, init,
+                                 size_note, seq)
+        timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
+        result = loop.run()
+    except Exception:
+        if info.is_main:
+            _discard_unresumable(work, out)
+        raise
     if result.preempted:
         return {"preempted": True, "step": result.step, "exit_status": result.exit_status}
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
         results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir,
-                                 out, info, timing)
+                                 out, info, timing, seq[0])
     distributed.barrier()
     return results
 
 
+def _discard_unresumable(work: Path, out: Path) -> None:
+    """After a failure: OUT.tmp goes unless it holds a checkpoint to resume from (a run stopped
+    part-way keeps it); without one it is only a half-written output."""
+    from bertgpu.fsutil import is_scratch, newest_good, remove_scratch
+
+    if is_scratch(work) and newest_good(work / "checkpoints") is None:
+        remove_scratch(work, out)
+
+
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
-                tok_dir: Path, identity: str, init: str, size_note: str = "") -> tuple[Any, Any]:
+                tok_dir: Path, identity: str, init: str, size_note: str,
+                seq: tuple[int, str]) -> tuple[Any, Any]:
     """The training loop of one fine-tuning run in `work` (OUT.tmp), resumed from its checkpoint
     when `work` holds one of the same run (`identity`), else started afresh. `cfg` is resolved
-    (lr and epochs set); `size_note` says which of them were chosen by model size."""
+    (lr and epochs set); `size_note` says which of them were chosen by model size; `seq` the
+    tokens per sequence and how they were chosen. `work` is made (or emptied) only once the
+    engine is built, so a failure before leaves no folder behind."""
     import torch
 
-    from bertgpu.config.finetune import as_sections
-    from bertgpu.config.schema import resolve_batch
+    from bertgpu.config.finetune import as_sections, doc_stride
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_io import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
@@ -296,15 +348,9 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     resume = load_resume(work, info)
     if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
         resume = None  # an interrupted run of other settings: start over
-    if info.is_main:
-        if resume is None:  # one left over from an interrupted run is removed
-            make_scratch(work, work.with_name(work.name.removesuffix(".tmp")))
-        work.mkdir(parents=True, exist_ok=True)
-    distributed.barrier()
 
     world = info.world_size
-    micro = cfg.micro_batch_size or max(cfg.global_batch_size // world, 1)
-    accumulation = resolve_batch(cfg.global_batch_size, micro, world)
+    micro, accumulation = check_batch(cfg, world)
     per_epoch = steps_per_epoch(job, cfg.global_batch_size, world)
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch,
                       micro_batch_size=micro)
@@ -321,10 +367,19 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
                         autocast=engine.autocast, info=info,
                         work_dir=work if info.is_main else None,
                         export=lambda: save_pretrained(model, work / "model", tokenizer=tok_dir))
-    seq = cfg.max_seq_len or (384 if job.head == "qa" else 128)
+    if info.is_main:
+        if resume is None:  # one left over from an interrupted run is removed
+            make_scratch(work, work.with_name(work.name.removesuffix(".tmp")))
+        work.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    seq_len, seq_note = seq
+    seq_row = f"{seq_len}" + (f" ({seq_note})" if seq_note else "")
+    if job.head == "qa":
+        seq_row += f", doc stride {doc_stride(cfg, seq_len)}"
     rows = [
         ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
         ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
+        ("max sequence length", seq_row),
         ("global batch / micro / accumulation",
          f"{cfg.global_batch_size} / {micro} / {accumulation}"),
         ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
@@ -338,7 +393,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
                    startup_rows=rows, checkpoint_files=lambda: {"finetune.json": identity},
                    final_checkpoint=False,
                    flops_per_token=flops.flops_per_token_from_config(
-                       model.config, seq, mlm_fraction=0.0, with_nsp=False),
+                       model.config, seq_len, mlm_fraction=0.0, with_nsp=False),
                    comm_timer=timer, resume=resume)
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
@@ -353,7 +408,7 @@ def _scaling_note(cfg: FinetuneConfig) -> str:
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any],
                    cfg: FinetuneConfig, init: str, config_from: Any, tok_dir: Path, out: Path,
-                   info: Any, timing: dict[str, float]) -> dict[str, Any]:
+                   info: Any, timing: dict[str, float], max_seq_len: int) -> dict[str, Any]:
     """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed).
 
     Times (rank 0, seconds): `seconds` the whole run in this process; `load_seconds` tokenizer,
@@ -383,6 +438,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
         "best": {"epoch": best["epoch"], "metrics": best["metrics"], "score": best["score"]},
         "epochs": history,
         "config": config_to_dict(cfg),
+        "max_seq_len": max_seq_len,  # as used (config's max_seq_len stays as given, none = default)
         "train_sequences": len(job.train),
         "eval_sequences": {e.name: len(e.data) for e in job.evals},
         "steps": loop.engine.step, "skipped_steps": loop.engine.skipped_steps,
@@ -466,15 +522,19 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
                            "FOLDER --out DIR)")
     if args.out:
         _check_out(args.out)
-    load_finetune_config(None, args.overrides)
+    cfg = load_finetune_config(None, args.overrides)
+    check_batch(cfg, nproc)
     if args.init:  # the init folder and its tokenizer (the workers would each fail on it)
         tokenizer_for(str(args.init), args.config_from)
     if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
-        task_module(args.task).check_request(JobRequest(
+        module = task_module(args.task)
+        module.check_request(JobRequest(
             args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,
             predict_test=args.predict_test, text_field=args.text_field,
             text_pair_field=args.text_pair_field, label_field=args.label_field,
             regression=args.regression))
+        if args.init:  # --max_seq_len against the model's positions
+            sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, str(args.init), args.config_from)
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:
@@ -489,7 +549,7 @@ def main(args: argparse.Namespace) -> int:
     if args.help_config:
         print(format_help(FinetuneConfig))
         return 0
-    check_before_launch(args, 1)
+    check_before_launch(args, int(os.environ.get("WORLD_SIZE", "1")))  # a worker: its world
     res = finetune(args.task, args.data, args.init, args.out,
                    load_finetune_config(None, args.overrides), config_from=args.config_from,
                    train_file=args.train_file, dev_file=args.dev_file,

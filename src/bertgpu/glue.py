@@ -232,9 +232,12 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
 
     now = {**config_to_dict(cfg), "seed": seed}
     then = results.get("config", {})
-    # lr / epochs left to the model size (None) were recorded as the run resolved them.
+    defaults = config_to_dict(type(cfg)())
+    # lr / epochs left to the model size (None) were recorded as the run resolved them; a key
+    # newer than the run's results.json counts as its default.
     return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
-                     if then.get(k) != v and not (v is None and k in ("lr", "epochs")))
+                     if then.get(k, defaults.get(k)) != v
+                     and not (v is None and k in ("lr", "epochs")))
 
 
 def _median(values: list[float]) -> float:

@@ -32,6 +32,7 @@ from bertgpu.config.sections import (
     check,
     check_choice,
 )
+from bertgpu.errors import BertgpuError
 
 
 @dataclass
@@ -41,8 +42,11 @@ class FinetuneConfig:
     seed: int = reuse(PretrainConfig, "seed",
                       help="seed of the fresh head, data order and dropout (glue --seeds sets it)")
     max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = "
-                                           "128 GLUE, 384 SQuAD)")
-    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows")
+                                           "128, SQuAD 384; at most the model's "
+                                           "max_position_embeddings)")
+    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows "
+                                  "(lowered to half a window when the default max_seq_len, "
+                                  "capped at the model's positions, leaves shorter ones)")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
     epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for "
                                       "hidden size 768+, 5 up to 512, 10 up to 256)")
@@ -69,6 +73,10 @@ class FinetuneConfig:
                                             "use only the first N training examples (quick runs)")
     max_eval_examples: int | None = option(None,
                                            "evaluate on the first N examples of each dev split")
+    skip_malformed: bool = option(False, "GLUE .tsv files: skip rows with the wrong number of "
+                                         "columns (the official QQP train.tsv has a few; a "
+                                         "warning says how many) instead of stopping at the "
+                                         "first")
     hidden_dropout_prob: float | None = option(None,
                                                "override the model's hidden dropout (none = keep)")
     log_every_steps: int = reuse(TrainSection, "log_every_steps")
@@ -128,6 +136,61 @@ def peak_lr(cfg: FinetuneConfig) -> float:
     return scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling)
 
 
+MIN_SEQ_LEN = 3
+"""The shortest sequence that holds any text: [CLS] token [SEP] (a pair needs 5)."""
+
+
+def check_batch(cfg: FinetuneConfig, world_size: int) -> tuple[int, int]:
+    """(micro batch per device, accumulation steps) of `cfg` on `world_size` devices; a one-line
+    error in the flat keys' names when the global batch does not divide. Checked before the
+    tokenizer, the data and the model load."""
+    micro = cfg.micro_batch_size or max(cfg.global_batch_size // world_size, 1)
+    per_step = micro * world_size
+    if cfg.global_batch_size % per_step:
+        devices = "device" if world_size == 1 else "devices"
+        raise BertgpuError(f"--global_batch_size {cfg.global_batch_size} is not divisible by "
+                           f"--micro_batch_size {micro} x {world_size} {devices} = {per_step}; "
+                           f"expected a multiple of {per_step}")
+    return micro, cfg.global_batch_size // per_step
+
+
+def resolve_seq_len(cfg: FinetuneConfig, task_default: int, limit: int, where: str
+                    ) -> tuple[int, str]:
+    """The tokens per sequence a run uses and a note for the start-up table: `max_seq_len` as
+    given, else the task's default (`task_default`: 128, SQuAD 384) capped at the model's
+    `limit` (its max_position_embeddings, read from `where`). A given value above the limit is
+    a one-line error: those positions have no embedding."""
+    if cfg.max_seq_len is not None:
+        if cfg.max_seq_len > limit:
+            raise BertgpuError(f"--max_seq_len {cfg.max_seq_len}: longer than the model's "
+                               f"max_position_embeddings {limit} ({where}); expected at most "
+                               f"{limit}")
+        return cfg.max_seq_len, ""
+    if task_default > limit:
+        return limit, (f"the model's max_position_embeddings; the task's default is "
+                       f"{task_default}")
+    return task_default, "the task's default"
+
+
+def doc_stride(cfg: FinetuneConfig, max_seq_len: int) -> int:
+    """SQuAD's window overlap with `max_seq_len` tokens per window: `doc_stride` (128, Hugging
+    Face run_qa.py's for 384 tokens), except when `cfg.max_seq_len` was left to the default
+    (then capped at the model's positions: `resolve_seq_len`) and the window after the longest
+    question is not longer than it: then half a window, so that the capped default works. A
+    max_seq_len given with a doc_stride that does not fit stays an error (squad.featurize)."""
+    window = max_seq_len - cfg.max_query_len - 3  # [CLS] question [SEP] window [SEP]
+    if cfg.max_seq_len is not None or window > cfg.doc_stride:
+        return cfg.doc_stride
+    return max(1, window // 2)
+
+
+def job_config(cfg: FinetuneConfig, max_seq_len: int) -> FinetuneConfig:
+    """The config a task module builds its job with: `max_seq_len` as used (`resolve_seq_len`)
+    and SQuAD's `doc_stride` for it. results.json records `cfg` itself, as given."""
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len,
+                               doc_stride=doc_stride(cfg, max_seq_len))
+
+
 def _finetune_aliases() -> dict[str, str]:
     # `--train.epochs` / `--optim.lr` spellings map onto the flat keys.
     keys = list(FinetuneConfig.__dataclass_fields__)
@@ -151,10 +214,11 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
                 "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
         key_is(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in ("epochs", "max_seq_len", "micro_batch_size", "max_train_examples",
-                "max_eval_examples"):
+    for key in ("epochs", "micro_batch_size", "max_train_examples", "max_eval_examples"):
         key_is(getattr(cfg, key) is None or getattr(cfg, key) > 0, key,
                "a positive integer or none")
+    key_is(cfg.max_seq_len is None or cfg.max_seq_len >= MIN_SEQ_LEN, "max_seq_len",
+           f"at least {MIN_SEQ_LEN} ([CLS], a token, [SEP]) or none")
     key_is(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr",
            "a positive number or none")
     key_is(cfg.weight_decay >= 0, "weight_decay", "0 or more")

@@ -48,6 +48,9 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json")
 _HEAD_PREFIXES = ("cls.", "classifier.", "qa_outputs.", "head.", "decoder.")
+# The task output layers, sized by the number of labels: another task's (an MNLI model's 3
+# classes when fine-tuning RTE's 2) is replaced by a fresh one when the labels are asked for.
+_TASK_OUTPUTS = ("classifier.", "qa_outputs.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +90,20 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise BertgpuError(f"{path}: model_type is {d['model_type']!r}, expected one of "
                            f"{', '.join(ARCHITECTURES)}")
     return d
+
+
+def position_limit(path: str | os.PathLike) -> tuple[int, Path]:
+    """The max_position_embeddings of the model in `path` (any folder `resolve_checkpoint_folder`
+    takes; BERT and ModernBERT alike: the longest sequence it has positions for) and the
+    config.json it is read from."""
+    folder = resolve_checkpoint_folder(path)
+    cfg = read_config(folder)
+    where = folder / "config.json"
+    try:
+        return int(spec(architecture_of(cfg)).config_class.from_dict(cfg)
+                   .max_position_embeddings), where
+    except (BertgpuError, TypeError, ValueError) as e:
+        raise BertgpuError(f"{where}: {e}") from None
 
 
 def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
@@ -219,7 +236,9 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
     head: "pretraining" (BERT: NSP head iff the checkpoint has one, unless `with_nsp` says;
     ModernBERT: its MLM model), "masked_lm" (pretraining without NSP, HF's BertForMaskedLM /
     ModernBertForMaskedLM), "classification" (`num_labels` from the argument, else the config's
-    id2label / num_labels), "qa", "token_classification", "base" (the bare encoder).
+    id2label / num_labels), "qa", "token_classification", "base" (the bare encoder). With
+    `num_labels` given, a checkpoint's classifier of another size (another task's head) is left
+    out and initialised fresh, listed in the warning; every other weight must fit.
     config_overrides: config fields of the architecture to change, e.g. {"hidden_dropout_prob": 0.0}
     (BERT) or {"classifier_dropout": 0.1} (ModernBERT).
     Returns the model in train mode on the CPU in float32.
@@ -251,7 +270,7 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
         with_nsp = "cls.seq_relationship.weight" in sd
     pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
     model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
-    report = _copy_weights(model, sd, folder)
+    report = _copy_weights(model, sd, folder, fresh_task_outputs=num_labels is not None)
     if report.missing:
         warnings.warn(report.missing_text(), stacklevel=2)
     return model
@@ -267,10 +286,15 @@ class LoadReport:
     """Weights of the model the checkpoint lacks, left as initialised (heads it does not have)."""
     grown: list[tuple[str, int, int]]
     """(name, rows in the checkpoint, rows now) of the position tables that grew."""
+    replaced: list[str] = dataclasses.field(default_factory=list)
+    """"name (checkpoint shape) (model shape)" of another task's output layer, left out (its
+    weights are among `missing`)."""
 
     def missing_text(self) -> str:
+        other = (f" (the checkpoint's are another task's head: {_names(self.replaced)})"
+                 if self.replaced else "")
         return (f"{self.folder}: {len(self.missing)} weights of {self.model_class} are not in the "
-                f"checkpoint and were initialised fresh: {_names(self.missing)}")
+                f"checkpoint and were initialised fresh: {_names(self.missing)}{other}")
 
 
 def load_init_weights(model: nn.Module, path: str | os.PathLike) -> LoadReport:
@@ -307,17 +331,24 @@ def _grow_positions(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
 
 
 def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
-                  grow_positions: bool = False) -> LoadReport:
+                  grow_positions: bool = False, fresh_task_outputs: bool = False) -> LoadReport:
     """`sd` (our names, Hugging Face's layout) into `model`: an error for unknown or mis-shaped
     weights, the missing ones listed (they keep the model's values); weights are cast to the
-    model's dtype (checkpoints may be fp16/bf16). The checks compare Hugging Face layouts, the
-    copy goes through `layout.from_hf`."""
+    model's dtype (checkpoints may be fp16/bf16). `fresh_task_outputs`: a task output layer
+    (`_TASK_OUTPUTS`) of another shape is left out instead (another task's head). The checks
+    compare Hugging Face layouts, the copy goes through `layout.from_hf`."""
     own = {k: v for k, v in layout.hf_state_dict(model).items() if k not in TIED_KEYS}
     unexpected = sorted(k for k in sd if k not in own and not _harmless(k, set(own)))
     if unexpected:
         raise BertgpuError(f"{folder}: {len(unexpected)} unexpected weights for a "
                            f"{type(model).__name__} with this config.json: {_names(unexpected)}")
     grown = _grow_positions(sd, own, model.config.architecture) if grow_positions else []
+    replaced = []
+    if fresh_task_outputs:
+        other = {k.rsplit(".", 1)[0] for k, v in own.items()
+                 if k.startswith(_TASK_OUTPUTS) and k in sd and sd[k].shape != v.shape}
+        for k in sorted(k for k in own if k.rsplit(".", 1)[0] in other and k in sd):
+            replaced.append(f"{k} {tuple(sd.pop(k).shape)} (model {tuple(own[k].shape)})")
     mis_shaped = [f"{k} {tuple(sd[k].shape)} (model {tuple(v.shape)})"
                   for k, v in own.items() if k in sd and sd[k].shape != v.shape]
     if mis_shaped:
@@ -331,7 +362,7 @@ def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
     model.load_state_dict(layout.from_hf(state, config.architecture, config.vocab_size),
                           strict=False)
     model.tie_weights()
-    return LoadReport(folder, type(model).__name__, missing, grown)
+    return LoadReport(folder, type(model).__name__, missing, grown, replaced)
 
 
 def _names(keys: list[str], limit: int = 12) -> str:
@@ -430,4 +461,5 @@ def is_model_folder(folder: Path) -> bool:
 
 
 __all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",
-           "architecture", "resolve_checkpoint_folder", "read_config", "read_state_dict"]
+           "architecture", "position_limit", "resolve_checkpoint_folder", "read_config",
+           "read_state_dict"]

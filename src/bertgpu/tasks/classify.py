@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.glue import Example
 
+DEFAULT_MAX_SEQ_LEN = 128
+"""Tokens per sequence unless --max_seq_len (capped at the model's max_position_embeddings:
+finetune.py)."""
+
 
 # --------------------------------------------------------------------------------------------
 # Values of a row (tasks/tables.py reads the rows; ner shares it)
@@ -193,9 +197,12 @@ def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike
     classes = None if regression else discover_labels(train_path, [r[3] for r in train_rows])
     train = to_examples(train_path, train_rows, classes, fields.label)
     dev = to_examples(dev_path, dev_rows, classes, fields.label)
-    seq = cfg.max_seq_len or 128
+    seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     dev_enc = encode_pairs(tokenizer, dev, seq, regression)
     gold = dev_enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+    if regression and len(gold) and np.ptp(gold) == 0:
+        warnings.warn(f"{dev_path}: every dev score is {float(gold[0]):g}; Pearson and Spearman "
+                      "are undefined for constant labels and are reported as 0", stacklevel=2)
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
         logits = outputs["logits"]

@@ -186,6 +186,9 @@ def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
                  regression: bool) -> Encoded:
     """`[CLS] a [SEP] (b [SEP])` with token types, truncated longest-first to `max_seq_len`;
     labels int64 (classification) or float32 (regression) when every example has one."""
+    if max_seq_len < 5 and any(e.text_b is not None for e in examples):
+        raise BertgpuError(f"--max_seq_len {max_seq_len}: too short for sentence pairs "
+                           "([CLS] a [SEP] b [SEP] needs at least 5 tokens)")
     tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
     tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
     inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
@@ -254,6 +257,10 @@ class FinetuneTask:
         self.clock: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
         self._clock_before = (0.0, 0.0)
         self._epoch_steps: tuple[int, list[list[list[int]]]] | None = None
+        # The evaluation under way ({"step", "train_loss"}), None once recorded. A checkpoint
+        # written when a stop signal cut it short carries it, and the resumed run does it first.
+        self._pending_eval: dict[str, Any] | None = None
+        self._eval_in_steps_s = 0.0  # of the loop's train and data time: such an evaluation
 
     def epoch_of(self, step: int) -> int:
         """1-based epoch of optimizer step `step` (0-based)."""
@@ -274,6 +281,19 @@ class FinetuneTask:
         return self._epoch_steps[1]
 
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        pending = self._pending_eval
+        if pending is not None and pending["step"] == step:
+            # Resumed from a checkpoint written while the evaluation of `step` (an epoch's end)
+            # was cut short: evaluate it now, before the next epoch's first step (collective: the
+            # same on every rank, which resumed from the same checkpoint). The loop times this
+            # call as data; `_eval_in_steps_s` takes it out of the train and data times again.
+            # (Its scores go to results.json's epochs and this line, not to metrics.jsonl.)
+            t0 = time.perf_counter()
+            flat = self.evaluate(step, pending["train_loss"])
+            self._eval_in_steps_s += time.perf_counter() - t0
+            if self.info.is_main:
+                print(f"eval step {step} (cut short by the stop, done after the resume) | "
+                      + " | ".join(f"{k} {v:.4g}" for k, v in flat.items()), flush=True)
         steps = self._step_indices(self.epoch_of(step))
         return [self.job.train.batch(idx, self.pad_id)
                 for idx in steps[step % self.steps_per_epoch]]
@@ -362,6 +382,7 @@ class FinetuneTask:
         """Every evaluation set, sharded over ranks and scored on rank 0 (predictions are written
         at the last epoch); appends the epoch's record to `history` on every rank."""
         t0 = time.perf_counter()
+        self._pending_eval = {"step": step, "train_loss": train_loss}
         epoch = self.epoch_of(step - 1) if step else 1
         record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_loss,
                                   "train_seconds": self.train_seconds()}
@@ -378,25 +399,28 @@ class FinetuneTask:
         distributed.barrier()  # the other ranks wait while rank 0 scores (bounded by the timeout)
         record["eval_seconds"] = time.perf_counter() - t0
         self.history.append(record)
+        self._pending_eval = None
         return flat
 
     # -- clocks, state and result ----------------------------------------------------------------
     def train_seconds(self) -> float:
         """Time in training steps so far (the loop's, on this rank), the steps before a resume
         included."""
-        return self._clock_before[0] + self.clock()[0]
+        return self._clock_before[0] + self.clock()[0] - self._eval_in_steps_s
 
     def data_wait_seconds(self) -> float:
         """The part of `train_seconds` spent building batches on the host (`micro_batches`)."""
-        return self._clock_before[1] + self.clock()[1]
+        return self._clock_before[1] + self.clock()[1] - self._eval_in_steps_s
 
     def state_dict(self) -> dict[str, Any]:
         return {"finetune_history": self.history, "eval_s": self.eval_s,
                 "eval_examples": self.eval_examples, "train_seconds": self.train_seconds(),
-                "data_wait_seconds": self.data_wait_seconds()}
+                "data_wait_seconds": self.data_wait_seconds(),
+                "finetune_pending_eval": self._pending_eval}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.history = list(state.get("finetune_history", []))
+        self._pending_eval = state.get("finetune_pending_eval")
         self.eval_s = float(state.get("eval_s", 0.0))
         self.eval_examples = int(state.get("eval_examples", 0))
         self._clock_before = (float(state.get("train_seconds", 0.0)),

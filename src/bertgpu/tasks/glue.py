@@ -256,8 +256,9 @@ def write_glue_submission(task: GlueTask | str, predictions: Sequence[Any],
     """Write the GLUE leaderboard file: header "index\\tprediction", one row per test example.
 
     `predictions` are class ids (or 2-D logits, argmax taken) for classification, written with the
-    task's TSV label spelling ("entailment", "0"/"1"); floats for STS-B. `indices` default to
-    0..N-1, the order of the official test files. Written to OUT.tmp and renamed into place.
+    task's TSV label spelling ("entailment", "0"/"1"); floats for STS-B, clipped to its [0, 5]
+    range. `indices` default to 0..N-1, the order of the official test files. Written to
+    OUT.tmp and renamed into place.
     """
     task = get_task(task)
     import numpy as np  # numpy is a runtime dependency; imported here to keep import time low
@@ -266,6 +267,8 @@ def write_glue_submission(task: GlueTask | str, predictions: Sequence[Any],
     if task.kind == "classification" and preds.ndim == 2:
         preds = preds.argmax(axis=-1)
     preds = preds.reshape(len(preds), -1)[:, 0] if preds.ndim > 1 else preds
+    if task.kind == "regression":  # STS-B's scores lie in [0, 5]; a regression head's need not
+        preds = np.clip(preds.astype(np.float64), 0.0, 5.0)
     if indices is None:
         indices = range(len(preds))
     if len(indices) != len(preds):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,17 +19,17 @@ from typing import Any
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.glue import Example, GlueTask, Label, get_task
 
-log = logging.getLogger(__name__)
-
 
 def read_examples(task: GlueTask | str, path: str | os.PathLike[str], *,
                   skip_malformed: bool = False,
                   expect_labels: bool | None = None) -> list[Example]:
-    """All examples of one file; see `read_examples_counted` (this logs the skipped-row count)."""
+    """All examples of one file; see `read_examples_counted` (this warns with the skipped-row
+    count, in one line)."""
     examples, skipped = read_examples_counted(task, path, skip_malformed=skip_malformed,
                                               expect_labels=expect_labels)
     if skipped:
-        log.warning("%s: skipped %d malformed rows (wrong column count)", path, skipped)
+        warnings.warn(f"{path}: skipped {skipped} malformed rows (wrong number of columns; "
+                      f"skip_malformed), read {len(examples)}", stacklevel=2)
     return examples
 
 
@@ -39,9 +39,10 @@ def read_examples_counted(task: GlueTask | str, path: str | os.PathLike[str], *,
     """Examples of a GLUE file (.tsv official, .parquet/.jsonl/.json/.csv Hugging Face) and the
     number of malformed rows skipped.
 
-    `skip_malformed` skips TSV rows with the wrong number of columns (QQP's train.tsv has a few)
-    instead of raising. `expect_labels` (default: True unless the file name starts with "test")
-    makes a missing label column an error; unlabeled examples get `label=None`.
+    `skip_malformed` (`--skip_malformed true`) skips TSV rows with the wrong number of columns
+    (QQP's train.tsv has a few) instead of raising. `expect_labels` (default: True unless the
+    file name starts with "test") makes a missing label column an error; unlabeled examples get
+    `label=None`.
     """
     task = get_task(task)
     path = Path(path)
@@ -150,9 +151,12 @@ def _read_tsv(task: GlueTask, path: Path, skip_malformed: bool,
                 if skip_malformed:
                     skipped += 1
                     continue
+                # A test file keeps every row: the leaderboard wants a prediction for each.
+                hint = ("pass --skip_malformed true to skip such rows" if expect_labels
+                        else "a test file must keep every row for the leaderboard")
                 raise BertgpuError(
                     f"{path}:{line}: {len(row)} columns, expected {len(header)} for GLUE "
-                    f"{task.name} (pass skip_malformed to skip such rows)"
+                    f"{task.name} ({hint})"
                 )
             where = f"{path}:{line}"
             if il is not None and not row[il].strip():

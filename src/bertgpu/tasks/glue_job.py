@@ -13,6 +13,7 @@ format. It is a module of its own because glue_files.py and metrics.py import gl
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,10 @@ from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
 if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.glue import Example, GlueTask
+
+DEFAULT_MAX_SEQ_LEN = 128
+"""Tokens per sequence unless --max_seq_len (capped at the model's max_position_embeddings:
+finetune.py)."""
 
 
 def check_request(request: JobRequest) -> None:
@@ -44,11 +49,13 @@ def build_job(request: JobRequest, tokenizer: Any,
     check_request(request)
     task, data = glue.get_task(request.task), _data_dir(request)
     train_path = glue.find_split_file(data, task, "train")
-    devs = [(s, glue_files.read_examples(task, glue.find_split_file(data, task, s)))
+    skip = cfg.skip_malformed  # labelled files only: a test file keeps every row
+    devs = [(s, glue_files.read_examples(task, glue.find_split_file(data, task, s),
+                                         skip_malformed=skip))
             for s in task.dev_splits]
     tests = _test_sets(task, data) if request.predict_test else []
-    job = examples_job(task, glue_files.read_examples(task, train_path), devs, tokenizer, cfg,
-                       str(train_path), tests)
+    job = examples_job(task, glue_files.read_examples(task, train_path, skip_malformed=skip),
+                       devs, tokenizer, cfg, str(train_path), tests)
     return job, {"data": str(data), "task_key": task.key, "kind": task.kind}
 
 
@@ -65,7 +72,10 @@ def _test_sets(task: GlueTask, data: str | os.PathLike[str]) -> list[tuple[str, 
         try:
             path = glue.find_split_file(data, task, split)
         except BertgpuError:
-            continue  # no test file for this split: nothing to predict
+            warnings.warn(f"--predict-test: no {split} file for GLUE {task.name} in {data}; "
+                          f"no {glue.column_name(task, split)} predictions are written",
+                          stacklevel=2)
+            continue
         tests.append((split, glue_files.read_examples(task, path, expect_labels=False)))
     return tests
 
@@ -75,7 +85,7 @@ def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, lis
                  tests: Sequence[tuple[str, list[Example]]] = ()) -> Job:
     """The job of in-memory examples scored like `task` (its kind, labels and official metrics):
     GLUE's files, or the demo's sets. `where` names the training examples in errors."""
-    seq = cfg.max_seq_len or 128
+    seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     regression = task.kind == "regression"
     train = train[:cfg.max_train_examples]
     unlabeled = [e.guid for e in train if e.label is None]
@@ -91,8 +101,10 @@ def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, lis
     test_sets = [(split, encode_pairs(tokenizer, examples, seq, regression),
                   _submission_writer(task, split, examples))
                  for split, examples in tests]
+    # The export's id2label / label2id: this task's class names, never the init's.
     return Job(task.name, "classification", task.num_labels,
-               encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets)
+               encode_pairs(tokenizer, train, seq, regression), evals, primary, test_sets,
+               labels=task.labels if task.kind == "classification" else None)
 
 
 def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: Any, seq: int,
@@ -102,6 +114,10 @@ def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: An
         raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; "
                            "cannot evaluate")
     labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+    if task.kind == "regression" and len(labels) and np.ptp(labels) == 0:
+        warnings.warn(f"GLUE {task.name} {split} split: every score is {float(labels[0]):g}; "
+                      "Pearson and Spearman are undefined for constant labels and are reported "
+                      "as 0", stacklevel=2)
 
     def score(outputs: dict[str, np.ndarray], _folder: Path | None) -> dict[str, float]:
         return eval_metrics.glue_metrics(task, outputs["logits"], labels)

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
 
 NER_FIELDS = Fields(text="tokens", label="tags")
+DEFAULT_MAX_SEQ_LEN = 128
+"""Tokens per sequence unless --max_seq_len (capped at the model's max_position_embeddings:
+finetune.py)."""
 
 
 @dataclass
@@ -231,7 +234,7 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
     labels = tag_set(train_path, train)
     check_known(dev_path, dev, labels)
     tag_ids = {t: i for i, t in enumerate(labels)}
-    seq = cfg.max_seq_len or 128
+    seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     train_enc, _ = encode_sentences(tokenizer, train, tag_ids, seq)
     dev_enc, firsts = encode_sentences(tokenizer, dev, tag_ids, seq)
     dev_enc.token_targets.clear()  # kept out of the forward pass: eval needs logits only

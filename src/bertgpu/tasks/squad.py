@@ -240,10 +240,12 @@ def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_le
         q_ids = qe.ids[:max_query_len]
         max_ctx = max_seq_len - len(q_ids) - 3
         if max_ctx <= doc_stride:
+            left = (f"{max_ctx} context tokens per window" if max_ctx > 0
+                    else "no context tokens")
             raise BertgpuError(
-                f"max_seq_len={max_seq_len} leaves {max_ctx} context tokens per window after a "
-                f"{len(q_ids)}-token question; that must exceed doc_stride={doc_stride} "
-                "(lower doc_stride or max_query_len)"
+                f"max_seq_len={max_seq_len} leaves {left} after a {len(q_ids)}-token question "
+                f"and [CLS] [SEP] [SEP]; that must exceed doc_stride={doc_stride} (raise "
+                "max_seq_len, or lower doc_stride or max_query_len)"
             )
         span = ex.train_span if is_training else None
         tok_span = _char_to_token_span(ce.offsets, span) if span is not None else None

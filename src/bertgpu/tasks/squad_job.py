@@ -26,11 +26,17 @@ if TYPE_CHECKING:
 
 VERSIONS = {"squad": False, "squad1": False, "squad2": True, "squadv2": True}
 """The names this module answers to (tasks/registry.py) -> whether the files are SQuAD v2.0."""
+DEFAULT_MAX_SEQ_LEN = 384
+"""Tokens per window unless --max_seq_len (BERT's SQuAD setting), capped at the model's
+max_position_embeddings (finetune.py)."""
 
 
 def check_request(request: JobRequest) -> None:
-    """No own-file flags (SQuAD's JSON fixes its fields)."""
+    """No own-file flags (SQuAD's JSON fixes its fields); a file given is a file."""
     request.check_no_columns()
+    for flag, given in (("--train-file", request.train_file), ("--dev-file", request.dev_file)):
+        if given is not None and Path(given).is_dir():
+            raise BertgpuError(f"{given}: is a folder, expected a SQuAD JSON file ({flag})")
 
 
 def build_job(request: JobRequest, tokenizer: Any,
@@ -66,12 +72,18 @@ def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.P
 def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
               cfg: FinetuneConfig) -> Job:
     """Read and featurize both files; the dev set is scored with the official EM/F1."""
-    seq = cfg.max_seq_len or 384
+    seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     tokenizer.no_truncation()
     tokenizer.no_padding()
     kw = {"max_seq_len": seq, "doc_stride": cfg.doc_stride, "max_query_len": cfg.max_query_len}
     train_ex = squad.read_squad(train_file)[:cfg.max_train_examples]
     dev_ex = squad.read_squad(dev_file)[:cfg.max_eval_examples]
+    if not version_2:  # v1.1 has an answer to every question; its scoring needs one
+        for path, examples in ((train_file, train_ex), (dev_file, dev_ex)):
+            impossible = sum(e.is_impossible for e in examples)
+            if impossible:
+                raise BertgpuError(f"{path}: {impossible} questions without answers "
+                                   "(is_impossible) are SQuAD v2.0: use finetune squad2")
     train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
     if len(train_feats) == 0:
         raise BertgpuError(f"{train_file}: no training features (every answer outside "

@@ -127,6 +127,8 @@ def check_own_files(request: JobRequest) -> None:
         raise BertgpuError(f"finetune {request.key}: {' and '.join(missing)} {verb} required "
                            "(your labelled files)")
     for flag, path in files:
+        if path is not None and Path(path).is_dir():
+            raise BertgpuError(f"{path}: is a folder, expected a file ({flag})")
         if path is not None and not Path(path).is_file():
             raise BertgpuError(f"{path}: not found ({flag})")
 
