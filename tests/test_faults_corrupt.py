@@ -305,7 +305,8 @@ def test_load_pretrained_uses_the_same_definition(run):
     shutil.copytree(root / "step_20", root / "step_30")
     (root / "step_30" / fsutil.COMPLETE).unlink()  # has config.json, but never finished
     shutil.copytree(root / "step_20", root / "step_40.tmp")
-    assert resolve_checkpoint_folder(run) == root / "step_20"
+    with pytest.warns(UserWarning, match=r"step_30: skipped, incomplete"):
+        assert resolve_checkpoint_folder(run) == root / "step_20"
     with pytest.raises(BertgpuError, match=r"step_30: not a usable checkpoint: incomplete"):
         load_pretrained(root / "step_30")
     with pytest.raises(BertgpuError, match=r"step_40.tmp: not a usable checkpoint: half-written"):
@@ -315,3 +316,52 @@ def test_load_pretrained_uses_the_same_definition(run):
         model = load_pretrained(run, head="masked_lm")
     assert torch.equal(model.bert.embeddings.word_embeddings.weight,
                        word_embeddings(root / "step_10"))
+
+
+def test_a_newer_unsealed_checkpoint_is_named_not_skipped_silently(run, tmp_path, capsys):
+    """A step_N without COMPLETE (not a save's .tmp: a damaged or hand-copied folder) newer than
+    the checkpoint used was passed over without a word by export, resume and --init; export did
+    not say which step it wrote. When it is the only one, that is an error, not a fresh start."""
+    root = run / "checkpoints"
+    shutil.copytree(root / "step_20", root / "step_30")
+    (root / "step_30" / fsutil.COMPLETE).unlink()
+    out = tmp_path / "hf"
+    assert cli(["export", str(run), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert (f"{root / 'step_30'}: skipped, incomplete (no COMPLETE marker: its save did not "
+            "finish); trying the previous checkpoint") in captured.err
+    assert captured.out == f"exported {run} (step 20) -> {out}\n"
+    for name in ("step_10", "step_20"):
+        shutil.rmtree(root / name)
+    with pytest.raises(BertgpuError, match=r"no good checkpoint \(step_30: incomplete"), \
+            pytest.warns(UserWarning):
+        ckpt.latest_checkpoint(run)
+
+
+def test_init_from_a_copied_checkpoint_is_verified(run, tmp_path):
+    """A checkpoint folder copied out of its run was taken as --init without its checksums: a
+    flipped byte or a missing COMPLETE went unnoticed."""
+    from bertgpu.models.hf_io import load_pretrained
+
+    copy = shutil.copytree(run / "checkpoints" / "step_20", tmp_path / "ck")
+    damage(copy, "changed")
+    with pytest.raises(BertgpuError, match=r"ck: not a usable checkpoint: train_state.pt fails"):
+        load_pretrained(copy)
+    unsealed = shutil.copytree(run / "checkpoints" / "step_10", tmp_path / "ck2")
+    (unsealed / fsutil.COMPLETE).unlink()
+    with pytest.raises(BertgpuError, match=r"ck2: not a usable checkpoint: incomplete"):
+        load_pretrained(unsealed)
+    load_pretrained(shutil.copytree(run / "checkpoints" / "step_10", tmp_path / "ck3"))
+
+
+def test_export_never_writes_over_a_checkpoint(run, tmp_path, capsys):
+    """`export --out RUN/checkpoints/step_20` replaced a complete checkpoint with an export
+    (a checkpoint holds a config.json, so it passed for an earlier export)."""
+    root = run / "checkpoints"
+    for out in (root / "step_20", root / "hf", tmp_path / "copy"):
+        if out.name == "copy":
+            shutil.copytree(root / "step_10", out)
+        assert cli(["export", str(run), "--step", "10", "--out", str(out)]) == 2
+        assert len(capsys.readouterr().err.splitlines()) == 1
+    assert ckpt.checkpoint_problem(root / "step_20") is None
+    assert ckpt.checkpoint_problem(tmp_path / "copy") is None

@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
+    return export_step(run_dir, out, step)[0]
+
+
+def export_step(run_dir: str | Path, out: str | Path, step: int | None = None) -> tuple[Path, int]:
+    """`export`, and the step of the checkpoint it wrote (the newest good one when `step` is
+    None: a newer damaged or incomplete one is skipped with a warning)."""
     from bertgpu import fsutil
     from bertgpu.models.hf_io import MODEL_FOLDER, is_model_folder, load_pretrained, save_pretrained
     from bertgpu.train.checkpoint import (
@@ -40,6 +46,9 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
     fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
+    if fsutil.within(out, run_dir / CHECKPOINTS):
+        raise BertgpuError(f"{out}: inside the run's {CHECKPOINTS}/ folder; expected a folder "
+                           "outside it (an export there would replace or mix with a checkpoint)")
     if step is None:
         # the newest good one; damaged newer ones are warned about
         ckpt = latest_checkpoint(run_dir)
@@ -56,10 +65,11 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
             raise BertgpuError(f"{ckpt}: cannot export: {problem}")
     model = load_pretrained(ckpt, head="pretraining")
     tokenizer = run_dir / "tokenizer"
-    return save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)
+    folder = save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)
+    return folder, int(ckpt.name.removeprefix("step_").removesuffix(fsutil.OLD))
 
 
 def main(args: argparse.Namespace) -> int:
-    folder = export(args.run_dir, args.out, args.step)
-    print(f"exported {args.run_dir} -> {folder}")
+    folder, step = export_step(args.run_dir, args.out, args.step)
+    print(f"exported {args.run_dir} (step {step}) -> {folder}")
     return 0

@@ -335,9 +335,19 @@ def newest_good(root: Path, accept: Callable[[Path], T] | None = None) -> T | Pa
     """The newest good checkpoint under `root` (None if there is no complete one), passed through
     `accept` when given (e.g. a loader; a BertgpuError from it counts as damage too). Each newer
     damaged one is skipped with a warning that names what is wrong. When every complete checkpoint
-    is damaged this is an error: starting afresh silently would throw the run away."""
+    is damaged this is an error: starting afresh silently would throw the run away. A `step_N`
+    folder without COMPLETE (not a `.tmp`: a save does not leave one; a damaged or hand-copied
+    folder) newer than the one chosen counts as damaged too."""
     damaged = []
-    for _, path in reversed(complete_steps(root)):
+    complete = complete_steps(root)
+    have = {step for step, _ in complete}
+    unsealed = []
+    if Path(root).is_dir():
+        for entry in Path(root).iterdir():
+            m = _STEP_RE.match(entry.name)
+            if m and m.group(2) is None and entry.is_dir() and int(m.group(1)) not in have:
+                unsealed.append((int(m.group(1)), entry))
+    for _, path in sorted([*complete, *unsealed], reverse=True):
         problem = verify_folder(path)
         if problem is None:
             try:

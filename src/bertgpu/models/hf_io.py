@@ -65,7 +65,7 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise BertgpuError(f"{folder}: not a folder (expected a Hugging Face model folder or a "
                            "bertgpu run folder)")
-    if folder.parent.name == "checkpoints" and folder.name.startswith("step_"):
+    if is_checkpoint_folder(folder):  # wherever it lies (a copied step_N too): verified
         problem = fsutil.verify_folder(folder)
         if problem is not None:
             raise BertgpuError(f"{folder}: not a usable checkpoint: {problem}")
@@ -76,6 +76,15 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
         return newest
     raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a "
                        "checkpoint folder, or a run folder with a complete checkpoints/step_N/)")
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    """A bertgpu checkpoint (`checkpoints/step_N`, or a copy of one): sealed with COMPLETE and
+    checksums.json, or holding a training state (then a missing seal means an interrupted save)."""
+    folder = Path(folder)
+    return ((folder.parent.name == "checkpoints" and folder.name.startswith("step_"))
+            or any((folder / n).is_file() for n in (fsutil.COMPLETE, fsutil.CHECKSUMS,
+                                                     "train_state.pt")))
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -456,8 +465,9 @@ MODEL_FOLDER = "a model folder (config.json and weights, which an export replace
 
 
 def is_model_folder(folder: Path) -> bool:
-    """A Hugging Face model folder (an earlier export), which a new export may replace."""
-    return (Path(folder) / "config.json").is_file()
+    """A Hugging Face model folder (an earlier export), which a new export may replace; never a
+    checkpoint, which also holds a config.json."""
+    return (Path(folder) / "config.json").is_file() and not is_checkpoint_folder(folder)
 
 
 __all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",
