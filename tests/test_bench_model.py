@@ -173,6 +173,19 @@ def test_bad_flags_are_rejected():
         bench_model.main(parse(["--mask-rate", "1.5"]))
     with pytest.raises(BertgpuError, match="--size large: modernbert comes in tiny, base"):
         bench_model._grid(parse(["--arch", "modernbert", "--size", "large"]), cuda=False)
+    # These raised torch's or numpy's errors (a reshape of 0 elements, negative dimensions, an
+    # IndexError, a position table of 512 rows against 600 tokens) after the models were built.
+    for argv, message in ((["--micro-batch", "0"], "--micro-batch 0: expected 1 or more"),
+                          (["--micro-batch", "-2"], "--micro-batch -2: expected 1 or more"),
+                          (["--seq-len", "0"], "--seq-len 0: bert-tiny takes 8 to 512 tokens"),
+                          (["--seq-len", "600"], "--seq-len 600: bert-tiny takes 8 to 512"),
+                          (["--arch", "modernbert", "--seq-len", "2048"],
+                           "--seq-len 2048: modernbert-tiny takes 8 to 1024")):
+        with pytest.raises(BertgpuError, match=message):
+            bench_model._grid(parse(["--size", "tiny", *argv]), cuda=False)
+    # Rows went into b.txt as JSON lines, which `bertgpu report` then refused by its name.
+    with pytest.raises(BertgpuError, match=r"b.txt: expected a .jsonl or .csv file name"):
+        bench_model.main(parse(["--size", "tiny", "--out", "b.txt"]))
 
 
 def test_models_are_built_once_per_size_and_transformers_timed_once_per_point(monkeypatch,

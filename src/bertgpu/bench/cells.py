@@ -74,6 +74,9 @@ def check_rows_file(path: str | Path) -> None:
     if Path(path).is_dir():
         raise BertgpuError(f"{path}: is a folder; expected a .jsonl or .csv file to append the "
                            "rows to")
+    if Path(path).suffix not in (".jsonl", ".csv"):
+        raise BertgpuError(f"{path}: expected a .jsonl or .csv file name (the rows' format "
+                           "follows it, and `bertgpu report` reads them by it)")
     check_output_folder(Path(path).parent, "a folder for the results file")
 
 

@@ -201,6 +201,10 @@ def _in_modes(variants: list[Variant], modes: list[str]) -> list[Variant]:
     return [replace(v, mode=m) for v in variants for m in (modes if v.compile else [v.mode])]
 
 
+BERT_POSITIONS = 512  # transformers' BertConfig default, which the BERT sizes keep
+MIN_SEQ_LEN = 8  # as `prepare --seq-len`: [CLS], [SEP] and a few tokens to mask
+
+
 def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     """The points to time, in order (grouped by architecture and size: models built once)."""
     sources = args.real_lengths or ["full"]
@@ -218,6 +222,15 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
         bad = [s for s in args.size if s not in sizes]
         if bad:
             raise BertgpuError(f"--size {bad[0]}: {arch} comes in {', '.join(sizes)}")
+        for size in args.size:
+            positions = sizes[size].get("max_position_embeddings", BERT_POSITIONS)
+            for t in args.seq_len:
+                if not MIN_SEQ_LEN <= t <= positions:
+                    raise BertgpuError(f"--seq-len {t}: {arch}-{size} takes {MIN_SEQ_LEN} to "
+                                       f"{positions} tokens (its max_position_embeddings)")
+    for b in args.micro_batch:
+        if b < 1:
+            raise BertgpuError(f"--micro-batch {b}: expected 1 or more sequences")
     dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
     return [dict(arch=a, size=s, micro_batch=b, seq_len=t, dtype=d, lengths=n,
                  variants=_variants(args))
