@@ -201,3 +201,31 @@ def test_process_group_tears_down_after_the_modules_are_gone(monkeypatch):
         with distributed.process_group("cpu", strategy="fsdp"):
             build(fail=True)
     assert alive_at_teardown == [False, False] and not distributed.is_initialized()
+
+
+def test_the_launchers_own_traceback_for_a_stop_signal_is_left_out(capsys):
+    """SIGTERM to `--nproc 2`: torch's launcher ends by raising SignalException, whose traceback
+    was shown between the workers' "wrote a preemption checkpoint" lines and our last line. It
+    is left out once a stop signal was forwarded; a worker's line in the middle of it still
+    shows, and any other traceback (or this one without a signal) is shown whole."""
+    from bertgpu.train.launcher import _pass_through
+
+    signal_tb = ["Traceback (most recent call last):\n",
+                 '  File "torch/distributed/run.py", line 9, in main\n',
+                 "    run(args)\n",
+                 "bertgpu pretrain: SIGTERM: wrote a preemption checkpoint of step 8\n",
+                 "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got "
+                 "signal: 15\n"]
+    other_tb = ["Traceback (most recent call last):\n", '  File "x.py", line 1\n',
+                "ValueError: boom\n"]
+    stream = ["W1127 Received Signals.SIGTERM death signal, shutting down workers\n",
+              *signal_tb, *other_tb]
+    tail = _pass_through(iter(stream), stopping=lambda: True)
+    assert capsys.readouterr().err.splitlines() == [
+        "W1127 Received Signals.SIGTERM death signal, shutting down workers",
+        "bertgpu pretrain: SIGTERM: wrote a preemption checkpoint of step 8",
+        *[line.rstrip("\n") for line in other_tb]]
+    assert len(tail) == len(stream)  # describe_failure still reads everything
+    _pass_through(iter(signal_tb), stopping=lambda: False)
+    assert capsys.readouterr().err == "".join(
+        [signal_tb[3], *signal_tb[:3], signal_tb[4]])

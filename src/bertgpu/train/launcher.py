@@ -102,7 +102,7 @@ def _run_launcher(command: list[str], attempt: int) -> tuple[int, list[str], lis
         except ValueError:  # not the main thread: signals go to the launcher's group directly
             pass
     try:
-        tail = _pass_through(proc.stderr)  # type: ignore[arg-type]
+        tail = _pass_through(proc.stderr, stopping=lambda: bool(received))  # type: ignore[arg-type]
         rc = proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -110,13 +110,48 @@ def _run_launcher(command: list[str], attempt: int) -> tuple[int, list[str], lis
     return rc, tail, received
 
 
-def _pass_through(stream: Iterable[str], keep: int = 400) -> list[str]:
-    """Copy the launcher's stderr to ours line by line; return the last `keep` lines."""
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: |$)")
+_STOP_EXCEPTION = "SignalException"
+
+
+def _pass_through(stream: Iterable[str], keep: int = 400,
+                  stopping: Callable[[], bool] = lambda: False) -> list[str]:
+    """Copy the launcher's stderr to ours line by line; return the last `keep` lines.
+
+    Once a stop signal was forwarded (`stopping()`), the launcher's own traceback for it (torch's
+    SignalException: the launcher ends by raising it) is left out: the workers' lines saying how
+    they stopped, and this process's last line, say it all. Lines of workers that arrive in the
+    middle of that traceback pass through at once; any other traceback is shown whole."""
     tail: deque[str] = deque(maxlen=keep)
-    for line in stream:
-        sys.stderr.write(line)
+    held: list[str] = []  # a traceback being read, not yet shown
+
+    def show(lines: list[str]) -> None:
+        for line in lines:
+            sys.stderr.write(line)
+            tail.append(line)
         sys.stderr.flush()
-        tail.append(line)
+
+    for line in stream:
+        if held:
+            if line[:1].isspace() or line.startswith(("During handling", "The above exception",
+                                                      "Traceback (most recent call last)")) \
+                    or not line.strip():
+                held.append(line)
+                continue
+            if _EXCEPTION_LINE.match(line):
+                block, held = [*held, line], []
+                if not (_STOP_EXCEPTION in line and stopping()):
+                    show(block)
+                else:
+                    tail.extend(block)  # kept for describe_failure, not shown
+                continue
+            show([line])  # a worker's line in the middle of the traceback
+            continue
+        if line.startswith("Traceback (most recent call last)"):
+            held = [line]
+            continue
+        show([line])
+    show(held)  # a traceback the stream ended inside
     return list(tail)
 
 
