@@ -16,7 +16,7 @@ from bertgpu.data.corpus import (
     iter_documents,
     resolve_inputs,
 )
-from bertgpu.data.textio import split_sentences
+from bertgpu.data.textio import open_binary, read_errors, split_sentences
 from bertgpu.data.wikitext import strip_wiki_markup
 from bertgpu.errors import BertgpuError
 
@@ -171,6 +171,100 @@ def test_skip_bad_counts_skipped_files_and_keeps_going(tmp_path):
     assert stats.files == 1
     assert [p for p, _ in stats.skipped] == [str(p) for p, _ in bad]
     assert "7 skipped" in stats.summary()
+
+
+def _zstd_frames() -> tuple[bytes, list[bytes], set[int]]:
+    """Text, and a zstd file of it in frames of every shape: plain, with a checksum, several
+    blocks (over 128 KiB of text), a skippable frame between; and where each frame ends."""
+    zstandard = pytest.importorskip("zstandard")
+    lines = [f"Sentence number {i} of the test, with a square {i * i}.\n" for i in range(4000)]
+    parts = ["".join(lines[:40]), "".join(lines[40:80]), "".join(lines[80:])]
+    frames = [zstandard.ZstdCompressor().compress(parts[0].encode()),
+              zstandard.ZstdCompressor(write_checksum=True).compress(parts[1].encode()),
+              (0x184D2A53).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"skip me",
+              zstandard.ZstdCompressor(level=1, write_content_size=False
+                                       ).compress(parts[2].encode())]
+    frames[2] = frames[2][:-1]  # 6 bytes of skippable content
+    ends, at = set(), 0
+    for frame in frames:
+        at += len(frame)
+        ends.add(at)
+    return "".join(parts).encode(), frames, ends
+
+
+def test_truncated_zstd_is_an_error_wherever_it_is_cut(tmp_path):
+    """A zstd file cut short names the file (zstandard's own reader ends quietly where the bytes
+    end: a file cut at 70% gave 69% of its text); only a cut exactly between frames is a
+    complete file, as with gzip's members."""
+    text, frames, ends = _zstd_frames()
+    whole = b"".join(frames)
+    assert len(frames[3]) > 3000  # several blocks
+    path = tmp_path / "docs.txt.zst"
+    path.write_bytes(whole)
+    with open_binary(path) as f:
+        assert f.read() == text
+    cuts = {*range(1, 120), *(e + d for e in ends for d in (-5, -4, -3, -1, 1, 2, 3)),
+            *range(120, len(whole), 97)}
+    for cut in sorted(c for c in cuts - ends if c < len(whole)):
+        path.write_bytes(whole[:cut])
+        with pytest.raises((BertgpuError, *read_errors())) as info:  # < 4 bytes: not zstd
+            with open_binary(path) as f:
+                while f.read(1 << 16):
+                    pass
+        assert cut < 4 or "truncated zstd stream" in str(info.value), cut
+    path.write_bytes(whole[: int(len(whole) * 0.7)])  # the tester's: read silently, exit 0
+    with pytest.raises(BertgpuError, match=r"docs.txt.zst: cannot read \(truncated zstd stream"
+                       ) as info:
+        list(iter_documents([path]))
+    assert "\n" not in str(info.value)
+    small = tmp_path / "small.txt.zst"  # one block cut in half: was "empty file; expected text"
+    small.write_bytes(frames[0][: len(frames[0]) // 2])
+    with pytest.raises(BertgpuError, match=r"small.txt.zst: cannot read \(truncated zstd stream"):
+        list(iter_documents([small]))
+    stats = CorpusStats()  # --skip-bad skips it, and says why
+    assert list(iter_documents([small], skip_bad=True, stats=stats)) == []
+    assert "truncated zstd stream" in stats.skipped[0][1]
+
+
+def test_jsonl_without_a_jsonl_name_is_sniffed(tmp_path):
+    """Spark writes JSON Lines as part-00000 (plain or .gz) beside an empty _SUCCESS: the content
+    says JSON Lines (the JSON syntax went into the training data as text)."""
+    import gzip
+
+    spark = tmp_path / "spark"
+    spark.mkdir()
+    rows = [{"text": "First doc. Two sentences.", "id": 1}, {"id": 2, "text": "Second doc."}]
+    (spark / "part-00000").write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    (spark / "part-00001.gz").write_bytes(gzip.compress(b'{"text": "Third doc."}\n'))
+    (spark / "_SUCCESS").write_bytes(b"")
+    (tmp_path / "braces.txt").write_text("{not json} but a sentence.\n")
+    (tmp_path / "notes").write_text("{not json} but a sentence.\n")
+    assert detect_format(spark / "part-00000") == "jsonl"
+    assert detect_format(spark / "part-00001.gz") == "jsonl"
+    assert detect_format(tmp_path / "notes") == "sentences"
+    assert list(iter_documents([spark])) == [["First doc.", "Two sentences."], ["Second doc."],
+                                             ["Third doc."]]
+    assert list(iter_documents([tmp_path / "notes"])) == [["{not json} but a sentence."]]
+
+
+@pytest.mark.parametrize("content, message", [
+    (json.dumps([{"text": "a"}, {"text": "b"}], indent=2),
+     r"doc.json:1: a JSON document spread over several lines, not JSON Lines"),
+    (json.dumps({"data": [{"text": "a"}]}, indent=1),
+     r"doc.json:1: a JSON document spread over several lines, not JSON Lines"),
+    (json.dumps([{"text": "a"}, {"text": "b"}]), r"doc.json:1: a JSON array, not JSON Lines"),
+    ('{"text": null}', r"doc.json:1: no string field 'text' \(its value is null\)"),
+    ('{"text": 123}', r"doc.json:1: no string field 'text' \(its value is a number\)"),
+    ('"just text"', r"doc.json:1: no string field 'text' \(found a string, not an"),
+    ('{"text": "ok"}\n{"text": ["a"]}', r"doc.json:2: no string field 'text' \(its value is an "
+                                        "array"),
+])
+def test_json_that_is_not_json_lines_says_what_it_is(tmp_path, content, message):
+    path = tmp_path / "doc.json"
+    path.write_text(content + "\n")
+    with pytest.raises(BertgpuError, match=message) as info:
+        list(iter_documents([path]))
+    assert "\n" not in str(info.value)
 
 
 def test_unknown_format_is_an_error(tmp_path):

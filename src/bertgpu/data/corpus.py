@@ -15,7 +15,9 @@ Formats (``fmt``; "auto" picks one per file from its name):
 - ``lines``: one document per line (reviews, tweets, scraped paragraphs), split into sentences
   like ``text``; blank lines are ignored.
 - ``jsonl``: one JSON object per line, the document in a string field (``text`` by default).
-  Auto for ``.jsonl`` / ``.json`` (optionally ``.bz2`` / ``.gz``).
+  Auto for ``.jsonl`` / ``.json`` (optionally ``.bz2`` / ``.gz``), and for a file of another
+  name whose first non-blank line is a JSON object (Spark's ``part-00000``). A JSON document
+  (pretty-printed, or an array) is refused as such.
 - ``wiki``: a MediaWiki XML dump (``.xml``, ``.xml.bz2``, or a file of another name whose
   content starts like one). Articles only (namespace 0, no redirects), markup stripped
   (`wikitext`).
@@ -51,7 +53,8 @@ Stages, so that a caller can run the expensive one on other cores (``bertgpu pre
 
 Bad input raises ``BertgpuError`` naming the file and line. With ``skip_bad=True`` reading of
 that file stops at the first problem instead, the file is counted in ``CorpusStats.skipped``,
-and the next file is read; parts that came before the problem were already yielded.
+and the next file is read; parts that came before the problem were already yielded (the file
+is then in ``CorpusStats.partial``: `bertgpu prepare` reads such a unit again without it).
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ from bertgpu.data.textio import (
     LineRange,
     compression_suffix,
     decoded_lines,
+    first_line,
+    is_json_object_line,
+    line_label,
     open_binary,
     read_errors,
     split_sentences,
@@ -107,6 +113,9 @@ class CorpusStats:
     sees every part can tell a file without text."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(path, reason) of each file abandoned because of bad input (only with skip_bad)."""
+    partial: list[str] = field(default_factory=list)
+    """The skipped files that had yielded text before their problem (a caller that must leave
+    them out whole reads the others again)."""
 
     def summary(self) -> str:
         text = f"{self.files} files, {self.documents} documents"
@@ -167,7 +176,8 @@ _KNOWN = {".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki", ".parquet": "parq
 
 def detect_format(src: Source) -> str:
     """The reader for a file, from its name; a name without a known extension (after any
-    compression suffix) is sniffed: Parquet or Arrow magic, a MediaWiki dump, else sentences."""
+    compression suffix) is sniffed: Parquet or Arrow magic, a MediaWiki dump, JSON Lines (the
+    first non-blank line is a JSON object), else sentences."""
     name = name_of(src).lower()
     suffix = compression_suffix(name)
     base = name[: -len(suffix)] if suffix else name
@@ -185,9 +195,12 @@ def detect_format(src: Source) -> str:
             return "arrow"
         with open_binary(src) as f:
             head = f.read(4096)
+            first = first_line(head, f)
     except read_errors() as exc:
         raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
-    return "wiki" if b"<mediawiki" in head else "sentences"
+    if b"<mediawiki" in head:
+        return "wiki"
+    return "jsonl" if is_json_object_line(first) else "sentences"
 
 
 # --------------------------------------------------------------------------- readers
@@ -232,22 +245,45 @@ def _line_parts(path: Source | str, f: BinaryIO, per_line: bool,
         yield part, first
 
 
-def _read_jsonl(path: Source | str, text_field: str,
-                lines: Iterator[tuple[int, str, bool]]) -> Iterator[RawItem]:
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+               str: "a string", list: "an array", dict: "an object"}
+
+
+def _read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, str, bool]],
+                whole: bool = True) -> Iterator[RawItem]:
+    """The text fields of JSON Lines; ``whole``: the lines start at the file's start (the first
+    record tells a JSON document, pretty-printed or an array, from JSON Lines; else the lines
+    are numbered by their byte offsets, `textio.decoded_lines`)."""
+    first = whole
     for lineno, line, _ in lines:
         if not line.strip():
             continue
+        where = line_label(path, lineno, by_byte=not whole)
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            if first and exc.pos >= len(line.rstrip()) and line.lstrip()[:1] in ("{", "["):
+                raise BertgpuError(
+                    f"{where}: a JSON document spread over several lines, not JSON "
+                    "Lines; expected one JSON object per line (e.g. `jq -c '.[]'` writes them)"
+                ) from None
             raise BertgpuError(
-                f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                 "expected one JSON object per line"
             ) from None
+        if first and isinstance(obj, list):
+            raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "
+                               "JSON object per line (e.g. `jq -c '.[]'` writes them)")
+        first = False
         if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-            found = f"fields {sorted(obj)[:8]}" if isinstance(obj, dict) else type(obj).__name__
+            if not isinstance(obj, dict):
+                found = f"found {_JSON_TYPES.get(type(obj), type(obj).__name__)}, not an object"
+            elif text_field in obj:
+                found = f"its value is {_JSON_TYPES.get(type(obj[text_field]), 'not a string')}"
+            else:
+                found = f"found fields {sorted(obj)[:8]}"
             raise BertgpuError(
-                f"{path}:{lineno}: no string field {text_field!r} (found {found}); "
+                f"{where}: no string field {text_field!r} ({found}); "
                 "expected a JSON object with the text (choose the field with --text-field)"
             )
         yield "jsonl", obj[text_field], True
@@ -269,7 +305,7 @@ def _text_items(label: Source | str, f: BinaryIO, kind: str, text_field: str,
         for block, first in _line_parts(label, f, per_line=kind == "lines", lines=lines):
             yield "text", " ".join(block), first
     else:
-        yield from _read_jsonl(label, text_field, lines)
+        yield from _read_jsonl(label, text_field, lines, whole=part is None or part.first == 0)
 
 
 def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> Iterator[RawItem]:
@@ -287,8 +323,7 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
                 raise ValueError(f"{src}: a {kind} file is not read in parts")
             with open_raw(src) as raw:
                 part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
-                label = f"{src} (part {piece.part + 1} of {piece.parts}, from byte {part.first})"
-                for item in _text_items(label, part, kind, text_field, part):  # type: ignore[arg-type]
+                for item in _text_items(src, part, kind, text_field, part):  # type: ignore[arg-type]
                     yield item
                     stats.read = base + part.pos - piece.start
         else:
@@ -353,8 +388,9 @@ def iter_raw_documents(
     """`iter_piece_items` over the whole files of ``paths`` (files, folders, globs, URLs)."""
     if fmt not in FORMATS:
         raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
-    return iter_piece_items((Piece(src) for src in resolve_inputs(paths)), fmt, text_field,
-                            skip_bad, stats)
+    stats = stats if stats is not None else CorpusStats()
+    inputs = resolve_inputs(paths, stats.skipped if skip_bad else None)
+    return iter_piece_items((Piece(src) for src in inputs), fmt, text_field, skip_bad, stats)
 
 
 def raw_to_sentences(kind: str, payload) -> list[str]:
@@ -416,6 +452,8 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
             yielded = 0
         elif kind == "bad":
             stats.skipped.append(value)
+            if yielded:
+                stats.partial.append(value[0])
             yielded = 0
         else:
             raise ValueError(f"not a converted item: {kind!r} (convert raw documents first)")

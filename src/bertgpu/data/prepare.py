@@ -38,8 +38,14 @@ documents instead.
 The output layout (shards, dtypes, manifest keys) is specified in docs/ARCHITECTURE.md. A local
 output is written to DATADIR.tmp and renamed to DATADIR at the end; a URL output is written in
 place with manifest.json last (`output`). Bad input stops the run with one line and removes what
-it wrote. A run stopped otherwise (a worker or the driver killed, Ctrl-C) keeps its finished
-units: the same command redoes only the others.
+it wrote; with --skip-bad a bad file is left out whole (a unit that read part of it before the
+problem is prepared again without it, and the other parts of a file read in parts are dropped),
+and listed in the manifest's ``skipped_inputs``. A run stopped otherwise (a worker or the driver
+killed, Ctrl-C) keeps its finished units: the same command redoes only the others.
+
+A finished run warns (one line each) when more than 5% of the tokens are [UNK] (the tokenizer
+does not cover the text), when more than 90% of the NSP labels are one class, and when many
+random next segments had to come from A's own document.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +64,9 @@ from bertgpu import __version__
 from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
-from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set
+from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.sources import is_url
+from bertgpu.data.sources import check_not_cwd, is_url
 from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer import (
     TOKENIZER_FILES,
@@ -69,7 +76,7 @@ from bertgpu.data.tokenizer import (
     special_token_ids,
     tokenizer_hash,
 )
-from bertgpu.data.unit_job import UnitJob
+from bertgpu.data.unit_job import UnitJob, remove_files
 from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
@@ -92,8 +99,13 @@ def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_
                            "value in [0, 1)")
     if validation_docs is not None and validation_docs < 0:
         raise BertgpuError(f"--validation-docs {validation_docs}: expected 0 or more")
-    if shard_size < 1 or workers < 1 or chunk_docs < 1:
-        raise BertgpuError("--shard-size, --workers and --chunk-docs: expected 1 or more")
+    for flag, value in (("--shard-size", shard_size), ("--workers", workers),
+                        ("--chunk-docs", chunk_docs)):
+        if value < 1:
+            raise BertgpuError(f"{flag} {value}: expected 1 or more")
+    if objective == "mlm+nsp" and chunk_docs < 2:
+        raise BertgpuError(f"--chunk-docs {chunk_docs}: mlm+nsp takes a random next segment "
+                           "from another document of the chunk; expected 2 or more")
     if segmenter is not None:
         check_segmenter(segmenter)
 
@@ -132,7 +144,7 @@ def prepare(
     whose word starts are stored. ``report``: filled with the work units' records and how many
     an earlier run had finished (benchmarks).
     """
-    workers = workers or os.cpu_count() or 1
+    workers = (os.cpu_count() or 1) if workers is None else workers
     _check_args(seq_len, objective, short_seq_prob, validation_fraction, validation_docs,
                 shard_size, workers, chunk_docs, segmenter)
     if engine not in ENGINES:
@@ -144,9 +156,12 @@ def prepare(
     tokenizer_files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES
                        if (tok_dir / n).is_file()}
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
-    inputs = resolve_inputs(paths)  # fail on a missing input before any work
+    skipped: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
+    inputs = resolve_inputs(paths, skipped if skip_bad else None)  # before any work
     out = os.fspath(out_dir)
+    check_not_cwd(out)
     if not is_url(out):  # only an earlier shard set is replaced, and only with --overwrite
+        out = os.path.normpath(out)  # "sub/x/.." is sub: its name builds sub.tmp
         check_output_folder(out, SHARD_SET, replaces=is_shard_set)
         if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
             raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
@@ -159,7 +174,7 @@ def prepare(
         tokenizer_hash=tokenizer_hash(tok_dir),
         settings={"seed": seed, "objective": objective, "seq_len": seq_len,
                   "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
-                  "segmenter": segmenter},
+                  "unk": special["unk"], "segmenter": segmenter},
         fmt=fmt, text_field=text_field, skip_bad=skip_bad, fraction=validation_fraction,
         validation_docs=validation_docs, min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
         shard_size=shard_size, chunk_docs=chunk_docs, dtype=dtype.name,
@@ -178,8 +193,10 @@ def prepare(
         finally:
             runner.close()
         bar.close()
+        _leave_out_skipped_parts(units, records, work)
         manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
-                             None if validation_docs is not None else validation_fraction)
+                             None if validation_docs is not None else validation_fraction,
+                             skipped)
         work.seal(manifest.dumps(), tokenizer_files)
     except (RunStopped, KeyboardInterrupt):
         raise  # the finished units stay for a re-run
@@ -191,15 +208,71 @@ def prepare(
     if report is not None:
         report.update(units=[records[u.index] for u in units], resumed=len(finished),
                       engine=engine)
+    _warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
     return manifest.to_json()
+
+
+UNK_WARN_SHARE = 0.05  # more [UNK] than this: the vocabulary does not cover the text
+NSP_WARN_SHARE = 0.9  # one NSP label on more rows than this: the task teaches little
+SAME_DOC_WARN_SHARE = 0.05  # random-next Bs from A's own document (chunks of one document)
+
+
+def _warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
+                       tokenizer_dir: str | os.PathLike) -> None:
+    """One warning each for a shard set that is complete but not what the user expects."""
+    tokens = manifest.counts["tokens"]
+    unk = sum(r.get("unk_tokens", 0) for r in records)
+    if tokens and unk > UNK_WARN_SHARE * tokens:
+        warnings.warn(f"{unk / tokens:.0%} of the tokens are [UNK] ({unk} of {tokens}): the "
+                      f"tokenizer {os.fspath(tokenizer_dir)} does not cover this text; expected a "
+                      "tokenizer trained on similar text (bertgpu tokenizer --corpus ...)",
+                      stacklevel=2)
+    rows = manifest.counts["sequences"]
+    if manifest.objective != "mlm+nsp" or not rows:
+        return
+    random = sum(r.get("nsp_random", 0) for r in records)
+    share = max(random, rows - random) / rows
+    if share > NSP_WARN_SHARE:
+        label, what = (1, "B random") if random * 2 > rows else (0, "B follows A")
+        why = (": documents of one sentence cannot give a next sentence; expected documents of "
+               "several sentences" if label == 1 else "")
+        warnings.warn(f"{share:.0%} of the NSP labels are {label} ({what}), {rows} rows{why}",
+                      stacklevel=2)
+    same = sum(r.get("nsp_same_document", 0) for r in records)
+    if same > SAME_DOC_WARN_SHARE * rows:
+        warnings.warn(f"{same} of {rows} NSP rows labelled random took B from A's own document: "
+                      "their chunk held a single document of its split (as BERT falls back "
+                      "to); expected more documents per chunk (--chunk-docs, or shorter "
+                      "documents)", stacklevel=2)
+
+
+def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any]],
+                             work: WorkFolder) -> None:
+    """A file read in parts by several units and skipped by one of them (--skip-bad) is left out
+    whole: the other parts' units (one piece each) are emptied and their shards removed."""
+    bad = {path for r in records.values() for path, _ in r["skipped"]}
+    for unit in units:
+        record = records[unit.index]
+        if not any(not p.whole and str(p.src) in bad for p in unit.pieces):
+            continue
+        remove_files(work, shard_files(record))
+        records[unit.index] = {
+            **record, "documents": 0, "slices": {}, "cut_documents": 0,
+            "splits": {s: {"sequences": 0, "tokens": 0, "documents": 0, "shards": []}
+                       for s in record["splits"]},
+            **{k: 0 for k in ("unk_tokens", "nsp_random", "nsp_same_document") if k in record}}
 
 
 def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]],
               vocab_size: int, tok_dir: Path, special: dict[str, int], seed: int,
-              fraction: float | None) -> Manifest:
-    """The manifest of the finished units, in unit order (so in corpus order)."""
+              fraction: float | None, skipped_before: list[tuple[str, str]] = ()) -> Manifest:
+    """The manifest of the finished units, in unit order (so in corpus order).
+    ``skipped_before``: inputs left out before any unit ran (broken links, --skip-bad)."""
     ordered = [records[u.index] for u in units]
-    skipped = [tuple(s) for r in ordered for s in r["skipped"]]
+    skipped = list(skipped_before)
+    for path, reason in (tuple(s) for r in ordered for s in r["skipped"]):
+        if (path, reason) not in skipped:  # a file in parts may be skipped by two of them
+            skipped.append((path, reason))
     bad = {p for p, _ in skipped}
     texts: dict[str, int] = {}
     for r in ordered:
@@ -221,6 +294,11 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
                   "documents": sum(r["splits"][s]["documents"] for r in ordered),
                   "shards": [shard for r in ordered for shard in r["splits"][s]["shards"]]}
               for s in SPLITS}
+    if splits["train"]["sequences"] == 0:
+        asked = (f"--validation-docs {job.validation_docs}" if job.validation_docs is not None
+                 else f"--validation-fraction {job.fraction}")
+        raise BertgpuError(f"{asked}: the corpus has {documents} documents and all of them were "
+                           "held out, leaving no training data; expected fewer held out")
     counts = total_counts(splits, documents)
     by_docs = job.validation_docs is not None
     none = job.validation_docs == 0 if by_docs else job.fraction <= 0
@@ -303,9 +381,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=int, default=65536,
                         help="sequences per shard file (default 65536)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="tokenizing processes (default: all cores), or the CPUs of the "
-                             "local Ray cluster --engine ray starts; the output does not depend "
-                             "on it")
+                        help="tokenizing processes, 1 or more (default: all cores), or the "
+                             "CPUs of the local Ray cluster --engine ray starts; the output does "
+                             "not depend on it")
     parser.add_argument("--engine", choices=ENGINES, default="local",
                         help="local: this machine's processes (default); ray: the work units as "
                              "tasks on a Ray cluster (needs bertgpu[ray]); the same output")

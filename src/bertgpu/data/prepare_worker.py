@@ -16,7 +16,8 @@ split in the chunk): per document a target length (seq_len-3, or with short_seq_
 shorter one), sentences accumulated into segments A and B, B replaced by a random span of
 another document of the chunk and split half of the time (nsp_label 1), ``[CLS] A [SEP] B
 [SEP]`` with token types 0/1. A chunk with a single document falls back to that document, as
-the original does after 10 misses. The random generator is seeded from (seed, chunk index), so
+the original does after 10 misses (such rows are counted: ``same_document``, and `prepare`
+warns when they are many). The random generator is seeded from (seed, chunk index), so
 the rows do not depend on which process made them.
 """
 
@@ -139,7 +140,11 @@ def _nsp_rows(docs: list[list[list[int]]], rng: np.random.Generator) -> dict:
     for d in range(len(tokenized)):
         pairs.extend(_document_pairs(tokenized, d, rng, _STATE["seq_len"] - 3,
                                      _STATE["short_seq_prob"]))
-    return _rows(pairs, _STATE["seq_len"])
+    rows = _rows(pairs, _STATE["seq_len"])
+    # A random B comes from another document; a chunk (of one split) with a single document has
+    # none, and its random Bs come from A's own document: counted, so the driver can say so.
+    rows["same_document"] = int(rows["labels"].sum()) if len(tokenized) == 1 else 0
+    return rows
 
 
 def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:

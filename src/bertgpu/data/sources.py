@@ -29,6 +29,8 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Metadata files of a Hugging Face dataset saved to disk, skipped inside folders (never when
 # named): the data are its .arrow files, or the .parquet files of its export.
 DATASET_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+# ... and the empty marker Spark writes beside its part-NNNNN files (its .crc files are hidden).
+NOT_CORPUS = DATASET_METADATA | {"_SUCCESS"}
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -53,6 +55,9 @@ def filesystem(url: str):
                            "package installed") from None
     except ValueError as exc:
         raise BertgpuError(f"{url}: {exc}; expected a path or a URL fsspec knows") from None
+    except OSError as exc:  # a filesystem that connects when made (ftp, sftp): host unknown, ...
+        raise BertgpuError(f"{url}: cannot reach ({_oneline(exc)}); expected a host that "
+                           "answers") from None
 
 
 def open_raw(src: Source) -> BinaryIO:
@@ -68,9 +73,16 @@ def open_raw(src: Source) -> BinaryIO:
         raise BertgpuError(f"{src}: cannot open ({_oneline(exc)})") from None
 
 
+def _stat(src: Path) -> os.stat_result:
+    try:
+        return src.stat()
+    except OSError as exc:  # gone since it was listed, a broken link, no permission
+        raise BertgpuError(f"{src}: cannot read ({_oneline(exc)}); expected a file") from None
+
+
 def file_size(src: Source) -> int:
     if isinstance(src, Path):
-        return src.stat().st_size
+        return _stat(src).st_size
     fs, path = filesystem(src)
     return int(_info(src, fs, path)["size"])
 
@@ -79,7 +91,7 @@ def file_version(src: Source) -> str:
     """What changes when the file does (size and modification time, or the store's ETag): a
     re-run resumes only the work of an unchanged corpus."""
     if isinstance(src, Path):
-        st = src.stat()
+        st = _stat(src)
         return f"{st.st_size}:{st.st_mtime_ns}"
     fs, path = filesystem(src)
     info = _info(src, fs, path)
@@ -106,56 +118,87 @@ def name_of(src: Source) -> str:
 # --------------------------------------------------------------------------- inputs
 
 
-def resolve_inputs(paths: Iterable[str | os.PathLike]) -> list[Source]:
+def resolve_inputs(paths: Iterable[str | os.PathLike],
+                   skipped: list[tuple[str, str]] | None = None) -> list[Source]:
     """Expand files, folders (recursively) and glob patterns into a sorted, duplicate-free list.
 
     The order is deterministic (sorted within each argument, arguments in the order given) so
     that the same command always produces the same documents in the same order. Hidden files
-    (names starting with ``.``) and a saved dataset's metadata files inside folders are ignored.
+    (names starting with ``.``), a saved dataset's metadata files and Spark's ``_SUCCESS`` inside
+    folders are ignored. Symbolic links to folders are followed (each folder read once).
+    A broken symbolic link found in a folder or by a pattern is an error, or with ``skipped``
+    (--skip-bad) left out and recorded there as (path, reason).
     Local inputs come back as Paths, URLs as URL strings (``memory:///corpus/a.jsonl``).
     """
     out: list[Source] = []
     seen: set = set()
+    broken: list[Path] = []
     for raw in paths:
-        found = _resolve_url(raw) if is_url(raw) else _resolve_local(os.fspath(raw))
+        found = _resolve_url(raw) if is_url(raw) else _resolve_local(os.fspath(raw), broken)
         for f in found:
             key = f.resolve() if isinstance(f, Path) else f
             if key not in seen:
                 seen.add(key)
                 out.append(f)
+    for link in broken:
+        reason = f"{link}: a broken symbolic link (to {os.readlink(link)}); expected a file"
+        if skipped is None:
+            raise BertgpuError(reason + " (or --skip-bad)")
+        skipped.append((str(link), reason))
     if not out:
         raise BertgpuError("no corpus files given; expected --corpus PATH...")
     return out
 
 
-def _resolve_local(text: str) -> list[Source]:
+def _resolve_local(text: str, broken: list[Path]) -> list[Source]:
     p = Path(text)
     if p.is_dir():
-        found = sorted(_walk_files(p))
-        if not found:
+        found = sorted(_walk_files(p, broken))
+        if not found and not broken:
             raise BertgpuError(f"{text}: folder contains no files; expected corpus files")
         return found
     if p.is_file():
         return [p]
+    if p.is_symlink():
+        raise BertgpuError(f"{text}: a broken symbolic link (to {os.readlink(p)}); expected a "
+                           "file or folder")
     if glob.has_magic(text):
-        found = sorted(Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file())
-        if not found:
+        matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
+        broken.extend(m for m in matches if m.is_symlink() and not m.exists())
+        found = [m for m in matches if m.is_file()]
+        if not found and not broken:
             raise BertgpuError(f"{text}: pattern matches no files")
         return found
     raise BertgpuError(f"{text}: no such file or folder")
 
 
-def _walk_files(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
+    """The files under ``root``, through links to folders (a folder reached twice, as by a link
+    to one of its parents, is read once); broken links go to ``broken``."""
+    visited: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in visited:
+            dirnames[:] = []
+            continue
+        visited.add((st.st_dev, st.st_ino))
+        # Real folders before links, each sorted: a folder reached both ways is read under its
+        # own name, and which of two links to one folder is read does not depend on the listing.
+        dirnames[:] = sorted((d for d in dirnames if not d.startswith(".")),
+                             key=lambda d: (os.path.islink(os.path.join(dirpath, d)), d))
         for name in filenames:
-            if not name.startswith(".") and name not in DATASET_METADATA:
-                yield Path(dirpath) / name
+            if name.startswith(".") or name in NOT_CORPUS:
+                continue
+            path = Path(dirpath) / name
+            if path.is_symlink() and not path.exists():
+                broken.append(path)
+            else:
+                yield path
 
 
 def _hidden(rel: str) -> bool:
     parts = rel.strip("/").split("/")
-    return any(p.startswith(".") for p in parts) or parts[-1] in DATASET_METADATA
+    return any(p.startswith(".") for p in parts) or parts[-1] in NOT_CORPUS
 
 
 def _resolve_url(url: str) -> list[Source]:
@@ -180,6 +223,22 @@ def _resolve_url(url: str) -> list[Source]:
     except Exception as exc:  # noqa: BLE001 - unreachable host, refused credentials, ...
         raise BertgpuError(f"{url}: cannot reach ({_oneline(exc)})") from None
     return [url if p == path else fs.unstrip_protocol(p) for p in found]
+
+
+def check_not_cwd(out: str | os.PathLike, flag: str = "--out") -> None:
+    """A local output folder, which a command builds beside it and swaps in, is neither the
+    current folder nor one that holds it: the shell would be left in a deleted folder (and
+    ``.`` has no name to build ``..tmp`` beside)."""
+    text = os.fspath(out)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    if is_url(text):
+        return
+    here, target = Path.cwd().resolve(), Path(text).resolve()
+    if target == here or target in here.parents:
+        what = "the current folder" if target == here else "a folder that holds the current one"
+        raise BertgpuError(f"{flag} {text}: is {what}, which would be replaced; expected a new "
+                           "folder elsewhere (e.g. a name inside it)")
 
 
 def local_or_url(text: str | os.PathLike, base: str | None = None) -> Source:

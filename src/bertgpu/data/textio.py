@@ -8,7 +8,8 @@ the lines of a byte range of a large file, and the sentence splitter every corpu
 Compression (gzip, bzip2, zstd) is detected by the file's first bytes and its suffix (.gz, .bz2,
 .zst): a compressed file named like a plain one is still read, and a file named .gz that is not
 a gzip stream is an error. Bad bytes raise ``BertgpuError`` naming the file, the line and the
-byte offset; a corrupt or truncated compressed stream names the file (`read_errors`).
+byte offset; a corrupt or truncated compressed stream names the file (`read_errors`; zstd's
+truncation is found by `ZstdFrames`, since zstandard's reader ends quietly).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import json
 import re
 import sys
 import zlib
@@ -88,6 +90,108 @@ class _Decompressed(io.BufferedReader):
             self._under.close()
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE = 0x184D2A50  # ... to 0x184D2A5F: a skippable frame (4-byte size, then its bytes)
+
+
+class ZstdFrames(io.RawIOBase):
+    """The stored bytes of a zstd file, passed through unchanged while their frame structure is
+    followed, so that a stream cut short is an error (EOFError, like gzip's and bz2's).
+
+    zstandard's stream reader ends quietly where the bytes end, even inside a frame: a file cut
+    at 70% gave the first 69% of its text. Here each frame's header, block headers (3 bytes:
+    last-block flag, type, size) and checksum are walked as the bytes go by (RFC 8878 section
+    3.1), which costs a few operations per block of up to 128 KiB; at the end of the file the
+    walk must stand between frames, after at least one.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self.raw = raw
+        self.pos = 0  # bytes passed on
+        self.frames = 0  # frames begun
+        self.want = 4  # bytes of the next header field to gather into `head` ...
+        self.head = b""
+        self.skip = 0  # ... after skipping this many bytes of content
+        self.state = "magic"
+        self.flags = 0  # the frame header descriptor of the current frame
+        self.known = True  # False after bytes that are not a frame: left to the decompressor
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        if not data:
+            self._check_end()
+            return 0
+        n = len(data)
+        buffer[:n] = data
+        if self.known:
+            self._walk(memoryview(data))
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        try:
+            self.raw.close()
+        finally:
+            super().close()
+
+    def _walk(self, data: memoryview) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.skip:
+                step = min(self.skip, n - i)
+                self.skip -= step
+                i += step
+                continue
+            step = min(self.want - len(self.head), n - i)
+            self.head += bytes(data[i : i + step])
+            i += step
+            if len(self.head) == self.want:
+                field, self.head = self.head, b""
+                self._field(field)
+                if not self.known:
+                    return
+
+    def _field(self, field: bytes) -> None:
+        """The next field of the walk is complete: decide what follows it."""
+        value = int.from_bytes(field, "little")
+        if self.state == "magic":
+            if value == _ZSTD_MAGIC:
+                self.state, self.want = "descriptor", 1
+            elif value & 0xFFFFFFF0 == _SKIPPABLE:
+                self.state, self.want = "skippable", 4
+            else:
+                self.known = False  # not a frame: the decompressor reports it
+                return
+            self.frames += 1
+        elif self.state == "skippable":
+            self.state, self.want, self.skip = "magic", 4, value
+        elif self.state == "descriptor":
+            self.flags = value
+            single = value >> 5 & 1
+            content_size = (single, 2, 4, 8)[value >> 6]
+            self.state, self.want = "block", 3
+            self.skip = (1 - single) + (0, 1, 2, 4)[value & 3] + content_size
+        elif self.state == "block":
+            last, kind, size = value & 1, value >> 1 & 3, value >> 3
+            self.skip = 1 if kind == 1 else size  # an RLE block stores one byte
+            if last:
+                self.state, self.want = "magic", 4
+                self.skip += 4 if self.flags >> 2 & 1 else 0  # the content checksum
+
+    def _check_end(self) -> None:
+        between = self.state == "magic" and not self.head and not self.skip
+        if self.known and not (between and self.frames):
+            raise EOFError(f"truncated zstd stream: the file ends at byte {self.pos}, inside "
+                           f"frame {self.frames}; expected a complete zstd file")
+
+
 def open_binary(src: Source) -> BinaryIO:
     """Open a file for streaming bytes, decompressing gzip / bzip2 / zstd on the fly."""
     raw = open_raw(src)
@@ -105,9 +209,10 @@ def open_binary(src: Source) -> BinaryIO:
         except ImportError:
             raise BertgpuError(f"{src}: zstd-compressed; reading it needs zstandard, expected "
                                "`pip install 'bertgpu[zstd]'`") from None
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
+        framed = ZstdFrames(raw)
+        reader = zstandard.ZstdDecompressor().stream_reader(framed, read_across_frames=True,
                                                             closefd=False)
-        return _Decompressed(reader, raw)
+        return _Decompressed(reader, framed)
     except BaseException:
         raw.close()
         raise
@@ -129,6 +234,12 @@ def _cut(raw: bytes) -> int:
     return j if j > 0 else len(raw)
 
 
+def line_label(path: Source | str, line: int, by_byte: bool = False) -> str:
+    """Where a line is, for messages: ``path:line``, or for the line numbers `decoded_lines`
+    gives a part of a file that starts after its first byte, the byte offset where it starts."""
+    return f"{path} (the line at byte {line})" if by_byte else f"{path}:{line}"
+
+
 def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = None,
                   first_offset: int = 0, part: bool = False) -> Iterator[tuple[int, str, bool]]:
     """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line
@@ -137,9 +248,13 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
     With ``piece_bytes``, a line longer than that arrives as several pieces (cut by `_cut`) with
     ``ends_line`` False on all but the last, so memory never holds more than a piece of it.
     ``first_offset``: where ``f`` starts in the file, for the byte offsets in errors. ``part``:
-    ``f`` is a `LineRange` of the file: line numbers count from its start, and it may be empty.
+    ``f`` is a `LineRange` of the file, and may be empty; when it starts after the file's first
+    byte the lines before it are not counted, so each line's "number" is the byte offset in the
+    file where it starts (`line_label` with ``by_byte``).
     """
+    by_byte = part and first_offset > 0
     offset = first_offset
+    line_start = first_offset
     lineno = 0
     total = 0
     carry = b""
@@ -155,12 +270,13 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
         if not ends:
             cut = _cut(raw)
             raw, carry = raw[:cut], raw[cut:]
+        number = line_start if by_byte else lineno + 1
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BertgpuError(
-                f"{path}:{lineno + 1}: invalid UTF-8 byte 0x{raw[exc.start]:02x} at byte offset "
-                f"{offset + exc.start}; expected UTF-8 text"
+                f"{line_label(path, number, by_byte)}: invalid UTF-8 byte 0x{raw[exc.start]:02x} "
+                f"at byte offset {offset + exc.start}; expected UTF-8 text"
             ) from None
         if total == 0 and first_offset == 0 and text.startswith("\ufeff"):
             text = text[1:]  # a byte-order mark is not text
@@ -169,11 +285,12 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
         open_line = not ends
         if ends:
             lineno += 1
-            yield lineno, text.rstrip("\r\n"), True
+            line_start = offset
+            yield number, text.rstrip("\r\n"), True
         else:
-            yield lineno + 1, text, False
+            yield number, text, False
     if open_line:  # the file ended exactly at a piece boundary
-        yield lineno + 1, "", True
+        yield (line_start if by_byte else lineno + 1), "", True
     if total == 0 and not part:
         raise BertgpuError(f"{path}: empty file; expected text")
 
@@ -255,6 +372,36 @@ class LineRange:
         self.pos += len(data)
         self.line_start = data.endswith(b"\n")
         return data
+
+
+_SNIFF_LINE = 1 << 20  # a JSON Lines record longer than this is taken on its first bytes
+
+
+def first_line(head: bytes, f: BinaryIO) -> bytes:
+    """The first non-blank line of a stream whose first bytes are ``head`` (at most
+    `_SNIFF_LINE` bytes of it; read on from ``f`` when ``head`` does not hold it)."""
+    text = head.lstrip()
+    if text.startswith(b"\xef\xbb\xbf"):  # a byte-order mark
+        text = text[3:].lstrip()
+    while b"\n" not in text and len(text) < _SNIFF_LINE:
+        more = f.read(1 << 16)
+        if not more:
+            break
+        text = (text + more).lstrip()
+    return text.split(b"\n", 1)[0][:_SNIFF_LINE]
+
+
+def is_json_object_line(line: bytes) -> bool:
+    """Whether a line is a JSON object: one record of JSON Lines (a line cut at `_SNIFF_LINE`
+    counts when it starts like one, ``{"``)."""
+    if not line.startswith(b"{"):
+        return False
+    if len(line) >= _SNIFF_LINE:
+        return line[1:].lstrip().startswith(b'"')
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return False
 
 
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and whitespace, when

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -43,6 +44,7 @@ from bertgpu.data.corpus import (
     resolve_inputs,
     settle_parts,
 )
+from bertgpu.data.sources import check_not_cwd, is_url
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
     check_apart,
@@ -165,7 +167,14 @@ def train_tokenizer(
                            f"{len(SPECIAL_TOKENS) + 1}")
     if min_frequency < 1:
         raise BertgpuError(f"--min-frequency {min_frequency}: expected 1 or more")
-    out = Path(out_dir)
+    if limit_alphabet < 1:  # 0 kept no character (a vocabulary of the specials alone)
+        raise BertgpuError(f"--limit-alphabet {limit_alphabet}: expected 1 or more (the most "
+                           "distinct characters kept; default 1000)")
+    if is_url(os.fspath(out_dir)):  # Path() would make "s3:/b/tok" a local folder
+        raise BertgpuError(f"--out {os.fspath(out_dir)}: the tokenizer writes a local folder; "
+                           "expected a local path (copy the folder to the store afterwards)")
+    check_not_cwd(out_dir)
+    out = Path(os.path.normpath(out_dir))  # "sub/x/.." is sub: its name builds sub.tmp
     _check_out_dir(out, paths)
     stats = stats if stats is not None else CorpusStats()
 
@@ -181,6 +190,11 @@ def train_tokenizer(
         if stats.documents == 0:
             raise BertgpuError("no documents read from the corpus; expected text to train on")
         (tmp / "corpus.txt").unlink()
+        got = tok.get_vocab_size(with_added_tokens=True)
+        if got < vocab_size:
+            warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
+                          f"(pieces seen at least --min-frequency {min_frequency} times); expected "
+                          "a larger or more varied corpus, or a smaller --vocab-size", stacklevel=2)
         _write_folder(tok, tmp, lowercase, strip_accents)
         if out.exists():
             out.rmdir()  # _check_out_dir made sure it is empty
@@ -197,7 +211,7 @@ def _sample_parts(paths: list[str | os.PathLike], fmt: str, text_field: str, ski
     from bertgpu.data.sources import file_size
     from bertgpu.data.units import UNIT_BYTES, sample_quota, split_file
 
-    pieces = [piece for src in resolve_inputs(paths)
+    pieces = [piece for src in resolve_inputs(paths, stats.skipped if skip_bad else None)
               for piece in split_file(src, file_size(src), fmt, UNIT_BYTES)]
     raw = iter_piece_items(pieces, fmt, text_field, skip_bad, stats,
                            quota=sample_quota(pieces, sample_bytes))
@@ -307,6 +321,9 @@ def _read_json_or_empty(path: Path, expected: str = "") -> dict:
 
 
 def _check_folder(folder: Path) -> None:
+    if folder.is_file():
+        raise BertgpuError(f"{folder}: a file, not a tokenizer folder; expected the folder that "
+                           f"holds it ({folder.parent})")
     if not folder.is_dir():
         raise BertgpuError(f"{folder}: no such tokenizer folder; expected the output of "
                            "`bertgpu tokenizer`")

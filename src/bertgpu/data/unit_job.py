@@ -18,6 +18,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from bertgpu.data import pipeline
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
 from bertgpu.data.output import WorkFolder
-from bertgpu.data.sources import local_or_url, open_raw
+from bertgpu.data.sources import filesystem, local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
 from bertgpu.data.units import Unit
 from bertgpu.data.writer import SPLITS, Packer, ShardWriter
@@ -44,7 +45,7 @@ class UnitJob:
     tokenizer_hash: str
     settings: dict[str, Any]
     """For `prepare_worker.init_worker`: seed, objective, seq_len, short_seq_prob, cls, sep,
-    segmenter."""
+    unk, segmenter."""
     fmt: str
     text_field: str
     skip_bad: bool
@@ -101,11 +102,74 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
     """Prepare ``unit`` and return its record (also written to the work folder, last).
 
     ``held_docs``: with --validation-docs N, how many of the first N documents are left to hold
-    out when this unit starts (the units before it hold the others).
+    out when this unit starts (the units before it hold the others). A file skipped (--skip-bad)
+    after some of its text went into the shards is left out whole: the unit is prepared again
+    without it, its first shards replaced.
     """
     start = time.perf_counter()
     work = WorkFolder(job.out, job.base)
     pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
+    writers, plan, stats, counts = _prepare(job, unit, pieces, held_docs, work, workers, pool,
+                                            progress)
+    if stats.partial:
+        bad = {path for path, _ in stats.skipped}
+        first = [shard["name"] for w in writers.values() for shard in w.shards]
+        kept = [q for q in pieces if str(q.src) not in bad]
+        writers, plan, again, counts = _prepare(job, unit, kept, held_docs, work, workers, pool,
+                                                progress)
+        again.skipped[:0] = stats.skipped  # the others were read to their end again
+        stats = again
+        names = {shard["name"] for w in writers.values() for shard in w.shards}
+        remove_files(work, [f"{name}.{key}.npy" for name in first if name not in names
+                            for key in job.keys])
+    # The files as the plan names them (as given: relative paths stay relative), not as opened.
+    named = {str(q.src): str(p.src) for p, q in zip(unit.pieces, pieces, strict=True)}
+    record = {
+        "unit": unit.index,
+        "keys": job.keys,
+        "splits": {s: w.summary(plan.documents[s]) for s, w in writers.items()},
+        "documents": sum(plan.documents.values()),
+        "files": stats.files,
+        "skipped": [[named.get(path, path), _renamed(reason, path, named.get(path, path))]
+                    for path, reason in stats.skipped],
+        "slices": {named.get(path, path): n for path, n in stats.slices.items()},
+        "cut_documents": plan.cut_documents,
+        "bytes": unit.bytes,
+        "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
+                    "span": list(p.span) if p.span else None,
+                    "sha256": _sha256(q.src, p.span) if p.span else None}
+                   for p, q in zip(unit.pieces, pieces, strict=True)],
+        **counts,
+        "seconds": round(time.perf_counter() - start, 3),
+        "peak_rss_kb": _peak_rss_kb(),
+    }
+    work.write_record(unit.index, record)
+    return record
+
+
+def _renamed(reason: str, opened: str, named: str) -> str:
+    return named + reason[len(opened):] if reason.startswith(opened) else reason
+
+
+def remove_files(work: WorkFolder, names: list[str]) -> None:
+    """Remove shard files of the work folder (a unit prepared again, or left out)."""
+    if not names:
+        return
+    if not work.remote:
+        for name in names:
+            (Path(work.folder) / name).unlink(missing_ok=True)
+        return
+    fs, root = filesystem(work.folder)
+    for name in names:
+        path = f"{root.rstrip('/')}/{name}"
+        if fs.exists(path):
+            fs.rm_file(path)
+
+
+def _prepare(job: UnitJob, unit: Unit, pieces: list, held_docs: int | None, work: WorkFolder,
+             workers: int, pool, progress: Progress | None
+             ) -> tuple[dict[str, ShardWriter], SplitPlan, CorpusStats, dict[str, int]]:
+    """One pass over the pieces: the unit's shards written; (writers, plan, stats, counts)."""
     stats = CorpusStats()
     by_docs = job.validation_docs is not None
     plan = SplitPlan(job.settings["seed"], 0.0 if by_docs else job.fraction,
@@ -121,39 +185,28 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
         raw = iter_piece_items(pieces, job.fmt, job.text_field, job.skip_bad, stats)
         results = pipeline.run(raw, plan, job.chunk_docs, workers, job.tokenizer_json,
                                job.settings, job.skip_bad, stats, pool=pool)
-        _write(results, job, writers, stats, unit.index, progress)
+        counts = _write(results, job, writers, stats, unit.index, progress)
         for writer in writers.values():
             writer.flush()
     finally:
         work.drop_scratch(scratch)
-    record = {
-        "unit": unit.index,
-        "keys": job.keys,
-        "splits": {s: w.summary(plan.documents[s]) for s, w in writers.items()},
-        "documents": sum(plan.documents.values()),
-        "files": stats.files,
-        "skipped": [list(s) for s in stats.skipped],
-        "slices": stats.slices,
-        "cut_documents": plan.cut_documents,
-        "bytes": unit.bytes,
-        "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
-                    "span": list(p.span) if p.span else None,
-                    "sha256": _sha256(q.src, p.span) if p.span else None}
-                   for p, q in zip(unit.pieces, pieces, strict=True)],
-        "seconds": round(time.perf_counter() - start, 3),
-        "peak_rss_kb": _peak_rss_kb(),
-    }
-    work.write_record(unit.index, record)
-    return record
+    return writers, plan, stats, counts
 
 
 def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], stats: CorpusStats,
-           unit: int, progress: Progress | None) -> None:
-    """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly."""
+           unit: int, progress: Progress | None) -> dict[str, int]:
+    """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly.
+    Returns what the driver's warnings need: ``unk_tokens`` (the tokenizer's [UNK] among the
+    text's tokens), and for mlm+nsp ``nsp_random`` (rows labelled 1) and ``nsp_same_document``
+    (of those, rows whose B had to come from A's own document: a chunk with one document)."""
     special = job.settings
     packers = {s: Packer(writers[s], special["seq_len"], special["cls"], special["sep"])
                for s in SPLITS}
+    unk = special.get("unk")
     tokens = 0
+    counts = {"unk_tokens": 0}
+    if job.nsp:
+        counts.update(nsp_random=0, nsp_same_document=0)
     for result in results:
         if job.nsp:
             for split, part in result.items():
@@ -161,13 +214,20 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
                                     "token_type_ids": part["tt"], "nsp_labels": part["labels"],
                                     "word_starts": part["word_starts"]})
                 tokens += int(part["lengths"].sum())
+                counts["nsp_random"] += int(part["labels"].sum())
+                counts["nsp_same_document"] += part["same_document"]
+                if unk is not None:
+                    counts["unk_tokens"] += int(np.count_nonzero(part["ids"] == unk))
         else:
             is_val, ids, word_starts, joins = result
             packers["validation" if is_val else "train"].add(ids, word_starts, joins)
             tokens += len(ids)
+            if unk is not None:
+                counts["unk_tokens"] += int(np.count_nonzero(ids == unk))
         if writers["train"].shards:  # a shard is out: a fault may strike mid-unit
             faults.kill_unit(unit)
         if progress is not None:
             progress(tokens, stats.read)
     for split in SPLITS:
         packers[split].finish()
+    return counts

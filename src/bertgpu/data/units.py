@@ -31,6 +31,9 @@ from bertgpu.errors import BertgpuError
 UNIT_BYTES = 64 << 20
 """Default stored bytes per unit: about 15 M tokens of text, tens of seconds on one core; a
 cluster gets enough units to balance, a re-run redoes little."""
+MIN_UNIT_BYTES = 16 << 10
+"""The smallest --unit-bytes: each unit costs a record, its own shards and a start-up; below a
+few KiB a corpus becomes tens of thousands of them (the tests cut tiny corpora at 20 KB)."""
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,9 @@ def split_file(src: Source, size: int, fmt: str, part_bytes: int) -> list[Piece]
 
 def plan_units(inputs: list[Source], fmt: str, unit_bytes: int = UNIT_BYTES) -> list[Unit]:
     """The work units of the resolved inputs, in corpus order."""
-    if unit_bytes < 1:
-        raise BertgpuError(f"--unit-bytes {unit_bytes}: expected 1 or more")
+    if unit_bytes < MIN_UNIT_BYTES:
+        raise BertgpuError(f"--unit-bytes {unit_bytes}: too small; expected {MIN_UNIT_BYTES} "
+                           f"(16 KiB) or more (default {UNIT_BYTES >> 20} MiB)")
     units: list[Unit] = []
     group: list[Piece] = []
     stored = 0
