@@ -113,3 +113,35 @@ def test_bad_inputs_with_nproc_are_one_line_before_any_worker_starts(tmp_path, c
         assert cli.main([*argv, "--nproc", "2"]) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, (name, err)
+
+
+def test_max_restarts_without_a_launcher_is_a_note(monkeypatch, capsys):
+    """`--max-restarts 2` without `--nproc` (or with one process, or under torchrun) restarts
+    nothing: it used to be ignored without a word; a negative count is refused."""
+    import types
+
+    from bertgpu import cli
+
+    fake = types.ModuleType("fake_trainer")
+    fake.LAUNCHES_WORKERS = True
+    fake.add_arguments = lambda parser: None
+    fake.check_before_launch = lambda args, n: None
+    fake.main = lambda args: 0
+    monkeypatch.setitem(sys.modules, "fake_trainer", fake)
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("fake_trainer", "a command for this test"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for words, why in ((["--max-restarts", "2"], "without --nproc"),
+                       (["--max-restarts=2", "--nproc", "1"],
+                        "with --nproc 1, which runs one process here")):
+        assert cli.main(["fake", *words]) == 0
+        assert capsys.readouterr().err.splitlines() == [
+            f"bertgpu fake: warning: --max-restarts 2 is ignored {why}; restarts need --nproc N "
+            "with N > 1"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["fake", "--max-restarts", "1"]) == 0
+    assert "ignored under torchrun (give torchrun's own --max-restarts)" in capsys.readouterr().err
+    assert cli.main(["fake"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(["fake", "--max-restarts", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == ("bertgpu fake: error: --max-restarts -1: expected 0 "
+                                               "or more")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -138,6 +139,8 @@ def test_unknown_key_suggests(tmp_path):
          r"\(padding-free batches change their token count"),
         (["--impl.compile_mode", "max-autotune", "--impl.bucket_window", "2"],
          r"impl.bucket_window = 2: expected 0 with impl.compile_mode max-autotune \(bucketed"),
+        (["--impl.device", "cuda0"], r"impl.device = 'cuda0': expected auto, cpu, cuda, cuda:N "
+                                     r"or mps"),
         (["--impl.compile_mode", "reduce-overhead", "--distributed.strategy", "fsdp"],
          r"impl.compile_mode = 'reduce-overhead': expected default or max-autotune-no-cudagraphs "
          r"with distributed.strategy fsdp"),
@@ -157,6 +160,38 @@ def test_toml_type_error_names_file_and_key(tmp_path):
         load_config(write(tmp_path, "[impl]\ncompile = 1\n"), [])
     with pytest.raises(BertgpuError, match=r"config.toml: invalid TOML"):
         load_config(write(tmp_path, "[train\n"), [])
+
+
+def test_a_toml_string_for_a_number_or_bool_is_the_wrong_type(tmp_path):
+    """`max_steps = "300"` used to be read as 300 while `"abc"` was refused: a recipe's value of
+    the wrong TOML type is refused, naming the file and the key. The strings a recipe may hold
+    for other types stay: "none" of an optional key (dump_toml writes it), "auto"."""
+    for text, pattern in (('[train]\nmax_steps = "300"\n', r'train.max_steps = "300": expected '
+                                                           r"an integer"),
+                          ('[optim]\nlr = "1e-3"\n', r'optim.lr = "1e-3": expected a number'),
+                          ('[impl]\ncompile = "true"\n', r'impl.compile = "true": expected true '
+                                                         r"or false or auto"),
+                          ('[optim]\nbetas = "0.9,0.98"\n', r"optim.betas = \"0.9,0.98\": "
+                                                            r"expected 2 comma-separated")):
+        with pytest.raises(BertgpuError, match=r"config.toml: " + pattern):
+            load_config(write(tmp_path, text), [])
+    cfg = load_config(write(tmp_path, '[train]\nbudget_hours = "none"\n[impl]\n'
+                                      'micro_batch_size = "auto"\ncompile = "auto"\n'), [])
+    assert (cfg.train.budget_hours, cfg.impl.micro_batch_size, cfg.impl.compile) == (
+        None, "auto", "auto")
+    # the command line's words are text, converted as before
+    assert load_config(None, ["--train.max_steps", "300"]).train.max_steps == 300
+
+
+def test_a_recipe_that_is_a_folder_or_not_utf8_names_the_file(tmp_path):
+    with pytest.raises(BertgpuError,
+                       match=re.escape(f"{tmp_path}: is a folder; expected a TOML config")):
+        load_config(tmp_path, [])
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[train]\nmax_steps = 3  # \xff\n")
+    with pytest.raises(BertgpuError, match=r"latin1.toml: not UTF-8 text \(byte 0xff at offset "
+                                           r"25\)"):
+        load_config(path, [])
 
 
 def test_dump_toml_round_trip(tmp_path):

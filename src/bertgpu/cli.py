@@ -7,6 +7,8 @@ Each command module defines::
 
 and, if it takes dotted config overrides (`--train.max_steps 10`), `ACCEPTS_OVERRIDES = True`;
 the unparsed `--a.b value` / `--a.b=value` words then arrive as `args.overrides` (a list of str).
+A module whose positional argument may stand among the overrides defines
+`parse_arguments(parser, words) -> argparse.Namespace` (with `overrides`), used instead.
 Only the chosen module is imported, so `bertgpu --help` stays fast.
 
 A command that trains (`LAUNCHES_WORKERS = True`) gets `--nproc N|auto` and `--max-restarts N`
@@ -95,11 +97,16 @@ def main(argv: list[str] | None = None) -> int:
 def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
          launches: bool) -> int:
     """Parse the arguments, then launch N workers or run the command here."""
-    if getattr(module, "ACCEPTS_OVERRIDES", False):
+    parse = getattr(module, "parse_arguments", None)
+    if parse is not None:
+        args = parse(parser, rest)
+    elif getattr(module, "ACCEPTS_OVERRIDES", False):
         args, unknown = parser.parse_known_args(rest)
         args.overrides = unknown
     else:
         args = parser.parse_args(rest)
+    if launches and args.max_restarts < 0:
+        raise BertgpuError(f"--max-restarts {args.max_restarts}: expected 0 or more")
     if launches and args.nproc is not None and "WORLD_SIZE" not in os.environ:
         from bertgpu.train import distributed, launcher
 
@@ -110,6 +117,12 @@ def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: l
             return launcher.launch_local(n, [name, *strip_launch_flags(rest)],
                                          max_restarts=args.max_restarts,
                                          resume_hint=(lambda: hint(args)) if hint else None)
+    if launches and args.max_restarts:  # only the launcher restarts, and none was started
+        why = ("under torchrun (give torchrun's own --max-restarts)" if "WORLD_SIZE" in os.environ
+               else "without --nproc" if args.nproc is None
+               else f"with --nproc {args.nproc}, which runs one process here")
+        warnings.warn(f"--max-restarts {args.max_restarts} is ignored {why}; restarts need "
+                      "--nproc N with N > 1", stacklevel=1)
     return int(module.main(args) or 0)
 
 

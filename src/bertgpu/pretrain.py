@@ -15,12 +15,15 @@ whose config.json is then the `[model]` section (config/continued.py, train/cont
     bertgpu pretrain configs/domain-adapt.toml --init hf/published --data data/ --out runs/adapted
     bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data d512/ --out runs/p2
 
-Running the same command again on the same `--out` resumes from the latest checkpoint, bitwise
-exactly on CPU in fp32; so does a torchrun restart (`--max-restarts`). Rank 0 picks the
-checkpoint and broadcasts its step, so every rank resumes from the same one (`--out` must be on
-a filesystem every node sees). Resuming at another world size continues with exactly the next
-samples. SIGTERM or SIGINT (a preemption) ends the run within `checkpoint.grace_s` seconds, with a
-checkpoint of the last completed step when it fits, and exit status 143 (130 for SIGINT).
+`--out` is a new or empty folder, or the run folder of an earlier pretrain. Running the same
+command again on the same `--out` resumes from the latest checkpoint, bitwise exactly on CPU in
+fp32; so does a torchrun restart (`--max-restarts`). A resume with other settings (lr, global
+batch, schedule) says which in one line and keeps the run's earlier config.toml as
+`config.step_N.toml` (N: the step it resumed from). Rank 0 picks the checkpoint and broadcasts
+its step, so every rank resumes from the same one (`--out` must be on a filesystem every node
+sees). Resuming at another world size continues with exactly the next samples. SIGTERM or
+SIGINT (a preemption) ends the run within `checkpoint.grace_s` seconds, with a checkpoint of the
+last completed step when it fits, and exit status 143 (130 for SIGINT).
 
 This module only wires parts built elsewhere: the config (config/schema.py), the shard set and
 loader (data/), the model (models/), the pretraining task (tasks/pretraining.py), the engine and
@@ -30,6 +33,7 @@ the one training loop (train/loop.py). `--nproc` is handled by the command line 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -63,9 +67,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_arguments(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """The command line in any order (cli.py calls this instead of its own parse): each
+    override takes its value first (`--train.max_steps 2` -> `--train.max_steps=2`), so the
+    recipe is the one positional word left wherever it stands (argparse alone took the `2` of
+    `--train.max_steps 2 configs/tiny.toml` as the recipe). A word ending in .toml is never an
+    override's value, nor a word a bool key cannot take (`--impl.compile configs/x`); a second
+    positional word is an error naming both."""
+    from bertgpu.config import schema
+
+    declared = [s for s in parser._option_string_actions if s.startswith("--")]
+    bound: list[str] = []
+    i = 0
+    while i < len(words):
+        word, i = words[i], i + 1
+        if word == "--":
+            bound += words[i - 1:]
+            break
+        key = word[2:]
+        is_override = (word.startswith("--") and len(word) > 2 and "=" not in word
+                       and ("." in key or not any(s.startswith(word) for s in declared)))
+        if is_override and i < len(words) and schema.takes_word(key, words[i]):
+            word, i = f"{word}={words[i]}", i + 1
+        bound.append(word)
+    args, rest = parser.parse_known_args(bound)
+    stray = [w for w in rest if not w.startswith("-")]
+    if stray:
+        raise BertgpuError(
+            f"{stray[0]}: a second positional argument after the recipe {args.recipe}; expected "
+            "one recipe (the positional argument) and overrides as --section.key value")
+    args.overrides = rest
+    return args
+
+
 def _config(args: argparse.Namespace) -> Any:
     from bertgpu.config import schema
 
+    if args.recipe is not None and not Path(args.recipe).exists():
+        raise BertgpuError(
+            f"{args.recipe}: recipe not found (the one argument that is neither an option nor an "
+            "option's value is taken as the recipe); expected a TOML file such as "
+            "configs/tiny.toml")
     words = [f"--{key}={getattr(args, key)}" for key in ("data", "out", "init")
              if getattr(args, key, None) is not None]
     if getattr(args, "resume_optimizer", False):
@@ -73,22 +115,84 @@ def _config(args: argparse.Namespace) -> Any:
     return schema.load_config(args.recipe, [*words, *args.overrides])
 
 
+RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
+"""What an earlier `bertgpu pretrain` leaves in its run folder; a non-empty --out holds one."""
+OTHER_OUTPUTS = ("manifest.json", "results.json")
+"""A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
+
+
+def check_config(cfg: Any) -> None:
+    """What the config alone can refuse, before a process group, a shard or a model is made:
+    data.dir and out given, out a new folder or a run folder to resume, impl.device on this
+    machine."""
+    if not cfg.out and not cfg.data.dir:
+        raise BertgpuError("config: data.dir and out are not set; give --data DIR (made by "
+                           "bertgpu prepare) and --out RUN_DIR, e.g. bertgpu pretrain "
+                           "configs/tiny.toml --data data/ --out runs/tiny")
+    if not cfg.out:
+        raise BertgpuError("config: out is not set; give --out RUN_DIR")
+    if not cfg.data.dir:
+        raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
+    check_run_folder(Path(cfg.out))
+    check_device(cfg.impl.device)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """`run_dir` does not exist, is empty, or is a run folder of an earlier pretrain (RUN_FILES):
+    a run never writes its checkpoints, export and tokenizer among a user's files or into a
+    shard set."""
+    from bertgpu.fsutil import check_output_folder
+
+    check_output_folder(run_dir, "a run folder")
+    if not run_dir.is_dir():
+        return
+    names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir())
+    found = {n.rstrip("/") for n in names}
+    if not names or (found & set(RUN_FILES) and not found & set(OTHER_OUTPUTS)):
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise BertgpuError(f"{run_dir}: a folder that is not a pretraining run (it holds {shown}); "
+                       "expected a new or empty folder, or a run folder to resume (config.toml, "
+                       "metrics.jsonl, checkpoints/)")
+
+
+def check_device(device: str) -> None:
+    """impl.device is one this machine has: CUDA visible (and cuda:N in range), MPS built in."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
+    cuda = torch.cuda.is_available()
+    others = "auto or cpu" + (" or cuda" if cuda else "")
+    if device == "mps":
+        if not torch.backends.mps.is_available():
+            raise BertgpuError(f"config: impl.device = 'mps': PyTorch has no MPS device on this "
+                               f"machine; expected {others}")
+        return
+    if not cuda:
+        raise BertgpuError(f"config: impl.device = {device!r}: no CUDA device is visible to this "
+                           f"process; expected {others}")
+    count, index = torch.cuda.device_count(), device.partition(":")[2]
+    if index and int(index) >= count:
+        raise BertgpuError(f"config: impl.device = {device!r}: {count} GPU"
+                           f"{'s are' if count > 1 else ' is'} visible; expected cuda:N with N in "
+                           f"[0, {count}), or cuda")
+
+
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
     from bertgpu.config import overrides, schema
-    from bertgpu.fsutil import check_output_folder, complete_steps
+    from bertgpu.fsutil import complete_steps
+    from bertgpu.tasks.pretraining import PretrainData
 
     cfg = _config(args)
-    if cfg.out:
-        check_output_folder(cfg.out, "a run folder")
-        checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
-        if checkpoints:  # the workers would each refuse it, under the launcher's long report
-            check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
-    if cfg.data.dir:  # the shard set, and that the model fits it
-        from bertgpu.tasks.pretraining import PretrainData
-
-        PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
-            overrides.config_to_dict(cfg.model), None)
+    check_config(cfg)
+    checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
+    if checkpoints:  # the workers would each refuse it, under the launcher's long report
+        check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
+    # the shard set, and that the model fits it
+    PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
+        overrides.config_to_dict(cfg.model), None)
     if not isinstance(cfg.impl.micro_batch_size, str):
         schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
     _check_gpu_count(nproc, cfg.impl.device)
@@ -107,8 +211,34 @@ def main(args: argparse.Namespace) -> int:
     if args.help_config:
         print(schema.help_text())
         return 0
-    result = run(_config(args), allow_data_change=args.allow_data_change)
+    cfg = _config(args)
+    check_config(cfg)
+    if args.recipe is None and cfg.init is None and os.environ.get("RANK", "0") == "0":
+        warnings.warn(_defaults_note(cfg), stacklevel=1)
+    result = run(cfg, allow_data_change=args.allow_data_change)
     return result.exit_status if result.preempted else 0
+
+
+def _defaults_note(cfg: Any) -> str:
+    """The one line that says what a command without a recipe trains: the built-in defaults
+    (BERT-base for 10,000 steps unless overridden), and which recipes there are."""
+    import torch
+
+    from bertgpu.config import overrides
+    from bertgpu.models.build import build_model
+
+    with torch.device("meta"):  # the parameter count, no memory
+        model = build_model(overrides.config_to_dict(cfg.model), "pretraining", with_nsp=False)
+    t = cfg.train
+    steps = (f"train.max_steps {t.max_steps}" if not t.budget_hours
+             else f"train.budget_hours {t.budget_hours}")
+    folder = Path(__file__).resolve().parents[2] / "configs"
+    names = sorted(p.stem for p in folder.glob("*.toml")) if folder.is_dir() else []
+    recipes = f" (recipes in {folder}: {', '.join(names)})" if names else ""
+    return (f"no recipe given: training the built-in defaults, {_model_line(model, cfg.model)}, "
+            f"for {steps} at global batch {t.global_batch_size} on impl.device "
+            f"{cfg.impl.device}; give a recipe first, e.g. bertgpu pretrain configs/tiny.toml"
+            f"{recipes}")
 
 
 def _check_gpu_count(n: int, device: str) -> None:
@@ -140,6 +270,7 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
     """Train according to `cfg` (a validated `schema.PretrainConfig`)."""
     from bertgpu.train import distributed
 
+    check_config(cfg)
     with distributed.process_group(cfg.impl.device, cfg.distributed.timeout_minutes,
                                    strategy=cfg.distributed.strategy) as info:
         return _train(cfg, info, allow_data_change)
@@ -194,17 +325,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     from bertgpu.config import overrides, schema
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
-    from bertgpu.fsutil import check_output_folder
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import loop
     from bertgpu.train.checkpoint import load_resume
 
-    if not cfg.out:
-        raise BertgpuError("config: out is not set; give --out RUN_DIR")
-    if not cfg.data.dir:
-        raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
+    check_config(cfg)  # before load_resume's collective: no rank has written anything yet
     run_dir, t, impl = Path(cfg.out), cfg.train, cfg.impl
-    check_output_folder(run_dir, "a run folder")
     warmup = cfg.schedule.warmup_steps
     if info.is_main and warmup and t.max_steps and not t.budget_hours and warmup >= t.max_steps:
         warnings.warn(f"schedule.warmup_steps {warmup} >= train.max_steps {t.max_steps}: the "
@@ -227,6 +353,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
 
     model, engine, timer, init_rows = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr,
                                                         info, init)
+    if info.is_main:  # once the shards, the init and the model have passed their checks
+        _warn_untrained_rows(cfg.model.vocab_size, data)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate,
@@ -253,9 +381,78 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     # data) leaves the run folder as it was.
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
+        text = overrides.dump_toml(cfg)
+        if resume is not None:
+            keep_config_history(run_dir, text, int(resume[2]["step"]))
+        (run_dir / "config.toml").write_text(text, encoding="utf-8")
         copy_tokenizer(data, run_dir)
     return training
+
+
+def _warn_untrained_rows(vocab_size: int, data: Any) -> None:
+    """A model vocabulary over twice the tokenizer's: the rows past the tokenizer's ids never
+    appear in a batch, so they stay at their initialisation (and cost memory and time)."""
+    have = data.train.vocab_size
+    if vocab_size > 2 * have:
+        warnings.warn(f"model.vocab_size {vocab_size} is {vocab_size / have:.1f}x the shard set's "
+                      f"vocabulary ({have} tokens, {data.train.manifest_path}): its "
+                      f"{vocab_size - have:,} other rows are never trained; set "
+                      f"model.vocab_size {have} (the tokenizer's size) to drop them",
+                      stacklevel=2)
+
+
+def keep_config_history(run_dir: Path, text: str, step: int) -> None:
+    """A run resumed at `step` with other settings (lr, global batch, schedule: what may
+    change) says which in one line, and keeps the run's config.toml of the steps before as
+    `config.step_N.toml` (N = `step`; `config.step_N.2.toml`, ... when the run resumes at N
+    again with other settings) before `text` replaces it: the run folder keeps the settings of
+    every stretch of steps."""
+    from bertgpu.config.overrides import read_toml, tomllib
+
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return
+    try:
+        before: dict[str, Any] | None = _flat(read_toml(path))
+    except BertgpuError:  # unreadable: kept aside all the same
+        before = None
+    after = _flat(tomllib.loads(text))
+    if before is None:
+        changed = ["(the run's config.toml could not be read)"]
+    else:
+        changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
+                   for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)]
+    if not changed:
+        return
+    earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
+    while aside.exists() and aside.read_bytes() != earlier:  # resumed at `step` before
+        k += 1
+        aside = run_dir / f"config.step_{step}.{k}.toml"
+    if not aside.exists():
+        tmp = aside.with_name(aside.name + ".tmp")
+        tmp.write_bytes(earlier)
+        os.replace(tmp, aside)
+    print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
+          f"(the earlier config.toml is kept as {aside.name})", flush=True)
+
+
+def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A parsed TOML file as dotted keys: {"optim.lr": 0.001, ...}."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(_shown, value))
+    return str(value)
 
 
 def _may_change_on_resume(key: str) -> bool:

@@ -191,14 +191,19 @@ def parse_text(text: str, tp: Any) -> Any:
 
 
 def _coerce(value: Any, tp: Any) -> Any:
-    """A TOML value -> a value of type `tp` (ints accepted for floats, lists for tuples,
-    the string "none" for optional fields, strings parsed like the command line)."""
-    if isinstance(value, str) and tp is not str:
-        return _parse_text(value, tp)
+    """A TOML value -> a value of type `tp`: ints accepted for floats, lists for tuples, the
+    string "none" for optional fields (`dump_toml` writes None so) and a Literal's own words
+    ("auto"). Any other string for a number, a bool or a list is the wrong type, refused like
+    `"abc"` (`max_steps = "300"`: TOML has integers; only the command line's words are text)."""
     args = _union_args(tp)
     if args is not None:
+        if (type(None) in args and isinstance(value, str)
+                and value.strip().lower() in ("none", "null")):
+            return None
         return _first_that_converts(args, _coerce, value)
-    if typing.get_origin(tp) is typing.Literal:  # a string is parsed above
+    if typing.get_origin(tp) is typing.Literal:
+        if isinstance(value, str) and value.strip() in typing.get_args(tp):
+            return value.strip()
         raise _BadValue(value)
     if typing.get_origin(tp) in (tuple, list):
         if not isinstance(value, (list, tuple)):
@@ -361,6 +366,28 @@ def apply_overrides(
     return obj
 
 
+def field_type(obj: Any, key: str) -> Any:
+    """The type of dotted `key` in dataclass `obj`; None when `obj` has no such field."""
+    try:
+        return _resolve(obj, key, "")[2]
+    except BertgpuError:
+        return None
+
+
+def is_value_of(tp: Any, word: str) -> bool:
+    """Whether `--KEY WORD` gives a key of type `tp` the value WORD (as `apply_overrides`
+    reads it): not when WORD is an option (`--x`; a negative number is a value), and for a key
+    that may stand alone for true (a bool) only when WORD is one of its values."""
+    if word.startswith("--") and not _looks_numeric(word):
+        return False
+    if tp is bool or (_union_args(tp) and bool in _union_args(tp)):  # type: ignore[operator]
+        try:
+            _parse_text(word, tp)
+        except _BadValue:
+            return False
+    return True
+
+
 def _looks_numeric(word: str) -> bool:
     try:
         float(word)
@@ -377,8 +404,16 @@ def read_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise BertgpuError(f"{p}: config file not found") from None
+    except IsADirectoryError:
+        raise BertgpuError(f"{p}: is a folder; expected a TOML config file") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
+        raise BertgpuError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                           f"{exc.start}); expected a TOML config file") from None
     except tomllib.TOMLDecodeError as exc:
         raise BertgpuError(f"{p}: invalid TOML: {exc}") from None
+    except OSError as exc:  # permission denied, a FIFO gone, ...
+        raise BertgpuError(f"{p}: cannot read the config file: "
+                           f"{exc.strerror or exc}") from None
 
 
 # --------------------------------------------------------------------------------------------

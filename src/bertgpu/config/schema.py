@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ from bertgpu.config import continued
 from bertgpu.config.overrides import (
     apply_dict,
     apply_overrides,
+    field_type,
     format_help,
+    is_value_of,
     option,
     parse_text,
     read_toml,
@@ -115,6 +118,23 @@ def help_text() -> str:
             text += (f"\n[model] with architecture = {name!r}\n"
                      + format_help(model, prefix="model."))
     return text
+
+
+def takes_word(key: str, word: str) -> bool:
+    """Whether `--KEY WORD` among `bertgpu pretrain`'s words sets KEY to WORD, so that WORD is
+    not the recipe: not a word ending in .toml (a recipe, never a value here), not an option,
+    not a non-bool after a bool key (`--impl.compile` alone means true). KEY is looked up in
+    every architecture's schema; an unknown one takes the word (its error names the key)."""
+    if word.endswith(".toml"):
+        return False
+    key = key.replace("-", "_")
+    key = PRETRAIN_ALIASES.get(key, key)
+    tp = None
+    for name in build.ARCHITECTURES:
+        tp = field_type(PretrainConfig(model=build.spec(name).pretraining_config()), key)
+        if tp is not None:
+            break
+    return is_value_of(tp, word)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PretrainConfig:
@@ -270,6 +290,9 @@ def _validate_train(t: TrainSection) -> None:
 
 
 def _validate_impl(i: ImplSection, t: TrainSection) -> None:
+    # the spelling only: whether this machine has the device is the command's check (torch)
+    check(i.device in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", i.device),
+          "impl.device", i.device, "auto, cpu, cuda, cuda:N or mps")
     if isinstance(i.micro_batch_size, str):
         check(i.micro_batch_size == "auto", "impl.micro_batch_size", i.micro_batch_size,
               "a positive integer or auto")

@@ -1,0 +1,274 @@
+"""`bertgpu pretrain`'s command line and inputs: one-line errors before any work, the recipe
+found wherever it stands, the defaults said out loud, the run folder checked, a changed resume
+recorded, notes for settings that do nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from _shards import write_synthetic_shards
+
+from bertgpu import cli, pretrain
+from bertgpu.errors import BertgpuError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.toml")
+SMALL = ["--model.vocab_size", "100", "--model.hidden_size", "32",
+         "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
+         "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
+         "--train.eval_every_steps", "0", "--train.eval_batches", "2", "--impl.num_workers", "0",
+         "--train.log_every_steps", "1"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=48, n_val=8,
+                                  seq_len=32, vocab_size=100)
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("bertgpu pretrain: error: "), err
+    return err
+
+
+def _parse(words: list[str]) -> argparse.Namespace:
+    """The words as cli.py parses them for `bertgpu pretrain`."""
+    parser = argparse.ArgumentParser(prog="bertgpu pretrain")
+    pretrain.add_arguments(parser)
+    cli._add_launch_arguments(parser)
+    return pretrain.parse_arguments(parser, words)
+
+
+def _train_steps(run: Path) -> list[int]:
+    return [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+
+
+# 1. tracebacks -> one line ------------------------------------------------------------------
+
+
+def test_no_out_and_no_arguments_are_one_line(shards: Path, tmp_path: Path, capsys) -> None:
+    """Without --out (and with no argument at all) the run used to die on Path(None)."""
+    err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards)])
+    assert "out is not set; give --out RUN_DIR" in err
+    err = _one_line_error(capsys, ["pretrain"])
+    assert "data.dir and out are not set" in err and "--data DIR" in err and "--out" in err
+    err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards), "--nproc", "2"])
+    assert "out is not set" in err
+
+
+def test_a_recipe_that_is_a_folder_or_not_utf8_is_one_line(shards: Path, tmp_path: Path,
+                                                           capsys) -> None:
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    err = _one_line_error(capsys, ["pretrain", str(folder), "--data", str(shards), "--out",
+                                   str(tmp_path / "r")])
+    assert f"{folder}: is a folder; expected a TOML config file" in err
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b"# caf\xe9\n[train]\nmax_steps = 3\n")
+    err = _one_line_error(capsys, ["pretrain", str(latin1), "--data", str(shards), "--out",
+                                   str(tmp_path / "r")])
+    assert f"{latin1}: not UTF-8 text (byte 0xe9 at offset 5)" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("device", ["mps", "cuda:99"])
+def test_a_device_this_machine_lacks_is_one_line_before_anything_loads(
+        shards: Path, tmp_path: Path, capsys, device) -> None:
+    """mps used to fail inside model.to() with torch's RuntimeError; cuda:99 (no machine has
+    it) is refused the same way, naming the setting, with and without --nproc."""
+    import torch
+
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has an MPS device")
+    for launch in ([], ["--nproc", "2"]):
+        err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards), "--out",
+                                       str(tmp_path / "r"), "--impl.device", device, *launch])
+        assert f"config: impl.device = '{device}':" in err
+        assert not (tmp_path / "r").exists()
+    with pytest.raises(BertgpuError, match=r"impl.device = 'gpu': expected auto, cpu, cuda"):
+        from bertgpu.config.schema import load_config
+
+        load_config(None, ["--impl.device", "gpu"])
+
+
+def test_check_device_with_gpus(monkeypatch) -> None:
+    """The CUDA branch, on two simulated GPUs (the real ones are not needed to count)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for ok in ("auto", "cpu", "cuda", "cuda:0", "cuda:1"):
+        pretrain.check_device(ok)
+    with pytest.raises(BertgpuError, match=r"^config: impl.device = 'cuda:2': 2 GPUs are visible; "
+                                           r"expected cuda:N with N in \[0, 2\), or cuda$"):
+        pretrain.check_device("cuda:2")
+    with pytest.raises(BertgpuError, match=r"impl.device = 'mps': .* expected auto or cpu or cuda"):
+        pretrain.check_device("mps")
+
+
+# 2. the recipe wherever it stands -------------------------------------------------------------
+
+
+def test_overrides_before_the_recipe_keep_their_values() -> None:
+    """`--train.max_steps 2 RECIPE` used to take `2` as the recipe ("2: config file not
+    found"), and so did `--init RUN ... --train.max_steps 2` at the end of a line without one."""
+    args = _parse(["--train.max_steps", "2", TINY, "--data", "d", "--out", "o"])
+    assert args.recipe == TINY and args.overrides == ["--train.max_steps=2"]
+    assert (args.data, args.out) == ("d", "o")
+    args = _parse(["--init", "run1", "--data", "d", "--out", "o", "--train.max_steps", "2"])
+    assert args.recipe is None and args.init == "run1"
+    assert args.overrides == ["--train.max_steps=2"]
+    # a bool key stands alone before the recipe; a .toml word is never a value; negative numbers
+    args = _parse(["--impl.compile", "configs/x", "--seed", "3", "--optim.lr", "-1"])
+    assert args.recipe == "configs/x"
+    assert args.overrides == ["--impl.compile", "--seed=3", "--optim.lr=-1"]
+    args = _parse(["--logging.wandb_run_name", "x.toml", "--impl.compile", "false"])
+    assert args.recipe == "x.toml"
+    assert args.overrides == ["--logging.wandb_run_name", "--impl.compile=false"]
+    with pytest.raises(BertgpuError, match=r"a.toml: a second positional argument after the "
+                                           r"recipe x.toml"):
+        _parse(["x.toml", "a.toml"])
+
+
+def test_a_missing_recipe_says_what_was_taken_as_the_recipe(shards: Path, tmp_path: Path,
+                                                            capsys) -> None:
+    err = _one_line_error(capsys, ["pretrain", "tiny", "--data", str(shards), "--out",
+                                   str(tmp_path / "r")])
+    assert "tiny: recipe not found (the one argument that is neither an option nor an " in err
+
+
+def test_a_run_with_its_override_before_the_recipe_trains(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    assert cli.main(["pretrain", "--train.max_steps", "2", TINY, "--data", str(shards),
+                     "--out", str(run), *SMALL]) == 0
+    assert _train_steps(run) == [1, 2]
+
+
+# 3. no recipe: the defaults said out loud ----------------------------------------------------
+
+
+def test_no_recipe_says_which_defaults_train_and_init_does_not(shards: Path, tmp_path: Path,
+                                                               capsys) -> None:
+    """A forgotten recipe used to start BERT-base (109.5 M parameters, 10,000 steps) without a
+    word; now one line names the model, the steps and the batch, and where the recipes are."""
+    run = tmp_path / "defaults"
+    assert cli.main(["pretrain", "--data", str(shards), "--out", str(run), *SMALL,
+                     "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2",
+                     "--train.max_steps", "1"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "no recipe" in line]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("bertgpu pretrain: warning: no recipe given: training the "
+                               "built-in defaults, bert, ")
+    assert "(L=1, H=32, A=2, V=100)" in notes[0]
+    assert "for train.max_steps 1 at global batch 8" in notes[0]
+    assert "tiny" in notes[0]
+    # with --init the model is the init's: no note
+    assert cli.main(["pretrain", "--init", str(run), "--data", str(shards), "--out",
+                     str(tmp_path / "continued"), *SMALL[8:], "--train.max_steps", "1"]) == 0
+    assert "no recipe" not in capsys.readouterr().err
+
+
+# 4. --out: a new folder or a run folder -------------------------------------------------------
+
+
+def test_a_non_empty_out_that_is_not_a_run_is_refused_before_any_work(
+        shards: Path, tmp_path: Path, capsys) -> None:
+    """A user's project folder and the shard set itself used to receive checkpoints/, hf/,
+    tokenizer/ and metrics.jsonl; now one line, nothing written, with or without --nproc."""
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "README.md").write_text("x")
+    before = sorted(p.name for p in shards.iterdir())
+    for out, shown in ((proj, "README.md, src/"), (shards, "manifest.json")):
+        for launch in ([], ["--nproc", "2"]):
+            err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards), "--out",
+                                           str(out), *SMALL, "--train.max_steps", "1", *launch])
+            assert f"{out}: a folder that is not a pretraining run (it holds {shown}" in err
+            assert "expected a new or empty folder, or a run folder to resume" in err
+    assert sorted(p.name for p in proj.iterdir()) == ["README.md", "src"]
+    assert sorted(p.name for p in shards.iterdir()) == before
+
+
+def test_check_run_folder_takes_new_empty_and_run_folders(tmp_path: Path) -> None:
+    pretrain.check_run_folder(tmp_path / "new")
+    (tmp_path / "empty").mkdir()
+    pretrain.check_run_folder(tmp_path / "empty")
+    for mark in pretrain.RUN_FILES:
+        run = tmp_path / f"run_{mark}"
+        run.mkdir()
+        (run / mark).write_text("")
+        pretrain.check_run_folder(run)
+        (run / "results.json").write_text("{}")  # a fine-tuning's output is not a run
+        with pytest.raises(BertgpuError, match="not a pretraining run"):
+            pretrain.check_run_folder(run)
+
+
+# 5. resuming with other settings: said, and the earlier config kept ---------------------------
+
+
+def test_a_resume_with_changed_settings_says_so_and_keeps_the_earlier_config(
+        shards: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "r"
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL,
+                     "--train.max_steps", "2"]) == 0
+    first = (run / "config.toml").read_text()
+    capsys.readouterr()
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL,
+                     "--train.max_steps", "3", "--optim.lr", "0.005",
+                     "--train.global_batch_size", "16"]) == 0
+    out = capsys.readouterr().out
+    line = [x for x in out.splitlines() if "changed settings" in x]
+    assert line == [f"{run}: resuming at step 2 with changed settings: optim.lr 0.005 (was "
+                    "0.001), train.global_batch_size 16 (was 8), train.max_steps 3 (was 2) (the "
+                    "earlier config.toml is kept as config.step_2.toml)"], out
+    assert (run / "config.step_2.toml").read_text() == first
+    assert "global_batch_size = 16" in (run / "config.toml").read_text()
+    assert _train_steps(run) == [1, 2, 3]
+
+
+def test_a_resume_with_the_same_settings_keeps_no_copy_and_a_second_change_keeps_both(
+        tmp_path: Path, capsys) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    first, second, third = ("seed = 0\n[optim]\nlr = 0.001\n", "seed = 0\n[optim]\nlr = 0.002\n",
+                            "seed = 0\n[optim]\nlr = 0.003\n")
+    (run / "config.toml").write_text(first)
+    pretrain.keep_config_history(run, first, 5)
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
+    assert capsys.readouterr().out == ""
+    # resumed at step 5 with lr 0.002, stopped before step 6's checkpoint, resumed with 0.003
+    for after in (second, third):
+        pretrain.keep_config_history(run, after, 5)
+        (run / "config.toml").write_text(after)
+    assert (run / "config.step_5.toml").read_text() == first
+    assert (run / "config.step_5.2.toml").read_text() == second
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{run}: resuming at step 5 with changed settings: optim.lr 0.003 (was 0.002) (the "
+        "earlier config.toml is kept as config.step_5.2.toml)")
+
+
+# 6. notes for settings that do nothing --------------------------------------------------------
+
+
+def test_a_vocabulary_much_larger_than_the_shards_is_a_warning(shards: Path, tmp_path: Path,
+                                                               capsys) -> None:
+    """tiny.toml's 8,192 rows on a 2,000-token shard set trained without a word; the rows past
+    the tokenizer's ids never appear in a batch. Up to 2x (padding, rounding) stays quiet."""
+    words = ["pretrain", TINY, "--data", str(shards), *SMALL, "--train.max_steps", "1"]
+    assert cli.main([*words, "--out", str(tmp_path / "big"), "--model.vocab_size", "256"]) == 0
+    err = capsys.readouterr().err
+    assert ("bertgpu pretrain: warning: model.vocab_size 256 is 2.6x the shard set's vocabulary "
+            f"(100 tokens, {shards / 'manifest.json'}): its 156 other rows are never trained"
+            ) in err, err
+    assert err.count("never trained") == 1
+    assert cli.main([*words, "--out", str(tmp_path / "ok"), "--model.vocab_size", "192"]) == 0
+    assert "never trained" not in capsys.readouterr().err
