@@ -291,3 +291,81 @@ def test_steps_read_one_step_late_are_counted_as_if_read_at_once(tmp_path, capsy
     assert runs[True][:2] == runs[False][:2]
     for k, v in runs[False][2].items():
         assert torch.equal(v, runs[True][2][k]), k
+
+
+def _poison_from(task, first: int) -> None:
+    """Steps from `first` (0-based) on have a non-finite loss."""
+    batches = task.micro_batches
+    task.micro_batches = lambda s: (
+        [{**mb, "poison": torch.tensor(float("nan"))} for mb in batches(s)] if s >= first
+        else batches(s))
+
+
+def test_a_run_that_stops_on_an_exception_says_so_in_its_records(tmp_path):
+    """Divergence (5 non-finite steps in a row) and any other exception leaving the loop: the
+    exception is raised as it was and an `end` record says why, after the `start` record that
+    names the host and pid; after a divergence the newest step gets its train record (loss NaN,
+    as it was)."""
+    import os
+    import socket
+
+    from bertgpu.train.engine import TrainingDiverged
+
+    lp, task, _ = make_loop(tmp_path / "nan", max_steps=20, log_every=4)
+    _poison_from(task, 1)  # step 1 fine, steps 2.. non-finite: the 5th in a row (6) stops it
+    with pytest.raises(TrainingDiverged, match="training diverged: 5 steps in a row"):
+        lp.run()
+    recs = read_metrics(tmp_path / "nan" / "metrics.jsonl")
+    assert recs[0]["event"] == "start" and recs[0]["step"] == 0 and recs[0]["max_steps"] == 20
+    assert recs[0]["host"] == socket.gethostname() and recs[0]["pid"] == os.getpid()
+    train = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [4, 5]  # step 5 unlogged at the time: logged at the end
+    assert train[-1]["loss"] != train[-1]["loss"]  # NaN, as it was (null in the file)
+    end = recs[-1]
+    assert (end["event"], end["reason"], end["step"]) == ("end", "diverged", 6)
+    assert end["error"].startswith("training diverged: 5 steps in a row")
+
+    lp, _, _ = make_loop(tmp_path / "crash", crash_at=5, log_every=4)
+    with pytest.raises(KeyboardInterrupt, match="simulated crash"):
+        lp.run()
+    recs = read_metrics(tmp_path / "crash" / "metrics.jsonl")
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [4]  # no wait on the device
+    assert {k: recs[-1][k] for k in ("step", "event", "reason", "error")} == {
+        "step": 5, "event": "end", "reason": "error", "error": "KeyboardInterrupt: simulated crash"}
+
+
+def test_every_way_the_loop_ends_logs_its_last_step(tmp_path):
+    """Steps past the last logged one get their train record at the end, before the `end`
+    record: at max_steps, at the budget and at a stop signal alike."""
+    import os
+    import signal
+
+    def ends(run: Path) -> tuple[list[int], dict]:
+        recs = read_metrics(run / "metrics.jsonl")
+        end = next(r for r in recs if r.get("event") == "end")
+        train = [r for r in recs if r["kind"] == "train"]
+        assert recs.index(train[-1]) < recs.index(end)
+        return [r["step"] for r in train], end
+
+    lp, _, _ = make_loop(tmp_path / "steps", max_steps=5, log_every=4)
+    lp.run()
+    assert ends(tmp_path / "steps")[0] == [4, 5]
+
+    lp, _, _ = make_loop(tmp_path / "budget", max_steps=0, budget_hours=1e-9, log_every=100)
+    res = lp.run()
+    steps, end = ends(tmp_path / "budget")
+    assert res.stop_reason == "budget" and steps == [res.step] and end["reason"] == "budget"
+
+    lp, task, _ = make_loop(tmp_path / "term", max_steps=20, log_every=100)
+    batches = task.micro_batches
+
+    def term_at_3(step):
+        if step == 3:  # the 4th step's data: steps 1-3 are done
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batches(step)
+
+    task.micro_batches = term_at_3
+    res = lp.run()
+    steps, end = ends(tmp_path / "term")
+    assert res.preempted and res.exit_status == 143
+    assert steps == [3] and (end["reason"], end["step"]) == ("preempted", 3)

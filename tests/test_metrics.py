@@ -269,3 +269,36 @@ def test_logger_progress_bar_on_a_terminal(tmp_path):
     assert "checkpoint saved" in text
     assert "5/10" in text and "loss" in text
     assert len(read_metrics(tmp_path)) == 3
+
+
+def test_the_start_record_goes_to_the_file_only(tmp_path):
+    """The start record (host and pid, for `bertgpu watch`) is in metrics.jsonl, but neither on
+    the console (the start-up table says it) nor in the sinks (no numbers to plot); the end
+    record is in all three, its error message only in the file."""
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.events: list[tuple[int, str, dict]] = []
+
+        def log(self, step, kind, scalars):
+            self.events.append((step, kind, dict(scalars)))
+
+        def log_config(self, config):
+            pass
+
+        def close(self):
+            pass
+
+    out, sink = io.StringIO(), Recorder()
+    with MetricsLogger(tmp_path, is_main=True, total_steps=4, stream=out, sinks=[sink],
+                       tensorboard=False) as log:
+        log.log(0, "info", event="start", host="node7", pid=1234, world_size=1)
+        log.log(4, "info", event="end", reason="error", error="OSError: boom", world_size=1)
+    assert [(r["event"], r.get("pid")) for r in read_metrics(tmp_path)] == [("start", 1234),
+                                                                          ("end", None)]
+    assert read_metrics(tmp_path)[-1]["error"] == "OSError: boom"
+    # The command prints the exception itself: the end line does not repeat it.
+    assert "start" not in out.getvalue() and "event end | reason error" in out.getvalue()
+    assert "boom" not in out.getvalue()
+    assert [e[0] for e in sink.events] == [4]

@@ -288,3 +288,33 @@ def test_gpu_and_rank_sections(tmp_path):
         assert f"({name})" in md
         _assert_png(out / name)
     assert 'src="gpus_base.png"' in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_a_run_that_diverged_or_stopped_says_so(tmp_path, run_dir):
+    """A diverged run's final train loss is its last record's (nan), not an earlier finite one,
+    and the table says how each run ended; a run without an end record says it has none."""
+    run = tmp_path / "nan"
+    run.mkdir()
+    _write_jsonl(run / "metrics.jsonl", [
+        {"step": 0, "kind": "info", "event": "start", "host": "h", "pid": 7, "max_steps": 30},
+        _train(1, 9.009, 100.0), *[_train(s, None, 100.0) for s in (2, 3, 4, 5)],
+        {"step": 6, "kind": "info", "event": "end", "reason": "diverged",
+         "error": "training diverged: 5 steps in a row"},
+    ])
+    term = tmp_path / "term"
+    term.mkdir()
+    _write_jsonl(term / "metrics.jsonl", [
+        {"step": 0, "kind": "info", "event": "start", "host": "h", "pid": 8, "max_steps": 30},
+        _train(9, 4.5, 100.0), {"step": 9, "kind": "info", "event": "end", "reason": "preempted"},
+    ])
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    _write_jsonl(killed / "metrics.jsonl", [_train(1, 3.0, 100.0)])
+    md = (build_report([run, term, killed, run_dir], tmp_path / "rep") / "README.md").read_text()
+    rows = _table_rows(md)
+    assert rows["final train loss"] == ["nan", "4.5000", "3.0000", "6.5000"]
+    assert rows["how the run ended"] == [
+        "stopped (diverged at step 6)",
+        "stopped (preempted at step 9 of 30; re-run the same command to resume)",
+        "no end record (still running, or killed)", "finished"]
+    assert rows["optimizer steps"][:2] == ["6", "9"]  # the end record's step counts

@@ -174,3 +174,89 @@ def test_status_of_a_quiet_run(run):
     state = RunState(run)
     state.poll()
     assert watch._status(state, time.time() + 3600).startswith("no new record for 1:00:")
+
+
+def _info(step: int, event: str, **fields) -> dict:
+    return {"step": step, "kind": "info", "time": 1.7e9 + step, "elapsed_s": 10.0 * step,
+            "event": event, **fields}
+
+
+def _flat(frame: str) -> str:
+    """A frame's text with rich's line wrapping undone."""
+    return " ".join(frame.split())
+
+
+def test_a_run_that_stopped_says_how_without_an_eta(run, capsys, monkeypatch):
+    """An end record other than a finish: preempted (at which step of how many, and how to
+    resume), diverged (its last loss as it was: nan), an error; never an ETA."""
+    _append(run / "metrics.jsonl", [_info(4, "end", reason="preempted"),
+                                    _info(4, "preempted", signal="SIGTERM")])
+    out = _frame(capsys, monkeypatch, run)
+    assert "stopped (preempted at step 4 of 10; re-run the same command to resume)" in _flat(out)
+    assert "ETA" not in out and "step 4 / 10 (40.0%)" in out
+    # The same command resumed it: running again.
+    _append(run / "metrics.jsonl", [_info(4, "start", host="elsewhere", pid=1, max_steps=10)])
+    assert "running (updated" in _frame(capsys, monkeypatch, run).splitlines()[0]
+    _append(run / "metrics.jsonl", [{**_train(5), "loss": None, "grad_norm": None},
+                                    _info(6, "end", reason="diverged", error="training diverged")])
+    out = _frame(capsys, monkeypatch, run)
+    assert "stopped (diverged at step 6)" in _flat(out) and "ETA" not in out
+    assert next(line for line in out.splitlines() if line.startswith("loss")).split()[1] == "nan"
+    _append(run / "metrics.jsonl", [_info(6, "start", host="elsewhere", pid=1),
+                                    _info(6, "end", reason="error", error="OSError: disk full")])
+    out = _frame(capsys, monkeypatch, run)
+    assert "stopped (error at step 6: OSError: disk full)" in _flat(out)
+
+
+def test_a_killed_run_is_told_from_a_running_one(run, capsys, monkeypatch):
+    """No end record: on the host the run started on, a process that is gone means killed
+    (SIGKILL, out of memory); a live one, or a run of another host, is running."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+    here = socket.gethostname()
+    records = run / "metrics.jsonl"
+    _append(records, [_info(0, "start", host=here, pid=os.getpid(), max_steps=10)])
+    out = _frame(capsys, monkeypatch, run)
+    assert "running (updated" in out.splitlines()[0] and "ETA" in out
+    _append(records, [_info(4, "start", host="another-node", pid=dead_pid)])
+    assert "running (updated" in _frame(capsys, monkeypatch, run).splitlines()[0]
+    _append(records, [_info(4, "start", host=here, pid=dead_pid)])
+    out = _frame(capsys, monkeypatch, run)
+    assert (f"stopped (process {dead_pid} is gone; no end record: killed or crashed)"
+            in _flat(out))
+    assert "ETA" not in out
+
+
+def test_live_view_of_a_run_that_ends_prints_its_last_frame_and_exits(run, capsys, monkeypatch):
+    sleeps = []
+
+    def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+        assert len(sleeps) < 5, "the view did not stop at the end record"
+        _append(run / "metrics.jsonl", [_train(5), _info(5, "end", reason="max_steps")])
+
+    monkeypatch.setattr(watch.time, "sleep", fake_sleep)
+    monkeypatch.setenv("COLUMNS", "140")
+    assert cli_main(["watch", str(run), "--interval", "0.5"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert sleeps == [0.5] and "finished (max_steps)" in out and "step 5 / 10" in out
+    # Already finished: one frame, no waiting.
+    assert cli_main(["watch", str(run)]) == 0
+    assert sleeps == [0.5] and "finished (max_steps)" in _flat(capsys.readouterr().out)
+
+
+def test_a_shard_set_is_not_a_run(tmp_path, capsys):
+    from _shards import write_synthetic_shards
+
+    data = write_synthetic_shards(tmp_path / "data", n_train=8, n_val=2)
+    assert cli_main(["watch", str(data), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bertgpu watch: error:")
+    assert f"{data}: a shard set (manifest.json of bertgpu prepare), not a run folder" in err
+    assert "expected a run folder (metrics.jsonl)" in err

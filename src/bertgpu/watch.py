@@ -10,12 +10,19 @@ evaluations, the per-rank step times), ``gpu.jsonl`` and ``gpu.nodeN.jsonl`` (th
 samples) and ``config.toml`` (model, batch, length of the run), following each file as it grows.
 It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
 fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there.
+
+The status line says how a run ended from its ``end`` record (finished; stopped by a signal, by
+divergence or by an error, without an ETA), and the live view then prints its last frame and
+exits. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran on: the
+``start`` record names the host and pid of its process, and a process that is gone is said so.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,7 +31,13 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.telemetry.console import duration, si
-from bertgpu.telemetry.records import JsonlFollower, drop_superseded_records
+from bertgpu.telemetry.records import (
+    JsonlFollower,
+    describe_end,
+    drop_superseded_records,
+    run_end,
+    run_start,
+)
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -114,6 +127,16 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _max_steps(state: RunState) -> float | None:
+    """``train.max_steps`` of config.toml, else of the start record (a fine-tuning run's steps
+    come from its epochs); None when not set (a budget run)."""
+    steps = _num(_section(state.config, "train").get("max_steps"))
+    if not steps:
+        start = run_start(state.records)
+        steps = _num(start.get("max_steps")) if start is not None else None
+    return steps or None
+
+
 def eta_s(state: RunState) -> float | None:
     """Seconds left: by steps (``train.max_steps`` at the recent step rate) and by budget
     (``train.budget_hours`` minus elapsed), whichever ends the run first."""
@@ -124,7 +147,7 @@ def eta_s(state: RunState) -> float | None:
     step, elapsed = _num(last.get("step")), _num(last.get("elapsed_s"))
     t = _section(state.config, "train")
     left = []
-    max_steps = _num(t.get("max_steps"))
+    max_steps = _max_steps(state)
     recent = [r for r in train[-10:] if _num(r.get("elapsed_s")) is not None]
     if max_steps and step is not None and len(recent) >= 2:
         ds = recent[-1]["step"] - recent[0]["step"]
@@ -137,11 +160,36 @@ def eta_s(state: RunState) -> float | None:
     return min(left) if left else None
 
 
+def _process_gone(pid: int) -> bool:
+    """True when no process ``pid`` exists on this host (one of another user's still counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists; anything else: cannot tell
+        return False
+    return False
+
+
+def ended(state: RunState) -> str | None:
+    """The status of a run that is over: its end record's, or, for a run started on this host
+    whose process is gone without writing one, that; None while it may still be running."""
+    end = run_end(state.records)
+    if end is not None:
+        return describe_end(end, _max_steps(state))
+    start = run_start(state.records)
+    if start is None or start.get("host") != socket.gethostname():
+        return None  # a run of an older version, or of another host: its clock decides
+    pid = start.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and _process_gone(pid):
+        return f"stopped (process {pid} is gone; no end record: killed or crashed)"
+    return None
+
+
 def _status(state: RunState, now: float) -> str:
-    ends = [r for r in state.of_kind("info") if r.get("event") == "end"]
-    last_train = max((r.get("step", 0) for r in state.of_kind("train")), default=0)
-    if ends and ends[-1].get("step", -1) >= last_train:
-        return f"finished ({ends[-1].get('reason', 'end')})"
+    over = ended(state)
+    if over is not None:
+        return over
     updated = state.last_update()
     if updated is None:
         return "waiting for the first record"
@@ -173,14 +221,14 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
     if not train:
         return ["no train records yet"]
     last = train[-1]
-    total = _num(_section(state.config, "train").get("max_steps"))
+    total = _max_steps(state)
     where = f"step {last['step']:,}"
     if total:
         where += f" / {total:,.0f} ({100 * last['step'] / total:.1f}%)"
     parts = [where]
     if _num(last.get("elapsed_s")) is not None:
         parts.append(f"elapsed {duration(last['elapsed_s'])}")
-    eta = eta_s(state)
+    eta = eta_s(state) if ended(state) is None else None  # a run that stopped has none
     if eta is not None:
         parts.append(f"ETA {duration(eta)}")
     if _num(last.get("tokens_seen")) is not None:
@@ -189,9 +237,8 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
     spark_w = max(10, width - 30)
     for key, label, fmt in (("loss", "loss", "{:.4f}"), ("lr", "lr", "{:.2e}")):
         ys = _series(train, key)
-        finite = [y for y in ys if math.isfinite(y)]
-        if finite:
-            lines.append(f"{label:<5} {fmt.format(finite[-1]):>10}  {sparkline(ys, spark_w)}")
+        if ys:  # the last value as logged: nan when the run's last logged step had none
+            lines.append(f"{label:<5} {fmt.format(ys[-1]):>10}  {sparkline(ys, spark_w)}")
     rate = []
     if _num(last.get("tokens_per_s")) is not None:
         per = _num(last.get("tokens_per_s_per_device"))
@@ -287,6 +334,10 @@ def _resolve(folder: Path) -> Path:
     running = folder.with_name(folder.name + ".tmp")
     if (running / "metrics.jsonl").is_file():
         return running  # a fine-tuning run still in progress
+    if (folder / "manifest.json").is_file():
+        raise BertgpuError(f"{folder}: a shard set (manifest.json of bertgpu prepare), not a run "
+                           "folder; expected a run folder (metrics.jsonl) of bertgpu pretrain "
+                           "or finetune")
     if folder.is_dir():
         return folder  # a run that has not written its first record yet
     problem = "is a file" if folder.exists() else "does not exist"
@@ -311,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
     state = RunState(_resolve(args.run_dir))
     console = Console()
     state.poll()
-    if args.once:
+    if args.once or ended(state) is not None:  # a run that is over: its last frame
         console.print(render(state, width=console.width))
         return 0
     from rich.live import Live
@@ -319,9 +370,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         with Live(render(state, width=console.width), console=console, auto_refresh=False,
                   screen=False) as live:
-            while True:
+            while ended(state) is None:  # until the run ends: then its last frame stays
                 time.sleep(args.interval)
                 state.poll()
                 live.update(render(state, width=console.width), refresh=True)
     except KeyboardInterrupt:  # the way to leave a live view: not an error
-        return 0
+        pass
+    return 0

@@ -1,7 +1,9 @@
 """Reading the report's inputs: run folders, fine-tuning and GLUE folders, bench JSONL files.
 
 Also the numbers taken from a run's records (``series``, ``pretrain_summary``): missing keys and
-null (NaN) values are skipped, never read as zeros.
+null (NaN) values are skipped, never read as zeros, except the final train loss, which is the last
+train record's as it was (NaN when that step's loss was not finite: a run that diverged), beside
+how the run ended (its ``end`` record).
 """
 
 from __future__ import annotations
@@ -150,7 +152,29 @@ def _last(records: list[dict[str, Any]], kind: str, key: str) -> float | None:
     return ys[-1] if ys else None
 
 
-def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
+def _final(records: list[dict[str, Any]], kind: str, key: str) -> float | None:
+    """``key`` of the last record of ``kind`` that has it, as it was (NaN for null)."""
+    for r in reversed(records):
+        if r.get("kind") == kind and key in r:
+            v = r[key]
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return None
+
+
+def _ending(records: list[dict[str, Any]]) -> str | None:
+    """How the run ended (its end record), or that it has none yet; None for an empty log."""
+    from bertgpu.telemetry.records import describe_end, run_end, run_start
+
+    end = run_end(records)
+    if end is not None:
+        start = run_start(records)
+        return describe_end(end, num(start.get("max_steps")) if start is not None else None)
+    if any(r.get("kind") in ("train", "eval") for r in records):
+        return "no end record (still running, or killed)"
+    return None
+
+
+def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers of a run's summary table; None where the run did not log them.
 
     Throughput and MFU are means over the logged train intervals. A run that logs ``compile_s``
@@ -171,7 +195,10 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
         compile_s += y - last if y >= last else y  # a drop: a new process after a resume
         last = y
 
-    steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train") if s]
+    # Optimizer steps: the highest step of a train record or of an end record (where it ended).
+    steps = [s for s in (num(r.get("step")) for r in records
+                         if r.get("kind") == "train"
+                         or (r.get("kind") == "info" and r.get("event") == "end")) if s]
     # Checkpoints: how long each kept the training thread (stall_s; background writes: only the
     # host copy and any wait for the previous write) and how long background writes took.
     stalls = series(records, "info", "stall_s")[1]
@@ -182,7 +209,7 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
     return {
         "steps": max(steps) if steps else None,
         "tokens_seen": _last(records, "train", "tokens_seen"),
-        "train_loss": _last(records, "train", "loss"),
+        "train_loss": _final(records, "train", "loss"),
         "val_mlm_loss": _last(records, "eval", "val_mlm_loss"),
         "val_mlm_acc": _last(records, "eval", "val_mlm_acc"),
         "val_nsp_acc": _last(records, "eval", "val_nsp_acc"),
@@ -197,4 +224,5 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
         "checkpoint_stall_s": sum(stalls) / len(stalls) if stalls else None,
         "checkpoint_stall_max_s": max(stalls) if stalls else None,
         "checkpoint_write_s": sum(writes) / len(writes) if writes else None,
+        "ended": _ending(records),
     }

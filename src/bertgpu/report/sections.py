@@ -41,7 +41,8 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-_SUMMARY_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+_SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("ended", "how the run ended", str),
     ("steps", "optimizer steps", lambda v: f"{v:,.0f}"),
     ("tokens_seen", "tokens seen", _fmt_count),
     ("train_loss", "final train loss", lambda v: f"{v:.4f}"),

@@ -68,6 +68,7 @@ CONSOLE_SKIP = {
     "gpu_util_min_pct",
     "rank_compute_s",
     "compile_steps",
+    "error",  # an end record's: the command prints the exception itself
 }
 # Shown only when not zero: a run that compiled nothing need not say so on every line.
 HIDE_ZERO = {"compile_s"}

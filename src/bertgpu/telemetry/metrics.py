@@ -43,6 +43,9 @@ from bertgpu.telemetry.throughput import Throughput
 __all__ = ["MetricsLogger", "Throughput", "device_memory", "gpu_utilisation"]
 
 _GIB = float(1 << 30)
+# Info events for the readers of metrics.jsonl only (`bertgpu watch`: the host and pid of a run),
+# neither printed (the start-up table says it) nor sent to the sinks (no numbers to plot).
+FILE_ONLY_EVENTS = ("start",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,7 +143,8 @@ class MetricsLogger:
       ``elapsed_s``, then the scalars. Non-finite floats are written as ``null``.
     - Console: on a terminal a tqdm bar (ETA from tqdm) whose postfix shows the last train
       scalars; otherwise (a log file, Slurm) one plain line every ``log_every`` train steps with
-      the same fields and an ETA. Eval and info events always print a line.
+      the same fields and an ETA. Eval and info events always print a line, except the
+      ``start`` event (host and pid, for ``bertgpu watch``), which only goes to the file.
     - Sinks (``sinks.Sink``: W&B, MLflow, ...) get every record, on a background thread;
       ``tensorboard`` adds TensorBoard scalars ``KIND/KEY`` under ``RUN_DIR/tensorboard`` when
       the tensorboard package is installed.
@@ -255,6 +259,8 @@ class MetricsLogger:
         if self._file is not None:
             self._file.write(json.dumps(record, allow_nan=False) + "\n")
             self._file.flush()
+        if kind == "info" and record.get("event") in FILE_ONLY_EVENTS:
+            return record
         if self._sinks is not None:
             self._sinks.log(int(step), kind, sink_scalars(record))
             if kind == "train":

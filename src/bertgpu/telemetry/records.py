@@ -1,4 +1,5 @@
-"""JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following.
+"""JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following;
+how a run's records say it started and ended (``run_start``, ``run_end``, ``describe_end``).
 
 Writers append one JSON object per line and flush it, so a reader may see a file that grows while
 it reads, and a run killed mid-write leaves a last line without its newline. Readers here skip
@@ -96,6 +97,54 @@ def drop_superseded_records(records: list[dict[str, Any]]) -> list[dict[str, Any
             last_train = step
         keep.append(rec)
     return keep
+
+
+def _event(record: dict[str, Any]) -> Any:
+    return record.get("event") if record.get("kind") == "info" else None
+
+
+def run_start(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest ``start`` record (the loop writes one per process: host, pid, world_size,
+    max_steps); None for runs of older versions, which wrote none."""
+    return next((r for r in reversed(records) if _event(r) == "start"), None)
+
+
+def run_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``end`` record that closed the run as it stands: the newest one, unless a ``start``
+    (a resumed run) or a train record of a later step (a resume by an older version) came after
+    it. None while the run goes on, or when it was killed before it could write one."""
+    end = None
+    for r in records:
+        event = _event(r)
+        if event == "end":
+            end = r
+        elif event == "start" or (end is not None and r.get("kind") == "train"
+                                  and _step(r) > _step(end)):
+            end = None
+    return end
+
+
+def _step(record: dict[str, Any]) -> int:
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
+
+
+def describe_end(end: dict[str, Any], max_steps: float | None = None) -> str:
+    """How an ``end`` record says the run ended, e.g. ``finished (max_steps)``, ``stopped
+    (diverged at step 6)``, ``stopped (preempted at step 9 of 30; re-run the same command to
+    resume)``."""
+    reason, step = end.get("reason"), _step(end)
+    at = f"at step {step}" if step >= 0 else "at an unknown step"
+    if reason == "preempted":
+        of = f" of {max_steps:.0f}" if max_steps else ""
+        return f"stopped (preempted {at}{of}; re-run the same command to resume)"
+    if reason == "diverged":
+        return f"stopped (diverged {at})"
+    if reason == "error":
+        error = end.get("error")
+        detail = f": {error[:200]}" if isinstance(error, str) and error else ""
+        return f"stopped (error {at}{detail})"
+    return f"finished ({reason})" if isinstance(reason, str) else "finished"
 
 
 class JsonlFollower:

@@ -29,10 +29,19 @@ evaluate / checkpoint; everything that must be exactly right in one optimizer st
 the loop (optimizer, DDP, compile: `build_engine`); the checkpoint to resume from, agreed by every
 rank, comes from `checkpoint.load_resume`. The loop takes the config sections as they are
 (`[train]`, `[schedule]`, `[checkpoint]`, `[distributed]`, `[logging]`).
+
+What readers of metrics.jsonl (`bertgpu watch`, `bertgpu report`) learn of a run's life: an
+`info` record `event: start` (host, pid, world_size, max_steps) when `run()` begins, and one
+`event: end` however it stops: reason max_steps, budget or preempted, or, for an exception leaving
+the loop (raised as it was), "diverged" (`TrainingDiverged`) or "error" with its message. Before
+it the newest step gets its train record whatever the log cadence (except after an "error": its
+numbers may still be on a device in trouble).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +61,7 @@ from bertgpu.errors import BertgpuError
 from bertgpu.testing import faults
 from bertgpu.train import distributed
 from bertgpu.train.balance import RankTimes, shares_for, speeds_of, straggler_fields
-from bertgpu.train.engine import Engine, StepResult
+from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
@@ -93,6 +102,13 @@ class _Window:
         self.loss_sum = self.loss_n = 0.0  # training loss since the last evaluation, by sequences
         self.unread: tuple[StepResult, int] | None = None  # the newest step's, read one step late
         self.evaluated_at: int | None = None
+        self.last: StepResult | None = None  # the newest completed step's
+        self.logged_at: int | None = None  # the step of the newest train record
+
+    def unlogged(self) -> StepResult | None:
+        """The newest completed step when it has no train record yet (however the run ends,
+        its last steps are logged)."""
+        return self.last if self.last is not None and self.last.step != self.logged_at else None
 
     def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
         self.window_s += data_s + step_s
@@ -181,6 +197,7 @@ class Loop:
         self.resumed_from: Path | None = None
         # The result being built while `run()` lasts (a task may read its clocks), then returned.
         self.result: LoopResult | None = None
+        self._window: _Window | None = None  # the log window while `run()` lasts
         from bertgpu.train.checkpointer import make_checkpointer
 
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
@@ -212,9 +229,16 @@ class Loop:
             self.run_dir, self.info.is_main, self.logging, self.config, device=self.engine.device,
             total_steps=self.max_steps or None, log_every=self.train.log_every_steps,
             initial_step=self.engine.step, elapsed_offset_s=self.elapsed_offset)
+        # Where the run lives, so that `bertgpu watch` on this host can tell a run that was
+        # killed (no end record, its process gone) from one that is busy.
+        logger.log(self.engine.step, "info", event="start", host=socket.gethostname(),
+                   pid=os.getpid(), world_size=self.world, max_steps=self.max_steps or None)
         self.preemption.install()
         try:
             return self._run(logger)
+        except BaseException as e:  # noqa: BLE001 - recorded, then raised as it was
+            self._log_failure(logger, e)
+            raise
         finally:
             self.checkpoints.settle(self.engine.step + 1)  # an error: let a write in flight end
             logger.close()
@@ -223,7 +247,7 @@ class Loop:
 
     def _run(self, logger: Any) -> LoopResult:
         result = self.result = LoopResult(step=self.engine.step)
-        w = _Window(self.world, self.info.rank, self.train.log_every_steps)
+        w = self._window = _Window(self.world, self.info.rank, self.train.log_every_steps)
         self._last_ckpt = time.monotonic()
         try:
             self._steps(logger, result, w)
@@ -248,7 +272,7 @@ class Loop:
                 result.stop_reason = "budget"
                 break
             self._log_written(logger, self.checkpoints.poll())
-            res = self._train_step(w, result)
+            res = w.last = self._train_step(w, result)
             step = self.engine.step
             if res.signals.get("checkpoint_failed", 0.0) > 0:  # a background write, on some rank
                 raise self.checkpoints.failure()
@@ -307,11 +331,14 @@ class Loop:
         w.add_loss(res, sequences)
         return res
 
-    def _log_train(self, logger: Any, res: StepResult, w: _Window) -> None:
+    def _log_train(self, logger: Any, res: StepResult, w: _Window, gather: bool = True) -> None:
+        """The train record of step `res.step`; collective with several ranks unless `gather`
+        is False (then without the straggler fields: after an error, the others may be gone)."""
         from bertgpu.telemetry import metrics
 
         rates = w.throughput.rates()
-        stragglers = straggler_fields(w.log_times.gather()[0]) if self.world > 1 else {}
+        stragglers = (straggler_fields(w.log_times.gather()[0])
+                      if self.world > 1 and gather else {})
         logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
                    grad_norm=res.grad_norm, **rates, **w.throughput.compile_fields(),
                    mfu=self._mfu(rates["tokens_per_s"]) if rates else None,
@@ -319,6 +346,7 @@ class Loop:
                    comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
                    tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
                    **stragglers, **metrics.device_memory(self.engine.device))
+        w.logged_at = res.step
         w.window_s = w.data_s = w.comm_s = 0.0
 
     def _rebalance(self, logger: Any, w: _Window) -> None:
@@ -350,8 +378,12 @@ class Loop:
 
     def _finish(self, logger: Any, result: LoopResult, w: _Window) -> LoopResult:
         """End of training (steps, budget, or preemption): evaluate, checkpoint, export; when
-        preempted, the preemption checkpoint if it fits in the grace (train/preemption.py)."""
+        preempted, the preemption checkpoint if it fits in the grace (train/preemption.py).
+        The last steps not logged yet get their train record first, however the run ended."""
         step = result.step = self.engine.step
+        last = w.unlogged()
+        if last is not None:  # the same on every rank: the steps agree
+            self._log_train(logger, last, w)
         if not result.preempted and w.evaluated_at != step:
             try:
                 result.last_eval = self._evaluate(logger, step, w.train_loss())
@@ -374,6 +406,33 @@ class Loop:
         distributed.barrier()
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
+
+    def _log_failure(self, logger: Any, error: BaseException) -> None:
+        """An exception leaving the loop (divergence, a failed write, a crash in the task): an
+        `end` record with reason "diverged" or "error" and the message, so that readers of
+        metrics.jsonl see that the run stopped; after a divergence the newest step's train record
+        first if it had none (its loss as it was). Best effort, on rank 0 alone and without
+        collectives: a failure here must not replace `error`."""
+        diverged = isinstance(error, TrainingDiverged)
+        w = self._window
+        # Only after a divergence: the steps' numbers are on the host then (the engine read them
+        # to decide), whereas after another error a wait on the device might never end.
+        if diverged and w is not None and self.info.is_main:
+            try:
+                last = w.unlogged()
+                if last is not None:
+                    self._log_train(logger, last, w, gather=False)
+            except Exception:  # noqa: BLE001 - e.g. reading a step that diverged too
+                pass
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if not isinstance(error, BertgpuError):
+            text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        try:
+            logger.log(self.engine.step, "info", event="end",
+                       reason="diverged" if diverged else "error", error=text[:500],
+                       world_size=self.world)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _evaluate(self, logger: Any, step: int, train_loss: float | None) -> dict[str, Any]:
         """The task's evaluation, cut short by a stop signal (then Preempted, on every rank)."""
