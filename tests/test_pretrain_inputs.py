@@ -13,6 +13,7 @@ from _shards import write_synthetic_shards
 
 from bertgpu import cli, pretrain
 from bertgpu.errors import BertgpuError
+from bertgpu.train import run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -107,12 +108,12 @@ def test_check_device_with_gpus(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     for ok in ("auto", "cpu", "cuda", "cuda:0", "cuda:1"):
-        pretrain.check_device(ok)
+        run_folder.check_device(ok)
     with pytest.raises(BertgpuError, match=r"^config: impl.device = 'cuda:2': 2 GPUs are visible; "
                                            r"expected cuda:N with N in \[0, 2\), or cuda$"):
-        pretrain.check_device("cuda:2")
+        run_folder.check_device("cuda:2")
     with pytest.raises(BertgpuError, match=r"impl.device = 'mps': .* expected auto or cpu or cuda"):
-        pretrain.check_device("mps")
+        run_folder.check_device("mps")
 
 
 # 2. the recipe wherever it stands -------------------------------------------------------------
@@ -199,17 +200,17 @@ def test_a_non_empty_out_that_is_not_a_run_is_refused_before_any_work(
 
 
 def test_check_run_folder_takes_new_empty_and_run_folders(tmp_path: Path) -> None:
-    pretrain.check_run_folder(tmp_path / "new")
+    run_folder.check_run_folder(tmp_path / "new")
     (tmp_path / "empty").mkdir()
-    pretrain.check_run_folder(tmp_path / "empty")
-    for mark in pretrain.RUN_FILES:
+    run_folder.check_run_folder(tmp_path / "empty")
+    for mark in run_folder.RUN_FILES:
         run = tmp_path / f"run_{mark}"
         run.mkdir()
         (run / mark).write_text("")
-        pretrain.check_run_folder(run)
+        run_folder.check_run_folder(run)
         (run / "results.json").write_text("{}")  # a fine-tuning's output is not a run
         with pytest.raises(BertgpuError, match="not a pretraining run"):
-            pretrain.check_run_folder(run)
+            run_folder.check_run_folder(run)
 
 
 # 5. resuming with other settings: said, and the earlier config kept ---------------------------
@@ -242,12 +243,12 @@ def test_a_resume_with_the_same_settings_keeps_no_copy_and_a_second_change_keeps
     first, second, third = ("seed = 0\n[optim]\nlr = 0.001\n", "seed = 0\n[optim]\nlr = 0.002\n",
                             "seed = 0\n[optim]\nlr = 0.003\n")
     (run / "config.toml").write_text(first)
-    pretrain.keep_config_history(run, first, 5)
+    run_folder.keep_config_history(run, first, 5)
     assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
     assert capsys.readouterr().out == ""
     # resumed at step 5 with lr 0.002, stopped before step 6's checkpoint, resumed with 0.003
     for after in (second, third):
-        pretrain.keep_config_history(run, after, 5)
+        run_folder.keep_config_history(run, after, 5)
         (run / "config.toml").write_text(after)
     assert (run / "config.step_5.toml").read_text() == first
     assert (run / "config.step_5.2.toml").read_text() == second

@@ -41,6 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.train.run_folder import (
+    check_device,
+    check_run_folder,
+    check_same_model,
+    keep_config_history,
+)
 
 ACCEPTS_OVERRIDES = True
 LAUNCHES_WORKERS = True
@@ -115,12 +121,6 @@ def _config(args: argparse.Namespace) -> Any:
     return schema.load_config(args.recipe, [*words, *args.overrides])
 
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
-"""What an earlier `bertgpu pretrain` leaves in its run folder; a non-empty --out holds one."""
-OTHER_OUTPUTS = ("manifest.json", "results.json")
-"""A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
-
-
 def check_config(cfg: Any) -> None:
     """What the config alone can refuse, before a process group, a shard or a model is made:
     data.dir and out given, out a new folder or a run folder to resume, impl.device on this
@@ -135,48 +135,6 @@ def check_config(cfg: Any) -> None:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
     check_run_folder(Path(cfg.out))
     check_device(cfg.impl.device)
-
-
-def check_run_folder(run_dir: Path) -> None:
-    """`run_dir` does not exist, is empty, or is a run folder of an earlier pretrain (RUN_FILES):
-    a run never writes its checkpoints, export and tokenizer among a user's files or into a
-    shard set."""
-    from bertgpu.fsutil import check_output_folder
-
-    check_output_folder(run_dir, "a run folder")
-    if not run_dir.is_dir():
-        return
-    names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir())
-    found = {n.rstrip("/") for n in names}
-    if not names or (found & set(RUN_FILES) and not found & set(OTHER_OUTPUTS)):
-        return
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    raise BertgpuError(f"{run_dir}: a folder that is not a pretraining run (it holds {shown}); "
-                       "expected a new or empty folder, or a run folder to resume (config.toml, "
-                       "metrics.jsonl, checkpoints/)")
-
-
-def check_device(device: str) -> None:
-    """impl.device is one this machine has: CUDA visible (and cuda:N in range), MPS built in."""
-    if device in ("auto", "cpu"):
-        return
-    import torch
-
-    cuda = torch.cuda.is_available()
-    others = "auto or cpu" + (" or cuda" if cuda else "")
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            raise BertgpuError(f"config: impl.device = 'mps': PyTorch has no MPS device on this "
-                               f"machine; expected {others}")
-        return
-    if not cuda:
-        raise BertgpuError(f"config: impl.device = {device!r}: no CUDA device is visible to this "
-                           f"process; expected {others}")
-    count, index = torch.cuda.device_count(), device.partition(":")[2]
-    if index and int(index) >= count:
-        raise BertgpuError(f"config: impl.device = {device!r}: {count} GPU"
-                           f"{'s are' if count > 1 else ' is'} visible; expected cuda:N with N in "
-                           f"[0, {count}), or cuda")
 
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
@@ -399,87 +357,6 @@ def _warn_untrained_rows(vocab_size: int, data: Any) -> None:
                       f"{vocab_size - have:,} other rows are never trained; set "
                       f"model.vocab_size {have} (the tokenizer's size) to drop them",
                       stacklevel=2)
-
-
-def keep_config_history(run_dir: Path, text: str, step: int) -> None:
-    """A run resumed at `step` with other settings (lr, global batch, schedule: what may
-    change) says which in one line, and keeps the run's config.toml of the steps before as
-    `config.step_N.toml` (N = `step`; `config.step_N.2.toml`, ... when the run resumes at N
-    again with other settings) before `text` replaces it: the run folder keeps the settings of
-    every stretch of steps."""
-    from bertgpu.config.overrides import read_toml, tomllib
-
-    path = run_dir / "config.toml"
-    if not path.is_file():
-        return
-    try:
-        before: dict[str, Any] | None = _flat(read_toml(path))
-    except BertgpuError:  # unreadable: kept aside all the same
-        before = None
-    after = _flat(tomllib.loads(text))
-    if before is None:
-        changed = ["(the run's config.toml could not be read)"]
-    else:
-        changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
-                   for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)]
-    if not changed:
-        return
-    earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
-    while aside.exists() and aside.read_bytes() != earlier:  # resumed at `step` before
-        k += 1
-        aside = run_dir / f"config.step_{step}.{k}.toml"
-    if not aside.exists():
-        tmp = aside.with_name(aside.name + ".tmp")
-        tmp.write_bytes(earlier)
-        os.replace(tmp, aside)
-    print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
-          f"(the earlier config.toml is kept as {aside.name})", flush=True)
-
-
-def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A parsed TOML file as dotted keys: {"optim.lr": 0.001, ...}."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return ",".join(map(_shown, value))
-    return str(value)
-
-
-def _may_change_on_resume(key: str) -> bool:
-    """[model] keys a resumed run may change: dropout rates, and the initialisation (which a
-    resumed run does not use). Every other key shapes the weights or what they compute."""
-    return "dropout" in key or key.startswith("initializer")
-
-
-def check_same_model(checkpoint: Path, model_fields: dict[str, Any]) -> None:
-    """Refuse to resume from `checkpoint` with another model: its config.toml's [model] against
-    this run's, every key but dropout and initialisation. Other head counts keep every weight's
-    shape, so comparing the weights would miss them."""
-    from bertgpu.config import overrides, schema
-
-    path = checkpoint / "config.toml"
-    if not path.is_file():
-        return
-    saved = overrides.config_to_dict(schema.load_config(str(path), []).model)  # as read here
-    keys = sorted(set(saved) | set(model_fields))
-    differ = [k for k in keys if not _may_change_on_resume(k)
-              and saved.get(k) != model_fields.get(k)]
-    if differ:
-        diffs = ", ".join(f"{k} {saved.get(k)} there, {model_fields.get(k)} here" for k in differ)
-        raise BertgpuError(
-            f"{checkpoint}: the run resumes from this checkpoint, whose model differs from the "
-            f"config's ({diffs}); resume with the run's [model] settings ({path}), or give "
-            "another --out for a new run")
 
 
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
