@@ -164,3 +164,24 @@ def test_training_twice_gives_byte_identical_folders(tmp_path):
     singles = [t for t in vocab[5:] if len(t) == 1]
     assert len(singles) == 60  # limit_alphabet holds, ties at the cut broken the same way each time
     assert not (first.parent / "a.tmp").exists()
+
+
+def test_words_that_encode_as_unk_are_left_out_of_training(tmp_path):
+    """A run of letters longer than 100 characters (a base64 blob, a DNA string) is one word that
+    encodes as [UNK] whatever the vocabulary; the WordPiece trainer's time grows with the square
+    of its length (300 kB: 108 s, for pieces nothing uses). Training leaves such words out, so
+    the vocabulary is the one of the corpus without them; a long line of Chinese, split per
+    character, is kept."""
+    corpus = tokenizer_corpus(tmp_path / "corpus")
+    blob = tmp_path / "blob.txt"
+    blob.write_text(corpus.read_text(encoding="utf-8") + "\n\n" + "xq" * 15_000 + "\n"
+                    + "a" * 101 + " and " + "7" * 200 + "\n", encoding="utf-8")
+    plain = train_tokenizer([corpus], tmp_path / "plain", vocab_size=600, min_frequency=1)
+    with_blob = train_tokenizer([blob], tmp_path / "blob", vocab_size=600, min_frequency=1)
+    assert (plain / "vocab.txt").read_bytes() == (with_blob / "vocab.txt").read_bytes()
+    assert load_tokenizer(with_blob).encode("xq" * 60).tokens == ["[CLS]", "[UNK]", "[SEP]"]
+    zh = tmp_path / "zh.txt"
+    zh.write_text("天地玄黄宇宙洪荒" * 40 + "\n", encoding="utf-8")
+    vocab = (train_tokenizer([zh], tmp_path / "zh", vocab_size=100, min_frequency=1)
+             / "vocab.txt").read_text(encoding="utf-8").split()
+    assert set("天地玄黄宇宙洪荒") <= set(vocab)

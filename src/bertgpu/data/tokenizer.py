@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import warnings
@@ -55,6 +56,32 @@ from bertgpu.fsutil import (
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+MAX_WORD_CHARS = 100
+"""A longer word encodes as [UNK] (BERT's max_input_chars_per_word)."""
+# CJK ideographs, which BERT's pre-tokenizer splits one by one (its _is_chinese_char ranges).
+_CJK = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002b73f"
+        "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\U0002f800-\U0002fa1f")
+_LONG_WORD = re.compile(rf"(?:(?![{_CJK}])[^\W_]){{{MAX_WORD_CHARS + 1},}}")
+
+
+def _without_unknown_words(text: str) -> str:
+    """`text` without its runs of letters and digits (CJK aside) longer than MAX_WORD_CHARS.
+
+    Such a run lies inside one word of BERT's pre-tokenizer (letters and digits are neither
+    whitespace nor punctuation), a word that encodes as [UNK] whatever the vocabulary; the
+    WordPiece trainer's time grows with the square of a word's length (one base64 blob or DNA
+    string of 300 kB took it 108 s), for pieces no encoding uses. Only the lines with a longer
+    whitespace-free stretch than that are touched (found by str.split, at C speed)."""
+    words = text.split()
+    if not words or max(map(len, words)) <= MAX_WORD_CHARS:
+        return text
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        parts = line.split()
+        if parts and max(map(len, parts)) > MAX_WORD_CHARS:
+            lines[i] = " ".join(_LONG_WORD.sub(" ", w) if len(w) > MAX_WORD_CHARS else w
+                                for w in parts)
+    return "\n".join(lines)
 _SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token",
                  "mask": "mask_token"}
 _DEFAULT_SPECIAL = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
@@ -117,11 +144,16 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     chars: Counter[str] = Counter()
     for batch in batches:
         joined = "\n".join(batch)
-        copy.write(joined + "\n")
         # The normaliser works character by character, so one call per batch equals one per line.
         text = tokenizer.normalizer.normalize_str(joined)
+        words = text.split()  # whitespace first (fast), punctuation per distinct chunk below
+        if words and max(map(len, words)) > MAX_WORD_CHARS:  # rare: a word that can only be [UNK]
+            joined = _without_unknown_words(joined)
+            text = tokenizer.normalizer.normalize_str(joined)
+            words = text.split()
+        copy.write(joined + "\n")
         chars.update(text)
-        chunks.update(text.split())  # whitespace first (fast), punctuation per distinct chunk below
+        chunks.update(words)
     in_words: set[str] = set()
     inside: set[str] = set()
     for chunk in chunks:
@@ -225,7 +257,7 @@ def _train(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: 
     from tokenizers import Tokenizer, models, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
-                                     max_input_chars_per_word=100))
+                                     max_input_chars_per_word=MAX_WORD_CHARS))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
     with open(copy_path, "w", encoding="utf-8") as copy:
         alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy)
@@ -253,7 +285,7 @@ def _without_added_pieces(trained, lowercase: bool, strip_accents: bool | None):
 
     vocab = trained.get_vocab(with_added_tokens=True)
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
-                                     max_input_chars_per_word=100))
+                                     max_input_chars_per_word=MAX_WORD_CHARS))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
     tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     return tok
@@ -393,7 +425,8 @@ def load_tokenizer(folder: str | os.PathLike):
         raise BertgpuError(f"{folder / 'vocab.txt'}: special tokens {missing} missing; expected "
                            "them in the vocabulary")
     tok = Tokenizer(models.WordPiece(vocab, unk_token=specials["unk"],
-                                     continuing_subword_prefix="##", max_input_chars_per_word=100))
+                                     continuing_subword_prefix="##",
+                                     max_input_chars_per_word=MAX_WORD_CHARS))
     config = _read_config(folder)
     lowercase = is_lowercase(folder)
     strip = config.get("strip_accents")
