@@ -341,3 +341,18 @@ def test_constant_stsb_dev_scores_are_named_undefined(tmp_path):
     same = [Example(str(i), "good", "bad", 2.0) for i in range(3)]
     with pytest.warns(UserWarning, match="GLUE STS-B dev split: every score is 2; Pearson"):
         examples_job(get_task("stsb"), same, [("dev", same)], tok, load_finetune_config(), "x")
+
+
+def test_an_earlier_fine_tuning_at_out_is_named_before_it_is_replaced(tmp_path):
+    """`finetune cola --out ow` after `finetune sst2 --out ow` replaced the SST-2 results without
+    a word; it still replaces them (an earlier output of the same command), and says so first."""
+    init = bert_init(tmp_path)
+    out = tmp_path / "ow"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message=".*initialised fresh")
+        finetune("sst2", GLUE, init, out, overrides=QUICK)
+    with pytest.warns(UserWarning, match=rf"ow: holds an earlier fine-tuning \(SST-2 from {init}\);"
+                                         r" this run of CoLA replaces it when it ends"):
+        finetune("cola", GLUE, init, out, overrides=QUICK)
+    assert json.loads((out / "results.json").read_text())["task"] == "CoLA"

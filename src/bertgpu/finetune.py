@@ -203,6 +203,8 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
                            "config": config_to_dict(cfg), "world_size": info.world_size},
                           sort_keys=True)
+    if info.is_main:
+        _note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")
     try:
         loop, task = _build_loop(job, model, cfg, info, pad_id, work, tok_dir, identity, init,
@@ -222,6 +224,23 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                                  out, info, timing, seq[0])
     distributed.barrier()
     return results
+
+
+def _note_replaced(out: Path, task: str) -> None:
+    """An --out that holds an earlier fine-tuning is replaced when this run ends: say so at the
+    start, naming what is there (a re-run of the same task, or another task's results)."""
+    import warnings
+
+    path = out / "results.json"
+    if not path.is_file():
+        return
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        what = f"{earlier.get('task')} from {earlier.get('init')}"
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        what = "its results.json is unreadable"
+    warnings.warn(f"{out}: holds an earlier fine-tuning ({what}); this run of {task} replaces it "
+                  "when it ends", stacklevel=2)
 
 
 def _discard_unresumable(work: Path, out: Path) -> None:
