@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import warnings
 from pathlib import Path
@@ -231,15 +232,17 @@ def test_label_names_are_the_tasks_never_the_inits(tmp_path):
     assert cfg["id2label"] == {"0": "LABEL_0"} and cfg["problem_type"] == "regression"
 
 
-def test_a_head_of_another_size_is_initialised_fresh_the_encoder_checked(tmp_path):
+def test_a_head_of_another_size_is_initialised_fresh_the_encoder_checked(tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 
     init = bert_init(tmp_path)
     mnli = task_model(init, tmp_path / "mnli", ["entailment", "neutral", "contradiction"])
-    with pytest.warns(UserWarning, match=r"initialised fresh: classifier\.bias, classifier\.weight "
-                                         r"\(the checkpoint's are another task's head: "
-                                         r"classifier\.bias \(3,\) \(model \(2,\)\)"):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*initialised fresh")
         res = finetune("rte", GLUE, mnli, tmp_path / "rte", overrides=QUICK)
+    assert re.search(r"initialised fresh +classifier\.bias, classifier\.weight \(the "
+                     r"checkpoint's are another task's head: classifier\.bias \(3,\) "
+                     r"\(model \(2,\)\)", capsys.readouterr().out)
     assert res["steps"] >= 1
     # The encoder is still checked strictly.
     weights = load_file(mnli / "model.safetensors")

@@ -121,12 +121,25 @@ def test_load_hf_qa(tmp_path):
     assert_grads_match(ours, hf)
 
 
-def test_pretraining_checkpoint_into_classifier_warns_about_fresh_head(tmp_path):
+def test_pretraining_checkpoint_into_classifier_names_the_fresh_head(tmp_path):
+    """A fine-tuning head the checkpoint lacks is listed in `load_report` (the caller's start-up
+    row), not warned about: fine-tuning always starts it fresh. Any other weight missing is a
+    warning, naming them all."""
     hf_model(transformers.BertForPreTraining).save_pretrained(tmp_path)
-    with pytest.warns(UserWarning, match="classifier.weight") as rec:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         m = load_pretrained(tmp_path, head="classification", num_labels=4)
-    assert "pooler" not in str(rec[0].message)  # the pooler came from the checkpoint
+    # the pooler came from the checkpoint
+    assert m.load_report.missing == ["classifier.bias", "classifier.weight"]
     assert m.classifier.out_features == 4
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["bert.encoder.layer.0.output.LayerNorm.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"3 weights .*: bert\.encoder\.layer\.0\.output\.LayerNorm"
+                                         r"\.weight, classifier\.bias, classifier\.weight$"):
+        load_pretrained(tmp_path, head="classification", num_labels=4)
 
 
 # --- ours -> transformers -----------------------------------------------------------------------
@@ -244,8 +257,8 @@ def test_all_minilm_matches_transformers():
     torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.pooler_output, r.pooler_output, atol=1e-5, rtol=1e-4)
 
-    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight"):
-        clf = load_pretrained(folder, head="classification", num_labels=2).eval()
+    clf = load_pretrained(folder, head="classification", num_labels=2).eval()
+    assert clf.load_report.missing == ["classifier.bias", "classifier.weight"]
     with torch.no_grad():
         torch.testing.assert_close(clf.bert(**args).last_hidden_state, r.last_hidden_state,
                                    atol=1e-5, rtol=1e-4)
@@ -437,8 +450,8 @@ def test_hf_modernbert_folder_fine_tunes(tmp_path):
     then a few optimizer steps of fine-tuning."""
     hf = hf_modern("ModernBertForMaskedLM")
     hf.save_pretrained(tmp_path)
-    with pytest.warns(UserWarning, match=r"2 weights .*: classifier\.bias, classifier\.weight$"):
-        model = load_pretrained(tmp_path, head="classification", num_labels=2)
+    model = load_pretrained(tmp_path, head="classification", num_labels=2)
+    assert model.load_report.missing == ["classifier.bias", "classifier.weight"]
     torch.testing.assert_close(model.head.dense.weight, hf.head.dense.weight)
     b = tiny_batch(5)
     labels = torch.tensor([1, 0, 1])
@@ -452,10 +465,10 @@ def test_hf_modernbert_folder_fine_tunes(tmp_path):
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
         opt.step()
     assert losses[-1] < losses[0]
-    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight$"):
-        qa = load_pretrained(tmp_path, head="qa")  # the other task heads load the same way
-    with pytest.warns(UserWarning, match=r"classifier\.bias, classifier\.weight$"):
-        tc = load_pretrained(tmp_path, head="token_classification", num_labels=4)
+    qa = load_pretrained(tmp_path, head="qa")  # the other task heads load the same way
+    tc = load_pretrained(tmp_path, head="token_classification", num_labels=4)
+    for m in (qa, tc):
+        assert m.load_report.missing == ["classifier.bias", "classifier.weight"]
     assert qa.classifier.out_features == 2 and tc.classifier.out_features == 4
 
 

@@ -347,9 +347,13 @@ def test_every_way_the_loop_ends_logs_its_last_step(tmp_path):
         assert recs.index(train[-1]) < recs.index(end)
         return [r["step"] for r in train], end
 
-    lp, _, _ = make_loop(tmp_path / "steps", max_steps=5, log_every=4)
+    lp, _, _ = make_loop(tmp_path / "steps", max_steps=5, log_every=4, final_checkpoint=True)
     lp.run()
     assert ends(tmp_path / "steps")[0] == [4, 5]
+    # A finished run's end record is its last: after the final checkpoint and the export (it
+    # came before them, so `watch` said "finished" while the checkpoint was being written).
+    recs = read_metrics(tmp_path / "steps" / "metrics.jsonl")
+    assert recs[-1].get("event") == "end" and any(r.get("event") == "checkpoint" for r in recs)
 
     lp, _, _ = make_loop(tmp_path / "budget", max_steps=0, budget_hours=1e-9, log_every=100)
     res = lp.run()

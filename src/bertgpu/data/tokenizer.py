@@ -56,6 +56,9 @@ from bertgpu.fsutil import (
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+VOCAB_SHORTFALL_WARN = 0.75
+"""A vocabulary under this share of --vocab-size is a warning (the summary line gives the size
+in every case: a corpus often gives a few percent fewer pieces than asked)."""
 MAX_WORD_CHARS = 100
 """A longer word encodes as [UNK] (BERT's max_input_chars_per_word)."""
 # CJK ideographs, which BERT's pre-tokenizer splits one by one (its _is_chinese_char ranges).
@@ -223,7 +226,7 @@ def train_tokenizer(
             raise BertgpuError("no documents read from the corpus; expected text to train on")
         (tmp / "corpus.txt").unlink()
         got = tok.get_vocab_size(with_added_tokens=True)
-        if got < vocab_size:
+        if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
             warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
                           f"(pieces seen at least --min-frequency {min_frequency} times); expected "
                           "a larger or more varied corpus, or a smaller --vocab-size", stacklevel=2)

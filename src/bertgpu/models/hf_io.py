@@ -280,9 +280,15 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
     pooler = any(k.startswith(("pooler.", "bert.pooler.")) for k in sd)
     model = build_model(cfg, head, num_labels, with_nsp, add_pooling_layer=pooler)
     report = _copy_weights(model, sd, folder, fresh_task_outputs=num_labels is not None)
-    if report.missing:
+    model.load_report = report  # what a caller lists at start-up (fine-tuning: the fresh head)
+    if report.missing and not (head in FINETUNE_HEADS and report.only_task_head()):
         warnings.warn(report.missing_text(), stacklevel=2)
     return model
+
+
+FINETUNE_HEADS = ("classification", "qa", "token_classification")
+"""Heads whose own layers (and BERT's pooler, which pretraining without NSP does not train) a
+pretrained model lacks by nature: fresh ones are listed by the caller, not warned about."""
 
 
 @dataclasses.dataclass
@@ -298,6 +304,18 @@ class LoadReport:
     replaced: list[str] = dataclasses.field(default_factory=list)
     """"name (checkpoint shape) (model shape)" of another task's output layer, left out (its
     weights are among `missing`)."""
+
+    def only_task_head(self) -> bool:
+        """Every fresh weight belongs to the task's head or the pooler: what fine-tuning a
+        pretrained model always initialises."""
+        return all(k.startswith(_HEAD_PREFIXES) or ".pooler." in k or k.startswith("pooler.")
+                   for k in self.missing)
+
+    def fresh_text(self) -> str:
+        """The fresh weights for a start-up row: names, and another task's head if replaced."""
+        other = (f" (the checkpoint's are another task's head: {_names(self.replaced)})"
+                 if self.replaced else "")
+        return f"{_names(self.missing)}{other}"
 
     def missing_text(self) -> str:
         other = (f" (the checkpoint's are another task's head: {_names(self.replaced)})"

@@ -394,15 +394,19 @@ class Loop:
         if lo != hi:
             raise BertgpuError(f"ranks stopped at different steps ({lo}..{hi}); please "
                                "report this bug")
-        logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
-                   rank_step_min=lo, rank_step_max=hi)
-        if result.preempted:
+        def end() -> None:
+            logger.log(step, "info", event="end", reason=result.stop_reason,
+                       world_size=self.world, rank_step_min=lo, rank_step_max=hi)
+
+        if result.preempted:  # first: the grace may end the process inside `stop`
+            end()
             result.exit_status = self.preemption.stop(self, logger)
-        else:
+        else:  # last: "finished" once the final checkpoint and the export are written
             self._log_written(logger, self.checkpoints.wait())
             if self.final_checkpoint and self.saved_step != step:
                 self.save(logger)
             self._export(result, step)
+            end()
         distributed.barrier()
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
