@@ -349,7 +349,9 @@ def split_summary(manifest: dict[str, Any]) -> str:
     if unit == "chunk":
         n = manifest["counts"]["documents"]
         return (f"{text}; split by chunks of documents: {manifest['cut_documents']} of {n} "
-                "documents have chunks on both sides (too few documents to hold out whole ones)")
+                "documents have chunks on both sides (a document larger than the split unit, "
+                "a small share of the validation target, is held out in chunks so that the "
+                "share stays near the one asked)")
     return f"{text}; split by whole documents"
 
 
