@@ -318,3 +318,15 @@ def test_a_run_that_diverged_or_stopped_says_so(tmp_path, run_dir):
         "stopped (preempted at step 9 of 30; re-run the same command to resume)",
         "no end record (still running, or killed)", "finished"]
     assert rows["optimizer steps"][:2] == ["6", "9"]  # the end record's step counts
+
+
+def test_a_run_resumed_with_other_settings_says_which_settings_are_shown(tmp_path, run_dir):
+    """config.toml holds only the latest settings of a run resumed with changed ones (the
+    earlier are kept as config.step_N.toml): the report said "global batch 8" for the whole
+    run; it now says which stretch that is and where the earlier settings are."""
+    (run_dir / "config.step_2.toml").write_text("[train]\nglobal_batch_size = 4\n")
+    (run_dir / "config.step_2.2.toml").write_text("[train]\nglobal_batch_size = 2\n")
+    md = (build_report([run_dir], tmp_path / "rep") / "README.md").read_text()
+    assert ("global batch 8, fp32 (settings of the latest stretch: the run resumed with other "
+            "settings at step 2, 2; the earlier ones are in config.step_2.toml, "
+            "config.step_2.2.toml)") in md

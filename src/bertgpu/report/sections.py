@@ -105,10 +105,26 @@ def _has_multi_device(run: Source) -> bool:
 # --- Sections --------------------------------------------------------------------------------
 
 
+def _earlier_configs(run_dir: Path) -> list[tuple[int, str]]:
+    """(step, file name) of the config.step_N.toml files a resume with changed settings kept,
+    by step: config.toml holds only the latest settings."""
+    found = []
+    for path in Path(run_dir).glob("config.step_*.toml"):
+        parts = path.name.removeprefix("config.step_").removesuffix(".toml").split(".")
+        if all(p.isdigit() for p in parts) and len(parts) in (1, 2):  # N, or N.K: again at N
+            found.append((int(parts[0]), int(parts[1]) if len(parts) == 2 else 1, path.name))
+    return [(step, name) for step, _, name in sorted(found)]
+
+
 def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
     blocks: list[Block] = [("h2", "Pretraining")]
     for run in runs:
         line = _model_line(run.data["config"])
+        earlier = _earlier_configs(run.path)
+        if line and earlier:  # the settings shown are the latest stretch's
+            line += (f" (settings of the latest stretch: the run resumed with other settings at "
+                     f"step {', '.join(str(s) for s, _ in earlier)}; the earlier ones are in "
+                     f"{', '.join(name for _, name in earlier)})")
         if line:
             blocks.append(("p", f"{run.name} ({run.path}): {line}."))
     summaries = [pretrain_summary(r.data["records"]) for r in runs]
