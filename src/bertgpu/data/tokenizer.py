@@ -32,6 +32,7 @@ import re
 import shutil
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -64,6 +65,9 @@ MAX_WORD_CHARS = 100
 # CJK ideographs, which BERT's pre-tokenizer splits one by one (its _is_chinese_char ranges).
 _CJK = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002b73f"
         "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\U0002f800-\U0002fa1f")
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+DROPPED_CHARS_WARN = 0.005
+"""Characters left out of the alphabet above this share of the characters in words: a warning."""
 _LONG_WORD = re.compile(rf"(?:(?![{_CJK}])[^\W_]){{{MAX_WORD_CHARS + 1},}}")
 
 
@@ -127,7 +131,7 @@ def _sentence_batches(parts: Iterator[tuple[list[str], bool]],
 
 
 def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet: int,
-                        copy: TextIO) -> tuple[list[str], list[str]]:
+                        copy: TextIO, vocab_size: int = 30522) -> tuple[list[str], list[str]]:
     """(alphabet, continuation pieces) the WordPiece trainer starts from, chosen deterministically;
     every sentence is also written to ``copy``, one per line, for the trainer to read back.
 
@@ -137,12 +141,11 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     ``limit_alphabet`` it also drops characters of equal count in that random order. Two
     trainings on the same text then differ by a few merges. Here the same normaliser and
     pre-tokenizer see the text once; the alphabet is the ``limit_alphabet`` most frequent
-    characters (ties by code point) and the pieces are every "##c" of an alphabet character that
-    occurs inside a word, sorted. Handed to the trainer as its initial alphabet and (temporary)
-    special tokens, they hold the same ids in every run, so the merges are the same too.
+    characters (ties by code point; CJK ideographs apart, as many as ``vocab_size`` has room for)
+    and the pieces are every "##c" of an alphabet character that occurs inside a word, sorted.
+    Handed to the trainer as its initial alphabet and (temporary) special tokens, they hold the
+    same ids in every run, so the merges are the same too.
     """
-    from collections import Counter
-
     chunks: Counter[str] = Counter()
     chars: Counter[str] = Counter()
     for batch in batches:
@@ -163,9 +166,35 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
         for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(chunk):
             in_words.update(word)
             inside.update(word[1:])
-    ranked = sorted(in_words, key=lambda c: (-chars[c], c))[:limit_alphabet]
-    alphabet = sorted(ranked)
+    ranked = sorted(in_words, key=lambda c: (-chars[c], c))
+    # CJK ideographs are words of their own to BERT (one per token, never "##"): they are not
+    # an alphabet, and a Chinese corpus has thousands. They are kept by frequency as far as the
+    # vocabulary has room; `limit_alphabet` limits the other characters.
+    other = [c for c in ranked if not _CJK_CHAR.match(c)][:limit_alphabet]
+    pieces = [f"##{c}" for c in other if c in inside]
+    room = max(vocab_size - len(SPECIAL_TOKENS) - len(other) - len(pieces), 0)
+    cjk = [c for c in ranked if _CJK_CHAR.match(c)][:room]
+    alphabet = sorted(other + cjk)
+    _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size)
     return alphabet, [f"##{c}" for c in alphabet if c in inside]
+
+
+def _warn_dropped_characters(ranked: list[str], kept: set[str], chars: Counter[str],
+                             limit_alphabet: int, vocab_size: int) -> None:
+    """One warning when the characters left out of the alphabet (they encode as [UNK]) are more
+    than DROPPED_CHARS_WARN of the characters in words, naming the setting that left them out."""
+    dropped = [c for c in ranked if c not in kept]
+    total = sum(chars[c] for c in ranked)
+    share = sum(chars[c] for c in dropped) / max(total, 1)
+    if not dropped or share <= DROPPED_CHARS_WARN:
+        return
+    cjk = sum(1 for c in dropped if _CJK_CHAR.match(c))
+    why = (f"--limit-alphabet {limit_alphabet} keeps that many characters besides CJK ideographs"
+           if cjk < len(dropped) else
+           f"--vocab-size {vocab_size} has no room for more CJK ideographs")
+    warnings.warn(f"{len(dropped)} characters ({share:.1%} of the characters in words, e.g. "
+                  f"{' '.join(dropped[:5])}) are not in the vocabulary and will encode as [UNK]: "
+                  f"{why}; expected a larger --limit-alphabet or --vocab-size", stacklevel=3)
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -263,7 +292,8 @@ def _train(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: 
                                      max_input_chars_per_word=MAX_WORD_CHARS))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
     with open(copy_path, "w", encoding="utf-8") as copy:
-        alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy)
+        alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy,
+                                               vocab_size)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -498,7 +528,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strip-accents", choices=["auto", "yes", "no"], default="auto",
                         help="accent stripping; auto = with lower-casing, like BERT (default)")
     parser.add_argument("--limit-alphabet", type=int, default=1000,
-                        help="most distinct characters kept in the initial alphabet (default 1000)")
+                        help="most distinct characters kept in the initial alphabet, CJK "
+                        "ideographs aside (kept as far as --vocab-size has room; default 1000)")
     parser.add_argument("--sample-bytes", type=int, default=None, metavar="N",
                         help="train on about N bytes of text spread over the whole corpus (each "
                              "file or part of a large one in proportion to its size) instead of "
