@@ -95,3 +95,29 @@ def test_smoke_one_and_two_workers(tmp_path, capsys, monkeypatch):
     # inductor's compile cache is kept there on purpose
     assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
     assert "efficiency" in capsys.readouterr().out
+
+
+def test_bad_numbers_and_result_paths_are_refused_before_any_run(tmp_path, capsys):
+    """`--device-tflops 0` divided by zero, `--bandwidth-gbps nan` read as perfect efficiency,
+    `--micro-batch-size 0` fell back to the default, `bench quality --hours -2` projected
+    negative tokens, and a folder named like a results file was a traceback after every
+    measurement."""
+    from bertgpu.cli import main as cli
+
+    for argv in (["scaling", "--predict-only", "--device-tflops", "0"],
+                 ["scaling", "--predict-only", "--bandwidth-gbps", "nan"],
+                 ["scaling", "--predict-only", "--micro-batch-size", "0"],
+                 ["quality", "--project", "--hours", "-2"],
+                 ["quality", "--project", "--threads", "0"]):
+        with pytest.raises(SystemExit) as e:
+            cli(["bench", *argv])
+        assert e.value.code == 2
+        assert f"argument {argv[-2]}: expected a positive finite" in capsys.readouterr().err
+    for suite, name in (("scaling", "scaling.jsonl"), ("quality", "quality.md"),
+                        ("finetune-scaling", "finetune_scaling.jsonl")):
+        out = tmp_path / suite
+        (out / name).mkdir(parents=True)
+        assert cli(["bench", suite, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{out / name}: is a folder" in err and len(err.splitlines()) == 1, err
+        assert sorted(p.name for p in out.iterdir()) == [name]

@@ -9,6 +9,7 @@ count > 1 goes through the same launcher a user's command does.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -66,6 +67,33 @@ def append_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
         for r in rows:
             row = {k: _finite_or_none(v) for k, v in r.items()}
             f.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def positive(kind: type = float):
+    """An argparse type: a finite number above 0 (`kind` int or float). Zero, negatives, nan and
+    inf are refused at parsing, naming the flag (a 0 in a cost model divided by zero, a nan
+    bandwidth read as perfect efficiency, a negative budget as negative tokens)."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, found "
+                                             f"{text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"expected a positive finite {kind.__name__}, "
+                                             f"found {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def check_result_files(folder: Path, names: list[str]) -> None:
+    """Before a benchmark runs: none of the files it will write into `folder` is a folder (that
+    was a traceback after all the measurements, with half its files written)."""
+    for name in names:
+        if (Path(folder) / name).is_dir():
+            raise BertgpuError(f"{Path(folder) / name}: is a folder; expected the benchmark's "
+                               "results file there (move the folder away or choose another --out)")
 
 
 def check_rows_file(path: str | Path) -> None:

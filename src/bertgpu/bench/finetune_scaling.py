@@ -253,6 +253,7 @@ def main(args: argparse.Namespace) -> int:
     plan = make_plan(args)  # every check before the output folder exists
     out = Path(args.out)
     check_output_folder(out)
+    runner.check_result_files(out, ["finetune_scaling.jsonl", "finetune_scaling.md"])
     out.mkdir(parents=True, exist_ok=True)
     key = task_key(args.task)
     if key in DEMO_SETS:

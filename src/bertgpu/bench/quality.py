@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gensim's test data)")
     parser.add_argument("--data",
                         help="an existing shard set (skips the tokenizer and prepare steps)")
-    parser.add_argument("--vocab-size", type=int, default=None,
+    parser.add_argument("--vocab-size", type=cells.positive(int), default=None,
                         help="WordPiece vocabulary (default: the smallest model.vocab_size "
                              "of the recipes)")
     parser.add_argument("--seq-len", type=int, default=128,
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pretrain-seed", type=int, default=0,
                         help="seed of every recipe (initialisation, data order, masks)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=cells.positive(int), default=None,
                         help="CPU threads of every run (default: torch's; 1 is steadier on a "
                              "shared machine)")
     parser.add_argument("--out", default="bench_out/quality", help="results folder")
@@ -100,8 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recipe of the projection")
     parser.add_argument("--gpu", default="H100 SXM",
                         help="GPU of the projection (a telemetry/flops.py PEAK_TFLOPS key)")
-    parser.add_argument("--mfu", type=float, default=0.40, help="assumed model FLOPs utilisation")
-    parser.add_argument("--hours", type=float, default=24.0, help="budget of the projection")
+    parser.add_argument("--mfu", type=cells.positive(), default=0.40,
+                        help="assumed model FLOPs utilisation")
+    parser.add_argument("--hours", type=cells.positive(), default=24.0,
+                        help="budget of the projection")
 
 
 def _kv(items: list[str], flag: str) -> list[str]:
@@ -405,6 +407,7 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_output_folder(out)
+    cells.check_result_files(out, ["quality.jsonl", "quality.md", "quality.png"])
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     command = "bertgpu " + " ".join(sys.argv[1:])
     if args.project:

@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "GPU; 1 2 on CPU)")
     parser.add_argument("--accumulation", type=int, nargs="+", default=[1, 4],
                         help="micro batches per optimizer step (gradient all-reduce once per step)")
-    parser.add_argument("--micro-batch-size", type=int, default=None,
+    parser.add_argument("--micro-batch-size", type=cells.positive(int), default=None,
                         help="sequences per forward pass per device (default: 8 on CPU, 32 on GPU)")
-    parser.add_argument("--seq-len", type=int, default=None,
+    parser.add_argument("--seq-len", type=cells.positive(int), default=None,
                         help="synthetic sequence length (default: 64 on CPU, 128 on GPU)")
     parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps")
     parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (>= 1)")
@@ -70,15 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="extra pretrain override, e.g. --set "
                              "distributed.bucket_cap_mb=50 (repeatable)")
-    parser.add_argument("--threads-per-worker", type=int, default=None,
+    parser.add_argument("--threads-per-worker", type=cells.positive(int), default=None,
                         help="OMP threads per worker on CPU (default: cores / the largest "
                              "worker count)")
     parser.add_argument("--out", default="bench_out/scaling", help="results folder")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit per training run")
-    parser.add_argument("--bandwidth-gbps", type=float, nargs="+", default=[200.0, 16.0],
+    parser.add_argument("--bandwidth-gbps", type=cells.positive(), nargs="+", default=[200.0, 16.0],
                         help="all-reduce bus bandwidths (GB/s) for the cost model: "
                              "NVLink ~150-300, PCIe ~12-25")
-    parser.add_argument("--device-tflops", type=float, default=400.0,
+    parser.add_argument("--device-tflops", type=cells.positive(), default=400.0,
                         help="achieved TFLOP/s per GPU for the cost model (H100 bf16 "
                              "at ~40%% MFU: 400)")
     parser.add_argument("--predict-only", action="store_true",
@@ -398,6 +398,7 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_output_folder(out)
+    cells.check_result_files(out, ["scaling.jsonl", "scaling.md", "scaling.png"])
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     model_overrides, vocab, positions = _model_overrides(args)
