@@ -229,3 +229,19 @@ def test_the_launchers_own_traceback_for_a_stop_signal_is_left_out(capsys):
     _pass_through(iter(signal_tb), stopping=lambda: False)
     assert capsys.readouterr().err == "".join(
         [signal_tb[3], *signal_tb[:3], signal_tb[4]])
+
+
+def test_workers_share_the_cores_without_torchruns_banner(monkeypatch, capfd):
+    """With no OMP_NUM_THREADS, torch's launcher set 1 per worker and printed a five-line banner
+    about it on every `--nproc` run; the workers now get the machine's cores shared among them,
+    and a value the user set is left alone."""
+    import os
+
+    from bertgpu.train import launcher
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert launcher.worker_threads(2) == {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // 2))}
+    assert launcher.launch_local(2, ["--version"]) == 0
+    assert "OMP_NUM_THREADS" not in capfd.readouterr().err
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert launcher.worker_threads(2) == {}

@@ -77,13 +77,22 @@ def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[s
     # (A worker that outlives the launcher and still writes there must not turn a finished run's
     # exit status into a cleanup error.)
     with tempfile.TemporaryDirectory(prefix="bertgpu-launch-", ignore_cleanup_errors=True) as logs:
-        return _run_launcher(launcher_command(nproc, argv, logs), attempt)
+        return _run_launcher(launcher_command(nproc, argv, logs), attempt, worker_threads(nproc))
 
 
-def _run_launcher(command: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
+def worker_threads(nproc: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for `nproc` local workers when the user set none: this machine's cores
+    shared among them. (torch's launcher would set 1 and print a banner about it on every run.)"""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(nproc, 1)))}
+
+
+def _run_launcher(command: list[str], attempt: int,
+                  extra_env: dict[str, str] | None = None) -> tuple[int, list[str], list[int]]:
     """Run `command` (the launcher) in a session of its own, its stderr passed through, stop
     signals forwarded to its process group."""
-    env = {**os.environ, RESTART_ENV: str(attempt)}
+    env = {**os.environ, **(extra_env or {}), RESTART_ENV: str(attempt)}
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env,
                             start_new_session=True, text=True, errors="replace", bufsize=1)
     received: list[int] = []
