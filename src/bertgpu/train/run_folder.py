@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.telemetry.sinks import flatten_config
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
 """What an earlier `bertgpu pretrain` leaves in its run folder; a non-empty --out holds one."""
@@ -76,10 +77,10 @@ def keep_config_history(run_dir: Path, text: str, step: int) -> None:
     if not path.is_file():
         return
     try:
-        before: dict[str, Any] | None = _flat(read_toml(path))
+        before: dict[str, Any] | None = flatten_config(read_toml(path))
     except BertgpuError:  # unreadable: kept aside all the same
         before = None
-    after = _flat(tomllib.loads(text))
+    after = flatten_config(tomllib.loads(text))
     if before is None:
         changed = ["(the run's config.toml could not be read)"]
     else:
@@ -97,17 +98,6 @@ def keep_config_history(run_dir: Path, text: str, step: int) -> None:
         os.replace(tmp, aside)
     print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
           f"(the earlier config.toml is kept as {aside.name})", flush=True)
-
-
-def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A parsed TOML file as dotted keys: {"optim.lr": 0.001, ...}."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def _shown(value: Any) -> str:
