@@ -273,7 +273,7 @@ def test_the_startup_table_says_how_the_model_computes() -> None:
     from types import SimpleNamespace
 
     from bertgpu.config.schema import load_config
-    from bertgpu.pretrain import _compute_text
+    from bertgpu.train.pretrain_startup import compute_text as _compute_text
 
     graphs = load_config(None, ["--impl.compile_mode", "reduce-overhead", "--train.precision",
                                 "bf16"])

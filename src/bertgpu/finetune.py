@@ -68,7 +68,13 @@ from bertgpu.config.overrides import config_to_dict, format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
 from bertgpu.tasks.finetuning import JobRequest
-from bertgpu.tasks.init_model import build_model, find_tokenizer, sequence_length, tokenizer_for
+from bertgpu.tasks.init_model import (
+    build_model,
+    find_tokenizer,
+    fresh_rows,
+    sequence_length,
+    tokenizer_for,
+)
 from bertgpu.tasks.registry import task_module
 
 if TYPE_CHECKING:
@@ -312,7 +318,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
                           f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
-        *_fresh_rows(model),
+        *fresh_rows(model),
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
@@ -325,16 +331,6 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
-
-
-def _fresh_rows(model: Any) -> list[tuple[str, str]]:
-    """The start-up row naming the weights the init lacked (the task's head, and BERT's pooler
-    after pretraining without NSP), initialised fresh as fine-tuning always does; weights beyond
-    those are a warning from hf_io.load_pretrained as well."""
-    report = getattr(model, "load_report", None)
-    if report is None or not report.missing:
-        return []
-    return [("initialised fresh", report.fresh_text())]
 
 
 def _scaling_note(cfg: FinetuneConfig) -> str:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.train.pretrain_startup import defaults_note, device_type, startup_rows
 from bertgpu.train.run_folder import (
     check_device,
     check_run_folder,
@@ -172,31 +173,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = _config(args)
     check_config(cfg)
     if args.recipe is None and cfg.init is None and os.environ.get("RANK", "0") == "0":
-        warnings.warn(_defaults_note(cfg), stacklevel=1)
+        warnings.warn(defaults_note(cfg), stacklevel=1)
     result = run(cfg, allow_data_change=args.allow_data_change)
     return result.exit_status if result.preempted else 0
-
-
-def _defaults_note(cfg: Any) -> str:
-    """The one line that says what a command without a recipe trains: the built-in defaults
-    (BERT-base for 10,000 steps unless overridden), and which recipes there are."""
-    import torch
-
-    from bertgpu.config import overrides
-    from bertgpu.models.build import build_model
-
-    with torch.device("meta"):  # the parameter count, no memory
-        model = build_model(overrides.config_to_dict(cfg.model), "pretraining", with_nsp=False)
-    t = cfg.train
-    steps = (f"train.max_steps {t.max_steps}" if not t.budget_hours
-             else f"train.budget_hours {t.budget_hours}")
-    folder = Path(__file__).resolve().parents[2] / "configs"
-    names = sorted(p.stem for p in folder.glob("*.toml")) if folder.is_dir() else []
-    recipes = f" (recipes in {folder}: {', '.join(names)})" if names else ""
-    return (f"no recipe given: training the built-in defaults, {_model_line(model, cfg.model)}, "
-            f"for {steps} at global batch {t.global_batch_size} on impl.device "
-            f"{cfg.impl.device}; give a recipe first, e.g. bertgpu pretrain configs/tiny.toml"
-            f"{recipes}")
 
 
 def _check_gpu_count(n: int, device: str) -> None:
@@ -321,7 +300,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),
                             bucket_window=impl.bucket_window,
-                            static_shapes=impl.cuda_graphs(_device_type(info)))
+                            static_shapes=impl.cuda_graphs(device_type(info)))
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
@@ -329,7 +308,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                          peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
                          logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
                          title="bertgpu pretrain",
-                         startup_rows=[*_startup_rows(cfg, data, model, peak_lr, micro,
+                         startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
                          checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
                                                    "config.json": _hf_config_json(model)},
@@ -396,7 +375,7 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
         rows = [("init", f"{cfg.init}: not read (the run resumes from its own checkpoint)")]
     model = model.to(torch.device(info.device))
     model.unpad_enable(resolved_unpad(cfg.impl.unpad, info.device, cfg.train.precision,
-                                      cfg.impl.cuda_graphs(_device_type(info))))
+                                      cfg.impl.cuda_graphs(device_type(info))))
     model.gradient_checkpointing_enable(cfg.impl.gradient_checkpointing)
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim,
                                  impl=cfg.impl, dist=cfg.distributed)
@@ -422,84 +401,12 @@ def _flops_per_token(cfg: Any, data: Any) -> float:
                                              with_nsp=data.with_nsp)
 
 
-def _startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, accumulation: int,
-                  info: Any) -> list[tuple[str, str]]:
-    """The start-up table: data, model, the batch arithmetic, the learning rate, the all-reduce."""
-    seq = data.train.seq_len
-    t, s, d, o = cfg.train, cfg.schedule, cfg.distributed, cfg.optim
-    return [
-        ("run folder", str(cfg.out)),
-        ("data",
-         f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
-        ("model", _model_line(model, cfg.model)),
-        ("compute", _compute_text(cfg, info)),
-        ("micro batch per device", str(micro)),
-        ("accumulation steps", str(accumulation)),
-        ("batch per device per step", str(micro * accumulation)),
-        ("devices", str(info.world_size)),
-        ("global batch (sequences/step)", str(t.global_batch_size)),
-        ("tokens per step", f"{t.global_batch_size * seq:,}"),
-        ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
-                          f"{_warmup_text(cfg)}, {s.decay} decay)"),
-        *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
-                                   f"comm hook {d.comm_hook}")]
-          if info.world_size > 1 and d.strategy == "ddp" else []),
-        *([("sharding", _sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
-    ]
-
-
-def _compute_text(cfg: Any, info: Any) -> str:
-    """Device, precision, compile (mode, CUDA graphs) and the attention layout, as resolved."""
-    from bertgpu.config.sections import resolved_unpad
-
-    impl, kind = cfg.impl, _device_type(info)
-    graphs = impl.cuda_graphs(kind)
-    compiled = "eager"
-    if impl.compile_on(kind):
-        compiled = f"torch.compile ({impl.compile_mode}{', CUDA graphs' if graphs else ''})"
-    unpad = resolved_unpad(impl.unpad, info.device, cfg.train.precision, graphs)
-    static = ", MLM rows padded to one shape" if graphs else ""
-    return (f"{info.device}, {cfg.train.precision}, {compiled}, "
-            f"{'padding-free' if unpad else 'padded'} batches{static}")
-
-
-def _device_type(info: Any) -> str:
-    """"cuda", "cpu", ... of the run's device ("cuda:1" -> "cuda")."""
-    return str(info.device).split(":")[0]
-
-
-def _sharding_text(cfg: Any, info: Any) -> str:
-    d = cfg.distributed
-    ranks = f"{info.world_size} rank{'s' if info.world_size > 1 else ''}"
-    mesh = (f"HSDP: {info.world_size // info.local_world_size} nodes x {info.local_world_size}"
-            if d.shard_within_node else ranks)
-    params = "bf16 all-gather, fp32 reduce" if cfg.train.precision == "bf16" else "fp32"
-    return (f"fsdp (FSDP2) over {mesh}, per layer + root, {params}"
-            f"{', CPU offload' if d.cpu_offload else ''}"
-            f"{', checkpoints written in the background' if cfg.checkpoint.async_save else ''}")
-
-
 def _hf_config_json(model: Any) -> str:
     import json
 
     from bertgpu.models.hf_io import hf_config
 
     return json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n"
-
-
-def _warmup_text(cfg: Any) -> str:
-    s = cfg.schedule
-    if s.warmup_steps is not None:
-        return f"{s.warmup_steps} steps"
-    return f"{(s.warmup_fraction or 0.0):.1%}"
-
-
-def _model_line(model: Any, c: Any) -> str:
-    from bertgpu.models.shared import num_parameters
-
-    return (f"{c.architecture}, {num_parameters(model) / 1e6:.1f} M parameters "
-            f"(L={c.num_hidden_layers}, H={c.hidden_size}, A={c.num_attention_heads}, "
-            f"V={c.vocab_size})")
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:

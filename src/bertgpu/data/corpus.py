@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -69,6 +68,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bertgpu.data.columnar import read_arrow, read_parquet
+from bertgpu.data.jsonl import read_jsonl
 from bertgpu.data.sources import Source, file_size, name_of, open_raw, resolve_inputs
 from bertgpu.data.textio import (
     LineRange,
@@ -76,7 +76,6 @@ from bertgpu.data.textio import (
     decoded_lines,
     first_line,
     is_json_object_line,
-    line_label,
     open_binary,
     read_errors,
     split_sentences,
@@ -245,50 +244,6 @@ def _line_parts(path: Source | str, f: BinaryIO, per_line: bool,
         yield part, first
 
 
-_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
-               str: "a string", list: "an array", dict: "an object"}
-
-
-def _read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, str, bool]],
-                whole: bool = True) -> Iterator[RawItem]:
-    """The text fields of JSON Lines; ``whole``: the lines start at the file's start (the first
-    record tells a JSON document, pretty-printed or an array, from JSON Lines; else the lines
-    are numbered by their byte offsets, `textio.decoded_lines`)."""
-    first = whole
-    for lineno, line, _ in lines:
-        if not line.strip():
-            continue
-        where = line_label(path, lineno, by_byte=not whole)
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if first and exc.pos >= len(line.rstrip()) and line.lstrip()[:1] in ("{", "["):
-                raise BertgpuError(
-                    f"{where}: a JSON document spread over several lines, not JSON "
-                    "Lines; expected one JSON object per line (e.g. `jq -c '.[]'` writes them)"
-                ) from None
-            raise BertgpuError(
-                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                "expected one JSON object per line"
-            ) from None
-        if first and isinstance(obj, list):
-            raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "
-                               "JSON object per line (e.g. `jq -c '.[]'` writes them)")
-        first = False
-        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-            if not isinstance(obj, dict):
-                found = f"found {_JSON_TYPES.get(type(obj), type(obj).__name__)}, not an object"
-            elif text_field in obj:
-                found = f"its value is {_JSON_TYPES.get(type(obj[text_field]), 'not a string')}"
-            else:
-                found = f"found fields {sorted(obj)[:8]}"
-            raise BertgpuError(
-                f"{where}: no string field {text_field!r} ({found}); "
-                "expected a JSON object with the text (choose the field with --text-field)"
-            )
-        yield "jsonl", obj[text_field], True
-
-
 def _text_items(label: Source | str, f: BinaryIO, kind: str, text_field: str,
                 part: LineRange | None = None) -> Iterator[RawItem]:
     """The raw items of a line-based or wiki stream (``part``: ``f`` is a part of a file)."""
@@ -305,7 +260,7 @@ def _text_items(label: Source | str, f: BinaryIO, kind: str, text_field: str,
         for block, first in _line_parts(label, f, per_line=kind == "lines", lines=lines):
             yield "text", " ".join(block), first
     else:
-        yield from _read_jsonl(label, text_field, lines, whole=part is None or part.first == 0)
+        yield from read_jsonl(label, text_field, lines, whole=part is None or part.first == 0)
 
 
 def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> Iterator[RawItem]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bertgpu.config.finetune import FinetuneConfig, resolve_seq_len
 from bertgpu.errors import BertgpuError
@@ -103,3 +103,13 @@ def sequence_length(cfg: FinetuneConfig, task_default: int, init: str,
                            "or HF folder)")
     limit, where = position_limit(config_from if init == "random" else init)
     return resolve_seq_len(cfg, task_default, limit, str(where))
+
+
+def fresh_rows(model: Any) -> list[tuple[str, str]]:
+    """The start-up row naming the weights the init lacked (the task's head, and BERT's pooler
+    after pretraining without NSP), initialised fresh as fine-tuning always does; weights beyond
+    those are a warning from hf_io.load_pretrained as well."""
+    report = getattr(model, "load_report", None)
+    if report is None or not report.missing:
+        return []
+    return [("initialised fresh", report.fresh_text())]

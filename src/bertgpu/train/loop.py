@@ -44,7 +44,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,78 +59,12 @@ from bertgpu.config.sections import (
 from bertgpu.errors import BertgpuError
 from bertgpu.testing import faults
 from bertgpu.train import distributed
-from bertgpu.train.balance import RankTimes, shares_for, speeds_of, straggler_fields
+from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
+from bertgpu.train.loop_state import LogWindow, LoopResult
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
-
-
-@dataclass
-class LoopResult:
-    step: int
-    preempted: bool = False
-    stop_reason: str = "max_steps"
-    last_eval: dict[str, Any] = field(default_factory=dict)
-    export_dir: Path | None = None
-    tokens_seen: int = 0
-    sequences_seen: int = 0
-    train_s: float = 0.0
-    """Time spent in training steps (data included; evaluation and checkpoints excluded)."""
-    data_s: float = 0.0
-    """The part of `train_s` spent waiting for `task.micro_batches` (host-side batch building)."""
-    exit_status: int = 0
-    """128 + the stop signal when preempted (143 for SIGTERM, 130 for SIGINT), else 0."""
-
-
-class _Window:
-    """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
-
-    def __init__(self, world: int, rank: int, log_every: int) -> None:
-        from bertgpu.telemetry.throughput import Throughput, compile_events
-
-        # Rates over the last log interval of steps that neither compiled nor were the first;
-        # the compile steps' time is reported apart (telemetry/throughput.py).
-        self.throughput = Throughput(window=log_every, n_devices=world,
-                                     compile_events=compile_events, skip_first=True)
-        # Loop time (data + step), time waiting for data, exposed all-reduce time of the log
-        # window; evaluation and checkpoint writes fall outside it on purpose.
-        self.window_s = self.data_s = self.comm_s = 0.0
-        self.log_times = RankTimes(world, rank)  # compute time per rank, for the straggler fields
-        self.balance_times = RankTimes(world, rank)  # ... and for load balancing
-        self.loss_sum = self.loss_n = 0.0  # training loss since the last evaluation, by sequences
-        self.unread: tuple[StepResult, int] | None = None  # the newest step's, read one step late
-        self.evaluated_at: int | None = None
-        self.last: StepResult | None = None  # the newest completed step's
-        self.logged_at: int | None = None  # the step of the newest train record
-
-    def unlogged(self) -> StepResult | None:
-        """The newest completed step when it has no train record yet (however the run ends,
-        its last steps are logged)."""
-        return self.last if self.last is not None and self.last.step != self.logged_at else None
-
-    def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
-        self.window_s += data_s + step_s
-        self.data_s += data_s
-        self.comm_s += comm_s
-        # This rank's compute: the step minus what it waited for the others (exposed all-reduce).
-        self.log_times.add(step_s - comm_s, local_sequences)
-        self.balance_times.add(step_s - comm_s, local_sequences)
-
-    def add_loss(self, res: StepResult | None, sequences: int = 0) -> None:
-        """A step's loss joins the mean at the next step (the engine has read it by then without
-        waiting on the device) or in `train_loss`; skipped steps do not count."""
-        if self.unread is not None and not self.unread[0].skipped:
-            self.loss_sum += self.unread[0].loss * self.unread[1]
-            self.loss_n += self.unread[1]
-        self.unread = (res, sequences) if res is not None else None
-
-    def train_loss(self) -> float | None:
-        """Mean training loss since the last call (weighted by sequences), then reset."""
-        self.add_loss(None)
-        mean = self.loss_sum / self.loss_n if self.loss_n > 0 else None
-        self.loss_sum = self.loss_n = 0.0
-        return mean
 
 
 class Loop:
@@ -197,7 +130,7 @@ class Loop:
         self.resumed_from: Path | None = None
         # The result being built while `run()` lasts (a task may read its clocks), then returned.
         self.result: LoopResult | None = None
-        self._window: _Window | None = None  # the log window while `run()` lasts
+        self._window: LogWindow | None = None  # the log window while `run()` lasts
         from bertgpu.train.checkpointer import make_checkpointer
 
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
@@ -247,7 +180,7 @@ class Loop:
 
     def _run(self, logger: Any) -> LoopResult:
         result = self.result = LoopResult(step=self.engine.step)
-        w = self._window = _Window(self.world, self.info.rank, self.train.log_every_steps)
+        w = self._window = LogWindow(self.world, self.info.rank, self.train.log_every_steps)
         self._last_ckpt = time.monotonic()
         try:
             self._steps(logger, result, w)
@@ -255,7 +188,7 @@ class Loop:
             result.preempted, result.stop_reason = True, "preempted"
         return self._finish(logger, result, w)
 
-    def _steps(self, logger: Any, result: LoopResult, w: _Window) -> None:
+    def _steps(self, logger: Any, result: LoopResult, w: LogWindow) -> None:
         t, c = self.train, self.ckpt
         if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
             result.last_eval = self._evaluate(logger, 0, None)
@@ -291,7 +224,7 @@ class Loop:
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
 
-    def _train_step(self, w: _Window, result: LoopResult) -> StepResult:
+    def _train_step(self, w: LogWindow, result: LoopResult) -> StepResult:
         """One optimizer step with its timing and counters; Preempted when a stop signal came
         (the step is then dropped: the preemption checkpoint holds the state from before it)."""
         step = self.engine.step
@@ -331,7 +264,7 @@ class Loop:
         w.add_loss(res, sequences)
         return res
 
-    def _log_train(self, logger: Any, res: StepResult, w: _Window, gather: bool = True) -> None:
+    def _log_train(self, logger: Any, res: StepResult, w: LogWindow, gather: bool = True) -> None:
         """The train record of step `res.step`; collective with several ranks unless `gather`
         is False (then without the straggler fields: after an error, the others may be gone)."""
         from bertgpu.telemetry import metrics
@@ -349,7 +282,7 @@ class Loop:
         w.logged_at = res.step
         w.window_s = w.data_s = w.comm_s = 0.0
 
-    def _rebalance(self, logger: Any, w: _Window) -> None:
+    def _rebalance(self, logger: Any, w: LogWindow) -> None:
         """Collective: new shares of the global batch from every rank's measured speed."""
         compute_s, sequences = w.balance_times.gather()
         shares = shares_for(speeds_of(compute_s, sequences), self.train.global_batch_size)
@@ -376,7 +309,7 @@ class Loop:
 
         return injected
 
-    def _finish(self, logger: Any, result: LoopResult, w: _Window) -> LoopResult:
+    def _finish(self, logger: Any, result: LoopResult, w: LogWindow) -> LoopResult:
         """End of training (steps, budget, or preemption): evaluate, checkpoint, export; when
         preempted, the preemption checkpoint if it fits in the grace (train/preemption.py).
         The last steps not logged yet get their train record first, however the run ended."""

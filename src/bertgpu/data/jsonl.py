@@ -1,0 +1,54 @@
+"""JSON Lines corpora: the text field of each line, and one-line errors that say what a file is
+when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from bertgpu.data.sources import Source
+from bertgpu.data.textio import line_label
+from bertgpu.errors import BertgpuError
+
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+               str: "a string", list: "an array", dict: "an object"}
+
+
+def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, str, bool]],
+                whole: bool = True) -> Iterator[tuple[str, str, bool]]:
+    """The text fields of JSON Lines; ``whole``: the lines start at the file's start (the first
+    record tells a JSON document, pretty-printed or an array, from JSON Lines; else the lines
+    are numbered by their byte offsets, `textio.decoded_lines`)."""
+    first = whole
+    for lineno, line, _ in lines:
+        if not line.strip():
+            continue
+        where = line_label(path, lineno, by_byte=not whole)
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if first and exc.pos >= len(line.rstrip()) and line.lstrip()[:1] in ("{", "["):
+                raise BertgpuError(
+                    f"{where}: a JSON document spread over several lines, not JSON "
+                    "Lines; expected one JSON object per line (e.g. `jq -c '.[]'` writes them)"
+                ) from None
+            raise BertgpuError(
+                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                "expected one JSON object per line"
+            ) from None
+        if first and isinstance(obj, list):
+            raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "
+                               "JSON object per line (e.g. `jq -c '.[]'` writes them)")
+        first = False
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+            if not isinstance(obj, dict):
+                found = f"found {_JSON_TYPES.get(type(obj), type(obj).__name__)}, not an object"
+            elif text_field in obj:
+                found = f"its value is {_JSON_TYPES.get(type(obj[text_field]), 'not a string')}"
+            else:
+                found = f"found fields {sorted(obj)[:8]}"
+            raise BertgpuError(
+                f"{where}: no string field {text_field!r} ({found}); "
+                "expected a JSON object with the text (choose the field with --text-field)"
+            )
+        yield "jsonl", obj[text_field], True

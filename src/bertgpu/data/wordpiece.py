@@ -1,0 +1,169 @@
+"""Training a WordPiece vocabulary, deterministically: `bertgpu tokenizer`'s engine
+(`data/tokenizer.py` writes and reads the folder).
+
+`train_wordpiece` reads the corpus once, counting characters and words and copying the text for
+the `tokenizers` trainer; the initial alphabet and the "##c" pieces are chosen here, so two runs
+give the same vocabulary (`_initial_vocabulary`). CJK ideographs are kept as far as the
+vocabulary has room, other characters up to `limit_alphabet`; words that can only encode as
+[UNK] (a run of letters over MAX_WORD_CHARS) are left out of the training text.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from bertgpu.data.tokenizer import MAX_WORD_CHARS, SPECIAL_TOKENS, _pipeline
+
+# CJK ideographs, which BERT's pre-tokenizer splits one by one (its _is_chinese_char ranges).
+_CJK = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002b73f"
+        "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\U0002f800-\U0002fa1f")
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+DROPPED_CHARS_WARN = 0.005
+"""Characters left out of the alphabet above this share of the characters in words: a warning."""
+_LONG_WORD = re.compile(rf"(?:(?![{_CJK}])[^\W_]){{{MAX_WORD_CHARS + 1},}}")
+
+
+def _without_unknown_words(text: str) -> str:
+    """`text` without its runs of letters and digits (CJK aside) longer than MAX_WORD_CHARS.
+
+    Such a run lies inside one word of BERT's pre-tokenizer (letters and digits are neither
+    whitespace nor punctuation), a word that encodes as [UNK] whatever the vocabulary; the
+    WordPiece trainer's time grows with the square of a word's length (one base64 blob or DNA
+    string of 300 kB took it 108 s), for pieces no encoding uses. Only the lines with a longer
+    whitespace-free stretch than that are touched (found by str.split, at C speed)."""
+    words = text.split()
+    if not words or max(map(len, words)) <= MAX_WORD_CHARS:
+        return text
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        parts = line.split()
+        if parts and max(map(len, parts)) > MAX_WORD_CHARS:
+            lines[i] = " ".join(_LONG_WORD.sub(" ", w) if len(w) > MAX_WORD_CHARS else w
+                                for w in parts)
+    return "\n".join(lines)
+
+
+def _sentence_batches(parts: Iterator[tuple[list[str], bool]],
+                      batch: int = 1000) -> Iterator[list[str]]:
+    buf: list[str] = []
+    for sentences, _ in parts:
+        buf.extend(sentences)
+        if len(buf) >= batch:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet: int,
+                        copy: TextIO, vocab_size: int = 30522) -> tuple[list[str], list[str]]:
+    """(alphabet, continuation pieces) the WordPiece trainer starts from, chosen deterministically;
+    every sentence is also written to ``copy``, one per line, for the trainer to read back.
+
+    Why: the `tokenizers` trainer (0.2x) numbers the "##c" pieces in the iteration order of a
+    Rust HashMap of words, which is seeded at random in every process, and breaks ties between
+    merges of equal count by those numbers; with more distinct characters than
+    ``limit_alphabet`` it also drops characters of equal count in that random order. Two
+    trainings on the same text then differ by a few merges. Here the same normaliser and
+    pre-tokenizer see the text once; the alphabet is the ``limit_alphabet`` most frequent
+    characters (ties by code point; CJK ideographs apart, as many as ``vocab_size`` has room for)
+    and the pieces are every "##c" of an alphabet character that occurs inside a word, sorted.
+    Handed to the trainer as its initial alphabet and (temporary) special tokens, they hold the
+    same ids in every run, so the merges are the same too.
+    """
+    chunks: Counter[str] = Counter()
+    chars: Counter[str] = Counter()
+    for batch in batches:
+        joined = "\n".join(batch)
+        # The normaliser works character by character, so one call per batch equals one per line.
+        text = tokenizer.normalizer.normalize_str(joined)
+        words = text.split()  # whitespace first (fast), punctuation per distinct chunk below
+        if words and max(map(len, words)) > MAX_WORD_CHARS:  # rare: a word that can only be [UNK]
+            joined = _without_unknown_words(joined)
+            text = tokenizer.normalizer.normalize_str(joined)
+            words = text.split()
+        copy.write(joined + "\n")
+        chars.update(text)
+        chunks.update(words)
+    in_words: set[str] = set()
+    inside: set[str] = set()
+    for chunk in chunks:
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(chunk):
+            in_words.update(word)
+            inside.update(word[1:])
+    ranked = sorted(in_words, key=lambda c: (-chars[c], c))
+    # CJK ideographs are words of their own to BERT (one per token, never "##"): they are not
+    # an alphabet, and a Chinese corpus has thousands. They are kept by frequency as far as the
+    # vocabulary has room; `limit_alphabet` limits the other characters.
+    other = [c for c in ranked if not _CJK_CHAR.match(c)][:limit_alphabet]
+    pieces = [f"##{c}" for c in other if c in inside]
+    room = max(vocab_size - len(SPECIAL_TOKENS) - len(other) - len(pieces), 0)
+    cjk = [c for c in ranked if _CJK_CHAR.match(c)][:room]
+    alphabet = sorted(other + cjk)
+    _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size)
+    return alphabet, [f"##{c}" for c in alphabet if c in inside]
+
+
+def _warn_dropped_characters(ranked: list[str], kept: set[str], chars: Counter[str],
+                             limit_alphabet: int, vocab_size: int) -> None:
+    """One warning when the characters left out of the alphabet (they encode as [UNK]) are more
+    than DROPPED_CHARS_WARN of the characters in words, naming the setting that left them out."""
+    dropped = [c for c in ranked if c not in kept]
+    total = sum(chars[c] for c in ranked)
+    share = sum(chars[c] for c in dropped) / max(total, 1)
+    if not dropped or share <= DROPPED_CHARS_WARN:
+        return
+    cjk = sum(1 for c in dropped if _CJK_CHAR.match(c))
+    why = (f"--limit-alphabet {limit_alphabet} keeps that many characters besides CJK ideographs"
+           if cjk < len(dropped) else
+           f"--vocab-size {vocab_size} has no room for more CJK ideographs")
+    warnings.warn(f"{len(dropped)} characters ({share:.1%} of the characters in words, e.g. "
+                  f"{' '.join(dropped[:5])}) are not in the vocabulary and will encode as [UNK]: "
+                  f"{why}; expected a larger --limit-alphabet or --vocab-size", stacklevel=3)
+
+
+def train_wordpiece(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: bool,
+           strip_accents: bool | None, vocab_size: int, min_frequency: int, limit_alphabet: int):
+    """Read the corpus once (counting, and copying its sentences to ``copy_path``), then train the
+    WordPiece model on the copy: the trainer's Rust reader skips decompression and markup."""
+    from tokenizers import Tokenizer, models, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
+                                     max_input_chars_per_word=MAX_WORD_CHARS))
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    with open(copy_path, "w", encoding="utf-8") as copy:
+        alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy,
+                                               vocab_size)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS + pieces,
+        limit_alphabet=len(alphabet),
+        initial_alphabet=alphabet,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train([str(copy_path)], trainer=trainer)
+    tok = _without_added_pieces(tok, lowercase, strip_accents)
+    for i, t in enumerate(SPECIAL_TOKENS):  # the trainer puts them first, in order; check it
+        if tok.token_to_id(t) != i:
+            raise RuntimeError(f"special token {t} got id {tok.token_to_id(t)}, expected {i}")
+    return tok
+
+
+def _without_added_pieces(trained, lowercase: bool, strip_accents: bool | None):
+    """The trained vocabulary in a fresh tokenizer whose only added tokens are the five specials
+    (the "##c" pieces were special tokens only to pin their ids during training)."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    vocab = trained.get_vocab(with_added_tokens=True)
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
+                                     max_input_chars_per_word=MAX_WORD_CHARS))
+    _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
+    return tok

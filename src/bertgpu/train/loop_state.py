@@ -1,0 +1,78 @@
+"""What `train/loop.Loop` builds while a run lasts: its result (`LoopResult`) and what it
+accumulates between log lines, evaluations and rebalancings (`LogWindow`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertgpu.train.balance import RankTimes
+from bertgpu.train.engine import StepResult
+
+
+@dataclass
+class LoopResult:
+    step: int
+    preempted: bool = False
+    stop_reason: str = "max_steps"
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    export_dir: Path | None = None
+    tokens_seen: int = 0
+    sequences_seen: int = 0
+    train_s: float = 0.0
+    """Time spent in training steps (data included; evaluation and checkpoints excluded)."""
+    data_s: float = 0.0
+    """The part of `train_s` spent waiting for `task.micro_batches` (host-side batch building)."""
+    exit_status: int = 0
+    """128 + the stop signal when preempted (143 for SIGTERM, 130 for SIGINT), else 0."""
+
+
+class LogWindow:
+    """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
+
+    def __init__(self, world: int, rank: int, log_every: int) -> None:
+        from bertgpu.telemetry.throughput import Throughput, compile_events
+
+        # Rates over the last log interval of steps that neither compiled nor were the first;
+        # the compile steps' time is reported apart (telemetry/throughput.py).
+        self.throughput = Throughput(window=log_every, n_devices=world,
+                                     compile_events=compile_events, skip_first=True)
+        # Loop time (data + step), time waiting for data, exposed all-reduce time of the log
+        # window; evaluation and checkpoint writes fall outside it on purpose.
+        self.window_s = self.data_s = self.comm_s = 0.0
+        self.log_times = RankTimes(world, rank)  # compute time per rank, for the straggler fields
+        self.balance_times = RankTimes(world, rank)  # ... and for load balancing
+        self.loss_sum = self.loss_n = 0.0  # training loss since the last evaluation, by sequences
+        self.unread: tuple[StepResult, int] | None = None  # the newest step's, read one step late
+        self.evaluated_at: int | None = None
+        self.last: StepResult | None = None  # the newest completed step's
+        self.logged_at: int | None = None  # the step of the newest train record
+
+    def unlogged(self) -> StepResult | None:
+        """The newest completed step when it has no train record yet (however the run ends,
+        its last steps are logged)."""
+        return self.last if self.last is not None and self.last.step != self.logged_at else None
+
+    def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
+        self.window_s += data_s + step_s
+        self.data_s += data_s
+        self.comm_s += comm_s
+        # This rank's compute: the step minus what it waited for the others (exposed all-reduce).
+        self.log_times.add(step_s - comm_s, local_sequences)
+        self.balance_times.add(step_s - comm_s, local_sequences)
+
+    def add_loss(self, res: StepResult | None, sequences: int = 0) -> None:
+        """A step's loss joins the mean at the next step (the engine has read it by then without
+        waiting on the device) or in `train_loss`; skipped steps do not count."""
+        if self.unread is not None and not self.unread[0].skipped:
+            self.loss_sum += self.unread[0].loss * self.unread[1]
+            self.loss_n += self.unread[1]
+        self.unread = (res, sequences) if res is not None else None
+
+    def train_loss(self) -> float | None:
+        """Mean training loss since the last call (weighted by sequences), then reset."""
+        self.add_loss(None)
+        mean = self.loss_sum / self.loss_n if self.loss_n > 0 else None
+        self.loss_sum = self.loss_n = 0.0
+        return mean
