@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir
+from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir, within
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_source
 from bertgpu.report.quality import quality_blocks
@@ -63,14 +63,6 @@ def _unique_names(sources: list[Source]) -> None:
             s.name = f"{s.path.parent.name}/{s.name}"
 
 
-def _within(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except ValueError:
-        return False
-
-
 def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     """Write the report of ``paths`` into ``out`` (README.md and/or index.html, PNG plots) and
     return ``out``. Raises BertgpuError naming any path that is not a known input."""
@@ -82,7 +74,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     out = Path(out)
     check_output_folder(out, REPORT_FOLDER, replaces=is_report)
     for p in paths:
-        if _within(Path(p), out) or _within(out, Path(p)):
+        if within(Path(p), out) or within(out, Path(p)):
             raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
     sources = [load_source(p) for p in paths]
     _unique_names(sources)
