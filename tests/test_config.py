@@ -144,6 +144,7 @@ def test_unknown_key_suggests(tmp_path):
         (["--impl.compile_mode", "reduce-overhead", "--distributed.strategy", "fsdp"],
          r"impl.compile_mode = 'reduce-overhead': expected default or max-autotune-no-cudagraphs "
          r"with distributed.strategy fsdp"),
+        (["--seed", "-2"], r"seed = -2: expected an integer from 0 to 4294967295"),
     ],
 )
 def test_bad_values_name_the_key(overrides, pattern):
@@ -263,3 +264,12 @@ def test_compile_is_auto_by_default_on_for_cuda_only(tmp_path):
     message = r'config.toml: impl.compile = "maybe": expected true or false or auto'
     with pytest.raises(BertgpuError, match=message):
         load_config(write(tmp_path, '[impl]\ncompile = "maybe"\n'), [])
+
+
+def test_a_negative_fine_tuning_seed_is_refused_naming_the_key():
+    """It used to reach numpy's SeedSequence inside the run: a traceback after the model loaded."""
+    from bertgpu.config.finetune import load_finetune_config
+
+    with pytest.raises(BertgpuError, match=r"seed = -3: expected an integer from 0 to 4294967295"):
+        load_finetune_config(None, ["--seed", "-3"])
+    assert load_finetune_config(None, ["--seed", "4294967295"]).seed == 4294967295

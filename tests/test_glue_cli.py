@@ -120,6 +120,11 @@ def test_bad_arguments(tmp_path, tiny_init, capsys):
     assert "unknown key epochz (did you mean epochs?)" in capsys.readouterr().err
     assert main([*base, "--tasks", "nope"]) == 2
     assert "unknown GLUE task 'nope'" in capsys.readouterr().err
+    # a negative seed was a numpy traceback from inside the first fine-tuning run
+    with pytest.raises(SystemExit):
+        main([*base, "--seeds", "1", "-1"])
+    assert "argument --seeds: expected a seed from 0 to 4294967295, found -1" in \
+        capsys.readouterr().err
     assert not any(tmp_path.glob("*/seed_*"))
 
 

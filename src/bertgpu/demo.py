@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, check_replaceable
 
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary size")
     parser.add_argument("--skip-finetune", action="store_true",
                         help="stop after export and fill-mask")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds")
+    parser.add_argument("--seeds", type=seed_number, nargs="+", default=[0, 1, 2],
+                        help="fine-tuning seeds")
     parser.add_argument("--fresh", action="store_true",
                         help="delete --out first (otherwise stages resume)")
 

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 
 ACCEPTS_OVERRIDES = True
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder: TASK/seed_N/ runs and glue_results.{md,json}")
     parser.add_argument("--tasks", nargs="+",
                         help="tasks to run (default all nine), any alias: cola sst2 mnli ...")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1],
+    parser.add_argument("--seeds", nargs="+", type=seed_number, default=[1],
                         help="fine-tuning seeds (default 1)")
     parser.add_argument("--reference", nargs="*", default=[], choices=sorted(REFERENCES),
                         help="published rows to print beside ours")

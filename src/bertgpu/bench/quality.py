@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.bench import cells
+from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder
 
@@ -75,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token budget per recipe instead of minutes")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="evaluate every N steps: points of the curve (default: the recipe's)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fine-tuning seeds")
+    parser.add_argument("--seeds", type=seed_number, nargs="+", default=[0, 1, 2],
+                        help="fine-tuning seeds")
     parser.add_argument("--sets", nargs="+", default=list(DEMO_SETS), choices=DEMO_SETS,
                         help="the demo's labelled sets to fine-tune on (without --glue)")
     parser.add_argument("--glue",
@@ -88,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "train.precision=bf16")
     parser.add_argument("--skip-finetune", action="store_true",
                         help="pretraining and held-out loss only")
-    parser.add_argument("--pretrain-seed", type=int, default=0,
+    parser.add_argument("--pretrain-seed", type=seed_number, default=0,
                         help="seed of every recipe (initialisation, data order, masks)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--threads", type=cells.positive(int), default=None,

@@ -20,6 +20,7 @@ from bertgpu.config.schema import PretrainConfig, scaled_lr
 from bertgpu.config.sections import (
     DECAYS,
     LR_SCALING,
+    MAX_SEED,
     OPTIMIZERS,
     PRECISIONS,
     CheckpointSection,
@@ -221,6 +222,7 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
            f"at least {MIN_SEQ_LEN} ([CLS], a token, [SEP]) or none")
     key_is(cfg.lr is None or (cfg.lr > 0 and math.isfinite(cfg.lr)), "lr",
            "a positive number or none")
+    key_is(0 <= cfg.seed <= MAX_SEED, "seed", f"an integer from 0 to {MAX_SEED}")
     key_is(cfg.weight_decay >= 0, "weight_decay", "0 or more")
     key_is(0.0 <= cfg.warmup_fraction <= 1.0, "warmup_fraction", "a number in [0, 1]")
     key_is(cfg.grad_clip >= 0, "grad_clip", "0 (off) or a positive number")

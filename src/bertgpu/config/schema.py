@@ -50,6 +50,7 @@ from bertgpu.config.sections import (
     CUDA_GRAPH_MODES,
     DECAYS,
     LR_SCALING,
+    MAX_SEED,
     OPTIMIZERS,
     PRECISIONS,
     STRATEGIES,
@@ -226,6 +227,7 @@ def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: l
 def validate(cfg: PretrainConfig) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`."""
     _validate_model(cfg)
+    check(0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"an integer from 0 to {MAX_SEED}")
     check(cfg.init is not None or not cfg.resume_optimizer, "resume_optimizer", True,
           "false unless init names the run whose optimizer state to take")
     _validate_data(cfg.data)

@@ -7,6 +7,7 @@ from these fields. The engine and the loop take these sections as they are.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +30,22 @@ class DataSection:
               "rates compare"
     )
     whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
+
+
+MAX_SEED = 2**32 - 1
+
+
+def seed_number(text: str) -> int:
+    """An argparse type for seeds: an integer from 0 to 2**32 - 1, the range every generator a run
+    seeds takes (numpy refuses a negative one deep inside a run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed (an integer of 0 or more), found "
+                                         f"{text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, found {value}")
+    return value
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
