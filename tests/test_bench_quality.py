@@ -134,3 +134,19 @@ def test_bad_arguments_fail_before_any_work(tmp_path: Path, capsys):
     assert main(["bench", "quality", "--set", "train.nope=1", "--out", str(tmp_path / "o")]) == 2
     assert main(["bench", "quality", "--seeds", "1", "1", "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--validation-fraction", "0", "argument --validation-fraction: expected a number between 0 "
+                                   "and 1 (both excluded), found 0"),
+    ("--seeds", "-1", "argument --seeds: expected a seed from 0 to 4294967295, found -1"),
+    ("--pretrain-seed", "-1", "argument --pretrain-seed: expected a seed from 0 to 4294967295"),
+])
+def test_numbers_out_of_range_are_refused_at_parsing(tmp_path: Path, capsys, flag, value,
+                                                     message):
+    """Each used to pass parsing and fail after the tokenizer and shards were built (a fraction of
+    0 left no held-out set; a negative seed was numpy's traceback inside the first run)."""
+    with pytest.raises(SystemExit):
+        main(["bench", "quality", flag, value, "--out", str(tmp_path / "o")])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -87,6 +87,20 @@ def positive(kind: type = float):
     return parse
 
 
+def open_fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (a held-out share the benchmark
+    measures on: 0 left nothing to measure, found only after the tokenizer and the shards)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, found "
+                                         f"{text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (both excluded), "
+                                         f"found {text}")
+    return value
+
+
 def check_result_files(folder: Path, names: list[str]) -> None:
     """Before a benchmark runs: none of the files it will write into `folder` is a folder (that
     was a traceback after all the measurements, with half its files written)."""

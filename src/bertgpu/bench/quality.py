@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of the recipes)")
     parser.add_argument("--seq-len", type=int, default=128,
                         help="tokens per sequence of the shard set")
-    parser.add_argument("--validation-fraction", type=float, default=0.05,
-                        help="documents held out")
+    parser.add_argument("--validation-fraction", type=cells.open_fraction, default=0.05,
+                        help="share of the corpus held out for the held-out loss")
     parser.add_argument("--budget-minutes", type=float, default=3.0,
                         help="wall-clock budget per recipe")
     parser.add_argument("--tokens", type=int, default=None,
