@@ -330,3 +330,27 @@ def test_a_run_resumed_with_other_settings_says_which_settings_are_shown(tmp_pat
     assert ("global batch 8, fp32 (settings of the latest stretch: the run resumed with other "
             "settings at step 2, 2; the earlier ones are in config.step_2.toml, "
             "config.step_2.2.toml)") in md
+
+
+def test_a_file_that_is_not_a_benchmarks_rows_is_refused_at_its_first_other_line(tmp_path):
+    """A corpus, a run's GPU samples or a quality file with other rows appended were each drawn
+    as one benchmark table of their records (a corpus of a million lines as a million rows)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a document"}\n' * 3, encoding="utf-8")
+    with pytest.raises(BertgpuError, match=r"corpus.jsonl:1: not a benchmark's row \(it has none "
+                                           r"of the fields bench, tokens_per_s, workers, mfu\)"):
+        load_source(corpus)
+    samples = tmp_path / "gpu.jsonl"
+    samples.write_text('{"gpu": 0, "util_pct": 90}\n', encoding="utf-8")
+    with pytest.raises(BertgpuError, match=r"gpu.jsonl:1: .*pass the run folder"):
+        load_source(samples)
+    mixed = tmp_path / "quality.jsonl"
+    mixed.write_text('{"bench": "quality", "run_id": "a"}\n{"bench": "model", "tokens_per_s": 1}\n',
+                     encoding="utf-8")
+    with pytest.raises(BertgpuError, match=r"quality.jsonl: mixes rows of several benchmarks "
+                                           r"\(model, quality\)"):
+        load_source(mixed)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"bench": "model", "tokens_per_s": 1}\n{"workers": 2, "tokens_per_s": 3}\n',
+                    encoding="utf-8")
+    assert load_source(rows).kind == "bench"

@@ -64,21 +64,36 @@ def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+BENCH_ROW_KEYS = ("bench", "tokens_per_s", "workers", "mfu")
+
+
 def _read_bench(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a bench result file, as written (nested values kept)."""
+    """The JSON objects of a bench result file, as written (nested values kept). A line that is
+    not a benchmark's row (a corpus, a run's GPU samples) stops the reading at that line: such a
+    file was drawn as one large table of its records."""
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise BertgpuError(f"{path}:{i + 1}: found {line[:60]!r}, expected one JSON object "
-                               "per line") from None
-        if isinstance(row, dict):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise BertgpuError(f"{path}:{i + 1}: found {line[:60]!r}, expected one JSON "
+                                   "object per line") from None
+            if not (isinstance(row, dict) and any(k in row for k in BENCH_ROW_KEYS)):
+                raise BertgpuError(
+                    f"{path}:{i + 1}: not a benchmark's row (it has none of the fields "
+                    f"{', '.join(BENCH_ROW_KEYS)}); expected a JSONL file written by bertgpu "
+                    "bench (for a run's metrics.jsonl or gpu.jsonl, pass the run folder)")
             rows.append(row)
     if not rows:
         raise BertgpuError(f"{path}: no result rows; expected a JSONL file from bertgpu bench")
+    nested = {r.get("bench") for r in rows} & {"quality", "finetune-scaling"}
+    if nested and len({r.get("bench") for r in rows}) > 1:
+        kinds = sorted({str(r.get("bench", "unnamed")) for r in rows})
+        raise BertgpuError(f"{path}: mixes rows of several benchmarks ({', '.join(kinds)}); "
+                           f"expected the rows of one (bench {nested.pop()} writes its own file)")
     return rows
 
 
