@@ -309,6 +309,7 @@ def test_a_run_that_stops_on_an_exception_says_so_in_its_records(tmp_path):
     import os
     import socket
 
+    from bertgpu.telemetry.records import process_started
     from bertgpu.train.engine import TrainingDiverged
 
     lp, task, _ = make_loop(tmp_path / "nan", max_steps=20, log_every=4)
@@ -318,6 +319,7 @@ def test_a_run_that_stops_on_an_exception_says_so_in_its_records(tmp_path):
     recs = read_metrics(tmp_path / "nan" / "metrics.jsonl")
     assert recs[0]["event"] == "start" and recs[0]["step"] == 0 and recs[0]["max_steps"] == 20
     assert recs[0]["host"] == socket.gethostname() and recs[0]["pid"] == os.getpid()
+    assert recs[0]["pid_started"] == process_started(os.getpid()) is not None
     train = [r for r in recs if r["kind"] == "train"]
     assert [r["step"] for r in train] == [4, 5]  # step 5 unlogged at the time: logged at the end
     assert train[-1]["loss"] != train[-1]["loss"]  # NaN, as it was (null in the file)

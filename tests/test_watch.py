@@ -231,6 +231,16 @@ def test_a_killed_run_is_told_from_a_running_one(run, capsys, monkeypatch):
     assert (f"stopped (process {dead_pid} is gone; no end record: killed or crashed)"
             in _flat(out))
     assert "ETA" not in out
+    # the pid of a killed run, taken since by another process (this one): gone all the same
+    from bertgpu.telemetry.records import process_started
+
+    started = process_started(os.getpid())
+    assert isinstance(started, int)
+    _append(records, [_info(5, "start", host=here, pid=os.getpid(), pid_started=started + 1)])
+    assert (f"stopped (process {os.getpid()} is gone; no end record: killed or crashed)"
+            in _flat(_frame(capsys, monkeypatch, run)))
+    _append(records, [_info(6, "start", host=here, pid=os.getpid(), pid_started=started)])
+    assert "running (updated" in _frame(capsys, monkeypatch, run).splitlines()[0]
 
 
 def test_live_view_of_a_run_that_ends_prints_its_last_frame_and_exits(run, capsys, monkeypatch):

@@ -35,6 +35,7 @@ from bertgpu.telemetry.records import (
     JsonlFollower,
     describe_end,
     drop_superseded_records,
+    process_started,
     run_end,
     run_start,
 )
@@ -160,14 +161,19 @@ def eta_s(state: RunState) -> float | None:
     return min(left) if left else None
 
 
-def _process_gone(pid: int) -> bool:
-    """True when no process ``pid`` exists on this host (one of another user's still counts)."""
+def _process_gone(pid: int, started: Any = None) -> bool:
+    """True when process ``pid`` is no longer on this host (one of another user's still counts):
+    no such pid, or (with ``started``, its start time when the run wrote it) a pid that another
+    process has taken since."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # PermissionError: it exists; anything else: cannot tell
-        return False
+        pass
+    if isinstance(started, int) and not isinstance(started, bool):
+        now = process_started(pid)
+        return now is not None and now != started
     return False
 
 
@@ -181,7 +187,8 @@ def ended(state: RunState) -> str | None:
     if start is None or start.get("host") != socket.gethostname():
         return None  # a run of an older version, or of another host: its clock decides
     pid = start.get("pid")
-    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and _process_gone(pid):
+    if (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+            and _process_gone(pid, start.get("pid_started"))):
         return f"stopped (process {pid} is gone; no end record: killed or crashed)"
     return None
 

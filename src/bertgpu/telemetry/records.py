@@ -103,6 +103,18 @@ def _event(record: dict[str, Any]) -> Any:
     return record.get("event") if record.get("kind") == "info" else None
 
 
+def process_started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (Linux's /proc/PID/stat); None where
+    that cannot be read (another system, no such process). With the pid it names one process: a
+    pid alone may be handed to another process once the first is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "PID (COMMAND)"
+        return int(fields[19])  # field 22 of the line: starttime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_start(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest ``start`` record (the loop writes one per process: host, pid, world_size,
     max_steps); None for runs of older versions, which wrote none."""

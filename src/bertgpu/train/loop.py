@@ -57,6 +57,7 @@ from bertgpu.config.sections import (
     TrainSection,
 )
 from bertgpu.errors import BertgpuError
+from bertgpu.telemetry.records import process_started
 from bertgpu.testing import faults
 from bertgpu.train import distributed
 from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
@@ -165,7 +166,8 @@ class Loop:
         # Where the run lives, so that `bertgpu watch` on this host can tell a run that was
         # killed (no end record, its process gone) from one that is busy.
         logger.log(self.engine.step, "info", event="start", host=socket.gethostname(),
-                   pid=os.getpid(), world_size=self.world, max_steps=self.max_steps or None)
+                   pid=os.getpid(), pid_started=process_started(os.getpid()),
+                   world_size=self.world, max_steps=self.max_steps or None)
         self.preemption.install()
         try:
             return self._run(logger)
