@@ -145,3 +145,23 @@ def test_max_restarts_without_a_launcher_is_a_note(monkeypatch, capsys):
     assert cli.main(["fake", "--max-restarts", "-1"]) == 2
     assert capsys.readouterr().err.strip() == ("bertgpu fake: error: --max-restarts -1: expected 0 "
                                                "or more")
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
+    """`bertgpu prepare ... | head -1`: once head exited, the next summary line raised
+    BrokenPipeError, a traceback and exit status 1 after the shard set was written. Now the command
+    stops quietly with 141 (128 + SIGPIPE), as a tool killed by SIGPIPE does."""
+    import os
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One sentence here.\nAnother one there.\n\n" * 20, encoding="utf-8")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bertgpu", "tokenizer", "--corpus",
+                               str(corpus), "--vocab-size", "30", "--out", str(tmp_path / "tok")],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+    assert (tmp_path / "tok" / "vocab.txt").is_file()

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -92,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bertgpu {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of our output went away (`bertgpu prepare ... | head -1`): stop quietly, as
+        # a tool killed by SIGPIPE does, and keep the interpreter from failing on the final flush
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
