@@ -245,3 +245,51 @@ def test_workers_share_the_cores_without_torchruns_banner(monkeypatch, capfd):
     assert "OMP_NUM_THREADS" not in capfd.readouterr().err
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert launcher.worker_threads(2) == {}
+
+
+_REPORT = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+           "============================================================\n",
+           "bertgpu FAILED\n",
+           "Root Cause (first observed failure):\n",
+           "[0]:\n",
+           "  rank      : 0 (local_rank: 0)\n",
+           "  exitcode  : {code} (pid: 20652) \n",
+           "============================================================\n"]
+
+
+def test_a_workers_bad_input_error_is_the_one_line_shown(capsys):
+    """`finetune classify --nproc 2` on a CSV without the text column printed the same error from
+    both ranks, then torch's log lines, its traceback and its 20-line failure report, then our
+    line saying rank 0 failed: 45 lines around the one that matters. When the job's first failure
+    exited with status 2 (a command's error), only the distinct error lines are shown; when it
+    failed of something else, everything held back is shown as it came."""
+    from bertgpu.train.launcher import _pass_through, failure_exit_code
+
+    error = "bertgpu finetune: error: bad.csv:1: no column 'text'\n"
+    other = "bertgpu finetune: error: dev.csv:3: no label\n"
+    noise = ["W1127 09:04:48.000 1 api.py:1028] Sending process 2 closing signal SIGTERM\n",
+             "Traceback (most recent call last):\n", '  File "run.py", line 9, in main\n']
+    stream = ["bertgpu finetune: note: starting\n", error, error, other, *noise,
+              *[line.format(code=2) for line in _REPORT]]
+    tail = _pass_through(iter(stream))
+    assert capsys.readouterr().err == "bertgpu finetune: note: starting\n" + error + other
+    assert failure_exit_code(tail) == 2
+    crashed = [error, *noise, *[line.format(code=1) for line in _REPORT]]
+    tail = _pass_through(iter(crashed))
+    assert capsys.readouterr().err == "".join(crashed) and failure_exit_code(tail) == 1
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_found_by_the_workers_ends_with_their_line_and_no_restart(tmp_path, capfd):
+    """Two workers that each refuse their input: the command exits 2 with that one line (once),
+    and --max-restarts does not start the same failure again."""
+    from bertgpu.train import launcher
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a sentence.\n", encoding="utf-8")
+    argv = ["tokenizer", "--corpus", str(corpus), "--vocab-size", "-1",
+            "--out", str(tmp_path / "t")]
+    assert launcher.launch_local(2, argv, max_restarts=1) == 2
+    err = capfd.readouterr().err
+    assert err.count("error:") == 1 and "--vocab-size" in err, err
+    assert "restart" not in err and "Traceback" not in err and "FAILED" not in err, err

@@ -18,7 +18,8 @@ torch's in-place worker restart: on CPU the gloo group of a restarted attempt fa
 about three times in four (torch 2.13, a plain two-rank script shows it too), a fresh launch
 does not. Each attempt sees its number in BERTGPU_RESTART_COUNT. When the job fails for good,
 the launcher's report is followed by one line naming the rank that died and of what (read from
-that report), and how to resume.
+that report), and how to resume. A job that failed of bad input (a worker's one-line error, exit
+status 2) is not restarted, and ends with that line alone.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
             print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
                   file=sys.stderr, flush=True)
             return 128 + received[0]
+        if failure_exit_code(tail) == USER_ERROR_EXIT:
+            # bad input: the worker's one-line error says it all, and a restart would meet it again
+            return USER_ERROR_EXIT
         if attempt < max_restarts:
             print(f"{name}: {describe_failure(tail)}; restart {attempt + 1} of {max_restarts}: "
                   f"{hint.replace('re-running the same command resumes', 'resuming')}",
@@ -121,6 +125,8 @@ def _run_launcher(command: list[str], attempt: int,
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: |$)")
 _STOP_EXCEPTION = "SignalException"
+_USER_ERROR = re.compile(r"^bertgpu [\w -]+: error: ")
+USER_ERROR_EXIT = 2  # what a command returns for bad input (a BertgpuError, an argparse error)
 
 
 def _pass_through(stream: Iterable[str], keep: int = 400,
@@ -130,9 +136,17 @@ def _pass_through(stream: Iterable[str], keep: int = 400,
     Once a stop signal was forwarded (`stopping()`), the launcher's own traceback for it (torch's
     SignalException: the launcher ends by raising it) is left out: the workers' lines saying how
     they stopped, and this process's last line, say it all. Lines of workers that arrive in the
-    middle of that traceback pass through at once; any other traceback is shown whole."""
+    middle of that traceback pass through at once; any other traceback is shown whole.
+
+    Once a worker printed a command's one-line error (``bertgpu finetune: error: ...``: bad input,
+    which every rank finds), the rest is held back until the launcher ends. If the job then failed
+    of that error (its first failure exited with status 2), only the error lines not yet shown are
+    printed: the same line from every rank, torch's log lines, its traceback and its failure report
+    would bury the one line that matters. Otherwise the held lines are shown as they came."""
     tail: deque[str] = deque(maxlen=keep)
     held: list[str] = []  # a traceback being read, not yet shown
+    after_error: list[str] = []  # lines after a worker's error line
+    errors_shown: set[str] = set()
 
     def show(lines: list[str]) -> None:
         for line in lines:
@@ -140,26 +154,46 @@ def _pass_through(stream: Iterable[str], keep: int = 400,
             tail.append(line)
         sys.stderr.flush()
 
-    for line in stream:
+    def feed(line: str) -> None:
+        nonlocal held
         if held:
             if line[:1].isspace() or line.startswith(("During handling", "The above exception",
                                                       "Traceback (most recent call last)")) \
                     or not line.strip():
                 held.append(line)
-                continue
+                return
             if _EXCEPTION_LINE.match(line):
                 block, held = [*held, line], []
                 if not (_STOP_EXCEPTION in line and stopping()):
                     show(block)
                 else:
                     tail.extend(block)  # kept for describe_failure, not shown
-                continue
+                return
             show([line])  # a worker's line in the middle of the traceback
-            continue
+            return
         if line.startswith("Traceback (most recent call last)"):
             held = [line]
-            continue
+            return
         show([line])
+
+    holding = False
+    for line in stream:
+        if holding:
+            after_error.append(line)
+            continue
+        feed(line)
+        if _USER_ERROR.match(line) and not held:
+            errors_shown.add(line)
+            holding = True
+    if holding:
+        if failure_exit_code(after_error) == USER_ERROR_EXIT:
+            for line in dict.fromkeys(after_error):
+                if _USER_ERROR.match(line) and line not in errors_shown:
+                    show([line])
+            tail.extend(after_error)  # kept for describe_failure, not shown
+            return list(tail)
+        for line in after_error:
+            feed(line)
     show(held)  # a traceback the stream ended inside
     return list(tail)
 
@@ -168,6 +202,17 @@ _ROOT = re.compile(r"Root Cause \(first observed failure\)")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _SIGNAL = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\)")
+
+
+def failure_exit_code(lines: list[str]) -> int | None:
+    """The exit status of the job's first failed worker, from the launcher's failure report (its
+    "Root Cause" block), or None when there is none."""
+    start = next((i for i, line in enumerate(lines) if _ROOT.search(line)), None)
+    if start is None:
+        return None
+    code = next((m.group(1) for line in lines[start:start + 12] if (m := _EXIT.search(line))),
+                None)
+    return int(code) if code is not None else None
 
 
 def describe_failure(lines: list[str]) -> str:
