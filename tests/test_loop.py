@@ -183,6 +183,32 @@ def test_budget_counts_the_time_spent_inside_steps(tmp_path, monkeypatch):
     assert 1.2 <= state["budget"]["elapsed_s"] <= wall
 
 
+def test_every_rank_sets_a_budget_steps_lr_from_the_agreed_clock(tmp_path, monkeypatch):
+    """Rank 0 reads its clock at the start of a step and the reading reaches the other ranks with
+    the step's all-reduce; the step's lr must come from the clock agreed before it, which every
+    rank has. Rank 0 used its fresh reading: with 2 ranks the lrs differed at every step and the
+    DDP replicas drifted apart (weight sums 1993.2 vs 1965.9 after 44 steps). Here each reading
+    of the clock advances it by 1 s of a 20 s budget, so the two differ at every step."""
+    lp, task, _ = make_loop(tmp_path / "run", max_steps=0, budget_hours=20 / 3600)
+    ticks = iter(range(1000))
+    lp.budget.time_fn = lambda: float(next(ticks))
+    agreed, applied = [], []
+    take_step = lp._train_step
+
+    def watched(*args, **kwargs):
+        agreed.append(lp.budget.progress())  # what every rank knows before the step
+        res = take_step(*args, **kwargs)
+        applied.append(res.lr)
+        return res
+
+    monkeypatch.setattr(lp, "_train_step", watched)
+    res = lp.run()
+    assert res.stop_reason == "budget" and len(applied) == res.step >= 10
+    expected = [lp.schedule.lr(p, step) for step, p in enumerate(agreed)]
+    assert applied == pytest.approx(expected, rel=1e-12)
+    assert applied[-1] > 0  # no last step taken after the budget was spent, at lr 0
+
+
 def test_budget_warmup_counts_steps_not_clock():
     """Budget mode: warmup_steps ramps over optimizer steps while the decay follows the clock; in
     step mode warmup_steps is the same as warmup_steps / max_steps of progress."""

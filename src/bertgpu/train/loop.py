@@ -244,7 +244,7 @@ class Loop:
         # add zeros.
         main = self.info.is_main
         signals = {"since_checkpoint_s": time.monotonic() - self._last_ckpt if main else 0.0,
-                   "budget_elapsed_s": self.budget.local_elapsed() if main and self.budget else 0.0}
+                   "budget_elapsed_s": self.budget.read() if main and self.budget else 0.0}
         if self.checkpoints.background:
             signals["checkpoint_failed"] = float(self.checkpoints.failed)
         loss_fn = self.preemption.checked_loss(self._loss_fn(), n)  # a check per micro-step

@@ -85,8 +85,11 @@ class BudgetClock:
     """Training wall-clock for budget mode, shared by all ranks.
 
     `elapsed_s` accumulates only while the clock runs and is stored in checkpoints, so a resumed
-    run continues the same budget instead of restarting it. Call `sync()` once per step (a
-    broadcast from rank 0); `progress()` and `expired()` then give the same answer on every rank.
+    run continues the same budget instead of restarting it. In the loop, rank 0 reads its clock
+    at the start of each step (`read()`), the reading rides on the step's all-reduce, and every
+    rank then takes it (`agree()`): `progress()` and `expired_agreed()` use only agreed values, so
+    every rank sets the same lr and stops at the same step. Outside the loop, `sync()` (a
+    broadcast from rank 0) agrees at once.
     """
 
     def __init__(self, budget_s: float, time_fn: Callable[[], float] = time.monotonic) -> None:
@@ -97,10 +100,12 @@ class BudgetClock:
         self.time_fn = time_fn
         self.elapsed_s = 0.0
         self._started_at: float | None = None
+        self._read_at: float | None = None
 
     def start(self) -> None:
         """(Re)start counting from now, on top of `elapsed_s`."""
         self._started_at = self.time_fn()
+        self._read_at = None
 
     def pause(self) -> None:
         """Stop counting (e.g. around evaluation or checkpoint writes,
@@ -110,12 +115,12 @@ class BudgetClock:
 
     def sync(self) -> float:
         """Fold the time since the last call into `elapsed_s`, take rank 0's value everywhere."""
-        self.local_elapsed()
+        self.agree(self.read())
         self.elapsed_s = float(distributed.broadcast_scalar(self.elapsed_s, src=0))
         return self.elapsed_s
 
     def progress(self) -> float:
-        """elapsed / budget, clamped to [0, 1], as of the last `sync()`."""
+        """elapsed / budget, clamped to [0, 1], as last agreed."""
         return min(self.elapsed_s / self.budget_s, 1.0)
 
     def expired(self) -> bool:
@@ -123,20 +128,24 @@ class BudgetClock:
         self.sync()
         return self.elapsed_s >= self.budget_s
 
-    def local_elapsed(self) -> float:
-        """This rank's clock, without a collective (rank 0's is sent to the
-        others by the caller)."""
-        if self._started_at is not None:
-            now = self.time_fn()
-            self.elapsed_s += now - self._started_at
-            self._started_at = now
-        return self.elapsed_s
+    def read(self) -> float:
+        """This rank's clock now, without a collective and without changing what `progress()`
+        says: rank 0's reading is sent to the others by the caller, and every rank takes it with
+        `agree()`. (Folding it in here made rank 0 set the step's lr from its fresh reading and
+        the other ranks from the previous one: the DDP replicas drifted apart.)"""
+        if self._started_at is None:
+            return self.elapsed_s
+        self._read_at = self.time_fn()
+        return self.elapsed_s + self._read_at - self._started_at
 
     def agree(self, elapsed_s: float) -> None:
-        """Take the agreed elapsed time (rank 0's `local_elapsed()`, received with the step's
-        all-reduce). The clock keeps counting from the moment rank 0 read it: the step between
-        the read and the agreement is training time too."""
+        """Take the agreed elapsed time (rank 0's `read()`, received with the step's all-reduce).
+        The clock keeps counting from the moment of that read: the step between the read and the
+        agreement is training time too."""
         self.elapsed_s = float(elapsed_s)
+        if self._read_at is not None and self._started_at is not None:
+            self._started_at = self._read_at
+        self._read_at = None
 
     def expired_agreed(self) -> bool:
         """True once the agreed elapsed time has used up the budget (no collective)."""
@@ -149,6 +158,7 @@ class BudgetClock:
         self.elapsed_s = float(state["elapsed_s"])
         if self._started_at is not None:
             self._started_at = self.time_fn()
+        self._read_at = None
 
 
 @dataclass(frozen=True)
