@@ -132,3 +132,38 @@ def test_prepare_and_tokenizer_refuse_an_output_that_overlaps_the_corpus(init, t
         else:
             assert f"{out}: overlaps the input {corpus}" in err, err
         assert sorted(p.name for p in corpus.iterdir()) == ["notes.md", "text.txt"]
+
+
+def test_export_replaces_only_an_earlier_export(init, tmp_path, capsys):
+    """`export --out DIR` replaced any folder holding a file named config.json: a project's
+    config.json (an editor's settings) was enough, and .git, sources and notes went with it. An
+    earlier export (its files only, a model's config.json) is still replaced."""
+    import json
+    import shutil
+
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.models.hf_io import is_model_folder, save_pretrained
+
+    run = tmp_path / "run"
+    run.mkdir()
+    project = _user_folder(tmp_path / "project")
+    (project / "config.json").write_text('{"editor": "vim"}')
+    (project / ".git").mkdir()
+    assert cli.main(["export", str(run), "--out", str(project)]) == 2
+    assert f"{project}: a folder that is not" in capsys.readouterr().err
+    assert sorted(p.name for p in project.iterdir()) == [".git", "config.json", "notes.md"]
+    assert not is_model_folder(project)
+    model = init / "config.json"
+    beside = _user_folder(tmp_path / "annotated")  # an export with the user's notes added
+    beside.joinpath("config.json").write_text(model.read_text())
+    assert not is_model_folder(beside)
+    earlier = tmp_path / "exported"
+    shutil.copytree(init, earlier)
+    assert is_model_folder(earlier)
+    cfg = BertConfig(**{k: v for k, v in json.loads(model.read_text()).items()
+                        if k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                 "num_attention_heads", "intermediate_size",
+                                 "max_position_embeddings")})
+    again = save_pretrained(BertForPreTraining(cfg, with_nsp=False), earlier, tokenizer=init)
+    assert again == earlier and is_model_folder(earlier)

@@ -482,10 +482,24 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
 MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
 
 
+MODEL_FOLDER_FILES = frozenset({"config.json", "model.safetensors", *TOKENIZER_FILES})
+"""What `save_pretrained` writes: all an earlier export may hold for a new one to replace it."""
+
+
 def is_model_folder(folder: Path) -> bool:
-    """A Hugging Face model folder (an earlier export), which a new export may replace; never a
-    checkpoint, which also holds a config.json."""
-    return (Path(folder) / "config.json").is_file() and not is_checkpoint_folder(folder)
+    """An earlier export (`save_pretrained`'s files only, its config.json a model's), which a new
+    export may replace. Never a checkpoint, which also holds a config.json, nor a folder with
+    anything else in it: any folder with a config.json was replaced, a project's .git and sources
+    with it."""
+    folder = Path(folder)
+    if is_checkpoint_folder(folder):
+        return False
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        names = {p.name for p in folder.iterdir()}
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" in config and names <= MODEL_FOLDER_FILES
 
 
 __all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",
