@@ -502,3 +502,31 @@ def test_hf_modernbert_base_and_legacy_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(BertgpuError, match=r"config\.json: config field rope_scaling"):
         load_pretrained(tmp_path, head="base")
+
+
+def test_the_exported_tokenizer_truncates_to_the_models_positions(tmp_path):
+    """Our tokenizer folders say model_max_length 512; the export of a 128-position model carried
+    that on, so transformers' `truncation=True` kept 486 tokens and the model failed ("The size of
+    tensor a (486) must match the size of tensor b (128)"). The export says the model's positions;
+    a tokenizer that already asks for fewer keeps its own."""
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the war ended in paris and the city was free again.\n\n" * 50,
+                      encoding="utf-8")
+    tok = tmp_path / "tok"
+    train_tokenizer([corpus], tok, vocab_size=60)
+    assert json.loads((tok / "tokenizer_config.json").read_text())["model_max_length"] == 512
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60,
+                                             "max_position_embeddings": 128}), with_nsp=False)
+    out = save_pretrained(model, tmp_path / "hf", tokenizer=tok)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = hf_tok("the war ended in paris. " * 100, truncation=True, return_tensors="pt")
+    assert hf_tok.model_max_length == 128 and ids["input_ids"].shape == (1, 128)
+    hf = transformers.BertForMaskedLM.from_pretrained(out)
+    assert hf(**ids).logits.shape[:2] == (1, 128)
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 64}))
+    out = save_pretrained(model, tmp_path / "hf", tokenizer=tok)
+    assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == 64

@@ -475,8 +475,27 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
                                      encoding="utf-8")
     for f in tok_files:
         shutil.copyfile(f, tmp / f.name)
+    _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
 
     return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
+
+
+def _fit_model_max_length(path: Path, positions: int) -> None:
+    """The tokenizer's `model_max_length` (what `truncation=True` cuts to) at most the model's
+    positions: our tokenizer folders say 512, and a 128-position model's export made
+    transformers' pipelines fail on long inputs ("size of tensor a (486) must match ... (128)")
+    or, for ModernBERT, run past the positions it was trained on."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # none, or not ours to mend: copied as it was
+    if not isinstance(config, dict):
+        return
+    given = config.get("model_max_length")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given <= positions:
+        return
+    config["model_max_length"] = positions
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
