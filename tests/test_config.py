@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -273,3 +274,12 @@ def test_a_negative_fine_tuning_seed_is_refused_naming_the_key():
     with pytest.raises(BertgpuError, match=r"seed = -3: expected an integer from 0 to 4294967295"):
         load_finetune_config(None, ["--seed", "-3"])
     assert load_finetune_config(None, ["--seed", "4294967295"]).seed == 4294967295
+
+
+def test_a_warmup_in_steps_is_taken_in_budget_mode_without_max_steps():
+    """The README gives `schedule.warmup_steps` for budget mode (the warm-up stays in steps, the
+    decay follows the clock), but configs/budget-24h.toml (max_steps 0) refused it: "expected none
+    in budget mode without train.max_steps"; any step cap made it work."""
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "budget-24h.toml",
+                      ["--schedule.warmup_steps", "100"])
+    assert cfg.train.max_steps == 0 and cfg.schedule.warmup_steps == 100

@@ -338,9 +338,6 @@ def _validate_schedule(s: ScheduleSection, t: TrainSection) -> None:
     if s.warmup_fraction is not None:
         check(0.0 <= s.warmup_fraction <= 1.0, "schedule.warmup_fraction", s.warmup_fraction,
                "a number in [0, 1]")
-    if t.budget_hours is not None and s.warmup_steps is not None and t.max_steps == 0:
-        check(False, "schedule.warmup_steps", s.warmup_steps,
-               "none in budget mode without train.max_steps (use schedule.warmup_fraction)")
     check(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", s.min_lr_ratio,
           "a number in [0, 1]")
     check(s.power > 0, "schedule.power", s.power, "a positive number")
