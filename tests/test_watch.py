@@ -89,6 +89,50 @@ def test_once_on_a_finished_run_and_budget_eta(run, capsys, monkeypatch):
     assert eta_s(state) == pytest.approx(5.0)  # 45 s of budget, 40 s gone; steps would need 60
 
 
+def test_a_budget_run_with_a_step_cap_shows_its_share_of_the_budget(run, capsys, monkeypatch):
+    """A budget run capped at 10,000 steps used to read "step 4 / 10,000 (0.0%)" while 40 s of
+    its 45 s budget were gone, and "(0.0%)" still once it had ended on its budget; the share is
+    now the larger of the steps' and the budget's, and says which."""
+    capped = CONFIG.replace("max_steps = 10", "max_steps = 10000") + "budget_hours = 0.0125\n"
+    (run / "config.toml").write_text(capped, encoding="utf-8")
+    out = _frame(capsys, monkeypatch, run)
+    assert "step 4 / 10,000 (88.9% of the budget)  ·  elapsed 00:40  ·  ETA 00:05" in out, out
+    # Steps ahead of the budget: the steps' share, as for a step run.
+    (run / "config.toml").write_text(CONFIG + "budget_hours = 1.0\n", encoding="utf-8")
+    assert "step 4 / 10 (40.0%)  ·  elapsed 00:40  ·  ETA 01:00" in _frame(capsys, monkeypatch,
+                                                                          run)
+    (run / "config.toml").write_text(capped, encoding="utf-8")
+    _append(run / "metrics.jsonl", [{"step": 4, "kind": "info", "time": 1.7e9, "elapsed_s": 42,
+                                     "event": "end", "reason": "budget"}])
+    out = _frame(capsys, monkeypatch, run)
+    assert "finished (budget)" in out and "step 4 / 10,000 (100.0% of the budget)" in out, out
+
+
+def test_the_console_eta_counts_the_budget(monkeypatch):
+    """The console line of a budget run capped at 10,000 steps used to show the ETA of the
+    steps alone (27:46:40 at 10 s a step) when 5 s of its 45 s budget were left, and a budget
+    run without a cap showed none; the ETA is now the smaller of the two, as in watch."""
+    import io
+
+    from bertgpu.telemetry import metrics
+
+    clock = [0.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    # 10 s a step, 40 s gone: 5 s of a 45 s budget left, 20 s of steps to a cap of 6
+    for total, hours, eta in ((10000, 0.0125, "ETA 00:05"), (None, 0.0125, "ETA 00:05"),
+                              (6, 1.0, "ETA 00:20")):
+        out = io.StringIO()
+        clock[0] = 0.0
+        log = metrics.MetricsLogger(None, is_main=True, total_steps=total, log_every=1,
+                                    stream=out)
+        log.log_config({"train": {"max_steps": total or 0, "budget_hours": hours}})
+        for step in (1, 2, 3, 4):
+            clock[0] += 10.0
+            log.log(step, "train", loss=1.0)
+        log.close()
+        assert out.getvalue().splitlines()[-1].endswith(eta), (total, out.getvalue())
+
+
 def test_compile_time_shown_apart_from_the_rates(run, capsys, monkeypatch):
     """The seconds of the steps that compiled, which the logged rates leave out, are shown
     beside them; a run that compiled nothing does not say so."""

@@ -44,8 +44,10 @@ from bertgpu.errors import BertgpuError
 from bertgpu.train.pretrain_startup import defaults_note, device_type, startup_rows
 from bertgpu.train.run_folder import (
     check_device,
+    check_not_past_max_steps,
     check_run_folder,
     check_same_model,
+    checkpoint_budget,
     keep_config_history,
 )
 
@@ -149,6 +151,8 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
     if checkpoints:  # the workers would each refuse it, under the launcher's long report
         check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
+        if finished_run(cfg, say=False) is None:
+            check_not_past_max_steps(Path(cfg.out), cfg.train.max_steps)
     # the shard set, and that the model fits it
     PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
         overrides.config_to_dict(cfg.model), None)
@@ -219,41 +223,61 @@ def _train(cfg: Any, info: Any, allow_data_change: bool) -> RunResult:
     done = finished_run(cfg, say=info.is_main)
     if done is not None:
         return done
+    check_not_past_max_steps(Path(cfg.out), cfg.train.max_steps)
     res = build(cfg, info, allow_data_change).run()
     return RunResult(Path(cfg.out), res.step, res.export_dir, res.preempted, res.last_eval,
                      res.exit_status)
 
 
 def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
-    """The run in `cfg.out` if it already ended at its newest checkpoint by reaching max_steps
-    (an `end` record there) at or past this config's train.max_steps, with its Hugging Face
-    export written after that checkpoint: a re-run of the finished command then says so and
-    returns, instead of evaluating and exporting the same weights again. None otherwise (no run,
-    more steps to take, a budget run, an export missing)."""
+    """The run in `cfg.out` if it already ended at its newest checkpoint (an `end` record there,
+    reason max_steps or budget), with its Hugging Face export written after that checkpoint, and
+    this config would take no step from there: the step is at or past its train.max_steps, or
+    (budget mode) its train.budget_hours is spent by the checkpoint's budget clock (the run ended
+    on its budget and the budget was not raised since, or the clock is past the new one). A
+    re-run of the finished command then says so in one line and returns, instead of evaluating
+    and exporting the same weights again. None otherwise (no run, steps or budget left, an
+    export missing)."""
     from bertgpu.config import overrides
     from bertgpu.fsutil import COMPLETE, complete_steps
     from bertgpu.telemetry.records import read_metrics
 
-    run_dir = Path(cfg.out)
-    max_steps = cfg.train.max_steps
+    run_dir, t = Path(cfg.out), cfg.train
     steps = complete_steps(run_dir / "checkpoints")
     export = run_dir / "hf" / "model.safetensors"
-    if not steps or not max_steps or cfg.train.budget_hours or not export.is_file():
+    if not steps or not export.is_file():
         return None
     step, checkpoint = steps[-1]
-    if step < max_steps or export.stat().st_mtime < (checkpoint / COMPLETE).stat().st_mtime:
+    if export.stat().st_mtime < (checkpoint / COMPLETE).stat().st_mtime:
         return None
     metrics = run_dir / "metrics.jsonl"
     records = read_metrics(metrics) if metrics.is_file() else []
     ends = [r for r in records if r.get("kind") == "info" and r.get("event") == "end"]
-    if not ends or ends[-1].get("step") != step or ends[-1].get("reason") != "max_steps":
+    reason = ends[-1].get("reason") if ends and ends[-1].get("step") == step else None
+    if reason not in ("max_steps", "budget"):
+        return None
+    if t.max_steps and step >= t.max_steps:
+        why, knob = f"train.max_steps {t.max_steps}", "--train.max_steps"
+    elif t.budget_hours and _budget_spent(checkpoint, t.budget_hours, reason):
+        why, knob = f"train.budget_hours {t.budget_hours:g} spent", "--train.budget_hours"
+    else:
         return None
     check_same_model(checkpoint, overrides.config_to_dict(cfg.model))
     if say:
-        print(f"{run_dir}: finished at step {step} (train.max_steps {max_steps}); nothing to "
-              f"train. Its Hugging Face export: {run_dir / 'hf'} (raise --train.max_steps to "
-              "train on)", flush=True)
+        print(f"{run_dir}: finished at step {step} ({why}); nothing to train. Its Hugging Face "
+              f"export: {run_dir / 'hf'} (raise {knob} to train on)", flush=True)
     return RunResult(run_dir, step, run_dir / "hf")
+
+
+def _budget_spent(checkpoint: Path, budget_hours: float, reason: str) -> bool:
+    """Whether a budget of `budget_hours` is used up at `checkpoint`, by the budget clock it
+    stored: its elapsed time reaches the budget, or the run ended on its budget (`reason`) and
+    this budget is not larger than the one it had."""
+    clock = checkpoint_budget(checkpoint)
+    if clock is None:
+        return False
+    budget_s = budget_hours * 3600.0
+    return clock["elapsed_s"] >= budget_s or (reason == "budget" and budget_s <= clock["budget_s"])
 
 
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:

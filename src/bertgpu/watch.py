@@ -11,6 +11,11 @@ samples) and ``config.toml`` (model, batch, length of the run), following each f
 It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
 fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there.
 
+The progress line gives the step of ``train.max_steps`` and the share done. For a run with a
+wall-clock budget (``train.budget_hours``) the share is the larger of the steps' and the
+budget's (then said "of the budget"; all of it once the run ended on its budget), and the ETA is
+whichever of the steps and the budget runs out first.
+
 The status line says how a run ended from its ``end`` record (finished; stopped by a signal, by
 divergence or by an error, without an ETA), and the live view then prints its last frame and
 exits. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran on: the
@@ -161,6 +166,20 @@ def eta_s(state: RunState) -> float | None:
     return min(left) if left else None
 
 
+def budget_share(state: RunState) -> float | None:
+    """The share of ``train.budget_hours`` used, in [0, 1]: the elapsed time of the last train
+    record over the budget, and 1 once the run ended on its budget; None without a budget."""
+    budget = _num(_section(state.config, "train").get("budget_hours"))
+    if not budget:
+        return None
+    end = run_end(state.records)
+    if end is not None and end.get("reason") == "budget":
+        return 1.0
+    train = state.of_kind("train")
+    elapsed = _num(train[-1].get("elapsed_s")) if train else None
+    return min(elapsed / (budget * 3600), 1.0) if elapsed is not None else 0.0
+
+
 def _process_gone(pid: int, started: Any = None) -> bool:
     """True when process ``pid`` is no longer on this host (one of another user's still counts):
     no such pid, or (with ``started``, its start time when the run wrote it) a pid that another
@@ -231,7 +250,13 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
     total = _max_steps(state)
     where = f"step {last['step']:,}"
     if total:
-        where += f" / {total:,.0f} ({100 * last['step'] / total:.1f}%)"
+        where += f" / {total:,.0f}"
+    step_share = last["step"] / total if total else None
+    budget = budget_share(state)
+    if budget is not None and (step_share is None or budget > step_share):
+        where += f" ({budget:.1%} of the budget)"
+    elif step_share is not None:
+        where += f" ({step_share:.1%})"
     parts = [where]
     if _num(last.get("elapsed_s")) is not None:
         parts.append(f"elapsed {duration(last['elapsed_s'])}")

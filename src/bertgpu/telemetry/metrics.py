@@ -154,8 +154,11 @@ class MetricsLogger:
       summary, and the sinks get the latest sample of every GPU as kind "system".
 
     ``initial_step`` and ``elapsed_offset_s`` come from the checkpoint when resuming, so the bar,
-    the ETA and ``elapsed_s`` continue where the run stopped. A logger with ``is_main=False``
-    writes nothing. The logger closes its sinks and its monitor.
+    the ETA and ``elapsed_s`` continue where the run stopped. With a wall-clock budget
+    (``budget_s``, or ``train.budget_hours`` of the config given to ``log_config``) the plain
+    line's ETA is whichever ends the run first: the steps left at this process's step rate, or
+    the budget left (``budget_s`` minus ``elapsed_s``), as ``bertgpu watch`` reckons it. A
+    logger with ``is_main=False`` writes nothing. The logger closes its sinks and its monitor.
     """
 
     def __init__(
@@ -172,9 +175,11 @@ class MetricsLogger:
         sinks: Sequence[Sink] = (),
         monitor: Any = None,
         device: Any = None,
+        budget_s: float | None = None,
     ) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
+        self.budget_s = budget_s
         self.log_every = max(1, int(log_every))
         self.elapsed_offset_s = float(elapsed_offset_s)
         self.path: Path | None = None
@@ -227,7 +232,12 @@ class MetricsLogger:
 
     def log_config(self, config: dict[str, Any]) -> None:
         """Hand the resolved configuration to every sink (metrics.jsonl does not carry it:
-        ``config.toml`` beside it does)."""
+        ``config.toml`` beside it does); its ``train.budget_hours``, when set, is the budget of
+        the ETA unless ``budget_s`` was given."""
+        train = config.get("train") if isinstance(config, dict) else None
+        hours = train.get("budget_hours") if isinstance(train, dict) else None
+        if self.budget_s is None and isinstance(hours, (int, float)) and hours > 0:
+            self.budget_s = float(hours) * 3600.0
         if self.is_main and self._sinks is not None and not self._closed:
             self._sinks.log_config(config)
 
@@ -315,12 +325,16 @@ class MetricsLogger:
         self.print(" | ".join([f"{kind} {where}", *fields]))
 
     def _eta(self, now: float, step: int) -> float | None:
-        if self.total_steps is None or self._eta_origin is None:
-            return None
-        t0, s0 = self._eta_origin
-        if step <= s0 or now <= t0:
-            return None
-        return (self.total_steps - step) * (now - t0) / (step - s0)
+        """Seconds left: the steps left at this process's step rate, and the budget left;
+        whichever is less (None when neither is known yet)."""
+        left = []
+        if self.total_steps and self._eta_origin is not None:
+            t0, s0 = self._eta_origin
+            if step > s0 and now > t0:
+                left.append(max(self.total_steps - step, 0) * (now - t0) / (step - s0))
+        if self.budget_s:
+            left.append(max(self.budget_s - self.elapsed_s, 0.0))
+        return min(left) if left else None
 
     def print(self, msg: str) -> None:
         """Print a message on rank 0 without breaking the progress bar."""

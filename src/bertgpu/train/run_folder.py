@@ -4,8 +4,10 @@
 or a shard set). `check_device`: `impl.device` is one this machine has. `check_same_model`: a
 resume keeps the checkpoint's `[model]` (dropout and initialisation aside). `keep_config_history`:
 a resume with other settings says which, and keeps the earlier config.toml as
-`config.step_N.toml`. `bertgpu pretrain` calls them before anything loads (and before `--nproc`
-starts workers).
+`config.step_N.toml`. `check_not_past_max_steps`: a resume never starts past train.max_steps.
+`bertgpu pretrain` calls them before anything loads (and before `--nproc` starts workers).
+`checkpoint_budget`: the budget clock a checkpoint stored (is a finished budget run finished for
+this config too?).
 """
 
 from __future__ import annotations
@@ -135,3 +137,41 @@ def check_same_model(checkpoint: Path, model_fields: dict[str, Any]) -> None:
             "another --out for a new run")
 
 
+def check_not_past_max_steps(run_dir: Path, max_steps: int) -> None:
+    """Refuse to resume a run whose newest checkpoint is past `max_steps` (0: no step limit):
+    the loop would take no step and evaluate, export and end the run as finished at a step
+    beyond the one asked for. Called for a run that did not finish at that checkpoint (a
+    finished one is answered by `pretrain.finished_run`), before anything is written."""
+    from bertgpu.fsutil import complete_steps
+
+    steps = complete_steps(run_dir / "checkpoints")
+    if not max_steps or not steps or steps[-1][0] <= max_steps:
+        return
+    step = steps[-1][0]
+    raise BertgpuError(f"{run_dir}: the newest checkpoint is step {step}, past train.max_steps "
+                       f"{max_steps}; give train.max_steps of at least {step} to go on (or use "
+                       f"that checkpoint as it is: bertgpu export {run_dir} --step {step} "
+                       "--out DIR)")
+
+
+def checkpoint_budget(checkpoint: Path) -> dict[str, float] | None:
+    """The budget clock stored in `checkpoint` (train_state.pt's "budget": `elapsed_s` trained
+    and the `budget_s` the run had then), or None: a step run's checkpoint, or a state that
+    cannot be read (the resume itself then says what is wrong with it). Memory-mapped, so the
+    optimizer state in the same file is not read."""
+    import torch
+
+    from bertgpu.train.checkpoint import STATE_FILE
+
+    try:
+        state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=True,
+                           mmap=True)
+    except Exception:  # noqa: BLE001 - unreadable: not this function's to report
+        return None
+    budget = state.get("budget") if isinstance(state, dict) else None
+    if not isinstance(budget, dict):
+        return None
+    try:
+        return {"elapsed_s": float(budget["elapsed_s"]), "budget_s": float(budget["budget_s"])}
+    except (KeyError, TypeError, ValueError):
+        return None
