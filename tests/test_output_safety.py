@@ -136,8 +136,9 @@ def test_prepare_and_tokenizer_refuse_an_output_that_overlaps_the_corpus(init, t
 
 def test_export_replaces_only_an_earlier_export(init, tmp_path, capsys):
     """`export --out DIR` replaced any folder holding a file named config.json: a project's
-    config.json (an editor's settings) was enough, and .git, sources and notes went with it. An
-    earlier export (its files only, a model's config.json) is still replaced."""
+    config.json (an editor's settings) was enough, and .git, sources and notes went with it; so
+    was a clone of a model repository. An earlier export (a model's config.json, no folder or
+    hidden entry) is still replaced."""
     import json
     import shutil
 
@@ -155,9 +156,10 @@ def test_export_replaces_only_an_earlier_export(init, tmp_path, capsys):
     assert sorted(p.name for p in project.iterdir()) == [".git", "config.json", "notes.md"]
     assert not is_model_folder(project)
     model = init / "config.json"
-    beside = _user_folder(tmp_path / "annotated")  # an export with the user's notes added
-    beside.joinpath("config.json").write_text(model.read_text())
-    assert not is_model_folder(beside)
+    clone = tmp_path / "hub-clone"  # a model repository's clone: its .git is kept
+    shutil.copytree(init, clone)
+    (clone / ".git").mkdir()
+    assert not is_model_folder(clone)
     earlier = tmp_path / "exported"
     shutil.copytree(init, earlier)
     assert is_model_folder(earlier)

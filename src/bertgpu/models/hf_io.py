@@ -501,24 +501,22 @@ def _fit_model_max_length(path: Path, positions: int) -> None:
 MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
 
 
-MODEL_FOLDER_FILES = frozenset({"config.json", "model.safetensors", *TOKENIZER_FILES})
-"""What `save_pretrained` writes: all an earlier export may hold for a new one to replace it."""
-
-
 def is_model_folder(folder: Path) -> bool:
-    """An earlier export (`save_pretrained`'s files only, its config.json a model's), which a new
-    export may replace. Never a checkpoint, which also holds a config.json, nor a folder with
-    anything else in it: any folder with a config.json was replaced, a project's .git and sources
-    with it."""
+    """An earlier export, which a new export replaces whole: its config.json a model's (a JSON
+    object with a model_type), no folder and no hidden entry in it. Never a checkpoint, which
+    also holds a config.json, nor a folder of the user's that happens to hold a config.json (any
+    such folder was replaced, a project's .git and sources with it), nor a clone of a model
+    repository (its .git)."""
     folder = Path(folder)
     if is_checkpoint_folder(folder):
         return False
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        names = {p.name for p in folder.iterdir()}
+        entries = list(folder.iterdir())
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and "model_type" in config and names <= MODEL_FOLDER_FILES
+    return (isinstance(config, dict) and "model_type" in config
+            and not any(p.is_dir() or p.name.startswith(".") for p in entries))
 
 
 __all__ = ["LoadReport", "load_init_weights", "load_pretrained", "save_pretrained", "hf_config",
