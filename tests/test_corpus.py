@@ -330,3 +330,17 @@ def test_decoded_lines_pieces_end_every_line(tmp_path):
     got = list(decoded_lines(tmp_path / "x", io.BytesIO(b"ab cd ef\nxy zzz "), piece_bytes=4))
     assert got == [(1, "ab ", False), (1, "cd ", False), (1, "ef", True), (2, "xy ", False),
                    (2, "zzz ", False), (2, "", True)]
+
+
+def test_a_broken_json_line_names_its_column_once(tmp_path):
+    """json's own message can end in "at" ("Unterminated string starting at"): the error said
+    "starting at at column 10"."""
+    path = tmp_path / "broken.jsonl"
+    for line, message in [('{"text": "broken', "Unterminated string starting at column 10"),
+                          ('{"text": "tab\there"}', "Invalid control character at column 14"),
+                          ('{"text": }', "Expecting value at column 10")]:
+        path.write_text('{"text": "ok doc."}\n' + line + "\n")
+        with pytest.raises(BertgpuError) as info:
+            list(iter_documents([path]))
+        assert str(info.value) == (f"{path}:2: not valid JSON ({message}); expected one JSON "
+                                   "object per line")

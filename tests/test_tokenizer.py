@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 from _text_fixtures import tokenizer_corpus, train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
+from bertgpu.data.corpus import CorpusStats
 from bertgpu.data.tokenizer import (
     SPECIAL_TOKENS,
     is_lowercase,
@@ -208,3 +210,108 @@ def test_a_chinese_vocabulary_keeps_its_characters(tmp_path, recwarn):
     with pytest.warns(UserWarning, match=r"--limit-alphabet 50 keeps that many characters"):
         train_tokenizer([latin], tmp_path / "latin", vocab_size=2000, limit_alphabet=50,
                         lowercase=False)
+
+
+def _hf_bert_folder(cased, folder, config=None, model_config=None):
+    """The cased tokenizer's files under another tokenizer_config.json (None: none), and a
+    config.json of ``model_config`` (a Hugging Face model folder)."""
+    shutil.copytree(cased, folder)
+    (folder / "tokenizer_config.json").unlink()
+    if config is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    if model_config is not None:
+        (folder / "config.json").write_text(json.dumps(model_config))
+    return folder
+
+
+FOLDERS = [  # (tokenizer_config.json, config.json, whether AutoTokenizer lower-cases)
+    ({"tokenizer_class": "BertTokenizerFast"}, None, True),  # do_lower_case unset: true
+    ({"tokenizer_class": "BertTokenizerFast", "do_lower_case": True}, None, True),
+    ({"tokenizer_class": "BertTokenizer", "do_lower_case": False}, None, False),
+    ({"model_max_length": 512}, {"model_type": "bert"}, True),  # a model folder's class: BERT's
+    ({"tokenizer_class": "PreTrainedTokenizerFast"}, None, False),  # tokenizer.json as it is
+    (None, None, False),
+]
+
+
+def test_a_folder_encodes_as_autotokenizer_reads_its_config(cased, tmp_path):
+    """transformers builds a BERT tokenizer's normaliser from tokenizer_config.json (do_lower_case
+    defaults to true) whatever tokenizer.json says. `load_tokenizer` used to return tokenizer.json
+    as it is: a cased tokenizer.json under a config without do_lower_case gave cased shards
+    ('Paris') while the model's AutoTokenizer lower-cased ('p ##ar ##is'), and is_lowercase and
+    tokenizer_hash described yet another encoding. Now all three follow transformers."""
+    from transformers import AutoTokenizer
+
+    for k, (config, model_config, lowercase) in enumerate(FOLDERS):
+        folder = _hf_bert_folder(cased, tmp_path / f"hf{k}", config, model_config)
+        hf = AutoTokenizer.from_pretrained(str(folder))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = load_tokenizer(folder)
+        for text in [*TEXTS, "Paris and Berlin are Capital Cities. Café Über naïve."]:
+            assert ours.encode(text).ids == hf(text)["input_ids"], (text, config)
+        assert is_lowercase(folder) is lowercase, config
+        assert [str(w.message) for w in caught if "normaliser" in str(w.message)] == (
+            [f"{folder}: tokenizer.json's normaliser keeps case and keeps accents, but "
+             "tokenizer_config.json (with BERT's defaults for what it does not set) lower-cases "
+             "and strips accents; encoding as the config says, as transformers' AutoTokenizer "
+             "does"] if lowercase else [])  # lower-casing: against the cased tokenizer.json
+        same = tmp_path / f"same{k}"  # the same vocabulary, with a config that states the encoding
+        shutil.copytree(cased, same)
+        (same / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "BertTokenizerFast", "do_lower_case": lowercase}))
+        assert tokenizer_hash(folder) == tokenizer_hash(same), config
+        assert (tokenizer_hash(folder) == tokenizer_hash(cased)) is not lowercase
+
+
+def test_a_config_setting_of_the_wrong_type_is_one_line_error(cased, tmp_path):
+    """do_lower_case "false" (a string) was truthy: the folder lower-cased."""
+    folder = _hf_bert_folder(cased, tmp_path / "hf", {"tokenizer_class": "BertTokenizerFast",
+                                                       "do_lower_case": "false"})
+    with pytest.raises(BertgpuError, match=r"tokenizer_config.json: do_lower_case is \"false\"; "
+                                           "expected true or false$"):
+        load_tokenizer(folder)
+
+
+@pytest.mark.parametrize("sample_bytes", [None, 10**6])
+def test_skip_bad_leaves_a_file_out_whole(tmp_path, sample_bytes):
+    """A file skipped for a bad byte on line 5 used to have its first 4 lines trained on: the
+    vocabulary held words found only there ('zebra', 'giraffe') and the summary counted its
+    documents. It is left out whole, as prepare leaves it out: the vocabulary is the one of
+    the other files alone."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(b"Zebra giraffe zebra giraffe.\n\nZebra giraffe again.\n\n"
+                                   b"caf\xe9\n")
+    good = tokenizer_corpus(tmp_path / "good")
+    shutil.copy(good, corpus / "b.txt")
+    stats = CorpusStats()
+    folder = train_tokenizer([corpus], tmp_path / "tok", vocab_size=300, min_frequency=1,
+                             skip_bad=True, stats=stats, sample_bytes=sample_bytes)
+    alone = CorpusStats()
+    reference = train_tokenizer([good], tmp_path / "alone", vocab_size=300, min_frequency=1,
+                                stats=alone, sample_bytes=sample_bytes)
+    assert (folder / "vocab.txt").read_bytes() == (reference / "vocab.txt").read_bytes()
+    assert not {"zebra", "giraffe"} & set((folder / "vocab.txt").read_text().split())
+    assert (stats.files, stats.documents) == (1, alone.documents)
+    assert [(path, reason.split(": ", 1)[1]) for path, reason in stats.skipped] == [
+        (str(corpus / "a.txt"), "invalid UTF-8 byte 0xe9 at byte offset 55; expected UTF-8 text")]
+
+
+def test_a_corpus_of_control_characters_is_refused(tmp_path, capsys):
+    """A corpus whose text is only control or format characters (BERT's normaliser removes them)
+    used to give a vocabulary of the five special tokens, exit 0. Now one line, exit 2, no
+    folder."""
+    ctrl = tmp_path / "ctrl.txt"
+    ctrl.write_bytes(b"\x01\x02\x03\n\n\x7f\x00\n")
+    zw = tmp_path / "zw.jsonl"
+    zw.write_text('{"text": "\\u200b"}\n{"text": "\\ufeff\\u200d"}\n')
+    for corpus in (ctrl, zw):
+        out = tmp_path / f"tok_{corpus.stem}"
+        code = cli_main(["tokenizer", "--corpus", str(corpus), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err == (f"bertgpu tokenizer: error: {corpus}: no text (only control or format "
+                       "characters, which BERT's normaliser removes); expected text to train "
+                       "on\n")
+        assert not out.exists() and not out.with_name(out.name + ".tmp").exists()

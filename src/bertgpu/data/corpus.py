@@ -47,7 +47,8 @@ Stages, so that a caller can run the expensive one on other cores (``bertgpu pre
   turns each raw part into ``("part", sentences, first)``, passes events through.
 - `settle_parts` (cheap, in order): drops empty parts, counts documents, and turns a file that
   produced no text into the "no text" error (or a skipped file). It also takes parts that a
-  later stage already processed (`prepare` tokenizes them first: a falsy payload is empty).
+  later stage already processed (`prepare` tokenizes them first: a falsy payload is empty, and
+  a ``("no_tokens", None, first)`` part had only text that gave no token).
 
 `iter_document_parts` chains the three in one process; `iter_documents` joins the parts.
 
@@ -384,9 +385,11 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
     stats = stats if stats is not None else CorpusStats()
     yielded = 0  # parts of the current file
     pending = False  # a document started and has produced no text yet
+    untokenized = False  # the current file had text that gave no token
     for kind, value, first in items:
-        if kind == "part":
+        if kind in ("part", "no_tokens"):
             pending = pending or first
+            untokenized = untokenized or kind == "no_tokens"
             if value:
                 yielded += 1
                 stats.documents += pending
@@ -394,22 +397,23 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
                 pending = False
         elif kind == "end":
             if yielded == 0:
-                message = (f"{value}: no text (only blank lines or markup); expected at "
-                           "least one document")
+                what = ("control or format characters, which the tokenizer removes"
+                        if untokenized else "blank lines or markup")
+                message = f"{value}: no text (only {what}); expected at least one document"
                 if not skip_bad:
                     raise BertgpuError(message)
                 stats.skipped.append((value, message))
             else:
                 stats.files += 1
-            yielded = 0
+            yielded, untokenized = 0, False
         elif kind == "slice":  # whether the file had text is known once every part is read
             stats.slices[value] = stats.slices.get(value, 0) + yielded
-            yielded = 0
+            yielded, untokenized = 0, False
         elif kind == "bad":
             stats.skipped.append(value)
             if yielded:
                 stats.partial.append(value[0])
-            yielded = 0
+            yielded, untokenized = 0, False
         else:
             raise ValueError(f"not a converted item: {kind!r} (convert raw documents first)")
 

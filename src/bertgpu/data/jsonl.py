@@ -32,9 +32,10 @@ def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, s
                     f"{where}: a JSON document spread over several lines, not JSON "
                     "Lines; expected one JSON object per line (e.g. `jq -c '.[]'` writes them)"
                 ) from None
+            # json's message may already end in "at" ("Unterminated string starting at")
             raise BertgpuError(
-                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                "expected one JSON object per line"
+                f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at column "
+                f"{exc.colno}); expected one JSON object per line"
             ) from None
         if first and isinstance(obj, list):
             raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "

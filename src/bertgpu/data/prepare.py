@@ -280,8 +280,8 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
             texts[path] = texts.get(path, 0) + n
     for path, n in texts.items():  # a file read in parts: did any part have text?
         if n == 0 and path not in bad:
-            message = (f"{path}: no text (only blank lines or markup); expected at least one "
-                       "document")
+            message = (f"{path}: no text (only blank lines, markup or control characters); "
+                       "expected at least one document")
             if not job.skip_bad:
                 raise BertgpuError(message)
             skipped.append((path, message))
@@ -295,6 +295,8 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
                   "shards": [shard for r in ordered for shard in r["splits"][s]["shards"]]}
               for s in SPLITS}
     if splits["train"]["sequences"] == 0:
+        if splits["validation"]["sequences"] == 0:  # (only documents with tokens are counted)
+            raise BertgpuError("the corpus gave no tokens; expected text to tokenize")
         asked = (f"--validation-docs {job.validation_docs}" if job.validation_docs is not None
                  else f"--validation-fraction {job.fraction}")
         raise BertgpuError(f"{asked}: the corpus has {documents} documents and all of them were "

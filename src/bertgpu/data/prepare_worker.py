@@ -82,7 +82,9 @@ def _encode(texts: list[str]) -> tuple[list[list[int]], list[np.ndarray | None]]
 
 def encode_items(items: list[tuple]) -> list[tuple]:
     """Stage 1 on a batch of raw items: parts become ``("part", Encoded | None, first)`` (None:
-    no sentences), file events pass through.
+    no sentences), or ``("no_tokens", None, first)`` when their text gave no token (only control
+    or format characters: `corpus.settle_parts` counts no document and no text for them); file
+    events pass through.
 
     mlm encodes each part's sentences joined by a space, which tokenizes exactly like encoding
     them one by one (the BERT pre-tokenizer splits on whitespace) with far fewer Encoding
@@ -101,6 +103,9 @@ def encode_items(items: list[tuple]) -> list[tuple]:
         flags = flag_list[i : i + n]
         i += n
         tokens = np.concatenate(ids) if n > 1 else ids[0]
+        if len(tokens) == 0:  # only characters the normaliser removes (control, format)
+            out[k] = ("no_tokens", None, first)
+            continue
         word_starts = None if flags[0] is None else np.concatenate(flags) if n > 1 else flags[0]
         bounds = np.cumsum([len(x) for x in ids], dtype=np.int64) if nsp else None
         chars = np.array([len(s) for s in sentences], np.int64) if nsp else None

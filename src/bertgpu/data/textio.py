@@ -20,6 +20,7 @@ import io
 import json
 import re
 import sys
+import unicodedata
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -218,20 +219,86 @@ def open_binary(src: Source) -> BinaryIO:
         raise
 
 
-def _cut(raw: bytes) -> int:
-    """Where to end a piece of an over-long line: after its last space or tab when that keeps at
-    least half of it, else before its last character (never inside a UTF-8 sequence).
+CJK_IDEOGRAPHS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
+                  "\U0002a700-\U0002b73f\U0002b740-\U0002b81f\U0002b820-\U0002ceaf"
+                  "\U0002f800-\U0002fa1f")
+"""CJK ideographs, which BERT's normaliser makes words of their own (its _is_chinese_char
+ranges), as a regex character class body."""
+LONG_WORD_CHARS = 1000
+"""A word with more characters than this (counting those BERT's normaliser keeps) encodes as one
+[UNK] with any BERT vocabulary (their max_input_chars_per_word is 100), whatever follows it."""
+_WORD_END_CANDIDATE = re.compile(f"[\\W_{CJK_IDEOGRAPHS}]")  # a superset of `_ends_word`'s chars
+_CJK_CHAR = re.compile(f"[{CJK_IDEOGRAPHS}]")
+_WINDOW = 8192  # bytes of a piece's end that `_cut` looks at first
 
-    Either cut leaves the tokens unchanged for BERT's pre-tokenizer, which splits on whitespace
-    and isolates every CJK character; only a single "word" longer than a piece is cut inside.
+
+def _ends_word(ch: str) -> bool:
+    """Whether BERT's normaliser and pre-tokenizer end a word at ``ch``, whatever surrounds it:
+    whitespace, punctuation or a CJK ideograph (tokenize_chinese_chars, true in BERT's folders
+    and in every folder `bertgpu tokenizer` writes). Control and format characters are removed,
+    so a word goes on across them."""
+    if ch in "\t\n\r":
+        return True
+    category = unicodedata.category(ch)
+    if category[0] == "C":
+        return False
+    return (ch.isspace() or category[0] == "P" or "!" <= ch <= "~" and not ch.isalnum()
+            or _CJK_CHAR.match(ch) is not None)
+
+
+def _counts_in_word(ch: str) -> bool:
+    """Whether ``ch`` stays a character of its word through BERT's normaliser (control, format
+    and replacement characters are removed; marks are, with accent stripping)."""
+    return unicodedata.category(ch)[0] not in "CM" and ch != "\ufffd"
+
+
+def _whole_chars(raw: bytes) -> int:
+    """Bytes of ``raw`` up to an incomplete UTF-8 sequence at its end (all of it if none)."""
+    i = len(raw) - 1
+    while i > 0 and i > len(raw) - 4 and raw[i] & 0xC0 == 0x80:  # continuation bytes 10xxxxxx
+        i -= 1
+    lead = raw[i] if raw else 0
+    need = 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if lead >= 0xF0 else 1
+    return i if raw and i + need > len(raw) else len(raw)
+
+
+def _cut(raw: bytes) -> tuple[int, bool]:
+    """Where to end a piece of an over-long line, and whether it ends inside an over-long word.
+
+    The piece ends after the last character where BERT's normaliser and pre-tokenizer end a word
+    (`_ends_word`), so the pieces give the tokens of the whole line. When the piece's last
+    LONG_WORD_CHARS characters hold none, it ends inside a word that encodes as one [UNK]: it
+    keeps its whole characters, and True says that the rest of the word is to be skipped
+    (`_word_rest`), which keeps the one [UNK] the whole line gives. A piece too short for either
+    (a tiny ``piece_bytes``) ends after its whole characters.
     """
-    space = max(raw.rfind(b" "), raw.rfind(b"\t"))
-    if space >= len(raw) // 2:
-        return space + 1
-    j = len(raw) - 1
-    while j > 0 and raw[j] & 0xC0 == 0x80:  # continuation bytes 10xxxxxx
-        j -= 1
-    return j if j > 0 else len(raw)
+    whole = _whole_chars(raw)
+    start = max(0, whole - _WINDOW)
+    while True:
+        while 0 < start < len(raw) and raw[start] & 0xC0 == 0x80:
+            start += 1  # a character's first byte
+        text = raw[start:whole].decode("utf-8", "surrogateescape")  # bad bytes: errors later
+        kept = 0
+        for i in range(len(text) - 1, -1, -1):
+            if _ends_word(text[i]):
+                return start + len(text[: i + 1].encode("utf-8", "surrogateescape")), False
+            kept += _counts_in_word(text[i])
+            if kept > LONG_WORD_CHARS:
+                return whole, True
+        if start == 0:
+            return whole or len(raw), False
+        start = 0  # a window of removed characters only: look at the whole piece
+
+
+def _word_rest(raw: bytes, ends: bool) -> tuple[int, bool]:
+    """(bytes at the start of ``raw`` that continue an over-long word, whether it goes on after
+    them); ``ends``: ``raw`` ends its line. Invalid UTF-8 raises UnicodeDecodeError."""
+    whole = len(raw) if ends else _whole_chars(raw)
+    text = raw[:whole].decode("utf-8")
+    for match in _WORD_END_CANDIDATE.finditer(text):
+        if _ends_word(match.group()):
+            return len(text[: match.start()].encode("utf-8")), False
+    return whole, not ends
 
 
 def line_label(path: Source | str, line: int, by_byte: bool = False) -> str:
@@ -246,7 +313,9 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
     and byte.
 
     With ``piece_bytes``, a line longer than that arrives as several pieces (cut by `_cut`) with
-    ``ends_line`` False on all but the last, so memory never holds more than a piece of it.
+    ``ends_line`` False on all but the last, so memory never holds more than a piece of it. The
+    pieces give BERT's tokens of the whole line: they end where a word ends, or inside a word
+    of more than LONG_WORD_CHARS characters (one [UNK]), whose rest is then left out.
     ``first_offset``: where ``f`` starts in the file, for the byte offsets in errors. ``part``:
     ``f`` is a `LineRange` of the file, and may be empty; when it starts after the file's first
     byte the lines before it are not counted, so each line's "number" is the byte offset in the
@@ -259,6 +328,7 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
     total = 0
     carry = b""
     open_line = False  # the last piece did not end its line
+    skipping = False  # ... and ended inside an over-long word, whose rest is skipped
     while True:
         want = -1 if piece_bytes is None else piece_bytes - len(carry)
         chunk = f.readline(want)
@@ -267,11 +337,17 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
             break
         carry = b""
         ends = want < 0 or chunk.endswith(b"\n") or len(chunk) < want
-        if not ends:
-            cut = _cut(raw)
-            raw, carry = raw[:cut], raw[cut:]
         number = line_start if by_byte else lineno + 1
         try:
+            if skipping:  # its [UNK] came with the piece before: the rest gives no token
+                skip, skipping = _word_rest(raw, ends)
+                raw, offset = raw[skip:], offset + skip
+                if skipping:
+                    carry = raw  # an incomplete character at most
+                    continue
+            if not ends:
+                cut, skipping = _cut(raw)
+                raw, carry = raw[:cut], raw[cut:]
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BertgpuError(

@@ -18,32 +18,48 @@ large Parquet or uncompressed file (`units.split_file`), a share of N proportion
 read from its start; a vocabulary of a remote corpus without downloading all of it.
 
 The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
-and special_tokens_map.json. `load_tokenizer` also accepts any Hugging Face BERT folder that has
-only vocab.txt (+ tokenizer_config.json).
+and special_tokens_map.json. Loading a folder (`load_tokenizer`, `is_lowercase`,
+`tokenizer_hash`, re-exported here) is `tokenizer_folder`'s: any Hugging Face BERT folder,
+encoded as transformers' AutoTokenizer encodes it.
+
+With --skip-bad a file skipped after part of its text was read is left out whole, as `prepare`
+leaves it out: the corpus is read again without it before the trainer runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 from bertgpu.data.corpus import (
+    FORMATS,
     CorpusStats,
+    Piece,
     add_corpus_arguments,
     convert_item,
-    iter_document_parts,
     iter_piece_items,
     resolve_inputs,
     settle_parts,
 )
 from bertgpu.data.sources import check_not_cwd, is_url
+from bertgpu.data.tokenizer_folder import (
+    _DEFAULT_SPECIAL,
+    MAX_WORD_CHARS,
+    SPECIAL_TOKENS,
+    TOKENIZER_FILES,
+    find_tokenizer_folder,
+    is_lowercase,
+    load_tokenizer,
+    special_token_ids,
+    tokenizer_hash,
+)
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
     check_apart,
@@ -53,39 +69,14 @@ from bertgpu.fsutil import (
     replace_dir,
 )
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+__all__ = ["MAX_WORD_CHARS", "SPECIAL_TOKENS", "TOKENIZER_FILES", "find_tokenizer_folder",
+           "is_lowercase", "load_tokenizer", "special_token_ids", "tokenizer_hash",
+           "train_tokenizer"]
+
 VOCAB_SHORTFALL_WARN = 0.75
 """A vocabulary under this share of --vocab-size is a warning (the summary line gives the size
 in every case: a corpus often gives a few percent fewer pieces than asked)."""
-MAX_WORD_CHARS = 100
-"""A longer word encodes as [UNK] (BERT's max_input_chars_per_word)."""
-_SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token",
-                 "mask": "mask_token"}
-_DEFAULT_SPECIAL = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
 MODEL_MAX_LENGTH = 512
-# Files `prepare` copies into a data folder and `save_pretrained` next to a model.
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json")
-
-
-# --------------------------------------------------------------------------- building blocks
-
-
-def _pipeline(tokenizer, lowercase: bool, strip_accents: bool | None, cls_id: int, sep_id: int,
-              cls: str = "[CLS]", sep: str = "[SEP]") -> None:
-    """Attach BERT's normaliser, pre-tokenizer, templates and decoder to a WordPiece tokenizer."""
-    from tokenizers import decoders, normalizers, pre_tokenizers, processors
-
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
-    )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{cls}:0 $A:0 {sep}:0",
-        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, cls_id), (sep, sep_id)],
-    )
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -133,20 +124,17 @@ def train_tokenizer(
     _check_out_dir(out, paths)
     stats = stats if stats is not None else CorpusStats()
 
-    from bertgpu.data.wordpiece import train_wordpiece  # (it imports this module's pipeline)
+    from bertgpu.data.wordpiece import new_wordpiece, train_on_copy  # (it imports _pipeline)
 
+    tok = new_wordpiece(lowercase, strip_accents)
     tmp = make_scratch(out.with_name(out.name + ".tmp"), out)
     try:
-        if sample_bytes is None:
-            parts = iter_document_parts(paths, fmt=fmt, text_field=text_field,
-                                        skip_bad=skip_bad, stats=stats)
-        else:
-            parts = _sample_parts(paths, fmt, text_field, skip_bad, stats, sample_bytes)
-        tok = train_wordpiece(parts, tmp / "corpus.txt", lowercase, strip_accents, vocab_size,
-                              min_frequency, limit_alphabet)
-        if stats.documents == 0:
-            raise BertgpuError("no documents read from the corpus; expected text to train on")
-        (tmp / "corpus.txt").unlink()
+        copy = tmp / "corpus.txt"
+        alphabet, pieces = _copy_corpus(tok, copy, paths, fmt, text_field, skip_bad, stats,
+                                        sample_bytes, limit_alphabet, vocab_size)
+        tok = train_on_copy(tok, copy, alphabet, pieces, lowercase, strip_accents, vocab_size,
+                            min_frequency)
+        copy.unlink()
         got = tok.get_vocab_size(with_added_tokens=True)
         if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
             warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
@@ -162,16 +150,63 @@ def train_tokenizer(
     return out
 
 
-def _sample_parts(paths: list[str | os.PathLike], fmt: str, text_field: str, skip_bad: bool,
-                  stats: CorpusStats, sample_bytes: int) -> Iterator[tuple[list[str], bool]]:
-    """The document parts of a sample of about ``sample_bytes`` characters of the corpus."""
+def _copy_corpus(tok, copy: Path, paths: list[str | os.PathLike], fmt: str, text_field: str,
+                 skip_bad: bool, stats: CorpusStats, sample_bytes: int | None,
+                 limit_alphabet: int, vocab_size: int) -> tuple[list[str], list[str]]:
+    """Read the corpus into the trainer's copy (`wordpiece.copy_corpus`): (alphabet, pieces);
+    ``stats`` counts what the copy holds.
+
+    A file skipped (--skip-bad) after some of its text was read is left out whole, as `prepare`
+    leaves it out: the corpus is read again without the files skipped the first time (their
+    reasons kept), so that neither the vocabulary nor the counts hold any of its text. A corpus
+    with no document, or whose text is only characters BERT's normaliser removes, is an error.
+    """
+    from bertgpu.data.wordpiece import copy_corpus
+
+    if fmt not in FORMATS:
+        raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
+    before: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
+    inputs = resolve_inputs(paths, before if skip_bad else None)
+    left_out: set[str] = set()
+    while True:
+        read = CorpusStats(skipped=list(before))
+        kept = [src for src in inputs if str(src) not in left_out]
+        parts = _document_parts(kept, fmt, text_field, skip_bad, read, sample_bytes)
+        alphabet, pieces = copy_corpus(parts, tok, copy, limit_alphabet, vocab_size)
+        skipped_now = {path for path, _ in read.skipped[len(before):]}
+        if not set(read.partial) | {p for p in skipped_now if read.slices.get(p)}:
+            break
+        left_out |= skipped_now
+        before = read.skipped
+    for f in fields(CorpusStats):  # the caller's stats describe the pass that counts
+        setattr(stats, f.name, getattr(read, f.name))
+    if stats.documents == 0:
+        raise BertgpuError("no documents read from the corpus; expected text to train on")
+    if not alphabet:
+        bad = {path for path, _ in stats.skipped}
+        names = [str(src) for src in kept if str(src) not in bad]
+        more = f" and {len(names) - 3} more files" if len(names) > 3 else ""
+        raise BertgpuError(f"{', '.join(names[:3])}{more}: no text (only control or format "
+                           "characters, which BERT's normaliser removes); expected text to "
+                           "train on")
+    return alphabet, pieces
+
+
+def _document_parts(inputs: list, fmt: str, text_field: str, skip_bad: bool, stats: CorpusStats,
+                    sample_bytes: int | None) -> Iterator[tuple[list[str], bool]]:
+    """The document parts of the files ``inputs`` (`corpus.iter_document_parts`), or with
+    ``sample_bytes`` of a sample of about that many characters spread over them."""
     from bertgpu.data.sources import file_size
     from bertgpu.data.units import UNIT_BYTES, sample_quota, split_file
 
-    pieces = [piece for src in resolve_inputs(paths, stats.skipped if skip_bad else None)
-              for piece in split_file(src, file_size(src), fmt, UNIT_BYTES)]
-    raw = iter_piece_items(pieces, fmt, text_field, skip_bad, stats,
-                           quota=sample_quota(pieces, sample_bytes))
+    quota = None
+    if sample_bytes is None:
+        pieces = [Piece(src) for src in inputs]
+    else:
+        pieces = [piece for src in inputs
+                  for piece in split_file(src, file_size(src), fmt, UNIT_BYTES)]
+        quota = sample_quota(pieces, sample_bytes)
+    raw = iter_piece_items(pieces, fmt, text_field, skip_bad, stats, quota=quota)
     return settle_parts((convert_item(item) for item in raw), skip_bad, stats)
 
 
@@ -204,163 +239,6 @@ def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None
     }
     _write_json(folder / "tokenizer_config.json", config)
     _write_json(folder / "special_tokens_map.json", dict(_DEFAULT_SPECIAL))
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def _read_config(folder: Path) -> dict:
-    return _read_json_or_empty(folder / "tokenizer_config.json", "; expected a tokenizer config")
-
-
-def _special_strings(folder: Path) -> dict[str, str]:
-    """Special token strings by key (pad, unk, ...), from special_tokens_map.json or the config."""
-    names = dict(_DEFAULT_SPECIAL)
-    for source in (_read_config(folder), _read_json_or_empty(folder / "special_tokens_map.json")):
-        for attr in names:
-            value = source.get(attr)
-            if isinstance(value, dict):  # {"content": "[CLS]", ...} in newer files
-                value = value.get("content")
-            if isinstance(value, str):
-                names[attr] = value
-    return {key: names[attr] for key, attr in _SPECIAL_KEYS.items()}
-
-
-def _read_json_or_empty(path: Path, expected: str = "") -> dict:
-    """The JSON object in `path`, {} when there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BertgpuError(f"{path}: not valid JSON ({exc}){expected}") from None
-
-
-def _check_folder(folder: Path) -> None:
-    if folder.is_file():
-        raise BertgpuError(f"{folder}: a file, not a tokenizer folder; expected the folder that "
-                           f"holds it ({folder.parent})")
-    if not folder.is_dir():
-        raise BertgpuError(f"{folder}: no such tokenizer folder; expected the output of "
-                           "`bertgpu tokenizer`")
-    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
-        raise BertgpuError(
-            f"{folder}: neither tokenizer.json nor vocab.txt found; expected a tokenizer folder"
-        )
-
-
-def find_tokenizer_folder(path: str | os.PathLike) -> Path | None:
-    """The tokenizer folder that `path` names, or None: a tokenizer folder or a Hugging Face model
-    folder (vocab.txt or tokenizer.json) as is; a bertgpu run folder's tokenizer/, also from one
-    of its checkpoints/step_N (so `prepare --tokenizer runs/phase1` makes shards for a run
-    continued from it)."""
-    folder = Path(path)
-    candidates = [folder, folder / "tokenizer"]
-    if folder.parent.name == "checkpoints":
-        candidates.append(folder.parent.parent / "tokenizer")
-    for candidate in candidates:
-        if (candidate / "tokenizer.json").is_file() or (candidate / "vocab.txt").is_file():
-            return candidate
-    return None
-
-
-def is_lowercase(folder: str | os.PathLike) -> bool:
-    """Whether the tokenizer lower-cases its input (do_lower_case; BERT's default True)."""
-    folder = Path(folder)
-    _check_folder(folder)
-    config = _read_config(folder)
-    if "do_lower_case" in config:
-        return bool(config["do_lower_case"])
-    normalizer = _tokenizer_json(folder).get("normalizer") or {}
-    return bool(normalizer.get("lowercase", True))
-
-
-def _strip_accents(folder: Path) -> bool:
-    """The effective accent stripping (null/None means: same as lower-casing)."""
-    value = _read_config(folder).get("strip_accents")
-    return is_lowercase(folder) if value is None else bool(value)
-
-
-def _tokenizer_json(folder: Path) -> dict:
-    path = folder / "tokenizer.json"
-    return _read_json_or_empty(path) if path.is_file() else {}
-
-
-def load_tokenizer(folder: str | os.PathLike):
-    """The `tokenizers.Tokenizer` of a folder: tokenizer.json, or else built from vocab.txt.
-
-    The vocab.txt route rebuilds BERT's pipeline with the config's do_lower_case /
-    strip_accents, so a Hugging Face BERT folder without tokenizer.json works too.
-    """
-    from tokenizers import AddedToken, Tokenizer, models
-
-    folder = Path(folder)
-    _check_folder(folder)
-    if (folder / "tokenizer.json").is_file():
-        try:
-            return Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as exc:  # the Rust side raises plain Exception with its message
-            raise BertgpuError(f"{folder / 'tokenizer.json'}: cannot load ({exc}); expected a "
-                               "tokenizers JSON file") from None
-    specials = _special_strings(folder)
-    vocab = _read_vocab(folder / "vocab.txt")
-    missing = [t for t in specials.values() if t not in vocab]
-    if missing:
-        raise BertgpuError(f"{folder / 'vocab.txt'}: special tokens {missing} missing; expected "
-                           "them in the vocabulary")
-    tok = Tokenizer(models.WordPiece(vocab, unk_token=specials["unk"],
-                                     continuing_subword_prefix="##",
-                                     max_input_chars_per_word=MAX_WORD_CHARS))
-    config = _read_config(folder)
-    lowercase = is_lowercase(folder)
-    strip = config.get("strip_accents")
-    _pipeline(tok, lowercase, None if strip is None else bool(strip), vocab[specials["cls"]],
-              vocab[specials["sep"]], cls=specials["cls"], sep=specials["sep"])
-    tok.add_special_tokens([AddedToken(t, special=True) for t in specials.values()])
-    return tok
-
-
-def _read_vocab(path: Path) -> dict[str, int]:
-    vocab: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                vocab.setdefault(line.rstrip("\n"), i)
-    except UnicodeDecodeError:
-        raise BertgpuError(f"{path}: invalid UTF-8; expected one token per line") from None
-    if not vocab:
-        raise BertgpuError(f"{path}: empty; expected one token per line")
-    return vocab
-
-
-def special_token_ids(folder: str | os.PathLike) -> dict[str, int]:
-    """Ids of the special tokens: keys pad, unk, cls, sep, mask."""
-    folder = Path(folder)
-    tok = load_tokenizer(folder)
-    ids: dict[str, int] = {}
-    for key, token in _special_strings(folder).items():
-        idx = tok.token_to_id(token)
-        if idx is None:
-            raise BertgpuError(f"{folder}: special token {token} is not in the vocabulary")
-        ids[key] = idx
-    return ids
-
-
-def tokenizer_hash(folder: str | os.PathLike) -> str:
-    """sha256 over vocab.txt and the normalisation settings: equal hash = identical encoding."""
-    folder = Path(folder)
-    _check_folder(folder)
-    h = hashlib.sha256()
-    vocab_path = folder / "vocab.txt"
-    if vocab_path.is_file():
-        h.update(vocab_path.read_bytes())
-    else:  # a tokenizer.json-only folder: its vocabulary in id order stands in for vocab.txt
-        vocab = load_tokenizer(folder).get_vocab(with_added_tokens=True)
-        h.update("".join(t + "\n" for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])).encode())
-    settings = {"lowercase": is_lowercase(folder), "strip_accents": _strip_accents(folder),
-                "chinese_chars": True}
-    h.update(json.dumps(settings, sort_keys=True).encode())
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- command line

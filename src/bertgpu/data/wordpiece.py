@@ -1,11 +1,11 @@
 """Training a WordPiece vocabulary, deterministically: `bertgpu tokenizer`'s engine
-(`data/tokenizer.py` writes and reads the folder).
+(`data/tokenizer.py` writes the folder, `data/tokenizer_folder.py` reads it).
 
-`train_wordpiece` reads the corpus once, counting characters and words and copying the text for
-the `tokenizers` trainer; the initial alphabet and the "##c" pieces are chosen here, so two runs
-give the same vocabulary (`_initial_vocabulary`). CJK ideographs are kept as far as the
-vocabulary has room, other characters up to `limit_alphabet`; words that can only encode as
-[UNK] (a run of letters over MAX_WORD_CHARS) are left out of the training text.
+`copy_corpus` reads the corpus once, counting characters and words and copying the text for
+the `tokenizers` trainer (`train_on_copy`); the initial alphabet and the "##c" pieces are chosen
+here, so two runs give the same vocabulary (`_initial_vocabulary`). CJK ideographs are kept as
+far as the vocabulary has room, other characters up to `limit_alphabet`; words that can only
+encode as [UNK] (a run of letters over MAX_WORD_CHARS) are left out of the training text.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from bertgpu.data.tokenizer import MAX_WORD_CHARS, SPECIAL_TOKENS, _pipeline
+from bertgpu.data.textio import CJK_IDEOGRAPHS
+from bertgpu.data.tokenizer_folder import MAX_WORD_CHARS, SPECIAL_TOKENS, _pipeline
 
-# CJK ideographs, which BERT's pre-tokenizer splits one by one (its _is_chinese_char ranges).
-_CJK = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002b73f"
-        "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\U0002f800-\U0002fa1f")
+_CJK = CJK_IDEOGRAPHS  # split one by one by BERT's normaliser
 _CJK_CHAR = re.compile(f"[{_CJK}]")
 DROPPED_CHARS_WARN = 0.005
 """Characters left out of the alphabet above this share of the characters in words: a warning."""
@@ -127,18 +126,33 @@ def _warn_dropped_characters(ranked: list[str], kept: set[str], chars: Counter[s
                   f"{why}; expected a larger --limit-alphabet or --vocab-size", stacklevel=3)
 
 
-def train_wordpiece(parts: Iterator[tuple[list[str], bool]], copy_path: Path, lowercase: bool,
-           strip_accents: bool | None, vocab_size: int, min_frequency: int, limit_alphabet: int):
-    """Read the corpus once (counting, and copying its sentences to ``copy_path``), then train the
-    WordPiece model on the copy: the trainer's Rust reader skips decompression and markup."""
-    from tokenizers import Tokenizer, models, trainers
+def new_wordpiece(lowercase: bool, strip_accents: bool | None):
+    """An untrained WordPiece tokenizer with BERT's pipeline (what `copy_corpus` normalises with
+    and `train_on_copy` trains)."""
+    from tokenizers import Tokenizer, models
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
                                      max_input_chars_per_word=MAX_WORD_CHARS))
     _pipeline(tok, lowercase, strip_accents, cls_id=2, sep_id=3)
+    return tok
+
+
+def copy_corpus(parts: Iterator[tuple[list[str], bool]], tok, copy_path: Path,
+                limit_alphabet: int, vocab_size: int) -> tuple[list[str], list[str]]:
+    """Read the corpus once, counting and copying its sentences to ``copy_path`` (the trainer's
+    Rust reader then skips decompression and markup): (alphabet, continuation pieces), see
+    `_initial_vocabulary`. An empty alphabet: no character of the corpus survives BERT's
+    normaliser (only control or format characters), nothing to learn from."""
     with open(copy_path, "w", encoding="utf-8") as copy:
-        alphabet, pieces = _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy,
-                                               vocab_size)
+        return _initial_vocabulary(_sentence_batches(parts), tok, limit_alphabet, copy,
+                                   vocab_size)
+
+
+def train_on_copy(tok, copy_path: Path, alphabet: list[str], pieces: list[str], lowercase: bool,
+                  strip_accents: bool | None, vocab_size: int, min_frequency: int):
+    """Train the WordPiece model on the copy `copy_corpus` wrote; the trained tokenizer."""
+    from tokenizers import trainers
+
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
