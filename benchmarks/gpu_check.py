@@ -72,7 +72,7 @@ GPU_TESTS = ["tests/test_fsdp_gpu.py", "tests/test_preemption.py", "tests/test_g
 def stages(smoke: bool, out: Path) -> list[dict]:
     py = sys.executable
     common = ["--train.log_every_steps", "10", "--train.eval_every_steps", "0",
-              "--train.eval_batches", "4", "--checkpoint.every_steps", "0"]
+              "--train.eval_sequences", "256", "--checkpoint.every_steps", "0"]
     if smoke:
         small = ["--model.num_hidden_layers", "1", "--model.hidden_size", "64",
                  "--model.num_attention_heads", "2", "--model.intermediate_size", "128",

@@ -21,7 +21,7 @@ def args(data: Path, out: Path, *extra: str) -> list[str]:
             "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
             "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
             "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
-            "--train.eval_batches", "2", "--train.max_steps", str(STEPS),
+            "--train.eval_sequences", "8", "--train.max_steps", str(STEPS),
             "--checkpoint.every_steps", "4", "--checkpoint.keep_last", "0", *extra]
 
 

@@ -66,7 +66,7 @@ def test_pretraining_numbers_are_the_runs_own(bench_out: Path):
         assert [p["step"] for p in r["curve"]] == [5, 10]
         # The same held-out sequences and masks for both: the whole split, 15%, one seed.
         cfg = (run / "config.toml").read_text()
-        assert "eval_mask_rate = 0.15" in cfg and "eval_batches = 0" in cfg and "seed = 0" in cfg
+        assert "eval_mask_rate = 0.15" in cfg and "eval_sequences = 0" in cfg and "seed = 0" in cfg
         assert ((run / "tokenizer" / "vocab.txt").read_bytes()
                 == (bench_out / "tokenizer" / "vocab.txt").read_bytes())
         assert f"| {r['name']} |" in md and f"{r['val_mlm_loss']:.3f}" in md

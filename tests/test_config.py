@@ -12,11 +12,10 @@ import pytest
 from bertgpu.config.overrides import (
     apply_overrides,
     config_to_dict,
-    dump_toml,
-    format_help,
     help_of,
     tomllib,
 )
+from bertgpu.config.render import dump_toml, format_help
 from bertgpu.config.schema import (
     PretrainConfig,
     load_config,

@@ -136,7 +136,7 @@ def test_init_from_minilm_gives_transformers_logits_before_step_1(pydoc_data, mi
 def test_continued_minilm_beats_its_init_and_a_random_twin_and_exports(pydoc_data, minilm,
                                                                        tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    steps = ["--train.max_steps", "10", "--train.eval_batches", "0", "--optim.lr", "5e-4"]
+    steps = ["--train.max_steps", "10", "--train.eval_sequences", "0", "--optim.lr", "5e-4"]
     run = tmp_path / "continued"
     assert main(["pretrain", ADAPT, "--init", str(minilm), "--data", str(pydoc_data),
                  "--out", str(run), *SMALL, *steps]) == 0
@@ -263,7 +263,7 @@ def test_continued_on_two_ranks_equals_one_process_with_accumulation(phase1, tmp
     same = ["--init", str(phase1), "--model.hidden_dropout_prob", "0",
             "--model.attention_probs_dropout_prob", "0", "--impl.micro_batch_size", "4",
             "--schedule.decay", "constant", "--schedule.warmup_steps", "0",
-            "--train.eval_batches", "2"]
+            "--train.eval_sequences", "8"]
     data = phase1.parent / "d32"
     assert main(_tiny(data, tmp_path / "one", *same)) == 0
     proc = bertgpu([*_tiny(data, tmp_path / "two", *same), "--nproc", "2"])

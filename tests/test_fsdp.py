@@ -367,7 +367,7 @@ def test_distributed_options_and_their_errors(tmp_path):
         and cfg.checkpoint.async_save
     )
     path = tmp_path / "c.toml"
-    from bertgpu.config.overrides import dump_toml
+    from bertgpu.config.render import dump_toml
 
     path.write_text(dump_toml(cfg))
     assert schema.load_config(path) == cfg

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from bertgpu import pretrain
 from bertgpu.cli import main
 from bertgpu.config import schema
-from bertgpu.config.overrides import dump_toml
+from bertgpu.config.render import dump_toml
 from bertgpu.errors import BertgpuError
 from bertgpu.telemetry.records import read_metrics
 from bertgpu.train import distributed
@@ -37,7 +37,8 @@ def _overrides(data: Path, out: Path, *extra: str) -> list[str]:
         "--model.hidden_dropout_prob", "0", "--model.attention_probs_dropout_prob", "0",
         "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
         "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
-        "--train.eval_batches", "2", "--schedule.decay", "constant", "--schedule.warmup_steps", "0",
+        "--train.eval_sequences", "8", "--schedule.decay", "constant",
+        "--schedule.warmup_steps", "0",
         "--impl.num_workers", "0", "--checkpoint.keep_last", "0", *extra,
     ]
 

@@ -20,7 +20,7 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 SMALL = ["--model.vocab_size", "100", "--model.hidden_size", "32",
          "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
          "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
-         "--train.eval_every_steps", "0", "--train.eval_batches", "2", "--impl.num_workers", "0",
+         "--train.eval_every_steps", "0", "--train.eval_sequences", "8", "--impl.num_workers", "0",
          "--train.log_every_steps", "1"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")

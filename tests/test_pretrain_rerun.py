@@ -29,7 +29,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
         "--model.max_position_embeddings", "64",
         "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
         "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
-        "--train.eval_batches", "2", "--checkpoint.keep_last", "0", *extra,
+        "--train.eval_sequences", "8", "--checkpoint.keep_last", "0", *extra,
     ]
 
 

@@ -29,7 +29,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
             "--model.vocab_size", "100", "--model.hidden_size", "32",
             "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
             "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
-            "--train.eval_batches", "2", "--checkpoint.every_steps", "0", *extra]
+            "--train.eval_sequences", "8", "--checkpoint.every_steps", "0", *extra]
 
 
 @pytest.fixture(scope="module")

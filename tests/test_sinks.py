@@ -70,7 +70,7 @@ def test_logging_section_fields_and_validation():
 
 
 def test_logging_section_in_a_config_schema(tmp_path):
-    from bertgpu.config import overrides
+    from bertgpu.config import overrides, render
 
     @dataclasses.dataclass
     class Schema:  # as the pretraining and fine-tuning schemas hold it
@@ -85,10 +85,10 @@ def test_logging_section_in_a_config_schema(tmp_path):
     assert cfg.logging.gpu_monitor_interval_s == 2.0 and cfg.logging.wandb_run_name == "r1"
     with pytest.raises(BertgpuError, match="logging.wandb_projet"):
         overrides.apply_dict(Schema(), {"logging": {"wandb_projet": "p"}}, "recipe.toml")
-    (tmp_path / "c.toml").write_text(overrides.dump_toml(cfg), encoding="utf-8")
+    (tmp_path / "c.toml").write_text(render.dump_toml(cfg), encoding="utf-8")
     again = overrides.apply_dict(Schema(), overrides.read_toml(tmp_path / "c.toml"), "c.toml")
     assert again == cfg  # the resolved config reads back the same (None as "none")
-    assert "--logging.wandb_mode" in overrides.format_help(Schema)
+    assert "--logging.wandb_mode" in render.format_help(Schema)
 
 
 def test_fanout_order_system_metrics_and_a_failing_sink(tmp_path, capsys):

@@ -64,7 +64,8 @@ from bertgpu.config.finetune import (
     peak_lr,
     resolve_finetune,
 )
-from bertgpu.config.overrides import config_to_dict, format_help
+from bertgpu.config.overrides import config_to_dict
+from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
 from bertgpu.tasks.finetuning import JobRequest

@@ -283,7 +283,7 @@ def _budget_spent(checkpoint: Path, budget_hours: float, reason: str) -> bool:
 def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     """The training loop of a pretraining run, resumed from its newest checkpoint if any."""
 
-    from bertgpu.config import overrides, schema
+    from bertgpu.config import overrides, render, schema
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
@@ -326,7 +326,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             bucket_window=impl.bucket_window,
                             static_shapes=impl.cuda_graphs(device_type(info)))
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
-                        eval_batches=t.eval_batches, autocast=engine.autocast, info=info,
+                        eval_sequences=t.eval_sequences, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
     training = loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
                          peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
@@ -334,7 +334,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                          title="bertgpu pretrain",
                          startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
-                         checkpoint_files=lambda: {"config.toml": overrides.dump_toml(cfg),
+                         checkpoint_files=lambda: {"config.toml": render.dump_toml(cfg),
                                                    "config.json": _hf_config_json(model)},
                          final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
                          comm_timer=timer, resume=resume, evaluate_first=init is not None)
@@ -342,7 +342,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     # data) leaves the run folder as it was.
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        text = overrides.dump_toml(cfg)
+        text = render.dump_toml(cfg)
         if resume is not None:
             keep_config_history(run_dir, text, int(resume[2]["step"]))
         (run_dir / "config.toml").write_text(text, encoding="utf-8")

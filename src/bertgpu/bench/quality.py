@@ -166,7 +166,7 @@ def pretrain_overrides(args: argparse.Namespace, data_dir: Path, run_dir: Path, 
     """What every recipe gets: the shared data, the budget, one log line per step (the curve's
     tokens), the whole validation split at 15% with the same seed, no intermediate checkpoints."""
     words = [f"--data={data_dir}", f"--out={run_dir}", f"--seed={args.pretrain_seed}",
-             "--train.log_every_steps=1", "--train.eval_batches=0", "--data.eval_mask_rate=0.15",
+             "--train.log_every_steps=1", "--train.eval_sequences=0", "--data.eval_mask_rate=0.15",
              "--checkpoint.every_steps=0", "--checkpoint.every_minutes=none",
              "--checkpoint.keep_last=1", f"--impl.device={args.device}"]
     if args.tokens:

@@ -298,7 +298,7 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
         f"--train.global_batch_size={micro * accumulation * workers}",
         f"--impl.micro_batch_size={micro}",
         f"--impl.device={args.device}",
-        "--train.log_every_steps=1", "--train.eval_every_steps=0", "--train.eval_batches=1",
+        "--train.log_every_steps=1", "--train.eval_every_steps=0", "--train.eval_sequences=1",
         "--checkpoint.every_steps=0", "--checkpoint.keep_last=1",
         *model_overrides,
     ]

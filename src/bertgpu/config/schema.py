@@ -4,7 +4,7 @@ vocabularies of every setting: schema as code, files and the command line only o
 Every knob is a dataclass field with a default and a help text (`bertgpu pretrain --help-config`
 prints them, see `help_text`). A TOML file only overrides defaults, the command line overrides
 the file, unknown keys are errors with a suggestion, and the resolved configuration is written
-to every run and checkpoint as `config.toml` (`overrides.dump_toml`)::
+to every run and checkpoint as `config.toml` (`render.dump_toml`)::
 
     bertgpu pretrain configs/bert-base.toml --data data/ --out runs/base \\
         --train.global_batch_size 512 --optim.lr=1e-3 --optim.betas 0.9,0.98 --seed 3
@@ -37,12 +37,12 @@ from bertgpu.config.overrides import (
     apply_dict,
     apply_overrides,
     field_type,
-    format_help,
     is_value_of,
     option,
     parse_text,
     read_toml,
 )
+from bertgpu.config.render import format_help
 from bertgpu.config.sections import (
     BALANCE_MODES,
     COMM_HOOKS,
@@ -287,7 +287,7 @@ def _validate_train(t: TrainSection) -> None:
     check(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", t.max_nonfinite_steps,
           "1 or more")
     check(t.eval_every_steps >= 0, "train.eval_every_steps", t.eval_every_steps, "0 or more")
-    check(t.eval_batches >= 0, "train.eval_batches", t.eval_batches, "0 or more")
+    check(t.eval_sequences >= 0, "train.eval_sequences", t.eval_sequences, "0 or more")
     check(t.log_every_steps >= 1, "train.log_every_steps", t.log_every_steps, "1 or more")
 
 

@@ -66,7 +66,9 @@ class TrainSection:
     max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row")
     eval_every_steps: int = option(1000, "evaluate on the validation split every N steps (0 = "
                                          "only at the end)")
-    eval_batches: int = option(50, "micro batches per evaluation (0 = the whole validation split)")
+    eval_sequences: int = option(
+        1600, "validation sequences per evaluation, the first N of the split (0 = all of it); "
+              "the same for any micro batch and device count")
     log_every_steps: int = option(10, "console and metrics.jsonl line every N steps")
     with_nsp: bool | None = option(None,
                                    "train the NSP head (none = when the data objective is mlm+nsp)")

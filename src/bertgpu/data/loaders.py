@@ -286,17 +286,19 @@ def iter_eval_batches(
     max_batches: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    max_samples: int | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Iterate a split once, in order, with fixed masks (epoch 0), for evaluation.
 
-    Batch k holds samples [k*batch_size, (k+1)*batch_size) (the last may be short); rank r gets
-    batches r, r + world_size, ... of the first `max_batches` (all when None).
+    Batch k holds samples [k*batch_size, (k+1)*batch_size) (the last may be short) of the first
+    `max_samples` (all when None); rank r gets batches r, r + world_size, ... of the first
+    `max_batches` (all when None). A sample's mask depends on its index only, never on the batch.
     """
     if batch_size <= 0:
         raise BertgpuError(f"batch_size: found {batch_size}, expected a positive integer")
     masker = _as_masker(masking, shards)
     seed = check_seed(seed)
-    n = len(shards)
+    n = len(shards) if max_samples is None else min(len(shards), max_samples)
     n_batches = -(-n // batch_size)
     if max_batches is not None:
         n_batches = min(n_batches, max_batches)

@@ -86,11 +86,11 @@ class PretrainTask:
 
     def __init__(self, data: PretrainData, model: torch.nn.Module, loader: PretrainLoader,
                  masking: MaskingConfig, eval_masking: MaskingConfig, *, seed: int, run_dir: Path,
-                 eval_batches: int, autocast: Any, info: distributed.DistInfo,
+                 eval_sequences: int, autocast: Any, info: distributed.DistInfo,
                  allow_data_change: bool = False) -> None:
         self.data, self.model, self.loader = data, model, loader
         self.masking, self.eval_masking = masking, eval_masking
-        self.seed, self.run_dir, self.eval_batches = seed, Path(run_dir), eval_batches
+        self.seed, self.run_dir, self.eval_sequences = seed, Path(run_dir), eval_sequences
         self.autocast, self.info = autocast, info
         self.device = torch.device(info.device)
         self.with_nsp = data.with_nsp
@@ -140,7 +140,8 @@ class PretrainTask:
 
     # -- evaluation -------------------------------------------------------------------------------
     def evaluate(self, step: int, train_loss: float | None) -> dict[str, float]:
-        """MLM loss/accuracy (and NSP accuracy) on the held-out split, all ranks together:
+        """MLM loss/accuracy (and NSP accuracy) on the first `train.eval_sequences` of the
+        held-out split (whatever the micro batch and device count), all ranks together:
         batches are sharded over ranks with no collective inside the loop, one all-reduce after
         (a sharded model's forwards are collectives: there every rank runs as many as the rank
         with the most batches, the extra ones on a repeated batch and not counted)."""
@@ -148,12 +149,12 @@ class PretrainTask:
             return {}
         # mlm_loss, mlm_n, mlm_correct, nsp_correct, nsp_n
         sums = torch.zeros(5, dtype=torch.float64)
-        mb, limit = self.loader.micro_batch_size, self.eval_batches or None
+        mb, limit = self.loader.micro_batch_size, self.eval_sequences or None
         self.model.eval()
         with torch.no_grad():
             done = 0
             for batch in iter_eval_batches(self.data.val, self.eval_masking, mb, seed=self.seed,
-                                           max_batches=limit, rank=self.info.rank,
+                                           max_samples=limit, rank=self.info.rank,
                                            world_size=self.info.world_size):
                 out = self._eval_forward(batch)
                 done += 1
@@ -164,7 +165,7 @@ class PretrainTask:
                     sums[3] += float(out.nsp_correct)
                     sums[4] += float(out.nsp_count)
             if sharding.is_sharded(self.model):
-                n = min(-(-len(self.data.val) // mb), limit or len(self.data.val))
+                n = -(-min(len(self.data.val), limit or len(self.data.val)) // mb)
                 for _ in range(-(-n // self.info.world_size) - done):
                     self._eval_forward(next(iter_eval_batches(self.data.val, self.eval_masking, mb,
                                                               seed=self.seed, max_batches=1)))
