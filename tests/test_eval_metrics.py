@@ -84,3 +84,36 @@ def test_task_score_and_glue_average() -> None:
     assert avg == pytest.approx((83.5 + 50.0 + 92.0) / 3)
     with pytest.raises(BertgpuError):
         em.glue_average({})
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")  # sklearn's
+def test_nan_predictions_are_nan_like_scipy_and_never_score() -> None:
+    """rankdata gave NaNs distinct ranks in input order, so Spearman of an all-NaN prediction was
+    never nan: 100 on a dev set sorted by gold score (the Spearman of row order otherwise), and
+    argmax of NaN logits is class 0, so a diverged classifier scored the share of class 0."""
+    gold = np.array([0.5, 1.0, 2.0, 3.0, 4.0])
+    nan5 = np.full(5, np.nan)
+    np.testing.assert_array_equal(em.rankdata(nan5), stats.rankdata(nan5))
+    part = np.array([1.0, np.nan, 3.0, 0.5, 2.0])
+    np.testing.assert_array_equal(em.rankdata(part), stats.rankdata(part))
+    for p in (nan5, part):
+        assert np.isnan(em.spearman(p, gold)) and np.isnan(stats.spearmanr(p, gold)[0])
+        assert np.isnan(em.pearson(p, gold)) and np.isnan(stats.pearsonr(p, gold)[0])
+    # Class ids that are NaN: an error, as scikit-learn's, never a class.
+    ids = np.array([0.0, np.nan, 1.0])
+    with pytest.raises(ValueError):
+        skm.accuracy_score([0, 1, 1], ids)
+    with pytest.raises(ValueError, match="not finite"):
+        em.accuracy(ids, [0, 1, 1])
+    # Through the 0-100 reports, which show an undefined value as 0: a broken model scores 0.
+    assert em.glue_metrics("stsb", nan5, gold) == {"pearson": 0.0, "spearman": 0.0}
+    assert em.glue_metrics("stsb", part, gold) == {"pearson": 0.0, "spearman": 0.0}
+    assert em.label_metrics(nan5, gold, regression=True) == {"pearson": 0.0, "spearman": 0.0}
+    nan_logits = np.full((4, 2), np.nan)
+    assert em.glue_metrics("sst2", nan_logits, [0, 0, 1, 0]) == {"accuracy": 0.0}
+    assert em.glue_metrics("mrpc", nan_logits, [0, 0, 1, 0]) == {"f1": 0.0, "accuracy": 0.0}
+    assert em.label_metrics(nan_logits, [0, 0, 1, 0], regression=False) == {
+        "accuracy": 0.0, "macro_f1": 0.0}
+    # One non-finite row is enough: the other rows' logits are not scored either.
+    one_bad = np.array([[2.0, 0.0], [2.0, 0.0], [0.0, np.inf], [2.0, 0.0]])
+    assert em.glue_metrics("sst2", one_bad, [0, 0, 1, 0]) == {"accuracy": 0.0}

@@ -336,6 +336,23 @@ def test_v2_null_threshold(tok: Tokenizer) -> None:
     assert postprocess([ex], feats, sl4, el4, version_2=True)[0]["long"] == "town5"
 
 
+def test_logits_outside_the_context_never_change_the_answer(tok: Tokenizer) -> None:
+    """The top n start/end logits were taken over every position before the context mask, so
+    high logits at the padding (as many as a feature got in its evaluation batch) or the
+    question filled the n-best list and the answer became "": the prediction depended on how
+    far the feature was padded."""
+    examples = read_squad(V1)
+    feats = featurize(examples, tok, max_seq_len=96, doc_stride=16, is_training=True)
+    sl, el = _logits_for(feats, _answer_windows(feats), null=-20.0)
+    expected, _ = postprocess(examples, feats, sl, el, n_best=3)
+    assert all(expected.values())
+    outside = np.array([[o is None for o in feats.offsets[f]] for f in range(len(feats))])
+    outside[:, 0] = False  # [CLS]: the null score
+    for lift in (-1e4, 30.0):
+        lifted = (np.where(outside, lift, sl), np.where(outside, lift, el))
+        assert postprocess(examples, feats, *lifted, n_best=3)[0] == expected
+
+
 # --------------------------------------------------------------------------------------------
 # Official evaluation
 
@@ -375,12 +392,47 @@ def test_squad_evaluate_v1_and_v2() -> None:
     preds = {v2[0].id: "France", v2[1].id: "", v2[2].id: "", v2[3].id: "King Charles III"}
     r = squad_evaluate(v2, preds)
     assert r == pytest.approx({
-        "exact": 50.0, "f1": 50.0, "total": 4.0,
-        "HasAns_exact": 50.0, "HasAns_f1": 50.0, "HasAns_total": 2.0,
-        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2.0})
+        "exact": 50.0, "f1": 50.0, "total": 4,
+        "HasAns_exact": 50.0, "HasAns_f1": 50.0, "HasAns_total": 2,
+        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2})
     # a missing prediction scores 0 and still counts
     del preds[v2[0].id]
     assert squad_evaluate(v2, preds)["exact"] == pytest.approx(25.0)
+
+
+def test_question_counts_are_integers() -> None:
+    """The totals were floats: results.json said "total": 5.0 and the run's last line
+    "total 5.00"; the official scripts count questions with integers."""
+    r = squad_evaluate(read_squad(V2), {})
+    totals = {k: v for k, v in r.items() if k.endswith("total")}
+    assert totals == {"total": 4, "HasAns_total": 2, "NoAns_total": 2}
+    assert all(type(v) is int for v in totals.values())
+    assert type(squad_evaluate(read_squad(V1), {})["total"]) is int
+
+
+def test_v2_has_answer_is_a_non_empty_answers_list_as_evaluate_v2(tmp_path: Path) -> None:
+    """An is_impossible question whose file kept annotators' spans in "answers" was counted under
+    NoAns yet scored against those answers, so the prediction "Paris" was a correct no-answer
+    (NoAns_exact 100). evaluate-v2.0.py sets has-answer to bool(qa["answers"]): the question is
+    HasAns, and there is no NoAns block."""
+    ctx = "The cat sat on the mat in Paris."
+    doc = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": ctx, "qas": [
+        {"id": "q1", "question": "Where did the cat sit?", "is_impossible": False,
+         "answers": [{"text": "on the mat", "answer_start": 12}]},
+        {"id": "q2", "question": "Where is the dog?", "is_impossible": True,
+         "answers": [{"text": "Paris", "answer_start": 26}],
+         "plausible_answers": [{"text": "Paris", "answer_start": 26}]}]}]}]}
+    path = tmp_path / "v2edge.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    examples = read_squad(path)
+    # evaluate-v2.0.py on this file: q1 "the mat" vs "on the mat" F1 2/3, q2 exact.
+    assert squad_evaluate(examples, {"q1": "the mat", "q2": "Paris"}, version_2=True) == \
+        pytest.approx({"exact": 50.0, "f1": 100 * (2 / 3 + 1) / 2, "total": 2,
+                       "HasAns_exact": 50.0, "HasAns_f1": 100 * (2 / 3 + 1) / 2,
+                       "HasAns_total": 2})
+    # and "" on it is wrong, as the official script has it
+    assert squad_evaluate(examples, {"q1": "on the mat", "q2": ""}, version_2=True)["exact"] == \
+        pytest.approx(50.0)
 
 
 def test_write_predictions(tmp_path: Path) -> None:

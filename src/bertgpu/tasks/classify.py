@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
+from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs, gold_labels
 from bertgpu.tasks.tables import (
     Fields,
     check_own_files,
@@ -199,7 +199,8 @@ def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike
     dev = to_examples(dev_path, dev_rows, classes, fields.label)
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     dev_enc = encode_pairs(tokenizer, dev, seq, regression)
-    gold = dev_enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+    dev_enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+    gold = gold_labels(dev, regression)  # float64 scores as read, not the float32 targets
     if regression and len(gold) and np.ptp(gold) == 0:
         warnings.warn(f"{dev_path}: every dev score is {float(gold[0]):g}; Pearson and Spearman "
                       "are undefined for constant labels and are reported as 0", stacklevel=2)
@@ -220,13 +221,17 @@ def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike
 def _write_predictions(path: Path, dev: list[Example], logits: np.ndarray,
                        classes: tuple[str, ...] | None) -> None:
     """One JSON line per dev row: its id (file:line), the label and the prediction (names, or
-    scores for regression)."""
+    scores for regression); null where the model's output is not finite (NaN has no class)."""
     lines = []
     for ex, row in zip(dev, logits, strict=True):
+        finite = bool(np.isfinite(row).all())
+        gold: str | float | None
+        pred: str | float | None
         if classes is None:
-            gold, pred = ex.label, float(row.reshape(-1)[0])
+            gold, pred = ex.label, float(row.reshape(-1)[0]) if finite else None
         else:
-            gold, pred = classes[int(ex.label or 0)], classes[int(np.argmax(row))]
+            gold = classes[int(ex.label or 0)]
+            pred = classes[int(np.argmax(row))] if finite else None
         lines.append(json.dumps({"id": ex.guid, "label": gold, "prediction": pred}))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")

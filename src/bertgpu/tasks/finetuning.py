@@ -17,9 +17,10 @@ This module turns a `Job` into what the loop asks for:
   accumulation and DDP are exact;
 - evaluation at the end of every epoch, sharded: each rank runs the model on every world-th row
   of each evaluation set taken longest first (equal work per rank), rank 0 gathers the outputs
-  and scores them (the official metrics, SQuAD's post-processing), recorded as the per-epoch
-  history that results.json reports, with the loop's cumulative train time at that evaluation
-  and the evaluation's own time (rank 0's clock);
+  and scores them (the official metrics, SQuAD's post-processing; every metric of a set is 0,
+  with a one-line warning, when the model's outputs for it are not all finite), recorded as the
+  per-epoch history that results.json reports, with the loop's cumulative train time at that
+  evaluation and the evaluation's own time (rank 0's clock);
 - the export: the fine-tuned model in the Hugging Face layout with its tokenizer.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +201,28 @@ def encode_pairs(tokenizer: Any, examples: Sequence[Example], max_seq_len: int,
         out.targets["labels"] = np.asarray([e.label for e in examples],
                                            dtype=np.float32 if regression else np.int64)
     return out
+
+
+def gold_labels(examples: Sequence[Example], regression: bool) -> np.ndarray:
+    """The labels to score against: the float64 scores as read from the file (regression; the
+    training targets of `encode_pairs` are float32, rounded), or the int64 class ids."""
+    return np.asarray([e.label for e in examples], dtype=np.float64 if regression else np.int64)
+
+
+def nonfinite_rows(outputs: Mapping[str, np.ndarray], lengths: Sequence[int] | None = None
+                   ) -> int:
+    """How many rows (sequences) of model outputs hold a value that is NaN or infinite. With
+    `lengths` (outputs with a position axis, padded per batch) only each row's first
+    `lengths[i]` positions count: the rest is padding."""
+    bad: np.ndarray | None = None
+    for v in outputs.values():
+        ok = np.isfinite(v)
+        if lengths is not None:
+            real = np.arange(v.shape[1])[None, :] < np.asarray(lengths)[:, None]  # (N, T)
+            ok |= ~real.reshape(real.shape + (1,) * (v.ndim - 2))
+        row_bad = ~ok.reshape(len(v), -1).all(axis=1)
+        bad = row_bad if bad is None else bad | row_bad
+    return 0 if bad is None else int(bad.sum())
 
 
 def strip_padding(feats: Any) -> Encoded:
@@ -390,7 +414,7 @@ class FinetuneTask:
         outputs = [self.predict_sharded(ev.data) for ev in self.job.evals]
         if self.info.is_main:
             last = step >= self.total_steps
-            metrics = {ev.name: ev.score(out, self.work_dir if last else None)
+            metrics = {ev.name: self._score(ev, out, self.work_dir if last else None, step)
                        for ev, out in zip(self.job.evals, outputs, strict=True)}
             record["metrics"] = metrics
             record["score"] = self.job.primary(metrics)
@@ -401,6 +425,22 @@ class FinetuneTask:
         self.history.append(record)
         self._pending_eval = None
         return flat
+
+    def _score(self, ev: EvalSet, outputs: dict[str, np.ndarray], folder: Path | None,
+               step: int) -> dict[str, float]:
+        """`ev`'s metrics, or every one of them 0 with a one-line warning when the model's
+        outputs for it are not all finite: a diverged model's NaN logits would otherwise still
+        score (argmax of NaN is class 0, so accuracy became the share of class 0)."""
+        lengths = [len(x) for x in ev.data.ids] if self.job.padded_outputs else None
+        bad = nonfinite_rows(outputs, lengths)
+        with np.errstate(invalid="ignore", over="ignore"):
+            metrics = ev.score(outputs, folder)
+        if not bad:
+            return metrics
+        warnings.warn(f"step {step}: the model's {ev.name} outputs are not finite (NaN or "
+                      f"infinite) for {bad} of {len(ev.data)} sequences; every {ev.name} metric "
+                      "is reported as 0", stacklevel=2)
+        return dict.fromkeys(metrics, 0.0)
 
     # -- clocks, state and result ----------------------------------------------------------------
     def train_seconds(self) -> float:

@@ -71,6 +71,9 @@ class Example:
     label: Label
     """Class id (int, Hugging Face order) for classification,
     float for STS-B, None when unlabeled."""
+    location: str | None = field(default=None, compare=False)
+    """Where the example was read, for error messages: "FILE:LINE" (TSV, CSV and JSON lines) or
+    "FILE: row N" / "FILE: item N" (parquet, a JSON array); None for in-memory examples."""
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,7 @@ def _read_tsv(task: GlueTask, path: Path, skip_malformed: bool,
                 text_a=row[ia],
                 text_b=row[ib] if ib is not None else None,
                 label=_parse_label(task, row[il], where) if il is not None else None,
+                location=where,
             ))
     return examples, skipped
 
@@ -250,6 +251,7 @@ def _read_hf(task: GlueTask, path: Path, expect_labels: bool) -> list[Example]:
             text_a=str(rec[task.hf_text_a]),
             text_b=str(rec[task.hf_text_b]) if task.hf_text_b else None,
             label=label,
+            location=where,
         ))
     return examples
 

@@ -23,7 +23,14 @@ import numpy as np
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks import glue, glue_files
 from bertgpu.tasks import metrics as eval_metrics
-from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs
+from bertgpu.tasks.finetuning import (
+    EvalSet,
+    Job,
+    JobRequest,
+    encode_pairs,
+    gold_labels,
+    nonfinite_rows,
+)
 
 if TYPE_CHECKING:
     from bertgpu.config.finetune import FinetuneConfig
@@ -84,16 +91,16 @@ def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, lis
                  tokenizer: Any, cfg: FinetuneConfig, where: str,
                  tests: Sequence[tuple[str, list[Example]]] = ()) -> Job:
     """The job of in-memory examples scored like `task` (its kind, labels and official metrics):
-    GLUE's files, or the demo's sets. `where` names the training examples in errors."""
+    GLUE's files, or the demo's sets. An unlabeled training or dev example is an error naming
+    its file and line (`Example.location`); `where` names in-memory examples, which have none."""
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     regression = task.kind == "regression"
     train = train[:cfg.max_train_examples]
-    unlabeled = [e.guid for e in train if e.label is None]
-    if unlabeled:
-        raise BertgpuError(f"{where}: training example {unlabeled[0]} has no label "
-                           f"(GLUE {task.name})")
-    evals = [_eval_set(task, split, examples[:cfg.max_eval_examples], tokenizer, seq, where)
-             for split, examples in devs]
+    _check_labelled(task, "train", train, where)
+    devs = [(split, examples[:cfg.max_eval_examples]) for split, examples in devs]
+    for split, examples in devs:
+        _check_labelled(task, split, examples, where)
+    evals = [_eval_set(task, split, examples, tokenizer, seq) for split, examples in devs]
 
     def primary(metrics: dict[str, dict[str, float]]) -> float:
         return float(np.mean([eval_metrics.task_score(task, m) for m in metrics.values()]))
@@ -107,13 +114,27 @@ def examples_job(task: GlueTask, train: list[Example], devs: list[tuple[str, lis
                labels=task.labels if task.kind == "classification" else None)
 
 
-def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: Any, seq: int,
-              where: str) -> EvalSet:
+def _check_labelled(task: GlueTask, split: str, examples: list[Example], where: str) -> None:
+    """Every example of a training or dev split has a label; the first that has none is a
+    one-line error naming its file and line (-1, or an empty label in a Hugging Face export,
+    marks an unlabeled test row), or `where` and its id for an in-memory example."""
+    missing = next((e for e in examples if e.label is None), None)
+    if missing is None:
+        return
+    if missing.location is None:
+        raise BertgpuError(f"{where}: {split} example {missing.guid} has no label (GLUE "
+                           f"{task.name}); the {split} split needs a label on every example")
+    raise BertgpuError(f"{missing.location}: no {task.name} label (-1 or empty marks an "
+                       f"unlabeled test row); the {split} split needs a label on every row")
+
+
+def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: Any,
+              seq: int) -> EvalSet:
+    """A dev split scored with the task's metrics against the labels as read (float64 scores:
+    the encoded float32 training targets would round them)."""
     enc = encode_pairs(tokenizer, examples, seq, task.kind == "regression")
-    if "labels" not in enc.targets:
-        raise BertgpuError(f"{where}: {task.name} {split} split has unlabeled examples; "
-                           "cannot evaluate")
-    labels = enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only
+    enc.targets.pop("labels", None)  # kept out of the forward pass: eval needs logits only
+    labels = gold_labels(examples, task.kind == "regression")
     if task.kind == "regression" and len(labels) and np.ptp(labels) == 0:
         warnings.warn(f"GLUE {task.name} {split} split: every score is {float(labels[0]):g}; "
                       "Pearson and Spearman are undefined for constant labels and are reported "
@@ -130,7 +151,12 @@ def _submission_writer(task: GlueTask, split: str, examples: list[Example]
     guids = [e.guid for e in examples]
 
     def write(outputs: dict[str, np.ndarray], folder: Path) -> None:
-        glue.write_glue_submission(task, outputs["logits"], folder / "submission" /
-                                   f"{glue.column_name(task, split)}.tsv", indices=guids)
+        path = folder / "submission" / f"{glue.column_name(task, split)}.tsv"
+        bad = nonfinite_rows(outputs)
+        if bad:
+            warnings.warn(f"{path}: the model's {split} outputs are not finite (NaN or infinite) "
+                          f"for {bad} of {len(guids)} rows; their predictions are meaningless",
+                          stacklevel=2)
+        glue.write_glue_submission(task, outputs["logits"], path, indices=guids)
 
     return write

@@ -3,10 +3,15 @@ score convention.
 
 The low-level metrics (`accuracy`, `f1`, `macro_f1`, `matthews_corrcoef`, `pearson`, `spearman`)
 return the raw value (0-1, or -1..1 for correlations) and match scikit-learn / scipy (tested
-against them; neither is a runtime dependency). `glue_metrics` returns the official metrics of a
-task on the 0-100 scale that papers and the GLUE leaderboard report; `label_metrics` the same
-scale for `bertgpu finetune classify`. `entity_scores` is entity-level precision/recall/F1 of BIO
-tag sequences with conlleval's span rules (seqeval's default mode; tested against seqeval):
+against them; neither is a runtime dependency), NaN included: a correlation with a NaN input is
+nan, a class id that is NaN is a ValueError (as scikit-learn's "Input contains NaN").
+`glue_metrics` returns the official metrics of a task on the 0-100 scale that papers and the GLUE
+leaderboard report; `label_metrics` the same scale for `bertgpu finetune classify`. Both report
+an undefined value (nan) as 0, and every metric as 0 when a prediction is not finite: a model
+whose outputs are NaN or infinite is broken, and no part of its output is scored (the
+fine-tuning evaluation says so in a warning: finetuning.py). `entity_scores` is entity-level
+precision/recall/F1 of BIO tag sequences with conlleval's span rules (seqeval's default mode;
+tested against seqeval):
 
     entities(["B-PER", "I-PER", "O", "I-LOC"]) == [("PER", 0, 2), ("LOC", 3, 4)]
 
@@ -31,6 +36,7 @@ from bertgpu.tasks.glue import GlueTask, get_task
 
 __all__ = [
     "accuracy",
+    "all_finite",
     "entities",
     "entity_scores",
     "f1",
@@ -48,8 +54,12 @@ __all__ = [
 
 def _pair(predictions: npt.ArrayLike, labels: npt.ArrayLike,
           dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
-    p = np.asarray(predictions).reshape(-1).astype(dtype)
-    y = np.asarray(labels).reshape(-1).astype(dtype)
+    p_in, y_in = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
+    if np.issubdtype(dtype, np.integer):
+        for name, a in (("predictions", p_in), ("labels", y_in)):
+            if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
+                raise ValueError(f"{name} are not finite: no class ids to score")
+    p, y = p_in.astype(dtype), y_in.astype(dtype)
     if p.shape != y.shape:
         raise ValueError(f"{p.shape[0]} predictions for {y.shape[0]} labels")
     if p.size == 0:
@@ -116,8 +126,11 @@ def pearson(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
 
 
 def rankdata(a: npt.ArrayLike) -> np.ndarray:
-    """Ranks 1..n with ties given their average rank (scipy.stats.rankdata, method="average")."""
+    """Ranks 1..n with ties given their average rank (scipy.stats.rankdata, method="average");
+    all nan when any value is nan (scipy's nan_policy="propagate")."""
     x = np.asarray(a, dtype=np.float64).reshape(-1)
+    if np.isnan(x).any():
+        return np.full(len(x), np.nan)
     order = np.argsort(x, kind="mergesort")
     sx = x[order]
     # Start of each run of equal values; a tie group spanning sorted positions i..j gets
@@ -133,15 +146,27 @@ def rankdata(a: npt.ArrayLike) -> np.ndarray:
 
 
 def spearman(predictions: npt.ArrayLike, labels: npt.ArrayLike) -> float:
-    """Spearman rank correlation: Pearson of the average ranks (ties handled as scipy)."""
+    """Spearman rank correlation: Pearson of the average ranks (ties handled as scipy); nan when
+    either side is constant or holds a nan (as scipy)."""
     x, y = _pair(predictions, labels, np.float64)
     return pearson(rankdata(x), rankdata(y))
 
 
 def _class_ids(predictions: npt.ArrayLike) -> np.ndarray:
+    """(N, C) logits or probabilities -> class ids; (N,) already ids. NaN logits have no argmax
+    (numpy's would be class 0): a ValueError."""
     p = np.asarray(predictions)
-    # (N, C) logits or probabilities -> class ids; (N,) already ids.
-    return p.argmax(axis=-1) if p.ndim == 2 else p.reshape(-1)
+    if p.ndim != 2:
+        return p.reshape(-1)
+    if np.issubdtype(p.dtype, np.inexact) and not np.isfinite(p).all():
+        raise ValueError("logits are not finite: no class ids")
+    return p.argmax(axis=-1)
+
+
+def all_finite(predictions: npt.ArrayLike) -> bool:
+    """Whether every value of a model's predictions is a finite number."""
+    p = np.asarray(predictions)
+    return not np.issubdtype(p.dtype, np.inexact) or bool(np.isfinite(p).all())
 
 
 def glue_metrics(task: GlueTask | str, predictions: npt.ArrayLike,
@@ -151,9 +176,12 @@ def glue_metrics(task: GlueTask | str, predictions: npt.ArrayLike,
     `predictions`: class ids (N,) or logits (N, C) for classification; scores (N,) or (N, 1) for
     STS-B. `labels`: ids or scores. For MNLI call once per dev split (matched, mismatched).
     A correlation of a constant prediction is undefined; it is reported as 0 so a collapsed
-    run scores 0 rather than poisoning the average with nan.
+    run scores 0 rather than poisoning the average with nan. Predictions that are not all finite
+    score 0 on every metric (module docstring).
     """
     task = get_task(task)
+    if not all_finite(predictions):
+        return dict.fromkeys(task.metrics, 0.0)
     if task.kind == "classification":
         p = _class_ids(predictions)
     else:
@@ -171,7 +199,11 @@ def label_metrics(predictions: npt.ArrayLike, labels: npt.ArrayLike,
                   regression: bool) -> dict[str, float]:
     """`bertgpu finetune classify` on the 0-100 scale: accuracy and macro-F1 of class ids (logits
     (N, C) or ids (N,)), or Pearson and Spearman of scores (N,) / (N, 1) for regression (an
-    undefined correlation, from a constant prediction, reported as 0 as in `glue_metrics`)."""
+    undefined correlation, from a constant prediction, reported as 0 as in `glue_metrics`; every
+    metric 0 when a prediction is not finite)."""
+    if not all_finite(predictions):
+        return dict.fromkeys(("pearson", "spearman") if regression
+                             else ("accuracy", "macro_f1"), 0.0)
     if regression:
         p = np.asarray(predictions, dtype=np.float64).reshape(-1)
         pairs = {"pearson": pearson(p, labels), "spearman": spearman(p, labels)}

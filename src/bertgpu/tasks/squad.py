@@ -65,7 +65,9 @@ class SquadExample:
     question: str
     context: str
     answers: tuple[str, ...]
-    """Gold answer texts (all annotators); empty for an unanswerable v2 question."""
+    """Gold answer texts (all annotators) as the file gives them; empty for an unanswerable v2
+    question in an official file (squad_eval.py scores a question with answers as answerable,
+    as evaluate-v2.0.py does, even when it is marked is_impossible)."""
     answer_starts: tuple[int, ...]
     """Character starts of `answers` in `context`, corrected where the file's was off."""
     is_impossible: bool = False
@@ -357,10 +359,15 @@ def postprocess(examples: Sequence[SquadExample], features: Features,
                 ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]]]:
     """Best answer text per example id, and the n-best list behind it.
 
-    For each example, over all its features: the `n_best` highest start and end logits, spans
-    inside the context with end >= start, at most `max_answer_len` tokens, starting in the
-    window where the start token is best centred (Google BERT; `use_max_context=False` allows any
-    window, as transformers' run_qa.py); score = start + end logit; text cut from the
+    For each example, over all its features: the `n_best` highest start logits among the
+    feature's context tokens that may start an answer (in the window where the token is best
+    centred: Google BERT; `use_max_context=False` allows any window, as transformers' run_qa.py)
+    and the `n_best` highest end logits among its context tokens; of those, the spans with
+    end >= start and at most `max_answer_len` tokens. Other positions (the question, [CLS],
+    [SEP], padding) are never candidates, so the answer depends only on the logits of the
+    feature's own context tokens, not on how far the feature was padded (Google's and
+    run_qa.py's decoders take the top n over all positions first and can lose every valid span
+    to them). Score = start + end logit; text cut from the
     original context by character offsets. v2: the null score is the smallest [CLS] start + end
     over the example's features, and "" is predicted when null - best span > `null_threshold`.
     n-best entries: {"text", "score", "start_logit", "end_logit", "probability"} (softmax over the
@@ -414,17 +421,26 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
         ok_end = features.context_mask(f)[: len(sl)]
         ok_start = (ok_end & features.token_is_max_context[f][: len(sl)] if use_max_context
                     else ok_end)
-        s_idx = np.argsort(-sl, kind="stable")[:n_best]
-        e_idx = np.argsort(-el, kind="stable")[:n_best]
+        # Only positions that may start (end) an answer take part in the n-best search: the
+        # logits at the question, [SEP] and padding would otherwise crowd the real candidates out
+        # of the top n, and how much padding a feature has depends on its evaluation batch.
+        s_idx = _top_positions(sl, ok_start, n_best)
+        e_idx = _top_positions(el, ok_end, n_best)
         length = e_idx[None, :] - s_idx[:, None] + 1  # (n, n)
-        valid = (ok_start[s_idx][:, None] & ok_end[e_idx][None, :]
-                 & (length >= 1) & (length <= max_answer_len))
+        valid = (length >= 1) & (length <= max_answer_len)
         for a, b in zip(*np.nonzero(valid), strict=True):
             s, e = int(s_idx[a]), int(e_idx[b])
             cs, ce = features.offsets[f][s][0], features.offsets[f][e][1]  # type: ignore[index]
             cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), ex.context[cs:ce]))
     cands.sort(key=lambda c: -c[0])
     return cands, null_score
+
+
+def _top_positions(logits: np.ndarray, allowed: np.ndarray, n: int) -> np.ndarray:
+    """The (at most) `n` allowed positions with the highest logits, best first (ties: the lower
+    position first)."""
+    candidates = np.flatnonzero(allowed)
+    return candidates[np.argsort(-logits[candidates], kind="stable")[:n]]
 
 
 def _distinct_best(cands: list[tuple[float, float, float, str]],

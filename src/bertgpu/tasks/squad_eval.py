@@ -4,6 +4,13 @@ Follows evaluate-v1.1.py / evaluate-v2.0.py: the same answer normalisation, toke
 over gold answers, 0-100 scale. For v2, a question with no answer is right only when the
 prediction is "" (both empty -> 1, otherwise 0). One deliberate difference: a question without a
 prediction scores 0 and counts in the total (the v2 script would crash on it).
+
+Which v2 questions have an answer: as evaluate-v2.0.py decides, `bool(qa["answers"])`, whatever
+"is_impossible" says. Official files always give an is_impossible question `"answers": []`;
+converted or home-made files sometimes keep annotators' spans there too. Such a question is
+scored against those answers and counted under HasAns, exactly as the official script scores the
+same file, so the numbers here can be checked with it. (Training follows "is_impossible": its
+target is the [CLS] "no answer" position, squad.py.)
 """
 
 from __future__ import annotations
@@ -56,8 +63,9 @@ def f1_score(prediction: str, gold: str, version_2: bool = True) -> float:
 
 def squad_evaluate(examples: Sequence[SquadExample], predictions: Mapping[str, str],
                    version_2: bool | None = None) -> dict[str, float]:
-    """Official SQuAD scores on the 0-100 scale: exact, f1, total; for v2 also HasAns_/NoAns_
-    exact, f1 and total. `version_2` defaults to "any example is unanswerable"."""
+    """Official SQuAD scores on the 0-100 scale: exact, f1 and the question count total (an int);
+    for v2 also HasAns_/NoAns_ exact, f1 and total, split by whether the question's answers list
+    is empty (module docstring). `version_2` defaults to "any example is unanswerable"."""
     if version_2 is None:
         version_2 = any(e.is_impossible for e in examples)
     em: dict[str, float] = {}
@@ -84,13 +92,14 @@ def squad_evaluate(examples: Sequence[SquadExample], predictions: Mapping[str, s
         return {
             f"{prefix}exact": 100.0 * sum(em[k] for k in ids) / n if n else 0.0,
             f"{prefix}f1": 100.0 * sum(f1[k] for k in ids) / n if n else 0.0,
-            f"{prefix}total": float(n),
+            f"{prefix}total": n,
         }
 
     out = block([e.id for e in examples])
     if version_2:
-        # evaluate-v2.0.py: "has answer" means a non-empty answers list, before normalisation.
-        has = [e.id for e in examples if e.answers and not e.is_impossible]
+        # evaluate-v2.0.py: "has answer" means a non-empty answers list, before normalisation,
+        # whatever is_impossible says.
+        has = [e.id for e in examples if e.answers]
         has_set = set(has)
         no = [e.id for e in examples if e.id not in has_set]
         if has:

@@ -91,8 +91,9 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
     dev_feats = squad.featurize(dev_ex, tokenizer, **kw)
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
-        # Logits come back padded per batch; postprocess expects (F, max_seq_len). Pad positions
-        # are never context tokens, so any value works there.
+        # Logits come back padded per batch; postprocess expects (F, max_seq_len). It takes its
+        # candidates among each feature's context tokens only, so the values at the padding (the
+        # model's own, or pad_to's) never matter.
         start, end = (pad_to(outputs[k], seq) for k in ("start_logits", "end_logits"))
         preds, _ = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
                                      max_answer_len=cfg.max_answer_len, version_2=version_2,
