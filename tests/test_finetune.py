@@ -131,7 +131,7 @@ def squad_fixture(path: Path, n: int, seed: int) -> Path:
     return path
 
 
-def test_span_extraction_learns(tmp_path):
+def test_span_extraction_learns(tmp_path, capsys):
     init = tiny_init(tmp_path)
     squad_dir = tmp_path / "squad"
     squad_dir.mkdir()
@@ -144,6 +144,9 @@ def test_span_extraction_learns(tmp_path):
     assert res["metrics"]["dev"]["exact"] > 80.0, res["metrics"]  # chance: ~1/8 of the tokens
     preds = json.loads((out / "predictions.json").read_text())
     assert len(preds) == 60 and all(isinstance(v, str) for v in preds.values())
+    # the last line shows the question count as a count ("total 60.00" before)
+    assert re.search(r"^SQuAD v1\.1: dev exact \d+\.\d\d, f1 \d+\.\d\d, total 60 -> ",
+                     capsys.readouterr().out, re.M)
 
 
 def test_hf_folder_without_mlm_head_or_pooler(tmp_path, capsys):

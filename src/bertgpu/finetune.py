@@ -68,6 +68,13 @@ from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
+from bertgpu.tasks.finetune_output import (
+    FINETUNE_OUTPUT,
+    check_out,
+    discard_unresumable,
+    is_finetune_output,
+    note_replaced,
+)
 from bertgpu.tasks.finetuning import JobRequest
 from bertgpu.tasks.init_model import (
     build_model,
@@ -107,7 +114,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
     names and `regression` as tasks/classify.py and tasks/ner.py describe."""
-    _check_out(out)
+    check_out(out)
     cfg = load_finetune_config(cfg, overrides)
     request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file,
                          predict_test=predict_test, text_field=text_field,
@@ -133,7 +140,7 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     from bertgpu.tasks import glue as glue_tasks
     from bertgpu.tasks.glue_job import DEFAULT_MAX_SEQ_LEN, examples_job
 
-    _check_out(out)
+    check_out(out)
     t = glue_tasks.get_task(task)
     cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
@@ -149,20 +156,6 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
 
     return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from, seq)
-
-
-FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
-
-
-def is_finetune_output(folder: Path) -> bool:
-    """An earlier fine-tuning output, which a new run to the same --out replaces."""
-    return (Path(folder) / "results.json").is_file()
-
-
-def _check_out(out: str | os.PathLike[str]) -> None:
-    from bertgpu.fsutil import check_output_folder
-
-    check_output_folder(out, FINETUNE_OUTPUT, replaces=is_finetune_output)
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +204,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                            "config": config_to_dict(cfg), "world_size": info.world_size},
                           sort_keys=True)
     if info.is_main:
-        _note_replaced(out, job.name)
+        note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")
     try:
         loop, task = _build_loop(job, model, cfg, info, pad_id, work, tok_dir, identity, init,
@@ -220,7 +213,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
         result = loop.run()
     except Exception:
         if info.is_main:
-            _discard_unresumable(work, out)
+            discard_unresumable(work, out)
         raise
     if result.preempted:
         return {"preempted": True, "step": result.step, "exit_status": result.exit_status}
@@ -231,32 +224,6 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                                  out, info, timing, seq[0])
     distributed.barrier()
     return results
-
-
-def _note_replaced(out: Path, task: str) -> None:
-    """An --out that holds an earlier fine-tuning is replaced when this run ends: say so at the
-    start, naming what is there (a re-run of the same task, or another task's results)."""
-    import warnings
-
-    path = out / "results.json"
-    if not path.is_file():
-        return
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        what = f"{earlier.get('task')} from {earlier.get('init')}"
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        what = "its results.json is unreadable"
-    warnings.warn(f"{out}: holds an earlier fine-tuning ({what}); this run of {task} replaces it "
-                  "when it ends", stacklevel=2)
-
-
-def _discard_unresumable(work: Path, out: Path) -> None:
-    """After a failure: OUT.tmp goes unless it holds a checkpoint to resume from (a run stopped
-    part-way keeps it); without one it is only a half-written output."""
-    from bertgpu.fsutil import is_scratch, newest_good, remove_scratch
-
-    if is_scratch(work) and newest_good(work / "checkpoints") is None:
-        remove_scratch(work, out)
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
@@ -391,10 +358,15 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     os.replace(tmp, work / "results.json")
     shutil.rmtree(work / "checkpoints", ignore_errors=True)
     replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
-    print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
+    print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(_metric_text(k, v) for k, v in m.items())
                                       for s, m in final["metrics"].items()) + f" -> {out}",
           flush=True)
     return results
+
+
+def _metric_text(name: str, value: float | int) -> str:
+    """A metric of the last line: a count whole (SQuAD's "total 60"), a score to 2 decimals."""
+    return f"{name} {value}" if isinstance(value, int) else f"{name} {value:.2f}"
 
 
 def _device_name(device: str) -> str:
@@ -455,7 +427,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
         raise BertgpuError(f"missing {', '.join(missing)} (bertgpu finetune TASK --data DIR --init "
                            "FOLDER --out DIR)")
     if args.out:
-        _check_out(args.out)
+        check_out(args.out)
     cfg = load_finetune_config(None, args.overrides)
     check_batch(cfg, nproc)
     if args.init:  # the init folder and its tokenizer (the workers would each fail on it)
