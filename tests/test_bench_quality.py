@@ -141,11 +141,15 @@ def test_bad_arguments_fail_before_any_work(tmp_path: Path, capsys):
                                    "and 1 (both excluded), found 0"),
     ("--seeds", "-1", "argument --seeds: expected a seed from 0 to 4294967295, found -1"),
     ("--pretrain-seed", "-1", "argument --pretrain-seed: expected a seed from 0 to 4294967295"),
+    ("--eval-every", "-5", "argument --eval-every: expected a positive finite int, found -5"),
+    ("--budget-minutes", "nan", "argument --budget-minutes: expected a positive finite float"),
+    ("--tokens", "0", "argument --tokens: expected a positive finite int, found 0"),
 ])
 def test_numbers_out_of_range_are_refused_at_parsing(tmp_path: Path, capsys, flag, value,
                                                      message):
     """Each used to pass parsing and fail after the tokenizer and shards were built (a fraction of
-    0 left no held-out set; a negative seed was numpy's traceback inside the first run)."""
+    0 left no held-out set; a negative seed was numpy's traceback inside the first run; a
+    negative --eval-every named the config key train.eval_every_steps)."""
     with pytest.raises(SystemExit):
         main(["bench", "quality", flag, value, "--out", str(tmp_path / "o")])
     assert message in capsys.readouterr().err

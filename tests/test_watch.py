@@ -186,6 +186,10 @@ def test_finetune_in_progress_and_bad_input(tmp_path, capsys, monkeypatch):
     assert "a.txt: is a file; expected a run folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert "waiting for the first record" in _frame(capsys, monkeypatch, tmp_path / "empty")
+    for bad in ("nan", "inf", "0", "1e20"):  # nan and inf were sleep()'s traceback
+        assert cli_main(["watch", str(out), "--interval", bad]) == 2, bad
+        assert (f"--interval: found {float(bad)}, expected a positive number of seconds up to "
+                "86400") in capsys.readouterr().err
 
 
 def test_live_loop_redraws_until_interrupted(run, capsys, monkeypatch):

@@ -377,6 +377,9 @@ def _resolve(folder: Path) -> Path:
                        "bertgpu pretrain or finetune")
 
 
+MAX_INTERVAL_S = 86400
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
                         help="run folder (of bertgpu pretrain, or the OUT of bertgpu finetune)")
@@ -389,8 +392,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    if args.interval <= 0:
-        raise BertgpuError(f"--interval: found {args.interval}, expected a positive number")
+    if not 0 < args.interval <= MAX_INTERVAL_S:  # nan and inf included (sleep raised on them)
+        raise BertgpuError(f"--interval: found {args.interval}, expected a positive number of "
+                           f"seconds up to {MAX_INTERVAL_S}")
     state = RunState(_resolve(args.run_dir))
     console = Console()
     state.poll()

@@ -70,11 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per sequence of the shard set")
     parser.add_argument("--validation-fraction", type=cells.open_fraction, default=0.05,
                         help="share of the corpus held out for the held-out loss")
-    parser.add_argument("--budget-minutes", type=float, default=3.0,
+    parser.add_argument("--budget-minutes", type=cells.positive(float), default=3.0,
                         help="wall-clock budget per recipe")
-    parser.add_argument("--tokens", type=int, default=None,
+    parser.add_argument("--tokens", type=cells.positive(int), default=None,
                         help="token budget per recipe instead of minutes")
-    parser.add_argument("--eval-every", type=int, default=None,
+    parser.add_argument("--eval-every", type=cells.positive(int), default=None,
                         help="evaluate every N steps: points of the curve (default: the recipe's)")
     parser.add_argument("--seeds", type=seed_number, nargs="+", default=[0, 1, 2],
                         help="fine-tuning seeds")
@@ -418,9 +418,6 @@ def main(args: argparse.Namespace) -> int:
                                  args.hours, args.seq_len)]
         print(write_outputs(rows, out, command.strip()))
         return 0
-    if (args.tokens is not None and args.tokens <= 0) or args.budget_minutes <= 0:
-        raise BertgpuError(f"--tokens {args.tokens} / --budget-minutes {args.budget_minutes:g}: "
-                           "expected positive")
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: expected distinct seeds")
     recipes = [resolve_recipe(r) for r in (args.recipe or DEFAULT_RECIPES)]
