@@ -35,7 +35,7 @@ def main() -> None:
     from bertgpu.batch import batch_meta
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForSequenceClassification
-    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
     from bertgpu.train.engine import Engine
     from bertgpu.train.optim import build_optimizer
 

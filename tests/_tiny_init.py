@@ -16,7 +16,7 @@ def tiny_init(root: Path, vocab: list[str]) -> Path:
     vocab.txt (`vocab`, specials first) with a lower-casing tokenizer_config.json."""
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
 
     tok = root / "tok"
     tok.mkdir(parents=True, exist_ok=True)

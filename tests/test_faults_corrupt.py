@@ -243,7 +243,7 @@ def run(tmp_path):
     """A run folder with two real (tiny BERT) checkpoints, 10 and 20."""
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.models.hf_io import hf_config
+    from bertgpu.models.hf_export import hf_config
 
     run = tmp_path / "run"
     for step in (10, 20):

@@ -38,7 +38,7 @@ def bert_init(root: Path, positions: int = 128) -> Path:
     """A tiny BERT folder (HF layout, word-level vocab.txt) with `positions` position rows."""
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
 
     if positions == 128:
         return _tiny_init.tiny_init(root, VOCAB)
@@ -54,7 +54,8 @@ def bert_init(root: Path, positions: int = 128) -> Path:
 def task_model(init: Path, folder: Path, labels: list[str]) -> Path:
     """A sequence classifier fine-tuned elsewhere: `init`'s encoder, a head of len(labels)
     classes named `labels` (what an MNLI or a classify export looks like)."""
-    from bertgpu.models.hf_io import load_pretrained, save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
+    from bertgpu.models.hf_io import load_pretrained
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its fresh head
@@ -104,7 +105,7 @@ def test_a_longer_max_seq_len_than_the_model_positions_is_refused_up_front(tmp_p
 def test_the_limit_of_a_modernbert_init_is_its_max_position_embeddings(tmp_path):
     from bertgpu.finetune import sequence_length
     from bertgpu.models import build
-    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
 
     tok = _tiny_init.tiny_init(tmp_path, VOCAB).parent / "tok"
     fields = {"model_type": "modernbert", "vocab_size": 64, "hidden_size": 32,

@@ -29,7 +29,8 @@ from bertgpu.models.bert.model import (
     BertModel,
 )
 from bertgpu.models.build import build_model
-from bertgpu.models.hf_io import load_pretrained, save_pretrained
+from bertgpu.models.hf_export import save_pretrained
+from bertgpu.models.hf_io import load_pretrained
 
 transformers = pytest.importorskip("transformers")
 

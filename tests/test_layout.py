@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.bert.model import BertForPreTraining
-from bertgpu.models.hf_io import TIED_KEYS, load_pretrained, save_pretrained
+from bertgpu.models.hf_export import save_pretrained
+from bertgpu.models.hf_io import TIED_KEYS, load_pretrained
 from bertgpu.models.layout import from_hf, hf_state_dict, load_hf_state_dict, to_hf
 from bertgpu.models.modernbert.config import ModernBertConfig
 from bertgpu.models.modernbert.model import ModernBertForMaskedLM

@@ -143,7 +143,8 @@ def test_token_classification_matches_transformers():
 
 
 def test_token_classification_export_loads_in_transformers(tmp_path):
-    from bertgpu.models.hf_io import load_pretrained, save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
+    from bertgpu.models.hf_io import load_pretrained
 
     torch.manual_seed(0)
     ours = BertForTokenClassification(BertConfig(**TINY), num_labels=3,

@@ -144,7 +144,7 @@ def test_export_replaces_only_an_earlier_export(init, tmp_path, capsys):
 
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.models.hf_io import is_model_folder, save_pretrained
+    from bertgpu.models.hf_export import is_model_folder, save_pretrained
 
     run = tmp_path / "run"
     run.mkdir()

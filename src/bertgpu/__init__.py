@@ -16,8 +16,12 @@ __all__ = ["__version__", "load_pretrained", "save_pretrained"]
 
 
 def __getattr__(name: str):
-    if name in ("load_pretrained", "save_pretrained"):
-        from bertgpu.models import hf_io
+    if name == "load_pretrained":
+        from bertgpu.models.hf_io import load_pretrained
 
-        return getattr(hf_io, name)
+        return load_pretrained
+    if name == "save_pretrained":
+        from bertgpu.models.hf_export import save_pretrained
+
+        return save_pretrained
     raise AttributeError(f"module 'bertgpu' has no attribute {name!r}")

@@ -34,7 +34,8 @@ def export_step(run_dir: str | Path, out: str | Path, step: int | None = None) -
     """`export`, and the step of the checkpoint it wrote (the newest good one when `step` is
     None: a newer damaged or incomplete one is skipped with a warning)."""
     from bertgpu import fsutil
-    from bertgpu.models.hf_io import MODEL_FOLDER, is_model_folder, load_pretrained, save_pretrained
+    from bertgpu.models.hf_export import MODEL_FOLDER, is_model_folder, save_pretrained
+    from bertgpu.models.hf_io import load_pretrained
     from bertgpu.train.checkpoint import (
         CHECKPOINTS,
         checkpoint_problem,

@@ -238,7 +238,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
 
     from bertgpu.config.finetune import as_sections, doc_stride
     from bertgpu.config.sections import resolved_unpad
-    from bertgpu.models.hf_io import save_pretrained
+    from bertgpu.models.hf_export import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops
     from bertgpu.train import distributed, loop

@@ -428,7 +428,7 @@ def _flops_per_token(cfg: Any, data: Any) -> float:
 def _hf_config_json(model: Any) -> str:
     import json
 
-    from bertgpu.models.hf_io import hf_config
+    from bertgpu.models.hf_export import hf_config
 
     return json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n"
 

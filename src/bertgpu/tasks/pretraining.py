@@ -229,7 +229,7 @@ class PretrainTask:
             self.loader.set_shares(list(shares))
 
     def export(self, step: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
-        from bertgpu.models.hf_io import save_pretrained
+        from bertgpu.models.hf_export import save_pretrained
 
         # A sharded model's weights come gathered (its parameters are shards).
         weights = dict(state_dict) if state_dict is not None else None

@@ -1,0 +1,132 @@
+"""Write the Hugging Face folder layout: config.json (`hf_config`), model.safetensors and the
+tokenizer files (`save_pretrained`), which transformers' AutoModelFor... and AutoTokenizer load;
+and what an earlier export is (`is_model_folder`: the only folder an export replaces). Reading
+is `hf_io`'s; both convert through `layout.py`, so an export has exactly the keys, shapes and
+values of the unpadded, unfused model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir
+from bertgpu.models import layout
+from bertgpu.models.hf_io import TIED_KEYS, TOKENIZER_FILES, is_checkpoint_folder, unwrap_model
+
+
+def architecture(model: nn.Module) -> str:
+    """The transformers class that loads this model's export (ours carry transformers' class
+    names; a model that exports as another class says so in `hf_class_name`)."""
+    return getattr(model, "hf_class_name", type(model).__name__)
+
+
+def hf_config(model: nn.Module) -> dict[str, Any]:
+    """config.json content that transformers (4.4x and 5.x) reads as a BertConfig or a
+    ModernBertConfig."""
+    model = unwrap_model(model)
+    fields = model.config.to_dict()
+    cfg: dict[str, Any] = {
+        "architectures": [architecture(model)],
+        "model_type": fields.pop("architecture"),
+        **fields,
+        "tie_word_embeddings": True,
+    }
+    if hasattr(model, "id2label"):  # sequence and token classification: the label names travel
+        cfg["num_labels"] = model.num_labels
+        cfg["id2label"] = {str(i): name for i, name in sorted(model.id2label.items())}
+        cfg["label2id"] = {name: i for i, name in sorted(model.id2label.items())}
+        if architecture(model).endswith("ForSequenceClassification"):
+            cfg["problem_type"] = ("regression" if model.num_labels == 1
+                                   else "single_label_classification")
+    return cfg
+
+
+def save_pretrained(model: nn.Module, folder: str | os.PathLike,
+                    tokenizer: str | os.PathLike | None = None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `folder` (config.json, model.safetensors, the tokenizer files if `tokenizer` names a
+    tokenizer folder) so that transformers' AutoModelFor... loads it with no missing keys.
+    `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered
+    whole by the caller: the model's parameters are then only shards).
+
+    Written to `folder.tmp` and renamed into place; an existing `folder` is replaced.
+    """
+    from safetensors.torch import save_file
+
+    model = unwrap_model(model)
+    folder = Path(folder)
+    tok_dir = Path(tokenizer) if tokenizer is not None else None
+    tok_files = []
+    if tok_dir is not None:
+        tok_files = [tok_dir / n for n in TOKENIZER_FILES if (tok_dir / n).is_file()]
+        if not tok_files:
+            raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
+                               f"{', '.join(TOKENIZER_FILES[:4])})")
+    check_output_folder(folder, MODEL_FOLDER, replaces=is_model_folder)
+
+    # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
+    # layout; each tensor stored once, a copy of its own (split parts of one tensor share memory,
+    # which safetensors refuses).
+    weights = model.state_dict() if state_dict is None else state_dict
+    hf = layout.to_hf({k: v for k, v in weights.items() if k not in TIED_KEYS},
+                      model.config.architecture, model.config.vocab_size)
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in hf.items()}
+    tmp = make_scratch(folder.with_name(folder.name + ".tmp"), folder)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    for f in tok_files:
+        shutil.copyfile(f, tmp / f.name)
+    _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
+
+    return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
+
+
+def _fit_model_max_length(path: Path, positions: int) -> None:
+    """The tokenizer's `model_max_length` (what `truncation=True` cuts to) at most the model's
+    positions: our tokenizer folders say 512, and a 128-position model's export made
+    transformers' pipelines fail on long inputs ("size of tensor a (486) must match ... (128)")
+    or, for ModernBERT, run past the positions it was trained on."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # none, or not ours to mend: copied as it was
+    if not isinstance(config, dict):
+        return
+    given = config.get("model_max_length")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and given <= positions:
+        return
+    config["model_max_length"] = positions
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
+
+
+def is_model_folder(folder: Path) -> bool:
+    """An earlier export, which a new export replaces whole: its config.json a model's (a JSON
+    object with a model_type), no folder and no hidden entry in it. Never a checkpoint, which
+    also holds a config.json, nor a folder of the user's that happens to hold a config.json (any
+    such folder was replaced, a project's .git and sources with it), nor a clone of a model
+    repository (its .git)."""
+    folder = Path(folder)
+    if is_checkpoint_folder(folder):
+        return False
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        entries = list(folder.iterdir())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and "model_type" in config
+            and not any(p.is_dir() or p.name.startswith(".") for p in entries))
+
+
+__all__ = ["MODEL_FOLDER", "hf_config", "is_model_folder", "save_pretrained"]
