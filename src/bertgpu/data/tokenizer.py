@@ -50,8 +50,8 @@ from bertgpu.data.corpus import (
 )
 from bertgpu.data.sources import check_not_cwd, is_url
 from bertgpu.data.tokenizer_folder import (
-    _DEFAULT_SPECIAL,
     MAX_WORD_CHARS,
+    SPECIAL_TOKEN_MAP,
     SPECIAL_TOKENS,
     TOKENIZER_FILES,
     find_tokenizer_folder,
@@ -235,10 +235,10 @@ def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None
         "tokenize_chinese_chars": True,
         "clean_up_tokenization_spaces": True,
         "model_max_length": MODEL_MAX_LENGTH,
-        **_DEFAULT_SPECIAL,
+        **SPECIAL_TOKEN_MAP,
     }
     _write_json(folder / "tokenizer_config.json", config)
-    _write_json(folder / "special_tokens_map.json", dict(_DEFAULT_SPECIAL))
+    _write_json(folder / "special_tokens_map.json", dict(SPECIAL_TOKEN_MAP))
 
 
 # --------------------------------------------------------------------------- command line

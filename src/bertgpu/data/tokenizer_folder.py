@@ -36,7 +36,8 @@ MAX_WORD_CHARS = 100
 """A longer word encodes as [UNK] (BERT's max_input_chars_per_word)."""
 _SPECIAL_KEYS = {"pad": "pad_token", "unk": "unk_token", "cls": "cls_token", "sep": "sep_token",
                  "mask": "mask_token"}
-_DEFAULT_SPECIAL = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
+SPECIAL_TOKEN_MAP = dict(zip(_SPECIAL_KEYS.values(), SPECIAL_TOKENS, strict=True))
+"""special_tokens_map.json of the folders `bertgpu tokenizer` writes ({"pad_token": "[PAD]"...})."""
 # Files `prepare` copies into a data folder and `save_pretrained` next to a model.
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -107,7 +108,7 @@ def _tokenizer_json(folder: Path) -> dict:
 
 def _special_strings(folder: Path) -> dict[str, str]:
     """Special token strings by key (pad, unk, ...), from special_tokens_map.json or the config."""
-    names = dict(_DEFAULT_SPECIAL)
+    names = dict(SPECIAL_TOKEN_MAP)
     special_map = _read_json_or_empty(folder / "special_tokens_map.json",
                                       "; expected a map of special tokens")
     for source in (_read_config(folder), special_map):
