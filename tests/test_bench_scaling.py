@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -121,3 +122,69 @@ def test_bad_numbers_and_result_paths_are_refused_before_any_run(tmp_path, capsy
         err = capsys.readouterr().err
         assert f"{out / name}: is a folder" in err and len(err.splitlines()) == 1, err
         assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+def _fake_point(args, data_dir, workers, accumulation, micro, model_overrides, env, runs_dir):
+    """`_run_point` without a training run: the numbers of a point that scales perfectly."""
+    return {"workers": workers, "accumulation": accumulation, "micro_batch_size": micro,
+            "global_batch": micro * accumulation * workers, "wall_s": 1.0,
+            "tokens_per_s": 100.0 * workers, "step_time_s": 0.1, "steps_measured": 2,
+            "comm_share": 0.0, "data_wait_share": 0.0}
+
+
+def test_data_gives_the_sequence_length_and_its_fit_is_checked_before_any_run(tmp_path, capsys,
+                                                                               monkeypatch):
+    """With --data, the rows and scaling.md said seq_len 64 (the synthetic default) while the
+    shards were longer, an explicit --seq-len was silently ignored, and a vocabulary that did not
+    fit the model failed inside the first run, leaving OUT/runs/ and its log behind."""
+    from _shards import write_synthetic_shards
+
+    from bertgpu.cli import main as cli
+
+    data = write_synthetic_shards(tmp_path / "data", seq_len=32, vocab_size=100)
+    out = tmp_path / "scaling"
+    common = ["bench", "scaling", "--data", str(data), "--workers", "1", "2", "--accumulation",
+              "1", "--device", "cpu", "--out", str(out)]
+    for extra, message in (
+            (["--set", "model.vocab_size=64"],
+             f"--data: {data / 'manifest.json'}: vocab_size 100 does not fit the model"),
+            (["--set", "model.max_position_embeddings=16"],
+             f"--data: {data / 'manifest.json'}: seq_len 32 is longer than the model's "
+             "max_position_embeddings 16"),
+            (["--seq-len", "16"],
+             f"--seq-len 16: the shard set --data {data} holds sequences of 32 tokens")):
+        assert cli([*common, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+        assert not out.exists()  # nothing left behind
+    # Without --data, a --seq-len beyond the model's positions is refused too (it was cut).
+    assert cli([*common[:2], "--seq-len", "256", "--out", str(out)]) == 2
+    assert "max_position_embeddings 128; expected at most 128" in capsys.readouterr().err
+
+    monkeypatch.setattr(bs, "_run_point", _fake_point)
+    assert bs.main(_args(*common[2:], "--seq-len", "32")) == 0  # an agreeing --seq-len is fine
+    assert bs.main(_args(*common[2:])) == 0  # a second run appends to the same file
+    rows = [json.loads(line) for line in (out / "scaling.jsonl").read_text().splitlines()]
+    assert [r["seq_len"] for r in rows] == [32] * 4 and all(r["data"] == str(data) for r in rows)
+    ids = [r["run_id"] for r in rows]  # a bench run's rows share its run_id (its start time)
+    assert ids[0] == ids[1] and ids[2] == ids[3]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", ids[0])
+    md = (out / "scaling.md").read_text()
+    assert f"Micro batch 8 x 32 tokens per device (the shard set {data})" in md
+    assert f"(run {ids[2]}, cpu)" in md
+
+
+def test_a_failed_point_names_one_worker_in_the_singular(tmp_path, monkeypatch):
+    """A failed 1-worker point said "1 workers, accumulation 1 failed"."""
+    said = []
+
+    def fail(cmd, env, log, timeout_s, what):
+        said.append(what)
+        raise BertgpuError(f"{log}: {what} failed with exit code 2")
+
+    monkeypatch.setattr(bs.cells, "run_logged", fail)
+    args = _args("--workers", "1", "--steps", "1", "--warmup-steps", "1", "--device", "cpu")
+    for workers in (1, 2):
+        with pytest.raises(BertgpuError):
+            bs._run_point(args, tmp_path / "data", workers, 1, 2, [], {}, tmp_path / "runs")
+    assert said == ["1 worker, accumulation 1", "2 workers, accumulation 1"]

@@ -157,7 +157,9 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
     assert rows["model"] == ["CoLA", "SST-2", "average"]
     assert rows["glue"] == ["21.5", "85.25", "53.38"]
     assert rows["BERT-base (published)"] == ["52.1", "", "78.6-80.7"]
-    assert "glue: average convention: mean of the task columns." in md
+    assert ("glue: protocol: not recorded (glue_results.json of an older version). Average of "
+            "the glue row (not of the published rows, which keep their own): convention: mean "
+            "of the task columns." in md)
     # Fine-tuning and bench rows.
     assert rows["ft_sst2"][:3] == ["SST-2", "75", "dev: accuracy 75"]
     assert "| model_vs_hf | tiny | 128 | fp32 | 1162 | 556.9 |" in md

@@ -15,8 +15,10 @@ run's metrics.jsonl over the steps after the warm-up: total tokens/s, tokens/s p
 speedup over 1 worker at the same accumulation, efficiency = speedup / N, and `comm_share` (the
 exposed gradient all-reduce time over step time that pretrain logs; see distributed.CommTimer).
 
-Writes OUT/scaling.jsonl (appended, one line per point), OUT/scaling.md (this run's table and the
-cost model's expectations) and OUT/scaling.png (tokens/s vs workers, ideal-linear dashed).
+Writes OUT/scaling.jsonl (appended, one line per point, a run's rows share its ``run_id``: the
+report draws each run on its own), OUT/scaling.md (this run's table and the cost model's
+expectations) and OUT/scaling.png (this run's tokens/s vs workers, ideal-linear dashed). With
+`--data`, the sequences are the shard set's own length and the model is checked against it first.
 
 On CPU each worker gets `--threads-per-worker` threads (default: cores / most workers), so that
 "a worker" is a fixed share of the machine, like a GPU; gloo over shared memory stands in for the
@@ -61,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=cells.positive(int), default=None,
                         help="sequences per forward pass per device (default: 8 on CPU, 32 on GPU)")
     parser.add_argument("--seq-len", type=cells.positive(int), default=None,
-                        help="synthetic sequence length (default: 64 on CPU, 128 on GPU)")
+                        help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
     parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps")
     parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (>= 1)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -310,7 +312,8 @@ def _run_point(args: argparse.Namespace, data_dir: Path, workers: int, accumulat
     cmd = pretrain_command(workers, args.recipe, overrides, launcher_logs)
     log = runs_dir / f"w{workers}_a{accumulation}.log"
     wall_s = cells.run_logged(cmd, env, log, args.timeout_s,
-                              f"{workers} workers, accumulation {accumulation}")
+                              f"{workers} worker{'s' if workers > 1 else ''}, accumulation "
+                              f"{accumulation}")
     shutil.rmtree(launcher_logs, ignore_errors=True)
     result = measure(run_dir / "metrics.jsonl", args.warmup_steps)
     shutil.copyfile(run_dir / "metrics.jsonl",
@@ -329,14 +332,41 @@ def _set_overrides(sets: list[str]) -> list[str]:
     return ["--" + item for item in sets]
 
 
-def _model_overrides(args: argparse.Namespace) -> tuple[list[str], int, int]:
-    """Model overrides for the default tiny model, and the (vocab, positions) the data must fit
-    (after the recipe and --set)."""
+def _model_config(args: argparse.Namespace) -> tuple[list[str], Any]:
+    """Overrides for the default tiny model, and the config the points share (typos fail)."""
     from bertgpu.config import schema
 
     overrides = [] if args.recipe else [f"--model.{k}={v}" for k, v in TINY_MODEL.items()]
-    cfg = schema.load_config(args.recipe, [*overrides, *_set_overrides(args.sets)])
-    return overrides, cfg.model.vocab_size, cfg.model.max_position_embeddings
+    data = [f"--data={args.data}"] if args.data else []
+    cfg = schema.load_config(args.recipe, [*overrides, *data, *_set_overrides(args.sets)])
+    return overrides, cfg
+
+
+def sequence_length(args: argparse.Namespace, cfg: Any, on_gpu: bool) -> int:
+    """The tokens per sequence of every run, before any run: --data's own (the model checked
+    against the shard set as pretrain does; a --seq-len must agree), else --seq-len or the
+    default, within the model's positions."""
+    positions = cfg.model.max_position_embeddings
+    if args.data:
+        from bertgpu.config.overrides import config_to_dict
+        from bertgpu.tasks.pretraining import PretrainData
+
+        data = PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp)
+        try:
+            data.check_model(config_to_dict(cfg.model), None)
+        except BertgpuError as e:
+            raise BertgpuError(f"--data: {e} (the benchmark's model: --recipe, or the built-in "
+                               "tiny one, with --set model.KEY=VALUE)") from None
+        found = data.train.seq_len
+        if args.seq_len is not None and args.seq_len != found:
+            raise BertgpuError(f"--seq-len {args.seq_len}: the shard set --data {args.data} holds "
+                               f"sequences of {found} tokens ({data.train.manifest_path}); "
+                               f"expected --seq-len {found} or none with --data")
+        return found
+    if args.seq_len is not None and args.seq_len > positions:
+        raise BertgpuError(f"--seq-len {args.seq_len}: longer than the model's "
+                           f"max_position_embeddings {positions}; expected at most {positions}")
+    return args.seq_len or min(128 if on_gpu else 64, positions)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -388,7 +418,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
 def main(args: argparse.Namespace) -> int:
     on_gpu = _on_gpu(args.device)
     micro = args.micro_batch_size or (32 if on_gpu else 8)
-    seq_len = args.seq_len or (128 if on_gpu else 64)
     expected = expected_table(list(args.bandwidth_gbps), args.device_tflops)
     expected_text = format_expected(expected, args.device_tflops, 32, 128)
     if args.predict_only:
@@ -399,13 +428,13 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_folder(out)
     cells.check_result_files(out, ["scaling.jsonl", "scaling.md", "scaling.png"])
+    model_overrides, cfg = _model_config(args)
+    seq_len = sequence_length(args, cfg, on_gpu)  # nothing written before these checks
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    model_overrides, vocab, positions = _model_overrides(args)
-    if args.data:
-        data_dir = Path(args.data)
-    else:
-        data_dir = write_synthetic_data(out / "synthetic_data", vocab, min(seq_len, positions))
+    data_dir = (Path(args.data) if args.data
+                else write_synthetic_data(out / "synthetic_data", cfg.model.vocab_size, seq_len))
     env = _child_env(args, on_gpu, max(workers))
 
     rows: list[dict[str, Any]] = []
@@ -423,12 +452,13 @@ def main(args: argparse.Namespace) -> int:
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
         r["efficiency"] = r["speedup"] / r["workers"]
         r.update(device=device, seq_len=seq_len, recipe=args.recipe or "tiny (built in)",
-                 data=args.data or "synthetic", time=stamp)
-    header = (f"# bertgpu bench scaling ({stamp}, {device})\n\n"
+                 data=args.data or "synthetic", run_id=run_id, time=stamp)
+    data = f"the shard set {args.data}" if args.data else "synthetic shards"
+    header = (f"# bertgpu bench scaling (run {run_id}, {device})\n\n"
               f"`{('bertgpu ' + ' '.join(sys.argv[1:])).strip()}`\n\n"
-              f"Micro batch {micro} x {seq_len} tokens per device, {args.warmup_steps} warm-up + "
-              f"{args.steps} measured steps; efficiency = speedup / workers; comm share = exposed "
-              "all-reduce time / step time.")
+              f"Micro batch {micro} x {seq_len} tokens per device ({data}), {args.warmup_steps} "
+              f"warm-up + {args.steps} measured steps; efficiency = speedup / workers; comm share "
+              "= exposed all-reduce time / step time.")
     _write_outputs(rows, out, header, expected_text)
     return 0
 

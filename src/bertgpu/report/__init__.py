@@ -5,16 +5,18 @@ evaluations.
 
 Each PATH is one of (recognised in this order):
 
-- a GLUE folder (``glue_results.json``, from ``bertgpu glue``): scores per task column, a bar chart;
+- a GLUE folder (``glue_results.json``, from ``bertgpu glue``): scores per task column with the
+  folder's protocol and average convention, published rows quoted with their sources, a bar chart;
 - a fine-tuning folder (``results.json``, from ``bertgpu finetune``): scores, curves per epoch;
 - a pretraining run folder (``metrics.jsonl``, ``config.toml``): a summary table (how the run
   ended, steps, tokens, final losses, throughput, MFU, memory, wall time) and loss / accuracy /
   lr / tokens/s plots with all runs on the same axes; with the GPU monitor's ``gpu.jsonl``,
   per-GPU temperature, utilisation, power and clock plots and a per-GPU table (throttling
-  included); with per-rank compute times in the train records (``rank_compute_s``), a per-rank
-  step-time plot;
+  included); with per-rank compute times in the train records (``rank_compute_s``), each rank's
+  compute time per step (table and plot);
 - a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``): its rows as a table, and
-  tokens/s per configuration, or tokens/s against workers with the ideal linear line;
+  tokens/s per configuration, or tokens/s against workers with the ideal linear line (one table
+  and plot per bench run that appended to a scaling file);
 - a quality benchmark file (``quality.jsonl`` from ``bertgpu bench quality``): per recipe the
   pretraining numbers and held-out MLM loss, pretrained vs random init downstream (median and
   seed spread), the GPU projection, and validation loss against wall-clock and tokens;

@@ -92,8 +92,9 @@ def bar_chart(folder: Path, name: str, title: str, ylabel: str, categories: list
 
 
 def scaling_plot(rows: list[dict[str, Any]], folder: Path, name: str, title: str) -> str | None:
-    """Measured tokens/s against workers, one line per accumulation setting, each with the ideal
-    linear line from its smallest worker count; points annotated with their efficiency."""
+    """Measured tokens/s against workers of one bench run (`sections.scaling_runs`), one line per
+    accumulation setting, each with the ideal linear line from its smallest worker count;
+    points annotated with their efficiency."""
     groups: dict[str, list[tuple[float, float, float | None]]] = {}
     for r in rows:
         w, t = num(r.get("workers")), num(r.get("tokens_per_s"))

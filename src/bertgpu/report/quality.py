@@ -44,9 +44,18 @@ def _minutes(v: Any) -> str:
     return f"{v:.0f} s" if v < 90 else f"{v / 60:.1f} min"
 
 
+# What the pretraining table's rate is, said under it: not the interval rates that `bertgpu
+# report RUN` and the console average.
+RATE_NOTE = ("tokens / wall-clock s: tokens seen over the wall-clock of the run's last train "
+             "record (its first step, compilation, evaluations and checkpoints included), the "
+             "rate the budget buys; `bertgpu report` of a run folder shows the mean of the "
+             "logged interval rates, which leave out the first step, compiling steps, "
+             "evaluations and checkpoints, so it is usually higher.")
+
+
 def pretrain_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = ["recipe", "architecture", "parameters", "steps", "tokens seen", "wall-clock",
-              "tokens/s", "val MLM loss", "val MLM accuracy"]
+              "tokens / wall-clock s", "val MLM loss", "val MLM accuracy"]
     cells = []
     for r in rows:
         if r.get("kind") != "pretrain":
@@ -162,12 +171,12 @@ def quality_blocks(rows: list[dict[str, Any]], folder: Path | None, stem: str) -
         text = _describe(group)
         if text:
             blocks.append(("p", text))
-        for title, (header, cells) in (("Pretraining, one row per recipe:", pretrain_table(group)),
-                                       ("Fine-tuning, pretrained vs random init:",
-                                        downstream_table(group)),
-                                       ("GPU projection:", projection_table(group))):
+        for title, (header, cells), note in (
+                ("Pretraining, one row per recipe:", pretrain_table(group), RATE_NOTE),
+                ("Fine-tuning, pretrained vs random init:", downstream_table(group), None),
+                ("GPU projection:", projection_table(group), None)):
             if cells:
-                blocks += [("p", title), ("table", header, cells)]
+                blocks += [("p", title), ("table", header, cells)] + ([("p", note)] if note else [])
         plot = curve_plot(group, folder, f"{stem}_{n}.png" if len(run_ids) > 1 else f"{stem}.png") \
             if folder is not None else None
         if plot:

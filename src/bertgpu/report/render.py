@@ -6,7 +6,8 @@ import html
 import re
 from typing import Any
 
-Block = tuple[Any, ...]  # ("h2", text) | ("p", text) | ("table", header, rows) | ("img", file, alt)
+# ("h2", text) | ("p", text) | ("list", items) | ("table", header, rows) | ("img", file, alt)
+Block = tuple[Any, ...]
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
@@ -19,6 +20,8 @@ def render_markdown(blocks: list[Block]) -> str:
             lines += ["#" * int(b[0][1]) + " " + b[1], ""]
         elif b[0] == "p":
             lines += [b[1], ""]
+        elif b[0] == "list":
+            lines += [f"- {item}" for item in b[1]] + [""]
         elif b[0] == "img":
             lines += [f"![{b[2]}]({b[1]})", ""]
         elif b[0] == "table":
@@ -50,6 +53,9 @@ def render_html(blocks: list[Block]) -> str:
             body.append(f"<{b[0]}>{e(b[1])}</{b[0]}>")
         elif b[0] == "p":
             body.append(f"<p>{_html_text(b[1])}</p>")
+        elif b[0] == "list":
+            body.append("<ul>" + "".join(f"<li>{_html_text(item)}</li>" for item in b[1])
+                        + "</ul>")
         elif b[0] == "img":
             body.append(f'<img src="{e(b[1])}" alt="{e(b[2])}">')
         elif b[0] == "table":

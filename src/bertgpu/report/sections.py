@@ -199,23 +199,57 @@ def _glue_columns(summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _glue_protocol(p: Any) -> str:
+    """The fine-tuning protocol of a GLUE folder, as `bertgpu glue` words it in its own table."""
+    if not isinstance(p, dict) or not p:
+        return "protocol: not recorded (glue_results.json of an older version)"
+
+    def get(key: str) -> Any:
+        return p.get(key, "?")
+
+    epochs, lr, warmup, seeds = get("epochs"), p.get("lr"), get("warmup_fraction"), get("seeds")
+    return (f"protocol: fine-tuning {epochs} epoch{'' if epochs == 1 else 's'}, lr "
+            f"{'by model size' if lr is None else format(lr, 'g') if num(lr) is not None else lr} "
+            f"({get('decay')} decay, "
+            f"{format(warmup, '.0%') if num(warmup) is not None else warmup} warm-up), batch "
+            f"{get('global_batch_size')}, max_seq_len {get('max_seq_len')}, {get('precision')}, "
+            f"seeds {' '.join(map(str, seeds)) if isinstance(seeds, list) else seeds}; each cell "
+            f"is the {get('aggregate')} of the {get('checkpoint')} dev score")
+
+
+def _reference_line(label: str, ref: dict[str, Any]) -> str:
+    said = [str(ref[k]) for k in ("source", "note") if ref.get(k)]
+    return f"{label}: {'; '.join(said)}." if said else f"{label}: no source recorded."
+
+
 def glue_section(sources: list[Source], folder: Path) -> list[Block]:
+    """Our row of each GLUE folder (its protocol and average convention named), then the
+    published rows they asked for, each once, quoted as published with its source and note."""
     cols_by = [_glue_columns(s.data) for s in sources]
     columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
-    rows = []
-    for s, cols in zip(sources, cols_by, strict=True):
-        avg = num(s.data.get("average"))
-        rows.append([s.name, *[_fmt_value(cols.get(c)) for c in columns], _fmt_value(avg)])
+    rows = [[s.name, *[_fmt_value(cols.get(c)) for c in columns],
+             _fmt_value(num(s.data.get("average")))]
+            for s, cols in zip(sources, cols_by, strict=True)]
+    refs: dict[str, dict[str, Any]] = {}  # label -> reference; two folders may ask for one
+    for s in sources:
         for ref in s.data.get("references") or []:
             if isinstance(ref, dict) and isinstance(ref.get("columns"), dict):
-                label = ref.get("label") or ref.get("name") or "reference"
-                rows.append([str(label), *[_fmt_value(ref["columns"].get(c)) for c in columns],
-                             _fmt_value(ref.get("average"))])
+                refs.setdefault(str(ref.get("label") or ref.get("name") or "reference"), ref)
+    rows += [[label, *[_fmt_value(ref["columns"].get(c)) for c in columns],
+              _fmt_value(ref.get("average"))] for label, ref in refs.items()]
     blocks: list[Block] = [("h2", "GLUE (dev)")]
     for s in sources:
+        text = f"{s.name}: {_glue_protocol(s.data.get('protocol'))}."
         if s.data.get("convention_text"):
-            blocks.append(("p", f"{s.name}: average convention: {s.data['convention_text']}."))
+            name = f"\"{s.data['convention']}\" " if s.data.get("convention") else ""
+            text += (f" Average of the {s.name} row (not of the published rows, which keep "
+                     f"their own): {name}convention: {s.data['convention_text']}.")
+        blocks.append(("p", text))
     blocks.append(("table", ["model", *columns, "average"], rows))
+    if refs:
+        blocks.append(("p", "Published rows are quoted as published (their own protocols and "
+                            "averaging; empty cells were not reported or not in this table):"))
+        blocks.append(("list", [_reference_line(label, ref) for label, ref in refs.items()]))
     if columns:
         cats = [*columns, "average"]
         series = [(s.name, [cols.get(c) for c in columns] + [num(s.data.get("average"))])
@@ -234,8 +268,18 @@ def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
             for i, r in enumerate(rows)]
 
 
-def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
-    rows = source.data
+def scaling_runs(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The bench runs that appended the rows of a scaling file, in file order, as (label,
+    rows): grouped by ``run_id``, or by ``time`` for rows of versions that wrote no run id (a
+    run stamps all its rows with one time); rows with neither form one group, labelled ""."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        key = next((str(r[k]) for k in ("run_id", "time") if r.get(k) not in (None, "")), "")
+        groups.setdefault(key, []).append(r)
+    return list(groups.items())
+
+
+def _bench_table(rows: list[dict[str, Any]]) -> Block:
     columns = list(dict.fromkeys(k for r in rows for k in r))
     cells = []
     for r in rows:
@@ -247,16 +291,43 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
             else:
                 line.append(_fmt_value(v))
         cells.append(line)
-    blocks: list[Block] = [("h2", f"Benchmark: {source.name}"), ("p", f"From `{source.path}`."),
-                           ("table", columns, cells)]
+    return ("table", columns, cells)
+
+
+def _scaling_blocks(rows: list[dict[str, Any]], folder: Path, stem: str,
+                    name: str) -> list[Block]:
+    """One table and one plot per bench run in the file: runs appended to one file measured
+    other machines, settings or loads, so each is drawn against its own baseline."""
+    runs = scaling_runs(rows)
+    blocks: list[Block] = []
+    if len(runs) > 1:
+        blocks.append(("p", f"{len(runs)} bench runs appended to this file, each with its own "
+                            "table and plot: their speedup and efficiency are against the run's "
+                            "own 1-worker point, the ideal line starts at the run's smallest "
+                            "worker count."))
+    for n, (label, group) in enumerate(runs):
+        if len(runs) > 1:
+            blocks.append(("p", f"Run {label}:" if label else "Rows without a run id or time:"))
+        blocks.append(_bench_table(group))
+        title = f"{name}, run {label}" if len(runs) > 1 and label else name
+        file = scaling_plot([r for r in group if num(r.get("workers")) is not None], folder,
+                            f"{stem}_scaling{f'_{n}' if len(runs) > 1 else ''}.png", title)
+        if file:
+            blocks.append(("img", file, f"Scaling: tokens/s against workers ({title})"
+                           if len(runs) > 1 else "Scaling: tokens/s against workers"))
+    return blocks
+
+
+def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
+    rows = source.data
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    blocks: list[Block] = [("h2", f"Benchmark: {source.name}"), ("p", f"From `{source.path}`.")]
     tps = [c for c in columns if c == "tokens_per_s" or c.startswith("tokens_per_s.")]
     stem = f"bench{index}_{re.sub(r'[^A-Za-z0-9_-]+', '_', source.name)}"
-    scaling = [r for r in rows if num(r.get("workers")) is not None]
-    if scaling and "tokens_per_s" in columns:
-        file = scaling_plot(scaling, folder, f"{stem}_scaling.png", source.name)
-        if file:
-            blocks.append(("img", file, "Scaling: tokens/s against workers"))
-    elif tps:
+    if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
+        return blocks + _scaling_blocks(rows, folder, stem, source.name)
+    blocks.append(_bench_table(rows))
+    if tps:
         labels = _bench_labels(rows)
         series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",
                    [num(r.get(c)) for r in rows]) for c in tps]

@@ -3,8 +3,14 @@
 Per run with GPU samples: one figure of temperature, utilisation, power (with the power limit
 dashed) and SM clock against minutes since the first sample, one line per GPU; and a table per
 GPU (means, peaks, how often it was throttled and why). Per run whose train records carry
-``rank_compute_s`` (each rank's compute time per step over a log window, excluding waits): the
-per-rank step time against the step, and a table of how often each rank was the slowest.
+``rank_compute_s`` (each rank's compute seconds, waits excluded, summed over the record's log
+window): each rank's compute time per step (the window's sum over its step count) against the
+step, and a table of each rank's mean per step and how often it was the slowest.
+
+A log window is the steps since the previous train record, or since the step at which the
+process that wrote the record started (the ``start`` record of a resumed run; records that a
+resumed run logged again are dropped before). Runs of versions that wrote no ``start`` record
+count from the previous train record (from step 0 for the first).
 """
 
 from __future__ import annotations
@@ -112,25 +118,38 @@ def _fmt(v: float | None, text: str) -> str:
     return "" if v is None else text.format(v)
 
 
-def _rank_times(records: list[dict[str, Any]]) -> tuple[list[float], list[list[float | None]]]:
-    """(steps, per-rank compute seconds) of the train records that carry ``rank_compute_s``."""
-    steps, times = [], []
+def _rank_times(records: list[dict[str, Any]]
+                ) -> tuple[list[float], list[float], list[list[float | None]]]:
+    """(step, steps in its log window, per-rank compute seconds per step) of each train record
+    that carries ``rank_compute_s``: the record's window sums are divided by the window's steps
+    (see the module docstring)."""
+    steps, windows, times = [], [], []
+    origin = 0.0  # the step after which the next train record's window starts
     for r in records:
+        step = num(r.get("step"))
+        if step is None:
+            continue
+        if r.get("kind") == "info" and r.get("event") == "start":
+            origin = step  # a (resumed) process: its first window starts at its first step
+            continue
+        if r.get("kind") != "train":
+            continue
+        window, origin = step - origin, step
         v = r.get("rank_compute_s")
-        if (r.get("kind") == "train" and isinstance(v, list) and v
-                and num(r.get("step")) is not None):
-            steps.append(float(r["step"]))
-            times.append([num(x) for x in v])
-    return steps, times
+        if isinstance(v, list) and v and window > 0:
+            steps.append(step)
+            windows.append(window)
+            times.append([None if (x := num(t)) is None else x / window for t in v])
+    return steps, windows, times
 
 
 def _rank_section(run: Source, folder: Path) -> list[Block]:
-    steps, times = _rank_times(run.data["records"])
+    steps, windows, times = _rank_times(run.data["records"])
     if not steps:
         return []
     ranks = max(len(t) for t in times)
     fig, ax = axes(f"Per-rank compute time per step ({run.name})", "optimizer step",
-                   "seconds (excluding waits)")
+                   "seconds per step (excluding waits)")
     slowest = [0] * ranks
     for t in times:
         finite = [(v, i) for i, v in enumerate(t) if v is not None]
@@ -146,8 +165,11 @@ def _rank_section(run: Source, folder: Path) -> list[Block]:
     file = save(fig, folder, f"rank_step_time_{_stem(run.name)}.png")
     rows = []
     for rank in range(ranks):
-        vals = [t[rank] for t in times if rank < len(t) and t[rank] is not None]
-        rows.append([f"{run.name} rank {rank}", _fmt(_mean(vals), "{:.4g} s"),
+        # the mean over steps: every window's seconds over every window's steps
+        pairs = [(t[rank] * n, n) for t, n in zip(times, windows, strict=True)
+                 if rank < len(t) and t[rank] is not None]
+        mean = sum(s for s, _ in pairs) / sum(n for _, n in pairs) if pairs else None
+        rows.append([f"{run.name} rank {rank}", _fmt(mean, "{:.4g} s"),
                      f"{slowest[rank]} of {len(times)}"])
     return [("table", ["", "mean compute time per step", "slowest in (log windows)"], rows),
             ("img", file, f"Per-rank compute time per step ({run.name})")]
@@ -175,7 +197,10 @@ def system_section(runs: list[Source], folder: Path) -> list[Block]:
     ranks = [b for run in runs for b in _rank_section(run, folder)]
     if ranks:
         blocks += [("h2", "Ranks"),
-                   ("p", "Each rank's compute time per optimizer step, averaged over each log "
-                         "window; in data parallelism every step waits for the slowest rank."),
+                   ("p", "Each rank's compute time per optimizer step (waits for data and for "
+                         "the other ranks excluded): the compute seconds a train record sums "
+                         "over its log window, divided by the window's steps (the steps since "
+                         "the previous train record, or since a resumed process started). In "
+                         "data parallelism every step waits for the slowest rank."),
                    *ranks]
     return blocks
