@@ -4,6 +4,7 @@ fine-tuning conveniences it brings (mid-run checkpoints that resume bitwise, bud
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,60 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
                      overrides=[*args, "--lr", "2e-3"])
     assert json.loads((tmp_path / "ft2" / "results.json").read_text())["config"]["lr"] == 2e-3
     assert other["steps"] == 16
+
+
+def test_finetune_resumes_through_a_logging_change_and_never_into_other_data(tmp_path,
+                                                                             monkeypatch, capsys):
+    """A re-run with an added --log_every_steps discarded the interrupted run's checkpoint without
+    a word; a re-run after the training file changed resumed into the new data (epochs 1-4 on
+    one dataset, 7-10 on another, reported as one run). Settings that do not change the result
+    now resume (bitwise, the start-up table without "initialised fresh": the head is the
+    checkpoint's); other settings or other data start over, saying what changed."""
+    from safetensors.torch import load_file
+
+    from bertgpu.finetune import finetune
+    from bertgpu.tasks.finetuning import FinetuneTask
+
+    init, args = _tiny_finetune(tmp_path)
+    ref = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ref", overrides=args)
+    original = FinetuneTask.micro_batches
+
+    def crash(self, step):
+        if step == 10:
+            raise KeyboardInterrupt("simulated crash")
+        return original(self, step)
+
+    def interrupted(out):
+        monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
+        with pytest.raises(KeyboardInterrupt):
+            finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
+        monkeypatch.setattr(FinetuneTask, "micro_batches", original)
+
+    interrupted(tmp_path / "ft")
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft",
+                       overrides=[*args, "--log_every_steps", "5", "--eval_batch_size", "3"])
+    assert not [w for w in seen if "another run" in str(w.message)]
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "initialised fresh" not in out
+    assert res["metrics"] == ref["metrics"]
+    a, b = (load_file(str(p / "model" / "model.safetensors"))
+            for p in (tmp_path / "ref", tmp_path / "ft"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    interrupted(tmp_path / "ft2")
+    train = tmp_path / "SST-2" / "train.tsv"
+    lines = train.read_text(encoding="utf-8").splitlines()
+    train.write_text("\n".join([lines[0], *lines[1:][::-1]]) + "\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"ft2.tmp: its checkpoint \(step_9\) is of another run "
+                                         r"\(the training or evaluation data\); starting over"):
+        res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=args)
+    assert res["steps"] == 16
+    interrupted(tmp_path / "ft3")
+    with pytest.warns(UserWarning, match=r"\(lr 0.001 -> 0.002\); starting over"):
+        finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft3",
+                 overrides=[*args, "--lr", "2e-3"])
 
 
 def test_finetune_budget_hours(tmp_path):

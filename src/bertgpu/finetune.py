@@ -74,8 +74,10 @@ from bertgpu.tasks.finetune_output import (
     discard_unresumable,
     is_finetune_output,
     note_replaced,
+    resumable,
+    run_identity,
 )
-from bertgpu.tasks.finetuning import JobRequest
+from bertgpu.tasks.finetuning import JobRequest, data_digest
 from bertgpu.tasks.init_model import (
     build_model,
     find_tokenizer,
@@ -200,9 +202,9 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
         raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                            f"the model's config.json says vocab_size {vocab}; expected the model's "
                            "own tokenizer")
-    identity = json.dumps({"task": job.name, **extra, "init": init, "config_from": str(config_from),
-                           "config": config_to_dict(cfg), "world_size": info.world_size},
-                          sort_keys=True)
+    identity = run_identity({"task": job.name, **extra, "init": init,
+                             "config_from": str(config_from)},
+                            config_to_dict(cfg), data_digest(job), info.world_size)
     if info.is_main:
         note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")
@@ -246,8 +248,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.train.engine import build_engine, seed_dropout
 
     resume = load_resume(work, info)
-    if resume is not None and (resume[0] / "finetune.json").read_text(encoding="utf-8") != identity:
-        resume = None  # an interrupted run of other settings: start over
+    if resume is not None and not resumable(work, resume[0], identity, say=info.is_main):
+        resume = None  # an interrupted run of other settings or data: start over
 
     world = info.world_size
     micro, accumulation = check_batch(cfg, world)
@@ -286,7 +288,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
                           f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
-        *fresh_rows(model),
+        *(fresh_rows(model) if resume is None else []),  # else the head is the checkpoint's
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,

@@ -1,12 +1,16 @@
 """A fine-tuning run's output folder: what a new run to the same --out may replace (an earlier
-fine-tuning output), the note when it will, and what a failed run leaves (OUT.tmp only when it
-holds a checkpoint to resume from)."""
+fine-tuning output), the note when it will, what a failed run leaves (OUT.tmp only when it
+holds a checkpoint to resume from), and which checkpoint in OUT.tmp a re-run resumes: one of the
+same run (`run_identity`: task, init, data, the settings that change the result, processes).
+Another run's checkpoint is replaced, saying what changed."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
 
@@ -46,3 +50,49 @@ def discard_unresumable(work: Path, out: Path) -> None:
 
     if is_scratch(work) and newest_good(work / "checkpoints") is None:
         remove_scratch(work, out)
+
+
+RESUME_NEUTRAL = ("log_every_steps", "checkpoint_every_steps", "checkpoint_every_minutes",
+                  "checkpoint_grace_s", "checkpoint_async_save", "timeout_minutes",
+                  "eval_batch_size", "max_nonfinite_steps", "device", "logging")
+"""Settings a resumed run may change: how it logs, checkpoints, waits and evaluates in batches,
+not what it computes (a checkpoint was silently discarded for an added --log_every_steps)."""
+
+
+def run_identity(fields: dict[str, Any], config: dict[str, Any], data: str,
+                 world_size: int) -> str:
+    """What a checkpoint must match to be resumed (stored beside it as finetune.json)."""
+    kept = {k: v for k, v in config.items() if k not in RESUME_NEUTRAL}
+    return json.dumps({**fields, "config": kept, "data": data, "world_size": world_size},
+                      sort_keys=True)
+
+
+def resumable(work: Path, checkpoint: Path, identity: str, say: bool = True) -> bool:
+    """Whether `checkpoint` (OUT.tmp/checkpoints/step_N) is of this run; if not, a one-line
+    warning (when `say`) says what changed, and the run starts over (the checkpoint is
+    replaced)."""
+    try:
+        stored = json.loads((checkpoint / "finetune.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    new = json.loads(identity)
+    if stored == new:
+        return True
+    if not say:
+        return False
+    changes = []
+    for key in sorted(set(stored) | set(new)):
+        old_v, new_v = stored.get(key), new.get(key)
+        if old_v == new_v:
+            continue
+        if key == "config" and isinstance(old_v, dict):
+            changes += [f"{k} {old_v.get(k)} -> {new_v.get(k)}"
+                        for k in sorted(set(old_v) | set(new_v)) if old_v.get(k) != new_v.get(k)]
+        elif key == "data":
+            changes.append("the training or evaluation data")
+        else:
+            changes.append(f"{key} {old_v} -> {new_v}")
+    warnings.warn(f"{work}: its checkpoint ({checkpoint.name}) is of another run "
+                  f"({', '.join(changes[:6]) or 'an older version'}); starting over",
+                  stacklevel=2)
+    return False

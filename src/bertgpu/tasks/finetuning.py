@@ -27,6 +27,7 @@ This module turns a `Job` into what the loop asks for:
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 import warnings
@@ -223,6 +224,23 @@ def nonfinite_rows(outputs: Mapping[str, np.ndarray], lengths: Sequence[int] | N
         row_bad = ~ok.reshape(len(v), -1).all(axis=1)
         bad = row_bad if bad is None else bad | row_bad
     return 0 if bad is None else int(bad.sum())
+
+
+def data_digest(job: Job) -> str:
+    """sha256 of what a run trains and evaluates on (every sequence's tokens, token types and
+    targets, in order): a checkpoint resumes only into the same data, whatever the files are
+    called (a training file fixed after a crash was resumed into: epochs 1-4 on one dataset, 7-10
+    on another, reported as one run)."""
+    h = hashlib.sha256()
+    for enc in (job.train, *(ev.data for ev in job.evals)):
+        rows = [enc.ids, enc.types, *(enc.token_targets[k] for k in sorted(enc.token_targets))]
+        for seqs in rows:
+            h.update(np.asarray([len(x) for x in seqs], dtype=np.int64).tobytes())
+            if seqs:
+                h.update(np.concatenate([np.asarray(x, dtype=np.int64) for x in seqs]).tobytes())
+        for name in sorted(enc.targets):
+            h.update(name.encode() + np.ascontiguousarray(enc.targets[name]).tobytes())
+    return h.hexdigest()
 
 
 def strip_padding(feats: Any) -> Encoded:
