@@ -273,3 +273,16 @@ def test_a_vocabulary_much_larger_than_the_shards_is_a_warning(shards: Path, tmp
     assert err.count("never trained") == 1
     assert cli.main([*words, "--out", str(tmp_path / "ok"), "--model.vocab_size", "192"]) == 0
     assert "never trained" not in capsys.readouterr().err
+    # from an init (its vocabulary, no tokenizer files): the advice was model.vocab_size 100,
+    # which --init then refuses as a contradiction of its config.json
+    init = tmp_path / "init"
+    init.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (init / name).write_bytes((tmp_path / "big" / "hf" / name).read_bytes())
+    train_words = SMALL[SMALL.index("--train.global_batch_size"):]
+    adapt = str(Path(TINY).parent / "domain-adapt.toml")  # no [model]: the init's
+    assert cli.main(["pretrain", adapt, "--data", str(shards), *train_words, "--train.max_steps",
+                     "1", "--out", str(tmp_path / "cont"), "--init", str(init)]) == 0
+    err = capsys.readouterr().err
+    assert ("its 156 other rows are never trained; the shards were probably made with another "
+            f"tokenizer than {init}'s: prepare them with the init's vocabulary") in err, err

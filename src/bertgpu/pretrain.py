@@ -315,7 +315,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     model, engine, timer, init_rows = _model_and_engine(cfg, model_fields, data.with_nsp, peak_lr,
                                                         info, init)
     if info.is_main:  # once the shards, the init and the model have passed their checks
-        _warn_untrained_rows(cfg.model.vocab_size, data)
+        _warn_untrained_rows(cfg.model.vocab_size, data, cfg.init)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
     eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate,
@@ -350,16 +350,20 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     return training
 
 
-def _warn_untrained_rows(vocab_size: int, data: Any) -> None:
+def _warn_untrained_rows(vocab_size: int, data: Any, init: str | None = None) -> None:
     """A model vocabulary over twice the tokenizer's: the rows past the tokenizer's ids never
-    appear in a batch, so they stay at their initialisation (and cost memory and time)."""
+    appear in a batch, so they stay at their initialisation (and cost memory and time). With
+    `init` the vocabulary is the init's, and such a gap means shards of another tokenizer."""
     have = data.train.vocab_size
-    if vocab_size > 2 * have:
-        warnings.warn(f"model.vocab_size {vocab_size} is {vocab_size / have:.1f}x the shard set's "
-                      f"vocabulary ({have} tokens, {data.train.manifest_path}): its "
-                      f"{vocab_size - have:,} other rows are never trained; set "
-                      f"model.vocab_size {have} (the tokenizer's size) to drop them",
-                      stacklevel=2)
+    if vocab_size <= 2 * have:
+        return
+    head = (f"model.vocab_size {vocab_size} is {vocab_size / have:.1f}x the shard set's "
+            f"vocabulary ({have} tokens, {data.train.manifest_path}): its "
+            f"{vocab_size - have:,} other rows are never trained; ")
+    fix = (f"the shards were probably made with another tokenizer than {init}'s: prepare them "
+           "with the init's vocabulary" if init else
+           f"set model.vocab_size {have} (the tokenizer's size) to drop them")
+    warnings.warn(head + fix, stacklevel=2)
 
 
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
