@@ -251,6 +251,10 @@ BAD_FILES = [  # (file, content, the one-line error)
     ("f.tsv", "text\tlabel\na\tb\tc\n", r"f\.tsv:2: 3 fields, expected 2"),
     ("g.txt", "text,label\n", r"g\.txt: unknown file type '\.txt'"),
     ("h.jsonl", '["a", "b"]\n', r"h\.jsonl:1: found a JSON list"),
+    # an empty JSONL asked for "a header line", which JSONL has not
+    ("i.jsonl", "\n", r"i\.jsonl: no rows \(expected one JSON object per line with 'text' and "
+                      r"'label'\)"),
+    ("j.csv", "text,label\n", r"j\.csv: no rows \(expected a header line and labelled rows\)"),
 ]
 
 

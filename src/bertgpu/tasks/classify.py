@@ -39,6 +39,7 @@ from bertgpu.tasks.tables import (
     own_files_record,
     read_rows,
     request_fields,
+    table_format,
 )
 
 if TYPE_CHECKING:
@@ -94,7 +95,9 @@ def read_labelled(path: str | os.PathLike[str],
                 if fields.text_pair else None)
         out.append((line, text, pair, label_value(path, line, row[fields.label], fields.label)))
     if not out:
-        raise BertgpuError(f"{path}: no rows (expected a header line and labelled rows)")
+        expected = (f"one JSON object per line with {fields.text!r} and {fields.label!r}"
+                    if table_format(Path(path)) == "jsonl" else "a header line and labelled rows")
+        raise BertgpuError(f"{path}: no rows (expected {expected})")
     return out
 
 
