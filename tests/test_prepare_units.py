@@ -335,3 +335,27 @@ def test_compression_and_format_by_magic_bytes(tmp_path):
 
     write_saved_dataset(saved, ["Saved row."])
     assert list(iter_documents([saved])) == [["Saved row."]]
+
+
+def test_a_reader_that_fails_after_the_consumer_stopped_does_not_hang_it():
+    """Ctrl-C on `prepare --workers 2` printed "interrupted" and then hung for good (3 times in 9):
+    the reader thread, failing after the consumer had stopped, put its exception on a full queue
+    without a timeout, and the consumer's join waited for it for ever."""
+    import threading
+
+    from bertgpu.data.pipeline import prefetch
+
+    failed = threading.Event()
+
+    def items():
+        yield from range(3)  # fills the queue (depth 2) while the consumer is gone
+        failed.set()
+        raise KeyboardInterrupt  # the pool's workers got the same SIGINT
+
+    it = prefetch(items(), depth=2)
+    assert next(it) == 0
+    failed.wait(5)
+    closer = threading.Thread(target=it.close, daemon=True)  # the consumer stops
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive(), "the consumer hung waiting for the reader"

@@ -109,20 +109,26 @@ def prefetch(items: Iterator, depth: int) -> Iterator:
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def hand_over(item: object) -> bool:
+        """Put `item` in the queue unless the consumer stopped (then False). Every put waits in
+        slices: a put without a timeout on a full queue, after the consumer stopped (Ctrl-C),
+        kept the reader alive and the consumer's join waiting for ever."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not hand_over(item):
                     return
-            q.put(done)
+            hand_over(done)
         except BaseException as exc:  # handed to the consumer, which raises it
-            q.put(exc)
+            hand_over(exc)
 
     thread = threading.Thread(target=produce, daemon=True, name="bertgpu-reader")
     thread.start()
