@@ -293,3 +293,48 @@ def test_bad_input_found_by_the_workers_ends_with_their_line_and_no_restart(tmp_
     err = capfd.readouterr().err
     assert err.count("error:") == 1 and "--vocab-size" in err, err
     assert "restart" not in err and "Traceback" not in err and "FAILED" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_end_with_the_command_that_started_them(tmp_path):
+    """`kill -9` of `bertgpu pretrain --nproc 2` left torch's launcher (in a session of its own)
+    and both workers training into the run folder; re-running the command started a second job
+    on it. The launcher now gets SIGTERM when the command dies, and stops its workers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "watched-run"
+    marker.mkdir()
+    script = ("from bertgpu.train import launcher; "
+              f"launcher.launch_local(2, ['watch', {str(marker)!r}, '--interval', '0.5'])")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+
+    def ours() -> list[int]:  # the launcher and its workers: their command lines name the marker
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != parent.pid:
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if str(marker).encode() in f.read():
+                            pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
+    deadline = time.monotonic() + 60
+    while len(ours()) < 3 and time.monotonic() < deadline:  # the launcher and 2 workers
+        time.sleep(0.2)
+    assert len(ours()) >= 3, ours()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 40
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = ours()
+    for pid in left:  # do not leave them running if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running after the command was killed: {left}"

@@ -98,7 +98,8 @@ def _run_launcher(command: list[str], attempt: int,
     signals forwarded to its process group."""
     env = {**os.environ, **(extra_env or {}), RESTART_ENV: str(attempt)}
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True, text=True, errors="replace", bufsize=1)
+                            start_new_session=True, text=True, errors="replace", bufsize=1,
+                            preexec_fn=_end_with_parent(os.getpid()))
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -121,6 +122,25 @@ def _run_launcher(command: list[str], attempt: int,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return rc, tail, received
+
+
+def _end_with_parent(parent: int) -> Callable[[], None] | None:
+    """For the launcher's process (Linux): SIGTERM when this process dies, however it dies. The
+    launcher runs in a session of its own, so a `kill -9` of this process left it and its workers
+    training on; a re-run of the command then started a second job on the same run folder. A
+    SIGTERM is a stop signal like a scheduler's: every worker stops within its grace."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def set_parent_death_signal() -> None:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # this process died before the call took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: |$)")
