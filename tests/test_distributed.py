@@ -229,6 +229,11 @@ def test_the_launchers_own_traceback_for_a_stop_signal_is_left_out(capsys):
     _pass_through(iter(signal_tb), stopping=lambda: False)
     assert capsys.readouterr().err == "".join(
         [signal_tb[3], *signal_tb[:3], signal_tb[4]])
+    # Ctrl-C while the launcher was still importing torch: Python's KeyboardInterrupt
+    starting = ["Traceback (most recent call last):\n", '  File "torch/__init__.py", line 2885\n',
+                "    from torch import _meta_registrations\n", "KeyboardInterrupt\n"]
+    _pass_through(iter(starting), stopping=lambda: True)
+    assert capsys.readouterr().err == ""
 
 
 def test_workers_share_the_cores_without_torchruns_banner(monkeypatch, capfd):

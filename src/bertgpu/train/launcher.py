@@ -144,7 +144,9 @@ def _end_with_parent(parent: int) -> Callable[[], None] | None:
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: |$)")
-_STOP_EXCEPTION = "SignalException"
+_STOP_EXCEPTIONS = ("SignalException", "KeyboardInterrupt")
+"""The launcher's own exceptions for a stop signal: torch's, and Python's for a Ctrl-C that came
+while the launcher was still importing torch."""
 _USER_ERROR = re.compile(r"^bertgpu [\w -]+: error: ")
 USER_ERROR_EXIT = 2  # what a command returns for bad input (a BertgpuError, an argparse error)
 
@@ -154,7 +156,8 @@ def _pass_through(stream: Iterable[str], keep: int = 400,
     """Copy the launcher's stderr to ours line by line; return the last `keep` lines.
 
     Once a stop signal was forwarded (`stopping()`), the launcher's own traceback for it (torch's
-    SignalException: the launcher ends by raising it) is left out: the workers' lines saying how
+    SignalException: the launcher ends by raising it; KeyboardInterrupt, when Ctrl-C came while it
+    was starting) is left out: the workers' lines saying how
     they stopped, and this process's last line, say it all. Lines of workers that arrive in the
     middle of that traceback pass through at once; any other traceback is shown whole.
 
@@ -184,7 +187,7 @@ def _pass_through(stream: Iterable[str], keep: int = 400,
                 return
             if _EXCEPTION_LINE.match(line):
                 block, held = [*held, line], []
-                if not (_STOP_EXCEPTION in line and stopping()):
+                if not (line.split(":")[0].strip().endswith(_STOP_EXCEPTIONS) and stopping()):
                     show(block)
                 else:
                     tail.extend(block)  # kept for describe_failure, not shown
