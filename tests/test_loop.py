@@ -264,6 +264,9 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
     assert not work.exists() and not (tmp_path / "ft" / "checkpoints").exists()
     assert res["steps"] == ref["steps"] == 16 and [e["epoch"] for e in res["epochs"]] == [1, 2]
     assert res["metrics"] == ref["metrics"]
+    # The interrupted epoch's training loss is the mean over all of its steps, those before the
+    # checkpoint included (it used to be the mean of the steps after the resume only).
+    assert [e["train_loss"] for e in res["epochs"]] == [e["train_loss"] for e in ref["epochs"]]
     a, b = (load_file(str(p / "model" / "model.safetensors"))
             for p in (tmp_path / "ref", tmp_path / "ft"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

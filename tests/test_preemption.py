@@ -4,6 +4,7 @@ test_preemption_e2e.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -133,6 +134,81 @@ def test_a_second_signal_or_the_deadline_ends_the_process_at_once(tmp_path, grac
     assert message in done.stderr and "not reached" not in done.stdout, done.stderr
     assert ("second" in done.stdout) == (grace_s > pause_s)  # the duplicate did not end it
     assert took < 15
+
+
+class _State:
+    def state_dict(self):
+        return {}
+
+
+class _Exited(Exception):
+    pass
+
+
+@pytest.fixture
+def no_exit(monkeypatch):
+    """`os._exit` raises `_Exited` with the status instead of ending pytest."""
+    def fake_exit(status):
+        raise _Exited(status)
+
+    monkeypatch.setattr("bertgpu.train.preemption.os._exit", fake_exit)
+    monkeypatch.setattr("bertgpu.train.preemption.multiprocessing.active_children", lambda: [])
+
+
+def test_a_step_is_named_as_such_once_its_data_came(no_exit, capfd):
+    """After the data wait of a step the run is "in step N" again: the phase of the data wait
+    used to stay, and a grace that ran out while the step computed said "waiting for the data
+    of step N"."""
+    p = Preemption(2.0, DistInfo(), title="t")
+    p.begin_step(2, _State(), _State())
+    seen: list[str] = []
+    assert p.interruptible("waiting for the data of step 3", lambda: seen.append(p.phase)) is None
+    assert seen == ["waiting for the data of step 3"] and p.phase == "in step 3"
+    p._seen = signal.SIGTERM  # a work cut short (here: not started) gives the phase back too
+    assert p.interruptible("in the evaluation at step 3", lambda: "ran") is None
+    assert p.phase == "in step 3"
+    with pytest.raises(_Exited):
+        p._expire()
+    assert "the grace of 2 s ran out in step 3;" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["deadline", "second signal"])
+def test_a_stop_that_ends_at_once_still_writes_the_end_record(tmp_path, no_exit, capfd, how):
+    """A grace that runs out, or a second signal, ends the process with an `end` record
+    (reason preempted) on metrics.jsonl; there used to be none, and `bertgpu watch` said
+    "killed or crashed"."""
+    from bertgpu.telemetry.records import describe_end, read_metrics, run_end
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 3, "kind": "info", "time": 1.0, "elapsed_s": 1.0, "event": "start",
+         "max_steps": 12}) + "\n" + '{"step": 6, "kind": "tr')  # a line being written
+    p = Preemption(20.0, DistInfo(), title="t", run_dir=tmp_path)
+    p.elapsed = lambda: 42.0
+    p.begin_step(5, _State(), _State())
+    p.end_step(6)
+    try:
+        with pytest.raises(_Exited) as exited:
+            if how == "deadline":
+                p._note(signal.SIGTERM)
+                p._expire()
+            else:
+                p._note(signal.SIGTERM)
+                p._note(signal.SIGINT)
+    finally:
+        p.restore()  # disarms the deadline
+    assert exited.value.args == (143,)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    end = run_end(records)
+    assert end is not None and records[-1] is end, records
+    assert (end["reason"], end["step"], end["elapsed_s"], end["world_size"]) == (
+        "preempted", 6, 42.0, 1)
+    assert describe_end(end, 12).startswith("stopped (preempted at step 6 of 12;")
+    # When the loop wrote its end record already, no second one.
+    p2 = Preemption(20.0, DistInfo(), title="t", run_dir=tmp_path)
+    p2.end_logged = True
+    with pytest.raises(_Exited):
+        p2._exit_now("stopped")
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == len(records)
 
 
 class _Ckpts:

@@ -62,7 +62,7 @@ from bertgpu.testing import faults
 from bertgpu.train import distributed
 from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
-from bertgpu.train.loop_state import LogWindow, LoopResult
+from bertgpu.train.loop_state import LogWindow, LoopResult, loss_state
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
@@ -132,6 +132,7 @@ class Loop:
         # The result being built while `run()` lasts (a task may read its clocks), then returned.
         self.result: LoopResult | None = None
         self._window: LogWindow | None = None  # the log window while `run()` lasts
+        self._resumed_loss: dict[str, float] | None = None  # its loss, from the checkpoint
         from bertgpu.train.checkpointer import make_checkpointer
 
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
@@ -168,6 +169,8 @@ class Loop:
         logger.log(self.engine.step, "info", event="start", host=socket.gethostname(),
                    pid=os.getpid(), pid_started=process_started(os.getpid()),
                    world_size=self.world, max_steps=self.max_steps or None)
+        # For the end record of a stop whose grace ran out (written by the preemption's thread).
+        self.preemption.step, self.preemption.elapsed = self.engine.step, lambda: logger.elapsed_s
         self.preemption.install()
         try:
             return self._run(logger)
@@ -183,6 +186,7 @@ class Loop:
     def _run(self, logger: Any) -> LoopResult:
         result = self.result = LoopResult(step=self.engine.step)
         w = self._window = LogWindow(self.world, self.info.rank, self.train.log_every_steps)
+        w.load_loss_state(self._resumed_loss)
         self._last_ckpt = time.monotonic()
         try:
             self._steps(logger, result, w)
@@ -230,7 +234,7 @@ class Loop:
         """One optimizer step with its timing and counters; Preempted when a stop signal came
         (the step is then dropped: the preemption checkpoint holds the state from before it)."""
         step = self.engine.step
-        self.preemption.begin_step(step, self.task, self.engine)
+        self.preemption.begin_step(step, self.task, self.engine, w.loss_mark())
         # the test double (testing/faults.py): off unless BERTGPU_FAULTS
         if self.faults is not None:
             faults.maybe_kill(self.info.rank, step + 1, settle=self.checkpoints.settle)
@@ -332,6 +336,7 @@ class Loop:
         def end() -> None:
             logger.log(step, "info", event="end", reason=result.stop_reason,
                        world_size=self.world, rank_step_min=lo, rank_step_max=hi)
+            self.preemption.end_logged = True  # a grace that runs out adds no second one
 
         if result.preempted:  # first: the grace may end the process inside `stop`
             end()
@@ -409,6 +414,8 @@ class Loop:
                 "elapsed_s": logger.elapsed_s,
                 "budget": self.budget.state_dict() if self.budget is not None else None,
                 "world_size": self.world,
+                "loss_window": loss_state(snapshot.loss if snapshot else self._window.loss_mark()
+                                          if self._window is not None else None),
             }
             files = self.checkpoint_files()
         path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state,
@@ -438,6 +445,7 @@ class Loop:
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.sequences_seen = int(st.get("sequences_seen", 0))
         self.elapsed_offset = float(st.get("elapsed_s", 0.0))
+        self._resumed_loss = st.get("loss_window")
         if self.budget is not None and st.get("budget"):
             self.budget.load_state_dict(st["budget"])
         rngs = st.get("rng") or []

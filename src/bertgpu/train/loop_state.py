@@ -28,6 +28,21 @@ class LoopResult:
     """128 + the stop signal when preempted (143 for SIGTERM, 130 for SIGINT), else 0."""
 
 
+LossMark = tuple[float, float, tuple[StepResult, int] | None]
+"""`LogWindow.loss_mark()`: the loss sum, its sequences and the newest step's unread loss."""
+
+
+def loss_state(mark: LossMark | None) -> dict[str, float] | None:
+    """What a checkpoint holds of the training loss since the last evaluation (the newest step's
+    included), from a `LogWindow.loss_mark()`; None without one."""
+    if mark is None:
+        return None
+    loss_sum, loss_n, unread = mark
+    if unread is not None and not unread[0].skipped:
+        loss_sum, loss_n = loss_sum + unread[0].loss * unread[1], loss_n + unread[1]
+    return {"loss_sum": loss_sum, "loss_n": loss_n}
+
+
 class LogWindow:
     """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
 
@@ -69,6 +84,18 @@ class LogWindow:
             self.loss_sum += self.unread[0].loss * self.unread[1]
             self.loss_n += self.unread[1]
         self.unread = (res, sequences) if res is not None else None
+
+    def loss_mark(self) -> LossMark:
+        """The training loss so far, the newest step's still unread (read only if a checkpoint
+        needs it: `loss_state`)."""
+        return (self.loss_sum, self.loss_n, self.unread)
+
+    def load_loss_state(self, state: dict[str, float] | None) -> None:
+        """The training loss since the last evaluation as a checkpoint holds it (`loss_state`).
+        Resumed runs used to start it from zero, so the interrupted epoch's `train_loss` was
+        the mean of the steps after the resume only."""
+        if state:
+            self.loss_sum, self.loss_n = float(state["loss_sum"]), float(state["loss_n"])
 
     def train_loss(self) -> float | None:
         """Mean training loss since the last call (weighted by sequences), then reset."""

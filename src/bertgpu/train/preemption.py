@@ -76,6 +76,7 @@ class Snapshot:
     rng: tuple[Any, ...]
     task: dict[str, Any]
     engine: dict[str, Any]
+    loss: Any = None  # the loop's LogWindow.loss_mark() (train/loop_state.py), if any
 
 
 def margin(grace_s: float) -> float:
@@ -94,6 +95,9 @@ class Preemption:
         self.deadline: float | None = None  # time.monotonic() at which the run must be gone
         self.snapshot: Snapshot | None = None  # set while a step is in flight
         self.phase = "while starting"  # where the run is, for the deadline's line
+        self.step = 0  # the newest completed step, for the end record of `_exit_now`
+        self.elapsed: Callable[[], float] | None = None  # the run's clock (the loop's logger)
+        self.end_logged = False  # the loop wrote its end record: `_exit_now` adds none
         self._seen: int | None = None  # set by the handler at once (the listener may lag)
         self._own: tuple[int, float] | None = None  # this rank's first signal and its time
         self._interruptible = False
@@ -220,6 +224,7 @@ class Preemption:
                 return
             self._exiting = True
         if self.info.is_main:
+            self._append_end()
             line = f"{self.title}: {self._name() + ': ' if prefix else ''}{what}; {self._hint()}\n"
             flush = threading.Thread(target=_flush_stdio, daemon=True)
             flush.start()
@@ -228,6 +233,40 @@ class Preemption:
         for child in multiprocessing.active_children():  # loader workers ignore SIGTERM
             child.kill()
         os._exit(self.exit_status)
+
+    def _append_end(self) -> None:
+        """Rank 0: the `end` record (reason preempted) that the loop had no time to write, one
+        line appended to metrics.jsonl. It used to be missing, and `bertgpu watch` took the run
+        for killed or crashed. Best effort: nothing here may keep the process from exiting."""
+        if self.run_dir is None or self.end_logged:
+            return
+        import json
+
+        record: dict[str, Any] = {"step": self.step, "kind": "info", "time": round(time.time(), 3)}
+        try:
+            if self.elapsed is not None:
+                record["elapsed_s"] = round(float(self.elapsed()), 3)
+        except Exception:  # noqa: BLE001
+            pass
+        record.update(event="end", reason="preempted", world_size=self.info.world_size)
+        path = Path(self.run_dir) / "metrics.jsonl"
+        try:
+            if not path.is_file():
+                return  # no run's records here (the logger writes none on this run)
+            with open(path, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - (1 << 20)))
+                tail = f.read()
+                cut = tail.rfind(b"\n")
+                # A line cut short (the main thread's, cut by the exit): readers reject it unless
+                # it is the last, so it goes.
+                if tail and not tail.endswith(b"\n") and (cut >= 0 or len(tail) == size):
+                    f.truncate(size - len(tail) + cut + 1)
+                f.seek(0, os.SEEK_END)
+                f.write((json.dumps(record) + "\n").encode())
+        except (OSError, ValueError):
+            pass
+        self.end_logged = True
 
     def _name(self) -> str:
         return signal.Signals(self.signum or self._seen or signal.SIGTERM).name
@@ -250,8 +289,10 @@ class Preemption:
     # -- safe points ---------------------------------------------------------------------------
     def interruptible(self, phase: str, fn: Callable[[], T]) -> T | None:
         """`fn()`, cut short by a stop signal: None when it was (or when one came before). The
-        caller must `check()` next, on every rank."""
-        self.phase = phase
+        caller must `check()` next, on every rank. `phase` lasts while `fn` runs, then the phase
+        from before comes back (it used to stay, so a grace that ran out during a step said
+        "waiting for the data of step N")."""
+        before, self.phase = self.phase, phase
         try:
             try:
                 if self.requested:
@@ -262,6 +303,8 @@ class Preemption:
                 self._interruptible = False
         except Preempted:
             return None
+        finally:
+            self.phase = before
 
     def check(self, micro_batches: int = 1) -> int:
         """A safe point, at the same place on every rank: raises Preempted when any rank got a
@@ -304,16 +347,16 @@ class Preemption:
 
         return checked
 
-    def begin_step(self, step: int, task: Any, engine: Any) -> None:
+    def begin_step(self, step: int, task: Any, engine: Any, loss: Any = None) -> None:
         """Before step `step` + 1 changes anything: what a checkpoint holds if it is aborted
-        (the RNG states, the task's state, the engine's counters)."""
+        (the RNG states, the task's state, the engine's counters, the loop's `loss` mark)."""
         from bertgpu.train.checkpoint import capture_rng
 
-        self.snapshot = Snapshot(capture_rng(), task.state_dict(), engine.state_dict())
-        self.phase = f"in step {step + 1}"
+        self.snapshot = Snapshot(capture_rng(), task.state_dict(), engine.state_dict(), loss)
+        self.phase, self.step = f"in step {step + 1}", step
 
     def end_step(self, step: int) -> None:
-        self.snapshot = None
+        self.snapshot, self.step = None, step
         self.phase = f"after step {step}"
 
     # -- the end -------------------------------------------------------------------------------
