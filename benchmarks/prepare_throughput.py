@@ -65,7 +65,7 @@ def run_case(paths: list[str], tok: Path, work: Path, objective: str, workers: i
 
 def tokenizers_alone(tok: Path, docs: list[list[str]]) -> tuple[float, float]:
     """(tokens/s, CPU seconds per token) of encode_batch_fast on the documents, all cores."""
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
 
     t = load_tokenizer(tok)
     texts = [" ".join(d) for d in docs]

@@ -135,7 +135,7 @@ def test_compiled_rows_compile_once_per_shape(tmp_path):
 def test_lengths_from_shards_squad_and_csv(tmp_path, capsys):
     from _shards import write_synthetic_shards
 
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.tasks.squad import featurize, read_squad
 
     data = write_synthetic_shards(tmp_path / "data", seq_len=32, variable_lengths=True)

@@ -78,7 +78,7 @@ def _one_line_error(capsys, rc: int, *needles: str) -> str:
 
 
 def test_prepare_takes_the_vocabulary_of_a_hugging_face_folder(pydoc_data: Path, minilm: Path):
-    from bertgpu.data.tokenizer import tokenizer_hash
+    from bertgpu.data.tokenizer_folder import tokenizer_hash
 
     manifest = json.loads((pydoc_data / "manifest.json").read_text())
     # BERT-uncased ids ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103), not bertgpu's 0-4.
@@ -317,7 +317,7 @@ def test_init_from_a_transformers_modernbert_masked_lm(tmp_path):
 
 
 def test_prepare_finds_the_tokenizer_of_a_run_and_of_its_checkpoints(phase1, minilm, tmp_path):
-    from bertgpu.data.tokenizer import find_tokenizer_folder
+    from bertgpu.data.tokenizer_folder import find_tokenizer_folder
 
     step = sorted((phase1 / "checkpoints").glob("step_*"))[-1]
     assert find_tokenizer_folder(phase1) == find_tokenizer_folder(step) == phase1 / "tokenizer"

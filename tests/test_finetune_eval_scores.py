@@ -20,7 +20,7 @@ from _tiny_init import SPECIAL
 from scipy import stats
 
 from bertgpu.config.finetune import job_config, load_finetune_config
-from bertgpu.data.tokenizer import load_tokenizer
+from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.finetune import finetune
 from bertgpu.tasks.finetuning import FinetuneTask, Job, JobRequest

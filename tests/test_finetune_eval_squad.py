@@ -16,7 +16,7 @@ import torch
 from _tiny_init import SPECIAL
 
 from bertgpu.config.finetune import job_config, load_finetune_config
-from bertgpu.data.tokenizer import load_tokenizer
+from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.tasks.finetuning import FinetuneTask, Job
 from bertgpu.tasks.init_model import build_model
 from bertgpu.tasks.squad_job import squad_job

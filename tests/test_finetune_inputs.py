@@ -337,7 +337,7 @@ def test_constant_regression_labels_are_named_undefined(tmp_path):
 
 
 def test_constant_stsb_dev_scores_are_named_undefined(tmp_path):
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.tasks.glue import Example, get_task
     from bertgpu.tasks.glue_job import examples_job
 

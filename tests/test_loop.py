@@ -233,14 +233,12 @@ def _tiny_finetune(tmp_path):
                   "--lr", "1e-3", "--checkpoint_every_steps", "3"]
 
 
-def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
-    from safetensors.torch import load_file
-
+def _crashed_finetune(monkeypatch, tmp_path: Path, init: Path, args: list[str], out: Path) -> None:
+    """`finetune sst2` to `out`, stopped by a crash in step 10: its step-9 checkpoint stays in
+    OUT.tmp."""
     from bertgpu.finetune import finetune
     from bertgpu.tasks.finetuning import FinetuneTask
 
-    init, args = _tiny_finetune(tmp_path)
-    ref = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ref", overrides=args)
     original = FinetuneTask.micro_batches
 
     def crash(self, step):
@@ -248,14 +246,24 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated crash")
         return original(self, step)
 
-    monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
-    with pytest.raises(KeyboardInterrupt):
-        finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
+    with monkeypatch.context() as patch:
+        patch.setattr(FinetuneTask, "micro_batches", crash)
+        with pytest.raises(KeyboardInterrupt):
+            finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
+
+
+def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from bertgpu.finetune import finetune
+
+    init, args = _tiny_finetune(tmp_path)
+    ref = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ref", overrides=args)
+    _crashed_finetune(monkeypatch, tmp_path, init, args, tmp_path / "ft")
     work = tmp_path / "ft.tmp"
     assert ((work / "checkpoints" / "step_9" / "COMPLETE").is_file()
             and not (tmp_path / "ft").exists())
     state = torch.load(work / "checkpoints" / "step_9" / "train_state.pt", weights_only=True)
-    monkeypatch.setattr(FinetuneTask, "micro_batches", original)
     res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft", overrides=args)
     # Train times count the steps before the crash too: cumulative per epoch, across the resume.
     epoch_1, epoch_2 = (e["train_seconds"] for e in res["epochs"])
@@ -271,10 +279,7 @@ def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
             for p in (tmp_path / "ref", tmp_path / "ft"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # A different command does not pick up the interrupted run's checkpoint: it starts over.
-    monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
-    with pytest.raises(KeyboardInterrupt):
-        finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=args)
-    monkeypatch.setattr(FinetuneTask, "micro_batches", original)
+    _crashed_finetune(monkeypatch, tmp_path, init, args, tmp_path / "ft2")
     other = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2",
                      overrides=[*args, "--lr", "2e-3"])
     assert json.loads((tmp_path / "ft2" / "results.json").read_text())["config"]["lr"] == 2e-3
@@ -291,24 +296,11 @@ def test_finetune_resumes_through_a_logging_change_and_never_into_other_data(tmp
     from safetensors.torch import load_file
 
     from bertgpu.finetune import finetune
-    from bertgpu.tasks.finetuning import FinetuneTask
 
     init, args = _tiny_finetune(tmp_path)
     ref = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ref", overrides=args)
-    original = FinetuneTask.micro_batches
 
-    def crash(self, step):
-        if step == 10:
-            raise KeyboardInterrupt("simulated crash")
-        return original(self, step)
-
-    def interrupted(out):
-        monkeypatch.setattr(FinetuneTask, "micro_batches", crash)
-        with pytest.raises(KeyboardInterrupt):
-            finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
-        monkeypatch.setattr(FinetuneTask, "micro_batches", original)
-
-    interrupted(tmp_path / "ft")
+    _crashed_finetune(monkeypatch, tmp_path, init, args, tmp_path / "ft")
     capsys.readouterr()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -321,7 +313,7 @@ def test_finetune_resumes_through_a_logging_change_and_never_into_other_data(tmp
     a, b = (load_file(str(p / "model" / "model.safetensors"))
             for p in (tmp_path / "ref", tmp_path / "ft"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    interrupted(tmp_path / "ft2")
+    _crashed_finetune(monkeypatch, tmp_path, init, args, tmp_path / "ft2")
     train = tmp_path / "SST-2" / "train.tsv"
     lines = train.read_text(encoding="utf-8").splitlines()
     train.write_text("\n".join([lines[0], *lines[1:][::-1]]) + "\n", encoding="utf-8")
@@ -329,7 +321,7 @@ def test_finetune_resumes_through_a_logging_change_and_never_into_other_data(tmp
                                          r"\(the training or evaluation data\); starting over"):
         res = finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft2", overrides=args)
     assert res["steps"] == 16
-    interrupted(tmp_path / "ft3")
+    _crashed_finetune(monkeypatch, tmp_path, init, args, tmp_path / "ft3")
     with pytest.warns(UserWarning, match=r"\(lr 0.001 -> 0.002\); starting over"):
         finetune("sst2", tmp_path / "SST-2", init, tmp_path / "ft3",
                  overrides=[*args, "--lr", "2e-3"])

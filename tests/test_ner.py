@@ -171,7 +171,7 @@ def test_bad_jsonl_rows(tmp_path):
 
 
 def test_first_piece_carries_the_tag(tmp_path, init):
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
 
     tok = load_tokenizer(tmp_path / "tok")
     s = ner.Sentence(["Emma", "visited", "London", "."], ["B-PER", "O", "B-LOC", "O"], [1, 2, 3, 4])

@@ -14,7 +14,7 @@ from _text_fixtures import pydoc_documents, train_small_tokenizer, write_sentenc
 
 from bertgpu.cli import main as cli_main
 from bertgpu.data.prepare import prepare
-from bertgpu.data.tokenizer import load_tokenizer, tokenizer_hash
+from bertgpu.data.tokenizer_folder import load_tokenizer, tokenizer_hash
 from bertgpu.errors import BertgpuError
 
 CLS, SEP = 2, 3

@@ -14,7 +14,7 @@ from _text_fixtures import train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
 from bertgpu.data.prepare import prepare
-from bertgpu.data.tokenizer import tokenizer_hash
+from bertgpu.data.tokenizer_folder import tokenizer_hash
 from bertgpu.errors import BertgpuError
 
 

@@ -292,7 +292,8 @@ def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(mixed, tmp_path, ca
     """--sample-bytes reads a share of each file (or part of a large one), from its start: some
     documents of every file, far fewer than all; the same from a memory:// URL."""
     from bertgpu.data.corpus import CorpusStats
-    from bertgpu.data.tokenizer import load_tokenizer, train_tokenizer
+    from bertgpu.data.tokenizer import train_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
 
     stats = CorpusStats()
     out = train_tokenizer(mixed, tmp_path / "tok", vocab_size=300, min_frequency=1,

@@ -12,25 +12,12 @@ from pathlib import Path
 
 import pytest
 from _shards import write_synthetic_shards
+from test_pretrain import ROOT, _args  # the tiny model and run every test here uses
 
 from bertgpu.cli import main
 from bertgpu.telemetry.records import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = str(ROOT / "configs" / "tiny.toml")
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "pretrain", TINY, "--data", str(data), "--out", str(out),
-        "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
-        "--model.max_position_embeddings", "64",
-        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
-        "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
-        "--train.eval_sequences", "8", "--checkpoint.keep_last", "0", *extra,
-    ]
 
 
 @pytest.fixture(scope="module")

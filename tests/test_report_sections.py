@@ -9,23 +9,11 @@ import json
 import re
 from pathlib import Path
 
+from test_report import _table_rows, _write_jsonl
+
 from bertgpu.report import build_report
 from bertgpu.report.quality import pretrain_table, quality_blocks
 from bertgpu.report.render import render_markdown
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def _table_rows(md: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in md.splitlines():
-        if line.startswith("| ") and not line.startswith("|---"):
-            cells = [c.strip() for c in line.strip("|").split(" | ")]
-            rows[cells[0]] = cells[1:]
-    return rows
 
 
 def _start(step: int) -> dict:

@@ -11,13 +11,13 @@ from _text_fixtures import tokenizer_corpus, train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
 from bertgpu.data.corpus import CorpusStats
-from bertgpu.data.tokenizer import (
+from bertgpu.data.tokenizer import train_tokenizer
+from bertgpu.data.tokenizer_folder import (
     SPECIAL_TOKENS,
     is_lowercase,
     load_tokenizer,
     special_token_ids,
     tokenizer_hash,
-    train_tokenizer,
 )
 from bertgpu.errors import BertgpuError
 

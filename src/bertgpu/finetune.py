@@ -180,7 +180,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     """The run itself: its model, engine and loop die with this frame, before the process group
     is torn down (distributed.process_group). `seq`: the tokens per sequence (`sequence_length`)
     and its start-up note."""
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.train import distributed
 
     check_batch(cfg, info.world_size)  # before anything loads

@@ -369,7 +369,7 @@ def _warn_untrained_rows(vocab_size: int, data: Any, init: str | None = None) ->
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
     """The weights of `init` (config/continued.py, train/continued.py) for a new run, checked
     against the shards; None without init, or when the run resumes from its own checkpoint."""
-    from bertgpu.data.tokenizer import find_tokenizer_folder
+    from bertgpu.data.tokenizer_folder import find_tokenizer_folder
     from bertgpu.train.continued import InitSource
 
     if not cfg.init or resume is not None:  # a run's own checkpoint is newer than the init

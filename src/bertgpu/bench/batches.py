@@ -53,7 +53,7 @@ def _squad_lengths(file: str, tokenizer: str | None, seq_len: int) -> Any:
     """Feature lengths of a SQuAD JSON at max_seq_len `seq_len` (tasks/squad.featurize)."""
     import numpy as np
 
-    from bertgpu.data.tokenizer import find_tokenizer_folder, load_tokenizer
+    from bertgpu.data.tokenizer_folder import find_tokenizer_folder, load_tokenizer
     from bertgpu.tasks.squad import featurize, read_squad
 
     if not tokenizer:

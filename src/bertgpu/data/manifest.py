@@ -49,7 +49,7 @@ class Manifest:
     vocab_size: int
     """The tokenizer's vocabulary size, added tokens included."""
     tokenizer_hash: str
-    """`tokenizer.tokenizer_hash` of the tokenizer used (its copy is in tokenizer/)."""
+    """`tokenizer_folder.tokenizer_hash` of the tokenizer used (its copy is in tokenizer/)."""
     do_lower_case: bool | None = None
     """Whether the tokenizer lowercases its input."""
     special_tokens: dict[str, int]

@@ -68,7 +68,7 @@ from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.sources import check_not_cwd, is_url
 from bertgpu.data.split import MIN_UNIT_TOKENS
-from bertgpu.data.tokenizer import (
+from bertgpu.data.tokenizer_folder import (
     TOKENIZER_FILES,
     find_tokenizer_folder,
     is_lowercase,

@@ -186,7 +186,7 @@ def check_compatible(
 
     A model vocabulary larger than the tokenizer's is fine (embeddings padded to a multiple of
     64 are common); a smaller one, a longer sequence than the position table, another
-    tokenizer (hash from `bertgpu.data.tokenizer.tokenizer_hash`), or a special token whose id
+    tokenizer (hash from `tokenizer_folder.tokenizer_hash`), or a special token whose id
     differs from the model's (`special_ids`: "pad" -> the config's pad_token_id, ...) is an
     error naming the manifest.
     """

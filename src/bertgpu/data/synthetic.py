@@ -43,7 +43,7 @@ def synthetic_vocab(vocab_size: int) -> list[str]:
 def _write_tokenizer(folder: Path, vocab: list[str], seq_len: int) -> str:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    from bertgpu.data.tokenizer import tokenizer_hash
+    from bertgpu.data.tokenizer_folder import tokenizer_hash
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("".join(tok + "\n" for tok in vocab), encoding="utf-8")

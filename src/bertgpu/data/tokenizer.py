@@ -1,10 +1,10 @@
-"""WordPiece tokenizer training and loading, in files that transformers' AutoTokenizer loads.
+"""WordPiece tokenizer training, into files that transformers' AutoTokenizer loads.
 
     bertgpu tokenizer --corpus wiki.xml.bz2 books/ --vocab-size 30522 --out tok/
     bertgpu tokenizer --corpus data.jsonl --text-field body --vocab-size 32000 --cased --out tok/
     bertgpu tokenizer --corpus s3://bucket/fineweb/ --sample-bytes 2000000000 --out tok/
 
-    from bertgpu.data.tokenizer import load_tokenizer
+    from bertgpu.data.tokenizer_folder import load_tokenizer
     tok = load_tokenizer("tok/")                     # a tokenizers.Tokenizer
     tok.encode("Hello world", "Second segment").ids  # [CLS] A [SEP] B [SEP]
 
@@ -19,7 +19,7 @@ read from its start; a vocabulary of a remote corpus without downloading all of 
 
 The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
 and special_tokens_map.json. Loading a folder (`load_tokenizer`, `is_lowercase`,
-`tokenizer_hash`, re-exported here) is `tokenizer_folder`'s: any Hugging Face BERT folder,
+`tokenizer_hash`) is `tokenizer_folder`'s: any Hugging Face BERT folder,
 encoded as transformers' AutoTokenizer encodes it.
 
 With --skip-bad a file skipped after part of its text was read is left out whole, as `prepare`
@@ -49,17 +49,7 @@ from bertgpu.data.corpus import (
     settle_parts,
 )
 from bertgpu.data.sources import check_not_cwd, is_url
-from bertgpu.data.tokenizer_folder import (
-    MAX_WORD_CHARS,
-    SPECIAL_TOKEN_MAP,
-    SPECIAL_TOKENS,
-    TOKENIZER_FILES,
-    find_tokenizer_folder,
-    is_lowercase,
-    load_tokenizer,
-    special_token_ids,
-    tokenizer_hash,
-)
+from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
     check_apart,
@@ -69,9 +59,7 @@ from bertgpu.fsutil import (
     replace_dir,
 )
 
-__all__ = ["MAX_WORD_CHARS", "SPECIAL_TOKENS", "TOKENIZER_FILES", "find_tokenizer_folder",
-           "is_lowercase", "load_tokenizer", "special_token_ids", "tokenizer_hash",
-           "train_tokenizer"]
+__all__ = ["train_tokenizer"]
 
 VOCAB_SHORTFALL_WARN = 0.75
 """A vocabulary under this share of --vocab-size is a warning (the summary line gives the size

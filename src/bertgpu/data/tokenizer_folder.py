@@ -1,7 +1,7 @@
 """Tokenizer folders: the files `bertgpu tokenizer` writes, and how every command loads a folder
 (its own, or a Hugging Face BERT model's) so that it encodes as transformers' AutoTokenizer does.
 
-    from bertgpu.data.tokenizer import load_tokenizer       # (re-exported there)
+    from bertgpu.data.tokenizer_folder import load_tokenizer
     tok = load_tokenizer("tok/")                     # a tokenizers.Tokenizer
     tok.encode("Hello world", "Second segment").ids  # [CLS] A [SEP] B [SEP]
 

@@ -63,7 +63,7 @@ class PretrainData:
         """Shards of a continued run must come from the init's tokenizer (`bertgpu prepare
         --tokenizer INIT`): the same vocabulary and the same special ids. An init without a
         tokenizer folder is checked by the config's sizes and ids only (`check_model`)."""
-        from bertgpu.data.tokenizer import special_token_ids, tokenizer_hash
+        from bertgpu.data.tokenizer_folder import special_token_ids, tokenizer_hash
 
         if tokenizer_dir is None:
             print(f"warning: --init {init} has no tokenizer files, so the shards' vocabulary is "
