@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -211,6 +213,27 @@ def test_check_run_folder_takes_new_empty_and_run_folders(tmp_path: Path) -> Non
         (run / "results.json").write_text("{}")  # a fine-tuning's output is not a run
         with pytest.raises(BertgpuError, match="not a pretraining run"):
             run_folder.check_run_folder(run)
+
+
+def test_a_run_folder_another_process_trains_in_is_refused_untouched(shards: Path,
+                                                                      tmp_path: Path,
+                                                                      capsys) -> None:
+    """Two `bertgpu pretrain` into one --out interleaved checkpoints and metrics.jsonl: the second
+    is refused in one line (also by the --nproc launcher, before it starts workers), and the
+    folder the first left is taken again once its lock is released."""
+    run = tmp_path / "r"
+    args = ["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL,
+            "--train.max_steps", "1"]
+    with run_folder.run_folder_lock(run):
+        held = sorted(p.name for p in run.iterdir())
+        for launch in ([], ["--nproc", "2"]):
+            err = _one_line_error(capsys, [*args, *launch])
+            assert (f"{run}: another bertgpu pretrain (pid {os.getpid()} on "
+                    f"{socket.gethostname()}) is training in this run folder" in err), err
+            assert sorted(p.name for p in run.iterdir()) == held == [run_folder.LOCK_FILE]
+    run_folder.check_run_folder(run)  # a run that stopped before its config: still a run folder
+    assert cli.main(args) == 0
+    assert (run / "checkpoints").is_dir()
 
 
 # 5. resuming with other settings: said, and the earlier config kept ---------------------------

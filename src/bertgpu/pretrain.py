@@ -46,9 +46,11 @@ from bertgpu.train.run_folder import (
     check_device,
     check_not_past_max_steps,
     check_run_folder,
+    check_run_folder_free,
     check_same_model,
     checkpoint_budget,
     keep_config_history,
+    run_folder_lock,
 )
 
 ACCEPTS_OVERRIDES = True
@@ -148,6 +150,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
 
     cfg = _config(args)
     check_config(cfg)
+    check_run_folder_free(Path(cfg.out))
     checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
     if checkpoints:  # the workers would each refuse it, under the launcher's long report
         check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
@@ -212,8 +215,11 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
     from bertgpu.train import distributed
 
     check_config(cfg)
-    with distributed.process_group(cfg.impl.device, cfg.distributed.timeout_minutes,
-                                   strategy=cfg.distributed.strategy) as info:
+    # Rank 0 holds the run folder's lock for the whole run (RANK is set by torchrun and --nproc
+    # before the process group exists; the launcher itself checked the lock before starting us).
+    with run_folder_lock(Path(cfg.out), hold=os.environ.get("RANK", "0") == "0"), \
+            distributed.process_group(cfg.impl.device, cfg.distributed.timeout_minutes,
+                                      strategy=cfg.distributed.strategy) as info:
         return _train(cfg, info, allow_data_change)
 
 

@@ -7,12 +7,17 @@ a resume with other settings says which, and keeps the earlier config.toml as
 `config.step_N.toml`. `check_not_past_max_steps`: a resume never starts past train.max_steps.
 `bertgpu pretrain` calls them before anything loads (and before `--nproc` starts workers).
 `checkpoint_budget`: the budget clock a checkpoint stored (is a finished budget run finished for
-this config too?).
+this config too?). `run_folder_lock`: one `bertgpu pretrain` at a time writes a run folder (two
+would interleave checkpoints and metrics.jsonl and overwrite each other's export).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,8 @@ RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
 """What an earlier `bertgpu pretrain` leaves in its run folder; a non-empty --out holds one."""
 OTHER_OUTPUTS = ("manifest.json", "results.json")
 """A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
+LOCK_FILE = ".bertgpu-run.lock"
+"""Held (flock) by the process that trains in the run folder; left behind, never a sign of a run."""
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -34,7 +41,8 @@ def check_run_folder(run_dir: Path) -> None:
     check_output_folder(run_dir, "a run folder")
     if not run_dir.is_dir():
         return
-    names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir())
+    names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir()
+                   if e.name != LOCK_FILE)
     found = {n.rstrip("/") for n in names}
     if not names or (found & set(RUN_FILES) and not found & set(OTHER_OUTPUTS)):
         return
@@ -175,3 +183,53 @@ def checkpoint_budget(checkpoint: Path) -> dict[str, float] | None:
         return {"elapsed_s": float(budget["elapsed_s"]), "budget_s": float(budget["budget_s"])}
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _holder(fd: int) -> str:
+    """' (pid N on HOST)' from the lock file the holder wrote, or ''."""
+    try:
+        words = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+    except OSError:
+        return ""
+    return f" (pid {words[0]} on {words[1]})" if len(words) == 2 else ""
+
+
+@contextlib.contextmanager
+def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on RUN_DIR/LOCK_FILE while training, or refuse in one line when
+    another process holds it. `hold=False` (the other ranks; a launcher checking before it starts
+    workers, see `check_run_folder_free`) does nothing. Where the file system cannot lock (some
+    network file systems), the run goes on unlocked, as before this lock existed."""
+    if not hold:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                yield  # ENOLCK, EOPNOTSUPP: no locks on this file system
+                return
+            raise BertgpuError(
+                f"{run_dir}: another bertgpu pretrain{_holder(fd)} is training in this run folder; "
+                "wait for it to end or stop it, or give another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_run_folder_free(run_dir: Path) -> None:
+    """Refuse now, before `--nproc` starts workers, a run folder that another process trains in
+    (the worker of rank 0 takes the lock itself)."""
+    if (Path(run_dir) / LOCK_FILE).is_file():
+        with run_folder_lock(Path(run_dir)):
+            pass
