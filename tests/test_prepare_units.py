@@ -360,3 +360,71 @@ def test_a_reader_that_fails_after_the_consumer_stopped_does_not_hang_it():
     closer.start()
     closer.join(5)
     assert not closer.is_alive(), "the consumer hung waiting for the reader"
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie that no one reaped, in a container without init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize("to", ["command", "group", "a worker"])
+def test_a_stop_signal_or_a_dead_worker_ends_prepare_in_one_line(tok, tmp_path, to):
+    """SIGTERM (`kill`, or a scheduler's to the whole job) ended `prepare` by the default action:
+    no line, and pool workers writing to a parent that was gone printed tracebacks; a pool worker
+    that died (the out-of-memory killer) lost its task, and prepare waited for it for ever. Each
+    ends in one line now (exit 143 for SIGTERM, 2 for the dead worker), no worker left, the
+    finished units kept for a re-run."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 8)))
+             for _ in range(2000)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(" ".join(rng.choices(words, k=15)) + ".\n"
+                              + ("\n" if i % 10 == 9 else "") for i in range(60_000)))
+    out = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertgpu", "prepare", "--corpus", str(corpus), "--tokenizer",
+         str(tok), "--out", str(out), "--seq-len", "64", "--unit-bytes", "150000",
+         "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    units = tmp_path / "data.tmp" / "units"
+    deadline = time.monotonic() + 120
+    while not (units.is_dir() and any(units.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        time.sleep(0.01)
+    workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+               .split()]
+    assert len(workers) == 2
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    elif to == "command":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.kill(workers[0], signal.SIGKILL)
+    try:
+        err = proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    last = err.strip().splitlines()[-1]
+    if to == "a worker":
+        assert proc.returncode == 2, err
+        assert last.startswith("bertgpu prepare: error: unit ") and last.endswith(
+            "a worker process of the pool died (killed by a signal or for lack of memory); the "
+            "finished units are kept: re-run the same command to do the rest"), err
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert last == "bertgpu prepare: stopped by SIGTERM", err
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, workers))
+    assert not out.exists() and any(units.iterdir())

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from bertgpu import __version__
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, Terminated
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -85,11 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     if launches:
         _add_launch_arguments(parser)
     try:
-        with _warnings_as_lines(f"bertgpu {name}"):
+        with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
             return _run(module, parser, name, rest, launches)
     except BertgpuError as exc:
         print(f"bertgpu {name}: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"bertgpu {name}: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"bertgpu {name}: interrupted", file=sys.stderr)
         return 130
@@ -154,6 +157,31 @@ def _warnings_as_lines(prog: str) -> Iterator[None]:
         yield
     finally:
         warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises `Terminated` in the main thread while the command runs: it stops as Ctrl-C
+    does, in one line, with exit status 143. Before, the default action ended `prepare` or `glue`
+    at once: no line, and pool workers writing to a parent that was gone printed tracebacks. Not
+    in a distributed worker (WORLD_SIZE set: the launcher or torchrun reports the stop once), and
+    not where SIGTERM is ignored; a training loop and the launcher put their own handlers in while
+    they run and this one back after."""
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    try:
+        if "WORLD_SIZE" in os.environ or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (a test calling main from a thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 LAUNCH_FLAGS = ("--nproc", "--max-restarts")

@@ -8,3 +8,10 @@ turns it into `bertgpu: error: ...` and exit status 2, without a traceback.
 
 class BertgpuError(Exception):
     """A user-facing error whose message is one line: where, what was found, what was expected."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a scheduler's time limit) to a command that is not training: raised in the
+    main thread so that it stops as Ctrl-C stops it (a half-written output removed, `prepare`'s
+    finished work units kept for a re-run, pool workers ended) and says so in one line, exit 143.
+    A training loop catches SIGTERM itself while it runs (train/preemption.py)."""

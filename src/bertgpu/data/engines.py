@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from bertgpu.data import pipeline
@@ -107,8 +108,10 @@ class LocalEngine:
     def __init__(self, job: UnitJob, workers: int, progress: Progress) -> None:
         self.job, self.workers, self.progress = job, workers, progress
         self.pool = None
+        self._pool_context = None
         if workers > 1:
-            self.pool = pipeline.make_pool(workers, job.tokenizer_json, job.settings)
+            self._pool_context = pipeline.make_pool(workers, job.tokenizer_json, job.settings)
+            self.pool = self._pool_context.__enter__()
 
     def run(self, work: list[tuple[Unit, int | None]], done: Done) -> None:
         for unit, held in work:
@@ -119,14 +122,19 @@ class LocalEngine:
                 seen[0] = tokens
                 self.progress.within(read)
 
-            record = run_unit(self.job, unit, held, self.workers, self.pool, progress)
+            try:
+                record = run_unit(self.job, unit, held, self.workers, self.pool, progress)
+            except BrokenProcessPool:
+                raise RunStopped(f"{unit.describe()}: a worker process of the pool died (killed "
+                                 "by a signal or for lack of memory); the finished units are "
+                                 "kept: re-run the same command to do the rest") from None
             self.progress.unit_done(record, tokens_seen=seen[0])
             done(record)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+        if self._pool_context is not None:
+            self._pool_context.__exit__(None, None, None)
+            self._pool_context = self.pool = None
 
 
 def open_engine(name: str, job: UnitJob, workers: int, address: str | None,

@@ -16,13 +16,18 @@ any number of workers. With one worker, the first stage runs in a thread of the 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any
 
 from bertgpu.data.corpus import CorpusStats, settle_parts
 from bertgpu.data.prepare_worker import encode_items, init_worker, nsp_chunk
@@ -34,6 +39,7 @@ MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another docume
 MAX_CHUNK_CHARS = 1_000_000  # ... and at this many whatever its pieces: bounds memory
 RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many characters ...
 RAW_BATCH_ITEMS = 512  # ... or this many items
+SIGNAL_CHECK_S = 0.2  # the longest the main thread sleeps in a wait for a worker (see _wait)
 
 
 def work_chunks(pieces: Iterator[tuple], chunk_docs: int,
@@ -70,23 +76,42 @@ def _raw_batches(items: Iterator[tuple]) -> Iterator[list[tuple]]:
         yield batch
 
 
-def _ordered_map(pool, fn: Callable, items: Iterator, window: int) -> Iterator:
+def _ordered_map(pool: ProcessPoolExecutor, fn: Callable, items: Iterator,
+                 window: int) -> Iterator:
     """``fn(item)`` for each item, in order, on ``pool``, with at most ``window`` tasks in flight.
 
-    Pool.imap would pull the whole input into its task queue when the workers lag behind the
-    reader; a bounded window of apply_async keeps memory flat.
+    Executor.map would submit the whole input at once when the workers lag behind the reader; a
+    bounded window of submits keeps memory flat.
     """
     pending: deque = deque()
     for item in items:
-        pending.append(pool.apply_async(fn, (item,)))
+        pending.append(pool.submit(fn, item))
         if len(pending) >= window:
-            yield pending.popleft().get()
+            yield _wait(pending.popleft())
     while pending:
-        yield pending.popleft().get()
+        yield _wait(pending.popleft())
 
 
-def make_pool(workers: int, tokenizer_json: str, settings: dict):
-    """A pool of ``workers`` processes with the tokenizer loaded (`prepare_worker.init_worker`)."""
+def _wait(future: Future) -> Any:
+    """The task's value, waited for in slices: the main thread runs Python's signal handlers
+    only when it wakes, and a SIGTERM that the kernel handed to one of the pool's own threads
+    left it asleep in an endless wait."""
+    while True:
+        try:
+            return future.result(timeout=SIGNAL_CHECK_S)
+        except FuturesTimeout:
+            continue
+
+
+@contextlib.contextmanager
+def make_pool(workers: int, tokenizer_json: str, settings: dict) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` processes with the tokenizer loaded (`prepare_worker.init_worker`),
+    shut down on leaving: tasks not started are cancelled, running ones end.
+
+    A process pool executor, not multiprocessing.Pool: a worker that dies (SIGTERM to the whole
+    job, the out-of-memory killer) fails the tasks in flight with BrokenProcessPool, where Pool
+    replaced the worker, lost its task and waited for it for ever, and its terminate() could wait
+    for ever on a queue lock the dead worker held."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     ctx = multiprocessing.get_context(method)
     # Each worker tokenizes single-threaded: processes already use the cores, and a forked child
@@ -94,12 +119,27 @@ def make_pool(workers: int, tokenizer_json: str, settings: dict):
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return ctx.Pool(workers, initializer=init_worker, initargs=(tokenizer_json, settings))
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_pool_worker,
+                                   initargs=(tokenizer_json, settings))
     finally:
         if saved is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _init_pool_worker(tokenizer_json: str, settings: dict) -> None:
+    """A pool worker: SIGTERM ends it quietly (a forked worker inherits the command's handler,
+    cli._sigterm_stops, whose exception printed a traceback in every worker when a scheduler
+    signalled the whole job), Ctrl-C is left to the parent, which shuts the pool down (a
+    KeyboardInterrupt traceback in every worker otherwise); then the tokenizer, as in-process."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_worker(tokenizer_json, settings)
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
