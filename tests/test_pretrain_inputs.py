@@ -236,6 +236,21 @@ def test_a_run_folder_another_process_trains_in_is_refused_untouched(shards: Pat
     assert (run / "checkpoints").is_dir()
 
 
+def test_a_run_refused_before_it_wrote_anything_leaves_no_folder(shards: Path, tmp_path: Path,
+                                                                   capsys) -> None:
+    """The run folder's lock file was all such a run left, in a folder that export, report and
+    finetune then refused; an unwritable place is one line, not a PermissionError traceback."""
+    run = tmp_path / "new" / "r"
+    err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards), "--out", str(run),
+                                   *SMALL, "--model.vocab_size", "50"])
+    assert "does not fit the model" in err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BertgpuError, match=r"file/r: cannot write the run folder here"):
+        with run_folder.run_folder_lock(tmp_path / "file" / "r"):
+            pass
+
+
 # 5. resuming with other settings: said, and the earlier config kept ---------------------------
 
 

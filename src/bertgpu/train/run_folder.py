@@ -208,8 +208,13 @@ def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
     except ImportError:  # not a POSIX system
         yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise BertgpuError(f"{run_dir}: cannot write the run folder here ({e.strerror}); expected "
+                           "a folder this user may create and write") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -225,6 +230,23 @@ def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+        _remove_if_unused(run_dir, made)
+
+
+def _remove_if_unused(run_dir: Path, made: list[Path]) -> None:
+    """A run that stopped before it wrote anything (a bad shard set, a model that does not fit
+    it) leaves no folder behind: the folders this lock made are removed when the lock file is
+    all they hold. (Other commands refused a folder that looked empty and held the lock file.)"""
+    if not made:
+        return
+    try:
+        if [e.name for e in run_dir.iterdir()] != [LOCK_FILE]:
+            return
+        (run_dir / LOCK_FILE).unlink()
+        for folder in made:  # run_dir first, then the parents it needed
+            folder.rmdir()
+    except OSError:
+        pass
 
 
 def check_run_folder_free(run_dir: Path) -> None:
