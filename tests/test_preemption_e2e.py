@@ -6,6 +6,7 @@ Faults: BERTGPU_FAULTS (testing/faults.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -142,6 +143,10 @@ def test_sigterm_during_an_evaluation_stops_it_and_writes_the_checkpoint(
                                       "of step 4 in "), err[-2000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_4"]
     _rerun(shards, run, *extra, "--checkpoint.async_save", "false")
+    # The evaluation of step 4 that the stop cut short is done first after the resume (it was
+    # lost).
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [4, 8, 12]
     ref = reference_run(shards, tmp_path_factory)
     assert_bitwise_equal(final_weights(ref), final_weights(run))
     for step in (8, 12):

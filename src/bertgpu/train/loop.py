@@ -62,7 +62,7 @@ from bertgpu.testing import faults
 from bertgpu.train import distributed
 from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
-from bertgpu.train.loop_state import LogWindow, LoopResult, loss_state
+from bertgpu.train.loop_state import LogWindow, LoopResult, device_mfu, eval_pending, loss_state
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
@@ -133,6 +133,7 @@ class Loop:
         self.result: LoopResult | None = None
         self._window: LogWindow | None = None  # the log window while `run()` lasts
         self._resumed_loss: dict[str, float] | None = None  # its loss, from the checkpoint
+        self._eval_pending = False  # ... and whether its step's evaluation was cut short
         from bertgpu.train.checkpointer import make_checkpointer
 
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
@@ -199,6 +200,8 @@ class Loop:
         if self.evaluate_first and self.engine.step == 0:  # before the budget's clock starts
             result.last_eval = self._evaluate(logger, 0, None)
             w.throughput.reset()  # the rates start after it
+        if self._eval_pending:  # the evaluation of the resumed step was cut short by a stop
+            result.last_eval = self._evaluate(logger, self.engine.step, w)
         if self.budget is not None:
             self.budget.start()
         self.engine.on_skipped = lambda step, n: logger.print(  # when the engine reads the step
@@ -220,9 +223,7 @@ class Loop:
             if self.balance_every and step % self.balance_every == 0:
                 self._rebalance(logger, w)
             if t.eval_every_steps and step % t.eval_every_steps == 0:
-                result.last_eval = self._evaluate(logger, step, w.train_loss())
-                w.evaluated_at = step
-                w.throughput.reset()
+                result.last_eval = self._evaluate(logger, step, w)
             by_time = (c.every_minutes is not None
                        and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
             if (c.every_steps and step % c.every_steps == 0) or by_time:
@@ -325,7 +326,7 @@ class Loop:
             self._log_train(logger, last, w)
         if not result.preempted and w.evaluated_at != step:
             try:
-                result.last_eval = self._evaluate(logger, step, w.train_loss())
+                result.last_eval = self._evaluate(logger, step, w)
             except Preempted:
                 result.preempted, result.stop_reason = True, "preempted"
         # Ranks agree on the step by construction; check it once (cheap) rather than trust it.
@@ -378,12 +379,16 @@ class Loop:
         except Exception:  # noqa: BLE001
             pass
 
-    def _evaluate(self, logger: Any, step: int, train_loss: float | None) -> dict[str, Any]:
-        """The task's evaluation, cut short by a stop signal (then Preempted, on every rank)."""
+    def _evaluate(self, logger: Any, step: int, w: LogWindow | None) -> dict[str, Any]:
+        """The task's evaluation, with the training loss since the previous one (`w`), cut
+        short by a stop signal (then Preempted, on every rank, the loss kept for the redo)."""
         slow = faults.slow_eval if self.faults is not None else lambda: None  # the test double
+        loss = w.train_loss(reset=False) if w is not None else None
         out = self.preemption.interruptible(f"in the evaluation at step {step}",
-                                            lambda: slow() or self.task.evaluate(step, train_loss))
+                                            lambda: slow() or self.task.evaluate(step, loss))
         self.preemption.check()
+        if w is not None:
+            w.evaluated(step)
         if out:
             logger.log(step, "eval", **out)
         return out or {}
@@ -416,6 +421,7 @@ class Loop:
                 "world_size": self.world,
                 "loss_window": loss_state(snapshot.loss if snapshot else self._window.loss_mark()
                                           if self._window is not None else None),
+                "evaluated_at": self._window.evaluated_at if self._window is not None else None,
             }
             files = self.checkpoint_files()
         path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state,
@@ -446,6 +452,7 @@ class Loop:
         self.sequences_seen = int(st.get("sequences_seen", 0))
         self.elapsed_offset = float(st.get("elapsed_s", 0.0))
         self._resumed_loss = st.get("loss_window")
+        self._eval_pending = eval_pending(st, self.engine.step, self.train.eval_every_steps)
         if self.budget is not None and st.get("budget"):
             self.budget.load_state_dict(st["budget"])
         rngs = st.get("rng") or []
@@ -489,12 +496,4 @@ class Loop:
         return rows
 
     def _mfu(self, tokens_per_s: float) -> float | None:
-        """Model FLOPs utilisation of all devices, on GPUs with a known peak (TF32's for fp32)."""
-        from bertgpu.telemetry import flops
-
-        fpt = self.flops_per_token
-        if self.engine.device.type != "cuda" or not fpt:
-            return None
-        dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[self.engine.precision]
-        peak = flops.peak_tflops(torch.cuda.get_device_name(self.engine.device), dtype)
-        return flops.mfu(tokens_per_s, fpt, peak, n_devices=self.world) if peak else None
+        return device_mfu(self.engine, self.flops_per_token, self.world, tokens_per_s)

@@ -97,9 +97,40 @@ class LogWindow:
         if state:
             self.loss_sum, self.loss_n = float(state["loss_sum"]), float(state["loss_n"])
 
-    def train_loss(self) -> float | None:
-        """Mean training loss since the last call (weighted by sequences), then reset."""
+    def train_loss(self, reset: bool = True) -> float | None:
+        """Mean training loss since the last evaluation (weighted by sequences); reset unless
+        `reset` is False (an evaluation reads it first and resets it once it completed)."""
         self.add_loss(None)
         mean = self.loss_sum / self.loss_n if self.loss_n > 0 else None
-        self.loss_sum = self.loss_n = 0.0
+        if reset:
+            self.loss_sum = self.loss_n = 0.0
         return mean
+
+    def evaluated(self, step: int) -> None:
+        """An evaluation at `step` completed: the loss window starts again, and the rates
+        start after it."""
+        self.train_loss()
+        self.evaluated_at = step
+        self.throughput.reset()
+
+
+def eval_pending(state: dict[str, Any], step: int, every: int) -> bool:
+    """A checkpoint of `step` (its `state`) was written before the evaluation due at that
+    step completed: a stop signal cut it short. The resumed run does it first; it used to be
+    lost. (Checkpoints written before `evaluated_at` was saved are taken as evaluated.)"""
+    return (bool(every) and step > 0 and step % every == 0 and "evaluated_at" in state
+            and state["evaluated_at"] != step)
+
+
+def device_mfu(engine: Any, flops_per_token: float | None, world: int,
+               tokens_per_s: float) -> float | None:
+    """Model FLOPs utilisation of all devices, on GPUs with a known peak (TF32's for fp32)."""
+    import torch
+
+    from bertgpu.telemetry import flops
+
+    if engine.device.type != "cuda" or not flops_per_token:
+        return None
+    dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[engine.precision]
+    peak = flops.peak_tflops(torch.cuda.get_device_name(engine.device), dtype)
+    return flops.mfu(tokens_per_s, flops_per_token, peak, n_devices=world) if peak else None
