@@ -165,3 +165,186 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
         os.close(write)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
     assert (tmp_path / "tok" / "vocab.txt").is_file()
+
+
+def _fake_command(monkeypatch, main) -> None:
+    import types
+
+    from bertgpu import cli
+
+    fake = types.ModuleType("fake_command")
+    fake.add_arguments = lambda parser: None
+    fake.main = main
+    monkeypatch.setitem(sys.modules, "fake_command", fake)
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("fake_command", "a command for this test"))
+
+
+def test_the_file_system_refusing_a_path_is_one_line_and_a_bug_keeps_its_traceback(
+        monkeypatch, capsys):
+    """An --out on a read-only mount, a full quota, a path through a file: export, report,
+    finetune, glue, tokenizer and prepare each printed a PermissionError (or OSError)
+    traceback. The file system's answer about a path is now `PATH: STRERROR; what to do`, exit
+    2; an OSError that is no such answer (a bad descriptor, no path) is a bug and propagates."""
+    import errno
+
+    import pytest
+
+    from bertgpu import cli
+
+    raised: list[OSError] = []
+
+    def main(args):
+        raise raised[-1]
+
+    _fake_command(monkeypatch, main)
+    for exc, said in (
+            (PermissionError(errno.EACCES, "Permission denied", "out/x.tmp"),
+             "out/x.tmp: Permission denied; expected a place this user may write"),
+            (OSError(errno.EPERM, "Operation not permitted", "out"),
+             "out: Operation not permitted; expected a place this user may write"),
+            (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/out"),
+             "/mnt/ro/out: Read-only file system; expected a place on a writable file "
+             "system"),
+            (OSError(errno.ENOSPC, "No space left on device", "out/a.bin"),
+             "out/a.bin: No space left on device; free space on that file system"),
+            (OSError(errno.EDQUOT, "Disk quota exceeded", "out/a.bin"),
+             "out/a.bin: Disk quota exceeded; free space within the quota"),
+            (NotADirectoryError(errno.ENOTDIR, "Not a directory", "notes.txt/out"),
+             "notes.txt/out: Not a directory; a part of this path is a file"),
+            (OSError(errno.EACCES, "Permission denied", "a.tmp", None, "a"),
+             "a.tmp -> a: Permission denied;")):
+        raised.append(exc)
+        assert cli.main(["fake"]) == 2, exc
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith(f"bertgpu fake: error: {said}"), err
+    for bug in (OSError(errno.EBADF, "Bad file descriptor", "x"),  # ours, not the user's
+                PermissionError(errno.EACCES, "Permission denied"),  # no path to name
+                FileNotFoundError(errno.ENOENT, "No such file or directory", "our/own/file")):
+        raised.append(bug)
+        with pytest.raises(type(bug)):
+            cli.main(["fake"])
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this user may not make folders in: a mode 555 one, or, for root (whom modes do
+    not stop), /sys, where even root may not."""
+    import errno
+
+    mine = tmp_path / "read_only"
+    mine.mkdir()
+    mine.chmod(0o555)
+    for place in (mine, Path("/sys")):
+        try:
+            (place / "bertgpu-probe").mkdir()
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                return place
+        else:
+            (place / "bertgpu-probe").rmdir()
+    import pytest
+
+    pytest.skip("no folder here refuses this user's mkdir")
+
+
+def test_an_output_place_this_user_may_not_write_is_one_line(tmp_path, capsys):
+    """The commands of the probe (pretrain had its own line already): one line naming the place,
+    exit 2, nothing written."""
+    import re
+
+    import _tiny_init
+    from _shards import write_synthetic_shards
+
+    from bertgpu import cli
+
+    place = _unwritable_folder(tmp_path)
+    try:
+        root = Path(__file__).parent
+        glue_data = root / "fixtures" / "glue"
+        words = sorted({w for f in glue_data.rglob("*.tsv")
+                        for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", f.read_text().lower())})
+        init = str(_tiny_init.tiny_init(tmp_path / "m", [*_tiny_init.SPECIAL, *words]))
+        shards = write_synthetic_shards(tmp_path / "shards", n_train=16, n_val=8, seq_len=32,
+                                        vocab_size=100)
+        run = tmp_path / "run"
+        assert cli.main(["pretrain", str(root.parent / "configs" / "tiny.toml"), "--data",
+                         str(shards), "--out", str(run), "--model.vocab_size", "100",
+                         "--model.hidden_size", "32", "--model.intermediate_size", "64",
+                         "--model.max_position_embeddings", "64", "--train.max_steps", "1",
+                         "--train.global_batch_size", "4", "--impl.micro_batch_size", "4",
+                         "--train.eval_every_steps", "0", "--impl.num_workers", "0"]) == 0
+        capsys.readouterr()
+        corpus = tmp_path / "c.txt"
+        corpus.write_text("hello world.\n\nanother doc.\n", encoding="utf-8")
+        out = place / "bertgpu-test" / "out"
+        commands = {
+            "export": ["export", str(run), "--out", str(out)],
+            "report": ["report", str(run), "--out", str(out)],
+            "finetune": ["finetune", "sst2", "--data", str(glue_data), "--init", init, "--out",
+                         str(out), "--epochs", "1"],
+            "glue": ["glue", "--data-dir", str(glue_data), "--tasks", "sst2", "--init", init,
+                     "--out", str(out), "--epochs", "1"],
+            "tokenizer": ["tokenizer", "--corpus", str(corpus), "--vocab-size", "200", "--out",
+                          str(out)],
+            "prepare": ["prepare", "--corpus", str(corpus), "--tokenizer", init, "--out",
+                        str(out)],
+        }
+        for name, argv in commands.items():
+            assert cli.main(argv) == 2, name
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1, (name, err)
+            assert err.startswith(f"bertgpu {name}: error: {place / 'bertgpu-test'}"), (name, err)
+            assert not (place / "bertgpu-test").exists(), name
+    finally:
+        (tmp_path / "read_only").chmod(0o755)
+
+
+def _every_parser():
+    """(prog, parser) of every command and bench suite, built as cli.py and bench build them."""
+    import argparse
+    import importlib
+
+    from bertgpu import bench, cli
+
+    for name, (module_name, text) in cli.COMMANDS.items():
+        module = importlib.import_module(module_name)
+        parser = argparse.ArgumentParser(prog=f"bertgpu {name}", description=text)
+        module.add_arguments(parser)
+        if getattr(module, "LAUNCHES_WORKERS", False):
+            cli._add_launch_arguments(parser)
+        yield f"bertgpu {name}", parser
+    for suite, (module_name, text) in bench.SUITES.items():
+        parser = argparse.ArgumentParser(prog=f"bertgpu bench {suite}", description=text)
+        importlib.import_module(module_name).add_arguments(parser)
+        yield f"bertgpu bench {suite}", parser
+
+
+def test_every_option_has_help_and_says_its_default():
+    """`bench model --seed` had no help at all, and demo, the bench suites, --nproc,
+    --max-restarts and prepare --seed hid their defaults. Every option has a help text, and one
+    with a default that is something (not None, False or an empty list) says "default" in it,
+    as the others do in words (`--help` shows no defaults by itself)."""
+    import argparse
+
+    missing, silent = [], []
+    for prog, parser in _every_parser():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"{prog} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(where)
+            elif (action.default is not None and action.default is not False
+                  and action.default not in (argparse.SUPPRESS, [], "")
+                  and "default" not in action.help):
+                silent.append(f"{where} (default {action.default!r})")
+    assert not missing, f"options without help: {missing}"
+    assert not silent, f"options whose help hides their default: {silent}"
+
+
+def test_report_help_says_which_folder_it_replaces():
+    """`report --out` said "replaced if it exists", but any folder other than an earlier report
+    (or an empty one) is refused."""
+    help_ = dict(_every_parser())["bertgpu report"].format_help()
+    assert "replaced if it exists" not in help_
+    assert "an earlier report, which is replaced; any other folder is refused" in " ".join(
+        help_.split())

@@ -116,6 +116,23 @@ def test_unknown_key_suggests(tmp_path):
         load_config(write(tmp_path, 'colour = "blue"\n'), [])
 
 
+def test_a_misspelt_section_is_matched_against_sections(tmp_path):
+    """A TOML table `[chekpoint]` was "unknown key chekpoint (did you mean
+    checkpoint.grace_s?)": a table name is matched against the sections beside it."""
+    with pytest.raises(BertgpuError, match=r"config.toml: unknown section \[chekpoint\] \(did you "
+                                           r"mean \[checkpoint\]\?\)$"):
+        load_config(write(tmp_path, "[chekpoint]\nkeep_last = 2\n"), [])
+    with pytest.raises(BertgpuError, match=r"unknown section \[optimizer\] \(did you mean "
+                                           r"\[optim\]\?\)$"):
+        load_config(write(tmp_path, "[optimizer]\nlr = 1e-3\n"), [])
+    with pytest.raises(BertgpuError, match=r"unknown section \[model.rope\]$"):  # no guess
+        load_config(write(tmp_path, "[model.rope]\ntheta = 1.0\n"), [])
+    # the command line's dotted key keeps its key suggestion
+    with pytest.raises(BertgpuError, match=r"unknown key chekpoint.keep_last \(did you mean "
+                                           r"checkpoint.keep_last\?\)"):
+        load_config(None, ["--chekpoint.keep_last", "2"])
+
+
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
     [

@@ -324,3 +324,27 @@ def test_a_vocabulary_much_larger_than_the_shards_is_a_warning(shards: Path, tmp
     err = capsys.readouterr().err
     assert ("its 156 other rows are never trained; the shards were probably made with another "
             f"tokenizer than {init}'s: prepare them with the init's vocabulary") in err, err
+
+
+# 7. command-line wording --------------------------------------------------------------------
+
+
+def test_a_bad_bool_value_in_the_space_form_names_the_key_and_its_values(tmp_path: Path,
+                                                                          capsys) -> None:
+    """`--checkpoint.async_save maybe` after a recipe was "maybe: a second positional argument
+    after the recipe" (the bool key refused the word, which then stood alone); it is now what
+    `--checkpoint.async_save=maybe` says, wherever the recipe stands, and nothing is written."""
+    out = tmp_path / "r"
+    for words in (["--checkpoint.async_save", "maybe", TINY], [TINY, "--checkpoint.async_save",
+                                                               "maybe"]):
+        err = _one_line_error(capsys, ["pretrain", *words, "--data", "d", "--out", str(out)])
+        assert err == ("bertgpu pretrain: error: --checkpoint.async_save maybe: expected true or "
+                       "false"), err
+    with pytest.raises(BertgpuError, match=r"^--impl.compile maybe: expected true or false or "
+                                           r"auto$"):
+        _parse([TINY, "--impl.compile", "maybe"])
+    # two recipes stay two recipes, and a bool key still stands alone before a recipe file
+    with pytest.raises(BertgpuError, match=r"a.toml: a second positional argument"):
+        _parse([TINY, "--impl.compile", "a.toml"])
+    assert _parse(["--impl.compile", TINY]).overrides == ["--impl.compile"]
+    assert not out.exists()

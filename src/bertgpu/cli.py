@@ -9,7 +9,8 @@ and, if it takes dotted config overrides (`--train.max_steps 10`), `ACCEPTS_OVER
 the unparsed `--a.b value` / `--a.b=value` words then arrive as `args.overrides` (a list of str).
 A module whose positional argument may stand among the overrides defines
 `parse_arguments(parser, words) -> argparse.Namespace` (with `overrides`), used instead.
-Only the chosen module is imported, so `bertgpu --help` stays fast.
+Only the chosen module is imported, so `bertgpu --help` stays fast. A `BertgpuError`, or the
+file system refusing a path (`place_error`), ends the command with one line and exit status 2.
 
 A command that trains (`LAUNCHES_WORKERS = True`) gets `--nproc N|auto` and `--max-restarts N`
 here, once for all of them: without WORLD_SIZE in the environment and N > 1, its
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -102,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except OSError as exc:
+        line = place_error(exc)
+        if line is None:  # not the user's file system saying no: a bug, keep its traceback
+            raise
+        print(f"bertgpu {name}: error: {line}", file=sys.stderr)
+        return 2
 
 
 def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
@@ -184,16 +192,53 @@ def _sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# What the user's file system may answer about a path the user chose (an --out on a read-only
+# mount, a full quota, a path through a file), with what to do about it. Any other OSError (a bad
+# file descriptor, an argument we got wrong, a file of our own gone missing) is a bug in bertgpu
+# and keeps its traceback; so does one without a path, which a user could not act on.
+_NO_PERMISSION = ("expected a place this user may write (or a file it may read): check the "
+                  "owner and mode of the folder, or choose another path")
+PLACE_ERRORS: dict[int, str] = {
+    errno.EACCES: _NO_PERMISSION,
+    errno.EPERM: _NO_PERMISSION,
+    errno.EROFS: "expected a place on a writable file system: choose another path",
+    errno.ENOSPC: "free space on that file system or choose another path, then re-run",
+    errno.EDQUOT: "free space within the quota or choose another path, then re-run",
+    errno.ENOTDIR: "a part of this path is a file; expected folders up to its last part",
+    errno.EISDIR: "expected a file here, not a folder",
+    errno.ENAMETOOLONG: "the path is too long for the file system; expected a shorter one",
+    errno.ELOOP: "the path's symbolic links loop; expected links that end in a file or folder",
+    errno.EIO: "the storage failed to read or write (a failing disk or network mount); check it "
+               "and re-run",
+    errno.ESTALE: "a network mount lost this path (stale file handle); remount or re-run",
+}
+
+
+def place_error(exc: OSError) -> str | None:
+    """One line for an OSError about a user's path (`PATH: STRERROR; WHAT TO DO`), or None when
+    the error is not one (see PLACE_ERRORS). Commands that write an --out check that it is a
+    folder, not that this user may write there, and they write through scratch folders, mkdir,
+    lock files and libraries in many places: catching the file system's answer once here covers
+    them all. The path shown is the one that failed (`OUT.tmp` for a scratch folder beside OUT)."""
+    if exc.errno not in PLACE_ERRORS or exc.filename is None:
+        return None
+    where = os.fsdecode(exc.filename)
+    if exc.filename2 is not None:  # rename, link: both ends named
+        where += f" -> {os.fsdecode(exc.filename2)}"
+    return f"{where}: {exc.strerror or os.strerror(exc.errno)}; {PLACE_ERRORS[exc.errno]}"
+
+
 LAUNCH_FLAGS = ("--nproc", "--max-restarts")
 
 
 def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", default=None,
                         help="worker processes on this machine: N, or auto (every visible GPU); "
-                             "starts torch's elastic launcher for you")
+                             "starts torch's elastic launcher for you (default: one process, "
+                             "no launcher)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="with --nproc: restart the workers up to N times after a failure "
-                             "(each restart resumes from the newest checkpoint)")
+                             "(each restart resumes from the newest checkpoint) (default: 0)")
 
 
 def strip_launch_flags(argv: list[str]) -> list[str]:

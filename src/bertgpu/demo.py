@@ -38,14 +38,16 @@ FILL_MASK_SENTENCES = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="demo_out", help="folder for everything the demo writes")
+    parser.add_argument("--out", default="demo_out",
+                        help="folder for everything the demo writes (default: demo_out)")
     parser.add_argument("--steps", type=int, default=None,
                         help="pretraining steps (default: the recipe's)")
-    parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary size")
+    parser.add_argument("--vocab-size", type=int, default=8192,
+                        help="WordPiece vocabulary size (default: 8192)")
     parser.add_argument("--skip-finetune", action="store_true",
                         help="stop after export and fill-mask")
     parser.add_argument("--seeds", type=seed_number, nargs="+", default=[0, 1, 2],
-                        help="fine-tuning seeds")
+                        help="fine-tuning seeds (default: 0 1 2)")
     parser.add_argument("--fresh", action="store_true",
                         help="delete --out first (otherwise stages resume)")
 

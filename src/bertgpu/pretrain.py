@@ -84,11 +84,13 @@ def parse_arguments(parser: argparse.ArgumentParser, words: list[str]) -> argpar
     recipe is the one positional word left wherever it stands (argparse alone took the `2` of
     `--train.max_steps 2 configs/tiny.toml` as the recipe). A word ending in .toml is never an
     override's value, nor a word a bool key cannot take (`--impl.compile configs/x`); a second
-    positional word is an error naming both."""
+    positional word is an error naming both, or, when it is one a bool key did not take
+    (`--impl.compile maybe`), naming the key and its values, as `--impl.compile=maybe` does."""
     from bertgpu.config import schema
 
     declared = [s for s in parser._option_string_actions if s.startswith("--")]
     bound: list[str] = []
+    refused: dict[str, str] = {}  # a word a bool key did not take -> that key's --flag
     i = 0
     while i < len(words):
         word, i = words[i], i + 1
@@ -98,12 +100,22 @@ def parse_arguments(parser: argparse.ArgumentParser, words: list[str]) -> argpar
         key = word[2:]
         is_override = (word.startswith("--") and len(word) > 2 and "=" not in word
                        and ("." in key or not any(s.startswith(word) for s in declared)))
-        if is_override and i < len(words) and schema.takes_word(key, words[i]):
-            word, i = f"{word}={words[i]}", i + 1
+        if is_override and i < len(words):
+            if schema.takes_word(key, words[i]):
+                word, i = f"{word}={words[i]}", i + 1
+            elif not words[i].startswith("-") and not words[i].endswith(".toml"):
+                refused.setdefault(words[i], word)
         bound.append(word)
     args, rest = parser.parse_known_args(bound)
     stray = [w for w in rest if not w.startswith("-")]
     if stray:
+        # of two positional words, the one a bool key refused is its bad value, unless it is a
+        # file (the recipe, as in `--impl.compile configs/x`): argparse may have taken either as
+        # the recipe, so look at both
+        for value in (args.recipe, *stray):
+            if value in refused and not Path(value).is_file():
+                flag = refused[value]
+                raise BertgpuError(f"{flag} {value}: expected {schema.expected_value(flag[2:])}")
         raise BertgpuError(
             f"{stray[0]}: a second positional argument after the recipe {args.recipe}; expected "
             "one recipe (the positional argument) and overrides as --section.key value")

@@ -86,12 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=int, nargs="+",
         help="worker counts (default: 1 2 on CPU; 1, 2, 4, ... every visible GPU)")
     add("--aggregation", type=int, nargs="+", default=[1, 4, 16],
-        help="micro batches per worker per optimizer step (one all-reduce per step)")
-    add("--optimizer", nargs="+", default=["adamw", "radam"], help="adamw, radam, lamb")
-    add("--lr-scaling", nargs="+", default=["none"], help="none, linear, sqrt")
+        help="micro batches per worker per optimizer step, one all-reduce each (default: 1 4 16)")
+    add("--optimizer", nargs="+", default=["adamw", "radam"],
+        help="adamw, radam, lamb (default: adamw radam)")
+    add("--lr-scaling", nargs="+", default=["none"], help="none, linear, sqrt (default: none)")
     add("--reference-batch-size", type=int, default=None,
         help="global batch the lr is tuned for (default: the micro batch)")
-    add("--seeds", type=int, nargs="+", default=[0], help="fine-tuning seeds")
+    add("--seeds", type=int, nargs="+", default=[0], help="fine-tuning seeds (default: 0)")
     add("--micro-batch-size", type=int, default=None,
         help="sequences per forward pass per worker (default: 4 on CPU, 32 on GPU)")
     add("--epochs", type=int, help="passes over the training set (default: by model size)")
@@ -101,14 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time to target, e.g. f1=88.5, accuracy=85, score=80, dev_matched.accuracy=84")
     add("--ft", action="append", default=[], metavar="KEY=VALUE",
         help="another fine-tuning override for every cell, e.g. --ft warmup_fraction=0.06")
-    add("--device", default="auto", help="auto, cpu or cuda")
+    add("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     add("--threads-per-worker", type=int, default=None,
         help="CPU threads per worker (default: cores / the largest worker count)")
     add("--oversubscribe", action="store_true",
         help="CPU: allow more worker threads than cores (correctness runs, not timings)")
     add("--keep-models", action="store_true", help="keep each cell's model/ export")
-    add("--timeout-s", type=float, default=3600.0, help="limit per cell")
-    add("--out", default="bench_out/finetune_scaling", help="results folder")
+    add("--timeout-s", type=float, default=3600.0, help="limit per cell, seconds (default: 3600)")
+    add("--out", default="bench_out/finetune_scaling",
+        help="results folder (default: bench_out/finetune_scaling)")
 
 
 # --------------------------------------------------------------------------------------------

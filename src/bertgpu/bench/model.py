@@ -120,13 +120,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=["small"],
                         help="model sizes, comma list of tiny, small, base, large (default small)")
     parser.add_argument("--micro-batch", type=_csv_list(int), default=[8],
-                        help="sequences per step (comma list)")
+                        help="sequences per step (comma list; default: 8)")
     parser.add_argument("--seq-len", type=_csv_list(int), default=[128],
-                        help="sequence lengths (comma list)")
+                        help="sequence lengths (comma list; default: 128)")
     parser.add_argument("--dtype", type=_csv_list(str, ("fp32", "bf16")), default=None,
                         help="fp32 and/or bf16 (autocast); default bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--compile", type=_csv_list(str, ("off", "on")), default=["off"],
-                        help="torch.compile the models: off, on or off,on (both are rows)")
+                        help="torch.compile the models: off, on or off,on (both are rows) "
+                             "(default: off)")
     parser.add_argument("--compile-mode", type=_csv_list(str, COMPILE_MODES), default=["default"],
                         help="torch.compile modes of the compiled rows, comma list (a row each, "
                              "side by side): default, reduce-overhead (CUDA graphs), "
@@ -136,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--padding", type=_csv_list(str, ("padded", "unpadded")),
                         default=["padded"],
                         help="padded (both models see the padded batch) and/or unpadded (our model "
-                             "gathers the real tokens; transformers stays padded)")
+                             "gathers the real tokens; transformers stays padded); default: padded")
     parser.add_argument("--real-lengths", type=_csv_list(str), default=None,
                         metavar="full|uniform|DATA_DIR|squad:FILE",
                         help="comma list of sequence-length sources: full (no padding, default), "
@@ -155,7 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed steps per variant first (default 1 CPU, 3 CUDA); a compiled "
                              "one warms up until a step compiles nothing")
     parser.add_argument("--models", type=_csv_list(str, (_OURS, _HF)), default=[_OURS, _HF],
-                        help="which models to time (default both)")
+                        help="which models to time, comma list of bertgpu, transformers "
+                             "(default: both)")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda when available)")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -177,7 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "4 and 8 (sharded.py)")
     parser.add_argument("--ranks", default="1,2",
                         help="with --strategy: world sizes to measure (default 1,2)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random weights and batches (default: 0)")
     parser.add_argument("--out", type=Path, default=None,
                         help="append one row per variant and grid point (.jsonl or .csv)")
 

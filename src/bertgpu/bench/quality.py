@@ -67,19 +67,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="WordPiece vocabulary (default: the smallest model.vocab_size "
                              "of the recipes)")
     parser.add_argument("--seq-len", type=int, default=128,
-                        help="tokens per sequence of the shard set")
+                        help="tokens per sequence of the shard set (default: 128)")
     parser.add_argument("--validation-fraction", type=cells.open_fraction, default=0.05,
-                        help="share of the corpus held out for the held-out loss")
+                        help="share of the corpus held out for the held-out loss (default: 0.05)")
     parser.add_argument("--budget-minutes", type=cells.positive(float), default=3.0,
-                        help="wall-clock budget per recipe")
+                        help="wall-clock budget per recipe (default: 3)")
     parser.add_argument("--tokens", type=cells.positive(int), default=None,
                         help="token budget per recipe instead of minutes")
     parser.add_argument("--eval-every", type=cells.positive(int), default=None,
                         help="evaluate every N steps: points of the curve (default: the recipe's)")
     parser.add_argument("--seeds", type=seed_number, nargs="+", default=[0, 1, 2],
-                        help="fine-tuning seeds")
+                        help="fine-tuning seeds (default: 0 1 2)")
     parser.add_argument("--sets", nargs="+", default=list(DEMO_SETS), choices=DEMO_SETS,
-                        help="the demo's labelled sets to fine-tune on (without --glue)")
+                        help="the demo's labelled sets to fine-tune on, without --glue "
+                             "(default: polarity lee)")
     parser.add_argument("--glue",
                         help="GLUE folder: fine-tune on its tasks instead of the demo's sets")
     parser.add_argument("--glue-tasks", nargs="+", help="GLUE tasks (default: all nine)")
@@ -91,21 +92,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-finetune", action="store_true",
                         help="pretraining and held-out loss only")
     parser.add_argument("--pretrain-seed", type=seed_number, default=0,
-                        help="seed of every recipe (initialisation, data order, masks)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+                        help="seed of every recipe: initialisation, data order, masks (default: 0)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     parser.add_argument("--threads", type=cells.positive(int), default=None,
                         help="CPU threads of every run (default: torch's; 1 is steadier on a "
                              "shared machine)")
-    parser.add_argument("--out", default="bench_out/quality", help="results folder")
+    parser.add_argument("--out", default="bench_out/quality",
+                        help="results folder (default: bench_out/quality)")
     parser.add_argument("--project", action="store_true", help="print the GPU projection and exit")
     parser.add_argument("--project-recipe", default="configs/modern-budget-24h.toml",
-                        help="recipe of the projection")
+                        help="recipe of the projection (default: "
+                             "configs/modern-budget-24h.toml)")
     parser.add_argument("--gpu", default="H100 SXM",
-                        help="GPU of the projection (a telemetry/flops.py PEAK_TFLOPS key)")
+                        help="GPU of the projection, a telemetry/flops.py PEAK_TFLOPS key "
+                             "(default: H100 SXM)")
     parser.add_argument("--mfu", type=cells.positive(), default=0.40,
-                        help="assumed model FLOPs utilisation")
+                        help="assumed model FLOPs utilisation (default: 0.4)")
     parser.add_argument("--hours", type=cells.positive(), default=24.0,
-                        help="budget of the projection")
+                        help="budget of the projection, hours (default: 24)")
 
 
 def _kv(items: list[str], flag: str) -> list[str]:

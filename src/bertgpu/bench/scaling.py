@@ -52,39 +52,34 @@ TINY_MODEL = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", help="TOML recipe (default: a tiny 2-layer, 128-wide BERT)")
-    parser.add_argument("--data",
-                        help="shard set from `bertgpu prepare` (default: synthetic random tokens)")
-    parser.add_argument("--workers", type=int, nargs="+",
-                        help="worker counts (default: 1, 2, 4, ... up to every visible "
-                             "GPU; 1 2 on CPU)")
-    parser.add_argument("--accumulation", type=int, nargs="+", default=[1, 4],
-                        help="micro batches per optimizer step (gradient all-reduce once per step)")
-    parser.add_argument("--micro-batch-size", type=cells.positive(int), default=None,
-                        help="sequences per forward pass per device (default: 8 on CPU, 32 on GPU)")
-    parser.add_argument("--seq-len", type=cells.positive(int), default=None,
-                        help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
-    parser.add_argument("--steps", type=int, default=20, help="measured optimizer steps")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps first (>= 1)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--precision", default=None,
-                        help="fp32, bf16 or fp16 (default: the recipe's)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra pretrain override, e.g. --set "
-                             "distributed.bucket_cap_mb=50 (repeatable)")
-    parser.add_argument("--threads-per-worker", type=cells.positive(int), default=None,
-                        help="OMP threads per worker on CPU (default: cores / the largest "
-                             "worker count)")
-    parser.add_argument("--out", default="bench_out/scaling", help="results folder")
-    parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit per training run")
-    parser.add_argument("--bandwidth-gbps", type=cells.positive(), nargs="+", default=[200.0, 16.0],
-                        help="all-reduce bus bandwidths (GB/s) for the cost model: "
-                             "NVLink ~150-300, PCIe ~12-25")
-    parser.add_argument("--device-tflops", type=cells.positive(), default=400.0,
-                        help="achieved TFLOP/s per GPU for the cost model (H100 bf16 "
-                             "at ~40%% MFU: 400)")
-    parser.add_argument("--predict-only", action="store_true",
-                        help="print the cost model's table and exit")
+    add = parser.add_argument
+    add("--recipe", help="TOML recipe (default: a tiny 2-layer, 128-wide BERT)")
+    add("--data", help="shard set from `bertgpu prepare` (default: synthetic random tokens)")
+    add("--workers", type=int, nargs="+",
+        help="worker counts (default: 1, 2, 4, ... up to every visible GPU; 1 2 on CPU)")
+    add("--accumulation", type=int, nargs="+", default=[1, 4],
+        help="micro batches per optimizer step, one gradient all-reduce each (default: 1 4)")
+    add("--micro-batch-size", type=cells.positive(int), default=None,
+        help="sequences per forward pass per device (default: 8 on CPU, 32 on GPU)")
+    add("--seq-len", type=cells.positive(int), default=None,
+        help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
+    add("--steps", type=int, default=20, help="measured optimizer steps (default: 20)")
+    add("--warmup-steps", type=int, default=3, help="unmeasured steps first, >= 1 (default: 3)")
+    add("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    add("--precision", default=None, help="fp32, bf16 or fp16 (default: the recipe's)")
+    add("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)")
+    add("--threads-per-worker", type=cells.positive(int), default=None,
+        help="OMP threads per worker on CPU (default: cores / the largest worker count)")
+    add("--out", default="bench_out/scaling", help="results folder (default: bench_out/scaling)")
+    add("--timeout-s", type=float, default=1800.0,
+        help="limit per training run, seconds (default: 1800)")
+    add("--bandwidth-gbps", type=cells.positive(), nargs="+", default=[200.0, 16.0],
+        help="all-reduce bus bandwidths (GB/s) for the cost model: NVLink ~150-300, PCIe ~12-25 "
+             "(default: 200 16)")
+    add("--device-tflops", type=cells.positive(), default=400.0,
+        help="achieved TFLOP/s per GPU for the cost model (default: 400, H100 bf16 at ~40%% MFU)")
+    add("--predict-only", action="store_true", help="print the cost model's table and exit")
 
 
 # --------------------------------------------------------------------------------------------

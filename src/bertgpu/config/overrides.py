@@ -121,6 +121,11 @@ def _type_name(tp: Any) -> str:
     )
 
 
+def type_name(tp: Any) -> str:
+    """What a value of type `tp` may be, in an error's words ("true or false", "an integer")."""
+    return _type_name(tp)
+
+
 class _BadValue(ValueError):
     pass
 
@@ -256,6 +261,19 @@ def all_keys(cls_or_obj: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def all_sections(cls_or_obj: Any, prefix: str = "") -> list[str]:
+    """Every dotted section name of a dataclass schema, e.g. ["model", "data", "train", ...]."""
+    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    names: list[str] = []
+    for name, tp in _hints(cls).items():
+        value = getattr(cls_or_obj, name, None) if not isinstance(cls_or_obj, type) else None
+        if name.startswith("_") or not (_is_section(value) or _is_dataclass_type(tp)):
+            continue
+        names.append(prefix + name)
+        names += all_sections(value if _is_section(value) else tp, f"{prefix}{name}.")
+    return names
+
+
 RENAMED = {"train.eval_batches": "train.eval_sequences (validation sequences per evaluation, "
            "the same for any micro batch: the old value times impl.micro_batch_size)"}
 
@@ -272,6 +290,17 @@ def _unknown(key: str, obj: Any, source: str) -> BertgpuError:
                  for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)]
     hint = f" (did you mean {close[0]}?)" if close else ""
     return BertgpuError(f"{source}: unknown key {key}{hint}")
+
+
+def _unknown_section(table: str, obj: Any, source: str) -> BertgpuError:
+    """A TOML table (dotted `table`) that names no section of dataclass `obj`: its name is
+    matched against the sections beside it, not against keys (`[chekpoint]` was offered the key
+    checkpoint.grace_s), and with no close section there is no guess."""
+    parent = table.rpartition(".")[0]
+    siblings = [name for name in all_sections(obj) if name.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(table, siblings, n=1, cutoff=0.6)
+    hint = f" (did you mean [{close[0]}]?)" if close else ""
+    return BertgpuError(f"{source}: unknown section [{table}]{hint}")
 
 
 def _resolve(obj: Any, key: str, source: str) -> tuple[Any, str, Any]:
@@ -320,7 +349,7 @@ def apply_dict(obj: Any, data: dict[str, Any], source: str, prefix: str = "") ->
                 if name in hints:
                     raise BertgpuError(f"{source}: {dotted} = a table: expected "
                                        f"{_type_name(hints[name])}")
-                raise _unknown(dotted, obj, source)
+                raise _unknown_section(dotted, obj, source)
             apply_dict(obj, value, source, prefix=dotted + ".")
         else:
             set_value(obj, dotted, value, source)

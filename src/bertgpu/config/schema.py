@@ -41,6 +41,7 @@ from bertgpu.config.overrides import (
     option,
     parse_text,
     read_toml,
+    type_name,
 )
 from bertgpu.config.render import format_help
 from bertgpu.config.sections import (
@@ -128,14 +129,24 @@ def takes_word(key: str, word: str) -> bool:
     every architecture's schema; an unknown one takes the word (its error names the key)."""
     if word.endswith(".toml"):
         return False
+    return is_value_of(_key_type(key), word)
+
+
+def expected_value(key: str) -> str:
+    """What `--KEY` takes, in an error's words ("true or false"); KEY as `takes_word` has it."""
+    return type_name(_key_type(key))
+
+
+def _key_type(key: str) -> Any:
+    """The type of command-line KEY (dashes or aliases allowed) in the first architecture's
+    schema that has it; None for an unknown key."""
     key = key.replace("-", "_")
     key = PRETRAIN_ALIASES.get(key, key)
-    tp = None
     for name in build.ARCHITECTURES:
         tp = field_type(PretrainConfig(model=build.spec(name).pretraining_config()), key)
         if tp is not None:
-            break
-    return is_value_of(tp, word)
+            return tp
+    return None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> PretrainConfig:

@@ -132,7 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pretraining run folders, fine-tuning or GLUE output folders, "
                              "bench result .jsonl files (any mix)")
     parser.add_argument("--out", type=Path, default=Path("report"),
-                        help="output folder, replaced if it exists (default: report/)")
+                        help="output folder: a new or empty one, or an earlier report, which "
+                             "is replaced; any other folder is refused (default: report/)")
     parser.add_argument("--format", choices=FORMATS, default="md",
                         help="README.md, index.html, or both (default: md)")
 
