@@ -234,6 +234,60 @@ def test_pruning_keeps_checkpoints_newer_than_the_save(tmp_path):
     assert ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_30") is None
 
 
+def test_keep_last_counts_only_good_checkpoints(tmp_path):
+    """Start-up skipped a damaged step_20 and resumed from step_15; saves of 18 and 21 with
+    keep_last = 2 then kept the damaged step_20 beside step_21 and removed the good step_15 and
+    step_18, so a damaged step_21 as well left no good checkpoint at all."""
+    root = tmp_path / "checkpoints"
+    for step in (15, 20):
+        save(tmp_path, step)
+    words = damage(root / "step_20", "changed")  # same size: only start-up's checksums see it
+    with pytest.warns(UserWarning, match="step_20: skipped"):
+        assert ckpt.resume_checkpoint(tmp_path)[0].name == "step_15"
+    save(tmp_path, 18, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [15, 18, 20]  # newer: left as is
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save(tmp_path, 21, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [18, 21]
+    [w] = caught
+    assert str(w.message).startswith(f"{root / 'step_20'}: removed, damaged: {words}")
+    assert str(w.message).endswith("; checkpoint.keep_last counts good checkpoints only")
+    damage(root / "step_21", "truncated")  # the same failing disk: step_18 is still there
+    with pytest.warns(UserWarning, match="step_21: skipped"):
+        assert ckpt.resume_checkpoint(tmp_path)[0].name == "step_18"
+
+
+def test_keep_last_removes_a_truncated_older_checkpoint_before_a_good_one(tmp_path):
+    """A checkpoint cut short after start-up looked at it (or older than the one resumed from,
+    which start-up never reads) is found by its recorded sizes at the next save."""
+    for step in (10, 20, 30):
+        save(tmp_path, step)
+    damage(tmp_path / "checkpoints" / "step_20", "truncated")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save(tmp_path, 40, keep_last=3)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 30, 40]
+    [w] = caught
+    assert "step_20: removed, damaged: model.safetensors is truncated" in str(w.message)
+
+
+def test_a_damaged_step_saved_again_is_not_taken_for_the_damaged_one(tmp_path):
+    """Start-up's findings are remembered by the folder's seal (COMPLETE), not its name: the run's
+    own later save of the same step is a good checkpoint, counted and kept."""
+    for step in (10, 20):
+        save(tmp_path, step)
+    damage(tmp_path / "checkpoints" / "step_20", "changed")
+    with pytest.warns(UserWarning, match="step_20: skipped"):
+        assert ckpt.resume_checkpoint(tmp_path)[0].name == "step_10"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save(tmp_path, 20, keep_last=2)  # replaces the damaged folder
+        save(tmp_path, 30, keep_last=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [20, 30]
+    assert ckpt.checkpoint_problem(tmp_path / "checkpoints" / "step_20") is None
+
+
 # ---------------------------------------------------------------------------------------------
 # One definition for export --step and load_pretrained
 
@@ -295,6 +349,60 @@ def test_export_latest_skips_a_damaged_newest(run, tmp_path):
         export(run, tmp_path / "hf")
     assert torch.equal(word_embeddings(tmp_path / "hf"),
                        word_embeddings(run / "checkpoints" / "step_10", TINY["vocab_size"]))
+
+
+def test_export_takes_a_checkpoint_folder(run, tmp_path, capsys):
+    """`export RUN/checkpoints/step_20` said "has no complete checkpoint under checkpoints/",
+    though --init takes a checkpoint folder: it is exported, verified as `--step` verifies one,
+    with its run's tokenizer (RUN/tokenizer, two levels up, as for --init)."""
+    from bertgpu.export import export_step
+
+    root = run / "checkpoints"
+    (run / "tokenizer").mkdir()
+    vocab = "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                      + [f"w{i}" for i in range(TINY["vocab_size"] - 5)]) + "\n"
+    (run / "tokenizer" / "vocab.txt").write_text(vocab, encoding="utf-8")
+    out = tmp_path / "hf"
+    assert cli(["export", str(root / "step_10"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"exported {root / 'step_10'} (step 10) -> {out}\n"
+    assert (out / "vocab.txt").read_text(encoding="utf-8") == vocab
+    assert torch.equal(word_embeddings(out), word_embeddings(root / "step_10", TINY["vocab_size"]))
+
+    assert cli(["export", str(root / "step_20"), "--step", "10", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"bertgpu export: error: --step 10: given with the checkpoint folder {root / 'step_20'}; "
+        "expected either a run folder and --step, or a checkpoint folder alone\n")
+    assert cli(["export", str(root / "step_20"), "--out", str(root / "hf")]) == 2
+    assert capsys.readouterr().err.startswith(f"bertgpu export: error: {root / 'hf'}: inside ")
+    words = damage(root / "step_20", "truncated")
+    assert cli(["export", str(root / "step_20"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"bertgpu export: error: {root / 'step_20'}: cannot export: "
+                                       f"{words}\n")
+    assert (out / "vocab.txt").is_file()  # the earlier export is left as it was
+
+    good = shutil.copytree(root / "step_10", tmp_path / "ck")  # its step: COMPLETE says it
+    with pytest.warns(UserWarning, match=r"ck: no tokenizer to export with it \(it is not in a "
+                                         r"run's checkpoints/ folder"):
+        assert export_step(good, tmp_path / "hf_ck") == (tmp_path / "hf_ck", 10)
+    assert not (tmp_path / "hf_ck" / "vocab.txt").exists()
+
+
+def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_export_can_do(
+        run, tmp_path, capsys):
+    """It ended with pretraining's "move the damaged folders away to start afresh"."""
+    from bertgpu.models.hf_io import load_pretrained
+
+    root = run / "checkpoints"
+    damage(root / "step_10", "changed")
+    damage(root / "step_20", "truncated")
+    assert cli(["export", str(run), "--out", str(tmp_path / "hf")]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"bertgpu export: error: {root}: no good checkpoint (step_20: ")
+    assert last.endswith("; nothing of this run can be exported")
+    with pytest.warns(UserWarning), pytest.raises(BertgpuError) as err:
+        load_pretrained(run)  # --init RUN
+    assert str(err.value).endswith("); expected a run with a good checkpoint, or a good "
+                                   "checkpoint folder")
 
 
 def test_load_pretrained_uses_the_same_definition(run):

@@ -6,12 +6,15 @@ and, where the machine allows mounting, a real full filesystem (a 1 MB tmpfs).""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +192,124 @@ def test_estimate_matches_what_is_written(tmp_path):
 def test_human_bytes():
     assert [fsutil.human_bytes(n) for n in (0, 999, 1000, 1_340_000_000, 2.5e13)] == [
         "0 bytes", "999 bytes", "1.0 kB", "1.3 GB", "25.0 TB"]
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EROFS],
+                         ids=["EACCES", "EPERM", "EROFS"])
+def test_a_folder_that_is_not_writable_is_not_a_full_disk(tmp_path, monkeypatch, code):
+    """A save refused with Permission denied said "free space and re-run" with 54 GB free: the
+    space figures and that advice are for a full disk (or quota) only."""
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    ckpt.save_checkpoint(run, 10, model_state(), state(10))
+
+    def refused(obj, path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(ckpt, "_torch_save", refused)  # train_state.pt, after model.safetensors
+    with pytest.raises(BertgpuError) as err:
+        ckpt.save_checkpoint(run, 20, model_state(seed=1), state(20))
+    fix = ("remount the folder's file system read-write" if code == errno.EROFS
+           else "fix the folder's permissions")
+    assert str(err.value) == (f"{root}: cannot write step_20: {os.strerror(code)} (the folder is "
+                              f"not writable); step_10 is intact: {fix} and re-run the same "
+                              "command to resume from it")
+    assert not (root / "step_20.tmp").exists()
+    assert_intact(run, 10)
+
+
+def test_a_full_quota_is_a_full_disk(tmp_path, monkeypatch):
+    def over_quota(obj, path):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
+
+    monkeypatch.setattr(ckpt, "_torch_save", over_quota)
+    with pytest.raises(BertgpuError, match=r"cannot write step_1: Disk quota exceeded \(needs "
+                                           r"about .* free\); no earlier checkpoint: free space "
+                                           r"and re-run the same command$"):
+        ckpt.save_checkpoint(tmp_path, 1, model_state(), state(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hugging Face export (bertgpu export, pretrain's hf/ at its end, finetune's model/)
+
+
+def _full_disk_in(scratch_name: str, monkeypatch) -> None:
+    """safetensors' save_file fails as it does on a full disk (its own error type, the system's
+    reason inside, part of the file written) when it writes into a folder named
+    `scratch_name`; every other write works."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    real = safetensors.torch.save_file
+
+    def save_file(tensors, filename, metadata=None):
+        if os.path.basename(os.path.dirname(filename)) != scratch_name:
+            return real(tensors, filename, metadata=metadata)
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 1000)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                              "(os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+
+
+def test_full_disk_during_export_is_one_line_and_leaves_no_scratch(tmp_path, monkeypatch,
+                                                                  capsys):
+    """`bertgpu export` onto a full disk ended in a SafetensorError traceback and left OUT.tmp."""
+    from _tiny import TINY
+
+    from bertgpu.cli import main as cli
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.models.hf_export import hf_config
+
+    run, out = tmp_path / "run", tmp_path / "hf"
+    model = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+    ckpt.save_checkpoint(run, 10, model.state_dict(), {"step": 10},
+                         extra_files={"config.json": json.dumps(hf_config(model))})
+    _full_disk_in("hf.tmp", monkeypatch)
+    try:
+        code = cli(["export", str(run), "--out", str(out)])
+    except Exception as exc:  # noqa: BLE001 - what the old code did: a traceback
+        code = f"{type(exc).__name__}: {exc}"
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertgpu export: error: {tmp_path}: cannot write hf: No space left "
+                          "on device (needs about ")
+    assert err.endswith(" free); free space and re-run the same command\n") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no hf, no hf.tmp
+
+
+def test_full_disk_at_pretrainings_end_export_is_one_line(tmp_path, monkeypatch, capsys,
+                                                           one_thread):
+    """The end-of-run export (RUN/hf) on a full disk: a traceback after "event end | reason
+    error", hf.tmp left in the run folder. Now one line and exit 2; the final checkpoint is whole,
+    and a re-run with space writes hf/."""
+    from _shards import write_synthetic_shards
+
+    from bertgpu.cli import main as cli
+
+    data = write_synthetic_shards(tmp_path / "data", n_train=32, n_val=8, seq_len=32,
+                                  vocab_size=100)
+    run = tmp_path / "run"
+    args = ["pretrain", str(Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"),
+            "--data", str(data), "--out", str(run), "--model.vocab_size", "100",
+            "--model.hidden_size", "32", "--model.intermediate_size", "64",
+            "--model.max_position_embeddings", "64", "--train.global_batch_size", "8",
+            "--impl.micro_batch_size", "8", "--train.max_steps", "2",
+            "--train.eval_every_steps", "0", "--train.eval_sequences", "8",
+            "--checkpoint.every_steps", "0"]
+    with monkeypatch.context() as full:
+        _full_disk_in("hf.tmp", full)
+        try:
+            code = cli(args)
+        except Exception as exc:  # noqa: BLE001 - what the old code did: a traceback
+            code = f"{type(exc).__name__}: {exc}"
+    assert code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"bertgpu pretrain: error: {run}: cannot write hf: No space left on "
+                           "device (needs about ")
+    assert not (run / "hf.tmp").exists() and not (run / "hf").exists()
+    assert ckpt.checkpoint_problem(run / "checkpoints" / "step_2") is None
+    # space freed: the re-run exports the finished run
+    assert cli(args) == 0 and (run / "hf" / "model.safetensors").is_file()

@@ -2,6 +2,7 @@
 
     bertgpu export runs/base --out hf/base              # the latest checkpoint
     bertgpu export runs/base --step 2000 --out hf/base  # a chosen one
+    bertgpu export runs/base/checkpoints/step_2000 --out hf/base   # the same, by its folder
 
 The folder holds config.json, model.safetensors and the tokenizer files; it loads with
 transformers' AutoModelForPreTraining (or AutoModelForMaskedLM for MLM-only runs),
@@ -11,13 +12,18 @@ AutoModelForSequenceClassification / ForQuestionAnswering (fresh heads) and Auto
 from __future__ import annotations
 
 import argparse
+import re
+import warnings
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 
+_COMPLETE_NOTE = re.compile(r"^step (\d+)$")  # what a checkpoint's COMPLETE file says
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out)")
+    parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out), or "
+                        "one of its checkpoint folders (RUN/checkpoints/step_N)")
     parser.add_argument("--out", required=True,
                         help="folder to write (an earlier export there is replaced; any other "
                         "non-empty folder is refused)")
@@ -26,35 +32,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:
-    """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`."""
+    """Write the Hugging Face layout of `run_dir`'s checkpoint `step` (latest if None) to `out`.
+    `run_dir` may also be a checkpoint folder (then `step` is None)."""
     return export_step(run_dir, out, step)[0]
 
 
-def export_step(run_dir: str | Path, out: str | Path, step: int | None = None) -> tuple[Path, int]:
+def export_step(run_dir: str | Path, out: str | Path,
+                step: int | None = None) -> tuple[Path, int | None]:
     """`export`, and the step of the checkpoint it wrote (the newest good one when `step` is
-    None: a newer damaged or incomplete one is skipped with a warning)."""
+    None: a newer damaged or incomplete one is skipped with a warning; None when a checkpoint
+    folder copied out of its run does not say)."""
     from bertgpu import fsutil
     from bertgpu.models.hf_export import MODEL_FOLDER, is_model_folder, save_pretrained
-    from bertgpu.models.hf_io import load_pretrained
-    from bertgpu.train.checkpoint import (
-        CHECKPOINTS,
-        checkpoint_problem,
-        latest_checkpoint,
-        list_checkpoints,
-    )
+    from bertgpu.models.hf_io import is_checkpoint_folder, load_pretrained
+    from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
+    if is_checkpoint_folder(run_dir):
+        return _export_checkpoint_folder(run_dir, out, step)
     fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
     if fsutil.within(out, run_dir / CHECKPOINTS):
         raise BertgpuError(f"{out}: inside the run's {CHECKPOINTS}/ folder; expected a folder "
                            "outside it (an export there would replace or mix with a checkpoint)")
     if step is None:
         # the newest good one; damaged newer ones are warned about
-        ckpt = latest_checkpoint(run_dir)
+        ckpt = fsutil.newest_good(run_dir / CHECKPOINTS,
+                                  advice="nothing of this run can be exported")
         if ckpt is None:
-            raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/")
+            raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
+                               "(expected a pretraining run folder, or one of its checkpoint "
+                               "folders)")
     else:
         ckpt = fsutil.step_folder(run_dir / CHECKPOINTS, step)
         if not ckpt.is_dir():
@@ -70,7 +79,53 @@ def export_step(run_dir: str | Path, out: str | Path, step: int | None = None) -
     return folder, int(ckpt.name.removeprefix("step_").removesuffix(fsutil.OLD))
 
 
+def _export_checkpoint_folder(ckpt: Path, out: str | Path,
+                              step: int | None) -> tuple[Path, int | None]:
+    """A checkpoint folder given in place of its run (as `--init` takes one): verified as export
+    --step verifies one, its run's tokenizer from RUN/tokenizer, two levels up (`--init`'s rule,
+    tasks/init_model.find_tokenizer), when it lies in a run's checkpoints/ folder."""
+    from bertgpu import fsutil
+    from bertgpu.models.hf_export import MODEL_FOLDER, is_model_folder, save_pretrained
+    from bertgpu.models.hf_io import load_pretrained
+    from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem
+
+    if step is not None:
+        raise BertgpuError(f"--step {step}: given with the checkpoint folder {ckpt}; expected "
+                           "either a run folder and --step, or a checkpoint folder alone")
+    in_run = ckpt.parent.name == CHECKPOINTS
+    fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
+    if fsutil.within(out, ckpt.parent if in_run else ckpt):
+        raise BertgpuError(f"{out}: inside {ckpt.parent if in_run else ckpt}; expected a folder "
+                           "outside it (an export there would replace or mix with a checkpoint)")
+    problem = checkpoint_problem(ckpt)
+    if problem is not None:
+        raise BertgpuError(f"{ckpt}: cannot export: {problem}")
+    tokenizer: Path | None = ckpt.parent.parent / "tokenizer"
+    if not in_run or not tokenizer.is_dir():
+        where = (f"no {tokenizer}" if in_run
+                 else f"it is not in a run's {CHECKPOINTS}/ folder, beside the run's tokenizer/")
+        warnings.warn(f"{ckpt}: no tokenizer to export with it ({where}); the export has no "
+                      "tokenizer files", stacklevel=2)
+        tokenizer = None
+    folder = save_pretrained(load_pretrained(ckpt, head="pretraining"), out, tokenizer=tokenizer)
+    return folder, _step_of(ckpt)
+
+
+def _step_of(ckpt: Path) -> int | None:
+    """A checkpoint's step: its folder's name (step_N), else what its COMPLETE file says."""
+    from bertgpu import fsutil
+
+    name = ckpt.name.removesuffix(fsutil.OLD)
+    if name.startswith("step_") and name[5:].isdigit():
+        return int(name[5:])
+    try:
+        m = _COMPLETE_NOTE.match((ckpt / fsutil.COMPLETE).read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(m.group(1)) if m else None
+
+
 def main(args: argparse.Namespace) -> int:
     folder, step = export_step(args.run_dir, args.out, args.step)
-    print(f"exported {args.run_dir} (step {step}) -> {folder}")
+    print(f"exported {args.run_dir}{'' if step is None else f' (step {step})'} -> {folder}")
     return 0

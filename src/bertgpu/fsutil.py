@@ -21,11 +21,15 @@ Checkpoint folders `ROOT/step_N/`. Their layout lives here rather than in train/
 because models/hf_io.py, which imports nothing from train/, picks checkpoints too.
 `complete_steps` lists them (a `step_N.old` stands in for a missing `step_N`: the moment between
 the two renames), `newest_good` returns the newest good one, warning about each newer one it
-skips, and `recover_leftovers` repairs what a crash leaves (run once at start-up).
+skips (and remembering it: `known_problem`, which retention asks at every save), and
+`recover_leftovers` repairs what a crash leaves (run once at start-up).
+
+`write_problem` words a failed write for its one-line error (space figures for a full disk only).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -45,6 +49,9 @@ SCRATCH_MARK = ".bertgpu-scratch"  # in NAME.tmp / NAME.old beside an output: be
 _STEP_RE = re.compile(r"^step_(\d+)(\.old)?$")
 _CHUNK = 8 << 20
 T = TypeVar("T")
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # freeing space (or quota) is the cure
+ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})  # freeing space is not
+_SAFETENSORS_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 Hook = Callable[[], None]
 WriteHook = Callable[[Path], None]
 
@@ -272,6 +279,19 @@ def _recorded(folder: Path) -> dict[str, dict] | str | None:
     return files
 
 
+def _size_problem(folder: Path, files: dict[str, dict]) -> str | None:
+    """A file of `files` (checksums.json's table) missing or not of its recorded size."""
+    for name, meta in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            what = "truncated" if size < meta["bytes"] else "longer than recorded"
+            return f"{name} is {what} ({size:,} bytes, {meta['bytes']:,} recorded)"
+    return None
+
+
 def verify_folder(folder: Path) -> str | None:
     """None when the folder is good; otherwise what is wrong, in a few words (incomplete, a file
     missing or truncated, a checksum mismatch). Sizes are checked before any file is read."""
@@ -285,14 +305,9 @@ def verify_folder(folder: Path) -> str | None:
         return None
     if isinstance(files, str):
         return files
-    for name, meta in files.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != meta["bytes"]:
-            what = "truncated" if size < meta["bytes"] else "longer than recorded"
-            return f"{name} is {what} ({size:,} bytes, {meta['bytes']:,} recorded)"
+    problem = _size_problem(folder, files)
+    if problem is not None:
+        return problem
     for name, meta in files.items():
         h = hashlib.sha256()
         with open(folder / name, "rb") as f:
@@ -301,6 +316,42 @@ def verify_folder(folder: Path) -> str | None:
         if h.hexdigest() != meta["sha256"]:
             return f"{name} fails its sha256 checksum (the file changed after it was written)"
     return None
+
+
+# What `newest_good` found wrong in this process: {folder: (its seal's identity, problem)}. The
+# identity is COMPLETE's inode and mtime, so a folder saved again under the same name (a new
+# COMPLETE) is not taken for the damaged one it replaced.
+_FOUND_DAMAGED: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def _seal_identity(folder: Path) -> tuple[int, int, int] | None:
+    try:
+        st = (Path(folder) / COMPLETE).stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def known_problem(folder: Path) -> str | None:
+    """What is wrong with a sealed folder, found without reading its data: the problem
+    `newest_good` found in this process (a checksum included), else a file missing or not of its
+    recorded size, else None. Cheap (a few stats and checksums.json), so retention may ask it of
+    every checkpoint at every save; hashing them all there would read gigabytes each time."""
+    folder = Path(folder)
+    seal_id = _seal_identity(folder)
+    if seal_id is None:
+        return f"incomplete (no {COMPLETE} marker: its save did not finish)"
+    found = _FOUND_DAMAGED.get(os.path.abspath(folder))
+    if found is not None and found[0] == seal_id:
+        return found[1]
+    files = _recorded(folder)
+    return _size_problem(folder, files) if isinstance(files, dict) else files
+
+
+def _remember_damage(folder: Path, problem: str) -> None:
+    seal_id = _seal_identity(folder)
+    if seal_id is not None:
+        _FOUND_DAMAGED[os.path.abspath(folder)] = (seal_id, problem)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,11 +382,13 @@ def step_folder(root: Path, step: int) -> Path:
     return old if not is_complete(path) and is_complete(old) else path
 
 
-def newest_good(root: Path, accept: Callable[[Path], T] | None = None) -> T | Path | None:
+def newest_good(root: Path, accept: Callable[[Path], T] | None = None,
+                advice: str = "move the damaged folders away to start afresh") -> T | Path | None:
     """The newest good checkpoint under `root` (None if there is no complete one), passed through
     `accept` when given (e.g. a loader; a BertgpuError from it counts as damage too). Each newer
-    damaged one is skipped with a warning that names what is wrong. When every complete checkpoint
-    is damaged this is an error: starting afresh silently would throw the run away. A `step_N`
+    damaged one is skipped with a warning that names what is wrong, and remembered
+    (`known_problem`). When every complete checkpoint is damaged this is an error ending with
+    `advice` (the caller's way out): starting afresh silently would throw the run away. A `step_N`
     folder without COMPLETE (not a `.tmp`: a save does not leave one; a damaged or hand-copied
     folder) newer than the one chosen counts as damaged too."""
     damaged = []
@@ -355,10 +408,10 @@ def newest_good(root: Path, accept: Callable[[Path], T] | None = None) -> T | Pa
             except BertgpuError as e:
                 problem = str(e)
         warnings.warn(f"{path}: skipped, {problem}; trying the previous checkpoint", stacklevel=2)
+        _remember_damage(path, problem)
         damaged.append(f"{path.name}: {problem}")
     if damaged:
-        raise BertgpuError(f"{root}: no good checkpoint ({'; '.join(damaged)}); move the damaged "
-                           "folders away to start afresh")
+        raise BertgpuError(f"{root}: no good checkpoint ({'; '.join(damaged)}); {advice}")
     return None
 
 
@@ -399,6 +452,36 @@ def free_bytes(path: Path) -> int:
     while not p.exists() and p != p.parent:
         p = p.parent
     return shutil.disk_usage(p).free
+
+
+def write_problem(folder: Path, exc: OSError, needed: int) -> tuple[str, str]:
+    """(why, what to do) for a write into `folder` that failed with `exc`, as in "FOLDER: cannot
+    write X: {why}; {what to do} and re-run ...". The bytes needed and free, and "free space",
+    only for a full disk or quota (ENOSPC, EDQUOT): for a permission error (EACCES, EPERM, EROFS)
+    the folder is not writable and freeing space would not help; other errors keep the figures."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in ACCESS_ERRNOS:
+        fix = ("remount the folder's file system read-write" if exc.errno == errno.EROFS
+               else "fix the folder's permissions")
+        return f"{reason} (the folder is not writable)", fix
+    figures = f"needs about {human_bytes(needed)}, {human_bytes(free_bytes(folder))} free"
+    return f"{reason} ({figures})", ("free space" if exc.errno in SPACE_ERRNOS else "fix that")
+
+
+def save_safetensors(tensors: dict, path: Path) -> None:
+    """safetensors' save_file, its failed write raised as the OSError it is (safetensors reports
+    one as its own error type: "I/O error: No space left on device (os error 28)")."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        m = _SAFETENSORS_OS_ERROR.search(str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def folder_bytes(folder: Path) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir
 from bertgpu.models import layout
@@ -57,10 +58,10 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered
     whole by the caller: the model's parameters are then only shards).
 
-    Written to `folder.tmp` and renamed into place; an existing `folder` is replaced.
+    Written to `folder.tmp` and renamed into place; an existing `folder` is replaced. A write
+    that fails (a full disk, a folder that is not writable) removes `folder.tmp` and raises one
+    line naming the folder and the cause (for a full disk the bytes needed and free).
     """
-    from safetensors.torch import save_file
-
     model = unwrap_model(model)
     folder = Path(folder)
     tok_dir = Path(tokenizer) if tokenizer is not None else None
@@ -79,15 +80,25 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     hf = layout.to_hf({k: v for k, v in weights.items() if k not in TIED_KEYS},
                       model.config.architecture, model.config.vocab_size)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in hf.items()}
-    tmp = make_scratch(folder.with_name(folder.name + ".tmp"), folder)
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
-                                     encoding="utf-8")
-    for f in tok_files:
-        shutil.copyfile(f, tmp / f.name)
-    _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
-
-    return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
+    scratch = folder.with_name(folder.name + fsutil.TMP)
+    fsutil.check_scratch(scratch, folder)  # absent or bertgpu's: the except below may remove it
+    try:
+        tmp = make_scratch(scratch, folder)
+        fsutil.save_safetensors(state, tmp / "model.safetensors")
+        (tmp / "config.json").write_text(
+            json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        for f in tok_files:
+            shutil.copyfile(f, tmp / f.name)
+        _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
+        return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
+    except OSError as exc:  # a full disk, a folder that is not writable: no half-written output
+        shutil.rmtree(scratch, ignore_errors=True)
+        needed = (sum(t.numel() * t.element_size() for t in state.values())
+                  + sum(f.stat().st_size for f in tok_files) + (64 << 10))
+        where = folder.parent if folder.parent != Path(".") else Path.cwd()
+        why, fix = fsutil.write_problem(where, exc, needed)
+        raise BertgpuError(f"{where}: cannot write {folder.name}: {why}; {fix} and re-run the "
+                           "same command") from None
 
 
 def _fit_model_max_length(path: Path, positions: int) -> None:

@@ -69,7 +69,9 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
             raise BertgpuError(f"{folder}: not a usable checkpoint: {problem}")
     if (folder / "config.json").is_file():
         return folder
-    newest = fsutil.newest_good(folder / "checkpoints")
+    newest = fsutil.newest_good(folder / "checkpoints",
+                                advice="expected a run with a good checkpoint, or a good "
+                                "checkpoint folder")
     if newest is not None:
         return newest
     raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a "

@@ -19,9 +19,10 @@ Saving checks the free space first (a warning when the checkpoint will not fit),
 everything into `step_N.tmp/`, seals it (checksums, then COMPLETE, all flushed) and swaps it in
 (`fsutil.replace_dir`: new written, old renamed aside, new renamed in, old removed). Older
 checkpoints are pruned only once the new one is in place, so `keep_last = 1` never leaves a
-moment without a complete checkpoint. A write that fails (disk full, any I/O error) removes the
-`.tmp` and raises one line naming the folder, the bytes needed and free; earlier checkpoints are
-untouched.
+moment without a complete checkpoint; `keep_last` counts good checkpoints only (a damaged one is
+removed, never kept in place of a good one: `_prune`). A write that fails removes the `.tmp` and
+raises one line naming the folder and the cause: the bytes needed and free for a full disk, "not
+writable" for a permission error; earlier checkpoints are untouched.
 
 What a training job calls: `load_resume(run_dir, info)` on every rank before the loop (rank 0
 repairs, finds the newest good checkpoint and broadcasts its step; the others open that step),
@@ -41,7 +42,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -61,7 +61,6 @@ MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, beside its *.distcp shards
 _RESERVED = (MODEL_FILE, STATE_FILE, CHECKSUMS, COMPLETE)
-_OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
 # Per tensor: zip record and alignment (torch.save), header entry (safetensors); generous.
 _BYTES_PER_TENSOR = 4096
 
@@ -201,25 +200,11 @@ def _torch_save(obj: Any, path: Path) -> None:
             raise
 
 
-def _safetensors_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(tensors, str(path), metadata={"format": "pt"})
-    except SafetensorError as e:
-        m = _OS_ERROR_RE.search(str(e))  # "I/O error: No space left on device (os error 28)"
-        if m is None:
-            raise
-        code = int(m.group(1))
-        raise OSError(code, os.strerror(code), str(path)) from None
-
-
 def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mapping[str, Any],
                  extra: Mapping[str, bytes], step: int) -> None:
     tmp.mkdir(parents=True)
     faults.slow_write(step)
-    _safetensors_save(tensors, tmp / MODEL_FILE)
+    fsutil.save_safetensors(tensors, tmp / MODEL_FILE)
     faults.check_write(tmp / MODEL_FILE)
     _torch_save(dict(train_state), tmp / STATE_FILE)
     faults.check_write(tmp / STATE_FILE)
@@ -230,22 +215,33 @@ def _write_files(tmp: Path, tensors: dict[str, torch.Tensor], train_state: Mappi
 
 
 def _save_failed(run_dir: Path, final: Path, exc: OSError, needed: int) -> BertgpuError:
-    free = fsutil.free_bytes(final.parent)
-    kept = list_checkpoints(run_dir)
-    after = (f"{kept[-1][1].name} is intact: free space and re-run the same command to resume from "
-             "it"
-             if kept else "no earlier checkpoint: free space and re-run the same command")
-    return BertgpuError(
-        f"{final.parent}: cannot write {final.name}: {exc.strerror or exc} (needs about "
-        f"{fsutil.human_bytes(needed)}, {fsutil.human_bytes(free)} free); {after}"
-    )
+    """The one line for a save that failed: why (space figures for a full disk only), the
+    checkpoint a re-run resumes from, and what to fix first (`fsutil.write_problem`)."""
+    why, fix = fsutil.write_problem(final.parent, exc, needed)
+    kept = [p for _, p in list_checkpoints(run_dir) if fsutil.known_problem(p) is None]
+    after = (f"{kept[-1].name} is intact: {fix} and re-run the same command to resume from it"
+             if kept else f"no earlier checkpoint: {fix} and re-run the same command")
+    return BertgpuError(f"{final.parent}: cannot write {final.name}: {why}; {after}")
 
 
 def _prune(run_dir: Path, final: Path, step: int, keep_last: int) -> None:
-    """Keep `final` and the keep_last - 1 newest older checkpoints. Newer ones (left by a run
-    that fell back to an earlier checkpoint) stay: a later save of that step replaces them."""
+    """Keep `final` and the keep_last - 1 newest good older checkpoints. An older damaged one
+    (`fsutil.known_problem`: what start-up found, a checksum mismatch included, or a file cut
+    short since) is removed with a warning and not counted: it would never resume, and keeping it
+    in place of a good one left a run with fewer good checkpoints than asked for. Newer ones (left
+    by a run that fell back to an earlier checkpoint, often because they are damaged) stay: a
+    later save of that step replaces them, or they are older by the next save."""
     older = [p for s, p in list_checkpoints(run_dir) if s < step and p != final]
-    for path in older[: max(0, len(older) - (keep_last - 1))]:
+    good = []
+    for path in older:
+        problem = fsutil.known_problem(path)
+        if problem is None:
+            good.append(path)
+            continue
+        warnings.warn(f"{path}: removed, damaged: {problem}; checkpoint.keep_last counts "
+                      "good checkpoints only", stacklevel=2)
+        fsutil.remove_dir(path)
+    for path in good[: max(0, len(good) - (keep_last - 1))]:
         fsutil.remove_dir(path)
 
 
