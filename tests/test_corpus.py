@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import bz2
+import gzip
 import importlib.util
 import json
 
 import pytest
 from _text_fixtures import GENSIM_WIKI, write_wiki
 
+from bertgpu.data import compressed
+from bertgpu.data.compressed import open_binary, read_errors
 from bertgpu.data.corpus import (
     CorpusStats,
     detect_format,
@@ -16,7 +19,7 @@ from bertgpu.data.corpus import (
     iter_documents,
     resolve_inputs,
 )
-from bertgpu.data.textio import open_binary, read_errors, split_sentences
+from bertgpu.data.textio import split_sentences
 from bertgpu.data.wikitext import strip_wiki_markup
 from bertgpu.errors import BertgpuError
 
@@ -173,6 +176,69 @@ def test_skip_bad_counts_skipped_files_and_keeps_going(tmp_path):
     assert "7 skipped" in stats.summary()
 
 
+def _jsonl_with_a_bad_line(n: int = 3000) -> bytes:
+    """JSON Lines whose line 5 is not JSON (what a damaged stream decompressed to)."""
+    lines = [json.dumps({"text": f"Article {i} is about the river number {i}."}) for i in range(n)]
+    lines[4] = lines[4][:7] + "\x01" + lines[4][8:]
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _bad_crc(data: bytes) -> bytes:
+    """A gzip member of ``data`` whose CRC32 (the trailer's first 4 bytes) does not match: the
+    damage gzip finds only at the member's end, after the text it garbled was read."""
+    member = bytearray(gzip.compress(data, mtime=0))
+    member[-8] ^= 0xFF
+    return bytes(member)
+
+
+def test_a_damaged_compressed_stream_is_reported_as_damaged_not_as_bad_text(tmp_path):
+    """A damaged gzip (bzip2) stream decompresses into garbage before the CRC (end of stream) is
+    checked: it was reported as bad JSON or bad UTF-8 at a line of the decompressed text
+    ("bad.jsonl.gz:9986: not valid JSON"), sending the user to fix a line that is fine."""
+    gz = tmp_path / "bad.jsonl.gz"
+    gz.write_bytes(_bad_crc(_jsonl_with_a_bad_line()))
+    text = tmp_path / "bad.txt.gz"
+    text.write_bytes(_bad_crc(b"Fine text.\n\nThen caf\xe9 au lait.\n" + b"More.\n" * 30000))
+    # bzip2 level 1 has 100 kB blocks: the first (with the bad line) decodes, the cut is in a later
+    whole = bz2.compress(_jsonl_with_a_bad_line(6000), compresslevel=1)
+    cut = tmp_path / "cut.jsonl.bz2"
+    cut.write_bytes(whole[: len(whole) * 3 // 4])
+    for path, message in (
+        (gz, r"bad.jsonl.gz: damaged gzip stream \(CRC check failed 0x[0-9a-f]+ != 0x[0-9a-f]+\); "
+             r"the bad text found before it \(line 5: not valid JSON \(.*\)\) is what the "
+             r"damage decompressed to; expected an intact gzip file \(`gzip -t` checks one\)$"),
+        (text, r"bad.txt.gz: damaged gzip stream \(CRC check failed .*\); the bad text found "
+               r"before it \(line 3: invalid UTF-8 byte 0xe9 at byte offset 20\) is what"),
+        (cut, r"cut.jsonl.bz2: damaged bzip2 stream \(Compressed file ended before the "
+              r"end-of-stream marker was reached\); the bad text found before it \(line 5: "),
+    ):
+        with pytest.raises(BertgpuError, match=message) as info:
+            list(iter_documents([path]))
+        assert "\n" not in str(info.value)
+        stats = CorpusStats()  # --skip-bad: the file is skipped for its damage
+        list(iter_documents([path], skip_bad=True, stats=stats))
+        assert [reason for _, reason in stats.skipped] == [str(info.value)]
+
+
+def test_bad_text_in_an_intact_compressed_stream_is_bad_text(tmp_path, monkeypatch):
+    """The stream read to its end without damage: the text itself is bad, as before. A stream
+    too long to read to its end is not checked, and the line is said to be of its decompressed
+    text."""
+    gz = tmp_path / "ok.jsonl.gz"
+    gz.write_bytes(gzip.compress(_jsonl_with_a_bad_line(), mtime=0))
+    with pytest.raises(BertgpuError, match=r"ok.jsonl.gz:5: not valid JSON \(.*\); expected one "
+                                           r"JSON object per line$"):
+        list(iter_documents([gz]))
+    monkeypatch.setattr(compressed, "CHECK_BYTES", 1000)
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(_bad_crc(_jsonl_with_a_bad_line()))
+    with pytest.raises(BertgpuError, match=r"bad.jsonl.gz:5: not valid JSON .*; expected one JSON "
+                                           r"object per line \(a line of the gzip-decompressed "
+                                           r"text; the stream was not read to its end to look for "
+                                           r"damage: `gzip -t .*bad.jsonl.gz` checks it\)$"):
+        list(iter_documents([bad]))
+
+
 def _zstd_frames() -> tuple[bytes, list[bytes], set[int]]:
     """Text, and a zstd file of it in frames of every shape: plain, with a checksum, several
     blocks (over 128 KiB of text), a skippable frame between; and where each frame ends."""
@@ -253,7 +319,10 @@ def test_jsonl_without_a_jsonl_name_is_sniffed(tmp_path):
     (json.dumps({"data": [{"text": "a"}]}, indent=1),
      r"doc.json:1: a JSON document spread over several lines, not JSON Lines"),
     (json.dumps([{"text": "a"}, {"text": "b"}]), r"doc.json:1: a JSON array, not JSON Lines"),
-    ('{"text": null}', r"doc.json:1: no string field 'text' \(its value is null\)"),
+    ('{"text": null}', r"doc.json: no text \(every row's text is null or empty, 1 of them "
+                       r"null\); expected at least one row with text \(choose the column or "
+                       r"field with --text-field\)"),  # a null is no document (as in Parquet)
+    ('null', r"doc.json:1: no string field 'text' \(found null, not an object\)"),
     ('{"text": 123}', r"doc.json:1: no string field 'text' \(its value is a number\)"),
     ('"just text"', r"doc.json:1: no string field 'text' \(found a string, not an"),
     ('{"text": "ok"}\n{"text": ["a"]}', r"doc.json:2: no string field 'text' \(its value is an "
@@ -265,6 +334,52 @@ def test_json_that_is_not_json_lines_says_what_it_is(tmp_path, content, message)
     with pytest.raises(BertgpuError, match=message) as info:
         list(iter_documents([path]))
     assert "\n" not in str(info.value)
+
+
+def _null_rows(folder) -> list:
+    """The same rows (one null, one empty) as Parquet, an Arrow stream and JSON Lines."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = ["First row. It has text.", None, "", "Fourth row here."]
+    table = pa.table({"text": pa.array(texts, pa.string())})
+    pq.write_table(table, folder / "rows.parquet")
+    with pa.OSFile(str(folder / "rows.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    (folder / "rows.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return [folder / n for n in ("rows.parquet", "rows.arrow", "rows.jsonl")]
+
+
+def test_null_text_is_no_document_and_counted_alike_in_every_format(tmp_path):
+    """Parquet and Arrow nulls were dropped silently and uncounted while a JSON Lines null was an
+    error, and a column of nulls said "only blank lines or markup" (which Parquet cannot
+    have): a null is no document in every format, counted per file, and a file of nulls says
+    so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in _null_rows(tmp_path):
+        stats = CorpusStats()
+        assert list(iter_documents([path], stats=stats)) == [["First row.", "It has text."],
+                                                             ["Fourth row here."]], path
+        assert stats.nulls == {str(path): 1}
+        assert stats.summary() == "1 files, 2 documents, 1 null text skipped"
+    pq.write_table(pa.table({"text": pa.array([None, None], pa.string())}),
+                   tmp_path / "allnull.parquet")
+    (tmp_path / "allnull.jsonl").write_text('{"text": null}\n{"text": ""}\n{"text": null}\n')
+    for name, nulls in (("allnull.parquet", 2), ("allnull.jsonl", 2)):
+        with pytest.raises(BertgpuError) as info:
+            list(iter_documents([tmp_path / name]))
+        assert str(info.value) == (
+            f"{tmp_path / name}: no text (every row's text is null or empty, {nulls} of them "
+            "null); expected at least one row with text (choose the column or field with "
+            "--text-field)")
+    stats = CorpusStats()
+    list(iter_documents([tmp_path / "allnull.parquet", tmp_path / "rows.jsonl"], skip_bad=True,
+                        stats=stats))
+    assert [p for p, _ in stats.skipped] == [str(tmp_path / "allnull.parquet")]
+    assert "1 skipped (" in stats.summary() and ", 3 null texts skipped" in stats.summary()
 
 
 def test_unknown_format_is_an_error(tmp_path):

@@ -1,7 +1,8 @@
 """`bertgpu tokenizer` and `bertgpu prepare` on inputs a tester found mishandled: outputs that
 would replace the current folder or land in a folder named like a URL, broken and symbolic links
-in corpus folders, unreachable URLs, --skip-bad that kept part of a skipped file, arguments that
-made useless outputs, and results worth a warning ([UNK], NSP labels)."""
+in corpus folders, a dataset repository's card and licence beside its data, unreachable URLs,
+--skip-bad that kept part of a skipped file, arguments that made useless outputs, and results
+worth a warning ([UNK], NSP labels)."""
 
 from __future__ import annotations
 
@@ -240,6 +241,61 @@ def test_vocab_size_not_reached_is_a_warning(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+DATASET_CARD = ("---\nlicense: cc-by-sa-4.0\nconfigs:\n- config_name: default\n  data_files:\n"
+                "  - split: train\n    path: data/train-*\n---\n\n# My dataset\n\nA sample.\n")
+
+
+def _dataset_repo(root) -> list[str]:
+    """A Hugging Face dataset repository's layout: its card, licence, citation and git
+    attributes beside the data; returns the repository's files that are not data."""
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train-00000-of-00001.jsonl").write_text('{"text": "The river flows."}\n')
+    repo_files = {"README.md": DATASET_CARD, ".gitattributes": "*.jsonl filter=lfs -text\n",
+                  "LICENSE": "Permission is granted.\n", "CITATION.cff": "title: My dataset\n",
+                  "data/README_zh.md": "# 数据\n", "LICENSE-MIT.txt": "MIT\n",
+                  "Changelog": "v1: first.\n", "NOTICE.txt": "Notice.\n", "COPYING": "GPL\n"}
+    for rel, text in repo_files.items():
+        (root / rel).write_text(text)
+    return sorted(repo_files)
+
+
+def test_a_dataset_repositorys_card_and_licence_in_a_folder_are_not_corpus(tmp_path):
+    """A folder holding a Hugging Face dataset repository (Parquet or JSONL beside README.md,
+    the dataset card) made its YAML front matter the first training row: README*, LICENSE*, ...
+    inside a folder are not read; named on the command line, they are."""
+    repo = tmp_path / "ds"
+    _dataset_repo(repo)
+    (repo / "readmeish.txt").write_text("Read: the name is not README.\n")
+    found = [p.relative_to(repo).as_posix() for p in resolve_inputs([repo])]
+    assert found == ["data/train-00000-of-00001.jsonl", "readmeish.txt"]
+    assert list(iter_documents([repo])) == [["The river flows."],
+                                            ["Read: the name is not README."]]
+    # a file given by name, or by a pattern, is always read
+    assert resolve_inputs([repo / "README.md", str(repo / "LICEN*")]) == [
+        repo / "README.md", repo / "LICENSE", repo / "LICENSE-MIT.txt"]
+    assert list(iter_documents([repo / "LICENSE"])) == [["Permission is granted."]]
+    (tmp_path / "card").mkdir()
+    (tmp_path / "card" / "README.md").write_text(DATASET_CARD)
+    with pytest.raises(BertgpuError, match=r"card: folder contains no corpus files \(hidden "
+                                           r"files, README/LICENSE/.*are not read\)"):
+        resolve_inputs([tmp_path / "card"])
+
+
+def test_a_dataset_repositorys_card_in_a_url_folder_is_not_corpus(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    local = tmp_path / "ds"
+    repo_files = _dataset_repo(local)
+    memory = fsspec.filesystem("memory")
+    for rel in [*repo_files, "data/train-00000-of-00001.jsonl"]:
+        memory.pipe_file(f"/hfrepo31/{rel}", (local / rel).read_bytes())
+    try:
+        assert (resolve_inputs(["memory://hfrepo31/"])
+                == ["memory:///hfrepo31/data/train-00000-of-00001.jsonl"])
+        assert resolve_inputs(["memory://hfrepo31/README.md"]) == ["memory://hfrepo31/README.md"]
+    finally:
+        memory.rm("/hfrepo31", recursive=True)
+
+
 # --------------------------------------------------------------------------- warnings
 
 
@@ -264,5 +320,25 @@ def test_nsp_labels_of_one_class_are_a_warning(english, tmp_path):
     """Documents of one sentence give every NSP label 1 (there is no next sentence)."""
     corpus = tmp_path / "one.txt"
     corpus.write_text("".join(" ".join(d[:1]) + "\n\n" for d in pydoc_documents(40)))
-    with pytest.warns(UserWarning, match=r"100% of the NSP labels are 1 \(B random\)"):
+    with pytest.warns(UserWarning, match=r"100% of the NSP labels are 1 \(B random\), \d+ rows: "
+                                          r"documents of one sentence cannot give a next"):
         prepare([corpus], english, tmp_path / "nsp", objective="mlm+nsp", workers=1, seq_len=64)
+
+
+def test_nsp_labels_all_random_because_of_seq_len_name_seq_len(english, tmp_path):
+    """Documents of hundreds of sentences, each sentence longer than --seq-len 8 leaves to a
+    pair (5 tokens): every A is one sentence with no next sentence that fits. The warning blamed
+    "documents of one sentence"; the cause is --seq-len."""
+    corpus = write_sentences(tmp_path / "long.txt", [
+        [f"the {w} house number {i} stands here ." for i in range(100)]
+        for w in ("red", "blue", "green", "black")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepare([corpus], english, tmp_path / "nsp", objective="mlm+nsp", workers=1, seq_len=8,
+                validation_fraction=0)
+    (message,) = [str(w.message) for w in caught if "NSP labels" in str(w.message)]
+    assert message.startswith("100% of the NSP labels are 1 (B random), 400 rows: in ")
+    assert ("rows A is one sentence that alone fills the 5 tokens a pair holds (--seq-len 8 "
+            "less [CLS] and two [SEP]), so no next sentence fits; expected a longer --seq-len"
+            in message)
+    assert "documents of one sentence" not in message

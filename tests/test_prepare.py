@@ -113,6 +113,65 @@ def test_nsp_pairs(tok, corpus, tmp_path):
     assert set(np.unique(labels)) == {0, 1}
 
 
+MARKERS = ("class", "module", "object", "function")  # one token each in the pydoc vocabulary
+
+
+def _marked_documents(n_docs: int, sentences: int = 400) -> list[list[str]]:
+    """Documents whose every sentence names its document by a marker word."""
+    return [[f"the {w} {w} number {i} is here ." for i in range(sentences)]
+            for w in MARKERS[:n_docs]]
+
+
+def test_nsp_random_segment_is_from_another_document_when_the_split_cuts_documents(
+        tok, tmp_path):
+    """With a validation split that cut documents into chunks, 20 of 118 random Bs in train and
+    5 of 38 in validation came from A's own document (the other train side of its cut document,
+    or another of its held-out chunks): the pieces of a cut document were "other documents"."""
+    corpus = write_sentences(tmp_path / "four.txt", _marked_documents(4))
+    report: dict = {}
+    m = prepare([corpus], tok, tmp_path / "out", seq_len=64, objective="mlm+nsp", workers=1,
+                validation_fraction=0.2, report=report)
+    assert m["split_unit"] == "chunk" and m["cut_documents"] == 4
+    t = load_tokenizer(tok)
+    marker = {}
+    for w in MARKERS:
+        ids = t.encode(w, add_special_tokens=False).ids
+        assert len(ids) == 1, (w, ids)
+        marker[ids[0]] = w
+    for split in ("train", "validation"):
+        ids, lengths = _load(tmp_path / "out", split, "input_ids"), _load(tmp_path / "out", split,
+                                                                         "lengths")
+        labels = _load(tmp_path / "out", split, "nsp_labels")
+        checked = 0
+        for row, n, label in zip(ids, lengths, labels, strict=True):
+            sep = int(np.flatnonzero(row[:n] == SEP)[0])
+            a = {marker[x] for x in row[1:sep].tolist() if x in marker}
+            b = {marker[x] for x in row[sep + 1 : n - 1].tolist() if x in marker}
+            assert len(a) == 1 and len(b) <= 1, (split, a, b)  # one document per segment
+            if label == 1 and b:
+                assert a != b, f"{split}: a random B from A's own document {a}"
+                checked += 1
+        assert checked >= 20, (split, checked)
+    # every random B could come from another document: none counted as from A's own
+    assert [r["nsp_same_document"] for r in report["units"]] == [0]
+
+
+def test_nsp_random_segments_of_a_single_cut_document_are_counted_and_warned_about(
+        tok, tmp_path):
+    """A corpus of one document cut by the validation split has no other document: its random
+    Bs come from it (BERT's fallback), and the rows are counted and warned about; the sides of
+    the cut document were counted as other documents, and nothing was said."""
+    corpus = write_sentences(tmp_path / "one.txt", _marked_documents(1, 1600))
+    report: dict = {}
+    with pytest.warns(UserWarning, match=r"NSP rows labelled random took B from A's own "
+                                          r"document: their chunk held pieces of a single"):
+        m = prepare([corpus], tok, tmp_path / "out", seq_len=64, objective="mlm+nsp",
+                    workers=1, validation_fraction=0.2, report=report)
+    assert m["split_unit"] == "chunk" and m["splits"]["validation"]["sequences"] > 0
+    (unit,) = report["units"]
+    assert unit["nsp_same_document"] == unit["nsp_random"] > 0
+
+
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp"])
 def test_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objective):
     kw = dict(seq_len=48, objective=objective, shard_size=300, chunk_docs=10,

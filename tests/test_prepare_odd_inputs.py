@@ -155,3 +155,49 @@ def test_a_word_longer_than_a_line_piece_is_one_unk_as_in_transformers(tok, tmp_
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     prepare([corpus], tok, tmp_path / "long", fmt="lines", workers=1, validation_fraction=0.0)
     assert _token_stream(tmp_path / "long") == _reference(hf, lines)
+
+
+def test_null_text_rows_are_counted_in_the_summary_and_manifest(tok, tmp_path, capsys):
+    """Parquet nulls were dropped without a word (4 rows, 1 null: "2 documents" and nothing
+    more), a JSON Lines null stopped the run: both are skipped, counted in the manifest and said
+    in the summary. A Parquet file of nulls read in parts (work units of its row groups) is "no
+    text" for its nulls, not for "blank lines, markup or control characters"."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = ["First row. It has text.", None, "", "Fourth row here."]
+    pq.write_table(pa.table({"text": pa.array(texts, pa.string())}), tmp_path / "rows.parquet")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "data"
+    assert cli_main(["prepare", "--corpus", str(tmp_path / "rows.parquet"),
+                     str(tmp_path / "rows.jsonl"), "--tokenizer", str(tok), "--out", str(out),
+                     "--seq-len", "64", "--workers", "1", "--validation-fraction", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert ("prepare: 2 null texts skipped (a row whose text is null is no document, in Parquet, "
+            "Arrow and JSON Lines alike)\n") in printed
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["null_rows"] == 2 and m["counts"]["documents"] == 4
+    clean = prepare([tmp_path / "rows.jsonl"], tok, tmp_path / "clean", workers=1,
+                    validation_fraction=0.0)  # (the JSONL has a null too: count 1)
+    assert clean["counts"]["null_rows"] == 1
+    (tmp_path / "ok.jsonl").write_text('{"text": "No null here."}\n')
+    assert "null_rows" not in prepare([tmp_path / "ok.jsonl"], tok, tmp_path / "ok",
+                                      workers=1)["counts"]
+    # all nulls, in 4 units of 2 row groups (an id column gives the row groups their size)
+    rows = 8000
+    table = pa.table({"id": np.arange(rows, dtype=np.int64) * 7919 % 104729,
+                      "text": pa.array([None] * rows, pa.string())})
+    pq.write_table(table, tmp_path / "allnull.parquet", row_group_size=1000, compression="none")
+    report: dict = {}
+    with pytest.raises(BertgpuError) as info:
+        prepare([tmp_path / "allnull.parquet", tmp_path / "ok.jsonl"], tok, tmp_path / "parts",
+                workers=1, unit_bytes=16 << 10, report=report)
+    assert str(info.value) == (
+        f"{tmp_path / 'allnull.parquet'}: no text (every row's text is null or empty, 8000 of "
+        "them null); expected at least one row with text (choose the column or field with "
+        "--text-field)")
+    m = prepare([tmp_path / "allnull.parquet", tmp_path / "ok.jsonl"], tok, tmp_path / "skip",
+                workers=1, unit_bytes=16 << 10, skip_bad=True, report=report)
+    assert len(report["units"]) > 2  # the Parquet file was read in parts
+    assert [s["path"] for s in m["skipped_inputs"]] == [str(tmp_path / "allnull.parquet")]
+    assert "null_rows" not in m["counts"]  # (the nulls of a file left out are not counted)

@@ -1,7 +1,8 @@
 """Text to tokens to batches. Nothing here imports the model or the training loop.
 
-Reading: `corpus` (formats, the stream of document parts), `textio` (decompression, UTF-8 lines
-in bounded pieces, sentence splitting), `wikitext` (MediaWiki dumps and markup).
+Reading: `corpus` (formats, the stream of document parts), `compressed` (gzip, bzip2 and zstd
+on the fly, damaged streams), `textio` (UTF-8 lines in bounded pieces, sentence splitting),
+`wikitext` (MediaWiki dumps and markup).
 Tokenizer: `tokenizer` (WordPiece training, byte-identical from run to run; loading, hashing).
 `bertgpu prepare` (documents -> shards + manifest): `prepare` (the command, what goes in the
 manifest), `pipeline` (the parallel, ordered, bounded-memory stages), `packing` (worker side:

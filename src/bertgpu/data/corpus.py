@@ -69,24 +69,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bertgpu.data.columnar import read_arrow, read_parquet
+from bertgpu.data.compressed import check_rest, compression_suffix, open_binary, read_errors
 from bertgpu.data.jsonl import read_jsonl
 from bertgpu.data.sources import Source, file_size, name_of, open_raw, resolve_inputs
 from bertgpu.data.textio import (
     LineRange,
-    compression_suffix,
     decoded_lines,
     first_line,
     is_json_object_line,
-    open_binary,
-    read_errors,
     split_sentences,
 )
 from bertgpu.data.wikitext import read_wiki, wiki_to_sentences
 from bertgpu.errors import BertgpuError
 
 __all__ = ["FORMATS", "CorpusStats", "Piece", "detect_format", "iter_documents",
-           "iter_document_parts", "iter_piece_items", "iter_raw_documents", "resolve_inputs",
-           "settle_parts"]
+           "iter_document_parts", "iter_piece_items", "iter_raw_documents", "null_text_message",
+           "resolve_inputs", "settle_parts"]
 
 FORMATS = ("auto", "sentences", "text", "lines", "jsonl", "wiki", "parquet", "arrow")
 LINE_FORMATS = ("sentences", "text", "lines", "jsonl")  # a file of these may be read in parts
@@ -116,9 +114,15 @@ class CorpusStats:
     partial: list[str] = field(default_factory=list)
     """The skipped files that had yielded text before their problem (a caller that must leave
     them out whole reads the others again)."""
+    nulls: dict[str, int] = field(default_factory=dict)
+    """path -> rows whose text is null (a Parquet or Arrow null, a JSON null), skipped: a
+    missing value is no document, in every format alike."""
 
     def summary(self) -> str:
         text = f"{self.files} files, {self.documents} documents"
+        if self.nulls:
+            n = sum(self.nulls.values())
+            text += f", {n} null text{'s' if n != 1 else ''} skipped"
         if self.skipped:
             text += f", {len(self.skipped)} skipped (" + "; ".join(r for _, r in self.skipped) + ")"
         return text
@@ -273,23 +277,36 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
         if kind in TABLE_FORMATS:  # a row's text is a document, like a JSONL line's
             rows = (read_parquet(src, text_field, piece.start, piece.stop) if kind == "parquet"
                     else read_arrow(src, text_field))
-            yield from (("jsonl", text, True) for text in rows if isinstance(text, str))
+            yield from _skip_nulls(src, (("jsonl", text, True) for text in rows), stats)
         elif not piece.whole:
             if kind not in LINE_FORMATS:
                 raise ValueError(f"{src}: a {kind} file is not read in parts")
             with open_raw(src) as raw:
                 part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
-                for item in _text_items(src, part, kind, text_field, part):  # type: ignore[arg-type]
+                items = _text_items(src, part, kind, text_field, part)  # type: ignore[arg-type]
+                for item in _skip_nulls(src, items, stats):
                     yield item
                     stats.read = base + part.pos - piece.start
         else:
             with open_binary(src) as f:
                 stored = getattr(f, "_under", f)  # under a decompressor: the compressed bytes
-                for item in _text_items(src, f, kind, text_field):
-                    yield item
-                    stats.read = base + stored.tell()
+                try:
+                    for item in _skip_nulls(src, _text_items(src, f, kind, text_field), stats):
+                        yield item
+                        stats.read = base + stored.tell()
+                except BertgpuError as exc:  # damage to a compressed stream shows as bad text
+                    raise check_rest(src, f, exc) from None
     except read_errors() as exc:  # unreadable, or a truncated / corrupt compressed stream
         raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
+
+
+def _skip_nulls(src: Source, items: Iterator[RawItem], stats: CorpusStats) -> Iterator[RawItem]:
+    """``items`` without the rows whose text is null, counted in ``stats.nulls``."""
+    for item in items:
+        if item[1] is None:
+            stats.nulls[str(src)] = stats.nulls.get(str(src), 0) + 1
+        else:
+            yield item
 
 
 # --------------------------------------------------------------------------- the stream
@@ -399,7 +416,8 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
             if yielded == 0:
                 what = ("control or format characters, which the tokenizer removes"
                         if untokenized else "blank lines or markup")
-                message = f"{value}: no text (only {what}); expected at least one document"
+                message = (null_text_message(value, stats.nulls[value]) if stats.nulls.get(value)
+                           else f"{value}: no text (only {what}); expected at least one document")
                 if not skip_bad:
                     raise BertgpuError(message)
                 stats.skipped.append((value, message))
@@ -416,6 +434,12 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
             yielded, untokenized = 0, False
         else:
             raise ValueError(f"not a converted item: {kind!r} (convert raw documents first)")
+
+
+def null_text_message(path: str, nulls: int) -> str:
+    """The "no text" error of a file whose rows' text is all null (or empty)."""
+    return (f"{path}: no text (every row's text is null or empty, {nulls} of them null); "
+            "expected at least one row with text (choose the column or field with --text-field)")
 
 
 def iter_document_parts(

@@ -1,5 +1,7 @@
 """JSON Lines corpora: the text field of each line, and one-line errors that say what a file is
-when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field)."""
+when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field).
+A null text field is no document, like a null in a Parquet or Arrow column: it is passed on as
+None, and `corpus` counts and skips it."""
 
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a
 
 
 def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, str, bool]],
-                whole: bool = True) -> Iterator[tuple[str, str, bool]]:
-    """The text fields of JSON Lines; ``whole``: the lines start at the file's start (the first
-    record tells a JSON document, pretty-printed or an array, from JSON Lines; else the lines
-    are numbered by their byte offsets, `textio.decoded_lines`)."""
+                whole: bool = True) -> Iterator[tuple[str, str | None, bool]]:
+    """The text fields of JSON Lines (None for a null one); ``whole``: the lines start at the
+    file's start (the first record tells a JSON document, pretty-printed or an array, from JSON
+    Lines; else the lines are numbered by their byte offsets, `textio.decoded_lines`)."""
     first = whole
     for lineno, line, _ in lines:
         if not line.strip():
@@ -41,6 +43,9 @@ def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, s
             raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "
                                "JSON object per line (e.g. `jq -c '.[]'` writes them)")
         first = False
+        if isinstance(obj, dict) and text_field in obj and obj[text_field] is None:
+            yield "jsonl", None, True  # a missing value, as pandas and `datasets` write None
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
             if not isinstance(obj, dict):
                 found = f"found {_JSON_TYPES.get(type(obj), type(obj).__name__)}, not an object"

@@ -69,7 +69,8 @@ class Manifest:
     whole_word_segmenter: str | None = None
     """Segmenter whose word starts are stored in *.word_starts.npy ("jieba"), or null for none."""
     counts: dict[str, int] = field(default_factory=dict)
-    """documents, sequences and tokens of the whole set."""
+    """documents, sequences and tokens of the whole set; null_rows, when any: rows (Parquet,
+    Arrow) or JSON lines whose text was null, skipped as no document."""
     splits: dict[str, dict[str, Any]]
     """Per split: sequences, tokens, documents (prepare only) and shards
     [{name, sequences, tokens}]."""

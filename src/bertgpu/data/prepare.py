@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from bertgpu import __version__
-from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
+from bertgpu.data.corpus import add_corpus_arguments, null_text_message, resolve_inputs
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
@@ -214,7 +214,7 @@ def prepare(
 
 UNK_WARN_SHARE = 0.05  # more [UNK] than this: the vocabulary does not cover the text
 NSP_WARN_SHARE = 0.9  # one NSP label on more rows than this: the task teaches little
-SAME_DOC_WARN_SHARE = 0.05  # random-next Bs from A's own document (chunks of one document)
+SAME_DOC_WARN_SHARE = 0.05  # random-next Bs from A's own document (chunks of pieces of one)
 
 
 def _warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
@@ -234,16 +234,33 @@ def _warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
     share = max(random, rows - random) / rows
     if share > NSP_WARN_SHARE:
         label, what = (1, "B random") if random * 2 > rows else (0, "B follows A")
-        why = (": documents of one sentence cannot give a next sentence; expected documents of "
-               "several sentences" if label == 1 else "")
+        why = _why_random(records, manifest.seq_len) if label == 1 else ""
         warnings.warn(f"{share:.0%} of the NSP labels are {label} ({what}), {rows} rows{why}",
                       stacklevel=2)
     same = sum(r.get("nsp_same_document", 0) for r in records)
     if same > SAME_DOC_WARN_SHARE * rows:
         warnings.warn(f"{same} of {rows} NSP rows labelled random took B from A's own document: "
-                      "their chunk held a single document of its split (as BERT falls back "
-                      "to); expected more documents per chunk (--chunk-docs, or shorter "
-                      "documents)", stacklevel=2)
+                      "their chunk held pieces of a single document of its split (as BERT "
+                      "falls back to); expected more documents per chunk (--chunk-docs, or "
+                      "shorter documents)", stacklevel=2)
+
+
+def _why_random(records: list[dict[str, Any]], seq_len: int) -> str:
+    """Why most NSP labels are 1: the commonest reason an A of one sentence had no B to follow
+    it (BERT's recipe then takes a random B), from the workers' counts."""
+    counts = {cause: sum(r.get(f"nsp_{cause}", 0) for r in records)
+              for cause in ("one_sentence_document", "sentence_fills_target", "last_sentence")}
+    cause = max(counts, key=counts.get)  # type: ignore[arg-type]
+    if cause == "sentence_fills_target" and counts[cause]:
+        return (f": in {counts[cause]} rows A is one sentence that alone fills the {seq_len - 3} "
+                f"tokens a pair holds (--seq-len {seq_len} less [CLS] and two [SEP]), so no "
+                "next sentence fits; expected a longer --seq-len (or shorter sentences)")
+    if cause == "last_sentence" and counts[cause]:
+        return (f": in {counts[cause]} rows A is the last sentence of its document, left alone "
+                "after the segment before it, so no next sentence exists; expected documents of "
+                f"more sentences (or a longer --seq-len than {seq_len})")
+    return (": documents of one sentence cannot give a next sentence; expected documents of "
+            "several sentences")
 
 
 def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any]],
@@ -257,10 +274,10 @@ def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any
             continue
         remove_files(work, shard_files(record))
         records[unit.index] = {
-            **record, "documents": 0, "slices": {}, "cut_documents": 0,
+            **record, "documents": 0, "slices": {}, "nulls": {}, "cut_documents": 0,
             "splits": {s: {"sequences": 0, "tokens": 0, "documents": 0, "shards": []}
                        for s in record["splits"]},
-            **{k: 0 for k in ("unk_tokens", "nsp_random", "nsp_same_document") if k in record}}
+            **{k: 0 for k in record if k == "unk_tokens" or k.startswith("nsp_")}}
 
 
 def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]],
@@ -275,12 +292,16 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
             skipped.append((path, reason))
     bad = {p for p, _ in skipped}
     texts: dict[str, int] = {}
+    nulls: dict[str, int] = {}  # rows of null text skipped, per file
     for r in ordered:
         for path, n in r["slices"].items():
             texts[path] = texts.get(path, 0) + n
+        for path, n in r.get("nulls", {}).items():  # (not in a record of an older version)
+            nulls[path] = nulls.get(path, 0) + n
     for path, n in texts.items():  # a file read in parts: did any part have text?
         if n == 0 and path not in bad:
-            message = (f"{path}: no text (only blank lines, markup or control characters); "
+            message = (null_text_message(path, nulls[path]) if nulls.get(path) else
+                       f"{path}: no text (only blank lines, markup or control characters); "
                        "expected at least one document")
             if not job.skip_bad:
                 raise BertgpuError(message)
@@ -302,6 +323,9 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
         raise BertgpuError(f"{asked}: the corpus has {documents} documents and all of them were "
                            "held out, leaving no training data; expected fewer held out")
     counts = total_counts(splits, documents)
+    null_rows = sum(n for path, n in nulls.items() if path not in bad)
+    if null_rows:  # only then: the manifest of a corpus without nulls is as it was
+        counts["null_rows"] = null_rows
     by_docs = job.validation_docs is not None
     none = job.validation_docs == 0 if by_docs else job.fraction <= 0
     cut = sum(r["cut_documents"] for r in ordered)
@@ -381,7 +405,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     val.add_argument("--validation-docs", type=int, default=None,
                      help="hold out the first N documents instead")
     parser.add_argument("--seed", type=int, default=12345,
-                        help="seed of the split and the NSP choices")
+                        help="seed of the split and the NSP choices (default 12345)")
     parser.add_argument("--shard-size", type=int, default=65536,
                         help="sequences per shard file (default 65536)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
@@ -424,6 +448,10 @@ def main(args: argparse.Namespace) -> int:
           f"tokens (train {manifest['splits']['train']['sequences']}, validation "
           f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
           f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}")
+    if c.get("null_rows"):
+        n = c["null_rows"]
+        print(f"prepare: {n} null text{'s' if n != 1 else ''} skipped (a row whose text is null "
+              "is no document, in Parquet, Arrow and JSON Lines alike)")
     print(f"prepare: {split_summary(manifest)}")
     units, resumed = len(report["units"]), report["resumed"]
     print(f"prepare: {units} work units on the {args.engine} engine"

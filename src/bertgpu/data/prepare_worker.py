@@ -15,14 +15,17 @@ pieces from `split.nsp_pieces`, per pseudo-document (the consecutive pieces of o
 split in the chunk): per document a target length (seq_len-3, or with short_seq_prob a random
 shorter one), sentences accumulated into segments A and B, B replaced by a random span of
 another document of the chunk and split half of the time (nsp_label 1), ``[CLS] A [SEP] B
-[SEP]`` with token types 0/1. A chunk with a single document falls back to that document, as
-the original does after 10 misses (such rows are counted: ``same_document``, and `prepare`
-warns when they are many). The random generator is seeded from (seed, chunk index), so
-the rows do not depend on which process made them.
+[SEP]`` with token types 0/1. "Another document" is another corpus document: the pseudo-documents
+of a document that the validation split cut (its train sides around a held-out chunk, its
+held-out chunks) are never each other's random B. A chunk whose split holds pieces of a single
+document falls back to that document, as the original does after 10 misses (such rows are
+counted: ``same_document``, and `prepare` warns when they are many). The random generator is
+seeded from (seed, chunk index), so the rows do not depend on which process made them.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import NamedTuple
 
 import numpy as np
@@ -31,6 +34,13 @@ from bertgpu.data.corpus import convert_items
 from bertgpu.data.segment import load_segmenter, word_start_flags
 
 _STATE: dict = {}
+RANDOM_CAUSES = ("same_document", "one_sentence_document", "sentence_fills_target",
+                 "last_sentence")
+"""Counts of random-B rows in a chunk's result: whose B had to come from A's own document (the
+chunk's split held no other); and of the rows whose A is one sentence, for which BERT's recipe
+has no B that follows (always random), why: its document is that one sentence, the sentence
+alone reached the target length (``seq_len - 3``, or a short target), or it is the last
+sentence of its document, left over after the segment before."""
 
 
 class Encoded(NamedTuple):
@@ -120,7 +130,8 @@ def nsp_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for split, flag in (("train", False), ("validation", True)):
         docs: list[list[list[int]]] = []
-        for k, (tokens, bounds, flags, _, joins, is_val) in enumerate(pieces):
+        owners: list[int] = []  # the corpus document each pseudo-document is a run of
+        for k, (tokens, bounds, flags, _, joins, is_val, doc) in enumerate(pieces):
             if is_val != flag:
                 continue
             values = tokens.astype(np.int64) * 2 + flags if flags is not None else tokens
@@ -129,26 +140,32 @@ def nsp_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
                 docs[-1].extend(sentences)
             else:
                 docs.append(sentences)
-        out[split] = _nsp_rows(docs, rng)
+                owners.append(doc)
+        out[split] = _nsp_rows(docs, owners, rng)
     return out
 
 
-def _nsp_rows(docs: list[list[list[int]]], rng: np.random.Generator) -> dict:
+def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Generator) -> dict:
     """Sentence-pair rows of a chunk (BERT's create_instances_from_document, once per document).
 
+    ``owners``: the corpus document of each of ``docs``, in corpus order (non-decreasing).
     With a segmenter each token travels as ``id * 2 + word_start`` through the pairing (which
     only moves tokens around) and is split again when the rows are written.
     """
     # control characters have no tokens
-    tokenized = [sents for sents in ([s for s in d if s] for d in docs) if sents]
+    kept = [([s for s in d if s], owner) for d, owner in zip(docs, owners, strict=True)]
+    kept = [(sents, owner) for sents, owner in kept if sents]
+    tokenized = [sents for sents, _ in kept]
+    owned = [owner for _, owner in kept]
     pairs: list[tuple[list[int], list[int], int]] = []
+    counts = dict.fromkeys(RANDOM_CAUSES, 0)
     for d in range(len(tokenized)):
-        pairs.extend(_document_pairs(tokenized, d, rng, _STATE["seq_len"] - 3,
-                                     _STATE["short_seq_prob"]))
+        # A document's pseudo-documents are consecutive (pieces come in corpus order).
+        own = (bisect.bisect_left(owned, owned[d]), bisect.bisect_right(owned, owned[d]))
+        pairs.extend(_document_pairs(tokenized, d, own, rng, _STATE["seq_len"] - 3,
+                                     _STATE["short_seq_prob"], counts))
     rows = _rows(pairs, _STATE["seq_len"])
-    # A random B comes from another document; a chunk (of one split) with a single document has
-    # none, and its random Bs come from A's own document: counted, so the driver can say so.
-    rows["same_document"] = int(rows["labels"].sum()) if len(tokenized) == 1 else 0
+    rows.update(counts)
     return rows
 
 
@@ -175,10 +192,12 @@ def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
 
 
 def _document_pairs(
-    docs: list[list[list[int]]], d: int, rng: np.random.Generator, max_tokens: int,
-    short_seq_prob: float
+    docs: list[list[list[int]]], d: int, own: tuple[int, int], rng: np.random.Generator,
+    max_tokens: int, short_seq_prob: float, counts: dict[str, int]
 ) -> list[tuple[list[int], list[int], int]]:
-    """(A, B, nsp_label) pairs from document d; the random B comes from another of ``docs``."""
+    """(A, B, nsp_label) pairs from document d; the random B comes from another of ``docs``
+    outside ``own`` (the ``[first, end)`` of the pseudo-documents of d's corpus document) when
+    there is one. ``counts`` (`RANDOM_CAUSES`) adds up why random rows were random."""
     document = docs[d]
     target = max_tokens
     if rng.random() < short_seq_prob:
@@ -195,7 +214,14 @@ def _document_pairs(
             a = [t for s in chunk[:a_end] for t in s]
             if len(chunk) == 1 or rng.random() < 0.5:
                 label = 1
-                other = docs[_other_document(len(docs), d, rng)]
+                if len(chunk) == 1:  # no B can follow: why, for the driver's warning
+                    cause = ("one_sentence_document" if len(document) == 1
+                             else "sentence_fills_target" if length >= target
+                             else "last_sentence")
+                    counts[cause] += 1
+                pick = _other_document(len(docs), d, own, rng)
+                counts["same_document"] += own[0] <= pick < own[1]
+                other = docs[pick]
                 b: list[int] = []
                 for j in range(int(rng.integers(0, len(other))), len(other)):
                     b.extend(other[j])
@@ -213,11 +239,20 @@ def _document_pairs(
     return pairs
 
 
-def _other_document(n: int, d: int, rng: np.random.Generator) -> int:
+def _other_document(n: int, d: int, own: tuple[int, int], rng: np.random.Generator) -> int:
+    """A random one of ``n`` pseudo-documents outside ``own`` (d's corpus document), uniform;
+    with none, another of d's (BERT's fallback), or d itself when it is alone.
+
+    When every document is whole (``own`` is ``(d, d + 1)``) this is the draw it always was, so
+    the rows of such corpora did not change when documents got their identity.
+    """
     if n == 1:
         return d
-    r = int(rng.integers(0, n - 1))
-    return r if r < d else r + 1  # uniform over the other n-1 documents
+    lo, hi = own
+    if hi - lo == n:  # only pieces of d's document: any other of them
+        lo, hi = d, d + 1
+    r = int(rng.integers(0, n - (hi - lo)))
+    return r if r < lo else r + (hi - lo)
 
 
 def _truncate_pair(a: list[int], b: list[int], max_tokens: int,

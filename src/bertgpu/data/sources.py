@@ -31,6 +31,20 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DATASET_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 # ... and the empty marker Spark writes beside its part-NNNNN files (its .crc files are hidden).
 NOT_CORPUS = DATASET_METADATA | {"_SUCCESS"}
+# The files a dataset's repository keeps beside its data to describe it: a Hugging Face dataset
+# card (README.md, whose YAML front matter became the first training row), LICENSE, CITATION.cff,
+# ... Skipped inside folders by name alone, in any case and with any extension or suffix after
+# ".", "-" or "_" (README_zh.md, LICENSE-MIT), so the rule does not depend on what else is there.
+REPO_FILES = re.compile(r"(readme|licen[cs]e|copying|citation|notice|changelog)([._-].*)?",
+                        re.IGNORECASE)
+SKIPPED_IN_FOLDERS = ("hidden files, README/LICENSE/CITATION/COPYING/NOTICE/CHANGELOG files and "
+                      "dataset metadata (dataset_info.json, state.json, _SUCCESS) are not read")
+
+
+def not_corpus(name: str) -> bool:
+    """Whether a file of this name inside a corpus folder is left out (see REPO_FILES): hidden,
+    a saved dataset's metadata, Spark's marker, or a repository's description of its data."""
+    return name.startswith(".") or name in NOT_CORPUS or REPO_FILES.fullmatch(name) is not None
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -123,9 +137,11 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     """Expand files, folders (recursively) and glob patterns into a sorted, duplicate-free list.
 
     The order is deterministic (sorted within each argument, arguments in the order given) so
-    that the same command always produces the same documents in the same order. Hidden files
-    (names starting with ``.``), a saved dataset's metadata files and Spark's ``_SUCCESS`` inside
-    folders are ignored. Symbolic links to folders are followed (each folder read once).
+    that the same command always produces the same documents in the same order. Inside folders,
+    hidden files (names starting with ``.``), a saved dataset's metadata files, Spark's
+    ``_SUCCESS`` and a repository's README, LICENSE, ... (`not_corpus`) are ignored; a file named
+    on the command line, or matched by a pattern, is always read. Symbolic links to folders are
+    followed (each folder read once).
     A broken symbolic link found in a folder or by a pattern is an error, or with ``skipped``
     (--skip-bad) left out and recorded there as (path, reason).
     Local inputs come back as Paths, URLs as URL strings (``memory:///corpus/a.jsonl``).
@@ -155,7 +171,8 @@ def _resolve_local(text: str, broken: list[Path]) -> list[Source]:
     if p.is_dir():
         found = sorted(_walk_files(p, broken))
         if not found and not broken:
-            raise BertgpuError(f"{text}: folder contains no files; expected corpus files")
+            raise BertgpuError(f"{text}: folder contains no corpus files ({SKIPPED_IN_FOLDERS}); "
+                               "expected corpus files")
         return found
     if p.is_file():
         return [p]
@@ -187,7 +204,7 @@ def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
         dirnames[:] = sorted((d for d in dirnames if not d.startswith(".")),
                              key=lambda d: (os.path.islink(os.path.join(dirpath, d)), d))
         for name in filenames:
-            if name.startswith(".") or name in NOT_CORPUS:
+            if not_corpus(name):
                 continue
             path = Path(dirpath) / name
             if path.is_symlink() and not path.exists():
@@ -198,7 +215,7 @@ def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
 
 def _hidden(rel: str) -> bool:
     parts = rel.strip("/").split("/")
-    return any(p.startswith(".") for p in parts) or parts[-1] in NOT_CORPUS
+    return any(p.startswith(".") for p in parts) or not_corpus(parts[-1])
 
 
 def _resolve_url(url: str) -> list[Source]:
@@ -213,7 +230,8 @@ def _resolve_url(url: str) -> list[Source]:
             root = path.rstrip("/")
             found = sorted(p for p in fs.find(path) if not _hidden(p[len(root):]))
             if not found:
-                raise BertgpuError(f"{url}: folder contains no files; expected corpus files")
+                raise BertgpuError(f"{url}: folder contains no corpus files "
+                                   f"({SKIPPED_IN_FOLDERS}); expected corpus files")
         elif fs.isfile(path):
             found = [path]
         else:

@@ -182,19 +182,25 @@ def _decided(plan: SplitPlan, run: _Run) -> tuple[bool, np.ndarray, np.ndarray |
 
 
 def nsp_pieces(parts: Iterable[tuple], plan: SplitPlan) -> Iterator[tuple]:
-    """Pieces ``(tokens, bounds, word_starts, chars, joins, is_validation)`` of each unit, in order.
+    """Pieces ``(tokens, bounds, word_starts, chars, joins, is_validation, document)`` of each
+    unit, in order.
 
     mlm+nsp units are cut between sentences; ``bounds`` holds each sentence's end in ``tokens``
     and ``chars`` the piece's characters. A piece after the first of a unit ``joins`` it.
+    ``document`` numbers the documents of the stream: the sides of a document cut by the split
+    are separate runs of sentences (a next sentence never spans a held-out chunk) but still one
+    document, which a random next segment must not come from (`prepare_worker`).
     """
     unit: list[tuple] = []  # (tokens, word_starts, chars) per sentence
     size = 0
+    doc = -1
     for enc, new_doc in parts:
         if new_doc:
             if unit:
-                yield from _nsp_unit(plan, unit, size)
+                yield from _nsp_unit(plan, unit, size, doc)
                 unit, size = [], 0
             plan.new_document()
+            doc += 1
         start = 0
         for end, chars in zip(enc.bounds.tolist(), enc.chars.tolist(), strict=True):
             flags = None if enc.word_starts is None else enc.word_starts[start:end]
@@ -202,14 +208,14 @@ def nsp_pieces(parts: Iterable[tuple], plan: SplitPlan) -> Iterator[tuple]:
             size += end - start
             start = end
             if size >= plan.limit:
-                yield from _nsp_unit(plan, unit, size)
+                yield from _nsp_unit(plan, unit, size, doc)
                 unit, size = [], 0
     if unit:
-        yield from _nsp_unit(plan, unit, size)
+        yield from _nsp_unit(plan, unit, size, doc)
     plan.new_document()
 
 
-def _nsp_unit(plan: SplitPlan, sentences: list[tuple], size: int) -> Iterator[tuple]:
+def _nsp_unit(plan: SplitPlan, sentences: list[tuple], size: int, doc: int) -> Iterator[tuple]:
     is_val, joins = plan.assign(size)
     piece: list[tuple] = []
     tokens = 0
@@ -220,5 +226,5 @@ def _nsp_unit(plan: SplitPlan, sentences: list[tuple], size: int) -> Iterator[tu
             lengths = [len(s[0]) for s in piece]
             flags = np.concatenate([s[1] for s in piece]) if piece[0][1] is not None else None
             yield (np.concatenate([s[0] for s in piece]), np.cumsum(lengths, dtype=np.int64), flags,
-                   sum(s[2] for s in piece), joins, is_val)
+                   sum(s[2] for s in piece), joins, is_val, doc)
             piece, tokens, joins = [], 0, True

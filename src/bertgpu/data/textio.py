@@ -1,223 +1,24 @@
-"""Reading raw text: files opened with on-the-fly decompression, UTF-8 lines in bounded pieces,
-the lines of a byte range of a large file, and the sentence splitter every corpus format shares.
+"""Reading raw text: UTF-8 lines in bounded pieces, the lines of a byte range of a large file,
+and the sentence splitter every corpus format shares.
 
     with open_binary(Path("news.txt.gz")) as f:
         for lineno, text, ends_line in decoded_lines(path, f, piece_bytes=1 << 20):
             ...  # a line longer than 1 MiB arrives in pieces; ends_line marks its last one
 
-Compression (gzip, bzip2, zstd) is detected by the file's first bytes and its suffix (.gz, .bz2,
-.zst): a compressed file named like a plain one is still read, and a file named .gz that is not
-a gzip stream is an error. Bad bytes raise ``BertgpuError`` naming the file, the line and the
-byte offset; a corrupt or truncated compressed stream names the file (`read_errors`; zstd's
-truncation is found by `ZstdFrames`, since zstandard's reader ends quietly).
+Bad bytes raise ``BertgpuError`` naming the file, the line and the byte offset. Files are
+opened, and decompressed on the fly, by `compressed.open_binary`.
 """
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import json
 import re
-import sys
 import unicodedata
-import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from bertgpu.data.sources import Source, name_of, open_raw
+from bertgpu.data.sources import Source
 from bertgpu.errors import BertgpuError
-
-SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd"}
-_BZ2_BLOCKS = (b"1AY&SY", b"\x17rE8P\x90")  # after "BZh1".."BZh9": a block, or the empty stream
-
-
-def compression_suffix(name: str) -> str | None:
-    """The compression suffix a file name ends with (".gz", ...), or None."""
-    lower = name.lower()
-    return next((s for s in SUFFIXES if lower.endswith(s)), None)
-
-
-def sniff_compression(head: bytes) -> str | None:
-    """"gzip", "bz2" or "zstd" from a stream's first 10 bytes, or None for anything else."""
-    if head[:3] == b"\x1f\x8b\x08":
-        return "gzip"
-    if head[:4] == b"\x28\xb5\x2f\xfd":
-        return "zstd"
-    if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:10] in _BZ2_BLOCKS:
-        return "bz2"
-    return None
-
-
-def compression_of(src: Source, head: bytes) -> str | None:
-    """The file's compression from its first bytes, checked against its suffix."""
-    found = sniff_compression(head)
-    suffix = compression_suffix(name_of(src))
-    if suffix is not None and found is None:
-        raise BertgpuError(f"{src}: named {suffix} but not a {SUFFIXES[suffix]} stream (it starts "
-                           f"with {head[:4]!r}); expected a {SUFFIXES[suffix]} file")
-    return found
-
-
-def _peek(raw: BinaryIO, n: int) -> bytes:
-    if hasattr(raw, "peek"):
-        return raw.peek(n)[:n]
-    if raw.seekable():
-        head = raw.read(n)
-        raw.seek(0)
-        return head
-    return b""  # a stream that cannot look ahead: decided by the suffix alone
-
-
-def read_errors() -> tuple[type[BaseException], ...]:
-    """What reading a damaged file raises: OS errors, truncated streams (EOFError), zlib's and
-    zstandard's own errors (neither is an OSError)."""
-    errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
-    zstd = sys.modules.get("zstandard")
-    return errors + (zstd.ZstdError,) if zstd is not None else errors
-
-
-class _Decompressed(io.BufferedReader):
-    """A decompressing reader that also closes the stored file under it."""
-
-    def __init__(self, reader, raw: BinaryIO) -> None:
-        super().__init__(reader, buffer_size=1 << 16)
-        self._under = raw
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._under.close()
-
-
-_ZSTD_MAGIC = 0xFD2FB528
-_SKIPPABLE = 0x184D2A50  # ... to 0x184D2A5F: a skippable frame (4-byte size, then its bytes)
-
-
-class ZstdFrames(io.RawIOBase):
-    """The stored bytes of a zstd file, passed through unchanged while their frame structure is
-    followed, so that a stream cut short is an error (EOFError, like gzip's and bz2's).
-
-    zstandard's stream reader ends quietly where the bytes end, even inside a frame: a file cut
-    at 70% gave the first 69% of its text. Here each frame's header, block headers (3 bytes:
-    last-block flag, type, size) and checksum are walked as the bytes go by (RFC 8878 section
-    3.1), which costs a few operations per block of up to 128 KiB; at the end of the file the
-    walk must stand between frames, after at least one.
-    """
-
-    def __init__(self, raw: BinaryIO) -> None:
-        super().__init__()
-        self.raw = raw
-        self.pos = 0  # bytes passed on
-        self.frames = 0  # frames begun
-        self.want = 4  # bytes of the next header field to gather into `head` ...
-        self.head = b""
-        self.skip = 0  # ... after skipping this many bytes of content
-        self.state = "magic"
-        self.flags = 0  # the frame header descriptor of the current frame
-        self.known = True  # False after bytes that are not a frame: left to the decompressor
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.raw.read(len(buffer))
-        if not data:
-            self._check_end()
-            return 0
-        n = len(data)
-        buffer[:n] = data
-        if self.known:
-            self._walk(memoryview(data))
-        self.pos += n
-        return n
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def close(self) -> None:
-        try:
-            self.raw.close()
-        finally:
-            super().close()
-
-    def _walk(self, data: memoryview) -> None:
-        i, n = 0, len(data)
-        while i < n:
-            if self.skip:
-                step = min(self.skip, n - i)
-                self.skip -= step
-                i += step
-                continue
-            step = min(self.want - len(self.head), n - i)
-            self.head += bytes(data[i : i + step])
-            i += step
-            if len(self.head) == self.want:
-                field, self.head = self.head, b""
-                self._field(field)
-                if not self.known:
-                    return
-
-    def _field(self, field: bytes) -> None:
-        """The next field of the walk is complete: decide what follows it."""
-        value = int.from_bytes(field, "little")
-        if self.state == "magic":
-            if value == _ZSTD_MAGIC:
-                self.state, self.want = "descriptor", 1
-            elif value & 0xFFFFFFF0 == _SKIPPABLE:
-                self.state, self.want = "skippable", 4
-            else:
-                self.known = False  # not a frame: the decompressor reports it
-                return
-            self.frames += 1
-        elif self.state == "skippable":
-            self.state, self.want, self.skip = "magic", 4, value
-        elif self.state == "descriptor":
-            self.flags = value
-            single = value >> 5 & 1
-            content_size = (single, 2, 4, 8)[value >> 6]
-            self.state, self.want = "block", 3
-            self.skip = (1 - single) + (0, 1, 2, 4)[value & 3] + content_size
-        elif self.state == "block":
-            last, kind, size = value & 1, value >> 1 & 3, value >> 3
-            self.skip = 1 if kind == 1 else size  # an RLE block stores one byte
-            if last:
-                self.state, self.want = "magic", 4
-                self.skip += 4 if self.flags >> 2 & 1 else 0  # the content checksum
-
-    def _check_end(self) -> None:
-        between = self.state == "magic" and not self.head and not self.skip
-        if self.known and not (between and self.frames):
-            raise EOFError(f"truncated zstd stream: the file ends at byte {self.pos}, inside "
-                           f"frame {self.frames}; expected a complete zstd file")
-
-
-def open_binary(src: Source) -> BinaryIO:
-    """Open a file for streaming bytes, decompressing gzip / bzip2 / zstd on the fly."""
-    raw = open_raw(src)
-    try:
-        kind = compression_of(src, _peek(raw, 10))
-        if kind is None and compression_suffix(name_of(src)) is None:
-            return raw
-        kind = kind or SUFFIXES[compression_suffix(name_of(src))]  # type: ignore[index]
-        if kind == "gzip":
-            return _Decompressed(gzip.GzipFile(fileobj=raw, mode="rb"), raw)
-        if kind == "bz2":
-            return _Decompressed(bz2.BZ2File(raw, "rb"), raw)
-        try:
-            import zstandard
-        except ImportError:
-            raise BertgpuError(f"{src}: zstd-compressed; reading it needs zstandard, expected "
-                               "`pip install 'bertgpu[zstd]'`") from None
-        framed = ZstdFrames(raw)
-        reader = zstandard.ZstdDecompressor().stream_reader(framed, read_across_frames=True,
-                                                            closefd=False)
-        return _Decompressed(reader, framed)
-    except BaseException:
-        raw.close()
-        raise
-
 
 CJK_IDEOGRAPHS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
                   "\U0002a700-\U0002b73f\U0002b740-\U0002b81f\U0002b820-\U0002ceaf"

@@ -7,9 +7,9 @@ its shards, and last its record.
 
 The shards of unit u are ``train-UUUUU-KKKKK`` and ``validation-UUUUU-KKKKK``; the record
 (`output.WorkFolder.write_record`) holds what the manifest needs: the shards and counts per split,
-documents, files read and skipped, how the split was cut, and each piece's sha256. Everything in
-a unit depends on the unit's text and the job alone, so any engine, any worker count and any
-order of completion give the same bytes.
+documents, files read and skipped, rows of null text skipped, how the split was cut, and each
+piece's sha256. Everything in a unit depends on the unit's text and the job alone, so any engine,
+any worker count and any order of completion give the same bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from bertgpu.data import pipeline
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
 from bertgpu.data.output import WorkFolder
+from bertgpu.data.prepare_worker import RANDOM_CAUSES
 from bertgpu.data.sources import filesystem, local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
 from bertgpu.data.units import Unit
@@ -133,6 +134,7 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
         "skipped": [[named.get(path, path), _renamed(reason, path, named.get(path, path))]
                     for path, reason in stats.skipped],
         "slices": {named.get(path, path): n for path, n in stats.slices.items()},
+        "nulls": {named.get(path, path): n for path, n in stats.nulls.items()},
         "cut_documents": plan.cut_documents,
         "bytes": unit.bytes,
         "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
@@ -197,8 +199,10 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
            unit: int, progress: Progress | None) -> dict[str, int]:
     """The pipeline's results into shards: mlm units through the packers, mlm+nsp rows directly.
     Returns what the driver's warnings need: ``unk_tokens`` (the tokenizer's [UNK] among the
-    text's tokens), and for mlm+nsp ``nsp_random`` (rows labelled 1) and ``nsp_same_document``
-    (of those, rows whose B had to come from A's own document: a chunk with one document)."""
+    text's tokens), and for mlm+nsp ``nsp_random`` (rows labelled 1) and, of those,
+    ``nsp_same_document`` (rows whose B had to come from A's own document: a chunk with pieces
+    of one document) and the causes of the rows random because A is one sentence
+    (``nsp_one_sentence_document``, ...: `prepare_worker.RANDOM_CAUSES`)."""
     special = job.settings
     packers = {s: Packer(writers[s], special["seq_len"], special["cls"], special["sep"])
                for s in SPLITS}
@@ -206,7 +210,7 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
     tokens = 0
     counts = {"unk_tokens": 0}
     if job.nsp:
-        counts.update(nsp_random=0, nsp_same_document=0)
+        counts.update({"nsp_random": 0, **{f"nsp_{c}": 0 for c in RANDOM_CAUSES}})
     for result in results:
         if job.nsp:
             for split, part in result.items():
@@ -215,7 +219,8 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
                                     "word_starts": part["word_starts"]})
                 tokens += int(part["lengths"].sum())
                 counts["nsp_random"] += int(part["labels"].sum())
-                counts["nsp_same_document"] += part["same_document"]
+                for cause in RANDOM_CAUSES:
+                    counts[f"nsp_{cause}"] += part[cause]
                 if unk is not None:
                     counts["unk_tokens"] += int(np.count_nonzero(part["ids"] == unk))
         else:

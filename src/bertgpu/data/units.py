@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from bertgpu.data.columnar import parquet_row_groups
+from bertgpu.data.compressed import compression_of
 from bertgpu.data.corpus import LINE_FORMATS, Piece, detect_format
 from bertgpu.data.sources import Source, file_size, file_version, open_raw
-from bertgpu.data.textio import compression_of
 from bertgpu.errors import BertgpuError
 
 UNIT_BYTES = 64 << 20
