@@ -236,6 +236,25 @@ def test_the_launchers_own_traceback_for_a_stop_signal_is_left_out(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_stop_is_said_once_under_nproc(monkeypatch, capsys):
+    """SIGTERM to `--nproc 2`: the worker's line ("SIGTERM: wrote a preemption checkpoint of
+    step 11; re-running the same command resumes from step 11 (...)") was followed by the
+    launcher's own "stopped by SIGTERM; re-running ..." saying it again. The launcher's line
+    stays for a stop that no worker reported (a worker killed before its run began)."""
+    import signal
+
+    from bertgpu.train import launcher
+
+    said = "bertgpu pretrain: SIGTERM: wrote a preemption checkpoint of step 11 in 0.1 s; " \
+           "re-running the same command resumes from step 11 (np/checkpoints/step_11)\n"
+    for tail, shown in (([said], False), (["W1127 Received 15 death signal\n"], True)):
+        monkeypatch.setattr(launcher, "_launch_once",
+                            lambda n, argv, attempt, tail=tail: (1, tail, [signal.SIGTERM]))
+        assert launcher.launch_local(2, ["pretrain"], resume_hint=lambda: "hint") == 143
+        err = capsys.readouterr().err
+        assert (err == "bertgpu pretrain: stopped by SIGTERM; hint\n") if shown else err == "", err
+
+
 def test_workers_share_the_cores_without_torchruns_banner(monkeypatch, capfd):
     """With no OMP_NUM_THREADS, torch's launcher set 1 per worker and printed a five-line banner
     about it on every `--nproc` run; the workers now get the machine's cores shared among them,

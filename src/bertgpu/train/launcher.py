@@ -60,8 +60,9 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
         hint = ((resume_hint() if resume_hint else None)
                 or "re-running the same command resumes from its newest checkpoint")
         if received:
-            print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
-                  file=sys.stderr, flush=True)
+            if not _said_stop(tail, name):  # a worker's line already said how the run stopped
+                print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
+                      file=sys.stderr, flush=True)
             return 128 + received[0]
         if failure_exit_code(tail) == USER_ERROR_EXIT:
             # bad input: the worker's one-line error says it all, and a restart would meet it again
@@ -73,6 +74,14 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
             continue
         print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
     return rc
+
+
+def _said_stop(lines: list[str], name: str) -> bool:
+    """A worker printed the run's stop line (train/preemption.py: "bertgpu pretrain: SIGTERM:
+    wrote a preemption checkpoint ...; re-running ...", or "...: second SIGTERM: ..."), which
+    names the checkpoint a re-run resumes from: the launcher's own line would repeat it."""
+    said = re.compile(rf"^{re.escape(name)}: (second )?SIG[A-Z0-9]+: ")
+    return any(said.match(line) for line in lines)
 
 
 def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
