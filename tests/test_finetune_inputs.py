@@ -86,6 +86,43 @@ def test_squad_default_length_is_capped_at_the_model_positions(tmp_path, capsys)
     assert "doc stride" in shown
 
 
+def test_a_doc_stride_given_is_used_or_refused_and_recorded(tmp_path, capsys, monkeypatch):
+    """The probe's `finetune squad --doc_stride 100` from a 128-position model: SQuAD's 384
+    tokens are capped at 128, whose windows hold 61 context tokens, and the 100 asked for was
+    replaced by 30 without a word while results.json said 100. A value given is now used or
+    refused in one line before anything loads; results.json's `doc_stride` is the one used."""
+    from bertgpu.cli import main
+
+    init = bert_init(tmp_path)
+    out = tmp_path / "squad"
+    files = {"train_file": SQUAD_V1, "dev_file": SQUAD_V1}
+    loads = []
+    with monkeypatch.context() as m:
+        m.setattr("bertgpu.finetune.build_model", lambda *a, **k: loads.append(a))
+        with pytest.raises(BertgpuError) as err:
+            finetune("squad", None, init, out, overrides=[*QUICK, "--doc_stride", "100"], **files)
+    assert str(err.value) == ("--doc_stride 100: not below the 61 context tokens of a window "
+                              "(max_seq_len 128 - max_query_len 64 - 3 for [CLS] [SEP] [SEP]); "
+                              "expected at most 60, or no --doc_stride (the default fits the "
+                              "window)")
+    assert not loads and leaves_nothing(out)
+    # the command line refuses it before any worker starts (--nproc)
+    assert main(["finetune", "squad", "--train-file", str(SQUAD_V1), "--dev-file", str(SQUAD_V1),
+                 "--init", str(init), "--out", str(out), "--doc_stride", "100"]) == 2
+    assert "--doc_stride 100: not below the 61" in capsys.readouterr().err
+    assert leaves_nothing(out)
+
+    res = finetune("squad", None, init, out, overrides=[*QUICK, "--doc_stride", "20"], **files)
+    assert res["max_seq_len"] == 128 and res["doc_stride"] == 20 == res["config"]["doc_stride"]
+    assert re.search(r"max sequence length +128 \(.*\), doc stride 20\n", capsys.readouterr().out)
+    res = finetune("squad", None, init, tmp_path / "squad2", overrides=QUICK, **files)
+    assert res["doc_stride"] == 30 and res["config"]["doc_stride"] is None
+    assert "doc stride 30 (half a window: the default 128 does not fit 128 tokens with 64-token " \
+        "questions)" in capsys.readouterr().out
+    # tasks without windows record none
+    assert "doc_stride" not in finetune("rte", GLUE, init, tmp_path / "rte", overrides=QUICK)
+
+
 def test_a_longer_max_seq_len_than_the_model_positions_is_refused_up_front(tmp_path, monkeypatch):
     init = bert_init(tmp_path)
     out = tmp_path / "ft"

@@ -218,20 +218,32 @@ def test_windows_too_short_for_the_question_say_to_raise_max_seq_len(tok: Tokeni
 
 
 def test_doc_stride_fits_the_windows_of_a_capped_default_length() -> None:
-    """doc_stride 128 (run_qa.py's, for 384 tokens) unless the default max_seq_len, capped at
-    the model's positions, leaves shorter windows after the longest question: then half a
-    window. A max_seq_len given keeps doc_stride as given (featurize's error if it does not
-    fit)."""
+    """doc_stride not given: 128 (run_qa.py's, for 384 tokens) unless the window after the
+    longest question is not longer (the default max_seq_len capped at the model's positions, or
+    a shorter max_seq_len given): then half a window. A doc_stride given is used as given, or
+    refused in one line when it does not fit: it used to be replaced by half a window without a
+    word (--doc_stride 61 became 30)."""
     from bertgpu.config.finetune import doc_stride, job_config, load_finetune_config
 
     cfg = load_finetune_config()
+    assert cfg.doc_stride is None  # the default, told apart from a 128 given
     assert doc_stride(cfg, 384) == 128 and doc_stride(cfg, 128) == (128 - 64 - 3) // 2
     assert doc_stride(cfg, 16) == 1
     assert job_config(cfg, 128).doc_stride == 30 and job_config(cfg, 128).max_seq_len == 128
     given = load_finetune_config(None, ["--max_seq_len", "128"])
-    assert doc_stride(given, 128) == 128 and job_config(given, 128).doc_stride == 128
-    assert doc_stride(load_finetune_config(None, ["--doc_stride", "61"]), 128) == 30
+    assert doc_stride(given, 128) == 30 and job_config(given, 128).doc_stride == 30
+    for value in ("61", "128"):
+        with pytest.raises(BertgpuError) as err:
+            doc_stride(load_finetune_config(None, ["--doc_stride", value]), 128)
+        assert str(err.value) == (f"--doc_stride {value}: not below the 61 context tokens of a "
+                                  "window (max_seq_len 128 - max_query_len 64 - 3 for [CLS] [SEP] "
+                                  "[SEP]); expected at most 60, or no --doc_stride (the default "
+                                  "fits the window)")
     assert doc_stride(load_finetune_config(None, ["--doc_stride", "60"]), 128) == 60
+    assert doc_stride(load_finetune_config(None, ["--doc_stride", "128"]), 384) == 128
+    # Only a task cut into windows checks it: a GLUE run does not use it.
+    glue = job_config(load_finetune_config(None, ["--doc_stride", "100"]), 128, windows=False)
+    assert glue.doc_stride == 100
 
 
 # --------------------------------------------------------------------------------------------

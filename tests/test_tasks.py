@@ -245,3 +245,47 @@ def test_malformed_rows_name_the_flag_that_skips_them(tmp_path: Path) -> None:
     with pytest.raises(BertgpuError, match=r"test\.tsv:3: 2 columns, expected 3 .*a test file "
                                            "must keep every row"):
         read_examples("qqp", test)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".csv"])
+def test_a_null_text_in_a_huggingface_export_is_a_malformed_row(tmp_path: Path,
+                                                                suffix: str) -> None:
+    """A null text (a short row of the TSV an export was made from) became the text "None" and
+    was trained and scored on without a word. It is now a malformed row, as a short TSV row is:
+    a one-line error naming the file, row and column, or skipped with --skip_malformed."""
+    rows = [{"question1": "how do i learn python ?",
+             "question2": None if i == 3 else "what is python ?", "label": i % 2, "idx": i}
+            for i in range(6)]
+    path = tmp_path / "qqp" / f"train{suffix}"
+    path.parent.mkdir()
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        where = "row 3"
+    elif suffix == ".csv":  # a row cut short: DictReader fills the missing cell with None
+        path.write_text("question1,question2,label,idx\n" + "".join(
+            f"{r['question1']},{r['question2']},{r['label']},{r['idx']}\n" if r["question2"]
+            else f"{r['question1']}\n" for r in rows), encoding="utf-8")
+        where = "line 5"
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows), encoding="utf-8")
+        where = "item 3"
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        where = "line 4"
+    with pytest.raises(BertgpuError) as err:
+        read_examples("qqp", path)
+    assert str(err.value) == (f"{path}: {where}: null in text column 'question2', expected a "
+                              "string for GLUE QQP (pass --skip_malformed true to skip such rows)")
+    with pytest.warns(UserWarning, match=rf"train\{suffix}: skipped 1 malformed rows .*read 5$"):
+        ex = read_examples("qqp", path, skip_malformed=True)
+    assert [e.guid for e in ex] == ["0", "1", "2", "4", "5"]
+    assert all(e.text_b == "what is python ?" for e in ex)
+    # A test file keeps every row: the leaderboard wants a prediction for each.
+    test = path.with_name(f"test{suffix}")
+    path.rename(test)
+    with pytest.raises(BertgpuError, match=rf"{where}: null in text column 'question2'.*a test "
+                                           "file must keep every row"):
+        read_examples("qqp", test)

@@ -21,8 +21,10 @@ Overrides are the flat `FinetuneConfig` keys (config/finetune.py), `--epochs 3 -
 epochs default by model size (`finetune_config.finetune_defaults`); the start-up table and
 results.json's config say what was used. `--max_seq_len` defaults to the task's (128, SQuAD
 384) capped at the model's max_position_embeddings (results.json: `max_seq_len`, as used); a
-larger value is refused before anything loads. GLUE .tsv rows with the wrong number of columns
-stop the run unless `--skip_malformed true` (the official QQP train.tsv has a few).
+larger value is refused before anything loads. SQuAD's `--doc_stride` likewise: the default (128)
+is halved for windows too short for it, a value given that does not fit is refused
+(results.json: `doc_stride`, as used). GLUE .tsv rows with the wrong number of columns, and null
+texts in Hugging Face exports, stop the run unless `--skip_malformed true` (QQP has a few).
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and
@@ -32,6 +34,9 @@ label names go into the exported config.json.
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
 checkpoint folder, or a Hugging Face BERT folder with its tokenizer files; `random` builds the
 architecture of `--config-from FOLDER` with fresh weights (the "no pretraining" baseline).
+results.json's `init_checkpoint` records the folder loaded (a run's step_N, its step and sha256).
+An init's classifier of the task's size is kept when its labels are the task's (put in the task's
+order) or unnamed, else started fresh (tasks/init_model.py).
 
 This module wires parts built elsewhere: the job (the task's module, looked up by name in
 tasks/registry.py), the fine-tuning task (tasks/finetuning.py), the engine and the one training
@@ -68,6 +73,7 @@ from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
+from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
     FINETUNE_OUTPUT,
     check_out,
@@ -79,9 +85,12 @@ from bertgpu.tasks.finetune_output import (
 )
 from bertgpu.tasks.finetuning import JobRequest, data_digest
 from bertgpu.tasks.init_model import (
+    InitCheckpoint,
     build_model,
     find_tokenizer,
-    fresh_rows,
+    head_rows,
+    load_from,
+    resolve_init,
     sequence_length,
     tokenizer_for,
 )
@@ -126,10 +135,12 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     module.check_request(request)  # flag errors before the tokenizer loads
     init_s = str(init)
     tok_dir = tokenizer_for(init_s, config_from)
-    seq = sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, init_s, config_from)
-    job_cfg = job_config(cfg, seq[0])  # results.json keeps cfg as given
+    ckpt = resolve_init(init_s)
+    seq = sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, load_from(init_s, ckpt), config_from)
+    # results.json keeps cfg as given (and the stride used beside it)
+    job_cfg = job_config(cfg, seq[0], windows=module is squad_job)
     return _run(lambda tokenizer: module.build_job(request, tokenizer, job_cfg), init_s,
-                Path(out), cfg, tok_dir, config_from, seq)
+                Path(out), cfg, tok_dir, config_from, seq, ckpt)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -147,8 +158,9 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
     cfg = load_finetune_config(cfg, overrides)
     init_s = str(init)
     tok_dir = tokenizer_for(init_s, config_from)
-    seq = sequence_length(cfg, DEFAULT_MAX_SEQ_LEN, init_s, config_from)
-    job_cfg = job_config(cfg, seq[0])
+    ckpt = resolve_init(init_s)
+    seq = sequence_length(cfg, DEFAULT_MAX_SEQ_LEN, load_from(init_s, ckpt), config_from)
+    job_cfg = job_config(cfg, seq[0], windows=False)
 
     def job_fn(tokenizer: Any) -> tuple[Job, dict[str, Any]]:
         job = examples_job(t, list(train), [("dev", list(dev))], tokenizer, job_cfg,
@@ -157,7 +169,7 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
             job.name = name
         return job, {"data": "in-memory examples", "task_key": t.key, "kind": t.kind}
 
-    return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from, seq)
+    return _run(job_fn, init_s, Path(out), cfg, tok_dir, config_from, seq, ckpt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,20 +178,21 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
 
 def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
          cfg: FinetuneConfig, tok_dir: Path, config_from: Any,
-         seq: tuple[int, str]) -> dict[str, Any]:
+         seq: tuple[int, str], ckpt: InitCheckpoint | None) -> dict[str, Any]:
     from bertgpu.train import distributed
 
     t_start = time.perf_counter()
     with distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
-        return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, info, t_start)
+        return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, ckpt, info,
+                             t_start)
 
 
 def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
                   cfg: FinetuneConfig, tok_dir: Path, config_from: Any, seq: tuple[int, str],
-                  info: Any, t_start: float) -> dict[str, Any]:
+                  ckpt: InitCheckpoint | None, info: Any, t_start: float) -> dict[str, Any]:
     """The run itself: its model, engine and loop die with this frame, before the process group
     is torn down (distributed.process_group). `seq`: the tokens per sequence (`sequence_length`)
-    and its start-up note."""
+    and its start-up note; `ckpt`: the checkpoint `init` resolved to (None for random)."""
     from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.train import distributed
 
@@ -194,7 +207,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                            "BERT vocabulary)")
     job, extra = job_fn(tokenizer)
     load_data_s = time.perf_counter() - t_load
-    model = build_model(init, job.head, job.num_labels, cfg,
+    model = build_model(load_from(init, ckpt), job.head, job.num_labels, cfg,
                         str(config_from) if config_from else None, labels=job.labels)
     cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
     vocab = model.config.vocab_size
@@ -202,7 +215,9 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
         raise BertgpuError(f"{tok_dir}: the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                            f"the model's config.json says vocab_size {vocab}; expected the model's "
                            "own tokenizer")
+    # the checkpoint too: a resumed run must not record another than its weights came from
     identity = run_identity({"task": job.name, **extra, "init": init,
+                             "init_checkpoint": ckpt.record() if ckpt else None,
                              "config_from": str(config_from)},
                             config_to_dict(cfg), data_digest(job), info.world_size)
     if info.is_main:
@@ -210,7 +225,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     work = out.with_name(out.name + ".tmp")
     try:
         loop, task = _build_loop(job, model, cfg, info, pad_id, work, tok_dir, identity, init,
-                                 size_note, seq)
+                                 size_note, seq, ckpt)
         timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
         result = loop.run()
     except Exception:
@@ -223,14 +238,14 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
         results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir,
-                                 out, info, timing, seq[0])
+                                 out, info, timing, seq[0], ckpt)
     distributed.barrier()
     return results
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
                 tok_dir: Path, identity: str, init: str, size_note: str,
-                seq: tuple[int, str]) -> tuple[Any, Any]:
+                seq: tuple[int, str], ckpt: InitCheckpoint | None) -> tuple[Any, Any]:
     """The training loop of one fine-tuning run in `work` (OUT.tmp), resumed from its checkpoint
     when `work` holds one of the same run (`identity`), else started afresh. `cfg` is resolved
     (lr and epochs set); `size_note` says which of them were chosen by model size; `seq` the
@@ -238,7 +253,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     engine is built, so a failure before leaves no folder behind."""
     import torch
 
-    from bertgpu.config.finetune import as_sections, doc_stride
+    from bertgpu.config.finetune import as_sections, doc_stride_note
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_export import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
@@ -277,9 +292,11 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     seq_len, seq_note = seq
     seq_row = f"{seq_len}" + (f" ({seq_note})" if seq_note else "")
     if job.head == "qa":
-        seq_row += f", doc stride {doc_stride(cfg, seq_len)}"
+        seq_row += f", doc stride {doc_stride_note(cfg, seq_len)}"
     rows = [
-        ("task", job.name), ("init", init), ("train sequences", f"{len(job.train):,}"),
+        ("task", job.name), ("init", init),
+        *([("init checkpoint", ckpt.text())] if ckpt is not None else []),
+        ("train sequences", f"{len(job.train):,}"),
         ("eval", ", ".join(f"{e.name} {len(e.data):,}" for e in job.evals)),
         ("max sequence length", seq_row),
         ("global batch / micro / accumulation",
@@ -288,7 +305,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
                           f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
-        *(fresh_rows(model) if resume is None else []),  # else the head is the checkpoint's
+        *(head_rows(model) if resume is None else []),  # else the head is the checkpoint's
     ]
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
@@ -311,7 +328,8 @@ def _scaling_note(cfg: FinetuneConfig) -> str:
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any],
                    cfg: FinetuneConfig, init: str, config_from: Any, tok_dir: Path, out: Path,
-                   info: Any, timing: dict[str, float], max_seq_len: int) -> dict[str, Any]:
+                   info: Any, timing: dict[str, float], max_seq_len: int,
+                   ckpt: InitCheckpoint | None) -> dict[str, Any]:
     """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed).
 
     Times (rank 0, seconds): `seconds` the whole run in this process; `load_seconds` tokenizer,
@@ -322,6 +340,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     import torch
 
     from bertgpu import __version__
+    from bertgpu.config.finetune import doc_stride
 
     work = loop.run_dir
     for _split, data, write in job.predict_test:
@@ -335,6 +354,8 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
                for ev in job.evals if ev.column}
     results = {
         "task": job.name, **extra, "init": init,
+        # the weights it started from (a run folder's newest checkpoint when the run started)
+        "init_checkpoint": ckpt.record() if ckpt is not None else None,
         "config_from": str(config_from) if config_from else None,
         "tokenizer": str(tok_dir),
         "metrics": final["metrics"], "score": final["score"], "columns": columns,
@@ -342,6 +363,8 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
         "epochs": history,
         "config": config_to_dict(cfg),
         "max_seq_len": max_seq_len,  # as used (config's max_seq_len stays as given, none = default)
+        # SQuAD's window overlap as used, likewise (config's doc_stride as given)
+        **({"doc_stride": doc_stride(cfg, max_seq_len)} if job.head == "qa" else {}),
         "train_sequences": len(job.train),
         "eval_sequences": {e.name: len(e.data) for e in job.evals},
         "steps": loop.engine.step, "skipped_steps": loop.engine.skipped_steps,
@@ -441,8 +464,10 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
             predict_test=args.predict_test, text_field=args.text_field,
             text_pair_field=args.text_pair_field, label_field=args.label_field,
             regression=args.regression))
-        if args.init:  # --max_seq_len against the model's positions
-            sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, str(args.init), args.config_from)
+        if args.init:  # --max_seq_len (and SQuAD's --doc_stride) against the model's positions
+            seq = sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, str(args.init),
+                                  args.config_from)
+            job_config(cfg, seq[0], windows=module is squad_job)
 
 
 def resume_hint(args: argparse.Namespace) -> str | None:

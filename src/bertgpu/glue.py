@@ -24,10 +24,13 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.init_model import InitCheckpoint
 
 ACCEPTS_OVERRIDES = True
 LAUNCHES_WORKERS = True
@@ -124,10 +127,13 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     by a signal (its checkpoint kept: re-running the command resumes it; no table is written).
 
     Every task's files are found before the first run, and a finished run made with another init
-    or other settings is refused (the table would mix them under one protocol) unless --force."""
+    checkpoint or other settings is refused (the table would mix them under one protocol) unless
+    --force. A run folder's newest checkpoint is taken once, here: every run starts from it, even
+    when pretraining saves a newer one meanwhile."""
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
+    from bertgpu.tasks.init_model import load_from, resolve_init
     from bertgpu.train import distributed
 
     _check_out(out)
@@ -146,15 +152,16 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
             raise BertgpuError(f"--reference {name}: expected one of "
                                f"{', '.join(sorted(REFERENCES))}")
     out = Path(out)
+    ckpt = resolve_init(str(init))
 
-    # One process group for all runs; each run's DDP model is gone before it is torn down.
     present, skipped = _find_tasks(data_dir, chosen, skip_missing)
     if not force:  # before any training: a finished run of other settings stops the command
         for task in present:
             for seed in seeds:
                 done = out / task.name / f"seed_{seed}" / "results.json"
                 if done.is_file():
-                    _check_same_settings(done, _read_results(done), cfg, seed, init, config_from)
+                    _check_same_settings(done, _read_results(done), cfg, seed, init, config_from,
+                                         ckpt)
 
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
@@ -170,13 +177,15 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                               "to redo)",
                               flush=True)
                 else:
-                    result = finetune.finetune(task.key, data_dir, init, run_dir, cfg,
-                                               ["--seed", str(seed)], config_from=config_from)
+                    result = finetune.finetune(task.key, data_dir, load_from(str(init), ckpt),
+                                               run_dir, cfg, ["--seed", str(seed)],
+                                               config_from=config_from)
                     if result.get("preempted"):
                         return result  # its checkpoint is kept; the same command resumes it
                 distributed.barrier()  # rank 0 wrote results.json
                 runs[task.name][seed] = _read_results(done)
         summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped)
+        summary["init_checkpoint"] = ckpt.record() if ckpt is not None else None
         if distributed.is_main():
             write_table(summary, out)
         distributed.barrier()
@@ -215,14 +224,28 @@ def _find_tasks(data_dir: str | os.PathLike[str], chosen: list[Any],
 
 def _check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
                          init: str | os.PathLike[str],
-                         config_from: str | os.PathLike[str] | None) -> None:
-    """A finished run counts in this command's table only when it was made the same way."""
+                         config_from: str | os.PathLike[str] | None,
+                         ckpt: InitCheckpoint | None = None) -> None:
+    """A finished run counts in this command's table only when it was made the same way: from
+    the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
+    random), not merely the same --init, whose newest checkpoint moves while pretraining goes
+    on."""
+    from bertgpu.tasks.init_model import checkpoint_change
+
     differs = _config_differences(results, cfg, seed)
     then = (results.get("init"), results.get("config_from"))
     now = (str(init), str(config_from) if config_from else None)
-    for key, a, b in (("init", then[0], now[0]), ("config_from", then[1], now[1])):
-        if a != b:
-            differs = ", ".join(x for x in (f"{key} {a} (now {b})", differs) if x)
+    changes = []
+    if ckpt is None or then[0] == "random":
+        if then[0] != now[0]:
+            changes.append(f"init {then[0]} (now {now[0]})")
+    else:
+        change = checkpoint_change(results.get("init_checkpoint"), then[0], ckpt)
+        if change is not None:
+            changes.append(f"init {change}")
+    if then[1] != now[1]:
+        changes.append(f"config_from {then[1]} (now {now[1]})")
+    differs = ", ".join([*changes, differs] if differs else changes)
     if differs:
         raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
                            "pass --force to re-run it with this command's, or use another --out")
@@ -236,10 +259,13 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
     then = results.get("config", {})
     defaults = config_to_dict(type(cfg)())
     # lr / epochs left to the model size (None) were recorded as the run resolved them; a key
-    # newer than the run's results.json counts as its default.
+    # newer than the run's results.json counts as its default, and so does a default an older
+    # bertgpu recorded as its value (doc_stride 128, none now).
+    former = {"doc_stride": 128}
     return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
                      if then.get(k, defaults.get(k)) != v
-                     and not (v is None and k in ("lr", "epochs")))
+                     and not (v is None and k in ("lr", "epochs"))
+                     and not (v is None and k in former and then.get(k) == former[k]))
 
 
 def _median(values: list[float]) -> float:
@@ -306,6 +332,14 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
     }
 
 
+def _checkpoint_text(record: dict[str, Any] | None) -> str:
+    """" (checkpoint `PATH`, step N)": which weights every run of the table started from."""
+    if not record:
+        return ""
+    step = f", step {record['step']}" if record.get("step") is not None else ""
+    return f" (checkpoint `{record['path']}`{step})"
+
+
 def _fmt(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
 
@@ -317,7 +351,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# GLUE dev results",
         "",
-        f"Model: `{summary['init']}`",
+        f"Model: `{summary['init']}`" + _checkpoint_text(summary.get("init_checkpoint")),
         "",
         f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr "
         f"{'by model size' if p['lr'] is None else format(p['lr'], 'g')} ({p['decay']} decay, "

@@ -45,9 +45,10 @@ class FinetuneConfig:
     max_seq_len: int | None = option(None, "tokens per sequence, longer inputs truncated (none = "
                                            "128, SQuAD 384; at most the model's "
                                            "max_position_embeddings)")
-    doc_stride: int = option(128, "SQuAD: overlap in tokens of consecutive context windows "
-                                  "(lowered to half a window when the default max_seq_len, "
-                                  "capped at the model's positions, leaves shorter ones)")
+    doc_stride: int | None = option(None, "SQuAD: overlap in tokens of consecutive context "
+                                          "windows (none = 128, or half a window when the "
+                                          "windows are not longer; a value given must be below "
+                                          "max_seq_len - max_query_len - 3)")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
     epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for "
                                       "hidden size 768+, 5 up to 512, 10 up to 256)")
@@ -74,10 +75,10 @@ class FinetuneConfig:
                                             "use only the first N training examples (quick runs)")
     max_eval_examples: int | None = option(None,
                                            "evaluate on the first N examples of each dev split")
-    skip_malformed: bool = option(False, "GLUE .tsv files: skip rows with the wrong number of "
-                                         "columns (the official QQP train.tsv has a few; a "
-                                         "warning says how many) instead of stopping at the "
-                                         "first")
+    skip_malformed: bool = option(False, "GLUE files: skip rows with the wrong number of "
+                                         "columns (.tsv: the official QQP train.tsv has a few) "
+                                         "or a null text (Hugging Face exports; a warning says "
+                                         "how many) instead of stopping at the first")
     hidden_dropout_prob: float | None = option(None,
                                                "override the model's hidden dropout (none = keep)")
     log_every_steps: int = reuse(TrainSection, "log_every_steps")
@@ -173,23 +174,46 @@ def resolve_seq_len(cfg: FinetuneConfig, task_default: int, limit: int, where: s
     return task_default, "the task's default"
 
 
+DEFAULT_DOC_STRIDE = 128
+"""SQuAD's window overlap when --doc_stride is not given: Hugging Face run_qa.py's, for 384
+tokens per window."""
+
+
 def doc_stride(cfg: FinetuneConfig, max_seq_len: int) -> int:
-    """SQuAD's window overlap with `max_seq_len` tokens per window: `doc_stride` (128, Hugging
-    Face run_qa.py's for 384 tokens), except when `cfg.max_seq_len` was left to the default
-    (then capped at the model's positions: `resolve_seq_len`) and the window after the longest
-    question is not longer than it: then half a window, so that the capped default works. A
-    max_seq_len given with a doc_stride that does not fit stays an error (squad.featurize)."""
+    """SQuAD's window overlap with `max_seq_len` tokens per window. Not given (`doc_stride`
+    none): DEFAULT_DOC_STRIDE, or half a window when the window after the longest question is
+    not longer (a short max_seq_len, or SQuAD's default capped at the model's positions). Given:
+    used as given, or a one-line error when it is not below that window (it used to be replaced
+    by half a window without a word). A max_seq_len too short for any window is featurize's
+    error."""
     window = max_seq_len - cfg.max_query_len - 3  # [CLS] question [SEP] window [SEP]
-    if cfg.max_seq_len is not None or window > cfg.doc_stride:
-        return cfg.doc_stride
-    return max(1, window // 2)
+    if cfg.doc_stride is None:
+        return DEFAULT_DOC_STRIDE if window > DEFAULT_DOC_STRIDE else max(1, window // 2)
+    if 1 < window <= cfg.doc_stride:
+        raise BertgpuError(f"--doc_stride {cfg.doc_stride}: not below the {window} context tokens "
+                           f"of a window (max_seq_len {max_seq_len} - max_query_len "
+                           f"{cfg.max_query_len} - 3 for [CLS] [SEP] [SEP]); expected at most "
+                           f"{window - 1}, or no --doc_stride (the default fits the window)")
+    return cfg.doc_stride
 
 
-def job_config(cfg: FinetuneConfig, max_seq_len: int) -> FinetuneConfig:
+def doc_stride_note(cfg: FinetuneConfig, max_seq_len: int) -> str:
+    """The start-up table's doc stride: the value, and why when the default was lowered."""
+    stride = doc_stride(cfg, max_seq_len)
+    if cfg.doc_stride is not None or stride == DEFAULT_DOC_STRIDE:
+        return f"{stride}"
+    return (f"{stride} (half a window: the default {DEFAULT_DOC_STRIDE} does not fit "
+            f"{max_seq_len} tokens with {cfg.max_query_len}-token questions)")
+
+
+def job_config(cfg: FinetuneConfig, max_seq_len: int, *, windows: bool = True
+               ) -> FinetuneConfig:
     """The config a task module builds its job with: `max_seq_len` as used (`resolve_seq_len`)
-    and SQuAD's `doc_stride` for it. results.json records `cfg` itself, as given."""
-    return dataclasses.replace(cfg, max_seq_len=max_seq_len,
-                               doc_stride=doc_stride(cfg, max_seq_len))
+    and, for a task cut into windows (SQuAD, `windows`), the `doc_stride` it uses (a given one
+    that does not fit is an error here, before anything loads). results.json records `cfg`
+    itself, as given, and the stride used beside it."""
+    stride = doc_stride(cfg, max_seq_len) if windows else cfg.doc_stride
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len, doc_stride=stride)
 
 
 def _finetune_aliases() -> dict[str, str]:
@@ -212,10 +236,11 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     def key_is(ok: bool, key: str, expected: str) -> None:
         check(ok, key, getattr(cfg, key), expected)
 
-    for key in ("global_batch_size", "eval_batch_size", "doc_stride", "max_query_len",
+    for key in ("global_batch_size", "eval_batch_size", "max_query_len",
                 "n_best", "max_answer_len", "log_every_steps", "max_nonfinite_steps"):
         key_is(getattr(cfg, key) > 0, key, "a positive integer")
-    for key in ("epochs", "micro_batch_size", "max_train_examples", "max_eval_examples"):
+    for key in ("epochs", "micro_batch_size", "max_train_examples", "max_eval_examples",
+                "doc_stride"):
         key_is(getattr(cfg, key) is None or getattr(cfg, key) > 0, key,
                "a positive integer or none")
     key_is(cfg.max_seq_len is None or cfg.max_seq_len >= MIN_SEQ_LEN, "max_seq_len",

@@ -28,8 +28,8 @@ def read_examples(task: GlueTask | str, path: str | os.PathLike[str], *,
     examples, skipped = read_examples_counted(task, path, skip_malformed=skip_malformed,
                                               expect_labels=expect_labels)
     if skipped:
-        warnings.warn(f"{path}: skipped {skipped} malformed rows (wrong number of columns; "
-                      f"skip_malformed), read {len(examples)}", stacklevel=2)
+        warnings.warn(f"{path}: skipped {skipped} malformed rows (wrong number of columns, or "
+                      f"a null text; skip_malformed), read {len(examples)}", stacklevel=2)
     return examples
 
 
@@ -40,9 +40,10 @@ def read_examples_counted(task: GlueTask | str, path: str | os.PathLike[str], *,
     number of malformed rows skipped.
 
     `skip_malformed` (`--skip_malformed true`) skips TSV rows with the wrong number of columns
-    (QQP's train.tsv has a few) instead of raising. `expect_labels` (default: True unless the
-    file name starts with "test") makes a missing label column an error; unlabeled examples get
-    `label=None`.
+    (QQP's train.tsv has a few), and Hugging Face rows whose text is null or not a string (a
+    short row of a CSV, or of the TSV the export was made from), instead of raising.
+    `expect_labels` (default: True unless the file name starts with "test") makes a missing
+    label column an error; unlabeled examples get `label=None`.
     """
     task = get_task(task)
     path = Path(path)
@@ -56,7 +57,7 @@ def read_examples_counted(task: GlueTask | str, path: str | os.PathLike[str], *,
     if suffix == ".tsv":
         examples, skipped = _read_tsv(task, path, skip_malformed, expect_labels)
     elif suffix in (".parquet", ".jsonl", ".json", ".csv"):
-        examples, skipped = _read_hf(task, path, expect_labels), 0
+        examples, skipped = _read_hf(task, path, skip_malformed, expect_labels)
     else:
         raise BertgpuError(
             f"{path}: unknown GLUE file type {suffix!r} (expected .tsv, .parquet, .jsonl, .json "
@@ -229,8 +230,10 @@ def _hf_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"line {n}", rec
 
 
-def _read_hf(task: GlueTask, path: Path, expect_labels: bool) -> list[Example]:
+def _read_hf(task: GlueTask, path: Path, skip_malformed: bool,
+             expect_labels: bool) -> tuple[list[Example], int]:
     examples: list[Example] = []
+    skipped = 0
     for n, (loc, rec) in enumerate(_hf_records(path)):
         where = f"{path}: {loc}"
         if not isinstance(rec, dict):
@@ -244,15 +247,27 @@ def _read_hf(task: GlueTask, path: Path, expect_labels: bool) -> list[Example]:
                 )
         if "label" not in rec and expect_labels:
             raise BertgpuError(f"{where}: missing column 'label' for GLUE {task.name}")
+        # A null text is a malformed row, as a short TSV row is (str() made it the text "None")
+        bad = next((c for c in (task.hf_text_a, task.hf_text_b)
+                    if c is not None and not isinstance(rec[c], str)), None)
+        if bad is not None:
+            if skip_malformed:
+                skipped += 1
+                continue
+            found = "null" if rec[bad] is None else f"a {type(rec[bad]).__name__}"
+            hint = ("pass --skip_malformed true to skip such rows" if expect_labels
+                    else "a test file must keep every row for the leaderboard")
+            raise BertgpuError(f"{where}: {found} in text column {bad!r}, expected a string for "
+                               f"GLUE {task.name} ({hint})")
         label = _parse_label(task, rec.get("label"), where)
         idx = rec.get("idx")
         examples.append(Example(
             guid=str(idx) if idx not in (None, "") else str(n),
-            text_a=str(rec[task.hf_text_a]),
-            text_b=str(rec[task.hf_text_b]) if task.hf_text_b else None,
+            text_a=rec[task.hf_text_a],
+            text_b=rec[task.hf_text_b] if task.hf_text_b else None,
             label=label,
             location=where,
         ))
-    return examples
+    return examples, skipped
 
 

@@ -1,11 +1,21 @@
 """The model and tokenizer of a fine-tuning run's `--init`: a run folder, a checkpoint folder, a
-Hugging Face folder, or `random` with `--config-from` (its architecture, fresh weights), and the
+Hugging Face folder, or `random` with `--config-from` (its architecture, fresh weights), the
+checkpoint it resolves to (recorded in results.json, compared by `bertgpu glue`), and the
 tokens per sequence its position table allows. `bertgpu finetune` and `bertgpu glue` use these
-before anything trains (`--nproc`: before the workers start)."""
+before anything trains (`--nproc`: before the workers start).
+
+An init that already has a classifier of the task's size keeps it only when its labels are the
+task's: config.json's id2label names compared case-insensitively (`-`, `_` and spaces alike), in
+any order (the rows are put in the task's order: published MNLI models order the three classes
+differently), or left as LABEL_i (nothing to compare; kept as before). A head naming other labels
+is another task's and starts fresh, as one of another size does."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,12 +55,88 @@ def tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Path
     return find_tokenizer(init)
 
 
+@dataclasses.dataclass(frozen=True)
+class InitCheckpoint:
+    """The folder whose weights a fine-tuning starts from: `--init` itself (a Hugging Face or
+    checkpoint folder) or, for a run folder, its newest good checkpoint when the run started,
+    which moves while pretraining goes on."""
+
+    path: Path
+    """The folder, absolute."""
+    step: int | None
+    """N of a `checkpoints/step_N` folder; None for a Hugging Face folder."""
+    sha256: str | None
+    """model.safetensors' sha256 as its checksums.json records it (None without one)."""
+
+    def record(self) -> dict[str, Any]:
+        """results.json's `init_checkpoint`."""
+        return {"path": str(self.path), "step": self.step, "sha256": self.sha256}
+
+    def text(self) -> str:
+        """The start-up table's row."""
+        facts = [f"step {self.step}"] if self.step is not None else []
+        if self.sha256:
+            facts.append(f"model.safetensors sha256 {self.sha256[:12]}")
+        return f"{self.path}" + (f" ({', '.join(facts)})" if facts else "")
+
+
+def resolve_init(init: str) -> InitCheckpoint | None:
+    """The checkpoint `init` stands for now (None for `random`): load from its `path` so that a
+    checkpoint saved meanwhile is not mixed in."""
+    from bertgpu.models.hf_io import is_checkpoint_folder, resolve_checkpoint_folder
+
+    if init == "random":
+        return None
+    folder = resolve_checkpoint_folder(init).resolve()
+    m = re.fullmatch(r"step_(\d+)(\.old)?", folder.name)
+    step = int(m.group(1)) if m and is_checkpoint_folder(folder) else None
+    return InitCheckpoint(folder, step, _recorded_sha256(folder))
+
+
+def load_from(init: str, ckpt: InitCheckpoint | None) -> str:
+    """What a run loads: the checkpoint `init` resolved to once (`resolve_init`), not `init` again:
+    a run folder's newest moves while pretraining goes on, and the run would load another than
+    it records."""
+    return str(ckpt.path) if ckpt is not None else init
+
+
+def _recorded_sha256(folder: Path) -> str | None:
+    # checksums.json is read, not the weights hashed: resolving the folder has just verified it.
+    try:
+        files = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
+        digest = files["model.safetensors"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def checkpoint_change(recorded: Any, recorded_init: Any, now: InitCheckpoint) -> str | None:
+    """None when `recorded` (a results.json's init_checkpoint; `recorded_init` its --init) is
+    the checkpoint `now`: the same model.safetensors sha256 (wherever the folder lies), else,
+    without one on either side, the same folder and step. Otherwise "WAS (now IS)" for a
+    one-line message."""
+    if not isinstance(recorded, dict):
+        return (f"{recorded_init}, its checkpoint not recorded (an older bertgpu) "
+                f"(now {now.path})")
+    then = recorded.get("sha256")
+    if then and now.sha256:
+        if then == now.sha256:
+            return None
+    elif recorded.get("path") == str(now.path) and recorded.get("step") == now.step:
+        return None
+    was = f"{recorded.get('path')}"
+    if recorded.get("path") == str(now.path):  # the same folder saved again
+        return f"{was} (sha256 {str(then)[:12]}; now sha256 {str(now.sha256)[:12]})"
+    return f"{was} (now {now.path})"
+
+
 def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfig,
                 config_from: str | None = None,
                 labels: Sequence[str] | None = None) -> torch.nn.Module:
     """The task model: pretrained weights from `init` (fresh head, listed in a warning), or with
     `init == "random"` the architecture of `config_from` with fresh weights. `labels`: the class
-    names by id, exported as config.json's id2label / label2id."""
+    names by id, exported as config.json's id2label / label2id; an init's classifier of the same
+    size is matched to them (`match_head`)."""
     import torch
 
     from bertgpu.models import build, hf_io
@@ -84,11 +170,65 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
         except BertgpuError as e:
             raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
     if hasattr(model, "id2label"):
+        if labels is not None and init != "random":
+            match_head(model, list(labels))
         # What save_pretrained writes into config.json: this task's label names, or LABEL_i;
-        # never the init's (a model fine-tuned on another task carries that task's names).
+        # never the init's (a model fine-tuned on another task carries that task's names), now
+        # that the head's rows are in the task's order.
         model.id2label = (dict(enumerate(labels)) if labels is not None
                           else {i: f"LABEL_{i}" for i in range(model.num_labels)})
     return model
+
+
+def _label_key(name: str) -> str:
+    # "CONTRADICTION", "not-entailment", "Not Entailment": the spellings of published heads
+    return re.sub(r"[\s_-]+", "_", name.strip().lower())
+
+
+def match_head(model: Any, labels: list[str]) -> None:
+    """Fit a classifier loaded from the init (`model.id2label` still the init's names) to the
+    task's `labels` (names by id): rows permuted to the task's order when the init names the
+    same labels in another (a start-up row says so: `head_rows`), initialised fresh when it names
+    others (listed with the fresh weights). Unnamed (LABEL_i) or fresh heads stay as they are."""
+    import torch
+
+    head = getattr(model, "classifier", None)
+    report = getattr(model, "load_report", None)
+    if (head is None or report is None or len(labels) != model.num_labels
+            or any(k.startswith("classifier.") for k in report.missing)):
+        return  # no head from the init: it is fresh already
+    theirs = [str(model.id2label.get(i, f"LABEL_{i}")) for i in range(model.num_labels)]
+    if all(name == f"LABEL_{i}" for i, name in enumerate(theirs)):
+        return  # the init does not name its classes: nothing to check them against
+    mine = [_label_key(x) for x in labels]
+    index = {_label_key(name): i for i, name in enumerate(theirs)}
+    if list(index) == mine:
+        return
+    if len(index) == len(theirs) and set(index) == set(mine):
+        order = [index[k] for k in mine]  # task class t <- the init's row order[t]
+        with torch.no_grad():
+            for p in (head.weight, head.bias):
+                if p is not None:
+                    p.copy_(p[order])  # indexing copies first
+        model.head_note = (f"the init's classifier, rows reordered from its labels "
+                           f"({', '.join(theirs)}) to the task's ({', '.join(labels)})")
+        return
+    # Another task's head: its rows mean other classes. The architecture's own initialisation of
+    # a fresh head: BERT's _init_weights takes the Linear, ModernBERT's the model holding it
+    # (each is a no-op for the other).
+    model._init_weights(head)
+    model._init_weights(model)
+    names = [f"classifier.{n}" for n, _ in head.named_parameters()]
+    report.missing = sorted({*report.missing, *names})
+    report.replaced.append(f"classifier (labels {', '.join(theirs)}; the task's "
+                           f"{', '.join(labels)})")
+
+
+def head_rows(model: Any) -> list[tuple[str, str]]:
+    """The start-up rows about the task's head: the init's reordered to the task's labels, and
+    the weights initialised fresh (`fresh_rows`)."""
+    note = getattr(model, "head_note", None)
+    return ([("head", note)] if note else []) + fresh_rows(model)
 
 
 def sequence_length(cfg: FinetuneConfig, task_default: int, init: str,

@@ -72,10 +72,14 @@ def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.P
 def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
               cfg: FinetuneConfig) -> Job:
     """Read and featurize both files; the dev set is scored with the official EM/F1."""
+    from bertgpu.config.finetune import doc_stride
+
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    kw = {"max_seq_len": seq, "doc_stride": cfg.doc_stride, "max_query_len": cfg.max_query_len}
+    # the stride job_config resolved (the same again), or the default's for an unresolved cfg
+    kw = {"max_seq_len": seq, "doc_stride": doc_stride(cfg, seq),
+          "max_query_len": cfg.max_query_len}
     train_ex = squad.read_squad(train_file)[:cfg.max_train_examples]
     dev_ex = squad.read_squad(dev_file)[:cfg.max_eval_examples]
     if not version_2:  # v1.1 has an answer to every question; its scoring needs one
