@@ -173,3 +173,65 @@ def test_a_tasks_columns_are_the_mean_of_the_metrics_the_table_shows():
     assert stsb["metrics"]["dev"] == {"pearson": 90.25, "spearman": 76.34}
     assert stsb["columns"]["STS-B"] == pytest.approx((90.25 + 76.34) / 2) == stsb["score"]
     assert summary["tasks"]["MNLI"]["columns"] == {"MNLI-m": 71.0, "MNLI-mm": 61.0}
+
+
+def test_predict_test_writes_the_leaderboard_submission(tmp_path, tiny_init, capsys):
+    """`glue --predict-test`: OUT/submission/ and submission.zip hold, for each task, the test
+    predictions of its seed with the best dev score, and AX.tsv (GLUE's diagnostic set, which
+    the leaderboard asks for) from the MNLI model -- the labels transformers' own classifier
+    gives with the exported model. Seeds that ran without --predict-test run again for theirs;
+    the leaderboard files no run wrote are named."""
+    import shutil
+    import zipfile
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    data = tmp_path / "glue_data"
+    shutil.copytree(FIXTURES, data)
+    pairs = [("the cat sat on the mat .", "a cat is sitting ."), ("nobody came .", "all came ."),
+             ("a man is playing a guitar .", "a man plays music .")]
+    (data / "diagnostic").mkdir()
+    (data / "diagnostic" / "diagnostic.tsv").write_text(
+        "index\tsentence1\tsentence2\n" + "".join(f"{i}\t{a}\t{b}\n"
+                                                  for i, (a, b) in enumerate(pairs)))
+    out = tmp_path / "glue"
+
+    def run(*extra: str) -> int:
+        return main(["glue", "--data-dir", str(data), "--init", str(tiny_init), "--out", str(out),
+                     "--tasks", *TASKS, *FAST, *extra])
+
+    assert run("--seeds", "1") == 0
+    assert not (out / "submission").exists()
+    capsys.readouterr()
+    assert run("--seeds", "1", "2", "--predict-test") == 0
+    printed = capsys.readouterr()
+    assert printed.out.count("ran without --predict-test; run again") == 3
+    assert ("the GLUE leaderboard asks for CoLA, MRPC, QQP, MNLI-mm, QNLI, RTE, WNLI as well"
+            in printed.err), printed.err
+    sub = json.loads((out / "glue_results.json").read_text())["submission"]
+    names = ["AX.tsv", "MNLI-m.tsv", "SST-2.tsv", "STS-B.tsv"]
+    assert sorted(p.name for p in (out / "submission").iterdir()) == names
+    with zipfile.ZipFile(out / "submission.zip") as z:
+        assert sorted(z.namelist()) == names
+        for name in names:
+            assert z.read(name) == (out / "submission" / name).read_bytes()
+    for task in ("SST-2", "MNLI", "STS-B"):
+        scores = {s: json.loads((out / task / f"seed_{s}" / "results.json").read_text())["score"]
+                  for s in (1, 2)}
+        best = 1 if scores[1] >= scores[2] else 2
+        assert sub["seeds"][task] == best
+        for path in (out / task / f"seed_{best}" / "submission").glob("*.tsv"):
+            assert (out / "submission" / path.name).read_bytes() == path.read_bytes()
+    # AX: the MNLI model's predictions, as transformers computes them from the export
+    model_dir = out / "MNLI" / f"seed_{sub['seeds']['MNLI']}" / "model"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        logits = model(**tok([a for a, _ in pairs], [b for _, b in pairs], padding=True,
+                             truncation=True, max_length=64, return_tensors="pt")).logits
+    expected = [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+    rows = (out / "submission" / "AX.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction"
+    assert [r.split("\t") for r in rows[1:]] == [[str(i), e] for i, e in enumerate(expected)]
+    assert "Test predictions for the GLUE leaderboard" in (out / "glue_results.md").read_text()

@@ -88,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip tasks whose folder is missing")
     parser.add_argument("--force", action="store_true",
                         help="re-run task/seeds that already have results.json")
+    parser.add_argument("--predict-test", action="store_true",
+                        help="also predict every test set and write the GLUE leaderboard files "
+                             "to OUT/submission/ and OUT/submission.zip: each task from its seed "
+                             "with the best dev score, AX (the diagnostic set) from MNLI's")
     parser.epilog = ("Fine-tuning overrides as in `bertgpu finetune`: --epochs 3 --lr 2e-5 "
                      "--global_batch_size 32 --max_seq_len 128 (--seed is set from --seeds)")
 
@@ -113,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
     check_before_launch(args, 1)
     summary = run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
                   overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
-                  references=args.reference, config_from=args.config_from)
+                  references=args.reference, config_from=args.config_from,
+                  predict_test=args.predict_test)
     return summary.get("exit_status", 143) if summary.get("preempted") else 0
 
 
@@ -121,7 +126,8 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
         tasks: list[str] | None = None, seeds: list[int] | None = None,
         overrides: list[str] | None = None, force: bool = False, skip_missing: bool = False,
         references: list[str] | None = None,
-        config_from: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        config_from: str | os.PathLike[str] | None = None,
+        predict_test: bool = False) -> dict[str, Any]:
     """Fine-tune every task x seed (skipping finished ones) and write the table; returns the
     content of glue_results.json, or finetune's {"preempted": True, ...} when a run was stopped
     by a signal (its checkpoint kept: re-running the command resumes it; no table is written).
@@ -171,15 +177,20 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
             for seed in seeds:
                 run_dir = out / task.name / f"seed_{seed}"
                 done = run_dir / "results.json"
-                if done.is_file() and not force:
+                untested = predict_test and not (run_dir / "submission").is_dir()
+                if done.is_file() and not force and not untested:
                     if distributed.is_main():
                         print(f"{task.name} seed {seed}: results.json exists, not re-run (--force "
                               "to redo)",
                               flush=True)
                 else:
+                    if done.is_file() and not force and distributed.is_main():
+                        print(f"{task.name} seed {seed}: ran without --predict-test; run again "
+                              "for its test predictions", flush=True)
                     result = finetune.finetune(task.key, data_dir, load_from(str(init), ckpt),
                                                run_dir, cfg, ["--seed", str(seed)],
-                                               config_from=config_from)
+                                               config_from=config_from,
+                                               predict_test=predict_test)
                     if result.get("preempted"):
                         return result  # its checkpoint is kept; the same command resumes it
                 distributed.barrier()  # rank 0 wrote results.json
@@ -187,9 +198,52 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
         summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped)
         summary["init_checkpoint"] = ckpt.record() if ckpt is not None else None
         if distributed.is_main():
+            if predict_test:
+                summary["submission"] = write_submission(out, runs)
             write_table(summary, out)
         distributed.barrier()
         return summary
+
+
+LEADERBOARD_FILES = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE",
+                     "WNLI", "AX")
+"""The files a GLUE leaderboard submission holds (FILE.tsv each, zipped at the top level)."""
+
+
+def write_submission(out: Path, runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """OUT/submission/ and OUT/submission.zip from each task's seed with the best dev score (the
+    final epoch's, as the table's; the lowest seed on a tie): the leaderboard scores one model
+    per task. Returns what glue_results.json records; a file the leaderboard asks for that no run
+    wrote is named in one warning."""
+    import shutil
+    import warnings
+    import zipfile
+
+    from bertgpu.fsutil import make_scratch, replace_dir
+
+    folder, chosen = out / "submission", {}
+    tmp = make_scratch(out / "submission.tmp", folder)
+    for name, per_seed in runs.items():
+        seed = max(sorted(per_seed), key=lambda s: per_seed[s]["score"])
+        chosen[name] = seed
+        for path in sorted((out / name / f"seed_{seed}" / "submission").glob("*.tsv")):
+            shutil.copyfile(path, tmp / path.name)
+    written = sorted(p.stem for p in tmp.glob("*.tsv"))
+    missing = [f for f in LEADERBOARD_FILES if f not in written]
+    replace_dir(tmp, folder, replaces=lambda p: True)
+    zipped = out / "submission.zip"
+    with zipfile.ZipFile(zipped.with_name(zipped.name + ".tmp"), "w", zipfile.ZIP_DEFLATED) as z:
+        for stem in written:
+            z.write(folder / f"{stem}.tsv", f"{stem}.tsv")
+    os.replace(zipped.with_name(zipped.name + ".tmp"), zipped)
+    if missing:
+        warnings.warn(f"{zipped}: the GLUE leaderboard asks for {', '.join(missing)} as well "
+                      "(no run of this command wrote them: a task not run, or its test file "
+                      "missing)", stacklevel=2)
+    seeds = ", ".join(f"{n} seed {s}" for n, s in chosen.items())
+    print(f"GLUE submission: {len(written)} files ({seeds}) -> {zipped}", flush=True)
+    return {"folder": str(folder), "zip": str(zipped), "seeds": chosen, "files": written,
+            "missing": missing}
 
 
 def _read_results(path: Path) -> dict[str, Any]:
@@ -382,6 +436,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {name} | {metrics} | {seeds} |")
     if summary["skipped"]:
         lines += ["", f"Skipped (no data folder): {', '.join(summary['skipped'])}."]
+    sub = summary.get("submission")
+    if sub:
+        chosen = ", ".join(f"{n} {s}" for n, s in sub["seeds"].items())
+        lines += ["", f"Test predictions for the GLUE leaderboard: `{sub['zip']}` (each task "
+                      f"from its seed with the best dev score: {chosen})"
+                      + (f"; missing: {', '.join(sub['missing'])}." if sub["missing"] else ".")]
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "GlueTask",
     "TASKS",
     "column_name",
+    "find_diagnostic_file",
     "find_split_file",
     "get_task",
     "names",
@@ -188,8 +189,29 @@ def column_name(task: GlueTask | str, split: str) -> str:
     name."""
     task = get_task(task)
     if task.key == "mnli":
-        return "MNLI-mm" if "mismatched" in split else "MNLI-m"
+        return "AX" if split == DIAGNOSTIC else "MNLI-mm" if "mismatched" in split else "MNLI-m"
     return task.name
+
+
+DIAGNOSTIC = "ax"
+"""GLUE's diagnostic set (AX): unlabeled MNLI-style pairs that the leaderboard scores with the
+MNLI model's predictions (AX.tsv in a submission)."""
+_DIAGNOSTIC_FILES = ("diagnostic/diagnostic.tsv", "diagnostic/AX.tsv", "AX/AX.tsv", "AX/test.tsv",
+                     "ax/test.tsv", "ax/test.parquet", "ax/test-*.parquet", "ax/test.jsonl",
+                     "ax/test.json", "ax/test.csv")
+"""Where the diagnostic set lies under DATA: the official download (diagnostic/diagnostic.tsv,
+columns index, sentence1, sentence2) or a Hugging Face export of the `ax` config (premise,
+hypothesis, idx)."""
+
+
+def find_diagnostic_file(data_dir: str | os.PathLike[str]) -> Path | None:
+    """The diagnostic set's file under `data_dir` (GLUE root), or None."""
+    root = Path(data_dir)
+    for pattern in _DIAGNOSTIC_FILES:
+        hits = sorted(root.glob(pattern))
+        if hits:
+            return hits[0]
+    return None
 
 
 # --------------------------------------------------------------------------------------------
