@@ -509,7 +509,7 @@ def test_the_exported_tokenizer_truncates_to_the_models_positions(tmp_path):
     """Our tokenizer folders say model_max_length 512; the export of a 128-position model carried
     that on, so transformers' `truncation=True` kept 486 tokens and the model failed ("The size of
     tensor a (486) must match the size of tensor b (128)"). The export says the model's positions;
-    a tokenizer that already asks for fewer keeps its own."""
+    a tokenizer that already asks for fewer keeps its own, unless it is the standard 512."""
     from bertgpu.data.tokenizer import train_tokenizer
 
     corpus = tmp_path / "corpus.txt"
@@ -531,3 +531,10 @@ def test_the_exported_tokenizer_truncates_to_the_models_positions(tmp_path):
     (tok / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 64}))
     out = save_pretrained(model, tmp_path / "hf", tokenizer=tok)
     assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == 64
+    # A model with more positions than the standard 512 (a long-context ModernBERT's 8192): the
+    # export cut every input to 512 tokens; it says the model's positions.
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    longer = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60,
+                                              "max_position_embeddings": 1024}), with_nsp=False)
+    out = save_pretrained(longer, tmp_path / "hf", tokenizer=tok)
+    assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == 1024

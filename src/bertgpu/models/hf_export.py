@@ -101,11 +101,18 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
                            "same command") from None
 
 
+STANDARD_MAX_LENGTH = 512
+"""The model_max_length of bertgpu's tokenizer folders (data/tokenizer.py) and of BERT's."""
+
+
 def _fit_model_max_length(path: Path, positions: int) -> None:
-    """The tokenizer's `model_max_length` (what `truncation=True` cuts to) at most the model's
-    positions: our tokenizer folders say 512, and a 128-position model's export made
-    transformers' pipelines fail on long inputs ("size of tensor a (486) must match ... (128)")
-    or, for ModernBERT, run past the positions it was trained on."""
+    """The tokenizer's `model_max_length` (what `truncation=True` cuts to) is the model's
+    positions: our tokenizer folders say 512. A 128-position model's export made transformers'
+    pipelines fail on long inputs ("size of tensor a (486) must match ... (128)") or, for
+    ModernBERT, run past the positions it was trained on; an 8192-position ModernBERT's export
+    cut every input to 512 tokens, the long context it was trained for lost at inference. A
+    tokenizer that asks for fewer than the positions keeps its own, unless it says 512, which
+    bertgpu's tokenizer folders (and BERT's) say whatever the model."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -113,8 +120,10 @@ def _fit_model_max_length(path: Path, positions: int) -> None:
     if not isinstance(config, dict):
         return
     given = config.get("model_max_length")
-    if isinstance(given, (int, float)) and not isinstance(given, bool) and given <= positions:
-        return
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        asks_fewer = given < positions and given != STANDARD_MAX_LENGTH
+        if given == positions or asks_fewer:
+            return
     config["model_max_length"] = positions
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
