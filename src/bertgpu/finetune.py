@@ -32,8 +32,9 @@ read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` a
 label names go into the exported config.json.
 
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
-checkpoint folder, or a Hugging Face BERT folder with its tokenizer files; `random` builds the
-architecture of `--config-from FOLDER` with fresh weights (the "no pretraining" baseline).
+checkpoint folder, or a Hugging Face BERT or ModernBERT folder with its tokenizer files;
+`random` builds the architecture of `--config-from FOLDER` with fresh weights (the "no
+pretraining" baseline).
 results.json's `init_checkpoint` records the folder loaded (a run's step_N, its step and sha256).
 An init's classifier of the task's size is kept when its labels are the task's (put in the task's
 order) or unnamed, else started fresh (tasks/init_model.py).
@@ -417,7 +418,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data",
                         help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json")
     parser.add_argument("--init",
-                        help="run folder, checkpoint folder, Hugging Face BERT folder, or random")
+                        help="run folder, checkpoint folder, Hugging Face BERT or ModernBERT "
+                             "folder, or random")
     parser.add_argument("--config-from",
                         help="with --init random: folder whose config.json (and tokenizer) to use")
     parser.add_argument("--out", help="output folder (results.json, metrics.jsonl, model/)")

@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True,
                         help="GLUE root: CoLA/, SST-2/, ... (official or HF layout)")
     parser.add_argument("--init", required=True,
-                        help="run folder, checkpoint folder, HF BERT folder, or random")
+                        help="run folder, checkpoint folder, HF BERT or ModernBERT folder, or "
+                             "random")
     parser.add_argument("--config-from",
                         help="with --init random: folder whose config.json and tokenizer to use")
     parser.add_argument("--out", required=True,
