@@ -145,6 +145,69 @@ def test_every_task_scores_non_finite_outputs_zero(tmp_path: Path, kind: str) ->
     assert record["score"] == 0.0
 
 
+class NaNAtPadding(torch.nn.Module):
+    """A task model whose outputs are its own at the real positions of each batch and NaN at the
+    padded ones (`padded` counts those), as a model with a NaN-producing padding path gives."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model, self.padded = model, 0
+
+    def forward(self, **batch: Any) -> dict[str, torch.Tensor]:
+        out = self.model(**batch)
+        pad = batch["attention_mask"] == 0  # (B, T)
+        self.padded += int(pad.sum())
+        keys = [k for k in ("logits", "start_logits", "end_logits") if out.get(k) is not None]
+        return {k: out[k].masked_fill(pad.view(*pad.shape, *(1,) * (out[k].dim() - 2)),
+                                      float("nan")) for k in keys}
+
+
+def test_non_finite_rows_count_only_the_positions_of_each_row():
+    """With lengths, a row is bad only for a NaN or infinity inside its first lengths[i]
+    positions (the rest is padding); without, anywhere."""
+    from bertgpu.tasks.finetuning import nonfinite_rows
+
+    start = np.zeros((3, 4))
+    start[0, 3] = np.nan  # padding of a 3-token row
+    start[1, 1] = np.inf  # a real position of a 4-token row
+    start[2, 2:] = np.nan  # padding of a 2-token row
+    tags = np.zeros((3, 4, 2))
+    tags[2, 3, 1] = -np.inf  # padding
+    assert nonfinite_rows({"start_logits": start, "logits": tags}, [3, 4, 2]) == 1
+    assert nonfinite_rows({"start_logits": start, "logits": tags}) == 3
+    tags[2, 1, 0] = np.nan  # a real position of the 2-token row
+    assert nonfinite_rows({"logits": tags}, [3, 4, 2]) == 1
+    assert nonfinite_rows({"start_logits": start, "logits": tags}, [3, 4, 2]) == 2
+
+
+@pytest.mark.parametrize("kind", ["squad", "ner"])
+def test_non_finite_outputs_at_the_padding_only_do_not_count(tmp_path: Path, kind: str) -> None:
+    """Outputs with a position axis are padded per batch: NaN there is no output of any
+    sequence, so the metrics are those of the same model without it and nothing is said (every
+    metric 0 with a "not finite" warning was the rule without the lengths)."""
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    tokenizer = load_tokenizer(init)
+    cfg = load_finetune_config()
+    job, head = _job(kind, tmp_path, tokenizer, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fresh head
+        model = build_model(str(init), head, job.num_labels, cfg)
+    records = []
+    for m in (model, NaNAtPadding(model)):
+        folder = tmp_path / f"out{len(records)}"
+        folder.mkdir()
+        task = FinetuneTask(job, m, pad_id=0, seed=0, global_batch_size=4, micro_batch_size=4,
+                            epochs=1, eval_batch_size=4, autocast=contextlib.nullcontext,
+                            info=DistInfo(), work_dir=folder, export=lambda f=folder: f)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            task.evaluate(task.total_steps, None)
+        assert not [w for w in seen if "not finite" in str(w.message)], kind
+        records.append(task.history[-1]["metrics"]["dev"])
+    assert m.padded > 0  # some batch did hold rows of different lengths
+    assert records[1] == records[0]
+
+
 def test_regression_is_scored_against_the_gold_scores_as_read(tmp_path: Path) -> None:
     """Regression gold scores were stored as float32 for the forward pass and the metrics were
     computed against those rounded values: Pearson differed from scipy's on the file's scores

@@ -134,6 +134,31 @@ def test_a_head_naming_other_labels_starts_fresh_and_says_so(tmp_path):
     assert head_rows(model) == []
 
 
+def test_a_partly_named_head_or_one_without_weights_is_not_the_inits_head(tmp_path):
+    """Two edges of match_head. A head naming some of its classes (LABEL_i for the others) is
+    named, and here by other labels than the task's: it starts fresh like any other task's head
+    (only a head naming none of its classes is kept unchecked). A config naming the task's
+    labels in another order whose weights hold no classifier has a fresh head: no "rows
+    reordered" row may claim the init's classifier."""
+    from safetensors.torch import load_file, save_file
+
+    partly = hf_model(tmp_path / "partly", "classification", {0: "positive", 1: "LABEL_1"})
+    kept = reference(partly, "classification").classifier.weight
+    model = ours(partly, "classification", ("entailment", "not_entailment"))
+    assert not torch.allclose(model.classifier.weight, kept)
+    assert dict(head_rows(model))["initialised fresh"].startswith(
+        "classifier.bias, classifier.weight (the checkpoint's are another task's head")
+
+    bare = hf_model(tmp_path / "bare", "classification",
+                    {0: "contradiction", 1: "entailment", 2: "neutral"})
+    weights = load_file(bare / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("classifier.")},
+              bare / "model.safetensors", metadata={"format": "pt"})
+    rows = dict(head_rows(ours(bare, "classification", MNLI)))
+    assert "head" not in rows
+    assert rows["initialised fresh"].startswith("classifier.bias, classifier.weight")
+
+
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
 @pytest.mark.parametrize("head", ["classification", "token_classification"])
 def test_only_the_classifier_starts_fresh(tmp_path, arch, head):
@@ -311,3 +336,44 @@ def test_finetune_records_the_checkpoint_it_loaded(tmp_path, capsys):
     assert res["init_checkpoint"]["path"] == str(step5) and res["init_checkpoint"]["step"] == 5
     assert re.search(rf"init checkpoint +{re.escape(str(step5))} \(step 5, ",
                      capsys.readouterr().out)
+
+
+def test_finetune_loads_the_checkpoint_it_records_while_pretraining_goes_on(tmp_path,
+                                                                            monkeypatch):
+    """Pretraining saves step_10 after `finetune --init RUN` resolved RUN to step_5 and before
+    the model loads: the weights it starts from are step_5's, the checkpoint results.json
+    records, not the run folder's newest at loading time."""
+    from safetensors.torch import load_file
+
+    from bertgpu import finetune as finetune_mod
+
+    run = _run_folder(tmp_path, (5,))
+    resolve, build = finetune_mod.resolve_init, finetune_mod.build_model
+    loaded = {}
+
+    def resolve_then_a_step_is_saved(init):
+        ckpt = resolve(init)
+        add_step(run, 10, tmp_path / "src" / "init")
+        return ckpt
+
+    def build_and_keep_the_weights(*args, **kwargs):
+        model = build(*args, **kwargs)
+        loaded.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(finetune_mod, "resolve_init", resolve_then_a_step_is_saved)
+    monkeypatch.setattr(finetune_mod, "build_model", build_and_keep_the_weights)
+    res = finetune("sst2", Path(__file__).parent / "fixtures" / "glue", run, tmp_path / "ft",
+                   overrides=["--epochs", "1", "--max_seq_len", "32", "--global_batch_size", "4"])
+    assert res["init_checkpoint"]["step"] == 5
+    step5, step10 = (load_file(run / "checkpoints" / f"step_{n}" / "model.safetensors")
+                     for n in (5, 10))
+    shared = sorted(k for k in step5 if k in loaded)
+    word = "bert.embeddings.word_embeddings.weight"
+    assert word in shared
+
+    def rows(k: str) -> torch.Tensor:  # the model pads its vocabulary rows (here 76 -> 128)
+        return loaded[k][: step5[k].shape[0]]
+
+    assert [k for k in shared if not torch.equal(rows(k), step5[k])] == []
+    assert not torch.equal(rows(word), step10[word])

@@ -123,6 +123,34 @@ def test_a_doc_stride_given_is_used_or_refused_and_recorded(tmp_path, capsys, mo
     assert "doc_stride" not in finetune("rte", GLUE, init, tmp_path / "rte", overrides=QUICK)
 
 
+def test_the_windows_are_cut_with_the_doc_stride_given(tmp_path):
+    """The stride given is the one the windows are cut with, not only the one recorded: in 128
+    tokens every context of the fixture fits one window, so any stride gave the same sequences.
+    With 48-token windows and 16-token questions the contexts span several windows; the
+    sequence counts are those of featurize with stride 20, which differ from those of half a
+    window (14, the old silent replacement)."""
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+    from bertgpu.tasks import squad
+
+    init = bert_init(tmp_path)
+    res = finetune("squad", None, init, tmp_path / "squad", train_file=SQUAD_V1,
+                   dev_file=SQUAD_V1, overrides=[*QUICK, "--max_seq_len", "48",
+                                                 "--max_query_len", "16", "--doc_stride", "20"])
+    tok = load_tokenizer(init)
+    tok.no_truncation()
+    tok.no_padding()
+    examples = squad.read_squad(SQUAD_V1)
+
+    def count(stride: int, training: bool) -> int:
+        return len(squad.featurize(examples, tok, max_seq_len=48, max_query_len=16,
+                                   doc_stride=stride, is_training=training).input_ids)
+
+    assert count(20, True) != count(14, True) and count(20, False) != count(14, False)
+    assert res["doc_stride"] == 20
+    assert res["train_sequences"] == count(20, True)
+    assert res["eval_sequences"] == {"dev": count(20, False)}
+
+
 def test_a_longer_max_seq_len_than_the_model_positions_is_refused_up_front(tmp_path, monkeypatch):
     init = bert_init(tmp_path)
     out = tmp_path / "ft"

@@ -297,15 +297,47 @@ def test_the_validation_loss_does_not_depend_on_the_micro_batch(shards: Path, tm
     `train.eval_sequences` counts sequences; 12 is not a multiple of either micro batch here."""
     from bertgpu.telemetry.records import read_metrics
 
-    def val_loss(micro: str) -> float:
-        out = tmp_path / f"micro{micro}"
-        assert main(_args(shards, out, "--train.max_steps", "2", "--impl.micro_batch_size", micro,
+    def val_loss(micro: str, data: Path = shards) -> float:
+        out = tmp_path / f"micro{micro}-{data.name}"
+        assert main(_args(data, out, "--train.max_steps", "2", "--impl.micro_batch_size", micro,
                           "--train.eval_sequences", "12", "--model.hidden_dropout_prob", "0",
                           "--model.attention_probs_dropout_prob", "0")) == 0
         evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
         return evals[-1]["val_mlm_loss"]
 
-    assert val_loss("8") == pytest.approx(val_loss("4"), rel=1e-6)
+    eight = val_loss("8")
+    assert eight == pytest.approx(val_loss("4"), rel=1e-6)
+    # ... and covers the first 12 sequences, no more: the loss of a run whose validation split
+    # holds only those 12 (the same training data and masks: a mask depends on the index only).
+    # Both runs above also agreed when the limit was ignored and all 16 were scored.
+    assert eight == pytest.approx(val_loss("8", _first_validation_sequences(shards, 12,
+                                                                             tmp_path / "val12")),
+                                  rel=1e-6)
+
+
+def _first_validation_sequences(data: Path, n: int, to: Path) -> Path:
+    """A copy of the shard set `data` whose validation split is its first `n` sequences (one
+    shard, as write_synthetic_shards writes it)."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    shutil.copytree(data, to)
+    manifest = json.loads((to / "manifest.json").read_text(encoding="utf-8"))
+    val = manifest["splits"]["validation"]
+    (shard,) = val["shards"]
+    for field in ("input_ids", "lengths"):
+        path = to / f"{shard['name']}.{field}.npy"
+        np.save(path, np.load(path)[:n])
+    tokens = int(np.load(to / f"{shard['name']}.lengths.npy").sum())
+    for key, drop in (("sequences", val["sequences"] - n), ("tokens", val["tokens"] - tokens)):
+        manifest["counts"][key] -= drop
+    manifest["counts"]["documents"] -= val["sequences"] - n
+    val.update(sequences=n, tokens=tokens)
+    shard.update(sequences=n, tokens=tokens)
+    (to / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return to
 
 
 def test_the_old_eval_batches_key_says_what_replaced_it(shards: Path, tmp_path: Path, capsys):

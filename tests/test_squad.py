@@ -338,12 +338,27 @@ def test_v2_null_threshold(tok: Tokenizer) -> None:
     assert postprocess([ex], feats, sl, el, version_2=True, null_threshold=-3.0)[0]["long"] == ""
     assert postprocess([ex], feats, sl, el, version_2=True,
                        null_threshold=-1.0)[0]["long"] == "town5"
+    # At exactly null - best the span stays (Google's run_squad: "" only when the difference
+    # is greater than the threshold); a hair below it predicts no answer.
+    by_text = {d["text"]: d["score"] for d in nbest["long"]}
+    diff = by_text[""] - by_text["town5"]
+    assert postprocess([ex], feats, sl, el, version_2=True,
+                       null_threshold=diff)[0]["long"] == "town5"
+    assert postprocess([ex], feats, sl, el, version_2=True,
+                       null_threshold=float(np.nextafter(diff, -np.inf)))[0]["long"] == ""
     # v1 ignores the null score entirely
     assert postprocess([ex], feats, sl, el, null_threshold=-3.0)[0]["long"] == "town5"
     # The null score is the minimum over windows: one window with a low [CLS] score decides.
     sl4, el4 = sl.copy(), el.copy()
     sl4[:, 0] = el4[:, 0] = 20.0
     assert postprocess([ex], feats, sl4, el4, version_2=True)[0]["long"] == ""
+    # Whichever window it is: the first, a middle one or the last (a loop keeping only the last
+    # window's null score passed when only the last was lowered).
+    assert len(feats) >= 3
+    for low in range(len(feats)):
+        sl5 = sl4.copy()
+        sl5[low, 0] = -20.0
+        assert postprocess([ex], feats, sl5, el4, version_2=True)[0]["long"] == "town5", low
     sl4[len(feats) - 1, 0] = -20.0
     assert postprocess([ex], feats, sl4, el4, version_2=True)[0]["long"] == "town5"
 

@@ -154,6 +154,9 @@ class EvalSet:
     """(outputs in data order, folder to write predictions into or None) -> metrics."""
     column: str = ""
     """GLUE results-table column ("MNLI-m", "SST-2"); empty for SQuAD."""
+    truth: bytes = b""
+    """What `score` compares the outputs with when it is not in `data` (GLUE's dev labels, as
+    read; SQuAD's gold answers), serialised for `data_digest`."""
 
 
 @dataclass
@@ -228,10 +231,12 @@ def nonfinite_rows(outputs: Mapping[str, np.ndarray], lengths: Sequence[int] | N
 
 def data_digest(job: Job) -> str:
     """sha256 of what a run trains and evaluates on (every sequence's tokens, token types and
-    targets, in order): a checkpoint resumes only into the same data, whatever the files are
-    called (a training file fixed after a crash was resumed into: epochs 1-4 on one dataset, 7-10
-    on another, reported as one run)."""
+    targets, in order, and each dev split's gold, `EvalSet.truth`): a checkpoint resumes only
+    into the same data, whatever the files are called (a training file fixed after a crash was
+    resumed into: epochs 1-4 on one dataset, 7-10 on another, reported as one run)."""
     h = hashlib.sha256()
+    for ev in job.evals:  # the gold a dev split is scored against (corrected labels: another run)
+        h.update(len(ev.truth).to_bytes(8, "little") + ev.truth)
     for enc in (job.train, *(ev.data for ev in job.evals)):
         rows = [enc.ids, enc.types, *(enc.token_targets[k] for k in sorted(enc.token_targets))]
         for seqs in rows:

@@ -152,7 +152,8 @@ def _eval_set(task: GlueTask, split: str, examples: list[Example], tokenizer: An
     def score(outputs: dict[str, np.ndarray], _folder: Path | None) -> dict[str, float]:
         return eval_metrics.glue_metrics(task, outputs["logits"], labels)
 
-    return EvalSet(split, enc, score, glue.column_name(task, split))
+    return EvalSet(split, enc, score, glue.column_name(task, split),
+                   truth=np.ascontiguousarray(labels).tobytes())
 
 
 def _submission_writer(task: GlueTask, split: str, examples: list[Example]

@@ -11,6 +11,7 @@ finds the files, encodes both sets and scores the dev set (writing predictions.j
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,5 +109,6 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
 
     name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
     return Job(name, "qa", None, strip_padding(train_feats),
-               [EvalSet("dev", strip_padding(dev_feats), score)],
+               [EvalSet("dev", strip_padding(dev_feats), score,
+                        truth=json.dumps([[e.id, e.answers] for e in dev_ex]).encode())],
                lambda m: float(m["dev"]["f1"]))
