@@ -44,8 +44,20 @@ def test_shares_sum_to_the_global_batch_and_follow_the_speeds():
 def test_speeds_and_straggler_fields():
     assert speeds_of([2.0, 4.0], [8, 8]) == [4.0, 2.0]
     f = straggler_fields([1.0, 1.1, 3.0, 0.9])
-    assert f["slowest_rank"] == 2 and f["slowest_vs_median"] == pytest.approx(3.0 / 1.05)
+    # over the median of the other ranks (1.0, 1.1, 0.9)
+    assert f["slowest_rank"] == 2 and f["slowest_vs_median"] == pytest.approx(3.0 / 1.0)
     assert f["rank_compute_s"] == [1.0, 1.1, 3.0, 0.9]
+    assert straggler_fields([2.0, 2.0])["slowest_vs_median"] == 1.0
+    assert straggler_fields([1.0, 2.0, 3.0, 10.0])["slowest_vs_median"] == pytest.approx(5.0)
+
+
+def test_two_ranks_a_straggler_8x_slower_reads_8x():
+    # The probe's run: rank 1 needed 8.3 times rank 0's compute. Over the median of both ranks
+    # (their mean) it read 1.78x, and no straggler could ever pass 2.0x.
+    f = straggler_fields([0.184875, 1.53476])
+    assert f["slowest_rank"] == 1
+    assert f["slowest_vs_median"] == pytest.approx(1.53476 / 0.184875)
+    assert straggler_fields([0.1, 100.0])["slowest_vs_median"] == pytest.approx(1000.0)
 
 
 def test_loader_shares_partition_each_step_in_rank_order(tmp_path):

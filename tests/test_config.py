@@ -162,6 +162,10 @@ def test_a_misspelt_section_is_matched_against_sections(tmp_path):
          r"impl.compile_mode = 'reduce-overhead': expected default or max-autotune-no-cudagraphs "
          r"with distributed.strategy fsdp"),
         (["--seed", "-2"], r"seed = -2: expected an integer from 0 to 4294967295"),
+        # fsdp cannot measure a slow rank (its waits are inside every rank's step): refused
+        (["--distributed.strategy", "fsdp", "--distributed.balance", "auto"],
+         r"distributed.balance = 'auto': expected none with distributed.strategy fsdp \(every "
+         r"layer's all-gather makes the other ranks wait for a slow one inside their own step"),
     ],
 )
 def test_bad_values_name_the_key(overrides, pattern):
@@ -249,6 +253,27 @@ def test_resolve_batch():
         resolve_batch(96, 8, 5)
     with pytest.raises(BertgpuError):
         resolve_batch(96, "auto", 1)
+
+
+def test_a_batch_the_devices_do_not_divide_is_one_message_naming_them():
+    # A command that knows its devices checks the batch with them (check_batch_for), and the
+    # config's own check, blind to them, is left out: its "a multiple of impl.micro_batch_size
+    # (32)" for 33 used to be followed by a second error for 32 on 2 devices.
+    from bertgpu.config.schema import check_batch_for
+
+    for batch in ("33", "32"):
+        cfg = load_config(None, ["--train.global_batch_size", batch, "--impl.micro_batch_size",
+                                 "32"], check_batch=False)
+        with pytest.raises(BertgpuError, match=r"train.global_batch_size \d+ is not divisible by "
+                                               r"impl.micro_batch_size 32 × 2 devices = 64; choose "
+                                               r"a global batch that is a multiple of 64"):
+            check_batch_for(cfg, 2)
+    check_batch_for(load_config(None, ["--train.global_batch_size", "64",
+                                       "--impl.micro_batch_size", "32"]), 2)
+    check_batch_for(load_config(None, ["--impl.micro_batch_size", "auto"]), 3)  # checked later
+    # unknown devices (other commands): the rule that holds for any number of them
+    with pytest.raises(BertgpuError, match=r"multiple of impl.micro_batch_size \(32\)"):
+        load_config(None, ["--train.global_batch_size", "33", "--impl.micro_batch_size", "32"])
 
 
 def test_scaled_lr():

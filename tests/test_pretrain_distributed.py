@@ -130,6 +130,20 @@ def test_budget_stop_on_two_ranks_is_collective(shards, tmp_path):
     assert (run / "hf" / "model.safetensors").exists()
 
 
+@pytest.mark.timeout(180)
+def test_fsdp_logs_no_straggler_fields(shards, tmp_path):
+    # Under fsdp each rank's compute time includes its waits for the others (every layer's
+    # all-gather): the fields read about 1.00x whatever the speeds, so they are left out.
+    run = tmp_path / "fsdp"
+    proc = _cli("pretrain", TINY, "--nproc", "2", "--distributed.strategy", "fsdp",
+                *_overrides(shards, run, "--train.max_steps", "2", "--checkpoint.every_steps", "0"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    train = list(_train_records(run).values())
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert not {"slowest_rank", "slowest_vs_median", "rank_compute_s"} & set(r), r
+
+
 @pytest.mark.timeout(60)
 def test_nproc_is_validated_before_launching(shards, tmp_path, capsys):
     # 8 sequences cannot be split over 3 workers with micro batch 4: one error, no workers started.
@@ -140,6 +154,29 @@ def test_nproc_is_validated_before_launching(shards, tmp_path, capsys):
     rc = main(["pretrain", TINY, "--nproc", "zero",
                *_overrides(shards, tmp_path / "x", "--train.max_steps", "1")])
     assert rc == 2 and "--nproc" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_two_devices_do_not_divide_takes_one_fix(shards, tmp_path, capsys, monkeypatch):
+    # The probe: global 33 with micro 32 on 2 devices said "a multiple of impl.micro_batch_size
+    # (32)", and 32 then said "... 32 x 2 devices = 64". The first message names 64 now, before
+    # the launcher starts (--nproc 2) and in a worker (its WORLD_SIZE) alike.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for batch in ("33", "32"):
+        rc = main(["pretrain", TINY, "--nproc", "2",
+                   *_overrides(shards, tmp_path / "x", "--train.max_steps", "1",
+                               "--train.global_batch_size", batch,
+                               "--impl.micro_batch_size", "32")])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert "impl.micro_batch_size 32 × 2 devices = 64" in err and "multiple of 64" in err, err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a worker under torchrun
+    rc = main(["pretrain", TINY, *_overrides(shards, tmp_path / "x", "--train.max_steps", "1",
+                                             "--train.global_batch_size", "32",
+                                             "--impl.micro_batch_size", "32")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "32 × 2 devices = 64" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "x").exists()
 
 

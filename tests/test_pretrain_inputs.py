@@ -14,6 +14,7 @@ import pytest
 from _shards import write_synthetic_shards
 
 from bertgpu import cli, pretrain
+from bertgpu.config.overrides import read_toml
 from bertgpu.errors import BertgpuError
 from bertgpu.train import run_folder
 
@@ -293,6 +294,53 @@ def test_a_resume_with_the_same_settings_keeps_no_copy_and_a_second_change_keeps
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{run}: resuming at step 5 with changed settings: optim.lr 0.003 (was 0.002) (the "
         "earlier config.toml is kept as config.step_5.2.toml)")
+
+
+def test_config_toml_holds_the_values_the_run_used_and_auto_again_changes_nothing(
+        shards: Path, tmp_path: Path, capsys) -> None:
+    # It kept the placeholders: micro_batch_size = "auto", objective = "none", with_nsp = "none".
+    run = tmp_path / "r"
+    auto = ["--impl.micro_batch_size", "auto"]
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL, *auto,
+                     "--train.max_steps", "2"]) == 0
+    out = capsys.readouterr().out
+    picked = int(out.split("micro_batch_size auto: ")[1].split("using ")[1].split()[0])
+    text = (run / "config.toml").read_text()
+    saved = read_toml(run / "config.toml")
+    assert saved["impl"]["micro_batch_size"] == picked
+    assert saved["data"]["objective"] == "mlm" and saved["train"]["with_nsp"] is False
+    accumulation = 8 // picked
+    assert text.splitlines()[0] == (f"# resolved for 1 device: global batch 8 = micro batch "
+                                    f"{picked} x accumulation {accumulation} x 1 device")
+    checkpoint = run / "checkpoints" / "step_2" / "config.toml"
+    assert checkpoint.read_text() == text
+    # The same command (one more step): nothing changed, whatever auto picks this time.
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL, *auto,
+                     "--train.max_steps", "3"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if "changed settings" in x]
+    assert line == [f"{run}: resuming at step 2 with changed settings: train.max_steps 3 (was 2) "
+                    "(the earlier config.toml is kept as config.step_2.toml)"]
+
+
+def test_auto_and_none_are_compared_as_given_not_as_resolved(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    resolved = ('[data]\nobjective = "mlm"\n[train]\nwith_nsp = false\n'
+                '[impl]\nmicro_batch_size = {}\n')
+    asked = ('[data]\nobjective = "none"\n[train]\nwith_nsp = "none"\n'
+             '[impl]\nmicro_batch_size = {}\n')
+    (run / "config.toml").write_text(resolved.format(16))
+    # auto picked 24 this time (more free memory): the same setting
+    run_folder.keep_config_history(run, resolved.format(24), 5, asked.format('"auto"'))
+    # a config.toml written before it held resolved values
+    (run / "config.toml").write_text(asked.format('"auto"'))
+    run_folder.keep_config_history(run, resolved.format(24), 5, asked.format('"auto"'))
+    assert capsys.readouterr().out == "" and sorted(p.name for p in run.iterdir()) == [
+        "config.toml"]
+    # an explicit micro batch that differs is a changed setting
+    (run / "config.toml").write_text(resolved.format(16))
+    run_folder.keep_config_history(run, resolved.format(8), 5, asked.format(8))
+    assert "impl.micro_batch_size 8 (was 16)" in capsys.readouterr().out
 
 
 # 6. notes for settings that do nothing --------------------------------------------------------

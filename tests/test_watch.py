@@ -69,7 +69,7 @@ def test_once_on_a_running_run(run, capsys, monkeypatch):
     assert "2.0000" in loss and loss.rstrip().endswith("█▃▂▁")  # 8, 4, 2.67, 2
     assert next(line for line in lines if line.startswith("lr")).rstrip().endswith("▁▃▆█")
     assert "tok/s 1.6k (800 per device)  ·  MFU 20.0%  ·  step 0.5 s  ·  mem 1.25 GiB" in out
-    assert "slowest rank 1 (1.31x the median rank's compute time)" in out
+    assert "slowest rank 1 (1.31x the median compute time of the other ranks)" in out
     assert "last eval @ step 4: val_mlm_loss 6.25  ·  val_mlm_acc 12.50%" in out
     gpu0 = next(line for line in lines if "RTX 3090" in line)
     assert "97%" in gpu0 and "88C" in gpu0 and "300/350 W" in gpu0 and "hw_thermal" in gpu0

@@ -49,7 +49,9 @@ from bertgpu.train.run_folder import (
     check_run_folder_free,
     check_same_model,
     checkpoint_budget,
+    config_text,
     keep_config_history,
+    resolved_config,
     run_folder_lock,
 )
 
@@ -124,6 +126,9 @@ def parse_arguments(parser: argparse.ArgumentParser, words: list[str]) -> argpar
 
 
 def _config(args: argparse.Namespace) -> Any:
+    """The validated config of the command line, but for the global batch: the callers check it
+    against micro batch x their number of devices (`schema.check_batch_for`), so that a batch
+    they do not divide is one message naming both, not a first one for the micro batch alone."""
     from bertgpu.config import schema
 
     if args.recipe is not None and not Path(args.recipe).exists():
@@ -135,7 +140,7 @@ def _config(args: argparse.Namespace) -> Any:
              if getattr(args, key, None) is not None]
     if getattr(args, "resume_optimizer", False):
         words.append("--resume_optimizer=true")
-    return schema.load_config(args.recipe, [*words, *args.overrides])
+    return schema.load_config(args.recipe, [*words, *args.overrides], check_batch=False)
 
 
 def check_config(cfg: Any) -> None:
@@ -171,8 +176,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     # the shard set, and that the model fits it
     PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
         overrides.config_to_dict(cfg.model), None)
-    if not isinstance(cfg.impl.micro_batch_size, str):
-        schema.resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, nproc)
+    schema.check_batch_for(cfg, nproc)
     _check_gpu_count(nproc, cfg.impl.device)
 
 
@@ -191,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     cfg = _config(args)
     check_config(cfg)
+    schema.check_batch_for(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # a worker: its world
     if args.recipe is None and cfg.init is None and os.environ.get("RANK", "0") == "0":
         warnings.warn(defaults_note(cfg), stacklevel=1)
     result = run(cfg, allow_data_change=args.allow_data_change)
@@ -327,6 +332,9 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     micro = (_auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto"
              else impl.micro_batch_size)
     accumulation = schema.resolve_batch(t.global_batch_size, micro, info.world_size)
+    # config.toml, the checkpoints' copies and the sinks get the values the run uses
+    resolved = resolved_config(cfg, micro, data.train.objective, data.with_nsp)
+    text = config_text(resolved, info.world_size, accumulation)
     peak_lr = schema.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
 
@@ -348,11 +356,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                         allow_data_change=allow_data_change)
     training = loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
                          peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
-                         logging=cfg.logging, seed=cfg.seed, config=overrides.config_to_dict(cfg),
+                         logging=cfg.logging, seed=cfg.seed,
+                         config=overrides.config_to_dict(resolved),
                          title="bertgpu pretrain",
                          startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
-                         checkpoint_files=lambda: {"config.toml": render.dump_toml(cfg),
+                         checkpoint_files=lambda: {"config.toml": text,
                                                    "config.json": _hf_config_json(model)},
                          final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
                          comm_timer=timer, resume=resume, evaluate_first=init is not None)
@@ -360,9 +369,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     # data) leaves the run folder as it was.
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        text = render.dump_toml(cfg)
-        if resume is not None:
-            keep_config_history(run_dir, text, int(resume[2]["step"]))
+        if resume is not None:  # compared as asked where a value was resolved (auto, none)
+            keep_config_history(run_dir, text, int(resume[2]["step"]), render.dump_toml(cfg))
         (run_dir / "config.toml").write_text(text, encoding="utf-8")
         copy_tokenizer(data, run_dir)
     return training

@@ -290,7 +290,8 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
     if _num(last.get("slowest_rank")) is not None:
         ratio = _num(last.get("slowest_vs_median"))
         lines.append(f"slowest rank {last['slowest_rank']:.0f}"
-                     + (f" ({ratio:.2f}x the median rank's compute time)" if ratio else ""))
+                     + (f" ({ratio:.2f}x the median compute time of the other ranks)"
+                        if ratio else ""))
     return lines
 
 

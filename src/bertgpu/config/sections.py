@@ -220,8 +220,8 @@ class DistributedSection:
               "before failing"
     )
     balance: str = option(
-        "none", "share the global batch by measured speed (auto: for unequal or throttling GPUs) "
-                "or equally (none)"
+        "none", "share the global batch by measured speed (auto: for unequal or throttling GPUs; "
+                "ddp only) or equally (none)"
     )
     balance_every_steps: int = option(50, "with balance = auto: measure each rank's speed over N "
                                           "steps, then re-share")

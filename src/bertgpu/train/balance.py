@@ -5,7 +5,8 @@ compute time per step (the step's wall time minus the time it spent waiting: for
 the gradient all-reduce beyond the backward, which is where a fast rank waits for a slow one).
 
 - `RankTimes.gather()` (one small all-reduce per log window) gives every rank's compute time of
-  the window; the log names the slowest rank and how much slower it is than the median.
+  the window; the log names the slowest rank and how much slower it is than the median of the
+  other ranks (`straggler_fields`).
 - With `[distributed] balance = "auto"`, after every `balance_every_steps` steps the ranks agree
   on new shares of the global batch, proportional to their measured sequences per second
   (`shares_for`): a rank twice as fast takes twice the samples. The global batch, the global
@@ -90,10 +91,13 @@ class RankTimes:
 
 
 def straggler_fields(compute_s: Sequence[float]) -> dict[str, object]:
-    """Log fields of one window: every rank's compute seconds, the slowest rank and its time
-    over the median (1.0 = not slower)."""
-    median = statistics.median(compute_s)
+    """Log fields of one window (two ranks or more): every rank's compute seconds, the slowest
+    rank, and its time over the median of the *other* ranks (1.0 = not slower). Over the median
+    of all ranks the ratio could never pass 2 with two ranks (their median is their mean), and a
+    rank 8x slower read 1.78x; against the others it reads 8x."""
     slowest = max(range(len(compute_s)), key=lambda r: (compute_s[r], -r))
+    others = [x for r, x in enumerate(compute_s) if r != slowest] or list(compute_s)
+    median = statistics.median(others)
     return {"rank_compute_s": [round(x, 6) for x in compute_s], "slowest_rank": slowest,
             "slowest_vs_median": compute_s[slowest] / median if median > 0 else None}
 

@@ -270,12 +270,14 @@ def any_true(flag: bool) -> bool:
     return bool(all_reduce_max(1.0 if flag else 0.0) > 0.0)
 
 
-def comm_hook_for(name: str) -> tuple[Any, Any]:
-    """(state, hook) for DDP's `register_comm_hook`; hook None means DDP's built-in all-reduce.
+def comm_hook_for(name: str, model: torch.nn.Module | None = None) -> tuple[Any, Any]:
+    """(keeper, hook) for DDP's `register_comm_hook` over `model`; hook None means DDP's
+    built-in all-reduce, keeper None a stateless hook.
 
     "bf16"/"fp16" halve the bytes (the sum is still divided by world size in full precision
     afterwards); "powersgd" is PowerSGD rank-1 (Vogels et al. 2019; changes the math, for
-    bandwidth-starved multi-node only)."""
+    bandwidth-starved multi-node only), whose keeper (`powersgd.PowerSGDHook`) holds the state
+    that checkpoints save (register `keeper.state` with the hook)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if name == "none":
@@ -285,12 +287,19 @@ def comm_hook_for(name: str) -> tuple[Any, Any]:
     if name == "bf16":
         return None, default_hooks.bf16_compress_hook
     if name == "powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        from bertgpu.train.powersgd import PowerSGDHook
 
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                            start_powerSGD_iter=10)
-        return state, powerSGD_hook.powerSGD_hook
+        if model is None:
+            raise ValueError("comm_hook_for('powersgd') needs the model")
+        keeper = PowerSGDHook(model)
+        return keeper, keeper.hook
     raise BertgpuError(f"distributed.comm_hook {name!r}: expected none, bf16, fp16 or powersgd")
+
+
+def comm_hook_of(model: Any) -> Any:
+    """The keeper of the stateful compression hook of a training module (`wrap_ddp`'s, maybe
+    compiled): a `powersgd.PowerSGDHook`, else None."""
+    return getattr(getattr(model, "_orig_mod", model), "comm_hook_state", None)
 
 
 class CommTimer:
@@ -384,7 +393,7 @@ def wrap_ddp(
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    state, hook = comm_hook_for(comm_hook)
+    keeper, hook = comm_hook_for(comm_hook, model)
     device_ids = [int(info.device.split(":")[1])] if info.device.startswith("cuda:") else None
     ddp = DDP(
         model,
@@ -396,24 +405,21 @@ def wrap_ddp(
     if timer is not None:
         hook = timer.wrap(hook or default_hooks.allreduce_hook)
     if hook is not None:
-        ddp.register_comm_hook(state, hook)
-    ddp.comm_hook_state = state  # for reset_comm_hook_state after a skipped step
+        ddp.register_comm_hook(getattr(keeper, "state", None), hook)
+    ddp.comm_hook_state = keeper  # for reset_comm_hook_state after a skipped step, checkpoints
     return ddp
 
 
-def reset_comm_hook_state(state: Any) -> None:
+def reset_comm_hook_state(keeper: Any) -> None:
     """Forget what a stateful compression hook carried over from earlier steps.
 
     PowerSGD keeps an error-feedback residual and warm-start factors per bucket: after a
     non-finite step they hold NaN/inf and would poison every later step, and after an fp16 loss
     scale change they are in the old scale's units. Cleared, the hook starts again as on its
-    first step (fresh random factors, no residual). Stateless hooks (bf16, fp16) have nothing."""
-    if state is None:
-        return
-    for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
-        memory = getattr(state, name, None)
-        if isinstance(memory, dict):
-            memory.clear()
+    first step (fresh random factors, no residual). Stateless hooks (bf16, fp16) have no keeper
+    (None)."""
+    if keeper is not None:
+        keeper.reset()
 
 
 def resolve_nproc(nproc: str | int) -> int:

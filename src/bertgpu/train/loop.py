@@ -12,9 +12,9 @@ The loop owns what every job needs and nothing else: the step loop and its stop 
 (max_steps, wall-clock budget, preemption), the learning rate as a function of progress, the log
 window (loss, lr, grad norm, tokens/s, MFU, memory, data-wait and comm shares), evaluation and
 checkpoint cadence, exact resume (model, optimizer, engine counters, the task's data cursor,
-every rank's RNG, elapsed time and budget) and the end-of-run checkpoint and export. A task
-object (`Task`) supplies the rest: this rank's micro batches of a step, the summed losses and
-their counts, how to evaluate and what to export.
+every rank's RNG and PowerSGD state, elapsed time and budget) and the end-of-run checkpoint and
+export. A task object (`Task`) supplies the rest: this rank's micro batches of a step, the summed
+losses and their counts, how to evaluate and what to export.
 
 Every decision that ends or skips work is collective, so ranks never disagree about the step they
 are on. Rank 0's budget clock and its time since the last checkpoint ride in the count all-reduce
@@ -59,7 +59,7 @@ from bertgpu.config.sections import (
 from bertgpu.errors import BertgpuError
 from bertgpu.telemetry.records import process_started
 from bertgpu.testing import faults
-from bertgpu.train import distributed
+from bertgpu.train import distributed, loop_state
 from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
 from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
 from bertgpu.train.loop_state import LogWindow, LoopResult, device_mfu, eval_pending, loss_state
@@ -113,10 +113,14 @@ class Loop:
                                  budget_mode=bool(train.budget_hours),
                                  min_lr_ratio=schedule.min_lr_ratio, power=schedule.power,
                                  decay_fraction=schedule.decay_fraction)
+        # A rank's compute time shows it slow where the others wait for it outside that time
+        # (DDP's all-reduce). Under fsdp every layer's all-gather waits inside it: the straggler
+        # fields would read about 1.00x, so they are left out (and the config refuses balancing).
+        self.stragglers = self.world > 1 and dist.strategy != "fsdp"
         # Re-share the global batch by measured speed every N steps (0 = equal shares; the task
         # must then have `shares()` / `set_shares()`).
         self.balance_every = (dist.balance_every_steps
-                              if dist.balance == "auto" and self.world > 1 else 0)
+                              if dist.balance == "auto" and self.stragglers else 0)
         self.budget = BudgetClock(train.budget_hours * 3600.0) if train.budget_hours else None
         # Fault injection (testing/faults.py) is read once: None unless BERTGPU_FAULTS is set, and
         # then the step pays for nothing else.
@@ -278,7 +282,7 @@ class Loop:
 
         rates = w.throughput.rates()
         stragglers = (straggler_fields(w.log_times.gather()[0])
-                      if self.world > 1 and gather else {})
+                      if self.stragglers and gather else {})
         logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
                    grad_norm=res.grad_norm, **rates, **w.throughput.compile_fields(),
                    mfu=self._mfu(rates["tokens_per_s"]) if rates else None,
@@ -400,13 +404,11 @@ class Loop:
         rank 0 writes, or with a sharded model every rank writes its shards; in the background
         if asked). `snapshot`: the state from before a step that was aborted. The time the
         training thread was blocked is logged (`stall_s`)."""
-        from bertgpu.train.checkpoint import rng_state
-
         t0 = time.perf_counter()
         self.preemption.phase = f"while writing the checkpoint of step {self.engine.step}"
         self._log_written(logger, self.checkpoints.wait())  # a background write still going on
         waited = time.perf_counter() - t0
-        rngs = distributed.gather_objects(rng_state(snapshot.rng if snapshot else None))
+        rngs, hooks = loop_state.rank_states(self.engine, snapshot.rng if snapshot else None)
         state, files = None, {}
         if self.info.is_main:
             state = {
@@ -414,6 +416,7 @@ class Loop:
                 "engine": snapshot.engine if snapshot else self.engine.state_dict(),
                 **(snapshot.task if snapshot else self.task.state_dict()),
                 "rng": rngs,
+                "comm_hook": hooks,  # every rank's PowerSGD state, or None
                 "tokens_seen": self.tokens_seen,
                 "sequences_seen": self.sequences_seen,
                 "elapsed_s": logger.elapsed_s,
@@ -441,7 +444,6 @@ class Loop:
 
     def _restore(self, path: Path, model_state: dict[str, torch.Tensor],
                  st: dict[str, Any]) -> None:
-        from bertgpu.train.checkpoint import set_rng_state
         from bertgpu.train.checkpointer import restore
 
         # Weights and optimizer state, whichever strategy wrote them and whichever reads them.
@@ -455,18 +457,12 @@ class Loop:
         self._eval_pending = eval_pending(st, self.engine.step, self.train.eval_every_steps)
         if self.budget is not None and st.get("budget"):
             self.budget.load_state_dict(st["budget"])
-        rngs = st.get("rng") or []
-        if len(rngs) == self.world:
-            set_rng_state(rngs[self.info.rank])
-        else:
-            # Another world size: the data order and masks continue exactly (they depend on the
-            # global position only); dropout noise restarts from (seed, rank, step).
-            torch.manual_seed(self.seed * 1000003 + self.info.rank + 7919 * self.engine.step)
         self.saved_step, self.resumed_from = self.engine.step, path
         if self.info.is_main:
             print(f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens "
-                  "seen)",
-                  flush=True)
+                  "seen)", flush=True)
+        # every rank's RNG and PowerSGD state, at the same world size
+        loop_state.restore_rank_states(st, self.engine, self.info, self.seed)
 
     def _export(self, result: LoopResult, step: int) -> None:
         """The task's result, on rank 0; a sharded model's full weights are gathered first

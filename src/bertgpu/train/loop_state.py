@@ -1,5 +1,7 @@
 """What `train/loop.Loop` builds while a run lasts: its result (`LoopResult`) and what it
-accumulates between log lines, evaluations and rebalancings (`LogWindow`)."""
+accumulates between log lines, evaluations and rebalancings (`LogWindow`); and what differs per
+rank in a checkpoint: the RNG states and a compression hook's state (`rank_states`,
+`restore_rank_states`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertgpu.train import distributed
 from bertgpu.train.balance import RankTimes
 from bertgpu.train.engine import StepResult
 
@@ -134,3 +137,49 @@ def device_mfu(engine: Any, flops_per_token: float | None, world: int,
     dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[engine.precision]
     peak = flops.peak_tflops(torch.cuda.get_device_name(engine.device), dtype)
     return flops.mfu(tokens_per_s, flops_per_token, peak, n_devices=world) if peak else None
+
+
+def rank_states(engine: Any, rng: tuple[Any, ...] | None = None
+                ) -> tuple[list[Any], list[Any] | None]:
+    """Collective, for a checkpoint: every rank's RNG state (as `checkpoint.capture_rng` took it:
+    `rng`, else now), and on rank 0 every rank's PowerSGD state (None on the other ranks and
+    without a stateful compression hook). The hook's state is per rank (each rank's residual is
+    what compressing its own gradient lost), as large as the gradient: it goes to rank 0 only.
+    It is the state now even for a preemption's snapshot: a step aborted by a stop signal ran no
+    hook (its checks come before its last micro-step, whose backward calls the hook)."""
+    from bertgpu.train.checkpoint import rng_state
+
+    rngs = distributed.gather_objects(rng_state(rng))
+    keeper = distributed.comm_hook_of(engine.model)
+    if keeper is None:
+        return rngs, None
+    engine.read_all()  # a skipped step read late (CUDA) resets the hook first
+    return rngs, distributed.gather_to_main(keeper.state_dict())
+
+
+def restore_rank_states(state: dict[str, Any], engine: Any, info: Any, seed: int) -> None:
+    """This rank's RNG and PowerSGD states from a checkpoint's `state` (`rank_states`'), when it
+    was written at this world size. At another one the data order and masks continue exactly
+    (they depend on the global position only), dropout noise restarts from (seed, rank, step),
+    and PowerSGD starts afresh, which rank 0 says in one line."""
+    import torch
+
+    from bertgpu.train.checkpoint import set_rng_state
+
+    rngs, step = state.get("rng") or [], engine.step
+    if len(rngs) == info.world_size:
+        set_rng_state(rngs[info.rank])
+    else:
+        torch.manual_seed(seed * 1000003 + info.rank + 7919 * step)
+    keeper = distributed.comm_hook_of(engine.model)
+    saved = state.get("comm_hook")
+    if keeper is None:
+        return
+    if saved is not None and len(saved) == info.world_size:
+        keeper.load_state_dict(saved[info.rank])
+    elif info.is_main:
+        found = (f"the PowerSGD state of {len(saved)} ranks, not {info.world_size}" if saved
+                 else "no PowerSGD state")
+        print(f"distributed.comm_hook powersgd: the checkpoint of step {step} holds {found}; "
+              "PowerSGD starts afresh (uncompressed for 10 steps, then without the error "
+              "feedback from before the resume)", flush=True)

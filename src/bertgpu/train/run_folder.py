@@ -2,10 +2,11 @@
 
 `check_run_folder`: a new or empty `--out`, or the folder of an earlier run (never a user's files
 or a shard set). `check_device`: `impl.device` is one this machine has. `check_same_model`: a
-resume keeps the checkpoint's `[model]` (dropout and initialisation aside). `keep_config_history`:
-a resume with other settings says which, and keeps the earlier config.toml as
-`config.step_N.toml`. `check_not_past_max_steps`: a resume never starts past train.max_steps.
-`bertgpu pretrain` calls them before anything loads (and before `--nproc` starts workers).
+resume keeps the checkpoint's `[model]` (dropout and initialisation aside). `config_text`: the
+config.toml of a run, the values it used (`resolved_config`). `keep_config_history`: a resume
+with other settings says which, and keeps the earlier config.toml as `config.step_N.toml`.
+`check_not_past_max_steps`: a resume never starts past train.max_steps. `bertgpu pretrain` calls
+them before anything loads (and before `--nproc` starts workers).
 `checkpoint_budget`: the budget clock a checkpoint stored (is a finished budget run finished for
 this config too?). `run_folder_lock`: one `bertgpu pretrain` at a time writes a run folder (two
 would interleave checkpoints and metrics.jsonl and overwrite each other's export).
@@ -14,6 +15,7 @@ would interleave checkpoints and metrics.jsonl and overwrite each other's export
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import socket
@@ -30,6 +32,10 @@ OTHER_OUTPUTS = ("manifest.json", "results.json")
 """A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
 LOCK_FILE = ".bertgpu-run.lock"
 """Held (flock) by the process that trains in the run folder; left behind, never a sign of a run."""
+RESOLVED = {"impl.micro_batch_size": "auto", "data.objective": "none", "train.with_nsp": "none"}
+"""Keys whose config.toml value is the one the run used, with the placeholder a config may give
+them (as TOML reads it): the micro batch `auto` picked, the shard set's objective, whether the
+NSP head trains."""
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -75,12 +81,38 @@ def check_device(device: str) -> None:
                            f"[0, {count}), or cuda")
 
 
-def keep_config_history(run_dir: Path, text: str, step: int) -> None:
+def resolved_config(cfg: Any, micro_batch_size: int, objective: str, with_nsp: bool) -> Any:
+    """`cfg` (a PretrainConfig) with the values the run uses for its placeholders (RESOLVED):
+    what config.toml, the checkpoints' copies and the metric sinks get."""
+    return dataclasses.replace(
+        cfg, impl=dataclasses.replace(cfg.impl, micro_batch_size=micro_batch_size),
+        data=dataclasses.replace(cfg.data, objective=objective),
+        train=dataclasses.replace(cfg.train, with_nsp=with_nsp))
+
+
+def config_text(cfg: Any, world_size: int, accumulation: int) -> str:
+    """config.toml of a run: the resolved `cfg` (`resolved_config`), after a comment with the
+    number of devices (no setting holds it: --nproc or torchrun chose it) and the batch
+    arithmetic. The comment is no setting: a resume on other devices changes none."""
+    from bertgpu.config.render import dump_toml
+
+    t, i = cfg.train, cfg.impl
+    devices = f"{world_size} device{'s' if world_size != 1 else ''}"
+    return (f"# resolved for {devices}: global batch {t.global_batch_size} = micro batch "
+            f"{i.micro_batch_size} x accumulation {accumulation} x {devices}\n" + dump_toml(cfg))
+
+
+def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None = None) -> None:
     """A run resumed at `step` with other settings (lr, global batch, schedule: what may
     change) says which in one line, and keeps the run's config.toml of the steps before as
     `config.step_N.toml` (N = `step`; `config.step_N.2.toml`, ... when the run resumes at N
     again with other settings) before `text` replaces it: the run folder keeps the settings of
-    every stretch of steps."""
+    every stretch of steps.
+
+    `asked`: the config as given (TOML), when `text` holds resolved values (RESOLVED). A key asked
+    as its placeholder, or one that the earlier config.toml holds as its placeholder (written
+    before config.toml held resolved values), is compared as asked: the same command run again
+    changes no setting, even where `auto` picks another micro batch on this start."""
     from bertgpu.config.overrides import read_toml, tomllib
 
     path = run_dir / "config.toml"
@@ -91,11 +123,13 @@ def keep_config_history(run_dir: Path, text: str, step: int) -> None:
     except BertgpuError:  # unreadable: kept aside all the same
         before = None
     after = flatten_config(tomllib.loads(text))
+    given = flatten_config(tomllib.loads(asked)) if asked is not None else after
     if before is None:
         changed = ["(the run's config.toml could not be read)"]
     else:
         changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
-                   for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)]
+                   for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
+                   and not _as_asked(k, before.get(k), given.get(k))]
     if not changed:
         return
     earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
@@ -108,6 +142,13 @@ def keep_config_history(run_dir: Path, text: str, step: int) -> None:
         os.replace(tmp, aside)
     print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
           f"(the earlier config.toml is kept as {aside.name})", flush=True)
+
+
+def _as_asked(key: str, before: Any, given: Any) -> bool:
+    """A resolved key (RESOLVED) that this run asked as its placeholder, or that the earlier
+    config.toml holds as its placeholder: no changed setting, whatever it resolved to."""
+    placeholder = RESOLVED.get(key)
+    return placeholder is not None and placeholder in (before, given)
 
 
 def _shown(value: Any) -> str:
