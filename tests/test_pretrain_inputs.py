@@ -396,3 +396,17 @@ def test_a_bad_bool_value_in_the_space_form_names_the_key_and_its_values(tmp_pat
         _parse([TINY, "--impl.compile", "a.toml"])
     assert _parse(["--impl.compile", TINY]).overrides == ["--impl.compile"]
     assert not out.exists()
+
+
+def test_a_missing_sink_package_leaves_no_run_folder(shards: Path, tmp_path: Path, capsys,
+                                                     monkeypatch) -> None:
+    """--logging.tensorboard true without tensorboard installed: one line, and no run folder
+    (config.toml and the tokenizer were written before the sinks started)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard -> ImportError
+    run = tmp_path / "r"
+    err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards), "--out", str(run),
+                                   *SMALL, "--train.max_steps", "1",
+                                   "--logging.tensorboard", "true"])
+    assert "tensorboard" in err and not run.exists(), err

@@ -146,9 +146,9 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
     assert rows["final train loss"] == ["6.5000"]
     assert rows["final val MLM loss"] == ["6.2500"]
     assert rows["final val MLM accuracy"] == ["12.50 %"]
-    assert rows["mean tokens/s (all devices)"] == ["300"]
-    assert rows["mean tokens/s per device"] == ["150"]
-    assert rows["mean MFU"] == ["20.0 %"]
+    assert rows["tokens/s (all devices; tokens / time of the logged intervals)"] == ["300"]
+    assert rows["tokens/s per device (likewise)"] == ["150"]
+    assert rows["MFU (weighted by interval time)"] == ["20.0 %"]
     assert rows["peak memory"] == ["1.40 GiB"]
     assert rows["wall time"] == ["46 s"]
     assert "final val NSP accuracy" not in rows  # never logged: no row
@@ -356,3 +356,18 @@ def test_a_file_that_is_not_a_benchmarks_rows_is_refused_at_its_first_other_line
     rows.write_text('{"bench": "model", "tokens_per_s": 1}\n{"workers": 2, "tokens_per_s": 3}\n',
                     encoding="utf-8")
     assert load_source(rows).kind == "bench"
+
+
+def test_throughput_is_total_tokens_over_total_time():
+    """Ten steps at 1,000 tokens/s (10 s) and ten at 100 tokens/s (100 s) are 20,000 tokens in
+    110 s: 182 tokens/s, not the 550 of a plain mean of the two rates (which overstated real
+    runs' throughput 2-2.4x). An interval's time is its steps over its steps_per_s; a resumed
+    process counts from its start record's step."""
+    start = {"step": 0, "kind": "info", "event": "start"}
+    records = [start, _train(10, 5.0, 1000.0, steps_per_s=1.0, compile_s=0.0),
+               _train(20, 4.0, 100.0, steps_per_s=0.1, compile_s=0.0, mfu=0.1),
+               {**start, "step": 20}, _train(30, 3.0, 1000.0, steps_per_s=1.0, compile_s=0.0)]
+    s = pretrain_summary(records)
+    assert s["tokens_per_s"] == pytest.approx(30000 / 120)
+    assert s["tokens_per_s_per_device"] == pytest.approx(15000 / 120)
+    assert s["mfu"] == pytest.approx((0.2 * 20 + 0.1 * 100) / 120)

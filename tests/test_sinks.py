@@ -307,3 +307,109 @@ def test_tensorboard_sink_tags(tmp_path, monkeypatch):
     written.clear()
     _run(MetricsLogger(tmp_path / "b", True, tensorboard=False, stream=io.StringIO()))
     assert written == []
+
+
+# --------------------------------------------------------------------------------------------
+# Start-up failures, fine-tune runs renamed at the end, how a run ended
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_sink_that_cannot_start_is_one_warning_and_the_run_goes_on(tmp_path, wandb_env,
+                                                                     monkeypatch, capsys):
+    """W&B online without an API key, an MLflow store that cannot be made, a server that is
+    down: each was a traceback that ended the run; now one warning naming the sink and why.
+    An explicit file-store URI works as the default one does (MLflow 3 refused it)."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NETRC", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    bad = [LoggingSection(wandb=True, wandb_mode="online"),
+           LoggingSection(mlflow=True, mlflow_tracking_uri="file:///proc/mlruns"),
+           LoggingSection(mlflow=True, mlflow_tracking_uri="http://127.0.0.1:9/")]
+    for i, cfg in enumerate(bad):
+        cfg = dataclasses.replace(cfg, tensorboard=False, gpu_monitor_interval_s=0)
+        logger = open_logger(tmp_path / f"r{i}", True, cfg, CONFIG, stream=io.StringIO())
+        assert logger.sink_names == []
+        _run(logger)
+        assert len(read_metrics(tmp_path / f"r{i}" / "metrics.jsonl")) == 5  # the run went on
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+        assert "could not start" in line
+    assert 'wandb_mode = "online" but no W&B API key' in _warnings(bad[0], tmp_path, capsys)
+    assert "file:///proc/mlruns" in _warnings(bad[1], tmp_path, capsys)
+    assert "cannot connect to 127.0.0.1:9" in _warnings(bad[2], tmp_path, capsys)
+    store = tmp_path / "shared-store"
+    cfg = LoggingSection(mlflow=True, mlflow_tracking_uri=store.as_uri(), tensorboard=False,
+                         gpu_monitor_interval_s=0)
+    logger = open_logger(tmp_path / "ok", True, cfg, CONFIG, stream=io.StringIO())
+    assert logger.sink_names == ["mlflow"]
+    _run(logger)
+
+
+def _warnings(cfg: LoggingSection, tmp_path: Path, capsys) -> str:
+    cfg = dataclasses.replace(cfg, tensorboard=False, gpu_monitor_interval_s=0)
+    open_logger(tmp_path / "again", True, cfg, None, stream=io.StringIO()).close()
+    return capsys.readouterr().err
+
+
+def test_a_renamed_fine_tune_is_named_and_found_at_its_final_folder(tmp_path, wandb_env,
+                                                                    monkeypatch, capsys):
+    """A fine-tune runs in OUT.tmp, renamed to OUT at the end: the sinks named it `seed_1.tmp`
+    (every glue cell alike), MLflow's artifacts pointed into OUT.tmp (unreachable after the
+    rename), the W&B hint named OUT.tmp, and the config had no task, init or data."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from bertgpu.telemetry.run_logger import renamed_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "glue1" / "CoLA" / "seed_1"
+    work = out.with_name("seed_1.tmp")
+    cfg = LoggingSection(mlflow=True, wandb=True, tensorboard=False, gpu_monitor_interval_s=0)
+    cfg, config = renamed_run(cfg, work, CONFIG, {"task": "CoLA", "init": "run1",
+                                                  "data": "glue_data", "max_seq_len": 64})
+    assert cfg.wandb_run_name == cfg.mlflow_run_name == "glue1/CoLA/seed_1"
+    assert config["task"] == "CoLA" and config["out"] == str(out) and config["seed"] == 3
+    _run(open_logger(work, True, cfg, config, stream=io.StringIO()))
+    (hint,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("W&B: offline")]
+    assert f"wandb sync {out / 'wandb'}/offline-run-" in hint and ".tmp" not in hint
+    work.rename(out)
+    client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("bertgpu").experiment_id])
+    assert found.info.run_name == "glue1/CoLA/seed_1"
+    assert found.data.params["task"] == "CoLA" and found.data.params["max_seq_len"] == "64"
+    assert [a.path for a in client.list_artifacts(found.info.run_id)] == ["config.json"]
+    got = client.download_artifacts(found.info.run_id, "config.json", str(tmp_path))
+    assert json.loads(Path(got).read_text())["init"] == "run1"
+
+
+@pytest.mark.parametrize(("reason", "status", "exit_code"), [
+    ("diverged", "FAILED", 1), ("error", "FAILED", 1), ("preempted", "KILLED", 1),
+    ("max_steps", "FINISHED", 0)])
+def test_how_the_run_ended_reaches_the_tracking_runs(tmp_path, wandb_env, monkeypatch, reason,
+                                                     status, exit_code):
+    """A diverged or preempted run was FINISHED in MLflow and exit code 0 in W&B: the loop's
+    end record (metrics.jsonl) now sets MLflow's status and W&B's exit code."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "run"
+    cfg = LoggingSection(mlflow=True, wandb=True, tensorboard=False, gpu_monitor_interval_s=0)
+    logger = open_logger(run, True, cfg, CONFIG, stream=io.StringIO())
+    logger.log(1, "train", loss=1.0)
+    logger.log(1, "info", event="end", reason=reason, error="training diverged: loss nan")
+    logger.close()
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("bertgpu").experiment_id])
+    assert found.info.status == status and found.data.tags["end_reason"] == reason
+    run_id = json.loads((run / "sinks.json").read_text())["wandb_run_id"]
+    (folder,) = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    deadline = time.monotonic() + 30
+    while True:
+        records = _wandb_records(folder / f"run-{run_id}.wandb")
+        exits = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+        if exits:
+            break
+        assert time.monotonic() < deadline, "the W&B run file was never completed"
+        time.sleep(0.2)
+    assert exits[0].exit_code == exit_code

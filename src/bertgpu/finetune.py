@@ -226,7 +226,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     work = out.with_name(out.name + ".tmp")
     try:
         loop, task = _build_loop(job, model, cfg, info, pad_id, work, tok_dir, identity, init,
-                                 size_note, seq, ckpt)
+                                 size_note, extra, seq, ckpt)
         timing = {"load_seconds": time.perf_counter() - t_load, "load_data_seconds": load_data_s}
         result = loop.run()
     except Exception:
@@ -245,7 +245,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,
-                tok_dir: Path, identity: str, init: str, size_note: str,
+                tok_dir: Path, identity: str, init: str, size_note: str, extra: dict[str, Any],
                 seq: tuple[int, str], ckpt: InitCheckpoint | None) -> tuple[Any, Any]:
     """The training loop of one fine-tuning run in `work` (OUT.tmp), resumed from its checkpoint
     when `work` holds one of the same run (`identity`), else started afresh. `cfg` is resolved
@@ -258,7 +258,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_export import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
-    from bertgpu.telemetry import flops
+    from bertgpu.telemetry import flops, run_logger
     from bertgpu.train import distributed, loop
     from bertgpu.train.checkpoint import load_resume
     from bertgpu.train.engine import build_engine, seed_dropout
@@ -308,14 +308,14 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         *([("by model size", size_note)] if size_note else []),
         *(head_rows(model) if resume is None else []),  # else the head is the checkpoint's
     ]
+    logging, sink_config = run_logger.renamed_run(sec.logging, work, config_to_dict(cfg), dict(
+        task=job.name, **extra, init=init, init_checkpoint=ckpt, max_seq_len=seq_len))
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
-                   peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=sec.logging,
-                   seed=cfg.seed, config=config_to_dict(cfg), title="bertgpu finetune",
-                   startup_rows=rows, checkpoint_files=lambda: {"finetune.json": identity},
-                   final_checkpoint=False,
-                   flops_per_token=flops.flops_per_token_from_config(
-                       model.config, seq_len, mlm_fraction=0.0, with_nsp=False),
-                   comm_timer=timer, resume=resume)
+                   peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=logging,
+                   seed=cfg.seed, config=sink_config, title="bertgpu finetune", startup_rows=rows,
+                   checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
+                   comm_timer=timer, flops_per_token=flops.flops_per_token_from_config(
+                       model.config, seq_len, mlm_fraction=0.0, with_nsp=False), resume=resume)
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task

@@ -365,9 +365,15 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
     for key in ("lr", "epochs"):  # chosen by model size: what the runs (one init) resolved
         if c[key] is None and recorded:
             c[key] = recorded[0].get(key)
+    # As used (results.json max_seq_len: the request, or the task's 128 capped at the model's
+    # positions); the request alone for runs that did not record it.
+    used = sorted({r["max_seq_len"] for per_seed in runs.values() for r in per_seed.values()
+                   if isinstance(r.get("max_seq_len"), int)})
+    seq = (used[0] if len(used) == 1 else "/".join(map(str, used))) if used else (
+        c["max_seq_len"] or 128)
     protocol = {
         "epochs": c["epochs"], "lr": c["lr"], "global_batch_size": c["global_batch_size"],
-        "max_seq_len": c["max_seq_len"] or 128, "warmup_fraction": c["warmup_fraction"],
+        "max_seq_len": seq, "warmup_fraction": c["warmup_fraction"],
         "decay": c["decay"], "weight_decay": c["weight_decay"], "precision": c["precision"],
         "seeds": seeds,
         "aggregate": f"median over {len(seeds)} seed{'s' * (len(seeds) > 1)} per metric",

@@ -157,6 +157,11 @@ def check_config(cfg: Any) -> None:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
     check_run_folder(Path(cfg.out))
     check_device(cfg.impl.device)
+    # a logging sink's package (tensorboard, wandb, mlflow): missing, it is one line before the
+    # run folder gets config.toml and the tokenizer (which a missing package used to leave)
+    from bertgpu.telemetry.sinks import check_packages
+
+    check_packages(cfg.logging)
 
 
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:

@@ -192,7 +192,10 @@ def _ending(records: list[dict[str, Any]]) -> str | None:
 def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers of a run's summary table; None where the run did not log them.
 
-    Throughput and MFU are means over the logged train intervals. A run that logs ``compile_s``
+    Throughput and MFU are over the logged train intervals, weighted by their time: total tokens
+    over total seconds (a plain mean of the rates would count a short fast interval as much as a
+    long slow one). An interval's time is its steps over its ``steps_per_s``. A run that logs
+    ``compile_s``
     measured its rates without the steps that compiled and without its first step, so every
     interval counts; an older run's first interval included start-up (compilation, data
     warm-up) and is left out when there are three or more. ``compile_s`` is the time spent in
@@ -200,10 +203,24 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """
     honest = any("compile_s" in r for r in records if r.get("kind") == "train")
 
+    # (rates, seconds) of each train interval: its steps since the previous train record (or
+    # the start record of the process that logged it) over its steps_per_s.
+    intervals: list[tuple[dict[str, Any], float]] = []
+    prev = 0.0
+    for r in records:
+        step = num(r.get("step"))
+        if r.get("kind") == "info" and r.get("event") == "start" and step is not None:
+            prev = step
+        elif r.get("kind") == "train" and step is not None:
+            sps = num(r.get("steps_per_s"))
+            intervals.append((r, (step - prev) / sps if sps and step > prev else 1.0))
+            prev = step
+    intervals = intervals[1:] if len(intervals) >= 3 and not honest else intervals
+
     def rate(key: str) -> float | None:
-        ys = series(records, "train", key)[1]
-        ys = ys[1:] if len(ys) >= 3 and not honest else ys
-        return sum(ys) / len(ys) if ys else None
+        pairs = [(y, t) for y, t in ((num(r.get(key)), t) for r, t in intervals) if y is not None]
+        seconds = sum(t for _, t in pairs)
+        return sum(y * t for y, t in pairs) / seconds if seconds else None
 
     compile_s, last = 0.0, 0.0
     for y in series(records, "train", "compile_s")[1]:

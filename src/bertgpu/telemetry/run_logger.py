@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from bertgpu.config.sections import LoggingSection
 from bertgpu.telemetry.metrics import MetricsLogger
 from bertgpu.telemetry.monitor import GpuMonitor
-from bertgpu.telemetry.sinks import MlflowSink, Sink, WandbSink, check_packages
+from bertgpu.telemetry.sinks import MlflowSink, Sink, SinkStartError, WandbSink, check_packages
 
 
 def _node_rank() -> tuple[int, int]:
@@ -63,13 +65,16 @@ def open_logger(
     if is_main or gpu_file is not None:
         monitor = GpuMonitor.start_if_available(gpu_file, cfg.gpu_monitor_interval_s, nvml=nvml)
     sinks: list[Sink] = []
+    # The folder the run will live in: a fine-tune runs in OUT.tmp and records OUT as its "out".
+    out = (config_dict or {}).get("out")
+    final = Path(out) if isinstance(out, str) and out else run_dir
     try:
         if is_main and run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if cfg.wandb:
-                sinks.append(WandbSink(run_dir, cfg))
-            if cfg.mlflow:
-                sinks.append(MlflowSink(run_dir, cfg))
+            for flag, make in (("wandb", WandbSink), ("mlflow", MlflowSink)):
+                if getattr(cfg, flag):
+                    sink = _start(flag, lambda make=make: make(run_dir, cfg, final))
+                    sinks += [sink] if sink is not None else []
         logger_kwargs.setdefault("tensorboard", cfg.tensorboard is not False)
         logger = MetricsLogger(run_dir if is_main else None, is_main, sinks=sinks,
                                monitor=monitor, device=device, **logger_kwargs)
@@ -84,4 +89,38 @@ def open_logger(
     return logger
 
 
-__all__ = ["open_logger"]
+def renamed_run(logging_cfg: LoggingSection, work: Path, config: Mapping[str, Any],
+                facts: Mapping[str, Any]) -> tuple[LoggingSection, dict[str, Any]]:
+    """The ``[logging]`` section and the sinks' config of a run written in ``work`` (``OUT.tmp``)
+    and renamed to ``OUT`` once complete (a fine-tune): the sinks name the run after ``OUT``
+    (``OUT/TASK/seed_N`` for a glue cell, whose folder names alone repeat across cells) unless
+    the section names it, point at ``OUT``, and get ``facts`` (task, init, init_checkpoint, data,
+    max_seq_len as used) beside the config, as results.json records them."""
+    out = work.with_name(work.name.removesuffix(".tmp"))
+    parts = out.resolve().parts
+    name = "/".join(parts[-3:] if out.name.startswith("seed_") else parts[-1:])
+    named = dataclasses.replace(logging_cfg, wandb_run_name=logging_cfg.wandb_run_name or name,
+                                mlflow_run_name=logging_cfg.mlflow_run_name or name)
+    ckpt = facts.get("init_checkpoint")  # finetune's InitCheckpoint: its record, as results.json
+    facts = {**facts, "init_checkpoint": ckpt.record() if hasattr(ckpt, "record") else ckpt}
+    return named, {**config, **facts, "out": str(out)}
+
+
+def _start(flag: str, make: Any) -> Sink | None:
+    """The sink, or None after one warning: a sink that cannot start (no API key, a server that
+    is down, a store that cannot be written) must not end the run, as one failing later does not
+    (sinks.SinkFanout). A missing package is a config error instead (check_packages)."""
+    try:
+        return make()
+    except Exception as e:  # noqa: BLE001 - whatever the tracking client raises
+        if isinstance(e, SinkStartError):
+            why = str(e)
+        else:
+            text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            why = f"{type(e).__name__}: {text}" if text else type(e).__name__
+        print(f"bertgpu: warning: the {flag} sink could not start ({why}); the run goes on "
+              f"without it (logging.{flag} = false to silence this)", file=sys.stderr, flush=True)
+        return None
+
+
+__all__ = ["open_logger", "renamed_run"]

@@ -7,8 +7,10 @@ its package is installed, as before). The training loop only talks to ``MetricsL
 Only rank 0 writes to sinks. Each gets the resolved config once (``log_config``), then every log
 event as ``log(step, kind, scalars)`` with ``kind`` "train", "eval", "info" or "system" (the
 GPU monitor's latest sample of every GPU, at each train log). Sinks are called from one
-background thread, so a slow tracking server never stalls a training step; a sink that fails is
-switched off with one warning and the run goes on.
+background thread, so a slow tracking server never stalls a training step; a sink that fails,
+or cannot start (no API key, a server that is down), is switched off with one warning and the run
+goes on. At the end, MLflow's run status (FAILED, KILLED) and W&B's exit code follow the loop's
+end record (``end_reason``).
 
 W&B without network: ``wandb_mode = "offline"`` (or ``"auto"`` without an API key) writes the
 run under ``RUN_DIR/wandb/``; upload it later with ``wandb sync RUN_DIR/wandb/offline-run-*``.
@@ -117,27 +119,29 @@ def _wandb_mode(cfg: LoggingSection) -> str:
         return "offline" if env in ("offline", "dryrun") else env
     if os.environ.get("WANDB_API_KEY"):
         return "online"
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return "online" if "api.wandb.ai" in netrc.read_text(encoding="utf-8") else "offline"
-    except OSError:
-        return "offline"
+    return "online" if _wandb_key() else "offline"
 
 
 class WandbSink:
-    """A W&B run: keys ``KIND/KEY``, W&B's step = the optimizer step."""
+    """A W&B run: keys ``KIND/KEY``, W&B's step = the optimizer step. ``final`` is the folder the
+    run will live in once complete (a fine-tune's ``OUT`` while it runs in ``OUT.tmp``): it names
+    the run and the folder the upload hint gives."""
 
     name = "wandb"
 
-    def __init__(self, run_dir: Path, cfg: LoggingSection) -> None:
+    def __init__(self, run_dir: Path, cfg: LoggingSection, final: Path | None = None) -> None:
         import wandb
 
         self.mode = _wandb_mode(cfg)
+        self.run_dir, self.final = run_dir, final or run_dir
+        if self.mode == "online" and not _wandb_key():
+            raise SinkStartError(f'logging.wandb_mode = "{self.mode}" but no W&B API key '
+                                 '(wandb login, or wandb_mode = "offline")')
         run_id = _recall(run_dir, "wandb_run_id")
         self._run = wandb.init(
             project=cfg.wandb_project, entity=cfg.wandb_entity,
-            name=cfg.wandb_run_name or run_dir.resolve().name, dir=str(run_dir), mode=self.mode,
-            id=run_id, resume="allow" if run_id else None,
+            name=cfg.wandb_run_name or self.final.resolve().name, dir=str(run_dir),
+            mode=self.mode, id=run_id, resume="allow" if run_id else None,
             settings=wandb.Settings(console="off"),  # our console stays ours (tqdm, plain lines)
         )
         _remember(run_dir, "wandb_run_id", self._run.id)
@@ -154,30 +158,131 @@ class WandbSink:
         self._run.config.update(dict(config), allow_val_change=True)
 
     def close(self) -> None:
-        folder = getattr(self._run, "dir", None)
-        self._run.finish()
+        folder = getattr(self._run, "dir", None)  # RUN_DIR/wandb/offline-run-*/files
+        reason, error = end_reason(self.run_dir)
+        self._run.summary["end_reason"] = reason
+        if error:
+            self._run.summary["end_error"] = error
+        if reason == "preempted" and hasattr(self._run, "mark_preempting"):
+            self._run.mark_preempting()
+        # W&B marks a run with a non-zero exit code as failed: a divergence, an error, a stop.
+        self._run.finish(exit_code=1 if reason in (*_FAILED, "preempted") else 0)
         if self.mode == "offline" and folder:
-            print(f"W&B: offline run in {Path(folder).parent}; upload it with "
-                  f"`wandb sync {Path(folder).parent}`", file=sys.stderr, flush=True)
+            # Where the folder will be once a fine-tune's OUT.tmp is renamed to OUT; a resumed
+            # run has one offline folder per process, and `wandb sync` needs all of them.
+            here = Path(folder).parent
+            there = self.final / here.relative_to(self.run_dir) if here.is_relative_to(
+                self.run_dir) else here
+            if len(list(here.parent.glob("offline-run-*"))) > 1:
+                there = there.parent / "offline-run-*"
+            print(f"W&B: offline run in {there}; upload it with `wandb sync {there}`",
+                  file=sys.stderr, flush=True)
+
+
+def _wandb_key() -> bool:
+    """Whether W&B will find an API key: WANDB_API_KEY or a netrc entry (`wandb login`)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb" in netrc.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+class SinkStartError(Exception):
+    """A sink that cannot start, with the one line that says why (`open_logger` warns with it)."""
+
+
+# The end record's reasons (train/loop.py) of a run that failed; "preempted" is a stop from
+# outside. Other reasons (max_steps, budget) and a logger closed without an end record succeed.
+_FAILED = ("diverged", "error")
+
+
+def end_reason(run_dir: Path) -> tuple[str, str]:
+    """(reason, error) of the end record of the run as it stands in ``run_dir/metrics.jsonl``
+    (the loop writes it before the sinks close); ("unknown", "") without one."""
+    from bertgpu.telemetry.records import run_end
+
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))  # the tail holds the newest records
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return "unknown", ""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # the first line of the tail may be cut
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    end = run_end(records)
+    if end is None:
+        return "unknown", ""
+    return str(end.get("reason", "unknown")), str(end.get("error", ""))
+
+
+def _file_store(uri: str) -> bool:
+    return uri.startswith("file:") or "://" not in uri
+
+
+def _check_reachable(uri: str) -> None:
+    """A tracking server that does not answer a connection fails here in seconds: MLflow's
+    own client retries a refused connection for minutes before it gives up."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=10).close()
+    except OSError as e:
+        raise SinkStartError(f"logging.mlflow_tracking_uri {uri}: cannot connect to "
+                             f"{parts.hostname}:{port} ({e.strerror or e}); expected a running "
+                             "MLflow server, or no URI for a file store in the run folder") from e
 
 
 class MlflowSink:
-    """An MLflow run: metrics ``KIND/KEY`` at the optimizer step, the config as parameters."""
+    """An MLflow run: metrics ``KIND/KEY`` at the optimizer step, the config as parameters.
+    ``final``: the folder the run will live in once complete (a fine-tune's ``OUT`` while it
+    runs in ``OUT.tmp``). MLflow records absolute artifact paths, so a store that moves with
+    the run folder gets its artifacts at their final place (``final/mlartifacts``)."""
 
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, cfg: LoggingSection) -> None:
+    def __init__(self, run_dir: Path, cfg: LoggingSection, final: Path | None = None) -> None:
         uri = cfg.mlflow_tracking_uri
+        final = final or run_dir
+        self.run_dir = run_dir
+        # Written by hand inside run_dir, where the store's rename takes them (None: MLflow's).
+        self._artifacts_here: Path | None = None
+        artifact_location = None
         if uri is None:
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            if final.resolve() != run_dir.resolve():
+                artifact_location = (final / "mlartifacts").resolve().as_uri()
+                self._artifacts_here = run_dir / "mlartifacts"
+        if _file_store(uri):
             # MLflow 3 keeps its file store in maintenance mode behind this switch; a local file
             # store needs no server and no database package, so it is our default.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = (run_dir / "mlruns").resolve().as_uri()
+        _check_reachable(uri)
         from mlflow.tracking import MlflowClient
 
-        self._client = MlflowClient(tracking_uri=uri)
-        exp = self._client.get_experiment_by_name(cfg.mlflow_experiment)
-        exp_id = exp.experiment_id if exp else self._client.create_experiment(cfg.mlflow_experiment)
+        try:
+            self._client = MlflowClient(tracking_uri=uri)
+            exp = self._client.get_experiment_by_name(cfg.mlflow_experiment)
+            exp_id = exp.experiment_id if exp else self._client.create_experiment(
+                cfg.mlflow_experiment, artifact_location=artifact_location)
+        except Exception as e:  # the first call that touches the store says what is wrong
+            text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise SinkStartError(f"logging.mlflow_tracking_uri {uri}: cannot open the store "
+                                 f"({type(e).__name__}: {text})") from e
         run_id = _recall(run_dir, "mlflow_run_id")
         self.resumed = False
         if run_id:
@@ -188,7 +293,7 @@ class MlflowSink:
                 run_id = None
         if not run_id:
             run = self._client.create_run(exp_id, run_name=cfg.mlflow_run_name or
-                                          run_dir.resolve().name)
+                                          final.resolve().name)
             run_id = run.info.run_id
             _remember(run_dir, "mlflow_run_id", run_id)
         self.run_id = run_id
@@ -211,10 +316,22 @@ class MlflowSink:
             params = [Param(k, str(v)[:6000]) for k, v in flatten_config(config).items()]
             for i in range(0, len(params), 100):  # MLflow's limit per batch
                 self._client.log_batch(self.run_id, params=params[i:i + 100])
-        self._client.log_dict(self.run_id, dict(config), "config.json")
+        if self._artifacts_here is None:
+            self._client.log_dict(self.run_id, dict(config), "config.json")
+            return
+        # MLflow would write to the final folder, which must not exist before the rename.
+        path = self._artifacts_here / self.run_id / "artifacts" / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(config), indent=2, default=str) + "\n", encoding="utf-8")
 
     def close(self) -> None:
-        self._client.set_terminated(self.run_id)
+        reason, error = end_reason(self.run_dir)
+        self._client.set_tag(self.run_id, "end_reason", reason)
+        if error:
+            self._client.set_tag(self.run_id, "end_error", error[:5000])
+        status = ("FAILED" if reason in _FAILED else "KILLED" if reason == "preempted"
+                  else "FINISHED")
+        self._client.set_terminated(self.run_id, status=status)
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
