@@ -296,3 +296,52 @@ def test_command_line_errors(tmp_path, capsys):
                  "--out", str(tmp_path / "o"), "--label-field", "y"]) == 2
     assert "--label-field: only for finetune classify and ner" in capsys.readouterr().err
     assert not (tmp_path / "ft").exists() and not (tmp_path / "ft.tmp").exists()
+
+
+def test_labels_equal_as_numbers_are_one_class(tmp_path):
+    """JSON 1 and 1.0 (a float column that held a NaN) used to be two classes, '1' and '1.0',
+    with a warning about "fractions"; a dev file with 1.0 against a training file with 1 was
+    refused. Equal numbers are one class named by its value, in CSV text too; a real fraction
+    still warns, in words that say what it is."""
+    rows = [(1, "good"), (1.0, "great"), (0, "bad"), (0.0, "awful")]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n"
+                                              for y, t in rows))
+    (tmp_path / "d.jsonl").write_text('{"text": "fine", "label": 1.0}\n')
+    fields = classify.Fields()
+    train = classify.read_labelled(tmp_path / "t.jsonl", fields)
+    classes = classify.discover_labels(tmp_path / "t.jsonl", [r[3] for r in train])
+    assert classes == ("0", "1")
+    dev = classify.to_examples(tmp_path / "d.jsonl",
+                               classify.read_labelled(tmp_path / "d.jsonl", fields),
+                               classes, "label")
+    assert [ex.label for ex in dev] == [1]
+    p = Path("train.csv")
+    assert classify.discover_labels(p, ["1", "1.0", "0", "0.00", "10"]) == ("0", "1", "10")
+    with pytest.warns(UserWarning, match=r"some not whole \(e\.g\. '0\.5'\); each distinct "
+                                         r"value is read as a class"):
+        assert classify.discover_labels(p, ["0.50", "1", "1.0"]) == ("0.5", "1")
+
+
+def test_a_label_past_max_train_examples_is_named_so(tmp_path):
+    """A dev label that the training file has past the --max_train_examples cut used to be "not
+    in the training file"; the message now names the cut."""
+    rows = "text,label\nsad,10\nawful,10\ngood,2\nblue,1\n"
+    (tmp_path / "train.csv").write_text(rows)
+    (tmp_path / "dev.csv").write_text(rows)
+    cfg = FinetuneConfig(max_train_examples=3)
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "dev.csv",
+                                                  None, cfg),
+                    r"dev\.csv:5: label '1' is in the training file but not in its first 3 "
+                    r"rows \(--max_train_examples 3\) \(expected one of '2', '10'\)$")
+
+
+def test_a_multi_line_csv_row_is_named_by_its_first_line(tmp_path):
+    """csv.reader's line_num is where a record ended: a row with a quoted newline on lines 3-5
+    was named ':5' in predictions ids and errors (an extra field there was 'b.csv:4')."""
+    (tmp_path / "a.csv").write_text('text,label\n"good movie",pos\n"a long\nreview\nspanning '
+                                    'lines",neg\n"bad",neg\n\n"x",pos\n')
+    got = classify.read_labelled(tmp_path / "a.csv", classify.Fields())
+    assert [r[0] for r in got] == [2, 3, 6, 8]
+    (tmp_path / "b.csv").write_text('text,label\n"good",pos\n"a long\nreview",neg,extra\n')
+    _one_line_error(lambda: classify.read_labelled(tmp_path / "b.csv", classify.Fields()),
+                    r"b\.csv:3: 3 fields, expected 2 as in the header$")

@@ -159,7 +159,10 @@ def test_bad_jsonl_rows(tmp_path):
               r"x\.jsonl:1: 'tags' is empty or has an empty entry"),
              ('{"tokens": ["a"], "tags": ["E-PER"]}', r"x\.jsonl:1: tag 'E-PER' is not O"),
              ('{"tokens": ["a"]}', r"x\.jsonl:1: no field 'tags' .*expected --label-field"),
-             ('{"tokens": "a b", "tags": [1, 2]}', r"x\.jsonl:1: 'tags' is not a list of strings")]
+             ('{"tokens": "a b", "tags": [1, 2]}',
+              r"x\.jsonl:1: 'tags' holds integer ids \(e\.g\. 1\); expected names"),
+             ('{"tokens": "a b", "tags": [1, "O"]}',
+              r"x\.jsonl:1: 'tags' is not a list of strings")]
     for text, match in cases:
         (tmp_path / "x.jsonl").write_text(text + "\n")
         with pytest.raises(BertgpuError, match=match):
@@ -271,3 +274,32 @@ def test_command_line_errors(tmp_path, init, capsys):
     assert main([*base, "--dev-file", str(tmp_path / "dev.conll"), "--regression"]) == 2
     assert "--regression are for classify" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.tmp").exists()
+
+
+def test_conll_tokens_keep_spaces_in_tab_files_and_no_break_spaces(tmp_path):
+    """line.split() cut 'New York' (a tab-separated token) to 'New' and '10<NBSP>000' to '10',
+    silently; predictions.conll then no longer matched the file. Tabs split a line that has
+    one, ASCII spaces any other line; predictions.conll keeps three columns per word."""
+    (tmp_path / "x.conll").write_text("Emma\tB-PER\nNew York\tB-LOC\n10\u00a0000\tO\n\n"
+                                      "EU NNP B-ORG\n10\u00a0000  O\n \u00a0\n", encoding="utf-8")
+    got = [(s.tokens, s.tags) for s in ner.read_sentences(tmp_path / "x.conll")]
+    assert got == [(["Emma", "New York", "10\u00a0000"], ["B-PER", "B-LOC", "O"]),
+                   (["EU", "10\u00a0000"], ["B-ORG", "O"])]
+    dev = ner.read_sentences(tmp_path / "x.conll")
+    ner._write_conll(tmp_path / "p.conll", dev, [s.tags for s in dev])
+    rows = [line.split("\t") for line in (tmp_path / "p.conll").read_text().splitlines() if line]
+    assert rows[1] == ["New York", "B-LOC", "B-LOC"] and all(len(r) == 3 for r in rows), rows
+
+
+def test_a_type_past_max_train_examples_is_named_so(tmp_path):
+    """A dev type that the training file has only past the --max_train_examples cut used to be
+    "not in the training file"; the message now names the cut."""
+    from bertgpu.config.finetune import FinetuneConfig
+
+    (tmp_path / "train.conll").write_text("Emma B-PER\n\nAcme B-ORG\n")
+    (tmp_path / "dev.conll").write_text("Emma B-PER\nAcme B-ORG\n")
+    cfg = FinetuneConfig(max_train_examples=1)
+    with pytest.raises(BertgpuError, match=r"dev\.conll:2: tag 'B-ORG': entity type 'ORG' is in "
+                                           r"the training file but not in its first sentence "
+                                           r"\(--max_train_examples 1\) \(expected one of PER\)$"):
+        ner.ner_job(tmp_path / "train.conll", tmp_path / "dev.conll", None, cfg)

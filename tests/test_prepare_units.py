@@ -289,8 +289,8 @@ def test_progress_line_counts_units_tokens_and_bytes(tok, mixed, tmp_path, capsy
 
 
 def test_tokenizer_trains_on_a_sample_spread_over_the_corpus(mixed, tmp_path, capsys):
-    """--sample-bytes reads a share of each file (or part of a large one), from its start: some
-    documents of every file, far fewer than all; the same from a memory:// URL."""
+    """--sample-bytes reads a share of each file, spread over it: some documents of every file,
+    far fewer than all; the same from a memory:// URL."""
     from bertgpu.data.corpus import CorpusStats
     from bertgpu.data.tokenizer import train_tokenizer
     from bertgpu.data.tokenizer_folder import load_tokenizer

@@ -315,3 +315,76 @@ def test_a_corpus_of_control_characters_is_refused(tmp_path, capsys):
                        "characters, which BERT's normaliser removes); expected text to train "
                        "on\n")
         assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+def _halves(path, lines=1500):
+    """A corpus sorted by language: English lines, then as many Chinese lines."""
+    import random
+
+    rng = random.Random(0)
+    en = "the quick brown fox jumps over the lazy dog while seven wizards hex bankers".split()
+    zh = "北京是中国的首都上海是一个大城市我们今天去公园散步"
+    text = "".join(" ".join(rng.choice(en) for _ in range(12)) + "\n" for _ in range(lines))
+    text += "".join("".join(rng.choice(zh) for _ in range(30)) + "\n" for _ in range(lines))
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_sample_bytes_is_spread_over_the_whole_file(tmp_path, compressed):
+    """--sample-bytes used to read a file under 64 MB, and any compressed file, from its start:
+    a file whose second half is Chinese gave a vocabulary without one Chinese character. Windows
+    spread over the uncompressed file, and every k-th document of the gzip stream, reach the
+    second half; the sample stays small, counts as one file and is the same on every run."""
+    import gzip
+
+    path = _halves(tmp_path / "halves.txt")
+    if compressed:
+        path = tmp_path / "halves.txt.gz"
+        path.write_bytes(gzip.compress((tmp_path / "halves.txt").read_bytes(), mtime=0))
+    vocabs = []
+    for run in range(2):
+        stats = CorpusStats()
+        out = train_tokenizer([path], tmp_path / f"tok{run}", vocab_size=120, fmt="lines",
+                              stats=stats, sample_bytes=40_000)
+        vocabs.append((out / "vocab.txt").read_text(encoding="utf-8"))
+        assert stats.files == 1 and 200 < stats.documents < 1500, stats
+    assert vocabs[0] == vocabs[1]
+    assert {"the", "fox"} <= set(vocabs[0].split())
+    assert {"北", "京", "首", "都"} <= set(vocabs[0].split()), "no Chinese: the head alone"
+
+
+def test_every_kth_document_keeps_a_spread_within_the_limit():
+    """The read-through sampler of a compressed file: documents from the whole stream, evenly
+    spaced, about ``limit`` characters (never more but for one document), then the end event;
+    a lone document longer than the limit is cut."""
+    from bertgpu.data.units import every_kth_document
+
+    items = [("text", f"{d:09d}", True) for d in range(1, 101)] + [("end", "f", False)]
+    out = list(every_kth_document(iter(items), 200))
+    kept = [int(p) for _, p, _ in out[:-1]]
+    assert out[-1] == ("end", "f", False)
+    assert kept == list(range(8, 101, 8)), kept  # 12 documents of 9 characters, k = 8
+    long = [("text", "x" * 50, d == 0) for d in range(10)] + [("end", "f", False)]
+    assert len(list(every_kth_document(iter(long), 120))) == 3 + 1
+
+
+def test_a_remote_compressed_file_is_sampled_from_its_start_not_downloaded_whole(tmp_path):
+    """Reading a compressed file through (every k-th document) downloads all of it: a corpus of
+    compressed shards in object storage, sampled to avoid exactly that, was fetched whole. A
+    URL's compressed file is read from its start; a local one is still read through."""
+    import gzip
+
+    from bertgpu.data.units import sample_plan
+
+    data = gzip.compress(b"one line of text\n" * 1000, mtime=0)
+    local = tmp_path / "c.txt.gz"
+    local.write_bytes(data)
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.open("memory://sample-start/c.txt.gz", "wb") as f:
+        f.write(data)
+    try:
+        assert sample_plan(local, len(data), "lines", 100)[1] is True
+        assert sample_plan("memory://sample-start/c.txt.gz", len(data), "lines", 100)[1] is False
+    finally:
+        fsspec.filesystem("memory").rm("/sample-start", recursive=True)

@@ -13,9 +13,12 @@ and strip accents unless --cased), BertPreTokenizer, WordPiece with "##" continu
 [CLS]/[SEP] templates with token type ids. Special tokens [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
 
 The corpus is read like `bertgpu prepare` reads it (every format, URLs). ``--sample-bytes N``
-trains on about N bytes of text spread over the whole corpus: from each file, or part of a
-large Parquet or uncompressed file (`units.split_file`), a share of N proportional to its size,
-read from its start; a vocabulary of a remote corpus without downloading all of it.
+trains on about N bytes of text spread over the whole corpus (`units.sample_plan`): each file
+gets a share of N proportional to its size, read as evenly spaced windows of an uncompressed
+line-based or Parquet file, or by reading a compressed file, wiki dump or Arrow file through and
+keeping every k-th document (a URL's from its start: through, it would be downloaded whole); a
+vocabulary of a remote corpus without downloading all of it. The sample is the same on every
+run.
 
 The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
 and special_tokens_map.json. Loading a folder (`load_tokenizer`, `is_lowercase`,
@@ -184,18 +187,42 @@ def _document_parts(inputs: list, fmt: str, text_field: str, skip_bad: bool, sta
                     sample_bytes: int | None) -> Iterator[tuple[list[str], bool]]:
     """The document parts of the files ``inputs`` (`corpus.iter_document_parts`), or with
     ``sample_bytes`` of a sample of about that many characters spread over them."""
-    from bertgpu.data.sources import file_size
-    from bertgpu.data.units import UNIT_BYTES, sample_quota, split_file
-
-    quota = None
     if sample_bytes is None:
-        pieces = [Piece(src) for src in inputs]
+        raw = iter_piece_items([Piece(src) for src in inputs], fmt, text_field, skip_bad, stats)
     else:
-        pieces = [piece for src in inputs
-                  for piece in split_file(src, file_size(src), fmt, UNIT_BYTES)]
-        quota = sample_quota(pieces, sample_bytes)
-    raw = iter_piece_items(pieces, fmt, text_field, skip_bad, stats, quota=quota)
+        raw = _sample_items(inputs, fmt, text_field, skip_bad, stats, sample_bytes)
     return settle_parts((convert_item(item) for item in raw), skip_bad, stats)
+
+
+def _sample_items(inputs: list, fmt: str, text_field: str, skip_bad: bool, stats: CorpusStats,
+                  sample_bytes: int) -> Iterator[tuple]:
+    """The raw items of a sample spread over the files (`units.sample_plan`): each file's share
+    in proportion to its size, from evenly spaced windows or every k-th document. A file read in
+    windows closes with one "end" event, so that it counts as one file and "no text" means none
+    of its windows had any."""
+    from bertgpu.data.sources import file_size
+    from bertgpu.data.units import every_kth_document, sample_plan, sample_quota
+
+    sizes = [file_size(src) for src in inputs]
+    total = sum(sizes) or 1
+    plans = [sample_plan(src, size, fmt, sample_bytes * size / total)
+             for src, size in zip(inputs, sizes, strict=True)]
+    quota = sample_quota([p for pieces, _ in plans for p in pieces], sample_bytes)
+    for pieces, through in plans:
+        if through:
+            items = iter_piece_items(pieces, fmt, text_field, skip_bad, stats)
+            yield from every_kth_document(items, quota(pieces[0]))
+            continue
+        slices = 0
+        for item in iter_piece_items(pieces, fmt, text_field, skip_bad, stats, quota=quota):
+            if item[0] == "slice":
+                slices += 1
+                if slices == len(pieces):
+                    yield "end", item[1], False
+                continue
+            yield item
+            if item[0] == "bad":  # the file is skipped: its other windows are not read
+                break
 
 
 def _check_out_dir(out: Path, paths: list[str | os.PathLike]) -> None:
@@ -248,9 +275,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most distinct characters kept in the initial alphabet, CJK "
                         "ideographs aside (kept as far as --vocab-size has room; default 1000)")
     parser.add_argument("--sample-bytes", type=int, default=None, metavar="N",
-                        help="train on about N bytes of text spread over the whole corpus (each "
-                             "file or part of a large one in proportion to its size) instead of "
-                             "all of it")
+                        help="train on about N bytes of text spread over the whole corpus "
+                             "instead of all of it: each file's share in proportion to its size, "
+                             "from evenly spaced stretches of it (a compressed file, wiki dump "
+                             "or Arrow file is read through, keeping every k-th document; a "
+                             "remote one from its start, not downloaded whole)")
 
 
 def main(args: argparse.Namespace) -> int:

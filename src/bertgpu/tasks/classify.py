@@ -13,10 +13,12 @@ Columns by flag: `--text-field` (default "text"), `--text-pair-field` (a second 
 such as entailment) and `--label-field` (default "label").
 
 Labels are names (any string; JSON numbers are read as their text). The classes are the distinct
-labels of the training file, sorted (numerically when every label is an integer, else as text),
-and written into the exported config.json so that `transformers.pipeline("text-classification")`
+labels of the training file, sorted (by value when every label is a number, else as text), and
+written into the exported config.json so that `transformers.pipeline("text-classification")`
 shows them. Regression is asked for with `--regression` and never guessed: labels "0" and "1" are
-two classes unless you say otherwise. Metrics (0-100): accuracy and macro-F1, or Pearson and
+two classes unless you say otherwise. When every training label is a number, labels equal as
+numbers are one class, named by its value ("1" for 1, 1.0 and "1.0", which pandas writes for a
+column that held a NaN), in the dev file too. Metrics (0-100): accuracy and macro-F1, or Pearson and
 Spearman for regression; a run's score is their mean.
 """
 
@@ -66,7 +68,10 @@ def text_value(path: Path, line: int, value: Any, name: str) -> str:
 
 
 def label_value(path: Path, line: int, value: Any, name: str) -> str:
-    """A label as text: a string, or a JSON number or boolean spelled as JSON spells it."""
+    """A label as text: a string, or a JSON number or boolean spelled as JSON spells it (a whole
+    float as an integer: 1.0 is the value 1, written by a float column)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, (bool, int, float)):
         value = json.dumps(value)
     if value is None or not isinstance(value, str) or not value.strip():
@@ -101,13 +106,6 @@ def read_labelled(path: str | os.PathLike[str],
     return out
 
 
-def _as_int(label: str) -> int | None:
-    try:
-        return int(label)
-    except ValueError:
-        return None
-
-
 def _as_float(label: str) -> float | None:
     try:
         v = float(label)
@@ -116,41 +114,71 @@ def _as_float(label: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _number_name(label: str) -> str | None:
+    """A numeric label named by its value ("1.0", "01" -> "1"; "0.50" -> "0.5"); None for text."""
+    v = _as_float(label) if "_" not in label else None  # float() reads "1_0" as 10
+    if v is None:
+        return None
+    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
+
+
+def _numeric(classes: tuple[str, ...]) -> bool:
+    return all(_number_name(c) == c for c in classes)
+
+
+def class_key(label: str, numeric: bool) -> str:
+    """The class name a label is looked up by: its value's name when the classes are numbers."""
+    return (_number_name(label) or label) if numeric else label
+
+
 def discover_labels(path: Path, labels: list[str]) -> tuple[str, ...]:
-    """The classes of a training file: its distinct labels, sorted numerically when all are
-    integers ("2" before "10"), else as text. Fewer than two is an error."""
-    distinct = set(labels)
+    """The classes of a training file: its distinct labels, sorted as text; or, when all are
+    numbers, one class per value, named by it (`_number_name`) and sorted by it ("2" before
+    "10"). Fewer than two is an error."""
+    names = {label: _number_name(label) for label in labels}
+    numeric = all(n is not None for n in names.values())
+    distinct = {names[x] for x in labels} if numeric else set(labels)
     if len(distinct) < 2:
-        raise BertgpuError(f"{path}: every row has the label {labels[0]!r}; expected two classes "
-                           "or more (or --regression for numeric scores)")
-    ints = {label: _as_int(label) for label in distinct}
-    if all(v is not None for v in ints.values()):
-        ordered = sorted(distinct, key=lambda label: (ints[label], label))
-    else:
-        ordered = sorted(distinct)
-    if (all(_as_float(x) is not None for x in distinct)
-            and not all(v is not None for v in ints.values())):
-        warnings.warn(f"{path}: all {len(distinct)} labels are numbers, some with fractions "
-                      f"(e.g. {next(x for x in ordered if ints[x] is None)!r}); they are read as "
-                      "classes. Pass --regression to predict a score instead", stacklevel=2)
-    return tuple(ordered)
+        raise BertgpuError(f"{path}: every row has the label {labels[0]!r}"
+                           f"{' (as a number)' if numeric and len(set(labels)) > 1 else ''}; "
+                           "expected two classes or more (or --regression for numeric scores)")
+    if not numeric:
+        return tuple(sorted(distinct))
+    values = {name: _as_float(name) or 0.0 for name in distinct}
+    ordered = tuple(sorted(distinct, key=lambda name: (values[name], name)))
+    fraction = next((x for x in ordered if not values[x].is_integer()), None)
+    if fraction is not None:
+        warnings.warn(f"{path}: all {len(distinct)} labels are numbers, some not whole (e.g. "
+                      f"{fraction!r}); each distinct value is read as a class. Pass --regression "
+                      "to predict a score instead", stacklevel=2)
+    return ordered
 
 
 def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]],
-                classes: tuple[str, ...] | None, label_name: str) -> list[Example]:
-    """Rows -> `glue.Example`s with class ids (`classes` given) or float scores (regression)."""
+                classes: tuple[str, ...] | None, label_name: str,
+                cut: tuple[int, set[str]] | None = None) -> list[Example]:
+    """Rows -> `glue.Example`s with class ids (`classes` given) or float scores (regression).
+    ``cut``: (--max_train_examples, every label of the whole training file), so that a label
+    past the cut is named as such."""
     from bertgpu.tasks.glue import Example
 
     ids = {c: i for i, c in enumerate(classes or ())}
+    numeric = classes is not None and _numeric(classes)
     out = []
     for line, text, pair, label in rows:
         if classes is not None:
-            if label not in ids:
+            key = class_key(label, numeric)
+            if key not in ids:
                 shown = (", ".join(repr(c) for c in classes[:10])
                          + (", ..." if len(classes) > 10 else ""))
-                raise BertgpuError(f"{path}:{line}: label {label!r} is not in the training file "
+                where = "is not in the training file"
+                if cut is not None and key in {class_key(x, numeric) for x in cut[1]}:
+                    where = ("is in the training file but not in its first "
+                             f"{f'{cut[0]} rows' if cut[0] != 1 else 'row'} "
+                             f"(--max_train_examples {cut[0]})")
+                raise BertgpuError(f"{path}:{line}: label {label!r} {where} "
                                    f"(expected one of {shown})")
-            target: int | float = ids[label]
+            target: int | float = ids[key]
         else:
             score = _as_float(label)
             if score is None:
@@ -193,13 +221,15 @@ def classify_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike
     train_path, dev_path = Path(train_file), Path(dev_file)
     train_rows = read_labelled(train_path, fields)
     dev_rows = read_labelled(dev_path, fields)
+    cut = None
     if cfg.max_train_examples is not None:
+        cut = (cfg.max_train_examples, {r[3] for r in train_rows})
         train_rows = train_rows[:cfg.max_train_examples]
     if cfg.max_eval_examples is not None:
         dev_rows = dev_rows[:cfg.max_eval_examples]
     classes = None if regression else discover_labels(train_path, [r[3] for r in train_rows])
     train = to_examples(train_path, train_rows, classes, fields.label)
-    dev = to_examples(dev_path, dev_rows, classes, fields.label)
+    dev = to_examples(dev_path, dev_rows, classes, fields.label, cut)
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     dev_enc = encode_pairs(tokenizer, dev, seq, regression)
     dev_enc.targets.pop("labels")  # kept out of the forward pass: eval needs logits only

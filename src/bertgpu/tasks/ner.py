@@ -6,8 +6,10 @@
 
 Files, chosen by extension:
 - CoNLL style (any extension but the two below, `.conll`, `.txt`, `.tsv`, `.iob`, ...): one token
-  per line with its tag in the last whitespace-separated column (so CoNLL-2003's four columns work
-  as they are), a blank line between sentences, `-DOCSTART-` lines skipped;
+  per line with its tag in the last column (so CoNLL-2003's four columns work as they are), a
+  blank line between sentences, `-DOCSTART-` lines skipped. Columns are split on tabs in a line
+  that has one (a token may then hold spaces: "New York"), else on ASCII spaces, never on a
+  no-break or other Unicode space ("10\u00a0000" stays one token);
 - `.jsonl` / `.json`: one sentence per line, a list of tokens (`--text-field`, default "tokens")
   and a list of tags (`--label-field`, default "tags");
 - `.csv`: a header line, tokens and tags as space-separated strings in those two columns.
@@ -23,7 +25,7 @@ on (-100), and a word's prediction is its first piece's. Words cut off by `max_s
 128 tokens) are predicted `O` (a warning says how many). Metrics (0-100): entity-level precision,
 recall and F1 by conlleval's span rules, micro-averaged (seqeval's default), and word accuracy;
 the run's score is the F1. predictions.conll (token, gold tag, predicted tag: conlleval's input)
-is written with the final model.
+is written with the final model, space-separated, or tab-separated when a token holds a space.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _conll_sentences(path: Path) -> list[Sentence]:
     try:
         with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
-                parts = line.split()
+                parts = _columns(line)
                 if not parts or parts[0] == "-DOCSTART-":  # a blank line ends the sentence
                     if current.tokens:
                         sentences.append(current)
@@ -119,10 +121,26 @@ def _conll_sentences(path: Path) -> list[Sentence]:
     return sentences
 
 
+def _columns(line: str) -> list[str]:
+    """The fields of a CoNLL line: tab-separated when it has a tab, else separated by ASCII
+    spaces; str.split() would also cut a token at a no-break space (U+00A0, "10 000" in French
+    corpora) and silently keep only its first word. A line of whitespace alone is blank."""
+    if not line.strip():
+        return []
+    sep = "\t" if "\t" in line else " "
+    return [f for f in (p.strip(" \t\r\n") for p in line.split(sep)) if f]
+
+
 def _word_list(path: Path, line: int, value: Any, name: str) -> list[str]:
     """A JSON list of strings, or a CSV cell of space-separated words."""
     if isinstance(value, str):
         value = value.split()
+    if (isinstance(value, list) and value
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in value)):
+        raise BertgpuError(f"{path}:{line}: {name!r} holds integer ids (e.g. {value[0]}); "
+                           "expected names (strings such as 'B-PER'): map each id to its name "
+                           "with the dataset's features (Hugging Face: "
+                           f"ds.features[{name!r}].feature.names) before writing the file")
     if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
         raise BertgpuError(f"{path}:{line}: {name!r} is not a list of strings")
     if not value or any(not w.strip() for w in value):
@@ -156,15 +174,23 @@ def tag_set(path: Path, sentences: list[Sentence]) -> tuple[str, ...]:
     return ("O", *[f"{prefix}-{t}" for t in types for prefix in ("B", "I")])
 
 
-def check_known(path: Path, sentences: list[Sentence], labels: tuple[str, ...]) -> None:
-    """Every tag of `sentences` (the dev file) must be in the training file's label set."""
+def check_known(path: Path, sentences: list[Sentence], labels: tuple[str, ...],
+                cut: tuple[int, list[Sentence]] | None = None) -> None:
+    """Every tag of `sentences` (the dev file) must be in the training file's label set.
+    ``cut``: (--max_train_examples, the whole training file), so that a type past the cut is
+    named as such."""
     known = set(labels)
     for s in sentences:
         for tag, line in zip(s.tags, s.lines, strict=True):
             if tag not in known:
                 types = sorted({t[2:] for t in labels if t != "O"})
-                raise BertgpuError(f"{path}:{line}: tag {tag!r}: entity type {tag[2:]!r} is not in "
-                                   f"the training file (expected one of {', '.join(types)})")
+                where = "is not in the training file"
+                if cut is not None and any(t[2:] == tag[2:] for x in cut[1] for t in x.tags):
+                    where = ("is in the training file but not in its first "
+                             f"{f'{cut[0]} sentences' if cut[0] != 1 else 'sentence'} "
+                             f"(--max_train_examples {cut[0]})")
+                raise BertgpuError(f"{path}:{line}: tag {tag!r}: entity type {tag[2:]!r} {where} "
+                                   f"(expected one of {', '.join(types)})")
 
 
 def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[str, int],
@@ -229,10 +255,12 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
     from bertgpu.tasks import metrics as eval_metrics
 
     train_path, dev_path = Path(train_file), Path(dev_file)
-    train = read_sentences(train_path, fields)[:cfg.max_train_examples]
+    whole = read_sentences(train_path, fields)
+    train = whole[:cfg.max_train_examples]
     dev = read_sentences(dev_path, fields)[:cfg.max_eval_examples]
     labels = tag_set(train_path, train)
-    check_known(dev_path, dev, labels)
+    cut = (cfg.max_train_examples, whole) if cfg.max_train_examples is not None else None
+    check_known(dev_path, dev, labels, cut)
     tag_ids = {t: i for i, t in enumerate(labels)}
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     train_enc, _ = encode_sentences(tokenizer, train, tag_ids, seq)
@@ -257,10 +285,13 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
 
 
 def _write_conll(path: Path, dev: list[Sentence], predicted: list[list[str]]) -> None:
-    """token gold predicted, one word per line, a blank line between sentences."""
+    """token gold predicted, one word per line, a blank line between sentences; tab-separated
+    when a token holds a space ("New York" from a tab-separated file), so its columns stay
+    three."""
+    sep = "\t" if any(c.isspace() for s in dev for w in s.tokens for c in w) else " "
     lines = []
     for s, tags in zip(dev, predicted, strict=True):
-        lines += [f"{w} {g} {p}" for w, g, p in zip(s.tokens, s.tags, tags, strict=True)] + [""]
+        lines += [sep.join(row) for row in zip(s.tokens, s.tags, tags, strict=True)] + [""]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines), encoding="utf-8")
     os.replace(tmp, path)

@@ -51,9 +51,10 @@ def table_format(path: Path) -> str:
 
 def read_rows(path: str | os.PathLike[str],
               columns: Mapping[str, str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, {column: value}) for every row of a CSV, TSV or JSONL file. `columns` maps
-    each column to read to the flag that names it, for the error when it is missing. Values are
-    strings from CSV/TSV and JSON values from JSONL; blank lines are skipped."""
+    """(line number, {column: value}) for every row of a CSV, TSV or JSONL file, a row named by
+    its first line. `columns` maps each column to read to the flag that names it, for the error
+    when it is missing. Values are strings from CSV/TSV and JSON values from JSONL; blank lines
+    are skipped."""
     path = Path(path)
     kind = table_format(path)
     try:
@@ -91,14 +92,18 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
         if name not in header:
             raise _missing(path, 1, "column", name, flag, header)
     where = {name: header.index(name) for name in columns}
+    # reader.line_num is the last line a record ended on; a row is named by its first line (where
+    # an editor shows it), which differs when a quoted field spans lines
+    start = reader.line_num + 1
     for row in reader:
+        line, start = start, reader.line_num + 1
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         if len(row) != len(header):
-            raise BertgpuError(f"{path}:{reader.line_num}: {len(row)} fields, expected "
+            raise BertgpuError(f"{path}:{line}: {len(row)} fields, expected "
                                f"{len(header)} as in the "
                                f"header{' (a tab inside a text?)' if kind == 'tsv' else ''}")
-        yield reader.line_num, {name: row[i] for name, i in where.items()}
+        yield line, {name: row[i] for name, i in where.items()}
 
 
 def _jsonl_rows(path: Path, f: Any,
