@@ -14,7 +14,7 @@ from bertgpu.telemetry import monitor as monitor_mod
 from bertgpu.telemetry.metrics import MetricsLogger, gpu_utilisation
 from bertgpu.telemetry.monitor import GpuMonitor, decode_throttle, nvml_index_of, summarize
 from bertgpu.telemetry.records import read_jsonl, read_metrics
-from bertgpu.testing.nvml_sim import SimGpu, SimulatedNvml
+from bertgpu.testing.nvml_sim import NVML_ERROR_TIMEOUT, NVMLError, SimGpu, SimulatedNvml
 
 
 def test_decode_throttle():
@@ -169,3 +169,37 @@ def test_real_pynvml_without_a_driver_is_silent(installed, monkeypatch):
     t0 = time.perf_counter()
     assert GpuMonitor.start_if_available(None, interval_s=1.0) is None
     assert time.perf_counter() - t0 < 5  # cheap: no retries, no waiting
+
+
+def test_transient_nvml_errors_do_not_lose_a_gpu(tmp_path):
+    # A timeout is not a GPU off the bus: the round without readings writes no line for that GPU,
+    # and the next round that answers carries on its series (NVML_ERROR_GPU_IS_LOST: see above).
+    sim = SimulatedNvml([SimGpu(temp_c=[60, 61, 62, 63]), SimGpu()])
+    mon = GpuMonitor(sim, tmp_path / "gpu.jsonl", interval_s=5.0)
+    mon.sample()
+    sim.gpus[0].transient_error = NVML_ERROR_TIMEOUT
+    assert [r["gpu"] for r in mon.sample()] == [1]
+    assert "lost" not in mon.summary() and set(mon.latest()) == {0, 1}
+    sim.gpus[0].transient_error = None
+    assert [(r["gpu"], r["temp_c"]) for r in mon.sample()] == [(0, 61.0), (1, 65.0)]
+    assert "lost" not in mon.summary() and mon.latest()[0]["temp_c"] == 61.0
+    # One reading failing leaves only that reading out of the line.
+    def power_times_out(h):
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    real, sim.nvmlDeviceGetPowerUsage = sim.nvmlDeviceGetPowerUsage, power_times_out
+    line = mon.sample()[0]
+    assert "power_w" not in line and line["temp_c"] == 62.0 and not line.get("lost")
+    sim.nvmlDeviceGetPowerUsage = real
+    assert "power_w" in mon.sample()[0]  # asked again: a timeout is not "not supported"
+    # A GPU that answers nothing for LOST_AFTER_ROUNDS rounds in a row counts as lost.
+    sim.gpus[0].transient_error = NVML_ERROR_TIMEOUT
+    for _ in range(monitor_mod.LOST_AFTER_ROUNDS - 1):
+        assert [r["gpu"] for r in mon.sample()] == [1]
+    (lost_line, _) = mon.sample()
+    assert lost_line["lost"] and lost_line["error"].startswith("NVMLError: Timeout")
+    assert "rounds in a row" in lost_line["error"]
+    assert mon.summary().endswith("lost #0") and set(mon.latest()) == {1}
+    mon.close()
+    lines = read_jsonl(tmp_path / "gpu.jsonl")
+    assert [r.get("lost", False) for r in lines if r["gpu"] == 0] == [False] * 4 + [True]

@@ -413,3 +413,46 @@ def test_how_the_run_ended_reaches_the_tracking_runs(tmp_path, wandb_env, monkey
         assert time.monotonic() < deadline, "the W&B run file was never completed"
         time.sleep(0.2)
     assert exits[0].exit_code == exit_code
+
+
+def test_throttled_in_the_sinks_means_what_the_console_says(tmp_path):
+    # Idle and clocks set on purpose are not "throttled" on the console, in watch or the report;
+    # the sinks' gpuN/throttled must agree, or the W&B/MLflow panels show a GPU throttled all run.
+    from bertgpu.telemetry.monitor import GpuMonitor
+
+    nvml = SimulatedNvml([SimGpu(throttle=[0x2]), SimGpu(throttle=[0x1]), SimGpu(throttle=[0x100]),
+                          SimGpu(throttle=[0x1 | 0x40]), SimGpu(throttle=[0x0])])
+    mon = GpuMonitor(nvml, None, interval_s=5.0)
+    mon.sample()
+    sink = Recorder()
+    logger = MetricsLogger(tmp_path, True, total_steps=2, stream=io.StringIO(), sinks=[sink],
+                           monitor=mon, tensorboard=False)
+    _run(logger, steps=2)
+    (system, *_) = [c[3] for c in sink.calls if c[0] == "log" and c[2] == "system"]
+    assert [system[f"gpu{i}/throttled"] for i in range(5)] == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert "throttled #3 hw_thermal" in mon.summary()
+    assert mon.summary().count("throttled") == 1  # the console flags the same GPU alone
+
+
+def test_resumed_wandb_run_hint_names_every_offline_folder(tmp_path, wandb_env, capsys):
+    run = tmp_path / "run"
+    cfg = LoggingSection(wandb=True, wandb_project="tests", wandb_mode="offline",
+                         tensorboard=False, gpu_monitor_interval_s=0)
+    _run(open_logger(run, True, cfg, CONFIG, stream=io.StringIO()))
+    run_id = json.loads((run / "sinks.json").read_text())["wandb_run_id"]
+    # The first process's folder, dated earlier as a run resumed later would find it (W&B names
+    # folders by the second, so a resume within the same second would reuse the folder).
+    (first,) = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    first.rename(first.with_name(f"offline-run-20000101_000000-{run_id}"))
+    capsys.readouterr()
+    logger = open_logger(run, True, cfg, CONFIG, stream=io.StringIO())  # the resume
+    for step in (5, 6):
+        logger.log(step, "train", loss=1.0)
+    logger.close()
+    folders = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all(f.name.endswith(run_id) for f in folders)
+    (hint,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("W&B: offline")]
+    command = hint.split("`")[1]
+    assert command.startswith("wandb sync ")
+    # The glob of the printed command (as a shell expands it) is every folder of the run.
+    assert sorted(Path("/").glob(command.removeprefix("wandb sync /"))) == folders

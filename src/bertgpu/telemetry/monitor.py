@@ -16,7 +16,9 @@ Every sample of every GPU is one line of ``gpu.jsonl``::
 reasons, see ``THROTTLE_REASONS``). A reading the GPU does not support (power on some consumer
 cards) is left out of its lines and not asked again. A GPU that stops answering (fallen off the
 bus, NVML_ERROR_GPU_IS_LOST) gets one ``{"gpu": 2, "lost": true, "error": "..."}`` line and is
-not asked again; the others go on.
+not asked again; the others go on. Any other NVML error (a timeout, a busy driver) is transient:
+that reading is left out of the sample, a round with no reading at all writes no line, and the
+GPU counts as lost only after ``LOST_AFTER_ROUNDS`` such rounds in a row.
 
 The sampler never runs on the training thread: NVML calls go through ctypes, which releases the
 GIL, so the training thread pays only for the Python between calls (``benchmarks/
@@ -54,7 +56,16 @@ THROTTLE_REASONS: dict[int, str] = {
 # kept in the series, not flagged in the summary.
 BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks", "display_clocks"})
 
+
+def slowdown_reasons(throttle: Any) -> list[str]:
+    """The reasons of a sample's ``throttle`` list that mean "throttled": all but the benign
+    ones. The one definition for the console, watch, the sinks and the report."""
+    return [r for r in throttle or () if r not in BENIGN_THROTTLE]
+
 _NVML_ERROR_NOT_SUPPORTED = 3
+# Rounds in a row in which a GPU answered nothing (transient errors only) before it counts as
+# lost: one hiccup must not end its series, but a GPU that never answers again is as good as gone.
+LOST_AFTER_ROUNDS = 5
 _NVML_ERROR_GPU_IS_LOST = 15
 _NVML_TEMPERATURE_GPU = 0
 _NVML_CLOCK_SM = 1
@@ -110,6 +121,7 @@ class _Gpu:
     uuid: str
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    failed_rounds: int = 0  # rounds in a row with transient errors and no reading
 
 
 class GpuMonitor:
@@ -189,7 +201,8 @@ class GpuMonitor:
     def sample(self) -> list[dict[str, Any]]:
         """Read every GPU once, append the lines to the file, and return them."""
         now = round(time.time(), 3)
-        lines = [self._sample_one(gpu, now) for gpu in self._gpus if not gpu.lost]
+        read = [self._sample_one(gpu, now) for gpu in self._gpus if not gpu.lost]
+        lines = [rec for rec in read if rec is not None]
         with self._lock:
             for rec in lines:
                 if rec.get("lost"):
@@ -205,7 +218,9 @@ class GpuMonitor:
             self._file.flush()
         return lines
 
-    def _sample_one(self, gpu: _Gpu, now: float) -> dict[str, Any]:
+    def _sample_one(self, gpu: _Gpu, now: float) -> dict[str, Any] | None:
+        """The GPU's line for this round: its readings, a "lost" line, or None when a transient
+        error left nothing to write (its last sample stays its latest)."""
         rec: dict[str, Any] = {"time": now, "step": self.step, "gpu": gpu.index, "name": gpu.name}
         error: Exception | None = None
         read = 0
@@ -225,11 +240,19 @@ class GpuMonitor:
                     gpu.unsupported.add(key)  # not on this GPU (or this driver): stop asking
                 else:
                     error = e  # transient: left out of this sample only
-        if error is not None and read == 0:
-            gpu.lost = True
-            return {"time": now, "step": self.step, "gpu": gpu.index, "name": gpu.name,
-                    "lost": True, "error": f"{type(error).__name__}: {error}"[:200]}
-        return rec
+        if error is None or read > 0:
+            gpu.failed_rounds = 0
+            return rec
+        gpu.failed_rounds += 1
+        if getattr(error, "value", None) != _NVML_ERROR_GPU_IS_LOST \
+                and gpu.failed_rounds < LOST_AFTER_ROUNDS:
+            return None
+        gpu.lost = True
+        detail = f"{type(error).__name__}: {error}"
+        if getattr(error, "value", None) != _NVML_ERROR_GPU_IS_LOST:
+            detail += f" ({gpu.failed_rounds} rounds in a row without a reading)"
+        return {"time": now, "step": self.step, "gpu": gpu.index, "name": gpu.name,
+                "lost": True, "error": detail[:200]}
 
     def latest(self) -> dict[int, dict[str, Any]]:
         """The last sample of every GPU still answering, by NVML index."""
@@ -304,8 +327,7 @@ def summarize(samples: list[dict[str, Any]], lost: list[int] | tuple[int, ...] =
             extremes.append(f"lowest util #{i} {u:.0f}%")
         parts.append(f"gpus {len(samples)}: " + ", ".join(extremes) if extremes
                      else f"gpus {len(samples)}")
-    throttled = [(s["gpu"], [r for r in s.get("throttle") or () if r not in BENIGN_THROTTLE])
-                 for s in samples]
+    throttled = [(s["gpu"], slowdown_reasons(s.get("throttle"))) for s in samples]
     parts += [f"throttled #{i} {'+'.join(r)}" for i, r in throttled if r]
     if lost:
         parts.append("lost " + " ".join(f"#{i}" for i in lost))

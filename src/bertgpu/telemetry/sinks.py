@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bertgpu.errors import BertgpuError
+from bertgpu.telemetry.monitor import slowdown_reasons
 
 if TYPE_CHECKING:
     from bertgpu.config.sections import LoggingSection
@@ -397,8 +398,8 @@ def system_scalars(samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
             if key not in ("time", "step", "gpu") and isinstance(value, (int, float)) \
                     and not isinstance(value, bool):
                 out[f"gpu{s['gpu']}/{key}"] = value
-        if "throttle" in s:
-            out[f"gpu{s['gpu']}/throttled"] = float(bool(s["throttle"]))
+        if "throttle" in s:  # idle or clocks set on purpose is not throttled (as the console)
+            out[f"gpu{s['gpu']}/throttled"] = float(bool(slowdown_reasons(s["throttle"])))
     return out
 
 

@@ -10,7 +10,9 @@ Each reading is a list: the k-th call of that function on that GPU returns eleme
 one once the list is used up). ``call_s`` makes every call sleep that long, releasing the GIL as a
 real NVML call through ctypes does. Setting ``lost = True`` on a GPU makes every later call on it
 raise NVML_ERROR_GPU_IS_LOST, as a GPU that fell off the bus does; a name in ``unsupported``
-raises NVML_ERROR_NOT_SUPPORTED.
+raises NVML_ERROR_NOT_SUPPORTED. Setting ``transient_error`` to an NVML code (e.g.
+``NVML_ERROR_TIMEOUT``) makes every reading raise it (the name and UUID still answer) until it is
+set back to None, as a busy or briefly unresponsive driver does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 
 
 class NVMLError(Exception):
@@ -34,7 +37,8 @@ class NVMLError(Exception):
 
     def __str__(self) -> str:
         return {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
-                NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded"}.get(self.value, str(self.value))
+                NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+                NVML_ERROR_TIMEOUT: "Timeout"}.get(self.value, str(self.value))
 
 
 @dataclass
@@ -53,7 +57,11 @@ class SimGpu:
     throttle: list[int] = field(default_factory=lambda: [0])
     unsupported: set[str] = field(default_factory=set)  # e.g. {"nvmlDeviceGetPowerUsage"}
     lost: bool = False
+    transient_error: int | None = None  # an NVML code every reading raises while set
     calls: dict[str, int] = field(default_factory=dict)
+
+
+_IDENTITY = ("nvmlDeviceGetName", "nvmlDeviceGetUUID")  # read once, when the monitor starts
 
 
 class SimulatedNvml:
@@ -82,6 +90,8 @@ class SimulatedNvml:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.unsupported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if gpu.transient_error is not None and fn not in _IDENTITY:
+            raise NVMLError(gpu.transient_error)
         k = gpu.calls.get(fn, 0)
         gpu.calls[fn] = k + 1
         return None if values is None else values[min(k, len(values) - 1)]
