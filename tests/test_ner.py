@@ -303,3 +303,76 @@ def test_a_type_past_max_train_examples_is_named_so(tmp_path):
                                            r"the training file but not in its first sentence "
                                            r"\(--max_train_examples 1\) \(expected one of PER\)$"):
         ner.ner_job(tmp_path / "train.conll", tmp_path / "dev.conll", None, cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# Byte-level BPE (RoBERTa's, ModernBERT's kind) against transformers
+
+
+BPE_TEXT = ["Hundreds of people have been forced to vacate their homes in London .",
+            "Emma Smith works for Microsoft of Boston , said the people of London ."]
+
+
+def _byte_level_folder(folder: Path) -> Path:
+    """A tiny byte-level BPE tokenizer trained on BPE_TEXT with `[CLS] $A [SEP]` around each
+    sequence (ModernBERT's layout), saved both as a PreTrainedTokenizerFast folder
+    (tokenizer.json, ByteLevel with add_prefix_space false, as ModernBERT's) and as RoBERTa's
+    vocab.json + merges.txt for transformers' reference tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(BPE_TEXT * 3, vocab_size=320, min_frequency=1, show_progress=False,
+                            special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok = bpe._tokenizer
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
+                                                 ("[SEP]", tok.token_to_id("[SEP]"))])
+    folder.mkdir()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
+                            add_prefix_space=True).save_pretrained(folder)
+    bpe.save_model(str(folder))
+    return folder
+
+
+def test_byte_level_bpe_words_encode_as_transformers_is_split_into_words(tmp_path):
+    from transformers import RobertaTokenizerFast
+
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    folder = _byte_level_folder(tmp_path / "bpe")
+    tok = load_tokenizer(folder)
+    # RoBERTa's class applies add_prefix_space to its ByteLevel pre-tokenizer (the generic
+    # PreTrainedTokenizerFast of transformers 5 keeps the file's add_prefix_space false).
+    ref = RobertaTokenizerFast.from_pretrained(folder, add_prefix_space=True, cls_token="[CLS]",
+                                               sep_token="[SEP]", pad_token="[PAD]",
+                                               unk_token="[UNK]", mask_token="[MASK]")
+    sentences = [ner.Sentence(t.split(), ["O"] * len(t.split()), list(range(len(t.split()))))
+                 for t in [*BPE_TEXT, "vacate Boston"]]
+    enc, firsts = ner.encode_sentences(tok, sentences, {"O": 0}, 64)
+    for s, ids, first in zip(sentences, enc.ids, firsts, strict=True):
+        want = ref(s.tokens, is_split_into_words=True)
+        assert ids.tolist() == want["input_ids"]
+        word_ids = want.word_ids()
+        assert first.tolist() == [word_ids.index(w) for w in range(len(s.tokens))]
+    # "of" is the one piece running text gives it, not the space-less "o", "f".
+    pieces = [tok.id_to_token(i) for i in enc.ids[0]]
+    assert pieces[firsts[0][1]] == "Ġof" and pieces == ["[CLS]", *(
+        p for w in BPE_TEXT[0].split() for p in tok.encode(" " + w, add_special_tokens=False)
+        .tokens), "[SEP]"]
+    assert ner.is_byte_level(tok)
+
+
+def test_wordpiece_words_encode_as_before(tmp_path, init):
+    """A WordPiece tokenizer's encoding is the plain pre-tokenized one, byte for byte."""
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    tok = load_tokenizer(tmp_path / "tok")
+    sentences = ner.read_sentences(FIXTURES / "train.conll")
+    tags = {t: i for i, t in enumerate(ner.tag_set(FIXTURES / "train.conll", sentences))}
+    enc, _ = ner.encode_sentences(tok, sentences, tags, 32)
+    old = tok.encode_batch([s.tokens for s in sentences], is_pretokenized=True)
+    assert [e.tolist() for e in enc.ids] == [e.ids for e in old]
+    assert [e.tolist() for e in enc.types] == [e.type_ids for e in old]
+    assert not ner.is_byte_level(tok)

@@ -467,3 +467,28 @@ def test_write_predictions(tmp_path: Path) -> None:
     assert json.loads(out.read_text(encoding="utf-8")) == {
         "a1": "Denver Broncos", "b2": "24–10", "c3": ""}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_byte_level_bpe_answers_have_no_leading_space() -> None:
+    """A byte-level BPE piece ("Ġbroncos") holds the space before its word, and so do its offsets
+    under a `[CLS] $A [SEP]` post-processor (ModernBERT's layout); the answer text written to
+    predictions.json is the gold text itself, not " Denver Broncos"."""
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    examples = [e for e in read_squad(V1) if not e.context[e.answer_starts[0]].isspace()]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([t for e in examples for t in (e.question, e.context)],
+                            vocab_size=600, min_frequency=1, show_progress=False,
+                            special_tokens=SPECIALS)
+    tok = bpe._tokenizer
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
+                                                 ("[SEP]", tok.token_to_id("[SEP]"))])
+    feats = featurize(examples, tok, max_seq_len=64, doc_stride=16, is_training=True)
+    sl, el = _logits_for(feats, _answer_windows(feats))
+    preds, nbest = postprocess(examples, feats, sl, el)
+    mid_sentence = [e for e in examples if e.answer_starts[0] > 0]
+    assert mid_sentence  # answers after a space: the case the leading space came from
+    for ex in examples:
+        assert preds[ex.id] == ex.answers[0]
+        assert all(d["text"] == d["text"].strip() for d in nbest[ex.id])

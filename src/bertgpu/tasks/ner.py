@@ -21,7 +21,9 @@ error), ordered `O, B-A, I-A, B-B, ...` by type, and written into the exported c
 `transformers.pipeline("token-classification")`.
 
 Sub-words: the first piece of each word carries the word's tag, its other pieces are not trained
-on (-100), and a word's prediction is its first piece's. Words cut off by `max_seq_len` (default
+on (-100), and a word's prediction is its first piece's. A byte-level BPE tokenizer
+(RoBERTa's, ModernBERT's) gets each word with a leading space, as transformers'
+`is_split_into_words` with `add_prefix_space=True`. Words cut off by `max_seq_len` (default
 128 tokens) are predicted `O` (a warning says how many). Metrics (0-100): entity-level precision,
 recall and F1 by conlleval's span rules, micro-averaged (seqeval's default), and word accuracy;
 the run's score is the F1. predictions.conll (token, gold tag, predicted tag: conlleval's input)
@@ -30,6 +32,7 @@ is written with the final model, space-separated, or tab-separated when a token 
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -197,11 +200,19 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
                      max_seq_len: int) -> tuple[Encoded, list[np.ndarray]]:
     """`[CLS] pieces [SEP]` per sentence with the tag id on each word's first piece (IGNORE_INDEX
     elsewhere), and per sentence the position of each word's first piece (-1: cut off by
-    `max_seq_len`, or a word the tokenizer drops)."""
+    `max_seq_len`, or a word the tokenizer drops).
+
+    A byte-level BPE tokenizer (RoBERTa's, ModernBERT's) gets every word with a leading space,
+    as transformers' `is_split_into_words` with `add_prefix_space=True`: without it "of" is
+    cut into the space-less pieces "o", "f" that pretraining and the exported model's pipeline,
+    which both see running text ("Ġof"), never produce. WordPiece tokenizers split on
+    whitespace and see the words unchanged."""
     tokenizer.enable_truncation(max_length=max_seq_len)
     tokenizer.no_padding()  # a Hugging Face tokenizer.json may carry its own padding setting
-    encs = (tokenizer.encode_batch([s.tokens for s in sentences], is_pretokenized=True)
-            if sentences else [])
+    words = [s.tokens for s in sentences]
+    if is_byte_level(tokenizer):
+        words = [[w if w.startswith(" ") else " " + w for w in ws] for ws in words]
+    encs = tokenizer.encode_batch(words, is_pretokenized=True) if sentences else []
     enc = Encoded([np.asarray(e.ids, dtype=np.int64) for e in encs],
                   [np.asarray(e.type_ids, dtype=np.int64) for e in encs])
     labels, firsts = [], []
@@ -218,6 +229,19 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
         firsts.append(first)
     enc.token_targets["labels"] = labels
     return enc, firsts
+
+
+def is_byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer's pre-tokenizer (alone or inside a Sequence) is ByteLevel, the
+    GPT-2 byte-to-symbol mapping in which a word's leading space is part of its first piece."""
+    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer")
+
+    def has(node: Any) -> bool:
+        if isinstance(node, dict):
+            return node.get("type") == "ByteLevel" or any(has(v) for v in node.values())
+        return isinstance(node, list) and any(has(v) for v in node)
+
+    return has(pre)
 
 
 def word_predictions(logits: np.ndarray, firsts: list[np.ndarray],

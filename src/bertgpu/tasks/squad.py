@@ -367,8 +367,8 @@ def postprocess(examples: Sequence[SquadExample], features: Features,
     [SEP], padding) are never candidates, so the answer depends only on the logits of the
     feature's own context tokens, not on how far the feature was padded (Google's and
     run_qa.py's decoders take the top n over all positions first and can lose every valid span
-    to them). Score = start + end logit; text cut from the
-    original context by character offsets. v2: the null score is the smallest [CLS] start + end
+    to them). Score = start + end logit; text cut from the original context by character
+    offsets, surrounding whitespace stripped. v2: the null score is the smallest [CLS] start + end
     over the example's features, and "" is predicted when null - best span > `null_threshold`.
     n-best entries: {"text", "score", "start_logit", "end_logit", "probability"} (softmax over the
     list; v2 lists include the null entry with text "").
@@ -431,7 +431,11 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
         for a, b in zip(*np.nonzero(valid), strict=True):
             s, e = int(s_idx[a]), int(e_idx[b])
             cs, ce = features.offsets[f][s][0], features.offsets[f][e][1]  # type: ignore[index]
-            cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), ex.context[cs:ce]))
+            # A byte-level BPE piece ("Ġof") carries the space before its word, and its offsets
+            # do too unless the tokenizer trims them; the official normalisation drops it, so
+            # stripping changes only the text in predictions.json (and merges " x" with "x").
+            text = ex.context[cs:ce].strip()
+            cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), text))
     cands.sort(key=lambda c: -c[0])
     return cands, null_score
 
