@@ -290,14 +290,20 @@ def test_init_from_a_runs_export_or_checkpoint_folder(phase1, tmp_path, where):
     loop.task.close()
 
 
-def test_init_from_a_transformers_modernbert_masked_lm(tmp_path):
+def _transformers_modernbert(folder: Path, **fields) -> torch.nn.Module:
+    """A tiny transformers ModernBertForMaskedLM (vocabulary 100), saved in `folder`."""
     transformers = pytest.importorskip("transformers")
     from _tiny_modern import TINY_MODERN
 
     torch.manual_seed(0)
-    config = transformers.ModernBertConfig(**dict(TINY_MODERN, vocab_size=100))
-    hf = transformers.ModernBertForMaskedLM(config).eval()
-    hf.save_pretrained(tmp_path / "hf")  # no tokenizer: checked by sizes and special ids only
+    hf = transformers.ModernBertForMaskedLM(
+        transformers.ModernBertConfig(**{**TINY_MODERN, "vocab_size": 100, **fields}))
+    hf.save_pretrained(folder)
+    return hf
+
+
+def test_init_from_a_transformers_modernbert_masked_lm(tmp_path):
+    hf = _transformers_modernbert(tmp_path / "hf").eval()  # no tokenizer: sizes and ids only
     data = write_synthetic_shards(tmp_path / "d", n_train=16, n_val=8, seq_len=32, vocab_size=100)
     cfg = schema.load_config(ADAPT, ["--init", str(tmp_path / "hf"), "--data", str(data),
                                      "--out", str(tmp_path / "r"), *SMALL])
@@ -469,3 +475,38 @@ def test_resume_optimizer_needs_an_init(shards, tmp_path, capsys):
 def test_special_ids_of_the_model_must_be_the_shards(shards, tmp_path, capsys):
     rc = main(_tiny(shards, tmp_path / "r", "--model.pad_token_id", "7"))
     _one_line_error(capsys, rc, "special token pad has id 0 in the shards but 7 in the model")
+
+
+@pytest.mark.parametrize("recipe, extra, needles", [  # the recipe is the problem, not one key
+    (str(CONFIGS / "tiny.toml"), [], ["tiny.toml: a bert recipe (model.hidden_dropout_prob, "
+                                      "model.attention_probs_dropout_prob)", "or no recipe",
+                                      "expected a modernbert recipe (configs/modern-*.toml)"]),
+    (ADAPT, ["--model.hidden_dropout_prob", "0.2"],
+     ["command line: model.hidden_dropout_prob = 0.2 is a bert field", "model.mlp_dropout"]),
+])
+def test_a_bert_recipe_for_a_modernbert_init_names_the_init_and_both_architectures(
+        shards, tmp_path, capsys, recipe, extra, needles):
+    _transformers_modernbert(hf := tmp_path / "hfmb")
+    capsys.readouterr()  # transformers' progress bar
+    rc = main(["pretrain", recipe, "--init", str(hf), "--data", str(shards),
+               "--out", str(tmp_path / "r"), *SMALL, *extra])
+    _one_line_error(capsys, rc, f"--init {hf} is a modernbert model ({hf / 'config.json'}: "
+                    "model_type 'modernbert')", *needles)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("launch", [[], ["--nproc", "2"]])
+def test_shards_of_another_tokenizer_than_the_inits_say_so_not_set_pad_token_id(
+        shards, tmp_path, capsys, launch):
+    # The init's [PAD] is 7, the shards' 0, and its tokenizer another one: the special-id check
+    # alone would say "set model.pad_token_id 0", which --init then refuses.
+    _transformers_modernbert(hf := tmp_path / "hfmb", pad_token_id=7)
+    other = write_synthetic_shards(tmp_path / "o", n_train=4, n_val=0, seq_len=32, vocab_size=90)
+    for file in (other / "tokenizer").iterdir():
+        shutil.copy(file, hf / file.name)
+    capsys.readouterr()  # transformers' progress bar
+    rc = main(["pretrain", *launch, ADAPT, "--init", str(hf), "--data", str(shards),
+               "--out", str(tmp_path / "r"), *SMALL])
+    err = _one_line_error(capsys, rc, "manifest.json", "differs from --init's tokenizer",
+                          f"bertgpu prepare --tokenizer {hf}")
+    assert "pad_token_id" not in err and not (tmp_path / "r").exists()

@@ -169,6 +169,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     from bertgpu.config import overrides, schema
     from bertgpu.fsutil import complete_steps
     from bertgpu.tasks.pretraining import PretrainData
+    from bertgpu.train.continued import open_checked
 
     cfg = _config(args)
     check_config(cfg)
@@ -178,9 +179,11 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
         check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
         if finished_run(cfg, say=False) is None:
             check_not_past_max_steps(Path(cfg.out), cfg.train.max_steps)
-    # the shard set, and that the model fits it
-    PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp).check_model(
-        overrides.config_to_dict(cfg.model), None)
+    # the shard set: the init's tokenizer's (first, as in build), and the model fits it
+    data = PretrainData(cfg.data.dir, cfg.data.objective, cfg.train.with_nsp)
+    if cfg.init and not checkpoints:  # a resume continues from its own checkpoint
+        open_checked(cfg.init, data, warn=False)  # each worker's build warns
+    data.check_model(overrides.config_to_dict(cfg.model), None)
     schema.check_batch_for(cfg, nproc)
     _check_gpu_count(nproc, cfg.impl.device)
 
@@ -330,8 +333,10 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     resume = load_resume(run_dir, info)
     if resume is not None:
         check_same_model(resume[0], model_fields)
-    data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
+    # The init's tokenizer first: shards of another tokenizer fail check_model too, but its
+    # hint (set model.pad_token_id ...) is one that --init refuses.
     init = _init_source(cfg, data, resume)
+    data.check_model(model_fields, resume[2].get("tokenizer_hash") if resume else None)
 
     # Batch arithmetic, validated before any model is built.
     micro = (_auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto"
@@ -400,14 +405,11 @@ def _warn_untrained_rows(vocab_size: int, data: Any, init: str | None = None) ->
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
     """The weights of `init` (config/continued.py, train/continued.py) for a new run, checked
     against the shards; None without init, or when the run resumes from its own checkpoint."""
-    from bertgpu.data.tokenizer_folder import find_tokenizer_folder
-    from bertgpu.train.continued import InitSource
+    from bertgpu.train.continued import open_checked
 
     if not cfg.init or resume is not None:  # a run's own checkpoint is newer than the init
         return None
-    src = InitSource.open(cfg.init)
-    data.check_init(find_tokenizer_folder(src.folder), cfg.init)
-    return src
+    return open_checked(cfg.init, data)
 
 
 def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, peak_lr: float,

@@ -74,6 +74,33 @@ def init_model(init: str, asked: str | None, where: str) -> Any:
         raise BertgpuError(f"{path}: {e}") from None
 
 
+# Where the recipes of each architecture are, for the error that finds a recipe of another one.
+RECIPES = {"bert": "configs/bert-*.toml, configs/tiny.toml", "modernbert": "configs/modern-*.toml"}
+
+
+def refuse_other_architecture(init: str, arch: str, found: list[tuple[str, Any, str, str]]
+                              ) -> None:
+    """Raise the error for `[model]` keys of another architecture than `arch`, the init's:
+    `found` holds (key, value, where given, architecture it belongs to). Keys in a recipe file
+    make it a recipe for another architecture, which is what the user must change, so the error
+    names the recipe, the init's config.json and both architectures, not one key to rename."""
+    path = config_path(init)
+    given = f"--init {init} is a {arch} model ({path}: model_type {arch!r})"
+    in_file = [row for row in found if row[2] != "command line"]
+    if in_file:
+        where, other = in_file[0][2], in_file[0][3]
+        keys = ", ".join(f"model.{key}" for key, _, w, _ in in_file if w == where)
+        recipes = f" ({RECIPES[arch]})" if arch in RECIPES else ""
+        raise BertgpuError(f"{where}: a {other} recipe ({keys}) but {given}; expected a {arch} "
+                           f"recipe{recipes}, one without a [model] section such as "
+                           "configs/domain-adapt.toml, or no recipe (the model comes from --init)")
+    key, value, where, other = found[0]
+    instead = build.spec(arch).equivalents.get(key, ())
+    hint = f"model.{', model.'.join(instead)} instead, or none" if instead else "no value"
+    raise BertgpuError(f"{where}: model.{key} = {value!r} is a {other} field but {given}; "
+                       f"expected {hint}")
+
+
 def check_recipe(model: Any, base: Any, given: dict[str, str], init: str) -> None:
     """Every `[model]` field of the resolved `model` that differs from `base` (the init's) must be
     one the architecture lets a continued run change; `given` maps field -> where it was set.
@@ -101,4 +128,5 @@ def changes(model: Any, base: Any) -> list[str]:
             for f in dataclasses.fields(model) if getattr(model, f.name) != getattr(base, f.name)]
 
 
-__all__ = ["changes", "check_recipe", "config_path", "init_asked", "init_model", "word_value"]
+__all__ = ["RECIPES", "changes", "check_recipe", "config_path", "init_asked", "init_model",
+           "refuse_other_architecture", "word_value"]

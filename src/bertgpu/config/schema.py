@@ -166,7 +166,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         model = build.spec(asked or "bert").pretraining_config()
     base = dataclasses.replace(model)
     cfg = PretrainConfig(model=model)
-    _refuse_other_architectures_keys(cfg.model, data.get("model", {}), words, str(path))
+    _refuse_other_architectures_keys(cfg.model, data.get("model", {}), words, str(path), init)
     apply_dict(cfg, data, str(path))
     apply_overrides(cfg, words, "command line", PRETRAIN_ALIASES)
     if init is not None:
@@ -206,13 +206,16 @@ def _architecture_given(data: dict[str, Any], words: list[str], source: str
 
 
 def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: list[str],
-                                     source: str) -> None:
+                                     source: str, init: str | None = None) -> None:
     """A `[model]` key that another architecture has and this one does not (a silent no-op
-    otherwise) is an error that says what this architecture calls the same knob, if anything."""
+    otherwise) is an error that says what this architecture calls the same knob, if anything.
+    With `init` the architecture is the init's, so such a key means a recipe written for
+    another architecture, and the error says that (continued.refuse_other_architecture)."""
     spec = build.spec(model.architecture)
     own = {f.name for f in dataclasses.fields(model)}
     given = [(key.replace("-", "_"), value, source, False) for key, value in table.items()]
     given += [(key, text, "command line", True) for key, text in _model_words(words)]
+    found = []  # (key, value, where, the architecture it belongs to)
     for key, value, where, is_text in given:
         if key in own:
             continue
@@ -226,11 +229,18 @@ def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: l
                     value = parse_text(value, types[key])
                 except ValueError:
                     pass
-            instead = spec.equivalents.get(key, ())
-            hint = (f" (for {spec.name}: {', '.join('model.' + n for n in instead)})"
-                    if instead else "")
-            raise BertgpuError(f"{where}: model.{key} = {value!r}: a {name} field, not one of "
-                               f"{spec.name}{hint}")
+            found.append((key, value, where, name))
+            break
+    if not found:
+        return
+    if init is not None:
+        continued.refuse_other_architecture(init, spec.name, found)
+    key, value, where, name = found[0]
+    instead = spec.equivalents.get(key, ())
+    hint = (f" (for {spec.name}: {', '.join('model.' + n for n in instead)})"
+            if instead else "")
+    raise BertgpuError(f"{where}: model.{key} = {value!r}: a {name} field, not one of "
+                       f"{spec.name}{hint}")
 
 
 # --------------------------------------------------------------------------------------------
