@@ -16,6 +16,7 @@ from test_pretrain import ROOT, _args  # the tiny model and run every test here 
 
 from bertgpu.cli import main
 from bertgpu.telemetry.records import read_metrics
+from bertgpu.train.run_folder import LOCK_FILE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,10 +28,11 @@ def shards(tmp_path_factory) -> Path:
 
 
 def _folder(run: Path) -> dict[str, tuple[int, bytes | None]]:
-    """Every file of `run` with its mtime, and the text files' contents."""
+    """Every file of `run` with its mtime, and the text files' contents; not the run folder's
+    lock file, which every run takes (and names itself in) before it looks at the folder."""
     return {str(p.relative_to(run)): (p.stat().st_mtime_ns,
                                       p.read_bytes() if p.suffix in (".jsonl", ".toml") else None)
-            for p in sorted(run.rglob("*")) if p.is_file()}
+            for p in sorted(run.rglob("*")) if p.is_file() and p.name != LOCK_FILE}
 
 
 @pytest.mark.timeout(120)

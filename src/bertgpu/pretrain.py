@@ -168,8 +168,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
     from bertgpu.config import overrides, schema
     from bertgpu.fsutil import complete_steps
-    from bertgpu.tasks.pretraining import PretrainData
-    from bertgpu.train.continued import open_checked
+    from bertgpu.tasks.pretraining import PretrainData, open_checked
 
     cfg = _config(args)
     check_config(cfg)
@@ -405,7 +404,7 @@ def _warn_untrained_rows(vocab_size: int, data: Any, init: str | None = None) ->
 def _init_source(cfg: Any, data: Any, resume: Any) -> Any:
     """The weights of `init` (config/continued.py, train/continued.py) for a new run, checked
     against the shards; None without init, or when the run resumes from its own checkpoint."""
-    from bertgpu.train.continued import open_checked
+    from bertgpu.tasks.pretraining import open_checked
 
     if not cfg.init or resume is not None:  # a run's own checkpoint is newer than the init
         return None

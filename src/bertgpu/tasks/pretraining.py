@@ -17,7 +17,7 @@ import math
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from bertgpu.data.shards import ShardSet, check_compatible
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed, sharding
 from bertgpu.train.engine import StepResult
+
+if TYPE_CHECKING:
+    from bertgpu.train.continued import InitSource
 
 
 class PretrainData:
@@ -247,3 +250,18 @@ def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
     dst = Path(run_dir) / "tokenizer"
     if not dst.exists():
         shutil.copytree(data.train.tokenizer_dir, dst)
+
+
+def open_checked(init: str, data: PretrainData, warn: bool = True) -> InitSource:
+    """The InitSource of `init`, once `data` (a PretrainData) has passed `check_init`: shards
+    made with its tokenizer. Callers run this before `data.check_model`, whose hint for shards
+    of another tokenizer (set model.pad_token_id ...) is a setting --init refuses. `warn`
+    False skips an init without a tokenizer silently (a launcher: each worker warns)."""
+    from bertgpu.data.tokenizer_folder import find_tokenizer_folder
+    from bertgpu.train.continued import InitSource
+
+    src = InitSource.open(init)
+    tokenizer = find_tokenizer_folder(src.folder)
+    if tokenizer is not None or warn:
+        data.check_init(tokenizer, init)
+    return src

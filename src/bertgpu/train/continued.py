@@ -53,20 +53,6 @@ class InitSource:
         return "bertgpu checkpoint" if self.state is not None else "Hugging Face folder"
 
 
-def open_checked(init: str, data: Any, warn: bool = True) -> InitSource:
-    """The InitSource of `init`, once `data` (a PretrainData) has passed `check_init`: shards
-    made with its tokenizer. Callers run this before `data.check_model`, whose hint for shards
-    of another tokenizer (set model.pad_token_id ...) is a setting --init refuses. `warn`
-    False skips an init without a tokenizer silently (a launcher: each worker warns)."""
-    from bertgpu.data.tokenizer_folder import find_tokenizer_folder
-
-    src = InitSource.open(init)
-    tokenizer = find_tokenizer_folder(src.folder)
-    if tokenizer is not None or warn:
-        data.check_init(tokenizer, init)
-    return src
-
-
 def load_weights(model: torch.nn.Module, src: InitSource, resume_optimizer: bool
                  ) -> list[tuple[str, str]]:
     """`src`'s weights into `model` (before the engine wraps it); the start-up rows that say
@@ -132,4 +118,4 @@ def _check_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, path: P
                                    f"{tuple(p.shape)}; {hint}")
 
 
-__all__ = ["InitSource", "load_optimizer_state", "load_weights", "open_checked"]
+__all__ = ["InitSource", "load_optimizer_state", "load_weights"]
