@@ -118,23 +118,31 @@ def _job(kind: str, tmp_path: Path, tokenizer: Any, cfg: Any) -> tuple[Job, str]
     return classify_job(csv, csv, tokenizer, cfg), "classification"
 
 
+def _job_and_model(kind: str, tmp_path: Path) -> tuple[Any, torch.nn.Module]:
+    """The `kind` job of a tiny random BERT and its task model (a fresh head)."""
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    cfg = load_finetune_config()
+    job, head = _job(kind, tmp_path, load_tokenizer(init), cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fresh head
+        return job, build_model(str(init), head, job.num_labels, cfg)
+
+
+def _task(job: Any, model: torch.nn.Module, folder: Path) -> FinetuneTask:
+    """One epoch of `job` on `model` in batches of 4, evaluated into `folder`."""
+    folder.mkdir()
+    return FinetuneTask(job, model, pad_id=0, seed=0, global_batch_size=4, micro_batch_size=4,
+                        epochs=1, eval_batch_size=4, autocast=contextlib.nullcontext,
+                        info=DistInfo(), work_dir=folder, export=lambda: folder)
+
+
 @pytest.mark.parametrize("kind", ["squad", "ner", "classify"])
 def test_every_task_scores_non_finite_outputs_zero(tmp_path: Path, kind: str) -> None:
     """Only GLUE's metrics looked at NaN at all (turning a nan metric into 0 after the fact):
     SQuAD decoded NaN logits into answers and scored them, NER and classify took argmax of NaN
     (class 0) and scored that, without a word."""
-    init = _tiny_init.tiny_init(tmp_path, VOCAB)
-    tokenizer = load_tokenizer(init)
-    cfg = load_finetune_config()
-    job, head = _job(kind, tmp_path, tokenizer, cfg)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the fresh head
-        model = NotFinite(build_model(str(init), head, job.num_labels, cfg))
-    folder = tmp_path / "out"
-    folder.mkdir()
-    task = FinetuneTask(job, model, pad_id=0, seed=0, global_batch_size=4, micro_batch_size=4,
-                        epochs=1, eval_batch_size=4, autocast=contextlib.nullcontext,
-                        info=DistInfo(), work_dir=folder, export=lambda: folder)
+    job, model = _job_and_model(kind, tmp_path)
+    task = _task(job, NotFinite(model), tmp_path / "out")
     n = len(job.evals[0].data)
     with pytest.warns(UserWarning, match=rf"step {task.total_steps}: the model's dev outputs are "
                                          rf"not finite \(NaN or infinite\) for {n} of {n} "
@@ -185,20 +193,10 @@ def test_non_finite_outputs_at_the_padding_only_do_not_count(tmp_path: Path, kin
     """Outputs with a position axis are padded per batch: NaN there is no output of any
     sequence, so the metrics are those of the same model without it and nothing is said (every
     metric 0 with a "not finite" warning was the rule without the lengths)."""
-    init = _tiny_init.tiny_init(tmp_path, VOCAB)
-    tokenizer = load_tokenizer(init)
-    cfg = load_finetune_config()
-    job, head = _job(kind, tmp_path, tokenizer, cfg)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the fresh head
-        model = build_model(str(init), head, job.num_labels, cfg)
+    job, model = _job_and_model(kind, tmp_path)
     records = []
     for m in (model, NaNAtPadding(model)):
-        folder = tmp_path / f"out{len(records)}"
-        folder.mkdir()
-        task = FinetuneTask(job, m, pad_id=0, seed=0, global_batch_size=4, micro_batch_size=4,
-                            epochs=1, eval_batch_size=4, autocast=contextlib.nullcontext,
-                            info=DistInfo(), work_dir=folder, export=lambda f=folder: f)
+        task = _task(job, m, tmp_path / f"out{len(records)}")
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             task.evaluate(task.total_steps, None)
