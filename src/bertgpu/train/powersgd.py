@@ -106,15 +106,24 @@ class PowerSGDHook:
         s = self.state
         return {"error": s.error_dict, "p": s.p_memory_dict, "q": s.q_memory_dict}
 
-    def _to_pool(self, index: int) -> None:
-        """Bucket `index`'s residual and factors into per-parameter pieces."""
-        layout = self._layouts.pop(index)
+    def _split(self, index: int, layout: tuple[tuple[str, torch.Size], ...], pop: bool
+               ) -> list[tuple[str, str, torch.Tensor]]:
+        """(name, kind, piece) of bucket `index`'s residual and factors cut per parameter (views;
+        `pop` takes them out of torch's state). A memory of another size is left out."""
+        out = []
         for kind, pieces in self._pieces(layout).items():
-            flat = self._memories()[kind].pop(index, None)
+            memory = self._memories()[kind]
+            flat = memory.pop(index, None) if pop else memory.get(index)
             if flat is None or flat.numel() != sum(n for _, n in pieces):
                 continue
             for (name, _), piece in zip(pieces, flat.split([n for _, n in pieces]), strict=True):
-                self._pool.setdefault(name, {})[kind] = piece
+                out.append((name, kind, piece))
+        return out
+
+    def _to_pool(self, index: int) -> None:
+        """Bucket `index`'s residual and factors into per-parameter pieces."""
+        for name, kind, piece in self._split(index, self._layouts.pop(index), pop=True):
+            self._pool.setdefault(name, {})[kind] = piece
 
     def _from_pool(self, index: int, layout: tuple[tuple[str, torch.Size], ...],
                    like: torch.Tensor) -> None:
@@ -145,13 +154,8 @@ class PowerSGDHook:
         s = self.state
         pool = {name: dict(kinds) for name, kinds in self._pool.items()}
         for index, layout in self._layouts.items():
-            for kind, pieces in self._pieces(layout).items():
-                flat = self._memories()[kind].get(index)
-                if flat is None or flat.numel() != sum(n for _, n in pieces):
-                    continue
-                for (name, _), piece in zip(pieces, flat.split([n for _, n in pieces]),
-                                            strict=True):
-                    pool.setdefault(name, {})[kind] = piece
+            for name, kind, piece in self._split(index, layout, pop=False):
+                pool.setdefault(name, {})[kind] = piece
         name, keys, pos, has_gauss, cached = s.rng.get_state(legacy=True)
         return {
             "iter": int(s.iter),
