@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 
 FAMILIES: list[tuple[str, re.Pattern[str]]] = [
-    ("matrix products", re.compile(r"gemm|sm\d+_xmma|cutlass|cublas|nvjet|aten::(mm|bmm|addmm|"
-                                   r"matmul|linear)\b", re.IGNORECASE)),
     ("loss (cross-entropy)", re.compile(r"log_softmax|nll_loss|cross_entropy|SoftMax(Forward|"
                                         r"Backward)", re.IGNORECASE)),
+    # before the matrix products: the flash kernels' template arguments name cutlass types
     ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax", re.IGNORECASE)),
+    ("matrix products", re.compile(r"gemm|sm\d+_xmma|cutlass|cublas|nvjet|aten::(mm|bmm|addmm|"
+                                   r"matmul|linear)\b", re.IGNORECASE)),
     ("optimizer", re.compile(r"adam|lamb|multi_tensor|foreach|Optimizer", re.IGNORECASE)),
     ("normalisation", re.compile(r"layer_?norm|rms_?norm|welford", re.IGNORECASE)),
     ("compiled fused kernels", re.compile(r"^triton_|^cpp_fused|Compiled Region", re.IGNORECASE)),
@@ -58,10 +59,23 @@ def family(name: str) -> str:
     return "other"
 
 
+def on_device(event) -> bool:
+    """Whether a profiler event is device work itself (a kernel, a copy, a fill), not a host-side
+    operator or launcher whose "self device time" is the same kernels' time again."""
+    kind = getattr(event, "device_type", None)
+    return kind is not None and getattr(kind, "name", str(kind)).upper().endswith("CUDA")
+
+
 def kernel_times(events, cuda: bool) -> dict[str, float]:
-    """Self device time (us) per kernel name (CPU: self CPU time per operator)."""
+    """Self device time (us) per kernel name (CPU: self CPU time per operator).
+
+    On CUDA only the device's own events count: a host operator (`aten::mm`) carries its
+    kernels' time as its self device time, and a compiled Triton kernel's launcher has the
+    kernel's name, so summing every event counted most of a step twice."""
     times: dict[str, float] = {}
     for e in events:
+        if cuda and not on_device(e):
+            continue
         t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
              if cuda else e.self_cpu_time_total)
         if t and t > 0:
@@ -69,10 +83,12 @@ def kernel_times(events, cuda: bool) -> dict[str, float]:
     return times
 
 
-def kernel_counts(events) -> dict[str, int]:
+def kernel_counts(events, cuda: bool = False) -> dict[str, int]:
     """Launches (CPU: calls) per kernel name over the profiled steps."""
     counts: dict[str, int] = {}
     for e in events:
+        if cuda and not on_device(e):
+            continue
         counts[e.key] = counts.get(e.key, 0) + int(getattr(e, "count", 0) or 0)
     return counts
 
@@ -179,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                              "BERT; ModernBERT always runs so)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="torch._inductor.config settings for the compile, e.g. "
+                             "coordinate_descent_tuning=True (Python literals)")
     parser.add_argument("--trace", action="store_true", help="also write trace.json")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -201,6 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     T = args.seq_len or (32 if tiny else 1024 if modern else 128)
     args.out.mkdir(parents=True, exist_ok=True)
     record_bytes = cuda and not args.eager and args.compile_backend == "inductor"
+    if args.inductor:
+        import ast
+
+        import torch._inductor.config as inductor_config
+
+        for item in args.inductor:
+            key, _, value = item.partition("=")
+            setattr(inductor_config, key, ast.literal_eval(value))  # a typo raises here
     if record_bytes:
         import torch._inductor.config as inductor_config
 
@@ -259,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = peak_tflops(name if cuda else None, "bf16" if cuda else "fp32")
     mode = "eager" if args.eager else f"compiled ({args.compile_mode})"
+    if args.inductor:
+        mode += f" with {', '.join(args.inductor)}"
     label = "ModernBERT" if modern else "BERT"
     header = (f"{label}-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
               f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")
     events = prof.key_averages()
     times = kernel_times(events, cuda)
-    moved = traffic(times, kernel_counts(events), triton_kernel_bytes()) if record_bytes else {}
+    moved = (traffic(times, kernel_counts(events, cuda), triton_kernel_bytes()) if record_bytes
+             else {})
     bandwidth = HBM_TB_S.get(gpu_model(name) or "") if cuda else None
     text = report(times, args.steps, step_s, fpt * tokens, peak, header,
                   traffic_lines(moved, times, args.steps, bandwidth))

@@ -37,7 +37,8 @@ def test_every_stage_command_parses(tmp_path, smoke):
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
         "profile", "profile modernbert", "compile modes", "autotune", "unpadded compiled",
-        "bert-large compiled", "saved bytes", "pretrain cuda graphs"]
+        "bert-large compiled", "saved bytes", "attention kernels", "dropout kernels",
+        "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
@@ -77,6 +78,52 @@ def test_profile_tables_add_up(tmp_path, arch):
     assert gpu_profile.family("triton_per_fused__log_softmax_1") == "loss (cross-entropy)"
     assert gpu_profile.family("triton_poi_fused_add_native_dropout_3") == "compiled fused kernels"
     assert gpu_profile.family("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert gpu_profile.family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<"
+                              "Flash_bwd_kernel_traits<64, 128, 128, 8, 4, 4, 4, false, false, "
+                              "cutlass::bfloat16_t, ...>") == "attention"
+
+
+def test_kernel_benchmarks_run_and_print_their_tables(capsys):
+    """The attention and dropout kernel scripts, in --smoke on the CPU: each row of their table
+    is printed (a refusing attention backend says why), the dropout rows drop about p."""
+    assert load("attention_kernels").main(["--smoke", "--iters", "1", "--warmup", "0"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 2 x 16")]
+    assert [r.split(" | ")[2] for r in rows] == [
+        "ours (segments)", "flash varlen (B rows)", "sdpa flash", "sdpa cudnn", "sdpa efficient",
+        "sdpa math"]
+    assert "refused: " in rows[0] and re.search(r"\| [\d.]+ \| \d+ \|$", rows[-1])
+    assert load("dropout_kernels").main(["--smoke", "--iters", "1", "--warmup", "0"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith(("| in-kernel", "| bulk bits"))]
+    assert len(rows) == 2
+    for row in rows:
+        assert abs(float(row.split(" | ")[-1].rstrip(" |")) - 0.1) < 0.05
+
+
+def test_profile_counts_device_time_once():
+    """On CUDA a step's time is its kernels' time: a host operator (aten::mm) carries its kernel's
+    device time as its own "self device time", and a compiled Triton kernel's launcher has the
+    kernel's name, so counting every event doubled most of the step (an H200 profile said 94 ms
+    of device time in a 48 ms step)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    gpu_profile = load("gpu_profile")
+
+    def event(key, device_type, us):
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=us,
+                               count=1, self_cpu_time_total=1.0)
+
+    events = [event("aten::mm", DeviceType.CPU, 300.0),
+              event("nvjet_sm90_tst_256x128", DeviceType.CUDA, 300.0),
+              event("triton_poi_fused_gelu_0", DeviceType.CPU, 50.0),  # its launcher
+              event("triton_poi_fused_gelu_0", DeviceType.CUDA, 50.0)]
+    assert gpu_profile.kernel_times(events, cuda=True) == {"nvjet_sm90_tst_256x128": 300.0,
+                                                           "triton_poi_fused_gelu_0": 50.0}
+    assert gpu_profile.kernel_counts(events, True) == {"nvjet_sm90_tst_256x128": 1,
+                                                       "triton_poi_fused_gelu_0": 1}
+    assert gpu_profile.kernel_times(events, cuda=False)["aten::mm"] == 1.0  # the CPU's own time
 
 
 def test_bench_table_is_the_last_table_of_the_log(tmp_path):
