@@ -451,6 +451,40 @@ def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("unpad", [False, True])
+def test_compiled_step_computes_the_rope_tables_once(unpad):
+    """Inductor's code for a training step (forward and backward) computes no cosine: the tables
+    come from one opaque operator per forward. Written as tensor math, the angle arithmetic was
+    fused into each layer's rotation of q and k and its backward (8 cosines in the generated code
+    of this 4-layer model padded, 4 unpadded; on an H200 9 of ModernBERT-base's 60 ms per
+    step)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(ModernBertConfig(**TINY_MODERN)).train()
+    model.configure(unpad=unpad, attention_backend="padded")
+    batch = modern_batch(layouts()["right"])
+    meta = batch_meta(batch["attention_mask"], batch["labels"])
+    compiled = torch.compile(model)
+
+    def step():
+        loss = compiled(**batch, batch_meta=meta).loss
+        loss.backward()
+        return loss
+
+    loss, sources = run_and_get_code(step)
+    torch._dynamo.reset()
+    assert len(sources) >= 2  # the forward's and the backward's code
+    kernels_with_cos = sum(len(re.findall(r"\bcos\(|std::cos|\.cos\(\)", src))
+                           for src in sources)
+    assert kernels_with_cos == 0
+    ref = model(**batch, batch_meta=meta).loss
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fused kernels need CUDA")
 @pytest.mark.parametrize("backend", ["varlen", "nested", "auto"])
