@@ -11,18 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from bertgpu.models import attention
-from bertgpu.models import dropout as dropout_module
-from bertgpu.models.dropout import Dropout, bits_dropout, dropout
+from bertgpu.models.dropout import Dropout, dropout
 from bertgpu.models.modernbert.model import attention_masks
 
 
-@pytest.mark.parametrize("kind", ["cpu", "bits"])
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_has_torchs_distribution(p, kind):
+def test_dropout_has_torchs_distribution(p):
     torch.manual_seed(0)
     R, C = 1000, 2000  # a 2-D input: one mask element per element, not per row or per column
     x = torch.full((R, C), 3.0, requires_grad=True)
-    y = dropout(x, p) if kind == "cpu" else bits_dropout(x, p)
+    y = dropout(x, p)
     gone = y == 0
     dropped = gone.double().mean().item()
     # A binomial proportion: within 5 standard deviations of p.
@@ -71,47 +69,6 @@ def test_dropout_edges_and_module():
     bf16 = dropout(x.bfloat16(), 0.5)
     assert bf16.dtype == torch.bfloat16 and set(bf16.unique().tolist()) <= {0.0} | set(
         (x.bfloat16() * 2).flatten().tolist())
-
-
-def test_compiled_dropout_draws_its_bits_in_bulk(monkeypatch):
-    """Where `dropout` draws in bulk (compiled on CUDA; forced here on the CPU), a compiled BERT
-    step calls `random_bits16` once per dropout site and generates no random numbers in its own
-    kernels, and every site gets a mask of its own: the compiled loss and gradients are the eager
-    ones under the same seed (a mask shared between two sites would change them)."""
-    import re
-
-    from torch._inductor.utils import run_and_get_code
-
-    from bertgpu.models.bert.config import BertConfig
-    from bertgpu.models.bert.model import BertForPreTraining
-
-    monkeypatch.setattr(dropout_module, "bulk_random", lambda x: True)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=16,
-                     attention_probs_dropout_prob=0.0)
-    model = BertForPreTraining(cfg).train()
-    ids = torch.randint(4, 64, (3, 8))
-    labels = torch.where(torch.rand(3, 8) < 0.3, ids, torch.tensor(-100))
-    labels[0, 0] = 5
-
-    def step(m):
-        torch.manual_seed(1)
-        model.zero_grad(set_to_none=True)
-        loss = m(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 0])).loss
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                               if p.grad is not None}
-
-    eager = step(model)
-    compiled, sources = run_and_get_code(step, torch.compile(model))
-    torch._dynamo.reset()
-    code = "\n".join(sources)
-    # embeddings, then attention output and FFN output of each of the 2 layers
-    assert len(re.findall(r"= torch\.ops\.bertgpu\.random_bits16\.default\(", code)) == 5
-    assert not re.search(r"rand(int)?(64)?(_cpu)?\(|bernoulli", code.replace("random_bits16", ""))
-    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "window"])

@@ -326,33 +326,6 @@ def test_cuda_graph_replays_draw_new_dropout_masks():
     assert len(set(losses[2:])) == 4, losses
 
 
-def test_compiled_dropout_on_cuda_draws_bulk_bits_at_torchs_rate():
-    """Compiled on CUDA, `dropout` takes its mask from `random_bits16`: two sites of one shape
-    each drop p of their elements, independently, with the kept ones scaled by 1 / (1 - p), and
-    the compiled code draws no random numbers in its own kernels."""
-    import re
-
-    from torch._inductor.utils import run_and_get_code
-
-    from bertgpu.models.dropout import dropout
-
-    def two_sites(x):
-        return dropout(x, 0.1), dropout(x * 2, 0.1)
-
-    x = torch.ones(2048, 1024, device=CUDA, dtype=torch.bfloat16)
-    (a, b), sources = run_and_get_code(torch.compile(two_sites), x)
-    code = "\n".join(sources)
-    assert len(re.findall(r"= torch\.ops\.bertgpu\.random_bits16\.default\(", code)) == 2
-    assert "tl.rand" not in code and "tl.randint" not in code
-    for y, value in ((a, 1.0), (b, 2.0)):
-        dropped = float((y == 0).float().mean())
-        assert abs(dropped - 0.1) < 5 * (0.1 * 0.9 / y.numel()) ** 0.5
-        kept = y[y != 0].float()
-        torch.testing.assert_close(kept, torch.full_like(kept, value / 0.9), **BF16)
-    both = float(((a == 0) & (b == 0)).float().mean())
-    assert abs(both - 0.01) < 5 * (0.01 * 0.99 / a.numel()) ** 0.5  # independent masks
-
-
 def _micro_steps(name: str):
     """(model, optimizer, batches) of one training configuration, batches pinned on the host."""
     torch.manual_seed(0)
