@@ -28,14 +28,12 @@ reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs), `unpa
 bench stage times them eager), `bert-large compiled` (BERT-large 64 x 128, ours compiled: the
 50% MFU target), `pretrain cuda graphs` (the bert-base run with
 `--impl.compile_mode reduce-overhead`), `saved bytes` (`bench model --check-graph --dtype bf16` on
-CUDA: what the compiled step keeps for backward, padded and padding-free), `attention kernels`
+CUDA: what the compiled step keeps for backward, padded and padding-free), and `attention kernels`
 (benchmarks/attention_kernels.py: our flash call against SDPA's backends, forward + backward at
-BERT's and ModernBERT's shapes) and `dropout kernels` (benchmarks/dropout_kernels.py: BERT's
-compiled dropout + residual + LayerNorm with the mask drawn in bulk against inductor's in-kernel
-random numbers).
+BERT's and ModernBERT's shapes).
 
 The default stages took 547 s on an H200 (their limits add up to 685 s, the extra ones' to
-1300 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
+1225 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
 the machine's own torch (2.11 or later) and transformers, no network. `--only` runs the named
 stages in the order named (a misspelt name stops the script before anything runs), and
 `--budget-s` (default 570, one device call) starts a stage only while its whole limit fits in
@@ -159,13 +157,11 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         dict(name="saved bytes", limit=120, extra=True, grep="saved for backward:",
              cmd=[py, "-m", "bertgpu", "bench", "model", "--check-graph", "--dtype", "bf16",
                   "--device", "cpu" if smoke else "cuda"]),
-        # kernels side by side, a few seconds of GPU time each: attention (ours, SDPA's flash,
-        # cuDNN and efficient backends) and compiled dropout (bulk bits against in-kernel)
+        # attention kernels side by side (ours, SDPA's flash, cuDNN and efficient backends),
+        # forward + backward at BERT's and ModernBERT's shapes: 30 s of GPU time on an H200
         dict(name="attention kernels", limit=120 if smoke else 75, extra=True,
              cmd=[py, "benchmarks/attention_kernels.py",
                   *(["--smoke", "--iters", "2", "--warmup", "1"] if smoke else [])]),
-        dict(name="dropout kernels", limit=120 if smoke else 75, extra=True,
-             cmd=[py, "benchmarks/dropout_kernels.py", *(["--smoke"] if smoke else [])]),
         dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
              torch_logs="recompiles,cudagraphs",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
@@ -264,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these stages, by name, in this order (the extra stages "
                              "run only so: profile, profile modernbert, compile modes, autotune, "
                              "unpadded compiled, bert-large compiled, saved bytes, attention "
-                             "kernels, dropout kernels, pretrain cuda graphs)")
+                             "kernels, pretrain cuda graphs)")
     parser.add_argument("--budget-s", type=float, default=DEVICE_CALL_S,
                         help="seconds this call may take: a stage starts only if its limit "
                              "still fits (a later, shorter one may), the rest are listed as "

@@ -40,7 +40,8 @@ FAMILIES: list[tuple[str, re.Pattern[str]]] = [
     ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax", re.IGNORECASE)),
     ("matrix products", re.compile(r"gemm|sm\d+_xmma|cutlass|cublas|nvjet|aten::(mm|bmm|addmm|"
                                    r"matmul|linear)\b", re.IGNORECASE)),
-    ("optimizer", re.compile(r"adam|lamb|multi_tensor|foreach|Optimizer", re.IGNORECASE)),
+    # "lamb" but not the "lambda" in a kernel's template arguments
+    ("optimizer", re.compile(r"adam|lamb(?!da)|multi_tensor|foreach|Optimizer", re.IGNORECASE)),
     ("normalisation", re.compile(r"layer_?norm|rms_?norm|welford", re.IGNORECASE)),
     ("compiled fused kernels", re.compile(r"^triton_|^cpp_fused|Compiled Region", re.IGNORECASE)),
     ("elementwise and reductions (eager)", re.compile(

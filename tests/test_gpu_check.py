@@ -37,8 +37,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
         "profile", "profile modernbert", "compile modes", "autotune", "unpadded compiled",
-        "bert-large compiled", "saved bytes", "attention kernels", "dropout kernels",
-        "pretrain cuda graphs"]
+        "bert-large compiled", "saved bytes", "attention kernels", "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
@@ -78,26 +77,24 @@ def test_profile_tables_add_up(tmp_path, arch):
     assert gpu_profile.family("triton_per_fused__log_softmax_1") == "loss (cross-entropy)"
     assert gpu_profile.family("triton_poi_fused_add_native_dropout_3") == "compiled fused kernels"
     assert gpu_profile.family("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert gpu_profile.family("Optimizer.step#LAMB.step") == "optimizer"
+    randint = ("void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_"
+               "kernel<unsigned int, 4, ...::{lambda(...)#1}>")
+    assert gpu_profile.family(randint) == "other"
     assert gpu_profile.family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<"
                               "Flash_bwd_kernel_traits<64, 128, 128, 8, 4, 4, 4, false, false, "
                               "cutlass::bfloat16_t, ...>") == "attention"
 
 
-def test_kernel_benchmarks_run_and_print_their_tables(capsys):
-    """The attention and dropout kernel scripts, in --smoke on the CPU: each row of their table
-    is printed (a refusing attention backend says why), the dropout rows drop about p."""
+def test_attention_kernels_run_and_print_their_table(capsys):
+    """The attention kernel script, in --smoke on the CPU: each row of its table is printed (a
+    refusing backend says why)."""
     assert load("attention_kernels").main(["--smoke", "--iters", "1", "--warmup", "0"]) == 0
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 2 x 16")]
     assert [r.split(" | ")[2] for r in rows] == [
         "ours (segments)", "flash varlen (B rows)", "sdpa flash", "sdpa cudnn", "sdpa efficient",
         "sdpa math"]
     assert "refused: " in rows[0] and re.search(r"\| [\d.]+ \| \d+ \|$", rows[-1])
-    assert load("dropout_kernels").main(["--smoke", "--iters", "1", "--warmup", "0"]) == 0
-    rows = [ln for ln in capsys.readouterr().out.splitlines()
-            if ln.startswith(("| in-kernel", "| bulk bits"))]
-    assert len(rows) == 2
-    for row in rows:
-        assert abs(float(row.split(" | ")[-1].rstrip(" |")) - 0.1) < 0.05
 
 
 def test_profile_counts_device_time_once():

@@ -11,7 +11,11 @@ draw, not in distribution. The integer draw is serial, so a mask does not depend
 threads either.
 
 On CUDA and inside `torch.compile`, `F.dropout` (Philox, fused into its neighbours by inductor) is
-already the fast path and is what runs.
+what runs. Its random numbers cost: on an H200 (BERT-base 256 x 128, bf16, compiled) the kernel
+that adds a dropped-out sublayer output to the residual and normalises moved 1.55 TB/s against
+3.7 without the in-kernel Philox. Drawing 16-bit masks in bulk with torch's `randint` instead
+halved that kernel (3.36 -> 1.79 ms per step) but the draw itself took 1.73 ms: no net gain, so
+not kept (a draw of half as many int32 values, split in two, is the untried next step).
 
     x = dropout(x, 0.1, training=True)             # (any shape), same dtype and device
     self.dropout = Dropout(config.hidden_dropout_prob)   # nn.Dropout's name, repr and state dict
