@@ -5,7 +5,7 @@ by kernel family, for deciding what to fuse next.
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --arch modernbert --out /tmp/prof-modern
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --size tiny --device cpu --out /tmp/prof
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --inductor coordinate_descent_tuning=True \
-        --out /tmp/prof-cdt              # an inductor setting for the compile (took > 130 s here)
+        --out /tmp/prof-cdt   # an inductor setting (this one: not done within 130 s on an H200)
 
 The model, batches and optimizer are `bench model`'s (bench/model_runs.py: our
 BertForPreTraining or ModernBertForMaskedLM, masks a fixed count per sequence at 15% for BERT and
