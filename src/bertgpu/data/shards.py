@@ -16,7 +16,7 @@ The global sample order and the masks are in `masking.py`, each rank's batches i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,7 @@ def check_compatible(
     *,
     type_vocab_size: int | None = None,
     special_ids: dict[str, int] | None = None,
+    special_mismatch: Callable[[str, int, int], str] | None = None,
 ) -> None:
     """Refuse a shard set whose tokenizer or sequence length does not fit the model.
 
@@ -188,7 +189,10 @@ def check_compatible(
     64 are common); a smaller one, a longer sequence than the position table, another
     tokenizer (hash from `tokenizer_folder.tokenizer_hash`), or a special token whose id
     differs from the model's (`special_ids`: "pad" -> the config's pad_token_id, ...) is an
-    error naming the manifest.
+    error naming the manifest. `special_mismatch(key, shards' id, model's id)`: the text of
+    that last error after the manifest's path, for a caller that knows where the model's ids
+    come from (an --init folder, with or without its tokenizer); by default it suggests the
+    setting model.KEY_token_id, which only a model configured by the run may change.
     """
     path = shards.manifest_path
     if shards.vocab_size > vocab_size:
@@ -203,12 +207,14 @@ def check_compatible(
             "larger model.max_position_embeddings)"
         )
     for key, model_id in (special_ids or {}).items():
-        if shards.special_tokens[key] != model_id:
+        shard_id = shards.special_tokens[key]
+        if shard_id != model_id:
+            if special_mismatch is not None:
+                raise BertgpuError(f"{path}: {special_mismatch(key, shard_id, model_id)}")
             raise BertgpuError(
-                f"{path}: special token {key} has id {shards.special_tokens[key]} in the shards "
+                f"{path}: special token {key} has id {shard_id} in the shards "
                 f"but {model_id} in the model ({key}_token_id); expected the same id (set "
-                f"model.{key}_token_id {shards.special_tokens[key]}, or prepare with the "
-                "model's tokenizer)"
+                f"model.{key}_token_id {shard_id}, or prepare with the model's tokenizer)"
             )
     if tokenizer_hash is not None and shards.tokenizer_hash != tokenizer_hash:
         raise BertgpuError(

@@ -12,7 +12,8 @@ Files, chosen by extension:
   no-break or other Unicode space ("10\u00a0000" stays one token);
 - `.jsonl` / `.json`: one sentence per line, a list of tokens (`--text-field`, default "tokens")
   and a list of tags (`--label-field`, default "tags");
-- `.csv`: a header line, tokens and tags as space-separated strings in those two columns.
+- `.csv`: a header line, tokens and tags as space-separated strings in those two columns (split
+  on ASCII whitespace only, as CoNLL columns: a no-break space stays inside its token).
 
 Tags are BIO / IOB2: `O`, `B-TYPE`, `I-TYPE` (anything else, BIOES's `E-`/`S-` or a bare `PER`,
 is an error naming the line). The label set is `O` plus `B-` and `I-` of every entity type in the
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import string
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,10 +137,16 @@ def _columns(line: str) -> list[str]:
     return [f for f in (p.strip(" \t\r\n") for p in line.split(sep)) if f]
 
 
+_ASCII_SPACE = re.compile(f"[{re.escape(string.whitespace)}]+")
+"""Separators of a CSV cell's words: ASCII whitespace only, as `_columns` splits CoNLL lines."""
+
+
 def _word_list(path: Path, line: int, value: Any, name: str) -> list[str]:
-    """A JSON list of strings, or a CSV cell of space-separated words."""
+    """A JSON list of strings, or a CSV cell of words separated by ASCII whitespace; str.split()
+    would also cut a word at a no-break space (U+00A0, "10\u00a0000") and then count one
+    token more than its tags."""
     if isinstance(value, str):
-        value = value.split()
+        value = [w for w in _ASCII_SPACE.split(value) if w]
     if (isinstance(value, list) and value
             and all(isinstance(w, int) and not isinstance(w, bool) for w in value)):
         raise BertgpuError(f"{path}:{line}: {name!r} holds integer ids (e.g. {value[0]}); "

@@ -50,6 +50,10 @@ class PretrainData:
             raise BertgpuError(f"{self.train.manifest_path}: objective is {found!r} but the config "
                                f"asks for data.objective {objective!r}")
         self.with_nsp = resolve_with_nsp(with_nsp, found, str(self.train.manifest_path))
+        self.init: tuple[str, Path | None] | None = None
+        """(--init as given, its tokenizer folder or None when it has no tokenizer files), set
+        by `open_checked`: the model's special ids then come from the init, so `check_model`
+        names it instead of suggesting model.pad_token_id, a setting --init refuses."""
 
     def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
         # The special ids a config declares (BERT: [PAD]; ModernBERT also [CLS], [SEP]) must be
@@ -60,7 +64,26 @@ class PretrainData:
                          int(model_fields["max_position_embeddings"]),
                          tokenizer_hash=tokenizer_hash,
                          type_vocab_size=model_fields.get("type_vocab_size"),
-                         special_ids={k: v for k, v in special.items() if v is not None})
+                         special_ids={k: v for k, v in special.items() if v is not None},
+                         special_mismatch=self._init_special_mismatch if self.init else None)
+
+    def _init_special_mismatch(self, key: str, shard_id: int, model_id: int) -> str:
+        """The special-id error of a continued run (`check_compatible`'s special_mismatch)."""
+        assert self.init is not None  # only passed once open_checked has set it
+        init, tokenizer_dir = self.init
+        ids = (f"special token {key} has id {shard_id} in the shards but the model's "
+               f"{key}_token_id is {model_id}")
+        if tokenizer_dir is None:
+            # Nothing says which tokenizer the model was trained with: only the ids disagree.
+            return (f"{ids}; --init {init} has no tokenizer files (tokenizer.json or vocab.txt), "
+                    "so whether the shards' tokenizer matches the model could not be checked; "
+                    "expected shards made with the model's own tokenizer (bertgpu prepare "
+                    f"--tokenizer THAT_TOKENIZER, or copy its files into {init})")
+        # check_init passed: the shards are the init's tokenizer's, its config.json disagrees.
+        return (f"{ids} (--init {init}), while its tokenizer {tokenizer_dir} gives {key} id "
+                f"{shard_id} as the shards do; expected the init's config.json and tokenizer "
+                f"files to agree ({key}_token_id {shard_id} in its config.json if that tokenizer "
+                "is the one the model was trained with)")
 
     def check_init(self, tokenizer_dir: Path | None, init: str) -> None:
         """Shards of a continued run must come from the init's tokenizer (`bertgpu prepare
@@ -69,8 +92,9 @@ class PretrainData:
         from bertgpu.data.tokenizer_folder import special_token_ids, tokenizer_hash
 
         if tokenizer_dir is None:
-            print(f"warning: --init {init} has no tokenizer files, so the shards' vocabulary is "
-                  "checked by its size and special ids only", flush=True)
+            print(f"warning: --init {init} has no tokenizer files (tokenizer.json or vocab.txt), "
+                  "so whether the shards' tokenizer matches the model cannot be checked: only "
+                  "their vocabulary size and special ids are", flush=True)
             return
         path, expected = self.train.manifest_path, tokenizer_hash(tokenizer_dir)
         if self.train.tokenizer_hash != expected:
@@ -254,14 +278,16 @@ def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
 
 def open_checked(init: str, data: PretrainData, warn: bool = True) -> InitSource:
     """The InitSource of `init`, once `data` (a PretrainData) has passed `check_init`: shards
-    made with its tokenizer. Callers run this before `data.check_model`, whose hint for shards
-    of another tokenizer (set model.pad_token_id ...) is a setting --init refuses. `warn`
+    made with its tokenizer. Callers run this before `data.check_model`: another tokenizer is
+    then named as such, and the init recorded on `data` makes check_model's special-id error
+    speak of the init's files, not of model.pad_token_id (a setting --init refuses). `warn`
     False skips an init without a tokenizer silently (a launcher: each worker warns)."""
     from bertgpu.data.tokenizer_folder import find_tokenizer_folder
     from bertgpu.train.continued import InitSource
 
     src = InitSource.open(init)
     tokenizer = find_tokenizer_folder(src.folder)
+    data.init = (init, tokenizer)
     if tokenizer is not None or warn:
         data.check_init(tokenizer, init)
     return src
