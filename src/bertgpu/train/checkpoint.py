@@ -30,7 +30,8 @@ and from the loop, on rank 0::
 
     ...
     save_checkpoint(run_dir, step, model.state_dict(), train_state, extra_files, keep_last)
-    check_free_space(run_dir)            # after a save: warns if the next one will not fit
+    check_free_space(run_dir)            # after a save but the run's last: warns if the next
+                                         # one will not fit
 
 "Complete" and "good" are defined once, in `fsutil`; `resume_checkpoint` and `latest_checkpoint`
 skip a damaged newest checkpoint (truncated file, checksum mismatch, unreadable pickle) with a
@@ -153,7 +154,8 @@ def check_free_space(run_dir: str | os.PathLike[str], needed_bytes: int | None =
     """Warn, and return False, when a checkpoint of `needed_bytes` (default: the size of the run's
     newest complete checkpoint) will not fit in the free space of RUN_DIR/checkpoints. One statfs
     and a listing: cheap enough to call after every save, so a filling disk is reported one
-    checkpoint interval before it stops the run."""
+    checkpoint interval before it stops the run; not after the run's last checkpoint, which no
+    other follows (its warning would be wrong)."""
     root = Path(run_dir) / CHECKPOINTS
     if needed_bytes is None:
         found = list_checkpoints(run_dir)

@@ -67,6 +67,9 @@ class FullCheckpoints:
         self.failed = False
         self.error: BertgpuError | None = None
         self.last_write_s: float | None = None  # the last save, copy and write, for estimates
+        # Set by the loop: the step whose checkpoint is the run's last (max_steps, or the step
+        # the run ends at). After it no warning that the next checkpoint will not fit: none comes.
+        self.final_step: int | None = None
         self._pending: Pending | None = None
         self._host = HostCopy() if background and info.is_main else None
         self._executor = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertgpu-ckpt")
@@ -79,6 +82,7 @@ class FullCheckpoints:
         Returns the folder once written, None while a background write goes on."""
         self.wait()
         background = background and self.background
+        warn = self.final_step is None or step < self.final_step
         t0 = time.perf_counter()
         path, error, future = None, None, None
         if self.info.is_main:
@@ -86,12 +90,13 @@ class FullCheckpoints:
                 if background:
                     copy = self._copy(step, model, optimizer, state)
                     future = self._executor.submit(self._write, step, copy, files,
-                                                   time.perf_counter() - t0)
+                                                   time.perf_counter() - t0, warn)
                 else:
                     full = {**(state or {}), "optimizer": optimizer.state_dict()}
                     path = save_checkpoint(self.run_dir, step, model.state_dict(), full,
                                            extra_files=files, keep_last=self.keep_last)
-                    check_free_space(self.run_dir)  # warns one interval before a full disk
+                    if warn:  # one interval before a full disk
+                        check_free_space(self.run_dir)
                     self.last_write_s = time.perf_counter() - t0
             except BertgpuError as exc:
                 error = exc
@@ -114,13 +119,15 @@ class FullCheckpoints:
                                "to write it in place") from None
 
     def _write(self, step: int, copy: dict[str, Any], files: dict[str, str],
-               copy_s: float) -> Path:
-        """The background thread: the files from the host copy, sealed and renamed."""
+               copy_s: float, warn: bool = True) -> Path:
+        """The background thread: the files from the host copy, sealed and renamed; then, when
+        `warn`, a warning if the next checkpoint will not fit."""
         t0 = time.perf_counter()
         try:
             path = save_checkpoint(self.run_dir, step, copy["model"], copy["state"],
                                    extra_files=files, keep_last=self.keep_last)
-            check_free_space(self.run_dir)
+            if warn:
+                check_free_space(self.run_dir)
         except BertgpuError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure becomes the one-line error

@@ -61,9 +61,10 @@ from bertgpu.telemetry.records import process_started
 from bertgpu.testing import faults
 from bertgpu.train import distributed, loop_state
 from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
-from bertgpu.train.engine import Engine, StepResult, TrainingDiverged
+from bertgpu.train.engine import Engine, StepResult
 from bertgpu.train.loop_state import LogWindow, LoopResult, device_mfu, eval_pending, loss_state
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
+from bertgpu.train.run_end import log_failure
 from bertgpu.train.schedule import BudgetClock, Schedule, progress_from_steps
 from bertgpu.train.task import Batch, Task
 
@@ -143,6 +144,10 @@ class Loop:
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
         self.checkpoints = make_checkpointer(model, info, self.run_dir, checkpoint.keep_last,
                                              checkpoint.async_save, dist.timeout_minutes)
+        # No checkpoint follows the one at max_steps (`_finish`: the step the run ends at), so no
+        # warning that the next will not fit after it (whole-file checkpoints; sharded ones check
+        # before each save only).
+        self.checkpoints.final_step = self.max_steps or None
         self.preemption = Preemption(checkpoint.grace_s, info, title=title, run_dir=self.run_dir,
                                      timeout_minutes=dist.timeout_minutes)
         if resume is not None:
@@ -180,7 +185,7 @@ class Loop:
         try:
             return self._run(logger)
         except BaseException as e:  # noqa: BLE001 - recorded, then raised as it was
-            self._log_failure(logger, e)
+            log_failure(self, logger, e)  # its end record
             raise
         finally:
             self.checkpoints.settle(self.engine.step + 1)  # an error: let a write in flight end
@@ -338,50 +343,28 @@ class Loop:
         if lo != hi:
             raise BertgpuError(f"ranks stopped at different steps ({lo}..{hi}); please "
                                "report this bug")
-        def end() -> None:
-            logger.log(step, "info", event="end", reason=result.stop_reason,
-                       world_size=self.world, rank_step_min=lo, rank_step_max=hi)
-            self.preemption.end_logged = True  # a grace that runs out adds no second one
-
-        if result.preempted:  # first: the grace may end the process inside `stop`
-            end()
+        self.checkpoints.final_step = step
+        # "finished" once the final checkpoint and the export are written; a stop signal during
+        # either (it cuts neither short: both are renamed into place whole) ends it as preempted,
+        # without the export when the signal came before it.
+        if not result.preempted:
+            try:
+                self._log_written(logger, self.checkpoints.wait())
+                if self.final_checkpoint and self.saved_step != step:
+                    self.save(logger)
+                self.preemption.check()
+                self._export(result, step)
+                self.preemption.check()
+            except Preempted:  # every rank agreed
+                result.preempted, result.stop_reason = True, "preempted"
+        logger.log(step, "info", event="end", reason=result.stop_reason, world_size=self.world,
+                   rank_step_min=lo, rank_step_max=hi)
+        self.preemption.end_logged = True  # a grace that runs out adds no second one
+        if result.preempted:  # after the end record: the grace may end the process in `stop`
             result.exit_status = self.preemption.stop(self, logger)
-        else:  # last: "finished" once the final checkpoint and the export are written
-            self._log_written(logger, self.checkpoints.wait())
-            if self.final_checkpoint and self.saved_step != step:
-                self.save(logger)
-            self._export(result, step)
-            end()
         distributed.barrier()
         result.tokens_seen, result.sequences_seen = self.tokens_seen, self.sequences_seen
         return result
-
-    def _log_failure(self, logger: Any, error: BaseException) -> None:
-        """An exception leaving the loop (divergence, a failed write, a crash in the task): an
-        `end` record with reason "diverged" or "error" and the message, so that readers of
-        metrics.jsonl see that the run stopped; after a divergence the newest step's train record
-        first if it had none (its loss as it was). Best effort, on rank 0 alone and without
-        collectives: a failure here must not replace `error`."""
-        diverged = isinstance(error, TrainingDiverged)
-        w = self._window
-        # Only after a divergence: the steps' numbers are on the host then (the engine read them
-        # to decide), whereas after another error a wait on the device might never end.
-        if diverged and w is not None and self.info.is_main:
-            try:
-                last = w.unlogged()
-                if last is not None:
-                    self._log_train(logger, last, w, gather=False)
-            except Exception:  # noqa: BLE001 - e.g. reading a step that diverged too
-                pass
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        if not isinstance(error, BertgpuError):
-            text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-        try:
-            logger.log(self.engine.step, "info", event="end",
-                       reason="diverged" if diverged else "error", error=text[:500],
-                       world_size=self.world)
-        except Exception:  # noqa: BLE001
-            pass
 
     def _evaluate(self, logger: Any, step: int, w: LogWindow | None) -> dict[str, Any]:
         """The task's evaluation, with the training loss since the previous one (`w`), cut
@@ -469,6 +452,7 @@ class Loop:
         (collective, one tensor at a time into rank 0's CPU memory)."""
         from bertgpu.train import sharding
 
+        self.preemption.phase = f"while exporting step {step}"  # for a grace that runs out
         if sharding.is_sharded(self.model):
             full = sharding.full_state_dict(self.model)
             if self.info.is_main:

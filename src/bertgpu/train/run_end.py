@@ -1,0 +1,41 @@
+"""The `end` record of a run that an exception stops (train/loop.py's `Loop.run`): reason
+"diverged" (`TrainingDiverged`) or "error" with its message. A run that ends on its steps, its
+budget or a stop signal gets its end record from `Loop._finish` instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+from bertgpu.train.engine import TrainingDiverged
+
+
+def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
+    """An exception leaving `loop` (a train.loop.Loop; divergence, a failed write, a crash in the
+    task): an `end` record with reason "diverged" or "error" and the message, so that readers of
+    metrics.jsonl see that the run stopped; after a divergence the newest step's train record
+    first if it had none (its loss as it was). Best effort, on rank 0 alone and without
+    collectives: a failure here must not replace `error`."""
+    diverged = isinstance(error, TrainingDiverged)
+    w = loop._window
+    # Only after a divergence: the steps' numbers are on the host then (the engine read them
+    # to decide), whereas after another error a wait on the device might never end.
+    if diverged and w is not None and loop.info.is_main:
+        try:
+            last = w.unlogged()
+            if last is not None:
+                loop._log_train(logger, last, w, gather=False)
+        except Exception:  # noqa: BLE001 - e.g. reading a step that diverged too
+            pass
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if not isinstance(error, BertgpuError):
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    try:
+        logger.log(loop.engine.step, "info", event="end",
+                   reason="diverged" if diverged else "error", error=text[:500],
+                   world_size=loop.world)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+__all__ = ["log_failure"]
