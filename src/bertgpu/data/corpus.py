@@ -79,6 +79,7 @@ from bertgpu.data.textio import (
     is_json_object_line,
     split_sentences,
 )
+from bertgpu.data.textsize import cut_part, text_bytes
 from bertgpu.data.wikitext import read_wiki, wiki_to_sentences
 from bertgpu.errors import BertgpuError
 
@@ -320,7 +321,8 @@ def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str
     Only ``stats.bytes`` is counted here; `settle_parts` counts the rest. A bad file raises
     `BertgpuError`, or with ``skip_bad`` ends with a ``("bad", (path, reason), False)`` event
     instead of ``("end", path, False)`` (``("slice", ...)`` for a part of a file).
-    ``quota(piece)``: read at most about that many characters of text of the piece (a sample).
+    ``quota(piece)``: read about that many bytes of text (UTF-8) of the piece (a sample); the
+    part that reaches it is cut there (`textsize.cut_part`).
     """
     if fmt not in FORMATS:
         raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
@@ -331,11 +333,15 @@ def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str
         limit = quota(piece) if quota is not None else None
         base = stats.read
         try:
-            chars = 0
+            size = 0
             for item in _read_piece(piece, fmt, text_field, stats):
+                n = text_bytes(item) if limit is not None else 0
+                cut = limit is not None and size + n > limit
+                if cut:  # the part would go past the quota: its start, then stop
+                    item, n = cut_part(item, limit - size)
                 yield item
-                chars += _chars(item)
-                if limit is not None and chars >= limit:
+                size += n
+                if cut or (limit is not None and size >= limit):
                     break
         except BertgpuError as exc:
             if not skip_bad:
@@ -344,11 +350,6 @@ def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str
         else:
             yield ("end" if piece.whole else "slice"), str(piece.src), False
         stats.read = base + (span[1] - span[0] if span else 0)
-
-
-def _chars(item: RawItem) -> int:
-    payload = item[1]
-    return len(payload) if isinstance(payload, str) else sum(map(len, payload))
 
 
 def iter_raw_documents(

@@ -18,6 +18,7 @@ import numpy as np
 
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.shards import ShardSet
+from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.errors import BertgpuError
 
 _U64 = (1 << 64) - 1
@@ -120,11 +121,27 @@ def continuation_table_from_vocab(vocab_txt_path: str | Path) -> np.ndarray:
     path = Path(vocab_txt_path)
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise BertgpuError(f"{path}: cannot read the vocabulary ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
         raise BertgpuError(f"{path}: cannot read the vocabulary ({e})") from None
     if lines and lines[-1] == "":
         lines.pop()  # the trailing newline, not an entry
     return np.array([tok.rstrip("\r").startswith("##") for tok in lines], dtype=bool)
+
+
+def continuation_table(tokenizer_dir: str | Path) -> np.ndarray:
+    """(V,) bool of a tokenizer folder: its vocab.txt's "##" entries, or, in a folder of
+    tokenizer.json alone (which `prepare` accepts, as transformers does), its vocabulary's by id.
+    """
+    folder = Path(tokenizer_dir)
+    if (folder / "vocab.txt").is_file() or not (folder / "tokenizer.json").is_file():
+        return continuation_table_from_vocab(folder / "vocab.txt")  # (names vocab.txt if absent)
+    vocab = load_tokenizer(folder).get_vocab(with_added_tokens=True)
+    table = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
+    for token, i in vocab.items():
+        table[i] = token.startswith("##")
+    return table
 
 
 class Masker:
@@ -154,7 +171,7 @@ class Masker:
         self._continuation: np.ndarray | None = None
         if cfg.whole_word:
             if continuation is None:
-                raise BertgpuError("masking.whole_word needs the tokenizer's vocab.txt "
+                raise BertgpuError("masking.whole_word needs the tokenizer's \"##\" entries "
                                    "(continuation table)")
             table = np.zeros(max(self.vocab_size, len(continuation)), dtype=bool)
             table[: len(continuation)] = np.asarray(continuation, dtype=bool)
@@ -162,14 +179,16 @@ class Masker:
 
     @classmethod
     def from_shards(cls, cfg: MaskingConfig, shards: ShardSet) -> Masker:
-        """A masker for a shard set: its vocab size, special tokens and (whole-word) vocab.txt."""
+        """A masker for a shard set: its vocab size, special tokens and (whole-word) the "##"
+        entries of its tokenizer (`continuation_table`)."""
         continuation = None
         if cfg.whole_word:
-            vocab_txt = shards.tokenizer_dir / "vocab.txt"
-            continuation = continuation_table_from_vocab(vocab_txt)
+            continuation = continuation_table(shards.tokenizer_dir)
             if len(continuation) != shards.vocab_size:
+                vocab = shards.tokenizer_dir / "vocab.txt"
+                source = vocab if vocab.is_file() else shards.tokenizer_dir / "tokenizer.json"
                 raise BertgpuError(
-                    f"{vocab_txt}: {len(continuation)} entries, expected vocab_size "
+                    f"{source}: {len(continuation)} entries, expected vocab_size "
                     f"{shards.vocab_size} from {shards.manifest_path}"
                 )
         return cls(cfg, shards.vocab_size, shards.special_tokens.values(),

@@ -174,7 +174,9 @@ def prepare(
         tokenizer_hash=tokenizer_hash(tok_dir),
         settings={"seed": seed, "objective": objective, "seq_len": seq_len,
                   "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
-                  "unk": special["unk"], "segmenter": segmenter},
+                  "unk": special["unk"], "segmenter": segmenter,
+                  # the plan changed: units of a run that matched them as specials are redone
+                  "special_tokens_in_text": "text"},
         fmt=fmt, text_field=text_field, skip_bad=skip_bad, fraction=validation_fraction,
         validation_docs=validation_docs, min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
         shard_size=shard_size, chunk_docs=chunk_docs, dtype=dtype.name,
@@ -458,4 +460,8 @@ def main(args: argparse.Namespace) -> int:
           + (f", {resumed} of them finished by an earlier run and kept" if resumed else ""))
     for item in manifest["skipped_inputs"]:
         print(f"prepare: skipped {item['reason']}")
+    if manifest.get("whole_word_segmenter"):  # no shipped config turns whole-word masking on
+        print(f"prepare: {manifest['whole_word_segmenter']} word starts stored with the shards; "
+              "pretraining uses them only with data.whole_word_masking = true (`bertgpu "
+              "pretrain ... --data.whole_word_masking true`), otherwise it masks single tokens")
     return 0

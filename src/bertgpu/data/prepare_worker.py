@@ -32,6 +32,7 @@ import numpy as np
 
 from bertgpu.data.corpus import convert_items
 from bertgpu.data.segment import load_segmenter, word_start_flags
+from bertgpu.errors import BertgpuError
 
 _STATE: dict = {}
 RANDOM_CAUSES = ("same_document", "one_sentence_document", "sentence_fills_target",
@@ -65,6 +66,16 @@ def init_worker(tokenizer_json: str, settings: dict) -> None:
     tok = Tokenizer.from_str(tokenizer_json)
     tok.no_truncation()
     tok.no_padding()
+    # "[MASK]", "[SEP]"... written in the corpus are text ("[", "mask", "]"), as in BERT's
+    # create_pretraining_data: matched as added tokens, they put [PAD] inside attended rows,
+    # [MASK] inputs without labels and fake document ends in the shards, whose special ids must
+    # be the packer's alone. (Fine-tuning encodes like transformers' tokenizer: not here.)
+    if not hasattr(tok, "encode_special_tokens"):  # tokenizers 0.19 added it
+        import tokenizers
+
+        raise BertgpuError(f"tokenizers {tokenizers.__version__}: cannot encode special tokens "
+                           "written in the text as text; expected tokenizers 0.19 or newer")
+    tok.encode_special_tokens = True
     _STATE.clear()
     _STATE.update(settings)
     _STATE["encode"] = getattr(tok, "encode_batch_fast", tok.encode_batch)  # skips offsets (>=0.20)

@@ -13,12 +13,12 @@ and strip accents unless --cased), BertPreTokenizer, WordPiece with "##" continu
 [CLS]/[SEP] templates with token type ids. Special tokens [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
 
 The corpus is read like `bertgpu prepare` reads it (every format, URLs). ``--sample-bytes N``
-trains on about N bytes of text spread over the whole corpus (`units.sample_plan`): each file
-gets a share of N proportional to its size, read as evenly spaced windows of an uncompressed
-line-based or Parquet file, or by reading a compressed file, wiki dump or Arrow file through and
-keeping every k-th document (a URL's from its start: through, it would be downloaded whole); a
-vocabulary of a remote corpus without downloading all of it. The sample is the same on every
-run.
+trains on about N bytes of text (UTF-8: 3 bytes a CJK character) spread over the whole corpus
+(`units.sample_plan`): each file gets a share of N proportional to its size, read as evenly
+spaced windows of an uncompressed line-based or Parquet file, or by reading a compressed file,
+wiki dump or Arrow file through and keeping every k-th document (a URL's from its start:
+through, it would be downloaded whole); a vocabulary of a remote corpus without downloading all
+of it. The sample is the same on every run.
 
 The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
 and special_tokens_map.json. Loading a folder (`load_tokenizer`, `is_lowercase`,
@@ -186,7 +186,7 @@ def _copy_corpus(tok, copy: Path, paths: list[str | os.PathLike], fmt: str, text
 def _document_parts(inputs: list, fmt: str, text_field: str, skip_bad: bool, stats: CorpusStats,
                     sample_bytes: int | None) -> Iterator[tuple[list[str], bool]]:
     """The document parts of the files ``inputs`` (`corpus.iter_document_parts`), or with
-    ``sample_bytes`` of a sample of about that many characters spread over them."""
+    ``sample_bytes`` of a sample of about that many bytes of text (UTF-8) spread over them."""
     if sample_bytes is None:
         raw = iter_piece_items([Piece(src) for src in inputs], fmt, text_field, skip_bad, stats)
     else:
@@ -264,7 +264,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="output folder (must not exist or be empty)")
     parser.add_argument("--vocab-size", type=int, default=30522,
-                        help="vocabulary size (default 30522)")
+                        help="vocabulary size, never exceeded: when the alphabet (each "
+                             "character and its ## piece) does not fit, the most frequent "
+                             "characters that fit are kept, with a warning (default 30522)")
     parser.add_argument("--min-frequency", type=int, default=2,
                         help="minimum count of a merged piece (default 2)")
     parser.add_argument("--cased", action="store_true",
@@ -273,9 +275,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accent stripping; auto = with lower-casing, like BERT (default)")
     parser.add_argument("--limit-alphabet", type=int, default=1000,
                         help="most distinct characters kept in the initial alphabet, CJK "
-                        "ideographs aside (kept as far as --vocab-size has room; default 1000)")
+                        "ideographs aside (kept as far as --vocab-size has room after them); "
+                        "fewer when --vocab-size has no room for them all (default 1000)")
     parser.add_argument("--sample-bytes", type=int, default=None, metavar="N",
-                        help="train on about N bytes of text spread over the whole corpus "
+                        help="train on about N bytes of text (UTF-8) spread over the whole corpus "
                              "instead of all of it: each file's share in proportion to its size, "
                              "from evenly spaced stretches of it (a compressed file, wiki dump "
                              "or Arrow file is read through, keeping every k-th document; a "

@@ -30,6 +30,7 @@ from bertgpu.data.columnar import parquet_row_groups
 from bertgpu.data.compressed import compression_of
 from bertgpu.data.corpus import DOC_KINDS, LINE_FORMATS, Piece, RawItem, detect_format
 from bertgpu.data.sources import Source, file_size, file_version, is_url, open_raw
+from bertgpu.data.textsize import text_bytes
 from bertgpu.errors import BertgpuError
 
 UNIT_BYTES = 64 << 20
@@ -38,10 +39,11 @@ cluster gets enough units to balance, a re-run redoes little."""
 MIN_UNIT_BYTES = 16 << 10
 """The smallest --unit-bytes: each unit costs a record, its own shards and a start-up; below a
 few KiB a corpus becomes tens of thousands of them (the tests cut tiny corpora at 20 KB)."""
-SAMPLE_WINDOW_CHARS = 16 << 10
-"""--sample-bytes reads a file's share as windows of about this much text each, evenly spaced
-over the file: a file sorted by date, topic or language gives some text of every stretch."""
-SAMPLE_WINDOW_URL_CHARS = 1 << 20
+SAMPLE_WINDOW_BYTES = 16 << 10
+"""--sample-bytes reads a file's share as windows of about this many bytes of text (UTF-8) each,
+evenly spaced over the file: a file sorted by date, topic or language gives some text of every
+stretch."""
+SAMPLE_WINDOW_URL_BYTES = 1 << 20
 """... of a URL: each window is a request, so fewer and larger windows."""
 MAX_SAMPLE_WINDOWS = 1024
 """At most this many windows per file (a large share gets larger windows)."""
@@ -152,11 +154,11 @@ def plan_record(units: list[Unit]) -> dict:
 
 def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Piece], bool]:
     """The pieces that a sample reads of one file whose share of the sample is ``share``
-    characters, and whether they must be read through (`every_kth_document`) rather than from
+    bytes of text, and whether they must be read through (`every_kth_document`) rather than from
     their start up to their `sample_quota`.
 
     A share as large as an uncompressed file reads it all. Otherwise a line-based file is cut
-    into ``share / SAMPLE_WINDOW_CHARS`` evenly spaced byte ranges (each starts at a line or
+    into ``share / SAMPLE_WINDOW_BYTES`` evenly spaced byte ranges (each starts at a line or
     document start, `textio.LineRange`), a Parquet file into ranges of row groups; a file that
     cannot seek (compressed, a wiki dump, Arrow) is one piece, read through (a URL's from its
     start: through, it would be downloaded whole).
@@ -169,7 +171,7 @@ def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Pi
         return [Piece(src, span=(0, size))], not is_url(str(src))
     if share >= size and kind != "parquet":  # (Parquet's stored bytes are compressed too)
         return split_file(src, size, kind, UNIT_BYTES), False
-    window = SAMPLE_WINDOW_URL_CHARS if is_url(str(src)) else SAMPLE_WINDOW_CHARS
+    window = SAMPLE_WINDOW_URL_BYTES if is_url(str(src)) else SAMPLE_WINDOW_BYTES
     windows = min(MAX_SAMPLE_WINDOWS, math.ceil(share / window))
     return split_file(src, size, kind, math.ceil(size / windows)), False
 
@@ -177,38 +179,34 @@ def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Pi
 def every_kth_document(items: Iterator[RawItem], limit: int) -> Iterator[RawItem]:
     """The raw items of one piece read through, keeping the parts of every k-th document (the
     k-th, 2k-th, ...): k starts at 1 and doubles whenever the kept text passes ``limit``
-    characters, so the kept documents are spread over the whole stream, the same on every run,
-    and memory holds about ``limit`` characters (the piece's share of the sample) and one part.
-    A document kept alone is cut at ``limit``. The kept parts come out with the piece's closing
-    event (end or bad)."""
+    bytes (UTF-8), so the kept documents are spread over the whole stream, the same on every
+    run, and memory holds about ``limit`` bytes of text (the piece's share of the sample) and
+    one part. A document kept alone is cut at ``limit`` (no part of it after that). The kept
+    parts come out with the piece's closing event (end or bad)."""
     kept: list[tuple[int, RawItem]] = []
-    chars, k, doc = 0, 1, 0
+    size, k, doc = 0, 1, 0
     for item in items:
         if item[0] not in DOC_KINDS:  # the piece's end: what was kept, then the event
             yield from (it for _, it in kept)
             yield item
-            kept, chars = [], 0
+            kept, size = [], 0
             continue
         doc += item[2]  # documents 1, 2, ...: none stays kept for every k
-        if doc % k or (chars >= limit and kept[0][0] == doc):
+        if doc % k or (size >= limit and kept[0][0] == doc):
             continue
         kept.append((doc, item))
-        chars += _chars(item)
-        while chars > limit and kept[0][0] != kept[-1][0]:
+        size += text_bytes(item)
+        while size > limit and kept[0][0] != kept[-1][0]:
             k *= 2
             kept = [(d, it) for d, it in kept if d % k == 0]
-            chars = sum(_chars(it) for _, it in kept)
+            size = sum(text_bytes(it) for _, it in kept)
     yield from (it for _, it in kept)
 
 
-def _chars(item: RawItem) -> int:
-    payload = item[1]
-    return len(payload) if isinstance(payload, str) else sum(map(len, payload))
-
-
 def sample_quota(pieces: list[Piece], sample_bytes: int) -> Callable[[Piece], int]:
-    """Characters of text to read from each piece so that a sample of about ``sample_bytes``
-    is spread over the whole corpus in proportion to the pieces' stored sizes."""
+    """Bytes of text (UTF-8) to read from each piece so that a sample of about
+    ``sample_bytes`` bytes is spread over the whole corpus in proportion to the pieces' stored
+    sizes (a Chinese or Japanese text takes 3 bytes a character, as --sample-bytes counts it)."""
     total = sum(p.span[1] - p.span[0] for p in pieces if p.span) or 1
 
     def quota(piece: Piece) -> int:

@@ -3,8 +3,9 @@
 
 `copy_corpus` reads the corpus once, counting characters and words and copying the text for
 the `tokenizers` trainer (`train_on_copy`); the initial alphabet and the "##c" pieces are chosen
-here, so two runs give the same vocabulary (`_initial_vocabulary`). CJK ideographs are kept as
-far as the vocabulary has room, other characters up to `limit_alphabet`; words that can only
+here, so two runs give the same vocabulary (`_initial_vocabulary`). Characters other than CJK
+ideographs are kept up to `limit_alphabet`, then CJK ideographs, most frequent first and never
+beyond what `vocab_size` has room for (a warning names what was left out); words that can only
 encode as [UNK] (a run of letters over MAX_WORD_CHARS) are left out of the training text.
 """
 
@@ -19,6 +20,7 @@ from typing import TextIO
 
 from bertgpu.data.textio import CJK_IDEOGRAPHS
 from bertgpu.data.tokenizer_folder import MAX_WORD_CHARS, SPECIAL_TOKENS, _pipeline
+from bertgpu.errors import BertgpuError
 
 _CJK = CJK_IDEOGRAPHS  # split one by one by BERT's normaliser
 _CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -70,8 +72,9 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     ``limit_alphabet`` it also drops characters of equal count in that random order. Two
     trainings on the same text then differ by a few merges. Here the same normaliser and
     pre-tokenizer see the text once; the alphabet is the ``limit_alphabet`` most frequent
-    characters (ties by code point; CJK ideographs apart, as many as ``vocab_size`` has room for)
-    and the pieces are every "##c" of an alphabet character that occurs inside a word, sorted.
+    characters (ties by code point; CJK ideographs apart), as many as ``vocab_size`` has room
+    for with their pieces (`_fit`), and the pieces are every "##c" of an alphabet character
+    that occurs inside a word, sorted.
     Handed to the trainer as its initial alphabet and (temporary) special tokens, they hold the
     same ids in every run, so the merges are the same too.
     """
@@ -97,33 +100,77 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
             inside.update(word[1:])
     ranked = sorted(in_words, key=lambda c: (-chars[c], c))
     # CJK ideographs are words of their own to BERT (one per token, never "##"): they are not
-    # an alphabet, and a Chinese corpus has thousands. They are kept by frequency as far as the
-    # vocabulary has room; `limit_alphabet` limits the other characters.
-    other = [c for c in ranked if not _CJK_CHAR.match(c)][:limit_alphabet]
-    pieces = [f"##{c}" for c in other if c in inside]
-    room = max(vocab_size - len(SPECIAL_TOKENS) - len(other) - len(pieces), 0)
-    cjk = [c for c in ranked if _CJK_CHAR.match(c)][:room]
+    # an alphabet, and a Chinese corpus has thousands. `limit_alphabet` limits the other
+    # characters; the vocabulary's room (--vocab-size less the specials) takes them first, then
+    # the CJK ideographs, most frequent first. The trainer writes every alphabet character and
+    # its "##c" whatever vocab_size says, so what does not fit is left out here: a vocabulary
+    # never larger than asked (the model's embedding table is sized from it).
+    wanted = [c for c in ranked if not _CJK_CHAR.match(c)][:limit_alphabet]
+    room = vocab_size - len(SPECIAL_TOKENS)
+    other, room = _fit(wanted, room, inside)
+    cjk, room = _fit([c for c in ranked if _CJK_CHAR.match(c)], room, inside)
     alphabet = sorted(other + cjk)
-    _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size)
+    if ranked and not alphabet:
+        cost = len(SPECIAL_TOKENS) + 1 + (ranked[0] in inside)
+        raise BertgpuError(f"--vocab-size {vocab_size}: no room for any character of the corpus "
+                           f"besides the {len(SPECIAL_TOKENS)} special tokens; expected at "
+                           f"least {cost} (or {_needed(wanted, inside)} to keep every character "
+                           f"--limit-alphabet {limit_alphabet} keeps)")
+    trimmed = len(other) < len(wanted)
+    _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size,
+                             (len(wanted), _needed(wanted, inside)) if trimmed else None)
     return alphabet, [f"##{c}" for c in alphabet if c in inside]
 
 
+def _fit(ranked: list[str], room: int, inside: set[str]) -> tuple[list[str], int]:
+    """The characters of ``ranked`` (most frequent first) that fit in ``room`` vocabulary
+    entries, each taking one and one more for its "##c" when it occurs inside a word; the room
+    left. A character too large for what is left is skipped and a later, smaller one may fit,
+    so the vocabulary is filled to the size asked."""
+    kept = []
+    for c in ranked:
+        cost = 1 + (c in inside)
+        if cost <= room:
+            kept.append(c)
+            room -= cost
+    return kept, room
+
+
+def _needed(wanted: list[str], inside: set[str]) -> int:
+    """Vocabulary entries the specials, ``wanted`` and their "##c" pieces take."""
+    return len(SPECIAL_TOKENS) + len(wanted) + sum(c in inside for c in wanted)
+
+
 def _warn_dropped_characters(ranked: list[str], kept: set[str], chars: Counter[str],
-                             limit_alphabet: int, vocab_size: int) -> None:
-    """One warning when the characters left out of the alphabet (they encode as [UNK]) are more
-    than DROPPED_CHARS_WARN of the characters in words, naming the setting that left them out."""
+                             limit_alphabet: int, vocab_size: int,
+                             needed: tuple[int, int] | None) -> None:
+    """One warning when characters are left out of the alphabet (they encode as [UNK]): always
+    when --vocab-size had no room for the characters --limit-alphabet keeps (``needed``: how
+    many they are, and the vocabulary entries they take with the specials), otherwise when they
+    are more than DROPPED_CHARS_WARN of the characters in words; naming the setting that left
+    them out."""
     dropped = [c for c in ranked if c not in kept]
     total = sum(chars[c] for c in ranked)
     share = sum(chars[c] for c in dropped) / max(total, 1)
-    if not dropped or share <= DROPPED_CHARS_WARN:
+    if not dropped or (needed is None and share <= DROPPED_CHARS_WARN):
         return
     cjk = sum(1 for c in dropped if _CJK_CHAR.match(c))
-    why = (f"--limit-alphabet {limit_alphabet} keeps that many characters besides CJK ideographs"
-           if cjk < len(dropped) else
-           f"--vocab-size {vocab_size} has no room for more CJK ideographs")
+    if needed is not None:
+        n, size = needed
+        why = (f"--vocab-size {vocab_size} is smaller than the {size} entries the alphabet "
+               f"needs ({len(SPECIAL_TOKENS)} special tokens, {n} characters and "
+               f"{size - n - len(SPECIAL_TOKENS)} ## pieces), so the most frequent characters "
+               "that fit were kept")
+        expected = (f"--vocab-size {size} or more to keep them (more for merged pieces), or a "
+                    "smaller --limit-alphabet")
+    else:
+        why = (f"--limit-alphabet {limit_alphabet} keeps that many characters besides CJK "
+               "ideographs" if cjk < len(dropped) else
+               f"--vocab-size {vocab_size} has no room for more CJK ideographs")
+        expected = "a larger --limit-alphabet or --vocab-size"
     warnings.warn(f"{len(dropped)} characters ({share:.1%} of the characters in words, e.g. "
                   f"{' '.join(dropped[:5])}) are not in the vocabulary and will encode as [UNK]: "
-                  f"{why}; expected a larger --limit-alphabet or --vocab-size", stacklevel=3)
+                  f"{why}; expected {expected}", stacklevel=3)
 
 
 def new_wordpiece(lowercase: bool, strip_accents: bool | None):
