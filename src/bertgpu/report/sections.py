@@ -218,6 +218,58 @@ def _glue_protocol(p: Any) -> str:
             f"is the {get('aggregate')} of the {get('checkpoint')} dev score")
 
 
+def _glue_task_scores(summary: dict[str, Any]) -> dict[str, float]:
+    """Task -> score of a GLUE folder's task table: MNLI once, as its average counts it."""
+    tasks = summary.get("tasks")
+    out = {}
+    for name, t in (tasks.items() if isinstance(tasks, dict) else ()):
+        v = num(t.get("score") if isinstance(t, dict) else t)
+        if v is not None:
+            out[str(name)] = v
+    return out
+
+
+def _task_count(summary: dict[str, Any], cols: dict[str, float]) -> int:
+    """How many tasks a folder's average is over: its task table, else its columns with MNLI's
+    two (-m, -mm) counted once."""
+    return len(_glue_task_scores(summary)) or len({re.sub(r"-mm?$", "", c) for c in cols})
+
+
+def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
+                   ) -> tuple[str, list[float | None], list[str], str | None]:
+    """The average column of our GLUE rows: (header, values, cells, note or None).
+
+    Each folder averages the tasks it ran, so rows over different task sets (a 5-task run beside
+    a 3-task one) are not comparable; yet a reader scans that column to rank the runs. So the
+    column then holds the mean over the tasks every row has ("glue-score" convention: the
+    unweighted mean of task scores), and a note names those tasks and quotes each folder's own
+    average. Where that cannot be computed (no shared task, another or an unrecorded convention,
+    no task table), each cell says how many tasks it averages and the chart leaves it out."""
+    own = [num(s.data.get("average")) for s in sources]
+    if len({frozenset(cols) for cols in cols_by}) <= 1:
+        return "average", own, [_fmt_value(v) for v in own], None
+    scores = [_glue_task_scores(s.data) for s in sources]
+    shared = [t for t in scores[0] if all(t in sc for sc in scores[1:])]
+    counts = [_task_count(s.data, cols) for s, cols in zip(sources, cols_by, strict=True)]
+    owns = ", ".join(f"{s.name} {_fmt_value(v) or 'none'} ({n} task{'s' * (n != 1)})"
+                     for s, v, n in zip(sources, own, counts, strict=True))
+    if shared and all(s.data.get("convention") == "glue-score" for s in sources):
+        values: list[float | None] = [sum(sc[t] for t in shared) / len(shared) for sc in scores]
+        note = (f"The GLUE rows cover different tasks, so their average column is over the "
+                f"{len(shared)} task{'s' * (len(shared) != 1)} every row has: "
+                f"{', '.join(shared)} (\"glue-score\" convention: the unweighted mean of those "
+                f"task scores). Each folder's own average, over all its tasks: {owns}.")
+        return "average (shared tasks)", values, [_fmt_value(v) for v in values], note
+    why = ("no task is in every row" if not shared and all(scores) else
+           "not every folder records its task scores in the \"glue-score\" convention")
+    note = (f"The GLUE rows cover different tasks and their averages are not comparable: each "
+            f"average is over its own tasks, and the count is beside it ({why}, so no common "
+            f"average is given): {owns}.")
+    cells = [f"{_fmt_value(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
+             for v, n in zip(own, counts, strict=True)]
+    return "average (own tasks)", [None] * len(own), cells, note
+
+
 def _reference_line(label: str, ref: dict[str, Any]) -> str:
     said = [str(ref[k]) for k in ("source", "note") if ref.get(k)]
     return f"{label}: {'; '.join(said)}." if said else f"{label}: no source recorded."
@@ -228,9 +280,9 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
     published rows they asked for, each once, quoted as published with its source and note."""
     cols_by = [_glue_columns(s.data) for s in sources]
     columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
-    rows = [[s.name, *[_fmt_value(cols.get(c)) for c in columns],
-             _fmt_value(num(s.data.get("average")))]
-            for s, cols in zip(sources, cols_by, strict=True)]
+    avg_header, averages, avg_cells, avg_note = _glue_averages(sources, cols_by)
+    rows = [[s.name, *[_fmt_value(cols.get(c)) for c in columns], cell]
+            for s, cols, cell in zip(sources, cols_by, avg_cells, strict=True)]
     refs: dict[str, dict[str, Any]] = {}  # label -> reference; two folders may ask for one
     for s in sources:
         for ref in s.data.get("references") or []:
@@ -246,15 +298,19 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
             text += (f" Average of the {s.name} row (not of the published rows, which keep "
                      f"their own): {name}convention: {s.data['convention_text']}.")
         blocks.append(("p", text))
-    blocks.append(("table", ["model", *columns, "average"], rows))
+    blocks.append(("table", ["model", *columns, avg_header], rows))
+    if avg_note:
+        blocks.append(("p", avg_note))
     if refs:
         blocks.append(("p", "Published rows are quoted as published (their own protocols and "
                             "averaging; empty cells were not reported or not in this table):"))
         blocks.append(("list", [_reference_line(label, ref) for label, ref in refs.items()]))
     if columns:
-        cats = [*columns, "average"]
-        series = [(s.name, [cols.get(c) for c in columns] + [num(s.data.get("average"))])
-                  for s, cols in zip(sources, cols_by, strict=True)]
+        # averages of different task sets never stand side by side: none when not comparable
+        with_avg = avg_note is None or any(v is not None for v in averages)
+        cats = [*columns, avg_header] if with_avg else columns
+        series = [(s.name, [cols.get(c) for c in columns] + ([avg] if with_avg else []))
+                  for s, cols, avg in zip(sources, cols_by, averages, strict=True)]
         file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (0-100)", cats,
                           series)
         blocks.append(("img", file, "GLUE dev scores per task"))

@@ -2,7 +2,7 @@
 
 The pipeline, numpy in and out so it knows nothing of the model::
 
-    examples = read_squad("dev-v2.0.json")
+    examples = read_squad("dev-v2.0.json", version_2=True)
     feats = featurize(examples, load_tokenizer("tok/"), max_seq_len=384, doc_stride=128)
     start_logits, end_logits = ...          # (len(feats), max_seq_len) each, from the QA head
     preds, nbest = postprocess(examples, feats, start_logits, end_logits, version_2=True)
@@ -83,16 +83,17 @@ class SquadExample:
         return self.answer_starts[0], self.answer_starts[0] + len(self.answers[0])
 
 
-def read_squad(path: str | os.PathLike[str]) -> list[SquadExample]:
+def read_squad(path: str | os.PathLike[str], version_2: bool = False) -> list[SquadExample]:
     """All questions of an official SQuAD v1.1 or v2.0 JSON file; see `read_squad_counted`."""
-    examples, mismatched = read_squad_counted(path)
+    examples, mismatched = read_squad_counted(path, version_2)
     if mismatched:
         log.warning("%s: %d answers whose answer_start does not point at their text", path,
                     mismatched)
     return examples
 
 
-def read_squad_counted(path: str | os.PathLike[str]) -> tuple[list[SquadExample], int]:
+def read_squad_counted(path: str | os.PathLike[str],
+                       version_2: bool = False) -> tuple[list[SquadExample], int]:
     """Examples of a SQuAD JSON file and the number of answers whose `answer_start` did not point
     at the answer text.
 
@@ -100,6 +101,14 @@ def read_squad_counted(path: str | os.PathLike[str]) -> tuple[list[SquadExample]
     offsets are sometimes off by a character or two); if the text is nowhere in the context its
     start becomes -1 and training skips the example. Structural problems raise `BertgpuError`
     naming the file and the JSON path, e.g. `data[3].paragraphs[0].qas[2]: missing "id"`.
+
+    A question is unanswerable when it says `"is_impossible": true`, or, with `version_2`, when
+    it has no such field and `"answers": []`: Hugging Face's squad_v2 has no is_impossible, and
+    evaluate-v2.0.py looks at the answers list only. Without `version_2` (SQuAD v1.1, where every
+    question has an answer) such a question is refused, pointing at `finetune squad2`.
+    `"is_impossible": false` with no answers is refused in every file: no official one, train or
+    dev, has it, and it contradicts itself (an answerable question with nothing to train on or
+    to score against; which of the two is wrong, only the file's author knows).
     """
     path = Path(path)
     doc = _read_json(path)
@@ -119,8 +128,11 @@ def read_squad_counted(path: str | os.PathLike[str]) -> tuple[list[SquadExample]
                     raise BertgpuError(f'{path}: {wq}: duplicate id "{qid}"')
                 seen.add(qid)
                 question = _need(path, qa, "question", str, wq)
-                impossible = bool(qa.get("is_impossible", False))
-                texts, starts, moved = _answers(path, qa, context, impossible, wq)
+                flag = qa.get("is_impossible")
+                texts, starts, moved = _answers(path, qa, context, flag, version_2, wq)
+                # No flag (files converted from Hugging Face's squad_v2 have none): unanswerable
+                # exactly when "answers" is empty, as evaluate-v2.0.py decides.
+                impossible = not texts if flag is None else bool(flag)
                 mismatched += moved
                 plausible = tuple(
                     str(x.get("text", "")) for x in qa.get("plausible_answers", [])
@@ -159,11 +171,11 @@ def _need(path: Path, obj: Any, key: str, kind: type | tuple[type, ...], where: 
     return v
 
 
-def _answers(path: Path, qa: Any, context: str, impossible: bool,
+def _answers(path: Path, qa: Any, context: str, flag: Any, version_2: bool,
              wq: str) -> tuple[list[str], list[int], int]:
-    """The answer texts of a question, their starts (moved onto the text when off),
-    and how many moved."""
-    answers = qa.get("answers", []) if impossible else _need(path, qa, "answers", list, wq)
+    """The answer texts of a question (`flag`: its "is_impossible", None when absent), their
+    starts (moved onto the text when off), and how many moved."""
+    answers = qa.get("answers", []) if flag else _need(path, qa, "answers", list, wq)
     texts: list[str] = []
     starts: list[int] = []
     moved = 0
@@ -175,9 +187,14 @@ def _answers(path: Path, qa: Any, context: str, impossible: bool,
         moved += fixed != start
         texts.append(text)
         starts.append(fixed)
-    if not impossible and not texts:
-        raise BertgpuError(f'{path}: {wq}.answers: empty for a question without '
-                           '"is_impossible": true')
+    if flag is None and not texts and not version_2:
+        raise BertgpuError(f'{path}: {wq}.answers: empty for a question without "is_impossible": '
+                           'true (every SQuAD v1.1 question has an answer; for SQuAD v2.0, where '
+                           '"answers": [] marks an unanswerable question, use finetune squad2)')
+    if flag is not None and not flag and not texts:
+        raise BertgpuError(f'{path}: {wq}.answers: empty for a question with "is_impossible": '
+                           f'{json.dumps(flag)} (expected its answers, or "is_impossible": true '
+                           'for an unanswerable SQuAD v2.0 question)')
     return texts, starts, moved
 
 

@@ -81,14 +81,15 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
     # the stride job_config resolved (the same again), or the default's for an unresolved cfg
     kw = {"max_seq_len": seq, "doc_stride": doc_stride(cfg, seq),
           "max_query_len": cfg.max_query_len}
-    train_ex = squad.read_squad(train_file)[:cfg.max_train_examples]
-    dev_ex = squad.read_squad(dev_file)[:cfg.max_eval_examples]
+    train_ex = squad.read_squad(train_file, version_2)[:cfg.max_train_examples]
+    dev_ex = squad.read_squad(dev_file, version_2)[:cfg.max_eval_examples]
     if not version_2:  # v1.1 has an answer to every question; its scoring needs one
         for path, examples in ((train_file, train_ex), (dev_file, dev_ex)):
-            impossible = sum(e.is_impossible for e in examples)
+            impossible = [e.id for e in examples if e.is_impossible]
             if impossible:
-                raise BertgpuError(f"{path}: {impossible} questions without answers "
-                                   "(is_impossible) are SQuAD v2.0: use finetune squad2")
+                raise BertgpuError(f"{path}: {len(impossible)} questions without answers "
+                                   "(is_impossible) are SQuAD v2.0: use finetune squad2 "
+                                   f'(the first: id "{impossible[0]}")')
     train_feats = squad.featurize(train_ex, tokenizer, is_training=True, **kw)
     if len(train_feats) == 0:
         raise BertgpuError(f"{train_file}: no training features (every answer outside "
