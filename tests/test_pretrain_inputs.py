@@ -343,6 +343,28 @@ def test_auto_and_none_are_compared_as_given_not_as_resolved(tmp_path: Path, cap
     assert "impl.micro_batch_size 8 (was 16)" in capsys.readouterr().out
 
 
+def test_device_compile_and_unpad_resolved_from_auto_are_not_changed_settings(
+        tmp_path: Path, capsys) -> None:
+    """config.toml holds what impl.device, compile and unpad `auto` resolved to; a resume that
+    asks `auto` again, on another machine or from a folder written when config.toml kept "auto",
+    changes no setting."""
+    run = tmp_path / "r"
+    run.mkdir()
+    resolved = '[impl]\ndevice = "{}"\ncompile = {}\nunpad = {}\n'
+    asked = '[impl]\ndevice = "auto"\ncompile = "auto"\nunpad = "auto"\n'
+    (run / "config.toml").write_text(resolved.format("cpu", "false", "false"))
+    run_folder.keep_config_history(run, resolved.format("cuda", "true", "true"), 5, asked)
+    (run / "config.toml").write_text(asked)  # written before config.toml resolved them
+    run_folder.keep_config_history(run, resolved.format("cpu", "false", "false"), 5, asked)
+    assert capsys.readouterr().out == "" and sorted(p.name for p in run.iterdir()) == [
+        "config.toml"]
+    # asked explicitly otherwise than the run went: a changed setting
+    (run / "config.toml").write_text(resolved.format("cpu", "false", "false"))
+    run_folder.keep_config_history(run, resolved.format("cpu", "true", "false"), 5,
+                                   '[impl]\ndevice = "auto"\ncompile = true\nunpad = "auto"\n')
+    assert "impl.compile true (was false)" in capsys.readouterr().out
+
+
 # 6. notes for settings that do nothing --------------------------------------------------------
 
 

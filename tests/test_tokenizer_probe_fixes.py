@@ -250,3 +250,22 @@ def test_whole_word_masking_with_a_tokenizer_json_only_folder(literal, tmp_path)
     _, labels = masker.mask_batch(rows["input_ids"], rows["lengths"], 0, np.zeros(len(shards)),
                                   np.arange(len(shards)))
     assert (labels != -100).any()
+
+
+def test_pretraining_says_when_the_shards_word_starts_go_unused(tmp_path):
+    """Shards prepared with --whole-word-segmenter trained without data.whole_word_masking: the
+    start-up says the word starts go unused (prepare says so too, but a recipe may not)."""
+    from types import SimpleNamespace
+
+    from bertgpu.tasks.pretraining import PretrainData
+
+    data = PretrainData.__new__(PretrainData)
+    data.train = SimpleNamespace(has_word_starts=True, data_dir=tmp_path,
+                                 manifest=SimpleNamespace(whole_word_segmenter="jieba"))
+    note = data.whole_word_note(False)
+    assert note == (f"{tmp_path}: the shards carry jieba word starts but data.whole_word_masking "
+                    "is false: masking single tokens; expected --data.whole_word_masking true to "
+                    "mask whole words")
+    assert data.whole_word_note(True) is None
+    data.train.has_word_starts = False
+    assert data.whole_word_note(False) is None

@@ -33,6 +33,7 @@ the one training loop (train/loop.py). `--nproc` is handled by the command line 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import warnings
@@ -314,19 +315,16 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     """The training loop of a pretraining run, resumed from its newest checkpoint if any."""
 
     from bertgpu.config import overrides, render, schema
+    from bertgpu.config.sections import resolved_unpad
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
     from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
     from bertgpu.train import loop
     from bertgpu.train.checkpoint import load_resume
+    from bertgpu.train.schedule import warmup_note
 
     check_config(cfg)  # before load_resume's collective: no rank has written anything yet
     run_dir, t, impl = Path(cfg.out), cfg.train, cfg.impl
-    warmup = cfg.schedule.warmup_steps
-    if info.is_main and warmup and t.max_steps and not t.budget_hours and warmup >= t.max_steps:
-        warnings.warn(f"schedule.warmup_steps {warmup} >= train.max_steps {t.max_steps}: the "
-                      "warm-up takes the whole run, and the learning rate reaches optim.lr only "
-                      f"at step {warmup}", stacklevel=2)
     data = PretrainData(cfg.data.dir, cfg.data.objective, t.with_nsp)
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)
@@ -341,8 +339,15 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     micro = (_auto_micro_batch(cfg, data, info) if impl.micro_batch_size == "auto"
              else impl.micro_batch_size)
     accumulation = schema.resolve_batch(t.global_batch_size, micro, info.world_size)
-    # config.toml, the checkpoints' copies and the sinks get the values the run uses
-    resolved = resolved_config(cfg, micro, data.train.objective, data.with_nsp)
+    # config.toml, the checkpoints' copies and the sinks get the values the run uses: the micro
+    # batch, and impl.device, compile and unpad as the start-up's compute row (the device as its
+    # kind, "cuda" and not rank 0's "cuda:0": every rank takes its own)
+    kind = device_type(info)
+    ran = dataclasses.replace(impl, device=kind if impl.device == "auto" else impl.device,
+                              compile=impl.compile_on(kind), unpad=resolved_unpad(
+                                  impl.unpad, info.device, t.precision, impl.cuda_graphs(kind)))
+    resolved = resolved_config(dataclasses.replace(cfg, impl=ran), micro, data.train.objective,
+                               data.with_nsp)
     text = config_text(resolved, info.world_size, accumulation)
     peak_lr = schema.scaled_lr(cfg.optim.lr, t.global_batch_size, cfg.optim.reference_batch_size,
                                    cfg.optim.lr_scaling)
@@ -359,7 +364,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),
                             bucket_window=impl.bucket_window,
-                            static_shapes=impl.cuda_graphs(device_type(info)))
+                            static_shapes=impl.cuda_graphs(kind))
+    # notes: a run inside its warm-up, a batch larger than the split, word starts left unused
+    for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),
+                 data.whole_word_note(cfg.data.whole_word_masking)):
+        if note and info.is_main:
+            warnings.warn(note, stacklevel=2)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_sequences=t.eval_sequences, autocast=engine.autocast, info=info,
                         allow_data_change=allow_data_change)
@@ -417,6 +427,7 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     engine, and the start-up rows that say what `init` brought."""
     import torch
 
+    from bertgpu.config import continued as continued_config
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.build import build_model
     from bertgpu.train import continued
@@ -428,7 +439,8 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     rows: list[tuple[str, str]] = []
     if init is not None:
         rows = continued.load_weights(model, init, cfg.resume_optimizer)
-        changed = _init_changes(cfg)
+        changed = continued_config.changes(  # the [model] fields set otherwise than init's
+            cfg.model, continued_config.init_model(cfg.init, None, "config"))
         if changed:
             rows.append(("init: model changed", ", ".join(changed)))
     elif cfg.init:
@@ -443,13 +455,6 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
         continued.load_optimizer_state(engine.optimizer, init, cfg.optim.name)
     seed_dropout(cfg.seed, info.rank)
     return model, engine, timer, rows
-
-
-def _init_changes(cfg: Any) -> list[str]:
-    """The `[model]` fields this run sets differently from init's config.json."""
-    from bertgpu.config import continued
-
-    return continued.changes(cfg.model, continued.init_model(cfg.init, None, "config"))
 
 
 def _flops_per_token(cfg: Any, data: Any) -> float:

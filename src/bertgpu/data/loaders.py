@@ -208,6 +208,16 @@ class PretrainLoader:
         """Epoch of the next step's first sample (position // number of sequences)."""
         return self.position // len(self.shards)
 
+    def repeats_note(self) -> str | None:
+        """A global batch larger than the split: every step then holds each sequence more than
+        once (with other masks), which the start-up says; None otherwise."""
+        n, g = len(self.shards), self.global_batch_size
+        if g <= n:
+            return None
+        return (f"train.global_batch_size {g} > the {n:,} {self.shards.split} sequences of "
+                f"{self.shards.data_dir}: each step holds every sequence about "
+                f"{g / n:.1f} times (with other masks)")
+
     def _dataset(self) -> _MicroBatches:
         return _MicroBatches(self.shards, self.masker, self.seed, self.position,
                              self.global_batch_size, self.micro_batch_size,

@@ -55,6 +55,16 @@ class PretrainData:
         by `open_checked`: the model's special ids then come from the init, so `check_model`
         names it instead of suggesting model.pad_token_id, a setting --init refuses."""
 
+    def whole_word_note(self, whole_word_masking: bool) -> str | None:
+        """The start-up warning of shards prepared with word starts (`prepare
+        --whole-word-segmenter`) trained without data.whole_word_masking: the starts go unused."""
+        train = self.train
+        if whole_word_masking or not train.has_word_starts:
+            return None
+        return (f"{train.data_dir}: the shards carry {train.manifest.whole_word_segmenter} word "
+                "starts but data.whole_word_masking is false: masking single tokens; expected "
+                "--data.whole_word_masking true to mask whole words")
+
     def check_model(self, model_fields: Mapping[str, Any], tokenizer_hash: str | None) -> None:
         # The special ids a config declares (BERT: [PAD]; ModernBERT also [CLS], [SEP]) must be
         # the shards': the [PAD] row of the embedding gets no gradient, and a run continued

@@ -155,10 +155,11 @@ class Loop:
 
     # -- schedule --------------------------------------------------------------------------------
     def progress(self) -> float:
-        """Training progress in [0, 1] at the step about to be taken."""
+        """Training progress in [0, 1] at the step about to be taken: in step mode the steps
+        done before it (step k of 0 .. max_steps - 1 at k / max_steps, train/schedule.py)."""
         if self.budget is not None:
             return self.budget.progress()
-        return progress_from_steps(self.engine.step + 1, self.max_steps)
+        return progress_from_steps(self.engine.step, self.max_steps)
 
     def lr(self) -> float:
         return self.schedule.lr(self.progress(), self.engine.step)

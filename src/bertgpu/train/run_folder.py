@@ -32,10 +32,11 @@ OTHER_OUTPUTS = ("manifest.json", "results.json")
 """A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
 LOCK_FILE = ".bertgpu-run.lock"
 """Held (flock) by the process that trains in the run folder; left behind, never a sign of a run."""
-RESOLVED = {"impl.micro_batch_size": "auto", "data.objective": "none", "train.with_nsp": "none"}
+RESOLVED = {"impl.micro_batch_size": "auto", "data.objective": "none", "train.with_nsp": "none",
+            "impl.device": "auto", "impl.compile": "auto", "impl.unpad": "auto"}
 """Keys whose config.toml value is the one the run used, with the placeholder a config may give
 them (as TOML reads it): the micro batch `auto` picked, the shard set's objective, whether the
-NSP head trains."""
+NSP head trains, and the device kind, compile and unpad settings `auto` resolved to."""
 
 
 def check_run_folder(run_dir: Path) -> None:

@@ -4,6 +4,12 @@ The schedule sees only `progress` in [0, 1]: `step / max_steps` in step mode, or
 `elapsed / budget` in budget mode (Cramming, Geiping & Goldstein 2022). The peak lr is applied by
 the caller: `lr = peak_lr * lr_factor(progress, ...)`.
 
+In step mode optimizer step k (0-based, so k = 0 .. max_steps - 1) runs at progress
+k / max_steps, the convention of transformers' schedulers (`get_linear_schedule_with_warmup`: the
+lr of step k is lambda(k)) and of BERT's TF optimization.py (global_step from 0): the first step
+starts the warm-up, the last runs at (N - 1) / N, just before the decay reaches `min_lr_ratio`.
+(Taking the progress after the step instead spent the last step, at lr 0 by default, on nothing.)
+
 In budget mode the clock is read on rank 0 only and broadcast, so every rank sets the same lr and
 takes the same stop decision (per-rank clocks drift apart and would desynchronise the schedule).
 """
@@ -14,6 +20,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from bertgpu.config.sections import DECAYS
 from bertgpu.errors import BertgpuError
@@ -46,7 +53,9 @@ def lr_factor(
     if decay not in DECAYS:
         raise BertgpuError(f"schedule.decay {decay!r}: expected one of {', '.join(DECAYS)}")
     p = min(max(float(progress), 0.0), 1.0)
-    if warmup > 0.0 and p < warmup:
+    # A warm-up of the whole run or longer (warmup >= 1: warmup_steps >= max_steps) ramps at its
+    # own pace to its end, p / warmup, and never reaches a decay: at p = 1 it is at 1 / warmup.
+    if warmup > 0.0 and (p < warmup or warmup >= 1.0):
         return p / warmup
     if decay == "constant":
         return 1.0
@@ -56,7 +65,7 @@ def lr_factor(
             return 1.0
         u = 1.0 if start >= 1.0 else (p - start) / (1.0 - start)
         return min_ratio + (1.0 - min_ratio) * (1.0 - math.sqrt(u))
-    t = 1.0 if warmup >= 1.0 else (p - warmup) / (1.0 - warmup)  # post-warm-up fraction
+    t = (p - warmup) / (1.0 - warmup)  # post-warm-up fraction (warmup < 1 here)
     if decay in ("linear", "triangle", "one-cycle"):
         shape = 1.0 - t
     elif decay == "cosine":
@@ -75,10 +84,38 @@ def progress_from_steps(step: int, max_steps: int) -> float:
 
 def warmup_fraction(warmup_steps: int | None, warmup_fraction: float | None,
                     max_steps: int) -> float:
-    """The warm-up as a fraction of training, from either knob (steps win when both are set)."""
+    """The warm-up as a fraction of training, from either knob (steps win when both are set).
+    Not clipped: warm-up steps past max_steps give a fraction above 1, so the ramp keeps the
+    slope of the `warmup_steps` it was given (clipped to 1 it ramped over the run instead, 10x
+    as steep for 50 warm-up steps in a 5-step run)."""
     if warmup_steps is not None:
-        return 0.0 if max_steps <= 0 else min(warmup_steps / max_steps, 1.0)
+        return 0.0 if max_steps <= 0 else warmup_steps / max_steps
     return float(warmup_fraction or 0.0)
+
+
+def warmup_note(schedule: Any, train: Any, peak_lr: float) -> str | None:
+    """The start-up warning of a step-mode run that ends inside (or right at the end of) its
+    warm-up (`[schedule]` and `[train]` sections): what the lr does, and where it ends. None
+    when the warm-up ends before the run, and in budget mode (a warm-up in steps ramps over
+    steps there, not over the budget)."""
+    warmup_steps, warmup_fraction = schedule.warmup_steps, schedule.warmup_fraction
+    max_steps = int(train.max_steps or 0)
+    if max_steps <= 0 or train.budget_hours:
+        return None
+    if warmup_steps is not None:
+        if warmup_steps < max_steps:
+            return None
+        knob = f"schedule.warmup_steps {warmup_steps} >= train.max_steps {max_steps}"
+        length = warmup_steps
+    elif (warmup_fraction or 0.0) >= 1.0:
+        knob = f"schedule.warmup_fraction {warmup_fraction:g} (train.max_steps {max_steps})"
+        length = max_steps
+    else:
+        return None
+    last = peak_lr * (max_steps - 1) / length  # the lr of the last step, k = max_steps - 1
+    return (f"{knob}: the warm-up takes the whole run, with no decay: the lr rises from 0 by "
+            f"{peak_lr / length:.3g} per step (the peak lr {peak_lr:.3g} / {length} steps) and "
+            f"the last step runs at {last:.3g}, {(max_steps - 1) / length:.0%} of the peak")
 
 
 class BudgetClock:
@@ -183,7 +220,8 @@ class Schedule:
     """wsd only: the last fraction of training over which the lr decays."""
 
     def lr(self, progress: float, step: int) -> float:
-        """lr of optimizer step `step` (0-based) taken at training progress `progress`."""
+        """lr of optimizer step `step` (0-based) taken at training progress `progress` (step
+        mode: `step / max_steps`, so step 0 is at 0 and the last at (max_steps - 1) / max_steps)."""
         if self.budget_mode and self.warmup_steps:
             ramp = min((step + 1) / self.warmup_steps, 1.0)
             return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio,
