@@ -43,8 +43,8 @@ def export_step(run_dir: str | Path, out: str | Path,
     None: a newer damaged or incomplete one is skipped with a warning; None when a checkpoint
     folder copied out of its run does not say)."""
     from bertgpu import fsutil
-    from bertgpu.models.hf_export import MODEL_FOLDER, is_model_folder, save_pretrained
-    from bertgpu.models.hf_io import is_checkpoint_folder, load_pretrained
+    from bertgpu.models.hf_export import check_export_folder, save_pretrained
+    from bertgpu.models.hf_io import finetuned_model, is_checkpoint_folder, load_pretrained
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
 
     run_dir = Path(run_dir)
@@ -52,7 +52,7 @@ def export_step(run_dir: str | Path, out: str | Path,
         raise BertgpuError(f"{run_dir}: no such run folder")
     if is_checkpoint_folder(run_dir):
         return _export_checkpoint_folder(run_dir, out, step)
-    fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
+    check_export_folder(out)
     if fsutil.within(out, run_dir / CHECKPOINTS):
         raise BertgpuError(f"{out}: inside the run's {CHECKPOINTS}/ folder; expected a folder "
                            "outside it (an export there would replace or mix with a checkpoint)")
@@ -60,6 +60,11 @@ def export_step(run_dir: str | Path, out: str | Path,
         # the newest good one; damaged newer ones are warned about
         ckpt = fsutil.newest_good(run_dir / CHECKPOINTS,
                                   advice="nothing of this run can be exported")
+        if ckpt is None and finetuned_model(run_dir) is not None:
+            raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
+                               f"model {finetuned_model(run_dir)} is already in the Hugging Face "
+                               "layout (expected a pretraining run folder, or one of its "
+                               "checkpoint folders)")
         if ckpt is None:
             raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
                                "(expected a pretraining run folder, or one of its checkpoint "
@@ -85,7 +90,7 @@ def _export_checkpoint_folder(ckpt: Path, out: str | Path,
     --step verifies one, its run's tokenizer from RUN/tokenizer, two levels up (`--init`'s rule,
     tasks/init_model.find_tokenizer), when it lies in a run's checkpoints/ folder."""
     from bertgpu import fsutil
-    from bertgpu.models.hf_export import MODEL_FOLDER, is_model_folder, save_pretrained
+    from bertgpu.models.hf_export import check_export_folder, save_pretrained
     from bertgpu.models.hf_io import load_pretrained
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem
 
@@ -93,7 +98,7 @@ def _export_checkpoint_folder(ckpt: Path, out: str | Path,
         raise BertgpuError(f"--step {step}: given with the checkpoint folder {ckpt}; expected "
                            "either a run folder and --step, or a checkpoint folder alone")
     in_run = ckpt.parent.name == CHECKPOINTS
-    fsutil.check_output_folder(out, MODEL_FOLDER, replaces=is_model_folder)
+    check_export_folder(out)
     if fsutil.within(out, ckpt.parent if in_run else ckpt):
         raise BertgpuError(f"{out}: inside {ckpt.parent if in_run else ckpt}; expected a folder "
                            "outside it (an export there would replace or mix with a checkpoint)")

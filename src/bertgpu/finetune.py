@@ -209,7 +209,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     job, extra = job_fn(tokenizer)
     load_data_s = time.perf_counter() - t_load
     model = build_model(load_from(init, ckpt), job.head, job.num_labels, cfg,
-                        str(config_from) if config_from else None, labels=job.labels)
+                        str(config_from) if config_from else None, labels=job.labels, job=job)
     cfg, size_note = resolve_finetune(cfg, model.config.hidden_size)
     vocab = model.config.vocab_size
     if tokenizer.get_vocab_size() > vocab:

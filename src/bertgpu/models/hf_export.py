@@ -1,8 +1,8 @@
 """Write the Hugging Face folder layout: config.json (`hf_config`), model.safetensors and the
 tokenizer files (`save_pretrained`), which transformers' AutoModelFor... and AutoTokenizer load;
-and what an earlier export is (`is_model_folder`: the only folder an export replaces). Reading
-is `hf_io`'s; both convert through `layout.py`, so an export has exactly the keys, shapes and
-values of the unpadded, unfused model.
+and what an earlier export is (`is_model_folder`: the only folder an export replaces, known by
+the mark in its config.json, `EXPORT_MARK`). Reading is `hf_io`'s; both convert through
+`layout.py`, so an export has exactly the keys, shapes and values of the unpadded, unfused model.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered
     whole by the caller: the model's parameters are then only shards).
 
-    Written to `folder.tmp` and renamed into place; an existing `folder` is replaced. A write
+    Written to `folder.tmp` and renamed into place; an earlier export there is replaced, any
+    other non-empty folder refused before any work (`check_export_folder`). A write
     that fails (a full disk, a folder that is not writable) removes `folder.tmp` and raises one
     line naming the folder and the cause (for a full disk the bytes needed and free).
     """
@@ -71,7 +72,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         if not tok_files:
             raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
                                f"{', '.join(TOKENIZER_FILES[:4])})")
-    check_output_folder(folder, MODEL_FOLDER, replaces=is_model_folder)
+    check_export_folder(folder)
 
     # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
     # layout; each tensor stored once, a copy of its own (split parts of one tensor share memory,
@@ -86,7 +87,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         tmp = make_scratch(scratch, folder)
         fsutil.save_safetensors(state, tmp / "model.safetensors")
         (tmp / "config.json").write_text(
-            json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            json.dumps({**hf_config(model), EXPORT_MARK: True}, indent=2, sort_keys=True) + "\n",
+            encoding="utf-8")
         for f in tok_files:
             shutil.copyfile(f, tmp / f.name)
         _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
@@ -128,15 +130,25 @@ def _fit_model_max_length(path: Path, positions: int) -> None:
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-MODEL_FOLDER = "a model folder (config.json and weights, which an export replaces)"
+MODEL_FOLDER = "a model folder (new, or an earlier bertgpu export, which an export replaces)"
+
+EXPORT_MARK = "bertgpu_export"
+"""The config.json key (true) that tells an earlier export, which a new one may replace, from
+every other model folder. transformers keeps unknown config keys (a model loaded from an export
+and saved by transformers keeps it too) but always writes its own `transformers_version`, which
+an export never does: a folder with both is transformers', with whatever it saved beside the
+model (a model card, training_args.bin). In config.json, not in a file of its own or in the
+safetensors header, so an export holds exactly the files and weight bytes transformers writes."""
 
 
 def is_model_folder(folder: Path) -> bool:
     """An earlier export, which a new export replaces whole: its config.json a model's (a JSON
-    object with a model_type), no folder and no hidden entry in it. Never a checkpoint, which
-    also holds a config.json, nor a folder of the user's that happens to hold a config.json (any
-    such folder was replaced, a project's .git and sources with it), nor a clone of a model
-    repository (its .git)."""
+    object with a model_type) carrying `EXPORT_MARK` and no transformers_version, no folder and
+    no hidden entry beside it. Never a checkpoint, a folder of the user's that happens to hold a
+    config.json (a project's .git and sources), a clone of a model repository (its .git), nor a
+    model folder transformers (or an older bertgpu, whose exports had no mark) wrote: a hub
+    download with its model card, a run's --init folder. The one unmarked folder replaced is a
+    run's own hf/ holding only export files (`_unmarked_run_export`)."""
     folder = Path(folder)
     if is_checkpoint_folder(folder):
         return False
@@ -145,8 +157,37 @@ def is_model_folder(folder: Path) -> bool:
         entries = list(folder.iterdir())
     except (OSError, ValueError):
         return False
-    return (isinstance(config, dict) and "model_type" in config
+    if not isinstance(config, dict) or "model_type" not in config:
+        return False
+    marked = config.get(EXPORT_MARK) is True and "transformers_version" not in config
+    return ((marked or _unmarked_run_export(folder, entries))
             and not any(p.is_dir() or p.name.startswith(".") for p in entries))
 
 
-__all__ = ["MODEL_FOLDER", "hf_config", "is_model_folder", "save_pretrained"]
+def _unmarked_run_export(folder: Path, entries: list[Path]) -> bool:
+    """A pretraining run's own hf/ written before exports were marked: its place says whose it
+    is, and it holds only what an export writes. Refusing it would fail a resumed run of an older
+    bertgpu at its very end, after the training."""
+    run = folder.parent
+    written = {"config.json", "model.safetensors", *TOKENIZER_FILES}
+    return (folder.name == "hf" and (run / "checkpoints").is_dir()
+            and (run / "config.toml").is_file() and all(p.name in written for p in entries))
+
+
+def check_export_folder(folder: str | os.PathLike) -> None:
+    """`folder` may receive an export: new, empty, or an earlier export (`is_model_folder`); any
+    other folder is refused in one line before any work (a model folder of transformers' holds
+    files an export does not write, and is often the very folder a run started from)."""
+    folder = Path(folder)
+    if (folder.is_dir() and not folder.is_symlink() and any(folder.iterdir())
+            and not is_model_folder(folder)):
+        raise BertgpuError(f"{folder}: a folder that is not an earlier bertgpu export (no "
+                           f"config.json marked {EXPORT_MARK}: a folder of yours, a model saved "
+                           "by transformers, or an export of a bertgpu older than the mark); an "
+                           "export replaces its folder whole, so expected a new or empty folder: "
+                           "choose another --out, or remove this folder first")
+    check_output_folder(folder, MODEL_FOLDER, replaces=is_model_folder)
+
+
+__all__ = ["EXPORT_MARK", "MODEL_FOLDER", "check_export_folder", "hf_config", "is_model_folder",
+           "save_pretrained"]

@@ -42,6 +42,10 @@ from bertgpu.models.shared import Configurable
 # Tied to other parameters (word embeddings, cls.predictions.bias): never stored, never missing.
 # BERT's MLM decoder, then ModernBERT's (its weight is the token embedding).
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "decoder.weight")
+# Each MLM decoder weight -> the word embeddings our models tie it to (names as _normalise_keys
+# gives them to a model with a head).
+_DECODER_TIES = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                 "decoder.weight": "model.embeddings.tok_embeddings.weight"}
 # Files of a tokenizer folder that travel with an export (tokenizer.py writes these).
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json")
@@ -74,8 +78,20 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
                                 "checkpoint folder")
     if newest is not None:
         return newest
+    model = finetuned_model(folder)
+    if model is not None:
+        raise BertgpuError(f"{folder}: a fine-tuning output, with no config.json of its own; "
+                           f"expected its model folder {model} (in the Hugging Face layout)")
     raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a "
                        "checkpoint folder, or a run folder with a complete checkpoints/step_N/)")
+
+
+def finetuned_model(folder: Path) -> Path | None:
+    """FOLDER/model when `folder` is a fine-tuning output (results.json beside the fine-tuned
+    model, tasks/finetune_output.py), else None: messages point there."""
+    model = Path(folder) / "model"
+    return (model if (Path(folder) / "results.json").is_file()
+            and (model / "config.json").is_file() else None)
 
 
 def is_checkpoint_folder(folder: Path) -> bool:
@@ -187,12 +203,13 @@ def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.T
 
 
 def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str,
-                    vocab_size: int) -> dict[str, torch.Tensor]:
+                    vocab_size: int, untied: Path | None = None) -> dict[str, torch.Tensor]:
     """Checkpoint names -> our model's names in Hugging Face's layout: legacy LayerNorm.gamma/beta,
     the encoder's prefix ("bert.", "model.": present in task models, absent in a bare encoder such
     as all-MiniLM), the keys the architecture's older files store differently, the tied decoder
     copies dropped, and a bertgpu checkpoint's fused and padded tensors split and cut
-    (`layout.to_hf` with the file's own `vocab_size`)."""
+    (`layout.to_hf` with the file's own `vocab_size`). `untied`: the config.json that says
+    tie_word_embeddings false, when an MLM head is loaded (`_check_decoder_tied`)."""
     a = spec(arch)
     prefix, encoder_names = a.encoder_prefix, a.encoder_names
     out: dict[str, torch.Tensor] = {}
@@ -206,9 +223,34 @@ def _normalise_keys(sd: dict[str, torch.Tensor], base: bool, arch: str,
         out[k] = v
     if a.fix_legacy_keys is not None:
         out = a.fix_legacy_keys(out, base)
+    if untied is not None:
+        _check_decoder_tied(out, untied)
     for k in TIED_KEYS:
         out.pop(k, None)
     return layout.to_hf(out, arch, vocab_size)
+
+
+def _untied_config(folder: Path, cfg: dict[str, Any], mlm_head: bool) -> Path | None:
+    """config.json of `folder` when it says tie_word_embeddings false and the model loaded from
+    it has an MLM head, the one place where a decoder of its own would be used."""
+    return (folder / "config.json"
+            if mlm_head and cfg.get("tie_word_embeddings", True) is False else None)
+
+
+def _check_decoder_tied(sd: dict[str, torch.Tensor], config_json: Path) -> None:
+    """Our models tie the MLM decoder to the word embeddings by construction; a file whose
+    decoder differs from them (tie_word_embeddings false) would lose it to the embeddings, giving
+    other logits than transformers' and an export that claims tied weights: refused. A decoder
+    equal to the embeddings loses nothing, and one the file lacks is a fresh head either way."""
+    for decoder, embeddings in _DECODER_TIES.items():
+        if decoder in sd and embeddings in sd and not (
+                sd[decoder].shape == sd[embeddings].shape
+                and torch.equal(sd[decoder], sd[embeddings])):
+            raise BertgpuError(
+                f"{config_json}: tie_word_embeddings is false and its MLM decoder "
+                f"({decoder}) has weights of its own: expected true (bertgpu's MLM head always "
+                "shares the word embeddings, so this decoder cannot be loaded); fine-tuning "
+                "classification, QA or NER from this folder works, as they do not use it")
 
 
 def _vocab_size(folder: Path, cfg: dict[str, Any], arch: str) -> int:
@@ -273,7 +315,8 @@ def load_pretrained(path: str | os.PathLike, head: str = "pretraining",
     raw = read_state_dict(folder)
     # the rows of a bertgpu checkpoint's padded tables follow the file's config, not the overrides
     sd = _normalise_keys(raw, base=(head == "base"), arch=arch,
-                         vocab_size=_vocab_size(folder, read_config(folder), arch))
+                         vocab_size=_vocab_size(folder, read_config(folder), arch),
+                         untied=_untied_config(folder, cfg, head in ("pretraining", "masked_lm")))
     if spec(arch).has_nsp and head == "pretraining" and with_nsp is None:
         # follow the checkpoint: NSP head present -> keep it
         with_nsp = "cls.seq_relationship.weight" in sd
@@ -335,8 +378,11 @@ def load_init_weights(model: nn.Module, path: str | os.PathLike) -> LoadReport:
     unknown or mis-shaped weights are a BertgpuError naming them (as in `load_pretrained`)."""
     folder = resolve_checkpoint_folder(path)
     arch = unwrap_model(model).config.architecture
-    vocab = _vocab_size(folder, read_config(folder), arch)
-    sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch, vocab_size=vocab)
+    cfg = read_config(folder)
+    vocab = _vocab_size(folder, cfg, arch)
+    mlm = any(k in _DECODER_TIES for k in layout.hf_state_dict(unwrap_model(model)))
+    sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch, vocab_size=vocab,
+                         untied=_untied_config(folder, cfg, mlm))
     return _copy_weights(unwrap_model(model), sd, folder, grow_positions=True)
 
 
@@ -408,6 +454,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["LoadReport", "load_init_weights", "load_pretrained", "unwrap_model",
+__all__ = ["LoadReport", "finetuned_model", "load_init_weights", "load_pretrained", "unwrap_model",
            "position_limit", "resolve_checkpoint_folder", "read_config",
            "read_state_dict"]

@@ -132,11 +132,12 @@ def checkpoint_change(recorded: Any, recorded_init: Any, now: InitCheckpoint) ->
 
 def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfig,
                 config_from: str | None = None,
-                labels: Sequence[str] | None = None) -> torch.nn.Module:
+                labels: Sequence[str] | None = None, job: Any = None) -> torch.nn.Module:
     """The task model: pretrained weights from `init` (fresh head, listed in a warning), or with
     `init == "random"` the architecture of `config_from` with fresh weights. `labels`: the class
     names by id, exported as config.json's id2label / label2id; an init's classifier of the same
-    size is matched to them (`match_head`)."""
+    size is matched to them (`match_head`). `job`: the encoded task, whose token types (1 for
+    text pairs) the model must have (`check_job_token_types`), checked before anything loads."""
     import torch
 
     from bertgpu.models import build, hf_io
@@ -152,6 +153,10 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
                  if "hidden_dropout_prob" in spec.config_class.__dataclass_fields__
                  else spec.equivalents["hidden_dropout_prob"])
         overrides = dict.fromkeys(names, cfg.hidden_dropout_prob)
+    if head == "qa":  # SQuAD: [CLS] question [SEP] (type 0), context [SEP] (type 1)
+        check_token_types(init, config_from, 1, "question answering (question and context)")
+    elif job is not None:
+        check_job_token_types(job, init, config_from)
     torch.manual_seed(cfg.seed)  # the fresh head (and random init) depend on the seed
     if init != "random":
         model = hf_io.load_pretrained(init, head=head, num_labels=num_labels,
@@ -178,6 +183,51 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
         model.id2label = (dict(enumerate(labels)) if labels is not None
                           else {i: f"LABEL_{i}" for i in range(model.num_labels)})
     return model
+
+
+def _type_vocab_size(init: str, config_from: str | os.PathLike[str] | None
+                     ) -> tuple[int | None, Path]:
+    """The token types the model of `init` (of `config_from` for `--init random`) has rows for
+    (BERT's type_vocab_size; None for ModernBERT, which has no token types) and its config.json,
+    read before any weights load."""
+    from bertgpu.models import hf_io
+
+    folder = hf_io.resolve_checkpoint_folder(config_from if init == "random" else init)
+    fields = hf_io.read_config(folder)
+    size = fields.get("type_vocab_size", 2) if fields.get("model_type", "bert") == "bert" else None
+    return (size if isinstance(size, int) and not isinstance(size, bool) else None,
+            folder / "config.json")
+
+
+def _refuse_token_type(where: Path, task: str, used: int, size: int) -> BertgpuError:
+    # pretraining's words for the same field (data/shards.py)
+    return BertgpuError(f"{where}: {task} needs token types 0 to {used}: expected "
+                        f"type_vocab_size >= {used + 1}, found {size} (single-text tasks work "
+                        "with this model)")
+
+
+def check_token_types(init: str, config_from: str | os.PathLike[str] | None, used: int,
+                      task: str) -> None:
+    """A one-line error when the model has no row for token type `used` (a pair's second
+    segment is type 1): the embedding lookup would fail mid-run with an IndexError."""
+    size, where = _type_vocab_size(init, config_from)
+    if size is not None and used >= size:
+        raise _refuse_token_type(where, task, used, size)
+
+
+def check_job_token_types(job: Any, init: str,
+                          config_from: str | os.PathLike[str] | None) -> None:
+    """`check_token_types` for the token types `job`'s encoded data use (1 for text pairs):
+    called once the data are encoded, before the model is built."""
+    size, where = _type_vocab_size(init, config_from)
+    if size is None:
+        return
+    for enc in (job.train, *(ev.data for ev in job.evals),
+                *(data for _, data, _ in job.predict_test)):
+        for types in enc.types:
+            if len(types) and int(types.max()) >= size:
+                raise _refuse_token_type(where, f"task {job.name!r} (text pairs)",
+                                         int(types.max()), size)
 
 
 def _label_key(name: str) -> str:
