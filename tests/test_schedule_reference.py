@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from _shards import write_synthetic_shards
-from _toy import ToyPretrain, count_fn, loss_fn, make_batch, split
+from _toy import ToyPretrain
+from test_loop import ToyTask
 
 from bertgpu import cli
 from bertgpu.config import schema
@@ -51,42 +52,6 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 PEAK = 1e-3
 
 
-class _Task:
-    """Step s trains on make_batch(8, s); `crash_at` raises before that step (a killed run)."""
-
-    def __init__(self, crash_at: int | None = None) -> None:
-        self.crash_at = crash_at
-
-    def micro_batches(self, step):
-        if step == self.crash_at:
-            raise KeyboardInterrupt("simulated crash")
-        return split(make_batch(8, step), 2)
-
-    loss = staticmethod(loss_fn)
-
-    def counts(self, batch):
-        return {**count_fn(batch), "tokens": batch["input_ids"].numel(),
-                "sequences": batch["input_ids"].shape[0]}
-
-    def log_scalars(self, res):
-        return {}
-
-    def evaluate(self, step, train_loss):
-        return {}
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
-
-    def export(self, step):
-        return None
-
-    def close(self):
-        pass
-
-
 def _loop(run_dir: Path, schedule: ScheduleSection, max_steps: int, crash_at: int | None = None,
           checkpoint_every: int = 0):
     torch.manual_seed(0)
@@ -95,8 +60,8 @@ def _loop(run_dir: Path, schedule: ScheduleSection, max_steps: int, crash_at: in
                          eval_every_steps=0)
     engine, timer = build_engine(model, info, lr=PEAK, train=train, optim=OptimSection(),
                                  impl=ImplSection(), dist=DistributedSection())
-    return loop_mod.Loop(_Task(crash_at), model, engine, info, run_dir=run_dir, train=train,
-                         schedule=schedule, peak_lr=PEAK,
+    return loop_mod.Loop(ToyTask(model, crash_at), model, engine, info, run_dir=run_dir,
+                         train=train, schedule=schedule, peak_lr=PEAK,
                          checkpoint=CheckpointSection(every_steps=checkpoint_every),
                          dist=DistributedSection(), logging=LoggingSection(tensorboard=False),
                          comm_timer=timer, resume=load_resume(run_dir, info))
