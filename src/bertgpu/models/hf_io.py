@@ -37,7 +37,7 @@ from bertgpu import fsutil
 from bertgpu.errors import BertgpuError
 from bertgpu.models import layout
 from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, spec
-from bertgpu.models.shared import Configurable
+from bertgpu.models.shared import Configurable, VocabDecoder
 
 # Tied to other parameters (word embeddings, cls.predictions.bias): never stored, never missing.
 # BERT's MLM decoder, then ModernBERT's (its weight is the token embedding).
@@ -380,7 +380,7 @@ def load_init_weights(model: nn.Module, path: str | os.PathLike) -> LoadReport:
     arch = unwrap_model(model).config.architecture
     cfg = read_config(folder)
     vocab = _vocab_size(folder, cfg, arch)
-    mlm = any(k in _DECODER_TIES for k in layout.hf_state_dict(unwrap_model(model)))
+    mlm = any(isinstance(m, VocabDecoder) for m in unwrap_model(model).modules())  # MLM head
     sd = _normalise_keys(read_state_dict(folder), base=False, arch=arch, vocab_size=vocab,
                          untied=_untied_config(folder, cfg, mlm))
     return _copy_weights(unwrap_model(model), sd, folder, grow_positions=True)
