@@ -60,11 +60,11 @@ def export_step(run_dir: str | Path, out: str | Path,
         # the newest good one; damaged newer ones are warned about
         ckpt = fsutil.newest_good(run_dir / CHECKPOINTS,
                                   advice="nothing of this run can be exported")
-        if ckpt is None and finetuned_model(run_dir) is not None:
+        model = finetuned_model(run_dir) if ckpt is None else None
+        if model is not None:
             raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
-                               f"model {finetuned_model(run_dir)} is already in the Hugging Face "
-                               "layout (expected a pretraining run folder, or one of its "
-                               "checkpoint folders)")
+                               f"model {model} is already in the Hugging Face layout (expected "
+                               "a pretraining run folder, or one of its checkpoint folders)")
         if ckpt is None:
             raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
                                "(expected a pretraining run folder, or one of its checkpoint "
