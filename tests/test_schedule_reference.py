@@ -233,6 +233,20 @@ def test_a_global_batch_larger_than_the_split_is_said(shards, tmp_path, capsys):
     assert loader.repeats_note() is None  # a batch the split fills: nothing to say
 
 
+def test_the_word_starts_note_reaches_the_start_up(shards, tmp_path, capsys, monkeypatch):
+    """`PretrainData.whole_word_note` (its text is tested in test_tokenizer_probe_fixes.py) is
+    what the run says at start-up, given the run's data.whole_word_masking."""
+    from bertgpu.tasks.pretraining import PretrainData
+
+    asked = []
+    monkeypatch.setattr(PretrainData, "whole_word_note",
+                        lambda self, whole: asked.append(whole) or "the word starts go unused")
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(tmp_path / "r"),
+                     *SMALL, "--train.max_steps", "1"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "word starts" in x]
+    assert notes == ["bertgpu pretrain: warning: the word starts go unused"] and asked == [False]
+
+
 def test_the_warmup_warning_of_a_run(shards, tmp_path, capsys):
     assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(tmp_path / "r"),
                      *SMALL, "--train.global_batch_size", "8", "--impl.micro_batch_size", "8",
