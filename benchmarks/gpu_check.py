@@ -21,7 +21,8 @@ hang or a crash costs that stage, never the next ones), each with its log under 
 Extra stages, run only when named (`--only profile "compile modes"`), for what to try next:
 `profile` and `profile modernbert` (benchmarks/gpu_profile.py: BERT-base 256 x 128 and
 ModernBERT-base 32 x 1024 unpadded, compiled, device time by kernel family and the compiled
-kernels' achieved memory bandwidth), `compile modes`
+kernels' achieved memory bandwidth), `profile hash dropout` (the BERT-base profile with
+`--compiled-dropout hash`, to set beside `profile`), `compile modes`
 and `autotune` (`bench model` at the BERT-base point with torch.compile's default mode beside
 reduce-overhead, i.e. CUDA graphs, and beside max-autotune-no-cudagraphs), `unpadded compiled`
 (BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths compiled: the default
@@ -128,6 +129,13 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         # over 10 s to exit: 60 s cut it
         dict(name="profile", limit=120 if smoke else 90, extra=True,
              cmd=[py, "benchmarks/gpu_profile.py", "--out", str(out / "profile"),
+                  *(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
+                     "--steps", "2", "--warmup", "1"] if smoke else [])]),
+        # the same profile with the mask of dropout hashed from each element's index instead
+        # of inductor's in-kernel Philox (models/dropout.py): the trial of issue 24's lead
+        dict(name="profile hash dropout", limit=120 if smoke else 90, extra=True,
+             cmd=[py, "benchmarks/gpu_profile.py", "--compiled-dropout", "hash", "--out",
+                  str(out / "profile-hash"),
                   *(["--size", "tiny", "--device", "cpu", "--compile-backend", "eager",
                      "--steps", "2", "--warmup", "1"] if smoke else [])]),
         dict(name="profile modernbert", limit=120 if smoke else 100, extra=True,
@@ -314,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         table = bench_table(r["log"]) if r["bench"] else ""
         if table:
             print(f"\n## {r['name']}\n\n{table}")
-    for folder in ("profile", "profile-modern"):
+    for folder in ("profile", "profile-hash", "profile-modern"):
         profile = out / folder / "profile.md"
         if profile.exists():
             print(profile.read_text())

@@ -4,6 +4,7 @@ by kernel family, for deciding what to fuse next.
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --out /tmp/prof               # BERT-base
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --arch modernbert --out /tmp/prof-modern
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --size tiny --device cpu --out /tmp/prof
+    PYTHONPATH=src python3 benchmarks/gpu_profile.py --compiled-dropout hash --out /tmp/prof-hash
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --inductor coordinate_descent_tuning=True \
         --out /tmp/prof-cdt   # an inductor setting (this one: not done within 130 s on an H200)
 
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
                         help="torch._inductor.config settings for the compile, e.g. "
                              "coordinate_descent_tuning=True (Python literals)")
+    parser.add_argument("--compiled-dropout", default="philox", choices=["philox", "hash"],
+                        help="how compiled code draws dropout masks (models/dropout.py)")
     parser.add_argument("--trace", action="store_true", help="also write trace.json")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -210,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from bertgpu.bench.batches import MODERN_SIZES, make_batches
     from bertgpu.bench.model_runs import Models, _flops_per_token
+    from bertgpu.models.dropout import set_compiled_dropout
     from bertgpu.telemetry.flops import gpu_model, peak_tflops
+
+    set_compiled_dropout(args.compiled_dropout)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
@@ -291,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "eager" if args.eager else f"compiled ({args.compile_mode})"
     if args.inductor:
         mode += f" with {', '.join(args.inductor)}"
+    if not args.eager and args.compiled_dropout != "philox":
+        mode += f", {args.compiled_dropout} dropout"
     label = "ModernBERT" if modern else "BERT"
     header = (f"{label}-{args.size} {B} x {T} {'unpadded uniform' if args.unpadded else 'full'}, "
               f"{mode}, {name}, torch {torch.__version__}; warm-up {warm_s:.1f} s")

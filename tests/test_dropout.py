@@ -130,3 +130,124 @@ def test_cpu_attention_drops_attention_probabilities(monkeypatch, one_thread):
     many = attention.padded_attention(*(t.repeat(n, 1, 1, 1) for t in (q, k, v)), None,
                                       dropout_p=0.5)
     torch.testing.assert_close(many.view(n, B, T, -1).mean(0), want, atol=0.05, rtol=0)
+
+
+# -- the compiled hash mask (dropout.hash_dropout), a candidate for issue 24 ----------------------
+
+@pytest.fixture
+def hash_compiled():
+    from bertgpu.models.dropout import set_compiled_dropout
+
+    old = set_compiled_dropout("hash")
+    torch._dynamo.reset()
+    yield
+    set_compiled_dropout(old)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_hash_dropout_has_torchs_distribution(p):
+    from bertgpu.models.dropout import hash_dropout
+
+    torch.manual_seed(0)
+    x = torch.full((1000, 2000), 3.0, requires_grad=True)
+    y = hash_dropout(x, p)
+    gone = y == 0
+    assert abs(gone.double().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / x.numel())
+    for both in ((gone[1:] & gone[:-1]), (gone[:, 1:] & gone[:, :-1])):
+        q = p * p
+        assert abs(both.double().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / both.numel())
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 3.0 / (1 - p)))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach() / 3.0)
+
+
+def test_hash_masks_follow_torchs_generator_and_differ_between_draws():
+    """Seeds come from torch's generator: a seed replays the masks, and two draws (two sites, or
+    one site at two steps) are independent, also where only the second key differs."""
+    from bertgpu.models.dropout import hash_dropout, hash_keep
+
+    x, p = torch.ones(500, 400), 0.1
+    torch.manual_seed(3)
+    a, b = hash_dropout(x, p) == 0, hash_dropout(x, p) == 0
+    torch.manual_seed(3)
+    assert torch.equal(a, hash_dropout(x, p) == 0) and not torch.equal(a, b)
+    q = p * p
+    tol = 5 * math.sqrt(q * (1 - q) / x.numel())
+    assert abs((a & b).double().mean().item() - q) < tol
+    one_key = [~hash_keep(x.shape, torch.tensor([11, k], dtype=torch.int32), p) for k in (5, 6)]
+    assert abs((one_key[0] & one_key[1]).double().mean().item() - q) < tol
+
+
+def _dropout_residual_norm(x, residual, weight):
+    from bertgpu.models.dropout import dropout
+
+    z = dropout(x @ weight, 0.1)
+    return torch.nn.functional.layer_norm(z + residual, (z.shape[-1],))
+
+
+@pytest.mark.parametrize("mode", ["philox", "hash"])
+def test_compiled_hash_dropout_recomputes_its_mask_in_backward(mode):
+    """The point of the hash: inductor keeps no mask for backward (Philox's dropout saves one
+    bool per element, which this check sees) and recomputes the same mask there."""
+    from torch._inductor.utils import run_and_get_code
+
+    from bertgpu.models.dropout import set_compiled_dropout
+
+    old = set_compiled_dropout(mode)
+    torch._dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(64, 48, requires_grad=True)
+        residual, weight = torch.randn(64, 48), torch.randn(48, 48)
+        f = torch.compile(_dropout_residual_norm, fullgraph=True)
+        _, (forward, _) = run_and_get_code(lambda: f(x, residual, weight).sum().backward())
+        saved_masks = forward.count("torch.bool)")
+        assert saved_masks == (0 if mode == "hash" else 1), forward
+        # Forward and backward apply one mask: for y = dropout(x) * w the gradient of sum(y) is
+        # w where y kept x, 0 where it dropped it.
+        g = torch.compile(lambda x: dropout(x, 0.3), fullgraph=True)
+        x2 = torch.full((300, 200), 2.0, requires_grad=True)
+        w = torch.randn(300, 200)
+        y = g(x2)
+        (y * w).sum().backward()
+        dropped = (y == 0).double().mean().item()
+        assert abs(dropped - 0.3) < 0.01
+        torch.testing.assert_close(x2.grad, torch.where(y != 0, w / 0.7, 0.0))
+    finally:
+        set_compiled_dropout(old)
+        torch._dynamo.reset()
+
+
+def test_compiled_hash_mask_is_the_eager_one(hash_compiled):
+    """Inductor's integer arithmetic (wrapping products, masked shifts) gives the eager mask."""
+    from bertgpu.models.dropout import hash_keep
+
+    seeds = torch.tensor([123456789, -987654321], dtype=torch.int32)
+    f = torch.compile(lambda s: hash_keep(torch.Size((257, 129)), s, 0.1), fullgraph=True)
+    assert torch.equal(f(seeds), hash_keep(torch.Size((257, 129)), seeds, 0.1))
+
+
+def test_compiled_bert_trains_with_hash_dropout_in_one_graph(hash_compiled):
+    from _tiny import TINY, tiny_batch
+
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+
+    torch.manual_seed(0)
+    cfg = BertConfig(**{**TINY, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})
+    model = BertForPreTraining(cfg).train()
+    compiled = torch.compile(model, fullgraph=True)
+    batch = tiny_batch()
+    losses = [compiled(**batch).loss for _ in range(2)]
+    losses[0].backward()
+    assert all(torch.isfinite(v) for v in losses) and losses[0].item() != losses[1].item()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_compiled_dropout_choice_is_checked():
+    from bertgpu.models.dropout import set_compiled_dropout
+
+    with pytest.raises(ValueError, match="expected one of philox, hash"):
+        set_compiled_dropout("fast")

@@ -405,3 +405,28 @@ def test_tiny_cpu_batches_still_run_on_the_gpu():
     out = model(**{k: v.to(CUDA) for k, v in tiny_batch().items()})
     assert torch.isfinite(out.loss)
 
+
+
+def test_compiled_hash_dropout_on_cuda():
+    """The hash dropout (issue 24's candidate, models/dropout.py) under Triton: its integer
+    arithmetic gives the eager mask, and a compiled bf16 dropout drops at the rate asked and
+    applies one mask forward and backward."""
+    from bertgpu.models.dropout import dropout, hash_keep, set_compiled_dropout
+
+    shape = torch.Size((1023, 769))
+    seeds = torch.tensor([123456789, -987654321], dtype=torch.int32, device=CUDA)
+    f = torch.compile(lambda s: hash_keep(shape, s, 0.1), fullgraph=True)
+    assert torch.equal(f(seeds), hash_keep(shape, seeds, 0.1))
+    old = set_compiled_dropout("hash")
+    torch._dynamo.reset()
+    try:
+        g = torch.compile(lambda x: dropout(x, 0.1), fullgraph=True)
+        x = torch.full((4096, 768), 2.0, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(x.shape, device=CUDA, dtype=torch.bfloat16)
+        y = g(x)
+        (y * w).sum().backward()
+        assert abs((y == 0).float().mean().item() - 0.1) < 0.002
+        torch.testing.assert_close(x.grad, torch.where(y != 0, w / 0.9, 0.0).to(x.dtype))
+    finally:
+        set_compiled_dropout(old)
+        torch._dynamo.reset()

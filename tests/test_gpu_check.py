@@ -36,8 +36,9 @@ def test_every_stage_command_parses(tmp_path, smoke):
     names = [s["name"] for s in stages]
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
-        "profile", "profile modernbert", "compile modes", "autotune", "unpadded compiled",
-        "bert-large compiled", "saved bytes", "attention kernels", "pretrain cuda graphs"]
+        "profile", "profile hash dropout", "profile modernbert", "compile modes", "autotune",
+        "unpadded compiled", "bert-large compiled", "saved bytes", "attention kernels",
+        "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:

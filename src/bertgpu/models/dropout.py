@@ -17,11 +17,24 @@ that adds a dropped-out sublayer output to the residual and normalises moved 1.5
 halved that kernel (3.36 -> 1.79 ms per step) but the draw itself took 1.73 ms: no net gain, so
 not kept (a draw of half as many int32 values, split in two, is the untried next step).
 
+The trial now on the bench (issue 24): compiled dropout whose mask is a counter hash. Each
+element's keep bit comes from two rounds of a 32-bit integer hash (xor-shift-multiply, Wellons'
+"lowbias32" constants) of its flat index, keyed by two random int32 seeds per call drawn from
+torch's generator. Inductor fuses the integer arithmetic into the kernel that consumes the mask
+(about 16 integer operations per element against Philox's ten rounds), and because the mask is a
+pure function of (index, seed) the partitioner recomputes it in backward instead of saving a bool
+mask: one byte less written and read per element per dropout site. It runs where
+`BERTGPU_COMPILED_DROPOUT=hash` is set (read at import; `set_compiled_dropout` in tests and
+benchmarks), until a GPU profile shows whether it pays; `philox` (`F.dropout`) is the default.
+
     x = dropout(x, 0.1, training=True)             # (any shape), same dtype and device
     self.dropout = Dropout(config.hidden_dropout_prob)   # nn.Dropout's name, repr and state dict
 """
 
 from __future__ import annotations
+
+import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +44,66 @@ _BITS = 2**31
 """`random_()` on int32 draws uniformly from [0, 2**31)."""
 
 
+COMPILED_DROPOUT = ("philox", "hash")
+"""How compiled code draws dropout masks: "philox" is `F.dropout` (inductor's in-kernel Philox),
+"hash" is `hash_dropout`."""
+_compiled = os.environ.get("BERTGPU_COMPILED_DROPOUT", "philox")
+
+
+def set_compiled_dropout(name: str) -> str:
+    """Choose how compiled code draws dropout masks; returns the previous choice. Dynamo guards on
+    it, so a compiled model already traced recompiles on the next call after a change."""
+    global _compiled
+    if name not in COMPILED_DROPOUT:
+        raise ValueError(f"compiled dropout {name!r}: expected one of "
+                         f"{', '.join(COMPILED_DROPOUT)}")
+    old, _compiled = _compiled, name
+    return old
+
+
+if _compiled not in COMPILED_DROPOUT:
+    raise ValueError(f"BERTGPU_COMPILED_DROPOUT={_compiled!r}: expected one of "
+                     f"{', '.join(COMPILED_DROPOUT)}")
+
+# lowbias32's odd multipliers (C. Wellons, "Prospecting for hash functions"), as signed int32.
+_M1, _M2 = 0x7FEB352D, 0x846CA68B - 2**32
+
+
+def _mix(h: torch.Tensor) -> torch.Tensor:
+    """A bijection of int32 with full avalanche. Shifts are logical (masked after torch's
+    arithmetic shift) and products wrap, as in C and Triton."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _M1
+    h = h ^ ((h >> 15) & 0x1FFFF)
+    h = h * _M2
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def hash_keep(shape: torch.Size, seeds: torch.Tensor, p: float) -> torch.Tensor:
+    """The keep mask (bool, `shape`) of `hash_dropout`: element i is kept where the hash of
+    (i, seeds) in 31 bits is at least p * 2**31. `seeds`: 2 int32 values."""
+    idx = torch.arange(math.prod(shape), dtype=torch.int32, device=seeds.device).view(shape)
+    h = _mix(_mix(idx + seeds[0]) ^ seeds[1])
+    return (h & 0x7FFFFFFF) >= round(p * _BITS)
+
+
+def hash_dropout(x: torch.Tensor, p: float, seeds: torch.Tensor | None = None) -> torch.Tensor:
+    """Dropout whose mask is a counter hash of each element's flat index (`hash_keep`), keyed by
+    `seeds` (2 int32; drawn from torch's generator on x's device when None). Same distribution
+    as `F.dropout` to 2**-31; the mask differs draw for draw."""
+    if seeds is None:
+        seeds = torch.randint(-2**31, 2**31 - 1, (2,), dtype=torch.int32, device=x.device)
+    keep = hash_keep(x.shape, seeds, p)
+    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Zero each element of `x` with probability `p` and scale the rest by 1 / (1 - p)."""
     if not training or p == 0.0:
         return x
+    if (_compiled == "hash" and p < 1.0 and x.numel() < 2**31
+            and torch.compiler.is_compiling()):
+        return hash_dropout(x, p)
     if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * _BITS)
@@ -50,4 +119,5 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-__all__ = ["dropout", "Dropout"]
+__all__ = ["COMPILED_DROPOUT", "Dropout", "dropout", "hash_dropout", "hash_keep",
+           "set_compiled_dropout"]
