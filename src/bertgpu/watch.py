@@ -14,7 +14,10 @@ fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds 
 The progress line gives the step of ``train.max_steps`` and the share done. For a run with a
 wall-clock budget (``train.budget_hours``) the share is the larger of the steps' and the
 budget's (then said "of the budget"; all of it once the run ended on its budget), and the ETA is
-whichever of the steps and the budget runs out first.
+whichever of the steps and the budget runs out first. The budget's part comes from the budget
+clock the run stops on (``budget_elapsed_s`` and ``budget_left_s`` of the last train record),
+not from ``elapsed_s``, the wall-clock time shown as "elapsed", which counts what that clock
+leaves out (a first evaluation, for one); records without them (an older bertgpu) fall back on it.
 
 The status line says how a run ended from its ``end`` record (finished; stopped by a signal, by
 divergence or by an error, without an ETA), and the live view then prints its last frame and
@@ -144,8 +147,9 @@ def _max_steps(state: RunState) -> float | None:
 
 
 def eta_s(state: RunState) -> float | None:
-    """Seconds left: by steps (``train.max_steps`` at the recent step rate) and by budget
-    (``train.budget_hours`` minus elapsed), whichever ends the run first."""
+    """Seconds left: by steps (``train.max_steps`` at the recent step rate) and by budget (the
+    last train record's ``budget_left_s``, else ``train.budget_hours`` minus its elapsed_s),
+    whichever ends the run first."""
     train = state.of_kind("train")
     if not train:
         return None
@@ -160,15 +164,18 @@ def eta_s(state: RunState) -> float | None:
         dt = recent[-1]["elapsed_s"] - recent[0]["elapsed_s"]
         if ds > 0 and dt > 0:
             left.append(max(max_steps - step, 0) * dt / ds)
-    budget = _num(t.get("budget_hours"))
-    if budget and elapsed is not None:
+    budget, budget_left = _num(t.get("budget_hours")), _num(last.get("budget_left_s"))
+    if budget_left is not None:  # the budget clock's: the one the run stops on
+        left.append(max(budget_left, 0.0))
+    elif budget and elapsed is not None:
         left.append(max(budget * 3600 - elapsed, 0.0))
     return min(left) if left else None
 
 
 def budget_share(state: RunState) -> float | None:
-    """The share of ``train.budget_hours`` used, in [0, 1]: the elapsed time of the last train
-    record over the budget, and 1 once the run ended on its budget; None without a budget."""
+    """The share of ``train.budget_hours`` used, in [0, 1]: by the budget clock of the last
+    train record (``budget_elapsed_s`` of elapsed plus left; else its elapsed_s over the
+    budget), and 1 once the run ended on its budget; None without a budget."""
     budget = _num(_section(state.config, "train").get("budget_hours"))
     if not budget:
         return None
@@ -176,7 +183,11 @@ def budget_share(state: RunState) -> float | None:
     if end is not None and end.get("reason") == "budget":
         return 1.0
     train = state.of_kind("train")
-    elapsed = _num(train[-1].get("elapsed_s")) if train else None
+    last = train[-1] if train else {}
+    used, left = _num(last.get("budget_elapsed_s")), _num(last.get("budget_left_s"))
+    if used is not None and left is not None and used + left > 0:
+        return min(used / (used + left), 1.0)
+    elapsed = _num(last.get("elapsed_s"))
     return min(elapsed / (budget * 3600), 1.0) if elapsed is not None else 0.0
 
 

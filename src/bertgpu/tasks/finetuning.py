@@ -357,6 +357,7 @@ class FinetuneTask:
                 "tokens": int(batch["attention_mask"].sum())}
 
     def log_scalars(self, res: StepResult) -> dict[str, Any]:
+        """`epoch`: the 1-based epoch the step's samples came from, as pretraining's."""
         return {"epoch": self.epoch_of(res.step - 1)}
 
     # -- evaluation -------------------------------------------------------------------------------

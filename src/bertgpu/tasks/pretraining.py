@@ -132,6 +132,10 @@ class PretrainTask:
         self.device = torch.device(info.device)
         self.with_nsp = data.with_nsp
         self.allow_data_change = allow_data_change
+        # step (0-based) -> the epoch of its samples, noted when its batches are taken: by the
+        # time a step is logged the loader may have moved on (a stop signal takes the next
+        # step's batches before the step is dropped), so its position no longer says.
+        self._epochs: dict[int, int] = {}
         if data.val is None and info.is_main:
             print(f"warning: {data.train.manifest_path}: the validation split is empty, so "
                   "evaluation is skipped (prepare with --validation-fraction > 0 to measure "
@@ -139,7 +143,11 @@ class PretrainTask:
 
     # -- training ---------------------------------------------------------------------------------
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
-        return self.loader.next_step()  # the loader's cursor is the state; `step` agrees with it
+        # the loader's cursor is the state; `step` agrees with it
+        last = self.loader.position + self.loader.global_batch_size - 1  # the step's last sample
+        self._epochs = {s: e for s, e in self._epochs.items() if s >= step - 1}
+        self._epochs[step] = last // len(self.data.train) + 1
+        return self.loader.next_step()
 
     def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         # batch_meta: the loader's host-side layout (padding, unpad indices, masked rows), so the
@@ -165,10 +173,14 @@ class PretrainTask:
         return counts
 
     def log_scalars(self, res: StepResult) -> dict[str, Any]:
+        """MLM (and NSP) loss and accuracy of step `res.step`, and its `epoch`: the pass over the
+        training split that the step's samples came from, 1-based as fine-tuning's (a step that
+        straddles the end of a pass counts in the epoch of its last sample). The masking's epoch
+        index (data/masking.py, `loader.epoch`) is 0-based: this minus 1."""
         out: dict[str, Any] = {
             "mlm_loss": res.losses.get("mlm"),
             "mlm_acc": res.extras.get("_mlm_correct", 0.0) / max(res.counts.get("mlm", 0), 1),
-            "epoch": self.loader.epoch,
+            "epoch": self._epochs.get(res.step - 1),
         }
         if self.with_nsp:
             out["nsp_loss"] = res.losses.get("nsp")

@@ -57,6 +57,8 @@ SHORT: dict[str, tuple[str, Callable[[Any], str]]] = {
 CONSOLE_SKIP = {
     "time",
     "elapsed_s",
+    "budget_elapsed_s",  # a budget run's clock: the ETA shows what is left of it
+    "budget_left_s",
     "tokens_per_s_per_device",
     "sequences_per_s_per_device",
     "steps_per_s",

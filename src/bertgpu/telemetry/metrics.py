@@ -154,11 +154,15 @@ class MetricsLogger:
       summary, and the sinks get the latest sample of every GPU as kind "system".
 
     ``initial_step`` and ``elapsed_offset_s`` come from the checkpoint when resuming, so the bar,
-    the ETA and ``elapsed_s`` continue where the run stopped. With a wall-clock budget
-    (``budget_s``, or ``train.budget_hours`` of the config given to ``log_config``) the plain
+    the ETA and ``elapsed_s`` continue where the run stopped. ``elapsed_s`` is wall-clock time
+    (see the property), not a budget run's clock: the training loop's train records carry that
+    one as ``budget_elapsed_s`` and ``budget_left_s`` (``train/schedule.BudgetClock``, which
+    starts with the step loop and carries over restarts). With a wall-clock budget the plain
     line's ETA is whichever ends the run first: the steps left at this process's step rate, or
-    the budget left (``budget_s`` minus ``elapsed_s``), as ``bertgpu watch`` reckons it. A
-    logger with ``is_main=False`` writes nothing. The logger closes its sinks and its monitor.
+    the budget left, as ``bertgpu watch`` reckons it: the record's ``budget_left_s``, the clock
+    the run stops on; for a caller whose records carry none, ``budget_s`` (or
+    ``train.budget_hours`` of the config given to ``log_config``) minus ``elapsed_s``. A logger
+    with ``is_main=False`` writes nothing. The logger closes its sinks and its monitor.
     """
 
     def __init__(
@@ -227,7 +231,10 @@ class MetricsLogger:
 
     @property
     def elapsed_s(self) -> float:
-        """Training wall-clock seconds, including those before a resume."""
+        """Training wall-clock seconds, including those before a resume: since this logger
+        opened, plus ``elapsed_offset_s`` (what the checkpoint resumed from stored of the run's
+        earlier processes). Start-up before the logger opens is not in it, nor, after a crash,
+        the time since that checkpoint; a budget run's clock is ``budget_elapsed_s``."""
         return self.elapsed_offset_s + time.monotonic() - self._start
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -318,21 +325,26 @@ class MetricsLogger:
             due = step % self.log_every == 0 or step == self.total_steps
             if not self._progress or not due:
                 return
-            eta = self._eta(now, step)
+            eta = self._eta(now, step, record.get("budget_left_s"))
             if eta is not None:
                 fields.append(f"ETA {duration(eta)}")
         where = f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"
         self.print(" | ".join([f"{kind} {where}", *fields]))
 
-    def _eta(self, now: float, step: int) -> float | None:
-        """Seconds left: the steps left at this process's step rate, and the budget left;
+    def _eta(self, now: float, step: int, budget_left_s: Any = None) -> float | None:
+        """Seconds left: the steps left at this process's step rate, and the budget left
+        (`budget_left_s` of the record: the budget clock's; else `budget_s` - `elapsed_s`);
         whichever is less (None when neither is known yet)."""
         left = []
         if self.total_steps and self._eta_origin is not None:
             t0, s0 = self._eta_origin
             if step > s0 and now > t0:
                 left.append(max(self.total_steps - step, 0) * (now - t0) / (step - s0))
-        if self.budget_s:
+        if isinstance(budget_left_s, (int, float)):
+            # The clock the stop decision uses. `elapsed_s` is another (it counts a continued
+            # run's first evaluation, for one): the budget left by it disagreed with the stop.
+            left.append(max(float(budget_left_s), 0.0))
+        elif self.budget_s:
             left.append(max(self.budget_s - self.elapsed_s, 0.0))
         return min(left) if left else None
 

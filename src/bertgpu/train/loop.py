@@ -35,7 +35,8 @@ What readers of metrics.jsonl (`bertgpu watch`, `bertgpu report`) learn of a run
 `event: end` however it stops: reason max_steps, budget or preempted, or, for an exception leaving
 the loop (raised as it was), "diverged" (`TrainingDiverged`) or "error" with its message. Before
 it the newest step gets its train record whatever the log cadence (except after an "error": its
-numbers may still be on a device in trouble).
+numbers may still be on a device in trouble). A budget run's train records carry its budget clock
+(`budget_elapsed_s`, `budget_left_s`: what the stop decision reads), which `elapsed_s` is not.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -295,6 +297,7 @@ class Loop:
                    data_wait_share=w.data_s / max(w.window_s, 1e-9),
                    comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
                    tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
+                   **(self.budget.fields() if self.budget is not None else {}),
                    **stragglers, **metrics.device_memory(self.engine.device))
         w.logged_at = res.step
         w.window_s = w.data_s = w.comm_s = 0.0
@@ -405,6 +408,7 @@ class Loop:
                 "sequences_seen": self.sequences_seen,
                 "elapsed_s": logger.elapsed_s,
                 "budget": self.budget.state_dict() if self.budget is not None else None,
+                "max_steps": self.max_steps,  # a resume with another says what its lr does
                 "world_size": self.world,
                 "loss_window": loss_state(snapshot.loss if snapshot else self._window.loss_mark()
                                           if self._window is not None else None),
@@ -445,6 +449,11 @@ class Loop:
         if self.info.is_main:
             print(f"resumed from {path} (step {self.engine.step}, {self.tokens_seen:,} tokens "
                   "seen)", flush=True)
+            budget_s = self.budget.budget_s if self.budget is not None else None
+            note = loop_state.length_change_note(st, path, self.schedule, self.engine.step,
+                                                 self.progress(), budget_s)
+            if note:  # another train.max_steps or budget: the lr jumps
+                warnings.warn(note, stacklevel=1)
         # every rank's RNG and PowerSGD state, at the same world size
         loop_state.restore_rank_states(st, self.engine, self.info, self.seed)
 

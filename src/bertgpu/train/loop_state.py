@@ -1,10 +1,12 @@
 """What `train/loop.Loop` builds while a run lasts: its result (`LoopResult`) and what it
-accumulates between log lines, evaluations and rebalancings (`LogWindow`); and what differs per
+accumulates between log lines, evaluations and rebalancings (`LogWindow`); what differs per
 rank in a checkpoint: the RNG states and a compression hook's state (`rank_states`,
-`restore_rank_states`)."""
+`restore_rank_states`); and the warning of a run resumed with another length
+(`length_change_note`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,59 @@ def restore_rank_states(state: dict[str, Any], engine: Any, info: Any, seed: int
         print(f"distributed.comm_hook powersgd: the checkpoint of step {step} holds {found}; "
               "PowerSGD starts afresh (uncompressed for 10 steps, then without the error "
               "feedback from before the resume)", flush=True)
+
+
+def length_change_note(state: dict[str, Any], checkpoint: Path, schedule: Any, step: int,
+                       progress: float, budget_s: float | None) -> str | None:
+    """The start-up warning of a run resumed at `step` with another length than the one its
+    checkpoint (`state`, in folder `checkpoint`) was trained for: train.max_steps in step mode,
+    train.budget_hours in budget mode (or a switch between the two). The lr is a function of
+    progress (step / max_steps, or the budget clock / budget), so the progress at the resumed
+    step jumps and the lr with it: a run finished at step 1000 of 1000 (lr 0) and given 2000
+    resumes at progress 0.5, back at a high lr. Maybe what the user wants, never silently: the
+    warning names the old and the new value, and the progress and lr of the next step under each.
+    `schedule`, `progress` and `budget_s` are the resumed run's (`budget_s` None in step mode).
+    None when the length is the same, or when the checkpoint does not say what it was (one
+    written before it stored max_steps, without a config.toml)."""
+    clock = state.get("budget") or None  # {"elapsed_s", "budget_s"} of a budget run
+    old_budget = float(clock["budget_s"]) if clock else None
+    old_steps = state["max_steps"] if "max_steps" in state else _config_max_steps(checkpoint)
+    if old_budget is not None or budget_s is not None:
+        if old_budget == budget_s:
+            return None
+        knob = f"train.budget_hours {_hours(old_budget)} -> {_hours(budget_s)}"
+    elif old_steps is None or int(old_steps) == schedule.max_steps:
+        return None
+    else:
+        knob = f"train.max_steps {old_steps} -> {schedule.max_steps}"
+    from bertgpu.train.schedule import progress_from_steps
+
+    if clock:
+        before = min(float(clock["elapsed_s"]) / float(clock["budget_s"]), 1.0)
+    elif old_steps is not None:
+        before = progress_from_steps(step, int(old_steps))
+    else:
+        return None  # a step run's checkpoint that does not say its max_steps
+    old = dataclasses.replace(schedule, max_steps=int(old_steps or 0),
+                              budget_mode=old_budget is not None)
+    return (f"{knob}: the lr schedule is re-stretched to the new length, so at step {step} its "
+            f"progress goes from {before:.1%} to {progress:.1%} and the lr of step {step + 1} "
+            f"jumps from {old.lr(before, step):.3g} to {schedule.lr(progress, step):.3g}; give "
+            "the old value to go on with the schedule as it was")
+
+
+def _hours(budget_s: float | None) -> str:
+    return "none" if budget_s is None else f"{budget_s / 3600:g}"
+
+
+def _config_max_steps(checkpoint: Path) -> int | None:
+    """train.max_steps of the checkpoint's config.toml (a pretraining checkpoint written before
+    the state stored it); None without one."""
+    from bertgpu.config.overrides import read_toml
+    from bertgpu.errors import BertgpuError
+
+    try:
+        value = read_toml(checkpoint / "config.toml").get("train", {}).get("max_steps")
+    except BertgpuError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -122,7 +122,13 @@ class BudgetClock:
     """Training wall-clock for budget mode, shared by all ranks.
 
     `elapsed_s` accumulates only while the clock runs and is stored in checkpoints, so a resumed
-    run continues the same budget instead of restarting it. In the loop, rank 0 reads its clock
+    run continues the same budget instead of restarting it. The loop starts it when its step loop
+    begins (after the first evaluation of a continued run) and does not pause it: steps (the
+    compiling ones too), evaluations and checkpoint writes count; the start-up before the loop
+    and, after a crash, the time since the checkpoint resumed from do not. That is not the
+    metrics log's `elapsed_s` (telemetry/metrics.py): train records carry this clock as
+    `budget_elapsed_s` and `budget_left_s` (`fields()`), which the ETA of the console and of
+    `bertgpu watch` use, so they say when the run stops. In the loop, rank 0 reads its clock
     at the start of each step (`read()`), the reading rides on the step's all-reduce, and every
     rank then takes it (`agree()`): `progress()` and `expired_agreed()` use only agreed values, so
     every rank sets the same lr and stops at the same step. Outside the loop, `sync()` (a
@@ -183,6 +189,12 @@ class BudgetClock:
         if self._read_at is not None and self._started_at is not None:
             self._started_at = self._read_at
         self._read_at = None
+
+    def fields(self) -> dict[str, float]:
+        """For a train record: `budget_elapsed_s`, the agreed elapsed time (what `progress()`
+        and the stop decision use), and `budget_left_s`, the budget minus it."""
+        return {"budget_elapsed_s": self.elapsed_s,
+                "budget_left_s": max(self.budget_s - self.elapsed_s, 0.0)}
 
     def expired_agreed(self) -> bool:
         """True once the agreed elapsed time has used up the budget (no collective)."""
