@@ -44,8 +44,8 @@ tasks/registry.py), the fine-tuning task (tasks/finetuning.py), the engine and t
 loop (train/loop.py).
 
 OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per epoch, final and
-best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export with the
-tokenizer), predictions.json (SQuAD), submission/*.tsv (GLUE test, with --predict-test).
+best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export), predictions.json
+(SQuAD; v2.0 adds null_odds.json, span_predictions.json), submission/*.tsv (GLUE, --predict-test).
 OUT.tmp/checkpoints/ holds resumable checkpoints while the run lasts (`--checkpoint_every_steps`,
 and always on SIGTERM): re-running the same command resumes there; they are removed at the end.
 """

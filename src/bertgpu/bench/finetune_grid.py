@@ -100,7 +100,7 @@ def task_metrics(task: str, regression: bool) -> tuple[str, ...]:
     elif key == "ner":  # metrics.entity_scores
         names = ("precision", "recall", "f1", "accuracy")
     elif key in squad_job.VERSIONS:  # squad_eval.squad_evaluate
-        v2 = ("HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")
+        v2 = ("HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1", "best_exact", "best_f1")
         names = ("exact", "f1") + (v2 if squad_job.VERSIONS[key] else ())
     else:
         names = glue.get_task(task).metrics  # an unknown task fails here, with GLUE's message

@@ -70,7 +70,9 @@ class FinetuneConfig:
     n_best: int = option(20, "SQuAD: start/end candidates per window")
     max_answer_len: int = option(30, "SQuAD: longest answer in tokens")
     null_threshold: float = option(0.0,
-                                   "SQuAD v2: predict no answer when null - best span score > this")
+                                   "SQuAD v2: predict no answer when null - best span score > this "
+                                   "(a run reports the best: dev best_f1_thresh; null_odds.json "
+                                   "and span_predictions.json apply any without re-training)")
     max_train_examples: int | None = option(None,
                                             "use only the first N training examples (quick runs)")
     max_eval_examples: int | None = option(None,

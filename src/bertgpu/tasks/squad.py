@@ -480,8 +480,10 @@ def _distinct_best(cands: list[tuple[float, float, float, str]],
     return entries
 
 
-def write_predictions(predictions: Mapping[str, str], path: str | os.PathLike[str]) -> Path:
-    """Write the official predictions.json ({question id: answer text}), atomically."""
+def write_predictions(predictions: Mapping[str, str | float],
+                      path: str | os.PathLike[str]) -> Path:
+    """Write the official predictions.json ({question id: answer text}), or v2's null_odds.json
+    ({question id: float}, squad_job.py), atomically."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

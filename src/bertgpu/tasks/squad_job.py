@@ -7,6 +7,15 @@
 
 Reading, doc-stride windows and n-best decoding are squad.py's, EM/F1 squad_eval.py's; this module
 finds the files, encodes both sets and scores the dev set (writing predictions.json at the end).
+
+SQuAD v2.0 also reports best_exact / best_f1 and the --null_threshold giving each
+(best_exact_thresh / best_f1_thresh, as evaluate-v2.0.py with --na-prob-file), and writes beside
+predictions.json null_odds.json (question id -> null score - best span score; "" is predicted
+when it exceeds --null_threshold) and span_predictions.json (the best span of every question,
+the null answer left out). Applying another threshold needs no re-training:
+
+    python evaluate-v2.0.py dev-v2.0.json OUT/span_predictions.json \\
+        --na-prob-file OUT/null_odds.json --na-prob-thresh T
 """
 
 from __future__ import annotations
@@ -101,12 +110,22 @@ def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
         # candidates among each feature's context tokens only, so the values at the padding (the
         # model's own, or pad_to's) never matter.
         start, end = (pad_to(outputs[k], seq) for k in ("start_logits", "end_logits"))
-        preds, _ = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
-                                     max_answer_len=cfg.max_answer_len, version_2=version_2,
-                                     null_threshold=cfg.null_threshold)
+        preds, nbest = squad.postprocess(dev_ex, dev_feats, start, end, n_best=cfg.n_best,
+                                         max_answer_len=cfg.max_answer_len, version_2=version_2,
+                                         null_threshold=cfg.null_threshold)
+        metrics = squad_eval.squad_evaluate(dev_ex, preds, version_2=version_2)
+        if version_2:
+            # The threshold need not be chosen before training: the best span of every question
+            # (kept where the null answer won) and its null odds let any threshold be applied
+            # afterwards, here to find the best, and by evaluate-v2.0.py to the files.
+            spans, odds = squad_eval.null_odds(nbest)
+            metrics.update(squad_eval.best_thresholds(dev_ex, spans, odds))
         if folder is not None:
             squad.write_predictions(preds, folder / "predictions.json")
-        return squad_eval.squad_evaluate(dev_ex, preds, version_2=version_2)
+            if version_2:
+                squad.write_predictions(odds, folder / "null_odds.json")
+                squad.write_predictions(spans, folder / "span_predictions.json")
+        return metrics
 
     name = "SQuAD v2.0" if version_2 else "SQuAD v1.1"
     return Job(name, "qa", None, strip_padding(train_feats),
