@@ -282,6 +282,10 @@ def _validate_model(cfg: PretrainConfig) -> None:
         raise BertgpuError(f"config: model.architecture = {m.architecture!r} but the [model] "
                            f"section holds {type(m).__name__} fields; name the architecture once")
     m.validate(prefix="config: model.")
+    problem = m.export_problem()
+    if problem is not None:  # refused now, not after training: a run ends with its export
+        raise BertgpuError(f"config: model.{problem}; a pretraining run exports its model, so "
+                           "it cannot start")
     if not spec.has_nsp:
         check(cfg.train.with_nsp is not True, "train.with_nsp", cfg.train.with_nsp,
               f"false or none: {spec.title} has no next-sentence head")

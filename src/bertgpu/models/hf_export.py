@@ -59,12 +59,18 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     whole by the caller: the model's parameters are then only shards).
 
     Written to `folder.tmp` and renamed into place; an earlier export there is replaced, any
-    other non-empty folder refused before any work (`check_export_folder`). A write
+    other non-empty folder refused before any work (`check_export_folder`), and so is a model
+    whose config.json some transformers version would read as another model
+    (`config.export_problem()`: ModernBERT layer types that no period derives). A write
     that fails (a full disk, a folder that is not writable) removes `folder.tmp` and raises one
     line naming the folder and the cause (for a full disk the bytes needed and free).
     """
     model = unwrap_model(model)
     folder = Path(folder)
+    problem = model.config.export_problem()
+    if problem is not None:
+        raise BertgpuError(f"{folder}: cannot export this {model.config.architecture} model: "
+                           f"{problem}")
     tok_dir = Path(tokenizer) if tokenizer is not None else None
     tok_files = []
     if tok_dir is not None:

@@ -137,7 +137,8 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
     `init == "random"` the architecture of `config_from` with fresh weights. `labels`: the class
     names by id, exported as config.json's id2label / label2id; an init's classifier of the same
     size is matched to them (`match_head`). `job`: the encoded task, whose token types (1 for
-    text pairs) the model must have (`check_job_token_types`), checked before anything loads."""
+    text pairs) the model must have (`check_job_token_types`), checked before anything loads.
+    A model the run could not export at its end (`config.export_problem()`) is refused here."""
     import torch
 
     from bertgpu.models import build, hf_io
@@ -174,6 +175,11 @@ def build_model(init: str, head: str, num_labels: int | None, cfg: FinetuneConfi
             model = build.build_model(d, head, num_labels or (None if head == "qa" else 2))
         except BertgpuError as e:
             raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
+    problem = model.config.export_problem()
+    if problem is not None:  # refused now, not after training: the run ends with an export
+        source = hf_io.resolve_checkpoint_folder(config_from if init == "random" else init)
+        raise BertgpuError(f"{source / 'config.json'}: {problem}; a fine-tuning run exports "
+                           "its model, so it cannot start")
     if hasattr(model, "id2label"):
         if labels is not None and init != "random":
             match_head(model, list(labels))

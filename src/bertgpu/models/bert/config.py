@@ -8,6 +8,7 @@ checks. No torch here, so a training config can be checked before anything is bu
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,14 @@ from bertgpu.errors import BertgpuError
 
 # hidden_act values we implement (bert.activation); the HF names map to the same functions.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+# transformers' BertConfig switches (4.x and 5.x) that make other math of the same weights: a
+# causal mask (BertLMHeadModel, BertGeneration-style decoders; transformers keeps it causal even
+# in BertForMaskedLM / ForSequenceClassification), or cross-attention layers over an encoder's
+# output. bertgpu's BERT is the bidirectional encoder alone: reading past them would give other
+# logits than transformers' without a word. transformers writes both, false, into every BertConfig.
+DECODER_SWITCHES = {"is_decoder": "a causal decoder",
+                    "add_cross_attention": "a decoder with cross-attention to an encoder"}
 
 
 @dataclass
@@ -58,12 +67,24 @@ class BertConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BertConfig:
         """Build from a dict such as HF's config.json, ignoring keys we do not use
-        (architectures, model_type, torch_dtype, id2label, ...)."""
+        (architectures, model_type, torch_dtype, id2label, ...); BertgpuError for a decoder's
+        (`DECODER_SWITCHES` true), whose logits ours would not reproduce. Callers that read a
+        file put its path before the message."""
+        for key, what in DECODER_SWITCHES.items():
+            if d.get(key) not in (None, False):
+                raise BertgpuError(f"{key} {json.dumps(d[key])} ({what}); bertgpu loads "
+                                   f"bidirectional encoders only (expected {key} false; set it "
+                                   "false to use these weights as one anyway)")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def export_problem(self) -> str | None:
+        """Why an export's config.json would build another model in some transformers version
+        (ModernBertConfig has such a case); None: every BertConfig exports as it is."""
+        return None
 
     def validate(self, prefix: str = "config field ") -> BertConfig:
         """Raise BertgpuError naming the field (after `prefix`) if the
@@ -94,4 +115,4 @@ class BertConfig:
         return self
 
 
-__all__ = ["ACTIVATIONS", "BertConfig"]
+__all__ = ["ACTIVATIONS", "DECODER_SWITCHES", "BertConfig"]

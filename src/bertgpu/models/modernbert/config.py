@@ -67,10 +67,13 @@ class ModernBertConfig:
     attention_dropout: float = 0.0
     """Dropout on the attention probabilities and on the attention output."""
     global_attn_every_n_layers: int = 3
-    """Layer i is global when i % n == 0, local (sliding window) otherwise."""
+    """Layer i is global when i % n == 0, local (sliding window) otherwise (unless layer_types
+    says)."""
     layer_types: list[str] | None = None
     """Per layer "full_attention" or "sliding_attention" (transformers >= 5 writes this list);
-    None derives it from global_attn_every_n_layers."""
+    None derives it from global_attn_every_n_layers. A list that no such n derives (layer 0
+    local, or global layers unevenly spaced) builds a model, but no export, pretraining or
+    fine-tuning run takes it: transformers 4.x reads the period alone (`export_problem`)."""
     local_attention: int = 128
     """Width of the sliding window: a token sees local_attention // 2 tokens on each side."""
     embedding_dropout: float = 0.0
@@ -100,7 +103,9 @@ class ModernBertConfig:
     def from_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
         """From a transformers config.json, 4.x (global_rope_theta, local_rope_theta,
         global_attn_every_n_layers) or 5.x (rope_parameters, layer_types), ignoring keys we do not
-        use (architectures, id2label, dtype, ...)."""
+        use (architectures, id2label, dtype, ...). transformers' ModernBERT is bidirectional
+        whatever its config says (is_decoder is read by neither version; the causal one is
+        another model_type, "modernbert-decoder"), so no key here changes the mask."""
         d = dict(d)
         rope = d.pop("rope_parameters", None)
         if isinstance(rope, dict):
@@ -121,9 +126,14 @@ class ModernBertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Both spellings transformers reads: 4.x's thetas and layer period, and 5.x's
-        rope_parameters and layer_types (they agree, so either version builds the same model)."""
+        rope_parameters and layer_types. They agree, so either version builds the same model:
+        the period written is the one that derives layer_types (`attention_period`), except for
+        layer types no period derives, which only 5.x reads right (`export_problem`)."""
         out = dataclasses.asdict(self)
         out["layer_types"] = self.resolved_layer_types()
+        period = self.attention_period()
+        if period is not None:
+            out["global_attn_every_n_layers"] = period
         out["rope_parameters"] = {
             "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
             "sliding_attention": {"rope_type": "default", "rope_theta": self.local_theta},
@@ -141,9 +151,34 @@ class ModernBertConfig:
     def resolved_layer_types(self) -> list[str]:
         if self.layer_types is not None:
             return list(self.layer_types)
-        n = self.global_attn_every_n_layers
-        return ["sliding_attention" if i % n else "full_attention"
-                for i in range(self.num_hidden_layers)]
+        return _periodic(self.global_attn_every_n_layers, self.num_hidden_layers)
+
+    def attention_period(self) -> int | None:
+        """The global_attn_every_n_layers that derives `resolved_layer_types()` (what transformers
+        4.x, and readers such as candle or MLX ports, build the layers from): the config's own
+        when it does, else the spacing of the global layers; None when no period does."""
+        types = self.resolved_layer_types()
+        if types == _periodic(self.global_attn_every_n_layers, len(types)):
+            return self.global_attn_every_n_layers
+        n = _first_period(types)
+        return n if types == _periodic(n, len(types)) else None
+
+    def export_problem(self) -> str | None:
+        """Why an export's config.json would build another model in transformers 4.x, which reads
+        global_attn_every_n_layers and not layer_types: the first layer whose type breaks the
+        period of the layers before it; None when a period derives every layer's type."""
+        types = self.resolved_layer_types()
+        if not types or self.attention_period() is not None:
+            return None
+        n = _first_period(types)
+        expected = _periodic(n, len(types))
+        i = next(i for i, (t, e) in enumerate(zip(types, expected, strict=True)) if t != e)
+        period = ("every period" if i == 0 else
+                  f"the period of layers 0-{i - 1} (global_attn_every_n_layers {n})")
+        return (f"layer_types: layer {i} is {types[i]} but {period} makes it {expected[i]}; "
+                "transformers 4.x reads only global_attn_every_n_layers and would build another "
+                "model from an export's config.json (expected full_attention on layers 0, n, "
+                "2n, ... and sliding_attention on the others)")
 
     def validate(self, prefix: str = "config field ") -> ModernBertConfig:
         """Raise BertgpuError naming the field (after `prefix`) if the
@@ -186,6 +221,18 @@ class ModernBertConfig:
             raise BertgpuError(f"{prefix}pad_token_id: found {self.pad_token_id!r}, expected an id "
                                f"below vocab_size ({self.vocab_size})")
         return self
+
+
+def _periodic(n: int, num_layers: int) -> list[str]:
+    """transformers 4.x's layers: global (full_attention) when i % n == 0."""
+    return ["sliding_attention" if i % n else "full_attention" for i in range(num_layers)]
+
+
+def _first_period(types: list[str]) -> int:
+    """The period the first layers show: the index of the first global layer after layer 0 (the
+    number of layers when there is none, so that layer 0 is the only global one)."""
+    return next((i for i in range(1, len(types)) if types[i] == "full_attention"),
+                max(len(types), 1))
 
 
 __all__ = ["ModernBertConfig", "ACTIVATIONS", "LAYER_TYPES", "POOLINGS"]

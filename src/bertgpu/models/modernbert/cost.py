@@ -17,8 +17,9 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     ``4 d^2 + 3 d f`` weights (plus biases and norm gains when configured; both negligible), so 6x
     that per token.
     Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
-    sequence length for global layers (0, n, 2n, ...) and ``min(T, local_attention + 1)`` for
-    sliding-window layers (what the banded mask lets a token see; the kernels may compute more).
+    sequence length for global layers (full_attention: 0, n, 2n, ..., or what layer_types says)
+    and ``min(T, local_attention + 1)`` for sliding-window layers (what the banded mask lets a
+    token see; the kernels may compute more).
     The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only; V is
     the real vocabulary (the model's padding columns, shared.VOCAB_MULTIPLE, are not useful work).
     ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
@@ -26,12 +27,23 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     L, T = int(cfg.num_hidden_layers), int(seq_len)
     if min(d, f, L, T) <= 0:
         raise ValueError("flops_per_token_of: all sizes must be positive")
-    every = max(int(cfg.global_attn_every_n_layers), 1)
     window = min(T, int(cfg.local_attention) + 1)
     per_layer = 4 * d * d + 3 * d * f
-    attention = sum(12.0 * d * (T if layer % every == 0 else window) for layer in range(L))
+    attention = sum(12.0 * d * (T if kind == "full_attention" else window)
+                    for kind in _layer_types(cfg, L))
     head = d * d + d + d * int(cfg.vocab_size) + int(cfg.vocab_size)
     return 6.0 * L * per_layer + attention + mlm_fraction * 6.0 * head
+
+
+def _layer_types(cfg: Any, num_layers: int) -> list[str]:
+    """Each layer's attention: ours (`resolved_layer_types`), a transformers 5.x config's
+    `layer_types` (it keeps no global_attn_every_n_layers), else a 4.x config's period."""
+    if hasattr(cfg, "resolved_layer_types"):
+        return cfg.resolved_layer_types()
+    if getattr(cfg, "layer_types", None) is not None:
+        return list(cfg.layer_types)
+    every = max(int(getattr(cfg, "global_attn_every_n_layers", 3)), 1)
+    return ["sliding_attention" if i % every else "full_attention" for i in range(num_layers)]
 
 
 def estimate_train_bytes(config: Any, micro_batch: int, seq_len: int, dtype_bytes: int = 4,
