@@ -9,8 +9,9 @@ event as ``log(step, kind, scalars)`` with ``kind`` "train", "eval", "info" or "
 GPU monitor's latest sample of every GPU, at each train log). Sinks are called from one
 background thread, so a slow tracking server never stalls a training step; a sink that fails,
 or cannot start (no API key, a server that is down), is switched off with one warning and the run
-goes on. At the end, MLflow's run status (FAILED, KILLED) and W&B's exit code follow the loop's
-end record (``end_reason``).
+goes on (telemetry/fanout.py). At the end, MLflow's run status (FAILED, KILLED) and W&B's exit
+code follow the loop's end record (``end_reason``), also when a preemption grace runs out: the
+sinks then get the seconds each says its close needs (``close_s``) before the process ends.
 
 W&B without network: ``wandb_mode = "offline"`` (or ``"auto"`` without an API key) writes the
 run under ``RUN_DIR/wandb/``; upload it later with ``wandb sync RUN_DIR/wandb/offline-run-*``.
@@ -24,34 +25,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
-import queue
 import sys
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.telemetry.monitor import slowdown_reasons
+
+# The fan-out thread and the protocol, once here: their importers still find them here.
+from bertgpu.telemetry.fanout import Sink, SinkFanout, sink_scalars, system_scalars  # noqa: F401
 
 if TYPE_CHECKING:
     from bertgpu.config.sections import LoggingSection
-
-
-
-class Sink(Protocol):
-    """One place metrics go. Called from the sink thread only, never concurrently."""
-
-    name: str
-
-    def log(self, step: int, kind: str, scalars: Mapping[str, float]) -> None: ...
-
-    def log_config(self, config: Mapping[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _installed(module: str) -> bool:
@@ -87,6 +74,7 @@ class TensorBoardSink:
     """Scalars ``KIND/KEY`` at the optimizer step, under ``log_dir``."""
 
     name = "tensorboard"
+    close_s = 0.5  # flushes the event file (its records wait in memory until then)
 
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -129,6 +117,7 @@ class WandbSink:
     the run and the folder the upload hint gives."""
 
     name = "wandb"
+    close_s = 5.0  # `finish` hands the run to W&B's service process and waits for it
 
     def __init__(self, run_dir: Path, cfg: LoggingSection, final: Path | None = None) -> None:
         import wandb
@@ -255,6 +244,7 @@ class MlflowSink:
     the run folder gets its artifacts at their final place (``final/mlartifacts``)."""
 
     name = "mlflow"
+    close_s = 2.0  # two or three calls to the store: tags, then the run's status
 
     def __init__(self, run_dir: Path, cfg: LoggingSection, final: Path | None = None) -> None:
         uri = cfg.mlflow_tracking_uri
@@ -369,91 +359,3 @@ def _remember(run_dir: Path, key: str, value: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------------------------
-# Fan-out on a background thread
-# --------------------------------------------------------------------------------------------
-
-
-def sink_scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers of a metrics record for a sink: no bookkeeping keys, no text or booleans,
-    no NaN; a per-rank list ``rank_compute_s`` becomes ``rank_compute_s/0``, ``/1``, ..."""
-    out: dict[str, float] = {}
-    for key, value in record.items():
-        if key in ("step", "kind", "time"):
-            continue
-        values = enumerate(value) if isinstance(value, list) else [(None, value)]
-        for i, v in values:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                out[key if i is None else f"{key}/{i}"] = v
-    return out
-
-
-def system_scalars(samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """GPU samples -> ``{"gpu0/temp_c": 65.0, ...}`` for the sinks' "system" kind."""
-    out: dict[str, float] = {}
-    for s in samples:
-        for key, value in s.items():
-            if key not in ("time", "step", "gpu") and isinstance(value, (int, float)) \
-                    and not isinstance(value, bool):
-                out[f"gpu{s['gpu']}/{key}"] = value
-        if "throttle" in s:  # idle or clocks set on purpose is not throttled (as the console)
-            out[f"gpu{s['gpu']}/throttled"] = float(bool(slowdown_reasons(s["throttle"])))
-    return out
-
-
-class SinkFanout:
-    """Hands every event to every sink on one daemon thread, in order."""
-
-    def __init__(self, sinks: Sequence[Sink]) -> None:
-        self.sinks = list(sinks)
-        self._queue: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="bertgpu-sinks", daemon=True)
-        self._thread.start()
-        self._closed = False
-
-    def log(self, step: int, kind: str, scalars: Mapping[str, float]) -> None:
-        if scalars and not self._closed:
-            self._queue.put(("log", (step, kind, dict(scalars))))
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        if not self._closed:
-            self._queue.put(("log_config", (dict(config),)))
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            method, args = item
-            for sink in list(self.sinks):
-                self._call(sink, method, args)
-        for sink in self.sinks:
-            self._call(sink, "close", ())
-
-    def _call(self, sink: Sink, method: str, args: tuple[Any, ...]) -> None:
-        try:
-            getattr(sink, method)(*args)
-        except Exception as e:  # a sink must not end a training run
-            if sink in self.sinks:
-                self.sinks.remove(sink)
-            print(f"bertgpu: the {sink.name} sink failed in {method} ({type(e).__name__}: "
-                  f"{str(e)[:200]}); it is off for the rest of the run", file=sys.stderr,
-                  flush=True)
-
-    def close(self, timeout_s: float = 120.0) -> None:
-        """Deliver what is queued, close every sink, and wait (at most ``timeout_s``)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            print(f"bertgpu: metric sinks still busy after {timeout_s:.0f} s; not waiting",
-                  file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Building the logger
-# --------------------------------------------------------------------------------------------

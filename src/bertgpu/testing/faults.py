@@ -10,6 +10,9 @@ Items, separated by commas (an item may be given more than once):
                                   (see below for a checkpoint written in the background)
     nonfinite_rank=R@step=S       rank R's loss is made non-finite at step S         nonfinite
     delay_rank=R:SECONDS[@step=S] rank R sleeps SECONDS each step (or at steps S)    delay
+    delay_setup=R:SECONDS         rank R sleeps SECONDS before it joins the process  delay_setup
+                                  group: the other ranks wait in its set-up (after
+                                  one line on stderr saying so, for tests to wait on)
     slow_rank=R:SECONDS           rank R sleeps SECONDS per sequence it computes:    slow_down
                                   a slower device, for load balancing tests
     enospc_write=N                the N-th file written by save_checkpoint in this   check_write
@@ -70,8 +73,8 @@ from bertgpu.errors import BertgpuError
 ENV = "BERTGPU_FAULTS"
 _RESTART_ENVS = ("TORCHELASTIC_RESTART_COUNT", "BERTGPU_RESTART_COUNT")
 _SYNTAX = ("kill_rank=R@step=S, nonfinite_rank=R@step=S, delay_rank=R:SECONDS[@step=S], "
-           "slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, slow_write=SECONDS[@step=S], "
-           "slow_eval=SECONDS or kill_unit=U")
+           "delay_setup=R:SECONDS, slow_rank=R:SECONDS, enospc_write=N, kill_replace=N, "
+           "slow_write=SECONDS[@step=S], slow_eval=SECONDS or kill_unit=U")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Plan:
     kill: list[Trigger] = field(default_factory=list)
     nonfinite: list[Trigger] = field(default_factory=list)
     delay: list[Trigger] = field(default_factory=list)
+    delay_setup: list[Trigger] = field(default_factory=list)
     slow: list[Trigger] = field(default_factory=list)
     enospc_writes: set[int] = field(default_factory=set)
     kill_replaces: set[int] = field(default_factory=set)
@@ -177,6 +181,10 @@ def parse(spec: str) -> Plan:
             plan.nonfinite.append(_trigger(value, item, timed=False, step_required=True))
         elif key == "delay_rank":
             plan.delay.append(_trigger(value, item, timed=True, step_required=False))
+        elif key == "delay_setup":
+            if "@" in value:
+                raise _bad(item, "expected delay_setup=R:SECONDS (set-up has no step)")
+            plan.delay_setup.append(_trigger(value, item, timed=True, step_required=False))
         elif key == "slow_rank":
             plan.slow.append(_trigger(value, item, timed=True, step_required=False))
         elif key == "enospc_write":
@@ -255,6 +263,19 @@ def delay(rank: int, step: int | None = None) -> None:
         return
     for t in plan.delay:
         if t.hits(rank, step):
+            time.sleep(t.seconds)
+
+
+def delay_setup(rank: int) -> None:
+    """Before this rank joins the process group: sleep as a delay_setup item says for it, after
+    one line on stderr (a test waits for it, then signals the job while it is being set up)."""
+    plan = active()
+    if plan is None:
+        return
+    for t in plan.delay_setup:
+        if t.hits(rank, None):
+            print(f"bertgpu: fault injected ({ENV}): rank {rank} joins the process group in "
+                  f"{t.seconds:g} s", file=sys.stderr, flush=True)
             time.sleep(t.seconds)
 
 

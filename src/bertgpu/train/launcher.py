@@ -78,8 +78,9 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
 
 def _said_stop(lines: list[str], name: str) -> bool:
     """A worker printed the run's stop line (train/preemption.py: "bertgpu pretrain: SIGTERM:
-    wrote a preemption checkpoint ...; re-running ...", or "...: second SIGTERM: ..."), which
-    names the checkpoint a re-run resumes from: the launcher's own line would repeat it."""
+    wrote a preemption checkpoint ...; re-running ...", or "...: second SIGTERM: ..."; before
+    the run, train/distributed.py: "bertgpu pretrain: SIGINT: interrupted during distributed
+    set-up"): the launcher's own line would repeat it."""
     said = re.compile(rf"^{re.escape(name)}: (second )?SIG[A-Z0-9]+: ")
     return any(said.match(line) for line in lines)
 

@@ -6,7 +6,8 @@ Kubernetes 30 s (terminationGracePeriodSeconds), a spot VM 30-120 s. From the fi
 
 1. A thread of its own notes it (through Python's signal wakeup fd, so the signal counts even
    while the main thread is inside a long C call: a step that compiles, a collective) and starts
-   the deadline: `grace_s` minus a margin for the exit itself.
+   the deadline: `grace_s` minus a margin for the exit itself and, where metric sinks are open
+   (rank 0), the seconds they need to close (telemetry/fanout.py; at most a sixth of the grace).
 2. The main thread looks at the flag at safe points: before every step (once its data is
    there), after every micro-step and after every evaluation; a data wait and an evaluation are
    cut short (the signal raises out of them). With several ranks each check is one MAX
@@ -19,8 +20,10 @@ Kubernetes 30 s (terminationGracePeriodSeconds), a spot VM 30-120 s. From the fi
    preemption checkpoint of that step; else it keeps the newest complete one. Either way the run
    ends with exit status 143 (130 for SIGINT) and one line that says which.
 4. At the deadline, a run still going (a step that cannot be interrupted, a write slower than
-   its estimate) exits at once with the same status and a line saying so; a second signal does
-   the same at once. Loader workers are killed first. A checkpoint is written into `step_N.tmp`
+   its estimate) exits with the same status and a line saying so, once its metric sinks closed
+   or the seconds kept for them ran out (they used to be left unclosed: the TensorBoard file
+   without its last records, the MLflow run RUNNING); a second signal ends it at once, without
+   waiting for the sinks. Loader workers are killed first. A checkpoint is written into `step_N.tmp`
    and sealed and renamed last, so neither leaves a half-written checkpoint that a re-run would
    trust: it resumes from the newest complete one.
 
@@ -84,6 +87,18 @@ def margin(grace_s: float) -> float:
     return min(2.0, grace_s / 4)
 
 
+def sinks_reserve(grace_s: float) -> float:
+    """Seconds kept before the margin for the metric sinks open in this process to close when
+    the grace runs out: what they say they need (telemetry/fanout.py), at most a sixth of the
+    grace; 0.0 without any (every rank but 0)."""
+    fanout = sys.modules.get("bertgpu.telemetry.fanout")  # not imported: no sink was opened
+    try:
+        need = fanout.close_reserve_s() if fanout is not None else 0.0
+    except Exception:  # noqa: BLE001 - a sink's odd close_s must not keep the deadline unarmed
+        need = 1.0
+    return max(0.0, min(float(need), grace_s / 6))
+
+
 class Preemption:
     """The stop signals of one run: see the module docstring. Collective to construct (it makes
     the gloo group of the checks when there are several ranks)."""
@@ -92,7 +107,9 @@ class Preemption:
                  run_dir: Path | None = None, timeout_minutes: float = 60.0) -> None:
         self.grace_s, self.info, self.title, self.run_dir = grace_s, info, title, run_dir
         self.signum: int | None = None  # the stop signal: this rank's first, or another's
-        self.deadline: float | None = None  # time.monotonic() at which the run must be gone
+        self.end: float | None = None  # time.monotonic() at which the process must be gone
+        self.deadline: float | None = None  # ... and at which the run's work must stop: `end`
+        #     less the margin and the time kept for the sinks to close (`_arm`)
         self.snapshot: Snapshot | None = None  # set while a step is in flight
         self.phase = "while starting"  # where the run is, for the deadline's line
         self.step = 0  # the newest completed step, for the end record of `_exit_now`
@@ -193,46 +210,70 @@ class Preemption:
             if self._own is None:
                 self._own = (signum, now)
                 self.signum = self.signum or signum
-                self._arm(now + self.grace_s - margin(self.grace_s))
+                self._arm(now + self.grace_s)
             elif signum == self._own[0] and now - self._own[1] < _DUPLICATE_S:
                 return  # the same preemption, delivered twice
             else:
                 self._exit_now(f"second {signal.Signals(signum).name}: stopped at once "
                                f"{self.phase}", prefix=False)
 
-    def _arm(self, deadline: float) -> None:
+    def _arm(self, end: float) -> None:
+        """The grace ends at `end` (time.monotonic()), unless it ends sooner already: the
+        deadline's timer is set before it, by the margin and the sinks' reserve."""
         with self._lock:
-            if self._closed or (self.deadline is not None and self.deadline <= deadline):
+            if self._closed or (self.end is not None and self.end <= end):
                 return
             if self._timer is not None:
                 self._timer.cancel()
-            self.deadline = deadline
-            self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+            self.end = end
+            self.deadline = end - margin(self.grace_s) - sinks_reserve(self.grace_s)
+            self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()),
+                                          self._expire)
             self._timer.daemon = True
             self._timer.start()
 
     def _expire(self) -> None:
         self._exit_now(f"the grace of {self.grace_s:g} s ran out {self.phase}; stopped without "
-                       "a preemption checkpoint")
+                       "a preemption checkpoint", close_sinks=True)
 
-    def _exit_now(self, what: str, prefix: bool = True) -> None:
+    def _exit_now(self, what: str, prefix: bool = True, close_sinks: bool = False) -> None:
         """End the process now (from the listener or the deadline's thread): one line on rank
         0 (after the signal's name when `prefix`), loader workers killed, exit 128 + the first
-        signal."""
+        signal. With `close_sinks` (the deadline) the metric sinks open in this process are
+        closed first, after the end record that sets their status, within what is left of the
+        grace less the margin."""
         with self._lock:
             if self._exiting:
                 return
             self._exiting = True
         if self.info.is_main:
             self._append_end()
+        if close_sinks:
+            self._close_sinks()
+        if self.info.is_main:
             line = f"{self.title}: {self._name() + ': ' if prefix else ''}{what}; {self._hint()}\n"
             flush = threading.Thread(target=_flush_stdio, daemon=True)
             flush.start()
-            flush.join(0.5)  # never wait long on a blocked stdout
-            os.write(2, line.encode("utf-8", "replace"))
+            flush.join(min(0.5, margin(self.grace_s) / 2))  # never wait long on a blocked stdout
+            try:
+                os.write(2, line.encode("utf-8", "replace"))
+            except OSError:  # stderr gone (its reader ended): the process must end all the same
+                pass
         for child in multiprocessing.active_children():  # loader workers ignore SIGTERM
             child.kill()
         os._exit(self.exit_status)
+
+    def _close_sinks(self) -> None:
+        """Close the metric sinks still open in this process (telemetry/fanout.py), returning by
+        the grace's end less the margin whatever they do. Best effort, as `_append_end`."""
+        fanout = sys.modules.get("bertgpu.telemetry.fanout")  # not imported: no sink is open
+        left = (self.end - margin(self.grace_s) - time.monotonic()) if self.end is not None else 0.0
+        if fanout is None or left <= 0:
+            return
+        try:
+            fanout.close_open(left)
+        except Exception:  # noqa: BLE001 - nothing here may keep the process from exiting
+            pass
 
     def _append_end(self) -> None:
         """Rank 0: the `end` record (reason preempted) that the loop had no time to write, one
@@ -317,7 +358,8 @@ class Preemption:
         import torch
         import torch.distributed as dist
 
-        left = (self.deadline - time.monotonic()) if self.deadline is not None else float("inf")
+        # The grace's end, not the deadline: each rank keeps its own reserve for its sinks.
+        left = (self.end - time.monotonic()) if self.end is not None else float("inf")
         sig = float(self.signum or self._seen or 0)
         flags = torch.tensor([sig, -float(micro_batches), -left], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
@@ -325,8 +367,7 @@ class Preemption:
             if self.signum is None:  # another rank's signal: its signal and its deadline
                 self.signum = int(flags[0])
             agreed = -float(flags[2])
-            self._arm(time.monotonic() + (agreed if math.isfinite(agreed)
-                                          else self.grace_s - margin(self.grace_s)))
+            self._arm(time.monotonic() + (agreed if math.isfinite(agreed) else self.grace_s))
             raise Preempted(self._name())
         return int(-flags[1])
 
@@ -429,4 +470,4 @@ def _flush_stdio() -> None:
             pass
 
 
-__all__ = ["STOP_SIGNALS", "Preempted", "Preemption", "Snapshot", "margin"]
+__all__ = ["STOP_SIGNALS", "Preempted", "Preemption", "Snapshot", "margin", "sinks_reserve"]
