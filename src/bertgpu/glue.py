@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
+from bertgpu.tasks.glue import remove_stale_submission, write_submission
 
 if TYPE_CHECKING:
     from bertgpu.tasks.init_model import InitCheckpoint
@@ -134,9 +135,10 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     by a signal (its checkpoint kept: re-running the command resumes it; no table is written).
 
     Every task's files are found before the first run, and a finished run made with another init
-    checkpoint or other settings is refused (the table would mix them under one protocol) unless
-    --force. A run folder's newest checkpoint is taken once, here: every run starts from it, even
-    when pretraining saves a newer one meanwhile."""
+    checkpoint, other settings or another --data-dir is refused (the table would mix them under
+    one protocol) unless --force. A run folder's newest checkpoint is taken once, here: every run
+    starts from it, even when pretraining saves a newer one meanwhile. Without --predict-test,
+    the OUT/submission/ and .zip of an earlier one are removed (they belonged to another table)."""
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
@@ -168,7 +170,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                 done = out / task.name / f"seed_{seed}" / "results.json"
                 if done.is_file():
                     _check_same_settings(done, _read_results(done), cfg, seed, init, config_from,
-                                         ckpt)
+                                         ckpt, data_dir)
 
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
@@ -196,55 +198,17 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                         return result  # its checkpoint is kept; the same command resumes it
                 distributed.barrier()  # rank 0 wrote results.json
                 runs[task.name][seed] = _read_results(done)
-        summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped)
+        summary = summarise(runs, chosen, seeds, cfg, str(init), references or [], skipped,
+                            data=str(Path(data_dir).resolve()))
         summary["init_checkpoint"] = ckpt.record() if ckpt is not None else None
         if distributed.is_main():
             if predict_test:
                 summary["submission"] = write_submission(out, runs)
+            else:
+                remove_stale_submission(out)
             write_table(summary, out)
         distributed.barrier()
         return summary
-
-
-LEADERBOARD_FILES = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE",
-                     "WNLI", "AX")
-"""The files a GLUE leaderboard submission holds (FILE.tsv each, zipped at the top level)."""
-
-
-def write_submission(out: Path, runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
-    """OUT/submission/ and OUT/submission.zip from each task's seed with the best dev score (the
-    final epoch's, as the table's; the lowest seed on a tie): the leaderboard scores one model
-    per task. Returns what glue_results.json records; a file the leaderboard asks for that no run
-    wrote is named in one warning."""
-    import shutil
-    import warnings
-    import zipfile
-
-    from bertgpu.fsutil import make_scratch, replace_dir
-
-    folder, chosen = out / "submission", {}
-    tmp = make_scratch(out / "submission.tmp", folder)
-    for name, per_seed in runs.items():
-        seed = max(sorted(per_seed), key=lambda s: per_seed[s]["score"])
-        chosen[name] = seed
-        for path in sorted((out / name / f"seed_{seed}" / "submission").glob("*.tsv")):
-            shutil.copyfile(path, tmp / path.name)
-    written = sorted(p.stem for p in tmp.glob("*.tsv"))
-    missing = [f for f in LEADERBOARD_FILES if f not in written]
-    replace_dir(tmp, folder, replaces=lambda p: True)
-    zipped = out / "submission.zip"
-    with zipfile.ZipFile(zipped.with_name(zipped.name + ".tmp"), "w", zipfile.ZIP_DEFLATED) as z:
-        for stem in written:
-            z.write(folder / f"{stem}.tsv", f"{stem}.tsv")
-    os.replace(zipped.with_name(zipped.name + ".tmp"), zipped)
-    if missing:
-        warnings.warn(f"{zipped}: the GLUE leaderboard asks for {', '.join(missing)} as well "
-                      "(no run of this command wrote them: a task not run, or its test file "
-                      "missing)", stacklevel=2)
-    seeds = ", ".join(f"{n} seed {s}" for n, s in chosen.items())
-    print(f"GLUE submission: {len(written)} files ({seeds}) -> {zipped}", flush=True)
-    return {"folder": str(folder), "zip": str(zipped), "seeds": chosen, "files": written,
-            "missing": missing}
 
 
 def _read_results(path: Path) -> dict[str, Any]:
@@ -280,11 +244,13 @@ def _find_tasks(data_dir: str | os.PathLike[str], chosen: list[Any],
 def _check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
                          init: str | os.PathLike[str],
                          config_from: str | os.PathLike[str] | None,
-                         ckpt: InitCheckpoint | None = None) -> None:
+                         ckpt: InitCheckpoint | None = None,
+                         data_dir: str | os.PathLike[str] | None = None) -> None:
     """A finished run counts in this command's table only when it was made the same way: from
     the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
     random), not merely the same --init, whose newest checkpoint moves while pretraining goes
-    on."""
+    on, and on the same --data-dir (compared resolved: a relative path recorded, resolved from
+    here, matches the same folder given absolutely)."""
     from bertgpu.tasks.init_model import checkpoint_change
 
     differs = _config_differences(results, cfg, seed)
@@ -300,6 +266,10 @@ def _check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: in
             changes.append(f"init {change}")
     if then[1] != now[1]:
         changes.append(f"config_from {then[1]} (now {now[1]})")
+    recorded = results.get("data")
+    if (data_dir is not None and isinstance(recorded, str)
+            and Path(recorded).resolve() != Path(data_dir).resolve()):
+        changes.append(f"data {recorded} (now {data_dir})")
     differs = ", ".join([*changes, differs] if differs else changes)
     if differs:
         raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
@@ -328,11 +298,13 @@ def _median(values: list[float]) -> float:
 
 
 def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], seeds: list[int],
-              cfg: Any, init: str, references: list[str], skipped: list[str]) -> dict[str, Any]:
+              cfg: Any, init: str, references: list[str], skipped: list[str],
+              data: str | None = None) -> dict[str, Any]:
     """Medians over seeds per official metric; a column (a split's task score) is the mean of
     its metrics' medians, so the metrics the table shows add up to its columns (medians of the
     per-seed columns mixed seeds: STS-B showed Pearson 90.2 of one seed and Spearman 76.3 of
-    another beside a column of 80.6). The average is in our convention."""
+    another beside a column of 80.6). The average is in our convention. `data`: the GLUE folder
+    every run read (absolute)."""
     from bertgpu.config.overrides import config_to_dict
     from bertgpu.tasks import metrics as eval_metrics
     from bertgpu.tasks.glue import column_name
@@ -381,6 +353,7 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
     }
     return {
         "init": init,
+        "data": data,
         "convention": CONVENTION,
         "convention_text": CONVENTION_TEXT,
         "protocol": protocol,

@@ -1,4 +1,5 @@
-"""GLUE: one task table, where its files are, and the leaderboard submission format.
+"""GLUE: one task table, where its files are, and the leaderboard submission (its files' format,
+and OUT/submission/ of `bertgpu glue`).
 
 Every task is a row of `TASKS`; there is no per-task reader or loop. A row says where the text
 and label live in each file format, the label order, the dev/test split names and the official
@@ -47,14 +48,17 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Example",
     "GlueTask",
+    "LEADERBOARD_FILES",
     "TASKS",
     "column_name",
     "find_diagnostic_file",
     "find_split_file",
     "get_task",
     "names",
+    "remove_stale_submission",
     "unknown_task",
     "write_glue_submission",
+    "write_submission",
 ]
 
 Label = int | float | None
@@ -204,14 +208,29 @@ columns index, sentence1, sentence2) or a Hugging Face export of the `ax` config
 hypothesis, idx)."""
 
 
-def find_diagnostic_file(data_dir: str | os.PathLike[str]) -> Path | None:
-    """The diagnostic set's file under `data_dir` (GLUE root), or None."""
-    root = Path(data_dir)
-    for pattern in _DIAGNOSTIC_FILES:
-        hits = sorted(root.glob(pattern))
-        if hits:
-            return hits[0]
+def find_diagnostic_file(data_dir: str | os.PathLike[str],
+                         task: GlueTask | str | None = None) -> Path | None:
+    """The diagnostic set's file under `data_dir` (GLUE root), or None. With `task` (MNLI), a
+    `data_dir` that is the task's own folder (GLUE/MNLI, or an export's mnli/) is looked beside
+    as well: the diagnostic set lies in the GLUE root, one level up."""
+    roots = [Path(data_dir)]
+    if task is not None and _is_task_folder(data_dir, get_task(task)):
+        roots.append(Path(data_dir).resolve().parent)
+    for root in roots:
+        for pattern in _DIAGNOSTIC_FILES:
+            hits = sorted(root.glob(pattern))
+            if hits:
+                return hits[0]
     return None
+
+
+def _is_task_folder(data_dir: str | os.PathLike[str], task: GlueTask) -> bool:
+    """Whether `data_dir` holds `task`'s training file itself rather than in a subfolder."""
+    try:
+        train = find_split_file(data_dir, task, "train")
+    except BertgpuError:
+        return False
+    return train.parent.resolve() == Path(data_dir).resolve()
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,3 +337,60 @@ def write_glue_submission(task: GlueTask | str, predictions: Sequence[Any],
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     os.replace(tmp, out)
     return out
+
+
+LEADERBOARD_FILES = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE",
+                     "WNLI", "AX")
+"""The files a GLUE leaderboard submission holds (FILE.tsv each, zipped at the top level)."""
+
+
+def write_submission(out: Path, runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """OUT/submission/ and OUT/submission.zip from each task's seed with the best dev score (the
+    final epoch's, as the table's; the lowest seed on a tie): the leaderboard scores one model
+    per task. Returns what glue_results.json records; a file the leaderboard asks for that no run
+    wrote is named in one warning."""
+    import shutil
+    import warnings
+    import zipfile
+
+    from bertgpu.fsutil import make_scratch, replace_dir
+
+    folder, chosen = out / "submission", {}
+    tmp = make_scratch(out / "submission.tmp", folder)
+    for name, per_seed in runs.items():
+        seed = max(sorted(per_seed), key=lambda s: per_seed[s]["score"])
+        chosen[name] = seed
+        for path in sorted((out / name / f"seed_{seed}" / "submission").glob("*.tsv")):
+            shutil.copyfile(path, tmp / path.name)
+    written = sorted(p.stem for p in tmp.glob("*.tsv"))
+    missing = [f for f in LEADERBOARD_FILES if f not in written]
+    replace_dir(tmp, folder, replaces=lambda p: True)
+    zipped = out / "submission.zip"
+    with zipfile.ZipFile(zipped.with_name(zipped.name + ".tmp"), "w", zipfile.ZIP_DEFLATED) as z:
+        for stem in written:
+            z.write(folder / f"{stem}.tsv", f"{stem}.tsv")
+    os.replace(zipped.with_name(zipped.name + ".tmp"), zipped)
+    if missing:
+        warnings.warn(f"{zipped}: the GLUE leaderboard asks for {', '.join(missing)} as well "
+                      "(no run of this command wrote them: a task not run, or its test file "
+                      "missing)", stacklevel=2)
+    seeds = ", ".join(f"{n} seed {s}" for n, s in chosen.items())
+    print(f"GLUE submission: {len(written)} files ({seeds}) -> {zipped}", flush=True)
+    return {"folder": str(folder), "zip": str(zipped), "seeds": chosen, "files": written,
+            "missing": missing}
+
+
+def remove_stale_submission(out: Path) -> None:
+    """OUT/submission/ and .zip of an earlier `glue --predict-test` go with a table that has no
+    test predictions: they would stand beside a table they do not match (other tasks or runs)."""
+    import shutil
+
+    stale = [p for p in (out / "submission.zip", out / "submission") if p.exists()]
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    if stale:
+        print(f"{out}: removed the earlier {' and '.join(p.name for p in stale)} (this table "
+              "has no test predictions; pass --predict-test for new ones)", flush=True)

@@ -72,7 +72,7 @@ def _parse_label(task: GlueTask, value: Any, where: str) -> Label:
     """A label from a file as an id (classification) or float (regression); None = unlabeled.
 
     Accepts the TSV spelling ("0", "entailment"), the Hugging Face name ("acceptable") and ints;
-    -1 is Hugging Face's "no label" marker on test splits.
+    -1 is Hugging Face's "no label" marker on test splits. A score (STS-B) lies in [0, 5].
     """
     if value is None:
         return None
@@ -85,7 +85,12 @@ def _parse_label(task: GlueTask, value: Any, where: str) -> Label:
             ) from None
         if not math.isfinite(x):
             raise BertgpuError(f"{where}: {task.name} score {value!r} is not finite")
-        return None if x == -1.0 else x
+        if x == -1.0:
+            return None
+        if not 0.0 <= x <= 5.0:  # a typo or another scale (0-1, 1-10) would train silently
+            raise BertgpuError(f"{where}: {task.name} score {value!r} is out of range (expected "
+                               "0 to 5; -1 marks an unlabeled test row)")
+        return x
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, int | float) and float(value).is_integer():

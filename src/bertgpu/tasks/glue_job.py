@@ -85,11 +85,12 @@ def _test_sets(task: GlueTask, data: str | os.PathLike[str]) -> list[tuple[str, 
             continue
         tests.append((split, glue_files.read_examples(task, path, expect_labels=False)))
     if task.key == "mnli":  # the leaderboard scores the diagnostic set with the MNLI model
-        path = glue.find_diagnostic_file(data)
+        path = glue.find_diagnostic_file(data, task)  # in the GLUE root, or beside MNLI/
         if path is None:
-            warnings.warn(f"--predict-test: no GLUE diagnostic (AX) file in {data} (looked for "
-                          "diagnostic/diagnostic.tsv and ax/test.*); no AX predictions are "
-                          "written, and the leaderboard asks for them", stacklevel=2)
+            warnings.warn(f"--predict-test: no GLUE diagnostic (AX) file in {data} or, when it "
+                          "is the MNLI folder, beside it (looked for diagnostic/diagnostic.tsv "
+                          "and ax/test.*); no AX predictions are written, and the leaderboard "
+                          "asks for them", stacklevel=2)
         else:
             tests.append((glue.DIAGNOSTIC,
                           glue_files.read_examples(task, path, expect_labels=False)))
