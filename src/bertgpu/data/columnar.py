@@ -58,6 +58,26 @@ def _text_column(src: Source, schema, field: str) -> None:
                            "text column with --text-field)")
 
 
+def _strings(src: Source, field: str, column, first_row: int) -> list[str | None]:
+    """The values of a batch's text column; bytes that are not UTF-8 (a string column may hold
+    any bytes: Spark writes such) are an error naming the row (``first_row``: the batch's first
+    row in the file)."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError as exc:
+        reason = f"{exc.reason}: byte 0x{exc.object[exc.start]:02x}"
+    where = f"one of rows {first_row}-{first_row + len(column) - 1}"
+    for i in range(len(column)):  # only after a failure: find the row
+        try:
+            column[i].as_py()
+        except UnicodeDecodeError:
+            where = f"row {first_row + i}"
+            break
+    raise BertgpuError(f"{src}: {where} (counting from 0) of column {field!r} is not UTF-8 "
+                       f"text ({reason}); expected UTF-8 strings (the writer stored other "
+                       "bytes in a string column)")
+
+
 def _parquet_file(src: Source, f):
     pa = _pyarrow(src)
     try:
@@ -98,10 +118,12 @@ def read_parquet(src: Source, field: str, start: int = 0,
         rows = sum(m.num_rows for m in meta)
         text = sum(m.column(column).total_uncompressed_size for m in meta)
         batch_rows = max(1, min(MAX_BATCH_ROWS, rows * BATCH_BYTES // max(text, 1)))
+        row = sum(pf.metadata.row_group(g).num_rows for g in range(start))  # the file's rows
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups,
                                          columns=[field], use_threads=False):
-                yield from batch.column(0).to_pylist()
+                yield from _strings(src, field, batch.column(0), row)
+                row += batch.num_rows
         except (pa.ArrowException, OSError) as exc:
             raise BertgpuError(f"{src}: cannot read Parquet ({_one_line(exc)})") from None
 
@@ -118,7 +140,9 @@ def read_arrow(src: Source, field: str) -> Iterator[str | None]:
             _text_column(src, reader.schema, field)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches)) \
                 if head == b"ARROW1" else reader
+            row = 0
             for batch in batches:
-                yield from batch.column(field).to_pylist()
+                yield from _strings(src, field, batch.column(field), row)
+                row += batch.num_rows
         except (pa.ArrowException, OSError) as exc:
             raise BertgpuError(f"{src}: not a readable Arrow file ({_one_line(exc)})") from None

@@ -10,7 +10,9 @@ a gzip stream is an error. A corrupt or truncated compressed stream names the fi
 (`read_errors`; zstd's truncation is found by `ZstdFrames`, since zstandard's reader ends
 quietly). gzip and bzip2 check their CRC only at the end of a member or block, so a damaged
 stream can first decompress into text that fails to parse; `check_rest` reads on to find the
-damage, which is then what is reported (`corpus`).
+damage, which is then what is reported (`corpus`). A file in another compression (xz, 7z) or
+an archive (zip, tar, also compressed) is refused by its first bytes, in one line: it would
+otherwise be decoded as text.
 """
 
 from __future__ import annotations
@@ -192,14 +194,71 @@ class ZstdFrames(io.RawIOBase):
                            f"frame {self.frames}; expected a complete zstd file")
 
 
-def open_binary(src: Source) -> BinaryIO:
-    """Open a file for streaming bytes, decompressing gzip / bzip2 / zstd on the fly."""
+SUPPORTED = "expected plain text, gzip, bzip2 or zstd"
+"""What the readers take, as the README lists it."""
+_UNSUPPORTED = ((b"\xfd7zXZ\x00", "xz-compressed"), (b"7z\xbc\xaf\x27\x1c", "7z-compressed"),
+                (b"PK\x03\x04", "a zip archive"))
+TAR_PEEK = 512
+"""Bytes of a file's (decompressed) start looked at for a tar header (`check_not_tar`)."""
+
+
+def check_stored(src: Source, head: bytes) -> None:
+    """Refuse a file whose stored first bytes (``head``) are a compression or an archive that
+    is not read (they would be decoded as text, and fail as "invalid UTF-8")."""
+    for magic, what in _UNSUPPORTED:
+        if head.startswith(magic):
+            raise BertgpuError(f"{src}: {what}: not supported; {SUPPORTED}")
+
+
+def check_not_tar(src: Source, head: bytes) -> None:
+    """Refuse a tar archive (``head``: its decompressed first bytes), which would be read as
+    text, headers and all. A NUL byte is no sign of one: text may hold it (a control character
+    BERT's normaliser removes), and binary files fail as invalid UTF-8 soon enough."""
+    if head[257:262] == b"ustar":  # in the first file's 512-byte header (POSIX and GNU tar)
+        raise BertgpuError(f"{src}: a tar archive; expected text (extract it first)")
+
+
+def open_binary(src: Source, check: bool = True) -> BinaryIO:
+    """Open a file for streaming bytes, decompressing gzip / bzip2 / zstd on the fly; a file
+    that is an archive or in a compression that is not read is refused (`check_stored`,
+    `check_not_tar`) unless ``check`` is False (a look at its first bytes, whose reader will
+    refuse it where --skip-bad applies)."""
     raw = open_raw(src)
     try:
-        kind = compression_of(src, _peek(raw, 10))
+        head = _peek(raw, TAR_PEEK)
+        if check:
+            check_stored(src, head)
+        kind = compression_of(src, head[:10])
         if kind is None and compression_suffix(name_of(src)) is None:
+            if check:
+                check_not_tar(src, head)
             return raw
         kind = kind or SUFFIXES[compression_suffix(name_of(src))]  # type: ignore[index]
+    except BaseException:
+        raw.close()
+        raise
+    f = _decompress(src, raw, kind)
+    if not check:
+        return f
+    try:
+        head = f.peek(TAR_PEEK)[:TAR_PEEK]
+    except read_errors():  # damage: read again without the check, to find it where `corpus` does
+        f.close()
+        return _decompress(src, open_raw(src), kind)
+    except BaseException:
+        f.close()
+        raise
+    try:
+        check_not_tar(src, head)
+    except BertgpuError:
+        f.close()
+        raise
+    return f
+
+
+def _decompress(src: Source, raw: BinaryIO, kind: str) -> BinaryIO:
+    """A reader of the decompressed bytes of ``raw`` (closed with it)."""
+    try:
         if kind == "gzip":
             return _Decompressed(gzip.GzipFile(fileobj=raw, mode="rb"), raw, kind)
         if kind == "bz2":

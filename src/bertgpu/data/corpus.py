@@ -198,7 +198,7 @@ def detect_format(src: Source) -> str:
             return "parquet"
         if magic == b"ARROW1":
             return "arrow"
-        with open_binary(src) as f:
+        with open_binary(src, check=False) as f:  # a tar, an xz: refused when read
             head = f.read(4096)
             first = first_line(head, f)
     except read_errors() as exc:
@@ -282,7 +282,7 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
         elif not piece.whole:
             if kind not in LINE_FORMATS:
                 raise ValueError(f"{src}: a {kind} file is not read in parts")
-            with open_raw(src) as raw:
+            with open_binary(src) as raw:  # uncompressed (`units`): the stored bytes
                 part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
                 items = _text_items(src, part, kind, text_field, part)  # type: ignore[arg-type]
                 for item in _skip_nulls(src, items, stats):

@@ -1,5 +1,6 @@
 """JSON Lines corpora: the text field of each line, and one-line errors that say what a file is
-when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field).
+when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field,
+a string with an unpaired surrogate escape, which is not text).
 A null text field is no document, like a null in a Parquet or Arrow column: it is passed on as
 None, and `corpus` counts and skips it."""
 
@@ -57,4 +58,23 @@ def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, s
                 f"{where}: no string field {text_field!r} ({found}); "
                 "expected a JSON object with the text (choose the field with --text-field)"
             )
-        yield "jsonl", obj[text_field], True
+        text = obj[text_field]
+        # json decodes a lone \ud800-\udfff escape into a str that is not Unicode text (no
+        # UTF-8 encodes it); the tokenizer would crash on it. isascii() is O(1) and an ASCII
+        # text has none; else an encode (~1 ms/MB) is cheaper than looking for the escape in
+        # the line, where a backslash is common (measured on JSON Lines of English text).
+        if not text.isascii() and not _encodes(text):
+            bad = next(c for c in text if "\ud800" <= c <= "\udfff")
+            raise BertgpuError(
+                f"{where}: field {text_field!r} holds a string with an unpaired surrogate "
+                f"\\u{ord(bad):04x} (not UTF-8 text); expected text whose \\ud800-\\udfff escapes "
+                "come in high-low pairs")
+        yield "jsonl", text, True
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bertgpu.data.sources import filesystem, is_url
+from bertgpu.data.sources import filesystem, is_url, local_path
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import SCRATCH_MARK, is_scratch, make_scratch, replace_dir
 
@@ -42,9 +42,7 @@ class WorkFolder:
     Picklable: a Ray worker gets one and writes its unit's files through it."""
 
     def __init__(self, out: str | os.PathLike, base: str | None = None) -> None:
-        text = os.fspath(out)
-        if text.startswith("file://"):  # a local (or shared, mounted) folder: renames work
-            text = text[len("file://"):]
+        text = local_path(out)  # file://: a local (or shared, mounted) folder: renames work
         self.remote = is_url(text)
         if self.remote:
             self.out = text.rstrip("/")

@@ -66,7 +66,7 @@ from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.sources import check_not_cwd, is_url
+from bertgpu.data.sources import check_not_cwd, is_url, local_path
 from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer_folder import (
     TOKENIZER_FILES,
@@ -158,7 +158,7 @@ def prepare(
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
     skipped: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
     inputs = resolve_inputs(paths, skipped if skip_bad else None)  # before any work
-    out = os.fspath(out_dir)
+    out = local_path(out_dir)  # a file:// URL is checked like the local folder it names
     check_not_cwd(out)
     if not is_url(out):  # only an earlier shard set is replaced, and only with --overwrite
         out = os.path.normpath(out)  # "sub/x/.." is sub: its name builds sub.tmp
@@ -166,7 +166,7 @@ def prepare(
         if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
             raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
                                "(or --overwrite)")
-        check_apart(out, [*paths, *inputs])
+        check_apart(out, [local_path(p) for p in (*paths, *inputs)])
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(
@@ -366,8 +366,9 @@ def split_summary(manifest: dict[str, Any]) -> str:
     """One line on the validation split: its share of the tokens and how it was cut."""
     val, share = manifest["splits"]["validation"], manifest.get("validation_share", 0.0)
     unit = manifest.get("split_unit")
-    if unit == "none":
-        return "no validation split (--validation-fraction 0)"
+    if unit == "none":  # named by the flag that asked for it
+        given = "docs" if manifest.get("validation_docs") is not None else "fraction"
+        return f"no validation split (--validation-{given} 0)"
     if manifest.get("validation_docs") is not None:
         return (f"validation: the first {manifest['validation_docs']} documents, "
                 f"{val['sequences']} sequences, {share:.2%} of the tokens")

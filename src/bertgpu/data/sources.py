@@ -243,13 +243,19 @@ def _resolve_url(url: str) -> list[Source]:
     return [url if p == path else fs.unstrip_protocol(p) for p in found]
 
 
+def local_path(path: str | os.PathLike) -> str:
+    """A ``file://`` URL as the local path it names (fsspec reads it as that path and
+    `output.WorkFolder` writes there), so that every check of a local input or output applies
+    to it; any other path or URL as given."""
+    text = os.fspath(path)
+    return text[len("file://"):] if text.startswith("file://") else text
+
+
 def check_not_cwd(out: str | os.PathLike, flag: str = "--out") -> None:
     """A local output folder, which a command builds beside it and swaps in, is neither the
     current folder nor one that holds it: the shell would be left in a deleted folder (and
     ``.`` has no name to build ``..tmp`` beside)."""
-    text = os.fspath(out)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
+    text = local_path(out)
     if is_url(text):
         return
     here, target = Path.cwd().resolve(), Path(text).resolve()

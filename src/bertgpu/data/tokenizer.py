@@ -51,7 +51,7 @@ from bertgpu.data.corpus import (
     resolve_inputs,
     settle_parts,
 )
-from bertgpu.data.sources import check_not_cwd, is_url
+from bertgpu.data.sources import check_not_cwd, is_url, local_path
 from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
@@ -107,8 +107,9 @@ def train_tokenizer(
     if limit_alphabet < 1:  # 0 kept no character (a vocabulary of the specials alone)
         raise BertgpuError(f"--limit-alphabet {limit_alphabet}: expected 1 or more (the most "
                            "distinct characters kept; default 1000)")
-    if is_url(os.fspath(out_dir)):  # Path() would make "s3:/b/tok" a local folder
-        raise BertgpuError(f"--out {os.fspath(out_dir)}: the tokenizer writes a local folder; "
+    out_dir = local_path(out_dir)  # a file:// URL is the local folder it names
+    if is_url(out_dir):  # Path() would make "s3:/b/tok" a local folder
+        raise BertgpuError(f"--out {out_dir}: the tokenizer writes a local folder; "
                            "expected a local path (copy the folder to the store afterwards)")
     check_not_cwd(out_dir)
     out = Path(os.path.normpath(out_dir))  # "sub/x/.." is sub: its name builds sub.tmp
@@ -230,7 +231,7 @@ def _check_out_dir(out: Path, paths: list[str | os.PathLike]) -> None:
     if out.exists() and any(out.iterdir()):
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new output folder")
     check_siblings(out)
-    check_apart(out, list(paths))
+    check_apart(out, [local_path(p) for p in paths])  # file:// inputs are local folders too
 
 
 def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None) -> None:
