@@ -66,7 +66,7 @@ from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.sources import check_not_cwd, is_url, local_path
+from bertgpu.data.sources import check_glob_apart, check_not_cwd, is_url, local_path
 from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer_folder import (
     TOKENIZER_FILES,
@@ -167,6 +167,7 @@ def prepare(
             raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
                                "(or --overwrite)")
         check_apart(out, [local_path(p) for p in (*paths, *inputs)])
+        check_glob_apart(out, paths)  # what a pattern would match on a re-run
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(

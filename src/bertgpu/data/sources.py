@@ -13,6 +13,8 @@ the path or URL: a protocol without its package, a host that does not answer, no
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import glob
 import os
 import re
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import OLD, TMP
 
 Source = Path | str
 """A resolved corpus file: a local Path, or a URL string (never a local path as a string)."""
@@ -249,6 +252,68 @@ def local_path(path: str | os.PathLike) -> str:
     to it; any other path or URL as given."""
     text = os.fspath(path)
     return text[len("file://"):] if text.startswith("file://") else text
+
+
+def check_glob_apart(out: str | os.PathLike, patterns: Iterable[str | os.PathLike],
+                     flag: str = "--corpus") -> None:
+    """No local glob pattern in ``patterns`` can match the output folder ``out`` (or OUT.tmp,
+    OUT.old) or anything inside it, whatever it comes to hold. `fsutil.check_apart` skips a
+    pattern (it is no path that exists) and checks only what it matches now; a pattern that
+    reaches into the output (``cc/**/*.txt`` with ``--out cc/sub/tok``) would read its files
+    (vocab.txt, manifest.json, shards) as corpus on the next run."""
+    folder = Path(local_path(out))
+    family = [folder.with_name(folder.name + suffix) for suffix in ("", TMP, OLD)]
+    for raw in patterns:
+        text = local_path(raw)
+        if is_url(text) or not glob.has_magic(text):
+            continue
+        if any(_glob_reaches(text, f) for f in family):
+            raise BertgpuError(f"{folder}: overlaps the input {text} ({flag}); expected an "
+                               "output folder outside the inputs, which the pattern cannot match")
+
+
+def _glob_reaches(pattern: str, folder: Path) -> bool:
+    """Whether ``glob.glob(pattern, recursive=True)`` (as `_resolve_local` calls it) can match
+    ``folder`` or a path inside it. Exact for glob's rules, component by component: ``**``
+    stands for any number of names, a wildcard neither matches nor crosses a hidden name unless
+    it starts with ".", a literal matches itself; inside ``folder`` any name may come to exist.
+    The parts before the first wildcard are the folder the pattern starts in; a ".." after a
+    wildcard is taken lexically (``a/*/../b`` is ``a/b``)."""
+    parts = Path(pattern).parts
+    k = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    rest = Path(os.path.normpath(os.path.join(*parts[k:]))).parts
+    ups = next((i for i, part in enumerate(rest) if part != os.pardir), len(rest))
+    start, rest = Path(*parts[:k], *rest[:ups]), rest[ups:]
+    # Both spellings: lexical, as glob walks the names (through links to folders), and
+    # resolved, for an output named through another path to the same folder.
+    for base, target in ((Path(os.path.abspath(start)), Path(os.path.abspath(folder))),
+                         (start.resolve(), folder.resolve())):
+        if base.is_relative_to(target):  # the pattern starts inside the folder
+            return True
+        if target.is_relative_to(base) and _parts_reach(rest, target.relative_to(base).parts):
+            return True
+    return False
+
+
+def _parts_reach(pattern: tuple[str, ...], names: tuple[str, ...]) -> bool:
+    """Whether the pattern's components can match ``names`` (a folder below the pattern's
+    start) or the folder plus some components more."""
+    @functools.cache
+    def reach(i: int, j: int) -> bool:
+        if j == len(names):  # the folder itself, or (pattern left) a path inside it
+            return True
+        if i == len(pattern):  # a folder above it: glob lists nothing under what it matches
+            return False
+        part, name = pattern[i], names[j]
+        if part == "**":  # recursive: zero names, or one more (glob skips hidden folders)
+            return reach(i + 1, j) or (not name.startswith(".") and reach(i, j + 1))
+        if glob.has_magic(part):
+            ok = (part.startswith(".") or not name.startswith(".")) and fnmatch.fnmatch(name, part)
+        else:
+            ok = part == name
+        return ok and reach(i + 1, j + 1)
+
+    return reach(0, 0)
 
 
 def check_not_cwd(out: str | os.PathLike, flag: str = "--out") -> None:

@@ -51,7 +51,7 @@ from bertgpu.data.corpus import (
     resolve_inputs,
     settle_parts,
 )
-from bertgpu.data.sources import check_not_cwd, is_url, local_path
+from bertgpu.data.sources import check_glob_apart, check_not_cwd, is_url, local_path
 from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
@@ -113,7 +113,11 @@ def train_tokenizer(
                            "expected a local path (copy the folder to the store afterwards)")
     check_not_cwd(out_dir)
     out = Path(os.path.normpath(out_dir))  # "sub/x/.." is sub: its name builds sub.tmp
-    _check_out_dir(out, paths)
+    if fmt not in FORMATS:
+        raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
+    broken: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
+    inputs = resolve_inputs(paths, broken if skip_bad else None)  # before any work
+    _check_out_dir(out, paths, inputs)
     stats = stats if stats is not None else CorpusStats()
 
     from bertgpu.data.wordpiece import new_wordpiece, train_on_copy  # (it imports _pipeline)
@@ -122,8 +126,8 @@ def train_tokenizer(
     tmp = make_scratch(out.with_name(out.name + ".tmp"), out)
     try:
         copy = tmp / "corpus.txt"
-        alphabet, pieces = _copy_corpus(tok, copy, paths, fmt, text_field, skip_bad, stats,
-                                        sample_bytes, limit_alphabet, vocab_size)
+        alphabet, pieces = _copy_corpus(tok, copy, inputs, broken, fmt, text_field, skip_bad,
+                                        stats, sample_bytes, limit_alphabet, vocab_size)
         tok = train_on_copy(tok, copy, alphabet, pieces, lowercase, strip_accents, vocab_size,
                             min_frequency)
         copy.unlink()
@@ -142,11 +146,12 @@ def train_tokenizer(
     return out
 
 
-def _copy_corpus(tok, copy: Path, paths: list[str | os.PathLike], fmt: str, text_field: str,
-                 skip_bad: bool, stats: CorpusStats, sample_bytes: int | None,
+def _copy_corpus(tok, copy: Path, inputs: list, before: list[tuple[str, str]], fmt: str,
+                 text_field: str, skip_bad: bool, stats: CorpusStats, sample_bytes: int | None,
                  limit_alphabet: int, vocab_size: int) -> tuple[list[str], list[str]]:
-    """Read the corpus into the trainer's copy (`wordpiece.copy_corpus`): (alphabet, pieces);
-    ``stats`` counts what the copy holds.
+    """Read the corpus files ``inputs`` (`resolve_inputs`; ``before``: the broken links it
+    skipped) into the trainer's copy (`wordpiece.copy_corpus`): (alphabet, pieces); ``stats``
+    counts what the copy holds.
 
     A file skipped (--skip-bad) after some of its text was read is left out whole, as `prepare`
     leaves it out: the corpus is read again without the files skipped the first time (their
@@ -155,10 +160,6 @@ def _copy_corpus(tok, copy: Path, paths: list[str | os.PathLike], fmt: str, text
     """
     from bertgpu.data.wordpiece import copy_corpus
 
-    if fmt not in FORMATS:
-        raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
-    before: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
-    inputs = resolve_inputs(paths, before if skip_bad else None)
     left_out: set[str] = set()
     while True:
         read = CorpusStats(skipped=list(before))
@@ -226,12 +227,16 @@ def _sample_items(inputs: list, fmt: str, text_field: str, skip_bad: bool, stats
                 break
 
 
-def _check_out_dir(out: Path, paths: list[str | os.PathLike]) -> None:
+def _check_out_dir(out: Path, paths: list[str | os.PathLike], inputs: list) -> None:
+    """``out`` is new or empty and apart from the corpus: the paths given (file:// ones are
+    local too), the files they resolved to (``inputs``), and what a pattern would match on a
+    re-run; as `prepare` checks its output."""
     check_output_folder(out, "a new output folder")
     if out.exists() and any(out.iterdir()):
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new output folder")
     check_siblings(out)
-    check_apart(out, [local_path(p) for p in paths])  # file:// inputs are local folders too
+    check_apart(out, [local_path(p) for p in (*paths, *inputs)])
+    check_glob_apart(out, paths)
 
 
 def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None) -> None:
