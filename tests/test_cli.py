@@ -348,3 +348,38 @@ def test_report_help_says_which_folder_it_replaces():
     assert "replaced if it exists" not in help_
     assert "an earlier report, which is replaced; any other folder is refused" in " ".join(
         help_.split())
+
+
+class _Writes:
+    """A stderr that records each write call (what the pipe would get, system call by call,
+    under PYTHONUNBUFFERED)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_error_line_is_one_write(tmp_path, monkeypatch):
+    """Workers of a job share the launcher's pipe and print the same error at once: with the
+    line and its newline written apart, two ranks' lines interleaved into one ("...at least
+    6bertgpu tokenizer: error: ...") that the launcher could not de-duplicate."""
+    from bertgpu import cli
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a sentence.\n", encoding="utf-8")
+    err = _Writes()
+    monkeypatch.setattr(sys, "stderr", err)
+    code = cli.main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "-1",
+                     "--out", str(tmp_path / "t")])
+    assert code == 2
+    assert [c for c in err.calls if c] == [
+        "bertgpu tokenizer: error: --vocab-size -1: too small; expected at least 6\n"]
+    err.calls.clear()
+    assert cli.main(["no-such-command"]) == 2
+    assert len(err.calls) == 1 and err.calls[0].endswith("\n"), err.calls

@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}",
-              file=sys.stderr)
+        say(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}")
         return 2
     module_name, text = COMMANDS[name]
     module = importlib.import_module(module_name)
@@ -90,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
             return _run(module, parser, name, rest, launches)
     except BertgpuError as exc:
-        print(f"bertgpu {name}: error: {exc}", file=sys.stderr)
+        say(f"bertgpu {name}: error: {exc}")
         return 2
     except Terminated:
-        print(f"bertgpu {name}: stopped by SIGTERM", file=sys.stderr)
+        say(f"bertgpu {name}: stopped by SIGTERM")
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print(f"bertgpu {name}: interrupted", file=sys.stderr)
+        say(f"bertgpu {name}: interrupted")
         return 130
     except BrokenPipeError:
         # the reader of our output went away (`bertgpu prepare ... | head -1`): stop quietly, as
@@ -108,8 +107,18 @@ def main(argv: list[str] | None = None) -> int:
         line = place_error(exc)
         if line is None:  # not the user's file system saying no: a bug, keep its traceback
             raise
-        print(f"bertgpu {name}: error: {line}", file=sys.stderr)
+        say(f"bertgpu {name}: error: {line}")
         return 2
+
+
+def say(line: str, stream=None) -> None:
+    """`line` and its newline in one write (stderr by default). `print` writes them apart, and
+    with PYTHONUNBUFFERED (common in CI and containers) each is its own system call: the ranks of
+    a job, which share the launcher's pipe and find the same bad input at once, then interleaved
+    as "...error: Xbertgpu tokenizer: error: X\n\n", one line the launcher could not take apart."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
@@ -158,7 +167,7 @@ def _warnings_as_lines(prog: str) -> Iterator[None]:
     def show(message, category, filename, lineno, file=None, line=None):
         if not Path(filename).resolve().is_relative_to(_PACKAGE):
             return shown(message, category, filename, lineno, file, line)
-        print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+        say(f"{prog}: warning: {message}", sys.stderr if file is None else file)
 
     warnings.showwarning = show
     try:
