@@ -251,3 +251,15 @@ def test_compiled_dropout_choice_is_checked():
 
     with pytest.raises(ValueError, match="expected one of philox, hash"):
         set_compiled_dropout("fast")
+
+
+def test_a_misspelt_compiled_dropout_switch_warns_and_runs_as_usual():
+    import os
+    import subprocess
+    import sys
+
+    code = "import bertgpu.models.dropout as d; print(d._compiled)"
+    env = {**os.environ, "BERTGPU_COMPILED_DROPOUT": "fast"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "philox", out.stderr
+    assert "BERTGPU_COMPILED_DROPOUT='fast': expected one of philox, hash" in out.stderr
