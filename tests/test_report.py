@@ -4,6 +4,7 @@ data (no eval rows, nulls, empty log), atomic replacement of the output, and bad
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -175,8 +176,9 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
         _assert_png(out / name)
     page = (out / "index.html").read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and "<style>" in page
-    assert all(f'src="{name}"' in page for name in images)
-    assert "<td>6.5000</td>" in page and "http" not in page  # self-contained
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)  # self-contained
+    assert [base64.b64decode(e) for e in embedded] == [(out / n).read_bytes() for n in images]
+    assert "<td>6.5000</td>" in page and "http" not in re.sub(r'src="data:[^"]+"', "", page)
     assert not (tmp_path / "rep.tmp").exists()
 
 
@@ -289,7 +291,8 @@ def test_gpu_and_rank_sections(tmp_path):
     for name in ("gpus_base.png", "rank_step_time_base.png"):
         assert f"({name})" in md
         _assert_png(out / name)
-    assert 'src="gpus_base.png"' in (out / "index.html").read_text(encoding="utf-8")
+    gpus = base64.b64encode((out / "gpus_base.png").read_bytes()).decode()
+    assert f'src="data:image/png;base64,{gpus}"' in (out / "index.html").read_text(encoding="utf-8")
 
 
 def test_a_run_that_diverged_or_stopped_says_so(tmp_path, run_dir):

@@ -63,8 +63,8 @@ def test_once_on_a_running_run(run, capsys, monkeypatch):
     lines = out.splitlines()
     assert lines[0].startswith(f"bertgpu watch  {run}  ·  running (updated ")
     assert "2 layers x 64 hidden, 2 heads; global batch 8, bf16" in out
-    # Step 4 of 10 at 10 s a step: 60 s left.
-    assert "step 4 / 10 (40.0%)  ·  elapsed 00:40  ·  ETA 01:00  ·  tokens 6.0k" in out
+    # Step 4 of 10 at 10 s a step: 60 s left; elapsed: the newest record's (the eval at 41 s).
+    assert "step 4 / 10 (40.0%)  ·  elapsed 00:41  ·  ETA 01:00  ·  tokens 6.0k" in out
     loss = next(line for line in lines if line.startswith("loss"))
     assert "2.0000" in loss and loss.rstrip().endswith("█▃▂▁")  # 8, 4, 2.67, 2
     assert next(line for line in lines if line.startswith("lr")).rstrip().endswith("▁▃▆█")
@@ -96,10 +96,10 @@ def test_a_budget_run_with_a_step_cap_shows_its_share_of_the_budget(run, capsys,
     capped = CONFIG.replace("max_steps = 10", "max_steps = 10000") + "budget_hours = 0.0125\n"
     (run / "config.toml").write_text(capped, encoding="utf-8")
     out = _frame(capsys, monkeypatch, run)
-    assert "step 4 / 10,000 (88.9% of the budget)  ·  elapsed 00:40  ·  ETA 00:05" in out, out
+    assert "step 4 / 10,000 (88.9% of the budget)  ·  elapsed 00:41  ·  ETA 00:05" in out, out
     # Steps ahead of the budget: the steps' share, as for a step run.
     (run / "config.toml").write_text(CONFIG + "budget_hours = 1.0\n", encoding="utf-8")
-    assert "step 4 / 10 (40.0%)  ·  elapsed 00:40  ·  ETA 01:00" in _frame(capsys, monkeypatch,
+    assert "step 4 / 10 (40.0%)  ·  elapsed 00:41  ·  ETA 01:00" in _frame(capsys, monkeypatch,
                                                                           run)
     (run / "config.toml").write_text(capped, encoding="utf-8")
     _append(run / "metrics.jsonl", [{"step": 4, "kind": "info", "time": 1.7e9, "elapsed_s": 42,

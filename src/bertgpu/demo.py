@@ -10,20 +10,27 @@
 5. finetune   the real labelled sets in gensim's test data (polarity sentences as an SST-2-style
               task, Lee document similarity as an STS-B-style task), pretrained vs random init
 
-Every stage is the same code path as the corresponding `bertgpu` command.
+Every stage is the same code path as the corresponding `bertgpu` command. Re-running the demo
+resumes: stages 1 and 2 are kept once done, pretraining resumes from its newest checkpoint, and a
+fine-tuning run stopped part-way from its own. A stop signal (SIGTERM, Ctrl-C) ends the demo as a
+stop, not an error: one line names the stage it stopped and says how to resume, exit status 143
+(130 for SIGINT).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bertgpu.config.sections import seed_number
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, Terminated
 from bertgpu.fsutil import check_output_folder, check_replaceable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +59,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="delete --out first (otherwise stages resume)")
 
 
-def _stage(title: str) -> float:
+class StageStopped(Exception):
+    """A stop signal ended a stage's run (it kept a checkpoint to resume from): the demo ends
+    with the run's exit status (143 for SIGTERM, 130 for SIGINT) and one line, not an error."""
+
+    def __init__(self, status: int, what: str) -> None:
+        super().__init__(what)
+        self.status = status
+
+
+def _stage(title: str, begun: list[str]) -> float:
+    """Say that stage `title` begins (`begun`: the titles so far, which a stop names)."""
+    begun.append(title)
     print(f"\n=== {title} " + "=" * max(0, 70 - len(title)), flush=True)
     return time.perf_counter()
+
+
+def _signal_name(status: int) -> str:
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"exit status {status}"
+
+
+def stopped_finetune(folder: Path) -> tuple[Path, str, int] | None:
+    """The fine-tuning run under `folder` that this process ran and a stop signal ended, as (its
+    OUT.tmp, the signal's name, the step it stopped at), from its metrics.jsonl: a start record
+    with this process's pid (and start time), then an end record of reason "preempted" and the
+    signal's "preempted" record. None when there is none (an error stays an error)."""
+    from bertgpu.telemetry.records import process_started, read_metrics, run_end, run_start
+
+    me, started = os.getpid(), process_started(os.getpid())
+    for path in sorted(Path(folder).glob("**/*.tmp/metrics.jsonl")):
+        try:
+            records = read_metrics(path)
+        except (BertgpuError, OSError):
+            continue
+        start, end = run_start(records), run_end(records)
+        if (start is None or end is None or end.get("reason") != "preempted"
+                or start.get("pid") != me
+                or start.get("pid_started", started) != started):
+            continue
+        said = [r for r in records if r.get("kind") == "info" and r.get("event") == "preempted"]
+        name = said[-1].get("signal") if said else None
+        return path.parent, name if isinstance(name, str) else "SIGTERM", int(end.get("step", 0))
+    return None
+
+
+def _finetune_stage(hf_dir: Path, folder: Path, seeds: list[int]) -> str:
+    """Stage 5's table; StageStopped when a stop signal ended one of its fine-tuning runs
+    (which returns then without results.json, so reading its score fails)."""
+    try:
+        return finetune_table(hf_dir, folder, seeds, _recipe().stem)
+    except BertgpuError:
+        stopped = stopped_finetune(folder)
+        if stopped is None:
+            raise
+        work, name, step = stopped
+        run = work.relative_to(folder).as_posix().removesuffix(".tmp")
+        status = 128 + getattr(signal, name, signal.SIGTERM)
+        raise StageStopped(status, f"the fine-tuning {run} at step {step}, in {work}") from None
 
 
 def _done(t0: float) -> None:
@@ -136,19 +200,20 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
     ])
 
 
-def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size: int) -> None:
+def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size: int,
+                          begun: list[str]) -> None:
     """Stages 1 and 2 (skipped when their folders exist: the demo resumes)."""
     from bertgpu.data.prepare import prepare
     from bertgpu.data.tokenizer import train_tokenizer
 
-    t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}")
+    t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}", begun)
     if not tok_dir.exists():
         train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
     print(f"    {tok_dir}: "
           f"{sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces")
     _done(t0)
 
-    t0 = _stage("2. bertgpu prepare --objective mlm --seq-len 128")
+    t0 = _stage("2. bertgpu prepare --objective mlm --seq-len 128", begun)
     if not data_dir.exists():
         prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm", validation_fraction=0.05)
     manifest = json.loads((data_dir / "manifest.json").read_text())
@@ -188,10 +253,6 @@ def is_demo_output(folder: Path) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bertgpu import pretrain
-    from bertgpu.config import schema
-    from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
-
     out = Path(args.out)
     check_output_folder(out)
     if args.fresh and out.exists():
@@ -199,33 +260,58 @@ def main(args: argparse.Namespace) -> int:
                           "finetune/ in it), which --fresh deletes")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    begun: list[str] = []
+    try:
+        return _run_stages(args, out, begun)
+    except (StageStopped, KeyboardInterrupt) as e:  # Terminated (SIGTERM) is a KeyboardInterrupt
+        status = (e.status if isinstance(e, StageStopped)
+                  else 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+        # "3. bertgpu pretrain configs/..." -> "stage 3 (bertgpu pretrain"
+        number, command = (begun[-1].split(". ", 1) + [""])[:2] if begun else ("0", "")
+        where = f"stage {number} ({' '.join(command.split()[:2])}"
+        where += f": {e})" if isinstance(e, StageStopped) else ")"
+        again = " (without --fresh)" if args.fresh else ""
+        print(f"bertgpu demo: stopped by {_signal_name(status)} in {where}; run the same "
+              f"bertgpu demo command again{again} to resume: the stages done are kept",
+              file=sys.stderr, flush=True)
+        return status
+
+
+def _run_stages(args: argparse.Namespace, out: Path, begun: list[str]) -> int:
+    from bertgpu import pretrain
+    from bertgpu.config import schema
+    from bertgpu.data.corpus import WIKI_SAMPLE, gensim_test_data
+
     t_all = time.perf_counter()
     wiki = gensim_test_data(WIKI_SAMPLE)
     print(f"corpus: {wiki.name} ({wiki.stat().st_size / 1e6:.1f} MB bz2, real English Wikipedia)")
 
     tok_dir, data_dir, run_dir = out / "tokenizer", out / "data", out / "run"
-    _tokenizer_and_shards(wiki, tok_dir, data_dir, args.vocab_size)
+    _tokenizer_and_shards(wiki, tok_dir, data_dir, args.vocab_size, begun)
 
-    t0 = _stage(f"3. bertgpu pretrain configs/{RECIPE}")
+    t0 = _stage(f"3. bertgpu pretrain configs/{RECIPE}", begun)
     overrides = ["--data", str(data_dir), "--out", str(run_dir),
                  "--model.vocab_size", str(args.vocab_size)]
     if args.steps:
         overrides += ["--train.max_steps", str(args.steps)]
     cfg = schema.load_config(_recipe(), overrides)
     result = pretrain.run(cfg)
+    if result.preempted:  # it said which checkpoint it kept; there is no export to go on with
+        raise StageStopped(result.exit_status, f"pretraining at step {result.step}, in {run_dir}")
     _done(t0)
 
     print(_pretraining_table(run_dir))
 
     hf_dir = result.export_dir or run_dir / "hf"
-    t0 = _stage("4. bertgpu export -> transformers AutoModelForMaskedLM fill-mask")
+    t0 = _stage("4. bertgpu export -> transformers AutoModelForMaskedLM fill-mask", begun)
     for text, top in fill_mask(hf_dir, FILL_MASK_SENTENCES):
         print(f"    {text:<45} -> {', '.join(top)}")
     _done(t0)
 
     if not args.skip_finetune:
-        t0 = _stage("5. bertgpu finetune on gensim's labelled sets: pretrained vs random init")
-        print(finetune_table(hf_dir, out / "finetune", args.seeds, _recipe().stem))
+        t0 = _stage("5. bertgpu finetune on gensim's labelled sets: pretrained vs random init",
+                    begun)
+        print(_finetune_stage(hf_dir, out / "finetune", args.seeds))
         _done(t0)
 
     print(f"\ndemo finished in {time.perf_counter() - t_all:.0f} s; everything is under {out}/")

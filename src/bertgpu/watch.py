@@ -9,15 +9,20 @@ over the last log interval of steps that did not compile, the seconds spent comp
 evaluations, the per-rank step times), ``gpu.jsonl`` and ``gpu.nodeN.jsonl`` (the GPU monitor's
 samples) and ``config.toml`` (model, batch, length of the run), following each file as it grows.
 It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
-fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there.
+fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there. A
+folder with none of a run's files (config.toml, checkpoints/, metrics.jsonl, results.json) is
+refused, naming the runs it holds (``bertgpu watch runs`` for ``runs/base``); an empty one (only
+hidden files: a run in its first seconds) is waited for.
 
 The progress line gives the step of ``train.max_steps`` and the share done. For a run with a
 wall-clock budget (``train.budget_hours``) the share is the larger of the steps' and the
 budget's (then said "of the budget"; all of it once the run ended on its budget), and the ETA is
 whichever of the steps and the budget runs out first. The budget's part comes from the budget
 clock the run stops on (``budget_elapsed_s`` and ``budget_left_s`` of the last train record),
-not from ``elapsed_s``, the wall-clock time shown as "elapsed", which counts what that clock
-leaves out (a first evaluation, for one); records without them (an older bertgpu) fall back on it.
+not from ``elapsed_s``, the wall-clock time shown as "elapsed" (the newest record's, so a
+finished run's counts its final evaluation, checkpoint and export, as ``bertgpu report``'s wall
+time does), which counts what that clock leaves out (a first evaluation, for one); records
+without them (an older bertgpu) fall back on it.
 
 The status line says how a run ended from its ``end`` record (finished; stopped by a signal, by
 divergence or by an error, without an ETA), and the live view then prints its last frame and
@@ -269,8 +274,13 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
     elif step_share is not None:
         where += f" ({step_share:.1%})"
     parts = [where]
-    if _num(last.get("elapsed_s")) is not None:
-        parts.append(f"elapsed {duration(last['elapsed_s'])}")
+    # The newest record's clock, of any kind: a finished run's end record (or a checkpoint or
+    # preemption record after it), not its last train record's, which leaves out the final
+    # evaluation, checkpoint and export (bertgpu report's wall time counts them too).
+    elapsed = next((e for r in reversed(state.records)
+                    if (e := _num(r.get("elapsed_s"))) is not None), None)
+    if elapsed is not None:
+        parts.append(f"elapsed {duration(elapsed)}")
     eta = eta_s(state) if ended(state) is None else None  # a run that stopped has none
     if eta is not None:
         parts.append(f"ETA {duration(eta)}")
@@ -372,7 +382,27 @@ def render(state: RunState, now: float | None = None, width: int = 100) -> Any:
     return Group(*parts)
 
 
+RUN_MARKS = ("config.toml", "checkpoints", "metrics.jsonl", "results.json")
+"""What a run folder holds once it got going (pretrain writes config.toml before its first
+record; a finished fine-tuning run has results.json)."""
+
+
+def _is_run(folder: Path) -> bool:
+    return any((folder / mark).exists() for mark in RUN_MARKS)
+
+
+def _runs_in(folder: Path) -> list[str]:
+    """The names of the run folders in `folder` (a fine-tuning OUT.tmp named as OUT)."""
+    names = {e.name.removesuffix(".tmp") for e in folder.iterdir()
+             if e.is_dir() and _is_run(e)}
+    return sorted(names)
+
+
 def _resolve(folder: Path) -> Path:
+    """The folder to follow: `folder`, or the OUT.tmp of a fine-tuning run in progress beside
+    it. A run's folder in its first seconds holds nothing but hidden files (pretrain's lock
+    file, the scratch mark of a fine-tuning's OUT.tmp): it is waited for; a folder holding
+    other things and none of a run's marks is refused (runs/ for runs/base, say)."""
     if (folder / "metrics.jsonl").is_file():
         return folder
     running = folder.with_name(folder.name + ".tmp")
@@ -383,7 +413,24 @@ def _resolve(folder: Path) -> Path:
                            "folder; expected a run folder (metrics.jsonl) of bertgpu pretrain "
                            "or finetune")
     if folder.is_dir():
-        return folder  # a run that has not written its first record yet
+        if _is_run(folder):
+            return folder
+        if running.is_dir():
+            return running  # a fine-tuning run starting in OUT.tmp
+        held = sorted(e.name for e in folder.iterdir() if not e.name.startswith("."))
+        if not held:
+            return folder  # a run that has not written its first record yet
+        runs = _runs_in(folder)
+        if runs:
+            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+            raise BertgpuError(f"{folder}: not a run; it holds the run{'s' * (len(runs) > 1)} "
+                               f"{shown} (watch one: bertgpu watch {folder / runs[0]})")
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise BertgpuError(f"{folder}: not a run folder (it holds {shown}); expected a run "
+                           "folder of bertgpu pretrain or finetune (config.toml, checkpoints/, "
+                           "metrics.jsonl or results.json), or an empty one a run is starting in")
+    if not folder.exists() and running.is_dir():
+        return running  # a fine-tuning run starting: OUT.tmp has no record yet
     problem = "is a file" if folder.exists() else "does not exist"
     raise BertgpuError(f"{folder}: {problem}; expected a run folder (metrics.jsonl) of "
                        "bertgpu pretrain or finetune")

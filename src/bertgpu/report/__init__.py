@@ -8,6 +8,9 @@ Each PATH is one of (recognised in this order):
 - a GLUE folder (``glue_results.json``, from ``bertgpu glue``): scores per task column with the
   folder's protocol and average convention, published rows quoted with their sources, a bar chart;
 - a fine-tuning folder (``results.json``, from ``bertgpu finetune``): scores, curves per epoch;
+  a fine-tuning run still in progress (``OUT.tmp``, which ``OUT`` falls back on as ``bertgpu
+  watch`` does; told from a pretraining run by its marks, ``inputs.finetune_in_progress``): the
+  same row from its records, with the score of its latest evaluation and how far it got;
 - a pretraining run folder (``metrics.jsonl``, ``config.toml``): a summary table (how the run
   ended, steps, tokens, final losses, throughput, MFU, memory, wall time) and loss / accuracy /
   lr / tokens/s plots with all runs on the same axes; with the GPU monitor's ``gpu.jsonl``,
@@ -25,9 +28,10 @@ Each PATH is one of (recognised in this order):
   efficiency at the same global batch, the dev metric and time to target; the dev metric against
   aggregation and efficiency against workers.
 
-``OUT/README.md`` holds the report, ``OUT/index.html`` the same as one self-contained page, and the
-plots are PNG files next to them. OUT is written as ``OUT.tmp`` and renamed into place, replacing
-an existing report. Missing keys and null (NaN) values are skipped, never plotted as zeros.
+``OUT/README.md`` holds the report, ``OUT/index.html`` the same as one self-contained page (the
+plots embedded in it: the page alone can be copied), and the plots are PNG files next to them
+(the markdown links them). OUT is written as ``OUT.tmp`` and renamed into place, replacing an
+existing report. Missing keys and null (NaN) values are skipped, never plotted as zeros.
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
 bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers),
@@ -105,7 +109,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
         if fmt in ("md", "both"):
             (tmp / "README.md").write_text(render_markdown(blocks), encoding="utf-8")
         if fmt in ("html", "both"):
-            (tmp / "index.html").write_text(render_html(blocks), encoding="utf-8")
+            (tmp / "index.html").write_text(render_html(blocks, tmp), encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

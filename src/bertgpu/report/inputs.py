@@ -114,6 +114,14 @@ def load_source(path: Path | str) -> Source:
 
     path = Path(path)
     if not path.exists():
+        running = path.with_name(path.name + ".tmp")
+        if (running / "metrics.jsonl").is_file():  # a fine-tuning run still in progress
+            source = load_source(running)
+            source.name = path.name
+            return source
+        if running.is_dir():
+            raise BertgpuError(f"{path}: does not exist, and {running} (a fine-tuning run "
+                               "starting) has no records yet (metrics.jsonl)")
         raise BertgpuError(f"{path}: does not exist")
     if path.is_file():
         if path.name == "metrics.jsonl":
@@ -135,6 +143,9 @@ def load_source(path: Path | str) -> Source:
             return Source("finetune", path.name, path, _read_json(path / "results.json"))
         if (path / "metrics.jsonl").is_file():
             records = read_metrics(path, drop_superseded=True)
+            if finetune_in_progress(path, records):
+                return Source("finetune", path.name.removesuffix(".tmp"), path,
+                              finetune_progress(path, records))
             config = _read_config(path / "config.toml")
             return Source("pretrain", path.name, path, {"records": records, "config": config,
                                                         "gpus": read_gpu_files(path)})
@@ -142,6 +153,65 @@ def load_source(path: Path | str) -> Source:
         f"{path}: not a pretraining run (metrics.jsonl), fine-tuning folder (results.json), "
         "GLUE folder (glue_results.json) or bench result file (*.jsonl)"
     )
+
+def finetune_in_progress(path: Path, records: list[dict[str, Any]]) -> bool:
+    """A fine-tuning run still in its OUT.tmp, which has no results.json until the run is done.
+    A pretraining run folder holds config.toml before its first record and none of a fine-tuning
+    run's marks: the scratch mark of OUT.tmp (fsutil.make_scratch), a checkpoint's finetune.json,
+    eval records with a ``score``."""
+    from bertgpu.fsutil import is_scratch
+
+    if (path / "config.toml").is_file():
+        return False
+    return (is_scratch(path) or any(path.glob("checkpoints/*/finetune.json"))
+            or any(r.get("kind") == "eval" and "score" in r for r in records))
+
+
+def _checkpoint_task(path: Path) -> str:
+    """The task named in the newest checkpoint's finetune.json (the run's identity), or ""."""
+    def step(p: Path) -> int:
+        number = p.parent.name.removeprefix("step_")
+        return int(number) if number.isdigit() else -1
+
+    for found in sorted(path.glob("checkpoints/step_*/finetune.json"), key=step, reverse=True):
+        try:
+            task = json.loads(found.read_text(encoding="utf-8")).get("task")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(task, str):
+            return task
+    return ""
+
+
+_EVAL_FIELDS = ("step", "kind", "time", "elapsed_s", "epoch", "score")
+
+
+def finetune_progress(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What results.json would say of a fine-tuning run still in progress, from its records:
+    ``task`` (its checkpoint's), ``score`` and ``latest`` (the metrics of its newest evaluation),
+    ``epochs`` (one per evaluation: epoch, step, score; not results.json's train loss, the mean
+    over the epoch, which no record holds), ``steps`` done of ``max_steps``; and ``ended``: how
+    it ended, or that it has not yet."""
+    from bertgpu.telemetry.records import run_start
+
+    evals = [r for r in records if r.get("kind") == "eval" and "score" in r]
+    latest = evals[-1] if evals else {}
+    steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train")
+             if s is not None]
+    start = run_start(records)
+    return {
+        "task": _checkpoint_task(path),
+        "score": latest.get("score"),
+        "latest": {k: v for k, v in latest.items() if k not in _EVAL_FIELDS},
+        "latest_epoch": latest.get("epoch"), "latest_step": latest.get("step"),
+        "epochs": [{"epoch": r.get("epoch"), "step": r.get("step"), "score": r.get("score")}
+                   for r in evals],
+        "steps": max(steps) if steps else None,
+        "max_steps": num(start.get("max_steps")) if start is not None else None,
+        "ended": _ending(records) or "started; no train or eval record yet",
+        "in_progress": True,
+    }
+
 
 def num(value: Any) -> float | None:
     """A finite float, or None for anything else (null/NaN, text, booleans, missing)."""

@@ -1,9 +1,12 @@
-"""Rendering the report's blocks as markdown and as one self-contained HTML page."""
+"""Rendering the report's blocks as markdown and as one self-contained HTML page (its plots
+embedded as data URIs, so the page alone can be copied, mailed or attached)."""
 
 from __future__ import annotations
 
+import base64
 import html
 import re
+from pathlib import Path
 from typing import Any
 
 # ("h2", text) | ("p", text) | ("list", items) | ("table", header, rows) | ("img", file, alt)
@@ -45,7 +48,16 @@ def _html_text(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def render_html(blocks: list[Block]) -> str:
+def _image_src(folder: Path | None, name: str) -> str:
+    """The plot `name` of `folder` as a data URI; its file name where there is no folder."""
+    if folder is None:
+        return name
+    data = base64.b64encode((Path(folder) / name).read_bytes()).decode("ascii")
+    return f"data:image/png;base64,{data}"
+
+
+def render_html(blocks: list[Block], folder: Path | None = None) -> str:
+    """One HTML page of `blocks`, the PNG plots read from `folder` and embedded in it."""
     e = html.escape
     body: list[str] = []
     for b in blocks:
@@ -57,7 +69,7 @@ def render_html(blocks: list[Block]) -> str:
             body.append("<ul>" + "".join(f"<li>{_html_text(item)}</li>" for item in b[1])
                         + "</ul>")
         elif b[0] == "img":
-            body.append(f'<img src="{e(b[1])}" alt="{e(b[2])}">')
+            body.append(f'<img src="{e(_image_src(folder, b[1]))}" alt="{e(b[2])}">')
         elif b[0] == "table":
             head = "".join(f"<th>{e(h)}</th>" for h in b[1])
             rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"

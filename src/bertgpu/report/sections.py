@@ -146,22 +146,40 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
     return blocks
 
 
+def _in_progress_note(run: Source) -> str:
+    """What the row of a fine-tuning run without results.json (still in OUT.tmp) shows."""
+    d = run.data
+    at = (f" (epoch {_fmt_value(d['latest_epoch'])}, step {_fmt_value(d['latest_step'])})"
+          if d.get("latest_step") is not None else "")
+    scores = (f"its score is that of its latest evaluation{at}" if d.get("latest")
+              else "it has no evaluation yet")
+    return (f"{run.name} has not finished: it is in progress in `{run.path}` ({d['ended']}); "
+            f"{scores}, its steps are those done so far, and its train loss per epoch is only "
+            "in the results.json of a finished run.")
+
+
 def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
-    rows = []
+    rows, notes = [], []
     for r in runs:
         d = r.data
         metrics = d.get("metrics") if isinstance(d.get("metrics"), dict) else {}
         text = "; ".join(
             f"{split}: " + ", ".join(f"{k} {_fmt_value(num(v))}" for k, v in m.items())
             for split, m in metrics.items() if isinstance(m, dict))
+        steps = _fmt_value(d.get("steps"))
+        if d.get("in_progress"):  # its records' metrics (split_metric keys), not results.json's
+            text = ", ".join(f"{k} {_fmt_value(num(v))}" for k, v in d["latest"].items())
+            text = f"latest: {text}" if text else ""
+            steps += f" of {_fmt_value(d['max_steps'])}" if d.get("max_steps") and steps else ""
+            notes.append(("p", _in_progress_note(r)))
         train_s = num(d.get("train_seconds")) or num(d.get("seconds"))
         rows.append([r.name, str(d.get("task", "")), _fmt_value(num(d.get("score"))), text,
                      str(len(d["epochs"])) if isinstance(d.get("epochs"), list) else "",
-                     _fmt_value(d.get("steps")), _fmt_duration(train_s) if train_s else "",
+                     steps, _fmt_duration(train_s) if train_s else "",
                      _fmt_value(num(d.get("train_examples_per_s")))])
     blocks: list[Block] = [("h2", "Fine-tuning"), ("table", [
         "run", "task", "score", "final metrics", "epochs", "steps", "train time",
-        "train examples/s"], rows)]
+        "train examples/s"], rows), *notes]
     curves = [(r, [e for e in r.data.get("epochs") or [] if isinstance(e, dict)]) for r in runs]
     if any(eps for _, eps in curves):
         from matplotlib.ticker import MaxNLocator
