@@ -15,6 +15,7 @@ import tarfile
 import zipfile
 
 import pytest
+from _text_fixtures import train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
 from bertgpu.data.corpus import CorpusStats, Piece, iter_documents, iter_piece_items
@@ -28,9 +29,7 @@ TEXT = "".join(f"Sentence {i} of the tiny corpus is here.\nIt has a second line.
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    (root / "corpus.txt").write_text(TEXT)
-    return train_tokenizer([root / "corpus.txt"], root / "tok", vocab_size=120, min_frequency=1)
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
 
 
 def _good(tmp_path):
@@ -46,6 +45,17 @@ def _one_line_exit_2(args, capsys) -> str:
     return err
 
 
+def _refused_then_skipped(bad, message, tmp_path, kept) -> None:
+    """`bad` alone is refused with `message`; with --skip-bad beside a good file it is skipped
+    and counted, and the documents read are `kept`."""
+    with pytest.raises(BertgpuError) as info:
+        list(iter_documents([bad]))
+    assert str(info.value) == message
+    stats = CorpusStats()
+    assert list(iter_documents([bad, _good(tmp_path)], skip_bad=True, stats=stats)) == kept
+    assert stats.skipped == [(str(bad), message)]
+
+
 # --------------------------------------------------------------------------- 1: surrogates
 
 
@@ -58,13 +68,7 @@ def test_a_lone_surrogate_escape_in_json_lines_is_one_line_not_a_traceback(tok, 
     bad.write_text('{"text": "fine \\ud83d\\ude00 text"}\n{"text": "bad \\ud800 surrogate"}\n')
     message = (f"{bad}:2: field 'text' holds a string with an unpaired surrogate \\ud800 (not "
                "UTF-8 text); expected text whose \\ud800-\\udfff escapes come in high-low pairs")
-    with pytest.raises(BertgpuError) as info:
-        list(iter_documents([bad]))
-    assert str(info.value) == message
-    stats = CorpusStats()
-    assert list(iter_documents([bad, _good(tmp_path)], skip_bad=True, stats=stats)) == [
-        ["fine \U0001f600 text"], ["A fine sentence."]]
-    assert stats.skipped == [(str(bad), message)]
+    _refused_then_skipped(bad, message, tmp_path, [["fine \U0001f600 text"], ["A fine sentence."]])
     for command in (["tokenizer", "--vocab-size", "100"], ["prepare", "--tokenizer", str(tok)]):
         out = tmp_path / f"out_{command[0]}"
         err = _one_line_exit_2([*command, "--corpus", str(bad), "--out", str(out)], capsys)
@@ -104,13 +108,7 @@ def test_invalid_utf8_in_a_parquet_or_arrow_column_names_the_file_and_row(tmp_pa
         message = (f"{bad}: row 1 (counting from 0) of column 'text' is not UTF-8 text "
                    "(invalid start byte: byte 0xff); expected UTF-8 strings (the writer stored "
                    "other bytes in a string column)")
-        with pytest.raises(BertgpuError) as info:
-            list(iter_documents([bad]))
-        assert str(info.value) == message
-        stats = CorpusStats()
-        assert list(iter_documents([bad, _good(tmp_path)], skip_bad=True, stats=stats)) == [
-            ["A fine sentence."]]
-        assert stats.skipped == [(str(bad), message)]
+        _refused_then_skipped(bad, message, tmp_path, [["A fine sentence."]])
 
 
 # --------------------------------------------------------------------------- 3: file:// URLs

@@ -8,10 +8,10 @@ The tokenizer also checked only the paths given, not the files they resolved to,
 from __future__ import annotations
 
 import pytest
+from _text_fixtures import train_small_tokenizer
 
 from bertgpu import fsutil
 from bertgpu.cli import main as cli_main
-from bertgpu.data.tokenizer import train_tokenizer
 
 TEXT = "".join(f"Sentence {i} of the tiny corpus is here.\nIt has a second line.\n\n"
                for i in range(30))
@@ -19,9 +19,7 @@ TEXT = "".join(f"Sentence {i} of the tiny corpus is here.\nIt has a second line.
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    (root / "corpus.txt").write_text(TEXT)
-    return train_tokenizer([root / "corpus.txt"], root / "tok", vocab_size=120, min_frequency=1)
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
 
 
 @pytest.fixture
