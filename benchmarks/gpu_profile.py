@@ -22,6 +22,10 @@ to its pretraining point, 32 x 1024 unpadded at uniform lengths. After
   one moves, `kernel_num_gb`, over its measured time): their achieved bandwidth against the
   device's HBM peak says whether the memory-bound part of the step is at the roofline (then only
   fewer bytes help) or far below it (block sizes, RNG, reductions: kernel quality);
+- `kernels.py`: compiled on CUDA, the Triton source of the 30 compiled kernels with the most
+  device time, each under its time and bytes per step (what a fused kernel does, readable away
+  from the GPU); `graph_N.py`, the code inductor generated for each compiled graph (forward,
+  backward: the kernels in the order they run, and the library calls between them);
 - `trace.json`: the Chrome trace (with --trace; open in Perfetto).
 
 On the CPU (no CUDA activity) the same tables come from the CPU operators, which is what the
@@ -122,6 +126,56 @@ def triton_kernel_bytes() -> dict[str, list[float]]:
             if name and gb:
                 out.setdefault(str(name), []).append(float(gb) * 1e9)
     return out
+
+
+def triton_kernel_sources() -> dict[str, str]:
+    """The Triton source of every compiled kernel in this process, by kernel name (the first
+    where names repeat across graphs)."""
+    import gc
+
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return {}
+    out: dict[str, str] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), CachingAutotuner):
+            name = (getattr(obj, "inductor_meta", None) or {}).get("kernel_name")
+            src = getattr(getattr(obj, "fn", None), "src", None)
+            if name and isinstance(src, str):
+                out.setdefault(str(name), src)
+    return out
+
+
+def compiled_graph_files() -> list[Path]:
+    """The Python files inductor wrote for the compiled graphs of this process (their `call` runs
+    the graph: the order of the Triton kernels and library calls, each kernel's source inline)."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+    except ImportError:
+        return []
+    files = []
+    for module in list(getattr(PyCodeCache, "modules", [])):
+        path = getattr(module, "__file__", None)
+        if path and callable(getattr(module, "call", None)) and Path(path).is_file():
+            files.append(Path(path))
+    return files
+
+
+def kernel_sources_text(times: dict[str, float], sources: dict[str, str], steps: int,
+                        moved: dict[str, tuple[float, float]], top: int = 30) -> str:
+    """The sources of the `top` compiled kernels by device time, each under a comment with its
+    time and (where inductor estimated it) bytes per step: what each fused kernel reads, computes
+    and writes, for deciding what to fuse next away from the GPU."""
+    parts = []
+    for name, t in sorted(((n, t) for n, t in times.items() if n in sources),
+                          key=lambda kv: -kv[1])[:top]:
+        note = f"# {name}: {t / steps / 1e3:.3f} ms per step"
+        if name in moved:
+            b, _ = moved[name]
+            note += f", {b / steps / 1e9:.3f} GB per step, {b / t / 1e6:.2f} TB/s"
+        parts.append(f"{note}\n{sources[name].rstrip()}\n")
+    return "\n\n".join(parts)
 
 
 def traffic(times: dict[str, float], counts: dict[str, int],
@@ -310,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     text = report(times, args.steps, step_s, fpt * tokens, peak, header,
                   traffic_lines(moved, times, args.steps, bandwidth))
     (args.out / "profile.md").write_text(text)
+    sources = triton_kernel_sources() if cuda and not args.eager else {}
+    if sources:
+        (args.out / "kernels.py").write_text(kernel_sources_text(times, sources, args.steps,
+                                                                 moved))
+        for i, path in enumerate(compiled_graph_files()):
+            (args.out / f"graph_{i}.py").write_bytes(path.read_bytes())
     print(text, flush=True)
     return 0
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,6 +191,42 @@ def test_profile_memory_traffic_joins_inductor_bytes_with_kernel_times():
     assert "| `triton_poi_fused_gelu_1` | 0.008 | 0.024 | 3.00 |" in text
     assert gpu_profile.traffic_lines({}, times, 2, 3.35) == []
     del kernels
+
+
+def test_profile_keeps_the_sources_of_the_slowest_compiled_kernels():
+    """kernels.py: the Triton source of the compiled kernels with the most device time, slowest
+    first, each under its time and traffic per step; kernels without a source (cuBLAS) are not
+    listed, and `top` caps the count."""
+    from types import SimpleNamespace
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    gpu_profile = load("gpu_profile")
+    kernels = []
+    for name in ("triton_per_fused_layer_norm_0", "triton_poi_fused_gelu_1", "triton_poi_x_2"):
+        k = object.__new__(CachingAutotuner)
+        k.inductor_meta = {"kernel_name": name}
+        k.fn = SimpleNamespace(src=f"@triton.jit\ndef {name}(in_ptr0, out_ptr0):\n    pass\n")
+        kernels.append(k)
+    sources = gpu_profile.triton_kernel_sources()
+    assert sources["triton_poi_fused_gelu_1"].startswith("@triton.jit\ndef triton_poi_fused_gel")
+    times = {"triton_per_fused_layer_norm_0": 40.0, "triton_poi_fused_gelu_1": 160.0,
+             "triton_poi_x_2": 1.0, "sm90_xmma_gemm": 1000.0}
+    moved = {"triton_poi_fused_gelu_1": (12 * 4e6, 160.0)}
+    text = gpu_profile.kernel_sources_text(times, sources, 2, moved, top=2)
+    assert text.index("def triton_poi_fused_gelu_1(") < text.index("def triton_per_fused_layer_n")
+    assert ("# triton_poi_fused_gelu_1: 0.080 ms per step, 0.024 GB per step, 0.30 TB/s\n"
+            "@triton.jit") in text
+    assert "# triton_per_fused_layer_norm_0: 0.020 ms per step\n" in text
+    assert "triton_poi_x_2" not in text and "xmma" not in text
+    del kernels
+    # graph_N.py: the generated code of each compiled graph, forward and backward
+    torch._dynamo.reset()
+    x = torch.randn(8, requires_grad=True)
+    torch.compile(lambda t: torch.nn.functional.gelu(t) * 3.5)(x).sum().backward()
+    files = gpu_profile.compiled_graph_files()
+    assert len(files) >= 2 and all("def call(" in f.read_text() for f in files)
+    assert sum("3.5" in f.read_text() for f in files) >= 2  # the constant, forward and backward
 
 
 def test_only_runs_the_named_stages_in_their_order_and_refuses_a_misspelt_one(tmp_path):
