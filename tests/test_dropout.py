@@ -246,6 +246,38 @@ def test_compiled_bert_trains_with_hash_dropout_in_one_graph(hash_compiled):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("mode", ["hash", "philox"])
+def test_a_compiled_bert_step_keeps_no_hash_mask_for_backward(mode):
+    """In a whole compiled BERT training step, not only in one kernel: with the hash no bool mask
+    is saved for backward (the check's control, Philox, saves one per dropout site). Left to its
+    heuristics, the partitioner kept the hash's masks there (2 bytes per token and hidden unit
+    per layer in the saved-bytes audit, as many as Philox): every site's index ramp is one node
+    after CSE, used far apart, and the hash is a long fusible chain."""
+    from bertgpu.bench import saved_bytes
+    from bertgpu.bench.graph_check import Case, _pretraining_loss
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.models.dropout import set_compiled_dropout
+
+    old = set_compiled_dropout(mode)
+    try:
+        torch.manual_seed(0)
+        cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=128, vocab_size=256, max_position_embeddings=128,
+                         attention_probs_dropout_prob=0.0)
+        model = BertForPreTraining(cfg, with_nsp=False).train()
+        batch, counts = saved_bytes._batch(2)
+        found = saved_bytes.saved_tensors(
+            Case("bert", model, batch, _pretraining_loss, counts),
+            lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    finally:
+        set_compiled_dropout(old)
+    assert found["bfloat16"] > 0
+    # whole masks of 2 x 128 x 64 (a few other bool bytes are the batch's own: the MLM positions)
+    masks = found["bool"] // (2 * 128 * 64)
+    assert masks == (0 if mode == "hash" else 5), found  # Philox: embeddings, 2 sites per layer
+
+
 def test_compiled_dropout_choice_is_checked():
     from bertgpu.models.dropout import set_compiled_dropout
 

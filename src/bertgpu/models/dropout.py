@@ -22,8 +22,9 @@ element's keep bit comes from two rounds of a 32-bit integer hash (xor-shift-mul
 "lowbias32" constants) of its flat index, keyed by two random int32 seeds per call drawn from
 torch's generator. Inductor fuses the integer arithmetic into the kernel that consumes the mask
 (about 16 integer operations per element against Philox's ten rounds), and because the mask is a
-pure function of (index, seed) the partitioner recomputes it in backward instead of saving a bool
-mask: one byte less written and read per element per dropout site. It runs where
+pure function of (index, seed) it is recomputed in backward instead of saved as a bool mask (the
+region is checkpointed, which tags it for recomputation: the partitioner's own heuristics kept
+BERT's masks): one byte less written and read per element per dropout site. It runs where
 `BERTGPU_COMPILED_DROPOUT=hash` is set (read at import; `set_compiled_dropout` in tests and
 benchmarks), until a GPU profile shows whether it pays; `philox` (`F.dropout`) is the default.
 
@@ -95,7 +96,16 @@ def hash_dropout(x: torch.Tensor, p: float, seeds: torch.Tensor | None = None) -
     as `F.dropout` to 2**-31; the mask differs draw for draw."""
     if seeds is None:
         seeds = torch.randint(-2**31, 2**31 - 1, (2,), dtype=torch.int32, device=x.device)
-    keep = hash_keep(x.shape, seeds, p)
+    if torch.compiler.is_compiling():
+        # Marked for recomputation (a checkpointed region: its nodes are tagged so): left to its
+        # heuristics, the partitioner saved BERT's masks anyway, one bool per element, because
+        # every site's index ramp is one node after CSE, used far apart, and the hash is a long
+        # fusible chain. Recomputed, the mask is written nowhere and read from nowhere.
+        from torch.utils.checkpoint import checkpoint
+
+        keep = checkpoint(hash_keep, x.shape, seeds, p, use_reentrant=False)
+    else:
+        keep = hash_keep(x.shape, seeds, p)
     return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
 
 
