@@ -11,8 +11,9 @@
               task, Lee document similarity as an STS-B-style task), pretrained vs random init
 
 Every stage is the same code path as the corresponding `bertgpu` command. Re-running the demo
-resumes: stages 1 and 2 are kept once done, pretraining resumes from its newest checkpoint, and a
-fine-tuning run stopped part-way from its own. A stop signal (SIGTERM, Ctrl-C) ends the demo as a
+resumes: stages 1 and 2 are kept once done, pretraining resumes from its newest checkpoint, a
+fine-tuning run stopped part-way from its own, and a finished one from the same export and
+settings is kept (bench/downstream.py). A stop signal (SIGTERM, Ctrl-C) ends the demo as a
 stop, not an error: one line names the stage it stopped and says how to resume, exit status 143
 (130 for SIGINT).
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
@@ -82,43 +82,14 @@ def _signal_name(status: int) -> str:
         return f"exit status {status}"
 
 
-def stopped_finetune(folder: Path) -> tuple[Path, str, int] | None:
-    """The fine-tuning run under `folder` that this process ran and a stop signal ended, as (its
-    OUT.tmp, the signal's name, the step it stopped at), from its metrics.jsonl: a start record
-    with this process's pid (and start time), then an end record of reason "preempted" and the
-    signal's "preempted" record. None when there is none (an error stays an error)."""
-    from bertgpu.telemetry.records import process_started, read_metrics, run_end, run_start
-
-    me, started = os.getpid(), process_started(os.getpid())
-    for path in sorted(Path(folder).glob("**/*.tmp/metrics.jsonl")):
-        try:
-            records = read_metrics(path)
-        except (BertgpuError, OSError):
-            continue
-        start, end = run_start(records), run_end(records)
-        if (start is None or end is None or end.get("reason") != "preempted"
-                or start.get("pid") != me
-                or start.get("pid_started", started) != started):
-            continue
-        said = [r for r in records if r.get("kind") == "info" and r.get("event") == "preempted"]
-        name = said[-1].get("signal") if said else None
-        return path.parent, name if isinstance(name, str) else "SIGTERM", int(end.get("step", 0))
-    return None
-
-
 def _finetune_stage(hf_dir: Path, folder: Path, seeds: list[int]) -> str:
-    """Stage 5's table; StageStopped when a stop signal ended one of its fine-tuning runs
-    (which returns then without results.json, so reading its score fails)."""
+    """Stage 5's table; StageStopped when a stop signal ended one of its fine-tuning runs."""
+    from bertgpu.bench.downstream import RunStopped
+
     try:
         return finetune_table(hf_dir, folder, seeds, _recipe().stem)
-    except BertgpuError:
-        stopped = stopped_finetune(folder)
-        if stopped is None:
-            raise
-        work, name, step = stopped
-        run = work.relative_to(folder).as_posix().removesuffix(".tmp")
-        status = 128 + getattr(signal, name, signal.SIGTERM)
-        raise StageStopped(status, f"the fine-tuning {run} at step {step}, in {work}") from None
+    except RunStopped as e:
+        raise StageStopped(e.status, str(e)) from None
 
 
 def _done(t0: float) -> None:

@@ -18,7 +18,12 @@
 4. Fine-tuning of each run's export and of its randomly initialised twin (same architecture,
    fresh weights: the floor) on labelled sets: the demo's polarity and Lee similarity sets
    (`tasks/demo_sets.py`), or a GLUE folder (`--glue DIR`), once per `--seeds`; the median,
-   min-max and spread over seeds, read from each run's results.json.
+   min-max and spread over seeds, read from each run's results.json (bench/downstream.py: a seed
+   finished before from the same export's weights and settings is kept).
+
+A stop signal (SIGTERM, Ctrl-C) during a fine-tuning run ends the command with one line naming
+the run, its step and folder, exit status 143 (130 for SIGINT), and no output written; the same
+command goes on from there (the pretraining runs are measured again).
 
 Writes OUT/quality.jsonl (appended, rows described in report/quality.py), OUT/quality.md (this
 run's tables) and OUT/quality.png (validation loss against wall-clock and tokens per recipe);
@@ -32,18 +37,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import shutil
-import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 from bertgpu.bench import cells
+from bertgpu.bench.downstream import (
+    RunStopped,
+    compare_downstream,
+    quiet,
+    read_score,
+    spread_row,
+    stopped,
+)
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder
@@ -51,7 +61,6 @@ from bertgpu.fsutil import check_output_folder
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_RECIPES = ("configs/tiny.toml", "configs/modern-tiny.toml")
 DEMO_SETS = ("polarity", "lee")
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,14 +139,6 @@ def resolve_recipe(path: str) -> Path:
 def _names(recipes: list[Path]) -> list[str]:
     stems = [r.stem for r in recipes]
     return [s if stems.count(s) == 1 else f"{s}-{i + 1}" for i, s in enumerate(stems)]
-
-
-@contextlib.contextmanager
-def _quiet(log: Path):
-    """The run's own console lines go to `log`; the bench prints one line per run."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f):
-        yield
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str]
         log = out / "runs" / f"{name}.log"
         print(f"bench quality: pretraining {name} ({recipe}, {base['budget']}); console in {log}",
               flush=True)
-        with _quiet(log):
+        with quiet(log):
             pretrain.run(cfg)
         row = {**base, "kind": "pretrain", "name": name, "recipe": str(recipe),
                "run_dir": str(run_dir), "eval_mask_rate": cfg.data.eval_mask_rate,
@@ -238,72 +239,7 @@ def pretrain_all(args: argparse.Namespace, recipes: list[Path], names: list[str]
 
 
 # --------------------------------------------------------------------------------------------
-# 4: fine-tuning, pretrained vs random init, over seeds
-
-
-def set_overrides(name: str | None, extra: list[str]) -> list[str]:
-    """Fine-tuning words of a demo set (or GLUE, name None), then `extra` (which wins)."""
-    from bertgpu.tasks.demo_sets import finetune_words
-
-    if name is None:
-        return list(extra)
-    return [*finetune_words(name), *extra]
-
-
-def _spread_row(scores: list[float]) -> dict[str, float]:
-    return {"median": float(statistics.median(scores)), "min": min(scores), "max": max(scores),
-            "spread": max(scores) - min(scores)}
-
-
-def _read_score(folder: Path) -> tuple[float, str]:
-    """The final dev score of a fine-tuning run and the names of its metrics, from results.json."""
-    path = folder / "results.json"
-    try:
-        res = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise BertgpuError(f"{path}: unreadable ({e}); did the fine-tuning run fail?") from None
-    metrics = next(iter(res["metrics"].values()))
-    return float(res["score"]), " / ".join(metrics)
-
-
-def compare_downstream(inits: dict[str, Path], sets: list[str], seeds: list[int], out: Path,
-                       extra: list[str] | None = None, split_seed: int = 0) -> list[dict[str, Any]]:
-    """Fine-tune every export in `inits` (name -> HF folder) and its random twin on the demo's
-    `sets` once per seed; one row per (name, init, set) with the scores read from results.json.
-    The train/dev split is fixed (`split_seed`): seeds vary the fresh weights and the data order."""
-    from bertgpu.finetune import finetune_examples
-    from bertgpu.tasks.demo_sets import demo_tasks
-
-    data = demo_tasks(split_seed)
-    rows = []
-    for name, hf in inits.items():
-        for label, init, config_from in (("pretrained", hf, None), ("random", "random", hf)):
-            for set_name in sets:
-                train, dev, task = data[set_name]
-                scores, metric, dirs = [], "", []
-                for seed in seeds:
-                    run = out / name / label / set_name / f"seed_{seed}"
-                    shutil.rmtree(run, ignore_errors=True)
-                    with _quiet(run.with_suffix(".log")), warnings.catch_warnings():
-                        # The task head is fresh in every pretrained run: expected, said once in
-                        # the table.
-                        warnings.filterwarnings("ignore", message=".*initialised fresh")
-                        finetune_examples(task, train, dev, init, run, config_from=config_from,
-                                          name=set_name,
-                                          overrides=[*set_overrides(set_name, extra or []),
-                                                     "--seed", str(seed)])
-                    score, metric = _read_score(run)
-                    scores.append(score)
-                    dirs.append(str(run))
-                rows.append({"kind": "finetune", "name": name, "init": label, "task": set_name,
-                             "scored_like": task.name, "metric": metric,
-                             "train_examples": len(train), "dev_examples": len(dev),
-                             "seeds": list(seeds), "scores": scores, **_spread_row(scores),
-                             "dirs": dirs})
-                print(f"    fine-tuned {name} ({label} init) on {set_name}, seeds "
-                      f"{', '.join(map(str, seeds))}: "
-                      + ", ".join(f"{s:.1f}" for s in scores), flush=True)
-    return rows
+# 4: fine-tuning, pretrained vs random init, over seeds (the demo's sets: bench/downstream.py)
 
 
 def compare_glue(inits: dict[str, Path], glue_dir: str, tasks: list[str] | None, seeds: list[int],
@@ -317,16 +253,19 @@ def compare_glue(inits: dict[str, Path], glue_dir: str, tasks: list[str] | None,
         for label, init, config_from in (("pretrained", hf, None), ("random", "random", hf)):
             folder = out / name / label / "glue"
             shutil.rmtree(folder, ignore_errors=True)
-            with _quiet(folder.with_suffix(".log")):
+            with quiet(folder.with_suffix(".log")):
                 summary = glue.run(glue_dir, init, folder, tasks=tasks, seeds=seeds,
                                    overrides=extra, config_from=config_from,
                                    skip_missing=tasks is None)
+            # glue.run does not say which task and seed stopped: its folder is named
+            stopped(summary, f"{name}/{label}/glue", folder,
+                    "the GLUE runs of bench quality start over (their folder is cleared)")
             for task in summary["tasks"]:
-                read = [_read_score(folder / task / f"seed_{s}") for s in seeds]
+                read = [read_score(folder / task / f"seed_{s}") for s in seeds]
                 scores = [s for s, _ in read]
                 rows.append({"kind": "finetune", "name": name, "init": label, "task": task,
                              "scored_like": task, "metric": read[0][1], "seeds": list(seeds),
-                             "scores": scores, **_spread_row(scores),
+                             "scores": scores, **spread_row(scores),
                              "dirs": [str(folder / task / f"seed_{s}") for s in seeds]})
     return rows
 
@@ -441,6 +380,11 @@ def main(args: argparse.Namespace) -> int:
         base = {"bench": "quality", "run_id": stamp, "budget": budget, "corpus": corpus,
                 "device": _device(args.device), "threads": torch.get_num_threads()}
         rows = run_bench(args, recipes, names, cfgs, out, vocab, base)
+    except RunStopped as e:  # not an error: the stopped run kept its checkpoint; no output
+        sys.stderr.write(f"bertgpu bench quality: stopped by {e.signal_name} in {e}; run the "
+                         f"same command again to go on: {e.again}\n")
+        sys.stderr.flush()
+        return e.status
     finally:
         torch.set_num_threads(threads)
     md = write_outputs(rows, out, command.strip())
