@@ -98,7 +98,6 @@ from bertgpu.tasks.init_model import (
 from bertgpu.tasks.registry import task_module
 
 if TYPE_CHECKING:
-
     from bertgpu.tasks.finetuning import Job
     from bertgpu.tasks.glue import Example, GlueTask
 
@@ -314,8 +313,9 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=logging,
                    seed=cfg.seed, config=sink_config, title="bertgpu finetune", startup_rows=rows,
                    checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
-                   comm_timer=timer, flops_per_token=flops.flops_per_token_from_config(
-                       model.config, seq_len, mlm_fraction=0.0, with_nsp=False), resume=resume)
+                   comm_timer=timer, resume=resume, task_name=job.name,
+                   flops_per_token=flops.flops_per_token_from_config(
+                       model.config, seq_len, mlm_fraction=0.0, with_nsp=False))
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task

@@ -12,7 +12,8 @@ It needs nothing but a terminal, so it works over ssh, and it never touches the 
 fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there. A
 folder with none of a run's files (config.toml, checkpoints/, metrics.jsonl, results.json) is
 refused, naming the runs it holds (``bertgpu watch runs`` for ``runs/base``); an empty one (only
-hidden files: a run in its first seconds) is waited for.
+hidden files: a run in its first seconds) is waited for, as is one not made yet in a folder that
+exists (``bertgpu pretrain ... --out OUT &; bertgpu watch OUT``; not with ``--once``).
 
 The progress line gives the step of ``train.max_steps`` and the share done. For a run with a
 wall-clock budget (``train.budget_hours``) the share is the larger of the steps' and the
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.report.inputs import finetune_task
 from bertgpu.telemetry.console import duration, si
 from bertgpu.telemetry.records import (
     JsonlFollower,
@@ -321,11 +323,8 @@ def _eval_line(state: RunState) -> str | None:
     if not evals:
         return None
     last = evals[-1]
-    values = []
-    for k, v in last.items():
-        if k in _EVAL_SKIP or _num(v) is None:
-            continue
-        values.append(f"{k} {v:.2%}" if k.endswith("_acc") else f"{k} {v:.4g}")
+    values = [f"{k} {v:.2%}" if k.endswith("_acc") else f"{k} {v:.4g}"
+              for k, v in last.items() if k not in _EVAL_SKIP and _num(v) is not None]
     return f"last eval @ step {last.get('step')}: " + "  ·  ".join(values)
 
 
@@ -370,9 +369,9 @@ def render(state: RunState, now: float | None = None, width: int = 100) -> Any:
     now = time.time() if now is None else now
     parts: list[Any] = [Text(f"bertgpu watch  {state.folder}  ·  {_status(state, now)}",
                              style="bold")]
-    model = _model_line(state.config)
-    if model:
-        parts.append(Text(model, style="dim"))
+    task = finetune_task(state.folder, state.records) if not state.config else ""
+    parts += [Text(line, style="dim")  # a pretraining run's model (config.toml), a fine-tune's task
+              for line in (_model_line(state.config), task and f"fine-tuning {task}") if line]
     parts += [Text(line) for line in _progress_lines(state, now, width)]
     evaluation = _eval_line(state)
     if evaluation:
@@ -436,6 +435,27 @@ def _resolve(folder: Path) -> Path:
                        "bertgpu pretrain or finetune")
 
 
+def _not_made_yet(folder: Path) -> bool:
+    """Neither `folder` nor its OUT.tmp exists, in a folder that does: a run about to make it
+    (`bertgpu pretrain ... --out OUT &` just started), not a typo in the folder it goes in."""
+    return (not folder.exists() and not folder.with_name(folder.name + ".tmp").exists()
+            and folder.parent.is_dir())
+
+
+def _wait_for(folder: Path, interval: float, console: Any) -> None:
+    """One status line, redrawn every `interval` seconds, until the run makes `folder`."""
+    from rich.live import Live
+    from rich.text import Text
+
+    t0 = time.monotonic()
+    with Live(console=console, auto_refresh=False, transient=True) as live:
+        while _not_made_yet(folder):
+            live.update(Text(f"bertgpu watch  {folder}  ·  waiting for it (or {folder.name}.tmp) "
+                             f"to appear: {duration(time.monotonic() - t0)}", style="bold"),
+                        refresh=True)
+            time.sleep(interval)
+
+
 MAX_INTERVAL_S = 86400
 
 
@@ -454,8 +474,13 @@ def main(args: argparse.Namespace) -> int:
     if not 0 < args.interval <= MAX_INTERVAL_S:  # nan and inf included (sleep raised on them)
         raise BertgpuError(f"--interval: found {args.interval}, expected a positive number of "
                            f"seconds up to {MAX_INTERVAL_S}")
-    state = RunState(_resolve(args.run_dir))
     console = Console()
+    if not args.once and _not_made_yet(args.run_dir):
+        try:
+            _wait_for(args.run_dir, args.interval, console)
+        except KeyboardInterrupt:  # as leaving the live view
+            return 0
+    state = RunState(_resolve(args.run_dir))
     state.poll()
     if args.once or ended(state) is not None:  # a run that is over: its last frame
         console.print(render(state, width=console.width))

@@ -123,19 +123,34 @@ def check_rows_file(path: str | Path) -> None:
 
 
 def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows to a JSONL file (`append_jsonl`), or to a CSV
-    (header written when the file is new)."""
+    """Append rows to a JSONL file (`append_jsonl`), or to a CSV (header written when the file is
+    new). A CSV's rows follow its header: rows with columns it lacks (a file begun by an older
+    bertgpu, before `peak_tflops`, say) are written without them, said in one line, rather than
+    shifted under the wrong names."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".csv":
-        new = not path.exists() or path.stat().st_size == 0
-        keys = list(rows[0]) if rows else []
+        header = _csv_header(path)
+        keys = header or (list(rows[0]) if rows else [])
         with path.open("a", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            if new:
+            if not header:
                 w.writeheader()
             w.writerows(rows)
+        left = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in keys]
+        if left:
+            print(f"note: {path}: its header has no column {', '.join(left)}: left out of the "
+                  "rows appended (a new file would have it)", flush=True)
         return
     append_jsonl(path, rows)
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names of a CSV file's first line; [] for a missing or empty file."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), [])
+    except FileNotFoundError:
+        return []
 
 
 def write_atomic(path: Path, text: str) -> None:

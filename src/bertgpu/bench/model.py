@@ -6,10 +6,12 @@ with the host-side `BatchMeta` the loader ships; MLM masks drawn as training dra
 count per sequence), and the timed steps of every variant (model x compile x padding) alternate
 in one process, so the ratios are fair on a noisy machine (model_runs.py). Tokens/s counts real
 (non-padding) tokens; MFU uses the architecture's FLOPs per token at each sequence's own length
-and `flops.peak_tflops`. A row says the device, torch and transformers versions, dtype and
-compile mode, its ratios against transformers eager and compiled (`vs_hf_eager`,
-`vs_hf_compiled`), for an unpadded row against our padded one (`unpadded_vs_padded`), and
-`timed_compiles`: timed steps during which torch compiled (0 in a row to trust).
+and `flops.peak_tflops`, which the row records (`peak_tflops`, and `peak_source`: --peak-tflops,
+BERTGPU_PEAK_TFLOPS or the table entry, e.g. "table: H100 SXM bf16"). A row says the device,
+torch and transformers versions, dtype and compile mode, its ratios against transformers eager
+and compiled (`vs_hf_eager`, `vs_hf_compiled`), for an unpadded row against our padded one
+(`unpadded_vs_padded`), and `timed_compiles`: timed steps during which torch compiled (0 in a
+row to trust).
 
     bertgpu bench model                          # CPU default: small, B 8, T 128, fp32 (~1 min)
     bertgpu bench model --size base --micro-batch 8 --iters 3 --out results/bench_model.jsonl
@@ -241,6 +243,29 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
             for d in dtypes for n in sources]
 
 
+def peak_of(device_name: str | None, dtype: str, override: float | None
+            ) -> tuple[float | None, str | None]:
+    """The peak TFLOP/s of one device that MFU is over (`flops.peak_tflops`), and where it came
+    from, in that function's precedence: "--peak-tflops", the environment variable, or the table
+    entry ("table: H100 SXM bf16"); (None, None) when it is unknown (the rows get no MFU). On a
+    GPU (`device_name`) fp32 rows run their matrix products on TF32 tensor cores (`main` allows
+    them, as training does), so their peak is TF32's, as training's MFU takes it."""
+    import os
+
+    from bertgpu.telemetry.flops import PEAK_ENV_VAR, gpu_model, peak_tflops
+
+    if device_name is not None and dtype == "fp32":
+        dtype = "tf32"
+    peak = peak_tflops(device_name, dtype, override=override)
+    if peak is None:
+        return None, None
+    if override is not None:
+        return peak, "--peak-tflops"
+    if os.environ.get(PEAK_ENV_VAR, "").strip():
+        return peak, PEAK_ENV_VAR
+    return peak, f"table: {gpu_model(device_name or '')} {dtype}"
+
+
 # --------------------------------------------------------------------------------------------
 # Output
 
@@ -303,8 +328,6 @@ def main(args: argparse.Namespace) -> int:
         return sharded.main(args)
     import torch
 
-    from bertgpu.telemetry.flops import peak_tflops
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertgpuError(f"--device {args.device}: CUDA is not available on this machine; "
@@ -347,12 +370,12 @@ def main(args: argparse.Namespace) -> int:
                 torch.cuda.empty_cache()
             models = Models(point["arch"], point["size"], device, args.models, args.grad_ckpt,
                             args.seed, backend)
-        peak = peak_tflops(name if cuda else None, point["dtype"], override=args.peak_tflops)
+        peak, source = peak_of(name if cuda else None, point["dtype"], args.peak_tflops)
         mask_rate = args.mask_rate or (0.3 if point["arch"] == "modernbert" else 0.15)
         t0 = time.perf_counter()
         new = run_point(models, point["variants"], point["micro_batch"], point["seq_len"],
                         point["dtype"], point["lengths"], device, iters, warmup, peak, args.seed,
-                        tokenizer=args.tokenizer, mask_rate=mask_rate)
+                        tokenizer=args.tokenizer, mask_rate=mask_rate, peak_source=source)
         stamp = dict(grad_ckpt=bool(args.grad_ckpt),
                      device=str(device), device_name=name, torch=torch.__version__,
                      threads=torch.get_num_threads(), preset=args.preset, time=time.time(),
@@ -368,6 +391,10 @@ def main(args: argparse.Namespace) -> int:
           f"{rows[0]['transformers'] if rows else '-'} | {rows[0]['dtype'] if rows else '-'} | "
           f"{time.perf_counter() - start:.0f} s in all")
     print(format_compact(rows))
+    peaks = sorted({f"{r['peak_tflops']:g} TFLOP/s ({r['peak_source']})" for r in rows
+                    if r["mfu"] is not None})
+    if peaks:
+        print(f"MFU is over a peak of {', '.join(peaks)} per device")
     if any(r["timed_compiles"] for r in rows):
         print("warning: torch compiled during timed steps of some rows (timed compiles > 0): "
               "their numbers include compile time")

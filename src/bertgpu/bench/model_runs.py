@@ -249,9 +249,11 @@ def _flops_per_token(config: Any, batches: list[dict[str, Any]], nsp: bool) -> t
 
 def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len: int,
               dtype: str, lengths: str, device: Any, iters: int, warmup: int, peak: float | None,
-              seed: int, tokenizer: str | None = None, mask_rate: float = 0.15
-              ) -> list[dict[str, Any]]:
-    """Time `variants` on one point (see the module docstring); one row per variant."""
+              seed: int, tokenizer: str | None = None, mask_rate: float = 0.15,
+              peak_source: str | None = None) -> list[dict[str, Any]]:
+    """Time `variants` on one point (see the module docstring); one row per variant. Its MFU is
+    over `peak` TFLOP/s of one device (None: no MFU), which the row records beside it
+    (`peak_tflops`, and `peak_source`: where that number came from)."""
     import torch
 
     from bertgpu.telemetry.flops import mfu
@@ -291,7 +293,8 @@ def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len
             mean_length=round(mean_length, 1), mask_rate=mask_rate, iters=r.steps,
             fwd_ms=1e3 * r.times["fwd"] / n, bwd_ms=1e3 * r.times["bwd"] / n,
             opt_ms=1e3 * r.times["opt"] / n, step_ms=1e3 * r.wall_s / n,
-            tokens_per_s=tps[v], mfu=mfu(tps[v], fpt, peak), flops_per_token=fpt,
+            tokens_per_s=tps[v], mfu=mfu(tps[v], fpt, peak), peak_tflops=peak,
+            peak_source=peak_source if peak is not None else None, flops_per_token=fpt,
             vs_hf_eager=tps[v] / hf_eager if hf_eager else None,
             vs_hf_compiled=tps[v] / hf_compiled if hf_compiled else None,
             unpadded_vs_padded=(tps[v] / padded if v.padding == "unpadded" and padded

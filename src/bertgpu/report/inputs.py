@@ -157,14 +157,24 @@ def load_source(path: Path | str) -> Source:
 def finetune_in_progress(path: Path, records: list[dict[str, Any]]) -> bool:
     """A fine-tuning run still in its OUT.tmp, which has no results.json until the run is done.
     A pretraining run folder holds config.toml before its first record and none of a fine-tuning
-    run's marks: the scratch mark of OUT.tmp (fsutil.make_scratch), a checkpoint's finetune.json,
-    eval records with a ``score``."""
+    run's marks: the scratch mark of OUT.tmp (fsutil.make_scratch), a start record naming its
+    task, a checkpoint's finetune.json, eval records with a ``score``."""
     from bertgpu.fsutil import is_scratch
+    from bertgpu.telemetry.records import run_task
 
     if (path / "config.toml").is_file():
         return False
-    return (is_scratch(path) or any(path.glob("checkpoints/*/finetune.json"))
+    return (is_scratch(path) or run_task(records) is not None
+            or any(path.glob("checkpoints/*/finetune.json"))
             or any(r.get("kind") == "eval" and "score" in r for r in records))
+
+
+def finetune_task(path: Path, records: list[dict[str, Any]]) -> str:
+    """The task of the fine-tuning run in `path` (an OUT.tmp): its start record's, else (a run of
+    a version that did not write it there) the newest checkpoint's; "" when neither names one."""
+    from bertgpu.telemetry.records import run_task
+
+    return run_task(records) or _checkpoint_task(path)
 
 
 def _checkpoint_task(path: Path) -> str:
@@ -188,7 +198,7 @@ _EVAL_FIELDS = ("step", "kind", "time", "elapsed_s", "epoch", "score")
 
 def finetune_progress(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     """What results.json would say of a fine-tuning run still in progress, from its records:
-    ``task`` (its checkpoint's), ``score`` and ``latest`` (the metrics of its newest evaluation),
+    ``task`` (``finetune_task``), ``score`` and ``latest`` (the metrics of its newest evaluation),
     ``epochs`` (one per evaluation: epoch, step, score; not results.json's train loss, the mean
     over the epoch, which no record holds), ``steps`` done of ``max_steps``; and ``ended``: how
     it ended, or that it has not yet."""
@@ -200,7 +210,7 @@ def finetune_progress(path: Path, records: list[dict[str, Any]]) -> dict[str, An
              if s is not None]
     start = run_start(records)
     return {
-        "task": _checkpoint_task(path),
+        "task": finetune_task(path, records),
         "score": latest.get("score"),
         "latest": {k: v for k, v in latest.items() if k not in _EVAL_FIELDS},
         "latest_epoch": latest.get("epoch"), "latest_step": latest.get("step"),

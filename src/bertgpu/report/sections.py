@@ -393,6 +393,17 @@ def _scaling_blocks(rows: list[dict[str, Any]], folder: Path, stem: str,
     return blocks
 
 
+def _peak_note(rows: list[dict[str, Any]]) -> str | None:
+    """The peak TFLOP/s the rows' MFU is over, as `bench model` records it beside each MFU
+    (``peak_tflops``, ``peak_source``); None when no row has both (rows of older versions)."""
+    peaks = sorted({(p, str(r.get("peak_source") or "source not recorded")) for r in rows
+                    if num(r.get("mfu")) is not None and (p := num(r.get("peak_tflops")))})
+    if not peaks:
+        return None
+    said = ", ".join(f"{p:g} TFLOP/s ({source})" for p, source in peaks)
+    return f"MFU is model FLOP/s over the peak of one device: {said}."
+
+
 def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     rows = source.data
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -402,6 +413,9 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
         return blocks + _scaling_blocks(rows, folder, stem, source.name)
     blocks.append(_bench_table(rows))
+    note = _peak_note(rows)
+    if note:
+        blocks.append(("p", note))
     if tps:
         labels = _bench_labels(rows)
         series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",

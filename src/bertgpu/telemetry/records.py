@@ -1,5 +1,6 @@
 """JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following;
-how a run's records say it started and ended (``run_start``, ``run_end``, ``describe_end``).
+how a run's records say it started and ended (``run_start``, ``run_task``, ``run_end``,
+``describe_end``).
 
 Writers append one JSON object per line and flush it, so a reader may see a file that grows while
 it reads, and a run killed mid-write leaves a last line without its newline. Readers here skip
@@ -117,8 +118,18 @@ def process_started(pid: int) -> int | None:
 
 def run_start(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest ``start`` record (the loop writes one per process: host, pid, world_size,
-    max_steps); None for runs of older versions, which wrote none."""
+    max_steps, and a fine-tuning run's ``task``); None for runs of older versions, which wrote
+    none."""
     return next((r for r in reversed(records) if _event(r) == "start"), None)
+
+
+def run_task(records: list[dict[str, Any]]) -> str | None:
+    """The task a fine-tuning run's start record names (results.json's ``task``, as the user
+    gave it: "SST-2", "squad2", "ner", ...); None for a pretraining run and for runs of versions
+    that did not write it (their checkpoints' finetune.json names it)."""
+    start = run_start(records)
+    task = start.get("task") if start is not None else None
+    return task if isinstance(task, str) and task else None
 
 
 def run_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:

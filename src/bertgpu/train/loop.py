@@ -31,12 +31,13 @@ rank, comes from `checkpoint.load_resume`. The loop takes the config sections as
 (`[train]`, `[schedule]`, `[checkpoint]`, `[distributed]`, `[logging]`).
 
 What readers of metrics.jsonl (`bertgpu watch`, `bertgpu report`) learn of a run's life: an
-`info` record `event: start` (host, pid, world_size, max_steps) when `run()` begins, and one
-`event: end` however it stops: reason max_steps, budget or preempted, or, for an exception leaving
-the loop (raised as it was), "diverged" (`TrainingDiverged`) or "error" with its message. Before
-it the newest step gets its train record whatever the log cadence (except after an "error": its
-numbers may still be on a device in trouble). A budget run's train records carry its budget clock
-(`budget_elapsed_s`, `budget_left_s`: what the stop decision reads), which `elapsed_s` is not.
+`info` record `event: start` (host, pid, world_size, max_steps; a fine-tuning run's `task`) when
+`run()` begins, and one `event: end` however it stops: reason max_steps, budget or preempted, or,
+for an exception leaving the loop (raised as it was), "diverged" (`TrainingDiverged`) or "error"
+with its message. Before it the newest step gets its train record whatever the log cadence
+(except after an "error": its numbers may still be on a device in trouble). A budget run's train
+records carry its budget clock (`budget_elapsed_s`, `budget_left_s`: what the stop decision
+reads), which `elapsed_s` is not.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class Loop:
                  final_checkpoint: bool = True, flops_per_token: float | None = None,
                  comm_timer: distributed.CommTimer | None = None,
                  resume: tuple[Path, dict[str, torch.Tensor], dict[str, Any]] | None = None,
-                 evaluate_first: bool = False) -> None:
+                 evaluate_first: bool = False, task_name: str | None = None) -> None:
         """`train`, `schedule`, `checkpoint`, `dist` and `logging` are the config sections (their
         max_steps, budget, cadences, keep_last, load balancing, sinks); `peak_lr` the lr after
         batch scaling; `seed` the run's (dropout noise after a resume at another world size
@@ -97,7 +98,8 @@ class Loop:
         (files written into every checkpoint beside the weights, e.g. config.toml),
         `final_checkpoint` (write one at the end of a completed run: pretraining, to continue it;
         fine-tuning checkpoints only to survive preemption), `flops_per_token` for MFU,
-        `evaluate_first` (evaluate at step 0 of a new run: the baseline of a continued one)."""
+        `evaluate_first` (evaluate at step 0 of a new run: the baseline of a continued one),
+        `task_name` (a fine-tuning run's task, as results.json names it: its start record's)."""
         self.max_steps = int(train.max_steps or 0)
         if self.max_steps <= 0 and not train.budget_hours:
             raise BertgpuError("config: max_steps must be positive unless budget_hours is set")
@@ -107,7 +109,7 @@ class Loop:
         self.seed, self.config = seed, config
         self.title, self.startup_rows = title, list(startup_rows)
         self.checkpoint_files, self.final_checkpoint = checkpoint_files, final_checkpoint
-        self.evaluate_first = evaluate_first
+        self.evaluate_first, self.task_name = evaluate_first, task_name
         self.flops_per_token, self.comm_timer = flops_per_token, comm_timer
         self.world = info.world_size
         self.schedule = Schedule(peak_lr=peak_lr, decay=schedule.decay,
@@ -181,7 +183,7 @@ class Loop:
         # killed (no end record, its process gone) from one that is busy.
         logger.log(self.engine.step, "info", event="start", host=socket.gethostname(),
                    pid=os.getpid(), pid_started=process_started(os.getpid()),
-                   world_size=self.world, max_steps=self.max_steps or None)
+                   world_size=self.world, max_steps=self.max_steps or None, task=self.task_name)
         # For the end record of a stop whose grace ran out (written by the preemption's thread).
         self.preemption.step, self.preemption.elapsed = self.engine.step, lambda: logger.elapsed_s
         self.preemption.install()
