@@ -66,7 +66,8 @@ class InitCheckpoint:
     step: int | None
     """N of a `checkpoints/step_N` folder; None for a Hugging Face folder."""
     sha256: str | None
-    """model.safetensors' sha256 as its checksums.json records it (None without one)."""
+    """model.safetensors' sha256 as its checksums.json records it, or hashed where there is none
+    (a Hugging Face folder); None without a model.safetensors."""
 
     def record(self) -> dict[str, Any]:
         """results.json's `init_checkpoint`."""
@@ -106,8 +107,32 @@ def _recorded_sha256(folder: Path) -> str | None:
         files = json.loads((folder / "checksums.json").read_text(encoding="utf-8"))["files"]
         digest = files["model.safetensors"]["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        # A Hugging Face folder has no checksums.json: its weights are hashed, or a re-export
+        # to the same path (pretraining went further) would pass for the model a finished or
+        # stopped run started from (a resume, glue's reuse of finished tasks).
+        return _weights_sha256(folder / "model.safetensors")
     return digest if isinstance(digest, str) else None
+
+
+_hashed: dict[tuple[str, int, int], str] = {}
+"""sha256 by (path, size, mtime): a glue run resolves the same init once per task and seed."""
+
+
+def _weights_sha256(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        if key not in _hashed:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+            _hashed[key] = h.hexdigest()
+    except OSError:
+        return None
+    return _hashed[key]
 
 
 def checkpoint_change(recorded: Any, recorded_init: Any, now: InitCheckpoint) -> str | None:
