@@ -288,3 +288,26 @@ def test_the_protocol_states_the_max_seq_len_the_runs_used():
     summary = summarise(runs, [get_task("sst2")], [1, 2], load_finetune_config(None, []),
                         "init", [], [])
     assert summary["protocol"]["max_seq_len"] == 64
+
+
+@pytest.mark.parametrize("given, expected", [([], None), (["--reference"], "all"),
+                                             (["--reference", "sidsite-8gb"], ["sidsite-8gb"])])
+def test_reference_alone_adds_every_published_row(tmp_path, tiny_init, monkeypatch, given,
+                                                  expected):
+    """`--reference` with no names adds every published row (it added none, silently)."""
+    from bertgpu import glue as glue_mod
+
+    seen = {}
+
+    def run(*args, **kwargs):
+        seen["references"] = kwargs["references"]
+        return {}
+
+    monkeypatch.setattr(glue_mod, "run", run)
+    assert main(["glue", "--data-dir", str(FIXTURES), "--init", str(tiny_init), "--out",
+                 str(tmp_path / "glue"), *given]) == 0
+    if expected is None:  # no flag: no published rows
+        assert not seen["references"]
+        return
+    want = sorted(glue_mod.REFERENCES) if expected == "all" else expected
+    assert seen["references"] == want and (expected != "all" or len(want) >= 2)

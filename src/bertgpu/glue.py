@@ -84,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tasks to run (default all nine), any alias: cola sst2 mnli ...")
     parser.add_argument("--seeds", nargs="+", type=seed_number, default=[1],
                         help="fine-tuning seeds (default 1)")
-    parser.add_argument("--reference", nargs="*", default=[], choices=sorted(REFERENCES),
-                        help="published rows to print beside ours")
+    parser.add_argument("--reference", nargs="*", default=None, choices=sorted(REFERENCES),
+                        help="published rows to print beside ours (the flag alone: all)")
     parser.add_argument("--skip-missing", action="store_true",
                         help="skip tasks whose folder is missing")
     parser.add_argument("--force", action="store_true",
@@ -119,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
     check_before_launch(args, 1)
     summary = run(args.data_dir, args.init, args.out, tasks=args.tasks, seeds=args.seeds,
                   overrides=args.overrides, force=args.force, skip_missing=args.skip_missing,
-                  references=args.reference, config_from=args.config_from,
+                  references=(sorted(REFERENCES) if args.reference == [] else args.reference),
+                  config_from=args.config_from,
                   predict_test=args.predict_test)
     return summary.get("exit_status", 143) if summary.get("preempted") else 0
 
