@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _e2e import args, bertgpu, final_weights
+from _e2e import args, bertgpu_here, final_weights
 from _shards import write_synthetic_shards
 
 from bertgpu.data.loaders import PretrainLoader
@@ -99,14 +99,14 @@ def test_a_slowed_rank_is_named_and_balancing_keeps_the_model(tmp_path):
               "--checkpoint.every_steps", "0"]
     slow = "slow_rank=1:0.004"  # rank 1 spends 4 ms more per sequence: a slower device
     equal_run, balanced_run = tmp_path / "equal", tmp_path / "balanced"
-    done = bertgpu(args(data, equal_run, *common), faults=slow)
+    done = bertgpu_here(args(data, equal_run, *common), faults=slow)
     assert done.returncode == 0, done.stderr[-3000:]
     recs = _train_records(equal_run)
     assert all(r["slowest_rank"] == 1 and r["slowest_vs_median"] > 1.2 for r in recs[1:]), recs
     assert all(len(r["rank_compute_s"]) == 2 for r in recs)
 
-    done = bertgpu(args(data, balanced_run, *common, "--distributed.balance", "auto",
-                        "--distributed.balance_every_steps", "3"), faults=slow)
+    done = bertgpu_here(args(data, balanced_run, *common, "--distributed.balance", "auto",
+                             "--distributed.balance_every_steps", "3"), faults=slow)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "batch shares per rank" in done.stdout
     state = torch.load(sorted((balanced_run / "checkpoints").iterdir())[-1] / "train_state.pt",
@@ -118,9 +118,9 @@ def test_a_slowed_rank_is_named_and_balancing_keeps_the_model(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
 
     # A balanced run resumed at world size 1 measures nothing and goes on with the same samples.
-    more = bertgpu(args(data, balanced_run, "--train.max_steps", "12",
-                        "--model.hidden_dropout_prob", "0",
-                        "--model.attention_probs_dropout_prob", "0",
-                        "--checkpoint.every_steps", "0"))
+    more = bertgpu_here(args(data, balanced_run, "--train.max_steps", "12",
+                             "--model.hidden_dropout_prob", "0",
+                             "--model.attention_probs_dropout_prob", "0",
+                             "--checkpoint.every_steps", "0"))
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed from" in more.stdout and _train_records(balanced_run)[-1]["step"] == 12

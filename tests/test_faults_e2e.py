@@ -19,6 +19,7 @@ from _e2e import (
     args,
     assert_bitwise_equal,
     bertgpu,
+    bertgpu_here,
     e2e_shards,
     final_weights,
     reference_run,
@@ -74,7 +75,7 @@ def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, refe
     assert last_line(err).endswith(f"re-running the same command resumes from step {ckpts[-1]} "
                                    f"({run / 'checkpoints' / f'step_{ckpts[-1]}'})"), err[-2000:]
     assert "stopped by SIGTERM" not in err, err[-2000:]
-    again = bertgpu(args(shards, run, *extra))
+    again = bertgpu_here(args(shards, run, *extra))
     assert again.returncode == 0, again.stderr[-2000:]
     assert_bitwise_equal(reference(nproc), final_weights(run))
 
@@ -91,7 +92,7 @@ def test_disk_full_mid_save_then_rerun(shards, tmp_path, reference):
     assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step_4"]  # the partial step_8.tmp is gone, step_4 intact
-    again = bertgpu(args(shards, run))
+    again = bertgpu_here(args(shards, run))
     assert again.returncode == 0, again.stderr[-2000:]
     assert_bitwise_equal(reference(), final_weights(run))
 
@@ -103,7 +104,7 @@ def test_truncated_newest_checkpoint_falls_back(shards, tmp_path, reference):
     assert killed.returncode == -signal.SIGKILL
     newest = run / "checkpoints" / "step_8" / "model.safetensors"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    again = bertgpu(args(shards, run))
+    again = bertgpu_here(args(shards, run))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "step_8" in again.stderr and "truncated" in again.stderr
     assert "resumed from" in again.stdout and "step_4" in again.stdout
@@ -113,8 +114,8 @@ def test_truncated_newest_checkpoint_falls_back(shards, tmp_path, reference):
 @pytest.mark.timeout(300)
 def test_killed_rank_restarts_by_itself(shards, tmp_path, reference):
     run = tmp_path / "run"
-    done = bertgpu(args(shards, run, "--nproc", "2", "--max-restarts", "1"),
-                   faults="kill_rank=1@step=6")
+    done = bertgpu_here(args(shards, run, "--nproc", "2", "--max-restarts", "1"),
+                        faults="kill_rank=1@step=6")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SIGKILL rank 1 at step 6" in done.stderr and "resumed from" in done.stdout
     assert_bitwise_equal(reference(2), final_weights(run))
@@ -123,7 +124,7 @@ def test_killed_rank_restarts_by_itself(shards, tmp_path, reference):
 @pytest.mark.timeout(300)
 def test_killed_rank_without_restarts_says_who_and_how_to_resume(shards, tmp_path):
     run = tmp_path / "run"
-    failed = bertgpu(args(shards, run, "--nproc", "2"), faults="kill_rank=1@step=6")
+    failed = bertgpu_here(args(shards, run, "--nproc", "2"), faults="kill_rank=1@step=6")
     assert failed.returncode != 0
     assert last_line(failed.stderr) == ("bertgpu pretrain: rank 1 died of SIGKILL (exit code -9); "
                                         "re-running the same command resumes from step 4 "
@@ -138,9 +139,9 @@ def test_hung_rank_ends_the_job_at_the_timeout_and_says_how_to_resume(shards, tm
     torchrun's SIGTERM and leaves within checkpoint.grace_s: 3 s here, not the default 25.)"""
     run = tmp_path / "run"
     t0 = time.monotonic()
-    failed = bertgpu(args(shards, run, "--nproc", "2", "--distributed.timeout_minutes", "0.1",
-                          "--checkpoint.grace_s", "3"),
-                     faults="delay_rank=1:200@step=6")
+    failed = bertgpu_here(args(shards, run, "--nproc", "2", "--distributed.timeout_minutes", "0.1",
+                               "--checkpoint.grace_s", "3"),
+                          faults="delay_rank=1:200@step=6")
     assert failed.returncode != 0
     assert time.monotonic() - t0 < 150, "the job waited for the hung rank instead of timing out"
     line = last_line(failed.stderr)
@@ -153,10 +154,10 @@ def test_hung_rank_ends_the_job_at_the_timeout_and_says_how_to_resume(shards, tm
 def test_compression_hook_recovers_from_one_nonfinite_step(shards, tmp_path, hook):
     run = tmp_path / "run"
     # PowerSGD compresses from its 10th step on; the NaN comes after, on one rank only.
-    done = bertgpu(args(shards, run, "--nproc", "2", "--distributed.comm_hook", hook,
-                        "--train.max_steps", "30", "--optim.lr", "3e-3",
-                        "--schedule.warmup_fraction", "0"),
-                   faults="nonfinite_rank=1@step=14")
+    done = bertgpu_here(args(shards, run, "--nproc", "2", "--distributed.comm_hook", hook,
+                             "--train.max_steps", "30", "--optim.lr", "3e-3",
+                             "--schedule.warmup_fraction", "0"),
+                        faults="nonfinite_rank=1@step=14")
     assert done.returncode == 0, done.stderr[-3000:]
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if r["kind"] == "train"]
@@ -173,9 +174,9 @@ def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
 
     precision = "fp16" if cpu_fp16_available() else "bf16"
     run = tmp_path / "run"
-    failed = bertgpu(args(shards, run, "--train.precision", precision,
-                          "--train.max_nonfinite_steps", "3"),
-                     faults="nonfinite_rank=0@step=3-")
+    failed = bertgpu_here(args(shards, run, "--train.precision", precision,
+                               "--train.max_nonfinite_steps", "3"),
+                          faults="nonfinite_rank=0@step=3-")
     assert failed.returncode == 2
     line = last_line(failed.stderr)
     assert "training diverged: 3 steps in a row with non-finite loss or gradients" in line, line
@@ -185,13 +186,13 @@ def test_repeated_nonfinite_steps_stop_with_the_message(shards, tmp_path):
 @pytest.mark.timeout(300)
 def test_changed_mask_rate_on_resume_is_an_error(shards, tmp_path):
     run = tmp_path / "run"
-    first = bertgpu(args(shards, run, "--train.max_steps", "4"))
+    first = bertgpu_here(args(shards, run, "--train.max_steps", "4"))
     assert first.returncode == 0, first.stderr[-2000:]
-    changed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3"))
+    changed = bertgpu_here(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3"))
     assert changed.returncode == 2
     line = last_line(changed.stderr)
     assert ("resuming with changed data: mask_rate 0.15 -> 0.3" in line
             and "--allow-data-change" in line), line
-    allowed = bertgpu(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3",
-                           "--allow-data-change"))
+    allowed = bertgpu_here(args(shards, run, "--train.max_steps", "8", "--data.mask_rate", "0.3",
+                                "--allow-data-change"))
     assert allowed.returncode == 0, allowed.stderr[-2000:]

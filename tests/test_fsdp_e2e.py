@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _e2e import TINY, assert_bitwise_equal, bertgpu, final_weights
+from _e2e import TINY, assert_bitwise_equal, bertgpu, bertgpu_here, final_weights
 from _shards import write_synthetic_shards
 
 from bertgpu.telemetry.records import read_metrics
@@ -68,7 +68,7 @@ def args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_ok(argv: list[str], faults: str = "") -> str:
-    done = bertgpu(argv, faults=faults)
+    done = bertgpu_here(argv, faults=faults)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -146,7 +146,7 @@ def test_fsdp_equals_ddp_and_writes_sharded_checkpoints(runs, tmp_path):
 @pytest.mark.timeout(400)
 def test_sigkill_and_rerun_equal_the_uninterrupted_run(shards, runs, tmp_path):
     run = tmp_path / "run"
-    killed = bertgpu(args(shards, run, "--nproc", "2", *FSDP), faults="kill_rank=1@step=7")
+    killed = bertgpu_here(args(shards, run, "--nproc", "2", *FSDP), faults="kill_rank=1@step=7")
     assert killed.returncode != 0
     assert last_line(killed.stderr).endswith(
         f"resumes from step 4 ({run / 'checkpoints' / 'step_4'})"
@@ -180,13 +180,13 @@ def test_ddp_to_fsdp_to_ddp_at_other_world_sizes(shards, runs, tmp_path):
 def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
     shards, runs, tmp_path
 ):
-    """Every shard file waits 5 s after its first bytes (slow_write): the write of step 4 goes on
+    """Every shard file waits 3 s after its first bytes (slow_write): the write of step 4 goes on
     while steps 5.. train; rank 0 dies at step 9 in the middle of step 8's shard file, which is
     left cut: step_4 stays the newest complete checkpoint and the re-run ends bitwise equal to
     the run that never failed."""
     run = tmp_path / "run"
     extra = ("--nproc", "2", *FSDP, "--checkpoint.async_save", "true")
-    killed = bertgpu(args(shards, run, *extra), faults="slow_write=5,kill_rank=0@step=9")
+    killed = bertgpu_here(args(shards, run, *extra), faults="slow_write=3,kill_rank=0@step=9")
     assert killed.returncode != 0 and "SIGKILL rank 0 at step 9" in killed.stderr
     records = read_metrics(run / "metrics.jsonl")
     started = next(r for r in records if r.get("event") == "checkpoint" and r["step"] == 4)
@@ -207,7 +207,7 @@ def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
     whole = (run / "checkpoints" / "step_4" / "__0_0.distcp").stat().st_size
     assert 0 < cut.stat().st_size < whole, (cut.stat().st_size, whole)
     assert not (cut.parent / ".metadata").exists()
-    again = bertgpu(args(shards, run, *extra))
+    again = bertgpu_here(args(shards, run, *extra))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "step_8.tmp: removed" in again.stdout and "resumed from" in again.stdout
     assert_bitwise_equal(final_weights(runs["fsdp"]), final_weights(run))

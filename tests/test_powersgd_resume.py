@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _e2e import args, assert_bitwise_equal, bertgpu, e2e_shards, final_weights
+from _e2e import args, assert_bitwise_equal, bertgpu_here, e2e_shards, final_weights
 
 from bertgpu.train import loop_state
 from bertgpu.train.distributed import DistInfo
@@ -38,13 +38,13 @@ def _train(run: Path) -> dict[int, dict]:
 def test_an_interrupted_powersgd_run_equals_the_uninterrupted_one(shards, tmp_path, buckets):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     powersgd = [*POWERSGD, *(TWO_BUCKETS if buckets == "two" else [])]
-    done = bertgpu(args(shards, full, *powersgd))
+    done = bertgpu_here(args(shards, full, *powersgd))
     assert done.returncode == 0, done.stderr[-3000:]
     # Stopped after step 13 (a preemption's checkpoint is of step 12: the same state), re-run.
-    done = bertgpu(args(shards, resumed, *powersgd), faults="kill_rank=1@step=13")
+    done = bertgpu_here(args(shards, resumed, *powersgd), faults="kill_rank=1@step=13")
     assert done.returncode != 0
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["step_12"]
-    done = bertgpu(args(shards, resumed, *powersgd))
+    done = bertgpu_here(args(shards, resumed, *powersgd))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "PowerSGD starts afresh" not in done.stdout
     a, b = _train(full), _train(resumed)

@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
-from _e2e import ROOT, args, assert_bitwise_equal, bertgpu, e2e_shards, final_weights, reference_run
+from _e2e import (
+    ROOT,
+    args,
+    assert_bitwise_equal,
+    bertgpu,
+    bertgpu_here,
+    e2e_shards,
+    final_weights,
+    reference_run,
+)
 from safetensors.torch import load_file
 
 
@@ -61,10 +70,11 @@ def _last_line(text: str) -> str:
 
 
 def _rerun(shards: Path, run: Path, *extra: str) -> None:
-    """The same command again, to its end: in this process (one thread, as the subprocesses run:
-    the `one_thread` fixture) unless it launches workers."""
+    """The same command again, to its end, in this process (one thread, as the subprocesses run:
+    the `one_thread` fixture); with `--nproc`, its launcher and workers are processes of their
+    own (_e2e.bertgpu_here)."""
     if "--nproc" in extra:
-        done = bertgpu(args(shards, run, *extra))
+        done = bertgpu_here(args(shards, run, *extra))
         assert done.returncode == 0, done.stderr[-3000:]
     else:
         from bertgpu.cli import main

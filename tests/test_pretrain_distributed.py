@@ -4,13 +4,12 @@ resuming a world-size-2 checkpoint at world size 1, a collective budget stop; an
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _e2e import bertgpu_here
 from _shards import write_synthetic_shards
 from safetensors.torch import load_file
 
@@ -43,11 +42,10 @@ def _overrides(data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    env.pop("WORLD_SIZE", None)
-    return subprocess.run([sys.executable, "-m", "bertgpu", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """`bertgpu ARGS` run by this process (`--nproc 2`: its launcher and workers are processes of
+    their own), with WORLD_SIZE unset: _e2e.bertgpu_here."""
+    return bertgpu_here(list(args))
 
 
 def _train_records(run: Path) -> dict[int, dict]:
