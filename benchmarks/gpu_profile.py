@@ -107,43 +107,41 @@ HBM_TB_S = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "A
 80 GB A100s)."""
 
 
-def triton_kernel_bytes() -> dict[str, list[float]]:
-    """Bytes per launch of every compiled Triton kernel in this process, by kernel name, as
-    inductor estimates them (`kernel_num_gb`, recorded when `torch._inductor.config.
-    benchmark_kernel` is on at compile time). Names can repeat across compiled graphs (the
-    forward's and the backward's kernels are numbered separately): a list per name."""
+def _autotuners() -> list:
+    """Inductor's compiled Triton kernels alive in this process (their autotuners)."""
     import gc
 
     try:
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     except ImportError:
-        return {}
+        return []
+    # not isinstance: no proxy's __class__
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), CachingAutotuner)]
+
+
+def triton_kernel_bytes() -> dict[str, list[float]]:
+    """Bytes per launch of every compiled Triton kernel in this process, by kernel name, as
+    inductor estimates them (`kernel_num_gb`, recorded when `torch._inductor.config.
+    benchmark_kernel` is on at compile time). Names can repeat across compiled graphs (the
+    forward's and the backward's kernels are numbered separately): a list per name."""
     out: dict[str, list[float]] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), CachingAutotuner):  # not isinstance: no proxy's __class__
-            meta = getattr(obj, "inductor_meta", None) or {}
-            name, gb = meta.get("kernel_name"), meta.get("kernel_num_gb")
-            if name and gb:
-                out.setdefault(str(name), []).append(float(gb) * 1e9)
+    for obj in _autotuners():
+        meta = getattr(obj, "inductor_meta", None) or {}
+        name, gb = meta.get("kernel_name"), meta.get("kernel_num_gb")
+        if name and gb:
+            out.setdefault(str(name), []).append(float(gb) * 1e9)
     return out
 
 
 def triton_kernel_sources() -> dict[str, str]:
     """The Triton source of every compiled kernel in this process, by kernel name (the first
     where names repeat across graphs)."""
-    import gc
-
-    try:
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except ImportError:
-        return {}
     out: dict[str, str] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), CachingAutotuner):
-            name = (getattr(obj, "inductor_meta", None) or {}).get("kernel_name")
-            src = getattr(getattr(obj, "fn", None), "src", None)
-            if name and isinstance(src, str):
-                out.setdefault(str(name), src)
+    for obj in _autotuners():
+        name = (getattr(obj, "inductor_meta", None) or {}).get("kernel_name")
+        src = getattr(getattr(obj, "fn", None), "src", None)
+        if name and isinstance(src, str):
+            out.setdefault(str(name), src)
     return out
 
 

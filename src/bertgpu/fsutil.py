@@ -222,13 +222,19 @@ def remove_dir(folder: Path) -> None:
 # Sealing and verifying
 
 
-def _digest_and_sync(path: Path) -> str:
+def file_sha256(path: str | os.PathLike[str], sync: bool = False) -> str:
+    """The sha256 of a file's bytes, read in chunks (`sync`: and flushed to disk, for sealing)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     return h.hexdigest()
+
+
+def _digest_and_sync(path: Path) -> str:
+    return file_sha256(path, sync=True)
 
 
 def _write_synced(path: Path, text: str, after_write: WriteHook | None) -> None:
@@ -309,11 +315,7 @@ def verify_folder(folder: Path) -> str | None:
     if problem is not None:
         return problem
     for name, meta in files.items():
-        h = hashlib.sha256()
-        with open(folder / name, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        if h.hexdigest() != meta["sha256"]:
+        if file_sha256(folder / name) != meta["sha256"]:
             return f"{name} fails its sha256 checksum (the file changed after it was written)"
     return None
 

@@ -90,16 +90,14 @@ def read_score(folder: Path) -> tuple[float, str]:
 def folder_digest(folder: Path, weights: bool = True) -> str | None:
     """sha256 over the names and bytes of every file under `folder` (without the weight files
     unless `weights`); None when it cannot be read: then nothing made from it is kept."""
+    from bertgpu.fsutil import file_sha256
+
     h = hashlib.sha256()
     try:
         files = sorted(p for p in Path(folder).rglob("*") if p.is_file()
                        and (weights or p.suffix not in WEIGHT_SUFFIXES))
         for path in files:
-            h.update(path.relative_to(folder).as_posix().encode() + b"\0")
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-            h.update(b"\0")
+            h.update(f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}\0".encode())
     except OSError:
         return None
     return h.hexdigest() if files else None

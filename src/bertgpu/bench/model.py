@@ -245,25 +245,16 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
 
 def peak_of(device_name: str | None, dtype: str, override: float | None
             ) -> tuple[float | None, str | None]:
-    """The peak TFLOP/s of one device that MFU is over (`flops.peak_tflops`), and where it came
-    from, in that function's precedence: "--peak-tflops", the environment variable, or the table
-    entry ("table: H100 SXM bf16"); (None, None) when it is unknown (the rows get no MFU). On a
+    """The peak TFLOP/s of one device that MFU is over, and where it came from
+    (`flops.peak_and_source`: "--peak-tflops", the environment variable, or the table entry,
+    "table: H100 SXM bf16"); (None, None) when it is unknown (the rows get no MFU). On a
     GPU (`device_name`) fp32 rows run their matrix products on TF32 tensor cores (`main` allows
     them, as training does), so their peak is TF32's, as training's MFU takes it."""
-    import os
-
-    from bertgpu.telemetry.flops import PEAK_ENV_VAR, gpu_model, peak_tflops
+    from bertgpu.telemetry.flops import peak_and_source
 
     if device_name is not None and dtype == "fp32":
         dtype = "tf32"
-    peak = peak_tflops(device_name, dtype, override=override)
-    if peak is None:
-        return None, None
-    if override is not None:
-        return peak, "--peak-tflops"
-    if os.environ.get(PEAK_ENV_VAR, "").strip():
-        return peak, PEAK_ENV_VAR
-    return peak, f"table: {gpu_model(device_name or '')} {dtype}"
+    return peak_and_source(device_name, dtype, override)
 
 
 # --------------------------------------------------------------------------------------------

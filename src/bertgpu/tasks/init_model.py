@@ -119,17 +119,13 @@ _hashed: dict[tuple[str, int, int], str] = {}
 
 
 def _weights_sha256(path: Path) -> str | None:
-    import hashlib
+    from bertgpu.fsutil import file_sha256
 
     try:
         stat = path.stat()
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         if key not in _hashed:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-            _hashed[key] = h.hexdigest()
+            _hashed[key] = file_sha256(path)
     except OSError:
         return None
     return _hashed[key]

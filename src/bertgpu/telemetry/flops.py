@@ -115,10 +115,18 @@ def peak_tflops(
     ``BERTGPU_PEAK_TFLOPS``, then the table. Returns None for unknown hardware or a dtype the
     device has no tensor cores for, which means "do not show MFU" rather than a made-up number.
     """
+    return peak_and_source(device_name, dtype, override)[0]
+
+
+def peak_and_source(
+    device_name: str | None, dtype: Any = "bf16", override: float | None = None
+) -> tuple[float | None, str | None]:
+    """``peak_tflops`` and where it came from: "--peak-tflops" (the override), the environment
+    variable's name, or the table entry ("table: H100 SXM bf16"); (None, None) when unknown."""
     if override is not None:
         if not override > 0:
             raise BertgpuError(f"peak TFLOP/s override: found {override!r}, expected a number > 0")
-        return float(override)
+        return float(override), "--peak-tflops"
     env = os.environ.get(PEAK_ENV_VAR, "").strip()
     if env:
         try:
@@ -130,12 +138,11 @@ def peak_tflops(
                 f"environment variable {PEAK_ENV_VAR}: found {env!r}, expected a number > 0 "
                 "(TFLOP/s of one device)"
             )
-        return value
+        return value, PEAK_ENV_VAR
     key = _dtype_key(dtype)
     model = gpu_model(device_name) if device_name else None
-    if model is None:
-        return None
-    return PEAK_TFLOPS[model].get(key)
+    peak = PEAK_TFLOPS[model].get(key) if model is not None else None
+    return (peak, f"table: {model} {key}") if peak is not None else (None, None)
 
 
 def mfu(
