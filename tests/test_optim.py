@@ -1,4 +1,4 @@
-"""Parameter groups, optimizer construction, and LAMB against the paper's update by hand."""
+"""Parameter groups, optimizer construction, and LAMB against NVIDIA's update written by hand."""
 
 from __future__ import annotations
 
@@ -64,23 +64,30 @@ def test_build_optimizer_kinds():
         build_optimizer(model, "sgd", 1e-3)
 
 
-def reference_lamb(params, grads_per_step, lr, b1, b2, eps, wd):
-    """LAMB (You et al. 2019, Algorithm 2) written out plainly, one tensor at a time."""
-    ws = [p.clone().double() for p in params]
-    ms = [torch.zeros_like(w) for w in ws]
-    vs = [torch.zeros_like(w) for w in ws]
-    for t, grads in enumerate(grads_per_step, start=1):
+class ReferenceLamb:
+    """LAMB as NVIDIA's BERT recipe runs it (apex's multi_tensor_lamb, use_nvlamb off), written
+    out plainly in float64, one tensor at a time: `wds[i]` is tensor i's weight decay, and the
+    trust ratio applies only where it is non-zero."""
+
+    def __init__(self, params, wds, lr, b1, b2, eps):
+        self.ws = [p.detach().clone().double() for p in params]
+        self.ms = [torch.zeros_like(w) for w in self.ws]
+        self.vs = [torch.zeros_like(w) for w in self.ws]
+        self.wds, self.lr, self.b1, self.b2, self.eps, self.t = wds, lr, b1, b2, eps, 0
+
+    def step(self, grads):
+        self.t += 1
+        b1, b2, t = self.b1, self.b2, self.t
         for i, g in enumerate(grads):
-            g = g.double()
-            ms[i] = b1 * ms[i] + (1 - b1) * g
-            vs[i] = b2 * vs[i] + (1 - b2) * g * g
-            m_hat = ms[i] / (1 - b1**t)
-            v_hat = vs[i] / (1 - b2**t)
-            r = m_hat / (v_hat.sqrt() + eps) + wd * ws[i]
-            wn, rn = ws[i].norm().item(), r.norm().item()
-            ratio = wn / rn if wn > 0 and rn > 0 else 1.0
-            ws[i] = ws[i] - lr * ratio * r
-    return ws
+            g, w, wd = g.double(), self.ws[i], self.wds[i]
+            self.ms[i] = b1 * self.ms[i] + (1 - b1) * g
+            self.vs[i] = b2 * self.vs[i] + (1 - b2) * g * g
+            m_hat = self.ms[i] / (1 - b1**t)
+            v_hat = self.vs[i] / (1 - b2**t)
+            r = m_hat / (v_hat.sqrt() + self.eps) + wd * w
+            wn, rn = w.norm().item(), r.norm().item()
+            ratio = wn / rn if wn > 0 and rn > 0 and wd != 0 else 1.0
+            self.ws[i] = w - self.lr * ratio * r
 
 
 def test_lamb_matches_hand_computed_steps():
@@ -92,17 +99,79 @@ def test_lamb_matches_hand_computed_steps():
     ]
     grads_per_step = [[torch.randn(p.shape, generator=gen) for p in params] for _ in range(3)]
     lr, b1, b2, eps, wd = 0.05, 0.9, 0.99, 1e-6, 0.1
-    expected = reference_lamb([p.detach() for p in params], grads_per_step, lr, b1, b2, eps, wd)
+    ref = ReferenceLamb(params, [wd] * len(params), lr, b1, b2, eps)
+    for grads in grads_per_step:
+        ref.step(grads)
 
     opt = Lamb(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
     for grads in grads_per_step:
         for p, g in zip(params, grads, strict=True):
             p.grad = g.clone()
         opt.step()
-    for p, e in zip(params, expected, strict=True):
+    for p, e in zip(params, ref.ws, strict=True):
         torch.testing.assert_close(p.detach().double(), e, rtol=1e-5, atol=1e-6)
     # The zero-norm tensor moved (ratio 1, not 0) and every tensor moved by a trust-scaled step.
     assert params[1].detach().abs().sum() > 0
+
+
+def test_lamb_matches_nvidia_lamb_on_both_groups():
+    """A tiny BERT's two groups (decay 0.01 on matrices; none on biases, which start at 0, and
+    LayerNorm weights): five steps against the reference, which takes the trust ratio only
+    where the weight decay is non-zero, as apex's FusedLAMB does without use_nvlamb."""
+    from _tiny import TINY, tiny_batch
+
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**TINY))
+    groups = param_groups(model, 0.01)
+    params = [p for g in groups for p in g["params"]]
+    wds = [g["weight_decay"] for g in groups for _ in g["params"]]
+    assert 0.0 in wds and 0.01 in wds
+    lr, b1, b2, eps = 1e-2, 0.9, 0.999, 1e-6
+    opt = Lamb(groups, lr=lr, betas=(b1, b2), eps=eps)
+    ref = ReferenceLamb(params, wds, lr, b1, b2, eps)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for step in range(5):
+        model(**tiny_batch(step)).loss.backward()
+        ref.step([p.grad for p in params])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for p, w in zip(params, ref.ws, strict=True):
+            torch.testing.assert_close(p.detach().double(), w, rtol=1e-5, atol=1e-6,
+                                       msg=f"step {step}: {names[id(p)]}")
+
+
+def test_lamb_moves_a_zero_bias_as_adam_does():
+    """The bug: with the trust ratio on every tensor, a bias that starts at 0 takes one Adam step
+    and then steps lr * ||b|| (a review measured 0.0312 -> 0.0341 over 200 steps at lr 4e-3,
+    AdamW 0.419). Without decay, biases and norms take torch.optim.Adam's steps exactly, while
+    the decayed matrix beside them keeps its trust ratio."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+    nn.init.zeros_(model[0].bias)
+    groups = param_groups(model, 0.01)
+    no_decay = groups[1]["params"]
+    assert any(p is model[0].bias for p in no_decay)
+    twins = [p.detach().clone().requires_grad_() for p in no_decay]
+    lr, betas, eps = 1e-2, (0.9, 0.999), 1e-6
+    lamb = Lamb(groups, lr=lr, betas=betas, eps=eps)
+    adam = torch.optim.Adam(twins, lr=lr, betas=betas, eps=eps, weight_decay=0.0, foreach=False)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(6):
+        for p in model.parameters():  # a steady push plus noise, the same for both optimizers
+            p.grad = torch.randn(p.shape, generator=gen) + 1.0
+        for twin, p in zip(twins, no_decay, strict=True):
+            twin.grad = p.grad.clone()
+        lamb.step()
+        adam.step()
+        for twin, p in zip(twins, no_decay, strict=True):
+            torch.testing.assert_close(p, twin, rtol=1e-6, atol=1e-7, msg=f"step {step}")
+        if step == 0:
+            first = model[0].bias.detach().norm().item()
+    # Adam's steps add up (about lr per element per step); the trust ratio allowed (1 + lr)^5.
+    assert model[0].bias.norm().item() > 3 * first
 
 
 class PerTensorLamb(Lamb):
@@ -121,8 +190,8 @@ class PerTensorLamb(Lamb):
 
 def test_foreach_lamb_matches_the_per_tensor_lamb_on_bert():
     """The foreach LAMB against the per-tensor one it replaced, on a real model's parameter groups
-    (weight decay on matrices, none on biases and norms, a tied embedding, zero-norm biases at
-    step 1), five steps with changing learning rates."""
+    (weight decay and the trust ratio on matrices, a tied embedding; biases and norms take Adam's
+    step in both), five steps with changing learning rates."""
     from _tiny import TINY, tiny_batch
 
     from bertgpu.models.bert.config import BertConfig
@@ -168,13 +237,14 @@ def test_lamb_state_dict_round_trip():
 
 
 def lamb_run(grads, found=()):
-    """A fresh LAMB over three tensors (one of zero norm) stepped on each of `grads` (a list of
-    seeds); the steps in `found` get NaN gradients and found_inf = 1, as the engine and
-    GradScaler set them."""
+    """A fresh LAMB over three decayed tensors (one of zero norm) and an undecayed one (Adam's
+    step, no trust ratio) stepped on each of `grads` (a list of seeds); the steps in `found` get
+    NaN gradients and found_inf = 1, as the engine and GradScaler set them."""
     gen = torch.Generator().manual_seed(1)
     params = [nn.Parameter(torch.randn(3, 4, generator=gen)), nn.Parameter(torch.zeros(5)),
-              nn.Parameter(torch.randn(2, 2, generator=gen))]
-    opt = Lamb(params, lr=0.05, betas=(0.9, 0.99), weight_decay=0.1)
+              nn.Parameter(torch.randn(2, 2, generator=gen)), nn.Parameter(torch.zeros(3))]
+    opt = Lamb([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0}],
+               lr=0.05, betas=(0.9, 0.99), weight_decay=0.1)
     assert opt._step_supports_amp_scaling  # the CPU has torch's fused Adam kernel
     for i, seed in enumerate(grads):
         gen = torch.Generator().manual_seed(seed)

@@ -6,7 +6,12 @@ elsewhere; RAdam is torch's foreach. LAMB (You et al. 2019, "Large Batch Optimiz
 Learning: Training BERT in 76 minutes", Algorithm 2) is not in torch, so it is written here with
 torch's multi-tensor kernels: a handful of launches per parameter group, not a few per tensor,
 and its step compiles to one graph. The layer-wise trust ratio is what lets BERT train at batch
-32k-64k, and NVIDIA's BERT recipe uses it for the same reason.
+32k-64k, and NVIDIA's BERT recipe uses it for the same reason. As in that recipe (apex's
+`multi_tensor_lamb` without `use_nvlamb`: "only apply to those with non-zero weight decay") and
+Google's TF LAMB (`exclude_from_layer_adaptation`), the ratio scales only the decayed group: the
+biases and LayerNorm weights take Adam's step. With the ratio, a bias that starts at 0 stays
+pinned near 0: after step 1 each step's norm is lr * ||b||, so ||b|| grows (1 + lr)-fold a step
+at most.
 
 AdamW (fused) and LAMB honour `found_inf` / `grad_scale` on the device (torch's convention, set by
 GradScaler and by the engine): a step with found_inf = 1 leaves weights, moments and step counts as
@@ -91,13 +96,16 @@ def build_optimizer(
 class Lamb(torch.optim.Optimizer):
     """LAMB, You et al. 2019, Algorithm 2, with bias correction and phi = identity.
 
-    Per parameter tensor w (one "layer" in the paper):
+    Per parameter tensor w (one "layer" in the paper) of a group with weight decay wd:
         m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
         r = m_hat / (sqrt(v_hat) + eps) + wd * w
-        w = w - lr * (||w|| / ||r||) * r      (ratio 1 when either norm is 0)
+        w = w - lr * ratio * r,   ratio = ||w|| / ||r||  (1 when either norm is 0, or wd = 0)
     The trust ratio makes the step size of each tensor proportional to its norm, which is
-    what keeps very large batches stable. No gradient pre-normalisation: the engine clips the
-    global grad norm before `step()`.
+    what keeps very large batches stable. A group with wd = 0 (biases and norms, from
+    `param_groups`) gets ratio 1, Adam's step, as NVIDIA's FusedLAMB (apex, `use_nvlamb=False`,
+    the default its BERT recipe runs) and TF LAMB's `exclude_from_layer_adaptation`: the ratio
+    would tie a bias's step to its own small norm. So with weight_decay 0 everywhere this is Adam.
+    No gradient pre-normalisation: the engine clips the global grad norm before `step()`.
 
     m and v are Adam's moments, so on CUDA and the CPU torch's fused multi-tensor Adam kernel
     advances them (with a zero learning rate: it leaves the weights alone), which also gives
@@ -144,7 +152,10 @@ class Lamb(torch.optim.Optimizer):
             # found = 1 (0-dim, 0 or 1): a zero learning rate, and the moments and counts the
             # kernel left as they were give a finite r, so the weights do not move either.
             lr = group["lr"] if found is None else group["lr"] * (1.0 - found)
-            self._apply_trust_ratio(params, updates, lr)
+            if group["weight_decay"] != 0.0:  # a Python float: no host sync, one graph
+                self._apply_trust_ratio(params, updates, lr)
+            else:
+                self._apply_adam_step(params, updates, lr)
         return loss
 
     def _state(self, params: list[torch.Tensor]
@@ -209,6 +220,19 @@ class Lamb(torch.optim.Optimizer):
         if wd != 0.0:
             torch._foreach_add_(updates, params, alpha=wd)
         return updates
+
+    @staticmethod
+    def _apply_adam_step(params: list[torch.Tensor], updates: list[torch.Tensor],
+                         lr: float | torch.Tensor) -> None:
+        """w -= lr * r for every tensor: the undecayed group, no layer adaptation (apex's
+        LAMBStage2 with decay 0); `lr` may be a 0-dim device tensor (0 on a skipped step).
+
+        Multiply, then add, whether `lr` is a float (the host decided the skip) or a tensor
+        (found_inf on the device): an add with alpha rounds differently, and the two ways of
+        skipping must give bitwise the same weights (tests/test_device_skip.py)."""
+        scale = (-lr).to(updates[0].dtype) if torch.is_tensor(lr) else -lr
+        torch._foreach_mul_(updates, scale)
+        torch._foreach_add_(params, updates)
 
     @staticmethod
     def _apply_trust_ratio(params: list[torch.Tensor], updates: list[torch.Tensor],
