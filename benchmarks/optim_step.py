@@ -44,8 +44,15 @@ class ForeachLamb(Lamb):
     def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self._apply_trust_ratio(params, self._old_updates(group, params), group["lr"])
+            if not params:
+                continue
+            updates = self._old_updates(group, params)
+            # The undecayed group takes Adam's step, as today's Lamb (NVIDIA's rule): the rows
+            # compare the same arithmetic, only its kernels differ.
+            if group["weight_decay"] != 0.0:
+                self._apply_trust_ratio(params, updates, group["lr"])
+            else:
+                self._apply_adam_step(params, updates, group["lr"])
 
     def _old_updates(self, group: dict[str, Any], params: list[torch.Tensor]
                      ) -> list[torch.Tensor]:
