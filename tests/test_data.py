@@ -353,6 +353,116 @@ def test_whole_word_masking_masks_all_pieces(mlm_dir):
     assert not chosen[:, [0, T - 1]].any()
 
 
+# Whole-word vocabulary for the tests below: specials 0-4, word starts 5-59, "##" pieces 60-99.
+WW_CONT = np.arange(100) >= 60
+WW_SPECIAL = np.isin(np.arange(100), list(SPECIAL))
+
+
+def _reference_whole_words(row, L, keys, rate):
+    """Google's create_pretraining_data.py word loop, written out: the candidate words, then in
+    random order (here: by the key of each word's first piece) take a word unless it would
+    overshoot the budget, and go on with the next (`continue`, not `break`) until the budget is
+    met. Two documented bertgpu differences: a "##" piece continues a word only when the token
+    right before it is maskable (Google glues a "##" after [SEP] to the word before the [SEP];
+    here it starts a word), and a row whose every word overshoots still masks its first word."""
+    words: list[list[int]] = []
+    for t in range(L):
+        if WW_SPECIAL[row[t]]:
+            continue
+        if WW_CONT[row[t]] and t > 0 and not WW_SPECIAL[row[t - 1]]:
+            words[-1].append(t)
+        else:
+            words.append([t])
+    n_cand = sum(len(w) for w in words)
+    budget = max(1, int(np.floor(rate * n_cand + 0.5))) if n_cand else 0
+    covered: list[int] = []
+    order = sorted(words, key=lambda w: keys[w[0]])
+    for w in order:
+        if len(covered) >= budget:
+            break
+        if len(covered) + len(w) > budget:
+            continue
+        covered += w
+    if not covered and order:
+        covered = order[0]
+    return sorted(covered), budget, sum(len(w) == 1 for w in words)
+
+
+def _whole_word_rows(rng, B, T):
+    """[CLS] words of 1-4 pieces [SEP] (and a second segment), with "##" pieces placed right
+    after [CLS], after the middle [SEP] and after an [UNK]; variable lengths, padded."""
+    ids = np.zeros((B, T), dtype=np.int64)
+    lengths = rng.integers(T // 2, T + 1, size=B)
+    for b in range(B):
+        L = int(lengths[b])
+        row = [2]
+        if rng.random() < 0.4:
+            row += [int(rng.integers(60, 100))]  # a "##" piece right after [CLS]
+        while len(row) < L - 1:
+            r = rng.random()
+            if r < 0.05:
+                row += [3] + [int(rng.integers(60, 100))] * int(rng.integers(0, 2))
+            elif r < 0.1:
+                row += [1] + [int(rng.integers(60, 100))] * int(rng.integers(0, 2))
+            else:
+                n = int(rng.choice([1, 1, 1, 2, 3, 4]))
+                row += [int(rng.integers(5, 60))] + rng.integers(60, 100, size=n - 1).tolist()
+        ids[b, :L] = row[: L - 1] + [3]
+    return ids, lengths
+
+
+def test_whole_word_masking_matches_googles_word_loop():
+    """Exactly the reference's positions, row by row. The loop once stopped (`break`) at the
+    first word that would overshoot, leaving rows under their budget."""
+    rng = np.random.default_rng(5)
+    B, T, rate = 400, 40, 0.2
+    ids, lengths = _whole_word_rows(rng, B, T)
+    masker = Masker(MaskingConfig(whole_word=True, mask_rate=rate), 100, SPECIAL, MASK_ID,
+                    continuation=WW_CONT)
+    epochs, indices = np.full(B, 3), np.arange(1000, 1000 + B)
+    _, labels = masker.mask_batch(ids, lengths, 9, epochs, indices)
+    full_rows = 0
+    for b in range(B):
+        L = int(lengths[b])
+        keys = _philox(9, 0x6D61736B, 3, 1000 + b).random((3, L))[0]
+        expected, budget, singles = _reference_whole_words(ids[b], L, keys, rate)
+        got = np.flatnonzero(labels[b] != IGNORE_INDEX).tolist()
+        assert got == expected, b
+        # Skipping an overshooting word and going on: single-piece words always fill the budget.
+        if singles >= budget:
+            assert len(got) == budget, (b, len(got), budget)
+            full_rows += 1
+    assert full_rows > 0.75 * B
+
+
+def test_whole_word_piece_after_a_special_token_starts_a_word():
+    """A "##" piece right after [CLS], [SEP] or [UNK] (never masked) continues no word: it starts
+    one (with the "##" pieces after it), as `_choose_words` says: a word starts at a candidate
+    unless the candidate before it is part of the same word. It must neither crash nor glue
+    itself to the word before the special token."""
+    #            0  1   2   3   4  5   6   7   8  9   10  11
+    row = np.array([2, 61, 62, 10, 3, 63, 11, 64, 1, 65, 12, 3])
+    words = [[1, 2], [3], [5], [6, 7], [9], [10]]
+    masker = Masker(MaskingConfig(whole_word=True, mask_rate=0.3), 100, SPECIAL, MASK_ID,
+                    continuation=WW_CONT)
+    B = 300
+    _, labels = masker.mask_batch(np.tile(row, (B, 1)), np.full(B, len(row)), 4, np.zeros(B),
+                                  np.arange(B))
+    chosen = labels != IGNORE_INDEX
+    budget = int(np.floor(0.3 * sum(map(len, words)) + 0.5))  # 8 maskable tokens -> 2
+    seen = np.zeros(len(words), dtype=int)
+    for b in range(B):
+        for k, w in enumerate(words):
+            assert chosen[b, w].all() or not chosen[b, w].any(), (b, w)  # whole words only
+            seen[k] += int(chosen[b, w].all())
+        assert chosen[b].sum() == budget  # 4 single-piece words: the budget is always met
+    # Every word, the "##" ones after specials included, is chosen on its own sometimes.
+    assert (seen > 0.1 * B).all(), seen
+    assert (chosen[:, 5] & ~chosen[:, 3]).any() and (chosen[:, 3] & ~chosen[:, 5]).any()
+    assert (chosen[:, 9] & ~chosen[:, 6]).any()
+    assert not chosen[:, [0, 4, 8, 11]].any()
+
+
 def test_masking_config_validation():
     with pytest.raises(BertgpuError, match="mask_rate"):
         MaskingConfig(mask_rate=1.5)

@@ -190,6 +190,35 @@ def test_other_activations_match(act):
                                atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"])
+def test_activations_match_transformers_where_they_differ(act):
+    """At BERT's initializer_range (0.02) the feed-forward inputs of a tiny model stay near 0,
+    where erf-GELU and its tanh approximation agree to ~1e-6, so the parity tests above cannot
+    tell them apart. A wide initialisation spreads them over a few units, where the two differ
+    by up to ~5e-4, and the whole pre-training model must still match transformers."""
+    torch.manual_seed(0)
+    wide = dict(TINY, hidden_act=act, initializer_range=0.5)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**wide)).eval()
+    ours = BertForPreTraining(BertConfig(**wide)).eval()
+    load_hf_state_dict(ours, hf.state_dict())
+    b = tiny_batch(8)
+    inputs = dict(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                  token_type_ids=b["token_type_ids"])
+    r = hf(**inputs)
+    o = ours(**inputs)
+    torch.testing.assert_close(o.prediction_logits, r.prediction_logits, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(o.seq_relationship_logits, r.seq_relationship_logits,
+                               atol=1e-4, rtol=1e-5)
+    # The check has teeth: the other GELU form moves the logits far beyond that tolerance.
+    if act.startswith("gelu"):
+        other = "gelu_new" if act == "gelu" else "gelu"
+        hf.config.hidden_act = other
+        swapped = transformers.BertForPreTraining(hf.config).eval()
+        swapped.load_state_dict(hf.state_dict())
+        gap = (swapped(**inputs).prediction_logits - r.prediction_logits).abs().max().item()
+        assert gap > 1e-3, gap  # ten times the tolerance
+
+
 def test_hf_initialisation_statistics():
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

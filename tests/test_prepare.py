@@ -374,6 +374,48 @@ def test_many_small_documents_are_held_out_whole(tok, tmp_path):
     assert val_docs + m["splits"]["train"]["documents"] == len(docs)
 
 
+def _segments(out, split):
+    """A split's packed token stream (row contents concatenated) cut at [SEP]."""
+    ids, lengths = _load(out, split, "input_ids"), _load(out, split, "lengths")
+    stream = np.concatenate([row[1 : n - 1] for row, n in zip(ids, lengths, strict=True)])
+    parts = np.split(stream.astype(np.int64), np.flatnonzero(stream == SEP))
+    return [parts[0]] + [p[1:] for p in parts[1:]]  # each [SEP] heads the part after it
+
+
+def _spans_in(doc, segments):
+    """[start, end) of each segment in `doc`, in order; each must be a contiguous slice of it
+    after the previous one."""
+    spans, cursor = [], 0
+    for k, seg in enumerate(segments):
+        hits = [p for p in np.flatnonzero(doc[cursor:] == seg[0]) + cursor
+                if np.array_equal(doc[p : p + len(seg)], seg)]
+        assert hits, f"segment {k} ({len(seg)} tokens) is not a slice of the document"
+        spans.append((int(hits[0]), int(hits[0]) + len(seg)))
+        cursor = hits[0] + len(seg)
+    return spans
+
+
+def test_chunks_of_one_document_join_without_sep_unless_a_chunk_was_held_out(tok, tmp_path):
+    """MLM packing of one document cut into chunks, some held out for validation: in each split
+    a [SEP] stands exactly where the document was interrupted (a held-out chunk in between),
+    never between two chunks that follow each other in the document."""
+    flat = [s for d in pydoc_documents(12) for s in d]
+    corpus = write_sentences(tmp_path / "one.txt", [flat])
+    m = prepare([corpus], tok, tmp_path / "out", seq_len=64, workers=1, validation_fraction=0.2)
+    assert m["counts"]["documents"] == 1 and m["split_unit"] == "chunk"
+    doc = np.array(load_tokenizer(tok).encode(" ".join(flat), add_special_tokens=False).ids)
+    assert SEP not in doc and len(doc) > 2000
+    covered = 0
+    for split in ("train", "validation"):
+        segments = _segments(tmp_path / "out", split)
+        spans = _spans_in(doc, segments)
+        assert len(spans) >= 2, split  # the held-out chunks cut the document
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert start > end, (split, end, start)  # adjacent slices: a [SEP] inside the text
+        covered += sum(e - s for s, e in spans)
+    assert covered == len(doc)  # every token, in one split or the other
+
+
 def test_validation_fraction_zero_holds_out_nothing_and_summary_says_how(
         tok, corpora, tmp_path, capsys):
     base = ["prepare", "--corpus", str(corpora[1]), "--tokenizer", str(tok), "--seq-len", "64",

@@ -5,6 +5,8 @@ rules on hand-made cases."""
 from __future__ import annotations
 
 import json
+import re
+import string
 from pathlib import Path
 
 import numpy as np
@@ -391,6 +393,59 @@ def test_normalize_answer() -> None:
     assert normalize_answer("24–10") == "24–10"  # the en dash is not ASCII punctuation
     assert normalize_answer("U.S.") == "us"
     assert normalize_answer("The") == ""
+
+
+def _official_normalize_answer(s: str) -> str:
+    """normalize_answer of evaluate-v1.1.py / evaluate-v2.0.py, as written there."""
+    def remove_articles(text):
+        return re.sub(re.compile(r"\b(a|an|the)\b", re.UNICODE), " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    return white_space_fix(remove_articles(remove_punc(s.lower())))
+
+
+TRICKY_ANSWERS = [
+    "the-cat", "a.m.", "p.m. the", "an-apple", "A-B-C", "The.End", "(the) answer", "'a' grade",
+    "the/an/a", "U.S.A.", "theater", "Anne and the an", "a,b", "x-the-y", "THE CAT", "é the é",
+    "the\u00a0cat", "rock-'n'-roll", "the_a", "an_", "...", "", "The", "a b c the", "[the]",
+]
+
+
+def test_normalize_answer_matches_the_official_script() -> None:
+    """Punctuation goes before the articles, as in the official scripts: "the-cat" is one word
+    "thecat", not the article and "cat"."""
+    assert normalize_answer("the-cat") == "thecat"
+    assert normalize_answer("a.m.") == "am"
+    assert normalize_answer("x-the-y") == "xthey"
+    for s in TRICKY_ANSWERS:
+        assert normalize_answer(s) == _official_normalize_answer(s), s
+    assert exact_match("the-cat", "cat") == 0.0  # official: "thecat" vs "cat"
+
+
+def test_v2_gold_answers_that_normalise_to_nothing_are_dropped() -> None:
+    """evaluate-v2.0.py: `gold_answers = [a['text'] for a in qa['answers'] if
+    normalize_answer(a['text'])]`, and `['']` only when none is left. A gold "the" is no gold:
+    "" does not match it; a question whose only gold is "." is answered by ""."""
+    ex = [SquadExample("q1", "t", "Where?", "the Paris", ("the", "Paris"), (0, 4)),
+          SquadExample("q2", "t", "What?", "Dot.", (".",), (3,))]
+    assert squad_evaluate(ex[:1], {"q1": ""}, version_2=True) == pytest.approx(
+        {"exact": 0.0, "f1": 0.0, "total": 1, "HasAns_exact": 0.0, "HasAns_f1": 0.0,
+         "HasAns_total": 1})
+    r = squad_evaluate(ex[:1], {"q1": "Paris"}, version_2=True)
+    assert r["exact"] == pytest.approx(100.0) and r["f1"] == pytest.approx(100.0)
+    # Only "." as gold: none is left, so the gold is [""] and "" scores 100 (still HasAns: the
+    # answers list itself is not empty).
+    r = squad_evaluate(ex[1:], {"q2": ""}, version_2=True)
+    assert r["exact"] == pytest.approx(100.0) and r["f1"] == pytest.approx(100.0)
+    assert r["HasAns_total"] == 1
+    r = squad_evaluate(ex[1:], {"q2": "Dot"}, version_2=True)
+    assert r["exact"] == 0.0 and r["f1"] == 0.0
 
 
 def test_exact_and_f1_by_hand() -> None:

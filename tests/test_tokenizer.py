@@ -89,6 +89,39 @@ def test_chinese_split_char_by_char_and_case_handling(uncased, cased):
     assert is_lowercase(uncased) and not is_lowercase(cased)
 
 
+@pytest.mark.parametrize(("lowercase", "strip", "expected"), [
+    (False, True, "[CLS]CafeElan[SEP]"),  # cased, accents stripped
+    (True, False, "[CLS]caféélan[SEP]"),  # lower-cased, accents kept
+])
+def test_strip_accents_apart_from_case_is_written_and_loaded(tmp_path, lowercase, strip,
+                                                             expected):
+    """Accent stripping that differs from BERT's default (strip as lower-case) must reach
+    tokenizer_config.json: transformers and `load_tokenizer` build the normaliser from it, so a
+    null there would encode "Café Élan" with the case's default instead of what was trained."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Café Élan and the café of Élan.\n\nA naïve résumé in Zürich.\n"
+                      "The quick brown fox jumps over the lazy dog.\n", encoding="utf-8")
+    folder = train_tokenizer([corpus], tmp_path / "tok", vocab_size=100, lowercase=lowercase,
+                             strip_accents=strip, min_frequency=1)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["do_lower_case"] is lowercase and config["strip_accents"] is strip
+    text = "Café Élan"
+    trained = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text)
+    assert "".join(trained.tokens).replace("##", "") == expected
+    assert load_tokenizer(folder).encode(text).ids == trained.ids
+    assert AutoTokenizer.from_pretrained(str(folder))(text)["input_ids"] == trained.ids
+    # a folder of vocab.txt and the config alone: the settings come from the config only
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(folder / name, bare)
+    assert load_tokenizer(bare).encode(text).ids == trained.ids
+    assert AutoTokenizer.from_pretrained(str(bare))(text)["input_ids"] == trained.ids
+
+
 def test_vocab_only_folder_loads_like_transformers(uncased, cased, tmp_path):
     from transformers import AutoTokenizer
 
