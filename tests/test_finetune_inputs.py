@@ -420,6 +420,7 @@ def test_an_earlier_fine_tuning_at_out_is_named_before_it_is_replaced(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         warnings.filterwarnings("ignore", message=".*initialised fresh")
+        warnings.filterwarnings("ignore", message=".*trains nothing")  # 1 step, in its warm-up
         finetune("sst2", GLUE, init, out, overrides=QUICK)
     with pytest.warns(UserWarning, match=rf"ow: holds an earlier fine-tuning \(SST-2 from {init}\);"
                                          r" this run of CoLA replaces it when it ends"):

@@ -214,13 +214,13 @@ def test_budget_warmup_counts_steps_not_clock():
     """Budget mode: warmup_steps ramps over optimizer steps while the decay follows the clock; in
     step mode warmup_steps is the same as warmup_steps / max_steps of progress."""
     s = Schedule(peak_lr=1.0, decay="linear", warmup_steps=10, max_steps=1000, budget_mode=True)
-    assert s.lr(progress=0.0, step=0) == pytest.approx(0.1)
-    assert s.lr(progress=0.0, step=4) == pytest.approx(0.5)
-    assert s.lr(progress=0.5, step=4) == pytest.approx(0.25)  # ramp x clock decay
+    assert s.lr(progress=0.0, step=0) == pytest.approx(0.0)  # the first step starts the warm-up
+    assert s.lr(progress=0.0, step=4) == pytest.approx(0.4)
+    assert s.lr(progress=0.5, step=4) == pytest.approx(0.2)  # ramp x clock decay
     assert s.lr(progress=0.5, step=50) == pytest.approx(0.5)  # after the ramp: the clock alone
     steps = Schedule(peak_lr=1.0, decay="linear", warmup_steps=10, max_steps=100)
-    assert steps.lr(progress=0.05, step=4) == pytest.approx(0.5)
-    assert steps.lr(progress=0.55, step=54) == pytest.approx(0.5)
+    assert steps.lr(progress=0.04, step=4) == pytest.approx(0.4)  # step k at progress k / N
+    assert steps.lr(progress=0.55, step=55) == pytest.approx(0.5)
 
 
 def _tiny_finetune(tmp_path):

@@ -1,11 +1,16 @@
-"""lr(progress) shapes at their key points, monotonicity, and the budget clock."""
+"""lr(progress) shapes at their key points, monotonicity, and the budget clock; the decay over the
+whole run (schedule.decay_span) against NVIDIA's and BERT TF's schedules; budget mode's warm-up."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
+from bertgpu.config.render import dump_toml
+from bertgpu.config.schema import load_config
 from bertgpu.errors import BertgpuError
 from bertgpu.train.schedule import (
     BudgetClock,
@@ -14,6 +19,8 @@ from bertgpu.train.schedule import (
     progress_from_steps,
     warmup_fraction,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -133,3 +140,119 @@ def test_schedule_carries_the_wsd_decay_fraction():
                      decay_fraction=0.5)
     assert sched.lr(0.4, 40) == 2.0
     assert sched.lr(0.75, 75) == pytest.approx(2.0 * (1 - math.sqrt(0.5)))
+
+
+# --- schedule.decay_span: NVIDIA's and BERT TF's decay over the whole run -----------------------
+
+
+def nvidia_poly_warmup_lr(base_lr: float, warmup: float, total_steps: int, degree: float,
+                          step: int) -> float:
+    """NVIDIA DeepLearningExamples' BERT `PolyWarmUpScheduler.get_lr` (PyTorch/LanguageModeling/
+    BERT/schedulers.py), the lr of optimizer step `step` (0-based, at progress step / total_steps
+    as our convention): a linear warm-up, then (1 - progress) ** degree over the WHOLE run."""
+    progress = step / total_steps
+    if progress < warmup:
+        return base_lr * progress / warmup
+    return base_lr * (1.0 - progress) ** degree
+
+
+def bert_tf_lr(init_lr: float, num_train_steps: int, num_warmup_steps: int, step: int,
+               power: float = 1.0, end_lr: float = 0.0) -> float:
+    """BERT's TF optimization.py `create_optimizer`: tf.train.polynomial_decay(init_lr,
+    global_step, num_train_steps, end_learning_rate, power, cycle=False), then the linear warm-up
+    replaces it while global_step < num_warmup_steps."""
+    done = min(step, num_train_steps) / num_train_steps
+    lr = (init_lr - end_lr) * (1.0 - done) ** power + end_lr
+    if step < num_warmup_steps:
+        lr = init_lr * step / num_warmup_steps
+    return lr
+
+
+@pytest.mark.parametrize(("warmup", "steps"), [(0.2843, 7038), (0.128, 1563), (0.2843, 50)])
+def test_whole_run_polynomial_is_nvidias_poly_warmup_scheduler(warmup, steps):
+    """The recipes' schedule (warm-up 0.2843 or 0.128, power 0.5) at every step of a run. With
+    the decay over the post-warm-up fraction the bert-base recipe's mean lr was 13% above
+    NVIDIA's."""
+    s = Schedule(peak_lr=6e-3, decay="polynomial", warmup_fraction=warmup, max_steps=steps,
+                 power=0.5, decay_span="whole_run")
+    ours = [s.lr(k / steps, k) for k in range(steps)]
+    ref = [nvidia_poly_warmup_lr(6e-3, warmup, steps, 0.5, k) for k in range(steps)]
+    assert ours == pytest.approx(ref, rel=1e-12, abs=1e-18)
+    end = math.ceil(warmup * steps)  # the first step past the warm-up: down from the peak
+    assert ours[end] == pytest.approx(6e-3 * (1 - warmup) ** 0.5, rel=0.02)
+
+
+@pytest.mark.parametrize(("decay", "min_ratio"), [("linear", 0.0), ("polynomial", 0.0),
+                                                  ("linear", 0.1), ("polynomial", 0.1)])
+def test_whole_run_linear_is_bert_tf_optimization(decay, min_ratio):
+    """BERT's TF schedule (power 1, warm-up of num_warmup_steps, end lr min_ratio x init lr)."""
+    steps, warm = 100, 10
+    s = Schedule(peak_lr=1e-4, decay=decay, warmup_steps=warm, max_steps=steps,
+                 min_lr_ratio=min_ratio, decay_span="whole_run")
+    ours = [s.lr(k / steps, k) for k in range(steps)]
+    ref = [bert_tf_lr(1e-4, steps, warm, k, end_lr=min_ratio * 1e-4) for k in range(steps)]
+    assert ours == pytest.approx(ref, rel=1e-12, abs=1e-18)
+
+
+def test_whole_run_cosine_and_the_default_span():
+    """Cosine over the whole run is the half cosine of progress past the warm-up; the default
+    (after_warmup) still starts each decay at 1 when the warm-up ends."""
+    for p in (0.2, 0.5, 0.9, 1.0):
+        assert lr_factor(p, 0.2, "cosine", span="whole_run") == pytest.approx(
+            0.5 * (1 + math.cos(math.pi * p)))
+        assert lr_factor(p, 0.2, "polynomial", power=0.5) == pytest.approx(
+            (1 - (p - 0.2) / 0.8) ** 0.5)
+    assert lr_factor(0.1, 0.2, "cosine", span="whole_run") == pytest.approx(0.5)  # warm-up
+    assert lr_factor(0.5, 1.0, "linear", span="whole_run") == pytest.approx(0.5)  # all warm-up
+
+
+@pytest.mark.parametrize("decay", ["constant", "wsd", "triangle", "one-cycle"])
+def test_whole_run_is_refused_where_it_means_nothing(decay):
+    with pytest.raises(BertgpuError, match=r"^config: schedule\.decay_span = 'whole_run': "
+                                           r"expected after_warmup with schedule\.decay"):
+        load_config(None, ["--schedule.decay", decay, "--schedule.decay_span", "whole_run"])
+    with pytest.raises(BertgpuError, match=r"schedule\.decay_span"):
+        lr_factor(0.5, 0.1, decay, span="whole_run")
+    assert load_config(None, ["--schedule.decay", decay]).schedule.decay_span == "after_warmup"
+
+
+def test_an_unknown_decay_span_is_refused():
+    with pytest.raises(BertgpuError, match=r"^config: schedule\.decay_span = 'whole': expected "
+                                           r"one of after_warmup, whole_run$"):
+        load_config(None, ["--schedule.decay_span", "whole"])
+
+
+@pytest.mark.parametrize("name", ["bert-base", "bert-large", "bert-base-phase2"])
+def test_nvidia_recipes_decay_over_the_whole_run_and_round_trip(name, tmp_path):
+    """The three recipes that present NVIDIA's schedule use it, and a config.toml written from
+    them (render.dump_toml, as a run folder's) reads back to the same schedule."""
+    cfg = load_config(str(ROOT / "configs" / f"{name}.toml"), [])
+    s = cfg.schedule
+    assert (s.decay, s.power, s.decay_span) == ("polynomial", 0.5, "whole_run")
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(cfg), encoding="utf-8")
+    assert 'decay_span = "whole_run"' in path.read_text(encoding="utf-8")
+    assert load_config(str(path), []).schedule == s
+    default = load_config(None, [])
+    path.write_text(dump_toml(default), encoding="utf-8")
+    assert load_config(str(path), []).schedule.decay_span == "after_warmup"
+
+
+# --- budget mode's warm-up in steps: the ramp of step mode ---------------------------------------
+
+
+@pytest.mark.parametrize("warm", [1, 4, 10])
+def test_budget_and_step_mode_warmups_give_the_same_lr_per_step(warm):
+    """Step k of the ramp runs at k / warmup_steps of the peak in both modes (the first at 0, step
+    warmup_steps at the peak). Budget mode ran one step ahead: (k + 1) / W, so its first step ran
+    at lr / W and warmup_steps 1 was no warm-up at all."""
+    steps = Schedule(peak_lr=1.0, decay="constant", warmup_steps=warm, max_steps=100)
+    budget = Schedule(peak_lr=1.0, decay="constant", warmup_steps=warm, max_steps=100,
+                      budget_mode=True)
+    for k in range(warm + 2):
+        want = min(k / warm, 1.0)
+        assert steps.lr(k / 100, k) == pytest.approx(want)
+        assert budget.lr(0.3, k) == pytest.approx(want)  # the clock is anywhere: constant decay
+    linear = dataclasses.replace(budget, decay="linear")
+    assert [linear.lr(0.0, k) for k in range(warm + 1)] == pytest.approx(
+        [steps.lr(k / 100, k) for k in range(warm + 1)])

@@ -20,6 +20,7 @@ import torch
 from _shards import write_synthetic_shards
 from _toy import ToyPretrain
 from test_loop import ToyTask
+from test_schedule import nvidia_poly_warmup_lr
 
 from bertgpu import cli
 from bertgpu.config import schema
@@ -41,7 +42,7 @@ from bertgpu.train import loop as loop_mod
 from bertgpu.train.checkpoint import load_resume
 from bertgpu.train.distributed import DistInfo
 from bertgpu.train.engine import build_engine
-from bertgpu.train.schedule import Schedule, lr_factor, warmup_note
+from bertgpu.train.schedule import FINETUNE, Schedule, lr_factor, warmup_note
 
 transformers = pytest.importorskip("transformers")
 
@@ -168,6 +169,57 @@ def test_the_warmup_note_says_what_the_lr_does():
     assert warmup_note(ScheduleSection(warmup_steps=50), budget, 1e-3) is None
 
 
+def test_the_default_polynomial_decay_is_transformers(tmp_path):
+    """decay_span after_warmup (the default): transformers' get_polynomial_decay_schedule_with_
+    warmup, power 0.5 and an end lr of 0.1 x the peak, at every step of a run."""
+    schedule = ScheduleSection(decay="polynomial", power=0.5, min_lr_ratio=0.1, warmup_steps=3)
+    applied, _ = _run_lrs(tmp_path / "r", schedule, 12)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
+    sched = transformers.get_polynomial_decay_schedule_with_warmup(opt, 3, 12, lr_end=0.1 * PEAK,
+                                                                   power=0.5)
+    ref = []
+    for _ in range(12):
+        ref.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert applied == pytest.approx(ref, rel=1e-12, abs=1e-18)
+
+
+def test_a_whole_run_decay_reaches_the_optimizer(tmp_path):
+    """schedule.decay_span whole_run through the loop: every step's lr is NVIDIA's
+    PolyWarmUpScheduler's (the loop passes the span on to its Schedule)."""
+    schedule = ScheduleSection(decay="polynomial", power=0.5, warmup_fraction=0.25,
+                               decay_span="whole_run")
+    applied, _ = _run_lrs(tmp_path / "r", schedule, 12)
+    ref = [nvidia_poly_warmup_lr(PEAK, 0.25, 12, 0.5, k) for k in range(12)]
+    assert applied == pytest.approx(ref, rel=1e-12, abs=1e-18)
+    assert applied[3] == pytest.approx(PEAK * 0.75 ** 0.5)  # no step at the peak: down at once
+
+
+def test_a_one_step_run_inside_its_warmup_says_it_trains_nothing():
+    """`--train.max_steps 1` (or a fine-tuning run of one step) with any warm-up ran its one step
+    at lr 0, silently."""
+    one = TrainSection(max_steps=1)
+    assert warmup_note(ScheduleSection(warmup_fraction=0.01), one, 1e-3) == (
+        "schedule.warmup_fraction 0.01 with train.max_steps 1: step 1 runs at lr 0, where the "
+        "warm-up starts: the run trains nothing; give it more steps (train.max_steps) or no "
+        "warm-up (schedule.warmup_fraction 0)")
+    assert warmup_note(ScheduleSection(warmup_steps=4), one, 1e-3) == (
+        "schedule.warmup_steps 4 with train.max_steps 1: step 1 runs at lr 0, where the warm-up "
+        "starts: the run trains nothing; give it more steps (train.max_steps) or no warm-up "
+        "(schedule.warmup_steps 0)")
+    budget = TrainSection(max_steps=1, budget_hours=1.0)
+    assert "step 1 runs at lr 0" in warmup_note(ScheduleSection(warmup_steps=4), budget, 1e-3)
+    assert warmup_note(ScheduleSection(warmup_fraction=0.1), one, 1e-3, FINETUNE) == (
+        "warmup_fraction 0.1 with a run of 1 step: step 1 runs at lr 0, where the warm-up starts: "
+        "the run trains nothing; give it more steps (more epochs, or a smaller "
+        "global_batch_size) or no warm-up (warmup_fraction 0)")
+    assert warmup_note(ScheduleSection(warmup_fraction=0.0), one, 1e-3) is None
+    assert warmup_note(ScheduleSection(warmup_steps=0, warmup_fraction=0.5), one, 1e-3) is None
+    assert warmup_note(ScheduleSection(warmup_fraction=0.5), TrainSection(max_steps=2),
+                       1e-3) is None  # step 2 runs at 0.5 / 0.5 of the peak: it trains
+
+
 # --- recipes: the batch NVIDIA's lr was tuned at -------------------------------------------------
 
 
@@ -256,3 +308,54 @@ def test_the_warmup_warning_of_a_run(shards, tmp_path, capsys):
                      "the warm-up takes the whole run, with no decay: the lr rises from 0 by "
                      "0.00025 per step (the peak lr 0.001 / 4 steps) and the last step runs at "
                      "0.00025, 25% of the peak"]
+
+
+def test_a_one_step_pretraining_run_says_it_trains_nothing(shards, tmp_path, capsys):
+    run = tmp_path / "r"
+    assert cli.main(["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL,
+                     "--train.max_steps", "1"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "warm" in x]
+    assert notes == ["bertgpu pretrain: warning: schedule.warmup_fraction 0.06 with "
+                     "train.max_steps 1: step 1 runs at lr 0, where the warm-up starts: the run "
+                     "trains nothing; give it more steps (train.max_steps) or no warm-up "
+                     "(schedule.warmup_fraction 0)"]
+    assert [r["lr"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"] == [0]
+
+
+def test_a_one_step_finetuning_run_says_it_trains_nothing(tmp_path, capsys):
+    """`finetune sst2 --epochs 1` on a set of one batch: one step at lr 0, an output identical to
+    its init, and no word of it. Fine-tuning now gives pretraining's start-up warnings."""
+    import _tiny_init
+    from test_finetune import VOCAB, sst2_fixture
+
+    init = _tiny_init.tiny_init(tmp_path, VOCAB)
+    sst2_fixture(tmp_path / "SST-2", n_train=8, n_dev=4)
+    assert cli.main(["finetune", "sst2", "--data", str(tmp_path / "SST-2"), "--init", str(init),
+                     "--out", str(tmp_path / "ft"), "--epochs", "1", "--global_batch_size", "8",
+                     "--max_seq_len", "32"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"steps +1 \(1 epochs x 1\)", captured.out)
+    notes = [x for x in captured.err.splitlines() if "warm" in x]
+    assert notes == ["bertgpu finetune: warning: warmup_fraction 0.1 with a run of 1 step: step 1 "
+                     "runs at lr 0, where the warm-up starts: the run trains nothing; give it "
+                     "more steps (more epochs, or a smaller global_batch_size) or no warm-up "
+                     "(warmup_fraction 0)"]
+
+
+def test_a_resume_that_changes_the_decay_span_says_so(shards, tmp_path, capsys):
+    """schedule.decay_span is a schedule setting like the others: config.toml holds it, and a
+    resume that changes it names it and keeps the earlier config.toml."""
+    run = tmp_path / "r"
+    base = ["pretrain", TINY, "--data", str(shards), "--out", str(run), *SMALL,
+            "--schedule.decay", "polynomial", "--schedule.power", "0.5"]
+    assert cli.main([*base, "--train.max_steps", "2"]) == 0
+    assert read_toml(run / "config.toml")["schedule"]["decay_span"] == "after_warmup"
+    capsys.readouterr()
+    assert cli.main([*base, "--train.max_steps", "3", "--schedule.decay_span", "whole_run"]) == 0
+    out = capsys.readouterr().out
+    assert [x for x in out.splitlines() if "changed settings" in x] == [
+        f"{run}: resuming at step 2 with changed settings: schedule.decay_span whole_run (was "
+        "after_warmup), train.max_steps 3 (was 2) (the earlier config.toml is kept as "
+        "config.step_2.toml)"]
+    assert read_toml(run / "config.toml")["schedule"]["decay_span"] == "whole_run"
+    assert read_toml(run / "config.step_2.toml")["schedule"]["decay_span"] == "after_warmup"

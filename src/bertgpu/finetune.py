@@ -258,7 +258,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.models.hf_export import save_pretrained
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops, run_logger
-    from bertgpu.train import distributed, loop
+    from bertgpu.train import distributed, loop, schedule
     from bertgpu.train.checkpoint import load_resume
     from bertgpu.train.engine import build_engine, seed_dropout
 
@@ -289,8 +289,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
             make_scratch(work, work.with_name(work.name.removesuffix(".tmp")))
         work.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
-    seq_len, seq_note = seq
-    seq_row = f"{seq_len}" + (f" ({seq_note})" if seq_note else "")
+    schedule.warn_warmup(sec.schedule, sec.train, lr, say=info.is_main, knobs=schedule.FINETUNE)
+    seq_len, seq_row = seq[0], f"{seq[0]}" + (f" ({seq[1]})" if seq[1] else "")
     if job.head == "qa":
         seq_row += f", doc stride {doc_stride_note(cfg, seq_len)}"
     rows = [

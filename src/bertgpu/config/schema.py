@@ -377,6 +377,7 @@ def _validate_schedule(s: ScheduleSection, t: TrainSection) -> None:
     check(s.power > 0, "schedule.power", s.power, "a positive number")
     check(0.0 <= s.decay_fraction <= 1.0, "schedule.decay_fraction", s.decay_fraction,
           "a number in [0, 1]")
+    s.validate()  # schedule.decay_span
 
 
 def _validate_checkpoint(c: CheckpointSection) -> None:

@@ -152,6 +152,20 @@ class OptimSection:
 
 
 DECAYS = ("linear", "cosine", "constant", "polynomial", "triangle", "one-cycle", "wsd")
+DECAY_SPANS = ("after_warmup", "whole_run")
+SPANNED_DECAYS = ("linear", "cosine", "polynomial")
+"""The decays `schedule.decay_span = "whole_run"` applies to. The others have no span to move:
+constant does not decay, wsd decays over its own last `decay_fraction`, and triangle / one-cycle
+peak at the warm-up's end by definition."""
+
+
+def check_decay_span(decay: str, span: str) -> None:
+    """Refuse, naming schedule.decay_span, a span that is not one of DECAY_SPANS, or "whole_run"
+    with a decay it does not apply to."""
+    check_choice("schedule.decay_span", span, DECAY_SPANS)
+    check(span == "after_warmup" or decay in SPANNED_DECAYS, "schedule.decay_span", span,
+          f"after_warmup with schedule.decay {decay!r} (whole_run applies to "
+          f"{', '.join(SPANNED_DECAYS)})")
 
 
 @dataclass
@@ -167,6 +181,17 @@ class ScheduleSection:
     power: float = option(1.0, "exponent of the polynomial decay")
     decay_fraction: float = option(0.1, "wsd: the lr stays at its peak, then decays (1 - sqrt) "
                                         "over this last fraction of training")
+    decay_span: str = option(
+        "after_warmup", "what linear, cosine and polynomial decay over: after_warmup (from the "
+                        "warm-up's end to the run's, as transformers' schedulers) or whole_run "
+                        "(progress 0 to 1, the warm-up overriding its start, so the lr steps "
+                        "down to the decay's value at the warm-up's end: NVIDIA's BERT "
+                        "PolyWarmUpScheduler and BERT's TF optimization.py); the other decays "
+                        "take after_warmup only")
+
+    def validate(self) -> None:
+        """Raise BertgpuError naming the field when decay_span does not fit the decay."""
+        check_decay_span(self.decay, self.decay_span)
 
 
 @dataclass

@@ -117,7 +117,8 @@ class Loop:
                                  warmup_steps=schedule.warmup_steps, max_steps=self.max_steps,
                                  budget_mode=bool(train.budget_hours),
                                  min_lr_ratio=schedule.min_lr_ratio, power=schedule.power,
-                                 decay_fraction=schedule.decay_fraction)
+                                 decay_fraction=schedule.decay_fraction,
+                                 decay_span=schedule.decay_span)
         # A rank's compute time shows it slow where the others wait for it outside that time
         # (DDP's all-reduce). Under fsdp every layer's all-gather waits inside it: the straggler
         # fields would read about 1.00x, so they are left out (and the config refuses balancing).

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bertgpu.config.sections import DECAYS
+from bertgpu.config.sections import DECAYS, check_decay_span
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed
 
@@ -34,15 +35,23 @@ def lr_factor(
     min_ratio: float = 0.0,
     power: float = 1.0,
     decay_fraction: float = 0.1,
+    span: str = "after_warmup",
 ) -> float:
     """Multiplier of the peak lr at `progress` (clamped to [0, 1]).
 
-    Linear warm-up from 0 to 1 over the first `warmup` fraction, then the decay shape from 1 down
-    to `min_ratio` at progress 1:
+    Linear warm-up from 0 to 1 over the first `warmup` fraction, then the decay shape of t from 1
+    down to `min_ratio` at progress 1. `span` says what linear, cosine and polynomial decay over:
+      after_warmup  t = (progress - warmup) / (1 - warmup), the post-warm-up fraction: the decay
+                    starts at 1 when the warm-up ends (transformers' schedulers)
+      whole_run     t = progress: the decay runs over the whole run and the warm-up overrides its
+                    start, so the lr drops from 1 to the decay's value at `warmup` as the warm-up
+                    ends (NVIDIA's BERT PolyWarmUpScheduler: (1 - progress) ** degree; BERT's TF
+                    optimization.py: polynomial_decay over num_train_steps, power 1)
+    The shapes:
       linear      straight line
       cosine      half cosine (Loshchilov & Hutter 2017)
       constant    stays at 1 (min_ratio unused)
-      polynomial  (1 - t) ** power, t the post-warm-up fraction (BERT's TF code uses power 1.0)
+      polynomial  (1 - t) ** power (NVIDIA's BERT recipes use power 0.5, BERT's TF code 1.0)
       triangle / one-cycle  linear up to the peak at `warmup`, linear down to min_ratio; the same
                   as linear here, named for Cramming's "one-cycle" recipe (warmup around 0.5)
       wsd         warmup-stable-decay (trapezoidal): 1 until the last `decay_fraction` of training,
@@ -52,6 +61,7 @@ def lr_factor(
     """
     if decay not in DECAYS:
         raise BertgpuError(f"schedule.decay {decay!r}: expected one of {', '.join(DECAYS)}")
+    check_decay_span(decay, span)
     p = min(max(float(progress), 0.0), 1.0)
     # A warm-up of the whole run or longer (warmup >= 1: warmup_steps >= max_steps) ramps at its
     # own pace to its end, p / warmup, and never reaches a decay: at p = 1 it is at 1 / warmup.
@@ -65,7 +75,7 @@ def lr_factor(
             return 1.0
         u = 1.0 if start >= 1.0 else (p - start) / (1.0 - start)
         return min_ratio + (1.0 - min_ratio) * (1.0 - math.sqrt(u))
-    t = (p - warmup) / (1.0 - warmup)  # post-warm-up fraction (warmup < 1 here)
+    t = p if span == "whole_run" else (p - warmup) / (1.0 - warmup)  # (warmup < 1 here)
     if decay in ("linear", "triangle", "one-cycle"):
         shape = 1.0 - t
     elif decay == "cosine":
@@ -93,22 +103,53 @@ def warmup_fraction(warmup_steps: int | None, warmup_fraction: float | None,
     return float(warmup_fraction or 0.0)
 
 
-def warmup_note(schedule: Any, train: Any, peak_lr: float) -> str | None:
-    """The start-up warning of a step-mode run that ends inside (or right at the end of) its
-    warm-up (`[schedule]` and `[train]` sections): what the lr does, and where it ends. None
-    when the warm-up ends before the run, and in budget mode (a warm-up in steps ramps over
-    steps there, not over the budget)."""
+@dataclass(frozen=True)
+class Knobs:
+    """How a command names what `warmup_note` speaks of: the run's length (`run`, formatted with
+    `n` steps and `s`, the plural's s), how to give it more steps, and the two warm-up keys."""
+
+    run: str
+    more_steps: str
+    warmup_steps: str
+    warmup_fraction: str
+
+
+PRETRAIN = Knobs("train.max_steps {n}", "train.max_steps", "schedule.warmup_steps",
+                 "schedule.warmup_fraction")
+FINETUNE = Knobs("a run of {n} step{s}", "more epochs, or a smaller global_batch_size",
+                 "warmup_steps", "warmup_fraction")
+
+
+def warmup_note(schedule: Any, train: Any, peak_lr: float, knobs: Knobs = PRETRAIN) -> str | None:
+    """The start-up warning of a run that trains nothing, or ends inside (or right at the end of)
+    its warm-up (`[schedule]` and `[train]` sections; `knobs`: the command's names of them).
+
+    A run of one step with any warm-up takes that step at lr 0, where the warm-up starts (in
+    budget mode too: a warm-up in steps ramps step / warmup_steps, and a warm-up fraction of the
+    budget is next to 0 when the clock has just started), and says so plainly. Else, in step mode,
+    a warm-up of the whole run or longer: what the lr does and where it ends. None otherwise (in
+    budget mode a warm-up in steps ramps over steps, not over the budget)."""
     warmup_steps, warmup_fraction = schedule.warmup_steps, schedule.warmup_fraction
     max_steps = int(train.max_steps or 0)
-    if max_steps <= 0 or train.budget_hours:
+    if max_steps <= 0:
+        return None
+    run = knobs.run.format(n=max_steps, s="" if max_steps == 1 else "s")
+    key, value = ((knobs.warmup_steps, warmup_steps) if warmup_steps is not None
+                  else (knobs.warmup_fraction, warmup_fraction or 0.0))
+    if max_steps == 1 and value > 0:
+        shown = value if warmup_steps is not None else f"{value:g}"
+        return (f"{key} {shown} with {run}: step 1 runs at lr 0, where the warm-up starts: the "
+                f"run trains nothing; give it more steps ({knobs.more_steps}) or no warm-up "
+                f"({key} 0)")
+    if train.budget_hours:
         return None
     if warmup_steps is not None:
         if warmup_steps < max_steps:
             return None
-        knob = f"schedule.warmup_steps {warmup_steps} >= train.max_steps {max_steps}"
+        knob = f"{key} {warmup_steps} >= {run}"
         length = warmup_steps
-    elif (warmup_fraction or 0.0) >= 1.0:
-        knob = f"schedule.warmup_fraction {warmup_fraction:g} (train.max_steps {max_steps})"
+    elif value >= 1.0:
+        knob = f"{key} {value:g} ({run})"
         length = max_steps
     else:
         return None
@@ -116,6 +157,14 @@ def warmup_note(schedule: Any, train: Any, peak_lr: float) -> str | None:
     return (f"{knob}: the warm-up takes the whole run, with no decay: the lr rises from 0 by "
             f"{peak_lr / length:.3g} per step (the peak lr {peak_lr:.3g} / {length} steps) and "
             f"the last step runs at {last:.3g}, {(max_steps - 1) / length:.0%} of the peak")
+
+
+def warn_warmup(schedule: Any, train: Any, peak_lr: float, say: bool = True,
+                knobs: Knobs = PRETRAIN) -> None:
+    """`warmup_note` as a warning of the caller's (on the rank that `say`s it)."""
+    note = warmup_note(schedule, train, peak_lr, knobs)
+    if note and say:
+        warnings.warn(note, stacklevel=2)
 
 
 class BudgetClock:
@@ -216,9 +265,11 @@ class Schedule:
 
     Warm-up is a fraction of progress (`warmup_fraction`), or a number of optimizer steps
     (`warmup_steps`, which wins). In step mode the two are the same thing (steps / max_steps). In
-    budget mode progress is wall-clock time, so a warm-up given in steps stays in steps: the lr
-    ramps linearly over the first `warmup_steps` optimizer steps and follows the decay shape of
-    the clock from there (a step count is not a fraction of a time budget)."""
+    budget mode progress is wall-clock time, so a warm-up given in steps stays in steps: step k
+    (0-based) runs at k / warmup_steps of the clock's decay shape, the ramp of step mode (step 0
+    at lr 0, step warmup_steps at the peak), and at the shape alone from there (a step count is
+    not a fraction of a time budget). The clock's shape then decays over the whole budget,
+    whatever `decay_span` says: its warm-up is 0."""
 
     peak_lr: float
     decay: str = "linear"
@@ -230,14 +281,19 @@ class Schedule:
     power: float = 1.0
     decay_fraction: float = 0.1
     """wsd only: the last fraction of training over which the lr decays."""
+    decay_span: str = "after_warmup"
+    """What linear, cosine and polynomial decay over: "after_warmup" or "whole_run" (lr_factor)."""
 
     def lr(self, progress: float, step: int) -> float:
         """lr of optimizer step `step` (0-based) taken at training progress `progress` (step
         mode: `step / max_steps`, so step 0 is at 0 and the last at (max_steps - 1) / max_steps)."""
         if self.budget_mode and self.warmup_steps:
-            ramp = min((step + 1) / self.warmup_steps, 1.0)
+            # step / W, as step k of step mode at progress k / N ramps k / W: (step + 1) / W ran
+            # one step ahead, its first step at lr / W (and warmup_steps 1 was no warm-up at all)
+            ramp = min(step / self.warmup_steps, 1.0)
             return self.peak_lr * ramp * lr_factor(progress, 0.0, self.decay, self.min_lr_ratio,
-                                                   self.power, self.decay_fraction)
+                                                   self.power, self.decay_fraction,
+                                                   self.decay_span)
         warmup = warmup_fraction(self.warmup_steps, self.warmup_fraction, self.max_steps)
         return self.peak_lr * lr_factor(progress, warmup, self.decay, self.min_lr_ratio, self.power,
-                                        self.decay_fraction)
+                                        self.decay_fraction, self.decay_span)
