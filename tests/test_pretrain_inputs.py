@@ -432,3 +432,24 @@ def test_a_missing_sink_package_leaves_no_run_folder(shards: Path, tmp_path: Pat
                                    *SMALL, "--train.max_steps", "1",
                                    "--logging.tensorboard", "true"])
     assert "tensorboard" in err and not run.exists(), err
+
+
+def test_a_key_added_since_the_run_started_is_no_changed_setting(tmp_path, capsys):
+    """A run resumed after an upgrade that added a setting: its config.toml lacks the key, which
+    this version reads as its default, so the same command changes no setting (it said
+    "schedule.decay_span after_warmup (was unset)"); the key at another value still does."""
+    from bertgpu.config import render, schema
+    from bertgpu.train import run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    full = render.dump_toml(schema.load_config(None, []))
+    assert "grace_s = " in full
+    older = "\n".join(line for line in full.splitlines() if not line.startswith("grace_s = "))
+    (run / "config.toml").write_text(older + "\n")
+    run_folder.keep_config_history(run, full, 5)
+    assert capsys.readouterr().out == "" and sorted(p.name for p in run.iterdir()) == [
+        "config.toml"]
+    other = full.replace("grace_s = ", "grace_s = 1", 1)  # e.g. 30.0 -> 130.0
+    run_folder.keep_config_history(run, other, 5)
+    assert "checkpoint.grace_s" in capsys.readouterr().out

@@ -128,6 +128,9 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
     if before is None:
         changed = ["(the run's config.toml could not be read)"]
     else:
+        # A key the earlier config.toml lacks (a setting added since that run started) counts as
+        # what this version reads it as, its default: an upgrade mid-run changes no setting.
+        before = {**{k: v for k, v in _as_read_now(path).items() if k in after}, **before}
         changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
                    for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
                    and not _as_asked(k, before.get(k), given.get(k))]
@@ -143,6 +146,18 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         os.replace(tmp, aside)
     print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
           f"(the earlier config.toml is kept as {aside.name})", flush=True)
+
+
+def _as_read_now(path: Path) -> dict[str, Any]:
+    """config.toml at `path` as this version loads it, flattened: the keys it lacks at their
+    defaults. Empty when this version cannot load it (a key since removed, say)."""
+    from bertgpu.config import render, schema
+    from bertgpu.config.overrides import tomllib
+
+    try:
+        return flatten_config(tomllib.loads(render.dump_toml(schema.load_config(str(path), []))))
+    except BertgpuError:
+        return {}
 
 
 def _as_asked(key: str, before: Any, given: Any) -> bool:
