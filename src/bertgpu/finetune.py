@@ -84,7 +84,7 @@ from bertgpu.tasks.finetune_output import (
     resumable,
     run_identity,
 )
-from bertgpu.tasks.finetuning import JobRequest, data_digest
+from bertgpu.tasks.finetuning import JobRequest
 from bertgpu.tasks.init_model import (
     InitCheckpoint,
     build_model,
@@ -219,7 +219,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     identity = run_identity({"task": job.name, **extra, "init": init,
                              "init_checkpoint": ckpt.record() if ckpt else None,
                              "config_from": str(config_from)},
-                            config_to_dict(cfg), data_digest(job), info.world_size)
+                            config_to_dict(cfg), job, info.world_size)
     if info.is_main:
         note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")

@@ -146,10 +146,17 @@ MIN_SEQ_LEN = 3
 
 def check_batch(cfg: FinetuneConfig, world_size: int) -> tuple[int, int]:
     """(micro batch per device, accumulation steps) of `cfg` on `world_size` devices; a one-line
-    error in the flat keys' names when the global batch does not divide. Checked before the
+    error in the flat keys' names when the global batch does not divide: by micro batch x
+    devices when --micro_batch_size was given, else by the devices (--nproc). Checked before the
     tokenizer, the data and the model load."""
     micro = cfg.micro_batch_size or max(cfg.global_batch_size // world_size, 1)
     per_step = micro * world_size
+    if cfg.global_batch_size % per_step and cfg.micro_batch_size is None:
+        # The micro batch is derived (global // devices): it only fails when the devices do not
+        # share the global batch equally, so name what the user set, not a derived number.
+        raise BertgpuError(f"--global_batch_size {cfg.global_batch_size} is not divisible by "
+                           f"--nproc {world_size} (each device takes an equal share of every "
+                           f"step); expected a multiple of {world_size}")
     if cfg.global_batch_size % per_step:
         devices = "device" if world_size == 1 else "devices"
         raise BertgpuError(f"--global_batch_size {cfg.global_batch_size} is not divisible by "

@@ -1,8 +1,10 @@
 """A fine-tuning run's output folder: what a new run to the same --out may replace (an earlier
 fine-tuning output), the note when it will, what a failed run leaves (OUT.tmp only when it
 holds a checkpoint to resume from), and which checkpoint in OUT.tmp a re-run resumes: one of the
-same run (`run_identity`: task, init, data, the settings that change the result, processes).
-Another run's checkpoint is replaced, saying what changed."""
+same run (`run_identity`: task, init, data, the settings that change the result, the steps per
+epoch). Another run's checkpoint is replaced, saying what changed. The number of processes is not
+part of the run: a step's sequences and math do not depend on it, so a re-run on another number
+resumes (as pretraining does), unless it changes the steps per epoch."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.finetuning import Job
 
 FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
 
@@ -59,23 +64,37 @@ RESUME_NEUTRAL = ("log_every_steps", "checkpoint_every_steps", "checkpoint_every
 not what it computes (a checkpoint was silently discarded for an added --log_every_steps)."""
 
 
-def run_identity(fields: dict[str, Any], config: dict[str, Any], data: str,
+def run_identity(fields: dict[str, Any], config: dict[str, Any], job: Job,
                  world_size: int) -> str:
-    """What a checkpoint must match to be resumed (stored beside it as finetune.json)."""
+    """What a checkpoint must match to be resumed (stored beside it as finetune.json): `fields`
+    (task, init), the settings that change the result (`config` less RESUME_NEUTRAL), the data
+    (`data_digest`) and the steps per epoch on `world_size` devices. The world size is stored to
+    be named, not compared: step s trains on the same sequences, with the same loss
+    normalisation, on any number of devices (tasks/finetuning.py), and the loop restores what is
+    per rank (the dropout RNG) as for pretraining, reseeding it at another world size. Only the
+    steps per epoch depend on it (an epoch's last, smaller step is taken only when every device
+    gets a sequence of it), which moves every later step's sequences and the schedule's length."""
+    from bertgpu.tasks.finetuning import data_digest, steps_per_epoch
+
     kept = {k: v for k, v in config.items() if k not in RESUME_NEUTRAL}
-    return json.dumps({**fields, "config": kept, "data": data, "world_size": world_size},
-                      sort_keys=True)
+    steps = steps_per_epoch(job, int(config["global_batch_size"]), world_size)
+    return json.dumps({**fields, "config": kept, "data": data_digest(job),
+                       "world_size": world_size, "steps_per_epoch": steps}, sort_keys=True)
 
 
 def resumable(work: Path, checkpoint: Path, identity: str, say: bool = True) -> bool:
-    """Whether `checkpoint` (OUT.tmp/checkpoints/step_N) is of this run; if not, a one-line
-    warning (when `say`) says what changed, and the run starts over (the checkpoint is
-    replaced)."""
+    """Whether `checkpoint` (OUT.tmp/checkpoints/step_N) is of this run, on any number of
+    devices; if not, a one-line warning (when `say`) says what changed, and the run starts over
+    (the checkpoint is replaced)."""
     try:
         stored = json.loads((checkpoint / "finetune.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = {}
     new = json.loads(identity)
+    old_world, new_world = stored.pop("world_size", None), new.pop("world_size", None)
+    if "steps_per_epoch" not in stored and old_world == new_world:
+        # written before the identity held them: the same world size made the same steps
+        stored["steps_per_epoch"] = new.get("steps_per_epoch")
     if stored == new:
         return True
     if not say:
@@ -90,6 +109,13 @@ def resumable(work: Path, checkpoint: Path, identity: str, say: bool = True) -> 
                         for k in sorted(set(old_v) | set(new_v)) if old_v.get(k) != new_v.get(k)]
         elif key == "data":
             changes.append("the training or evaluation data")
+        elif key == "steps_per_epoch":
+            if old_world == new_world or old_world is None:
+                continue  # follows from another change listed (the data, the global batch)
+            changes.append(f"world_size {old_world} -> {new_world}" + (
+                f", which makes {old_v} -> {new_v} steps per epoch (an epoch's last, smaller "
+                "step is taken only when every device gets a sequence of it)" if old_v else
+                " (a checkpoint of an earlier version, which does not say its steps per epoch)"))
         else:
             changes.append(f"{key} {old_v} -> {new_v}")
     warnings.warn(f"{work}: its checkpoint ({checkpoint.name}) is of another run "
