@@ -7,10 +7,13 @@ clear last line about how it ended.
 
 The launcher (`python -m torch.distributed.run --standalone`) runs in a session of its own, so
 that a stop signal that reaches this process (Ctrl-C in a terminal, `kill`, a scheduler's
-SIGTERM) is forwarded to the launcher's whole process group exactly once: the workers and their
-loader processes see it, end within `checkpoint.grace_s` (train/preemption.py; torchrun forwards
-the signal to its workers again, which they count once, and kills them 30 s later), and this
-process exits 143 (130 for SIGINT) saying so.
+SIGTERM) is forwarded to it exactly once. torch's agent passes it on to each worker's process
+group (a worker and its loader processes; a scheduler that signals every process reaches them
+twice, and they count it once), which end within `checkpoint.grace_s` (train/preemption.py; the
+agent kills them 30 s later), and this process exits 143 (130 for SIGINT) saying so. A stop
+signal that reaches only torch's agent, or only one worker (every rank then stops at the same
+safe point), ends the same way: that exit status, the workers' stop line without torch's
+traceback or failure report, and no restart (`stop_signal`).
 
 With `max_restarts`, a failed job is started again, up to that many times, and resumes from the
 newest good checkpoint. The restart is a fresh launcher (a new rendezvous, new ports) rather than
@@ -50,8 +53,10 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
                  resume_hint: Callable[[], str | None] | None = None) -> int:
     """Run the launcher (again after a failure, up to `max_restarts` times), pass its output
     through, forward stop signals; returns the exit status (0, 128 + the signal when stopped by
-    one: 143 for SIGTERM, 130 for SIGINT; else the launcher's). The caller must strip its own
-    `--nproc` from `argv` so the children (which see WORLD_SIZE) do not launch again."""
+    one: 143 for SIGTERM, 130 for SIGINT; else the launcher's). A stop is a stop wherever the
+    signal landed: here, on the launcher or on one worker (`stop_signal`); it is never
+    restarted. The caller must strip its own `--nproc` from `argv` so the children (which see
+    WORLD_SIZE) do not launch again."""
     name = f"bertgpu {argv[0]}" if argv else "bertgpu"
     for attempt in range(max_restarts + 1):
         rc, tail, received = _launch_once(nproc, argv, attempt)
@@ -59,11 +64,17 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
             return 0
         hint = ((resume_hint() if resume_hint else None)
                 or "re-running the same command resumes from its newest checkpoint")
-        if received:
-            if not _said_stop(tail, name):  # a worker's line already said how the run stopped
-                print(f"{name}: stopped by {signal.Signals(received[0]).name}; {hint}",
+        stopped_by = received[0] if received else stop_signal(rc, tail, name)
+        if stopped_by is not None:
+            sig = signal.Signals(stopped_by).name
+            code = failure_exit_code(tail)
+            if code is not None and code not in _STOP_EXITS:
+                # a worker crashed while the job stopped: its report is above, and not a stop
+                print(f"{name}: {describe_failure(tail)} while stopping on {sig}; {hint}",
                       file=sys.stderr, flush=True)
-            return 128 + received[0]
+            elif not _said_stop(tail, name):  # a worker's line already said how the run stopped
+                print(f"{name}: stopped by {sig}; {hint}", file=sys.stderr, flush=True)
+            return 128 + stopped_by
         if failure_exit_code(tail) == USER_ERROR_EXIT:
             # bad input: the worker's one-line error says it all, and a restart would meet it again
             return USER_ERROR_EXIT
@@ -76,13 +87,69 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
     return rc
 
 
+_STOP_EXITS = {code for sig in STOP_SIGNALS for code in (128 + sig, -sig)}
+"""A worker's exit status after a stop signal: 128 + it from train/preemption.py, minus it when
+the signal killed the worker before its handler was installed."""
+_AGENT_SIGNAL = re.compile(r"Received (?:Signals\.)?(\w+) death signal|Got termination signal: "
+                           r"(?:Signals\.)?(\w+)$")
+"""torch's agent's log line on a signal: "Received 15 death signal, shutting down workers" (or
+"Got termination signal: 15" in its exit barrier); it then stops the workers and raises
+SignalException, whose last line `_SIGNAL_EXCEPTION` reads."""
+_SIGNAL_EXCEPTION = re.compile(r"SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)$")
+
+
 def _said_stop(lines: list[str], name: str) -> bool:
     """A worker printed the run's stop line (train/preemption.py: "bertgpu pretrain: SIGTERM:
     wrote a preemption checkpoint ...; re-running ...", or "...: second SIGTERM: ..."; before
     the run, train/distributed.py: "bertgpu pretrain: SIGINT: interrupted during distributed
     set-up"): the launcher's own line would repeat it."""
-    said = re.compile(rf"^{re.escape(name)}: (second )?SIG[A-Z0-9]+: ")
+    said = _stop_line(name)
     return any(said.match(line) for line in lines)
+
+
+def _stop_line(name: str) -> re.Pattern[str]:
+    """The stop line of command `name` (its signal in group 1)."""
+    return re.compile(rf"^{re.escape(name)}: (?:second )?(SIG[A-Z0-9]+): ")
+
+
+def _signal_of(line: str, *patterns: re.Pattern[str]) -> int | None:
+    """The stop signal that `line` names where one of `patterns` finds a signal ("15",
+    "SIGTERM" or "Signals.SIGTERM"), or None."""
+    for pattern in patterns:
+        if m := pattern.search(line.rstrip("\n")):
+            text = next(group for group in m.groups() if group)
+            try:
+                number = int(text) if text.isdigit() else int(signal.Signals[text])
+            except (KeyError, ValueError):
+                continue
+            if number in STOP_SIGNALS:
+                return number
+    return None
+
+
+def stop_signal(rc: int, lines: list[str], name: str) -> int | None:
+    """The stop signal that ended a failed launcher run when this process forwarded none, read
+    from its exit status and the last lines of its stderr; None when the job failed.
+
+    - The launcher was signalled: it died of the signal (before torch's handlers were in place),
+      or torch's agent logged it and raised SignalException (it stops the workers first).
+    - A worker was: the first failure in torch's failure report exited 143/130 (or died of the
+      signal). Every rank stops at the same safe point when one of them got the signal
+      (train/preemption.py), and whichever exits first makes torch's agent close the others
+      and report a failure. A report whose first failure is anything else is a failure, even
+      when rank 0 then printed a stop line: the agent closes the workers left with SIGTERM.
+    - No report, and a worker printed the run's stop line."""
+    if rc < 0 and -rc in STOP_SIGNALS:
+        return -rc
+    for line in reversed(lines):
+        if (number := _signal_of(line, _AGENT_SIGNAL, _SIGNAL_EXCEPTION)) is not None:
+            return number
+    code = failure_exit_code(lines)
+    if code is not None:
+        return (code - 128 if code > 0 else -code) if code in _STOP_EXITS else None
+    said = _stop_line(name)
+    return next((number for line in lines if (number := _signal_of(line, said)) is not None),
+                None)
 
 
 def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[str], list[int]]:
@@ -157,6 +224,11 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(
 _STOP_EXCEPTIONS = ("SignalException", "KeyboardInterrupt")
 """The launcher's own exceptions for a stop signal: torch's, and Python's for a Ctrl-C that came
 while the launcher was still importing torch."""
+_CHAINED = ("During handling", "The above exception")  # Python's lines between chained tracebacks
+_SHUTDOWN_LOG = re.compile(r"\] (Sending process \d+ closing signal|failed \(exitcode: |Unable to "
+                           r"shutdown process)")
+"""torch's agent's log lines as it closes the workers once one has ended: they lead into its
+traceback and failure report."""
 _USER_ERROR = re.compile(r"^bertgpu [\w -]+: error: ")
 USER_ERROR_EXIT = 2  # what a command returns for bad input (a BertgpuError, an argparse error)
 
@@ -165,70 +237,127 @@ def _pass_through(stream: Iterable[str], keep: int = 400,
                   stopping: Callable[[], bool] = lambda: False) -> list[str]:
     """Copy the launcher's stderr to ours line by line; return the last `keep` lines.
 
-    Once a stop signal was forwarded (`stopping()`), the launcher's own traceback for it (torch's
-    SignalException: the launcher ends by raising it; KeyboardInterrupt, when Ctrl-C came while it
-    was starting) is left out: the workers' lines saying how
-    they stopped, and this process's last line, say it all. Lines of workers that arrive in the
-    middle of that traceback pass through at once; any other traceback is shown whole.
+    Once a stop signal was forwarded (`stopping()`) or torch's agent logged one ("Received 15
+    death signal"), the launcher's own traceback for it (torch's SignalException: the launcher
+    ends by raising it; KeyboardInterrupt, when Ctrl-C came while it was starting) is left out,
+    with the tracebacks chained to it ("During handling of the above exception ..."): the
+    workers' lines saying how they stopped, and this process's last line, say it all. Lines of
+    workers that arrive in the middle of that traceback pass through at once; any other
+    traceback is shown whole. torch's ChildFailedError traceback and failure report (the last
+    thing the launcher prints), with its log lines about closing the workers just before, are
+    shown only when the report's first failure is not a stop (exit status 143 or 130: a worker
+    that got the signal itself, `stop_signal`).
 
     Once a worker printed a command's one-line error (``bertgpu finetune: error: ...``: bad input,
     which every rank finds), the rest is held back until the launcher ends. If the job then failed
     of that error (its first failure exited with status 2), only the error lines not yet shown are
     printed: the same line from every rank, torch's log lines, its traceback and its failure report
     would bury the one line that matters. Otherwise the held lines are shown as they came."""
-    tail: deque[str] = deque(maxlen=keep)
-    held: list[str] = []  # a traceback being read, not yet shown
+    out = _Output(keep, stopping)
     after_error: list[str] = []  # lines after a worker's error line
     errors_shown: set[str] = set()
-
-    def show(lines: list[str]) -> None:
-        for line in lines:
-            sys.stderr.write(line)
-            tail.append(line)
-        sys.stderr.flush()
-
-    def feed(line: str) -> None:
-        nonlocal held
-        if held:
-            if line[:1].isspace() or line.startswith(("During handling", "The above exception",
-                                                      "Traceback (most recent call last)")) \
-                    or not line.strip():
-                held.append(line)
-                return
-            if _EXCEPTION_LINE.match(line):
-                block, held = [*held, line], []
-                if not (line.split(":")[0].strip().endswith(_STOP_EXCEPTIONS) and stopping()):
-                    show(block)
-                else:
-                    tail.extend(block)  # kept for describe_failure, not shown
-                return
-            show([line])  # a worker's line in the middle of the traceback
-            return
-        if line.startswith("Traceback (most recent call last)"):
-            held = [line]
-            return
-        show([line])
-
     holding = False
     for line in stream:
         if holding:
             after_error.append(line)
             continue
-        feed(line)
-        if _USER_ERROR.match(line) and not held:
+        out.feed(line)
+        if _USER_ERROR.match(line) and out.idle():
             errors_shown.add(line)
             holding = True
     if holding:
         if failure_exit_code(after_error) == USER_ERROR_EXIT:
             for line in dict.fromkeys(after_error):
                 if _USER_ERROR.match(line) and line not in errors_shown:
-                    show([line])
-            tail.extend(after_error)  # kept for describe_failure, not shown
-            return list(tail)
+                    out.show([line])
+            out.tail.extend(after_error)  # kept for describe_failure, not shown
+            return list(out.tail)
         for line in after_error:
-            feed(line)
-    show(held)  # a traceback the stream ended inside
-    return list(tail)
+            out.feed(line)
+    out.finish()
+    return list(out.tail)
+
+
+class _Output:
+    """The launcher's stderr on its way to ours, for `_pass_through`: each line is shown (it
+    goes to our stderr) or kept (only in `tail`, which describe_failure reads)."""
+
+    def __init__(self, keep: int, stopping: Callable[[], bool]) -> None:
+        self.tail: deque[str] = deque(maxlen=keep)
+        self.stopping = stopping
+        self.held: list[str] = []  # a traceback being read, with the lines that led into it
+        self.waiting: list[str] = []  # lines that the next one decides about: torch's log lines
+        #     about closing the workers, the blank and "During handling" lines after a traceback
+        self.chain: str | None = None  # "shown" or "dropped": the traceback just ended; one
+        #     chained to it goes the same way (a stop's second one used to show its header)
+        self.report: list[str] | None = None  # torch's ChildFailedError and all after it
+        self.agent_stopped = False  # torch's agent logged a stop signal
+
+    def show(self, lines: list[str]) -> None:
+        for line in lines:
+            sys.stderr.write(line)
+            self.tail.append(line)
+        sys.stderr.flush()
+
+    def idle(self) -> bool:
+        """Nothing held back."""
+        return not (self.held or self.waiting or self.report is not None)
+
+    def feed(self, line: str) -> None:
+        if self.report is not None:
+            self.report.append(line)
+            return
+        if _signal_of(line, _AGENT_SIGNAL) is not None:
+            self.agent_stopped = True
+        if self.held:
+            if line[:1].isspace() or not line.strip() \
+                    or line.startswith((*_CHAINED, "Traceback (most recent call last)")):
+                self.held.append(line)
+            elif _EXCEPTION_LINE.match(line):
+                self._end_traceback(line)
+            else:
+                self.show([line])  # a worker's line in the middle of the traceback
+            return
+        if line.startswith("Traceback (most recent call last)"):
+            chained = any(waiting.startswith(_CHAINED) for waiting in self.waiting)
+            self.held, self.waiting = [*self.waiting, line], []
+            self.chain = self.chain if chained else None
+            return
+        if _SHUTDOWN_LOG.search(line) \
+                or (self.chain and (not line.strip() or line.startswith(_CHAINED))):
+            self.waiting.append(line)
+            return
+        self.show(self.waiting)
+        self.waiting, self.chain = [], None
+        self.show([line])
+
+    def _end_traceback(self, line: str) -> None:
+        block, self.held = [*self.held, line], []
+        exception = line.split(":")[0].strip()
+        if self.chain == "shown":
+            self.show(block)
+        elif exception.endswith(_STOP_EXCEPTIONS) and (self.stopping() or self.agent_stopped):
+            self.tail.extend(block)
+            self.chain = "dropped"
+        elif exception.endswith("ChildFailedError"):
+            self.report = block  # its failure report follows: `finish` decides
+        else:
+            self.show(block)
+            self.chain = "shown"
+
+    def finish(self) -> None:
+        """The stream ended: what is still held back is shown or kept."""
+        if self.report is not None:
+            if failure_exit_code(self.report) in _STOP_EXITS:
+                self.tail.extend(self.report)
+            else:
+                self.show(self.report)
+        if self.chain == "dropped" and all(not line.strip() or line.startswith(_CHAINED)
+                                           for line in self.waiting):
+            self.tail.extend(self.waiting)
+        else:
+            self.show(self.waiting)
+        self.show(self.held)  # a traceback the stream ended inside
 
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\)")
