@@ -175,6 +175,37 @@ def test_a_tasks_columns_are_the_mean_of_the_metrics_the_table_shows():
     assert summary["tasks"]["MNLI"]["columns"] == {"MNLI-m": 71.0, "MNLI-mm": 61.0}
 
 
+def test_a_tasks_score_is_the_mean_of_its_columns_and_metrics():
+    """A task's score is what the GLUE average counts for it (tasks/metrics.py glue_average):
+    MNLI's the mean of MNLI-m and MNLI-mm, not the larger of the two; MRPC's the mean of F1 and
+    accuracy, STS-B's of Pearson and Spearman (one column each, itself that mean)."""
+    from bertgpu.config.finetune import load_finetune_config
+    from bertgpu.glue import summarise
+    from bertgpu.tasks.glue import get_task
+    from bertgpu.tasks.metrics import glue_average
+
+    def run(columns: dict[str, float], metrics: dict[str, dict[str, float]]) -> dict:
+        return {s: {"columns": columns, "metrics": metrics} for s in (1, 2)}
+
+    runs = {
+        "MNLI": run({"MNLI-m": 80.0, "MNLI-mm": 82.0},
+                    {"dev_matched": {"accuracy": 80.0}, "dev_mismatched": {"accuracy": 82.0}}),
+        "MRPC": run({"MRPC": 87.0}, {"dev": {"f1": 90.0, "accuracy": 84.0}}),
+        "STS-B": run({"STS-B": 85.0}, {"dev": {"pearson": 88.0, "spearman": 82.0}}),
+    }
+    chosen = [get_task(t) for t in ("mnli", "mrpc", "stsb")]
+    summary = summarise(runs, chosen, [1, 2], load_finetune_config(None, []), "init", [], [])
+    tasks = summary["tasks"]
+    assert tasks["MNLI"]["columns"] == {"MNLI-m": 80.0, "MNLI-mm": 82.0}
+    assert tasks["MNLI"]["score"] == pytest.approx(81.0)
+    assert tasks["MRPC"]["score"] == pytest.approx((90.0 + 84.0) / 2)
+    assert tasks["STS-B"]["score"] == pytest.approx((88.0 + 82.0) / 2)
+    # the average over tasks is the mean of the task scores, as glue_average counts the columns
+    assert summary["average"] == pytest.approx(glue_average(summary["columns"]))
+    assert summary["average"] == pytest.approx((81.0 + 87.0 + 85.0) / 3)
+    assert summary["average"] == pytest.approx(sum(t["score"] for t in tasks.values()) / 3)
+
+
 def test_predict_test_writes_the_leaderboard_submission(tmp_path, tiny_init, capsys):
     """`glue --predict-test`: OUT/submission/ and submission.zip hold, for each task, the test
     predictions of its seed with the best dev score, and AX.tsv (GLUE's diagnostic set, which

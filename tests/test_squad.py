@@ -210,6 +210,159 @@ def test_answer_outside_window_and_impossible_map_to_cls(tok: Tokenizer) -> None
         featurize([ex], tok, max_seq_len=48, doc_stride=40)
 
 
+def _run_qa_targets(vocab_file: Path, ex: SquadExample, max_seq_len: int, doc_stride: int
+                    ) -> tuple[list[list[int]], list[int], list[int]]:
+    """Input ids and start/end targets per window as transformers' examples/pytorch/
+    question-answering/run_qa.py `prepare_train_features` makes them (offset_mapping and
+    sequence_ids of BertTokenizerFast's overflowing windows; padding on the right), but for one
+    thing: run_qa's forward scan for the start token walks on over the closing [SEP] and the
+    padding (their offsets are (0, 0)) when the answer starts at a window's last context token,
+    and so targets the [SEP]; here the scan stops at the window's last context token."""
+    from transformers import BertTokenizerFast
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(vocab_file.parent), do_lower_case=True)
+    enc = tokenizer(ex.question, ex.context, truncation="only_second", max_length=max_seq_len,
+                    stride=doc_stride, return_overflowing_tokens=True,
+                    return_offsets_mapping=True, padding="max_length")
+    start_char = ex.answer_starts[0]
+    end_char = start_char + len(ex.answers[0])
+    starts, ends = [], []
+    for i, offsets in enumerate(enc["offset_mapping"]):
+        input_ids = enc["input_ids"][i]
+        cls_index = input_ids.index(tokenizer.cls_token_id)
+        sequence_ids = enc.sequence_ids(i)
+        token_start_index = 0
+        while sequence_ids[token_start_index] != 1:
+            token_start_index += 1
+        token_end_index = len(input_ids) - 1
+        while sequence_ids[token_end_index] != 1:
+            token_end_index -= 1
+        if not (offsets[token_start_index][0] <= start_char
+                and offsets[token_end_index][1] >= end_char):
+            starts.append(cls_index)
+            ends.append(cls_index)
+        else:
+            while (token_start_index <= token_end_index  # run_qa: < len(offsets)
+                   and offsets[token_start_index][0] <= start_char):
+                token_start_index += 1
+            starts.append(token_start_index - 1)
+            while offsets[token_end_index][1] >= end_char:
+                token_end_index -= 1
+            ends.append(token_end_index + 1)
+    return enc["input_ids"], starts, ends
+
+
+@pytest.mark.parametrize("before,after", [(1, 1), (2, 1), (0, 1), (1, 2), (1, 0)])
+def test_answer_crossing_a_window_edge_targets_cls_there_as_run_qa(
+        tok: Tokenizer, vocab_file: Path, before: int, after: int) -> None:
+    """An answer whose last token was the first token after a window's end got a target in that
+    window (its end on the window's closing [SEP]): the inside check compared the answer's last
+    token with the window's exclusive end using <=. Each window now gets the targets of
+    run_qa.py's prepare_train_features: the answer's tokens when it lies wholly inside, else
+    (0, 0). The answer covers `before` tokens before a window edge and `after` from it on; the
+    edge is every window's end (and so also the overlap with the next window's start)."""
+    base = _long_example()
+    L, stride = 48, 12
+    plain = featurize([base], tok, max_seq_len=L, doc_stride=stride)
+    n_windows = len(plain)
+    assert n_windows > 3
+    c_off = tok.encode(base.context, add_special_tokens=False).offsets
+    ctx_per_window = [sum(o is not None for o in offs) for offs in plain.offsets]
+    window_start = 0
+    for f in range(n_windows - 1):
+        edge = window_start + ctx_per_window[f]  # first context token after window f
+        first, last = edge - before, edge + after - 1
+        start_char, end_char = c_off[first][0], c_off[last][1]
+        ex = SquadExample(f"edge{f}", "t", base.question, base.context,
+                          (base.context[start_char:end_char],), (start_char,))
+        feats = featurize([ex], tok, max_seq_len=L, doc_stride=stride, is_training=True)
+        ref_ids, ref_starts, ref_ends = _run_qa_targets(vocab_file, ex, L, stride)
+        np.testing.assert_array_equal(feats.input_ids, np.array(ref_ids))  # the same windows
+        assert feats.start_positions.tolist() == ref_starts, (f, before, after)
+        assert feats.end_positions.tolist() == ref_ends, (f, before, after)
+        if before and after:  # straddles window f's end: no target there
+            assert (feats.start_positions[f], feats.end_positions[f]) == (0, 0)
+        sep = tok.token_to_id("[SEP]")
+        for g in range(len(feats)):
+            s, e = int(feats.start_positions[g]), int(feats.end_positions[g])
+            if (s, e) == (0, 0):
+                continue
+            assert s <= e
+            for p in (s, e):
+                assert feats.token_type_ids[g, p] == 1 and feats.input_ids[g, p] != sep
+            assert _span_text(ex, feats, g, s, e) == ex.answers[0]
+        assert any(feats.start_positions), f  # some window holds the whole answer
+        window_start += ctx_per_window[f] - stride
+
+
+def _google_check_is_max_context(doc_spans: list[tuple[int, int]], cur_span_index: int,
+                                 position: int) -> bool:
+    """google-research/bert run_squad.py `_check_is_max_context`, spans as (start, length)."""
+    best_score = None
+    best_span_index = None
+    for span_index, (start, length) in enumerate(doc_spans):
+        end = start + length - 1
+        if position < start:
+            continue
+        if position > end:
+            continue
+        num_left_context = position - start
+        num_right_context = end - position
+        score = min(num_left_context, num_right_context) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score = score
+            best_span_index = span_index
+    return cur_span_index == best_span_index
+
+
+def test_max_context_matches_google_check_is_max_context() -> None:
+    """The right context of a token counted the token after the window's last one (e - t, not
+    e - 1 - t), so windows [0, 10) and [4, 14) tied at token 7 and the first won although the
+    second centres it better (left 3, right 6 against left 7, right 2). Compared with Google's
+    function over the windows featurize cuts and over random overlapping layouts."""
+    from bertgpu.tasks.squad import _is_max_context, _windows
+
+    assert _is_max_context([(0, 10), (4, 14)], 1, 7)
+    assert not _is_max_context([(0, 10), (4, 14)], 0, 7)
+    layouts = [[(0, 10), (4, 14)]]
+    for n in range(1, 40):
+        for max_ctx in range(2, 14):
+            for stride in range(max_ctx):
+                layouts.append(_windows(n, max_ctx, stride))
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        starts = np.sort(rng.integers(0, 30, size=rng.integers(1, 6)))
+        layouts.append([(int(s), int(s + rng.integers(1, 15))) for s in starts])
+    checked = 0
+    for windows in layouts:
+        spans = [(s, e - s) for s, e in windows]
+        for t in range(max(e for _, e in windows)):
+            for w in range(len(windows)):
+                if windows[w][0] <= t < windows[w][1]:
+                    assert (_is_max_context(windows, w, t)
+                            == _google_check_is_max_context(spans, w, t)), (windows, w, t)
+                    checked += 1
+    assert checked > 10_000
+
+
+def test_featurized_max_context_flags_match_google(tok: Tokenizer) -> None:
+    """token_is_max_context of real features against Google's check, windows read back from
+    the features' context tokens."""
+    ex = _long_example()
+    for L, stride in ((48, 12), (40, 20), (30, 5)):
+        feats = featurize([ex], tok, max_seq_len=L, doc_stride=stride)
+        spans, start = [], 0
+        for f in range(len(feats)):
+            length = int(feats.context_mask(f).sum())
+            spans.append((start, length))
+            start += length - stride
+        for f in range(len(feats)):
+            positions = np.flatnonzero(feats.context_mask(f))
+            expected = [_google_check_is_max_context(spans, f, spans[f][0] + k)
+                        for k in range(len(positions))]
+            assert feats.token_is_max_context[f, positions].tolist() == expected, (L, stride, f)
+
+
 def test_windows_too_short_for_the_question_say_to_raise_max_seq_len(tok: Tokenizer) -> None:
     ex = _long_example()
     with pytest.raises(BertgpuError) as err:
