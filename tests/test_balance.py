@@ -124,3 +124,34 @@ def test_a_slowed_rank_is_named_and_balancing_keeps_the_model(tmp_path):
                              "--checkpoint.every_steps", "0"))
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed from" in more.stdout and _train_records(balanced_run)[-1]["step"] == 12
+
+
+def _array_split_sizes(global_batch: int, world: int) -> list[int]:
+    """numpy's split of G items into W near-equal parts (the first G % W one larger): the
+    independent reference for equal speeds."""
+    return [len(part) for part in np.array_split(np.arange(global_batch), world)]
+
+
+def test_equal_or_unusable_speeds_split_the_global_batch_like_numpy_array_split():
+    """Equal speeds, or speeds that say nothing (all zero, NaN, inf: the all-unusable case is
+    `_spread`'s), with a remainder: the shares sum to G, differ by at most one, and the larger
+    ones go to the lower ranks, as numpy.array_split's sizes."""
+    cases = [(g, w) for w in range(2, 9) for g in range(w, 4 * w + 3) if g % w]
+    assert len(cases) > 90
+    for g, w in cases:
+        expected = _array_split_sizes(g, w)
+        for speeds in ([1.0] * w, [2.5] * w, [0.0] * w, [float("nan")] * w,
+                       [float("inf")] * w, [-1.0] * w):
+            shares = shares_for(speeds, g)
+            assert sum(shares) == g, (g, w, speeds, shares)
+            assert max(shares) - min(shares) <= 1, (g, w, speeds, shares)
+            assert shares == expected, (g, w, speeds, shares)
+
+
+def test_ties_of_equal_speeds_go_to_the_lower_rank():
+    """The docstring's rule: every rank computes the same answer, the extra sequences to the
+    lowest ranks."""
+    assert shares_for([1.0, 1.0, 1.0], 8) == [3, 3, 2]
+    assert shares_for([1.0, 1.0, 1.0], 7) == [3, 2, 2]
+    assert shares_for([4.0] * 4, 10) == [3, 3, 2, 2]
+    assert shares_for([0.0, 0.0, 0.0], 8) == [3, 3, 2]

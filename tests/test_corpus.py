@@ -459,3 +459,51 @@ def test_a_broken_json_line_names_its_column_once(tmp_path):
             list(iter_documents([path]))
         assert str(info.value) == (f"{path}:2: not valid JSON ({message}); expected one JSON "
                                    "object per line")
+
+
+NAMESPACES_XML = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11">
+  <siteinfo><sitename>Wikipedia</sitename><namespaces>
+    <namespace key="0" case="first-letter" />
+    <namespace key="1" case="first-letter">Talk</namespace>
+    <namespace key="14" case="first-letter">Category</namespace>
+  </namespaces></siteinfo>
+  <page>
+    <title>Talk:Gamma</title><ns>1</ns><id>7</id>
+    <revision><id>17</id><text xml:space="preserve">Should this article mention delta? \
+~~~~</text></revision>
+  </page>
+  <page>
+    <title>Gamma</title><ns>0</ns><id>6</id>
+    <revision><id>16</id><text xml:space="preserve">Gamma is the third letter.</text></revision>
+  </page>
+  <page>
+    <title>Category:Letters</title><ns>14</ns><id>8</id>
+    <revision><id>18</id><text xml:space="preserve">Letters of the Greek alphabet are listed \
+here.</text></revision>
+  </page>
+</mediawiki>
+"""
+
+
+def test_wiki_reader_keeps_only_articles_of_namespace_0(tmp_path):
+    """MediaWiki puts articles in namespace 0; Talk (1) and Category (14) pages are not article
+    text, whatever order they come in."""
+    from bertgpu.data.wikitext import read_wiki
+
+    path = tmp_path / "namespaces.xml"
+    path.write_text(NAMESPACES_XML, encoding="utf-8")
+    with open(path, "rb") as f:
+        assert list(read_wiki(path, f)) == ["Gamma is the third letter."]
+    assert list(iter_documents([path])) == [["Gamma is the third letter."]]
+
+
+def test_a_link_with_several_pipes_keeps_its_last_segment():
+    """`[[a|b|c]]` -> "c": the label after the last pipe, WikiExtractor's rule
+    ("[[title |...|label]] -> label", the extractor behind BERT's Wikipedia text), so no "|" of
+    link syntax reaches the text. (MediaWiki itself shows "b|c" for a plain article link: its
+    parser takes everything after the first pipe as the label. For File links the caption is the
+    last segment, and those are dropped whole here.)"""
+    assert strip_wiki_markup("[[a|b|c]]") == "c"
+    assert strip_wiki_markup("See [[Alpha (letter)|first|the first letter]] here.") == (
+        "See the first letter here.")
+    assert strip_wiki_markup("[[a|b]] and [[d]]") == "b and d"

@@ -213,3 +213,44 @@ def test_no_validation_split_names_the_flag_given():
     assert split_summary(manifest) == "no validation split (--validation-docs 0)"
     manifest.update(validation_fraction=0.0, validation_docs=None)
     assert split_summary(manifest) == "no validation split (--validation-fraction 0)"
+
+
+def test_invalid_utf8_in_a_later_row_group_of_a_parquet_part_names_the_file_row(tmp_path):
+    """A work unit that starts at a later row group (a large Parquet file is split by row groups)
+    counts its rows from the file's first row: the error names the row of the file, not of the
+    unit. The expected row comes from pyarrow's own row-group sizes."""
+    pytest.importorskip("pyarrow")
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertgpu.data.units import split_file
+
+    texts = [f"Row {i} of the corpus is fine.".encode() for i in range(12)]
+    bad_row = 7  # in the second row group
+    texts[bad_row] = b"not utf-8 \xff\xfe here"
+    offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
+    column = pa.Array.from_buffers(pa.string(), len(texts), [
+        None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(texts))])
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"text": column}), path, row_group_size=5)
+    meta = pq.ParquetFile(path).metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sizes == [5, 5, 2]
+    group = next(g for g in range(len(sizes)) if sum(sizes[: g + 1]) > bad_row)
+    assert group == 1
+
+    pieces = split_file(path, path.stat().st_size, "auto", part_bytes=1)  # a part per row group
+    assert [(p.kind, p.start, p.stop) for p in pieces] == [("parquet", 0, 1), ("parquet", 1, 2),
+                                                            ("parquet", 2, None)]
+    message = (f"{path}: row {bad_row} (counting from 0) of column 'text' is not UTF-8 text "
+               "(invalid start byte: byte 0xff); expected UTF-8 strings (the writer stored "
+               "other bytes in a string column)")
+    for read in (pieces[group:group + 1], [Piece(path)]):  # the part, and the whole file
+        with pytest.raises(BertgpuError) as info:
+            list(iter_piece_items(read))
+        assert str(info.value) == message
+    # the other parts read cleanly: the bad value is in the second row group only
+    for piece in (pieces[0], pieces[2]):
+        assert [item[1] for item in iter_piece_items([piece]) if item[0] == "jsonl"] == [
+            t.decode() for t in texts[sum(sizes[:piece.start]):][:sizes[piece.start]]]

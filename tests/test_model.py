@@ -311,3 +311,18 @@ def test_model_output_attribute_access():
     assert o.loss == 1 and o["logits"] == 2 and set(o) == {"loss", "logits"}
     with pytest.raises(AttributeError):
         _ = o.start_logits
+
+
+@pytest.mark.parametrize("classifier_dropout", [0.3, None])
+def test_classifier_dropout_is_transformers(classifier_dropout):
+    """The heads' dropout is classifier_dropout when set, else hidden_dropout_prob, as in
+    transformers' BertForSequenceClassification and BertForTokenClassification."""
+    kw = dict(TINY, hidden_dropout_prob=0.1, classifier_dropout=classifier_dropout)
+    hf_config = transformers.BertConfig(**kw)
+    for ours_cls, hf_cls in [
+        (BertForSequenceClassification, transformers.BertForSequenceClassification),
+        (BertForTokenClassification, transformers.BertForTokenClassification),
+    ]:
+        expected = hf_cls(hf_config).dropout.p
+        assert expected == (0.3 if classifier_dropout is not None else 0.1)
+        assert ours_cls(BertConfig(**kw)).dropout.p == expected, ours_cls.__name__

@@ -370,3 +370,32 @@ def test_slow_writes_of_one_step_and_slow_evaluations_are_injected(no_faults, mo
     assert time.monotonic() - t0 >= 0.5
     with pytest.raises(BertgpuError, match="slow_eval"):
         faults.parse("slow_eval=1@step=2")
+
+
+def test_the_agreed_signal_of_another_rank_sets_the_exit_status_over_the_one_seen_here(
+        monkeypatch):
+    """Rank 0's handler saw SIGINT (its listener had not noted it yet) while rank 1's SIGTERM
+    came first: the check agrees on SIGTERM (the MAX of the ranks' signals), and this rank exits
+    with 143 like the others, not 130 from the signal it saw itself. A unit test: the other rank
+    is simulated by the all-reduce of the check's group."""
+    import torch.distributed as dist
+
+    p = Preemption(25.0, DistInfo(), title="t")
+    p._group = object()  # several ranks: `check` all-reduces over this group
+    p._seen = signal.SIGINT  # set by `_handle` at once; `signum` waits for the listener
+    other_left = 20.0  # rank 1's grace left
+
+    def all_reduce(flags, op=None, group=None):  # rank 1: [SIGTERM, -micro_batches, -left]
+        assert group is p._group and op == dist.ReduceOp.MAX
+        flags.copy_(torch.maximum(flags, torch.tensor([float(signal.SIGTERM), -3.0,
+                                                       -other_left], dtype=torch.float64)))
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    try:
+        with pytest.raises(Preempted, match="SIGTERM"):
+            p.check(3)
+        assert p.signum == signal.SIGTERM and p._seen == signal.SIGINT
+        assert p.exit_status == 128 + signal.SIGTERM == 143
+        assert p.deadline is not None and p.deadline - time.monotonic() < other_left
+    finally:
+        p.restore()  # disarms the deadline the check armed

@@ -421,3 +421,52 @@ def test_a_remote_compressed_file_is_sampled_from_its_start_not_downloaded_whole
         assert sample_plan("memory://sample-start/c.txt.gz", len(data), "lines", 100)[1] is False
     finally:
         fsspec.filesystem("memory").rm("/sample-start", recursive=True)
+
+
+def _with_config(src, folder, **changes):
+    """A copy of the tokenizer folder ``src`` with ``changes`` to its tokenizer_config.json."""
+    shutil.copytree(src, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("changes", [{"strip_accents": False},
+                                     {"tokenize_chinese_chars": False},
+                                     {"do_lower_case": False, "strip_accents": True}])
+def test_hash_follows_every_normalisation_setting(uncased, tmp_path, changes):
+    """Folders that differ only in one setting of the normaliser (the same vocab.txt and
+    tokenizer.json) encode differently in transformers, so their hashes differ; an identical
+    folder, or one that states the default it had (strip_accents null = as do_lower_case),
+    hashes the same."""
+    from transformers import AutoTokenizer
+
+    text = "Café Élan über naïve 我爱自然语言处理 ÅNGSTRÖM"
+    changed = _with_config(uncased, tmp_path / "changed", **changes)
+    same = _with_config(uncased, tmp_path / "same", strip_accents=True)  # uncased's default
+    assert tokenizer_hash(shutil.copytree(uncased, tmp_path / "copy")) == tokenizer_hash(uncased)
+    hf = {f: AutoTokenizer.from_pretrained(str(f))(text)["input_ids"]
+          for f in (uncased, changed, same)}
+    assert hf[same] == hf[uncased] and tokenizer_hash(same) == tokenizer_hash(uncased)
+    assert hf[changed] != hf[uncased]  # the independent reference: another encoding ...
+    with pytest.warns(UserWarning, match="encoding as the config says"):
+        assert load_tokenizer(changed).encode(text).ids == hf[changed]
+    assert tokenizer_hash(changed) != tokenizer_hash(uncased)  # ... so another hash
+
+
+def test_hash_follows_strip_accents_of_a_tokenizer_json_normaliser(uncased, tmp_path):
+    """The same for a folder whose tokenizer.json normaliser is the encoding (a config that is
+    not BERT's tokenizer class): strip_accents alone changes the hash."""
+    folders = []
+    for strip in (None, False):
+        folder = _with_config(uncased, tmp_path / f"strip_{strip}",
+                              tokenizer_class="PreTrainedTokenizerFast")
+        data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        data["normalizer"]["strip_accents"] = strip  # None: as lowercase (True)
+        (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+        folders.append(folder)
+    text = "Café Élan über naïve"
+    ids = [load_tokenizer(folder).encode(text).ids for folder in folders]
+    assert ids[0] != ids[1]  # another encoding ...
+    assert tokenizer_hash(folders[0]) != tokenizer_hash(folders[1])  # ... so another hash
