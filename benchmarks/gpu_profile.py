@@ -101,8 +101,8 @@ def kernel_counts(events, cuda: bool = False) -> dict[str, int]:
     return counts
 
 
-HBM_TB_S = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "A100": 2.0,
-            "A10": 0.6, "L40S": 0.86, "L4": 0.3, "RTX 4090": 1.0, "RTX 3090": 0.94}
+HBM_TB_S = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "H200 NVL": 4.8,
+            "A100": 2.0, "A10": 0.6, "L40S": 0.86, "L4": 0.3, "RTX 4090": 1.0, "RTX 3090": 0.94}
 """Peak memory bandwidth (TB/s) of the devices telemetry/flops.py names (vendor figures; the
 80 GB A100s)."""
 

@@ -10,7 +10,13 @@ import pytest
 
 from bertgpu.errors import BertgpuError
 from bertgpu.models.bert.cost import flops_per_token
-from bertgpu.telemetry.flops import PEAK_TFLOPS, flops_per_token_from_config, mfu, peak_tflops
+from bertgpu.telemetry.flops import (
+    PEAK_TFLOPS,
+    flops_per_real_token,
+    flops_per_token_from_config,
+    mfu,
+    peak_tflops,
+)
 
 # --------------------------------------------------------------------------------------------
 # FLOPs
@@ -141,6 +147,43 @@ def test_flops_from_config_and_validation():
         flops_per_token(0, 12, 3072, 30522, 128)
 
 
+def test_flops_per_real_token_counts_each_sequence_at_its_own_length():
+    # BERT d=4, L=2, ff=8, V=10 (test_flops_hand_count_tiny): 6N = 2064, head 78, pooler+NSP 30.
+    # Sequences of 2, 5, 5 real tokens (12 tokens): attention 12 L d sum(n^2)/sum(n)
+    # = 96 * 54 / 12 = 432; the MLM head 0.5 * 6 * 78 = 234 per token; the pooler and NSP once
+    # per sequence: 6 * 30 * 3 / 12 = 45. A padded width of 5 would charge 480 of attention.
+    cfg = SimpleNamespace(hidden_size=4, num_hidden_layers=2, intermediate_size=8, vocab_size=10)
+    assert flops_per_real_token(cfg, [2, 5, 5], mlm_fraction=0.5) == pytest.approx(
+        2064 + 432 + 234 + 45)
+    assert flops_per_real_token(cfg, (n for n in [5, 2, 5]), 0.0, with_nsp=False) == (
+        pytest.approx(2064 + 432))
+    # Packed rows, all full: the count at that length. Empty rows weigh nothing.
+    assert flops_per_real_token(cfg, [5] * 7 + [0], 0.5) == pytest.approx(
+        flops_per_token_from_config(cfg, 5, 0.5))
+    with pytest.raises(ValueError, match="no real tokens"):
+        flops_per_real_token(cfg, [0, 0], 0.5)
+    with pytest.raises(ValueError, match="negative"):
+        flops_per_real_token(cfg, [3, -1], 0.5)
+
+
+def test_flops_per_real_token_modernbert_windows_by_sequence():
+    # ModernBERT d=8, f=12, 3 layers (global, local, local; window 4 + 1 = 5 tokens), V=20.
+    # Per token: 6 * 3 * (4 * 64 + 3 * 96) = 9792 for the weights. A sequence of n tokens: each
+    # global layer 12 d n, each local one 12 d min(n, 5). Sequences of 3 and 9 tokens:
+    #   n=3: 96 * (3 + 3 + 3) = 864 per token;  n=9: 96 * (9 + 5 + 5) = 1824 per token
+    #   weighted by tokens: (3 * 864 + 9 * 1824) / 12 = 1584.
+    from bertgpu.models.build import model_config
+
+    cfg = model_config({"architecture": "modernbert", "vocab_size": 20, "hidden_size": 8,
+                        "num_hidden_layers": 3, "num_attention_heads": 2,
+                        "intermediate_size": 12, "local_attention": 4,
+                        "global_attn_every_n_layers": 3, "max_position_embeddings": 64,
+                        "pad_token_id": 0})
+    assert flops_per_real_token(cfg, [3, 9], mlm_fraction=0.0) == pytest.approx(9792 + 1584)
+    # the max-length count (64) charges every token far more attention than it sees
+    assert flops_per_token_from_config(cfg, 64, 0.0) == pytest.approx(9792 + 96 * (64 + 5 + 5))
+
+
 # --------------------------------------------------------------------------------------------
 # Peak TFLOP/s and MFU
 # --------------------------------------------------------------------------------------------
@@ -158,6 +201,13 @@ def _no_peak_env(monkeypatch):
         ("NVIDIA H100 80GB HBM3", "tf32", 494.0),
         ("NVIDIA H100 PCIe", "bf16", 756.0),
         ("NVIDIA H200", "bf16", 989.0),
+        ("NVIDIA H200 NVL", "bf16", 835.0),
+        ("NVIDIA H200 NVL", "tf32", 418.0),
+        ("NVIDIA H200 NVL", "fp32", 60.0),
+        ("NVIDIA H100 NVL", "bf16", 835.0),
+        ("NVIDIA GH200 480GB", "bf16", 989.0),
+        ("NVIDIA GH200 480GB", "fp32", 67.0),
+        ("NVIDIA GH200 144G HBM3e", "bf16", 989.0),
         ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
         ("NVIDIA A100-PCIE-40GB", "fp32", 19.5),
         ("NVIDIA A100 80GB PCIe", "tf32", 156.0),

@@ -229,22 +229,16 @@ class _Runner:
 
 
 def _flops_per_token(config: Any, batches: list[dict[str, Any]], nsp: bool) -> tuple[float, float]:
-    """Model FLOPs per real token of the batches (attention grows with each sequence's own
-    length, so the per-sequence counts are weighted by their tokens) and the mean real length."""
-    from bertgpu.telemetry.flops import flops_per_token_from_config
+    """Model FLOPs per real token of the batches (`flops_per_real_token`: each sequence counted at
+    its own length, as fine-tuning counts its training set) and the mean real length."""
+    from bertgpu.telemetry.flops import flops_per_real_token
 
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1).tolist()]
     masked = sum(int((b["labels"] != -100).sum()) for b in batches)
     tokens = sum(lengths)
-    fraction = masked / max(tokens, 1)
-    cache: dict[int, float] = {}
-    total = 0.0
-    for n in lengths:
-        if n not in cache:
-            cache[n] = flops_per_token_from_config(config, seq_len=max(n, 1),
-                                                   mlm_fraction=fraction, with_nsp=nsp)
-        total += n * cache[n]
-    return total / max(tokens, 1), tokens / max(len(lengths), 1)
+    fpt = flops_per_real_token(config, lengths, mlm_fraction=masked / max(tokens, 1),
+                               with_nsp=nsp)
+    return fpt, tokens / max(len(lengths), 1)
 
 
 def run_point(models: Models, variants: list[Variant], micro_batch: int, seq_len: int,

@@ -1,11 +1,14 @@
 """FLOPs per token, peak throughput of known GPUs, and model FLOPs utilisation (MFU).
 
     fpt = flops_per_token_from_config(model_cfg, seq_len=128, mlm_fraction=0.15)  # by architecture
+    fpt = flops_per_real_token(model_cfg, [12, 40, 7], mlm_fraction=0.0)  # unpadded sequences
     peak = peak_tflops(torch.cuda.get_device_name(), "bf16")   # None on unknown hardware
     mfu(tokens_per_s, fpt, peak, n_devices=world_size)          # 0.42 means 42 %
 
 The FLOP count is nanoGPT's / PaLM appendix B's: 6 N per token for the weights plus the
-attention scores, and the MLM decoder only at predicted positions (see ANCHORS.md).
+attention scores, and the MLM decoder only at predicted positions (see ANCHORS.md). Tokens are
+real (non-padding) tokens: the training loop and `bench` count those, and padding is no useful
+work, so a batch of sequences shorter than its width is counted by `flops_per_real_token`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from bertgpu.errors import BertgpuError
 
@@ -30,6 +36,30 @@ def flops_per_token_from_config(cfg: Any, seq_len: int, mlm_fraction: float = 1.
     return spec_of_config(cfg).flops_per_token(cfg, seq_len, mlm_fraction, with_nsp)
 
 
+def flops_per_real_token(cfg: Any, lengths: Iterable[int], mlm_fraction: float = 1.0,
+                         with_nsp: bool = True) -> float:
+    """Training FLOPs per real token of sequences of these real (unpadded) `lengths`, in tokens.
+
+    Each sequence is counted at its own length n_i, weighted by its n_i tokens: the attention
+    scores grow with the length a token attends over, and a per-sequence head (BERT's pooler and
+    NSP) is paid once per sequence. For BERT the average is ``6 N + 12 L d sum(n_i^2) / sum(n_i)``
+    (+ the heads), where `flops_per_token_from_config` at the padded width T would charge every
+    real token ``12 L d T``: fine-tuning MFU overstated 1.02x (BERT-base, T 128, sentences of 25)
+    to 1.79x (ModernBERT-base, T 8192, documents of 512). ModernBERT's sliding-window layers see
+    ``min(n_i, local_attention + 1)`` tokens, as its own count says. Packed pretraining rows are
+    all full, and then this equals `flops_per_token_from_config` at T.
+    """
+    values, counts = np.unique(np.fromiter(lengths, dtype=np.int64), return_counts=True)
+    if values.size and values[0] < 0:
+        raise ValueError(f"flops_per_real_token: a negative length ({values[0]})")
+    weights = values * counts  # tokens of each length; empty sequences weigh nothing
+    if weights.sum() <= 0:
+        raise ValueError("flops_per_real_token: no real tokens in the sequences")
+    total = sum(float(w) * flops_per_token_from_config(cfg, int(n), mlm_fraction, with_nsp)
+                for n, w in zip(values.tolist(), weights.tolist(), strict=True) if w)
+    return total / float(weights.sum())
+
+
 # --------------------------------------------------------------------------------------------
 # Peak throughput and MFU
 # --------------------------------------------------------------------------------------------
@@ -42,7 +72,11 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
     "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
-    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # the SXM part
+    "H200 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
+    # GH200 Grace Hopper (96 GB HBM3 or 144 GB HBM3e): an H100-class GPU; NVIDIA's GH200 data
+    # sheet gives the H100 SXM's dense rates (bf16 990, 1,979 with sparsity; TF32 494; FP32 67).
+    "GH200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
@@ -57,12 +91,15 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 # Patterns over torch.cuda.get_device_name(), most specific first. Word boundaries keep "A10"
-# from matching "A100" or "A10G", and "L4" from matching "L40S".
+# from matching "A100" or "A10G", "L4" from matching "L40S", and "H200" from "GH200"; an NVL or
+# PCIe part comes before its family's SXM entry, which would match it too.
 _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\bH100\b.*\bPCIe\b", "H100 PCIe"),
     (r"\bH100\b.*\bNVL\b", "H100 NVL"),
     (r"\bH100\b", "H100 SXM"),  # "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"
-    (r"\bH200\b", "H200"),
+    (r"\bH200\b.*\bNVL\b", "H200 NVL"),
+    (r"\bH200\b", "H200"),  # "NVIDIA H200"
+    (r"\bGH200\b", "GH200"),  # "NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"
     (r"\bA100\b", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB"
     (r"\bA10\b", "A10"),
     (r"\bL40S\b", "L40S"),

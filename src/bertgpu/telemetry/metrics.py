@@ -11,7 +11,7 @@ Typical use in a training loop (rank 0 logs, other ranks get a logger that does 
     log.print(format_startup_table([("global batch", "256 sequences"), ...]))
     for step in range(step + 1, cfg.max_steps + 1):
         ...
-        tput.update(tokens=global_batch * seq_len, sequences=global_batch)
+        tput.update(tokens=real_tokens, sequences=global_batch)  # all devices, padding not counted
         rates = tput.rates()
         log.log(step, "train", loss=loss, lr=lr, grad_norm=gn, **rates, **tput.compile_fields(),
                 mfu=mfu(rates["tokens_per_s"], fpt, peak, world_size) if rates else None,

@@ -42,9 +42,11 @@ def compile_events() -> int:
 class Throughput:
     """Rates over the last ``window`` measured steps; compile steps apart.
 
-    Call ``update`` once per optimizer step with that step's totals over *all* devices (tokens
-    and sequences actually processed, padding included when the model computed on it). A step's
-    time is the time since the previous ``update`` (or construction, or ``reset``).
+    Call ``update`` once per optimizer step with that step's totals over *all* devices: its
+    sequences and their real tokens. Padding is not counted, even where the model computed on it:
+    the rate is of the work a user wants done, as `bench model` counts it, and MFU's FLOPs per
+    token are per real token to match (`flops.flops_per_real_token`). A step's time is the time
+    since the previous ``update`` (or construction, or ``reset``).
 
     - ``compile_events``: a counter of compile work (`compile_events` above); a step during which
       it changed is a compile step: its time goes to ``compile_s`` (``compile_steps`` counts

@@ -46,7 +46,7 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
         ("batch per device per step", str(micro * accumulation)),
         ("devices", str(info.world_size)),
         ("global batch (sequences/step)", str(t.global_batch_size)),
-        ("tokens per step", f"{t.global_batch_size * seq:,}"),
+        ("tokens per step (at most)", f"{t.global_batch_size * seq:,}"),
         ("learning rate", f"{peak_lr:.3g} ({o.name}, lr_scaling {o.lr_scaling}, warm-up "
                           f"{warmup_text(cfg)}, {s.decay} decay)"),
         *([("gradient all-reduce", f"{info.backend}, once per step, buckets {d.bucket_cap_mb} MB, "
