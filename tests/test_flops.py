@@ -167,11 +167,13 @@ def test_flops_per_real_token_counts_each_sequence_at_its_own_length():
 
 
 def test_flops_per_real_token_modernbert_windows_by_sequence():
-    # ModernBERT d=8, f=12, 3 layers (global, local, local; window 4 + 1 = 5 tokens), V=20.
+    # ModernBERT d=8, f=12, 3 layers (global, local, local; window 4: 2 keys each side), V=20.
     # Per token: 6 * 3 * (4 * 64 + 3 * 96) = 9792 for the weights. A sequence of n tokens: each
-    # global layer 12 d n, each local one 12 d min(n, 5). Sequences of 3 and 9 tokens:
-    #   n=3: 96 * (3 + 3 + 3) = 864 per token;  n=9: 96 * (9 + 5 + 5) = 1824 per token
-    #   weighted by tokens: (3 * 864 + 9 * 1824) / 12 = 1584.
+    # global layer 12 d n, each local one 12 d k(n), k the keys per query the band allows,
+    # averaged over the n queries. Sequences of 3 and 9 tokens:
+    #   n=3: every query sees all 3: 96 * (3 + 3 + 3) = 864 per token
+    #   n=9: keys per query 3, 4, 5, 5, 5, 5, 5, 4, 3 = 39 / 9: 96 * (9 + 2 * 39 / 9) = 1696
+    #   weighted by tokens: (3 * 864 + 9 * 1696) / 12 = 1488.
     from bertgpu.models.build import model_config
 
     cfg = model_config({"architecture": "modernbert", "vocab_size": 20, "hidden_size": 8,
@@ -179,9 +181,25 @@ def test_flops_per_real_token_modernbert_windows_by_sequence():
                         "intermediate_size": 12, "local_attention": 4,
                         "global_attn_every_n_layers": 3, "max_position_embeddings": 64,
                         "pad_token_id": 0})
-    assert flops_per_real_token(cfg, [3, 9], mlm_fraction=0.0) == pytest.approx(9792 + 1584)
-    # the max-length count (64) charges every token far more attention than it sees
-    assert flops_per_token_from_config(cfg, 64, 0.0) == pytest.approx(9792 + 96 * (64 + 5 + 5))
+    assert flops_per_real_token(cfg, [3, 9], mlm_fraction=0.0) == pytest.approx(9792 + 1488)
+    # the max-length count (64) charges every token far more attention than it sees; its local
+    # layers' queries see 5 keys but the two at each end 3 and 4: (64 * 5 - 2 * 3) / 64
+    local = (64 * 5 - 2 * (2 + 1)) / 64
+    assert flops_per_token_from_config(cfg, 64, 0.0) == pytest.approx(
+        9792 + 96 * (64 + 2 * local))
+
+
+@pytest.mark.parametrize("local_attention", [2, 4, 7, 128])
+def test_modernbert_window_keys_are_what_the_mask_lets_through(local_attention):
+    """A sliding-window layer's attention FLOPs count the keys its mask lets each query see,
+    averaged over the sequence (edges see fewer); `local_attention + 1` keys for every token
+    overcounted the edges, and odd windows by one key everywhere."""
+    from bertgpu.models.modernbert.cost import window_keys
+    from bertgpu.models.modernbert.rope import sliding_window_mask
+
+    for seq_len in (1, 2, 3, local_attention // 2 + 1, local_attention + 1, 100, 1024):
+        allowed = sliding_window_mask(seq_len, local_attention).sum().item() / seq_len
+        assert window_keys(seq_len, local_attention) == pytest.approx(allowed, rel=1e-12), seq_len
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ def flops_per_real_token(cfg: Any, lengths: Iterable[int], mlm_fraction: float =
     (+ the heads), where `flops_per_token_from_config` at the padded width T would charge every
     real token ``12 L d T``: fine-tuning MFU overstated 1.02x (BERT-base, T 128, sentences of 25)
     to 1.79x (ModernBERT-base, T 8192, documents of 512). ModernBERT's sliding-window layers see
-    ``min(n_i, local_attention + 1)`` tokens, as its own count says. Packed pretraining rows are
-    all full, and then this equals `flops_per_token_from_config` at T.
+    the keys their band allows in a sequence of n_i, as its own count says. Packed pretraining
+    rows are all full, and then this equals `flops_per_token_from_config` at T.
     """
     values, counts = np.unique(np.fromiter(lengths, dtype=np.int64), return_counts=True)
     if values.size and values[0] < 0:

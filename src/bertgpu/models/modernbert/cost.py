@@ -18,8 +18,8 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     that per token.
     Attention scores and the weighted sum cost ``12 d T_l`` per token of layer l, where T_l is the
     sequence length for global layers (full_attention: 0, n, 2n, ..., or what layer_types says)
-    and ``min(T, local_attention + 1)`` for sliding-window layers (what the banded mask lets a
-    token see; the kernels may compute more).
+    and, for sliding-window layers, the keys the banded mask lets a query see, averaged over the
+    sequence's queries (`window_keys`; the kernels may compute more).
     The head (dense d x d, norm, tied decoder d x V) runs at the predicted positions only; V is
     the real vocabulary (the model's padding columns, shared.VOCAB_MULTIPLE, are not useful work).
     ModernBERT has no next-sentence head: `with_nsp` is accepted for the common signature."""
@@ -27,12 +27,22 @@ def flops_per_token_of(cfg: Any, seq_len: int, mlm_fraction: float = 1.0,
     L, T = int(cfg.num_hidden_layers), int(seq_len)
     if min(d, f, L, T) <= 0:
         raise ValueError("flops_per_token_of: all sizes must be positive")
-    window = min(T, int(cfg.local_attention) + 1)
+    window = window_keys(T, int(cfg.local_attention))
     per_layer = 4 * d * d + 3 * d * f
     attention = sum(12.0 * d * (T if kind == "full_attention" else window)
                     for kind in _layer_types(cfg, L))
     head = d * d + d + d * int(cfg.vocab_size) + int(cfg.vocab_size)
     return 6.0 * L * per_layer + attention + mlm_fraction * 6.0 * head
+
+
+def window_keys(seq_len: int, local_attention: int) -> float:
+    """Keys per query of a sliding-window layer, averaged over a sequence of `seq_len`: query i
+    sees |i - j| <= local_attention // 2 (rope.sliding_window_mask), so 2h + 1 keys in the middle
+    of a long sequence (h = local_attention // 2) and fewer near its ends."""
+    T, h = int(seq_len), int(local_attention) // 2
+    # sum over queries of min(i, h): the keys on one side (the other side is the same sum)
+    side = (T - 1) * T / 2 if T - 1 <= h else h * (h + 1) / 2 + h * (T - 1 - h)
+    return 1.0 + 2.0 * side / T
 
 
 def _layer_types(cfg: Any, num_layers: int) -> list[str]:
