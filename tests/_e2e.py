@@ -42,6 +42,18 @@ def bertgpu(argv: list[str], faults: str = "", **popen) -> subprocess.CompletedP
                           text=True, timeout=240, check=False, **popen)
 
 
+def bertgpu_started(argv: list[str], faults: str = "") -> subprocess.Popen:
+    """`bertgpu ARGV` started in a fresh interpreter and a session of its own, for a test that
+    signals or kills it (the process group included): stderr piped, stdout dropped, warnings off
+    (a test reads its last lines), and no WORLD_SIZE, so `--nproc` launches its ranks."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore", "BERTGPU_FAULTS": faults}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.Popen([sys.executable, "-m", "bertgpu", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
 @contextlib.contextmanager
 def _captured_fds() -> Iterator[list[str]]:
     """Everything written to file descriptors 1 and 2 (this process's prints and its children's

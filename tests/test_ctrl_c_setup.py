@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _e2e import ROOT, args, e2e_shards
+from _e2e import ROOT, args, bertgpu_started, e2e_shards
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +25,8 @@ def shards(tmp_path_factory) -> Path:
 def test_ctrl_c_while_the_ranks_join_the_group_is_one_line_and_exit_130(shards, tmp_path):
     # Rank 1 takes a minute to join (a slow node); rank 0 says when it calls
     # init_process_group, where it then waits for rank 1.
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore", "BERTGPU_FAULTS": "delay_setup=0:0,delay_setup=1:60"}
-    env.pop("WORLD_SIZE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "bertgpu",
-                             *args(shards, tmp_path / "run", "--nproc", "2")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = bertgpu_started(args(shards, tmp_path / "run", "--nproc", "2"),
+                           faults="delay_setup=0:0,delay_setup=1:60")
     lines = []
     try:
         for line in proc.stderr:  # until both ranks are in their set-up

@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from _e2e import (
-    ROOT,
     STEPS,
     args,
     assert_bitwise_equal,
     bertgpu,
     bertgpu_here,
+    bertgpu_started,
     e2e_shards,
     final_weights,
     reference_run,
@@ -52,13 +50,9 @@ def last_line(text: str) -> str:
 def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, reference, nproc):
     """A scheduler's preemption: SIGTERM to every process, loader workers included."""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore",
-           "BERTGPU_FAULTS": "delay_rank=0:0.2"}  # slow steps, so the signal lands mid-run
     extra = ["--impl.num_workers", "1", *(["--nproc", "2"] if nproc == 2 else [])]
-    proc = subprocess.Popen([sys.executable, "-m", "bertgpu", *args(shards, run, *extra)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # slow steps, so the signal lands mid-run
+    proc = bertgpu_started(args(shards, run, *extra), faults="delay_rank=0:0.2")
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while (time.monotonic() < deadline

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from _e2e import ROOT, args, e2e_shards
+from _e2e import args, bertgpu_started, e2e_shards
 
 from bertgpu.train import launcher
 
@@ -184,13 +182,8 @@ def test_sigterm_to_one_worker_ends_the_job_as_a_stop(shards, tmp_path):
     is complete and holds the step the run stopped at. (A SIGTERM to torch's agent alone ends
     the same way: `test_a_stop_signal_to_torchs_agent_is_a_stop` reads its real lines.)"""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore", "BERTGPU_FAULTS": "delay_rank=0:0.2"}
-    env.pop("WORLD_SIZE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "bertgpu",
-                             *args(shards, run, "--nproc", "2", "--max-restarts", "1")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = bertgpu_started(args(shards, run, "--nproc", "2", "--max-restarts", "1"),
+                           faults="delay_rank=0:0.2")
     try:
         metrics, deadline = run / "metrics.jsonl", time.monotonic() + 120
         while not (metrics.exists() and '"step": 5, "kind": "train"' in metrics.read_text()):

@@ -10,17 +10,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from _e2e import (
-    ROOT,
     args,
     assert_bitwise_equal,
     bertgpu,
     bertgpu_here,
+    bertgpu_started,
     e2e_shards,
     final_weights,
     reference_run,
@@ -34,11 +33,7 @@ def shards(tmp_path_factory) -> Path:
 
 
 def _start(shards: Path, run: Path, *extra: str, faults: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore", "BERTGPU_FAULTS": faults}
-    return subprocess.Popen([sys.executable, "-m", "bertgpu", *args(shards, run, *extra)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return bertgpu_started(args(shards, run, *extra), faults=faults)
 
 
 def _until(cond, timeout: float = 120.0) -> None:
