@@ -310,9 +310,9 @@ def test_cuda_graph_training_matches_the_default_compile():
 
 
 def test_cuda_graph_replays_draw_new_dropout_masks():
-    """Under CUDA graphs (reduce-overhead) each replay draws new dropout masks, attention
-    dropout in the flash kernel included: a graph that froze its random numbers would give the
-    same loss for the same batch every time."""
+    """Under CUDA graphs (reduce-overhead) each replay draws new dropout masks, the hash
+    dropout's seeds (the compiled default) and attention dropout in the flash kernel included: a
+    graph that froze its random numbers would give the same loss for the same batch every time."""
     torch.manual_seed(0)
     cfg = BertConfig(**{**GPU_TINY, "hidden_dropout_prob": 0.1,
                         "attention_probs_dropout_prob": 0.1})
@@ -408,7 +408,7 @@ def test_tiny_cpu_batches_still_run_on_the_gpu():
 
 
 def test_compiled_hash_dropout_on_cuda():
-    """The hash dropout (issue 24's candidate, models/dropout.py) under Triton: its integer
+    """The hash dropout (compiled dropout's default, models/dropout.py) under Triton: its integer
     arithmetic gives the eager mask, and a compiled bf16 dropout drops at the rate asked and
     applies one mask forward and backward."""
     from bertgpu.models.dropout import dropout, hash_keep, set_compiled_dropout
