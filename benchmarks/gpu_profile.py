@@ -4,7 +4,7 @@ by kernel family, for deciding what to fuse next.
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --out /tmp/prof               # BERT-base
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --arch modernbert --out /tmp/prof-modern
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --size tiny --device cpu --out /tmp/prof
-    PYTHONPATH=src python3 benchmarks/gpu_profile.py --compiled-dropout philox --out /tmp/prof-philox
+    PYTHONPATH=src python3 benchmarks/gpu_profile.py --compiled-dropout philox --out /tmp/prof-p
     PYTHONPATH=src python3 benchmarks/gpu_profile.py --inductor coordinate_descent_tuning=True \
         --out /tmp/prof-cdt   # an inductor setting (this one: not done within 130 s on an H200)
 
