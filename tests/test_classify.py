@@ -345,3 +345,79 @@ def test_a_multi_line_csv_row_is_named_by_its_first_line(tmp_path):
     (tmp_path / "b.csv").write_text('text,label\n"good",pos\n"a long\nreview",neg,extra\n')
     _one_line_error(lambda: classify.read_labelled(tmp_path / "b.csv", classify.Fields()),
                     r"b\.csv:3: 3 fields, expected 2 as in the header$")
+
+
+# --------------------------------------------------------------------------------------------
+# Survivors of a mutation review: the job's score, the dev cut, label spelling, bad scores
+
+
+def _tokenizer(tmp_path: Path):
+    """The word-level tokenizer of tiny_init's folder, without building its model."""
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return load_tokenizer(tok)
+
+
+def test_score_is_the_mean_of_the_dev_metrics(tmp_path):
+    """The module docstring: "a run's score is their mean". The end-to-end test cannot tell the
+    mean from the first metric when accuracy happens to equal macro-F1."""
+    train = write_csv(tmp_path / "train.csv", 12, 0)
+    dev = write_csv(tmp_path / "dev.csv", 6, 1)
+    tok = _tokenizer(tmp_path)
+    job = classify.classify_job(train, dev, tok, FinetuneConfig())
+    assert job.primary({"dev": {"accuracy": 80.0, "macro_f1": 60.0}}) == pytest.approx(70.0)
+    assert job.primary({"dev": {"macro_f1": 60.0, "accuracy": 80.0}}) == pytest.approx(70.0)
+    (tmp_path / "r.csv").write_text("text,label\napple,0.5\nriver,1.5\nstone,2\n")
+    reg = classify.classify_job(tmp_path / "r.csv", tmp_path / "r.csv", tok, FinetuneConfig(),
+                                regression=True)
+    assert reg.primary({"dev": {"pearson": 90.0, "spearman": 50.0}}) == pytest.approx(70.0)
+
+
+def test_max_eval_examples_cuts_the_dev_file(tmp_path):
+    """--max_eval_examples cuts dev and --max_train_examples cuts train, each by its own
+    number (the dev set was once cut by the training number)."""
+    for name in ("train", "dev"):  # both labels in every prefix: the cut keeps them known
+        (tmp_path / f"{name}.csv").write_text("text,label\n" + "".join(
+            f"{WORDS[i % len(WORDS)]} {'good' if i % 2 else 'bad'},{'pos' if i % 2 else 'neg'}\n"
+            for i in range(20)))
+    train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+    tok = _tokenizer(tmp_path)
+    job = classify.classify_job(train, dev, tok,
+                                FinetuneConfig(max_train_examples=5, max_eval_examples=7))
+    assert len(job.train) == 5 and len(job.evals[0].data) == 7
+    whole = classify.classify_job(train, dev, tok, FinetuneConfig(max_train_examples=5))
+    assert len(whole.train) == 5 and len(whole.evals[0].data) == 20
+
+
+def test_labels_are_read_without_surrounding_spaces(tmp_path):
+    """A CSV cell ", pos" (a space after the comma, as hand-written files have) is the label
+    "pos", not a class of its own."""
+    p = tmp_path / "s.csv"
+    p.write_text("text,label\napple,pos\nriver, pos\nstone,neg \n")
+    labels = [r[3] for r in classify.read_labelled(p, classify.Fields())]
+    assert classify.discover_labels(p, labels) == ("neg", "pos")
+    assert labels == ["pos", "pos", "neg"]
+    assert classify.label_value(p, 2, " pos\t", "label") == "pos"
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "NaN", "Infinity"])
+def test_regression_refuses_scores_that_are_not_finite(tmp_path, bad):
+    """float() reads these; a NaN or infinite target would poison the loss and the metrics."""
+    (tmp_path / "train.csv").write_text(f"text,label\napple,0.5\nriver,{bad}\n")
+    tok = _tokenizer(tmp_path)  # a real one: a score let through is encoded, not refused
+    _one_line_error(lambda: classify.classify_job(tmp_path / "train.csv", tmp_path / "train.csv",
+                                                  tok, FinetuneConfig(), regression=True),
+                    rf"train\.csv:3: label '{bad}' in 'label' is not a finite number")
+
+
+def test_number_like_labels_stay_apart_and_sort_by_value():
+    """float() reads "1_0" as 10, yet "1_0" is a name, not the number of "10"; numeric labels
+    sort by value, negatives first (the module docstring's "sorted by value")."""
+    p = Path("train.csv")
+    assert classify.discover_labels(p, ["1_0", "10", "1_0"]) == ("10", "1_0")
+    assert classify.discover_labels(p, ["1", "-1", "0"]) == ("-1", "0", "1")
+    assert classify.discover_labels(p, ["-2", "1", "-10", "0"]) == ("-10", "-2", "0", "1")

@@ -376,3 +376,78 @@ def test_wordpiece_words_encode_as_before(tmp_path, init):
     assert [e.tolist() for e in enc.ids] == [e.ids for e in old]
     assert [e.tolist() for e in enc.types] == [e.type_ids for e in old]
     assert not ner.is_byte_level(tok)
+
+
+# --------------------------------------------------------------------------------------------
+# Survivors of a mutation review: the dev cut, the truncation warning, a padding tokenizer.json
+
+
+def _tokenizer(tmp_path: Path):
+    """The word-level tokenizer of the `init` fixture's folder, without building its model."""
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text("\n".join(fixture_vocab()) + "\n", encoding="utf-8")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return load_tokenizer(tok)
+
+
+def _conll(path: Path, n: int) -> Path:
+    """n two-word sentences, each with a PER entity (so every prefix knows the one type)."""
+    path.write_text("Emma B-PER\nvisited O\n\n" * n, encoding="utf-8")
+    return path
+
+
+def test_max_eval_examples_cuts_the_dev_file(tmp_path):
+    """--max_eval_examples cuts dev and --max_train_examples cuts train, each by its own
+    number (the dev set was once cut by the training number)."""
+    from bertgpu.config.finetune import FinetuneConfig
+
+    train, dev = _conll(tmp_path / "train.conll", 20), _conll(tmp_path / "dev.conll", 20)
+    tok = _tokenizer(tmp_path)
+    job = ner.ner_job(train, dev, tok, FinetuneConfig(max_train_examples=5, max_eval_examples=7))
+    assert len(job.train) == 5 and len(job.evals[0].data) == 7
+    whole = ner.ner_job(train, dev, tok, FinetuneConfig(max_train_examples=5))
+    assert len(whole.train) == 5 and len(whole.evals[0].data) == 20
+
+
+def test_a_partly_cut_sentence_warns(tmp_path):
+    """A dev sentence whose last words fall past max_seq_len is counted in the warning, though
+    its first words fit; a sentence that fits is not."""
+    from bertgpu.config.finetune import FinetuneConfig
+
+    train = _conll(tmp_path / "train.conll", 2)
+    (tmp_path / "dev.conll").write_text("Emma B-PER\nvisited O\nBoston O\n. O\n\nEmma B-PER\n")
+    # [CLS] emma visited bos ##ton . [SEP]: 7 pieces; 5 keep [CLS] emma visited bos [SEP],
+    # so "." is cut while the first three words keep their first pieces.
+    with pytest.warns(UserWarning, match=r"dev\.conll: 1 of 2 sentences are longer than "
+                                         r"max_seq_len 5 tokens"):
+        ner.ner_job(train, tmp_path / "dev.conll", _tokenizer(tmp_path),
+                    FinetuneConfig(max_seq_len=5))
+
+
+def test_a_tokenizer_json_that_pads_does_not_pad_sentences(tmp_path):
+    """A Hugging Face tokenizer.json may carry a padding setting; the sentences are padded per
+    batch later, so each one's ids must have its own length, not the longest sentence's."""
+    from tokenizers import Tokenizer
+
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    plain = _tokenizer(tmp_path)
+    padding = Tokenizer.from_str(plain.to_str())
+    padding.enable_padding(pad_id=0, pad_token="[PAD]", length=16)
+    folder = tmp_path / "padded"
+    folder.mkdir()
+    padding.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    tok = load_tokenizer(folder)
+    assert tok.padding is not None  # the folder's setting survives loading: the test bites
+    words = [["Emma", "visited", "London"], ["Emma"]]
+    sentences = [ner.Sentence(w, ["O"] * len(w), list(range(len(w)))) for w in words]
+    enc, firsts = ner.encode_sentences(tok, sentences, {"O": 0}, 32)
+    want = [plain.encode(w, is_pretokenized=True).ids for w in words]
+    assert [len(w) for w in want] == [6, 3]  # emma visited lon ##don, in [CLS] .. [SEP]
+    assert [e.tolist() for e in enc.ids] == want
+    assert [len(x) for x in enc.token_targets["labels"]] == [6, 3]
+    assert [f.tolist() for f in firsts] == [[1, 2, 3], [1]]
