@@ -14,7 +14,9 @@ from bertgpu.telemetry.flops import (
     PEAK_TFLOPS,
     flops_per_real_token,
     flops_per_token_from_config,
+    gpu_model,
     mfu,
+    peak_and_source,
     peak_tflops,
 )
 
@@ -288,3 +290,31 @@ def test_mfu_arithmetic():
     )
 
 
+
+
+def test_peak_lookup_leaves_out_the_4090_d_and_3090_ti():
+    """The RTX 4090 D (China's cut-down part) and the 3090 Ti are other devices with other
+    peaks: no MFU rather than the 4090's or the 3090's peak."""
+    assert gpu_model("NVIDIA GeForce RTX 4090 D") is None
+    assert peak_tflops("NVIDIA GeForce RTX 4090 D", "bf16") is None
+    assert gpu_model("NVIDIA GeForce RTX 3090 Ti") is None
+    assert gpu_model("NVIDIA GeForce RTX 4090") == "RTX 4090"
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-5"])
+def test_peak_env_that_is_not_a_positive_finite_number_is_refused(monkeypatch, value):
+    """An infinite peak would show every MFU as 0 %: refused, naming the variable and value."""
+    monkeypatch.setenv("BERTGPU_PEAK_TFLOPS", value)
+    with pytest.raises(BertgpuError) as err:
+        peak_and_source("NVIDIA H100 80GB HBM3", "bf16")
+    assert str(err.value) == (f"environment variable BERTGPU_PEAK_TFLOPS: found {value!r}, "
+                              "expected a number > 0 (TFLOP/s of one device)")
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 0.0, -5.0])
+def test_peak_override_that_is_not_a_positive_finite_number_is_refused(value):
+    """`bench model --peak-tflops inf` ran with every MFU shown as 0 and recorded an infinite peak
+    (only the environment variable refused it)."""
+    with pytest.raises(BertgpuError, match=r"^peak TFLOP/s override: found .*, expected a finite "
+                                           r"number > 0$"):
+        peak_and_source("NVIDIA H100 80GB HBM3", "bf16", override=value)

@@ -538,3 +538,39 @@ def test_the_exported_tokenizer_truncates_to_the_models_positions(tmp_path):
                                               "max_position_embeddings": 1024}), with_nsp=False)
     out = save_pretrained(longer, tmp_path / "hf", tokenizer=tok)
     assert transformers.AutoTokenizer.from_pretrained(out).model_max_length == 1024
+
+
+def test_binary_classifier_exports_single_label_classification(tmp_path):
+    """A 2-label classifier is a classifier, not a regression: its config.json says
+    "single_label_classification", so transformers' BertForSequenceClassification trains it with
+    cross-entropy over the two logits (and its pipeline applies softmax)."""
+    torch.manual_seed(0)
+    ours = perturb(BertForSequenceClassification(BertConfig(**TINY), num_labels=2)).eval()
+    folder = save_pretrained(ours, tmp_path / "export")
+    assert json.loads((folder / "config.json").read_text())["problem_type"] == (
+        "single_label_classification")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert hf.config.problem_type == "single_label_classification"
+    b, labels = tiny_batch(4), torch.tensor([0, 1, 1])
+    out = hf(**inputs(b), labels=labels)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+
+
+def test_init_weights_grow_positions_to_a_length_that_is_not_a_multiple(tmp_path):
+    """32 learned positions into a 100-position model: the old rows, then copies of them,
+    repeated (rows 32-63 and 64-95 copy rows 0-31, rows 96-99 copy rows 0-3); the last partial
+    copy is cut, not left out (which made the table too short: a shape error)."""
+    from bertgpu.models.hf_io import load_init_weights
+
+    torch.manual_seed(0)
+    short = perturb(BertForPreTraining(BertConfig(**{**TINY, "max_position_embeddings": 32})))
+    folder = save_pretrained(short, tmp_path / "p32")
+    table = short.bert.embeddings.position_embeddings.weight.detach().clone()  # (32, H)
+    longer = BertForPreTraining(BertConfig(**{**TINY, "max_position_embeddings": 100}))
+    report = load_init_weights(longer, folder)
+    assert report.grown == [("bert.embeddings.position_embeddings.weight", 32, 100)]
+    grown = longer.bert.embeddings.position_embeddings.weight.detach()
+    assert grown.shape == (100, TINY["hidden_size"])
+    for start in (0, 32, 64):
+        assert torch.equal(grown[start:start + 32], table)
+    assert torch.equal(grown[96:], table[:4])

@@ -302,3 +302,118 @@ def test_the_start_record_goes_to_the_file_only(tmp_path):
     assert "start" not in out.getvalue() and "event end | reason error" in out.getvalue()
     assert "boom" not in out.getvalue()
     assert [e[0] for e in sink.events] == [4]
+
+
+# --------------------------------------------------------------------------------------------
+# What counts as compile work, and the ETA
+# --------------------------------------------------------------------------------------------
+
+
+def test_runtime_guard_timings_are_not_compile_work(monkeypatch):
+    """torch times `guard_collective` on every call of a compiled function in a multi-rank run
+    (the ranks agree on the guards): counted as compile work, every step would be a compile step
+    (no tokens/s at all, compile_s the whole run). Only the compile phases count."""
+    import torch._dynamo.utils as dynamo_utils
+
+    from bertgpu.telemetry.throughput import compile_events
+
+    metrics: dict[str, list[float]] = {"entire_frame_compile": [12.0], "guard_collective": [0.01]}
+    monkeypatch.setattr(dynamo_utils, "compilation_time_metrics", metrics)
+    assert compile_events() == 1
+    clock = FakeClock()
+    tp = Throughput(window=4, clock=clock, compile_events=compile_events)
+    for i in range(3):  # steady steps: a guard check each, nothing compiled
+        clock.t += 0.5
+        metrics["guard_collective"].append(0.01)
+        if i == 1:  # a recompile (and its guard check) in the second step
+            metrics["entire_frame_compile"].append(3.0)
+        tp.update(tokens=1000, sequences=4)
+    assert compile_events() == 2
+    assert tp.compile_fields() == {"compile_s": 0.5, "compile_steps": 1}
+    assert tp.rates()["tokens_per_s"] == pytest.approx(2000)
+
+
+def test_a_compile_counter_that_fell_after_a_dynamo_reset():
+    """torch._dynamo.reset() clears torch's record of compile work: the count falls. A step in
+    which it fell to 0 compiled nothing; one in which it fell and grew again (reset, then a
+    compile, fewer phases than before) compiled."""
+    clock, events = FakeClock(), [5]
+    tp = Throughput(window=4, clock=clock, compile_events=lambda: events[0])
+
+    def step(count: int) -> None:
+        clock.t += 1.0
+        events[0] = count
+        tp.update(tokens=100, sequences=1)
+
+    step(0)  # reset, nothing compiled since
+    assert tp.compile_steps == 0 and tp.rates()["tokens_per_s"] == pytest.approx(100)
+    step(5)
+    step(2)  # reset, then 2 compile phases: below the count before, yet a compile
+    assert tp.compile_fields() == {"compile_s": 2.0, "compile_steps": 2}
+    assert tp.rates()["steps_per_s"] == pytest.approx(1.0)  # only the first step measured
+
+
+class _Monotonic:
+    """`time` as metrics.py uses it, its monotonic clock set by the test."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = 0.0
+        self.time = time.time
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_eta_after_a_resume_is_from_this_process_s_step_rate(monkeypatch):
+    """Resumed at step 50 of 100: steps 51 -> 61 take 10 s, so 1 s a step and 39 steps left:
+    ETA 39 s (not 39 x 10 / 61 s, the rate as if this process had done all 61 steps)."""
+    from bertgpu.telemetry import metrics
+
+    clock = _Monotonic()
+    monkeypatch.setattr(metrics, "time", clock)
+    out = io.StringIO()
+    log = MetricsLogger(None, is_main=True, total_steps=100, log_every=1, stream=out,
+                        initial_step=50, elapsed_offset_s=500.0)
+    log.log(51, "train", loss=1.0)
+    clock.now = 10.0
+    log.log(61, "train", loss=1.0)
+    log.close()
+    lines = out.getvalue().splitlines()
+    assert "ETA" not in lines[0]  # one point: no rate yet
+    assert lines[1].startswith("train step 61/100") and lines[1].endswith("ETA 00:39"), lines[1]
+
+
+def test_the_last_step_is_printed_when_total_is_not_a_multiple_of_log_every():
+    out = io.StringIO()
+    with MetricsLogger(None, is_main=True, total_steps=5, log_every=2, stream=out) as log:
+        for i in range(1, 6):
+            log.log(i, "train", loss=1.0)
+    assert [line.split(" | ")[0] for line in out.getvalue().splitlines()] == [
+        "train step 2/5", "train step 4/5", "train step 5/5"]
+
+
+def test_budget_eta_is_the_budget_left_after_the_time_already_spent(monkeypatch):
+    """Without a budget clock in the records, the budget left is the budget (`budget_s`, or
+    `train.budget_hours` of the config in seconds) minus `elapsed_s`, which includes the time
+    before a resume."""
+    from bertgpu.telemetry import metrics
+
+    clock = _Monotonic()
+    monkeypatch.setattr(metrics, "time", clock)
+    out = io.StringIO()
+    log = MetricsLogger(None, is_main=True, log_every=1, stream=out, budget_s=100.0,
+                        elapsed_offset_s=30.0)
+    clock.now = 10.0
+    log.log(1, "train", loss=1.0)  # 30 s before the resume, 10 s since: 60 s left
+    log.close()
+    assert out.getvalue().splitlines()[-1].endswith("ETA 01:00"), out.getvalue()
+    out = io.StringIO()
+    clock.now = 0.0
+    log = MetricsLogger(None, is_main=True, log_every=1, stream=out, elapsed_offset_s=60.0)
+    log.log_config({"train": {"budget_hours": 0.5}})  # 1800 s, 60 s of it spent
+    clock.now = 120.0
+    log.log(1, "train", loss=1.0)
+    log.close()
+    assert out.getvalue().splitlines()[-1].endswith("ETA 27:00"), out.getvalue()

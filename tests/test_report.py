@@ -374,3 +374,62 @@ def test_throughput_is_total_tokens_over_total_time():
     assert s["tokens_per_s"] == pytest.approx(30000 / 120)
     assert s["tokens_per_s_per_device"] == pytest.approx(15000 / 120)
     assert s["mfu"] == pytest.approx((0.2 * 20 + 0.1 * 100) / 120)
+
+
+def test_finetune_train_time_is_train_seconds_not_the_whole_run(tmp_path):
+    """results.json's `train_seconds` is the training time; `seconds` (the whole run: loading,
+    evaluations) is the fallback for a file without it."""
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({
+        "task": "SST-2", "metrics": {"dev": {"accuracy": 75.0}}, "score": 75.0, "steps": 24,
+        "train_seconds": 60.0, "seconds": 600.0}), encoding="utf-8")
+    md = (build_report([out], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    header = _table_rows(md)["run"]
+    assert _table_rows(md)["ft"][header.index("train time")] == "1 min 00 s"
+
+
+def _glue_json(folder: Path, summary: dict) -> Path:
+    folder.mkdir()
+    (folder / "glue_results.json").write_text(json.dumps(summary), encoding="utf-8")
+    return folder
+
+
+def test_glue_task_count_without_a_task_table_counts_mnli_once(tmp_path):
+    """A glue_results.json with columns only (no task table): MNLI-m and MNLI-mm are one task."""
+    a = _glue_json(tmp_path / "with_mnli", {
+        "columns": {"CoLA": 20.0, "MNLI-m": 80.0, "MNLI-mm": 81.0}, "average": 50.25})
+    b = _glue_json(tmp_path / "cola", {"columns": {"CoLA": 30.0}, "average": 30.0})
+    rows = _table_rows((build_report([a, b], tmp_path / "rep") / "README.md").read_text())
+    assert rows["model"][-1] == "average (own tasks)"
+    assert rows["with_mnli"][-1] == "50.25 (2 tasks)" and rows["cola"][-1] == "30 (1 task)"
+
+
+def test_a_reference_two_glue_folders_ask_for_is_shown_once_as_the_first_gave_it(tmp_path):
+    def summary(score: float, ref_cola: float) -> dict:
+        return {"tasks": {"CoLA": {"score": score}}, "average": score,
+                "references": [{"label": "BERT-base (published)", "columns": {"CoLA": ref_cola},
+                                "source": f"paper {ref_cola}"}]}
+
+    a = _glue_json(tmp_path / "one", summary(20.0, 52.1))
+    b = _glue_json(tmp_path / "two", summary(30.0, 99.0))
+    md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    assert _table_rows(md)["BERT-base (published)"] == ["52.1", ""]
+    assert md.count("BERT-base (published): paper") == 1 and "paper 99.0" not in md
+
+
+def test_earlier_configs_are_listed_by_step(tmp_path, run_dir, monkeypatch):
+    """By step as a number (2, 9, 10), whatever order the folder lists its files in (here the
+    reverse of their names, so that the folder's own order cannot pass for a sorted one)."""
+    for step in (10, 2, 9):
+        (run_dir / f"config.step_{step}.toml").write_text("[train]\nglobal_batch_size = 4\n")
+    glob = Path.glob
+
+    def listed_backwards(self, pattern, *args, **kwargs):
+        found = list(glob(self, pattern, *args, **kwargs))
+        return sorted(found, reverse=True) if pattern.startswith("config.step_") else found
+
+    monkeypatch.setattr(Path, "glob", listed_backwards)
+    md = (build_report([run_dir], tmp_path / "rep") / "README.md").read_text()
+    assert ("resumed with other settings at step 2, 9, 10; the earlier ones are in "
+            "config.step_2.toml, config.step_9.toml, config.step_10.toml)") in md

@@ -181,3 +181,43 @@ def test_glue_rows_over_the_same_tasks_keep_their_average(tmp_path: Path) -> Non
     rows = _table_rows(md)
     assert rows["model"][-1] == "average" and "cover different tasks" not in md
     assert rows["one"][-1] == "50" and rows["two"][-1] == "60"
+
+
+def test_glue_rows_over_as_many_different_tasks_average_the_shared_ones(tmp_path: Path) -> None:
+    """Two tasks each, but not the same two: CoLA + SST-2 (55) beside CoLA + RTE (45) are not
+    comparable either; the column is over CoLA, the one task both ran (20 against 40)."""
+    a = _glue_folder(tmp_path / "run_a", {"CoLA": {"CoLA": 20.0}, "SST-2": {"SST-2": 90.0}})
+    b = _glue_folder(tmp_path / "run_b", {"CoLA": {"CoLA": 40.0}, "RTE": {"RTE": 50.0}})
+    md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    rows = _table_rows(md)
+    assert rows["model"] == ["CoLA", "SST-2", "RTE", "average (shared tasks)"]
+    assert rows["run_a"] == ["20", "90", "", "20"] and rows["run_b"] == ["40", "", "50", "40"]
+    assert "Each folder's own average, over all its tasks: run_a 55 (2 tasks), run_b 45 " \
+           "(2 tasks)." in md
+
+
+def test_one_glue_score_folder_beside_another_convention_gets_no_common_average(
+        tmp_path: Path) -> None:
+    """The shared-task mean is the "glue-score" convention's; a folder that averages by another
+    (or an unrecorded) convention keeps its own average, with its task count."""
+    a = _glue_folder(tmp_path / "five", FIVE)
+    b = _glue_folder(tmp_path / "three", THREE, convention=None)
+    md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    rows = _table_rows(md)
+    assert rows["model"][-1] == "average (own tasks)"
+    assert rows["five"][-1] == "55 (5 tasks)" and rows["three"][-1] == "50 (3 tasks)"
+    assert "not every folder records its task scores in the \"glue-score\" convention" in md
+
+
+def test_the_shared_tasks_are_those_of_every_row_not_only_the_first_and_last(
+        tmp_path: Path) -> None:
+    """Three folders, the middle one without SST-2: the shared tasks are CoLA alone."""
+    pair = {"CoLA": {"CoLA": 20.0}, "SST-2": {"SST-2": 90.0}}
+    a = _glue_folder(tmp_path / "first", pair)
+    b = _glue_folder(tmp_path / "middle", {"CoLA": {"CoLA": 40.0}, "RTE": {"RTE": 50.0}})
+    c = _glue_folder(tmp_path / "last", {**pair, "CoLA": {"CoLA": 30.0}})
+    md = (build_report([a, b, c], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    rows = _table_rows(md)
+    assert rows["model"] == ["CoLA", "SST-2", "RTE", "average (shared tasks)"]
+    assert [rows[n][-1] for n in ("first", "middle", "last")] == ["20", "40", "30"]
+    assert "over the 1 task every row has: CoLA (" in md

@@ -161,8 +161,9 @@ def peak_and_source(
     """``peak_tflops`` and where it came from: "--peak-tflops" (the override), the environment
     variable's name, or the table entry ("table: H100 SXM bf16"); (None, None) when unknown."""
     if override is not None:
-        if not override > 0:
-            raise BertgpuError(f"peak TFLOP/s override: found {override!r}, expected a number > 0")
+        if not override > 0 or math.isinf(override):  # inf would show every MFU as 0
+            raise BertgpuError(f"peak TFLOP/s override: found {override!r}, expected a finite "
+                               "number > 0")
         return float(override), "--peak-tflops"
     env = os.environ.get(PEAK_ENV_VAR, "").strip()
     if env:
