@@ -10,8 +10,9 @@ states a checkpoint saves govern them as before; the masks differ from `F.dropou
 draw, not in distribution. The integer draw is serial, so a mask does not depend on the number of
 threads either.
 
-On CUDA and inside `torch.compile`, `F.dropout` (Philox, fused into its neighbours by inductor) is
-what runs. Its random numbers cost: on an H200 (BERT-base 256 x 128, bf16, compiled) the kernel
+On CUDA outside `torch.compile`, `F.dropout` (Philox) is what runs. Inside `torch.compile`,
+inductor's own Philox, fused into its neighbours, was the default until its random numbers were
+measured: on an H200 (BERT-base 256 x 128, bf16, compiled) the kernel
 that adds a dropped-out sublayer output to the residual and normalises moved 1.55 TB/s against
 3.7 without the in-kernel Philox. Drawing 16-bit masks in bulk with torch's `randint` instead
 halved that kernel (3.36 -> 1.79 ms per step) but the draw itself took 1.73 ms: no net gain, so
