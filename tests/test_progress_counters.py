@@ -141,3 +141,31 @@ def test_a_checkpoint_that_predates_the_stored_max_steps_is_read_from_its_config
     assert length_change_note({"budget": None, "max_steps": 12}, tmp_path, schedule, 6, 0.5,
                               None) is None
     assert length_change_note({"budget": None}, tmp_path / "none", schedule, 6, 0.5, None) is None
+
+
+def test_a_skipped_steps_unread_loss_is_not_checkpointed():
+    """A skipped (non-finite) step's loss stays out of the checkpointed training loss."""
+    from types import SimpleNamespace
+
+    from bertgpu.train.loop_state import loss_state
+
+    skipped = SimpleNamespace(skipped=True, loss=float("inf"))
+    assert loss_state((6.0, 3, (skipped, 2))) == {"loss_sum": 6.0, "loss_n": 3}
+    taken = SimpleNamespace(skipped=False, loss=1.5)
+    assert loss_state((6.0, 3, (taken, 2))) == {"loss_sum": 9.0, "loss_n": 5}
+    assert loss_state(None) is None
+
+
+def test_train_loss_without_reset_keeps_the_window():
+    """train_loss(reset=False) (an evaluation reading it before it completes) leaves the mean
+    for the next read; the default read resets it."""
+    from types import SimpleNamespace
+
+    from bertgpu.train.loop_state import LogWindow
+
+    window = LogWindow(1, 0, 10)
+    window.add_loss(SimpleNamespace(skipped=False, loss=2.0), 4)
+    window.add_loss(SimpleNamespace(skipped=False, loss=1.0), 4)
+    assert window.train_loss(reset=False) == pytest.approx(1.5)
+    assert window.train_loss() == pytest.approx(1.5)
+    assert window.train_loss() is None

@@ -165,6 +165,10 @@ def test_the_warmup_note_says_what_the_lr_does():
     assert note.endswith("the last step runs at 0.0008, 80% of the peak")
     assert warmup_note(ScheduleSection(warmup_steps=4), train, 1e-3) is None
     assert warmup_note(ScheduleSection(warmup_fraction=0.5), train, 1e-3) is None
+    # A warm-up exactly as long as the run also takes the whole run (the last step at 80%).
+    note = warmup_note(ScheduleSection(warmup_steps=5), train, 1e-3)
+    assert note is not None and note.startswith("schedule.warmup_steps 5 >= train.max_steps 5")
+    assert note.endswith("the last step runs at 0.0008, 80% of the peak")
     budget = TrainSection(max_steps=5, budget_hours=1.0)
     assert warmup_note(ScheduleSection(warmup_steps=50), budget, 1e-3) is None
 
