@@ -86,6 +86,29 @@ def test_loader_shares_partition_each_step_in_rank_order(tmp_path):
         loader.set_shares([5, 5])
 
 
+def test_set_shares_drops_prefetched_batches_of_the_old_shares(tmp_path):
+    data = write_synthetic_shards(tmp_path / "d", n_train=64, n_val=8, seq_len=16, vocab_size=50)
+    shards = ShardSet(data)
+    masking = MaskingConfig(mask_rate=0.15)
+
+    def steps(rank, num_workers):
+        loader = PretrainLoader(shards, masking, 16, 4, rank=rank, world_size=2, seed=3,
+                                num_workers=num_workers)
+        out = [loader.next_step()]
+        loader.set_shares([12, 4])
+        out += [loader.next_step() for _ in range(2)]
+        loader.close()
+        return out
+
+    for rank in (0, 1):
+        single, workers = steps(rank, 0), steps(rank, 1)
+        assert [len(s) for s in workers] == [len(s) for s in single] == [2] + [3 - 2 * rank] * 2
+        for a, b in zip(single, workers, strict=True):
+            for ma, mb in zip(a, b, strict=True):
+                for k in ("input_ids", "labels", "attention_mask"):
+                    assert torch.equal(ma[k], mb[k]), (rank, k)
+
+
 def _train_records(run: Path) -> list[dict]:
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in recs if r["kind"] == "train"]

@@ -217,6 +217,24 @@ def test_check_compatible(mlm_dir):
         assert str(shards.manifest_path) in str(err.value) and expected in str(err.value)
 
 
+def test_check_compatible_refuses_nsp_with_one_token_type(mlm_dir, nsp_dir):
+    nsp = ShardSet(nsp_dir)
+    check_compatible(nsp, vocab_size=128, max_position_embeddings=32, type_vocab_size=2)
+    with pytest.raises(BertgpuError) as err:
+        check_compatible(nsp, vocab_size=128, max_position_embeddings=32, type_vocab_size=1)
+    assert str(nsp.manifest_path) in str(err.value) and "type_vocab_size" in str(err.value)
+    # Without NSP one token type is enough.
+    check_compatible(ShardSet(mlm_dir), vocab_size=128, max_position_embeddings=32,
+                     type_vocab_size=1)
+
+
+def test_shardset_get_refuses_out_of_range_indices(mlm_dir):
+    shards = ShardSet(mlm_dir)
+    for bad in ([-1], [0, -1], [len(shards)]):
+        with pytest.raises(IndexError):
+            shards.get(bad)
+
+
 # ----------------------------------------------------------------------------- global order
 
 
@@ -560,6 +578,26 @@ def test_num_workers_match_single_process(nsp_dir):
     loader.close()
     for k in single:
         assert torch.equal(torch.cat([mb[k] for mb in got]), single[k][16:32]), k
+
+
+def test_num_workers_match_single_process_with_two_ranks(nsp_dir):
+    # Each rank's worker reads its own window of every step (offset + step x G), not only step 0.
+    single, _ = _steps(nsp_dir, 2, 4, 3)
+    workers, _ = _steps(nsp_dir, 2, 4, 3, num_workers=1)
+    _assert_same(workers, single)
+
+
+def test_load_state_dict_drops_prefetched_batches_when_moving_back(nsp_dir):
+    single, _ = _steps(nsp_dir, 1, 4, 2)
+    loader = PretrainLoader(ShardSet(nsp_dir), MaskingConfig(), 16, 4, seed=11, num_workers=1)
+    loader.next_step()
+    loader.load_state_dict({"position": 0, "seed": 11})
+    got = [loader.next_step() for _ in range(2)]
+    loader.close()
+    for k in single:
+        if k == "batch_meta":
+            continue
+        assert torch.equal(torch.cat([mb[k] for step in got for mb in step]), single[k]), k
 
 
 def test_batch_arithmetic_errors(mlm_dir):
