@@ -213,3 +213,31 @@ def test_ranks_agree_even_when_one_probe_fails(tmp_path):
     assert out[0][0] == "8"
     assert out[0][1].startswith("automatic micro batch size: the probe failed on rank 1: ")
     assert "even a micro batch of 1" in out[0][1]
+
+
+@pytest.mark.parametrize("setting, default", [
+    ({"grad_ckpt": True}, {"grad_ckpt": False}),
+    ({"dtype_bytes": 2}, {"dtype_bytes": 4}),
+    ({"optimizer": "lamb"}, {"optimizer": "adamw"}),
+])
+def test_cpu_estimate_search_passes_precision_checkpointing_and_optimizer(setting, default):
+    """The CPU branch of find_micro_batch (config=, no fits, no CUDA) must hand its grad_ckpt,
+    dtype_bytes and optimizer to estimate_train_bytes; catches any of them being replaced by the
+    default (False / 4 / "adamw") in that call."""
+    cfg = BertConfig()  # BERT-base: plain arithmetic, no model is built
+    seq = 128
+    limit = estimate_train_bytes(cfg, 48, seq, flash_attention=False, **setting)
+
+    def answer(kwargs):
+        return search_largest(
+            lambda b: estimate_train_bytes(cfg, b, seq, flash_attention=False, **kwargs) <= limit,
+            start=8, max_batch=4096)
+
+    expected, other = answer(setting), answer(default)
+    assert expected == 48
+    assert other != expected  # the setting changes the answer, so the test means something
+    found = find_micro_batch(config=cfg, seq_len=seq, device="cpu", memory_limit_bytes=limit,
+                             **setting)
+    assert found == expected
+    assert find_micro_batch(config=cfg, seq_len=seq, device="cpu", memory_limit_bytes=limit,
+                            **default) == other
