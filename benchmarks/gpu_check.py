@@ -105,6 +105,11 @@ def stages(smoke: bool, out: Path) -> list[dict]:
     unpadded_point = tiny_point if smoke else ["--size", "base", "--micro-batch", "32",
                                                "--seq-len", "512", "--models", "bertgpu",
                                                "--iters", "10"]
+    base_point = tiny_point if smoke else ["--size", "base", "--micro-batch", "128",
+                                           "--seq-len", "128", "--iters", "10"]
+    modern_point = ["--arch", "modernbert", *tiny_point[:-2]] if smoke else [
+        "--arch", "modernbert", "--size", "base", "--micro-batch", "32", "--seq-len", "1024",
+        "--models", "bertgpu", "--iters", "6"]
     large_point = tiny_point if smoke else ["--size", "large", "--micro-batch", "64",
                                             "--seq-len", "128", "--models", "bertgpu",
                                             "--iters", "6"]
@@ -159,6 +164,19 @@ def stages(smoke: bool, out: Path) -> list[dict]:
              cmd=[py, "-m", "bertgpu", "bench", "model", *bench_point, "--compile", "on",
                   "--compile-mode", "default,max-autotune-no-cudagraphs", "--out",
                   str(out / "autotune.jsonl")]),
+        # BERT-base at the 128 x 128, ours against transformers compiled (1.5x target)
+        dict(name="hf compiled", limit=130, extra=True,
+             cmd=[py, "-m", "bertgpu", "bench", "model", *base_point, "--compile", "on",
+                  "--out", str(out / "hf.jsonl")]),
+        # the same point without dropout (configs/budget-24h.toml's recipe), ours only
+        dict(name="dropout off", limit=100, extra=True,
+             cmd=[py, "-m", "bertgpu", "bench", "model", *base_point, "--compile", "on",
+                  "--models", "bertgpu", "--dropout", "0", "--out", str(out / "nodrop.jsonl")]),
+        # ModernBERT-base at 1024 unpadded, compiled: the 40% target
+        dict(name="modernbert compiled", limit=110, extra=True,
+             cmd=[py, "-m", "bertgpu", "bench", "model", *modern_point, "--compile", "on",
+                  "--padding", "unpadded", "--real-lengths", "uniform", "--out",
+                  str(out / "modern.jsonl")]),
         dict(name="unpadded compiled", limit=120, extra=True,
              cmd=[py, "-m", "bertgpu", "bench", "model", *unpadded_point, "--compile", "on",
                   "--padding", "padded,unpadded", "--real-lengths", "uniform", "--out",
@@ -276,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these stages, by name, in this order (the extra stages "
                              "run only so: profile, profile philox dropout, profile pointwise "
                              "autotune, profile modernbert, compile modes, autotune, "
-                             "unpadded compiled, bert-large compiled, saved bytes, attention "
+                             "hf compiled, dropout off, modernbert compiled, unpadded "
+                             "compiled, bert-large compiled, saved bytes, attention "
                              "kernels, pretrain cuda graphs)")
     parser.add_argument("--budget-s", type=float, default=DEVICE_CALL_S,
                         help="seconds this call may take: a stage starts only if its limit "

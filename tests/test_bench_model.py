@@ -338,3 +338,24 @@ def test_compile_modes_are_rows_side_by_side_each_against_its_own_peer(tmp_path)
                      seed=0)
     assert rows[0]["vs_hf_compiled"] == pytest.approx(
         rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])
+
+
+def test_dropout_reaches_both_models(tmp_path):
+    """`--dropout 0` (the budget recipe's) sets every dropout of ours and of transformers' peer:
+    their first training losses on the same weights and batch then agree, where BERT's own 0.1
+    draws a different mask in each model; each row records the probability it ran with."""
+    def first_losses(extra: list[str], name: str) -> list[dict]:
+        out = tmp_path / f"{name}.jsonl"
+        assert bench_model.main(parse(["--size", "tiny", "--micro-batch", "4", "--seq-len", "16",
+                                       "--iters", "1", "--warmup", "0", "--device", "cpu",
+                                       "--out", str(out), *extra])) == 0
+        return read_rows(out)
+
+    ours, hf = first_losses(["--dropout", "0"], "off")
+    assert ours["dropout"] == hf["dropout"] == 0.0
+    assert ours["loss"] == pytest.approx(hf["loss"], rel=1e-5)
+    ours, hf = first_losses([], "default")
+    assert ours["dropout"] == hf["dropout"] == 0.1
+    assert abs(ours["loss"] - hf["loss"]) > 1e-3
+    with pytest.raises(BertgpuError, match="--dropout 1"):
+        bench_model.main(parse(["--size", "tiny", "--dropout", "1", "--device", "cpu"]))

@@ -38,7 +38,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
         "profile", "profile philox dropout", "profile pointwise autotune", "profile modernbert",
-        "compile modes", "autotune",
+        "compile modes", "autotune", "hf compiled", "dropout off", "modernbert compiled",
         "unpadded compiled", "bert-large compiled", "saved bytes", "attention kernels",
         "pretrain cuda graphs"]
     for stage in stages:

@@ -152,6 +152,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ModernBERT, as their recipes)")
     parser.add_argument("--grad-ckpt", action="store_true",
                         help="activation checkpointing in both models")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="every dropout probability of both models (BERT's hidden and "
+                             "attention, ModernBERT's embedding, attention and MLP); default: "
+                             "each architecture's own (BERT 0.1, ModernBERT 0); 0 is the "
+                             "recipe of configs/budget-24h.toml")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed steps per variant (default 3 CPU, 10 CUDA; gpu-smoke 1)")
     parser.add_argument("--warmup", type=int, default=None,
@@ -341,6 +346,8 @@ def main(args: argparse.Namespace) -> int:
                            "and warmup >= 0")
     if args.mask_rate is not None and not 0.0 < args.mask_rate < 1.0:
         raise BertgpuError(f"--mask-rate {args.mask_rate}: expected a value in (0, 1)")
+    if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
+        raise BertgpuError(f"--dropout {args.dropout}: expected a probability in [0, 1)")
     backend = args.compile_backend or ("eager" if smoke and not cuda else "inductor")
     grid = _grid(args, cuda)  # bad sizes refused before any model is built
     if cuda:
@@ -349,7 +356,8 @@ def main(args: argparse.Namespace) -> int:
         torch.backends.cudnn.allow_tf32 = True
     name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
     header = (f"bertgpu bench model | device {device} ({name}, {torch.get_num_threads()} "
-              f"threads) | torch {torch.__version__} | iters {iters} warmup {warmup}")
+              f"threads) | torch {torch.__version__} | iters {iters} warmup {warmup}"
+              + ("" if args.dropout is None else f" | dropout {args.dropout:g}"))
     print(header, flush=True)
     rows: list[dict[str, Any]] = []
     models: Models | None = None
@@ -360,14 +368,14 @@ def main(args: argparse.Namespace) -> int:
             if cuda:
                 torch.cuda.empty_cache()
             models = Models(point["arch"], point["size"], device, args.models, args.grad_ckpt,
-                            args.seed, backend)
+                            args.seed, backend, dropout=args.dropout)
         peak, source = peak_of(name if cuda else None, point["dtype"], args.peak_tflops)
         mask_rate = args.mask_rate or (0.3 if point["arch"] == "modernbert" else 0.15)
         t0 = time.perf_counter()
         new = run_point(models, point["variants"], point["micro_batch"], point["seq_len"],
                         point["dtype"], point["lengths"], device, iters, warmup, peak, args.seed,
                         tokenizer=args.tokenizer, mask_rate=mask_rate, peak_source=source)
-        stamp = dict(grad_ckpt=bool(args.grad_ckpt),
+        stamp = dict(grad_ckpt=bool(args.grad_ckpt), dropout=models.dropout,
                      device=str(device), device_name=name, torch=torch.__version__,
                      threads=torch.get_num_threads(), preset=args.preset, time=time.time(),
                      wall_s=round(time.perf_counter() - t0, 1))

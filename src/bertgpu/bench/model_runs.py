@@ -37,6 +37,10 @@ from bertgpu.config.sections import COMPILE_MODES
 from bertgpu.telemetry.throughput import compile_events
 
 ARCHS = ("bert", "modernbert")
+# the dropout probabilities of each architecture's config that --dropout sets (the first is the
+# one a row reports)
+DROPOUTS = {"bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+            "modernbert": ("mlp_dropout", "attention_dropout", "embedding_dropout")}
 _EXTRA_WARMUP = 4  # at most this many more warm-up steps while a compiled variant still compiles
 
 
@@ -54,7 +58,7 @@ class Models:
     """Ours and transformers' model of one architecture and size (see the module docstring)."""
 
     def __init__(self, arch: str, size: str, device: Any, names: list[str], grad_ckpt: bool,
-                 seed: int, backend: str = "inductor") -> None:
+                 seed: int, backend: str = "inductor", dropout: float | None = None) -> None:
         import torch
 
         from bertgpu.models.shared import ModelOptions
@@ -65,11 +69,15 @@ class Models:
 
         self.arch, self.size = arch, size
         self.backend = backend
+        # every dropout probability of both models, or None: each architecture's own
+        self.overrides = {} if dropout is None else dict.fromkeys(DROPOUTS[arch], dropout)
         self.transformers_version = transformers.__version__
         torch._dynamo.reset()  # the previous size's graphs: free them, and no cache limit hit
         torch.manual_seed(seed)
         ours = self._ours(ModelOptions(gradient_checkpointing=grad_ckpt))
         self.config = ours.config
+        # what the rows ran with: BERT's hidden dropout stands for all of them
+        self.dropout = float(getattr(self.config, DROPOUTS[arch][0]))
         self.eager: dict[str, Any] = {}
         self.optimizers: dict[str, Any] = {}
         self._compiled: dict[tuple[str, str], Any] = {}
@@ -88,11 +96,12 @@ class Models:
         from bertgpu.models.build import build_model
 
         if self.arch == "bert":
-            fields = {"architecture": "bert", **SIZES[self.size], "vocab_size": BERT_VOCAB}
+            fields = {"architecture": "bert", **SIZES[self.size], "vocab_size": BERT_VOCAB,
+                      **self.overrides}
             model = build_model(fields, "pretraining")
         else:
-            model = build_model({"architecture": "modernbert", **MODERN_SIZES[self.size]},
-                                "masked_lm")
+            model = build_model({"architecture": "modernbert", **MODERN_SIZES[self.size],
+                                 **self.overrides}, "masked_lm")
         model.configure(options)
         return model
 
@@ -102,7 +111,8 @@ class Models:
 
         if self.arch == "bert":
             hf = transformers.BertForPreTraining(transformers.BertConfig(
-                **SIZES[self.size], vocab_size=BERT_VOCAB, attn_implementation="sdpa"))
+                **SIZES[self.size], vocab_size=BERT_VOCAB, attn_implementation="sdpa",
+                **self.overrides))
         else:
             fields = {**ours.config.to_dict(), "sparse_prediction": True}
             hf = transformers.ModernBertForMaskedLM(
