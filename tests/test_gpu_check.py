@@ -38,7 +38,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
     assert len(set(names)) == len(names)
     assert [s["name"] for s in stages if s.get("extra")] == [
         "profile", "profile philox dropout", "profile pointwise autotune", "profile modernbert",
-        "compile modes", "autotune", "hf compiled", "dropout off", "modernbert compiled",
+        "compile modes", "hf compiled", "dropout off", "modernbert compiled",
         "unpadded compiled", "bert-large compiled", "saved bytes", "attention kernels",
         "pretrain cuda graphs"]
     for stage in stages:
@@ -239,8 +239,8 @@ def test_profile_keeps_the_sources_of_the_slowest_compiled_kernels():
 def test_only_runs_the_named_stages_in_their_order_and_refuses_a_misspelt_one(tmp_path):
     gpu_check = load("gpu_check")
     stages = gpu_check.stages(True, tmp_path)
-    assert [s["name"] for s in gpu_check.select(stages, ["autotune", "pytest -m gpu", "profile"])
-            ] == ["autotune", "pytest -m gpu", "profile"]
+    order = ["compile modes", "pytest -m gpu", "profile"]
+    assert [s["name"] for s in gpu_check.select(stages, order)] == order
     assert not any(s.get("extra") for s in gpu_check.select(stages, None))
     with pytest.raises(SystemExit, match="no stage 'autotun'; the stages are 'pytest -m gpu'"):
         gpu_check.select(stages, ["profile", "autotun"])
