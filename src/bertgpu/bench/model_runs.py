@@ -76,7 +76,7 @@ class Models:
         torch.manual_seed(seed)
         ours = self._ours(ModelOptions(gradient_checkpointing=grad_ckpt))
         self.config = ours.config
-        # what the rows ran with: BERT's hidden dropout stands for all of them
+        # what the rows ran with: the first of DROPOUTS[arch] stands for all of them
         self.dropout = float(getattr(self.config, DROPOUTS[arch][0]))
         self.eager: dict[str, Any] = {}
         self.optimizers: dict[str, Any] = {}
