@@ -115,7 +115,7 @@ def stages(smoke: bool, out: Path) -> list[dict]:
                                                "--iters", "10"]
     base_point = tiny_point if smoke else ["--size", "base", "--micro-batch", "128",
                                            "--seq-len", "128", "--iters", "10"]
-    modern_point = ["--arch", "modernbert", *tiny_point[:-2]] if smoke else [
+    modern_point = ["--arch", "modernbert", *tiny_point] if smoke else [
         "--arch", "modernbert", "--size", "base", "--micro-batch", "32", "--seq-len", "1024",
         "--models", "bertgpu", "--iters", "6"]
     large_point = tiny_point if smoke else ["--size", "large", "--micro-batch", "64",

@@ -11,6 +11,16 @@ import torch
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+def word_tokenizer(folder: Path, words: list[str]):
+    """A word-level BERT WordPiece tokenizer from FOLDER/vocab.txt alone (SPECIAL, then `words`),
+    as `load_tokenizer` builds it."""
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
+    return load_tokenizer(folder)
+
+
 def tiny_init(root: Path, vocab: list[str]) -> Path:
     """ROOT/init: config.json, model.safetensors (hidden 32, 2 layers, no NSP head) and a word-level
     vocab.txt (`vocab`, specials first) with a lower-casing tokenizer_config.json."""

@@ -19,17 +19,27 @@ def _vocab(folder) -> set[str]:
     return set((folder / "vocab.txt").read_text(encoding="utf-8").splitlines())
 
 
+def _tokenizer_command(corpus, capsys, *flags: str):
+    """`bertgpu tokenizer` on `corpus` (vocabulary 200, every pair counted) with `flags`; the
+    folder it wrote."""
+    out = corpus.parent / "tok"
+    code = cli_main(["tokenizer", "--corpus", str(corpus), *flags, "--vocab-size", "200",
+                     "--min-frequency", "1", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    return out
+
+
+def _jsonl_rows(path, rows: list[dict]):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
 def test_tokenizer_command_reads_the_text_field_it_is_given(tmp_path, capsys):
     """`bertgpu tokenizer --text-field body` must train on the "body" field of each JSONL row,
     not silently on the default "text" field."""
-    corpus = tmp_path / "rows.jsonl"
-    rows = [{"text": "xxx yyy xxx", "body": "zebra quokka zebra quokka"}] * 20
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = tmp_path / "tok"
-    code = cli_main(["tokenizer", "--corpus", str(corpus), "--text-field", "body",
-                     "--vocab-size", "200", "--min-frequency", "1", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
-    vocab = _vocab(out)
+    corpus = _jsonl_rows(tmp_path / "rows.jsonl",
+                         [{"text": "xxx yyy xxx", "body": "zebra quokka zebra quokka"}] * 20)
+    vocab = _vocab(_tokenizer_command(corpus, capsys, "--text-field", "body"))
     assert "q" in vocab and "z" in vocab
     assert "x" not in vocab and "y" not in vocab
 
@@ -37,14 +47,8 @@ def test_tokenizer_command_reads_the_text_field_it_is_given(tmp_path, capsys):
 def test_tokenizer_command_reads_a_txt_file_as_jsonl_when_told(tmp_path, capsys):
     """`--format jsonl` on a .txt file must parse each line as JSON: the braces, quotes and keys
     of the JSON syntax must not end up in the vocabulary."""
-    corpus = tmp_path / "rows.txt"
-    rows = [{"text": "hello world, hello moon."}] * 20
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = tmp_path / "tok"
-    code = cli_main(["tokenizer", "--corpus", str(corpus), "--format", "jsonl",
-                     "--vocab-size", "200", "--min-frequency", "1", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
-    vocab = _vocab(out)
+    corpus = _jsonl_rows(tmp_path / "rows.txt", [{"text": "hello world, hello moon."}] * 20)
+    vocab = _vocab(_tokenizer_command(corpus, capsys, "--format", "jsonl"))
     assert "hello" in vocab
     assert not vocab & {"{", "}", '"', "text", "t"}
 
@@ -54,10 +58,7 @@ def test_tokenizer_command_strip_accents_no_keeps_accents_when_uncased(tmp_path,
     the vocabulary and the saved config says strip_accents false."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("Café résumé and the café.\n" * 10, encoding="utf-8")
-    out = tmp_path / "tok"
-    code = cli_main(["tokenizer", "--corpus", str(corpus), "--strip-accents", "no",
-                     "--vocab-size", "200", "--min-frequency", "1", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
+    out = _tokenizer_command(corpus, capsys, "--strip-accents", "no")
     config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["do_lower_case"] is True and config["strip_accents"] is False
     assert "é" in _vocab(out)

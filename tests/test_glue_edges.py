@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny_init import SPECIAL
+from _tiny_init import word_tokenizer
 
-from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.finetuning import encode_pairs
 from bertgpu.tasks.glue import Example, find_split_file
@@ -22,10 +21,7 @@ WORDS = [f"w{i}" for i in range(40)] + ["alpha", "beta", "gamma"]
 @pytest.fixture
 def tok(tmp_path: Path):
     """A word-level BERT WordPiece tokenizer (vocab.txt only) as `load_tokenizer` builds it."""
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n", encoding="utf-8")
-    return load_tokenizer(folder)
+    return word_tokenizer(tmp_path / "tok", WORDS)
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

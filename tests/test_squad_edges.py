@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _tiny_init import SPECIAL
+from _tiny_init import word_tokenizer
 
 from bertgpu.config.finetune import FinetuneConfig
-from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.tasks.squad import SquadExample, _windows, featurize, postprocess
 from bertgpu.tasks.squad_eval import best_thresholds
 from bertgpu.tasks.squad_job import squad_job
@@ -23,10 +22,7 @@ WORDS = [f"w{i}" for i in range(20)] + "what is the red blue green gold ?".split
 @pytest.fixture
 def tok(tmp_path: Path):
     """A word-level BERT WordPiece tokenizer (vocab.txt only) as `load_tokenizer` builds it."""
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(SPECIAL + WORDS) + "\n", encoding="utf-8")
-    return load_tokenizer(folder)
+    return word_tokenizer(tmp_path / "tok", WORDS)
 
 
 def _example(qid: str, context: str, answer: str, question: str = "what is red ?"
