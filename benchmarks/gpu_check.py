@@ -200,6 +200,18 @@ def stages(smoke: bool, out: Path) -> list[dict]:
         dict(name="attention kernels", limit=120 if smoke else 75, extra=True,
              cmd=[py, "benchmarks/attention_kernels.py",
                   *(["--smoke", "--iters", "2", "--warmup", "1"] if smoke else [])]),
+        # one optimizer step on BERT-base's parameters, LAMB's and AdamW's variants side by
+        # side: LAMB's step at accumulation 1 is a pass-count question (memory-bound)
+        dict(name="optimizer step", limit=60, extra=True,
+             cmd=[py, "benchmarks/optim_step.py", "--out", str(out / "optim_step.jsonl"),
+                  *(["--size", "tiny", "--rounds", "1"] if smoke
+                    else ["--device", "cuda", "--rounds", "20"])]),
+        # the pretrain stage with the bench's optimizer (fused AdamW) instead of the config's
+        # LAMB: how much of the gap between the run and the bench the optimizer step makes
+        dict(name="pretrain bert-base adamw", limit=90, run=out / "run-adamw", extra=True,
+             cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
+                  "--out", str(out / "run-adamw"), *common, *bert_args,
+                  "--optim.name", "adamw"]),
         dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
              torch_logs="recompiles,cudagraphs",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),

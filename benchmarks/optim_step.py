@@ -12,8 +12,11 @@ optimizer. On CUDA every step ends with a synchronize, so the times are the devi
 
 LAMB variants: `per-tensor` is the LAMB of commit e00e653 (foreach moments, then the trust ratio
 and the update one tensor at a time, about ten small kernels per tensor), `foreach` the one of
-a3fcc48 (stacked trust ratios, one multiply per tensor), `fused` bertgpu's `Lamb` (moments in
-torch's fused Adam kernel, step counts on the device, found_inf honoured). AdamW: torch's
+a3fcc48 (stacked trust ratios, one multiply per tensor), `fused moments` the one of 55a6acc
+(moments in torch's fused Adam kernel, step counts on the device, found_inf honoured, then six
+foreach passes for r), `fused r` bertgpu's `Lamb` (the same kernel writes r itself into a buffer
+that starts at wd * w, and the update is one multiply-add: about 14 passes over the decayed
+group's bytes against 28). AdamW: torch's
 `for-loop`, `foreach` and `fused` implementations (bertgpu builds the fused one on CUDA and CPU).
 """
 
@@ -98,10 +101,37 @@ class PerTensorLamb(ForeachLamb):
             p.add_(r * (ratio * -lr).to(r.dtype))
 
 
+class FusedMomentsLamb(Lamb):
+    """bertgpu's LAMB as of 55a6acc: the moments in torch's fused Adam kernel (lr 0), then r
+    from them in six foreach passes."""
+
+    def _updates(self, group: dict[str, Any], params: list[torch.Tensor],
+                 grad_scale: Any = None, found_inf: Any = None) -> list[torch.Tensor]:
+        beta1, beta2 = group["betas"]
+        eps, wd = group["eps"], group["weight_decay"]
+        grads = [p.grad for p in params]
+        exp_avgs, exp_avg_sqs, steps = self._state(params)
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
+                           lr=0.0, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=1.0,
+                           maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+        t = steps[0].double().clamp(min=1.0)
+        bc1, bc2 = (1.0 - beta1**t).float(), (1.0 - beta2**t).float()
+        denom = torch._foreach_div(exp_avg_sqs, bc2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, eps)
+        updates = torch._foreach_div(exp_avgs, bc1)
+        torch._foreach_div_(updates, denom)
+        if wd != 0.0:
+            torch._foreach_add_(updates, params, alpha=wd)
+        return updates
+
+
 VARIANTS = {
     "lamb per-tensor (e00e653)": lambda g: PerTensorLamb(g, lr=1e-3),
     "lamb foreach (a3fcc48)": lambda g: ForeachLamb(g, lr=1e-3),
-    "lamb fused moments (now)": lambda g: Lamb(g, lr=1e-3),
+    "lamb fused moments (55a6acc)": lambda g: FusedMomentsLamb(g, lr=1e-3),
+    "lamb fused r (now)": lambda g: Lamb(g, lr=1e-3),
     "adamw for-loop": lambda g: torch.optim.AdamW(g, lr=1e-3, foreach=False),
     "adamw foreach": lambda g: torch.optim.AdamW(g, lr=1e-3, foreach=True),
     "adamw fused (now)": lambda g: torch.optim.AdamW(g, lr=1e-3, fused=True),

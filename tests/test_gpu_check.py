@@ -40,7 +40,7 @@ def test_every_stage_command_parses(tmp_path, smoke):
         "profile", "profile philox dropout", "profile pointwise autotune", "profile modernbert",
         "compile modes", "hf compiled", "dropout off", "modernbert compiled",
         "unpadded compiled", "bert-large compiled", "saved bytes", "attention kernels",
-        "pretrain cuda graphs"]
+        "optimizer step", "pretrain bert-base adamw", "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
@@ -56,6 +56,8 @@ def test_every_stage_command_parses(tmp_path, smoke):
             cfg = load_config(ROOT / cmd[4], overrides)
             if stage["name"] == "pretrain cuda graphs":
                 assert cfg.impl.compile_mode == "reduce-overhead"
+            if cmd[4] == "configs/bert-base.toml":  # LAMB, but where a stage says otherwise
+                assert cfg.optim.name == ("adamw" if stage["name"].endswith("adamw") else "lamb")
         elif cmd[1:3] == ["-m", "pytest"]:
             assert all((ROOT / a).exists() for a in cmd if a.startswith("tests/")), cmd
         else:

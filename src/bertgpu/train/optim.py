@@ -107,12 +107,13 @@ class Lamb(torch.optim.Optimizer):
     would tie a bias's step to its own small norm. So with weight_decay 0 everywhere this is Adam.
     No gradient pre-normalisation: the engine clips the global grad norm before `step()`.
 
-    m and v are Adam's moments, so on CUDA and the CPU torch's fused multi-tensor Adam kernel
-    advances them (with a zero learning rate: it leaves the weights alone), which also gives
-    GradScaler's contract for free: `grad_scale` divides the gradients inside the kernel and
-    `found_inf` = 1 makes the kernel return before it writes anything. The step counts are 0-dim
-    float32 tensors on the parameters' device (as torch's fused Adam keeps them), so a skipped
-    step needs no host decision either.
+    m and v are Adam's moments and m_hat / (sqrt(v_hat) + eps) is Adam's step, so on CUDA and the
+    CPU torch's fused multi-tensor Adam kernel computes both in one pass: run with lr -1 on an
+    update buffer that holds wd * w, it advances m and v and leaves r in the buffer (`_updates`).
+    That also gives GradScaler's contract for free: `grad_scale` divides the gradients inside the
+    kernel and `found_inf` = 1 makes the kernel return before it writes anything. The step
+    counts are 0-dim float32 tensors on the parameters' device (as torch's fused Adam keeps
+    them), so a skipped step needs no host decision either.
     """
 
     def __init__(
@@ -191,23 +192,27 @@ class Lamb(torch.optim.Optimizer):
         exp_avgs, exp_avg_sqs, steps = self._state(params)
         torch._foreach_add_(steps, 1)
         if _on_fused_devices(params):
-            # Adam's moments in one kernel: lr 0 leaves the weights as they are (eps 1 keeps the
-            # update it throws away finite, whatever the group's eps).
-            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
-                               lr=0.0, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=1.0,
+            # r in the same pass as the moments: torch's fused Adam kernel run on an update
+            # buffer u that starts at wd * w (0 without decay), with lr -1, writes
+            # u + m_hat / (sqrt(v_hat) + eps) = r into u and advances m and v. Fourteen passes
+            # over the group's fp32 bytes for a decayed step (benchmarks/optim_step.py), not 28.
+            updates = (torch._foreach_mul(params, wd) if wd != 0.0
+                       else [torch.zeros_like(p) for p in params])
+            torch._fused_adam_(updates, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
+                               lr=-1.0, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps,
                                maximize=False, grad_scale=grad_scale, found_inf=found_inf)
-            if found_inf is not None:  # the kernel skipped: so does the count
+            if found_inf is not None:  # the kernel skipped (u stays finite): so does the count
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
-        else:  # no fused kernel (and no found_inf: _step_supports_amp_scaling is False)
-            if grad_scale is not None:
-                grads = torch._foreach_div(grads, grad_scale)
-            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = b1 m + (1-b1) g
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+            return updates
+        # no fused kernel (and no found_inf: _step_supports_amp_scaling is False)
+        if grad_scale is not None:
+            grads = torch._foreach_div(grads, grad_scale)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = b1 m + (1-b1) g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         # Bias corrections on the device from the group's count (every tensor of a group is
         # created and stepped together), in float64 where the device has it, as the host's
-        # Python floats were. At least 1: a skipped first step leaves 0, and its (discarded)
-        # update must stay finite.
+        # Python floats were (at least 1, as a count that skipped its first step reads 0).
         wide = torch.float32 if steps[0].device.type == "mps" else torch.float64
         t = steps[0].to(wide).clamp(min=1.0)
         bc1 = (1.0 - beta1 ** t).float()
@@ -241,8 +246,9 @@ class Lamb(torch.optim.Optimizer):
         may be a 0-dim device tensor (0 on a skipped step).
 
         All P tensors at once: two fused norm launches and one stacked (P,) vector of ratios on
-        the device (no host sync). The multiply by a per-tensor 0-dim scale is torch's foreach
-        slow path (one small kernel per tensor, as in torch's capturable Adam); the rest is fused.
+        the device (no host sync). The multiply-add by a per-tensor 0-dim scale is torch's
+        foreach slow path (one kernel per tensor, as in torch's capturable Adam), one pass where
+        a multiply and then an add took two; the rest is fused.
         The per-tensor loop it replaces (kept in tests/test_optim.py as the reference) launched
         about ten kernels per tensor."""
         w_norms = torch.stack(torch._foreach_norm(params)).float()  # (P,)
@@ -250,5 +256,4 @@ class Lamb(torch.optim.Optimizer):
         ratios = torch.where((w_norms > 0) & (r_norms > 0), w_norms / r_norms,
                              torch.ones_like(w_norms))
         scales = (ratios * -lr).to(updates[0].dtype).unbind(0)  # P 0-dim tensors (views)
-        torch._foreach_mul_(updates, scales)
-        torch._foreach_add_(params, updates)
+        torch._foreach_addcmul_(params, updates, scales)  # w += r * scale
