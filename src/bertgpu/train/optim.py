@@ -196,8 +196,11 @@ class Lamb(torch.optim.Optimizer):
             # buffer u that starts at wd * w (0 without decay), with lr -1, writes
             # u + m_hat / (sqrt(v_hat) + eps) = r into u and advances m and v. Fourteen passes
             # over the group's fp32 bytes for a decayed step (benchmarks/optim_step.py), not 28.
-            updates = (torch._foreach_mul(params, wd) if wd != 0.0
-                       else [torch.zeros_like(p) for p in params])
+            if wd != 0.0:
+                updates = torch._foreach_mul(params, wd)
+            else:  # allocations, then one zeroing launch (not one per tensor)
+                updates = [torch.empty_like(p) for p in params]
+                torch._foreach_zero_(updates)
             torch._fused_adam_(updates, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
                                lr=-1.0, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps,
                                maximize=False, grad_scale=grad_scale, found_inf=found_inf)
