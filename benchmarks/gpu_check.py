@@ -33,13 +33,16 @@ target), `dropout off` (the same point, ours, `--dropout 0`: configs/budget-24h.
 (BERT-base 32 x 512 at uniform real lengths, our padded and unpadded paths compiled: the default
 bench stage times them eager), `bert-large compiled` (BERT-large 64 x 128, ours compiled: the
 50% MFU target), `pretrain cuda graphs` (the bert-base run with
-`--impl.compile_mode reduce-overhead`), `saved bytes` (`bench model --check-graph --dtype bf16` on
+`--impl.compile_mode reduce-overhead`), `optimizer step` (benchmarks/optim_step.py on CUDA: one
+LAMB and AdamW step on BERT-base's parameters, each variant), `pretrain bert-base adamw` (the
+bert-base run with the bench's fused AdamW in place of LAMB: the optimizer's share of the run's
+gap to the bench), `saved bytes` (`bench model --check-graph --dtype bf16` on
 CUDA: what the compiled step keeps for backward, padded and padding-free), and `attention kernels`
 (benchmarks/attention_kernels.py: our flash call against SDPA's backends, forward + backward at
 BERT's and ModernBERT's shapes).
 
 The default stages took 547 s on an H200 (their limits add up to 685 s, the extra ones' to
-1225 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
+1635 s; a command may run 10 minutes and a lease holds about 15 in all, start-up included), with
 the machine's own torch (2.11 or later) and transformers, no network. `--only` runs the named
 stages in the order named (a misspelt name stops the script before anything runs), and
 `--budget-s` (default 570, one device call) starts a stage only while its whole limit fits in
@@ -308,11 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="toy sizes, for a CPU")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these stages, by name, in this order (the extra stages "
-                             "run only so: profile, profile philox dropout, profile pointwise "
-                             "autotune, profile modernbert, compile modes, hf compiled, "
-                             "dropout off, modernbert compiled, unpadded compiled, "
-                             "bert-large compiled, saved bytes, attention "
-                             "kernels, pretrain cuda graphs)")
+                             "run only so: " + ", ".join(
+                                 s["name"] for s in stages(False, Path(".")) if s.get("extra"))
+                             + ")")
     parser.add_argument("--budget-s", type=float, default=DEVICE_CALL_S,
                         help="seconds this call may take: a stage starts only if its limit "
                              "still fits (a later, shorter one may), the rest are listed as "
