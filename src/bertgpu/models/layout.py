@@ -10,9 +10,11 @@ Two kinds of tensor are laid out for speed inside a model rather than as transfo
 - vocabulary tables (`Architecture.vocab_tables`): `shared.padded_vocab_size(V)` rows, those past
   V zero (`shared.VOCAB_MULTIPLE`; the model's logits are cut back to V).
 
-`model.state_dict()`, `named_parameters()`, the optimizer state and checkpoints (whole files and
-DCP shards alike) are in the model's own layout. Weights in the Hugging Face layout are converted
-where they cross into or out of a model: `hf_io` (`load_pretrained`, `load_init_weights` behind
+`model.state_dict()`, `named_parameters()`, the optimizer state and DCP checkpoint shards are in
+the model's own layout. Whole-file checkpoints hold Hugging Face's (`file_state`, and
+`model_state` back when resuming), so that transformers' `from_pretrained` reads a checkpoint
+folder. Weights in the Hugging Face layout are converted where they cross into or out of a
+model: `hf_io` (`load_pretrained`, `load_init_weights` behind
 `--init`, `save_pretrained` behind `bertgpu export`, a run's hf/ folder and fine-tuned models),
 and `hf_state_dict` / `load_hf_state_dict` below for code that hands weights to or from a
 transformers model in memory (bench model, the parity tests).
@@ -22,9 +24,8 @@ shapes: the keys of `state_dict()` must be the names of parameters. torch.distri
 (`get_state_dict` / `set_state_dict`, FSDP2 checkpoints) maps every key back to a parameter by
 walking the module tree and keys the optimizer state by parameter name; a hook's
 `...attention.self.query.weight` names no parameter, and cutting a third or the padding off a
-DTensor sharded along that very dimension would put collectives inside a state-dict call. In our
-own layout a checkpoint resumes bitwise with nothing converted, and its optimizer moments (shaped
-like the parameters) match the weights beside them.
+DTensor sharded along that very dimension would put collectives inside a state-dict call. A
+whole-file checkpoint is converted on the host instead, where every tensor is whole.
 
 Both directions take either layout (a bertgpu checkpoint is in ours, a Hugging Face folder in
 theirs) and leave what is already converted alone, for any name -> tensor mapping (weights,
@@ -137,4 +138,24 @@ def load_hf_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor],
     return result
 
 
-__all__ = ["from_hf", "hf_state_dict", "load_hf_state_dict", "to_hf"]
+def file_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights as a whole-file checkpoint stores them: `hf_state_dict` for a bertgpu model
+    (its config names an architecture), so that transformers' `from_pretrained` reads a
+    checkpoint folder as it reads an export; any other module's `state_dict()` as it is."""
+    if getattr(getattr(model, "config", None), "architecture", None) is None:
+        return model.state_dict()
+    return hf_state_dict(model)
+
+
+def model_state(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights in `model`'s own layout, from either layout (checkpoints written
+    before `file_state` hold ours); the inverse of `file_state`, bitwise (the padding rows
+    `to_hf` cut off are zero in a model, and zero again here)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "architecture", None) is None:
+        return dict(tensors)
+    return from_hf(tensors, config.architecture, config.vocab_size)
+
+
+__all__ = ["file_state", "from_hf", "hf_state_dict", "load_hf_state_dict", "model_state",
+           "to_hf"]

@@ -2,7 +2,8 @@
 
 A checkpoint folder holds::
 
-    model.safetensors   weights (no pickle), tied tensors stored once each under every name
+    model.safetensors   weights (no pickle), tied tensors stored once each under every name; the
+                        caller's layout (full_checkpoints: Hugging Face's, models/layout.py)
     train_state.pt      optimizer, engine, loader cursor, schedule clock, RNG states (plain tensors,
                         numbers, lists and dicts only, so it loads with
                         torch.load(weights_only=True))

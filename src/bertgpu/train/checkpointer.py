@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from bertgpu.errors import BertgpuError
+from bertgpu.models import layout
 from bertgpu.testing import faults
 from bertgpu.train import distributed, sharding
 from bertgpu.train.checkpoint import (
@@ -290,7 +291,9 @@ def restore(
     sharded or not) and `optimizer`; collective when either side is sharded."""
     if is_sharded_checkpoint(path):
         _load_dcp(path, model, optimizer)
-    elif sharding.is_sharded(model):
+        return
+    model_state = layout.model_state(model, model_state)  # the file's HF layout -> ours
+    if sharding.is_sharded(model):
         _check_keys(path, model, model_state)
         _load_full_into_sharded(model, optimizer, model_state, train_state["optimizer"])
     else:
@@ -298,7 +301,13 @@ def restore(
         model.load_state_dict(model_state, strict=False)
         if hasattr(model, "tie_weights"):
             model.tie_weights()
-        optimizer.load_state_dict(train_state["optimizer"])
+        try:
+            optimizer.load_state_dict(train_state["optimizer"])
+        except ValueError as exc:  # torch's: groups or parameters of other sizes
+            raise BertgpuError(
+                f"{path}: its optimizer state does not match the configured model ({exc}); a "
+                "checkpoint of another model, or of a bertgpu with another parameter layout "
+                "(separate query/key/value): --init PATH continues from its weights") from None
 
 
 def _check_keys(path: Path, model: torch.nn.Module, model_state: dict[str, torch.Tensor]) -> None:

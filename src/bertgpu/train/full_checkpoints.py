@@ -1,5 +1,7 @@
 """Whole-file checkpoints (ddp, or one process): rank 0 writes model.safetensors and
-train_state.pt with the optimizer's state, in place or in the background.
+train_state.pt with the optimizer's state, in place or in the background. The weights are in
+Hugging Face's layout (`layout.file_state`: transformers' `from_pretrained` reads the folder, the
+config.json the job passes beside them); `checkpointer.restore` converts them back.
 
 In place (`checkpoint.async_save = false`, or when the host copy would not fit in memory), `save`
 returns once the folder is written, sealed and renamed (`checkpoint.save_checkpoint`). In the
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from bertgpu.errors import BertgpuError
+from bertgpu.models.layout import file_state
 from bertgpu.train import distributed
 from bertgpu.train.checkpoint import check_free_space, save_checkpoint
 from bertgpu.train.hostcopy import HostCopy
@@ -93,7 +96,7 @@ class FullCheckpoints:
                                                    time.perf_counter() - t0, warn)
                 else:
                     full = {**(state or {}), "optimizer": optimizer.state_dict()}
-                    path = save_checkpoint(self.run_dir, step, model.state_dict(), full,
+                    path = save_checkpoint(self.run_dir, step, file_state(model), full,
                                            extra_files=files, keep_last=self.keep_last)
                     if warn:  # one interval before a full disk
                         check_free_space(self.run_dir)
@@ -112,7 +115,7 @@ class FullCheckpoints:
         assert self._host is not None and self._executor is not None
         try:
             full = {**(state or {}), "optimizer": optimizer.state_dict()}
-            return self._host.copy({"model": model.state_dict(), "state": full})
+            return self._host.copy({"model": file_state(model), "state": full})
         except RuntimeError as exc:  # e.g. pinned memory that cannot be allocated
             raise BertgpuError(f"{self.run_dir}: cannot copy the checkpoint of step {step} to "
                                f"host memory ({first_line(exc)}); set checkpoint.async_save false "
