@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from _e2e import STEPS, e2e_shards, reference_run
 from _tiny_modern import TINY_MODERN
 from safetensors.torch import load_file
 
@@ -106,3 +107,42 @@ def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
                        "model .* --init PATH continues from its weights") as raised:
         restore(path, weights, state, fresh, build_optimizer(fresh, "adamw", lr=1e-2))
     assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_pretraining_checkpoint_is_a_whole_transformers_folder(tmp_path_factory):
+    """The tokenizer travels with each checkpoint of `bertgpu pretrain`: without it, transformers'
+    AutoTokenizer made one of 5 tokens from the folder's config.json and a fill-mask pipeline
+    on the checkpoint answered '' (every word [UNK])."""
+    transformers = pytest.importorskip("transformers")
+    run = reference_run(e2e_shards(tmp_path_factory), tmp_path_factory)
+    last = ckpt.checkpoint_dir(run, STEPS)  # the end of the run: the weights of its hf/ export
+    mine, exported = (transformers.AutoTokenizer.from_pretrained(f) for f in (last, run / "hf"))
+    text = "w3 w17 w40 w8"
+    assert len(mine) == len(exported) == 100
+    assert mine(text)["input_ids"] == exported(text)["input_ids"]
+    assert mine.unk_token_id not in mine(text)["input_ids"]
+    masked = f"w3 w17 {mine.mask_token} w8"
+    got, want = (transformers.pipeline("fill-mask", model=str(f), device="cpu")(masked)
+                 for f in (last, run / "hf"))
+    assert [(r["token_str"], round(r["score"], 6)) for r in got] == [
+        (r["token_str"], round(r["score"], 6)) for r in want]
+    assert all(r["token_str"] for r in got)
+
+
+def test_moments_of_an_unpadded_vocabulary_are_one_line(tmp_path):
+    # A ModernBERT checkpoint from before the vocabulary was padded: its weights convert (the
+    # tables are padded on load) and torch's load_state_dict takes moments of V rows for the
+    # padded parameters, to fail at the first step with a traceback of the optimizer's.
+    model, optimizer = trained("modernbert")
+    groups = optimizer.state_dict()
+    table = next(i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+                 if p.shape[0] == 128)  # the padded token embedding
+    moments = groups["state"][table]
+    moments["exp_avg"] = moments["exp_avg"][:99].clone()
+    path = ckpt.save_checkpoint(tmp_path / "old", 7, hf_state_dict(model),
+                                {"step": 7, "optimizer": groups})
+    fresh = build_model(dict(CASES["modernbert"][0]), "masked_lm")
+    weights, state = ckpt.load_checkpoint(path)
+    with pytest.raises(BertgpuError, match=r"its optimizer state does not match the configured "
+                       r"model \(exp_avg of shape \(99, 32\) for a parameter of shape \(128, 32\)"):
+        restore(path, weights, state, fresh, build_optimizer(fresh, "adamw", lr=1e-2))

@@ -77,9 +77,9 @@ def test_sigterm_to_the_process_group_with_loader_workers(shards, tmp_path, refe
 @pytest.mark.timeout(300)
 def test_disk_full_mid_save_then_rerun(shards, tmp_path, reference):
     run = tmp_path / "run"
-    # Every save writes 5 files (weights, state, config.toml, config.json, checksums): the 8th
-    # write is inside the second checkpoint (step 8).
-    failed = bertgpu(args(shards, run), faults="enospc_write=8")
+    # Every save writes 9 files (weights, state, config.toml, config.json, the tokenizer's
+    # four, checksums): the 12th write is inside the second checkpoint (step 8).
+    failed = bertgpu(args(shards, run), faults="enospc_write=12")
     assert failed.returncode == 2
     line = last_line(failed.stderr)
     assert "No space left on device" in line and "checkpoints" in line and "free" in line, line

@@ -124,7 +124,11 @@ def test_fsdp_equals_ddp_and_writes_sharded_checkpoints(runs, tmp_path):
         "checksums.json",
         "config.json",
         "config.toml",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
         "train_state.pt",
+        "vocab.txt",
     ]
     assert set(json.loads((ckpt / "checksums.json").read_text())["files"]) == set(names) - {
         "COMPLETE",
@@ -216,10 +220,10 @@ def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
 @pytest.mark.timeout(400)
 def test_disk_full_during_a_sharded_save_then_rerun(shards, runs, tmp_path):
     """One process with strategy fsdp (a group of one). A save writes train_state.pt, config.toml,
-    config.json, the shard file, .metadata, checksums.json and COMPLETE: the 11th write is the
-    shard file of the second checkpoint (step 8)."""
+    config.json, the tokenizer's four files, the shard file, .metadata, checksums.json and
+    COMPLETE: the 19th write is the shard file of the second checkpoint (step 8)."""
     run = tmp_path / "run"
-    failed = bertgpu(args(shards, run, *FSDP), faults="enospc_write=11")
+    failed = bertgpu(args(shards, run, *FSDP), faults="enospc_write=19")
     assert failed.returncode == 2
     line = last_line(failed.stderr)
     assert "No space left on device" in line and "step_8" in line and "step_4 is intact" in line, (

@@ -377,6 +377,17 @@ def complete_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def run_of_checkpoint(path: str | os.PathLike[str]) -> Path | None:
+    """RUN when `path` is a checkpoint folder RUN/checkpoints/step_N (.old, .tmp) of a run (RUN
+    holds config.toml) or lies inside one; None otherwise."""
+    path = Path(os.path.abspath(path))
+    for p in (path, *path.parents):
+        if (p.parent.name == "checkpoints" and re.match(r"^step_\d+(\.old|\.tmp)?$", p.name)
+                and (p.parent.parent / "config.toml").is_file()):
+            return p.parent.parent
+    return None
+
+
 def step_folder(root: Path, step: int) -> Path:
     """`root/step_N`, or `root/step_N.old` when only that one is complete."""
     path = Path(root) / f"step_{step}"

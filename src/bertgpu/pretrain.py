@@ -380,8 +380,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                          title="bertgpu pretrain",
                          startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
-                         checkpoint_files=lambda: {"config.toml": text,
-                                                   "config.json": _hf_config_json(model)},
+                         checkpoint_files=lambda: _checkpoint_files(text, model, run_dir),
                          final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
                          comm_timer=timer, resume=resume, evaluate_first=init is not None)
     # Written once the checkpoint has been restored: a resume it refuses (another seed, other
@@ -466,12 +465,17 @@ def _flops_per_token(cfg: Any, data: Any) -> float:
                                              with_nsp=data.with_nsp)
 
 
-def _hf_config_json(model: Any) -> str:
+def _checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | bytes]:
+    """Beside a checkpoint's weights (in Hugging Face's layout): config.toml, and the config.json
+    and tokenizer files that make the folder one transformers' from_pretrained and pipelines
+    load (without a tokenizer, AutoTokenizer made one of 5 tokens: every word [UNK])."""
     import json
 
-    from bertgpu.models.hf_export import hf_config
+    from bertgpu.models.hf_export import hf_config, tokenizer_files
 
-    return json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n"
+    return {"config.toml": text,
+            "config.json": json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
+            **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings)}
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:

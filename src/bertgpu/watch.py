@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import run_of_checkpoint
 from bertgpu.report.inputs import finetune_task
 from bertgpu.telemetry.console import duration, si
 from bertgpu.telemetry.records import (
@@ -404,6 +405,10 @@ def _resolve(folder: Path) -> Path:
     other things and none of a run's marks is refused (runs/ for runs/base, say)."""
     if (folder / "metrics.jsonl").is_file():
         return folder
+    run = run_of_checkpoint(folder)
+    if run is not None:  # its config.toml would pass for a run that has not started yet
+        raise BertgpuError(f"{folder}: a checkpoint of the run {run}, not a run folder (watch "
+                           f"the run: bertgpu watch {run})")
     running = folder.with_name(folder.name + ".tmp")
     if (running / "metrics.jsonl").is_file():
         return running  # a fine-tuning run still in progress

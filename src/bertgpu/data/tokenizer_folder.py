@@ -138,11 +138,11 @@ def find_tokenizer_folder(path: str | os.PathLike) -> Path | None:
     """The tokenizer folder that `path` names, or None: a tokenizer folder or a Hugging Face model
     folder (vocab.txt or tokenizer.json) as is; a bertgpu run folder's tokenizer/, also from one
     of its checkpoints/step_N (so `prepare --tokenizer runs/phase1` makes shards for a run
-    continued from it)."""
+    continued from it): the run's own, before the copy a checkpoint carries for transformers."""
     folder = Path(path)
     candidates = [folder, folder / "tokenizer"]
     if folder.parent.name == "checkpoints":
-        candidates.append(folder.parent.parent / "tokenizer")
+        candidates.insert(0, folder.parent.parent / "tokenizer")
     for candidate in candidates:
         if (candidate / "tokenizer.json").is_file() or (candidate / "vocab.txt").is_file():
             return candidate

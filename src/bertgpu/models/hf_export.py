@@ -71,13 +71,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     if problem is not None:
         raise BertgpuError(f"{folder}: cannot export this {model.config.architecture} model: "
                            f"{problem}")
-    tok_dir = Path(tokenizer) if tokenizer is not None else None
-    tok_files = []
-    if tok_dir is not None:
-        tok_files = [tok_dir / n for n in TOKENIZER_FILES if (tok_dir / n).is_file()]
-        if not tok_files:
-            raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
-                               f"{', '.join(TOKENIZER_FILES[:4])})")
+    tok_files = ({} if tokenizer is None else
+                 tokenizer_files(tokenizer, model.config.max_position_embeddings))
     check_export_folder(folder)
 
     # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
@@ -95,14 +90,13 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         (tmp / "config.json").write_text(
             json.dumps({**hf_config(model), EXPORT_MARK: True}, indent=2, sort_keys=True) + "\n",
             encoding="utf-8")
-        for f in tok_files:
-            shutil.copyfile(f, tmp / f.name)
-        _fit_model_max_length(tmp / "tokenizer_config.json", model.config.max_position_embeddings)
+        for name, data in tok_files.items():
+            (tmp / name).write_bytes(data)
         return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
     except OSError as exc:  # a full disk, a folder that is not writable: no half-written output
         shutil.rmtree(scratch, ignore_errors=True)
         needed = (sum(t.numel() * t.element_size() for t in state.values())
-                  + sum(f.stat().st_size for f in tok_files) + (64 << 10))
+                  + sum(len(data) for data in tok_files.values()) + (64 << 10))
         where = folder.parent if folder.parent != Path(".") else Path.cwd()
         why, fix = fsutil.write_problem(where, exc, needed)
         raise BertgpuError(f"{where}: cannot write {folder.name}: {why}; {fix} and re-run the "
@@ -113,7 +107,21 @@ STANDARD_MAX_LENGTH = 512
 """The model_max_length of bertgpu's tokenizer folders (data/tokenizer.py) and of BERT's."""
 
 
-def _fit_model_max_length(path: Path, positions: int) -> None:
+def tokenizer_files(tokenizer: str | os.PathLike, positions: int) -> dict[str, bytes]:
+    """The files of a tokenizer folder that travel with a model (`TOKENIZER_FILES`, those it
+    has), by name, with tokenizer_config.json's `model_max_length` fitted to the model's
+    `positions` (`_fitted_config`); a one-line error when the folder holds none of them."""
+    tok_dir = Path(tokenizer)
+    files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES if (tok_dir / n).is_file()}
+    if not files:
+        raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
+                           f"{', '.join(TOKENIZER_FILES[:4])})")
+    if "tokenizer_config.json" in files:
+        files["tokenizer_config.json"] = _fitted_config(files["tokenizer_config.json"], positions)
+    return files
+
+
+def _fitted_config(data: bytes, positions: int) -> bytes:
     """The tokenizer's `model_max_length` (what `truncation=True` cuts to) is the model's
     positions: our tokenizer folders say 512. A 128-position model's export made transformers'
     pipelines fail on long inputs ("size of tensor a (486) must match ... (128)") or, for
@@ -122,18 +130,18 @@ def _fit_model_max_length(path: Path, positions: int) -> None:
     tokenizer that asks for fewer than the positions keeps its own, unless it says 512, which
     bertgpu's tokenizer folders (and BERT's) say whatever the model."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # none, or not ours to mend: copied as it was
+        config = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return data  # not ours to mend: copied as it was
     if not isinstance(config, dict):
-        return
+        return data
     given = config.get("model_max_length")
     if isinstance(given, (int, float)) and not isinstance(given, bool):
         asks_fewer = given < positions and given != STANDARD_MAX_LENGTH
         if given == positions or asks_fewer:
-            return
+            return data
     config["model_max_length"] = positions
-    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 MODEL_FOLDER = "a model folder (new, or an earlier bertgpu export, which an export replaces)"
@@ -196,4 +204,4 @@ def check_export_folder(folder: str | os.PathLike) -> None:
 
 
 __all__ = ["EXPORT_MARK", "MODEL_FOLDER", "check_export_folder", "hf_config", "is_model_folder",
-           "save_pretrained"]
+           "save_pretrained", "tokenizer_files"]

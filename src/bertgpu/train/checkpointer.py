@@ -50,6 +50,7 @@ from bertgpu.train.checkpoint import (
     is_sharded_checkpoint,
     list_checkpoints,
 )
+from bertgpu.train.continued import optimizer_state_mismatch
 from bertgpu.train.full_checkpoints import FullCheckpoints, Pending, Written, agree, first_line
 
 MODEL_KEY, OPTIM_KEY = (
@@ -301,13 +302,14 @@ def restore(
         model.load_state_dict(model_state, strict=False)
         if hasattr(model, "tie_weights"):
             model.tie_weights()
-        try:
-            optimizer.load_state_dict(train_state["optimizer"])
-        except ValueError as exc:  # torch's: groups or parameters of other sizes
+        problem = optimizer_state_mismatch(train_state["optimizer"], optimizer)
+        if problem is not None:  # torch would load moments of another shape, to fail later
             raise BertgpuError(
-                f"{path}: its optimizer state does not match the configured model ({exc}); a "
+                f"{path}: its optimizer state does not match the configured model ({problem}); a "
                 "checkpoint of another model, or of a bertgpu with another parameter layout "
-                "(separate query/key/value): --init PATH continues from its weights") from None
+                "(separate query/key/value, an unpadded vocabulary): --init PATH continues from "
+                "its weights")
+        optimizer.load_state_dict(train_state["optimizer"])
 
 
 def _check_keys(path: Path, model: torch.nn.Module, model_state: dict[str, torch.Tensor]) -> None:

@@ -100,22 +100,31 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, src: InitSource,
 
 
 def _check_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Same groups of the same sizes, and every state tensor of a parameter's shape."""
+    problem = optimizer_state_mismatch(saved, optimizer)
+    if problem is not None:
+        raise BertgpuError(f"--resume-optimizer: {path}: {problem}; the model differs (an NSP "
+                           "head, a grown position table, or a checkpoint from before bertgpu "
+                           "fused query/key/value); drop --resume-optimizer")
+
+
+def optimizer_state_mismatch(saved: dict[str, Any],
+                             optimizer: torch.optim.Optimizer) -> str | None:
+    """What keeps the optimizer state dict `saved` from fitting `optimizer` (torch's
+    load_state_dict checks the group sizes only: a moment of another shape loads and fails at the
+    first step), or None: same groups of the same sizes, every state tensor of its parameter's
+    shape."""
     sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
     own = [len(g["params"]) for g in optimizer.param_groups]
-    hint = ("the model differs (an NSP head, a grown position table, or a checkpoint from before "
-            "bertgpu fused query/key/value); drop --resume-optimizer")
     if sizes != own:
-        raise BertgpuError(f"--resume-optimizer: {path}: parameter groups of sizes {sizes}, this "
-                           f"model's {own}; {hint}")
+        return f"parameter groups of sizes {sizes}, this model's {own}"
     ids = [i for g in saved["param_groups"] for i in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for i, p in zip(ids, params, strict=True):
         for name, value in saved.get("state", {}).get(i, {}).items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
-                raise BertgpuError(f"--resume-optimizer: {path}: {name} of shape "
-                                   f"{tuple(value.shape)} for a parameter of shape "
-                                   f"{tuple(p.shape)}; {hint}")
+                return (f"{name} of shape {tuple(value.shape)} for a parameter of shape "
+                        f"{tuple(p.shape)}")
+    return None
 
 
-__all__ = ["InitSource", "load_optimizer_state", "load_weights"]
+__all__ = ["InitSource", "load_optimizer_state", "load_weights", "optimizer_state_mismatch"]

@@ -43,9 +43,14 @@ def check_run_folder(run_dir: Path) -> None:
     """`run_dir` does not exist, is empty, or is a run folder of an earlier pretrain (RUN_FILES):
     a run never writes its checkpoints, export and tokenizer among a user's files or into a
     shard set."""
-    from bertgpu.fsutil import check_output_folder
+    from bertgpu.fsutil import check_output_folder, run_of_checkpoint
 
     check_output_folder(run_dir, "a run folder")
+    run = run_of_checkpoint(run_dir)
+    if run is not None:  # its config.toml would pass for a run's, its checksums then fail
+        raise BertgpuError(f"{run_dir}: a checkpoint of the run {run}, not a run folder; "
+                           f"expected a new or empty folder, or a run folder to resume ({run} "
+                           "resumes from its newest good checkpoint)")
     if not run_dir.is_dir():
         return
     names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir()
