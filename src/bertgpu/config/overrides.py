@@ -278,9 +278,16 @@ RENAMED = {"train.eval_batches": "train.eval_sequences (validation sequences per
            "the same for any micro batch: the old value times impl.micro_batch_size)"}
 
 
+OTHER_COMMANDS = {"data_dir": "--data-dir is bertgpu glue's option; here the data folder is "
+                               "--data DIR"}
+"""Options of another command that reach a config as unknown keys, and what to write instead."""
+
+
 def _unknown(key: str, obj: Any, source: str) -> BertgpuError:
     if key in RENAMED:
         return BertgpuError(f"{source}: {key} is now {RENAMED[key]}")
+    if key in OTHER_COMMANDS:
+        return BertgpuError(f"{source}: unknown key {key} ({OTHER_COMMANDS[key]})")
     candidates = all_keys(obj)
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if not close:  # also try the last part alone ("max_stepz" -> "train.max_steps")

@@ -109,6 +109,9 @@ class Manifest:
     @classmethod
     def read(cls, path: Path) -> Manifest:
         """Load and validate `path`; every problem is a BertgpuError naming the file."""
+        if not path.parent.exists():
+            raise BertgpuError(f"{path.parent}: does not exist (expected a shard set written by "
+                               "`bertgpu prepare`)")
         if not path.is_file():
             raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by "
                                "`bertgpu prepare`)")

@@ -429,10 +429,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mlm+nsp: documents (or pieces of long ones) per work unit, also the "
                              "pool random B segments come from (default 1000)")
     parser.add_argument("--whole-word-segmenter", choices=SEGMENTERS, default=None,
-                        help="store word boundaries for whole-word masking of Chinese (needs `pip "
-                             "install jieba`)")
+                        help="store word boundaries for whole-word masking of Chinese (needs "
+                             "`pip install 'bertgpu[zh]'`, or jieba)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing non-empty output folder")
+                        help="replace the shard set an earlier prepare wrote in --out (any other "
+                             "non-empty folder is still refused)")
 
 
 def main(args: argparse.Namespace) -> int:

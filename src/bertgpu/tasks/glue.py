@@ -283,6 +283,9 @@ def find_split_file(data_dir: str | os.PathLike[str], task: GlueTask | str, spli
                 )
             if hits:
                 return hits[0]
+    if not root.exists():
+        raise BertgpuError(f"{root}: does not exist (expected the GLUE data folder, with "
+                           f"{task.name}/{split}.tsv in it)")
     looked = ", ".join(str(d) for d in folders)
     raise BertgpuError(
         f"no {split} file for GLUE task {task.name}: looked in {looked} for "
