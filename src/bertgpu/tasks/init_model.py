@@ -34,11 +34,12 @@ def find_tokenizer(init: str | os.PathLike[str]) -> Path:
     """Tokenizer folder of `--init`: the folder itself (HF), RUN_DIR/tokenizer, or the run folder
     two levels above a checkpoints/step_N folder (the run's own tokenizer before the copy a
     checkpoint carries for transformers)."""
-    from bertgpu.models.hf_io import is_checkpoint_folder, resolve_checkpoint_folder
+    from bertgpu.models.hf_io import resolve_checkpoint_folder
 
     folder = Path(init)
     resolved = resolve_checkpoint_folder(folder)
-    run_own = ([resolved.parent.parent / "tokenizer"] if is_checkpoint_folder(resolved) else [])
+    run_own = ([resolved.parent.parent / "tokenizer"] if resolved.parent.name == "checkpoints"
+               else [])  # not a copy's: the folder two levels up is then not its run
     for cand in (*run_own, folder, folder / "tokenizer", resolved,
                  resolved.parent.parent / "tokenizer"):
         if cand.is_dir() and _has_tokenizer(cand):

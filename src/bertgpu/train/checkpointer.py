@@ -299,9 +299,6 @@ def restore(
         _load_full_into_sharded(model, optimizer, model_state, train_state["optimizer"])
     else:
         _check_keys(path, model, model_state)
-        model.load_state_dict(model_state, strict=False)
-        if hasattr(model, "tie_weights"):
-            model.tie_weights()
         problem = optimizer_state_mismatch(train_state["optimizer"], optimizer)
         if problem is not None:  # torch would load moments of another shape, to fail later
             raise BertgpuError(
@@ -309,6 +306,9 @@ def restore(
                 "checkpoint of another model, or of a bertgpu with another parameter layout "
                 "(separate query/key/value, an unpadded vocabulary): --init PATH continues from "
                 "its weights")
+        model.load_state_dict(model_state, strict=False)
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
         optimizer.load_state_dict(train_state["optimizer"])
 
 
