@@ -1,6 +1,7 @@
 """What a new user's walkthrough of the README ran into (a review, this round): a missing data
-folder named as missing instead of by the files not found in it, and `bertgpu glue`'s
---data-dir given to `finetune` or `pretrain` answered with the plain "unknown key data_dir"."""
+folder named as missing instead of by the files not found in it, `bertgpu glue`'s --data-dir
+given to `finetune` or `pretrain` answered with the plain "unknown key data_dir", `watch` on a
+glue folder naming its task folders instead of its runs, and "1 documents"."""
 
 from __future__ import annotations
 
@@ -44,3 +45,30 @@ def test_glues_data_dir_elsewhere_says_what_to_write(command, tmp_path, capsys, 
     assert err.endswith("unknown key data_dir (--data-dir is bertgpu glue's option; here the "
                         "data folder is --data DIR)"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_watch_on_a_glue_folder_names_its_task_runs(tmp_path, capsys):
+    # bertgpu glue's OUT holds TASK/seed_N runs and its results files: watch named the task
+    # folders and "2 more" as what the folder held, none of them a run.
+    glue = tmp_path / "glue"
+    for task in ("CoLA", "SST-2"):
+        for seed in (1, 2):
+            (glue / task / f"seed_{seed}").mkdir(parents=True)
+            (glue / task / f"seed_{seed}" / "results.json").write_text("{}")
+    (glue / "glue_results.jsonl").write_text("")
+    assert cli.main(["watch", str(glue), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{glue}: not a run; it holds the runs CoLA/seed_1, CoLA/seed_2, SST-2/seed_1, "
+            f"SST-2/seed_2 (watch one: bertgpu watch {glue / 'CoLA' / 'seed_1'})") in err
+
+
+def test_prepare_counts_in_the_singular_for_one(tmp_path, capsys):
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("a short document of a few words.\nand a second line of it.\n")
+    tok = tmp_path / "tok"
+    assert cli.main(["tokenizer", "--corpus", str(corpus), "--out", str(tok),
+                     "--vocab-size", "60"]) == 0
+    assert cli.main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out",
+                     str(tmp_path / "data"), "--seq-len", "16", "--validation-docs", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "prepare: 1 document -> " in out and "prepare: 1 work unit on the local engine" in out

@@ -392,9 +392,14 @@ def _is_run(folder: Path) -> bool:
 
 
 def _runs_in(folder: Path) -> list[str]:
-    """The names of the run folders in `folder` (a fine-tuning OUT.tmp named as OUT)."""
+    """The names of the run folders in `folder` (a fine-tuning OUT.tmp named as OUT), else those
+    one level further down as SUB/RUN (`bertgpu glue`'s OUT holds TASK/seed_N)."""
     names = {e.name.removesuffix(".tmp") for e in folder.iterdir()
              if e.is_dir() and _is_run(e)}
+    if not names:
+        names = {f"{d.name}/{e.name.removesuffix('.tmp')}"
+                 for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")
+                 for e in d.iterdir() if e.is_dir() and _is_run(e)}
     return sorted(names)
 
 

@@ -436,6 +436,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "non-empty folder is still refused)")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     report: dict[str, Any] = {}
@@ -449,7 +453,8 @@ def main(args: argparse.Namespace) -> int:
         unit_bytes=args.unit_bytes, report=report,
     )
     c, s = manifest["counts"], time.perf_counter() - start
-    print(f"prepare: {c['documents']} documents -> {c['sequences']} sequences, {c['tokens']} "
+    print(f"prepare: {_count(c['documents'], 'document')} -> {c['sequences']} sequences, "
+          f"{c['tokens']} "
           f"tokens (train {manifest['splits']['train']['sequences']}, validation "
           f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
           f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}")
@@ -459,7 +464,7 @@ def main(args: argparse.Namespace) -> int:
               "is no document, in Parquet, Arrow and JSON Lines alike)")
     print(f"prepare: {split_summary(manifest)}")
     units, resumed = len(report["units"]), report["resumed"]
-    print(f"prepare: {units} work units on the {args.engine} engine"
+    print(f"prepare: {_count(units, 'work unit')} on the {args.engine} engine"
           + (f", {resumed} of them finished by an earlier run and kept" if resumed else ""))
     for item in manifest["skipped_inputs"]:
         print(f"prepare: skipped {item['reason']}")
