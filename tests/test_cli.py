@@ -101,11 +101,13 @@ def test_bad_inputs_with_nproc_are_one_line_before_any_worker_starts(tmp_path, c
     cases = {
         "pretrain, no shard set": (["pretrain", str(root.parent / "configs" / "tiny.toml"),
                                     "--data", missing, "--out", str(tmp_path / "r"),
-                                    "--impl.micro_batch_size", "16"], "manifest.json"),
+                                    "--impl.micro_batch_size", "16"],
+                                   f"{missing}: does not exist (expected a shard set"),
         "finetune, no init": (["finetune", "sst2", "--data", str(root / "fixtures" / "glue"),
                                "--init", missing, "--out", str(tmp_path / "f")], "absent"),
         "finetune, no GLUE files": (["finetune", "sst2", "--data", missing, "--init", init,
-                                     "--out", str(tmp_path / "f")], "no train file"),
+                                     "--out", str(tmp_path / "f")],
+                                    f"{missing}: does not exist (expected the GLUE data folder"),
         "glue, no init": (["glue", "--data-dir", str(root / "fixtures" / "glue"), "--init",
                            missing, "--out", str(tmp_path / "g")], "absent"),
     }
