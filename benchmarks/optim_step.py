@@ -34,21 +34,7 @@ import torch
 from bertgpu.bench.batches import SIZES
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.bert.model import BertForPreTraining
-from bertgpu.train.optim import Lamb, param_groups
-
-
-def _r_from_moments(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                    exp_avg_sqs: list[torch.Tensor], bc1: Any, bc2: Any, eps: float,
-                    wd: float) -> list[torch.Tensor]:
-    """r = m_hat / (sqrt(v_hat) + eps) + wd * w in six foreach passes: the older LAMBs' way."""
-    denom = torch._foreach_div(exp_avg_sqs, bc2)
-    torch._foreach_sqrt_(denom)
-    torch._foreach_add_(denom, eps)
-    updates = torch._foreach_div(exp_avgs, bc1)
-    torch._foreach_div_(updates, denom)
-    if wd != 0.0:
-        torch._foreach_add_(updates, params, alpha=wd)
-    return updates
+from bertgpu.train.optim import Lamb, adam_direction, param_groups
 
 
 class ForeachLamb(Lamb):
@@ -91,7 +77,7 @@ class ForeachLamb(Lamb):
         torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-        return _r_from_moments(params, exp_avgs, exp_avg_sqs, bc1, bc2, eps, wd)
+        return adam_direction(params, exp_avgs, exp_avg_sqs, bc1, bc2, eps, wd)
 
 
 class PerTensorLamb(ForeachLamb):
@@ -124,7 +110,7 @@ class FusedMomentsLamb(Lamb):
                            maximize=False, grad_scale=grad_scale, found_inf=found_inf)
         t = steps[0].double().clamp(min=1.0)
         bc1, bc2 = (1.0 - beta1**t).float(), (1.0 - beta2**t).float()
-        return _r_from_moments(params, exp_avgs, exp_avg_sqs, bc1, bc2, eps, wd)
+        return adam_direction(params, exp_avgs, exp_avg_sqs, bc1, bc2, eps, wd)
 
 
 VARIANTS = {

@@ -11,7 +11,8 @@ import pytest
 from _shards import write_synthetic_shards
 
 from bertgpu import cli
-from bertgpu.fsutil import run_of_checkpoint, seal, verify_folder
+from bertgpu.fsutil import seal, verify_folder
+from bertgpu.step_folders import run_of_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")

@@ -40,8 +40,7 @@ def trained(arch: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = build_model(dict(fields), head)
     optimizer = build_optimizer(model, "adamw", lr=1e-2)
     ids = torch.randint(5, 99, (2, 12))
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    logits = out["prediction_logits"] if isinstance(out, dict) else out[0]
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids))["prediction_logits"]
     logits.float().square().mean().backward()
     optimizer.step()
     return model, optimizer

@@ -42,7 +42,7 @@ def export_step(run_dir: str | Path, out: str | Path,
     """`export`, and the step of the checkpoint it wrote (the newest good one when `step` is
     None: a newer damaged or incomplete one is skipped with a warning; None when a checkpoint
     folder copied out of its run does not say)."""
-    from bertgpu import fsutil
+    from bertgpu import fsutil, step_folders
     from bertgpu.models.hf_export import check_export_folder, save_pretrained
     from bertgpu.models.hf_io import finetuned_model, is_checkpoint_folder, load_pretrained
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
@@ -58,8 +58,8 @@ def export_step(run_dir: str | Path, out: str | Path,
                            "outside it (an export there would replace or mix with a checkpoint)")
     if step is None:
         # the newest good one; damaged newer ones are warned about
-        ckpt = fsutil.newest_good(run_dir / CHECKPOINTS,
-                                  advice="nothing of this run can be exported")
+        ckpt = step_folders.newest_good(run_dir / CHECKPOINTS,
+                                        advice="nothing of this run can be exported")
         model = finetuned_model(run_dir) if ckpt is None else None
         if model is not None:
             raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
@@ -70,7 +70,7 @@ def export_step(run_dir: str | Path, out: str | Path,
                                "(expected a pretraining run folder, or one of its checkpoint "
                                "folders)")
     else:
-        ckpt = fsutil.step_folder(run_dir / CHECKPOINTS, step)
+        ckpt = step_folders.step_folder(run_dir / CHECKPOINTS, step)
         if not ckpt.is_dir():
             steps = ", ".join(str(s) for s, _ in list_checkpoints(run_dir)) or "none"
             raise BertgpuError(f"{run_dir}: has no checkpoint step_{step} under {CHECKPOINTS}/ "

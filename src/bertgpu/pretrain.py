@@ -168,7 +168,7 @@ def check_config(cfg: Any) -> None:
 def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     """Validate once, before `--nproc N` starts N workers, so a typo fails once, not N times."""
     from bertgpu.config import overrides, schema
-    from bertgpu.fsutil import complete_steps
+    from bertgpu.step_folders import complete_steps
     from bertgpu.tasks.pretraining import PretrainData, open_checked
 
     cfg = _config(args)
@@ -270,7 +270,8 @@ def finished_run(cfg: Any, say: bool = True) -> RunResult | None:
     and exporting the same weights again. None otherwise (no run, steps or budget left, an
     export missing)."""
     from bertgpu.config import overrides
-    from bertgpu.fsutil import COMPLETE, complete_steps
+    from bertgpu.fsutil import COMPLETE
+    from bertgpu.step_folders import complete_steps
     from bertgpu.telemetry.records import read_metrics
 
     run_dir, t = Path(cfg.out), cfg.train
@@ -318,7 +319,12 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.data.loaders import PretrainLoader
     from bertgpu.data.masking import MaskingConfig
-    from bertgpu.tasks.pretraining import PretrainData, PretrainTask, copy_tokenizer
+    from bertgpu.tasks.pretraining import (
+        PretrainData,
+        PretrainTask,
+        checkpoint_files,
+        copy_tokenizer,
+    )
     from bertgpu.train import loop
     from bertgpu.train.checkpoint import load_resume
     from bertgpu.train.schedule import warmup_note
@@ -380,7 +386,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                          title="bertgpu pretrain",
                          startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
-                         checkpoint_files=lambda: _checkpoint_files(text, model, run_dir),
+                         checkpoint_files=lambda: checkpoint_files(text, model, run_dir),
                          final_checkpoint=True, flops_per_token=_flops_per_token(cfg, data),
                          comm_timer=timer, resume=resume, evaluate_first=init is not None)
     # Written once the checkpoint has been restored: a resume it refuses (another seed, other
@@ -463,19 +469,6 @@ def _flops_per_token(cfg: Any, data: Any) -> float:
     return flops.flops_per_token_from_config(cfg.model, data.train.seq_len,
                                              mlm_fraction=cfg.data.mask_rate,
                                              with_nsp=data.with_nsp)
-
-
-def _checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | bytes]:
-    """Beside a checkpoint's weights (in Hugging Face's layout): config.toml, and the config.json
-    and tokenizer files that make the folder one transformers' from_pretrained and pipelines
-    load (without a tokenizer, AutoTokenizer made one of 5 tokens: every word [UNK])."""
-    import json
-
-    from bertgpu.models.hf_export import hf_config, tokenizer_files
-
-    return {"config.toml": text,
-            "config.json": json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
-            **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings)}
 
 
 def _auto_micro_batch(cfg: Any, data: Any, info: Any) -> int:

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import run_of_checkpoint
 from bertgpu.report.inputs import finetune_task
 from bertgpu.telemetry.console import duration, si
 from bertgpu.telemetry.records import (
@@ -55,6 +54,7 @@ from bertgpu.telemetry.records import (
     run_end,
     run_start,
 )
+from bertgpu.telemetry.run_folders import not_made_yet, resolve, wait_for
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -382,90 +382,6 @@ def render(state: RunState, now: float | None = None, width: int = 100) -> Any:
     return Group(*parts)
 
 
-RUN_MARKS = ("config.toml", "checkpoints", "metrics.jsonl", "results.json")
-"""What a run folder holds once it got going (pretrain writes config.toml before its first
-record; a finished fine-tuning run has results.json)."""
-
-
-def _is_run(folder: Path) -> bool:
-    return any((folder / mark).exists() for mark in RUN_MARKS)
-
-
-def _runs_in(folder: Path) -> list[str]:
-    """The names of the run folders in `folder` (a fine-tuning OUT.tmp named as OUT), else those
-    one level further down as SUB/RUN (`bertgpu glue`'s OUT holds TASK/seed_N)."""
-    names = {e.name.removesuffix(".tmp") for e in folder.iterdir()
-             if e.is_dir() and _is_run(e)}
-    if not names:
-        names = {f"{d.name}/{e.name.removesuffix('.tmp')}"
-                 for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".")
-                 for e in d.iterdir() if e.is_dir() and _is_run(e)}
-    return sorted(names)
-
-
-def _resolve(folder: Path) -> Path:
-    """The folder to follow: `folder`, or the OUT.tmp of a fine-tuning run in progress beside
-    it. A run's folder in its first seconds holds nothing but hidden files (pretrain's lock
-    file, the scratch mark of a fine-tuning's OUT.tmp): it is waited for; a folder holding
-    other things and none of a run's marks is refused (runs/ for runs/base, say)."""
-    if (folder / "metrics.jsonl").is_file():
-        return folder
-    run = run_of_checkpoint(folder)
-    if run is not None:  # its config.toml would pass for a run that has not started yet
-        raise BertgpuError(f"{folder}: a checkpoint of the run {run}, not a run folder (watch "
-                           f"the run: bertgpu watch {run})")
-    running = folder.with_name(folder.name + ".tmp")
-    if (running / "metrics.jsonl").is_file():
-        return running  # a fine-tuning run still in progress
-    if (folder / "manifest.json").is_file():
-        raise BertgpuError(f"{folder}: a shard set (manifest.json of bertgpu prepare), not a run "
-                           "folder; expected a run folder (metrics.jsonl) of bertgpu pretrain "
-                           "or finetune")
-    if folder.is_dir():
-        if _is_run(folder):
-            return folder
-        if running.is_dir():
-            return running  # a fine-tuning run starting in OUT.tmp
-        held = sorted(e.name for e in folder.iterdir() if not e.name.startswith("."))
-        if not held:
-            return folder  # a run that has not written its first record yet
-        runs = _runs_in(folder)
-        if runs:
-            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
-            raise BertgpuError(f"{folder}: not a run; it holds the run{'s' * (len(runs) > 1)} "
-                               f"{shown} (watch one: bertgpu watch {folder / runs[0]})")
-        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-        raise BertgpuError(f"{folder}: not a run folder (it holds {shown}); expected a run "
-                           "folder of bertgpu pretrain or finetune (config.toml, checkpoints/, "
-                           "metrics.jsonl or results.json), or an empty one a run is starting in")
-    if not folder.exists() and running.is_dir():
-        return running  # a fine-tuning run starting: OUT.tmp has no record yet
-    problem = "is a file" if folder.exists() else "does not exist"
-    raise BertgpuError(f"{folder}: {problem}; expected a run folder (metrics.jsonl) of "
-                       "bertgpu pretrain or finetune")
-
-
-def _not_made_yet(folder: Path) -> bool:
-    """Neither `folder` nor its OUT.tmp exists, in a folder that does: a run about to make it
-    (`bertgpu pretrain ... --out OUT &` just started), not a typo in the folder it goes in."""
-    return (not folder.exists() and not folder.with_name(folder.name + ".tmp").exists()
-            and folder.parent.is_dir())
-
-
-def _wait_for(folder: Path, interval: float, console: Any) -> None:
-    """One status line, redrawn every `interval` seconds, until the run makes `folder`."""
-    from rich.live import Live
-    from rich.text import Text
-
-    t0 = time.monotonic()
-    with Live(console=console, auto_refresh=False, transient=True) as live:
-        while _not_made_yet(folder):
-            live.update(Text(f"bertgpu watch  {folder}  ·  waiting for it (or {folder.name}.tmp) "
-                             f"to appear: {duration(time.monotonic() - t0)}", style="bold"),
-                        refresh=True)
-            time.sleep(interval)
-
-
 MAX_INTERVAL_S = 86400
 
 
@@ -485,12 +401,12 @@ def main(args: argparse.Namespace) -> int:
         raise BertgpuError(f"--interval: found {args.interval}, expected a positive number of "
                            f"seconds up to {MAX_INTERVAL_S}")
     console = Console()
-    if not args.once and _not_made_yet(args.run_dir):
+    if not args.once and not_made_yet(args.run_dir):
         try:
-            _wait_for(args.run_dir, args.interval, console)
+            wait_for(args.run_dir, args.interval, console)
         except KeyboardInterrupt:  # as leaving the live view
             return 0
-    state = RunState(_resolve(args.run_dir))
+    state = RunState(resolve(args.run_dir))
     state.poll()
     if args.once or ended(state) is not None:  # a run that is over: its last frame
         console.print(render(state, width=console.width))

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertgpu import fsutil
+from bertgpu import fsutil, step_folders
 from bertgpu.errors import BertgpuError
 from bertgpu.models import layout
 from bertgpu.models.build import ARCHITECTURES, HEADS, architecture_of, build_model, spec
@@ -73,9 +73,9 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
             raise BertgpuError(f"{folder}: not a usable checkpoint: {problem}")
     if (folder / "config.json").is_file():
         return folder
-    newest = fsutil.newest_good(folder / "checkpoints",
-                                advice="expected a run with a good checkpoint, or a good "
-                                "checkpoint folder")
+    newest = step_folders.newest_good(folder / "checkpoints",
+                                      advice="expected a run with a good checkpoint, or a good "
+                                      "checkpoint folder")
     if newest is not None:
         return newest
     model = finetuned_model(folder)

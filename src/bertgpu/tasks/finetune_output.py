@@ -51,7 +51,8 @@ def note_replaced(out: Path, task: str) -> None:
 def discard_unresumable(work: Path, out: Path) -> None:
     """After a failure: OUT.tmp goes unless it holds a checkpoint to resume from (a run stopped
     part-way keeps it); without one it is only a half-written output."""
-    from bertgpu.fsutil import is_scratch, newest_good, remove_scratch
+    from bertgpu.fsutil import is_scratch, remove_scratch
+    from bertgpu.step_folders import newest_good
 
     if is_scratch(work) and newest_good(work / "checkpoints") is None:
         remove_scratch(work, out)

@@ -298,6 +298,19 @@ def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
         shutil.copytree(data.train.tokenizer_dir, dst)
 
 
+def checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | bytes]:
+    """Beside a checkpoint's weights (in Hugging Face's layout): config.toml (`text`), and the
+    config.json and tokenizer files that make the folder one transformers' from_pretrained and
+    pipelines load (without a tokenizer, AutoTokenizer made one of 5 tokens: every word [UNK])."""
+    import json
+
+    from bertgpu.models.hf_export import hf_config, tokenizer_files
+
+    return {"config.toml": text,
+            "config.json": json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
+            **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings)}
+
+
 def open_checked(init: str, data: PretrainData, warn: bool = True) -> InitSource:
     """The InitSource of `init`, once `data` (a PretrainData) has passed `check_init`: shards
     made with its tokenizer. Callers run this before `data.check_model`: another tokenizer is

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from bertgpu import fsutil
+from bertgpu import fsutil, step_folders
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import CHECKSUMS, COMPLETE
 from bertgpu.testing import faults
@@ -97,7 +97,7 @@ def checkpoint_dir(run_dir: str | os.PathLike[str], step: int) -> Path:
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """Complete checkpoints of a run, oldest first (not verified: see `latest_checkpoint`)."""
-    return fsutil.complete_steps(Path(run_dir) / CHECKPOINTS)
+    return step_folders.complete_steps(Path(run_dir) / CHECKPOINTS)
 
 
 def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
@@ -109,7 +109,7 @@ def checkpoint_problem(path: str | os.PathLike[str]) -> str | None:
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     """The newest good checkpoint of a run, or None when it has no complete one. Newer damaged
     ones are skipped with a warning; a run whose checkpoints are all damaged is an error."""
-    return fsutil.newest_good(Path(run_dir) / CHECKPOINTS)
+    return step_folders.newest_good(Path(run_dir) / CHECKPOINTS)
 
 
 def resume_checkpoint(
@@ -119,15 +119,16 @@ def resume_checkpoint(
     pickle that will not load counts as damage: warning, previous one), or None when the run has
     no complete checkpoint. Rank 0 calls this; the other ranks `load_checkpoint` the step it
     found."""
-    return fsutil.newest_good(Path(run_dir) / CHECKPOINTS,
+    return step_folders.newest_good(Path(run_dir) / CHECKPOINTS,
                               accept=lambda p: (p, *load_checkpoint(p)))
 
 
 def recover_checkpoints(run_dir: str | os.PathLike[str]) -> list[str]:
-    """Repair what a crash left in RUN_DIR/checkpoints (see `fsutil.recover_leftovers`): restore a
-    `step_N.old` whose `step_N` is missing, remove stale `.old` and `.tmp` folders. Call once at
-    start-up on rank 0, before anything is saved or listed. Returns one line per action."""
-    return fsutil.recover_leftovers(Path(run_dir) / CHECKPOINTS)
+    """Repair what a crash left in RUN_DIR/checkpoints (`step_folders.recover_leftovers`):
+    restore a `step_N.old` whose `step_N` is missing, remove stale `.old` and `.tmp` folders.
+    Call once at start-up on rank 0, before anything is saved or listed. Returns one line per
+    action."""
+    return step_folders.recover_leftovers(Path(run_dir) / CHECKPOINTS)
 
 
 def estimate_checkpoint_bytes(

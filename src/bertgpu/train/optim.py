@@ -56,6 +56,22 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
+def adam_direction(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                   exp_avg_sqs: list[torch.Tensor], bc1: Any, bc2: Any, eps: float,
+                   wd: float) -> list[torch.Tensor]:
+    """r = m_hat / (sqrt(v_hat) + eps) + wd * w from the moments and the bias corrections, in six
+    foreach passes: LAMB's way where no fused Adam kernel writes r (and the older LAMBs'
+    in benchmarks/optim_step.py)."""
+    denom = torch._foreach_div(exp_avg_sqs, bc2)
+    torch._foreach_sqrt_(denom)
+    torch._foreach_add_(denom, eps)
+    updates = torch._foreach_div(exp_avgs, bc1)
+    torch._foreach_div_(updates, denom)
+    if wd != 0.0:
+        torch._foreach_add_(updates, params, alpha=wd)
+    return updates
+
+
 def _on_fused_devices(params: Iterable[torch.Tensor]) -> bool:
     params = list(params)
     return bool(params) and all(p.device.type in FUSED_DEVICES for p in params)
@@ -220,14 +236,7 @@ class Lamb(torch.optim.Optimizer):
         t = steps[0].to(wide).clamp(min=1.0)
         bc1 = (1.0 - beta1 ** t).float()
         bc2 = (1.0 - beta2 ** t).float()
-        denom = torch._foreach_div(exp_avg_sqs, bc2)
-        torch._foreach_sqrt_(denom)
-        torch._foreach_add_(denom, eps)
-        updates = torch._foreach_div(exp_avgs, bc1)
-        torch._foreach_div_(updates, denom)
-        if wd != 0.0:
-            torch._foreach_add_(updates, params, alpha=wd)
-        return updates
+        return adam_direction(params, exp_avgs, exp_avg_sqs, bc1, bc2, eps, wd)
 
     @staticmethod
     def _apply_adam_step(params: list[torch.Tensor], updates: list[torch.Tensor],

@@ -43,7 +43,8 @@ def check_run_folder(run_dir: Path) -> None:
     """`run_dir` does not exist, is empty, or is a run folder of an earlier pretrain (RUN_FILES):
     a run never writes its checkpoints, export and tokenizer among a user's files or into a
     shard set."""
-    from bertgpu.fsutil import check_output_folder, run_of_checkpoint
+    from bertgpu.fsutil import check_output_folder
+    from bertgpu.step_folders import run_of_checkpoint
 
     check_output_folder(run_dir, "a run folder")
     run = run_of_checkpoint(run_dir)
@@ -213,7 +214,7 @@ def check_not_past_max_steps(run_dir: Path, max_steps: int) -> None:
     the loop would take no step and evaluate, export and end the run as finished at a step
     beyond the one asked for. Called for a run that did not finish at that checkpoint (a
     finished one is answered by `pretrain.finished_run`), before anything is written."""
-    from bertgpu.fsutil import complete_steps
+    from bertgpu.step_folders import complete_steps
 
     steps = complete_steps(run_dir / "checkpoints")
     if not max_steps or not steps or steps[-1][0] <= max_steps:
