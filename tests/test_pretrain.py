@@ -291,6 +291,16 @@ def test_the_startup_table_says_how_the_model_computes() -> None:
         "cpu, fp32, torch.compile (default), padding-free batches")
 
 
+def test_the_startup_table_names_the_device_once(shards: Path, tmp_path: Path, capsys) -> None:
+    """Pretraining's compute row names the device and precision; the loop's generic device row
+    repeated them ("compute  cpu, fp32, ..." and "device  cpu x 1 (fp32)")."""
+    assert main(_args(shards, tmp_path / "r", "--train.max_steps", "1")) == 0
+    table = capsys.readouterr().out.split("\n\n")[0]
+    labels = [line.strip().split("  ")[0] for line in table.splitlines()]
+    assert "compute" in labels and "devices" in labels
+    assert "device" not in labels, table
+
+
 def test_the_validation_loss_does_not_depend_on_the_micro_batch(shards: Path, tmp_path: Path):
     """`train.eval_batches` counted micro batches, so the same weights scored 8.610, 8.606 and
     8.617 with micro batches of 32, 8 and 16 x 2 devices: an [impl] setting changed a result.

@@ -477,7 +477,8 @@ class Loop:
     def _startup_rows(self) -> list[tuple[str, str]]:
         e, budget = self.engine, self.train.budget_hours
         rows = list(self.startup_rows)
-        rows.append(("device", f"{e.device} x {self.world} ({e.precision})"))
+        if "compute" not in dict(rows):  # pretraining's compute row names device and precision
+            rows.append(("device", f"{e.device} x {self.world} ({e.precision})"))
         if budget:
             rows.append(("budget", f"{budget:g} h (max_steps {self.max_steps or 'none'})"))
         elif "steps" not in dict(rows):
