@@ -96,3 +96,37 @@ def test_ray_address_that_does_not_answer_is_one_line(tok, mixed, tmp_path, caps
     assert not (tmp_path / "data").exists() and not (tmp_path / "data.tmp").exists()
     with pytest.raises(BertgpuError, match="--ray-address: only with --engine ray"):
         prepare(mixed, tok, tmp_path / "d2", ray_address="127.0.0.1:1")
+
+
+def test_ray_address_from_the_environment_is_named_as_such(tok, mixed, tmp_path, capsys,
+                                                           monkeypatch):
+    """RAY_ADDRESS joins a cluster as Ray's own init does; one that does not answer is named as
+    the variable. It had been read by ray.init beside num_cpus: "--ray-address None: cannot join
+    the Ray cluster (ValueError: When connecting to an existing cluster, num_cpus ...)"."""
+    from bertgpu.cli import main as cli_main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    code = cli_main(["prepare", "--corpus", str(mixed[-1]), "--tokenizer", str(tok),
+                     "--out", str(tmp_path / "data"), "--engine", "ray", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "RAY_ADDRESS=127.0.0.1:1: no Ray cluster answers" in err
+
+
+def test_an_output_the_workers_do_not_share_is_not_sealed(cluster, tok, mixed, tmp_path,
+                                                          capsys):
+    """Ray workers are other processes: what they write to memory:// (as to a local --out on
+    another node's disk) never reaches the driver. prepare had sealed a manifest over no shards
+    and exited 0; now one line names the missing files and nothing is sealed."""
+    fsspec = pytest.importorskip("fsspec")
+    from bertgpu.cli import main as cli_main
+
+    code = cli_main(["prepare", "--corpus", *map(str, mixed), "--tokenizer", str(tok),
+                     "--out", "memory://unshared/data", "--engine", "ray",
+                     "--unit-bytes", str(MIXED_UNIT_BYTES), "--seq-len", "64"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "memory://unshared/data: " in err
+    assert "shard files the work units wrote are not there" in err
+    assert "expected an output every node writes to" in err
+    assert not fsspec.filesystem("memory").exists("/unshared/data/manifest.json")

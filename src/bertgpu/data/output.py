@@ -22,10 +22,12 @@ whose records and shard files are there, and redoes the others; any other plan s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bertgpu.data.sources import filesystem, is_url, local_path
@@ -117,6 +119,25 @@ class WorkFolder:
 
     def begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
         """Start writing; returns the records of the units a run of the same plan finished."""
+        if not self.remote:
+            return self._begin(plan, overwrite)
+        with self._store_errors("cannot write"):
+            return self._begin(plan, overwrite)
+
+    @contextlib.contextmanager
+    def _store_errors(self, what: str) -> Iterator[None]:
+        """Any failure of the store (a host that does not answer, a write refused) as one line
+        naming the output URL."""
+        try:
+            yield
+        except BertgpuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise BertgpuError(f"{self.out}: {what} ({why}); expected an output URL this "
+                               "machine can write to") from None
+
+    def _begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
         text = json.dumps(plan, sort_keys=True)
         if self._read_text(PLAN) == text:
             if not self.remote:
@@ -137,10 +158,15 @@ class WorkFolder:
         except Exception as exc:  # noqa: BLE001 - one line naming the URL, whatever the store
             raise BertgpuError(f"{self.out}: cannot reach ({' '.join(str(exc).split())})") from None
         if found:
-            if self._exists(MANIFEST) and not overwrite:
+            sealed = self._exists(MANIFEST)
+            if not sealed and not self._exists(PLAN):  # the user's files: never removed
+                raise BertgpuError(f"{self.out}: holds files that are not {SHARD_SET}; it would "
+                                   "be replaced, so expected a new or empty folder, or an earlier "
+                                   "output of this command")
+            if sealed and not overwrite:
                 raise BertgpuError(f"{self.out}: already exists and is not empty; expected a new "
                                    "folder (or --overwrite)")
-            if self._exists(MANIFEST):
+            if sealed:  # (a store cannot swap folders: the old set goes before the new is made)
                 fs.rm_file(self._path(MANIFEST))  # unseal first: never a manifest over a mix
             fs.rm(root, recursive=True)
         fs.makedirs(f"{root.rstrip('/')}/{UNITS}", exist_ok=True)
@@ -163,17 +189,31 @@ class WorkFolder:
                 out[int(record["unit"])] = record
         return out
 
+    def check_arrived(self, records: dict[int, dict], engine: str) -> None:
+        """Every shard file the units recorded is in the folder before it is sealed (one listing):
+        a Ray worker on another node writes a local --out on its own disk, and one in another
+        process writes memory:// in its own memory."""
+        if self.remote:
+            with self._store_errors("cannot read"):
+                fs, root = self._fs()
+                there = {p.rsplit("/", 1)[-1] for p in fs.find(root)}
+        else:
+            there = set(os.listdir(self.folder))
+        names = [name for r in records.values() for name in shard_files(r)]
+        missing = [name for name in names if name not in there]
+        if missing:
+            why = ("with --engine ray, expected an output every node writes to: an object "
+                   "store's URL or a folder every node mounts (memory:// is each process's own)"
+                   if engine == "ray" else "expected the output to keep what the units write")
+            raise BertgpuError(f"{self.out}: {len(missing)} of {len(names)} shard files the work "
+                               f"units wrote are not there (first: {missing[0]}); {why}")
+
     def seal(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
         """tokenizer/ (``tokenizer_files``: name -> bytes), the bookkeeping removed,
         manifest.json last; the set in place."""
         if self.remote:
-            fs, _ = self._fs()
-            for name, data in sorted(tokenizer_files.items()):
-                fs.pipe_file(self._path(f"tokenizer/{name}"), data)
-            fs.rm(self._path(UNITS), recursive=True)
-            fs.rm_file(self._path(PLAN))
-            self._write_text(MANIFEST, manifest_text)
-            return self.out
+            with self._store_errors("cannot write"):
+                return self._seal_remote(manifest_text, tokenizer_files)
         folder = Path(self.folder)
         (folder / "tokenizer").mkdir(exist_ok=True)
         for name, data in sorted(tokenizer_files.items()):
@@ -182,6 +222,15 @@ class WorkFolder:
         (folder / PLAN).unlink()
         self._write_text(MANIFEST, manifest_text)
         replace_dir(folder, Path(self.out), replaces=is_shard_set, what=SHARD_SET)
+        return self.out
+
+    def _seal_remote(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
+        fs, _ = self._fs()
+        for name, data in sorted(tokenizer_files.items()):
+            fs.pipe_file(self._path(f"tokenizer/{name}"), data)
+        fs.rm(self._path(UNITS), recursive=True)
+        fs.rm_file(self._path(PLAN))
+        self._write_text(MANIFEST, manifest_text)
         return self.out
 
     def discard(self) -> None:

@@ -66,7 +66,13 @@ from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
-from bertgpu.data.sources import check_glob_apart, check_not_cwd, is_url, local_path
+from bertgpu.data.sources import (
+    check_glob_apart,
+    check_not_cwd,
+    check_url_apart,
+    is_url,
+    local_path,
+)
 from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer_folder import (
     TOKENIZER_FILES,
@@ -168,6 +174,8 @@ def prepare(
                                "(or --overwrite)")
         check_apart(out, [local_path(p) for p in (*paths, *inputs)])
         check_glob_apart(out, paths)  # what a pattern would match on a re-run
+    else:
+        check_url_apart(out, [*paths, *inputs])
     units = plan_units(inputs, fmt, unit_bytes)
     nsp = objective == "mlm+nsp"
     job = UnitJob(
@@ -197,12 +205,17 @@ def prepare(
             runner.close()
         bar.close()
         _leave_out_skipped_parts(units, records, work)
+        work.check_arrived(records, engine)
         manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
                              None if validation_docs is not None else validation_fraction,
                              skipped)
         work.seal(manifest.dumps(), tokenizer_files)
-    except (RunStopped, KeyboardInterrupt):
-        raise  # the finished units stay for a re-run
+    except RunStopped:
+        raise  # the finished units stay for a re-run (its message says so)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished units stay for a re-run
+        print(f"bertgpu prepare: the work units finished so far are kept in {work.folder}; the "
+              "same command goes on from them", file=sys.stderr, flush=True)
+        raise
     except BaseException:
         work.discard()
         raise
@@ -210,7 +223,7 @@ def prepare(
         bar.close()
     if report is not None:
         report.update(units=[records[u.index] for u in units], resumed=len(finished),
-                      engine=engine)
+                      kept=sorted(finished), engine=engine)
     _warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
     return manifest.to_json()
 
@@ -421,7 +434,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "tasks on a Ray cluster (needs bertgpu[ray]); the same output")
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                         help="--engine ray: join this running cluster (what `ray start --head` "
-                             "printed) instead of starting one on this machine")
+                             "printed) instead of starting one on this machine; default: "
+                             "RAY_ADDRESS when set, as Ray itself does")
     parser.add_argument("--unit-bytes", type=int, default=UNIT_BYTES, metavar="BYTES",
                         help="stored bytes per work unit: whole files up to this, larger "
                              "Parquet and uncompressed files in parts of it (default 64 MiB)")
@@ -453,11 +467,16 @@ def main(args: argparse.Namespace) -> int:
         unit_bytes=args.unit_bytes, report=report,
     )
     c, s = manifest["counts"], time.perf_counter() - start
+    kept = set(report["kept"])  # units an earlier run tokenized: not in this run's rate
+    new = sum(split["tokens"] for r in report["units"] if r["unit"] not in kept
+              for split in r["splits"].values())
     print(f"prepare: {_count(c['documents'], 'document')} -> {c['sequences']} sequences, "
           f"{c['tokens']} "
           f"tokens (train {manifest['splits']['train']['sequences']}, validation "
           f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
-          f"{c['tokens'] / max(s, 1e-9) / 1e6:.2f} M tokens/s -> {args.out}")
+          f"{new / max(s, 1e-9) / 1e6:.2f} M tokens/s"
+          + (f" (the {new} tokens of the units this run tokenized)" if kept else "")
+          + f" -> {args.out}")
     if c.get("null_rows"):
         n = c["null_rows"]
         print(f"prepare: {n} null text{'s' if n != 1 else ''} skipped (a row whose text is null "

@@ -51,8 +51,9 @@ def _ray():
     return ray
 
 
-def check_address(address: str) -> None:
-    """Refuse at once an address where nothing listens (Ray itself would retry for minutes)."""
+def check_address(address: str, source: str = "--ray-address ") -> None:
+    """Refuse at once an address where nothing listens (Ray itself would retry for minutes);
+    ``source`` (the flag, or "RAY_ADDRESS=") names where it came from in the message."""
     if address in ("auto", "local"):
         return
     host_port = address.split("://", 1)[-1].rstrip("/")
@@ -62,7 +63,7 @@ def check_address(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except (OSError, ValueError) as exc:
-        raise BertgpuError(f"--ray-address {address}: no Ray cluster answers ({exc}); expected "
+        raise BertgpuError(f"{source}{address}: no Ray cluster answers ({exc}); expected "
                            "the address `ray start --head` printed (HOST:6379)") from None
 
 
@@ -104,8 +105,11 @@ class RayEngine:
                  progress: Progress) -> None:
         ray = _ray()
         self.ray, self.progress = ray, progress
+        source = "--ray-address "
+        if address is None and os.environ.get("RAY_ADDRESS"):  # Ray's own convention: join it
+            address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS="
         if address is not None:
-            check_address(address)
+            check_address(address, source)
         self.started = False
         if not ray.is_initialized():
             options = dict(include_dashboard=False, log_to_driver=False,
@@ -116,8 +120,9 @@ class RayEngine:
                 else:
                     ray.init(num_cpus=workers, **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise BertgpuError(f"--ray-address {address}: cannot join the Ray cluster "
-                                   f"({_one_line(exc)})") from None
+                what = (f"{source}{address}: cannot join the Ray cluster" if address is not None
+                        else f"--engine ray: cannot start a local Ray cluster of {workers} CPUs")
+                raise BertgpuError(f"{what} ({_one_line(exc)})") from None
             self.started = True
         self.task = ray.remote(max_calls=UNITS_PER_WORKER)(prepare_unit).options(
             num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import glob
+import io
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -83,7 +84,12 @@ def open_raw(src: Source) -> BinaryIO:
         return open(src, "rb")
     fs, path = filesystem(src)
     try:
-        return fs.open(path, "rb")
+        f = fs.open(path, "rb")
+        if isinstance(f, io.BufferedIOBase):  # memory://, local files
+            return f
+        # s3fs, gcsfs, https: fsspec's own buffered files, whose readline takes no size and
+        # which have no peek; io's reader over them has both (fsspec still caches the blocks)
+        return io.BufferedReader(f, buffer_size=1 << 20)
     except FileNotFoundError:
         raise BertgpuError(f"{src}: no such file") from None
     except Exception as exc:  # noqa: BLE001 - any store's failure is one line naming the URL
@@ -252,6 +258,29 @@ def local_path(path: str | os.PathLike) -> str:
     to it; any other path or URL as given."""
     text = os.fspath(path)
     return text[len("file://"):] if text.startswith("file://") else text
+
+
+def check_url_apart(out: str, given: Iterable[str | os.PathLike],
+                    flag: str = "--corpus") -> None:
+    """An output URL neither lies inside a URL input (a file, a folder, the folder a pattern
+    starts in) nor holds one, on the same filesystem, compared by the paths fsspec gives: a store
+    has no rename, so its output is written in place and an overlap would read or remove the
+    corpus."""
+    fs_out, where = filesystem(out)
+    where = where.rstrip("/")
+    for raw in given:
+        text = os.fspath(raw)
+        if not is_url(text):
+            continue
+        fs_in, path = filesystem(text)
+        if fs_in.protocol != fs_out.protocol:
+            continue
+        if glob.has_magic(path):  # the folder the pattern starts in
+            path = path[: min(path.find(c) for c in "*?[" if c in path)].rpartition("/")[0]
+        path = path.rstrip("/")
+        if path == where or path.startswith(where + "/") or where.startswith(path + "/"):
+            raise BertgpuError(f"{out}: overlaps the input {text} ({flag}); expected an output "
+                               "folder outside the inputs, holding none of them")
 
 
 def check_glob_apart(out: str | os.PathLike, patterns: Iterable[str | os.PathLike],

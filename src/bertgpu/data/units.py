@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from bertgpu.data.columnar import parquet_row_groups
 from bertgpu.data.compressed import compression_of
 from bertgpu.data.corpus import DOC_KINDS, LINE_FORMATS, Piece, RawItem, detect_format
-from bertgpu.data.sources import Source, file_size, file_version, is_url, open_raw
+from bertgpu.data.sources import Source, file_size, file_version, is_url, local_path, open_raw
 from bertgpu.data.textsize import text_bytes
 from bertgpu.errors import BertgpuError
 
@@ -152,6 +152,11 @@ def plan_record(units: list[Unit]) -> dict:
     return {"units": out, "versions": versions}
 
 
+def _remote(src: Source) -> bool:
+    """A URL whose bytes come over a network (a file:// URL is a local file)."""
+    return is_url(local_path(str(src)))
+
+
 def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Piece], bool]:
     """The pieces that a sample reads of one file whose share of the sample is ``share``
     bytes of text, and whether they must be read through (`every_kth_document`) rather than from
@@ -168,10 +173,10 @@ def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Pi
         # read through even for a share larger than the file: stored bytes are compressed. A
         # URL's is read from its start instead: reading it through would download it whole (a
         # corpus of many compressed shards is spread over its files all the same)
-        return [Piece(src, span=(0, size))], not is_url(str(src))
+        return [Piece(src, span=(0, size))], not _remote(src)
     if share >= size and kind != "parquet":  # (Parquet's stored bytes are compressed too)
         return split_file(src, size, kind, UNIT_BYTES), False
-    window = SAMPLE_WINDOW_URL_BYTES if is_url(str(src)) else SAMPLE_WINDOW_BYTES
+    window = SAMPLE_WINDOW_URL_BYTES if _remote(src) else SAMPLE_WINDOW_BYTES
     windows = min(MAX_SAMPLE_WINDOWS, math.ceil(share / window))
     return split_file(src, size, kind, math.ceil(size / windows)), False
 
