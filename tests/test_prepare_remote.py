@@ -209,3 +209,12 @@ def test_a_resumed_run_reports_the_rate_of_its_own_units(tok, corpus, tmp_path, 
     new = int(summary.split("(the ")[1].split(" tokens of the units this run tokenized)")[0])
     assert 0 < new < total
     assert tree_bytes(out)  # (a whole set)
+
+
+def test_a_file_named_as_a_path_and_as_a_file_url_is_read_once(corpus):
+    """`--corpus a.jsonl file:///.../a.jsonl` read the file twice (its documents doubled)."""
+    from bertgpu.data.sources import resolve_inputs
+
+    f = corpus / "a.jsonl"
+    assert len(resolve_inputs([str(f), f"file://{f}"])) == 1
+    assert len(resolve_inputs([f"file://{f}", str(corpus)])) == 2  # a.jsonl once, b.txt

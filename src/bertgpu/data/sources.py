@@ -161,7 +161,8 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     for raw in paths:
         found = _resolve_url(raw) if is_url(raw) else _resolve_local(os.fspath(raw), broken)
         for f in found:
-            key = f.resolve() if isinstance(f, Path) else f
+            text = None if isinstance(f, Path) else local_path(f)  # file:///x is the file x
+            key = f.resolve() if text is None else Path(text).resolve() if text != f else f
             if key not in seen:
                 seen.add(key)
                 out.append(f)
