@@ -119,6 +119,34 @@ print("not reached", flush=True)
 """
 
 
+_RELAYED = """
+import os, signal, sys, time
+from bertgpu.train.distributed import DistInfo
+from bertgpu.train.preemption import Preemption
+p = Preemption(2.0, DistInfo(), title="child")
+p.install()
+os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C (or pkill) that reached the worker itself ...
+time.sleep(0.3)
+os.kill(os.getpid(), signal.SIGTERM)  # ... and torchrun's SIGTERM for the same stop
+time.sleep(0.2)
+print("relayed", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_stop_relayed_as_the_other_signal_counts_once(tmp_path):
+    """Under --nproc, a SIGINT to every process reaches a worker directly and again as the
+    SIGTERM torchrun sends its workers when it is signalled. That counted as a second signal:
+    "second SIGTERM: stopped at once", without the preemption checkpoint. Now the grace runs
+    as for one signal (the exit status is the first signal's)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", _RELAYED], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 130, done.stderr
+    assert "relayed" in done.stdout and "second" not in done.stderr, done.stderr
+    assert "child: SIGINT: the grace of 2 s ran out" in done.stderr
+
+
 @pytest.mark.parametrize("grace_s, pause_s, message", [
     (20.0, 1.5, "child: second SIGTERM: stopped at once"),
     (1.0, 5.0, "child: SIGTERM: the grace of 1 s ran out"),
@@ -193,6 +221,7 @@ def test_a_stop_that_ends_at_once_still_writes_the_end_record(tmp_path, no_exit,
                 p._expire()
             else:
                 p._note(signal.SIGTERM)
+                p._own = (p._own[0], p._own[1] - 10.0)  # later than a relayed copy would come
                 p._note(signal.SIGINT)
     finally:
         p.restore()  # disarms the deadline

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _DUPLICATE_S = 1.0  # the same signal again within this long is the same preemption
+_RELAYED_S = 5.0  # ... and the other stop signal within this long: torchrun, signalled itself
+#     (a Ctrl-C reaches the whole group, Slurm signals every process), sends its workers SIGTERM
 _ASSUMED_BYTES_PER_S = 200e6  # write + checksum + fsync, before any save was measured
 _SAFETY = 1.25  # on the estimated write time
 _WRITE, _NONE_NEEDED, _NO_TIME = 1, 2, 3  # rank 0's verdicts
@@ -211,8 +213,8 @@ class Preemption:
                 self._own = (signum, now)
                 self.signum = self.signum or signum
                 self._arm(now + self.grace_s)
-            elif signum == self._own[0] and now - self._own[1] < _DUPLICATE_S:
-                return  # the same preemption, delivered twice
+            elif now - self._own[1] < (_DUPLICATE_S if signum == self._own[0] else _RELAYED_S):
+                return  # the same preemption, delivered twice (or relayed as another signal)
             else:
                 self._exit_now(f"second {signal.Signals(signum).name}: stopped at once "
                                f"{self.phase}", prefix=False)
