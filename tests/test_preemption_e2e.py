@@ -217,3 +217,21 @@ def test_sigkill_during_a_background_write_loses_only_the_steps_since_the_previo
     assert "step_4 (step 4" in capsys.readouterr().out
     assert_bitwise_equal(final_weights(reference_run(shards, tmp_path_factory)),
                          final_weights(run))
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_whose_console_went_away_stays_a_stop(shards, tmp_path):
+    """A closed terminal or ssh session (SIGHUP to `bertgpu`, whose workers then get SIGTERM)
+    takes the reader of the workers' stderr with it. The preemption checkpoint was written, but
+    the line saying so met a broken pipe: a second end record said "error: BrokenPipeError",
+    `watch` showed the run as failed, and the exit status was 141, not 143."""
+    run = tmp_path / "run"
+    proc = _start(shards, run, faults="")
+    _until(lambda: _trained(run, 2))
+    proc.stderr.close()  # the reader goes away
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ends = [r for r in records if r.get("event") == "end"]
+    assert [e["reason"] for e in ends] == ["preempted"], ends
+    assert any(r.get("event") == "preempted" and r["checkpoint"] for r in records)

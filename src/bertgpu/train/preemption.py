@@ -433,8 +433,11 @@ class Preemption:
                    checkpoint=verdict == _WRITE, estimate_s=estimate if self.info.is_main else None,
                    grace_left_s=left if self.info.is_main else None)
         if self.info.is_main:
-            print(f"{self.title}: {self._name()}: {what}; {self._hint()}", file=sys.stderr,
-                  flush=True)
+            try:
+                print(f"{self.title}: {self._name()}: {what}; {self._hint()}", file=sys.stderr,
+                      flush=True)
+            except OSError:  # stderr's reader is gone (a dead terminal or launcher): the
+                pass  # checkpoint and the end record stand, and the exit status says the rest
         return self.exit_status
 
     def _decide(self, step: int, saved_step: int | None, ckpts: Any, model: torch.nn.Module

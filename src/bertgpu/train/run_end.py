@@ -16,6 +16,8 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
     metrics.jsonl see that the run stopped; after a divergence the newest step's train record
     first if it had none (its loss as it was). Best effort, on rank 0 alone and without
     collectives: a failure here must not replace `error`."""
+    if isinstance(error, BrokenPipeError) and getattr(loop.preemption, "end_logged", False):
+        return  # a stopped run whose console went away (a closed terminal): its end stands
     diverged = isinstance(error, TrainingDiverged)
     w = loop._window
     # Only after a divergence: the steps' numbers are on the host then (the engine read them
