@@ -78,6 +78,17 @@ def test_once_on_a_running_run(run, capsys, monkeypatch):
     assert "lost" in gpu1 and "GPU is lost" in gpu1
 
 
+def test_once_into_a_log_keeps_each_line_whole(run, capsys, monkeypatch):
+    """`watch --once > log` without COLUMNS: rich took 80 columns and cut lines mid-phrase
+    ("data wait" on one line, its share on the next, a dangling "·")."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert cli_main(["watch", str(run), "--once"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"bertgpu watch  {run}  ·  running (updated "), lines[:3]
+    gpu0 = next(line for line in lines if "RTX 3090" in line)
+    assert "10.0/24 GiB" in gpu0 and "hw_thermal" in gpu0, lines
+
+
 def test_once_on_a_finished_run_and_budget_eta(run, capsys, monkeypatch):
     _append(run / "metrics.jsonl", [{"step": 4, "kind": "info", "time": 1.7e9, "elapsed_s": 42,
                                      "event": "end", "reason": "budget"}])

@@ -383,6 +383,7 @@ def render(state: RunState, now: float | None = None, width: int = 100) -> Any:
 
 
 MAX_INTERVAL_S = 86400
+LOG_WIDTH = 160  # columns of a frame written to a file or a pipe (COLUMNS overrides)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -401,6 +402,8 @@ def main(args: argparse.Namespace) -> int:
         raise BertgpuError(f"--interval: found {args.interval}, expected a positive number of "
                            f"seconds up to {MAX_INTERVAL_S}")
     console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=LOG_WIDTH)  # a log or a pipe: no screen to fit (rich takes 80)
     if not args.once and not_made_yet(args.run_dir):
         try:
             wait_for(args.run_dir, args.interval, console)
