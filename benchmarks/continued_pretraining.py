@@ -82,7 +82,7 @@ def main() -> None:
               "--impl.device", "cpu"]
     shape = ["--model.hidden_size", "384", "--model.num_hidden_layers", "6",
              "--model.intermediate_size", "1536", "--model.num_attention_heads", "12"]
-    runs = {"continued": ["--init", str(minilm)], "random": shape}
+    runs = {"continued": ["--init", str(minilm)], "random": [*shape, "--requires_init", "false"]}
     rows = []
     for name, extra in runs.items():
         run = out / f"{name}-{args.minutes:g}min"

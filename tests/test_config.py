@@ -265,8 +265,9 @@ def test_a_batch_the_devices_do_not_divide_is_one_message_naming_them():
         cfg = load_config(None, ["--train.global_batch_size", batch, "--impl.micro_batch_size",
                                  "32"], check_batch=False)
         with pytest.raises(BertgpuError, match=r"train.global_batch_size \d+ is not divisible by "
-                                               r"impl.micro_batch_size 32 × 2 devices = 64; choose "
-                                               r"a global batch that is a multiple of 64"):
+                                               r"impl.micro_batch_size 32 × 2 devices = 64; "
+                                               r"expected .*, or a multiple of 64 for micro batch "
+                                               r"32: --train.global_batch_size 64$"):
             check_batch_for(cfg, 2)
     check_batch_for(load_config(None, ["--train.global_batch_size", "64",
                                        "--impl.micro_batch_size", "32"]), 2)

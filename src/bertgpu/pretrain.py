@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-optimizer", action="store_true",
                         help="with --init from a bertgpu run: also take its optimizer state")
     parser.add_argument("--allow-data-change", action="store_true",
-                        help="resume even though the shard set or the masking differ from "
-                             "the checkpoint's")
+                        help="resume even though the shard set, the masking or the seed (the "
+                             "sample order) differ from the checkpoint's")
     parser.epilog = (
         "Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
         "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR"
@@ -141,7 +141,9 @@ def _config(args: argparse.Namespace) -> Any:
              if getattr(args, key, None) is not None]
     if getattr(args, "resume_optimizer", False):
         words.append("--resume_optimizer=true")
-    return schema.load_config(args.recipe, [*words, *args.overrides], check_batch=False)
+    cfg = schema.load_config(args.recipe, [*words, *args.overrides], check_batch=False)
+    schema.check_start(cfg, args.recipe, args.overrides, getattr(args, "allow_data_change", False))
+    return cfg
 
 
 def check_config(cfg: Any) -> None:
@@ -369,7 +371,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     loader = PretrainLoader(data.train, masking, t.global_batch_size, micro, rank=info.rank,
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),
-                            bucket_window=impl.bucket_window,
+                            bucket_window=impl.bucket_window, allow_seed_change=allow_data_change,
                             static_shapes=impl.cuda_graphs(kind))
     # notes: a run inside its warm-up, a batch larger than the split, word starts left unused
     for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),

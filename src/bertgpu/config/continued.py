@@ -11,6 +11,10 @@ rates, ModernBERT's RoPE thetas)::
     bertgpu pretrain configs/bert-base-phase2.toml --init runs/phase1 --data d512/ --out runs/p2
     bertgpu pretrain configs/modern-base-8k.toml --init runs/modern-base --data data8k/ ...
 
+A recipe written for continued pretraining says `requires_init = true`, so that `bertgpu
+pretrain` without `--init` is a one-line error (`refuse_without_init`, from schema.check_start),
+not a randomly initialised model; the recipe still loads on its own (load_config).
+
 `load_config` (schema.py) calls `init_model` for the section to start from, then applies the
 recipe and the command line, then `check_recipe`. Reading config.json goes through
 `models.hf_io` (imported here only when `--init` is given).
@@ -46,6 +50,21 @@ def init_asked(data: dict[str, Any], words: list[str]) -> str | None:
     if value is None:
         value = data.get("init")
     return None if value in (None, "", "none") else str(value)
+
+
+def refuse_without_init(required: bool, init: str | None, words: list[str], source: str
+                        ) -> None:
+    """A recipe that continues pretrained weights says so (`requires_init = true`: domain-adapt,
+    bert-base-phase2, modern-base-8k); without an init it would train its model from a random
+    initialisation, with no warning. One line naming the recipe (or the command line, where the
+    key was given there) instead."""
+    if not required or init is not None:
+        return
+    keys = {w[2:].partition("=")[0].replace("-", "_") for w in words if w.startswith("--")}
+    where = "command line" if "requires_init" in keys or source == "None" else source
+    raise BertgpuError(f"{where}: requires_init = true (the recipe continues pretrained weights) "
+                       "but no --init is given; expected --init PATH: a Hugging Face BERT / "
+                       "ModernBERT folder, or a bertgpu run or checkpoint folder")
 
 
 def config_path(init: str) -> Path:
@@ -129,4 +148,4 @@ def changes(model: Any, base: Any) -> list[str]:
 
 
 __all__ = ["RECIPES", "changes", "check_recipe", "config_path", "init_asked", "init_model",
-           "refuse_other_architecture", "word_value"]
+           "refuse_other_architecture", "refuse_without_init", "word_value"]

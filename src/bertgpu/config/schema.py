@@ -65,6 +65,8 @@ from bertgpu.config.sections import (
     TrainSection,
     check,
     check_choice,
+    divisor_up_to,
+    resolve_batch,
 )
 from bertgpu.data.manifest import OBJECTIVES
 from bertgpu.errors import BertgpuError
@@ -89,6 +91,9 @@ class PretrainConfig:
     resume_optimizer: bool = option(
         False, "with init from a bertgpu run: also take its optimizer state (the schedule still "
         "starts fresh; also --resume-optimizer)")
+    requires_init: bool = option(
+        False, "the recipe continues pretrained weights (domain-adapt, bert-base-phase2, "
+        "modern-base-8k): without init it is an error, not a randomly initialised model")
     model: Any = option(factory=lambda: build.spec("bert").pretraining_config(),
                         help="the architecture's own config (Hugging Face names): "
                              "model.architecture chooses it, BERT-base by default")
@@ -302,11 +307,12 @@ def _validate_data(d: DataSection) -> None:
 
 
 def _validate_train(t: TrainSection) -> None:
-    check(t.max_steps >= 0, "train.max_steps", t.max_steps, "0 or more")
-    if t.budget_hours is None:
+    if t.budget_hours is None:  # 0 (no step limit) only where the budget ends the run
         check(t.max_steps > 0, "train.max_steps", t.max_steps,
-              "a positive integer (or set train.budget_hours)")
+              "a positive integer (0, no step limit, only with train.budget_hours set)")
     else:
+        check(t.max_steps >= 0, "train.max_steps", t.max_steps,
+              "0 (no step limit: train.budget_hours ends the run) or a positive integer")
         check(t.budget_hours > 0 and math.isfinite(t.budget_hours), "train.budget_hours",
               t.budget_hours,
                "a positive number of hours")
@@ -336,7 +342,9 @@ def _validate_impl(i: ImplSection, t: TrainSection, check_batch: bool = True) ->
         if check_batch:
             check(t.global_batch_size % i.micro_batch_size == 0, "train.global_batch_size",
                   t.global_batch_size,
-                  f"a multiple of impl.micro_batch_size ({i.micro_batch_size})")
+                  f"a multiple of impl.micro_batch_size ({i.micro_batch_size}), or a micro batch "
+                  f"that divides it (e.g. "
+                  f"{divisor_up_to(t.global_batch_size, i.micro_batch_size)})")
     check(i.unpad in (True, False, "auto"), "impl.unpad", i.unpad, "true, false or auto")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "0 or more")
     check(i.bucket_window >= 0, "impl.bucket_window", i.bucket_window, "0 or more")
@@ -413,34 +421,48 @@ def _validate_distributed(dist: DistributedSection) -> None:
           dist.balance_every_steps, "1 or more")
 
 
-def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_size: int) -> int:
-    """Accumulation steps = global / (micro x world); BertgpuError when it does not divide."""
-    if isinstance(micro_batch_size, str):
-        raise BertgpuError(
-            f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before "
-            "resolve_batch"
-        )
-    if global_batch_size <= 0 or micro_batch_size <= 0 or world_size <= 0:
-        raise BertgpuError(
-            f"train.global_batch_size {global_batch_size}, impl.micro_batch_size "
-            f"{micro_batch_size}, {world_size} devices: all must be positive"
-        )
-    per_step = micro_batch_size * world_size
-    if global_batch_size % per_step:
-        devices = "device" if world_size == 1 else "devices"
-        raise BertgpuError(
-            f"train.global_batch_size {global_batch_size} is not divisible by "
-            f"impl.micro_batch_size {micro_batch_size} × {world_size} {devices} = {per_step}; "
-            f"choose a global batch that is a multiple of {per_step}"
-        )
-    return global_batch_size // per_step
-
-
 def check_batch_for(cfg: PretrainConfig, world_size: int) -> None:
     """The global batch against micro batch x `world_size` devices (`resolve_batch`'s one-line
     error), before anything runs; an `auto` micro batch is resolved and checked later."""
     if not isinstance(cfg.impl.micro_batch_size, str):
         resolve_batch(cfg.train.global_batch_size, cfg.impl.micro_batch_size, world_size)
+
+
+def check_start(cfg: PretrainConfig, recipe: str | None, words: list[str],
+                allow_data_change: bool = False) -> None:
+    """What `bertgpu pretrain` refuses of its loaded config (`recipe` and the command line's
+    `words`) before anything runs, beyond `validate`: a recipe that continues pretrained weights
+    (`requires_init`) without an init, and a resume of the run in `out` with another seed."""
+    continued.refuse_without_init(cfg.requires_init, cfg.init, words, str(recipe))
+    given = any(w.partition("=")[0] == "--seed" for w in words)
+    unseeded = (read_toml(recipe).get("seed", 0) if recipe else 0) if given else None
+    check_resume_seed(cfg, allow_data_change, unseeded)
+
+
+def check_resume_seed(cfg: PretrainConfig, allow_data_change: bool = False,
+                      unseeded: int | None = None) -> None:
+    """The seed orders and masks the training samples, so resuming the run in `cfg.out` (its
+    newest checkpoint's config.toml) with another seed is refused in one line naming both and
+    the ways on, unless `allow_data_change` (as another shard set or masking): the resumed steps
+    then take the new seed's order and masks from the run's position. `unseeded`: the seed
+    without the command line's --seed (None: none given), to say whether dropping it resumes."""
+    from bertgpu.step_folders import complete_steps
+
+    steps = complete_steps(Path(cfg.out) / "checkpoints") if cfg.out else []
+    path = steps[-1][1] / "config.toml" if steps else None
+    if path is None or allow_data_change or not path.is_file():
+        return
+    try:
+        saved = read_toml(path).get("seed")
+    except BertgpuError:  # unreadable: the resume itself says what is wrong with it
+        return
+    if isinstance(saved, int) and saved != cfg.seed:
+        raise BertgpuError(
+            f"{cfg.out}: the run was trained with seed {saved} and this command gives seed "
+            f"{cfg.seed} (the seed orders and masks its samples); to resume it "
+            f"{'drop --seed or ' if unseeded == saved else ''}give --seed {saved}, for a new run "
+            f"give another --out, or pass --allow-data-change to go on in seed {cfg.seed}'s "
+            "order and masks")
 
 
 def resolve_with_nsp(with_nsp: bool | None, objective: str, source: str = "data") -> bool:

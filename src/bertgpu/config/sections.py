@@ -290,3 +290,54 @@ def check(ok: bool, key: str, value: Any, expected: str) -> None:
 
 def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     check(value in choices, key, value, "one of " + ", ".join(choices))
+
+
+def divisor_up_to(n: int, limit: int) -> int:
+    """The largest divisor of `n` (> 0) that is at most `limit`: a micro batch that splits `n`
+    sequences into whole micro batches."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_size: int) -> int:
+    """Accumulation steps = global / (micro x world); BertgpuError when it does not divide, with
+    settings that do (`_batch_fixes`)."""
+    if isinstance(micro_batch_size, str):
+        raise BertgpuError(
+            f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before "
+            "resolve_batch"
+        )
+    if global_batch_size <= 0 or micro_batch_size <= 0 or world_size <= 0:
+        raise BertgpuError(
+            f"train.global_batch_size {global_batch_size}, impl.micro_batch_size "
+            f"{micro_batch_size}, {world_size} devices: all must be positive"
+        )
+    per_step = micro_batch_size * world_size
+    if global_batch_size % per_step:
+        devices = "device" if world_size == 1 else "devices"
+        raise BertgpuError(
+            f"train.global_batch_size {global_batch_size} is not divisible by "
+            f"impl.micro_batch_size {micro_batch_size} × {world_size} {devices} = {per_step}; "
+            f"expected {_batch_fixes(global_batch_size, micro_batch_size, world_size)}")
+    return global_batch_size // per_step
+
+
+def _batch_fixes(batch: int, micro: int, world: int) -> str:
+    """What divides: every device takes an equal share of each step's `batch` sequences, in whole
+    micro batches. When `world` shares `batch`, a micro batch that divides the share; otherwise
+    the nearest multiples of `world`, each with the largest micro batch up to `micro` that
+    divides its share; then the nearest multiples of `micro` x `world` (the micro batch kept)."""
+    per_step, flag = micro * world, "--train.global_batch_size"
+    if batch % world == 0:
+        share = batch // world
+        head = (f"a micro batch that divides the {share} sequences per device, e.g. "
+                f"--impl.micro_batch_size {divisor_up_to(share, micro)}")
+    else:
+        pairs = [(b, divisor_up_to(b // world, micro)) for b in
+                 (batch - batch % world, batch - batch % world + world) if b > 0]
+        head = (f"a global batch that the {world} devices share equally (a multiple of {world}) "
+                "in whole micro batches, e.g. " + ", ".join(
+                    f"{flag} {b}" + (f" --impl.micro_batch_size {m}" if m != micro else "")
+                    for b, m in pairs))
+    kept = [b for b in (batch - batch % per_step, batch - batch % per_step + per_step) if b > 0]
+    return f"{head}, or a multiple of {per_step} for micro batch {micro}: {flag} " + " or ".join(
+        map(str, kept))

@@ -132,6 +132,10 @@ class PretrainLoader:
     `static_shapes=True` gives every micro batch of a run the same shapes, for CUDA graphs (which
     replay one shape): the MLM positions of the batch metadata are padded to the most the masking
     can give (`BatchMeta.masked_count`); no bucketing then.
+
+    `load_state_dict` refuses a state of another seed (its position counts samples in that seed's
+    order) unless `allow_seed_change` (`bertgpu pretrain --allow-data-change`): the loader then
+    goes on from that position in its own seed's order and masks.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class PretrainLoader:
         prefetch_factor: int = 2,
         bucket_window: int = 0,
         static_shapes: bool = False,
+        allow_seed_change: bool = False,
     ) -> None:
         for name, value in (("global_batch_size", global_batch_size),
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
@@ -179,6 +184,7 @@ class PretrainLoader:
         self.micro_batch_size = micro_batch_size
         self.rank, self.world_size = rank, world_size
         self.seed = check_seed(seed)
+        self.allow_seed_change = allow_seed_change
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -278,11 +284,12 @@ class PretrainLoader:
         if not isinstance(position, (int, np.integer)) or position < 0:
             raise BertgpuError(f"data loader state: position: found {position!r}, expected "
                                "an integer >= 0")
-        if "seed" in state and int(state["seed"]) != self.seed:
+        if "seed" in state and int(state["seed"]) != self.seed and not self.allow_seed_change:
             raise BertgpuError(
-                "data loader state: seed: the checkpoint was trained with data seed "
-                f"{state['seed']}, expected the configured seed {self.seed} (resuming with another "
-                "seed changes the sample order)"
+                f"data loader state: seed: the state's samples were ordered and masked with seed "
+                f"{state['seed']}, this loader's seed is {self.seed}; expected seed "
+                f"{state['seed']} to resume (another seed changes the sample order), or "
+                "allow_seed_change to go on in this seed's order"
             )
         self.position = int(position)
         self._iter = None  # prefetched batches belong to the old position
