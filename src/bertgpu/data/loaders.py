@@ -92,6 +92,23 @@ class _MicroBatches:
         return 1 << 62  # endless: the loader stops asking, not the dataset
 
 
+def _own_memory(value: Any) -> Any:
+    """`value` (a micro batch: a dict of tensors and its `BatchMeta`) with every tensor copied
+    out of the shared memory a loader worker sent it in, which then closes its descriptor."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _own_memory(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _own_memory(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
 def _as_masker(masking: Masker | MaskingConfig, shards: ShardSet) -> Masker:
     if isinstance(masking, Masker):
         return masking
@@ -255,7 +272,12 @@ class PretrainLoader:
                     generator=torch.Generator().manual_seed(0),
                 )
                 self._iter = iter(loader)
-            out = [next(self._iter) for _ in range(A)]
+            # Each tensor a worker sends keeps a file descriptor open while it lives (torch's
+            # file_descriptor sharing): A micro batches held at once took about 9 A of them, and
+            # bert-large's accumulation of 4096 ended in "Too many open files". A step of more
+            # than one is copied into this process's memory as it arrives (a few kB each).
+            out = [next(self._iter) if A == 1 else _own_memory(next(self._iter))
+                   for _ in range(A)]
         if self.bucket_window:
             out = bucket_by_length(out, self.bucket_window)
             pin = self.pin_memory  # new tensors: pin them again
