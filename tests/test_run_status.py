@@ -144,3 +144,20 @@ def test_a_sigkilled_run_is_not_shown_as_running(shards, tmp_path, capsys, monke
     frame = _watch(run, capsys, monkeypatch)
     assert f"stopped (process {proc.pid} is gone; no end record: killed or crashed)" in frame
     assert "ETA" not in frame
+
+
+def test_a_long_error_is_cut_at_a_word_without_an_open_code_span():
+    """The report showed an error cut at 200 characters inside a `code span`: its backtick never
+    closed, and the rest of the report's markdown ran on as code."""
+    from bertgpu.telemetry.records import describe_end
+
+    error = ("RuntimeError: Too many open files. Communication with the workers is no longer "
+             "possible. Please increase the limit using `ulimit -n` in the shell or change the "
+             "sharing strategy by calling "
+             "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of "
+             "your code")
+    text = describe_end({"event": "end", "reason": "error", "step": 3, "error": error}, 10)
+    assert text.count("`") % 2 == 0, text
+    assert text.endswith(" …)") and "torch.multiprocessing" not in text, text
+    short = describe_end({"event": "end", "reason": "error", "step": 3, "error": "x `y` z"}, 10)
+    assert short.endswith(": x `y` z)"), short

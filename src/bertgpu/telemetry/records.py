@@ -165,9 +165,21 @@ def describe_end(end: dict[str, Any], max_steps: float | None = None) -> str:
         return f"stopped (diverged {at})"
     if reason == "error":
         error = end.get("error")
-        detail = f": {error[:200]}" if isinstance(error, str) and error else ""
+        detail = f": {_clipped(error)}" if isinstance(error, str) and error else ""
         return f"stopped (error {at}{detail})"
     return f"finished ({reason})" if isinstance(reason, str) else "finished"
+
+
+def _clipped(text: str, limit: int = 200) -> str:
+    """`text` cut to about `limit` characters at a word, with "…"; a code span the cut opened
+    loses its backtick, which would have run on through the report's markdown."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    if cut.count("`") % 2:
+        i = cut.rfind("`")
+        cut = cut[:i] + cut[i + 1:]
+    return cut + " …"
 
 
 class JsonlFollower:
