@@ -256,7 +256,12 @@ def _task_words(args: argparse.Namespace, largest_batch: int) -> list[str]:
                                f"workers, the largest cell): {args.task} has {n_train} training "
                                "examples; expected a smaller --micro-batch-size or --aggregation")
         return []
-    task_module(args.task).check_request(JobRequest(
+    try:
+        module = task_module(args.task)
+    except BertgpuError as exc:  # the tasks of `finetune`; the bench also has its offline sets
+        raise BertgpuError(f"--task: {exc}; or a set that ships offline: "
+                           f"{', '.join(DEMO_SETS)}") from None
+    module.check_request(JobRequest(
         args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,
         text_field=args.text_field, text_pair_field=args.text_pair_field,
         label_field=args.label_field, regression=args.regression))
