@@ -147,3 +147,27 @@ def test_published_sources_render_as_a_list_in_html(tmp_path):
                                                 "source": "a paper", "note": "average only"}])
     page = (build_report([a], tmp_path / "rep", "html") / "index.html").read_text(encoding="utf-8")
     assert "<ul><li>X (published): a paper; average only.</li></ul>" in page
+
+
+def test_a_bench_model_file_is_the_table_the_run_printed(tmp_path):
+    """`report` on `bench model --out FILE` had shown each row's 40-odd fields (flops_per_token,
+    peak_source, time, ...) with raw numbers; now the columns and formats of the bench's own
+    table (bench/model.py reads them from report/bench_rows.py), the device and torch above it."""
+    row = {"bench": "model", "arch": "bert", "model": "bertgpu", "size": "tiny",
+           "micro_batch": 4, "seq_len": 64, "dtype": "fp32", "compile": False,
+           "compile_mode": "off", "padding": "padded", "lengths": "full", "mean_length": 64.0,
+           "iters": 2, "fwd_ms": 149.36, "bwd_ms": 80.02, "opt_ms": 34.77, "step_ms": 264.8,
+           "tokens_per_s": 966.72, "mfu": 0.3475, "peak_tflops": 989.0, "peak_source": "table",
+           "flops_per_token": 5913721.125, "vs_hf_eager": 1.8072, "vs_hf_compiled": None,
+           "timed_compiles": 0, "device": "cuda", "device_name": "NVIDIA H200",
+           "torch": "2.11.0+cu130", "time": 1795872842.875}
+    bench = _write_jsonl(tmp_path / "model.jsonl", [row, {**row, "padding": "unpadded",
+                                                          "tokens_per_s": 802.04}])
+    md = (build_report([bench], tmp_path / "rep", "md") / "README.md").read_text()
+    assert "Measured on NVIDIA H200 (torch 2.11.0+cu130)" in md
+    assert "| arch | size | B | T | lengths | dtype | compile | padding | model | fwd ms |" in md
+    first = [c.strip() for c in next(line for line in md.splitlines()
+                                     if line.startswith("| bert |")).strip("|").split(" | ")]
+    assert first[:9] == ["bert", "tiny", "4", "64", "full", "fp32", "off", "padded", "bertgpu"]
+    assert "967" in first and "34.8%" in first and "1.81x" in first, first
+    assert "flops_per_token" not in md and "peak_source" not in md

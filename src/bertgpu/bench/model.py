@@ -46,6 +46,7 @@ from bertgpu.bench.batches import MODERN_SIZES, SIZES
 from bertgpu.bench.cells import append_rows, check_rows_file
 from bertgpu.bench.model_runs import ARCHS, COMPILE_MODES, Models, Variant, run_point
 from bertgpu.errors import BertgpuError
+from bertgpu.report.bench_rows import MODEL_COLUMNS, fmt_model_value
 
 _OURS, _HF = "bertgpu", "transformers"
 VARIABLE = "variable"
@@ -266,33 +267,14 @@ def peak_of(device_name: str | None, dtype: str, override: float | None
 # Output
 
 
-COLUMNS = [("arch", "arch"), ("size", "size"), ("micro_batch", "B"), ("seq_len", "T"),
-           ("lengths", "lengths"), ("dtype", "dtype"), ("compile_mode", "compile"),
-           ("padding", "padding"), ("model", "model"), ("fwd_ms", "fwd ms"), ("bwd_ms", "bwd ms"),
-           ("opt_ms", "opt ms"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
-           ("vs_hf_eager", "vs HF eager"), ("vs_hf_compiled", "vs HF compiled"),
-           ("unpadded_vs_padded", "unpadded/padded"), ("compile_s", "compile s"),
-           ("timed_compiles", "timed compiles"), ("mem_peak_gib", "mem GiB")]
+COLUMNS = MODEL_COLUMNS
 COMPACT = [("name", "model"), ("shape", "B x T"), ("lengths", "lengths"), ("padding", "padding"),
            ("compile_mode", "compile"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
            ("vs_hf_eager", "vs HF eager"), ("vs_hf_compiled", "vs HF compiled"),
            ("unpadded_vs_padded", "unpadded/padded"), ("timed_compiles", "timed compiles")]
 
 
-def _fmt(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key == "mfu":
-        return f"{100 * value:.1f}%"
-    if key in ("vs_hf_eager", "vs_hf_compiled", "unpadded_vs_padded"):
-        return f"{value:.2f}x"
-    if key == "tokens_per_s":
-        return f"{value:,.0f}"
-    if key == "lengths" and len(str(value)) > 24:
-        return "..." + str(value)[-21:]
-    if isinstance(value, float):
-        return f"{value:.1f}" if key.endswith("_ms") or key == "compile_s" else f"{value:.2f}"
-    return str(value)
+_fmt = fmt_model_value
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]] = COLUMNS) -> str:

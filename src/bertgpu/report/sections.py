@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bertgpu.report.bench_rows import model_table
 from bertgpu.report.inputs import Source, num, pretrain_summary, series
 from bertgpu.report.plots import bar_chart, pyplot, run_plot, save, scaling_plot
 from bertgpu.report.render import Block
@@ -412,7 +413,15 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     stem = f"bench{index}_{re.sub(r'[^A-Za-z0-9_-]+', '_', source.name)}"
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
         return blocks + _scaling_blocks(rows, folder, stem, source.name)
-    blocks.append(_bench_table(rows))
+    if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
+        where = sorted({f"{r.get('device_name') or r['device']} (torch {r.get('torch', '?')})"
+                        for r in rows if r.get("device")})
+        if where:
+            blocks.append(("p", f"Measured on {', '.join(where)}; every field of each row is "
+                                f"in `{source.path}`."))
+        blocks.append(("table", *model_table(rows)))
+    else:
+        blocks.append(_bench_table(rows))
     note = _peak_note(rows)
     if note:
         blocks.append(("p", note))
