@@ -82,6 +82,13 @@ def test_a_scaling_file_of_two_bench_runs_draws_each_run_on_its_own(tmp_path):
     assert [(label, len(group)) for label, group in scaling_runs(old)] == [
         ("2026-11-27T09:37:00", 2), ("2026-11-27T09:38:00", 2)]
     assert [label for label, _ in scaling_runs([{"workers": 1}, {"workers": 2}])] == [""]
+    # `bench scaling --out DIR` writes DIR/scaling.jsonl: the folder reads as that file (it was
+    # refused as "not a pretraining run ... or bench result file")
+    folder = tmp_path / "bench-out"
+    folder.mkdir()
+    (folder / "scaling.jsonl").write_bytes(path.read_bytes())
+    again = (build_report([folder], tmp_path / "rep2") / "README.md").read_text(encoding="utf-8")
+    assert "2 bench runs appended to this file" in again
 
 
 def _glue_folder(folder: Path, average: float, epochs: int, references: list[dict]) -> Path:

@@ -17,7 +17,9 @@ Each PATH is one of (recognised in this order):
   per-GPU temperature, utilisation, power and clock plots and a per-GPU table (throttling
   included); with per-rank compute times in the train records (``rank_compute_s``), each rank's
   compute time per step (table and plot);
-- a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``): its rows as a table, and
+- a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``; a bench suite's --out
+  folder reads as the result file it holds): its rows as a table (`bench model`'s as its own
+  table, report/bench_rows.py), and
   tokens/s per configuration, or tokens/s against workers with the ideal linear line (one table
   and plot per bench run that appended to a scaling file);
 - a quality benchmark file (``quality.jsonl`` from ``bertgpu bench quality``): per recipe the

@@ -108,6 +108,11 @@ def read_gpu_files(run: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+BENCH_FILES = ("scaling.jsonl", "quality.jsonl", "finetune_scaling.jsonl")
+"""The result file a bench suite writes in its --out folder (`bench model` writes the file
+--out names)."""
+
+
 def load_source(path: Path | str) -> Source:
     """Recognise and read one report input (see the package docstring for the kinds)."""
     from bertgpu.telemetry.records import read_metrics
@@ -149,9 +154,13 @@ def load_source(path: Path | str) -> Source:
             config = _read_config(path / "config.toml")
             return Source("pretrain", path.name, path, {"records": records, "config": config,
                                                         "gpus": read_gpu_files(path)})
+        for name in BENCH_FILES:  # the --out folder of a bench suite: its result file
+            if (path / name).is_file():
+                return load_source(path / name)
     raise BertgpuError(
         f"{path}: not a pretraining run (metrics.jsonl), fine-tuning folder (results.json), "
-        "GLUE folder (glue_results.json) or bench result file (*.jsonl)"
+        "GLUE folder (glue_results.json), bench result file (*.jsonl) or bench folder "
+        f"({', '.join(BENCH_FILES)})"
     )
 
 def finetune_in_progress(path: Path, records: list[dict[str, Any]]) -> bool:
