@@ -205,3 +205,16 @@ def test_sigterm_to_one_worker_ends_the_job_as_a_stop(shards, tmp_path):
     assert 5 <= step < 12 and not (run / "hf").exists(), err
     assert last.endswith(f"({run / 'checkpoints' / f'step_{step}'})")
     assert (run / "checkpoints" / f"step_{step}" / "COMPLETE").exists()
+
+
+def test_more_processes_than_cores_on_a_cpu_is_said(monkeypatch, capsys):
+    """`--nproc 3` on a 2-core machine without CUDA ran oversubscribed without a word."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(launcher, "_launch_once", lambda n, argv, attempt: (0, [], []))
+    assert launcher.launch_local(3, ["pretrain"]) == 0
+    assert capsys.readouterr().err == (
+        "bertgpu pretrain: warning: --nproc 3 on 2 CPU cores: the processes share them, one "
+        "thread each, and train slower than 2 would; expected at most 2 on a CPU\n")
+    assert launcher.launch_local(2, ["pretrain"]) == 0
+    assert capsys.readouterr().err == ""

@@ -58,6 +58,7 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
     restarted. The caller must strip its own `--nproc` from `argv` so the children (which see
     WORLD_SIZE) do not launch again."""
     name = f"bertgpu {argv[0]}" if argv else "bertgpu"
+    _warn_oversubscribed(name, nproc)
     for attempt in range(max_restarts + 1):
         rc, tail, received = _launch_once(nproc, argv, attempt)
         if rc == 0:
@@ -159,6 +160,19 @@ def _launch_once(nproc: int, argv: list[str], attempt: int) -> tuple[int, list[s
     # exit status into a cleanup error.)
     with tempfile.TemporaryDirectory(prefix="bertgpu-launch-", ignore_cleanup_errors=True) as logs:
         return _run_launcher(launcher_command(nproc, argv, logs), attempt, worker_threads(nproc))
+
+
+def _warn_oversubscribed(name: str, nproc: int) -> None:
+    """One line when more CPU processes than cores are asked for on a machine without CUDA:
+    they share the cores and each step takes longer than with fewer (`bench finetune-scaling`
+    refuses the same)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    if nproc > cores and not torch.cuda.is_available():
+        print(f"{name}: warning: --nproc {nproc} on {cores} CPU cores: the processes share "
+              f"them, one thread each, and train slower than {cores} would; expected at most "
+              f"{cores} on a CPU", file=sys.stderr, flush=True)
 
 
 def worker_threads(nproc: int) -> dict[str, str]:
