@@ -124,6 +124,10 @@ def test_pretrain_summary_numbers(run_dir: Path):
     assert s["tokens_per_s_per_device"] == pytest.approx(150.0)
     assert s["mem_peak_gib"] == pytest.approx(1.4)
     assert s["wall_s"] == 46.5 and s["world_size"] == 2 and s["val_nsp_acc"] is None
+    # resumed on one device: the row said "devices 1" beside a per-device rate of two
+    resumed = [*load_source(run_dir).data["records"],
+               {"step": 9, "kind": "info", "event": "start", "world_size": 1}]
+    assert pretrain_summary(resumed)["world_size"] == "2 then 1"
 
 
 def test_pretrain_summary_of_a_run_that_logs_compile_time():

@@ -278,6 +278,11 @@ def _ending(records: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _runs_of(values: list[float]) -> list[float]:
+    """`values` without consecutive repeats: [2, 2, 1, 1] -> [2, 1]."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
 def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers of a run's summary table; None where the run did not log them.
 
@@ -340,7 +345,9 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "compile_s": compile_s if honest else None,
         "mem_peak_gib": max(mem) if mem else None,
         "wall_s": max(elapsed) if elapsed else None,
-        "world_size": worlds[-1] if worlds else None,
+        # a run resumed on another number of devices: each count in turn, as its rates mix them
+        "world_size": (" then ".join(f"{w:.0f}" for w in _runs_of(worlds))
+                       if len(_runs_of(worlds)) > 1 else worlds[-1] if worlds else None),
         "checkpoints": len(stalls) or None,
         "checkpoint_stall_s": sum(stalls) / len(stalls) if stalls else None,
         "checkpoint_stall_max_s": max(stalls) if stalls else None,

@@ -53,7 +53,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("tokens_per_s", "tokens/s (all devices; tokens / time of the logged intervals)",
      lambda v: f"{v:,.0f}"),
     ("tokens_per_s_per_device", "tokens/s per device (likewise)", lambda v: f"{v:,.0f}"),
-    ("world_size", "devices", lambda v: f"{v:.0f}"),
+    ("world_size", "devices", lambda v: v if isinstance(v, str) else f"{v:.0f}"),
     ("mfu", "MFU (weighted by interval time)", lambda v: f"{100 * v:.1f} %"),
     ("compile_s", "time in steps that compiled", lambda v: f"{v:.1f} s"),
     ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
