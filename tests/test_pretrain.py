@@ -156,7 +156,7 @@ def test_another_model_is_refused_on_resume_and_the_run_is_left_as_it_was(
     for change, message in ((["--model.hidden_size", "16"], "hidden_size 32 there, 16 here"),
                             (["--model.num_attention_heads", "4"],
                              "num_attention_heads 2 there, 4 here"),
-                            (["--seed", "7"], "data seed")):
+                            (["--seed", "7"], "trained with seed 0 and this command gives seed 7")):
         rc = main(_args(shards, run, "--train.max_steps", "4", *change))
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
