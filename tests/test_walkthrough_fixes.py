@@ -72,3 +72,34 @@ def test_prepare_counts_in_the_singular_for_one(tmp_path, capsys):
                      str(tmp_path / "data"), "--seq-len", "16", "--validation-docs", "0"]) == 0
     out = capsys.readouterr().out
     assert "prepare: 1 document -> " in out and "prepare: 1 work unit on the local engine" in out
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    """A GBK-encoded CSV (common for Chinese text) said "not UTF-8 text (invalid start byte at
+    byte 11)": an offset inside the decoder's chunk of 8 kB, neither the line nor the offset in
+    the file. Now the line, the byte, its offset in the file and the way out, for classification
+    tables, CoNLL files and SQuAD JSON alike."""
+    import pytest
+
+    from bertgpu.errors import BertgpuError
+    from bertgpu.tasks import ner, squad, tables
+
+    good = "".join(f"这是第{i}句话,label\n" for i in range(600)).encode("utf-8")  # > 8 kB
+    bad = "不好,neg\n".encode("gbk")
+    csv = tmp_path / "dev.csv"
+    csv.write_bytes("text,label\n".encode() + good + bad)
+    offset = len("text,label\n".encode()) + len(good)
+    expected = (f"{csv}:602: not UTF-8 text (byte 0x{bad[0]:02x} at offset {offset} of the "
+                "file); expected UTF-8 (convert it first, e.g. iconv -f ITS_ENCODING -t UTF-8)")
+    with pytest.raises(BertgpuError) as info:
+        list(tables.read_rows(csv, {"text": "--text-field", "label": "--label-field"}))
+    assert str(info.value) == expected
+    conll = tmp_path / "dev.conll"
+    conll.write_bytes(b"Emma B-PER\n\nCaf\xe9 O\n")  # latin-1
+    with pytest.raises(BertgpuError, match=rf"dev.conll:3: not UTF-8 text \(byte 0xe9 at offset "
+                                           rf"15 of the file\)"):
+        ner.read_sentences(conll)
+    squad_json = tmp_path / "dev.json"
+    squad_json.write_bytes(b'{"data": [],\n "version": "caf\xe9"}')
+    with pytest.raises(BertgpuError, match=r"dev.json:2: not UTF-8 text \(byte 0xe9"):
+        squad._read_json(squad_json)

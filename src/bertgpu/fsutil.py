@@ -401,3 +401,25 @@ def human_bytes(n: float) -> str:
             break
         value, unit = value / 1000, bigger
     return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
+def not_utf8(path: str | os.PathLike[str]) -> BertgpuError:
+    """The one-line error for a text file that does not decode as UTF-8: the line of its first
+    bad byte (a decoder reading in chunks knows only an offset in its chunk), the byte and its
+    offset in the file, and the way out."""
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):  # "\n" is never inside a UTF-8 character
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return BertgpuError(
+                        f"{path}:{n}: not UTF-8 text (byte 0x{line[e.start]:02x} at offset "
+                        f"{offset + e.start} of the file); expected UTF-8 (convert it first, "
+                        "e.g. iconv -f ITS_ENCODING -t UTF-8)")
+                offset += len(line)
+    except OSError:
+        pass
+    return BertgpuError(f"{path}: not UTF-8 text; expected UTF-8")
+

@@ -46,6 +46,7 @@ import numpy as np
 
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import not_utf8
 from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, JobRequest
 from bertgpu.tasks.tables import (
     Fields,
@@ -120,8 +121,8 @@ def _conll_sentences(path: Path) -> list[Sentence]:
                 current.lines.append(n)
     except FileNotFoundError:
         raise BertgpuError(f"{path}: not found") from None
-    except UnicodeDecodeError as e:
-        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     if current.tokens:
         sentences.append(current)
     return sentences

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import not_utf8
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -154,8 +155,8 @@ def _read_json(path: Path) -> Any:
     except json.JSONDecodeError as e:
         raise BertgpuError(f"{path}: invalid JSON at line {e.lineno} column "
                            f"{e.colno}: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
 
 
 def _need(path: Path, obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:

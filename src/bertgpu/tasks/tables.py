@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import not_utf8
 from bertgpu.tasks.glue_files import json_lines
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ def read_rows(path: str | os.PathLike[str],
                 yield from _delimited_rows(path, f, columns, kind)
     except FileNotFoundError:
         raise BertgpuError(f"{path}: not found") from None
-    except UnicodeDecodeError as e:
-        raise BertgpuError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     except csv.Error as e:
         raise BertgpuError(f"{path}: not readable as {kind.upper()} ({e})") from None
 
