@@ -87,8 +87,8 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     good = "".join(f"这是第{i}句话,label\n" for i in range(600)).encode("utf-8")  # > 8 kB
     bad = "不好,neg\n".encode("gbk")
     csv = tmp_path / "dev.csv"
-    csv.write_bytes("text,label\n".encode() + good + bad)
-    offset = len("text,label\n".encode()) + len(good)
+    csv.write_bytes(b"text,label\n" + good + bad)
+    offset = len(b"text,label\n") + len(good)
     expected = (f"{csv}:602: not UTF-8 text (byte 0x{bad[0]:02x} at offset {offset} of the "
                 "file); expected UTF-8 (convert it first, e.g. iconv -f ITS_ENCODING -t UTF-8)")
     with pytest.raises(BertgpuError) as info:
@@ -96,8 +96,8 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     assert str(info.value) == expected
     conll = tmp_path / "dev.conll"
     conll.write_bytes(b"Emma B-PER\n\nCaf\xe9 O\n")  # latin-1
-    with pytest.raises(BertgpuError, match=rf"dev.conll:3: not UTF-8 text \(byte 0xe9 at offset "
-                                           rf"15 of the file\)"):
+    with pytest.raises(BertgpuError, match=r"dev.conll:3: not UTF-8 text \(byte 0xe9 at offset "
+                                           r"15 of the file\)"):
         ner.read_sentences(conll)
     squad_json = tmp_path / "dev.json"
     squad_json.write_bytes(b'{"data": [],\n "version": "caf\xe9"}')
