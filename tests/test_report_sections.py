@@ -178,3 +178,25 @@ def test_a_bench_model_file_is_the_table_the_run_printed(tmp_path):
     assert first[:9] == ["bert", "tiny", "4", "64", "full", "fp32", "off", "padded", "bertgpu"]
     assert "967" in first and "34.8%" in first and "1.81x" in first, first
     assert "flops_per_token" not in md and "peak_source" not in md
+
+
+def test_each_run_is_named_with_its_architecture_and_masking(tmp_path):
+    """Two runs' final MLM losses side by side, a BERT at 15% whole-word masking and a ModernBERT
+    at 30%: the report's line under each said only "3 layers x 128 hidden, 2 heads, vocab 4000",
+    nothing of why the losses differ."""
+    runs = []
+    for name, arch, rate, whole in (("bert", "bert", 0.15, True),
+                                    ("modern", "modernbert", 0.3, False)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.toml").write_text(
+            f'seed = 0\n[model]\narchitecture = "{arch}"\nhidden_size = 128\n'
+            "num_hidden_layers = 3\nnum_attention_heads = 2\nvocab_size = 4000\n"
+            f"[data]\nmask_rate = {rate}\nwhole_word_masking = {str(whole).lower()}\n"
+            '[train]\nglobal_batch_size = 16\nprecision = "fp32"\n', encoding="utf-8")
+        _write_jsonl(run / "metrics.jsonl", [_start(0), _train(1, [1.0, 1.0])])
+        runs.append(run)
+    md = (build_report(runs, tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    assert ("BERT, 3 layers x 128 hidden, 2 heads, vocab 4000; 15% masked, whole words; global "
+            "batch 16, fp32") in md
+    assert "ModernBERT, 3 layers x 128 hidden, 2 heads, vocab 4000; 30% masked; global" in md

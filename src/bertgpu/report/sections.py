@@ -69,8 +69,14 @@ def _model_line(config: dict[str, Any]) -> str | None:
     m, t = config.get("model", {}), config.get("train", {})
     if not isinstance(m, dict) or "hidden_size" not in m:
         return None
-    parts = [f"{m.get('num_hidden_layers', '?')} layers x {m.get('hidden_size')} hidden, "
+    arch = {"bert": "BERT", "modernbert": "ModernBERT"}.get(str(m.get("architecture", "bert")),
+                                                             str(m.get("architecture")))
+    parts = [f"{arch}, {m.get('num_hidden_layers', '?')} layers x {m.get('hidden_size')} hidden, "
              f"{m.get('num_attention_heads', '?')} heads, vocab {m.get('vocab_size', '?')}"]
+    d = config.get("data", {})
+    if isinstance(d, dict) and "mask_rate" in d:  # what the MLM losses of two runs measure
+        whole = ", whole words" if d.get("whole_word_masking") else ""
+        parts.append(f"{100 * float(d['mask_rate']):g}% masked{whole}")
     if isinstance(t, dict) and "global_batch_size" in t:
         parts.append(f"global batch {t['global_batch_size']}, {t.get('precision', '?')}")
     return "; ".join(parts)
