@@ -299,6 +299,8 @@ def test_the_startup_table_names_the_device_once(shards: Path, tmp_path: Path, c
     labels = [line.strip().split("  ")[0] for line in table.splitlines()]
     assert "compute" in labels and "devices" in labels
     assert "device" not in labels, table
+    # what the losses measure: the masking (it was only in config.toml)
+    assert "  masking  " in table and "15% of the tokens (validation 15%)" in table, table
 
 
 def test_the_validation_loss_does_not_depend_on_the_micro_batch(shards: Path, tmp_path: Path):

@@ -40,6 +40,9 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
         ("data",
          f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
         ("model", model_line(model, cfg.model)),
+        ("masking", f"{cfg.data.mask_rate:.0%} of the tokens"
+                    f"{', whole words' if cfg.data.whole_word_masking else ''} (validation "
+                    f"{cfg.data.eval_mask_rate:.0%})"),
         ("compute", compute_text(cfg, info)),
         ("micro batch per device", str(micro)),
         ("accumulation steps", str(accumulation)),
