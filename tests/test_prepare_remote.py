@@ -202,7 +202,8 @@ def test_a_resumed_run_reports_the_rate_of_its_own_units(tok, corpus, tmp_path, 
     monkeypatch.undo()
     assert _prepare(tok, str(out), str(corpus)) == 0
     lines = capsys.readouterr().out
-    summary = next(line for line in lines.splitlines() if "M tokens/s" in line)
+    summary = next(line for line in lines.splitlines() if " tokens/s" in line)
+    assert "0.00 M tokens/s" not in summary  # a small corpus's rate in k
     kept = [json.loads((out / "manifest.json").read_text())]  # sealed: the bookkeeping is gone
     assert "2 of them finished by an earlier run and kept" in lines
     total = kept[0]["counts"]["tokens"]

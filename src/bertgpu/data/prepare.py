@@ -454,6 +454,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
+def _rate(per_s: float) -> str:
+    """Tokens/s as people read them: "1.99 M", "7.6 k" (a small corpus read "0.00 M")."""
+    return f"{per_s / 1e6:.2f} M" if per_s >= 1e5 else f"{per_s / 1e3:.1f} k"
+
+
 def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     report: dict[str, Any] = {}
@@ -474,7 +479,7 @@ def main(args: argparse.Namespace) -> int:
           f"{c['tokens']} "
           f"tokens (train {manifest['splits']['train']['sequences']}, validation "
           f"{manifest['splits']['validation']['sequences']}) in {s:.1f}s, "
-          f"{new / max(s, 1e-9) / 1e6:.2f} M tokens/s"
+          f"{_rate(new / max(s, 1e-9))} tokens/s"
           + (f" (the {new} tokens of the units this run tokenized)" if kept else "")
           + f" -> {args.out}")
     if c.get("null_rows"):
