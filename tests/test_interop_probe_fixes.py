@@ -252,3 +252,14 @@ def test_a_fine_tuning_output_points_to_its_model(tmp_path, capsys):
     assert cli.main(["export", str(out), "--out", str(tmp_path / "ex")]) == 2
     err = capsys.readouterr().err
     assert f"{out}: a fine-tuning output" in err and str(out / "model") in err, err
+
+
+def test_an_export_given_to_export_says_what_it_is(tmp_path, capsys):
+    """`bertgpu export RUN/hf` said "has no complete checkpoint under checkpoints/", as for an
+    empty folder; a fine-tuning output already said that its model is in the HF layout."""
+    hf = tmp_path / "run" / "hf"
+    save_pretrained(_model(), hf)
+    assert cli.main(["export", str(hf), "--out", str(tmp_path / "ex")]) == 2
+    err = capsys.readouterr().err
+    assert f"{hf}: an export, already in the Hugging Face layout" in err, err
+    assert not (tmp_path / "ex").exists()

@@ -43,7 +43,7 @@ def export_step(run_dir: str | Path, out: str | Path,
     None: a newer damaged or incomplete one is skipped with a warning; None when a checkpoint
     folder copied out of its run does not say)."""
     from bertgpu import fsutil, step_folders
-    from bertgpu.models.hf_export import check_export_folder, save_pretrained
+    from bertgpu.models.hf_export import check_export_folder, is_model_folder, save_pretrained
     from bertgpu.models.hf_io import finetuned_model, is_checkpoint_folder, load_pretrained
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
 
@@ -65,6 +65,10 @@ def export_step(run_dir: str | Path, out: str | Path,
             raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
                                f"model {model} is already in the Hugging Face layout (expected "
                                "a pretraining run folder, or one of its checkpoint folders)")
+        if ckpt is None and is_model_folder(run_dir):
+            raise BertgpuError(f"{run_dir}: an export, already in the Hugging Face layout "
+                               "(expected a pretraining run folder, or one of its checkpoint "
+                               "folders)")
         if ckpt is None:
             raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
                                "(expected a pretraining run folder, or one of its checkpoint "
