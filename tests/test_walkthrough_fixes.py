@@ -103,3 +103,50 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     squad_json.write_bytes(b'{"data": [],\n "version": "caf\xe9"}')
     with pytest.raises(BertgpuError, match=r"dev.json:2: not UTF-8 text \(byte 0xe9"):
         squad._read_json(squad_json)
+
+
+def test_glue_files_not_utf8_and_squad_flags_of_another_type_are_one_line(tmp_path, caplog):
+    """A GLUE file with a byte that is not UTF-8 ended in a UnicodeDecodeError traceback (TSV,
+    JSONL and CSV alike); SQuAD's `"is_impossible": "false"` (a string) read as true, training an
+    answerable question as unanswerable; an answer whose text is nowhere in its context was
+    counted with the starts that were merely off, though its question leaves training."""
+    import json
+    import logging
+    import shutil
+
+    import pytest
+
+    from bertgpu.errors import BertgpuError
+    from bertgpu.tasks import glue_files, squad
+
+    fixtures = Path(__file__).parent / "fixtures"
+    sst2 = tmp_path / "SST-2"
+    shutil.copytree(fixtures / "glue" / "SST-2", sst2)
+    with open(sst2 / "train.tsv", "ab") as f:
+        f.write(b"bad \xff\xfe bytes\t1\n")
+    lines = (sst2 / "train.tsv").read_bytes().count(b"\n")
+    with pytest.raises(BertgpuError, match=rf"train.tsv:{lines}: not UTF-8 text \(byte 0xff"):
+        glue_files.read_examples("sst2", sst2 / "train.tsv")
+    hf = tmp_path / "train.jsonl"
+    hf.write_bytes(b'{"sentence": "ok", "label": 1}\n{"sentence": "caf\xe9", "label": 0}\n')
+    with pytest.raises(BertgpuError, match=r"train.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        glue_files.read_examples("sst2", hf)
+
+    data = json.loads((fixtures / "squad" / "dev-v2.0-sample.json").read_text())
+    qa = data["data"][0]["paragraphs"][0]["qas"][0]
+    qa["is_impossible"] = "false"
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(data))
+    flag = r'qas\[0\].is_impossible: expected true or false, found "false"'
+    with pytest.raises(BertgpuError, match=r"v2.json: data\[0\].paragraphs\[0\]." + flag):
+        squad.read_squad(path, version_2=True)
+
+    data = json.loads((fixtures / "squad" / "dev-v1.1-sample.json").read_text())
+    data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["text"] = "Zebra Unicorns"
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING):
+        squad.read_squad(path)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "1 answers whose text is nowhere in their context; 1 questions whose first answer " \
+           "is one of them have no training target and are left out of training" in said, said
+    assert "does not point at their text" not in said, said

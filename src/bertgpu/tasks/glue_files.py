@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import not_utf8
 from bertgpu.tasks.glue import Example, GlueTask, Label, get_task
 
 
@@ -54,10 +55,12 @@ def read_examples_counted(task: GlueTask | str, path: str | os.PathLike[str], *,
     if path.stat().st_size == 0:
         raise BertgpuError(f"{path}: empty file (expected GLUE {task.name} examples)")
     suffix = path.suffix.lower()
-    if suffix == ".tsv":
-        examples, skipped = _read_tsv(task, path, skip_malformed, expect_labels)
-    elif suffix in (".parquet", ".jsonl", ".json", ".csv"):
-        examples, skipped = _read_hf(task, path, skip_malformed, expect_labels)
+    if suffix in (".tsv", ".parquet", ".jsonl", ".json", ".csv"):
+        try:
+            examples, skipped = (_read_tsv if suffix == ".tsv" else _read_hf)(
+                task, path, skip_malformed, expect_labels)
+        except UnicodeDecodeError:
+            raise not_utf8(path) from None
     else:
         raise BertgpuError(
             f"{path}: unknown GLUE file type {suffix!r} (expected .tsv, .parquet, .jsonl, .json "

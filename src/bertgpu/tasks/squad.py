@@ -87,9 +87,16 @@ class SquadExample:
 def read_squad(path: str | os.PathLike[str], version_2: bool = False) -> list[SquadExample]:
     """All questions of an official SQuAD v1.1 or v2.0 JSON file; see `read_squad_counted`."""
     examples, mismatched = read_squad_counted(path, version_2)
-    if mismatched:
-        log.warning("%s: %d answers whose answer_start does not point at their text", path,
-                    mismatched)
+    lost = sum(s < 0 for e in examples for s in e.answer_starts)  # text not in the context
+    untrained = sum(1 for e in examples
+                    if not e.is_impossible and e.answers and e.answer_starts[0] < 0)
+    if mismatched > lost:
+        log.warning("%s: %d answers whose answer_start does not point at their text, moved onto "
+                    "its nearest occurrence", path, mismatched - lost)
+    if lost:
+        log.warning("%s: %d answers whose text is nowhere in their context; %d questions whose "
+                    "first answer is one of them have no training target and are left out of "
+                    "training (evaluation scores answers by their text)", path, lost, untrained)
     return examples
 
 
@@ -130,6 +137,9 @@ def read_squad_counted(path: str | os.PathLike[str],
                 seen.add(qid)
                 question = _need(path, qa, "question", str, wq)
                 flag = qa.get("is_impossible")
+                if flag is not None and not isinstance(flag, bool):  # "false" would read true
+                    raise BertgpuError(f'{path}: {wq}.is_impossible: expected true or false, '
+                                       f'found {json.dumps(flag)}')
                 texts, starts, moved = _answers(path, qa, context, flag, version_2, wq)
                 # No flag (files converted from Hugging Face's squad_v2 have none): unanswerable
                 # exactly when "answers" is empty, as evaluate-v2.0.py decides.
