@@ -58,11 +58,21 @@ def test_a_finished_run_on_other_data_is_refused(tmp_path, tiny_init, capsys, mo
     capsys.readouterr()
     assert _glue(a, tiny_init, out, "--seeds", "1") == 0  # the same folder, absolute
     assert "SST-2 seed 1: results.json exists, not re-run" in capsys.readouterr().out
+    # The relative path was resolved from the folder the check ran in, not the one the run was
+    # made in: from another folder "a" named other data and was accepted, and "../a", the same
+    # data, was refused. Runs now record their data folder resolved.
+    other = tmp_path / "elsewhere"
+    _sst2_copy(other / "a")
+    monkeypatch.chdir(other)
+    assert _glue("a", tiny_init, out, "--seeds", "1") == 2
+    assert f"made with data {a.resolve()} (now a)" in capsys.readouterr().err
+    assert _glue("../a", tiny_init, out, "--seeds", "1") == 0
 
     assert _glue(b, tiny_init, out, "--seeds", "1", "4") == 2
     err = capsys.readouterr().err
     done = out / "SST-2" / "seed_1" / "results.json"
-    assert f"{done}: made with data a (now {b}); a table would mix the two settings: pass " \
+    assert f"{done}: made with data {a.resolve()} (now {b}); a table would mix the two " \
+           "settings: pass " \
            "--force to re-run it with this command's, or use another --out" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (out / "SST-2" / "seed_4").exists()  # refused before any training

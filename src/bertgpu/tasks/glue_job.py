@@ -63,7 +63,8 @@ def build_job(request: JobRequest, tokenizer: Any,
     tests = _test_sets(task, data) if request.predict_test else []
     job = examples_job(task, glue_files.read_examples(task, train_path, skip_malformed=skip),
                        devs, tokenizer, cfg, str(train_path), tests)
-    return job, {"data": str(data), "task_key": task.key, "kind": task.kind}
+    # absolute: `glue` compares a finished run's data with its own --data-dir, from any folder
+    return job, {"data": str(Path(data).resolve()), "task_key": task.key, "kind": task.kind}
 
 
 def _data_dir(request: JobRequest) -> str | os.PathLike[str]:
