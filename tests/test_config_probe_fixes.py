@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from _shards import write_synthetic_shards
+from test_pretrain import TINY, _args  # the tiny run's flags
 
 from bertgpu.cli import main
 from bertgpu.config import schema
@@ -29,20 +30,8 @@ from bertgpu.errors import BertgpuError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-TINY = str(CONFIGS / "tiny.toml")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _args(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "pretrain", TINY, "--data", str(data), "--out", str(out),
-        "--model.vocab_size", "100", "--model.hidden_size", "32", "--model.intermediate_size", "64",
-        "--model.max_position_embeddings", "64",
-        "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
-        "--train.log_every_steps", "1", "--train.eval_every_steps", "0",
-        "--train.eval_sequences", "8", "--checkpoint.keep_last", "0", *extra,
-    ]
 
 
 @pytest.fixture(scope="module")

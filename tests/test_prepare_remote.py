@@ -207,9 +207,9 @@ def test_a_resumed_run_reports_the_rate_of_its_own_units(tok, corpus, tmp_path, 
     lines = capsys.readouterr().out
     summary = next(line for line in lines.splitlines() if " tokens/s" in line)
     assert "0.00 M tokens/s" not in summary  # a small corpus's rate in k
-    kept = [json.loads((out / "manifest.json").read_text())]  # sealed: the bookkeeping is gone
+    manifest = json.loads((out / "manifest.json").read_text())  # sealed
     assert "2 of them finished by an earlier run and kept" in lines
-    total = kept[0]["counts"]["tokens"]
+    total = manifest["counts"]["tokens"]
     new = int(summary.split("(the ")[1].split(" tokens of the units this run tokenized)")[0])
     assert 0 < new < total
     assert tree_bytes(out)  # (a whole set)

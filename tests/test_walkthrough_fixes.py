@@ -82,7 +82,7 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     import pytest
 
     from bertgpu.errors import BertgpuError
-    from bertgpu.tasks import ner, squad, tables
+    from bertgpu.tasks import ner, squad_read, tables
 
     good = "".join(f"这是第{i}句话,label\n" for i in range(600)).encode("utf-8")  # > 8 kB
     bad = "不好,neg\n".encode("gbk")
@@ -102,7 +102,7 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     squad_json = tmp_path / "dev.json"
     squad_json.write_bytes(b'{"data": [],\n "version": "caf\xe9"}')
     with pytest.raises(BertgpuError, match=r"dev.json:2: not UTF-8 text \(byte 0xe9"):
-        squad._read_json(squad_json)
+        squad_read._read_json(squad_json)
 
 
 def test_glue_files_not_utf8_and_squad_flags_of_another_type_are_one_line(tmp_path, caplog):

@@ -267,22 +267,18 @@ def peak_of(device_name: str | None, dtype: str, override: float | None
 # Output
 
 
-COLUMNS = MODEL_COLUMNS
 COMPACT = [("name", "model"), ("shape", "B x T"), ("lengths", "lengths"), ("padding", "padding"),
            ("compile_mode", "compile"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
            ("vs_hf_eager", "vs HF eager"), ("vs_hf_compiled", "vs HF compiled"),
            ("unpadded_vs_padded", "unpadded/padded"), ("timed_compiles", "timed compiles")]
 
 
-_fmt = fmt_model_value
-
-
-def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]] = COLUMNS) -> str:
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]] = MODEL_COLUMNS) -> str:
     """Markdown table of result rows."""
     lines = ["| " + " | ".join(h for _, h in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(k, r.get(k)) for k, _ in columns) + " |")
+        lines.append("| " + " | ".join(fmt_model_value(k, r.get(k)) for k, _ in columns) + " |")
     return "\n".join(lines)
 
 
