@@ -87,3 +87,18 @@ def test_init_without_a_value_does_not_take_the_next_option():
     init path."""
     assert word_value(["--init", "--train.max_steps", "5"], "init") is None
     assert word_value(["--init", "runs/a", "--train.max_steps", "5"], "init") == "runs/a"
+
+
+def test_command_line_warmup_fraction_replaces_a_files_warmup_steps(tmp_path):
+    """A recipe's warmup_steps silently outranked `--schedule.warmup_fraction` given on the
+    command line: the run warmed up for the file's steps. The line's one wins; both on the line
+    is an error; in one file (a run's config.toml holds both) warmup_steps still wins."""
+    recipe = write(tmp_path, "[schedule]\nwarmup_steps = 100\nwarmup_fraction = 0.3\n")
+    from_file = load_config(recipe, [])
+    assert (from_file.schedule.warmup_steps, from_file.schedule.warmup_fraction) == (100, 0.3)
+    asked = load_config(recipe, ["--schedule.warmup-fraction", "0.1"])
+    assert (asked.schedule.warmup_steps, asked.schedule.warmup_fraction) == (None, 0.1)
+    assert load_config(recipe, ["--schedule.warmup_steps=7"]).schedule.warmup_steps == 7
+    with pytest.raises(BertgpuError, match=r"warmup_steps and --schedule\.warmup_fraction are "
+                                           r"both given"):
+        load_config(None, ["--schedule.warmup_steps", "5", "--schedule.warmup_fraction", "0.2"])

@@ -405,6 +405,14 @@ def apply_overrides(
     return obj
 
 
+def word_keys(words: list[str], aliases: dict[str, str] | None = None) -> set[str]:
+    """The dotted keys that `--key value` / `--key=value` words set (dashes read as
+    underscores, `aliases` resolved)."""
+    keys = {word[2:].partition("=")[0].replace("-", "_") for word in words
+            if word.startswith("--") and not _looks_numeric(word)}
+    return {(aliases or {}).get(key, key) for key in keys}
+
+
 def field_type(obj: Any, key: str) -> Any:
     """The type of dotted `key` in dataclass `obj`; None when `obj` has no such field."""
     try:

@@ -42,6 +42,7 @@ from bertgpu.config.overrides import (
     parse_text,
     read_toml,
     type_name,
+    word_keys,
 )
 from bertgpu.config.render import format_help
 from bertgpu.config.sections import (
@@ -66,15 +67,12 @@ from bertgpu.config.sections import (
     check,
     check_choice,
     divisor_up_to,
+    one_warmup,
     resolve_batch,
 )
 from bertgpu.data.manifest import OBJECTIVES
 from bertgpu.errors import BertgpuError
 from bertgpu.models import build
-
-# --------------------------------------------------------------------------------------------
-# The pretraining schema
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -174,6 +172,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
     _refuse_other_architectures_keys(cfg.model, data.get("model", {}), words, str(path), init)
     apply_dict(cfg, data, str(path))
     apply_overrides(cfg, words, "command line", PRETRAIN_ALIASES)
+    one_warmup(cfg.schedule, data.get("schedule", {}), word_keys(words, PRETRAIN_ALIASES))
     if init is not None:
         given = {key.replace("-", "_"): str(path) for key in data.get("model", {})}
         given.update((key, "command line") for key, _ in _model_words(words))

@@ -172,7 +172,8 @@ def check_decay_span(decay: str, span: str) -> None:
 class ScheduleSection:
     """Shape of lr(progress); progress = step/max_steps, or elapsed/budget in budget mode."""
 
-    warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction)")
+    warmup_steps: int | None = option(None, "warm-up length in steps (wins over warmup_fraction in "
+                                             "the same file; the command line's one wins)")
     warmup_fraction: float | None = option(0.01, "warm-up as a fraction of training (budget mode: "
                                                  "of the budget)")
     decay: str = option("linear", "linear, cosine, constant, polynomial, triangle / one-cycle, wsd "
@@ -341,3 +342,19 @@ def _batch_fixes(batch: int, micro: int, world: int) -> str:
     kept = [b for b in (batch - batch % per_step, batch - batch % per_step + per_step) if b > 0]
     return f"{head}, or a multiple of {per_step} for micro batch {micro}: {flag} " + " or ".join(
         map(str, kept))
+
+
+def one_warmup(schedule: ScheduleSection, table: dict[str, Any], line_keys: set[str]) -> None:
+    """The warm-up is `schedule.warmup_steps` or `schedule.warmup_fraction`. In a file (the
+    `[schedule]` `table`) warmup_steps wins, as a run's config.toml holds both; on the command
+    line (`line_keys`) both is an error (unless one is "none"), and the one given there wins
+    over the file's (a file's warmup_steps silently outranked a `--schedule.warmup_fraction`
+    asked for on the command line)."""
+    steps, fraction = "schedule.warmup_steps", "schedule.warmup_fraction"
+    set_both = schedule.warmup_steps is not None and schedule.warmup_fraction is not None
+    if steps in line_keys and fraction in line_keys and set_both:
+        raise BertgpuError("command line: --schedule.warmup_steps and --schedule.warmup_fraction "
+                           "are both given: the warm-up is one of them; keep one")
+    if (fraction in line_keys and steps not in line_keys and set_both
+            and any(key.replace("-", "_") == "warmup_steps" for key in table)):
+        schedule.warmup_steps = None
