@@ -22,9 +22,10 @@ epochs default by model size (`finetune_config.finetune_defaults`); the start-up
 results.json's config say what was used. `--max_seq_len` defaults to the task's (128, SQuAD
 384) capped at the model's max_position_embeddings (results.json: `max_seq_len`, as used); a
 larger value is refused before anything loads. SQuAD's `--doc_stride` likewise: the default (128)
-is halved for windows too short for it, a value given that does not fit is refused
-(results.json: `doc_stride`, as used). GLUE .tsv rows with the wrong number of columns, and null
-texts in Hugging Face exports, stop the run unless `--skip_malformed true` (QQP has a few).
+becomes half of a question's own window where it does not fit, a value given that does not fit
+is refused (results.json: `doc_stride`, as used: a number, or how it was chosen per question).
+GLUE .tsv rows with the wrong number of columns, and null texts in Hugging Face exports, stop the
+run unless `--skip_malformed true` (QQP has a few).
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and

@@ -46,9 +46,9 @@ class FinetuneConfig:
                                            "128, SQuAD 384; at most the model's "
                                            "max_position_embeddings)")
     doc_stride: int | None = option(None, "SQuAD: overlap in tokens of consecutive context "
-                                          "windows (none = 128, or half a window when the "
-                                          "windows are not longer; a value given must be below "
-                                          "max_seq_len - max_query_len - 3)")
+                                          "windows (none = 128, or half of a question's window "
+                                          "where 128 does not fit below it; a value given must "
+                                          "be below max_seq_len - max_query_len - 3)")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
     epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for "
                                       "hidden size 768+, 5 up to 512, 10 up to 256)")
@@ -185,19 +185,31 @@ def resolve_seq_len(cfg: FinetuneConfig, task_default: int, limit: int, where: s
 
 DEFAULT_DOC_STRIDE = 128
 """SQuAD's window overlap when --doc_stride is not given: Hugging Face run_qa.py's, for 384
-tokens per window."""
+tokens per window; half of a question's window where it does not fit (`question_doc_stride`)."""
 
 
-def doc_stride(cfg: FinetuneConfig, max_seq_len: int) -> int:
-    """SQuAD's window overlap with `max_seq_len` tokens per window. Not given (`doc_stride`
-    none): DEFAULT_DOC_STRIDE, or half a window when the window after the longest question is
-    not longer (a short max_seq_len, or SQuAD's default capped at the model's positions). Given:
-    used as given, or a one-line error when it is not below that window (it used to be replaced
-    by half a window without a word). A max_seq_len too short for any window is featurize's
+def question_doc_stride(max_ctx: int) -> int:
+    """The default overlap of the windows of a question that leaves `max_ctx` context tokens per
+    window: DEFAULT_DOC_STRIDE when below them, else half of them (at least 1; 0 for a window of
+    one token, which cannot overlap). squad.featurize picks it per question when no doc_stride
+    is given. Taken once from the longest question a run allows (max_query_len) it was 1 at 48
+    or 64 tokens, whatever the questions: windows overlapping by one token lost every answer
+    across their edges."""
+    if max_ctx > DEFAULT_DOC_STRIDE:
+        return DEFAULT_DOC_STRIDE
+    return max(0, min(max(1, max_ctx // 2), max_ctx - 1))
+
+
+def window_stride(cfg: FinetuneConfig, max_seq_len: int) -> int | None:
+    """The doc_stride squad.featurize takes with `max_seq_len` tokens per window. Given: used as
+    given, or a one-line error when it is not below the window after the longest question (it
+    used to be replaced by half a window without a word). Not given: DEFAULT_DOC_STRIDE when it
+    fits below that window, so below every question's; else None, featurize's per question
+    default (`question_doc_stride`). A max_seq_len too short for any window is featurize's
     error."""
     window = max_seq_len - cfg.max_query_len - 3  # [CLS] question [SEP] window [SEP]
     if cfg.doc_stride is None:
-        return DEFAULT_DOC_STRIDE if window > DEFAULT_DOC_STRIDE else max(1, window // 2)
+        return DEFAULT_DOC_STRIDE if window > DEFAULT_DOC_STRIDE else None
     if 1 < window <= cfg.doc_stride:
         raise BertgpuError(f"--doc_stride {cfg.doc_stride}: not below the {window} context tokens "
                            f"of a window (max_seq_len {max_seq_len} - max_query_len "
@@ -206,22 +218,37 @@ def doc_stride(cfg: FinetuneConfig, max_seq_len: int) -> int:
     return cfg.doc_stride
 
 
+def doc_stride(cfg: FinetuneConfig, max_seq_len: int) -> int | str:
+    """SQuAD's window overlap as used with `max_seq_len` tokens per window, as results.json
+    (`doc_stride`) and the start-up table say it: `window_stride`'s number, or, when featurize
+    picks it per question, how ("half of each question's window (...)"). A run recorded before
+    the per-question default has the number it used then (half the longest question's window)."""
+    stride = window_stride(cfg, max_seq_len)
+    if stride is not None:
+        return stride
+    # questions of `longest` tokens or more leave DEFAULT_DOC_STRIDE context tokens or fewer
+    longest = max_seq_len - 3 - DEFAULT_DOC_STRIDE
+    if longest <= 0:
+        return (f"half of each question's window (the default {DEFAULT_DOC_STRIDE} does not fit "
+                f"beside a question in {max_seq_len} tokens)")
+    return (f"{DEFAULT_DOC_STRIDE}, or half of a question's window where {DEFAULT_DOC_STRIDE} "
+            f"does not fit beside it in {max_seq_len} tokens (questions of {longest} "
+            f"token{'s' if longest > 1 else ''} or more)")
+
+
 def doc_stride_note(cfg: FinetuneConfig, max_seq_len: int) -> str:
-    """The start-up table's doc stride: the value, and why when the default was lowered."""
-    stride = doc_stride(cfg, max_seq_len)
-    if cfg.doc_stride is not None or stride == DEFAULT_DOC_STRIDE:
-        return f"{stride}"
-    return (f"{stride} (half a window: the default {DEFAULT_DOC_STRIDE} does not fit "
-            f"{max_seq_len} tokens with {cfg.max_query_len}-token questions)")
+    """The start-up table's doc stride: the value, or how it is chosen per question."""
+    return f"{doc_stride(cfg, max_seq_len)}"
 
 
 def job_config(cfg: FinetuneConfig, max_seq_len: int, *, windows: bool = True
                ) -> FinetuneConfig:
     """The config a task module builds its job with: `max_seq_len` as used (`resolve_seq_len`)
-    and, for a task cut into windows (SQuAD, `windows`), the `doc_stride` it uses (a given one
-    that does not fit is an error here, before anything loads). results.json records `cfg`
-    itself, as given, and the stride used beside it."""
-    stride = doc_stride(cfg, max_seq_len) if windows else cfg.doc_stride
+    and, for a task cut into windows (SQuAD, `windows`), the `doc_stride` it cuts them with
+    (`window_stride`: None when chosen per question; a given one that does not fit is an error
+    here, before anything loads). results.json records `cfg` itself, as given, and the stride
+    used beside it (`doc_stride`)."""
+    stride = window_stride(cfg, max_seq_len) if windows else cfg.doc_stride
     return dataclasses.replace(cfg, max_seq_len=max_seq_len, doc_stride=stride)
 
 

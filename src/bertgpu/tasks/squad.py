@@ -13,8 +13,9 @@ Windows. The question (at most `max_query_len` tokens) and the context are token
 with the fast tokenizer's character offsets; every feature is `[CLS] question [SEP] window [SEP]`
 where the windows cover the context tokens and consecutive windows overlap by `doc_stride`
 tokens (Hugging Face run_qa.py semantics; Google's run_squad.py instead uses doc_stride as the
-step between window starts). A token can sit in several windows; as in Google's BERT, only the
-window where it has the most context on both sides may start a predicted answer.
+step between window starts); not given, 128, or half of a question's window where 128 does not
+fit below it. A token can sit in several windows; as in Google's BERT, only the window where it
+has the most context on both sides may start a predicted answer.
 
 Reading the files is `squad_read.py`'s (re-exported here); the official EM/F1
 (evaluate-v1.1.py / evaluate-v2.0.py) are in `squad_eval.py`.
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from bertgpu.config.finetune import question_doc_stride
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.squad_read import SquadExample, read_squad, read_squad_counted
 
@@ -86,14 +88,16 @@ def _special_id(tokenizer: Tokenizer, token: str) -> int:
 
 
 def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_len: int = 384,
-              doc_stride: int = 128, max_query_len: int = 64, is_training: bool = False
+              doc_stride: int | None = None, max_query_len: int = 64, is_training: bool = False
               ) -> Features:
     """Cut every example into `[CLS] question [SEP] context window [SEP]` features.
 
     Windows over the context tokens hold `max_seq_len - len(question) - 3` tokens and overlap by
-    `doc_stride` tokens. With `is_training`, each feature gets the token positions of the first
-    answer when it lies entirely inside the window, else (0, 0), the [CLS] "no answer" target;
-    examples whose answer text is not in the context are skipped (`skipped_examples`).
+    `doc_stride` tokens; None (not given): per question, 128 where it fits below the question's
+    window, else half of it (config.finetune.question_doc_stride). With `is_training`, each
+    feature gets the token positions of the first answer when it lies entirely inside the
+    window, else (0, 0), the [CLS] "no answer" target; examples whose answer text is not in the
+    context are skipped (`skipped_examples`).
     """
     specials = tuple(_special_id(tokenizer, t) for t in ("[CLS]", "[SEP]", "[PAD]"))
     q_encs = tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
@@ -102,24 +106,33 @@ def featurize(examples: Sequence[SquadExample], tokenizer: Tokenizer, max_seq_le
     for i, (ex, qe, ce) in enumerate(zip(examples, q_encs, c_encs, strict=True)):
         q_ids = qe.ids[:max_query_len]
         max_ctx = max_seq_len - len(q_ids) - 3
-        if max_ctx <= doc_stride:
-            left = (f"{max_ctx} context tokens per window" if max_ctx > 0
-                    else "no context tokens")
-            raise BertgpuError(
-                f"max_seq_len={max_seq_len} leaves {left} after a {len(q_ids)}-token question "
-                f"and [CLS] [SEP] [SEP]; that must exceed doc_stride={doc_stride} (raise "
-                "max_seq_len, or lower doc_stride or max_query_len)"
-            )
+        _check_window(max_seq_len, max_ctx, len(q_ids), doc_stride)
+        # Not given: an overlap that fits this question's own window (taken from the longest
+        # question a run allows, it was 1 token at 48 tokens whatever the question).
+        stride = question_doc_stride(max_ctx) if doc_stride is None else doc_stride
         span = ex.train_span if is_training else None
         tok_span = _char_to_token_span(ce.offsets, span) if span is not None else None
         if is_training and tok_span is None and not ex.is_impossible:
             rows.skipped.append(i)  # no answer in the context, or one that covers no token
             continue
-        windows = _windows(len(ce.ids), max_ctx, doc_stride)
+        windows = _windows(len(ce.ids), max_ctx, stride)
         for w in range(len(windows)):
             rows.add(i, q_ids, ce.ids, ce.offsets, windows, w, specials,
                      tok_span if is_training else None, is_training)
     return rows.features(max_seq_len, specials[2], is_training)
+
+
+def _check_window(max_seq_len: int, max_ctx: int, q_len: int, doc_stride: int | None) -> None:
+    """A question must leave context tokens, and more than a `doc_stride` given."""
+    if max_ctx > 0 and (doc_stride is None or max_ctx > doc_stride):
+        return
+    left = f"{max_ctx} context tokens per window" if max_ctx > 0 else "no context tokens"
+    why = (f"max_seq_len={max_seq_len} leaves {left} after a {q_len}-token question and "
+           "[CLS] [SEP] [SEP]")
+    if doc_stride is None:
+        raise BertgpuError(f"{why} (raise max_seq_len, or lower max_query_len)")
+    raise BertgpuError(f"{why}; that must exceed doc_stride={doc_stride} (raise max_seq_len, or "
+                       "lower doc_stride or max_query_len)")
 
 
 def _windows(n: int, max_ctx: int, doc_stride: int) -> list[tuple[int, int]]:
@@ -190,7 +203,10 @@ class _Rows:
 
 def _char_to_token_span(offsets: Sequence[tuple[int, int]],
                         span: tuple[int, int]) -> tuple[int, int] | None:
-    """First and last context token overlapping the character span [start, end), or None."""
+    """First and last context token overlapping the character span [start, end), or None. An
+    answer that starts or ends inside a token ("1950" of "1950s", "Paris" of "Parisian") covers
+    the whole tokens holding its characters, as run_qa.py's targets do: it is neither dropped
+    nor cut to the tokens it fills."""
     cs, ce = span
     hit = [t for t, (a, b) in enumerate(offsets) if b > cs and a < ce and b > a]
     return (hit[0], hit[-1]) if hit else None

@@ -82,13 +82,14 @@ def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.P
 def squad_job(version_2: bool, train_file: Path, dev_file: Path, tokenizer: Any,
               cfg: FinetuneConfig) -> Job:
     """Read and featurize both files; the dev set is scored with the official EM/F1."""
-    from bertgpu.config.finetune import doc_stride
+    from bertgpu.config.finetune import window_stride
 
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    # the stride job_config resolved (the same again), or the default's for an unresolved cfg
-    kw = {"max_seq_len": seq, "doc_stride": doc_stride(cfg, seq),
+    # the stride job_config resolved (the same again), or the default's for an unresolved cfg;
+    # None: featurize picks it per question (results.json says how: config.finetune.doc_stride)
+    kw = {"max_seq_len": seq, "doc_stride": window_stride(cfg, seq),
           "max_query_len": cfg.max_query_len}
     train_ex = squad.read_squad(train_file, version_2)[:cfg.max_train_examples]
     dev_ex = squad.read_squad(dev_file, version_2)[:cfg.max_eval_examples]
