@@ -158,7 +158,7 @@ def check_config(cfg: Any) -> None:
         raise BertgpuError("config: out is not set; give --out RUN_DIR")
     if not cfg.data.dir:
         raise BertgpuError("config: data.dir is not set; give --data DIR (made by bertgpu prepare)")
-    check_run_folder(Path(cfg.out))
+    check_run_folder(Path(cfg.out), {"--data": cfg.data.dir, "--init": cfg.init})
     check_device(cfg.impl.device)
     # a logging sink's package (tensorboard, wandb, mlflow): missing, it is one line before the
     # run folder gets config.toml and the tokenizer (which a missing package used to leave)
@@ -459,7 +459,7 @@ def _model_and_engine(cfg: Any, model_fields: dict[str, Any], with_nsp: bool, pe
     engine, timer = build_engine(model, info, lr=peak_lr, train=cfg.train, optim=cfg.optim,
                                  impl=cfg.impl, dist=cfg.distributed)
     if init is not None and cfg.resume_optimizer:
-        continued.load_optimizer_state(engine.optimizer, init, cfg.optim.name)
+        continued.load_optimizer_state(engine.optimizer, init, cfg.optim.name, model)
     seed_dropout(cfg.seed, info.rank)
     return model, engine, timer, rows
 

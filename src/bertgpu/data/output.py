@@ -251,8 +251,21 @@ SHARD_SET = "a shard set (bertgpu prepare's output, with manifest.json)"
 
 
 def is_shard_set(folder: Path) -> bool:
-    """An earlier shard set, which --overwrite may replace: anything else at --out is refused."""
-    return (Path(folder) / MANIFEST).is_file()
+    """An earlier shard set, which --overwrite may replace: anything else at --out is refused.
+    A shard set that holds more than prepare wrote there (a run folder put beside the shards,
+    say) is an error naming it: replacing the set deleted it without a word."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return False
+    own = {MANIFEST, "tokenizer", PLAN, UNITS}
+    other = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir()
+                   if e.name not in own and not (e.suffix == ".npy" and e.is_file()))
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        raise BertgpuError(f"{folder}: a shard set that also holds {shown}, which prepare did not "
+                           "write; replacing the set would delete it: move it out, or choose "
+                           "another --out")
+    return True
 
 
 def shard_files(record: dict) -> list[str]:

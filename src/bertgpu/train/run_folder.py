@@ -39,14 +39,21 @@ them (as TOML reads it): the micro batch `auto` picked, the shard set's objectiv
 NSP head trains, and the device kind, compile and unpad settings `auto` resolved to."""
 
 
-def check_run_folder(run_dir: Path) -> None:
+def check_run_folder(run_dir: Path, inputs: dict[str, str | None] | None = None) -> None:
     """`run_dir` does not exist, is empty, or is a run folder of an earlier pretrain (RUN_FILES):
     a run never writes its checkpoints, export and tokenizer among a user's files or into a
-    shard set."""
-    from bertgpu.fsutil import check_output_folder
+    shard set. Nor inside one of its `inputs` ({flag: folder}: the shard set, the init): a run in
+    the shard set's tokenizer/ copied that folder into itself until the recursion limit, and one
+    beside the shards was deleted by the next `prepare --overwrite`."""
+    from bertgpu.fsutil import check_output_folder, within
     from bertgpu.step_folders import run_of_checkpoint
 
     check_output_folder(run_dir, "a run folder")
+    for flag, folder in (inputs or {}).items():
+        local = folder and "://" not in str(folder) and Path(folder).exists()
+        if local and within(run_dir, folder):
+            raise BertgpuError(f"{run_dir}: lies inside {folder} ({flag}), which the run reads; "
+                               "expected a run folder outside it (e.g. runs/NAME beside it)")
     run = run_of_checkpoint(run_dir)
     if run is not None:  # its config.toml would pass for a run's, its checksums then fail
         raise BertgpuError(f"{run_dir}: a checkpoint of the run {run}, not a run folder; "
