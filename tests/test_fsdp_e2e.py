@@ -180,6 +180,48 @@ def test_ddp_to_fsdp_to_ddp_at_other_world_sizes(shards, runs, tmp_path):
     assert steps == list(range(1, STEPS + 1))
 
 
+def test_resume_optimizer_reads_an_fsdp_checkpoints_moments(runs, shards, tmp_path):
+    """`--init RUN --resume-optimizer` from a sharded run: the moments come from its DCP files
+    (they failed as "cannot read its optimizer state ('optimizer')"), the same as the ddp run's
+    of the same steps, on one process."""
+    from bertgpu import pretrain
+    from bertgpu.config import schema
+    from bertgpu.train.distributed import DistInfo
+
+    moments = {}
+    for strategy, run in runs.items():
+        words = args(shards, tmp_path / strategy)[2:] + ["--init", str(run), "--resume-optimizer"]
+        loop = pretrain.build(schema.load_config(TINY, words), DistInfo())
+        opt = loop.engine.optimizer
+        names = {id(p): n for n, p in loop.model.named_parameters()}
+        moments[strategy] = {
+            f"{names[id(p)]}.{key}": opt.state[p][key].detach().clone()
+            for g in opt.param_groups for p in g["params"] for key in ("exp_avg", "exp_avg_sq")
+        }
+        steps = {float(opt.state[p]["step"]) for g in opt.param_groups for p in g["params"]}
+        assert steps == {float(STEPS)}, (strategy, steps)
+        assert "weights and optimizer state" in dict(loop.startup_rows)["init"]
+        loop.task.close()
+    assert len(moments["fsdp"]) == len(moments["ddp"]) > 0
+    close(moments["fsdp"], moments["ddp"])
+    assert any(v.abs().sum() > 0 for v in moments["fsdp"].values())
+
+
+@pytest.mark.timeout(400)
+def test_resume_optimizer_from_a_ddp_run_into_an_fsdp_one(runs, shards, tmp_path):
+    """Whole moments (a ddp checkpoint) into a sharded run: fused AdamW failed on them ("mixed
+    torch.Tensor and DTensor"); now each rank takes its shards and trains as one process does."""
+    init = ["--init", str(runs["ddp"]), "--resume-optimizer", "--train.max_steps", "3"]
+    run_ok(args(shards, tmp_path / "fsdp", *init, "--nproc", "2", *FSDP))
+    run_ok(args(shards, tmp_path / "one", *init))
+    logs = {r: [x for x in read_metrics(tmp_path / r / "metrics.jsonl") if x["kind"] == "train"]
+            for r in ("fsdp", "one")}
+    assert len(logs["fsdp"]) == len(logs["one"]) == 3
+    for a, b in zip(logs["fsdp"], logs["one"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a, b)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (a, b)
+
+
 @pytest.mark.timeout(500)
 def test_async_save_overlaps_the_steps_and_survives_a_crash_during_the_write(
     shards, runs, tmp_path

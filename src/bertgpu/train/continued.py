@@ -66,6 +66,9 @@ def load_weights(model: torch.nn.Module, src: InitSource, resume_optimizer: bool
     if report.missing:
         rows.append(("init: initialised fresh", f"{len(report.missing)} weights not in it: "
                                                 + ", ".join(report.missing)))
+    if report.unused:
+        rows.append(("init: not used", f"{len(report.unused)} weights this model has no place "
+                                       "for: " + ", ".join(report.unused)))
     for name, old, new in report.grown:
         rows.append(("init: positions grown", f"{name} {old} -> {new} rows (rows {old}-{new - 1} "
                                               f"copy rows 0-{old - 1})"))
@@ -73,11 +76,17 @@ def load_weights(model: torch.nn.Module, src: InitSource, resume_optimizer: bool
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, src: InitSource,
-                         optim_name: str) -> None:
+                         optim_name: str, model: torch.nn.Module | None = None) -> None:
     """The moments (and step counts) of `src`'s optimizer into `optimizer`, keeping this run's
     hyper-parameters (lr, betas, weight decay): torch's load_state_dict would bring back the old
-    run's. One-line errors when `src` has no optimizer state or one that does not fit."""
+    run's. One-line errors when `src` has no optimizer state or one that does not fit. A sharded
+    (FSDP) run's checkpoint keeps its moments in torch.distributed.checkpoint files, read into
+    `model`'s optimizer by parameter name (collective when this run has several ranks); whole
+    moments into a sharded `model` go in as each rank's shards (fused AdamW failed on them:
+    "mixed torch.Tensor and DTensor")."""
     from bertgpu.config.overrides import read_toml
+    from bertgpu.train import sharding
+    from bertgpu.train.checkpoint import is_sharded_checkpoint
 
     if src.state is None:
         raise BertgpuError(f"--resume-optimizer: {src.folder} has no train_state.pt; expected a "
@@ -88,15 +97,59 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, src: InitSource,
     if saved_name is not None and saved_name != optim_name:
         raise BertgpuError(f"--resume-optimizer: {config}: optim.name is {saved_name!r}, this "
                            f"run's {optim_name!r}; expected the same optimizer")
-    try:
-        saved = torch.load(src.state, map_location="cpu", weights_only=True)["optimizer"]
-    except Exception as e:  # a pickle of something else, a truncated file, no "optimizer" key
-        raise BertgpuError(f"{src.state}: cannot read its optimizer state ({e})") from None
-    _check_fits(saved, optimizer, src.state)
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    optimizer.load_state_dict(saved)
+    if is_sharded_checkpoint(src.folder) and model is not None:
+        _load_sharded(optimizer, model, src.folder)
+    else:
+        try:
+            saved = torch.load(src.state, map_location="cpu", weights_only=True)["optimizer"]
+        except Exception as e:  # a pickle of something else, a truncated file, no "optimizer"
+            raise BertgpuError(f"{src.state}: cannot read its optimizer state ({e})") from None
+        _check_fits(saved, optimizer, src.state)
+        if model is not None and sharding.is_sharded(model):  # whole moments -> this rank's
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_optimizer_state_dict,
+            )
+
+            from bertgpu.train.checkpointer import optim_by_name
+
+            set_optimizer_state_dict(model, optimizer, optim_by_name(model, optimizer, saved),
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(saved)
     for group, own in zip(optimizer.param_groups, hyper, strict=True):
         group.update(own)
+
+
+def _load_sharded(optimizer: torch.optim.Optimizer, model: torch.nn.Module, folder: Path) -> None:
+    """The optimizer tree of a torch.distributed.checkpoint folder into `optimizer`: the template
+    (this rank's shapes, shards or whole tensors, keyed by parameter name) is filled from
+    whichever of the source's ranks wrote the pieces, so the number of ranks may differ."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from bertgpu.train.checkpointer import OPTIM_KEY
+
+    template = get_optimizer_state_dict(model, optimizer)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({OPTIM_KEY: template}, storage_reader=dcp.FileSystemReader(str(folder)))
+    except (Exception, CheckpointException) as e:  # DCP's own error type is a BaseException
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = next((line for line in lines if "Missing key" in line or "Size mismatch" in line),
+                      lines[0] if lines else type(e).__name__)
+        raise BertgpuError(f"--resume-optimizer: {folder}: its optimizer state does not fit "
+                           f"({detail}); the model differs (an NSP head, a grown position "
+                           "table); drop --resume-optimizer") from None
+    set_optimizer_state_dict(model, optimizer, template)
 
 
 def _check_fits(saved: dict[str, Any], optimizer: torch.optim.Optimizer, path: Path) -> None:
