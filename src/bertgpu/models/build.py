@@ -110,8 +110,8 @@ def build_model(fields: dict[str, Any], head: str, num_labels: int | None = None
     config = model_config(fields)
     if with_nsp and not arch.has_nsp:
         raise BertgpuError(f"with_nsp: {arch.title} has no next-sentence head; expected "
-                           "train.with_nsp false (and MLM-only data, objective mlm) for "
-                           f"architecture {arch.name}")
+                           "--train.with_nsp false for architecture "
+                           f"{arch.name} (MLM alone: NSP shards' sentence pairs train it too)")
     cls = arch.heads()[head]
     if head in ("classification", "token_classification"):
         n, id2label = labels_of(fields, num_labels)

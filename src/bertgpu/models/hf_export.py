@@ -26,7 +26,17 @@ from bertgpu.models.hf_io import TIED_KEYS, TOKENIZER_FILES, is_checkpoint_folde
 def architecture(model: nn.Module) -> str:
     """The transformers class that loads this model's export (ours carry transformers' class
     names; a model that exports as another class says so in `hf_class_name`)."""
-    return getattr(model, "hf_class_name", type(model).__name__)
+    return getattr(model, "hf_class_name", _unsharded_class(model).__name__)
+
+
+def _unsharded_class(model: nn.Module) -> type:
+    """The model's own class: FSDP2's fully_shard swaps in a subclass named FSDP<name> (a
+    ModernBERT trained with FSDP exported "FSDPModernBertForMaskedLM")."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without distributed
+        return type(model)
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
 def hf_config(model: nn.Module) -> dict[str, Any]:

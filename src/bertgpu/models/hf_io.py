@@ -261,12 +261,17 @@ def _vocab_size(folder: Path, cfg: dict[str, Any], arch: str) -> int:
         raise BertgpuError(f"{folder / 'config.json'}: {e}") from None
 
 
+def _buffer(key: str) -> bool:
+    """An old persistent buffer (positions, RoPE frequencies): recomputed here."""
+    return key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")) or (
+        "rotary_emb." in key)
+
+
 def _harmless(key: str, model_keys: set[str]) -> bool:
     """Keys we may drop: old persistent buffers, a pooler the model does not use, and heads of
     another task (an MLM head when fine-tuning, a classifier when loading the encoder)."""
-    if (key.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
-            or "rotary_emb." in key):
-        return True  # old persistent buffers (positions, RoPE frequencies): recomputed here
+    if _buffer(key):
+        return True
     if "pooler." in key and not any("pooler." in k for k in model_keys):
         return True
     if key.startswith(_HEAD_PREFIXES):
@@ -347,6 +352,9 @@ class LoadReport:
     replaced: list[str] = dataclasses.field(default_factory=list)
     """"name (checkpoint shape) (model shape)" of another task's output layer, left out (its
     weights are among `missing`)."""
+    unused: list[str] = dataclasses.field(default_factory=list)
+    """Weights of the checkpoint the model has no place for (a pooler or a head it lacks: an NSP
+    head into an MLM-only model), left out; old buffers that are recomputed are not listed."""
 
     def only_task_head(self) -> bool:
         """Every fresh weight belongs to the task's head or the pooler: what fine-tuning a
@@ -435,7 +443,8 @@ def _copy_weights(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path,
     model.load_state_dict(layout.from_hf(state, config.architecture, config.vocab_size),
                           strict=False)
     model.tie_weights()
-    return LoadReport(folder, type(model).__name__, missing, grown, replaced)
+    unused = sorted(k for k in sd if k not in own and k not in TIED_KEYS and not _buffer(k))
+    return LoadReport(folder, type(model).__name__, missing, grown, replaced, unused)
 
 
 def _names(keys: list[str], limit: int = 12) -> str:

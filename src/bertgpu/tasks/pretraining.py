@@ -47,8 +47,12 @@ class PretrainData:
             self.val = ShardSet(self.dir, "validation")
         found = self.train.objective
         if objective and objective != found:
+            pairs = (" (with --train.with_nsp false, MLM alone on its sentence pairs)"
+                     if found == "mlm+nsp" else "")
             raise BertgpuError(f"{self.train.manifest_path}: objective is {found!r} but the config "
-                               f"asks for data.objective {objective!r}")
+                               f"asks for data.objective {objective!r}; expected shards prepared "
+                               f"with --objective {objective}, or --data.objective none to train "
+                               f"on these{pairs}")
         self.with_nsp = resolve_with_nsp(with_nsp, found, str(self.train.manifest_path))
         self.init: tuple[str, Path | None] | None = None
         """(--init as given, its tokenizer folder or None when it has no tokenizer files), set

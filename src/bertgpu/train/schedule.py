@@ -121,8 +121,9 @@ FINETUNE = Knobs("a run of {n} step{s}", "more epochs, or a smaller global_batch
 
 
 def warmup_note(schedule: Any, train: Any, peak_lr: float, knobs: Knobs = PRETRAIN) -> str | None:
-    """The start-up warning of a run that trains nothing, or ends inside (or right at the end of)
-    its warm-up (`[schedule]` and `[train]` sections; `knobs`: the command's names of them).
+    """The start-up warning of a run that trains nothing, ends inside (or right at the end of)
+    its warm-up, or never reaches wsd's decay (`[schedule]` and `[train]` sections; `knobs`: the
+    command's names of them).
 
     A run of one step with any warm-up takes that step at lr 0, where the warm-up starts (in
     budget mode too: a warm-up in steps ramps step / warmup_steps, and a warm-up fraction of the
@@ -145,18 +146,35 @@ def warmup_note(schedule: Any, train: Any, peak_lr: float, knobs: Knobs = PRETRA
         return None
     if warmup_steps is not None:
         if warmup_steps < max_steps:
-            return None
+            return _decay_note(schedule, max_steps, run, knobs)
         knob = f"{key} {warmup_steps} >= {run}"
         length = warmup_steps
     elif value >= 1.0:
         knob = f"{key} {value:g} ({run})"
         length = max_steps
     else:
-        return None
+        return _decay_note(schedule, max_steps, run, knobs)
     last = peak_lr * (max_steps - 1) / length  # the lr of the last step, k = max_steps - 1
     return (f"{knob}: the warm-up takes the whole run, with no decay: the lr rises from 0 by "
             f"{peak_lr / length:.3g} per step (the peak lr {peak_lr:.3g} / {length} steps) and "
             f"the last step runs at {last:.3g}, {(max_steps - 1) / length:.0%} of the peak")
+
+
+def _decay_note(schedule: Any, max_steps: int, run: str, knobs: Knobs) -> str | None:
+    """wsd decays over the last `decay_fraction` of the run: in a run where that is less than a
+    step, no step takes it and the run ends at the peak lr (a 5-step run at the default 0.1)."""
+    fraction = getattr(schedule, "decay_fraction", 0.1)
+    if schedule.decay != "wsd" or max_steps < 2 or schedule.min_lr_ratio >= 1.0:
+        return None
+    warmup = warmup_fraction(schedule.warmup_steps, schedule.warmup_fraction, max_steps)
+    last = lr_factor((max_steps - 1) / max_steps, warmup, "wsd", schedule.min_lr_ratio,
+                     schedule.power, fraction, schedule.decay_span)
+    if last < 1.0:
+        return None
+    larger = ", or a larger schedule.decay_fraction" if knobs is PRETRAIN else ""
+    return (f"schedule.decay wsd with decay_fraction {fraction:g} and {run}: the decay starts "
+            f"after the last step, so every step after the warm-up runs at the peak lr and the "
+            f"run ends there; give it more steps ({knobs.more_steps}){larger}")
 
 
 def warn_warmup(schedule: Any, train: Any, peak_lr: float, say: bool = True,
