@@ -24,14 +24,12 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bertgpu import glue_reuse
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.tasks.glue import remove_stale_submission, write_submission
-
-if TYPE_CHECKING:
-    from bertgpu.tasks.init_model import InitCheckpoint
 
 ACCEPTS_OVERRIDES = True
 LAUNCHES_WORKERS = True
@@ -170,9 +168,10 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
             for seed in seeds:
                 done = out / task.name / f"seed_{seed}" / "results.json"
                 if done.is_file():
-                    _check_same_settings(done, _read_results(done), cfg, seed, init, config_from,
-                                         ckpt, data_dir)
+                    glue_reuse.check_same_settings(done, _read_results(done), cfg, seed, init,
+                                                   config_from, ckpt, data_dir)
 
+    glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed)
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
         runs: dict[str, dict[int, dict[str, Any]]] = {}
@@ -240,58 +239,6 @@ def _find_tasks(data_dir: str | os.PathLike[str], chosen: list[Any],
         raise BertgpuError(f"{data_dir}: none of the tasks asked for has its files "
                            f"({', '.join(skipped)}); expected a GLUE folder (CoLA/, SST-2/, ...)")
     return present, skipped
-
-
-def _check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
-                         init: str | os.PathLike[str],
-                         config_from: str | os.PathLike[str] | None,
-                         ckpt: InitCheckpoint | None = None,
-                         data_dir: str | os.PathLike[str] | None = None) -> None:
-    """A finished run counts in this command's table only when it was made the same way: from
-    the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
-    random), not merely the same --init, whose newest checkpoint moves while pretraining goes
-    on, and on the same --data-dir (compared resolved: a relative path recorded, resolved from
-    here, matches the same folder given absolutely)."""
-    from bertgpu.tasks.init_model import checkpoint_change
-
-    differs = _config_differences(results, cfg, seed)
-    then = (results.get("init"), results.get("config_from"))
-    now = (str(init), str(config_from) if config_from else None)
-    changes = []
-    if ckpt is None or then[0] == "random":
-        if then[0] != now[0]:
-            changes.append(f"init {then[0]} (now {now[0]})")
-    else:
-        change = checkpoint_change(results.get("init_checkpoint"), then[0], ckpt)
-        if change is not None:
-            changes.append(f"init {change}")
-    if then[1] != now[1]:
-        changes.append(f"config_from {then[1]} (now {now[1]})")
-    recorded = results.get("data")
-    if (data_dir is not None and isinstance(recorded, str)
-            and Path(recorded).resolve() != Path(data_dir).resolve()):
-        changes.append(f"data {recorded} (now {data_dir})")
-    differs = ", ".join([*changes, differs] if differs else changes)
-    if differs:
-        raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
-                           "pass --force to re-run it with this command's, or use another --out")
-
-
-def _config_differences(results: dict[str, Any], cfg: Any, seed: int) -> str:
-    """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command."""
-    from bertgpu.config.overrides import config_to_dict
-
-    now = {**config_to_dict(cfg), "seed": seed}
-    then = results.get("config", {})
-    defaults = config_to_dict(type(cfg)())
-    # lr / epochs left to the model size (None) were recorded as the run resolved them; a key
-    # newer than the run's results.json counts as its default, and so does a default an older
-    # bertgpu recorded as its value (doc_stride 128, none now).
-    former = {"doc_stride": 128}
-    return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
-                     if then.get(k, defaults.get(k)) != v
-                     and not (v is None and k in ("lr", "epochs"))
-                     and not (v is None and k in former and then.get(k) == former[k]))
 
 
 def _median(values: list[float]) -> float:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import file_sha256
 from bertgpu.tasks import glue, glue_files
 from bertgpu.tasks import metrics as eval_metrics
 from bertgpu.tasks.finetuning import (
@@ -64,7 +65,19 @@ def build_job(request: JobRequest, tokenizer: Any,
     job = examples_job(task, glue_files.read_examples(task, train_path, skip_malformed=skip),
                        devs, tokenizer, cfg, str(train_path), tests)
     # absolute: `glue` compares a finished run's data with its own --data-dir, from any folder
-    return job, {"data": str(Path(data).resolve()), "task_key": task.key, "kind": task.kind}
+    return job, {"data": str(Path(data).resolve()), "task_key": task.key, "kind": task.kind,
+                 "data_files": data_files(data, task)}
+
+
+def data_files(data: str | os.PathLike[str], task: GlueTask | str) -> dict[str, dict[str, str]]:
+    """{split: {"file", "sha256"}} of the task's train and dev files: `glue` compares them with a
+    finished run's, so that a table never scores seeds on two versions of a dev set."""
+    task = glue.get_task(task)
+    found = {}
+    for split in ("train", *task.dev_splits):
+        path = glue.find_split_file(data, task, split)
+        found[split] = {"file": str(path.resolve()), "sha256": file_sha256(path)}
+    return found
 
 
 def _data_dir(request: JobRequest) -> str | os.PathLike[str]:

@@ -1,0 +1,127 @@
+"""Whether `bertgpu glue` may count a finished run in its table: the same init checkpoint, data
+files and settings as this command's (lr, epochs and max_seq_len compared as used, given or
+chosen by the model), and every task still to run readable before the first one trains.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bertgpu.errors import BertgpuError
+
+if TYPE_CHECKING:
+    from bertgpu.tasks.init_model import InitCheckpoint
+
+
+def read_before_training(present: list[Any], seeds: list[int], out: Path, force: bool,
+                          data_dir: str | os.PathLike[str], skip_malformed: bool) -> None:
+    """Read the train and dev files of every task still to run, before the first one trains: a
+    malformed row in QQP's train.tsv stopped the command after CoLA, SST-2, MRPC and STS-B had
+    trained, and its advice (--skip_malformed true) then refused those runs as made otherwise."""
+    from bertgpu.tasks import glue as tasks_mod
+    from bertgpu.tasks import glue_files
+
+    for task in present:
+        if not force and all((out / task.name / f"seed_{s}" / "results.json").is_file()
+                             for s in seeds):
+            continue
+        for split in ("train", *task.dev_splits):
+            with warnings.catch_warnings():  # the run says how many rows it skipped
+                warnings.simplefilter("ignore")
+                glue_files.read_examples(task, tasks_mod.find_split_file(data_dir, task, split),
+                                         skip_malformed=skip_malformed)
+
+
+def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
+                         init: str | os.PathLike[str],
+                         config_from: str | os.PathLike[str] | None,
+                         ckpt: InitCheckpoint | None = None,
+                         data_dir: str | os.PathLike[str] | None = None) -> None:
+    """A finished run counts in this command's table only when it was made the same way: from
+    the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
+    random), not merely the same --init, whose newest checkpoint moves while pretraining goes
+    on, and on the same --data-dir (compared resolved: a relative path recorded, resolved from
+    here, matches the same folder given absolutely)."""
+    from bertgpu.tasks.init_model import checkpoint_change
+
+    differs = _config_differences(results, cfg, seed, _as_used(cfg, init, config_from))
+    then = (results.get("init"), results.get("config_from"))
+    now = (str(init), str(config_from) if config_from else None)
+    changes = []
+    if ckpt is None or then[0] == "random":
+        if then[0] != now[0]:
+            changes.append(f"init {then[0]} (now {now[0]})")
+    else:
+        change = checkpoint_change(results.get("init_checkpoint"), then[0], ckpt)
+        if change is not None:
+            changes.append(f"init {change}")
+    if then[1] != now[1]:
+        changes.append(f"config_from {then[1]} (now {now[1]})")
+    recorded = results.get("data")
+    if (data_dir is not None and isinstance(recorded, str)
+            and Path(recorded).resolve() != Path(data_dir).resolve()):
+        changes.append(f"data {recorded} (now {data_dir})")
+    elif data_dir is not None and isinstance(results.get("data_files"), dict):
+        changes += _changed_files(results["data_files"], data_dir, results.get("task_key"))
+    differs = ", ".join([*changes, differs] if differs else changes)
+    if differs:
+        raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
+                           "pass --force to re-run it with this command's, or use another --out")
+
+
+def _changed_files(recorded: dict[str, Any], data_dir: str | os.PathLike[str],
+                   task: Any) -> list[str]:
+    """The task's files that differ from those a finished run recorded (their sha256): a dev set
+    edited in place under the same --data-dir scored seeds of one table on two sets."""
+    from bertgpu.tasks.glue_job import data_files
+
+    if not isinstance(task, str):
+        return []
+    now = data_files(data_dir, task)
+    return [f"{now[split]['file']} changed since (another sha256)" for split in sorted(now)
+            if isinstance(recorded.get(split), dict)
+            and recorded[split].get("sha256") != now[split]["sha256"]]
+
+
+def _as_used(cfg: Any, init: str | os.PathLike[str],
+             config_from: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """lr, epochs and max_seq_len as a run of this command uses them: given, or chosen by model
+    size and positions (what a finished run's results.json records either way)."""
+    from bertgpu.config.finetune import finetune_defaults
+    from bertgpu.models.hf_io import read_config, resolve_checkpoint_folder
+    from bertgpu.tasks.glue_job import DEFAULT_MAX_SEQ_LEN
+    from bertgpu.tasks.init_model import sequence_length
+
+    model = config_from if str(init) == "random" else init
+    hidden = read_config(resolve_checkpoint_folder(model)).get("hidden_size")
+    lr, epochs = finetune_defaults(int(hidden)) if isinstance(hidden, int) else (None, None)
+    seq, _ = sequence_length(cfg, DEFAULT_MAX_SEQ_LEN, str(init), config_from)
+    return {"lr": cfg.lr if cfg.lr is not None else lr, "max_seq_len": seq,
+            "epochs": cfg.epochs if cfg.epochs is not None else epochs}
+
+
+def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
+                        used: dict[str, Any] | None = None) -> str:
+    """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command.
+    `used` (`_as_used`): lr, epochs and max_seq_len compared as used, given or chosen by the
+    model (an lr given once and left to the model size the next time mixed two lrs in one
+    table; max_seq_len 128 given was refused against the default's 128)."""
+    from bertgpu.config.overrides import config_to_dict
+
+    now = {**config_to_dict(cfg), "seed": seed}
+    then = {**results.get("config", {})}
+    if used:  # results.json's config has lr and epochs as used, its max_seq_len as given
+        then["max_seq_len"] = results.get("max_seq_len", then.get("max_seq_len"))
+        now.update((k, v) for k, v in used.items() if v is not None)
+    defaults = config_to_dict(type(cfg)())
+    # lr / epochs left to the model size (None) were recorded as the run resolved them; a key
+    # newer than the run's results.json counts as its default, and so does a default an older
+    # bertgpu recorded as its value (doc_stride 128, none now).
+    former = {"doc_stride": 128}
+    return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
+                     if then.get(k, defaults.get(k)) != v
+                     and not (v is None and k in ("lr", "epochs"))
+                     and not (v is None and k in former and then.get(k) == former[k]))
