@@ -170,3 +170,22 @@ def test_the_cli_says_it_in_one_line_before_launching(tmp_path, capsys):
         "share of every step); expected a multiple of 2")
     assert "Traceback" not in err and "--micro_batch_size" not in err
     assert not out.exists() and not out.with_name("fx.tmp").exists()
+
+
+def test_sequences_no_step_takes_are_warned_about():
+    """65 sequences in batches of 8 on 2 devices: the 65th is a step of its own on one device,
+    none on two (a device would get nothing), so two devices train fewer sequences per epoch:
+    said at start-up now (a 3-sequence set trained 4 steps on 1 process and 2 on 2, silently)."""
+    from bertgpu.tasks.finetune_output import warn_left_out
+
+    with pytest.warns(UserWarning, match=r"^SST-2: the last 1 of 65 training sequences of each "
+                                         r"epoch are left out: a step takes at least one per "
+                                         r"device \(2\); a global_batch_size that leaves none, or "
+                                         r"fewer devices, keeps them$"):
+        warn_left_out(_job(65), 8, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_left_out(_job(65), 8, 1)  # one device takes it
+        warn_left_out(_job(66), 8, 2)  # one each
+        warn_left_out(_job(64), 8, 2)
+        warn_left_out(_job(65), 8, 2, say=False)  # the other ranks

@@ -14,15 +14,27 @@ fine-tuning combinations:
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
+import _tiny_init
 import pytest
-from test_glue_probe_fixes import FIXTURES, _glue, _sst2_copy, tiny_init  # noqa: F401
+from _tiny_init import SPECIAL
+from test_glue_probe_fixes import FIXTURES, _sst2_copy
 
 from bertgpu.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def tiny_init(tmp_path) -> Path:
+    """A tiny random BERT whose vocabulary holds the words of SST-2's and RTE's fixtures."""
+    words = sorted({w for task in ("SST-2", "RTE") for p in (FIXTURES / task).glob("*.tsv")
+                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
+                                        p.read_text(encoding="utf-8").lower())})
+    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
 
 FAST = ["--max_seq_len", "64", "--global_batch_size", "4"]
 

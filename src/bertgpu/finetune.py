@@ -22,10 +22,9 @@ epochs default by model size (`finetune_config.finetune_defaults`); the start-up
 results.json's config say what was used. `--max_seq_len` defaults to the task's (128, SQuAD
 384) capped at the model's max_position_embeddings (results.json: `max_seq_len`, as used); a
 larger value is refused before anything loads. SQuAD's `--doc_stride` likewise: the default (128)
-becomes half of a question's own window where it does not fit, a value given that does not fit
-is refused (results.json: `doc_stride`, as used: a number, or how it was chosen per question).
-GLUE .tsv rows with the wrong number of columns, and null texts in Hugging Face exports, stop the
-run unless `--skip_malformed true` (QQP has a few).
+becomes half of a question's window where it does not fit, a value given that does not fit is
+refused (results.json: `doc_stride`, as used). GLUE .tsv rows with the wrong number of columns,
+and null texts in Hugging Face exports, stop the run unless `--skip_malformed true`.
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and
@@ -35,14 +34,12 @@ label names go into the exported config.json.
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
 checkpoint folder, or a Hugging Face BERT or ModernBERT folder with its tokenizer files;
 `random` builds the architecture of `--config-from FOLDER` with fresh weights (the "no
-pretraining" baseline).
-results.json's `init_checkpoint` records the folder loaded (a run's step_N, its step and sha256).
-An init's classifier of the task's size is kept when its labels are the task's (put in the task's
-order) or unnamed, else started fresh (tasks/init_model.py).
+pretraining" baseline). results.json's `init_checkpoint` records the folder loaded (a run's
+step_N, its step and sha256). An init's classifier of the task's size is kept when its labels
+are the task's (put in the task's order) or unnamed, else started fresh (tasks/init_model.py).
 
-This module wires parts built elsewhere: the job (the task's module, looked up by name in
-tasks/registry.py), the fine-tuning task (tasks/finetuning.py), the engine and the one training
-loop (train/loop.py).
+This module wires the job (the task's module, by name: tasks/registry.py), the fine-tuning task
+(tasks/finetuning.py), the engine and the one training loop (train/loop.py).
 
 OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per epoch, final and
 best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export), predictions.json
@@ -257,6 +254,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.config.finetune import as_sections, doc_stride_note
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_export import save_pretrained
+    from bertgpu.tasks.finetune_output import warn_left_out
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops, run_logger
     from bertgpu.train import distributed, loop, schedule
@@ -270,6 +268,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     world = info.world_size
     micro, accumulation = check_batch(cfg, world)
     per_epoch = steps_per_epoch(job, cfg.global_batch_size, world)
+    warn_left_out(job, cfg.global_batch_size, world, say=info.is_main)
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch,
                       micro_batch_size=micro)
     model = model.to(torch.device(info.device))

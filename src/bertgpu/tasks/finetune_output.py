@@ -123,3 +123,16 @@ def resumable(work: Path, checkpoint: Path, identity: str, say: bool = True) -> 
                   f"({', '.join(changes[:6]) or 'an older version'}); starting over",
                   stacklevel=2)
     return False
+
+
+def warn_left_out(job: Job, global_batch_size: int, world_size: int, say: bool = True) -> None:
+    """The start-up warning of an epoch whose last sequences no step takes: fewer than one per
+    device (one process takes them in a last, smaller step; with --nproc 2 a 3-sequence set
+    trained 2 steps an epoch where one process trained 4, without a word)."""
+    n = len(job.train)
+    left = n % global_batch_size
+    if 0 < left < world_size and say:
+        warnings.warn(f"{job.name}: the last {left} of {n} training sequences of each epoch are "
+                      f"left out: a step takes at least one per device ({world_size}); a "
+                      f"global_batch_size that leaves none, or fewer devices, keeps them",
+                      stacklevel=2)
