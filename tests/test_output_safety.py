@@ -89,7 +89,8 @@ def test_an_interrupted_runs_scratch_is_still_cleaned(init, tmp_path):
     train_tokenizer([CORPUS], out, vocab_size=200)
     assert (out / "vocab.txt").is_file() and not (out / fsutil.SCRATCH_MARK).exists()
     assert not out.with_name("tok.tmp").exists()
-    assert old.exists()  # OUT.old is touched only when OUT is replaced
+    # a crash between an earlier run's renames left OUT.old: superseded once a new OUT is in place
+    assert not old.exists()
 
 
 def test_replace_dir_marks_the_old_folder_and_refuses_a_users(tmp_path):
@@ -169,3 +170,51 @@ def test_export_replaces_only_an_earlier_export(init, tmp_path, capsys):
                                  "max_position_embeddings")})
     again = save_pretrained(BertForPreTraining(cfg, with_nsp=False), earlier, tokenizer=init)
     assert again == earlier and is_model_folder(earlier)
+
+
+@pytest.mark.parametrize("case", ["new output", "between the renames", "before them"])
+def test_a_kill_around_the_final_renames_leaves_what_the_same_command_takes(init, tmp_path,
+                                                                            monkeypatch, case):
+    """replace_dir took OUT.tmp's mark off before its renames: a kill at the rename of a new
+    output left a whole, unmarked OUT.tmp, which the same command then refused as "not made by
+    bertgpu"; a kill between the renames of a replacement left OUT.old and that OUT.tmp, no OUT;
+    one before them left OUT marked, refused as not a shard set. Now OUT.tmp is marked until it
+    is OUT, and an OUT left marked is whole: the same command takes each state."""
+    import os
+    import shutil
+
+    from bertgpu.data.output import is_shard_set
+
+    argv = _commands(init, tmp_path / "data", tmp_path)["prepare"]
+    argv[argv.index("--out") + 1] = str(tmp_path / "made")
+    assert cli.main(argv) == 0
+    out, tmp = tmp_path / "data", tmp_path / "data.tmp"
+    if case != "new output":
+        shutil.copytree(tmp_path / "made", out)
+    fsutil.make_scratch(tmp, out)
+    shutil.copytree(tmp_path / "made", tmp, dirs_exist_ok=True)  # a whole new set, in flight
+
+    real, calls = os.replace, []
+    kill_at = {"new output": 1, "between the renames": 2, "before them": 1}[case]
+
+    class Killed(BaseException):  # SIGKILL: nothing after it runs
+        pass
+
+    def replace(src, dst):
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise Killed
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Killed):
+        fsutil.replace_dir(tmp, out, replaces=is_shard_set)
+    monkeypatch.setattr(os, "replace", real)
+    assert fsutil.is_scratch(tmp)  # the whole new folder is still bertgpu's to remove
+    argv[argv.index("--out") + 1] = str(out)
+    assert cli.main(argv) == 0  # the same command again
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("data")) == ["data"]
+    assert not (out / fsutil.SCRATCH_MARK).exists()
+    # a kill after the new folder's rename, before its mark went: OUT is whole and is replaced
+    (out / fsutil.SCRATCH_MARK).touch()
+    assert cli.main(argv) == 0 and not (out / fsutil.SCRATCH_MARK).exists()

@@ -124,6 +124,8 @@ def check_replaceable(path: Path, replaces: Callable[[Path], bool], what: str) -
     """A non-empty folder at `path` is replaced only when `replaces(path)` says it is an earlier
     output of the same kind; anything else is the user's, refused in one line."""
     path = Path(path)
+    if is_scratch(path):  # an output whose swap a kill cut short (replace_dir): whole, unmark it
+        (path / SCRATCH_MARK).unlink(missing_ok=True)
     if path.is_dir() and not path.is_symlink() and not _empty_dir(path) and not replaces(path):
         raise BertgpuError(f"{path}: a folder that is not {what}; it would be replaced, so "
                            "expected a new or empty folder, or an earlier output of this command")
@@ -177,27 +179,33 @@ def replace_dir(tmp: Path, final: Path, between: Hook | None = None,
 
     The old folder is marked as bertgpu's scratch, renamed aside (`final.old`) and removed only
     after the new one is in place, so a crash leaves a whole folder under `final` or `final.old`
-    (`between` runs between the two renames; tests use it to crash there). A `final.old` of the
-    user's is refused, and so is a non-empty `final` that fails `replaces` when it is given
-    (checked again here, after the work, in case the folder appeared meanwhile)."""
+    (`between` runs between the two renames; tests use it to crash there). `tmp` keeps its mark
+    until it is `final` (unmarked first, a kill before the rename left a whole, unmarked
+    `final.tmp` that the same command then refused as "not made by bertgpu"); a `final` left
+    marked by a kill around the renames is a whole output, unmarked by the next command
+    (`check_replaceable`). A `final.old` of the user's is refused, and so is a non-empty `final`
+    that fails `replaces` when it is given (checked again here, after the work, in case the
+    folder appeared meanwhile)."""
     tmp, final = Path(tmp), Path(final)
     old = final.with_name(final.name + OLD)
     if replaces is not None:
         check_replaceable(final, replaces, what)
     if final.exists():
         check_scratch(old, final)
-    (tmp / SCRATCH_MARK).unlink(missing_ok=True)
-    if final.exists():
         shutil.rmtree(old, ignore_errors=True)  # left by an earlier crash; `final` is the whole one
         _mark(final)  # before the rename: `old` is marked from its first moment
         os.replace(final, old)
         if between is not None:
             between()
         os.replace(tmp, final)
+        (final / SCRATCH_MARK).unlink(missing_ok=True)
         fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+        (final / SCRATCH_MARK).unlink(missing_ok=True)
+        if is_scratch(old):  # a kill between an earlier run's renames left the old folder
+            shutil.rmtree(old, ignore_errors=True)
     fsync_dir(final.parent)
     return final
 

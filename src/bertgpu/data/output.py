@@ -257,7 +257,7 @@ def is_shard_set(folder: Path) -> bool:
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         return False
-    own = {MANIFEST, "tokenizer", PLAN, UNITS}
+    own = {MANIFEST, "tokenizer", PLAN, UNITS, SCRATCH_MARK}
     other = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir()
                    if e.name not in own and not (e.suffix == ".npy" and e.is_file()))
     if other:
