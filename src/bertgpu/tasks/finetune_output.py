@@ -79,6 +79,7 @@ def run_identity(fields: dict[str, Any], config: dict[str, Any], job: Job,
 
     kept = {k: v for k, v in config.items() if k not in RESUME_NEUTRAL}
     steps = steps_per_epoch(job, int(config["global_batch_size"]), world_size)
+    fields = {k: v for k, v in fields.items() if k != "data_files"}  # data_digest's business
     return json.dumps({**fields, "config": kept, "data": data_digest(job),
                        "world_size": world_size, "steps_per_epoch": steps}, sort_keys=True)
 

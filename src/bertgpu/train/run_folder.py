@@ -45,15 +45,21 @@ def check_run_folder(run_dir: Path, inputs: dict[str, str | None] | None = None)
     shard set. Nor inside one of its `inputs` ({flag: folder}: the shard set, the init): a run in
     the shard set's tokenizer/ copied that folder into itself until the recursion limit, and one
     beside the shards was deleted by the next `prepare --overwrite`."""
-    from bertgpu.fsutil import check_output_folder, within
-    from bertgpu.step_folders import run_of_checkpoint
+    from bertgpu.fsutil import within
 
-    check_output_folder(run_dir, "a run folder")
+    _check_run_folder(run_dir)
     for flag, folder in (inputs or {}).items():
         local = folder and "://" not in str(folder) and Path(folder).exists()
         if local and within(run_dir, folder):
             raise BertgpuError(f"{run_dir}: lies inside {folder} ({flag}), which the run reads; "
                                "expected a run folder outside it (e.g. runs/NAME beside it)")
+
+
+def _check_run_folder(run_dir: Path) -> None:
+    from bertgpu.fsutil import check_output_folder
+    from bertgpu.step_folders import run_of_checkpoint
+
+    check_output_folder(run_dir, "a run folder")
     run = run_of_checkpoint(run_dir)
     if run is not None:  # its config.toml would pass for a run's, its checksums then fail
         raise BertgpuError(f"{run_dir}: a checkpoint of the run {run}, not a run folder; "
