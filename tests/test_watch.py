@@ -329,3 +329,33 @@ def test_a_shard_set_is_not_a_run(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("bertgpu watch: error:")
     assert f"{data}: a shard set (manifest.json of bertgpu prepare), not a run folder" in err
     assert "expected a run folder (metrics.jsonl)" in err
+
+
+def test_a_run_killed_before_its_first_record_is_told_and_the_view_ends(tmp_path, capsys,
+                                                                        monkeypatch):
+    """A run SIGKILLed at start-up leaves only its lock ("PID HOST", written once held): watch
+    waited for the first record for ever. Its process gone, that is the status and the live view
+    ends; a live holder, or another host's, is still waited for."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from bertgpu.train.run_folder import LOCK_FILE
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / LOCK_FILE
+    lock.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    assert "waiting for the first record" in _frame(capsys, monkeypatch, run)
+    lock.write_text(f"{dead_pid} another-node\n")
+    assert "waiting for the first record" in _frame(capsys, monkeypatch, run)
+    lock.write_text(f"{dead_pid} {socket.gethostname()}\n")
+    said = f"stopped (process {dead_pid} is gone before its first record: killed or crashed)"
+    assert said in _flat(_frame(capsys, monkeypatch, run))
+    monkeypatch.setattr(watch.time, "sleep", lambda s: pytest.fail("waited on a dead run"))
+    assert cli_main(["watch", str(run)]) == 0
+    assert said in _flat(capsys.readouterr().out)

@@ -222,6 +222,8 @@ def ended(state: RunState) -> str | None:
     if end is not None:
         return describe_end(end, _max_steps(state))
     start = run_start(state.records)
+    if start is None and not state.records:
+        return _gone_before_first_record(state.folder)
     if start is None or start.get("host") != socket.gethostname():
         return None  # a run of an older version, or of another host: its clock decides
     pid = start.get("pid")
@@ -229,6 +231,22 @@ def ended(state: RunState) -> str | None:
             and _process_gone(pid, start.get("pid_started"))):
         return f"stopped (process {pid} is gone; no end record: killed or crashed)"
     return None
+
+
+def _gone_before_first_record(folder: Path) -> str | None:
+    """A run killed at start-up, before its first record: the run folder's lock names the
+    process that took it ("PID HOST", written once it holds the lock), and that process is gone
+    (watch waited for the first record for ever)."""
+    from bertgpu.train.run_folder import LOCK_FILE
+
+    try:
+        pid_text, host = (folder / LOCK_FILE).read_text(encoding="utf-8").split()[:2]
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if host != socket.gethostname() or pid <= 0 or not _process_gone(pid, None):
+        return None
+    return f"stopped (process {pid} is gone before its first record: killed or crashed)"
 
 
 def _status(state: RunState, now: float) -> str:
