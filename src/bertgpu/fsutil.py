@@ -38,6 +38,7 @@ from bertgpu.errors import BertgpuError
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
 OLD, TMP = ".old", ".tmp"
+RUN_LOCK = ".bertgpu-run.lock"  # in a run folder: "PID HOST" of the process training there
 SCRATCH_MARK = ".bertgpu-scratch"  # in NAME.tmp / NAME.old beside an output: bertgpu's to delete
 _CHUNK = 8 << 20
 SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # freeing space (or quota) is the cure

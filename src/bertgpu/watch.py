@@ -237,10 +237,10 @@ def _gone_before_first_record(folder: Path) -> str | None:
     """A run killed at start-up, before its first record: the run folder's lock names the
     process that took it ("PID HOST", written once it holds the lock), and that process is gone
     (watch waited for the first record for ever)."""
-    from bertgpu.train.run_folder import LOCK_FILE
+    from bertgpu.fsutil import RUN_LOCK
 
     try:
-        pid_text, host = (folder / LOCK_FILE).read_text(encoding="utf-8").split()[:2]
+        pid_text, host = (folder / RUN_LOCK).read_text(encoding="utf-8").split()[:2]
         pid = int(pid_text)
     except (OSError, ValueError):
         return None

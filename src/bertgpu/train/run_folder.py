@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.fsutil import RUN_LOCK
 from bertgpu.telemetry.sinks import flatten_config
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
 """What an earlier `bertgpu pretrain` leaves in its run folder; a non-empty --out holds one."""
 OTHER_OUTPUTS = ("manifest.json", "results.json")
 """A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
-LOCK_FILE = ".bertgpu-run.lock"
+LOCK_FILE = RUN_LOCK
 """Held (flock) by the process that trains in the run folder; left behind, never a sign of a run."""
 RESOLVED = {"impl.micro_batch_size": "auto", "data.objective": "none", "train.with_nsp": "none",
             "impl.device": "auto", "impl.compile": "auto", "impl.unpad": "auto"}
