@@ -141,6 +141,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
+    from bertgpu.tasks.glue_job import data_files
     from bertgpu.tasks.init_model import load_from, resolve_init
     from bertgpu.train import distributed
 
@@ -164,12 +165,17 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
 
     present, skipped = _find_tasks(data_dir, chosen, skip_missing)
     if not force:  # before any training: a finished run of other settings stops the command
+        used = None  # read once, from the init's config.json, when a finished run is compared
         for task in present:
-            for seed in seeds:
-                done = out / task.name / f"seed_{seed}" / "results.json"
-                if done.is_file():
-                    glue_reuse.check_same_settings(done, _read_results(done), cfg, seed, init,
-                                                   config_from, ckpt, data_dir)
+            done = {seed: path for seed in seeds
+                    if (path := out / task.name / f"seed_{seed}" / "results.json").is_file()}
+            if not done:
+                continue
+            used = used or glue_reuse.as_used(cfg, init, config_from)
+            files = data_files(data_dir, task)  # hashed once a task, not once a seed
+            for seed, path in done.items():
+                glue_reuse.check_same_settings(path, _read_results(path), cfg, seed, init,
+                                               config_from, ckpt, data_dir, used, files)
 
     glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed)
     # One process group for all runs; each run's DDP model is gone before it is torn down.

@@ -39,15 +39,18 @@ def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int
                          init: str | os.PathLike[str],
                          config_from: str | os.PathLike[str] | None,
                          ckpt: InitCheckpoint | None = None,
-                         data_dir: str | os.PathLike[str] | None = None) -> None:
+                         data_dir: str | os.PathLike[str] | None = None,
+                         used: dict[str, Any] | None = None,
+                         files: dict[str, dict[str, str]] | None = None) -> None:
     """A finished run counts in this command's table only when it was made the same way: from
     the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
     random), not merely the same --init, whose newest checkpoint moves while pretraining goes
-    on, and on the same --data-dir (compared resolved: a relative path recorded, resolved from
-    here, matches the same folder given absolutely)."""
+    on, with the same settings (`used`: `as_used`'s), on the same --data-dir (compared resolved:
+    a relative path recorded, resolved from here, matches the same folder given absolutely) and
+    the same task files (`files`: `glue_job.data_files` now)."""
     from bertgpu.tasks.init_model import checkpoint_change
 
-    differs = _config_differences(results, cfg, seed, _as_used(cfg, init, config_from))
+    differs = _config_differences(results, cfg, seed, used)
     then = (results.get("init"), results.get("config_from"))
     now = (str(init), str(config_from) if config_from else None)
     changes = []
@@ -64,29 +67,23 @@ def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int
     if (data_dir is not None and isinstance(recorded, str)
             and Path(recorded).resolve() != Path(data_dir).resolve()):
         changes.append(f"data {recorded} (now {data_dir})")
-    elif data_dir is not None and isinstance(results.get("data_files"), dict):
-        changes += _changed_files(results["data_files"], data_dir, results.get("task_key"))
+    elif files and isinstance(results.get("data_files"), dict):
+        changes += _changed_files(results["data_files"], files)
     differs = ", ".join([*changes, differs] if differs else changes)
     if differs:
         raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
                            "pass --force to re-run it with this command's, or use another --out")
 
 
-def _changed_files(recorded: dict[str, Any], data_dir: str | os.PathLike[str],
-                   task: Any) -> list[str]:
+def _changed_files(recorded: dict[str, Any], now: dict[str, dict[str, str]]) -> list[str]:
     """The task's files that differ from those a finished run recorded (their sha256): a dev set
     edited in place under the same --data-dir scored seeds of one table on two sets."""
-    from bertgpu.tasks.glue_job import data_files
-
-    if not isinstance(task, str):
-        return []
-    now = data_files(data_dir, task)
     return [f"{now[split]['file']} changed since (another sha256)" for split in sorted(now)
             if isinstance(recorded.get(split), dict)
             and recorded[split].get("sha256") != now[split]["sha256"]]
 
 
-def _as_used(cfg: Any, init: str | os.PathLike[str],
+def as_used(cfg: Any, init: str | os.PathLike[str],
              config_from: str | os.PathLike[str] | None) -> dict[str, Any]:
     """lr, epochs and max_seq_len as a run of this command uses them: given, or chosen by model
     size and positions (what a finished run's results.json records either way)."""
@@ -106,7 +103,7 @@ def _as_used(cfg: Any, init: str | os.PathLike[str],
 def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
                         used: dict[str, Any] | None = None) -> str:
     """"epochs 2 (now 3), ..." for settings that differ between a finished run and this command.
-    `used` (`_as_used`): lr, epochs and max_seq_len compared as used, given or chosen by the
+    `used` (`as_used`): lr, epochs and max_seq_len compared as used, given or chosen by the
     model (an lr given once and left to the model size the next time mixed two lrs in one
     table; max_seq_len 128 given was refused against the default's 128)."""
     from bertgpu.config.overrides import config_to_dict

@@ -333,17 +333,21 @@ def _load_dcp(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     try:
         dcp.load(tree, storage_reader=dcp.FileSystemReader(str(path)))
     except (Exception, _checkpoint_exception()) as exc:
-        first = str(exc).strip().splitlines() or [type(exc).__name__]
-        detail = next(
-            (line for line in first if "Missing key" in line or "Size mismatch" in line), first[0]
-        )
         raise BertgpuError(
-            f"{path}: checkpoint does not match the configured model ({detail.strip()}); "
+            f"{path}: checkpoint does not match the configured model ({dcp_mismatch(exc)}); "
             "was the model changed?"
         ) from None
     set_state_dict(
         model, optimizer, model_state_dict=tree[MODEL_KEY], optim_state_dict=tree[OPTIM_KEY]
     )
+
+
+def dcp_mismatch(exc: BaseException) -> str:
+    """The line of a failed DCP load that names what does not fit ("Missing key ...", "Size
+    mismatch ..."), else its first line."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return next((line for line in lines if "Missing key" in line or "Size mismatch" in line),
+                lines[0]).strip()
 
 
 def _load_full_into_sharded(

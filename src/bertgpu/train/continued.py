@@ -135,7 +135,7 @@ def _load_sharded(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fold
         set_optimizer_state_dict,
     )
 
-    from bertgpu.train.checkpointer import OPTIM_KEY
+    from bertgpu.train.checkpointer import OPTIM_KEY, dcp_mismatch
 
     template = get_optimizer_state_dict(model, optimizer)
     try:
@@ -143,11 +143,8 @@ def _load_sharded(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fold
             warnings.simplefilter("ignore", UserWarning)
             dcp.load({OPTIM_KEY: template}, storage_reader=dcp.FileSystemReader(str(folder)))
     except (Exception, CheckpointException) as e:  # DCP's own error type is a BaseException
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        detail = next((line for line in lines if "Missing key" in line or "Size mismatch" in line),
-                      lines[0] if lines else type(e).__name__)
         raise BertgpuError(f"--resume-optimizer: {folder}: its optimizer state does not fit "
-                           f"({detail}); the model differs (an NSP head, a grown position "
+                           f"({dcp_mismatch(e)}); the model differs (an NSP head, a grown position "
                            "table); drop --resume-optimizer") from None
     set_optimizer_state_dict(model, optimizer, template)
 

@@ -163,7 +163,7 @@ def warmup_note(schedule: Any, train: Any, peak_lr: float, knobs: Knobs = PRETRA
 def _decay_note(schedule: Any, max_steps: int, run: str, knobs: Knobs) -> str | None:
     """wsd decays over the last `decay_fraction` of the run: in a run where that is less than a
     step, no step takes it and the run ends at the peak lr (a 5-step run at the default 0.1)."""
-    fraction = getattr(schedule, "decay_fraction", 0.1)
+    fraction = schedule.decay_fraction
     if schedule.decay != "wsd" or max_steps < 2 or schedule.min_lr_ratio >= 1.0:
         return None
     warmup = warmup_fraction(schedule.warmup_steps, schedule.warmup_fraction, max_steps)
