@@ -234,4 +234,9 @@ def test_a_stop_whose_console_went_away_stays_a_stop(shards, tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     ends = [r for r in records if r.get("event") == "end"]
     assert [e["reason"] for e in ends] == ["preempted"], ends
-    assert any(r.get("event") == "preempted" and r["checkpoint"] for r in records)
+    # The stop's step is in a whole checkpoint: the preemption wrote it, or (the signal came at
+    # a step of checkpoint.every_steps, as a busy machine makes likely) the regular one had.
+    stopped = [r for r in records if r.get("event") == "preempted"]
+    assert len(stopped) == 1, records
+    assert stopped[0]["checkpoint"] or (
+        run / "checkpoints" / f"step_{ends[0]['step']}" / "COMPLETE").is_file(), records

@@ -105,3 +105,32 @@ def test_the_console_eta_of_a_budget_run_with_a_step_cap_is_the_budget_left(
     etas = [re.search(r"ETA (\S+)", line) for line in lines]
     assert lines and all(etas), lines
     assert {m.group(1) for m in etas if m} <= {"00:00", "00:01"}, lines
+
+
+@pytest.mark.timeout(120)
+def test_a_run_resumed_at_its_evaluated_final_checkpoint_does_not_evaluate_it_again(
+        shards: Path, tmp_path: Path) -> None:
+    """A run killed after its final checkpoint but before its export (here: hf/ removed) is
+    resumed by the same command: it used to evaluate the final step a second time (the same
+    numbers, a second eval record, the time of an evaluation lost) because the resumed loop did
+    not know the checkpoint came after that evaluation; now it only exports. The checkpoint
+    holds that evaluation's numbers, which the resumed run returns as its last ones."""
+    import shutil
+
+    import torch
+
+    run = tmp_path / "r"
+    cmd = _args(shards, run, "--train.max_steps", "4", "--checkpoint.every_steps", "2")
+    assert main(cmd) == 0
+    evals = [r for r in read_metrics(run) if r.get("kind") == "eval"]
+    assert [r["step"] for r in evals] == [4]
+    state = torch.load(run / "checkpoints" / "step_4" / "train_state.pt", weights_only=True)
+    assert state["evaluated_at"] == 4
+    logged = {k: v for k, v in evals[0].items() if k.startswith("val_")}  # rounded to 6 digits
+    assert state["last_eval"] == pytest.approx(logged, rel=1e-5), (state["last_eval"], logged)
+    shutil.rmtree(run / "hf")
+    assert main(cmd) == 0
+    records = read_metrics(run)
+    assert [r["step"] for r in records if r.get("kind") == "eval"] == [4], records
+    assert (run / "hf" / "model.safetensors").is_file()
+    assert [r["reason"] for r in records if r.get("event") == "end"] == ["max_steps"] * 2

@@ -144,6 +144,7 @@ class Loop:
         self._window: LogWindow | None = None  # the log window while `run()` lasts
         self._resumed_loss: dict[str, float] | None = None  # its loss, from the checkpoint
         self._eval_pending = False  # ... and whether its step's evaluation was cut short
+        self._resumed_eval: tuple[int | None, dict[str, Any]] = (None, {})  # its newest evaluation
         from bertgpu.train.checkpointer import make_checkpointer
 
         # Whole files from rank 0 (ddp) or every rank's shards (fsdp, optionally in the background).
@@ -203,6 +204,9 @@ class Loop:
         result = self.result = LoopResult(step=self.engine.step)
         w = self._window = LogWindow(self.world, self.info.rank, self.train.log_every_steps)
         w.load_loss_state(self._resumed_loss)
+        # A run resumed from a checkpoint written after its evaluation (the final one, say) does
+        # not evaluate the same weights again (it used to, at its end: same numbers, time lost).
+        w.evaluated_at, result.last_eval = self._resumed_eval
         self._last_ckpt = time.monotonic()
         try:
             self._steps(logger, result, w)
@@ -237,7 +241,9 @@ class Loop:
                 self._log_train(logger, res, w)
             if self.balance_every and step % self.balance_every == 0:
                 self._rebalance(logger, w)
-            if t.eval_every_steps and step % t.eval_every_steps == 0:
+            # The final step's evaluation comes before its checkpoint, so a run resumed there
+            # (killed before its export) knows it was done.
+            if (t.eval_every_steps and step % t.eval_every_steps == 0) or step == self.max_steps:
                 result.last_eval = self._evaluate(logger, step, w)
             by_time = (c.every_minutes is not None
                        and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
@@ -416,6 +422,7 @@ class Loop:
                 "loss_window": loss_state(snapshot.loss if snapshot else self._window.loss_mark()
                                           if self._window is not None else None),
                 "evaluated_at": self._window.evaluated_at if self._window is not None else None,
+                "last_eval": self.result.last_eval if self.result is not None else {},
             }
             files = self.checkpoint_files()
         path = self.checkpoints.save(self.engine.step, self.model, self.engine.optimizer, state,
@@ -446,6 +453,7 @@ class Loop:
         self.elapsed_offset = float(st.get("elapsed_s", 0.0))
         self._resumed_loss = st.get("loss_window")
         self._eval_pending = eval_pending(st, self.engine.step, self.train.eval_every_steps)
+        self._resumed_eval = (st.get("evaluated_at"), dict(st.get("last_eval") or {}))
         if self.budget is not None and st.get("budget"):
             self.budget.load_state_dict(st["budget"])
         self.saved_step, self.resumed_from = self.engine.step, path
