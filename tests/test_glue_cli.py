@@ -342,3 +342,29 @@ def test_reference_alone_adds_every_published_row(tmp_path, tiny_init, monkeypat
         return
     want = sorted(glue_mod.REFERENCES) if expected == "all" else expected
     assert seen["references"] == want and (expected != "all" or len(want) >= 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_in_a_glue_run_is_said_by_glue(tmp_path, tiny_init):
+    """SIGTERM while `bertgpu glue` trains a task: the stop line named "bertgpu finetune",
+    a command the user never ran; it names `bertgpu glue` (whose re-run resumes)."""
+    import os
+    import signal
+    import time
+
+    from _e2e import bertgpu_started
+
+    out = tmp_path / "glue"
+    proc = bertgpu_started(["glue", "--data-dir", str(FIXTURES), "--init", str(tiny_init),
+                            "--out", str(out), "--tasks", "sst2", *FAST, "--epochs", "30"],
+                           faults="delay_rank=0:0.2")  # each step 0.2 s: time to land in one
+    deadline = time.monotonic() + 90
+    while not any('"kind": "eval"' in p.read_text() for p in out.rglob("metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    lines = proc.stderr.read().splitlines()
+    stops = [line for line in lines if "SIGTERM" in line]
+    assert stops and all(line.startswith("bertgpu glue: ") for line in stops), lines
+    assert "re-running the same command resumes" in stops[-1], lines

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from bertgpu import __version__
+from bertgpu import __version__, errors
 from bertgpu.errors import BertgpuError, Terminated
 
 # name -> (module, one-line help)
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     launches = getattr(module, "LAUNCHES_WORKERS", False)
     if launches:
         _add_launch_arguments(parser)
+    outer, errors.running_command = errors.running_command, f"bertgpu {name}"
     try:
         with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
             return _run(module, parser, name, rest, launches)
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         say(f"bertgpu {name}: error: {line}")
         return 2
+    finally:
+        errors.running_command = outer
 
 
 def say(line: str, stream=None) -> None:

@@ -15,3 +15,8 @@ class Terminated(KeyboardInterrupt):
     main thread so that it stops as Ctrl-C stops it (a half-written output removed, `prepare`'s
     finished work units kept for a re-run, pool workers ended) and says so in one line, exit 143.
     A training loop catches SIGTERM itself while it runs (train/preemption.py)."""
+
+
+# The command the user ran ("bertgpu glue"), set by the command line while it runs: the lines a
+# stop prints name it, not the job inside it (glue runs finetune's loop). None outside the CLI.
+running_command: str | None = None

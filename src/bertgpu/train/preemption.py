@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from bertgpu import errors
 from bertgpu.train import distributed
 
 if TYPE_CHECKING:
@@ -107,7 +108,9 @@ class Preemption:
 
     def __init__(self, grace_s: float, info: distributed.DistInfo, *, title: str = "bertgpu",
                  run_dir: Path | None = None, timeout_minutes: float = 60.0) -> None:
-        self.grace_s, self.info, self.title, self.run_dir = grace_s, info, title, run_dir
+        # its lines name the command the user ran (`bertgpu glue`, not the finetune inside it)
+        self.title = errors.running_command or title
+        self.grace_s, self.info, self.run_dir = grace_s, info, run_dir
         self.signum: int | None = None  # the stop signal: this rank's first, or another's
         self.end: float | None = None  # time.monotonic() at which the process must be gone
         self.deadline: float | None = None  # ... and at which the run's work must stop: `end`
