@@ -368,3 +368,22 @@ def test_a_sigterm_in_a_glue_run_is_said_by_glue(tmp_path, tiny_init):
     stops = [line for line in lines if "SIGTERM" in line]
     assert stops and all(line.startswith("bertgpu glue: ") for line in stops), lines
     assert "re-running the same command resumes" in stops[-1], lines
+
+    # `report` on the folder, which has no table yet: it was refused as "not a ... GLUE folder
+    # (glue_results.json)"; it shows the run so far, in progress.
+    assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
+    assert f"`{out}` has no GLUE table yet" in text, text
+    assert "| glue/SST-2/seed_1 | SST-2 |" in text and "has not finished: it is in progress in" \
+        f" `{out / 'SST-2' / 'seed_1.tmp'}`" in text, text
+
+
+def test_a_glue_folders_runs_are_its_finished_seeds_before_a_rerun_in_progress(tmp_path):
+    from bertgpu.report.inputs import glue_runs
+
+    for run in ("SST-2/seed_1", "SST-2/seed_1.tmp", "SST-2/seed_10.tmp", "SST-2/seed_2",
+                "CoLA/seed_3.tmp", "CoLA/notes", "STS-B/seed_x", "other/seed_1"):
+        (tmp_path / run).mkdir(parents=True)
+    assert [(name, str(p.relative_to(tmp_path))) for name, p in glue_runs(tmp_path)] == [
+        ("CoLA/seed_3", "CoLA/seed_3.tmp"), ("SST-2/seed_1", "SST-2/seed_1"),
+        ("SST-2/seed_2", "SST-2/seed_2"), ("SST-2/seed_10", "SST-2/seed_10.tmp")]

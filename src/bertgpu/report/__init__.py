@@ -7,6 +7,8 @@ Each PATH is one of (recognised in this order):
 
 - a GLUE folder (``glue_results.json``, from ``bertgpu glue``): scores per task column with the
   folder's protocol and average convention, published rows quoted with their sources, a bar chart;
+  one without its table yet (``bertgpu glue`` interrupted or still running): its TASK/seed_N runs
+  so far, each as the fine-tuning run below (finished or in progress), and a line saying so;
 - a fine-tuning folder (``results.json``, from ``bertgpu finetune``): scores, curves per epoch;
   a fine-tuning run still in progress (``OUT.tmp``, which ``OUT`` falls back on as ``bertgpu
   watch`` does; told from a pretraining run by its marks, ``inputs.finetune_in_progress``): the
@@ -50,7 +52,7 @@ from pathlib import Path
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir, within
 from bertgpu.report.finetune_scaling import study_blocks
-from bertgpu.report.inputs import Source, load_source
+from bertgpu.report.inputs import Source, load_sources
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
 from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
@@ -84,7 +86,14 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     for p in paths:
         if within(Path(p), out) or within(out, Path(p)):
             raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
-    sources = [load_source(p) for p in paths]
+    sources, notes = [], []
+    for p in paths:
+        found = load_sources(p)
+        sources += found
+        if [s.path for s in found] != [Path(p)]:  # a GLUE folder without its table yet
+            runs = f"its {len(found)} runs so far are" if len(found) > 1 else "its run so far is"
+            notes.append(f"`{p}` has no GLUE table yet (`bertgpu glue` has not finished): "
+                         f"{runs} below as fine-tuning runs.")
     _unique_names(sources)
 
     tmp = make_scratch(out.with_name(out.name + ".tmp"), out)  # (one of an interrupted report)
@@ -93,6 +102,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
             ("h1", "bertgpu report"),
             ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M')} from: "
                   + ", ".join(f"`{s.path}`" for s in sources) + "."),
+            *(("p", note) for note in notes),
         ]
         by_kind = {k: [s for s in sources if s.kind == k] for k in ("pretrain", "finetune", "glue")}
         if by_kind["pretrain"]:

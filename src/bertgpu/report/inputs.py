@@ -163,6 +163,49 @@ def load_source(path: Path | str) -> Source:
         f"({', '.join(BENCH_FILES)})"
     )
 
+def load_sources(path: Path | str) -> list[Source]:
+    """The sources of one report input: the input itself, or, for a GLUE folder whose table is
+    not written yet (`bertgpu glue` interrupted, or still running), the fine-tuning runs in it
+    so far, finished or in progress, each named TASK/seed_N (it used to be refused as "not a
+    ... GLUE folder (glue_results.json)")."""
+    path = Path(path)
+    if not path.is_dir() or any((path / n).is_file() for n in (
+            "glue_results.json", "results.json", "metrics.jsonl", *BENCH_FILES)):
+        return [load_source(path)]
+    runs = glue_runs(path)
+    if not runs:
+        return [load_source(path)]
+    sources = []
+    for name, run in runs:
+        if (run / "results.json").is_file() or (run / "metrics.jsonl").is_file():
+            source = load_source(run)
+            source.name = f"{path.name}/{name}"
+            sources.append(source)
+    if not sources:
+        raise BertgpuError(f"{path}: a GLUE folder without its table (glue_results.json) whose "
+                           "runs have no records yet; expected one that `bertgpu glue` has "
+                           "trained in for a step or more")
+    return sources
+
+
+def glue_runs(path: Path) -> list[tuple[str, Path]]:
+    """The runs of `bertgpu glue` in `path`: ("SST-2/seed_1", folder) for each TASK/seed_N, or
+    TASK/seed_N.tmp of one not finished, in task and seed order."""
+    import re
+
+    from bertgpu.tasks.glue import TASKS
+
+    found = []
+    for task in dict.fromkeys(t.name for t in TASKS.values()):
+        seeds: dict[int, Path] = {}
+        for run in (path / task).glob("seed_*") if (path / task).is_dir() else ():
+            m = re.fullmatch(r"seed_(\d+)(\.tmp)?", run.name)
+            if m and run.is_dir() and (not m[2] or int(m[1]) not in seeds):
+                seeds[int(m[1])] = run  # a finished run before a re-run of it in progress
+        found += [(f"{task}/seed_{n}", seeds[n]) for n in sorted(seeds)]
+    return found
+
+
 def finetune_in_progress(path: Path, records: list[dict[str, Any]]) -> bool:
     """A fine-tuning run still in its OUT.tmp, which has no results.json until the run is done.
     A pretraining run folder holds config.toml before its first record and none of a fine-tuning
