@@ -5,6 +5,7 @@ the progress line, and `bertgpu tokenizer --sample-bytes`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -428,3 +429,41 @@ def test_a_stop_signal_or_a_dead_worker_ends_prepare_in_one_line(tok, tmp_path, 
         time.sleep(0.05)
     assert not any(map(_alive, workers))
     assert not out.exists() and any(units.iterdir())
+
+
+def _processes_in_group(pgid: int) -> list[int]:
+    """The pids of live (not zombie) processes in process group `pgid`, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_the_pool_workers_of_a_killed_prepare_end_with_it(tok, mixed, tmp_path):
+    """SIGKILL to `prepare --workers 2` itself (the out-of-memory killer picks the largest
+    process): its pool workers, forked and holding both ends of their task pipe, used to wait
+    for ever, orphaned; they now end within a second or so."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "bertgpu", "prepare", "--corpus", *map(str, mixed),
+           "--tokenizer", str(tok), "--out", str(tmp_path / "data"), "--seq-len", "64",
+           "--shard-size", "40", "--unit-bytes", str(MIXED_UNIT_BYTES), "--workers", "2"]
+    env = dict(os.environ, BERTGPU_FAULTS="kill_unit=5")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        assert proc.wait(timeout=300) == -9
+        deadline = time.monotonic() + 15
+        while _processes_in_group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_in_group(proc.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

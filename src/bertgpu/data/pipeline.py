@@ -23,6 +23,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -139,7 +140,23 @@ def _init_pool_worker(tokenizer_json: str, settings: dict) -> None:
     KeyboardInterrupt traceback in every worker otherwise); then the tokenizer, as in-process."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with_parent()
     init_worker(tokenizer_json, settings)
+
+
+def _end_with_parent(every_s: float = 0.5) -> None:
+    """End this pool worker when the command that made it is gone (SIGKILL, the out-of-memory
+    killer): a forked worker holds both ends of its task pipe, so it never reads an end of file
+    and used to wait, orphaned, for ever. A daemon thread watches the parent's pid (a parent-death
+    signal would fire when the thread that forked the worker ends, not the process)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="bertgpu-parent-watch", daemon=True).start()
 
 
 def prefetch(items: Iterator, depth: int) -> Iterator:
