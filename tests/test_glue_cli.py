@@ -386,4 +386,5 @@ def test_a_glue_folders_runs_are_its_finished_seeds_before_a_rerun_in_progress(t
         (tmp_path / run).mkdir(parents=True)
     assert [(name, str(p.relative_to(tmp_path))) for name, p in glue_runs(tmp_path)] == [
         ("CoLA/seed_3", "CoLA/seed_3.tmp"), ("SST-2/seed_1", "SST-2/seed_1"),
-        ("SST-2/seed_2", "SST-2/seed_2"), ("SST-2/seed_10", "SST-2/seed_10.tmp")]
+        ("SST-2/seed_2", "SST-2/seed_2"), ("SST-2/seed_10", "SST-2/seed_10.tmp"),
+        ("other/seed_1", "other/seed_1")]

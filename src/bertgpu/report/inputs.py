@@ -190,15 +190,14 @@ def load_sources(path: Path | str) -> list[Source]:
 
 def glue_runs(path: Path) -> list[tuple[str, Path]]:
     """The runs of `bertgpu glue` in `path`: ("SST-2/seed_1", folder) for each TASK/seed_N, or
-    TASK/seed_N.tmp of one not finished, in task and seed order."""
+    TASK/seed_N.tmp of one not finished, in task folder and seed order (any folder name: the
+    report does not import the task table, tasks/glue.py)."""
     import re
 
-    from bertgpu.tasks.glue import TASKS
-
     found = []
-    for task in dict.fromkeys(t.name for t in TASKS.values()):
+    for task in sorted(p.name for p in path.iterdir() if p.is_dir()):
         seeds: dict[int, Path] = {}
-        for run in (path / task).glob("seed_*") if (path / task).is_dir() else ():
+        for run in (path / task).glob("seed_*"):
             m = re.fullmatch(r"seed_(\d+)(\.tmp)?", run.name)
             if m and run.is_dir() and (not m[2] or int(m[1]) not in seeds):
                 seeds[int(m[1])] = run  # a finished run before a re-run of it in progress
