@@ -163,6 +163,7 @@ def load_source(path: Path | str) -> Source:
         f"({', '.join(BENCH_FILES)})"
     )
 
+
 def load_sources(path: Path | str) -> list[Source]:
     """The sources of one report input: the input itself, or, for a GLUE folder whose table is
     not written yet (`bertgpu glue` interrupted, or still running), the fine-tuning runs in it
