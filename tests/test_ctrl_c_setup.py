@@ -65,6 +65,9 @@ _GUARDED = """
 import os, signal, sys, time
 from bertgpu.train.distributed import _stop_ends_setup
 rank = int(sys.argv[1])
+# Python's own SIGINT handler, as in a terminal (a job started in the background of a
+# non-interactive shell inherits SIGINT ignored, and Python then leaves it so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with _stop_ends_setup(rank):
     pass
 assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
