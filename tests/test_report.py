@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -437,3 +438,16 @@ def test_earlier_configs_are_listed_by_step(tmp_path, run_dir, monkeypatch):
     md = (build_report([run_dir], tmp_path / "rep") / "README.md").read_text()
     assert ("resumed with other settings at step 2, 9, 10; the earlier ones are in "
             "config.step_2.toml, config.step_9.toml, config.step_10.toml)") in md
+
+
+def test_only_a_glue_folder_without_its_table_gets_the_note_saying_so(tmp_path, run_dir,
+                                                                     glue_dir):
+    """Inputs that `load_source` reads through another path (a file as its folder) were said
+    to be GLUE folders without their table (the note compared the paths)."""
+    inputs = [run_dir / "metrics.jsonl", glue_dir / "glue_results.json"]
+    md = (build_report(inputs, tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
+    assert "GLUE table yet" not in md, md
+    partial = tmp_path / "glue_in_progress"
+    shutil.copytree(run_dir, partial / "SST-2" / "seed_1")  # (any run folder, for the layout)
+    md = (build_report([partial], tmp_path / "rep2") / "README.md").read_text(encoding="utf-8")
+    assert md.count("GLUE table yet") == 1, md

@@ -88,9 +88,9 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
             raise BertgpuError(f"{out}: overlaps the input {p}; expected a separate output folder")
     sources, notes = [], []
     for p in paths:
-        found = load_sources(p)
+        found, partial_glue = load_sources(p)
         sources += found
-        if [s.path for s in found] != [Path(p)]:  # a GLUE folder without its table yet
+        if partial_glue:  # a GLUE folder without its table yet
             runs = f"its {len(found)} runs so far are" if len(found) > 1 else "its run so far is"
             notes.append(f"`{p}` has no GLUE table yet (`bertgpu glue` has not finished): "
                          f"{runs} below as fine-tuning runs.")

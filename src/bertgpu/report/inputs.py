@@ -164,18 +164,19 @@ def load_source(path: Path | str) -> Source:
     )
 
 
-def load_sources(path: Path | str) -> list[Source]:
-    """The sources of one report input: the input itself, or, for a GLUE folder whose table is
-    not written yet (`bertgpu glue` interrupted, or still running), the fine-tuning runs in it
-    so far, finished or in progress, each named TASK/seed_N (it used to be refused as "not a
-    ... GLUE folder (glue_results.json)")."""
+def load_sources(path: Path | str) -> tuple[list[Source], bool]:
+    """The sources of one report input, and whether it is a GLUE folder without its table: the
+    input itself, or, for a GLUE folder whose table is not written yet (`bertgpu glue`
+    interrupted, or still running), the fine-tuning runs in it so far, finished or in progress,
+    each named TASK/seed_N (it used to be refused as "not a ... GLUE folder
+    (glue_results.json)")."""
     path = Path(path)
     if not path.is_dir() or any((path / n).is_file() for n in (
             "glue_results.json", "results.json", "metrics.jsonl", *BENCH_FILES)):
-        return [load_source(path)]
+        return [load_source(path)], False
     runs = glue_runs(path)
     if not runs:
-        return [load_source(path)]
+        return [load_source(path)], False
     sources = []
     for name, run in runs:
         if (run / "results.json").is_file() or (run / "metrics.jsonl").is_file():
@@ -186,7 +187,7 @@ def load_sources(path: Path | str) -> list[Source]:
         raise BertgpuError(f"{path}: a GLUE folder without its table (glue_results.json) whose "
                            "runs have no records yet; expected one that `bertgpu glue` has "
                            "trained in for a step or more")
-    return sources
+    return sources, True
 
 
 def glue_runs(path: Path) -> list[tuple[str, Path]]:
