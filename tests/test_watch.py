@@ -359,3 +359,18 @@ def test_a_run_killed_before_its_first_record_is_told_and_the_view_ends(tmp_path
     monkeypatch.setattr(watch.time, "sleep", lambda s: pytest.fail("waited on a dead run"))
     assert cli_main(["watch", str(run)]) == 0
     assert said in _flat(capsys.readouterr().out)
+
+
+def test_a_live_view_stopped_by_sigterm_exits_143(run, capsys, monkeypatch):
+    """SIGTERM (a scheduler, `timeout`) ended `watch` with exit 0, as Ctrl-C does: Terminated is
+    a KeyboardInterrupt, and the live view took it for the way out. Now the command line's
+    "stopped by SIGTERM" and 143, as for every command; Ctrl-C still leaves with 0."""
+    from bertgpu.errors import Terminated
+
+    def stopped(s: float) -> None:
+        raise Terminated
+
+    monkeypatch.setattr(watch.time, "sleep", stopped)
+    assert cli_main(["watch", str(run), "--interval", "0.5"]) == 143
+    assert capsys.readouterr().err.strip().endswith("bertgpu watch: stopped by SIGTERM")
+    assert cli_main(["watch", str(run.parent / "not_yet"), "--interval", "0.5"]) == 143

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, Terminated
 from bertgpu.report.inputs import finetune_task
 from bertgpu.telemetry.console import duration, si
 from bertgpu.telemetry.records import (
@@ -425,6 +425,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.once and not_made_yet(args.run_dir):
         try:
             wait_for(args.run_dir, args.interval, console)
+        except Terminated:  # SIGTERM: the command line's "stopped by SIGTERM", exit 143
+            raise
         except KeyboardInterrupt:  # as leaving the live view
             return 0
     state = RunState(resolve(args.run_dir))
@@ -441,6 +443,8 @@ def main(args: argparse.Namespace) -> int:
                 time.sleep(args.interval)
                 state.poll()
                 live.update(render(state, width=console.width), refresh=True)
-    except KeyboardInterrupt:  # the way to leave a live view: not an error
+    except Terminated:  # SIGTERM (a scheduler, `timeout`): exit 143 as every command does
+        raise
+    except KeyboardInterrupt:  # Ctrl-C, the way to leave a live view: not an error
         pass
     return 0
