@@ -6,6 +6,7 @@ Faults: BERTGPU_FAULTS (testing/faults.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -240,3 +241,20 @@ def test_a_stop_whose_console_went_away_stays_a_stop(shards, tmp_path):
     assert len(stopped) == 1, records
     assert stopped[0]["checkpoint"] or (
         run / "checkpoints" / f"step_{ends[0]['step']}" / "COMPLETE").is_file(), records
+
+
+@pytest.mark.parametrize("gap_s", [0.4, 0.9])
+def test_a_second_signal_while_the_process_winds_down_still_exits_143(shards, tmp_path, gap_s):
+    """The README: a second stop signal exits at once the same way. One that came while the
+    interpreter shut down after the preemption checkpoint (a second or so after the first
+    signal) met the default action: the process died of SIGTERM (-15), not 143."""
+    run = tmp_path / "run"
+    proc = _start(shards, run, faults="")
+    _until(lambda: _trained(run, 3))
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(gap_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, proc.stderr.read()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("event") == "preempted" for r in records), records

@@ -22,6 +22,7 @@ WORLD_SIZE and train.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import importlib
@@ -70,7 +71,41 @@ def _top_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `bertgpu` command: ARGV, or the program's arguments (then a stop signal while the
+    interpreter winds down exits at once with 128 + its number, see `_late_stops_exit`)."""
+    status = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None:
+        _late_stops_exit()
+    return status
+
+
+def _late_stops_exit() -> None:
+    """A stop signal after the command returned, while the interpreter winds down (a second or
+    so after a training run: threads, torch's modules), exits with the command's status, as the
+    README promises of a second signal: it used to meet the default action once Python had put
+    it back, and the process died of SIGTERM (-15) or SIGINT after its preemption checkpoint
+    was written and said. Until the exit handlers run, such a signal exits at once with
+    128 + its number; after them (Python resets its handlers to the default then) it is
+    ignored for the last moments of the shutdown, which end with the command's status."""
+    def exit_now(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + signum)
+
+    def ignore_from_now() -> None:
+        with contextlib.suppress(ValueError):
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
+
+    with contextlib.suppress(ValueError):  # (not the main thread)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, exit_now)
+        atexit.register(ignore_from_now)
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_top_help())
         return 0
