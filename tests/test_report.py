@@ -451,3 +451,22 @@ def test_only_a_glue_folder_without_its_table_gets_the_note_saying_so(tmp_path, 
     shutil.copytree(run_dir, partial / "SST-2" / "seed_1")  # (any run folder, for the layout)
     md = (build_report([partial], tmp_path / "rep2") / "README.md").read_text(encoding="utf-8")
     assert md.count("GLUE table yet") == 1, md
+
+
+def test_checkpoints_counts_the_written_ones_only():
+    """A background save killed in its write (started at step 40, never written; the re-run
+    resumed from step 20) was counted: the report said 5 checkpoints of a run that had 4."""
+    def info(step, event, **fields):
+        return {"step": step, "kind": "info", "event": event, **fields}
+
+    records = [
+        info(20, "checkpoint", stall_s=0.01, background=True),
+        info(21, "checkpoint_written", saved_step=20, write_s=0.5),
+        info(40, "checkpoint", stall_s=0.01, background=True),  # killed during its write
+        info(20, "start", world_size=1),
+        info(40, "checkpoint", stall_s=0.02, background=True),
+        info(41, "checkpoint_written", saved_step=40, write_s=0.4),
+        info(60, "checkpoint", stall_s=0.3, background=False),  # written in the training thread
+        info(70, "checkpoint", stall_s=0.2),  # a version that did not log `background`
+    ]
+    assert pretrain_summary(records)["checkpoints"] == 4

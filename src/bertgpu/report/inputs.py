@@ -373,6 +373,11 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     # host copy and any wait for the previous write) and how long background writes took.
     stalls = series(records, "info", "stall_s")[1]
     writes = series(records, "info", "write_s")[1]
+    # written: a save in the training thread is logged once written, one in the background when
+    # its write ended (checkpoint_written); one cut short by a kill is not a checkpoint
+    saves = [r for r in records if r.get("kind") == "info" and r.get("event") == "checkpoint"]
+    written = (sum(1 for r in saves if not r.get("background"))
+               + sum(1 for r in records if r.get("event") == "checkpoint_written"))
     elapsed = [e for e in (num(r.get("elapsed_s")) for r in records) if e is not None]
     mem = series(records, "train", "mem_peak_gib")[1]
     worlds = [w for w in (num(r.get("world_size")) for r in records) if w is not None]
@@ -392,7 +397,7 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         # a run resumed on another number of devices: each count in turn, as its rates mix them
         "world_size": (" then ".join(f"{w:.0f}" for w in _runs_of(worlds))
                        if len(_runs_of(worlds)) > 1 else worlds[-1] if worlds else None),
-        "checkpoints": len(stalls) or None,
+        "checkpoints": written or None,
         "checkpoint_stall_s": sum(stalls) / len(stalls) if stalls else None,
         "checkpoint_stall_max_s": max(stalls) if stalls else None,
         "checkpoint_write_s": sum(writes) / len(writes) if writes else None,
