@@ -374,3 +374,24 @@ def test_a_live_view_stopped_by_sigterm_exits_143(run, capsys, monkeypatch):
     assert cli_main(["watch", str(run), "--interval", "0.5"]) == 143
     assert capsys.readouterr().err.strip().endswith("bertgpu watch: stopped by SIGTERM")
     assert cli_main(["watch", str(run.parent / "not_yet"), "--interval", "0.5"]) == 143
+
+
+def test_into_a_pipe_a_frame_is_printed_each_time_the_run_logs(run, capsys, monkeypatch):
+    """`watch RUN > log`: rich's live view printed nothing until the run ended (then one frame;
+    none if the watch was stopped first). Now a frame whenever the run logged, and a last one at
+    its end; an interval with nothing new prints nothing."""
+    sleeps = []
+
+    def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+        if len(sleeps) == 1:
+            _append(run / "metrics.jsonl", [_train(5)])
+        elif len(sleeps) == 3:
+            _append(run / "metrics.jsonl", [_info(5, "end", reason="max_steps")])
+
+    monkeypatch.setattr(watch.time, "sleep", fake_sleep)
+    assert cli_main(["watch", str(run), "--interval", "0.5"]) == 0
+    out = capsys.readouterr().out
+    frames = out.count("step 4 / 10") + out.count("step 5 / 10")
+    assert len(sleeps) == 3 and frames == 3, out  # start, step 5, the end (not the idle one)
+    assert out.index("step 4 / 10") < out.index("step 5 / 10")

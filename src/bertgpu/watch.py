@@ -434,6 +434,8 @@ def main(args: argparse.Namespace) -> int:
     if args.once or ended(state) is not None:  # a run that is over: its last frame
         console.print(render(state, width=console.width))
         return 0
+    if not console.is_terminal:  # a pipe or a log: a frame per change, not one at the end
+        return _frames(state, console, args.interval)
     from rich.live import Live
 
     try:
@@ -448,3 +450,25 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C, the way to leave a live view: not an error
         pass
     return 0
+
+
+def _frames(state: RunState, console: Any, interval: float) -> int:
+    """The live view where there is no screen to redraw (`watch RUN > log`, a pipe): a frame
+    each time the run logged something, until it ends. rich's live view printed nothing there
+    until the run ended (its one frame, or none if the watch was stopped first)."""
+    shown = None
+    try:
+        while True:
+            seen = (len(state.records), ended(state) is not None)
+            if seen != shown:
+                console.print(render(state, width=console.width))
+                console.file.flush()
+                shown = seen
+            if seen[1]:
+                return 0
+            time.sleep(interval)
+            state.poll()
+    except Terminated:
+        raise
+    except KeyboardInterrupt:
+        return 0
