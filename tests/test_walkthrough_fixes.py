@@ -24,6 +24,11 @@ def test_a_missing_shard_set_folder_is_named_as_missing(tmp_path):
     (tmp_path / "empty").mkdir()  # a folder without the file still names the file
     with pytest.raises(BertgpuError, match="manifest.json: no manifest.json found"):
         Manifest.read(tmp_path / "empty" / "manifest.json")
+    # `pretrain --data RUN` (a run folder given for the shards): said as what it is
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(BertgpuError, match=r"no manifest.json found: .*run is a run folder of "
+                                           r"`bertgpu pretrain` or `finetune`, not a shard set"):
+        Manifest.read(tmp_path / "run" / "manifest.json")
 
 
 def test_a_missing_glue_folder_is_named_as_missing(tmp_path):

@@ -113,6 +113,10 @@ class Manifest:
             raise BertgpuError(f"{path.parent}: does not exist (expected a shard set written by "
                                "`bertgpu prepare`)")
         if not path.is_file():
+            if any((path.parent / n).exists() for n in ("metrics.jsonl", "checkpoints")):
+                raise BertgpuError(f"{path}: no manifest.json found: {path.parent} is a run "
+                                   "folder of `bertgpu pretrain` or `finetune`, not a shard set; "
+                                   "expected the --out of `bertgpu prepare`")
             raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by "
                                "`bertgpu prepare`)")
         try:
