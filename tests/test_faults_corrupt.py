@@ -335,6 +335,10 @@ def test_export_step_refuses_incomplete_or_damaged(run, tmp_path, capsys):
     assert cli(["export", str(run), "--step", "20", "--out", str(out)]) == 2
     assert "step_20: cannot export: model.safetensors is truncated" in capsys.readouterr().err
     assert not out.exists()
+    # the list of complete steps left out the damaged one (it named 20 as complete)
+    assert cli(["export", str(run), "--step", "40", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"bertgpu export: error: {run}: has no checkpoint step_40 "
+                                       "under checkpoints/ (complete ones: 10; damaged: 20)\n")
 
     assert cli(["export", str(run), "--step", "10", "--out", str(out)]) == 0
     assert torch.equal(word_embeddings(out), word_embeddings(root / "step_10", TINY["vocab_size"]))
