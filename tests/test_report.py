@@ -470,3 +470,11 @@ def test_checkpoints_counts_the_written_ones_only():
         info(70, "checkpoint", stall_s=0.2),  # a version that did not log `background`
     ]
     assert pretrain_summary(records)["checkpoints"] == 4
+
+
+def test_an_input_given_twice_is_reported_once(tmp_path, run_dir):
+    """The same run as a folder and as its metrics.jsonl (or twice) made two rows, labelled
+    apart by their parents' names as if they were two runs."""
+    md = (build_report([run_dir, run_dir / "metrics.jsonl", run_dir], tmp_path / "rep")
+          / "README.md").read_text(encoding="utf-8")
+    assert _table_rows(md)["optimizer steps"] == ["4"], md

@@ -89,8 +89,10 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     sources, notes = [], []
     for p in paths:
         found, partial_glue = load_sources(p)
+        seen = {s.path.resolve() for s in sources}  # an input given twice (or as run and file)
+        found = [s for s in found if s.path.resolve() not in seen]
         sources += found
-        if partial_glue:  # a GLUE folder without its table yet
+        if partial_glue and found:  # a GLUE folder without its table yet
             runs = f"its {len(found)} runs so far are" if len(found) > 1 else "its run so far is"
             notes.append(f"`{p}` has no GLUE table yet (`bertgpu glue` has not finished): "
                          f"{runs} below as fine-tuning runs.")
