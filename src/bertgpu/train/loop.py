@@ -204,8 +204,7 @@ class Loop:
         result = self.result = LoopResult(step=self.engine.step)
         w = self._window = LogWindow(self.world, self.info.rank, self.train.log_every_steps)
         w.load_loss_state(self._resumed_loss)
-        # A run resumed from a checkpoint written after its evaluation (the final one, say) does
-        # not evaluate the same weights again (it used to, at its end: same numbers, time lost).
+        # resumed from a checkpoint written after its evaluation: not evaluated again
         w.evaluated_at, result.last_eval = self._resumed_eval
         self._last_ckpt = time.monotonic()
         try:
