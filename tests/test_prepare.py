@@ -188,7 +188,8 @@ def test_output_identical_for_one_and_two_workers(tok, corpus, tmp_path, objecti
 def test_refuses_existing_output_unless_overwrite(tok, corpus, tmp_path):
     out = tmp_path / "data"
     prepare([corpus], tok, out, workers=1, seq_len=64)
-    with pytest.raises(BertgpuError, match="already exists and is not empty"):
+    with pytest.raises(BertgpuError, match=r"holds a shard set prepared with --seq-len 64 \(asked "
+                                           r"128\); expected a new folder, or --overwrite"):
         prepare([corpus], tok, out, workers=1)
     assert json.loads((out / "manifest.json").read_text())["seq_len"] == 64
     prepare([corpus], tok, out, workers=1, overwrite=True)

@@ -192,11 +192,12 @@ def test_url_round_trips_memory_and_file(tok, mixed, reference, tmp_path):
         assert got["splits"] == m["splits"] and got["counts"] == m["counts"]
         remote = {p.split("/out27/data/", 1)[1]: memory.cat_file(p)
                   for p in memory.find("/out27/data")}
-        assert remote == tree_bytes(ref_dir) | {"manifest.json": remote["manifest.json"]}
+        assert remote == tree_bytes(ref_dir) | {"manifest.json": remote["manifest.json"],
+                                                "prepared-from.json": remote["prepared-from.json"]}
         assert "prepare-plan.json" not in remote and not any(k.startswith("units/")
                                                               for k in remote)
         # a sealed URL output is refused unless --overwrite, which replaces it
-        with pytest.raises(Exception, match="already exists and is not empty"):
+        with pytest.raises(Exception, match="holds a shard set prepared from another corpus"):
             prepare(["memory://corpus27/d.txt"], tok, "memory://out27/data", **KW)
         prepare(["memory://corpus27/d.txt"], tok, "memory://out27/data", overwrite=True, **KW)
         assert not memory.exists("/out27/data/train-00009-00000.lengths.npy")

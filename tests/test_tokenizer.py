@@ -45,7 +45,8 @@ def cased(tmp_path_factory):
 
 def test_folder_layout_and_special_tokens(uncased):
     assert sorted(p.name for p in uncased.iterdir()) == [
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "trained-from.json",
+        "vocab.txt"]
     assert not uncased.with_name("uncased.tmp").exists()
     vocab = uncased.joinpath("vocab.txt").read_text(encoding="utf-8").splitlines()
     assert vocab[:5] == SPECIAL_TOKENS
@@ -155,7 +156,8 @@ def test_errors_name_the_folder(tmp_path, uncased):
     (tmp_path / "empty").mkdir()
     with pytest.raises(BertgpuError, match="empty: neither tokenizer.json nor vocab.txt"):
         special_token_ids(tmp_path / "empty")
-    with pytest.raises(BertgpuError, match="already exists and is not empty"):
+    with pytest.raises(BertgpuError, match=r"holds a tokenizer trained with --vocab-size \d+ \(asked "
+                                           r"100\).*; expected a new output folder"):
         train_tokenizer([tokenizer_corpus(tmp_path / "c")], uncased, vocab_size=100)
 
 

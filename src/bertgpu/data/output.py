@@ -18,6 +18,8 @@ The bookkeeping of a run in progress is ``prepare-plan.json`` (the work units an
 versions, `units.plan_record`) and ``units/NNNNN.json`` (one record per finished unit, written
 after its shards). A re-run of the same command on the same corpus finds both, keeps the units
 whose records and shard files are there, and redoes the others; any other plan starts afresh.
+The sealed set keeps the plan as ``prepared-from.json``: a re-run after the end finds it the same
+and does nothing (`rerun`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bertgpu.data.rerun import PREPARED
 from bertgpu.data.sources import filesystem, is_url, local_path
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import SCRATCH_MARK, is_scratch, make_scratch, replace_dir
@@ -219,7 +222,7 @@ class WorkFolder:
         for name, data in sorted(tokenizer_files.items()):
             (folder / "tokenizer" / name).write_bytes(data)
         shutil.rmtree(folder / UNITS)
-        (folder / PLAN).unlink()
+        (folder / PLAN).rename(folder / PREPARED)  # what the set is made from (`rerun`)
         self._write_text(MANIFEST, manifest_text)
         replace_dir(folder, Path(self.out), replaces=is_shard_set, what=SHARD_SET)
         return self.out
@@ -229,9 +232,24 @@ class WorkFolder:
         for name, data in sorted(tokenizer_files.items()):
             fs.pipe_file(self._path(f"tokenizer/{name}"), data)
         fs.rm(self._path(UNITS), recursive=True)
+        fs.pipe_file(self._path(PREPARED), fs.cat_file(self._path(PLAN)))
         fs.rm_file(self._path(PLAN))
         self._write_text(MANIFEST, manifest_text)
         return self.out
+
+    def sealed(self) -> tuple[str | None, str | None]:
+        """The texts of manifest.json and prepared-from.json of a shard set sealed at the output
+        (None for a file that is not there): what a re-run finds (`rerun.same_as_prepared`)."""
+        if self.remote:
+            with self._store_errors("cannot read"):
+                return self._read_text(MANIFEST), self._read_text(PREPARED)
+        texts = []
+        for name in (MANIFEST, PREPARED):
+            try:
+                texts.append(Path(self.out, name).read_text(encoding="utf-8"))
+            except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+                texts.append(None)
+        return texts[0], texts[1]
 
     def discard(self) -> None:
         """Remove everything this run wrote (bad input: nothing is kept, nothing sealed)."""
@@ -257,7 +275,7 @@ def is_shard_set(folder: Path) -> bool:
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
         return False
-    own = {MANIFEST, "tokenizer", PLAN, UNITS, SCRATCH_MARK}
+    own = {MANIFEST, "tokenizer", PLAN, PREPARED, UNITS, SCRATCH_MARK}
     other = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir()
                    if e.name not in own and not (e.suffix == ".npy" and e.is_file()))
     if other:

@@ -41,20 +41,21 @@ place with manifest.json last (`output`). Bad input stops the run with one line 
 it wrote; with --skip-bad a bad file is left out whole (a unit that read part of it before the
 problem is prepared again without it, and the other parts of a file read in parts are dropped),
 and listed in the manifest's ``skipped_inputs``. A run stopped otherwise (a worker or the driver
-killed, Ctrl-C) keeps its finished units: the same command redoes only the others.
+killed, Ctrl-C) keeps its finished units: the same command redoes only the others. Run again
+after the end, it finds the set made from the same corpus and settings and does nothing; a set
+made otherwise at --out is an error naming the difference, unless --overwrite (`rerun`).
 
-A finished run warns (one line each) when more than 5% of the tokens are [UNK] (the tokenizer
-does not cover the text), when more than 90% of the NSP labels are one class, and when many
-random next segments had to come from A's own document.
+A finished run warns (`prepare_warnings`) when the set is complete but not what the user
+expects: mostly [UNK], NSP labels mostly one class, random next segments from A's own document.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ from bertgpu.data.corpus import add_corpus_arguments, null_text_message, resolve
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
+from bertgpu.data.prepare_warnings import warn_about_result
+from bertgpu.data.rerun import same_as_prepared
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.sources import (
     check_glob_apart,
@@ -168,10 +171,7 @@ def prepare(
     check_not_cwd(out)
     if not is_url(out):  # only an earlier shard set is replaced, and only with --overwrite
         out = os.path.normpath(out)  # "sub/x/.." is sub: its name builds sub.tmp
-        check_output_folder(out, SHARD_SET, replaces=is_shard_set)
-        if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
-            raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder "
-                               "(or --overwrite)")
+        check_output_folder(out, SHARD_SET, replaces=is_shard_set)  # else new, empty or a set
         check_apart(out, [local_path(p) for p in (*paths, *inputs)])
         check_glob_apart(out, paths)  # what a pattern would match on a re-run
     else:
@@ -195,6 +195,11 @@ def prepare(
             "settings": job.settings, "unit_bytes": unit_bytes,
             "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
                     chunk_docs, dtype.name], **plan_record(units)}
+    sealed = work.sealed() if not overwrite else (None, None)  # a set there: the same plan's?
+    if same_as_prepared(out, *sealed, plan):  # (another plan's is an error naming how)
+        if report is not None:
+            report.update(done=True)
+        return Manifest.from_json(json.loads(sealed[0]), Path(work.out, "manifest.json")).to_json()
     finished = work.begin(plan, overwrite)
     bar = Progress(units, finished, progress)
     try:
@@ -224,59 +229,8 @@ def prepare(
     if report is not None:
         report.update(units=[records[u.index] for u in units], resumed=len(finished),
                       kept=sorted(finished), engine=engine)
-    _warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
+    warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
     return manifest.to_json()
-
-
-UNK_WARN_SHARE = 0.05  # more [UNK] than this: the vocabulary does not cover the text
-NSP_WARN_SHARE = 0.9  # one NSP label on more rows than this: the task teaches little
-SAME_DOC_WARN_SHARE = 0.05  # random-next Bs from A's own document (chunks of pieces of one)
-
-
-def _warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
-                       tokenizer_dir: str | os.PathLike) -> None:
-    """One warning each for a shard set that is complete but not what the user expects."""
-    tokens = manifest.counts["tokens"]
-    unk = sum(r.get("unk_tokens", 0) for r in records)
-    if tokens and unk > UNK_WARN_SHARE * tokens:
-        warnings.warn(f"{unk / tokens:.0%} of the tokens are [UNK] ({unk} of {tokens}): the "
-                      f"tokenizer {os.fspath(tokenizer_dir)} does not cover this text; expected a "
-                      "tokenizer trained on similar text (bertgpu tokenizer --corpus ...)",
-                      stacklevel=2)
-    rows = manifest.counts["sequences"]
-    if manifest.objective != "mlm+nsp" or not rows:
-        return
-    random = sum(r.get("nsp_random", 0) for r in records)
-    share = max(random, rows - random) / rows
-    if share > NSP_WARN_SHARE:
-        label, what = (1, "B random") if random * 2 > rows else (0, "B follows A")
-        why = _why_random(records, manifest.seq_len) if label == 1 else ""
-        warnings.warn(f"{share:.0%} of the NSP labels are {label} ({what}), {rows} rows{why}",
-                      stacklevel=2)
-    same = sum(r.get("nsp_same_document", 0) for r in records)
-    if same > SAME_DOC_WARN_SHARE * rows:
-        warnings.warn(f"{same} of {rows} NSP rows labelled random took B from A's own document: "
-                      "their chunk held pieces of a single document of its split (as BERT "
-                      "falls back to); expected more documents per chunk (--chunk-docs, or "
-                      "shorter documents)", stacklevel=2)
-
-
-def _why_random(records: list[dict[str, Any]], seq_len: int) -> str:
-    """Why most NSP labels are 1: the commonest reason an A of one sentence had no B to follow
-    it (BERT's recipe then takes a random B), from the workers' counts."""
-    counts = {cause: sum(r.get(f"nsp_{cause}", 0) for r in records)
-              for cause in ("one_sentence_document", "sentence_fills_target", "last_sentence")}
-    cause = max(counts, key=counts.get)  # type: ignore[arg-type]
-    if cause == "sentence_fills_target" and counts[cause]:
-        return (f": in {counts[cause]} rows A is one sentence that alone fills the {seq_len - 3} "
-                f"tokens a pair holds (--seq-len {seq_len} less [CLS] and two [SEP]), so no "
-                "next sentence fits; expected a longer --seq-len (or shorter sentences)")
-    if cause == "last_sentence" and counts[cause]:
-        return (f": in {counts[cause]} rows A is the last sentence of its document, left alone "
-                "after the segment before it, so no next sentence exists; expected documents of "
-                f"more sentences (or a longer --seq-len than {seq_len})")
-    return (": documents of one sentence cannot give a next sentence; expected documents of "
-            "several sentences")
 
 
 def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any]],
@@ -472,6 +426,11 @@ def main(args: argparse.Namespace) -> int:
         unit_bytes=args.unit_bytes, report=report,
     )
     c, s = manifest["counts"], time.perf_counter() - start
+    if report.get("done"):
+        print(f"prepare: {args.out} already holds this shard set, prepared from the same corpus "
+              f"with the same tokenizer and settings ({_count(c['documents'], 'document')} -> "
+              f"{c['sequences']} sequences); nothing to do (--overwrite prepares it again)")
+        return 0
     kept = set(report["kept"])  # units an earlier run tokenized: not in this run's rate
     new = sum(split["tokens"] for r in report["units"] if r["unit"] not in kept
               for split in r["splits"].values())

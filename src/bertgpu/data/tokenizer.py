@@ -20,10 +20,11 @@ wiki dump or Arrow file through and keeping every k-th document (a URL's from it
 through, it would be downloaded whole); a vocabulary of a remote corpus without downloading all
 of it. The sample is the same on every run.
 
-The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast)
-and special_tokens_map.json. Loading a folder (`load_tokenizer`, `is_lowercase`,
-`tokenizer_hash`) is `tokenizer_folder`'s: any Hugging Face BERT folder,
-encoded as transformers' AutoTokenizer encodes it.
+The output folder holds vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizerFast),
+special_tokens_map.json and trained-from.json (the settings and the corpus files' versions: the
+same command run again finds the folder trained that way and does nothing, `rerun`). Loading a
+folder (`load_tokenizer`, `is_lowercase`, `tokenizer_hash`) is `tokenizer_folder`'s: any Hugging
+Face BERT folder, encoded as transformers' AutoTokenizer encodes it.
 
 With --skip-bad a file skipped after part of its text was read is left out whole, as `prepare`
 leaves it out: the corpus is read again without it before the trainer runs.
@@ -51,7 +52,14 @@ from bertgpu.data.corpus import (
     resolve_inputs,
     settle_parts,
 )
-from bertgpu.data.sources import check_glob_apart, check_not_cwd, is_url, local_path
+from bertgpu.data.rerun import TRAINED, same_as_trained, tokenizer_record
+from bertgpu.data.sources import (
+    check_glob_apart,
+    check_not_cwd,
+    file_version,
+    is_url,
+    local_path,
+)
 from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
@@ -90,12 +98,15 @@ def train_tokenizer(
     limit_alphabet: int = 1000,
     stats: CorpusStats | None = None,
     sample_bytes: int | None = None,
+    report: dict | None = None,
 ) -> Path:
     """Train a WordPiece vocabulary on the corpus and write an AutoTokenizer-loadable folder.
 
     ``strip_accents=None`` follows ``lowercase`` (BERT's convention: uncased models also drop
     accents). ``sample_bytes``: train on about that many bytes of text spread over the corpus.
-    The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent.
+    The folder is written as ``OUT.tmp`` and renamed, so it is complete or absent. A folder
+    trained the same way (its trained-from.json: the settings and the corpus files' versions)
+    is kept as it is, and ``report["done"]`` set; one trained otherwise is an error naming how.
     """
     if sample_bytes is not None and sample_bytes < 1:
         raise BertgpuError(f"--sample-bytes {sample_bytes}: expected 1 or more")
@@ -117,6 +128,16 @@ def train_tokenizer(
         raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
     broken: list[tuple[str, str]] = []  # broken links in folders, with --skip-bad
     inputs = resolve_inputs(paths, broken if skip_bad else None)  # before any work
+    strip = {None: "auto", True: "yes", False: "no"}[strip_accents]
+    record = tokenizer_record(inputs, {
+        "vocab_size": vocab_size, "cased": not lowercase, "strip_accents": strip,
+        "min_frequency": min_frequency, "format": fmt, "text_field": text_field,
+        "skip_bad": skip_bad, "limit_alphabet": limit_alphabet, "sample_bytes": sample_bytes,
+    }, file_version)
+    if same_as_trained(out, record):  # a re-run: nothing to do (another record raises)
+        if report is not None:
+            report["done"] = True
+        return out
     _check_out_dir(out, paths, inputs)
     stats = stats if stats is not None else CorpusStats()
 
@@ -137,6 +158,7 @@ def train_tokenizer(
                           f"(pieces seen at least --min-frequency {min_frequency} times); expected "
                           "a larger or more varied corpus, or a smaller --vocab-size", stacklevel=2)
         _write_folder(tok, tmp, lowercase, strip_accents)
+        _write_json(tmp / TRAINED, record)
         if out.exists():
             out.rmdir()  # _check_out_dir made sure it is empty
         replace_dir(tmp, out)
@@ -295,13 +317,18 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     stats = CorpusStats()
     strip = {"auto": None, "yes": True, "no": False}[args.strip_accents]
+    report: dict = {}
     out = train_tokenizer(
         args.corpus, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
         min_frequency=args.min_frequency, fmt=args.format, skip_bad=args.skip_bad,
         text_field=args.text_field, strip_accents=strip, limit_alphabet=args.limit_alphabet,
-        stats=stats, sample_bytes=args.sample_bytes,
+        stats=stats, sample_bytes=args.sample_bytes, report=report,
     )
     size = load_tokenizer(out).get_vocab_size(with_added_tokens=True)
+    if report.get("done"):
+        print(f"tokenizer: {out} already holds this tokenizer (vocab {size}), trained on the same "
+              "corpus with the same settings; nothing to do")
+        return 0
     print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "
           f"{stats.summary()} in {time.perf_counter() - start:.1f}s -> {out}")
     return 0

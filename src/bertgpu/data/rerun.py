@@ -1,0 +1,143 @@
+"""What a re-run of `bertgpu tokenizer` or `bertgpu prepare` finds at its finished output.
+
+A script ``tokenizer && prepare && pretrain`` can be run again as a whole: the same command on
+the same corpus with the same settings finds its output finished and does nothing (one line
+saying so, exit 0), as `pretrain` does with a finished run. An output made from another corpus
+or with other settings is an error that names the difference (``--seq-len 128 (asked 256)``),
+not a bare "already exists".
+
+Each output keeps the record of what it was made from:
+
+- a shard set, ``prepared-from.json``: prepare's plan (`prepare.prepare` builds it: the tokenizer's
+  hash, the settings, the work units and each corpus file's version, `sources.file_version`);
+- a tokenizer folder, ``trained-from.json``: the settings and each corpus file's version.
+
+A file's version is its size and modification time (or a store's ETag): a corpus copied or
+touched since counts as changed. An output of an older bertgpu, without its record, is refused
+as before (the user decides: --overwrite for a shard set, another --out for a tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError
+
+PREPARED = "prepared-from.json"
+TRAINED = "trained-from.json"
+
+# prepare's plan: settings (`UnitJob.settings`) and job list, by the flag that sets them
+SETTING_FLAGS = {"seed": "--seed", "objective": "--objective", "seq_len": "--seq-len",
+                 "short_seq_prob": "--short-seq-prob", "segmenter": "--whole-word-segmenter"}
+JOB_FLAGS = ("--format", "--text-field", "--skip-bad", "--validation-fraction",
+             "--validation-docs", "--shard-size", "--chunk-docs", None)  # (None: the id dtype)
+TOKENIZER_FLAGS = {"vocab_size": "--vocab-size", "cased": "--cased", "min_frequency":
+                   "--min-frequency", "strip_accents": "--strip-accents", "format": "--format",
+                   "text_field": "--text-field", "skip_bad": "--skip-bad",
+                   "limit_alphabet": "--limit-alphabet", "sample_bytes": "--sample-bytes"}
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """The record of a plan as written: its JSON with sorted keys."""
+    return json.dumps(plan, sort_keys=True)
+
+
+def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
+                     plan: dict[str, Any]) -> bool:
+    """Whether the shard set at ``out`` (its manifest.json and prepared-from.json texts, None
+    when absent) was prepared from ``plan``: True, nothing to do; False, no shard set there.
+    A shard set made otherwise raises a one-line error naming how."""
+    if manifest is None:
+        return False
+    if prepared is None:
+        raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder (or "
+                           "--overwrite)")
+    try:
+        before = json.loads(prepared)
+    except json.JSONDecodeError:
+        before = {}
+    if _without_version(before) == _without_version(plan):
+        return True
+    diffs = _plan_differences(before, plan)
+    raise BertgpuError(f"{out}: holds a shard set prepared {'; '.join(diffs)}; expected a new "
+                       "folder, or --overwrite to replace it")
+
+
+def _without_version(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan less the bertgpu version that made it: an upgrade alone remakes nothing."""
+    return {k: v for k, v in plan.items() if k != "created_by"}
+
+
+def _plan_differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    out = []
+    if before.get("tokenizer_hash") != now["tokenizer_hash"]:
+        out.append("with another tokenizer (--tokenizer)")
+    old, new = before.get("settings", {}), now["settings"]
+    out += [_flag(flag, old.get(key), new.get(key)) for key, flag in SETTING_FLAGS.items()
+            if old.get(key) != new.get(key)]
+    old_job = before.get("job", [None] * len(JOB_FLAGS))
+    out += [_flag(flag, a, b) for flag, a, b in zip(JOB_FLAGS, old_job, now["job"], strict=False)
+            if flag is not None and a != b]
+    if before.get("unit_bytes") != now["unit_bytes"]:
+        out.append(_flag("--unit-bytes", before.get("unit_bytes"), now["unit_bytes"]))
+    out += _corpus_differences(before.get("versions", {}), now["versions"])
+    return out or ["by another version of bertgpu's plan"]
+
+
+def _corpus_differences(before: dict[str, str], now: dict[str, str]) -> list[str]:
+    """How the corpus files (path -> version) differ: other files, or the same files changed."""
+    if set(before) != set(now):
+        gone, new = sorted(set(before) - set(now)), sorted(set(now) - set(before))
+        parts = ([f"{len(gone)} file{'s' if len(gone) != 1 else ''} not in this corpus "
+                  f"(first: {gone[0]})"] if gone else [])
+        parts += ([f"without {len(new)} of its files (first: {new[0]})"] if new else [])
+        return [f"from another corpus: {', '.join(parts)}"]
+    changed = sorted(path for path in now if before[path] != now[path])
+    if changed:
+        return [f"from an earlier version of the corpus: {len(changed)} file"
+                f"{'s' if len(changed) != 1 else ''} changed since (size or modification time; "
+                f"first: {changed[0]})"]
+    return []
+
+
+def _flag(flag: str, before: Any, now: Any) -> str:
+    return f"with {flag} {_shown(before)} (asked {_shown(now)})"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):  # a switch: --skip-bad, --cased
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_record(inputs: list, settings: dict[str, Any],
+                     version: Callable[[Any], str]) -> dict[str, Any]:
+    """trained-from.json of a tokenizer trained on the files ``inputs`` with ``settings``."""
+    return {"settings": settings, "versions": {str(src): version(src) for src in inputs}}
+
+
+def same_as_trained(out: Path, record: dict[str, Any]) -> bool:
+    """Whether the tokenizer folder ``out`` was trained as ``record`` says: True, nothing to do;
+    False, no folder or an empty one. A tokenizer trained otherwise raises naming how; a folder
+    without a record is left to the caller's check (an older bertgpu's, or the user's)."""
+    path = out / TRAINED
+    if not path.is_file() or not (out / "vocab.txt").is_file():
+        return False
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if before == record:
+        return True
+    old, new = before.get("settings", {}), record["settings"]
+    diffs = [_flag(flag, old.get(key), new.get(key)) for key, flag in TOKENIZER_FLAGS.items()
+             if old.get(key) != new.get(key)]
+    diffs += _corpus_differences(before.get("versions", {}), record["versions"])
+    raise BertgpuError(f"{out}: holds a tokenizer trained {'; '.join(diffs or ['otherwise'])}; "
+                       "expected a new output folder (or remove this one)")
