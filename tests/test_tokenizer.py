@@ -156,8 +156,8 @@ def test_errors_name_the_folder(tmp_path, uncased):
     (tmp_path / "empty").mkdir()
     with pytest.raises(BertgpuError, match="empty: neither tokenizer.json nor vocab.txt"):
         special_token_ids(tmp_path / "empty")
-    with pytest.raises(BertgpuError, match=r"holds a tokenizer trained with --vocab-size \d+ \(asked "
-                                           r"100\).*; expected a new output folder"):
+    with pytest.raises(BertgpuError, match=r"holds a tokenizer trained with --vocab-size \d+ "
+                                           r"\(asked 100\).*; expected a new output folder"):
         train_tokenizer([tokenizer_corpus(tmp_path / "c")], uncased, vocab_size=100)
 
 
