@@ -161,7 +161,7 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
     assert "2 layers x 64 hidden" in md
     # GLUE: columns from the task table, missing score as an empty cell.
     assert rows["model"] == ["CoLA", "SST-2", "average"]
-    assert rows["glue"] == ["21.5", "85.25", "53.38"]
+    assert rows["glue"] == ["21.5", "85.2", "53.4"]  # one decimal, as glue_results.md
     assert rows["BERT-base (published)"] == ["52.1", "", "78.6-80.7"]
     assert ("glue: protocol: not recorded (glue_results.json of an older version). Average of "
             "the glue row (not of the published rows, which keep their own): convention: mean "
@@ -403,11 +403,11 @@ def _glue_json(folder: Path, summary: dict) -> Path:
 def test_glue_task_count_without_a_task_table_counts_mnli_once(tmp_path):
     """A glue_results.json with columns only (no task table): MNLI-m and MNLI-mm are one task."""
     a = _glue_json(tmp_path / "with_mnli", {
-        "columns": {"CoLA": 20.0, "MNLI-m": 80.0, "MNLI-mm": 81.0}, "average": 50.25})
+        "columns": {"CoLA": 20.0, "MNLI-m": 80.0, "MNLI-mm": 81.0}, "average": 50.26})
     b = _glue_json(tmp_path / "cola", {"columns": {"CoLA": 30.0}, "average": 30.0})
     rows = _table_rows((build_report([a, b], tmp_path / "rep") / "README.md").read_text())
     assert rows["model"][-1] == "average (own tasks)"
-    assert rows["with_mnli"][-1] == "50.25 (2 tasks)" and rows["cola"][-1] == "30 (1 task)"
+    assert rows["with_mnli"][-1] == "50.3 (2 tasks)" and rows["cola"][-1] == "30.0 (1 task)"
 
 
 def test_a_reference_two_glue_folders_ask_for_is_shown_once_as_the_first_gave_it(tmp_path):

@@ -124,12 +124,33 @@ def test_the_glue_table_names_each_protocol_and_quotes_published_rows(tmp_path):
                 f"{name} row (not of the published rows, which keep their own): \"glue-score\" "
                 "convention: average = unweighted mean over the tasks shown." in md)
     rows = _table_rows(md)
-    assert rows["BERT from scratch on one 8 GB GPU (published)"] == ["41", "89.1", "72.7"]
+    assert rows["BERT from scratch on one 8 GB GPU (published)"] == ["41.0", "89.1", "72.7"]
     assert md.count("| BERT from scratch on one 8 GB GPU (published) |") == 1
     assert ("Published rows are quoted as published (their own protocols and averaging; empty "
             "cells were not reported or not in this table):\n\n- BERT from scratch on one 8 GB "
             "GPU (published): sidsite.com, BERT from scratch on one 8 GB GPU; average as "
             "published.\n" in md)
+
+
+def test_the_glue_row_reads_as_in_the_folders_own_table(tmp_path):
+    """The report gave a GLUE score to four digits (84.37) where the folder's glue_results.md,
+    and the published tables beside it, give one decimal (84.4)."""
+    from bertgpu.glue import write_table
+
+    summary = {
+        "init": "run", "convention": "glue-score", "convention_text": "the mean",
+        "protocol": {"epochs": 3, "lr": 3e-4, "global_batch_size": 32, "max_seq_len": 128,
+                     "warmup_fraction": 0.1, "decay": "linear", "weight_decay": 0.01,
+                     "precision": "fp32", "seeds": [1], "aggregate": "median over 1 seed per "
+                     "metric", "checkpoint": "final epoch"},
+        "columns": {"CoLA": 41.2345, "SST-2": 84.3667, "MNLI-m": 80.0}, "average": 68.53706,
+        "tasks": {n: {"score": v, "metrics": {}, "per_seed": {}}
+                  for n, v in (("CoLA", 41.2345), ("SST-2", 84.3667), ("MNLI", 80.0))},
+        "skipped": [], "references": []}
+    write_table(summary, tmp_path / "glue")
+    own = _table_rows((tmp_path / "glue" / "glue_results.md").read_text(encoding="utf-8"))
+    md = (build_report([tmp_path / "glue"], tmp_path / "rep") / "README.md").read_text("utf-8")
+    assert _table_rows(md)["glue"] == own["ours"] == ["41.2", "84.4", "80.0", "68.5"]
 
 
 def test_the_quality_table_names_its_rate_for_what_it_divides_by():

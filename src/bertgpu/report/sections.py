@@ -42,6 +42,12 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
+def _fmt_score(v: Any) -> str:
+    """A GLUE cell: a score (0-100) to one decimal, as `bertgpu glue`'s own table and the
+    published tables give it."""
+    return f"{v:.1f}" if num(v) is not None and not isinstance(v, bool) else _fmt_value(v)
+
+
 _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("ended", "how the run ended", str),
     ("steps", "optimizer steps", lambda v: f"{v:,.0f}"),
@@ -272,11 +278,11 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
     no task table), each cell says how many tasks it averages and the chart leaves it out."""
     own = [num(s.data.get("average")) for s in sources]
     if len({frozenset(cols) for cols in cols_by}) <= 1:
-        return "average", own, [_fmt_value(v) for v in own], None
+        return "average", own, [_fmt_score(v) for v in own], None
     scores = [_glue_task_scores(s.data) for s in sources]
     shared = [t for t in scores[0] if all(t in sc for sc in scores[1:])]
     counts = [_task_count(s.data, cols) for s, cols in zip(sources, cols_by, strict=True)]
-    owns = ", ".join(f"{s.name} {_fmt_value(v) or 'none'} ({n} task{'s' * (n != 1)})"
+    owns = ", ".join(f"{s.name} {_fmt_score(v) or 'none'} ({n} task{'s' * (n != 1)})"
                      for s, v, n in zip(sources, own, counts, strict=True))
     if shared and all(s.data.get("convention") == "glue-score" for s in sources):
         values: list[float | None] = [sum(sc[t] for t in shared) / len(shared) for sc in scores]
@@ -284,13 +290,13 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
                 f"{len(shared)} task{'s' * (len(shared) != 1)} every row has: "
                 f"{', '.join(shared)} (\"glue-score\" convention: the unweighted mean of those "
                 f"task scores). Each folder's own average, over all its tasks: {owns}.")
-        return "average (shared tasks)", values, [_fmt_value(v) for v in values], note
+        return "average (shared tasks)", values, [_fmt_score(v) for v in values], note
     why = ("no task is in every row" if not shared and all(scores) else
            "not every folder records its task scores in the \"glue-score\" convention")
     note = (f"The GLUE rows cover different tasks and their averages are not comparable: each "
             f"average is over its own tasks, and the count is beside it ({why}, so no common "
             f"average is given): {owns}.")
-    cells = [f"{_fmt_value(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
+    cells = [f"{_fmt_score(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
              for v, n in zip(own, counts, strict=True)]
     return "average (own tasks)", [None] * len(own), cells, note
 
@@ -306,15 +312,15 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
     cols_by = [_glue_columns(s.data) for s in sources]
     columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
     avg_header, averages, avg_cells, avg_note = _glue_averages(sources, cols_by)
-    rows = [[s.name, *[_fmt_value(cols.get(c)) for c in columns], cell]
+    rows = [[s.name, *[_fmt_score(cols.get(c)) for c in columns], cell]
             for s, cols, cell in zip(sources, cols_by, avg_cells, strict=True)]
     refs: dict[str, dict[str, Any]] = {}  # label -> reference; two folders may ask for one
     for s in sources:
         for ref in s.data.get("references") or []:
             if isinstance(ref, dict) and isinstance(ref.get("columns"), dict):
                 refs.setdefault(str(ref.get("label") or ref.get("name") or "reference"), ref)
-    rows += [[label, *[_fmt_value(ref["columns"].get(c)) for c in columns],
-              _fmt_value(ref.get("average"))] for label, ref in refs.items()]
+    rows += [[label, *[_fmt_score(ref["columns"].get(c)) for c in columns],
+              _fmt_score(ref.get("average"))] for label, ref in refs.items()]
     blocks: list[Block] = [("h2", "GLUE (dev)")]
     for s in sources:
         text = f"{s.name}: {_glue_protocol(s.data.get('protocol'))}."
