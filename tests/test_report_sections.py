@@ -221,3 +221,11 @@ def test_each_run_is_named_with_its_architecture_and_masking(tmp_path):
     assert ("BERT, 3 layers x 128 hidden, 2 heads, vocab 4000; 15% masked, whole words; global "
             "batch 16, fp32") in md
     assert "ModernBERT, 3 layers x 128 hidden, 2 heads, vocab 4000; 30% masked; global" in md
+
+
+def test_a_short_duration_is_not_shown_as_zero():
+    """A fine-tuning of 0.08 s read "0 s" in the report's train time."""
+    from bertgpu.report.sections import _fmt_duration
+
+    assert [_fmt_duration(s) for s in (0.08, 0.4, 3.14159, 9.6, 42.4, 123, 3900)] == [
+        "0.08 s", "0.4 s", "3.1 s", "10 s", "42 s", "2 min 03 s", "1 h 05 min"]

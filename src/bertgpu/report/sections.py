@@ -26,6 +26,10 @@ def _fmt_count(v: float) -> str:
 
 
 def _fmt_duration(s: float) -> str:
+    """"1 h 05 min", "2 min 03 s", "42 s"; under 10 s to two significant digits ("0.08 s",
+    not "0 s")."""
+    if s < 9.5:
+        return f"{s:.2g} s"
     s = int(round(s))
     h, m = divmod(s // 60, 60)
     return f"{h} h {m:02d} min" if h else f"{m} min {s % 60:02d} s" if m else f"{s} s"
