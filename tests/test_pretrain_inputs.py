@@ -296,6 +296,22 @@ def test_a_resume_with_the_same_settings_keeps_no_copy_and_a_second_change_keeps
         "earlier config.toml is kept as config.step_5.2.toml)")
 
 
+def test_a_copied_run_folder_resumed_in_its_new_place_changes_no_setting(
+        tmp_path: Path, capsys) -> None:
+    """`cp -r run run2` and the same command with --out run2 listed "out run2 (was run)" as a
+    changed setting and kept a config.step_N.toml for it: where the folder is trains nothing."""
+    run = tmp_path / "run2"
+    run.mkdir()
+    (run / "config.toml").write_text('seed = 0\nout = "run"\n[optim]\nlr = 0.001\n')
+    run_folder.keep_config_history(run, 'seed = 0\nout = "run2"\n[optim]\nlr = 0.001\n', 5)
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
+    assert capsys.readouterr().out == ""
+    run_folder.keep_config_history(run, 'seed = 0\nout = "run2"\n[optim]\nlr = 0.002\n', 5)
+    assert capsys.readouterr().out == (f"{run}: resuming at step 5 with changed settings: optim.lr "
+                                       "0.002 (was 0.001) (the earlier config.toml is kept as "
+                                       "config.step_5.toml)\n")
+
+
 def test_config_toml_holds_the_values_the_run_used_and_auto_again_changes_nothing(
         shards: Path, tmp_path: Path, capsys) -> None:
     # It kept the placeholders: micro_batch_size = "auto", objective = "none", with_nsp = "none".

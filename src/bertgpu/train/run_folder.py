@@ -153,7 +153,8 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         before = {**{k: v for k, v in _as_read_now(path).items() if k in after}, **before}
         changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
                    for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
-                   and not _as_asked(k, before.get(k), given.get(k))]
+                   and not _as_asked(k, before.get(k), given.get(k)) and k != "out"]
+        # (`out` is where the run folder is, not how it trains: a copy resumed changes nothing)
     if not changed:
         return
     earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
