@@ -197,7 +197,7 @@ def test_url_round_trips_memory_and_file(tok, mixed, reference, tmp_path):
         assert "prepare-plan.json" not in remote and not any(k.startswith("units/")
                                                               for k in remote)
         # a sealed URL output is refused unless --overwrite, which replaces it
-        with pytest.raises(Exception, match="holds a shard set prepared from another corpus"):
+        with pytest.raises(Exception, match="holds a shard set prepared from another corpus: "):
             prepare(["memory://corpus27/d.txt"], tok, "memory://out27/data", **KW)
         prepare(["memory://corpus27/d.txt"], tok, "memory://out27/data", overwrite=True, **KW)
         assert not memory.exists("/out27/data/train-00009-00000.lengths.npy")

@@ -61,7 +61,7 @@ def test_the_same_commands_again_do_nothing_and_other_settings_are_named(corpus,
     assert (f"{data}: holds a shard set prepared with --seed 12345 (asked 7); with --objective "
             "mlm (asked mlm+nsp); expected a new folder, or --overwrite to replace it") in err
     assert _prepare(corpus / "a.txt", tok, data) == 2
-    assert "prepared from another corpus: 1 file not in this corpus (first: " \
+    assert f"prepared from a larger corpus: also {corpus / 'b.txt'}; expected" \
         in capsys.readouterr().err
     os.utime(corpus / "b.txt", ns=(1, 1))  # the same bytes, another version
     assert _tokenizer(corpus, tok) == 2

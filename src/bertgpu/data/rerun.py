@@ -91,16 +91,21 @@ def _corpus_differences(before: dict[str, str], now: dict[str, str]) -> list[str
     """How the corpus files (path -> version) differ: other files, or the same files changed."""
     if set(before) != set(now):
         gone, new = sorted(set(before) - set(now)), sorted(set(now) - set(before))
-        parts = ([f"{len(gone)} file{'s' if len(gone) != 1 else ''} not in this corpus "
-                  f"(first: {gone[0]})"] if gone else [])
-        parts += ([f"without {len(new)} of its files (first: {new[0]})"] if new else [])
-        return [f"from another corpus: {', '.join(parts)}"]
+        if not new:
+            return [f"from a larger corpus: also {_files(gone)}"]
+        if not gone:
+            return [f"from a smaller corpus: without {_files(new)}"]
+        return [f"from another corpus: {_files(gone)}, where this one has {_files(new)}"]
     changed = sorted(path for path in now if before[path] != now[path])
     if changed:
         return [f"from an earlier version of the corpus: {len(changed)} file"
                 f"{'s' if len(changed) != 1 else ''} changed since (size or modification time; "
                 f"first: {changed[0]})"]
     return []
+
+
+def _files(paths: list[str]) -> str:
+    return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
 
 
 def _flag(flag: str, before: Any, now: Any) -> str:
