@@ -151,12 +151,12 @@ def test_glue_rows_over_different_tasks_average_the_tasks_every_row_has(tmp_path
     rows = _table_rows(md)
     assert rows["model"] == ["CoLA", "SST-2", "RTE", "QQP", "MNLI-m", "MNLI-mm",
                              "average (shared tasks)"]
-    assert rows["five"] == ["10", "80", "60", "70", "60", "50", "50"]
-    assert rows["three"] == ["20", "70", "60", "", "", "", "50"]
+    assert rows["five"] == ["10.0", "80.0", "60.0", "70.0", "60.0", "50.0", "50.0"]
+    assert rows["three"] == ["20.0", "70.0", "60.0", "", "", "", "50.0"]
     assert ("The GLUE rows cover different tasks, so their average column is over the 3 tasks "
             "every row has: CoLA, SST-2, RTE (\"glue-score\" convention: the unweighted mean of "
-            "those task scores). Each folder's own average, over all its tasks: five 55 "
-            "(5 tasks), three 50 (3 tasks)." in md)
+            "those task scores). Each folder's own average, over all its tasks: five 55.0 "
+            "(5 tasks), three 50.0 (3 tasks)." in md)
 
 
 def test_glue_averages_that_cannot_be_matched_carry_their_task_count(tmp_path: Path) -> None:
@@ -167,11 +167,11 @@ def test_glue_averages_that_cannot_be_matched_carry_their_task_count(tmp_path: P
     md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     rows = _table_rows(md)
     assert rows["model"][-1] == "average (own tasks)"
-    assert rows["five"][-1] == "55 (5 tasks)" and rows["three"][-1] == "50 (3 tasks)"
+    assert rows["five"][-1] == "55.0 (5 tasks)" and rows["three"][-1] == "50.0 (3 tasks)"
     assert ("The GLUE rows cover different tasks and their averages are not comparable: each "
             "average is over its own tasks, and the count is beside it (not every folder "
             "records its task scores in the \"glue-score\" convention, so no common average "
-            "is given): five 55 (5 tasks), three 50 (3 tasks)." in md)
+            "is given): five 55.0 (5 tasks), three 50.0 (3 tasks)." in md)
 
 
 def test_glue_rows_over_the_same_tasks_keep_their_average(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_glue_rows_over_the_same_tasks_keep_their_average(tmp_path: Path) -> Non
     md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     rows = _table_rows(md)
     assert rows["model"][-1] == "average" and "cover different tasks" not in md
-    assert rows["one"][-1] == "50" and rows["two"][-1] == "60"
+    assert rows["one"][-1] == "50.0" and rows["two"][-1] == "60.0"
 
 
 def test_glue_rows_over_as_many_different_tasks_average_the_shared_ones(tmp_path: Path) -> None:
@@ -191,8 +191,9 @@ def test_glue_rows_over_as_many_different_tasks_average_the_shared_ones(tmp_path
     md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     rows = _table_rows(md)
     assert rows["model"] == ["CoLA", "SST-2", "RTE", "average (shared tasks)"]
-    assert rows["run_a"] == ["20", "90", "", "20"] and rows["run_b"] == ["40", "", "50", "40"]
-    assert "Each folder's own average, over all its tasks: run_a 55 (2 tasks), run_b 45 " \
+    assert rows["run_a"] == ["20.0", "90.0", "", "20.0"]
+    assert rows["run_b"] == ["40.0", "", "50.0", "40.0"]
+    assert "Each folder's own average, over all its tasks: run_a 55.0 (2 tasks), run_b 45.0 " \
            "(2 tasks)." in md
 
 
@@ -205,7 +206,7 @@ def test_one_glue_score_folder_beside_another_convention_gets_no_common_average(
     md = (build_report([a, b], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     rows = _table_rows(md)
     assert rows["model"][-1] == "average (own tasks)"
-    assert rows["five"][-1] == "55 (5 tasks)" and rows["three"][-1] == "50 (3 tasks)"
+    assert rows["five"][-1] == "55.0 (5 tasks)" and rows["three"][-1] == "50.0 (3 tasks)"
     assert "not every folder records its task scores in the \"glue-score\" convention" in md
 
 
@@ -219,5 +220,5 @@ def test_the_shared_tasks_are_those_of_every_row_not_only_the_first_and_last(
     md = (build_report([a, b, c], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     rows = _table_rows(md)
     assert rows["model"] == ["CoLA", "SST-2", "RTE", "average (shared tasks)"]
-    assert [rows[n][-1] for n in ("first", "middle", "last")] == ["20", "40", "30"]
+    assert [rows[n][-1] for n in ("first", "middle", "last")] == ["20.0", "40.0", "30.0"]
     assert "over the 1 task every row has: CoLA (" in md
