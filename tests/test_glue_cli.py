@@ -73,6 +73,12 @@ def test_glue_table_average_and_idempotence(tmp_path, tiny_init, capsys):
     assert printed.count("results.json exists, not re-run") == 6 and "note:" not in printed
     assert (out / "SST-2" / "seed_1" / "results.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "glue_results.json").read_text())["columns"] == c
+    # How a run logs, checkpoints or evaluates in batches is no other setting: the finished
+    # runs are kept (they were refused, "made with checkpoint_every_steps 0 (now 50)")
+    assert glue(out, tiny_init, "--seeds", "1", "2", "--checkpoint_every_steps", "50",
+                "--eval_batch_size", "16", "--log_every_steps", "3") == 0
+    assert capsys.readouterr().out.count("results.json exists, not re-run") == 6
+    assert (out / "SST-2" / "seed_1" / "results.json").stat().st_mtime_ns == stamp
     # A finished run of other settings or another init is refused before any training: the
     # table used to list it under this command's protocol and model.
     assert glue(out, tiny_init, "--seeds", "1", "--lr", "1e-4") == 2
@@ -88,6 +94,22 @@ def test_glue_table_average_and_idempotence(tmp_path, tiny_init, capsys):
     assert main(["glue", "--data-dir", str(FIXTURES), "--init", str(tiny_init), "--out", str(out),
                  "--tasks", "sst2", *FAST, "--force"]) == 0
     assert (out / "SST-2" / "seed_1" / "results.json").stat().st_mtime_ns != stamp
+
+
+def test_a_submission_of_the_users_is_never_removed(tmp_path, tiny_init, capsys):
+    """glue removed (or, with --predict-test, replaced) OUT/submission/ and submission.zip in
+    any --out, also where no earlier glue had written them: a user's files were lost."""
+    out = tmp_path / "project"
+    (out / "submission").mkdir(parents=True)
+    (out / "submission" / "mine.csv").write_text("precious")
+    (out / "submission.zip").write_text("z")
+    for extra in ((), ("--predict-test",)):
+        assert glue(out, tiny_init, "--seeds", "1", *extra) == 2
+        assert (f"{out}: holds submission and submission.zip, which no earlier `bertgpu glue` "
+                "wrote here") in capsys.readouterr().err
+        assert (out / "submission" / "mine.csv").read_text() == "precious"
+        assert (out / "submission.zip").read_text() == "z"
+        assert sorted(p.name for p in out.iterdir()) == ["submission", "submission.zip"]
 
 
 def test_missing_task_folder_is_an_error_unless_skipped(tmp_path, tiny_init, capsys):

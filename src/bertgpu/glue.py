@@ -108,9 +108,15 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
 
 
 def _check_out(out: str | os.PathLike[str]) -> None:
+    from bertgpu.errors import BertgpuError
     from bertgpu.fsutil import check_output_folder
 
     check_output_folder(out, "an output folder (a folder per task and seed, and the table)")
+    theirs = [n for n in ("submission", "submission.zip") if Path(out, n).exists()]
+    if theirs and not Path(out, "glue_results.json").is_file():  # not an earlier table's
+        raise BertgpuError(f"{out}: holds {' and '.join(theirs)}, which no earlier `bertgpu glue` "
+                           "wrote here (no glue_results.json) and which this command replaces "
+                           "or removes; move them away, or choose another --out")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -118,7 +118,9 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
     # newer than the run's results.json counts as its default, and so does a default an older
     # bertgpu recorded as its value (doc_stride 128, none now).
     former = {"doc_stride": 128}
+    from bertgpu.tasks.finetune_output import RESUME_NEUTRAL  # (how it logs, not what it learns)
+
     return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
-                     if then.get(k, defaults.get(k)) != v
+                     if then.get(k, defaults.get(k)) != v and k not in RESUME_NEUTRAL
                      and not (v is None and k in ("lr", "epochs"))
                      and not (v is None and k in former and then.get(k) == former[k]))
