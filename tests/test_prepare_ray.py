@@ -130,3 +130,45 @@ def test_an_output_the_workers_do_not_share_is_not_sealed(cluster, tok, mixed, t
     assert "shard files the work units wrote are not there" in err
     assert "expected an output every node writes to" in err
     assert not fsspec.filesystem("memory").exists("/unshared/data/manifest.json")
+
+
+def test_a_sigterm_keeps_the_finished_units_as_the_local_engine_does(tok, tmp_path):
+    """ray.init put Ray's own SIGTERM handler (sys.exit(15)) in place of bertgpu's: a SIGTERM
+    to `prepare --engine ray` exited 15 with Ray's crash dump and deleted the finished units."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 8)))
+             for _ in range(2000)]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in range(2):
+        (corpus / f"f{f}.txt").write_text("".join(
+            "".join(" ".join(rng.choice(words) for _ in range(15)) + ".\n" for _ in range(5))
+            + "\n" for _ in range(2500)))
+    out = tmp_path / "data"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertgpu", "prepare", "--corpus", str(corpus), "--tokenizer",
+         str(tok), "--out", str(out), "--seq-len", "128", "--unit-bytes", "100000",
+         "--workers", "2", "--engine", "ray"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    units = tmp_path / "data.tmp" / "units"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and (
+            not units.is_dir() or len(list(units.glob("*.json"))) < 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "bertgpu prepare: stopped by SIGTERM", err
+    assert "the work units finished so far are kept in" in err
+    assert len(list(units.glob("*.json"))) >= 2

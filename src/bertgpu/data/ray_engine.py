@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from typing import Any
 
 from bertgpu.data.engines import Done, Progress, RunStopped
@@ -65,6 +67,14 @@ def check_address(address: str, source: str = "--ray-address ") -> None:
     except (OSError, ValueError) as exc:
         raise BertgpuError(f"{source}{address}: no Ray cluster answers ({exc}); expected "
                            "the address `ray start --head` printed (HOST:6379)") from None
+
+
+def _stop_handlers() -> dict[int, object]:
+    """SIGTERM's and SIGINT's handlers now (main thread only: no other thread may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)
+            if signal.getsignal(sig) is not None}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -114,6 +124,7 @@ class RayEngine:
         if not ray.is_initialized():
             options = dict(include_dashboard=False, log_to_driver=False,
                            logging_level=logging.ERROR)
+            kept = _stop_handlers()  # ray.init puts its own SIGTERM handler in: sys.exit(15)
             try:
                 if address is not None:
                     ray.init(address=address, **options)
@@ -123,6 +134,9 @@ class RayEngine:
                 what = (f"{source}{address}: cannot join the Ray cluster" if address is not None
                         else f"--engine ray: cannot start a local Ray cluster of {workers} CPUs")
                 raise BertgpuError(f"{what} ({_one_line(exc)})") from None
+            finally:  # bertgpu's: a SIGTERM stops the run and keeps its finished units
+                for sig, handler in kept.items():
+                    signal.signal(sig, handler)
             self.started = True
         self.task = ray.remote(max_calls=UNITS_PER_WORKER)(prepare_unit).options(
             num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
