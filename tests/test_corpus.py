@@ -507,3 +507,15 @@ def test_a_link_with_several_pipes_keeps_its_last_segment():
     assert strip_wiki_markup("See [[Alpha (letter)|first|the first letter]] here.") == (
         "See the first letter here.")
     assert strip_wiki_markup("[[a|b]] and [[d]]") == "b and d"
+
+
+def test_an_unclosed_template_or_table_keeps_the_rest_of_the_article():
+    """An unclosed ``{{`` or ``{|`` (broken markup occurs in real dumps; MediaWiki shows it as
+    text) dropped everything after it: the article below was read as its first sentence."""
+    for opener in ("{{Infobox city|name=Foo", "{| class=wikitable"):
+        text = strip_wiki_markup(f"Foo is a city in the north. {opener}\nFoo has a long history "
+                                 "of music.\n\nThe river {{convert|3|km}} runs through the city.")
+        assert "Foo has a long history of music." in text, text
+        assert "The river  runs through the city." in text or \
+            "The river runs through the city." in text, text
+        assert "convert" not in text  # a closed template after it is still removed

@@ -97,23 +97,27 @@ _MULTI_SPACE = re.compile(" {2,}")  # runs of [ \t\u00a0] -> one space, tabs/nbs
 
 
 def _remove_nested(text: str, open_: str, close: str) -> str:
-    """Remove balanced ``open_ ... close`` regions, nesting included, in one linear scan."""
+    """Remove balanced ``open_ ... close`` regions, nesting included, in one linear scan. An
+    opener never closed is literal text, as MediaWiki shows it: the text after it is kept (it
+    was dropped, with the rest of the article after a broken template or table)."""
     pattern = re.compile(re.escape(open_) + "|" + re.escape(close))
     out: list[str] = []
-    depth = 0
-    start = 0
-    for m in pattern.finditer(text):
-        if m.group() == open_:
-            if depth == 0:
-                out.append(text[start : m.start()])
-            depth += 1
-        elif depth > 0:
-            depth -= 1
-            if depth == 0:
-                start = m.end()
-    if depth == 0:
-        out.append(text[start:])
-    return "".join(out)
+    while True:
+        depth = start = outer = 0
+        for m in pattern.finditer(text):
+            if m.group() == open_:
+                if depth == 0:
+                    out.append(text[start : m.start()])
+                    outer = m.end()
+                depth += 1
+            elif depth > 0:
+                depth -= 1
+                if depth == 0:
+                    start = m.end()
+        if depth == 0:
+            out.append(text[start:])
+            return "".join(out)
+        text = text[outer:]  # the outermost unclosed opener: the scan goes on after it
 
 
 def _link_text(inner: str) -> str:
