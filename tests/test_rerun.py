@@ -115,3 +115,14 @@ def test_a_url_output_is_found_finished_too(corpus, tmp_path):
             prepare([corpus], tok, "memory://rerun/data", seq_len=32, workers=1)
     finally:
         memory.rm("/rerun", recursive=True)
+
+
+def test_a_corpus_file_name_that_is_not_utf8_is_recorded(corpus, tmp_path):
+    """trained-from.json was written as UTF-8 JSON: a file name of Latin-1 bytes (its
+    undecodable byte a surrogate in Python) stopped the tokenizer with a traceback."""
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    name = os.fsdecode(b"lat\xe9in.txt")
+    (folder / name).write_bytes((corpus / "a.txt").read_bytes())
+    assert _tokenizer(folder, tmp_path / "tok") == 0
+    assert _tokenizer(folder, tmp_path / "tok") == 0  # and read back: the same corpus

@@ -158,7 +158,8 @@ def train_tokenizer(
                           f"(pieces seen at least --min-frequency {min_frequency} times); expected "
                           "a larger or more varied corpus, or a smaller --vocab-size", stacklevel=2)
         _write_folder(tok, tmp, lowercase, strip_accents)
-        _write_json(tmp / TRAINED, record)
+        # (ASCII: a file name that is not UTF-8 is kept as its escaped surrogates)
+        (tmp / TRAINED).write_text(json.dumps(record, indent=2) + "\n", encoding="ascii")
         if out.exists():
             out.rmdir()  # _check_out_dir made sure it is empty
         replace_dir(tmp, out)
