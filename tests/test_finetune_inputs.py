@@ -427,3 +427,13 @@ def test_an_earlier_fine_tuning_at_out_is_named_before_it_is_replaced(tmp_path):
                                          r" this run of CoLA replaces it when it ends"):
         finetune("cola", GLUE, init, out, overrides=QUICK)
     assert json.loads((out / "results.json").read_text())["task"] == "CoLA"
+
+
+def test_config_from_with_a_real_init_is_refused(tmp_path):
+    """--config-from beside a real --init was ignored (the model and tokenizer came from
+    --init) yet recorded, so that `glue` refused its own re-run without it."""
+    from bertgpu.tasks.init_model import tokenizer_for
+
+    with pytest.raises(BertgpuError, match=r"--config-from other: only with --init random .*"
+                                           r"--init run brings its own model and tokenizer"):
+        tokenizer_for("run", "other")

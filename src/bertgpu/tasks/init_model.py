@@ -56,6 +56,10 @@ def tokenizer_for(init: str, config_from: str | os.PathLike[str] | None) -> Path
             raise BertgpuError("--init random needs --config-from FOLDER (a run, checkpoint "
                                "or HF folder)")
         return find_tokenizer(config_from)
+    if config_from is not None:  # (it was ignored, yet recorded: a glue re-run was refused)
+        raise BertgpuError(f"--config-from {config_from}: only with --init random (a model "
+                           f"of that shape with random weights); --init {init} brings its own "
+                           "model and tokenizer: drop --config-from")
     return find_tokenizer(init)
 
 
