@@ -519,3 +519,19 @@ def test_an_unclosed_template_or_table_keeps_the_rest_of_the_article():
         assert "The river  runs through the city." in text or \
             "The river runs through the city." in text, text
         assert "convert" not in text  # a closed template after it is still removed
+
+
+def test_a_pattern_reads_the_folders_it_matches_as_folders_given_by_name(tmp_path):
+    """`--corpus 'mix/*'` left out mix/sub/ without a word, while the shell's expansion of the
+    same pattern (mix/a.txt mix/sub) read it: the quoting changed the corpus."""
+    for rel in ("mix/a.txt", "mix/sub/b.txt", "mix/sub/deep/c.txt", "mix/sub/.hidden.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x\n")
+    by_pattern = resolve_inputs([str(tmp_path / "mix" / "*")])
+    by_shell = resolve_inputs([tmp_path / "mix" / "a.txt", tmp_path / "mix" / "sub"])
+    assert by_pattern == by_shell
+    assert [p.relative_to(tmp_path).as_posix() for p in by_pattern] == [
+        "mix/a.txt", "mix/sub/b.txt", "mix/sub/deep/c.txt"]
+    (tmp_path / "only" / "en").mkdir(parents=True)
+    (tmp_path / "only" / "en" / "t.txt").write_text("x\n")
+    assert resolve_inputs([str(tmp_path / "only" / "*")]) == [tmp_path / "only/en/t.txt"]

@@ -192,7 +192,10 @@ def _resolve_local(text: str, broken: list[Path]) -> list[Source]:
     if glob.has_magic(text):
         matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
         broken.extend(m for m in matches if m.is_symlink() and not m.exists())
-        found = [m for m in matches if m.is_file()]
+        # a folder it matches is read as a folder given by name is (the shell's expansion of
+        # the same pattern gives it so): it was left out without a word
+        found = [f for m in matches for f in ([m] if m.is_file() else sorted(
+            _walk_files(m, broken)) if m.is_dir() else [])]
         if not found and not broken:
             raise BertgpuError(f"{text}: pattern matches no files")
         return found
@@ -223,6 +226,12 @@ def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
                 yield path
 
 
+def _find(fs, folder: str) -> list[str]:
+    """The corpus files under a store's ``folder`` (hidden ones and LICENSEs left out)."""
+    root = folder.rstrip("/")
+    return [p for p in fs.find(folder) if not _hidden(p[len(root):])]
+
+
 def _hidden(rel: str) -> bool:
     parts = rel.strip("/").split("/")
     return any(p.startswith(".") for p in parts) or not_corpus(parts[-1])
@@ -232,13 +241,13 @@ def _resolve_url(url: str) -> list[Source]:
     fs, path = filesystem(url)
     try:
         if glob.has_magic(path):
-            found = sorted(p for p, i in fs.glob(path, detail=True).items()
-                           if i.get("type") == "file")
+            found = sorted(p for m, i in fs.glob(path, detail=True).items()
+                           for p in ([m] if i.get("type") == "file" else _find(fs, m)
+                                     if i.get("type") == "directory" else []))
             if not found:
                 raise BertgpuError(f"{url}: pattern matches no files")
         elif fs.isdir(path):  # first: over http this is what fails on a host that is down
-            root = path.rstrip("/")
-            found = sorted(p for p in fs.find(path) if not _hidden(p[len(root):]))
+            found = sorted(_find(fs, path))
             if not found:
                 raise BertgpuError(f"{url}: folder contains no corpus files "
                                    f"({SKIPPED_IN_FOLDERS}); expected corpus files")
