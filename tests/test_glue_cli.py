@@ -112,6 +112,23 @@ def test_a_submission_of_the_users_is_never_removed(tmp_path, tiny_init, capsys)
         assert sorted(p.name for p in out.iterdir()) == ["submission", "submission.zip"]
 
 
+def test_a_model_run_or_data_folder_is_not_taken_as_out(tmp_path, tiny_init, capsys):
+    """glue wrote TASK/seed_N/ and its table into the GLUE data folder, a pretraining run or a
+    model folder given as --out (finetune, export and report refuse them)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    data = tmp_path / "gluedata"
+    (data / "SST-2").mkdir(parents=True)
+    (data / "SST-2" / "train.tsv").write_text("sentence\tlabel\n")
+    for out, held in ((tiny_init, "config.json"), (run, "checkpoints"), (data, "SST-2/train.tsv")):
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        assert glue(out, tiny_init, "--seeds", "1") == 2
+        assert f"{out}: holds {held}, so it is a model, run, shard set or data folder" \
+            in capsys.readouterr().err
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
 def test_missing_task_folder_is_an_error_unless_skipped(tmp_path, tiny_init, capsys):
     """A missing task is found before the first run (it used to stop the command after the
     tasks before it had trained); --skip-missing leaves it out, but not every task."""

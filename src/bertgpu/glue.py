@@ -107,11 +107,23 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     tokenizer_for(str(args.init), args.config_from)
 
 
+OTHER_OUTPUTS = ("config.json", "model.safetensors", "pytorch_model.bin", "checkpoints",
+                 "metrics.jsonl", "manifest.json")
+"""What a model, run or shard set folder holds at its top and a GLUE output never does."""
+
+
 def _check_out(out: str | os.PathLike[str]) -> None:
     from bertgpu.errors import BertgpuError
     from bertgpu.fsutil import check_output_folder
 
     check_output_folder(out, "an output folder (a folder per task and seed, and the table)")
+    folder = Path(out)
+    other = ([n for n in OTHER_OUTPUTS if (folder / n).exists()]
+             + sorted(p.parent.name + "/" + p.name for p in folder.glob("*/train.tsv")))[:1]
+    if other:  # glue writes TASK/seed_N/ beside what it finds: it would mix into their folder
+        raise BertgpuError(f"{out}: holds {other[0]}, so it is a model, run, shard set or data "
+                           "folder, not a GLUE output; expected a new folder, or an earlier "
+                           "`bertgpu glue` output")
     theirs = [n for n in ("submission", "submission.zip") if Path(out, n).exists()]
     if theirs and not Path(out, "glue_results.json").is_file():  # not an earlier table's
         raise BertgpuError(f"{out}: holds {' and '.join(theirs)}, which no earlier `bertgpu glue` "
