@@ -77,11 +77,11 @@ def export_step(run_dir: str | Path, out: str | Path,
         ckpt = step_folders.step_folder(run_dir / CHECKPOINTS, step)
         if not ckpt.is_dir():
             listed = list_checkpoints(run_dir)
-            damaged = [str(s) for s, p in listed if checkpoint_problem(p) is not None]
-            steps = ", ".join(str(s) for s, _ in listed if str(s) not in damaged) or "none"
+            damaged = [s for s, p in listed if checkpoint_problem(p) is not None]
+            steps = ", ".join(str(s) for s, _ in listed if s not in damaged) or "none"
             raise BertgpuError(f"{run_dir}: has no checkpoint step_{step} under {CHECKPOINTS}/ "
-                               f"(complete ones: {steps}"
-                               + (f"; damaged: {', '.join(damaged)})" if damaged else ")"))
+                               f"(complete ones: {steps}" + (f"; damaged: "
+                               f"{', '.join(map(str, damaged))})" if damaged else ")"))
         problem = checkpoint_problem(ckpt)
         if problem is not None:
             raise BertgpuError(f"{ckpt}: cannot export: {problem}")

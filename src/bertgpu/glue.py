@@ -124,8 +124,8 @@ def _check_out(out: str | os.PathLike[str]) -> None:
         raise BertgpuError(f"{out}: holds {other[0]}, so it is a model, run, shard set or data "
                            "folder, not a GLUE output; expected a new folder, or an earlier "
                            "`bertgpu glue` output")
-    theirs = [n for n in ("submission", "submission.zip") if Path(out, n).exists()]
-    if theirs and not Path(out, "glue_results.json").is_file():  # not an earlier table's
+    theirs = [n for n in ("submission", "submission.zip") if (folder / n).exists()]
+    if theirs and not (folder / "glue_results.json").is_file():  # not an earlier table's
         raise BertgpuError(f"{out}: holds {' and '.join(theirs)}, which no earlier `bertgpu glue` "
                            "wrote here (no glue_results.json) and which this command replaces "
                            "or removes; move them away, or choose another --out")

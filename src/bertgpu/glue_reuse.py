@@ -107,6 +107,7 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
     model (an lr given once and left to the model size the next time mixed two lrs in one
     table; max_seq_len 128 given was refused against the default's 128)."""
     from bertgpu.config.overrides import config_to_dict
+    from bertgpu.tasks.finetune_output import RESUME_NEUTRAL  # (how it logs, not what it learns)
 
     now = {**config_to_dict(cfg), "seed": seed}
     then = {**results.get("config", {})}
@@ -118,8 +119,6 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
     # newer than the run's results.json counts as its default, and so does a default an older
     # bertgpu recorded as its value (doc_stride 128, none now).
     former = {"doc_stride": 128}
-    from bertgpu.tasks.finetune_output import RESUME_NEUTRAL  # (how it logs, not what it learns)
-
     return ", ".join(f"{k} {then.get(k)} (now {v})" for k, v in now.items()
                      if then.get(k, defaults.get(k)) != v and k not in RESUME_NEUTRAL
                      and not (v is None and k in ("lr", "epochs"))

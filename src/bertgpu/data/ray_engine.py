@@ -73,8 +73,8 @@ def _stop_handlers() -> dict[int, object]:
     """SIGTERM's and SIGINT's handlers now (main thread only: no other thread may set them)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)
-            if signal.getsignal(sig) is not None}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {sig: h for sig, h in handlers.items() if h is not None}  # (None: not set by Python)
 
 
 def _one_line(exc: BaseException) -> str:

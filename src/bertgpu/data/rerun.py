@@ -40,11 +40,6 @@ TOKENIZER_FLAGS = {"vocab_size": "--vocab-size", "cased": "--cased", "min_freque
                    "limit_alphabet": "--limit-alphabet", "sample_bytes": "--sample-bytes"}
 
 
-def plan_text(plan: dict[str, Any]) -> str:
-    """The record of a plan as written: its JSON with sorted keys."""
-    return json.dumps(plan, sort_keys=True)
-
-
 def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
                      plan: dict[str, Any]) -> bool:
     """Whether the shard set at ``out`` (its manifest.json and prepared-from.json texts, None

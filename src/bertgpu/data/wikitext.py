@@ -97,9 +97,9 @@ _MULTI_SPACE = re.compile(" {2,}")  # runs of [ \t\u00a0] -> one space, tabs/nbs
 
 
 def _remove_nested(text: str, open_: str, close: str) -> str:
-    """Remove balanced ``open_ ... close`` regions, nesting included, in one linear scan. An
-    opener never closed is literal text, as MediaWiki shows it: the text after it is kept (it
-    was dropped, with the rest of the article after a broken template or table)."""
+    """Remove balanced ``open_ ... close`` regions, nesting included, in one linear scan when
+    every opener closes. An opener never closed is literal text, as MediaWiki shows it: the scan
+    starts again after it, so the rest of the article is kept (it was dropped)."""
     pattern = re.compile(re.escape(open_) + "|" + re.escape(close))
     out: list[str] = []
     while True:
