@@ -385,3 +385,32 @@ def test_an_error_line_is_one_write(tmp_path, monkeypatch):
     err.calls.clear()
     assert cli.main(["no-such-command"]) == 2
     assert len(err.calls) == 1 and err.calls[0].endswith("\n"), err.calls
+
+
+def test_a_folder_the_file_system_will_not_create_is_one_line(tmp_path, capsys):
+    """`--out /proc/x/tok`: /proc exists but refuses mkdir with ENOENT, which used to end in a
+    traceback. ENOENT on the way to a path the user typed (or its scratch `OUT.tmp`) is one
+    line; on a file of our own it stays a bug with its traceback."""
+    import errno
+
+    from bertgpu import cli
+
+    def enoent(path):
+        return FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+
+    out = tmp_path / "p" / "tok"
+    argv = ["--corpus", "c.txt", "--out", str(out)]
+    for where in (tmp_path / "p", out, out.with_name("tok.tmp")):
+        line = cli.place_error(enoent(where), argv)
+        assert line is not None and line.startswith(f"{where}: No such file"), line
+    assert cli.place_error(enoent(out), [f"--out={out}"]) is not None
+    assert cli.place_error(enoent(out / "checkpoints" / "step_1" / "model.pt"), argv) is None
+    assert cli.place_error(enoent(tmp_path / "other"), argv) is None
+    if Path("/proc/self").is_dir():
+        corpus = tmp_path / "c.txt"
+        corpus.write_text("hello world.\n\nanother doc.\n", encoding="utf-8")
+        assert cli.main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "200",
+                         "--out", "/proc/bertgpu-test/tok"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("bertgpu tokenizer: error: /proc/bertgpu-test"), err
+        assert len(err.splitlines()) == 1, err

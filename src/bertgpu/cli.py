@@ -143,7 +143,7 @@ def _main(argv: list[str]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:
-        line = place_error(exc)
+        line = place_error(exc, rest)
         if line is None:  # not the user's file system saying no: a bug, keep its traceback
             raise
         say(f"bertgpu {name}: error: {line}")
@@ -264,18 +264,38 @@ PLACE_ERRORS: dict[int, str] = {
 }
 
 
-def place_error(exc: OSError) -> str | None:
+def place_error(exc: OSError, argv: list[str] = ()) -> str | None:
     """One line for an OSError about a user's path (`PATH: STRERROR; WHAT TO DO`), or None when
     the error is not one (see PLACE_ERRORS). Commands that write an --out check that it is a
     folder, not that this user may write there, and they write through scratch folders, mkdir,
     lock files and libraries in many places: catching the file system's answer once here covers
     them all. The path shown is the one that failed (`OUT.tmp` for a scratch folder beside OUT)."""
-    if exc.errno not in PLACE_ERRORS or exc.filename is None:
+    if exc.filename is None:
         return None
     where = os.fsdecode(exc.filename)
+    if exc.errno == errno.ENOENT and exc.filename2 is None and _on_the_way(where, argv):
+        return (f"{where}: {exc.strerror or os.strerror(exc.errno)}; the file system refuses to "
+                "create this folder (a virtual file system such as /proc?): choose another path")
+    if exc.errno not in PLACE_ERRORS:
+        return None
     if exc.filename2 is not None:  # rename, link: both ends named
         where += f" -> {os.fsdecode(exc.filename2)}"
     return f"{where}: {exc.strerror or os.strerror(exc.errno)}; {PLACE_ERRORS[exc.errno]}"
+
+
+def _on_the_way(where: str, argv: list[str]) -> bool:
+    """Whether WHERE is a folder on the way to a path the user typed (the path itself, one of
+    its parents, or a scratch or lock file beside it: `OUT.tmp`): no such file there is the file system refusing to make it (`--out
+    /proc/x/run`), while a file of our own gone missing stays a bug with its traceback."""
+    target = Path(os.path.abspath(where))
+    for arg in argv:
+        typed = arg.partition("=")[2] if arg.startswith("--") else arg
+        if typed and not typed.startswith("-") and "://" not in typed:
+            path = Path(os.path.abspath(typed))
+            if (target == path or target in path.parents
+                    or (target.parent == path.parent and target.name.startswith(path.name + "."))):
+                return True
+    return False
 
 
 LAUNCH_FLAGS = ("--nproc", "--max-restarts")
