@@ -211,6 +211,10 @@ def test_line_errors_in_a_part_of_a_file_give_its_byte_offset(english, tmp_path)
     # every random B came from the document of A
     ("prepare", ["--objective", "mlm+nsp", "--chunk-docs", "1"],
      "--chunk-docs 1: mlm+nsp takes a random next segment from another document"),
+    # mlm packs rows and draws no pairs: both were accepted and changed no byte (and a re-run
+    # with another value was refused as "prepared with --short-seq-prob 0.1 (asked 0.2)")
+    ("prepare", ["--short-seq-prob", "0.2"], "--short-seq-prob 0.2: only with --objective mlm+nsp"),
+    ("prepare", ["--chunk-docs", "50"], "--chunk-docs 50: only with --objective mlm+nsp"),
     # said "no such tokenizer folder"
     ("prepare", ["--tokenizer", "{tok}/vocab.txt"],
      "vocab.txt: a file, not a tokenizer folder; expected the folder that holds it ({tok})"),

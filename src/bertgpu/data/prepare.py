@@ -367,7 +367,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="mlm",
                         help="mlm: packed full rows; mlm+nsp: BERT sentence pairs (default mlm)")
-    parser.add_argument("--short-seq-prob", type=float, default=0.1,
+    parser.add_argument("--short-seq-prob", type=float, default=None,
                         help="mlm+nsp: probability of a shorter target length (default 0.1)")
     val = parser.add_mutually_exclusive_group()
     val.add_argument("--validation-fraction", type=float, default=0.01,
@@ -393,7 +393,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unit-bytes", type=int, default=UNIT_BYTES, metavar="BYTES",
                         help="stored bytes per work unit: whole files up to this, larger "
                              "Parquet and uncompressed files in parts of it (default 64 MiB)")
-    parser.add_argument("--chunk-docs", type=int, default=1000,
+    parser.add_argument("--chunk-docs", type=int, default=None,
                         help="mlm+nsp: documents (or pieces of long ones) per work unit, also the "
                              "pool random B segments come from (default 1000)")
     parser.add_argument("--whole-word-segmenter", choices=SEGMENTERS, default=None,
@@ -415,15 +415,22 @@ def _rate(per_s: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    nsp_settings = {name: value for name, value in (("short_seq_prob", args.short_seq_prob),
+                                                    ("chunk_docs", args.chunk_docs))
+                    if value is not None}  # given: only mlm+nsp draws pairs from chunks
+    for name, value in nsp_settings.items():
+        if args.objective != "mlm+nsp":
+            raise BertgpuError(f"--{name.replace('_', '-')} {value}: only with --objective "
+                               "mlm+nsp (mlm packs whole rows in corpus order and draws no pairs)")
     report: dict[str, Any] = {}
     manifest = prepare(
         args.corpus, args.tokenizer, args.out, seq_len=args.seq_len, objective=args.objective,
-        short_seq_prob=args.short_seq_prob, validation_fraction=args.validation_fraction,
+        validation_fraction=args.validation_fraction,
         validation_docs=args.validation_docs, seed=args.seed, shard_size=args.shard_size,
         workers=args.workers, fmt=args.format, text_field=args.text_field, skip_bad=args.skip_bad,
-        overwrite=args.overwrite, chunk_docs=args.chunk_docs, progress=sys.stderr.isatty(),
+        overwrite=args.overwrite, progress=sys.stderr.isatty(),
         segmenter=args.whole_word_segmenter, engine=args.engine, ray_address=args.ray_address,
-        unit_bytes=args.unit_bytes, report=report,
+        unit_bytes=args.unit_bytes, report=report, **nsp_settings,
     )
     c, s = manifest["counts"], time.perf_counter() - start
     if report.get("done"):
