@@ -111,6 +111,34 @@ def test_invalid_utf8_in_a_parquet_or_arrow_column_names_the_file_and_row(tmp_pa
         _refused_then_skipped(bad, message, tmp_path, [["A fine sentence."]])
 
 
+
+def test_a_parquet_or_arrow_file_compressed_whole_says_so(tok, tmp_path, capsys):
+    """`x.parquet.gz` was "not a readable Parquet file (Parquet magic bytes not found in
+    footer...)": the user could not tell that the gzip around it was the trouble."""
+    import bz2
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": ["A fine sentence.", "Another one here."]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    packed = tmp_path / "a.parquet.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "a.parquet").read_bytes()))
+    arrow = tmp_path / "b.arrow.bz2"
+    arrow.write_bytes(bz2.compress((tmp_path / "b.arrow").read_bytes()))
+    for bad, compression, kind in ((packed, "gzip", "a Parquet"), (arrow, "bz2", "an Arrow")):
+        message = (f"{bad}: a {compression} stream, not {kind} file ({kind.split()[1]} is read "
+                   "in place and compresses its own columns); expected the file itself "
+                   "(decompress it first)")
+        _refused_then_skipped(bad, message, tmp_path, [["A fine sentence."]])
+    err = _one_line_exit_2(["prepare", "--corpus", str(packed), "--tokenizer", str(tok),
+                            "--out", str(tmp_path / "d"), "--workers", "1"], capsys)
+    assert err.startswith(f"bertgpu prepare: error: {packed}: a gzip stream, not a Parquet"), err
+    assert not (tmp_path / "d").exists()
+
 # --------------------------------------------------------------------------- 3: file:// URLs
 
 

@@ -85,7 +85,26 @@ def _parquet_file(src: Source, f):
         # first batch: a work unit's whole text column (64 MiB) held until the unit is read.
         return pa.parquet.ParquetFile(f, pre_buffer=False, buffer_size=READ_BUFFER)
     except (pa.ArrowException, OSError) as exc:
+        _check_not_compressed(src, f, "Parquet")
         raise BertgpuError(f"{src}: not a readable Parquet file ({_one_line(exc)})") from None
+
+
+def _check_not_compressed(src: Source, f, kind: str) -> None:
+    """Refuse a Parquet or Arrow file put through gzip / bzip2 / zstd as a whole (pyarrow only
+    said "magic bytes not found"): these formats are read in place, by their footer and row
+    groups, and compress their own columns."""
+    from bertgpu.data.compressed import sniff_compression
+
+    try:
+        f.seek(0)
+        compression = sniff_compression(f.read(10))
+    except (OSError, ValueError):
+        return
+    if compression is not None:
+        article = "an" if kind[0] in "AEIOU" else "a"
+        raise BertgpuError(f"{src}: a {compression} stream, not {article} {kind} file ({kind} is "
+                           "read in place and compresses its own columns); expected the file "
+                           "itself (decompress it first)")
 
 
 def parquet_row_groups(src: Source) -> list[tuple[int, int, int]]:
@@ -145,4 +164,5 @@ def read_arrow(src: Source, field: str) -> Iterator[str | None]:
                 yield from _strings(src, field, batch.column(field), row)
                 row += batch.num_rows
         except (pa.ArrowException, OSError) as exc:
+            _check_not_compressed(src, f, "Arrow")
             raise BertgpuError(f"{src}: not a readable Arrow file ({_one_line(exc)})") from None
