@@ -156,7 +156,11 @@ class RayEngine:
                     self.progress.unit_done(record)
                     done(record)
         finally:
-            if pending:  # a failure: stop the others before the driver cleans up after them
+            # A failure or a stop: stop the other tasks before the driver cleans up after them.
+            # A cluster of our own goes down whole in `close`: a forced cancel there raced the
+            # replies of tasks finishing meanwhile, and Ray's core worker aborted the driver
+            # ("Tried to complete task that was not pending": exit 1 and a C++ dump, not 143).
+            if pending and not self.started:
                 for ref in pending:
                     ray.cancel(ref, force=True)
                 ray.wait(list(pending), num_returns=len(pending), timeout=30)
