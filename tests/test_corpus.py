@@ -521,6 +521,17 @@ def test_an_unclosed_template_or_table_keeps_the_rest_of_the_article():
         assert "convert" not in text  # a closed template after it is still removed
 
 
+
+def test_template_parameters_in_triple_braces_leave_no_stray_brace():
+    """``{{{1}}}`` (a template parameter, left in articles by substituted templates) and a
+    template holding one were closed a pair of braces at a time: "Before } after."."""
+    for markup in ("{{{1}}}", "{{{name|default}}}", "{{tmpl|{{{arg|x}}}}}", "{{{{a}}}}",
+                   "{{a|{{b}}}}"):
+        text = strip_wiki_markup(f"Before {markup} after. {{{{c}}}}The end.")
+        assert "}" not in text and "{" not in text, (markup, text)
+        assert " ".join(text.split()) == "Before after. The end.", (markup, text)
+    assert "x }} y" in strip_wiki_markup("x }} y")  # a closer with no opener is text
+
 def test_a_pattern_reads_the_folders_it_matches_as_folders_given_by_name(tmp_path):
     """`--corpus 'mix/*'` left out mix/sub/ without a word, while the shell's expansion of the
     same pattern (mix/a.txt mix/sub) read it: the quoting changed the corpus."""

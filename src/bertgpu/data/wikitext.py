@@ -96,22 +96,30 @@ _MAGIC = re.compile(r"__[A-Z]+__")
 _MULTI_SPACE = re.compile(" {2,}")  # runs of [ \t\u00a0] -> one space, tabs/nbsp first
 
 
-def _remove_nested(text: str, open_: str, close: str) -> str:
-    """Remove balanced ``open_ ... close`` regions, nesting included, in one linear scan when
-    every opener closes. An opener never closed is literal text, as MediaWiki shows it: the scan
-    starts again after it, so the rest of the article is kept (it was dropped)."""
-    pattern = re.compile(re.escape(open_) + "|" + re.escape(close))
+_TEMPLATE_BRACES = re.compile(r"\{\{+|\}\}+")  # runs: {{template}}, {{{parameter}}}, {{a|{{b}}}}
+_TABLE_MARKS = re.compile(r"\{\||\|\}")
+
+
+def _remove_nested(text: str, marks: re.Pattern[str]) -> str:
+    """Remove balanced regions between the opening and closing ``marks`` (a mark starting with
+    ``{`` opens), nesting included, in one linear scan when every opener closes. A run of braces
+    counts brace by brace, so a template parameter ``{{{1}}}`` and ``{{a|{{{b}}}}}`` close whole
+    (a pair at a time left a stray "}"). An opener never closed is literal text, as MediaWiki
+    shows it: the scan starts again after it, so the rest of the article is kept (it was
+    dropped)."""
     out: list[str] = []
     while True:
         depth = start = outer = 0
-        for m in pattern.finditer(text):
-            if m.group() == open_:
+        for m in marks.finditer(text):
+            token = m.group()
+            weight = len(token) if token[0] == token[-1] else 1  # a brace run, or a table mark
+            if token[0] == "{":
                 if depth == 0:
                     out.append(text[start : m.start()])
                     outer = m.end()
-                depth += 1
+                depth += weight
             elif depth > 0:
-                depth -= 1
+                depth = max(0, depth - weight)
                 if depth == 0:
                     start = m.end()
         if depth == 0:
@@ -161,8 +169,8 @@ def strip_wiki_markup(text: str) -> str:
     text = _REF_SELF.sub("", text)
     text = _REF.sub("", text)
     text = _DROP_BLOCKS.sub("", text)
-    text = _remove_nested(text, "{{", "}}")  # templates, infoboxes (nested)
-    text = _remove_nested(text, "{|", "|}")  # tables (nested)
+    text = _remove_nested(text, _TEMPLATE_BRACES)  # templates, infoboxes (nested)
+    text = _remove_nested(text, _TABLE_MARKS)  # tables (nested)
     text = _replace_links(text)
     text = _EXT_LINK_LABEL.sub(r"\1", text)
     text = _EXT_LINK.sub("", text)
