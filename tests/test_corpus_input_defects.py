@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import lzma
 import random
 import tarfile
@@ -138,6 +139,30 @@ def test_a_parquet_or_arrow_file_compressed_whole_says_so(tok, tmp_path, capsys)
                             "--out", str(tmp_path / "d"), "--workers", "1"], capsys)
     assert err.startswith(f"bertgpu prepare: error: {packed}: a gzip stream, not a Parquet"), err
     assert not (tmp_path / "d").exists()
+
+
+def test_json_lines_named_txt_is_refused_under_auto(tok, tmp_path):
+    """A .txt file of JSON Lines was read as sentences: braces, "text": and all went into the
+    vocabulary and the shards without a word. Under --format auto it is refused, whole and in
+    work units; --format sentences still reads the lines as they are, --format jsonl the field."""
+    lines = [json.dumps({"text": f"Document {i} is a fine sentence here.", "id": i})
+             for i in range(400)]
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_text("\n".join(lines[:3]) + "\n", encoding="utf-8")
+    big.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = (f"{small}: named as text (one sentence per line), but its first line is a JSON "
+               "object; expected --format jsonl to read its --text-field (or a name ending in "
+               ".jsonl), or --format sentences to read the lines as they are")
+    _refused_then_skipped(small, message, tmp_path, [["A fine sentence."]])
+    assert big.stat().st_size > 16384  # read in work units
+    with pytest.raises(BertgpuError, match="big.txt: named as text .* first line is a JSON"):
+        prepare([big], tok, tmp_path / "d", workers=1, unit_bytes=16384)
+    assert not (tmp_path / "d").exists()
+    assert next(iter_documents([small], fmt="sentences")) == lines[:3]
+    assert list(iter_documents([small], fmt="jsonl"))[0] == ["Document 0 is a fine sentence here."]
+    plain = tmp_path / "plain.txt"  # a brace that opens no JSON object is text
+    plain.write_text("{braces} open this line.\nA second sentence.\n", encoding="utf-8")
+    assert list(iter_documents([plain])) == [["{braces} open this line.", "A second sentence."]]
 
 # --------------------------------------------------------------------------- 3: file:// URLs
 

@@ -9,7 +9,8 @@
 Formats (``fmt``; "auto" picks one per file from its name):
 
 - ``sentences``: one sentence per line, blank lines between documents (the original BERT
-  ``sample_text.txt`` format). The default for any name not listed below.
+  ``sample_text.txt`` format). The default for any name not listed below; under auto, a file
+  whose first line is a JSON object is refused (JSON Lines named ``.txt``).
 - ``text``: plain text; each paragraph (blank-line separated) is a document, split into
   sentences by a simple regex so that next-sentence prediction has sentences to pair.
 - ``lines``: one document per line (reviews, tweets, scraped paragraphs), split into sentences
@@ -21,10 +22,9 @@ Formats (``fmt``; "auto" picks one per file from its name):
 - ``wiki``: a MediaWiki XML dump (``.xml``, ``.xml.bz2``, or a file of another name whose
   content starts like one). Articles only (namespace 0, no redirects), markup stripped
   (`wikitext`).
-- ``parquet``: the ``--text-field`` column (``text`` by default) of each row is a document, read
-  by row groups in batches (`columnar`). Auto for ``.parquet`` / ``.pq`` and the PAR1 magic.
-- ``arrow``: the same column of an Arrow IPC file or stream (Hugging Face ``datasets``'
-  save_to_disk). Auto for ``.arrow``.
+- ``parquet`` / ``arrow``: the ``--text-field`` column (``text`` by default) of each row is a
+  document, read by row groups in batches (`columnar`); Arrow: an IPC file or stream (Hugging
+  Face ``datasets``' save_to_disk). Auto for ``.parquet``, ``.pq``, ``.arrow`` and the magics.
 
 Memory does not depend on the length of a document in the line-based formats (sentences, text,
 lines): a document is read as parts of about PART_CHARS characters and a line longer than
@@ -70,7 +70,7 @@ from typing import BinaryIO
 
 from bertgpu.data.columnar import read_arrow, read_parquet
 from bertgpu.data.compressed import check_rest, compression_suffix, open_binary, read_errors
-from bertgpu.data.jsonl import read_jsonl
+from bertgpu.data.jsonl import not_json_lines, null_text_message, read_jsonl
 from bertgpu.data.sources import Source, file_size, name_of, open_raw, resolve_inputs
 from bertgpu.data.textio import (
     LineRange,
@@ -273,6 +273,7 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
     """The raw items of a piece; ``stats.read`` follows the stored bytes read so far."""
     src = piece.src
     kind = piece.kind or (detect_format(src) if fmt == "auto" else fmt)
+    json_check = fmt == "auto" and kind == "sentences" and piece.part == 0  # a misnamed .jsonl
     base = stats.read
     try:
         if kind in TABLE_FORMATS:  # a row's text is a document, like a JSONL line's
@@ -285,14 +286,17 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
             with open_binary(src) as raw:  # uncompressed (`units`): the stored bytes
                 part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
                 items = _text_items(src, part, kind, text_field, part)  # type: ignore[arg-type]
+                items = not_json_lines(src, items) if json_check else items
                 for item in _skip_nulls(src, items, stats):
                     yield item
                     stats.read = base + part.pos - piece.start
         else:
             with open_binary(src) as f:
                 stored = getattr(f, "_under", f)  # under a decompressor: the compressed bytes
+                items = _text_items(src, f, kind, text_field)
+                items = not_json_lines(src, items) if json_check else items
                 try:
-                    for item in _skip_nulls(src, _text_items(src, f, kind, text_field), stats):
+                    for item in _skip_nulls(src, items, stats):
                         yield item
                         stats.read = base + stored.tell()
                 except BertgpuError as exc:  # damage to a compressed stream shows as bad text
@@ -435,12 +439,6 @@ def settle_parts(items: Iterable[RawItem], skip_bad: bool = False,
             yielded, untokenized = 0, False
         else:
             raise ValueError(f"not a converted item: {kind!r} (convert raw documents first)")
-
-
-def null_text_message(path: str, nulls: int) -> str:
-    """The "no text" error of a file whose rows' text is all null (or empty)."""
-    return (f"{path}: no text (every row's text is null or empty, {nulls} of them null); "
-            "expected at least one row with text (choose the column or field with --text-field)")
 
 
 def iter_document_parts(

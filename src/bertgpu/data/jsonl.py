@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 
 from bertgpu.data.sources import Source
-from bertgpu.data.textio import line_label
+from bertgpu.data.textio import is_json_object_line, line_label
 from bertgpu.errors import BertgpuError
 
 _JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
@@ -78,3 +78,22 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def not_json_lines(src: Source, items: Iterator[tuple]) -> Iterator[tuple]:
+    """``items`` of a file read as sentences by its name (``.txt``), unless its first line is a
+    JSON object: JSON Lines named ``.txt`` went into the vocabulary and the shards as text,
+    braces, keys and all, without a word."""
+    for i, item in enumerate(items):
+        if i == 0 and is_json_object_line(item[1][0].encode("utf-8")):
+            raise BertgpuError(
+                f"{src}: named as text (one sentence per line), but its first line is a JSON "
+                "object; expected --format jsonl to read its --text-field (or a name ending in "
+                ".jsonl), or --format sentences to read the lines as they are")
+        yield item
+
+
+def null_text_message(path: str, nulls: int) -> str:
+    """The "no text" error of a file whose rows' text is all null (or empty)."""
+    return (f"{path}: no text (every row's text is null or empty, {nulls} of them null); "
+            "expected at least one row with text (choose the column or field with --text-field)")

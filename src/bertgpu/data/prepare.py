@@ -62,8 +62,9 @@ from typing import Any
 import numpy as np
 
 from bertgpu import __version__
-from bertgpu.data.corpus import add_corpus_arguments, null_text_message, resolve_inputs
+from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
+from bertgpu.data.jsonl import null_text_message
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.prepare_warnings import warn_about_result
