@@ -194,6 +194,33 @@ def test_a_file_url_output_or_corpus_gets_the_local_output_guards(tok, tmp_path,
     assert train_tokenizer([corpus], f"file://{tmp_path}/tk3", vocab_size=100) == tmp_path / "tk3"
 
 
+
+def test_a_file_url_folder_is_found_as_the_same_folder_by_name(tmp_path):
+    """fsspec's local find listed a link to a folder as a file: `--corpus file:///c` failed with
+    "cannot open (IsADirectoryError...)" where `--corpus /c` read the folder behind the link,
+    and a pattern over such a link matched nothing. A file:// folder, file or pattern now gives
+    what the same path by name gives, as file:// URLs; a broken link is refused the same way."""
+    from bertgpu.data.sources import resolve_inputs
+
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "sub" / "a.txt").write_text(TEXT)
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "b.txt").write_text(TEXT)
+    (corpus / "link").symlink_to(tmp_path / "real")
+    (corpus / ".hidden.txt").write_text(TEXT)
+    for given in (str(corpus), str(corpus / "*")):
+        local = resolve_inputs([given])
+        assert [p.relative_to(corpus).as_posix() for p in local] == ["b.txt", "link/sub/a.txt"]
+        assert resolve_inputs([f"file://{given}"]) == [f"file://{p}" for p in local]
+    assert len(list(iter_documents([f"file://{corpus}"]))) == 60
+    assert resolve_inputs([f"file://{corpus}/b.txt"]) == [f"file://{corpus}/b.txt"]
+    (corpus / "gone.txt").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BertgpuError, match="gone.txt: a broken symbolic link"):
+        resolve_inputs([f"file://{corpus}"])
+    with pytest.raises(BertgpuError, match=f"^file://{tmp_path}/none: no such file or folder$"):
+        resolve_inputs([f"file://{tmp_path}/none"])
+
 # --------------------------------------------------------------------------- 4, 5: archives
 
 

@@ -159,7 +159,8 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     seen: set = set()
     broken: list[Path] = []
     for raw in paths:
-        found = _resolve_url(raw) if is_url(raw) else _resolve_local(os.fspath(raw), broken)
+        found = (_resolve_url(raw, broken) if is_url(raw)
+                 else _resolve_local(os.fspath(raw), broken))
         for f in found:
             text = None if isinstance(f, Path) else local_path(f)  # file:///x is the file x
             key = f.resolve() if text is None else Path(text).resolve() if text != f else f
@@ -237,8 +238,19 @@ def _hidden(rel: str) -> bool:
     return any(p.startswith(".") for p in parts) or not_corpus(parts[-1])
 
 
-def _resolve_url(url: str) -> list[Source]:
+def _resolve_url(url: str, broken: list[Path]) -> list[Source]:
     fs, path = filesystem(url)
+    if "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol):
+        # A local folder, file or pattern behind file:// is found as the same path given by
+        # name is: fsspec's local find and glob list a link to a folder as a file ("Is a
+        # directory" when read) or not at all.
+        try:
+            found = [str(p) for p in _resolve_local(path, broken)]
+        except BertgpuError as exc:
+            text = str(exc)
+            raise BertgpuError(url + text[len(path):] if text.startswith(path + ":")
+                               else text) from None
+        return [url if p == path else fs.unstrip_protocol(p) for p in found]
     try:
         if glob.has_magic(path):
             found = sorted(p for m, i in fs.glob(path, detail=True).items()
