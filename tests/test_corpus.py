@@ -364,7 +364,7 @@ def test_null_text_is_no_document_and_counted_alike_in_every_format(tmp_path):
         assert list(iter_documents([path], stats=stats)) == [["First row.", "It has text."],
                                                              ["Fourth row here."]], path
         assert stats.nulls == {str(path): 1}
-        assert stats.summary() == "1 files, 2 documents, 1 null text skipped"
+        assert stats.summary() == "1 file, 2 documents, 1 null text skipped"
     pq.write_table(pa.table({"text": pa.array([None, None], pa.string())}),
                    tmp_path / "allnull.parquet")
     (tmp_path / "allnull.jsonl").write_text('{"text": null}\n{"text": ""}\n{"text": null}\n')

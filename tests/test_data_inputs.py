@@ -175,6 +175,31 @@ def test_a_skipped_file_contributes_nothing(english, tmp_path, monkeypatch, unit
         assert (np.load(tmp_path / "data" / name) == np.load(tmp_path / "alone" / name)).all()
 
 
+
+def test_skip_bad_reasons_are_a_line_each_and_all_skipped_says_why(english, tmp_path, capsys):
+    """tokenizer put every skipped file's reason inside its summary line (one line of any
+    length: "from 1 files, 1 documents, 2 skipped (a: ...; b: ...)"); prepare printed a line
+    each. With every file skipped, both said only "no documents read from the corpus"."""
+    bad = [tmp_path / "bad1.txt", tmp_path / "bad2.txt"]
+    for path, raw in zip(bad, (b"\xff\xfe bad\n", b"\xc3\x28 bad\n")):
+        path.write_bytes(raw)
+    good = write_sentences(tmp_path / "good.txt", pydoc_documents(3))
+    reasons = [f"{bad[0]}:1: invalid UTF-8 byte 0xff at byte offset 0; expected UTF-8 text",
+               f"{bad[1]}:1: invalid UTF-8 byte 0xc3 at byte offset 0; expected UTF-8 text"]
+    assert cli_main(["tokenizer", "--corpus", *map(str, bad), str(good), "--skip-bad",
+                     "--out", str(tmp_path / "tok"), "--vocab-size", "200"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("tokenizer: vocab ") and " from 1 file, 3 documents, 2 skipped in " \
+        in out[0], out
+    assert out[1:] == [f"tokenizer: skipped {r}" for r in reasons]
+    for command, extra in (("tokenizer", []), ("prepare", ["--tokenizer", str(english)])):
+        err = _one_error(capsys, [command, "--corpus", *map(str, bad), "--skip-bad", "--out",
+                                  str(tmp_path / "out"), *extra])
+        assert err == (f"bertgpu {command}: error: no documents read from the corpus (2 files "
+                       f"skipped by --skip-bad; the first: {reasons[0]}); expected text to "
+                       f"{'train on' if command == 'tokenizer' else 'tokenize'}\n"), err
+        assert not (tmp_path / "out").exists()
+
 def test_line_errors_in_a_part_of_a_file_give_its_byte_offset(english, tmp_path):
     """A file larger than --unit-bytes named lines from the start of its part:
     `(part 6 of 10, from byte 480751):1`."""

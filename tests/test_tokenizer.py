@@ -175,7 +175,7 @@ def test_cli_trains_and_reports_bad_input(tmp_path, capsys):
                      "--out", str(tmp_path / "tok")])
     assert code == 0
     out = capsys.readouterr().out
-    assert "tokenizer: vocab" in out and "1 files" in out
+    assert "tokenizer: vocab" in out and "from 1 file, " in out
     assert not is_lowercase(tmp_path / "tok")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -120,13 +120,11 @@ class CorpusStats:
     missing value is no document, in every format alike."""
 
     def summary(self) -> str:
-        text = f"{self.files} files, {self.documents} documents"
+        """"3 files, 120 documents, 2 null texts skipped, 1 skipped" (the reasons: ``skipped``)."""
+        text = f"{_plural(self.files, 'file')}, {_plural(self.documents, 'document')}"
         if self.nulls:
-            n = sum(self.nulls.values())
-            text += f", {n} null text{'s' if n != 1 else ''} skipped"
-        if self.skipped:
-            text += f", {len(self.skipped)} skipped (" + "; ".join(r for _, r in self.skipped) + ")"
-        return text
+            text += f", {_plural(sum(self.nulls.values()), 'null text')} skipped"
+        return text + (f", {len(self.skipped)} skipped" if self.skipped else "")
 
 
 WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -173,6 +171,10 @@ class Piece:
     @property
     def whole(self) -> bool:
         return self.parts == 1
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 _KNOWN = {".jsonl": "jsonl", ".json": "jsonl", ".xml": "wiki", ".parquet": "parquet",

@@ -76,6 +76,7 @@ from bertgpu.data.sources import (
     check_url_apart,
     is_url,
     local_path,
+    no_documents,
 )
 from bertgpu.data.split import MIN_UNIT_TOKENS
 from bertgpu.data.tokenizer_folder import (
@@ -280,7 +281,7 @@ def _manifest(job: UnitJob, units: list[Unit], records: dict[int, dict[str, Any]
             bad.add(path)
     documents = sum(r["documents"] for r in ordered)
     if documents == 0:
-        raise BertgpuError("no documents read from the corpus; expected text to tokenize")
+        raise no_documents(skipped, "text to tokenize")
     splits = {s: {"sequences": sum(r["splits"][s]["sequences"] for r in ordered),
                   "tokens": sum(r["splits"][s]["tokens"] for r in ordered),
                   "documents": sum(r["splits"][s]["documents"] for r in ordered),

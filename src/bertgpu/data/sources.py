@@ -177,6 +177,15 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     return out
 
 
+def no_documents(skipped: list[tuple[str, str]], expected: str) -> BertgpuError:
+    """The error of a corpus that gave no document; with --skip-bad, how many files were skipped
+    and why the first was (it read "no documents read from the corpus" alone)."""
+    n = len(skipped)
+    why = (f" ({n} file{'s' if n != 1 else ''} skipped by --skip-bad; the first: "
+           f"{skipped[0][1]})" if skipped else "")
+    return BertgpuError(f"no documents read from the corpus{why}; expected {expected}")
+
+
 def _resolve_local(text: str, broken: list[Path]) -> list[Source]:
     p = Path(text)
     if p.is_dir():

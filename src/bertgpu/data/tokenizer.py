@@ -59,6 +59,7 @@ from bertgpu.data.sources import (
     file_version,
     is_url,
     local_path,
+    no_documents,
 )
 from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
 from bertgpu.errors import BertgpuError
@@ -197,7 +198,7 @@ def _copy_corpus(tok, copy: Path, inputs: list, before: list[tuple[str, str]], f
     for f in fields(CorpusStats):  # the caller's stats describe the pass that counts
         setattr(stats, f.name, getattr(read, f.name))
     if stats.documents == 0:
-        raise BertgpuError("no documents read from the corpus; expected text to train on")
+        raise no_documents(stats.skipped, "text to train on")
     if not alphabet:
         bad = {path for path, _ in stats.skipped}
         names = [str(src) for src in kept if str(src) not in bad]
@@ -332,4 +333,6 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "
           f"{stats.summary()} in {time.perf_counter() - start:.1f}s -> {out}")
+    for _, reason in stats.skipped:  # a line each, as prepare's
+        print(f"tokenizer: skipped {reason}")
     return 0
