@@ -91,3 +91,24 @@ def test_init_whose_tokenizer_matches_the_shards_but_not_its_config_says_so(tmp_
     assert f"its tokenizer {hf} gives pad id 0 as the shards do" in err, err
     assert "config.json and tokenizer files to agree" in err, err
     assert "set model.pad_token_id" not in err and not (tmp_path / "r").exists()
+
+
+# --- pretrain's own warnings: one `bertgpu pretrain: warning:` line on stderr --------------------
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_empty_validation_split_and_an_init_without_tokenizer_are_warnings(tmp_path, capsys):
+    """Both were printed to stdout as a bare "warning: ..." among the progress lines, where the
+    command's other warnings are `bertgpu pretrain: warning: ...` lines on stderr."""
+    _modernbert_init(hf := tmp_path / "hfmb", pad_token_id=0)
+    shards = write_synthetic_shards(tmp_path / "d", n_train=16, n_val=0, seq_len=32,
+                                    vocab_size=100)
+    capsys.readouterr()
+    assert main(["pretrain", ADAPT, "--init", str(hf), "--data", str(shards), "--out",
+                 str(tmp_path / "r"), *SMALL]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in out, out
+    lines = err.splitlines()
+    for expected in (f"--init {hf} has no tokenizer files",
+                     f"{shards / 'manifest.json'}: the validation split is empty"):
+        assert any(line.startswith(f"bertgpu pretrain: warning: {expected}") for line in lines), err

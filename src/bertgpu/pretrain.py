@@ -373,9 +373,10 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             pin_memory=info.device.startswith("cuda"),
                             bucket_window=impl.bucket_window, allow_seed_change=allow_data_change,
                             static_shapes=impl.cuda_graphs(kind))
-    # notes: a run inside its warm-up, a batch larger than the split, word starts left unused
+    # notes: a run inside its warm-up, a batch larger than the split, word starts left unused,
+    # an init whose tokenizer could not be checked
     for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),
-                 data.whole_word_note(cfg.data.whole_word_masking)):
+                 data.whole_word_note(cfg.data.whole_word_masking), data.unchecked_init_note()):
         if note and info.is_main:
             warnings.warn(note, stacklevel=2)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,15 @@ class PretrainData:
         """(--init as given, its tokenizer folder or None when it has no tokenizer files), set
         by `open_checked`: the model's special ids then come from the init, so `check_model`
         names it instead of suggesting model.pad_token_id, a setting --init refuses."""
+        self._init_unchecked: str | None = None  # an --init check_init found no tokenizer in
+
+    def unchecked_init_note(self) -> str | None:
+        """The start-up warning of an --init without tokenizer files (`check_init`)."""
+        if self._init_unchecked is None:
+            return None
+        return (f"--init {self._init_unchecked} has no tokenizer files (tokenizer.json or "
+                "vocab.txt), so whether the shards' tokenizer matches the model cannot be "
+                "checked: only their vocabulary size and special ids are")
 
     def whole_word_note(self, whole_word_masking: bool) -> str | None:
         """The start-up warning of shards prepared with word starts (`prepare
@@ -106,9 +116,7 @@ class PretrainData:
         from bertgpu.data.tokenizer_folder import special_token_ids, tokenizer_hash
 
         if tokenizer_dir is None:
-            print(f"warning: --init {init} has no tokenizer files (tokenizer.json or vocab.txt), "
-                  "so whether the shards' tokenizer matches the model cannot be checked: only "
-                  "their vocabulary size and special ids are", flush=True)
+            self._init_unchecked = init  # a start-up note (`unchecked_init_note`)
             return
         path, expected = self.train.manifest_path, tokenizer_hash(tokenizer_dir)
         if self.train.tokenizer_hash != expected:
@@ -141,9 +149,9 @@ class PretrainTask:
         # step's batches before the step is dropped), so its position no longer says.
         self._epochs: dict[int, int] = {}
         if data.val is None and info.is_main:
-            print(f"warning: {data.train.manifest_path}: the validation split is empty, so "
-                  "evaluation is skipped (prepare with --validation-fraction > 0 to measure "
-                  "held-out loss)", flush=True)
+            warnings.warn(f"{data.train.manifest_path}: the validation split is empty, so "
+                          "evaluation is skipped (prepare with --validation-fraction > 0 to "
+                          "measure held-out loss)", stacklevel=1)
 
     # -- training ---------------------------------------------------------------------------------
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
