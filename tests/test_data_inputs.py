@@ -181,7 +181,7 @@ def test_skip_bad_reasons_are_a_line_each_and_all_skipped_says_why(english, tmp_
     length: "from 1 files, 1 documents, 2 skipped (a: ...; b: ...)"); prepare printed a line
     each. With every file skipped, both said only "no documents read from the corpus"."""
     bad = [tmp_path / "bad1.txt", tmp_path / "bad2.txt"]
-    for path, raw in zip(bad, (b"\xff\xfe bad\n", b"\xc3\x28 bad\n")):
+    for path, raw in zip(bad, (b"\xff\xfe bad\n", b"\xc3\x28 bad\n"), strict=True):
         path.write_bytes(raw)
     good = write_sentences(tmp_path / "good.txt", pydoc_documents(3))
     reasons = [f"{bad[0]}:1: invalid UTF-8 byte 0xff at byte offset 0; expected UTF-8 text",

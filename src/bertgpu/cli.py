@@ -285,8 +285,9 @@ def place_error(exc: OSError, argv: list[str] = ()) -> str | None:
 
 def _on_the_way(where: str, argv: list[str]) -> bool:
     """Whether WHERE is a folder on the way to a path the user typed (the path itself, one of
-    its parents, or a scratch or lock file beside it: `OUT.tmp`): no such file there is the file system refusing to make it (`--out
-    /proc/x/run`), while a file of our own gone missing stays a bug with its traceback."""
+    its parents, or a scratch or lock file beside it: `OUT.tmp`): no such file there is the file
+    system refusing to make it (`--out /proc/x/run`), while a file of our own gone missing stays
+    a bug with its traceback."""
     target = Path(os.path.abspath(where))
     for arg in argv:
         typed = arg.partition("=")[2] if arg.startswith("--") else arg
