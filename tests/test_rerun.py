@@ -78,7 +78,7 @@ def test_the_same_commands_again_do_nothing_and_other_settings_are_named(corpus,
     assert "already holds this shard set" in capsys.readouterr().out
 
 
-def test_a_set_without_its_record_is_refused_as_before(corpus, tmp_path):
+def test_a_set_without_its_record_is_refused_as_before(corpus, tmp_path, capsys):
     """A shard set of an older bertgpu (no prepared-from.json) or a record that is not the
     plan's JSON: nothing says how it was made, so it is not taken for this command's output."""
     tok, data = tmp_path / "tok", tmp_path / "data"
@@ -92,8 +92,13 @@ def test_a_set_without_its_record_is_refused_as_before(corpus, tmp_path):
     with pytest.raises(BertgpuError, match=r"with --seq-len 65 \(asked 64\)"):
         prepare([corpus], tok, data, seq_len=64, workers=1)
     (data / "prepared-from.json").write_text(record)
-    assert prepare([corpus], tok, data, seq_len=64, workers=1) == json.loads(
-        (data / "manifest.json").read_text())
+    manifest = (data / "manifest.json").read_text()
+    assert prepare([corpus], tok, data, seq_len=64, workers=1) == json.loads(manifest)
+    # a damaged manifest beside the same record: one line naming it (a JSON traceback before)
+    (data / "manifest.json").write_text(manifest[:40])
+    assert _prepare(corpus, tok, data) == 2
+    assert capsys.readouterr().err.startswith(
+        f"bertgpu prepare: error: {data / 'manifest.json'}: line ")
 
 
 def test_a_url_output_is_found_finished_too(corpus, tmp_path):

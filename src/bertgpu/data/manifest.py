@@ -120,11 +120,18 @@ class Manifest:
             raise BertgpuError(f"{path}: no manifest.json found (expected a shard set written by "
                                "`bertgpu prepare`)")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise BertgpuError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise BertgpuError(f"{path}: cannot read the manifest ({e})") from None
+        return cls.parse(text, path)
+
+    @classmethod
+    def parse(cls, text: str, path: Path) -> Manifest:
+        """The Manifest of manifest.json's ``text``; `path` names it in errors."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BertgpuError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
         return cls.from_json(data, path)
 
     @classmethod

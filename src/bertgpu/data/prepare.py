@@ -52,7 +52,6 @@ expects: mostly [UNK], NSP labels mostly one class, random next segments from A'
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -201,7 +200,7 @@ def prepare(
     if same_as_prepared(out, *sealed, plan):  # (another plan's is an error naming how)
         if report is not None:
             report.update(done=True)
-        return Manifest.from_json(json.loads(sealed[0]), Path(work.out, "manifest.json")).to_json()
+        return Manifest.parse(sealed[0], Path(work.out, "manifest.json")).to_json()
     finished = work.begin(plan, overwrite)
     bar = Progress(units, finished, progress)
     try:
