@@ -55,3 +55,40 @@ def test_the_resume_digest_sees_the_dev_labels(tmp_path):
     labels were corrected mixed two dev sets' epoch scores in one run (EvalSet.truth)."""
     base, digests = _digests(tmp_path, {"dev_labels": ("dev.tsv", _relabel)})
     assert digests["dev_labels"] != base
+
+
+def test_the_resume_digest_sees_the_dev_labels_of_own_files(tmp_path):
+    """classify (labels and regression scores) and ner keep their dev gold out of the encoded
+    data too, and set no EvalSet.truth: dev labels corrected after a stop were resumed into,
+    results.json then mixing epochs scored on the old labels with epochs on the new."""
+    from bertgpu.config.finetune import job_config, load_finetune_config
+    from bertgpu.data.tokenizer_folder import load_tokenizer
+    from bertgpu.tasks.classify import classify_job
+    from bertgpu.tasks.finetuning import data_digest
+    from bertgpu.tasks.ner import ner_job
+
+    init, _ = _tiny_finetune(tmp_path)
+    tok, cfg = load_tokenizer(init), job_config(load_finetune_config(None, []), 32, windows=False)
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ngood film,pos\nbad film,neg\nfine film,pos\nawful,neg\n")
+    scores = tmp_path / "scores.csv"
+    scores.write_text("text,label\ngood film,4.5\nbad film,0.5\nfine film,3.0\nawful,1.0\n")
+    tags = tmp_path / "train.conll"
+    tags.write_text("good B-X\nfilm O\n\nbad O\nfilm B-X\n\n")
+    cases = {  # (job of a dev file, dev text, the same text with its gold corrected)
+        "classify": (lambda dev: classify_job(train, dev, tok, cfg),
+                     "text,label\ngood film,pos\nbad film,neg\n",
+                     "text,label\ngood film,neg\nbad film,pos\n"),
+        "regression": (lambda dev: classify_job(scores, dev, tok, cfg, regression=True),
+                       "text,label\ngood film,4.5\nbad film,0.5\n",
+                       "text,label\ngood film,4.0\nbad film,0.5\n"),
+        "ner": (lambda dev: ner_job(tags, dev, tok, cfg), "good B-X\nfilm O\n\n",
+                "good O\nfilm B-X\n\n"),
+    }
+    for name, (job, before, after) in cases.items():
+        dev = tmp_path / f"{name}_dev{'.conll' if name == 'ner' else '.csv'}"
+        dev.write_text(before)
+        digest = data_digest(job(dev))
+        assert data_digest(job(dev)) == digest, name
+        dev.write_text(after)
+        assert data_digest(job(dev)) != digest, name

@@ -315,7 +315,8 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
         return eval_metrics.entity_scores(gold, predicted)
 
     return Job("ner", "token_classification", len(labels), train_enc,
-               [EvalSet("dev", dev_enc, score)], lambda m: float(m["dev"]["f1"]), labels=labels)
+               [EvalSet("dev", dev_enc, score, truth=json.dumps(gold).encode())],
+               lambda m: float(m["dev"]["f1"]), labels=labels)
 
 
 def _write_conll(path: Path, dev: list[Sentence], predicted: list[list[str]]) -> None:
