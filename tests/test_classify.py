@@ -255,6 +255,14 @@ BAD_FILES = [  # (file, content, the one-line error)
     ("i.jsonl", "\n", r"i\.jsonl: no rows \(expected one JSON object per line with 'text' and "
                       r"'label'\)"),
     ("j.csv", "text,label\n", r"j\.csv: no rows \(expected a header line and labelled rows\)"),
+    # a stray quote glued rows 2-5 into one text ("hello,pos\nbye,neg\n...") without a word
+    ("k.csv", 'text,label\n"hello,pos\nbye,neg\nnice,pos\n"great" movie,pos\nawful,neg\n',
+     r"k\.csv:2: not readable as CSV \(',' expected after '\"'\); expected a field that starts "
+     r"with a quote to end with one"),
+    # the first of two 'label' columns was read, the second ignored
+    ("l.csv", "text,label,label\nhello,pos,x\nbye,neg,y\n",
+     r"l\.csv:1: the header names column 'label' 2 times; expected each name once "
+     r"\(--label-field\)"),
 ]
 
 
@@ -262,6 +270,22 @@ BAD_FILES = [  # (file, content, the one-line error)
 def test_bad_inputs_name_file_and_line(tmp_path, name, content, error):
     (tmp_path / name).write_text(content)
     _one_line_error(lambda: classify.read_labelled(tmp_path / name, classify.Fields()), error)
+
+
+def test_a_long_cell_is_read_and_one_column_takes_one_role(tmp_path):
+    """A cell over 131,072 characters (csv's default field limit: a long document) was refused
+    as "not readable as CSV (field larger than field limit)"; --label-field naming the text
+    column trained every text as its own class."""
+    path = tmp_path / "long.csv"
+    path.write_text("text,label\n" + "good film " * 20000 + ",pos\nbad,neg\n")
+    rows = classify.read_labelled(path, classify.Fields())
+    assert [(len(text), label) for _, text, _, label in rows] == [(200000, "pos"), (3, "neg")]
+    for fields, error in (
+            (dict(label="text"), "--label-field text: the same column as --text-field"),
+            (dict(text="a", text_pair="a"), "--text-pair-field a: the same column as --text-field"),
+            (dict(text_pair="b", label="b"), "--label-field b: the same column as "
+                                             "--text-pair-field")):
+        _one_line_error(lambda f=fields: classify.Fields(**f), error)
 
 
 def test_label_only_in_dev_and_bad_scores(tmp_path):

@@ -36,6 +36,17 @@ class Fields:
     text_pair: str | None = None
     label: str = "label"
 
+    def __post_init__(self) -> None:
+        """One column per role: a label column that is the text column trained every text as
+        a class of its own (accuracy 10.00 and an id2label of reviews), without a word."""
+        named = [("--text-field", self.text), ("--text-pair-field", self.text_pair),
+                 ("--label-field", self.label)]
+        for i, (flag, name) in enumerate(named):
+            same = next((other for other, n in named[:i] if name is not None and n == name), None)
+            if same is not None:
+                raise BertgpuError(f"{flag} {name}: the same column as {same}; expected "
+                                   "another column")
+
 
 # --------------------------------------------------------------------------------------------
 # Reading rows
@@ -83,8 +94,10 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
                     ) -> Iterator[tuple[int, dict[str, Any]]]:
     if kind == "tsv":  # quoting off, as GLUE's files: a stray quote must not glue rows together
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(f)
+    else:  # strict: a stray quote is an error, not rows glued into one text up to the next
+        reader = csv.reader(f, strict=True)
+    # a long document in one cell is a text like any other (csv's default limit is 128 KiB)
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     header = next(reader, None)
     if header is None:
         raise BertgpuError(f"{path}: empty (expected a header line naming the columns)")
@@ -92,11 +105,23 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
     for name, flag in columns.items():
         if name not in header:
             raise _missing(path, 1, "column", name, flag, header)
+        if header.count(name) > 1:
+            raise BertgpuError(f"{path}:1: the header names column {name!r} "
+                               f"{header.count(name)} times; expected each name once ({flag})")
     where = {name: header.index(name) for name in columns}
     # reader.line_num is the last line a record ended on; a row is named by its first line (where
     # an editor shows it), which differs when a quoted field spans lines
     start = reader.line_num + 1
-    for row in reader:
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise BertgpuError(f"{path}:{start}: not readable as {kind.upper()} ({e}); expected "
+                               "a field that starts with a quote to end with one (a quote "
+                               "inside it doubled)") from None
         line, start = start, reader.line_num + 1
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
