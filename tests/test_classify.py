@@ -445,3 +445,14 @@ def test_number_like_labels_stay_apart_and_sort_by_value():
     assert classify.discover_labels(p, ["1_0", "10", "1_0"]) == ("10", "1_0")
     assert classify.discover_labels(p, ["1", "-1", "0"]) == ("-1", "0", "1")
     assert classify.discover_labels(p, ["-2", "1", "-10", "0"]) == ("-10", "-2", "0", "1")
+
+
+def test_integer_labels_past_two_to_the_53_stay_apart():
+    """Named through a float, 9007199254740993 and 9007199254740992 were one class, called
+    "9007199254740992.0", a name no row has (ids such as product or user numbers)."""
+    p = Path("train.csv")
+    big = ["9007199254740993", "9007199254740992", "7", "9007199254740993"]
+    assert classify.discover_labels(p, big) == ("7", "9007199254740992", "9007199254740993")
+    assert classify.discover_labels(p, ["12345678901234567890", "12345678901234567891"]) == (
+        "12345678901234567890", "12345678901234567891")
+    assert classify.class_key("09007199254740993", True) == "9007199254740993"

@@ -291,6 +291,15 @@ def test_conll_tokens_keep_spaces_in_tab_files_and_no_break_spaces(tmp_path):
     assert rows[1] == ["New York", "B-LOC", "B-LOC"] and all(len(r) == 3 for r in rows), rows
 
 
+def test_a_tab_at_the_end_of_a_space_separated_line_is_whitespace(tmp_path):
+    """'emma B-PER<TAB>' (spreadsheet exports leave a trailing tab) was split at the tab: "one
+    field 'emma B-PER'; expected a token and its tag separated by whitespace"."""
+    (tmp_path / "x.conll").write_text("emma B-PER\t\nflew O \t\n\nNew York\tB-LOC\t\n",
+                                      encoding="utf-8")
+    got = [(s.tokens, s.tags) for s in ner.read_sentences(tmp_path / "x.conll")]
+    assert got == [(["emma", "flew"], ["B-PER", "O"]), (["New York"], ["B-LOC"])]
+
+
 def test_a_type_past_max_train_examples_is_named_so(tmp_path):
     """A dev type that the training file has only past the --max_train_examples cut used to be
     "not in the training file"; the message now names the cut."""

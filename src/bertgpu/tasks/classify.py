@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,8 +115,14 @@ def _as_float(label: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
 def _number_name(label: str) -> str | None:
-    """A numeric label named by its value ("1.0", "01" -> "1"; "0.50" -> "0.5"); None for text."""
+    """A numeric label named by its value ("1.0", "01" -> "1"; "0.50" -> "0.5"); None for text.
+    Integers are named exactly: through a float, 9007199254740993 and ...992 were one class."""
+    if _INTEGER.fullmatch(label):
+        return str(int(label))
     v = _as_float(label) if "_" not in label else None  # float() reads "1_0" as 10
     if v is None:
         return None

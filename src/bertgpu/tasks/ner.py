@@ -131,11 +131,14 @@ def _conll_sentences(path: Path) -> list[Sentence]:
 def _columns(line: str) -> list[str]:
     """The fields of a CoNLL line: tab-separated when it has a tab, else separated by ASCII
     spaces; str.split() would also cut a token at a no-break space (U+00A0, "10 000" in French
-    corpora) and silently keep only its first word. A line of whitespace alone is blank."""
+    corpora) and silently keep only its first word. A line of whitespace alone is blank; a tab
+    at the end of a space-separated line (spreadsheet exports leave one) does not make it
+    tab-separated."""
     if not line.strip():
         return []
-    sep = "\t" if "\t" in line else " "
-    return [f for f in (p.strip(" \t\r\n") for p in line.split(sep)) if f]
+    body = line.strip(" \t\r\n")
+    sep = "\t" if "\t" in body else " "
+    return [f for f in (p.strip(" \t\r\n") for p in body.split(sep)) if f]
 
 
 _ASCII_SPACE = re.compile(f"[{re.escape(string.whitespace)}]+")
