@@ -263,3 +263,21 @@ def test_an_export_given_to_export_says_what_it_is(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{hf}: an export, already in the Hugging Face layout" in err, err
     assert not (tmp_path / "ex").exists()
+
+
+def test_a_fine_tuning_checkpoint_given_to_export_says_what_it_is(tmp_path, capsys):
+    """A stopped fine-tuning run's checkpoint (or its OUT.tmp) warned "no tokenizer to export
+    with it", then said "no config.json (expected ... a checkpoint folder ...)" of a checkpoint
+    folder; nothing is written."""
+    run = tmp_path / "cls.tmp"
+    ckpt = run / "checkpoints" / "step_234"
+    ckpt.mkdir(parents=True)
+    for name in ("COMPLETE", "checksums.json", "model.safetensors", "train_state.pt"):
+        (ckpt / name).write_text("")
+    (ckpt / "finetune.json").write_text("{}")
+    for given, what in ((ckpt, "a checkpoint"), (run, "the checkpoints of a run")):
+        assert cli.main(["export", str(given), "--out", str(tmp_path / "ex")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertgpu export: error: {given}: {what} of `bertgpu finetune`, "
+                              "which writes its model in the Hugging Face layout to OUT/model"), err
+        assert err.count("\n") == 1 and not (tmp_path / "ex").exists()

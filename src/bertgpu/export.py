@@ -50,6 +50,7 @@ def export_step(run_dir: str | Path, out: str | Path,
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
+    _check_not_finetuning(run_dir)
     if is_checkpoint_folder(run_dir):
         return _export_checkpoint_folder(run_dir, out, step)
     check_export_folder(out)
@@ -89,6 +90,21 @@ def export_step(run_dir: str | Path, out: str | Path,
     tokenizer = run_dir / "tokenizer"
     folder = save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)
     return folder, int(ckpt.name.removeprefix("step_").removesuffix(fsutil.OLD))
+
+
+def _check_not_finetuning(folder: Path) -> None:
+    """A fine-tuning checkpoint (its finetune.json), or a run folder holding them, is refused in
+    one line: it read "no tokenizer to export with it", then "no config.json" of a folder that
+    is a checkpoint. Its model, head and labels are written to OUT/model when the run ends."""
+    from bertgpu.train.checkpoint import CHECKPOINTS
+
+    own = (folder / "finetune.json").is_file()
+    if own or any((folder / CHECKPOINTS).glob("step_*/finetune.json")):
+        what = "a checkpoint" if own else "the checkpoints of a run"
+        raise BertgpuError(f"{folder}: {what} of `bertgpu finetune`, which writes its model "
+                           "in the Hugging Face layout to OUT/model when it ends (re-run the same "
+                           "finetune command to finish a stopped one); expected a pretraining run "
+                           "folder, or one of its checkpoint folders")
 
 
 def _export_checkpoint_folder(ckpt: Path, out: str | Path,
