@@ -429,6 +429,31 @@ def test_an_earlier_fine_tuning_at_out_is_named_before_it_is_replaced(tmp_path):
     assert json.loads((out / "results.json").read_text())["task"] == "CoLA"
 
 
+def test_the_same_finished_fine_tuning_again_does_nothing(tmp_path, capsys):
+    """The same `finetune` command after it finished trained again from scratch and replaced
+    its output ("holds an earlier fine-tuning ...; this run replaces it"), where pretrain,
+    prepare, tokenizer and glue say it is done: a re-run script re-trained every fine-tune.
+    Another setting, test predictions or --force train again."""
+    from bertgpu.cli import main as cli_main
+
+    init = bert_init(tmp_path)
+    out = tmp_path / "ft"
+    argv = ["finetune", "sst2", "--data", str(GLUE), "--init", str(init), "--out", str(out),
+            *QUICK]
+    assert cli_main(argv) == 0
+    capsys.readouterr()
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert cli_main(argv) == 0
+    assert capsys.readouterr().out == (f"SST-2: {out} already holds this fine-tuning (the same "
+                                       "init, data and settings); nothing to do (--force trains "
+                                       "it again)\n")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamps
+    for again in (["--seed", "1"], ["--predict-test"], ["--force"]):
+        assert cli_main([*argv, *again]) == 0
+        printed = capsys.readouterr()
+        assert "nothing to do" not in printed.out and "SST-2: dev accuracy" in printed.out, again
+
+
 def test_config_from_with_a_real_init_is_refused(tmp_path):
     """--config-from beside a real --init was ignored (the model and tokenizer came from
     --init) yet recorded, so that `glue` refused its own re-run without it."""

@@ -28,8 +28,7 @@ and null texts in Hugging Face exports, stop the run unless `--skip_malformed tr
 
 `classify` (sequence classification, text pairs, `--regression`) and `ner` (token classification)
 read CSV / TSV / JSONL, and CoNLL for ner; `--text-field`, `--text-pair-field` and
-`--label-field` name the columns (tasks/classify.py and tasks/ner.py describe the files). Their
-label names go into the exported config.json.
+`--label-field` name the columns (tasks/classify.py and ner.py); labels go into config.json.
 
 `--init` is a bertgpu run folder (its latest checkpoint, tokenizer from RUN_DIR/tokenizer), a
 checkpoint folder, or a Hugging Face BERT or ModernBERT folder with its tokenizer files;
@@ -38,14 +37,14 @@ pretraining" baseline). results.json's `init_checkpoint` records the folder load
 step_N, its step and sha256). An init's classifier of the task's size is kept when its labels
 are the task's (put in the task's order) or unnamed, else started fresh (tasks/init_model.py).
 
-This module wires the job (the task's module, by name: tasks/registry.py), the fine-tuning task
-(tasks/finetuning.py), the engine and the one training loop (train/loop.py).
+This module wires the job (tasks/registry.py), the fine-tuning task (tasks/finetuning.py), the
+engine and the one training loop (train/loop.py).
 
 OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per epoch, final and
 best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export), predictions.json
 (SQuAD; v2.0 adds null_odds.json, span_predictions.json), submission/*.tsv (GLUE, --predict-test).
 OUT.tmp/checkpoints/ holds resumable checkpoints while the run lasts (`--checkpoint_every_steps`,
-and always on SIGTERM): re-running the same command resumes there; they are removed at the end.
+and always on SIGTERM): the same command resumes there, and after the end does nothing.
 """
 
 from __future__ import annotations
@@ -76,11 +75,16 @@ from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
     FINETUNE_OUTPUT,
     check_out,
+    device_name,
     discard_unresumable,
+    finished_key,
+    finished_results,
     is_finetune_output,
+    metric_text,
     note_replaced,
     resumable,
     run_identity,
+    scaling_note,
 )
 from bertgpu.tasks.finetuning import JobRequest
 from bertgpu.tasks.init_model import (
@@ -117,12 +121,13 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
              dev_file: str | os.PathLike[str] | None = None,
              predict_test: bool = False, text_field: str | None = None,
              text_pair_field: str | None = None, label_field: str | None = None,
-             regression: bool = False) -> dict[str, Any]:
+             regression: bool = False, force: bool = False) -> dict[str, Any]:
     """Fine-tune on GLUE task `task` (any alias), `squad` / `squad2`, or your own files (`classify`,
     `ner`) and return results.json's content. `data`: the GLUE root or task folder; for SQuAD a
     folder with train-v1.1.json and dev-v1.1.json (v2.0 for squad2) unless `train_file` /
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
-    names and `regression` as tasks/classify.py and tasks/ner.py describe."""
+    names and `regression` as tasks/classify.py and tasks/ner.py describe. A run finished at
+    `out` with the same init, data and settings is not run again unless `force`."""
     check_out(out)
     cfg = load_finetune_config(cfg, overrides)
     request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file,
@@ -138,7 +143,7 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     # results.json keeps cfg as given (and the stride used beside it)
     job_cfg = job_config(cfg, seq[0], windows=module is squad_job)
     return _run(lambda tokenizer: module.build_job(request, tokenizer, job_cfg), init_s,
-                Path(out), cfg, tok_dir, config_from, seq, ckpt)
+                Path(out), cfg, tok_dir, config_from, seq, ckpt, force)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -176,21 +181,24 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
 
 def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
          cfg: FinetuneConfig, tok_dir: Path, config_from: Any,
-         seq: tuple[int, str], ckpt: InitCheckpoint | None) -> dict[str, Any]:
+         seq: tuple[int, str], ckpt: InitCheckpoint | None, force: bool = False
+         ) -> dict[str, Any]:
     from bertgpu.train import distributed
 
     t_start = time.perf_counter()
     with distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
         return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, ckpt, info,
-                             t_start)
+                             t_start, force)
 
 
 def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
                   cfg: FinetuneConfig, tok_dir: Path, config_from: Any, seq: tuple[int, str],
-                  ckpt: InitCheckpoint | None, info: Any, t_start: float) -> dict[str, Any]:
+                  ckpt: InitCheckpoint | None, info: Any, t_start: float,
+                  force: bool = False) -> dict[str, Any]:
     """The run itself: its model, engine and loop die with this frame, before the process group
     is torn down (distributed.process_group). `seq`: the tokens per sequence (`sequence_length`)
-    and its start-up note; `ckpt`: the checkpoint `init` resolved to (None for random)."""
+    and its start-up note; `ckpt`: the checkpoint `init` resolved to (None for random); `force`:
+    train even when `out` holds this run finished."""
     from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.train import distributed
 
@@ -218,6 +226,13 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                              "init_checkpoint": ckpt.record() if ckpt else None,
                              "config_from": str(config_from)},
                             config_to_dict(cfg), job, info.world_size)
+    key = finished_key(identity, bool(job.predict_test))
+    done = finished_results(out, key) if info.is_main and not force else None
+    if distributed.any_true(done is not None):  # rank 0 read it; every rank ends here
+        if info.is_main:
+            print(f"{job.name}: {out} already holds this fine-tuning (the same init, data and "
+                  "settings); nothing to do (--force trains it again)", flush=True)
+        return done or {}
     if info.is_main:
         note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")
@@ -235,8 +250,8 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
-        results = _write_results(job, task, loop, result, extra, cfg, init, config_from, tok_dir,
-                                 out, info, timing, seq[0], ckpt)
+        results = _write_results(job, task, loop, result, {**extra, "run_key": key}, cfg, init,
+                                 config_from, tok_dir, out, info, timing, seq[0], ckpt)
     distributed.barrier()
     return results
 
@@ -303,7 +318,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
          f"{cfg.global_batch_size} / {micro} / {accumulation}"),
         ("steps", f"{task.total_steps:,} ({cfg.epochs} epochs x {task.steps_per_epoch})"),
         ("learning rate", f"{lr:.3g} ({cfg.optimizer}, warm-up {cfg.warmup_fraction:.0%}, "
-                          f"{cfg.decay} decay" + _scaling_note(cfg) + ")"),
+                          f"{cfg.decay} decay" + scaling_note(cfg) + ")"),
         *([("by model size", size_note)] if size_note else []),
         *(head_rows(model) if resume is None else []),  # else the head is the checkpoint's
     ]
@@ -319,12 +334,6 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
-
-
-def _scaling_note(cfg: FinetuneConfig) -> str:
-    if cfg.lr_scaling == "none":
-        return ""
-    return f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
 
 
 def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any],
@@ -376,7 +385,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
         "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in history),
         "train_examples_per_s": result.sequences_seen / max(train_s, 1e-9),
         "eval_examples_per_s": task.eval_examples / max(task.eval_s, 1e-9),
-        "device": _device_name(info.device), "world_size": info.world_size,
+        "device": device_name(info.device), "world_size": info.world_size,
         "torch_version": torch.__version__, "bertgpu_version": __version__,
     }
     tmp = work / "results.json.tmp"
@@ -384,26 +393,10 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     os.replace(tmp, work / "results.json")
     shutil.rmtree(work / "checkpoints", ignore_errors=True)
     replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
-    print(f"{job.name}: " + ", ".join(f"{s} " + ", ".join(_metric_text(k, v) for k, v in m.items())
-                                      for s, m in final["metrics"].items()) + f" -> {out}",
-          flush=True)
+    scores = (f"{s} " + ", ".join(metric_text(k, v) for k, v in m.items())
+              for s, m in final["metrics"].items())
+    print(f"{job.name}: {', '.join(scores)} -> {out}", flush=True)
     return results
-
-
-def _metric_text(name: str, value: float | int) -> str:
-    """A metric of the last line: a count whole (SQuAD's "total 60"), a score to 2 decimals."""
-    return f"{name} {value}" if isinstance(value, int) else f"{name} {value:.2f}"
-
-
-def _device_name(device: str) -> str:
-    import platform
-
-    import torch
-
-    if device.startswith("cuda"):
-        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    return (f"{device} ({platform.processor() or platform.machine()}, "
-            f"{torch.get_num_threads()} threads)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,6 +434,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predict-test", action="store_true",
                         help="GLUE: also write test-set predictions in leaderboard format to "
                              "OUT/submission/")
+    parser.add_argument("--force", action="store_true",
+                        help="train again when --out holds this run finished (the same init, data "
+                             "and settings), which is otherwise left as it is")
     parser.add_argument("--help-config", action="store_true", help="list every config key and exit")
     parser.epilog = ("Overrides: --key value (or --train.key value), e.g. --epochs 3 --lr "
                      "2e-5 --seed 1")
@@ -490,7 +486,7 @@ def main(args: argparse.Namespace) -> int:
                    train_file=args.train_file, dev_file=args.dev_file,
                    predict_test=args.predict_test, text_field=args.text_field,
                    text_pair_field=args.text_pair_field, label_field=args.label_field,
-                   regression=args.regression)
+                   regression=args.regression, force=args.force)
     return res.get("exit_status", 143) if res.get("preempted") else 0
 
 

@@ -217,7 +217,7 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
                     result = finetune.finetune(task.key, data_dir, load_from(str(init), ckpt),
                                                run_dir, cfg, ["--seed", str(seed)],
                                                config_from=config_from,
-                                               predict_test=predict_test)
+                                               predict_test=predict_test, force=True)
                     if result.get("preempted"):
                         return result  # its checkpoint is kept; the same command resumes it
                 distributed.barrier()  # rank 0 wrote results.json

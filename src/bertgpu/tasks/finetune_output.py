@@ -4,7 +4,9 @@ holds a checkpoint to resume from), and which checkpoint in OUT.tmp a re-run res
 same run (`run_identity`: task, init, data, the settings that change the result, the steps per
 epoch). Another run's checkpoint is replaced, saying what changed. The number of processes is not
 part of the run: a step's sequences and math do not depend on it, so a re-run on another number
-resumes (as pretraining does), unless it changes the steps per epoch."""
+resumes (as pretraining does), unless it changes the steps per epoch. A finished run's
+results.json holds its `finished_key`: the same command again does nothing. Also the lines a run
+prints of itself (metric_text, device_name, scaling_note)."""
 
 from __future__ import annotations
 
@@ -82,6 +84,52 @@ def run_identity(fields: dict[str, Any], config: dict[str, Any], job: Job,
     fields = {k: v for k, v in fields.items() if k != "data_files"}  # data_digest's business
     return json.dumps({**fields, "config": kept, "data": data_digest(job),
                        "world_size": world_size, "steps_per_epoch": steps}, sort_keys=True)
+
+
+def finished_key(identity: str, predict_test: bool) -> str:
+    """What results.json records of its run (`run_key`): the sha256 of its `run_identity` less
+    the world size, which changes no result unless the steps per epoch change with it, and
+    whether it wrote test predictions (a run without them is not one with them)."""
+    import hashlib
+
+    fields = {k: v for k, v in json.loads(identity).items() if k != "world_size"}
+    fields["predict_test"] = predict_test
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def finished_results(out: Path, key: str) -> dict[str, Any] | None:
+    """The results.json of a run at `out` that was this one (`finished_key`), else None: the
+    same command again after it finished changes nothing, as pretrain's does (it trained again
+    and replaced the output). Results of an earlier version, without the key, are not this
+    run's."""
+    try:
+        results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return results if isinstance(results, dict) and results.get("run_key") == key else None
+
+
+def metric_text(name: str, value: float | int) -> str:
+    """A metric of the last line: a count whole (SQuAD's "total 60"), a score to 2 decimals."""
+    return f"{name} {value}" if isinstance(value, int) else f"{name} {value:.2f}"
+
+
+def scaling_note(cfg: Any) -> str:
+    """The start-up table's lr scaling, e.g. ", 2e-05 x linear scaling from batch 32"."""
+    if cfg.lr_scaling == "none":
+        return ""
+    return f", {cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch {cfg.reference_batch_size}"
+
+
+def device_name(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return (f"{device} ({platform.processor() or platform.machine()}, "
+            f"{torch.get_num_threads()} threads)")
 
 
 def resumable(work: Path, checkpoint: Path, identity: str, say: bool = True) -> bool:
