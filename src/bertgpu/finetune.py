@@ -71,6 +71,7 @@ from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
+from bertgpu.locks import output_lock
 from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
     FINETUNE_OUTPUT,
@@ -185,8 +186,9 @@ def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Pa
          ) -> dict[str, Any]:
     from bertgpu.train import distributed
 
-    t_start = time.perf_counter()
-    with distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
+    t_start = time.perf_counter()  # one run at a time writes OUT (through OUT.tmp): locks.py
+    with output_lock(out, "bertgpu finetune", hold=os.environ.get("RANK", "0") == "0"), \
+            distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
         return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, ckpt, info,
                              t_start, force)
 

@@ -156,6 +156,19 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     one protocol) unless --force. A run folder's newest checkpoint is taken once, here: every run
     starts from it, even when pretraining saves a newer one meanwhile. Without --predict-test,
     the OUT/submission/ and .zip of an earlier one are removed (they belonged to another table)."""
+    from bertgpu.locks import output_lock
+
+    _check_out(out)
+    with output_lock(out, "bertgpu glue", hold=os.environ.get("RANK", "0") == "0"):
+        return _run(data_dir, init, out, tasks, seeds, overrides, force, skip_missing, references,
+                    config_from, predict_test)
+
+
+def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
+         out: str | os.PathLike[str], tasks: list[str] | None, seeds: list[int] | None,
+         overrides: list[str] | None, force: bool, skip_missing: bool,
+         references: list[str] | None, config_from: str | os.PathLike[str] | None,
+         predict_test: bool) -> dict[str, Any]:
     from bertgpu import finetune
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.tasks import glue as tasks_mod
@@ -163,7 +176,6 @@ def run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str], out: str
     from bertgpu.tasks.init_model import load_from, resolve_init
     from bertgpu.train import distributed
 
-    _check_out(out)
     overrides = list(overrides or [])
     seeds = list(seeds or [1])
     if len(set(seeds)) != len(seeds):

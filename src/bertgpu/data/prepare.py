@@ -91,6 +91,7 @@ from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_apart, check_output_folder
+from bertgpu.locks import output_lock
 
 
 def _check_args(seq_len: int, objective: str, short_seq_prob: float, validation_fraction: float,
@@ -191,47 +192,49 @@ def prepare(
         validation_docs=validation_docs, min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
         shard_size=shard_size, chunk_docs=chunk_docs, dtype=dtype.name,
         word_starts=segmenter is not None, out=out, base=os.getcwd())
-    work = WorkFolder(out, job.base)
-    plan = {"created_by": f"bertgpu {__version__}", "tokenizer_hash": job.tokenizer_hash,
-            "settings": job.settings, "unit_bytes": unit_bytes,
-            "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
-                    chunk_docs, dtype.name], **plan_record(units)}
-    sealed = work.sealed() if not overwrite else (None, None)  # a set there: the same plan's?
-    if same_as_prepared(out, *sealed, plan):  # (another plan's is an error naming how)
-        if report is not None:
-            report.update(done=True)
-        return Manifest.parse(sealed[0], Path(work.out, "manifest.json")).to_json()
-    finished = work.begin(plan, overwrite)
-    bar = Progress(units, finished, progress)
-    try:
-        runner = open_engine(engine, job, workers, ray_address, bar)
+    # one prepare at a time writes OUT (through OUT.tmp): two died on each other's files
+    with output_lock(out, "bertgpu prepare"):
+        work = WorkFolder(out, job.base)
+        plan = {"created_by": f"bertgpu {__version__}", "tokenizer_hash": job.tokenizer_hash,
+                "settings": job.settings, "unit_bytes": unit_bytes,
+                "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
+                        chunk_docs, dtype.name], **plan_record(units)}
+        sealed = work.sealed() if not overwrite else (None, None)  # a set there: the same plan's?
+        if same_as_prepared(out, *sealed, plan):  # (another plan's is an error naming how)
+            if report is not None:
+                report.update(done=True)
+            return Manifest.parse(sealed[0], Path(work.out, "manifest.json")).to_json()
+        finished = work.begin(plan, overwrite)
+        bar = Progress(units, finished, progress)
         try:
-            records = run_all(runner, units, finished, validation_docs)
+            runner = open_engine(engine, job, workers, ray_address, bar)
+            try:
+                records = run_all(runner, units, finished, validation_docs)
+            finally:
+                runner.close()
+            bar.close()
+            _leave_out_skipped_parts(units, records, work)
+            work.check_arrived(records, engine)
+            manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
+                                 None if validation_docs is not None else validation_fraction,
+                                 skipped)
+            work.seal(manifest.dumps(), tokenizer_files)
+        except RunStopped:
+            raise  # the finished units stay for a re-run (its message says so)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished units stay for a re-run
+            print(f"bertgpu prepare: the work units finished so far are kept in {work.folder}; the "
+                  "same command goes on from them", file=sys.stderr, flush=True)
+            raise
+        except BaseException:
+            work.discard()
+            raise
         finally:
-            runner.close()
-        bar.close()
-        _leave_out_skipped_parts(units, records, work)
-        work.check_arrived(records, engine)
-        manifest = _manifest(job, units, records, vocab_size, tok_dir, special, seed,
-                             None if validation_docs is not None else validation_fraction,
-                             skipped)
-        work.seal(manifest.dumps(), tokenizer_files)
-    except RunStopped:
-        raise  # the finished units stay for a re-run (its message says so)
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished units stay for a re-run
-        print(f"bertgpu prepare: the work units finished so far are kept in {work.folder}; the "
-              "same command goes on from them", file=sys.stderr, flush=True)
-        raise
-    except BaseException:
-        work.discard()
-        raise
-    finally:
-        bar.close()
-    if report is not None:
-        report.update(units=[records[u.index] for u in units], resumed=len(finished),
-                      kept=sorted(finished), engine=engine)
-    warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
-    return manifest.to_json()
+            bar.close()
+        if report is not None:
+            report.update(units=[records[u.index] for u in units], resumed=len(finished),
+                          kept=sorted(finished), engine=engine)
+        warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
+        return manifest.to_json()
 
 
 def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any]],

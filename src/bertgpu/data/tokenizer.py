@@ -70,6 +70,7 @@ from bertgpu.fsutil import (
     make_scratch,
     replace_dir,
 )
+from bertgpu.locks import output_lock
 
 __all__ = ["train_tokenizer"]
 
@@ -145,28 +146,30 @@ def train_tokenizer(
     from bertgpu.data.wordpiece import new_wordpiece, train_on_copy  # (it imports _pipeline)
 
     tok = new_wordpiece(lowercase, strip_accents)
-    tmp = make_scratch(out.with_name(out.name + ".tmp"), out)
-    try:
-        copy = tmp / "corpus.txt"
-        alphabet, pieces = _copy_corpus(tok, copy, inputs, broken, fmt, text_field, skip_bad,
-                                        stats, sample_bytes, limit_alphabet, vocab_size)
-        tok = train_on_copy(tok, copy, alphabet, pieces, lowercase, strip_accents, vocab_size,
-                            min_frequency)
-        copy.unlink()
-        got = tok.get_vocab_size(with_added_tokens=True)
-        if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
-            warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
-                          f"(pieces seen at least --min-frequency {min_frequency} times); expected "
-                          "a larger or more varied corpus, or a smaller --vocab-size", stacklevel=2)
-        _write_folder(tok, tmp, lowercase, strip_accents)
-        # (ASCII: a file name that is not UTF-8 is kept as its escaped surrogates)
-        (tmp / TRAINED).write_text(json.dumps(record, indent=2) + "\n", encoding="ascii")
-        if out.exists():
-            out.rmdir()  # _check_out_dir made sure it is empty
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output_lock(out, "bertgpu tokenizer"):  # one at a time writes OUT (OUT.tmp)
+        tmp = make_scratch(out.with_name(out.name + ".tmp"), out)
+        try:
+            copy = tmp / "corpus.txt"
+            alphabet, pieces = _copy_corpus(tok, copy, inputs, broken, fmt, text_field, skip_bad,
+                                            stats, sample_bytes, limit_alphabet, vocab_size)
+            tok = train_on_copy(tok, copy, alphabet, pieces, lowercase, strip_accents, vocab_size,
+                                min_frequency)
+            copy.unlink()
+            got = tok.get_vocab_size(with_added_tokens=True)
+            if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
+                warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
+                              f"(pieces seen at least --min-frequency {min_frequency} times); "
+                              "expected a larger or more varied corpus, or a smaller "
+                              "--vocab-size", stacklevel=2)
+            _write_folder(tok, tmp, lowercase, strip_accents)
+            # (ASCII: a file name that is not UTF-8 is kept as its escaped surrogates)
+            (tmp / TRAINED).write_text(json.dumps(record, indent=2) + "\n", encoding="ascii")
+            if out.exists():
+                out.rmdir()  # _check_out_dir made sure it is empty
+            replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 

@@ -1,0 +1,86 @@
+"""One command at a time writes an output: `output_lock` holds an exclusive lock on ``OUT.lock``
+beside the output while a command writes it (through ``OUT.tmp``), and refuses a second one in
+one line naming the first (pid and host).
+
+Two `finetune` (or `glue`) runs into one --out trained together: the second deleted the
+first's working folder, or resumed from its live checkpoint, and both said they were done over
+an output that had lost its metrics.jsonl; two `prepare` runs both died on each other's files.
+`bertgpu pretrain` locks inside its run folder (train/run_folder.py), which is never renamed; the
+commands here write a scratch folder that is renamed into place at the end, so their lock lies
+beside it. The lock file is removed when the command ends; one left by a process killed with
+SIGKILL holds no lock and is taken over. Where the file system cannot lock (some network file
+systems), the command goes on unlocked, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from bertgpu.errors import BertgpuError
+
+LOCK = ".lock"
+
+
+def _holder(fd: int, command: str) -> str:
+    """"bertgpu glue (pid N on HOST)" from the lock file its holder wrote ("PID HOST COMMAND"),
+    or `command` when it cannot be read."""
+    try:
+        words = os.pread(fd, 300, 0).decode("utf-8", "replace").split()
+    except OSError:
+        return command
+    return f"{' '.join(words[2:])} (pid {words[0]} on {words[1]})" if len(words) > 2 else command
+
+
+@contextlib.contextmanager
+def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) -> Iterator[None]:
+    """Hold ``OUT.lock`` while `command` ("bertgpu finetune") writes `out`, or raise a one-line
+    BertgpuError when another process holds it. `hold` False (the other ranks of a job) and URL
+    outputs (a store has no locks) do nothing. Folders made on the way to the lock are removed
+    again when the command leaves nothing in them."""
+    text = os.fspath(out)
+    if not hold or "://" in text:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    out = Path(os.path.abspath(text))
+    path = out.with_name(out.name + LOCK)
+    made = [p for p in out.parents if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            who = _holder(fd, command)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                yield  # ENOLCK, EOPNOTSUPP: no locks on this file system
+                return
+            raise BertgpuError(f"{out}: another {who} is writing this output; wait for it to end "
+                               "or stop it, or give another --out") from None
+        try:  # the holder before us removed the file after we opened it: lock the new one
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {command}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # while locked: a process waiting on it finds it gone and retries
+        os.close(fd)
+        for folder in made:  # the deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()

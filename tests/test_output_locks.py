@@ -1,0 +1,69 @@
+"""One command at a time writes an output (locks.py): two `finetune` runs into one --out
+trained together (the second deleted the first's OUT.tmp or resumed from its live checkpoint;
+both said they were done over an output without its metrics.jsonl), two `prepare` runs died on
+each other's files. A second command into the same --out is now refused in one line naming the
+first, and leaves its output alone."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+from _text_fixtures import pydoc_documents, write_sentences
+from _tiny_init import SPECIAL, tiny_init
+
+from bertgpu.cli import main as cli_main
+from bertgpu.errors import BertgpuError
+from bertgpu.locks import output_lock
+
+GLUE = Path(__file__).parent / "fixtures" / "glue"
+
+
+def test_a_second_lock_is_refused_naming_the_first_and_the_lock_goes_at_the_end(tmp_path):
+    out = tmp_path / "new" / "deeper" / "out"
+    holder = f"(pid {os.getpid()} on {socket.gethostname()})"
+    with output_lock(out, "bertgpu finetune"):
+        assert (out.parent / "out.lock").read_text() == (f"{os.getpid()} {socket.gethostname()} "
+                                                         "bertgpu finetune\n")
+        with pytest.raises(BertgpuError) as info:
+            with output_lock(out, "bertgpu glue"):
+                pass
+        assert str(info.value) == (f"{out}: another bertgpu finetune {holder} is writing this "
+                                   "output; wait for it to end or stop it, or give another --out")
+        with output_lock(tmp_path / "other", "bertgpu finetune"):  # another output: free
+            pass
+    assert not (tmp_path / "new").exists()  # the lock and the folders made for it are gone
+    (out.parent).mkdir(parents=True)
+    (out.parent / "out.lock").write_text("123 gone-host bertgpu glue\n")  # SIGKILL: no lock
+    with output_lock(out, "bertgpu prepare"):
+        pass
+    assert not (out.parent / "out.lock").exists()
+    with output_lock(out, "bertgpu prepare", hold=False), output_lock(out, "bertgpu prepare"):
+        pass  # the other ranks of a job take no lock
+    with output_lock("memory://bucket/out", "bertgpu prepare"):
+        pass  # a store has no locks
+
+
+def test_every_command_that_writes_through_out_tmp_takes_the_lock(tmp_path, capsys):
+    corpus = write_sentences(tmp_path / "corpus.txt", pydoc_documents(20))
+    glue = str(GLUE)
+    words = sorted({w for f in GLUE.rglob("*.tsv")
+                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", f.read_text().lower())})
+    init = str(tiny_init(tmp_path / "m", [*SPECIAL, *words]))
+    commands = {
+        "tokenizer": ["--corpus", str(corpus), "--vocab-size", "200"],
+        "prepare": ["--corpus", str(corpus), "--tokenizer", init, "--workers", "1"],
+        "finetune": ["sst2", "--data", glue, "--init", init, "--epochs", "1"],
+        "glue": ["--data-dir", glue, "--tasks", "sst2", "--init", init, "--epochs", "1"],
+    }
+    for name, argv in commands.items():
+        out = tmp_path / name
+        with output_lock(out, "bertgpu finetune"):
+            assert cli_main([name, *argv, "--out", str(out)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"bertgpu {name}: error: {out}: another bertgpu finetune (pid "), err
+        assert err.count("\n") == 1, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "m"], name
