@@ -313,3 +313,43 @@ def test_full_disk_at_pretrainings_end_export_is_one_line(tmp_path, monkeypatch,
     assert ckpt.checkpoint_problem(run / "checkpoints" / "step_2") is None
     # space freed: the re-run exports the finished run
     assert cli(args) == 0 and (run / "hf" / "model.safetensors").is_file()
+
+
+def test_a_full_disk_under_metrics_jsonl_mid_run_is_one_line(tmp_path, capsys, one_thread):
+    """metrics.jsonl written to a full disk (/dev/full answers every write with ENOSPC): the
+    OSError of a write to an open file names no path, so the run ended in three chained
+    tracebacks (the end record and close() failing again over the first). Now one line naming
+    the file, exit 2; and an ENOSPC without a path is said of the --out typed."""
+    from _shards import write_synthetic_shards
+
+    from bertgpu.cli import main as cli
+    from bertgpu.cli import place_error
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    data = write_synthetic_shards(tmp_path / "data", n_train=32, n_val=8, seq_len=32,
+                                  vocab_size=100)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to("/dev/full")
+    args = ["pretrain", str(Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"),
+            "--data", str(data), "--out", str(run), "--model.vocab_size", "100",
+            "--model.hidden_size", "32", "--model.intermediate_size", "64",
+            "--model.max_position_embeddings", "64", "--train.global_batch_size", "8",
+            "--impl.micro_batch_size", "8", "--train.max_steps", "2",
+            "--train.eval_every_steps", "0", "--train.eval_sequences", "8"]
+    try:
+        code = cli(args)
+    except OSError as exc:  # what the old code did: a traceback
+        code = f"{type(exc).__name__}: {exc}"
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bertgpu pretrain: error: {run / 'metrics.jsonl'}: No space left on device; "
+                   "free space on that file system or choose another path, then re-run"], err
+    full = OSError(errno.ENOSPC, "No space left on device")  # a write to an open shard file
+    assert place_error(full, ["prepare", "--out", "d"]) == (
+        "d: No space left on device (writing this output or a file beside it); free space on "
+        "that file system or choose another path, then re-run")
+    assert place_error(full, ["prepare", "--out=d"]).startswith("d: No space left")
+    assert place_error(full, ["report", "r"]) is None  # no --out: a traceback as before
+    assert place_error(OSError(errno.EBADF, "Bad file descriptor"), ["--out", "d"]) is None

@@ -203,10 +203,12 @@ def test_logger_appends_on_reopen_and_read_metrics(tmp_path):
     log.log(3, "train", loss=0.3)
     log.log(4, "train", loss=float("inf"))
     log.close()
-    with pytest.raises(BertgpuError, match="metrics.jsonl:5"):
-        read_metrics(tmp_path)  # the cut line is no longer the last one
+    # The reopened file lost its cut line: kept, it sat mid-file once the resumed run appended,
+    # and every later read (report) refused the run as corrupt ("metrics.jsonl:5").
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    del lines[4]
+    assert len(lines) == 6 and not any('"ki' in line and "kind" not in line for line in lines)
+    assert [(r["kind"], r["step"]) for r in read_metrics(tmp_path)][3:] == [
+        ("eval", 3), ("train", 3), ("train", 4)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"step": 5, "ki')
     rows = read_metrics(tmp_path / "metrics.jsonl")  # a cut last line is skipped
     assert [(r["kind"], r["step"]) for r in rows][3:] == [("eval", 3), ("train", 3), ("train", 4)]
@@ -417,3 +419,13 @@ def test_budget_eta_is_the_budget_left_after_the_time_already_spent(monkeypatch)
     log.log(1, "train", loss=1.0)
     log.close()
     assert out.getvalue().splitlines()[-1].endswith("ETA 27:00"), out.getvalue()
+
+
+def test_bytes_that_are_not_utf8_are_one_line_naming_the_line(tmp_path):
+    """A node crash can leave garbage bytes in metrics.jsonl: report ended in a
+    UnicodeDecodeError traceback."""
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1, "kind": "train"}\n'
+                                             b'{"step": 2, "kind": "info", "event": "x\xe9"}\n')
+    with pytest.raises(BertgpuError, match=r"metrics\.jsonl:2: not UTF-8 \(byte 0xe9\); "
+                                           "expected the JSON lines bertgpu writes"):
+        read_metrics(tmp_path)

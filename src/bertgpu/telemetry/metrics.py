@@ -192,6 +192,7 @@ class MetricsLogger:
         self._start = time.monotonic()
         self._stream = stream if stream is not None else sys.stdout
         self._file: IO[str] | None = None
+        self._write_failed = False  # a write to metrics.jsonl failed (a full disk)
         self._bar: Any = None
         self._sinks: SinkFanout | None = None
         self._monitor_seen = 0  # the monitor's sample count last forwarded to the sinks
@@ -273,9 +274,15 @@ class MetricsLogger:
             if key in ("step", "kind"):
                 raise ValueError(f"MetricsLogger.log: {key!r} is reserved")
             record[key] = _clean(value, key)
-        if self._file is not None:
-            self._file.write(json.dumps(record, allow_nan=False) + "\n")
-            self._file.flush()
+        if self._file is not None and not self._write_failed:
+            try:
+                self._file.write(json.dumps(record, allow_nan=False) + "\n")
+                self._file.flush()
+            except OSError as e:  # a full disk: named, and not tried again (nor at close)
+                self._write_failed = True
+                if e.filename is None:
+                    e.filename = str(self.path)
+                raise
         if kind == "info" and record.get("event") in FILE_ONLY_EVENTS:
             return record
         if self._sinks is not None:
@@ -369,7 +376,11 @@ class MetricsLogger:
         if self._sinks is not None:
             self._sinks.close()
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                if not self._write_failed:  # else the same failure again, over the first one
+                    raise
 
     def __enter__(self) -> MetricsLogger:
         return self

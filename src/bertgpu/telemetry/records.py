@@ -18,17 +18,19 @@ from bertgpu.errors import BertgpuError
 
 
 def open_for_append(path: Path) -> IO[str]:
-    """Open ``path`` for appending, starting on a fresh line when a crash left the last one cut."""
-    needs_newline = False
+    """Open ``path`` for appending, after cutting off a last line that a crash (or a full disk)
+    left without its newline: the record is incomplete, and kept it would sit mid-file once
+    the resumed run appends, where every later read refuses it as corruption."""
     if path.exists() and path.stat().st_size > 0:
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            needs_newline = f.read(1) != b"\n"
-    f = open(path, "a", encoding="utf-8")  # the caller closes it
-    if needs_newline:
-        f.write("\n")
-        f.flush()
-    return f
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail = b""
+            while size > len(tail) and b"\n" not in tail:  # the last newline, read backwards
+                f.seek(max(0, size - len(tail) - 4096))
+                tail = f.read(size - f.tell() - len(tail)) + tail
+            if not tail.endswith(b"\n"):
+                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
+    return open(path, "a", encoding="utf-8")  # the caller closes it
 
 
 def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
@@ -50,6 +52,10 @@ def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise BertgpuError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise BertgpuError(f"{path}:{line}: not UTF-8 (byte 0x{e.object[e.start]:02x}); "
+                           "expected the JSON lines bertgpu writes") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     records = []
     for i, line in enumerate(lines):
