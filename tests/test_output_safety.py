@@ -61,6 +61,25 @@ def test_a_user_folder_given_as_out_is_refused_and_kept(init, tmp_path, capsys):
         assert (out / "notes.md").read_text() == "mine", name
 
 
+def test_the_current_folder_as_out_is_refused_by_every_command_that_swaps_it_in(
+        init, tmp_path, capsys, monkeypatch):
+    """`--out .` was a ValueError traceback ("PosixPath('.') has an empty name") in finetune,
+    report and export; prepare and tokenizer already said this in one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    commands = _commands(init, Path("."), run)
+    commands["demo --fresh"] = ["demo", "--out", ".", "--fresh"]
+    for name, argv in commands.items():
+        assert cli.main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert err.endswith("error: --out .: is the current folder, which would be replaced; "
+                            "expected a new folder elsewhere (e.g. a name inside it)"), (name, err)
+        assert len(err.splitlines()) == 1 and list(here.iterdir()) == [], name
+
+
 @pytest.mark.parametrize("suffix", [".tmp", ".old"])
 def test_a_user_folder_beside_out_is_refused_and_kept(init, tmp_path, capsys, suffix):
     """OUT.tmp and OUT.old are where these commands build and set aside their output; a folder

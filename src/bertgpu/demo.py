@@ -31,7 +31,7 @@ from typing import Any
 
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError, Terminated
-from bertgpu.fsutil import check_output_folder, check_replaceable
+from bertgpu.fsutil import check_not_cwd, check_output_folder, check_replaceable
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "modern-tiny.toml"
@@ -227,6 +227,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_folder(out)
     if args.fresh and out.exists():
+        check_not_cwd(out)  # --fresh deletes the folder
         check_replaceable(out, is_demo_output, "a demo folder (only tokenizer/, data/, run/ and "
                           "finetune/ in it), which --fresh deletes")
         shutil.rmtree(out)

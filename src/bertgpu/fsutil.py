@@ -80,8 +80,20 @@ def check_output_folder(path: str | os.PathLike[str], what: str = "an output fol
             break
     if replaces is None:
         return
+    check_not_cwd(path)
     check_replaceable(path, replaces, what)
     check_siblings(path)
+
+
+def check_not_cwd(path: str | os.PathLike[str], flag: str = "--out") -> None:
+    """A folder that a command builds beside it and swaps in is neither the current folder nor
+    one that holds it: the shell would be left in a deleted folder (and ``.`` has no name to
+    build ``..tmp`` beside: `--out .` was a ValueError traceback)."""
+    here, target = Path.cwd().resolve(), Path(path).resolve()
+    if target == here or target in here.parents:
+        what = "the current folder" if target == here else "a folder that holds the current one"
+        raise BertgpuError(f"{flag} {os.fspath(path)}: is {what}, which would be replaced; "
+                           "expected a new folder elsewhere (e.g. a name inside it)")
 
 
 def check_siblings(path: Path) -> None:

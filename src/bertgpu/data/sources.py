@@ -380,14 +380,11 @@ def check_not_cwd(out: str | os.PathLike, flag: str = "--out") -> None:
     """A local output folder, which a command builds beside it and swaps in, is neither the
     current folder nor one that holds it: the shell would be left in a deleted folder (and
     ``.`` has no name to build ``..tmp`` beside)."""
+    from bertgpu.fsutil import check_not_cwd as check_local
+
     text = local_path(out)
-    if is_url(text):
-        return
-    here, target = Path.cwd().resolve(), Path(text).resolve()
-    if target == here or target in here.parents:
-        what = "the current folder" if target == here else "a folder that holds the current one"
-        raise BertgpuError(f"{flag} {text}: is {what}, which would be replaced; expected a new "
-                           "folder elsewhere (e.g. a name inside it)")
+    if not is_url(text):
+        check_local(text, flag)
 
 
 def local_or_url(text: str | os.PathLike, base: str | None = None) -> Source:
