@@ -258,3 +258,21 @@ def test_a_second_signal_while_the_process_winds_down_still_exits_143(shards, tm
     assert proc.wait(timeout=120) == 143, proc.stderr.read()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("event") == "preempted" for r in records), records
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_terminal_sighup_stops_the_run_with_its_checkpoint(shards, tmp_path):
+    """SIGHUP (the terminal or ssh session closed) killed the run at once: exit 129, nothing on
+    stderr, no end record, and the steps since the last checkpoint lost. It is a stop signal
+    now, like SIGTERM; the same command resumes."""
+    run = tmp_path / "run"
+    proc = _start(shards, run, faults="")
+    _until(lambda: _trained(run, 2))
+    os.killpg(proc.pid, signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 129, err[-2000:]
+    assert "bertgpu pretrain: SIGHUP: " in err, err[-2000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ends = [r for r in records if r.get("event") == "end"]
+    assert [e["reason"] for e in ends] == ["preempted"], ends
+    assert (run / "checkpoints" / f"step_{ends[0]['step']}" / "COMPLETE").is_file()

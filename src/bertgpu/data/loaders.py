@@ -118,15 +118,17 @@ def _as_masker(masking: Masker | MaskingConfig, shards: ShardSet) -> Masker:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """In a loader worker: ignore SIGTERM and SIGINT. A scheduler's preemption (SIGTERM to every
-    process of the job) or Ctrl-C (SIGINT to the terminal's process group) reaches the workers
-    too; if they died of it, the main process would fail with "DataLoader worker killed" before
-    it could write its preemption checkpoint. The main process decides; the workers end when it
-    closes the loader (or dies, which torch's workers watch for)."""
+    """In a loader worker: ignore SIGTERM, SIGINT and SIGHUP. A scheduler's preemption (SIGTERM
+    to every process of the job), Ctrl-C (SIGINT to the terminal's process group) or a closed
+    terminal reaches the workers too; if they died of it, the main process would fail with
+    "DataLoader worker killed" before it could write its preemption checkpoint. The main process
+    decides; the workers end when it closes the loader (or dies, which torch's workers watch
+    for)."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the main process stops
 
 
 class PretrainLoader:

@@ -1,4 +1,5 @@
-"""Preemption within a grace period: from the first SIGTERM or SIGINT a run ends within
+"""Preemption within a grace period: from the first SIGTERM, SIGINT or SIGHUP (a closed
+terminal; not under nohup, which ignores it) a run ends within
 `checkpoint.grace_s` seconds, whatever it was doing (compiling, evaluating, writing).
 
 A scheduler gives a job little time between SIGTERM and SIGKILL: Slurm 30 s (KillWait),
@@ -18,7 +19,7 @@ Kubernetes 30 s (terminationGracePeriodSeconds), a spot VM 30-120 s. From the fi
    to write one (the last measured save, else the state's bytes at 200 MB/s; with a 25% margin,
    plus what is left of a write in flight) fits in what is left of the grace, it writes a
    preemption checkpoint of that step; else it keeps the newest complete one. Either way the run
-   ends with exit status 143 (130 for SIGINT) and one line that says which.
+   ends with exit status 143 (130 for SIGINT, 129 for SIGHUP) and one line that says which.
 4. At the deadline, a run still going (a step that cannot be interrupted, a write slower than
    its estimate) exits with the same status and a line saying so, once its metric sinks closed
    or the seconds kept for them ran out (they used to be left unclosed: the TensorBoard file
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: a closed terminal
 _DUPLICATE_S = 1.0  # the same signal again within this long is the same preemption
 _RELAYED_S = 5.0  # ... and the other stop signal within this long: torchrun, signalled itself
 #     (a Ctrl-C reaches the whole group, Slurm signals every process), sends its workers SIGTERM
@@ -147,8 +148,12 @@ class Preemption:
 
     # -- signals -------------------------------------------------------------------------------
     def install(self) -> None:
-        """Catch SIGTERM and SIGINT (main thread only; elsewhere nothing is installed)."""
+        """Catch SIGTERM, SIGINT and SIGHUP (main thread only; elsewhere nothing is installed).
+        A closed terminal (SIGHUP) ended a run at once, without its checkpoint or end record; a
+        signal already ignored (SIGHUP under nohup) stays ignored."""
         for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (e.g. a test's thread)
@@ -329,7 +334,7 @@ class Preemption:
 
     @property
     def exit_status(self) -> int:
-        """128 + the first stop signal: 143 for SIGTERM, 130 for SIGINT."""
+        """128 + the first stop signal: 143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP."""
         return 128 + int(self.signum or self._seen or signal.SIGTERM)
 
     # -- safe points ---------------------------------------------------------------------------
