@@ -477,3 +477,27 @@ def test_export_never_writes_over_a_checkpoint(run, tmp_path, capsys):
         assert len(capsys.readouterr().err.splitlines()) == 1
     assert ckpt.checkpoint_problem(root / "step_20") is None
     assert ckpt.checkpoint_problem(tmp_path / "copy") is None
+
+
+def test_a_failed_fine_tuning_does_not_warn_of_damage_twice_nor_hide_its_error(tmp_path):
+    """After a failed re-run of a fine-tuning whose newest checkpoint is damaged, the clean-up of
+    OUT.tmp looked for checkpoints again: "... skipped, model.safetensors is truncated" printed a
+    second time, and with every checkpoint damaged its "no good checkpoint" error would have
+    replaced the run's own. It is quiet now, and OUT.tmp with its checkpoints is kept."""
+    from bertgpu.tasks.finetune_output import discard_unresumable
+
+    out = tmp_path / "ft"
+    work = fsutil.make_scratch(tmp_path / "ft.tmp", out)
+    step = work / "checkpoints" / "step_5"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(b"x" * 2000)
+    fsutil.seal(step)
+    with open(step / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        discard_unresumable(work, out)
+    assert step.is_dir()
+    shutil.rmtree(work / "checkpoints")
+    discard_unresumable(work, out)  # nothing to resume from: a half-written output goes
+    assert not work.exists()

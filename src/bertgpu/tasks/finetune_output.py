@@ -53,10 +53,19 @@ def note_replaced(out: Path, task: str) -> None:
 def discard_unresumable(work: Path, out: Path) -> None:
     """After a failure: OUT.tmp goes unless it holds a checkpoint to resume from (a run stopped
     part-way keeps it); without one it is only a half-written output."""
+    from bertgpu.errors import BertgpuError
     from bertgpu.fsutil import is_scratch, remove_scratch
     from bertgpu.step_folders import newest_good
 
-    if is_scratch(work) and newest_good(work / "checkpoints") is None:
+    if not is_scratch(work):
+        return
+    with warnings.catch_warnings():  # the resume said which were damaged (it said it twice)
+        warnings.simplefilter("ignore")
+        try:
+            keep = newest_good(work / "checkpoints") is not None
+        except BertgpuError:  # every one damaged: kept for the user to look at, as it was
+            keep = True
+    if not keep:
         remove_scratch(work, out)
 
 
