@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bertgpu.telemetry.console import console_fields, duration
-from bertgpu.telemetry.records import open_for_append
+from bertgpu.telemetry.records import cut_after, open_for_append
 from bertgpu.telemetry.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
 from bertgpu.telemetry.throughput import Throughput
 
@@ -207,6 +207,7 @@ class MetricsLogger:
             run_dir = Path(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             self.path = run_dir / "metrics.jsonl"
+            cut_after(self.path, initial_step)  # the steps this run goes through (again)
             self._file = open_for_append(self.path)
             tb = TensorBoardSink.open_if_installed(run_dir / "tensorboard") if tensorboard else None
             sinks += [tb] if tb is not None else []

@@ -33,6 +33,33 @@ def open_for_append(path: Path) -> IO[str]:
     return open(path, "a", encoding="utf-8")  # the caller closes it
 
 
+def cut_after(path: Path, step: int) -> int:
+    """Remove the records of steps after `step` from the JSON-lines file `path` (kept complete
+    and in order; rewritten in one replace), and return how many went. A run resumed from the
+    checkpoint of `step` goes through those steps again: their records were of a timeline that
+    no longer is, and read as duplicates (an eval record logged twice, pandas counting steps
+    twice). Lines that are not records are left where they are."""
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = [line for line in lines if not _after(line, step)]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _after(line: bytes, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return False
+    at = record.get("step") if isinstance(record, dict) else None
+    return isinstance(at, int) and not isinstance(at, bool) and at > step
+
+
 def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
     try:
         record = json.loads(line)
