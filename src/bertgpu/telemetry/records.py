@@ -39,10 +39,9 @@ def cut_after(path: Path, step: int) -> int:
     checkpoint of `step` goes through those steps again: their records were of a timeline that
     no longer is, and read as duplicates (an eval record logged twice, pandas counting steps
     twice). Lines that are not records are left where they are."""
-    try:
-        lines = path.read_bytes().splitlines(keepends=True)
-    except FileNotFoundError:
+    if not path.is_file():  # none yet, or not a file to rewrite (a device reads for ever)
         return 0
+    lines = path.read_bytes().splitlines(keepends=True)
     kept = [line for line in lines if not _after(line, step)]
     if len(kept) < len(lines):
         tmp = path.with_name(path.name + ".tmp")
