@@ -116,6 +116,9 @@ def test_load_hf_qa(tmp_path):
     o, r = ours(**inputs(b), **pos), hf(**inputs(b), **pos)
     torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.end_logits, r.end_logits, atol=1e-5, rtol=1e-4)
+    # the loss on unpadded rows: transformers' span softmax keeps padding in, ours leaves it out
+    b["attention_mask"][:] = 1
+    o, r = ours(**inputs(b), **pos), hf(**inputs(b), **pos)
     torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
     o.loss.backward()
     r.loss.backward()

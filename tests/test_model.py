@@ -98,6 +98,9 @@ def test_classification_matches_transformers(num_labels):
 
 
 def test_qa_matches_transformers():
+    """Logits as transformers' on a padded batch; the loss and its gradients as transformers'
+    where no row is padded (its span softmax keeps padding in, ours leaves it out:
+    test_qa_loss_does_not_depend_on_the_padding)."""
     ours, hf = hf_pair(BertForQuestionAnswering, transformers.BertForQuestionAnswering)
     b = tiny_batch(3)
     # the third example's answer is outside the window: HF clamps it to T and ignores it
@@ -107,6 +110,8 @@ def test_qa_matches_transformers():
     o, r = ours(**kw), hf(**kw)
     torch.testing.assert_close(o.start_logits, r.start_logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(o.end_logits, r.end_logits, atol=1e-5, rtol=1e-4)
+    kw["attention_mask"] = torch.ones_like(b["attention_mask"])
+    o, r = ours(**kw), hf(**kw)
     torch.testing.assert_close(o.loss, r.loss, atol=1e-5, rtol=1e-5)
     assert o.count.item() == 2
     torch.testing.assert_close(o.loss_sum / o.count, o.loss)
@@ -115,6 +120,22 @@ def test_qa_matches_transformers():
     for name, grad in hf_grads(ours).items():
         torch.testing.assert_close(grad, hf.get_parameter(name).grad, atol=1e-5,
                                    rtol=1e-4, msg=name)
+
+
+def test_qa_loss_does_not_depend_on_the_padding():
+    """A feature's span loss was over every padded position: its value depended on the width
+    its micro batch was padded to, so one step trained otherwise on another number of devices
+    or micro batch (SQuAD only: the other heads leave padding out)."""
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(BertConfig(**TINY)).eval()
+    b = tiny_batch(3)
+    starts, ends = torch.tensor([3, 0, 2]), torch.tensor([5, 1, 3])
+    together = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], starts, ends)
+    alone = 0.0
+    for i, n in enumerate(b["attention_mask"].sum(1).tolist()):  # each row, unpadded
+        row = [b[k][i:i + 1, :n] for k in ("input_ids", "attention_mask", "token_type_ids")]
+        alone = alone + model(*row, starts[i:i + 1], ends[i:i + 1]).loss_sum
+    torch.testing.assert_close(together.loss_sum, alone, atol=1e-5, rtol=1e-5)
 
 
 def test_token_classification_matches_transformers():

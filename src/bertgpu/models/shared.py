@@ -232,11 +232,19 @@ def token_loss_terms(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, to
 
 
 def span_loss_terms(start_logits: torch.Tensor, end_logits: torch.Tensor,
-                    start_positions: torch.Tensor,
-                    end_positions: torch.Tensor) -> dict[str, torch.Tensor]:
+                    start_positions: torch.Tensor, end_positions: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Extractive QA, as transformers computes it: start/end logits (B, T); positions outside the
     window are clamped to T and ignored. `loss` is HF's (CE_start + CE_end) / 2; `loss_sum` /
-    `count` equals it whenever start and end are ignored together (always, for SQuAD features)."""
+    `count` equals it whenever start and end are ignored together (always, for SQuAD features).
+
+    The softmax leaves out the padding (`attention_mask` 0): over it, a feature's loss depended on
+    how wide its micro batch was padded, so the same step trained otherwise on another number
+    of devices or micro batch (transformers pads to max_seq_len, one width, and keeps it in)."""
+    if attention_mask is not None:
+        pad = attention_mask.reshape(start_logits.shape) == 0
+        start_logits = start_logits.float().masked_fill(pad, -1e4)
+        end_logits = end_logits.float().masked_fill(pad, -1e4)
     T = start_logits.size(1)
     s = start_positions.reshape(-1).clamp(0, T)
     e = end_positions.reshape(-1).clamp(0, T)

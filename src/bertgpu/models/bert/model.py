@@ -456,14 +456,15 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
-        # Always padded: HF's span softmax runs over every position, padding included, and an
-        # unpadded encoder leaves zeros there instead of the padded model's values.
+        # Padded: the loss leaves the padding out (span_loss_terms), so the unpadded encoder
+        # would give the same, but this head's unpadded path awaits its check on a GPU.
         x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta,
                       unpad=False).last_hidden_state
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
-            out.update(span_loss_terms(start_logits, end_logits, start_positions, end_positions))
+            out.update(span_loss_terms(start_logits, end_logits, start_positions, end_positions,
+                                       attention_mask))
         return out
 
 
