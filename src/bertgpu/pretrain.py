@@ -178,7 +178,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     check_run_folder_free(Path(cfg.out))
     checkpoints = complete_steps(Path(cfg.out) / "checkpoints")
     if checkpoints:  # the workers would each refuse it, under the launcher's long report
-        check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model))
+        check_same_model(checkpoints[-1][1], overrides.config_to_dict(cfg.model), cfg.optim.name)
         if finished_run(cfg, say=False) is None:
             check_not_past_max_steps(Path(cfg.out), cfg.train.max_steps)
     # the shard set: the init's tokenizer's (first, as in build), and the model fits it
@@ -337,7 +337,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     model_fields = overrides.config_to_dict(cfg.model)
     resume = load_resume(run_dir, info)
     if resume is not None:
-        check_same_model(resume[0], model_fields)
+        check_same_model(resume[0], model_fields, cfg.optim.name)
     # The init's tokenizer first: shards of another tokenizer fail check_model too, but its
     # hint (set model.pad_token_id ...) is one that --init refuses.
     init = _init_source(cfg, data, resume)

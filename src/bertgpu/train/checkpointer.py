@@ -289,7 +289,18 @@ def restore(
     optimizer: torch.optim.Optimizer,
 ) -> None:
     """Load a checkpoint's weights and optimizer state into `model` (the unwrapped module,
-    sharded or not) and `optimizer`; collective when either side is sharded."""
+    sharded or not) and `optimizer`; collective when either side is sharded. The optimizer keeps
+    its own hyperparameters (this run's betas, eps, weight decay, its fused or foreach kernel):
+    torch's load_state_dict put the saved ones back, so a resume with another weight decay said
+    so and config.toml held it, while the steps used the old one."""
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    _restore(path, model_state, train_state, model, optimizer)
+    for group, own in zip(optimizer.param_groups, hyper, strict=True):
+        group.update(own)
+
+
+def _restore(path: Path, model_state: dict[str, torch.Tensor], train_state: dict[str, Any],
+             model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     if is_sharded_checkpoint(path):
         _load_dcp(path, model, optimizer)
         return

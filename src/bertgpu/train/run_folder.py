@@ -203,16 +203,25 @@ def _may_change_on_resume(key: str) -> bool:
     return "dropout" in key or key.startswith("initializer")
 
 
-def check_same_model(checkpoint: Path, model_fields: dict[str, Any]) -> None:
+def check_same_model(checkpoint: Path, model_fields: dict[str, Any],
+                     optim_name: str | None = None) -> None:
     """Refuse to resume from `checkpoint` with another model: its config.toml's [model] against
     this run's, every key but dropout and initialisation. Other head counts keep every weight's
-    shape, so comparing the weights would miss them."""
+    shape, so comparing the weights would miss them. With `optim_name`, another optimizer is
+    refused too: its state is the saved one's (resuming LAMB's as AdamW's was a traceback)."""
     from bertgpu.config import overrides, schema
 
     path = checkpoint / "config.toml"
     if not path.is_file():
         return
-    saved = overrides.config_to_dict(schema.load_config(str(path), []).model)  # as read here
+    config = schema.load_config(str(path), [])
+    if optim_name is not None and config.optim.name != optim_name:
+        raise BertgpuError(
+            f"{checkpoint}: the run resumes from this checkpoint, whose optimizer state is "
+            f"{config.optim.name}'s, not {optim_name}'s; resume with --optim.name "
+            f"{config.optim.name}, or give another --out (--init {checkpoint} continues from "
+            f"its weights with a fresh {optim_name})")
+    saved = overrides.config_to_dict(config.model)  # as read here
     keys = sorted(set(saved) | set(model_fields))
     differ = [k for k in keys if not _may_change_on_resume(k)
               and saved.get(k) != model_fields.get(k)]
