@@ -21,6 +21,7 @@ from bertgpu.config.sections import (
     DECAYS,
     LR_SCALING,
     MAX_SEED,
+    MAX_TIMEOUT_MINUTES,
     OPTIMIZERS,
     PRECISIONS,
     CheckpointSection,
@@ -300,7 +301,8 @@ def validate_finetune(cfg: FinetuneConfig) -> FinetuneConfig:
     key_is(cfg.budget_hours is None or (cfg.budget_hours > 0 and math.isfinite(cfg.budget_hours)),
            "budget_hours", "a positive number of hours or none")
     key_is(cfg.checkpoint_every_steps >= 0, "checkpoint_every_steps", "0 or more")
-    key_is(cfg.timeout_minutes > 0, "timeout_minutes", "a positive number")
+    key_is(0 < cfg.timeout_minutes <= MAX_TIMEOUT_MINUTES, "timeout_minutes",
+           f"a positive number, at most {MAX_TIMEOUT_MINUTES:g}")
     cfg.logging.validate()
     key_is(cfg.checkpoint_every_minutes is None or cfg.checkpoint_every_minutes > 0,
            "checkpoint_every_minutes", "a positive number or none")

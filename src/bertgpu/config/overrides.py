@@ -17,6 +17,7 @@ import difflib
 import functools
 import inspect
 import json
+import math
 import textwrap
 import types
 import typing
@@ -336,14 +337,26 @@ def set_value(obj: Any, key: str, value: Any, source: str, *, from_text: bool = 
     try:
         converted = _parse_text(value, tp) if from_text else _coerce(value, tp)
     except _BadValue:
-        shown = (value if from_text else json.dumps(value) if not isinstance(value, tuple)
-                 else list(value))
+        # (default=str: a TOML date or time is no JSON value; its message was a traceback)
+        shown = (value if from_text else json.dumps(value, default=str)
+                 if not isinstance(value, tuple) else list(value))
         raise BertgpuError(f"{source}: {key} = {shown}: expected {_type_name(tp)}") from None
+    if isinstance(converted, float) and not math.isfinite(converted):
+        # inf passed every "> 0" check: a timeout of inf was a traceback on every rank, a weight
+        # decay of inf an all-NaN model
+        raise BertgpuError(f"{source}: {key} = {value}: expected a finite number")
     setattr(owner, name, converted)
 
 
 def apply_dict(obj: Any, data: dict[str, Any], source: str, prefix: str = "") -> Any:
-    """Apply a nested mapping (a parsed TOML file) to dataclass `obj` in place; returns `obj`."""
+    """Apply a nested mapping (a parsed TOML file) to dataclass `obj` in place; returns `obj`.
+    Two spellings of one key in a table (max_steps and max-steps) are refused: the later won."""
+    spelled: dict[str, str] = {}
+    for key in data:
+        first = spelled.setdefault(key.replace("-", "_"), key)
+        if first != key:
+            raise BertgpuError(f"{source}: {prefix}{first} and {prefix}{key} are one key, given "
+                               "twice; expected it once")
     for key, value in data.items():
         dotted = prefix + key.replace("-", "_")
         if isinstance(value, dict):
@@ -374,6 +387,7 @@ def apply_overrides(
     Dashes in keys read as underscores (`--train.max-steps`); `aliases` maps short names to
     dotted keys (`--data DIR` -> data.dir); a bool key given without a value means true."""
     aliases = aliases or {}
+    given: dict[str, tuple[str, str]] = {}  # key -> (its word, its value): a second must agree
     i = 0
     while i < len(overrides):
         word = overrides[i]
@@ -401,6 +415,13 @@ def apply_overrides(
                 text = "true"
             else:
                 raise BertgpuError(f"{source}: --{key} needs a value ({_type_name(tp)})")
+        # The same key under two spellings (`--data X --data.dir Y`: pretrain applies --data
+        # first, so Y won wherever it stood) is refused; one spelling again wins as the last.
+        spelling = word.split("=", 1)[0]
+        first = given.setdefault(key, (spelling, text))
+        if first[0] != spelling and first[1] != text:
+            raise BertgpuError(f"{source}: {first[0]} {first[1]} and {spelling} {text} set one "
+                               f"key ({key}) twice; expected one value")
         set_value(obj, key, text, source, from_text=True)
     return obj
 

@@ -53,6 +53,7 @@ from bertgpu.config.sections import (
     DECAYS,
     LR_SCALING,
     MAX_SEED,
+    MAX_TIMEOUT_MINUTES,
     OPTIMIZERS,
     PRECISIONS,
     STRATEGIES,
@@ -413,8 +414,8 @@ def _validate_distributed(dist: DistributedSection) -> None:
               "none with distributed.strategy fsdp (every layer's all-gather makes the other "
               "ranks wait for a slow one inside their own step, so no rank measures slower and "
               "the shares would stay equal)")
-    check(dist.timeout_minutes > 0, "distributed.timeout_minutes", dist.timeout_minutes,
-          "a positive number")
+    check(0 < dist.timeout_minutes <= MAX_TIMEOUT_MINUTES, "distributed.timeout_minutes",
+          dist.timeout_minutes, f"a positive number, at most {MAX_TIMEOUT_MINUTES:g}")
     check_choice("distributed.balance", dist.balance, BALANCE_MODES)
     check(dist.balance_every_steps >= 1, "distributed.balance_every_steps",
           dist.balance_every_steps, "1 or more")

@@ -218,6 +218,8 @@ COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 STRATEGIES = ("ddp", "fsdp")
 WANDB_MODES = ("auto", "online", "offline")
 BALANCE_MODES = ("none", "auto")
+MAX_TIMEOUT_MINUTES = 1e9
+"""distributed.timeout_minutes' ceiling (about 1,900 years; timedelta overflowed near 1.5e12)."""
 
 
 @dataclass
