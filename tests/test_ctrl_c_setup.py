@@ -96,3 +96,27 @@ def test_a_stop_signal_during_set_up_ends_the_process_with_one_line_on_rank_0(ra
     assert done.stderr == ("bertgpu: SIGINT: interrupted during distributed set-up\n"
                            if rank == 0 else ""), done.stderr
     assert time.monotonic() - t0 < 20
+
+
+_LOCKED = """
+import os, signal, sys, time
+from bertgpu.locks import output_lock
+from bertgpu.train.distributed import _stop_ends_setup
+signal.signal(signal.SIGINT, signal.default_int_handler)
+with output_lock(sys.argv[1], "bertgpu finetune"), _stop_ends_setup(0):
+    assert os.path.exists(sys.argv[1] + ".lock")
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+"""
+
+
+def test_a_stop_during_set_up_removes_the_output_lock(tmp_path):
+    """finetune and glue hold OUT.lock (locks.py) while they set up their group; the set-up's
+    stop ends the process with os._exit, which skipped the lock's `finally`: OUT.lock and the
+    folders made for it stayed beside the output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = tmp_path / "made" / "ft"
+    done = subprocess.run([sys.executable, "-c", _LOCKED, str(out)], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.returncode == 130, done.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))

@@ -24,6 +24,15 @@ from pathlib import Path
 from bertgpu.errors import BertgpuError
 
 LOCK = ".lock"
+_HELD: dict[Path, list[Path]] = {}  # lock file -> the folders made for it, while held
+
+
+def release_held() -> None:
+    """Remove the lock files this process holds (and the folders made for them), before an
+    `os._exit` that skips every `finally` (a stop during distributed set-up, a grace run out): a
+    lock file left beside the output said another command was writing it."""
+    for path, made in list(_HELD.items()):
+        _remove(path, made)
 
 
 def _holder(fd: int, command: str) -> str:
@@ -73,14 +82,20 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
         except FileNotFoundError:
             pass
         os.close(fd)
+    _HELD[path] = made
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {command}\n".encode(), 0)
         yield
     finally:
-        with contextlib.suppress(OSError):
-            path.unlink()  # while locked: a process waiting on it finds it gone and retries
+        _remove(path, made)  # while locked: a process waiting on it finds it gone and retries
         os.close(fd)
-        for folder in made:  # the deepest first
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+
+
+def _remove(path: Path, made: list[Path]) -> None:
+    _HELD.pop(path, None)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    for folder in made:  # the deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -193,6 +193,8 @@ def _stop_ends_setup(rank: int) -> Iterator[None]:
     ours = len(argv) > 1 and "bertgpu" in argv[0] and argv[1].isidentifier()
     title = f"bertgpu {argv[1]}" if ours else "bertgpu"
 
+    from bertgpu.locks import release_held
+
     def watch() -> None:
         with contextlib.suppress(OSError):
             while data := reader.recv(64):  # end-of-file: the set-up ended
@@ -202,6 +204,7 @@ def _stop_ends_setup(rank: int) -> Iterator[None]:
                         with contextlib.suppress(OSError):  # stderr gone: end all the same
                             os.write(2, f"{title}: {signal.Signals(signum).name}: {what} "
                                         "during distributed set-up\n".encode())
+                    release_held()  # os._exit skips the lock's finally
                     os._exit(128 + signum)
 
     watcher = threading.Thread(target=watch, name="bertgpu-setup-signals", daemon=True)

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bertgpu import errors
+from bertgpu.locks import release_held
 from bertgpu.train import distributed
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ class Preemption:
             if self._timer is not None:
                 self._timer.cancel()
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -271,6 +272,7 @@ class Preemption:
                 pass
         for child in multiprocessing.active_children():  # loader workers ignore SIGTERM
             child.kill()
+        release_held()  # os._exit skips the output lock's finally (locks.py)
         os._exit(self.exit_status)
 
     def _close_sinks(self) -> None:
