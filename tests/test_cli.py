@@ -39,6 +39,21 @@ def test_own_warnings_are_one_line_and_others_keep_their_form():
         "/site-packages/other.py:7: UserWarning: from elsewhere"]
 
 
+def test_own_warnings_are_said_by_rank_0_alone():
+    """In a job of several processes every rank reads the same data and raised the same warning
+    (a dev set past max_seq_len, skipped malformed rows): it was printed once per rank."""
+    import os
+
+    for rank, expected in (("0", ["bertgpu fake: warning: run/checkpoints/step_3: 2 weights "
+                                  "initialised fresh"]), ("1", [])):
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "RANK": rank})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines() == [*expected,
+                                            "/site-packages/other.py:7: UserWarning: from "
+                                            "elsewhere"], rank
+
+
 def test_an_output_path_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys):
     """--out naming a file (or a path through one) stops every command that writes a folder
     before any work, with one line naming it. With real inputs `finetune` and `prepare

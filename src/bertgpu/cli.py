@@ -201,13 +201,16 @@ _PACKAGE = Path(__file__).resolve().parent
 def _warnings_as_lines(prog: str) -> Iterator[None]:
     """While a command runs, a warning raised by bertgpu's own code prints as one line,
     ``bertgpu finetune: warning: MESSAGE``, instead of Python's two (the file and line, then the
-    source line that called): the message already names the file or folder it is about. Others'
-    warnings (torch, transformers) keep Python's form."""
+    source line that called): the message already names the file or folder it is about; in a job
+    of several processes, on rank 0 alone. Others' warnings (torch, transformers) keep Python's
+    form."""
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
         if not Path(filename).resolve().is_relative_to(_PACKAGE):
             return shown(message, category, filename, lineno, file, line)
+        if os.environ.get("RANK", "0") != "0":
+            return  # every rank reads the same data: rank 0 says it once (it was said N times)
         say(f"{prog}: warning: {message}", sys.stderr if file is None else file)
 
     warnings.showwarning = show
