@@ -138,20 +138,30 @@ def test_a_checkpoint_of_an_earlier_version_resumes_at_its_own_world_size(tmp_pa
 
 def test_the_batch_error_names_the_micro_batch_only_when_it_was_given():
     """`--global_batch_size 7 --nproc 2` said "not divisible by --micro_batch_size 3 x 2 devices",
-    a micro batch the user never gave (3 = 7 // 2)."""
+    a micro batch the user never gave (3 = 7 // 2). Both errors name settings that divide, as
+    pretrain's do (they said only "a multiple of 6")."""
     derived = load_finetune_config(None, ["--global_batch_size", "7"])
     with pytest.raises(BertgpuError) as err:
         check_batch(derived, 2)
     assert str(err.value) == ("--global_batch_size 7 is not divisible by --nproc 2 (each device "
-                              "takes an equal share of every step); expected a multiple of 2")
+                              "takes an equal share of every step); expected a multiple of 2, "
+                              "e.g. --global_batch_size 6 or 8")
     with pytest.raises(BertgpuError, match=r"^--global_batch_size 1 is not divisible by --nproc "
-                                           r"4 .*; expected a multiple of 4$"):
+                                           r"4 .*; expected a multiple of 4, e.g. "
+                                           r"--global_batch_size 4$"):
         check_batch(load_finetune_config(None, ["--global_batch_size", "1"]), 4)
     given = load_finetune_config(None, ["--global_batch_size", "7", "--micro_batch_size", "3"])
     with pytest.raises(BertgpuError) as err:
         check_batch(given, 2)
     assert str(err.value) == ("--global_batch_size 7 is not divisible by --micro_batch_size 3 x "
-                              "2 devices = 6; expected a multiple of 6")
+                              "2 devices = 6; expected a global batch that the 2 devices share "
+                              "equally (a multiple of 2) in whole micro batches, e.g. "
+                              "--global_batch_size 6, --global_batch_size 8 --micro_batch_size 2, "
+                              "or a multiple of 6 for micro batch 3: --global_batch_size 6 or 12")
+    shared = load_finetune_config(None, ["--global_batch_size", "12", "--micro_batch_size", "8"])
+    with pytest.raises(BertgpuError, match=r"expected a micro batch that divides the 4 sequences "
+                                           r"per device, e.g. --micro_batch_size 4, or"):
+        check_batch(shared, 3)
     assert check_batch(derived, 1) == (7, 1)
     assert check_batch(load_finetune_config(None, ["--global_batch_size", "8"]), 2) == (4, 1)
 
@@ -167,7 +177,7 @@ def test_the_cli_says_it_in_one_line_before_launching(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].endswith(
         "error: --global_batch_size 7 is not divisible by --nproc 2 (each device takes an equal "
-        "share of every step); expected a multiple of 2")
+        "share of every step); expected a multiple of 2, e.g. --global_batch_size 6 or 8")
     assert "Traceback" not in err and "--micro_batch_size" not in err
     assert not out.exists() and not out.with_name("fx.tmp").exists()
 
@@ -189,3 +199,12 @@ def test_sequences_no_step_takes_are_warned_about():
         warn_left_out(_job(66), 8, 2)  # one each
         warn_left_out(_job(64), 8, 2)
         warn_left_out(_job(65), 8, 2, say=False)  # the other ranks
+
+
+def test_fewer_training_sequences_than_devices_says_what_would_do():
+    """It said "SST-2: 2 training sequences for 3 devices" and no more."""
+    from bertgpu.tasks.finetuning import steps_per_epoch
+
+    with pytest.raises(BertgpuError, match=r"^SST-2: 2 training sequences for 3 devices; expected "
+                                           r"at least one per device \(--nproc 2 or fewer\)$"):
+        steps_per_epoch(_job(2), 12, 3)

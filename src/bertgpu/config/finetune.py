@@ -31,6 +31,7 @@ from bertgpu.config.sections import (
     OptimSection,
     ScheduleSection,
     TrainSection,
+    batch_fixes,
     check,
     check_choice,
 )
@@ -155,14 +156,18 @@ def check_batch(cfg: FinetuneConfig, world_size: int) -> tuple[int, int]:
     if cfg.global_batch_size % per_step and cfg.micro_batch_size is None:
         # The micro batch is derived (global // devices): it only fails when the devices do not
         # share the global batch equally, so name what the user set, not a derived number.
+        nearest = [b for b in (cfg.global_batch_size // world_size * world_size,
+                               (cfg.global_batch_size // world_size + 1) * world_size) if b > 0]
         raise BertgpuError(f"--global_batch_size {cfg.global_batch_size} is not divisible by "
                            f"--nproc {world_size} (each device takes an equal share of every "
-                           f"step); expected a multiple of {world_size}")
+                           f"step); expected a multiple of {world_size}, e.g. --global_batch_size "
+                           + " or ".join(map(str, nearest)))
     if cfg.global_batch_size % per_step:
         devices = "device" if world_size == 1 else "devices"
         raise BertgpuError(f"--global_batch_size {cfg.global_batch_size} is not divisible by "
                            f"--micro_batch_size {micro} x {world_size} {devices} = {per_step}; "
-                           f"expected a multiple of {per_step}")
+                           "expected " + batch_fixes(cfg.global_batch_size, micro, world_size,
+                                                     "--global_batch_size", "--micro_batch_size"))
     return micro, cfg.global_batch_size // per_step
 
 

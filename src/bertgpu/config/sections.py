@@ -303,7 +303,7 @@ def divisor_up_to(n: int, limit: int) -> int:
 
 def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_size: int) -> int:
     """Accumulation steps = global / (micro x world); BertgpuError when it does not divide, with
-    settings that do (`_batch_fixes`)."""
+    settings that do (`batch_fixes`)."""
     if isinstance(micro_batch_size, str):
         raise BertgpuError(
             f"impl.micro_batch_size {micro_batch_size!r}: resolve it to an integer before "
@@ -320,26 +320,28 @@ def resolve_batch(global_batch_size: int, micro_batch_size: int | str, world_siz
         raise BertgpuError(
             f"train.global_batch_size {global_batch_size} is not divisible by "
             f"impl.micro_batch_size {micro_batch_size} × {world_size} {devices} = {per_step}; "
-            f"expected {_batch_fixes(global_batch_size, micro_batch_size, world_size)}")
+            f"expected {batch_fixes(global_batch_size, micro_batch_size, world_size)}")
     return global_batch_size // per_step
 
 
-def _batch_fixes(batch: int, micro: int, world: int) -> str:
+def batch_fixes(batch: int, micro: int, world: int, flag: str = "--train.global_batch_size",
+                micro_flag: str = "--impl.micro_batch_size") -> str:
     """What divides: every device takes an equal share of each step's `batch` sequences, in whole
     micro batches. When `world` shares `batch`, a micro batch that divides the share; otherwise
     the nearest multiples of `world`, each with the largest micro batch up to `micro` that
-    divides its share; then the nearest multiples of `micro` x `world` (the micro batch kept)."""
-    per_step, flag = micro * world, "--train.global_batch_size"
+    divides its share; then the nearest multiples of `micro` x `world` (the micro batch kept).
+    `flag` and `micro_flag` name the two settings (fine-tuning's are flat)."""
+    per_step = micro * world
     if batch % world == 0:
         share = batch // world
         head = (f"a micro batch that divides the {share} sequences per device, e.g. "
-                f"--impl.micro_batch_size {divisor_up_to(share, micro)}")
+                f"{micro_flag} {divisor_up_to(share, micro)}")
     else:
         pairs = [(b, divisor_up_to(b // world, micro)) for b in
                  (batch - batch % world, batch - batch % world + world) if b > 0]
         head = (f"a global batch that the {world} devices share equally (a multiple of {world}) "
                 "in whole micro batches, e.g. " + ", ".join(
-                    f"{flag} {b}" + (f" --impl.micro_batch_size {m}" if m != micro else "")
+                    f"{flag} {b}" + (f" {micro_flag} {m}" if m != micro else "")
                     for b, m in pairs))
     kept = [b for b in (batch - batch % per_step, batch - batch % per_step + per_step) if b > 0]
     return f"{head}, or a multiple of {per_step} for micro batch {micro}: {flag} " + " or ".join(

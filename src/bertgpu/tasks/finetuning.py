@@ -276,7 +276,8 @@ def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:
     epoch is kept when every device gets a sequence."""
     n = len(job.train)
     if n < world_size:
-        raise BertgpuError(f"{job.name}: {n} training sequences for {world_size} devices")
+        raise BertgpuError(f"{job.name}: {n} training sequences for {world_size} devices; "
+                           f"expected at least one per device (--nproc {max(n, 1)} or fewer)")
     full, rest = divmod(n, global_batch_size)
     return full + (1 if rest >= world_size else 0)
 
