@@ -67,3 +67,22 @@ def test_every_command_that_writes_through_out_tmp_takes_the_lock(tmp_path, caps
         assert err.startswith(f"bertgpu {name}: error: {out}: another bertgpu finetune (pid "), err
         assert err.count("\n") == 1, err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "m"], name
+
+
+def test_a_launcher_refuses_a_locked_output_before_starting_workers(tmp_path, capsys):
+    """finetune and glue with --nproc started the launcher and every worker (seconds) before the
+    workers' rank 0 found the output locked."""
+    from bertgpu.locks import check_free
+
+    out = tmp_path / "ft"
+    check_free(out, "bertgpu finetune")  # no lock file: free, and nothing made
+    assert list(tmp_path.iterdir()) == []
+    with output_lock(out, "bertgpu glue"):
+        with pytest.raises(BertgpuError, match=r"ft: another bertgpu glue \(pid \d+ on "):
+            check_free(out, "bertgpu finetune")
+        for name, argv in (("finetune", ["sst2", "--data", str(GLUE), "--init", "none"]),
+                           ("glue", ["--data-dir", str(GLUE), "--init", "none"])):
+            assert cli_main([name, *argv, "--out", str(out), "--nproc", "2"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"bertgpu {name}: error: {out}: another bertgpu glue"), err
+

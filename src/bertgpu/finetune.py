@@ -71,7 +71,7 @@ from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import make_scratch, replace_dir
-from bertgpu.locks import output_lock
+from bertgpu.locks import check_free, output_lock
 from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
     FINETUNE_OUTPUT,
@@ -453,6 +453,7 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
                            "FOLDER --out DIR)")
     if args.out:
         check_out(args.out)
+        check_free(args.out, "bertgpu finetune")  # a locked --out: before any worker starts
     cfg = load_finetune_config(None, args.overrides)
     check_batch(cfg, nproc)
     if args.init:  # the init folder and its tokenizer (the workers would each fail on it)

@@ -101,8 +101,10 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     model fails here, once, before any run or worker starts."""
     from bertgpu.config.finetune import load_finetune_config
     from bertgpu.finetune import tokenizer_for
+    from bertgpu.locks import check_free
 
     _check_out(args.out)
+    check_free(args.out, "bertgpu glue")
     load_finetune_config(None, args.overrides)
     tokenizer_for(str(args.init), args.config_from)
 

@@ -45,6 +45,17 @@ def _holder(fd: int, command: str) -> str:
     return f"{' '.join(words[2:])} (pid {words[0]} on {words[1]})" if len(words) > 2 else command
 
 
+def check_free(out: str | os.PathLike[str], command: str) -> None:
+    """Refuse now, in one line, an output another process is writing (its lock held): a
+    launcher calls this before it starts workers, which took seconds to refuse it each."""
+    text = os.fspath(out)
+    path = Path(os.path.abspath(text)).with_name(Path(os.path.abspath(text)).name + LOCK)
+    if "://" in text or not path.is_file():
+        return
+    with output_lock(out, command):  # taken and given back at once: free
+        pass
+
+
 @contextlib.contextmanager
 def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) -> Iterator[None]:
     """Hold ``OUT.lock`` while `command` ("bertgpu finetune") writes `out`, or raise a one-line
