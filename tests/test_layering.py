@@ -11,9 +11,10 @@ from _imports import imports
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "bertgpu"
 
-BASE = {"errors", "batch", "fsutil", "step_folders", "__version__"}
+BASE = {"errors", "batch", "fsutil", "locks", "step_folders", "__version__"}
 """Top-level modules every package may use: the error type, the loader/model batch contract, the
-atomic file helpers and the checkpoint folders built on them (and the package's version)."""
+atomic file helpers, the output locks and the checkpoint folders built on them (and the
+package's version)."""
 
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
