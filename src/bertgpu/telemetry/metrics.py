@@ -138,8 +138,9 @@ def _clean(value: Any, key: str = "") -> Any:
 class MetricsLogger:
     """One log call -> one line in ``metrics.jsonl``, the console and the sinks (rank 0 only).
 
-    - ``metrics.jsonl`` is appended to (a resumed run continues the same file), flushed after
-      every line. Each line: ``step``, ``kind`` ("train", "eval" or "info"), ``time`` (unix s),
+    - ``metrics.jsonl`` is appended to (a resumed run continues the same file, after removing
+      the records of the steps past ``initial_step``, which it goes through again), flushed
+      after every line. Each line: ``step``, ``kind`` ("train", "eval" or "info"), ``time`` (unix s),
       ``elapsed_s``, then the scalars. Non-finite floats are written as ``null``.
     - Console: on a terminal a tqdm bar (ETA from tqdm) whose postfix shows the last train
       scalars; otherwise (a log file, Slurm) one plain line every ``log_every`` train steps with
