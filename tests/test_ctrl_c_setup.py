@@ -104,16 +104,16 @@ from bertgpu.locks import output_lock
 from bertgpu.train.distributed import _stop_ends_setup
 signal.signal(signal.SIGINT, signal.default_int_handler)
 with output_lock(sys.argv[1], "bertgpu finetune"), _stop_ends_setup(0):
-    assert os.path.exists(sys.argv[1] + ".lock")
+    assert os.path.exists(sys.argv[1] + ".bertgpu-lock")
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
 """
 
 
 def test_a_stop_during_set_up_removes_the_output_lock(tmp_path):
-    """finetune and glue hold OUT.lock (locks.py) while they set up their group; the set-up's
-    stop ends the process with os._exit, which skipped the lock's `finally`: OUT.lock and the
-    folders made for it stayed beside the output."""
+    """finetune and glue hold OUT.bertgpu-lock (locks.py) while they set up their group; the
+    set-up's stop ends the process with os._exit, which skipped the lock's `finally`: the lock
+    file and the folders made for it stayed beside the output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = tmp_path / "made" / "ft"
     done = subprocess.run([sys.executable, "-c", _LOCKED, str(out)], capture_output=True,

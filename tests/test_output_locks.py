@@ -26,7 +26,7 @@ def test_a_second_lock_is_refused_naming_the_first_and_the_lock_goes_at_the_end(
     out = tmp_path / "new" / "deeper" / "out"
     holder = f"(pid {os.getpid()} on {socket.gethostname()})"
     with output_lock(out, "bertgpu finetune"):
-        assert (out.parent / "out.lock").read_text() == (f"{os.getpid()} {socket.gethostname()} "
+        assert (out.parent / "out.bertgpu-lock").read_text() == (f"{os.getpid()} {socket.gethostname()} "
                                                          "bertgpu finetune\n")
         with pytest.raises(BertgpuError) as info:
             with output_lock(out, "bertgpu glue"):
@@ -37,10 +37,10 @@ def test_a_second_lock_is_refused_naming_the_first_and_the_lock_goes_at_the_end(
             pass
     assert not (tmp_path / "new").exists()  # the lock and the folders made for it are gone
     (out.parent).mkdir(parents=True)
-    (out.parent / "out.lock").write_text("123 gone-host bertgpu glue\n")  # SIGKILL: no lock
+    (out.parent / "out.bertgpu-lock").write_text("123 gone-host bertgpu glue\n")  # SIGKILL: no lock
     with output_lock(out, "bertgpu prepare"):
         pass
-    assert not (out.parent / "out.lock").exists()
+    assert not (out.parent / "out.bertgpu-lock").exists()
     with output_lock(out, "bertgpu prepare", hold=False), output_lock(out, "bertgpu prepare"):
         pass  # the other ranks of a job take no lock
     with output_lock("memory://bucket/out", "bertgpu prepare"):
@@ -85,4 +85,45 @@ def test_a_launcher_refuses_a_locked_output_before_starting_workers(tmp_path, ca
             assert cli_main([name, *argv, "--out", str(out), "--nproc", "2"]) == 2
             err = capsys.readouterr().err
             assert err.startswith(f"bertgpu {name}: error: {out}: another bertgpu glue"), err
+
+
+def test_a_read_only_place_another_tools_lock_file_and_a_linked_output(tmp_path):
+    """Three holes a review found: a re-run on a read-only mount (nothing to do) failed on the
+    lock file it could not make; `OUT.lock`, the name the lock had, is uv's and poetry's (an
+    --out named uv emptied and deleted uv.lock); an output given through a link took another
+    lock than the same output by name."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):  # root writes anyway: a place that refuses is faked
+            from unittest import mock
+
+            def refuse(path, *args, **kwargs):
+                raise PermissionError(13, "Permission denied", str(path))
+
+            with mock.patch("bertgpu.locks.os.open", refuse):
+                with output_lock(ro / "shards", "bertgpu prepare"):
+                    pass
+        else:
+            with output_lock(ro / "shards", "bertgpu prepare"):
+                pass
+    finally:
+        ro.chmod(0o755)
+    foreign = tmp_path / "uv.bertgpu-lock"
+    foreign.write_text('[[package]]\nname = "torch"\n')
+    with pytest.raises(BertgpuError, match="uv.bertgpu-lock: a file bertgpu did not write"):
+        with output_lock(tmp_path / "uv", "bertgpu tokenizer"):
+            pass
+    assert foreign.read_text() == '[[package]]\nname = "torch"\n'
+    (tmp_path / "uv.lock").write_text("kept")
+    with output_lock(tmp_path / "uv2", "bertgpu tokenizer"):
+        pass
+    assert (tmp_path / "uv.lock").read_text() == "kept"
+    (tmp_path / "real" / "out").mkdir(parents=True)
+    (tmp_path / "outlink").symlink_to(tmp_path / "real" / "out")
+    with output_lock(tmp_path / "real" / "out", "bertgpu finetune"):
+        with pytest.raises(BertgpuError, match="another bertgpu finetune"):
+            with output_lock(tmp_path / "outlink", "bertgpu glue"):
+                pass
 

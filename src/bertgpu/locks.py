@@ -1,6 +1,6 @@
-"""One command at a time writes an output: `output_lock` holds an exclusive lock on ``OUT.lock``
-beside the output while a command writes it (through ``OUT.tmp``), and refuses a second one in
-one line naming the first (pid and host).
+"""One command at a time writes an output: `output_lock` holds an exclusive lock on
+``OUT.bertgpu-lock`` beside the output while a command writes it (through ``OUT.tmp``), and
+refuses a second one in one line naming the first (pid and host).
 
 Two `finetune` (or `glue`) runs into one --out trained together: the second deleted the
 first's working folder, or resumed from its live checkpoint, and both said they were done over
@@ -17,13 +17,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 
-LOCK = ".lock"
+LOCK = ".bertgpu-lock"
+"""The lock file's suffix: `OUT.bertgpu-lock`. Not `.lock`, which other tools' files use (uv.lock,
+poetry.lock): one beside an --out named uv was adopted, emptied and deleted."""
+_OURS = re.compile(rb"\d+ \S+ bertgpu [a-z]+\n?")
 _HELD: dict[Path, list[Path]] = {}  # lock file -> the folders made for it, while held
 
 
@@ -45,12 +49,18 @@ def _holder(fd: int, command: str) -> str:
     return f"{' '.join(words[2:])} (pid {words[0]} on {words[1]})" if len(words) > 2 else command
 
 
+def _lock_path(out: Path) -> Path:
+    """The lock of `out`, the folder a link at `out` names (two spellings of one output take
+    one lock)."""
+    out = Path(os.path.realpath(out))
+    return out.with_name(out.name + LOCK)
+
+
 def check_free(out: str | os.PathLike[str], command: str) -> None:
     """Refuse now, in one line, an output another process is writing (its lock held): a
     launcher calls this before it starts workers, which took seconds to refuse it each."""
     text = os.fspath(out)
-    path = Path(os.path.abspath(text)).with_name(Path(os.path.abspath(text)).name + LOCK)
-    if "://" in text or not path.is_file():
+    if "://" in text or not _lock_path(Path(text)).is_file():
         return
     with output_lock(out, command):  # taken and given back at once: free
         pass
@@ -58,7 +68,7 @@ def check_free(out: str | os.PathLike[str], command: str) -> None:
 
 @contextlib.contextmanager
 def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) -> Iterator[None]:
-    """Hold ``OUT.lock`` while `command` ("bertgpu finetune") writes `out`, or raise a one-line
+    """Hold ``OUT.bertgpu-lock`` while `command` ("bertgpu finetune") writes `out`, or raise a one-line
     BertgpuError when another process holds it. `hold` False (the other ranks of a job) and URL
     outputs (a store has no locks) do nothing. Folders made on the way to the lock are removed
     again when the command leaves nothing in them."""
@@ -72,11 +82,17 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
         yield
         return
     out = Path(os.path.abspath(text))
-    path = out.with_name(out.name + LOCK)
-    made = [p for p in out.parents if not p.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    path = _lock_path(out)
+    made = [p for p in path.parents if not p.exists()]
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open(path)
+        if fd is None:  # a place nothing can be written to: a re-run with nothing to do still
+            yield  # ends so ("already holds this shard set"); a command that writes says why not
+            return
+        if not _OURS.fullmatch(os.pread(fd, 300, 0) or b"0 h bertgpu x\n"):
+            os.close(fd)
+            raise BertgpuError(f"{path}: a file bertgpu did not write, where it keeps the lock of "
+                               f"{out}; expected it gone (move it) or another --out")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -101,6 +117,18 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
     finally:
         _remove(path, made)  # while locked: a process waiting on it finds it gone and retries
         os.close(fd)
+
+
+def _open(path: Path) -> int | None:
+    """The lock file's descriptor (made with its folders), or None where this user may not write
+    (a read-only mount, another user's folder)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        return None
 
 
 def _remove(path: Path, made: list[Path]) -> None:
