@@ -428,3 +428,23 @@ def test_the_agreed_signal_of_another_rank_sets_the_exit_status_over_the_one_see
         assert p.deadline is not None and p.deadline - time.monotonic() < other_left
     finally:
         p.restore()  # disarms the deadline the check armed
+
+
+def test_an_ignored_sigint_is_still_a_stop_and_an_ignored_sighup_stays_ignored():
+    """`sh -c "bertgpu ... &"` starts the command with SIGINT ignored; when SIGHUP became a stop
+    signal, the skip of ignored signals (for nohup's SIGHUP) took SIGINT along: `kill -INT` no
+    longer stopped a run started from a script."""
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    p = Preemption(25.0, DistInfo())
+    try:
+        p.install()
+        assert signal.getsignal(signal.SIGINT) == p._handle
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        p.restore()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -153,8 +153,8 @@ class Preemption:
         A closed terminal (SIGHUP) ended a run at once, without its checkpoint or end record; a
         signal already ignored (SIGHUP under nohup) stays ignored."""
         for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) is signal.SIG_IGN:
-                continue
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # nohup's (SIGINT ignored by `sh -c "cmd &"` is still a stop asked)
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (e.g. a test's thread)
