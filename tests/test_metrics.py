@@ -435,3 +435,23 @@ def test_bytes_that_are_not_utf8_are_one_line_naming_the_line(tmp_path):
     with pytest.raises(BertgpuError, match=r"metrics\.jsonl:2: not UTF-8 \(byte 0xe9\); "
                                            "expected the JSON lines bertgpu writes"):
         read_metrics(tmp_path)
+
+
+def test_a_whole_last_record_without_newline_and_a_linked_file_are_kept(tmp_path):
+    """A review found two holes in the resume's clean-up: a whole last record without its
+    newline (an editor's save) was cut off as if a crash had cut it, and a metrics.jsonl that is
+    a link was replaced by a file (the link's target no longer got the run's records)."""
+    from bertgpu.telemetry.records import cut_after, open_for_append
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "kind": "train"}\n{"step": 2, "kind": "eval", "score": 77.5}')
+    with open_for_append(path) as f:
+        f.write('{"step": 3, "kind": "train"}\n')
+    assert [(r["step"], r["kind"]) for r in read_metrics(path)] == [(1, "train"), (2, "eval"),
+                                                                    (3, "train")]
+    target = tmp_path / "shared.jsonl"
+    target.write_text("".join(json.dumps({"step": s, "kind": "train"}) + "\n" for s in range(6)))
+    link = tmp_path / "run.jsonl"
+    link.symlink_to(target)
+    assert cut_after(link, 3) == 2 and link.is_symlink()
+    assert [r["step"] for r in read_metrics(target)] == [0, 1, 2, 3]

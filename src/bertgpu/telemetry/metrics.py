@@ -208,8 +208,8 @@ class MetricsLogger:
             run_dir = Path(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             self.path = run_dir / "metrics.jsonl"
+            self._file = open_for_append(self.path)  # (its writes go to the end as it is then)
             cut_after(self.path, initial_step)  # the steps this run goes through (again)
-            self._file = open_for_append(self.path)
             tb = TensorBoardSink.open_if_installed(run_dir / "tensorboard") if tensorboard else None
             sinks += [tb] if tb is not None else []
         if sinks:

@@ -18,45 +18,69 @@ from bertgpu.errors import BertgpuError
 
 
 def open_for_append(path: Path) -> IO[str]:
-    """Open ``path`` for appending, after cutting off a last line that a crash (or a full disk)
-    left without its newline: the record is incomplete, and kept it would sit mid-file once
-    the resumed run appends, where every later read refuses it as corruption."""
-    if path.exists() and path.stat().st_size > 0:
+    """Open ``path`` for appending, on a fresh line. A last line that a crash (or a full disk)
+    left cut is removed first: kept, it would sit mid-file once the resumed run appends, where
+    every later read refuses it as corruption; a whole record without its newline (an editor's
+    save) is kept."""
+    if path.is_file() and path.stat().st_size > 0:
         with open(path, "r+b") as f:
             size = f.seek(0, os.SEEK_END)
-            tail = b""
-            while size > len(tail) and b"\n" not in tail:  # the last newline, read backwards
-                f.seek(max(0, size - len(tail) - 4096))
-                tail = f.read(size - f.tell() - len(tail)) + tail
-            if not tail.endswith(b"\n"):
-                f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
+            start, tail = _last_line(f, size)
+            if tail and _record(tail) is None:
+                f.truncate(start)
+            elif tail:
+                f.write(b"\n")
     return open(path, "a", encoding="utf-8")  # the caller closes it
 
 
+def _last_line(f: IO[bytes], end: int) -> tuple[int, bytes]:
+    """(offset, bytes) of the line that ends at `end` (its newline left out), read backwards
+    in blocks: the start of a file of any size costs nothing."""
+    tail = b""
+    while end > len(tail) and b"\n" not in tail:
+        f.seek(max(0, end - len(tail) - 4096))
+        tail = f.read(end - f.tell() - len(tail)) + tail
+    line = tail[tail.rfind(b"\n") + 1:]
+    return end - len(line), line
+
+
 def cut_after(path: Path, step: int) -> int:
-    """Remove the records of steps after `step` from the JSON-lines file `path` (kept complete
-    and in order; rewritten in one replace), and return how many went. A run resumed from the
+    """Remove the records of steps after `step` from the end of the JSON-lines file `path`, in
+    place (a link to the file stays one), and return how many went. A run resumed from the
     checkpoint of `step` goes through those steps again: their records were of a timeline that
     no longer is, and read as duplicates (an eval record logged twice, pandas counting steps
-    twice). Lines that are not records are left where they are."""
+    twice). The file is read backwards to the newest record at or before `step`: a long run's
+    file costs no more than its last records. Lines that are not records are kept."""
     if not path.is_file():  # none yet, or not a file to rewrite (a device reads for ever)
         return 0
-    lines = path.read_bytes().splitlines(keepends=True)
-    kept = [line for line in lines if not _after(line, step)]
-    if len(kept) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(kept))
-        os.replace(tmp, path)
-    return len(lines) - len(kept)
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        kept: list[bytes] = []
+        cut = 0
+        while end > 0:
+            start, line = _last_line(f, end)
+            record = _record(line)
+            at = record.get("step") if record is not None else None
+            if isinstance(at, int) and not isinstance(at, bool) and at <= step:
+                break
+            if isinstance(at, int) and not isinstance(at, bool):
+                cut += 1
+            elif line.strip():
+                kept.append(line + b"\n")
+            end = max(start - 1, 0)  # before this line's predecessor's newline
+        if cut:
+            f.seek(end + 1 if end else 0)
+            f.truncate()
+            f.write(b"".join(reversed(kept)))
+    return cut
 
 
-def _after(line: bytes, step: int) -> bool:
+def _record(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
-        return False
-    at = record.get("step") if isinstance(record, dict) else None
-    return isinstance(at, int) and not isinstance(at, bool) and at > step
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _parse(line: str, path: Path, lineno: int) -> dict[str, Any]:
