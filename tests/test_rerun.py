@@ -131,3 +131,23 @@ def test_a_corpus_file_name_that_is_not_utf8_is_recorded(corpus, tmp_path):
     (folder / name).write_bytes((corpus / "a.txt").read_bytes())
     assert _tokenizer(folder, tmp_path / "tok") == 0
     assert _tokenizer(folder, tmp_path / "tok") == 0  # and read back: the same corpus
+
+
+def test_an_mlm_set_recorded_with_nsp_only_settings_is_the_same(corpus, tmp_path, capsys):
+    """An older bertgpu took --short-seq-prob and --chunk-docs with mlm and recorded them; now
+    that they are refused with mlm, such a set could neither be re-run ("prepared with
+    --short-seq-prob 0.3 (asked 0.1)") nor named by them again: they change no byte of it."""
+    tok, data = tmp_path / "tok", tmp_path / "data"
+    assert _tokenizer(corpus, tok) == 0 and _prepare(corpus, tok, data) == 0
+    record = json.loads((data / "prepared-from.json").read_text())
+    record["settings"]["short_seq_prob"] = 0.3
+    record["job"][6] = 7  # --chunk-docs
+    (data / "prepared-from.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert _prepare(corpus, tok, data) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    record["settings"]["seq_len"] = 32  # what does change the set is still named
+    (data / "prepared-from.json").write_text(json.dumps(record))
+    assert _prepare(corpus, tok, data) == 2
+    err = capsys.readouterr().err
+    assert "with --seq-len 32 (asked 64)" in err and "short-seq-prob" not in err, err

@@ -62,14 +62,26 @@ def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
 
 
 def _without_version(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan less the bertgpu version that made it: an upgrade alone remakes nothing."""
-    return {k: v for k, v in plan.items() if k != "created_by"}
+    """A plan less the bertgpu version that made it (an upgrade alone remakes nothing) and, for
+    mlm, less --short-seq-prob and --chunk-docs: they change no byte of an mlm set (an older
+    bertgpu took them with mlm and recorded them; its sets re-run as the same)."""
+    plan = {k: v for k, v in plan.items() if k != "created_by"}
+    settings = plan.get("settings")
+    if isinstance(settings, dict) and settings.get("objective") == "mlm":
+        plan["settings"] = {**settings, "short_seq_prob": None}
+        job = plan.get("job")
+        chunk = JOB_FLAGS.index("--chunk-docs")
+        if isinstance(job, list) and len(job) > chunk:
+            plan["job"] = [*job[:chunk], None, *job[chunk + 1:]]
+    return plan
 
 
 def _plan_differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     out = []
     if before.get("tokenizer_hash") != now["tokenizer_hash"]:
         out.append("with another tokenizer (--tokenizer)")
+    if before.get("settings", {}).get("objective") == now["settings"].get("objective"):
+        before, now = _without_version(before), _without_version(now)  # (both mlm: the same)
     old, new = before.get("settings", {}), now["settings"]
     out += [_flag(flag, old.get(key), new.get(key)) for key, flag in SETTING_FLAGS.items()
             if old.get(key) != new.get(key)]
