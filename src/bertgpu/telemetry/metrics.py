@@ -140,8 +140,8 @@ class MetricsLogger:
 
     - ``metrics.jsonl`` is appended to (a resumed run continues the same file, after removing
       the records of the steps past ``initial_step``, which it goes through again), flushed
-      after every line. Each line: ``step``, ``kind`` ("train", "eval" or "info"), ``time`` (unix s),
-      ``elapsed_s``, then the scalars. Non-finite floats are written as ``null``.
+      after every line. Each line: ``step``, ``kind`` ("train", "eval" or "info"), ``time``
+      (unix s), ``elapsed_s``, then the scalars. Non-finite floats are written as ``null``.
     - Console: on a terminal a tqdm bar (ETA from tqdm) whose postfix shows the last train
       scalars; otherwise (a log file, Slurm) one plain line every ``log_every`` train steps with
       the same fields and an ETA. Eval and info events always print a line, except the
