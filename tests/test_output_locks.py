@@ -26,8 +26,8 @@ def test_a_second_lock_is_refused_naming_the_first_and_the_lock_goes_at_the_end(
     out = tmp_path / "new" / "deeper" / "out"
     holder = f"(pid {os.getpid()} on {socket.gethostname()})"
     with output_lock(out, "bertgpu finetune"):
-        assert (out.parent / "out.bertgpu-lock").read_text() == (f"{os.getpid()} {socket.gethostname()} "
-                                                         "bertgpu finetune\n")
+        assert (out.parent / "out.bertgpu-lock").read_text() == (
+            f"{os.getpid()} {socket.gethostname()} bertgpu finetune\n")
         with pytest.raises(BertgpuError) as info:
             with output_lock(out, "bertgpu glue"):
                 pass

@@ -69,9 +69,9 @@ def check_free(out: str | os.PathLike[str], command: str) -> None:
 @contextlib.contextmanager
 def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) -> Iterator[None]:
     """Hold ``OUT.bertgpu-lock`` while `command` ("bertgpu finetune") writes `out`, or raise a
-    one-line BertgpuError when another process holds it. `hold` False (the other ranks of a job) and URL
-    outputs (a store has no locks) do nothing. Folders made on the way to the lock are removed
-    again when the command leaves nothing in them."""
+    one-line BertgpuError when another process holds it. `hold` False (the other ranks of a job)
+    and URL outputs (a store has no locks) do nothing. Folders made on the way to the lock are
+    removed again when the command leaves nothing in them."""
     text = os.fspath(out)
     if not hold or "://" in text:
         yield
