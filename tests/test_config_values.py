@@ -48,3 +48,8 @@ def test_one_key_under_two_spellings_is_refused(tmp_path):
     with pytest.raises(BertgpuError, match=r"--data /b and --data\.dir /a set one key "
                                            r"\(data\.dir\) twice; expected one value"):
         schema.load_config(None, ["--data=/b", "--data.dir", "/a"])
+    # dashes for underscores are one spelling: the later wins, as ever (a wrapper passes
+    # --max_seq_len and its user --max-seq-len)
+    cfg = schema.load_config(None, ["--train.max_steps", "3", "--train.max-steps", "4"])
+    assert cfg.train.max_steps == 4
+

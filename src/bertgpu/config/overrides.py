@@ -419,7 +419,8 @@ def apply_overrides(
         # first, so Y won wherever it stood) is refused; one spelling again wins as the last.
         spelling = word.split("=", 1)[0]
         first = given.setdefault(key, (spelling, text))
-        if first[0] != spelling and first[1] != text:
+        same = first[0][2:].replace("-", "_") == spelling[2:].replace("-", "_")  # max-seq-len
+        if not same and first[1] != text:
             raise BertgpuError(f"{source}: {first[0]} {first[1]} and {spelling} {text} set one "
                                f"key ({key}) twice; expected one value")
         set_value(obj, key, text, source, from_text=True)
