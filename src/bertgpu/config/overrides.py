@@ -337,13 +337,10 @@ def set_value(obj: Any, key: str, value: Any, source: str, *, from_text: bool = 
     try:
         converted = _parse_text(value, tp) if from_text else _coerce(value, tp)
     except _BadValue:
-        # (default=str: a TOML date or time is no JSON value; its message was a traceback)
-        shown = (value if from_text else json.dumps(value, default=str)
+        shown = (value if from_text else json.dumps(value, default=str)  # (a TOML date: str)
                  if not isinstance(value, tuple) else list(value))
         raise BertgpuError(f"{source}: {key} = {shown}: expected {_type_name(tp)}") from None
-    if isinstance(converted, float) and not math.isfinite(converted):
-        # inf passed every "> 0" check: a timeout of inf was a traceback on every rank, a weight
-        # decay of inf an all-NaN model
+    if isinstance(converted, float) and not math.isfinite(converted):  # inf passed "> 0"
         raise BertgpuError(f"{source}: {key} = {value}: expected a finite number")
     setattr(owner, name, converted)
 
@@ -415,8 +412,7 @@ def apply_overrides(
                 text = "true"
             else:
                 raise BertgpuError(f"{source}: --{key} needs a value ({_type_name(tp)})")
-        # The same key under two spellings (`--data X --data.dir Y`: pretrain applies --data
-        # first, so Y won wherever it stood) is refused; one spelling again wins as the last.
+        # Two names of a key (`--data X --data.dir Y`: Y won wherever it stood) are refused.
         spelling = word.split("=", 1)[0]
         first = given.setdefault(key, (spelling, text))
         same = first[0][2:].replace("-", "_") == spelling[2:].replace("-", "_")  # max-seq-len
