@@ -69,7 +69,8 @@ def test_every_command_that_writes_through_out_tmp_takes_the_lock(tmp_path, caps
         assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "m"], name
 
 
-def test_a_launcher_refuses_a_locked_output_before_starting_workers(tmp_path, capsys):
+def test_a_launcher_refuses_a_locked_output_before_starting_workers(tmp_path, capsys,
+                                                                   monkeypatch):
     """finetune and glue with --nproc started the launcher and every worker (seconds) before the
     workers' rank 0 found the output locked."""
     from bertgpu.locks import check_free
@@ -79,6 +80,9 @@ def test_a_launcher_refuses_a_locked_output_before_starting_workers(tmp_path, ca
     assert list(tmp_path.iterdir()) == []
     with output_lock(out, "bertgpu glue"):
         with pytest.raises(BertgpuError, match=r"ft: another bertgpu glue \(pid \d+ on "):
+            check_free(out, "bertgpu finetune")
+        with monkeypatch.context() as worker:  # a worker of a job: its rank 0 holds the lock
+            worker.setenv("WORLD_SIZE", "2")
             check_free(out, "bertgpu finetune")
         for name, argv in (("finetune", ["sst2", "--data", str(GLUE), "--init", "none"]),
                            ("glue", ["--data-dir", str(GLUE), "--init", "none"])):

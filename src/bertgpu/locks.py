@@ -58,9 +58,10 @@ def _lock_path(out: Path) -> Path:
 
 def check_free(out: str | os.PathLike[str], command: str) -> None:
     """Refuse now, in one line, an output another process is writing (its lock held): a
-    launcher calls this before it starts workers, which took seconds to refuse it each."""
+    launcher calls this before it starts workers, which took seconds to refuse it each. Not in
+    a worker of a job (WORLD_SIZE set): its rank 0 holds the lock, which the others would find."""
     text = os.fspath(out)
-    if "://" in text or not _lock_path(Path(text)).is_file():
+    if "WORLD_SIZE" in os.environ or "://" in text or not _lock_path(Path(text)).is_file():
         return
     with output_lock(out, command):  # taken and given back at once: free
         pass
