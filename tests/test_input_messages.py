@@ -112,3 +112,34 @@ def test_an_empty_validation_split_and_an_init_without_tokenizer_are_warnings(tm
     for expected in (f"--init {hf} has no tokenizer files",
                      f"{shards / 'manifest.json'}: the validation split is empty"):
         assert any(line.startswith(f"bertgpu pretrain: warning: {expected}") for line in lines), err
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_token_id_past_the_vocabulary_is_one_line(tmp_path, capsys, workers):
+    """A damaged shard (a token id past manifest.json's vocab_size) was an IndexError traceback
+    from the masking; in a loader worker torch wraps any error of ours into "Caught BertgpuError
+    in DataLoader worker process 1." and the worker's traceback."""
+    import json
+
+    import numpy as np
+
+    shards = write_synthetic_shards(tmp_path / "d", n_train=16, n_val=8, seq_len=32,
+                                    vocab_size=100)
+    first = sorted(shards.glob("train-*.input_ids.npy"))[0]
+    ids = np.load(first, mmap_mode="r+")
+    ids[:, 5] = 60000
+    ids.flush()
+    argv = ["pretrain", str(ROOT / "configs" / "tiny.toml"), "--data", str(shards), "--out",
+            str(tmp_path / "r"), "--model.vocab_size", "100", "--model.hidden_size", "32",
+            "--model.intermediate_size", "64", "--model.max_position_embeddings", "64",
+            "--train.global_batch_size", "8", "--impl.micro_batch_size", "4",
+            "--train.max_steps", "2", "--impl.num_workers", workers]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = ("the shards hold token id 60000, past the vocabulary of 100 (manifest.json's "
+                "vocab_size): a damaged shard or one of another tokenizer; expected the shard set "
+                "as bertgpu prepare wrote it (prepare it again)")
+    assert err[-1] == f"bertgpu pretrain: error: {expected}", err
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").open()]
+    assert records[-1]["error"] == expected

@@ -128,7 +128,7 @@ def _main(argv: list[str]) -> int:
         with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
             return _run(module, parser, name, rest, launches)
     except BertgpuError as exc:
-        say(f"bertgpu {name}: error: {exc}")
+        say(f"bertgpu {name}: error: {errors.one_line(exc)}")
         return 2
     except Terminated:
         say(f"bertgpu {name}: stopped by SIGTERM")

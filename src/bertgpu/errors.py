@@ -10,6 +10,21 @@ class BertgpuError(Exception):
     """A user-facing error whose message is one line: where, what was found, what was expected."""
 
 
+_RAISED_IN_WORKER = "bertgpu.errors.BertgpuError: "
+
+
+def one_line(exc: BaseException) -> str:
+    """A BertgpuError's line. One raised in a DataLoader worker comes back from torch as "Caught
+    BertgpuError in DataLoader worker process 1." and the worker's whole traceback, which ends
+    in the line itself."""
+    text = str(exc)
+    if "\nOriginal Traceback" in text:
+        last = text.rstrip().splitlines()[-1]
+        if last.startswith(_RAISED_IN_WORKER):
+            return last[len(_RAISED_IN_WORKER):]
+    return text
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, a scheduler's time limit) to a command that is not training: raised in the
     main thread so that it stops as Ctrl-C stops it (a half-written output removed, `prepare`'s

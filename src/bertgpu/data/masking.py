@@ -241,6 +241,11 @@ class Masker:
         epochs = np.asarray(epochs, dtype=np.int64).reshape(B)
         indices = np.asarray(indices, dtype=np.int64).reshape(B)
         pos = np.arange(T)
+        if ids.size and int(ids.max()) >= len(self._special):  # (an IndexError traceback)
+            raise BertgpuError(f"the shards hold token id {int(ids.max())}, past the vocabulary "
+                               f"of {len(self._special)} (manifest.json's vocab_size): a damaged "
+                               "shard or one of another tokenizer; expected the shard set as "
+                               "bertgpu prepare wrote it (prepare it again)")
         cand = (pos[None, :] < lens[:, None]) & ~self._special[ids]  # (B, T) maskable
         # Three uniforms per real token: selection key, 80/10/10 action, replacement token.
         # Only `length` of each are drawn, so padding width never changes a row's mask.

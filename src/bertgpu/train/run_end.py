@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, one_line
 from bertgpu.train.engine import TrainingDiverged
 
 
@@ -29,7 +29,7 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
                 loop._log_train(logger, last, w, gather=False)
         except Exception:  # noqa: BLE001 - e.g. reading a step that diverged too
             pass
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = one_line(error).strip().splitlines()[0] if str(error).strip() else ""
     if not isinstance(error, BertgpuError):
         text = f"{type(error).__name__}: {text}" if text else type(error).__name__
     try:
