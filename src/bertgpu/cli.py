@@ -273,21 +273,21 @@ def place_error(exc: OSError, argv: list[str] = ()) -> str | None:
     folder, not that this user may write there, and they write through scratch folders, mkdir,
     lock files and libraries in many places: catching the file system's answer once here covers
     them all. The path shown is the one that failed (`OUT.tmp` for a scratch folder beside OUT)."""
+    said = exc.strerror or os.strerror(exc.errno)
     if exc.filename is None:  # a write to an open file (a full disk mid-run) names no path
         out = _typed_out(argv) if exc.errno in _NO_PATH_NEEDED else None
         if out is None:
             return None
-        return (f"{out}: {exc.strerror or os.strerror(exc.errno)} (writing this output or a "
-                f"file beside it); {PLACE_ERRORS[exc.errno]}")
+        return f"{out}: {said} (writing this output or a file beside it); {PLACE_ERRORS[exc.errno]}"
     where = os.fsdecode(exc.filename)
     if exc.errno == errno.ENOENT and exc.filename2 is None and _on_the_way(where, argv):
-        return (f"{where}: {exc.strerror or os.strerror(exc.errno)}; the file system refuses to "
-                "create this folder (a virtual file system such as /proc?): choose another path")
+        return (f"{where}: {said}; the file system refuses to create this folder (a virtual file "
+                "system such as /proc?): choose another path")
     if exc.errno not in PLACE_ERRORS:
         return None
     if exc.filename2 is not None:  # rename, link: both ends named
         where += f" -> {os.fsdecode(exc.filename2)}"
-    return f"{where}: {exc.strerror or os.strerror(exc.errno)}; {PLACE_ERRORS[exc.errno]}"
+    return f"{where}: {said}; {PLACE_ERRORS[exc.errno]}"
 
 
 _NO_PATH_NEEDED = (errno.ENOSPC, errno.EDQUOT, errno.EIO)

@@ -39,13 +39,10 @@ def release_held() -> None:
         _remove(path, made)
 
 
-def _holder(fd: int, command: str) -> str:
+def _holder(content: bytes, command: str) -> str:
     """"bertgpu glue (pid N on HOST)" from the lock file its holder wrote ("PID HOST COMMAND"),
-    or `command` when it cannot be read."""
-    try:
-        words = os.pread(fd, 300, 0).decode("utf-8", "replace").split()
-    except OSError:
-        return command
+    or `command` when it says no more."""
+    words = content.decode("utf-8", "replace").split()
     return f"{' '.join(words[2:])} (pid {words[0]} on {words[1]})" if len(words) > 2 else command
 
 
@@ -90,14 +87,15 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
         if fd is None:  # a place nothing can be written to: a re-run with nothing to do still
             yield  # ends so ("already holds this shard set"); a command that writes says why not
             return
-        if not _OURS.fullmatch(os.pread(fd, 300, 0) or b"0 h bertgpu x\n"):
+        content = os.pread(fd, 300, 0)  # empty: just made, here or by another bertgpu
+        if content and not _OURS.fullmatch(content):
             os.close(fd)
             raise BertgpuError(f"{path}: a file bertgpu did not write, where it keeps the lock of "
                                f"{out}; expected it gone (move it) or another --out")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            who = _holder(fd, command)
+            who = _holder(content, command)
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 yield  # ENOLCK, EOPNOTSUPP: no locks on this file system

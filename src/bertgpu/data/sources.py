@@ -248,18 +248,19 @@ def _hidden(rel: str) -> bool:
 
 
 def _resolve_url(url: str, broken: list[Path]) -> list[Source]:
-    fs, path = filesystem(url)
-    if "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol):
+    if url.startswith("file://"):
         # A local folder, file or pattern behind file:// is found as the same path given by
         # name is: fsspec's local find and glob list a link to a folder as a file ("Is a
         # directory" when read) or not at all.
+        path = local_path(url)
         try:
             found = [str(p) for p in _resolve_local(path, broken)]
         except BertgpuError as exc:
             text = str(exc)
             raise BertgpuError(url + text[len(path):] if text.startswith(path + ":")
                                else text) from None
-        return [url if p == path else fs.unstrip_protocol(p) for p in found]
+        return [url if p == path else f"file://{p}" for p in found]
+    fs, path = filesystem(url)
     try:
         if glob.has_magic(path):
             found = sorted(p for m, i in fs.glob(path, detail=True).items()

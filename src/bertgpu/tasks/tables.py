@@ -39,13 +39,14 @@ class Fields:
     def __post_init__(self) -> None:
         """One column per role: a label column that is the text column trained every text as
         a class of its own (accuracy 10.00 and an id2label of reviews), without a word."""
-        named = [("--text-field", self.text), ("--text-pair-field", self.text_pair),
-                 ("--label-field", self.label)]
-        for i, (flag, name) in enumerate(named):
-            same = next((other for other, n in named[:i] if name is not None and n == name), None)
-            if same is not None:
-                raise BertgpuError(f"{flag} {name}: the same column as {same}; expected "
+        seen: dict[str, str] = {}  # column -> the flag that named it first
+        for flag, name in (("--text-field", self.text), ("--text-pair-field", self.text_pair),
+                           ("--label-field", self.label)):
+            if name in seen:
+                raise BertgpuError(f"{flag} {name}: the same column as {seen[name]}; expected "
                                    "another column")
+            if name is not None:
+                seen[name] = flag
 
 
 # --------------------------------------------------------------------------------------------

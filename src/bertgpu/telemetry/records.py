@@ -60,11 +60,11 @@ def cut_after(path: Path, step: int) -> int:
         while end > 0:
             start, line = _last_line(f, end)
             record = _record(line)
-            at = record.get("step") if record is not None else None
-            if isinstance(at, int) and not isinstance(at, bool) and at <= step:
-                break
-            if isinstance(at, int) and not isinstance(at, bool):
+            at = _step(record) if record is not None else -1  # -1: no step (not a record)
+            if at > step:
                 cut += 1
+            elif at >= 0:
+                break
             elif line.strip():
                 kept.append(line + b"\n")
             end = max(start - 1, 0)  # before this line's predecessor's newline
