@@ -122,6 +122,44 @@ def test_unpadded_heads_and_eval_outputs_match():
     assert out.prediction_logits.shape == (4, 11, 99)
 
 
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_qa_head_trains_unpadded_with_the_padded_loss_and_gradients(arch, monkeypatch):
+    """SQuAD is the longest-padded fine-tuning set: its head must take the unpadded encoder when
+    the model unpads (it once forced the padded one), with the padded path's loss and gradients
+    (the span loss leaves the padding out)."""
+    from _tiny_modern import TINY_MODERN
+
+    from bertgpu.models.modernbert.config import ModernBertConfig
+    from bertgpu.models.modernbert.model import ModernBertForQuestionAnswering, ModernBertModel
+    from bertgpu.models.bert.model import BertModel
+
+    torch.manual_seed(0)
+    batch = padded_batch(lengths=(11, 7, 1, 9))
+    if arch == "bert":
+        model, encoder = BertForQuestionAnswering(BertConfig(**TINY)), BertModel
+    else:
+        model = ModernBertForQuestionAnswering(ModernBertConfig(**TINY_MODERN))
+        encoder = ModernBertModel
+        batch.pop("token_type_ids")
+    batch.pop("labels"), batch.pop("next_sentence_label")
+    batch["start_positions"] = torch.tensor([3, 2, 0, 30])  # 30: past the row (ignored)
+    batch["end_positions"] = torch.tensor([5, 6, 0, 30])
+    model.train()
+    ref = loss_and_grads(model, batch)
+    unpadded = []
+    encode = encoder.encode
+
+    def spy(self, *args, **kw):
+        x, un = encode(self, *args, **kw)
+        unpadded.append(un is not None)
+        return x, un
+
+    monkeypatch.setattr(encoder, "encode", spy)
+    model.unpad_enable(True, "padded")
+    assert_same(loss_and_grads(model, batch), ref)
+    assert unpadded == [True]
+
+
 def test_unpad_backend_errors():
     model = BertForPreTraining(BertConfig(**TINY))
     with pytest.raises(BertgpuError, match="unpad backend"):

@@ -456,10 +456,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
-        # Padded: the loss leaves the padding out (span_loss_terms), so the unpadded encoder
-        # would give the same, but this head's unpadded path awaits its check on a GPU.
-        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta,
-                      unpad=False).last_hidden_state
+        # Unpadded when the model unpads: the encoder's rows come back re-padded with zeros,
+        # the loss leaves the padding out (span_loss_terms) and SQuAD's decoding reads context
+        # tokens only, so padding positions' logits (the head's bias here) matter nowhere.
+        x = self.bert(input_ids, attention_mask, token_type_ids, batch_meta).last_hidden_state
         start_logits, end_logits = self.qa_outputs(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:

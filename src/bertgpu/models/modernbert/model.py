@@ -446,9 +446,8 @@ class ModernBertForQuestionAnswering(_WithClassifier):
                 start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None,
                 batch_meta: BatchMeta | None = None) -> ModelOutput:
-        # Padded even when unpadding (BERT's QA head says why)
-        x = self.model(input_ids, attention_mask, batch_meta=batch_meta,
-                       unpad=False).last_hidden_state
+        # Unpadded when the model unpads (BERT's QA head says why that is safe)
+        x = self.model(input_ids, attention_mask, batch_meta=batch_meta).last_hidden_state
         start_logits, end_logits = self._classify(x).float().unbind(-1)  # (B, T) each
         out = ModelOutput(start_logits=start_logits, end_logits=end_logits)
         if start_positions is not None and end_positions is not None:
