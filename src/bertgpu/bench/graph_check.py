@@ -193,10 +193,13 @@ def cases(device: torch.device) -> list[Case]:
         out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b,
                         _task_loss("cls"), counts))
     b, counts = _task_batch(2, "tok")
-    out.append(Case("token classification", BertForTokenClassification(cfg, num_labels=5), b,
+    # token classification and QA unpadded, as they run on CUDA (the padded encoder is above)
+    unpadded = ModelOptions(unpad=True)
+    out.append(Case("token classification unpadded",
+                    BertForTokenClassification(cfg, num_labels=5, options=unpadded), b,
                     _task_loss("tok"), counts))
     b, counts = _task_batch(3, "qa")
-    out.append(Case("question answering", BertForQuestionAnswering(cfg), b,
+    out.append(Case("question answering unpadded", BertForQuestionAnswering(cfg, unpadded), b,
                     _task_loss("qa"), counts))
     out += _modernbert_cases()
     return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts)
@@ -205,7 +208,7 @@ def cases(device: torch.device) -> list[Case]:
 
 def _modernbert_cases() -> list[Case]:
     """The ModernBERT configurations: MLM pretraining padded / packed / unpadded, classification
-    with CLS (padded) and mean pooling (unpadded), token classification and QA."""
+    with CLS (padded) and mean pooling (unpadded), token classification and QA (unpadded)."""
     from bertgpu.models.modernbert import model as mb
     from bertgpu.models.modernbert.config import ModernBertConfig
 
@@ -224,11 +227,13 @@ def _modernbert_cases() -> list[Case]:
         out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}",
                         model, b, _task_loss("cls"), counts))
     b, counts = _task_batch(6, "tok")
-    out.append(Case("modernbert token classification",
-                    mb.ModernBertForTokenClassification(cfg, num_labels=5), b,
+    unpadded = ModelOptions(unpad=True)
+    out.append(Case("modernbert token classification unpadded",
+                    mb.ModernBertForTokenClassification(cfg, num_labels=5, options=unpadded), b,
                     _task_loss("tok"), counts))
     b, counts = _task_batch(7, "qa")
-    out.append(Case("modernbert question answering", mb.ModernBertForQuestionAnswering(cfg), b,
+    out.append(Case("modernbert question answering unpadded",
+                    mb.ModernBertForQuestionAnswering(cfg, options=unpadded), b,
                     _task_loss("qa"), counts))
     return out
 
