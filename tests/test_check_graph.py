@@ -28,7 +28,8 @@ def test_check_graph_passes_for_every_configuration(capsys, one_thread):
             "classification unpadded", "token classification unpadded",
             "question answering unpadded", "modernbert pretraining padded mlm",
             "modernbert pretraining unpadded mlm", "modernbert classification mean unpadded",
-            "modernbert token classification unpadded", "modernbert question answering unpadded"} <= names
+            "modernbert token classification unpadded",
+            "modernbert question answering unpadded"} <= names
     assert all(ln.endswith("graph breaks: 0  host syncs: 0") for ln in rows)
 
 

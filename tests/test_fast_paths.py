@@ -129,9 +129,9 @@ def test_qa_head_trains_unpadded_with_the_padded_loss_and_gradients(arch, monkey
     (the span loss leaves the padding out)."""
     from _tiny_modern import TINY_MODERN
 
+    from bertgpu.models.bert.model import BertModel
     from bertgpu.models.modernbert.config import ModernBertConfig
     from bertgpu.models.modernbert.model import ModernBertForQuestionAnswering, ModernBertModel
-    from bertgpu.models.bert.model import BertModel
 
     torch.manual_seed(0)
     batch = padded_batch(lengths=(11, 7, 1, 9))
