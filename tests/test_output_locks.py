@@ -131,3 +131,19 @@ def test_a_read_only_place_another_tools_lock_file_and_a_linked_output(tmp_path)
             with output_lock(tmp_path / "outlink", "bertgpu glue"):
                 pass
 
+
+
+def test_a_link_where_the_lock_goes_is_refused_never_followed(tmp_path):
+    # A dangling link read as "the file system refuses to create this folder"; one to a file
+    # had that file locked, written and then the link removed.
+    (tmp_path / "a.bertgpu-lock").symlink_to(tmp_path / "nowhere" / "x")
+    target = tmp_path / "empty"
+    target.write_text("")
+    (tmp_path / "b.bertgpu-lock").symlink_to(target)
+    for name in ("a", "b"):
+        with pytest.raises(BertgpuError, match=rf"{name}.bertgpu-lock: a link bertgpu did not "
+                                               rf"make, where it keeps the lock of .*/{name}; "):
+            with output_lock(tmp_path / name, "bertgpu finetune"):
+                pass
+        assert (tmp_path / f"{name}.bertgpu-lock").is_symlink()
+    assert target.read_text() == ""

@@ -83,7 +83,7 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
     path = _lock_path(out)
     made = [p for p in path.parents if not p.exists()]
     while True:
-        fd = _open(path)
+        fd = _open(path, out)
         if fd is None:  # a place nothing can be written to: a re-run with nothing to do still
             yield  # ends so ("already holds this shard set"); a command that writes says why not
             return
@@ -118,13 +118,17 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
         os.close(fd)
 
 
-def _open(path: Path) -> int | None:
+def _open(path: Path, out: Path) -> int | None:
     """The lock file's descriptor (made with its folders), or None where this user may not write
-    (a read-only mount, another user's folder)."""
+    (a read-only mount, another user's folder). A link there is refused, never followed: bertgpu
+    makes none, and one that dangled read as "the file system refuses to create this folder"."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as e:
+        if os.path.islink(path):
+            raise BertgpuError(f"{path}: a link bertgpu did not make, where it keeps the lock of "
+                               f"{out}; expected it gone (move it) or another --out") from None
         if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
         return None
