@@ -426,13 +426,16 @@ class ModernBertForSequenceClassification(_WithClassifier):
             return x[:, 0] if un is None else x.index_select(0, un.first_rows())
         if attention_mask is None:
             return x.mean(dim=1)
-        weights = attention_mask.to(x.dtype)  # (B, T): 1 = token
+        # In fp32, cast back: a bf16 count is off past 256 tokens (301 -> 302), and CUDA's
+        # index_add rounds a bf16 sum at every row (a mean of 512 rows was 20% off).
+        weights = attention_mask.float()  # (B, T): 1 = token
         if un is None:
-            return (x * weights.unsqueeze(-1)).sum(dim=1) / weights.sum(dim=1, keepdim=True)
-        # rows -> their sequence (flat position // T), weighted: a kept column 0 may be padding
-        w = weights.reshape(-1).index_select(0, un.index).unsqueeze(-1)  # (N_tok, 1)
-        sums = x.new_zeros(un.batch, x.size(-1)).index_add(0, un.index // un.seq_len, x * w)
-        return sums / weights.sum(dim=1, keepdim=True)
+            sums = (x.float() * weights.unsqueeze(-1)).sum(dim=1)
+        else:  # rows -> their sequence (flat position // T), weighted (a kept column 0 may pad)
+            w = weights.reshape(-1).index_select(0, un.index).unsqueeze(-1)  # (N_tok, 1)
+            sums = x.new_zeros(un.batch, x.size(-1), dtype=torch.float32).index_add(
+                0, un.index // un.seq_len, x.float() * w)
+        return (sums / weights.sum(dim=1, keepdim=True)).to(x.dtype)
 
 
 class ModernBertForQuestionAnswering(_WithClassifier):
