@@ -86,3 +86,27 @@ def test_unpadded_model_compiles_once_over_epochs_and_padding(tmp_path, arch, on
         batches = [{k: v for k, v in b.items() if k != "next_sentence_label"
                     and k != "token_type_ids"} for b in batches]
     assert _train(model.train(), batches) == 1
+
+
+def test_a_full_batch_after_padded_ones_of_another_length_compiles_nothing(one_thread):
+    # Fine-tuning pads each micro batch to its longest row. Once the length had changed (one
+    # recompile, made dynamic), the graph guarded on the padded batches' index being a view
+    # (nonzero's output squeezed), and the first full batch compiled again.
+    from bertgpu.batch import IGNORE_INDEX, batch_meta
+
+    def batch(lengths: list[int], T: int, seed: int) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+        ids = torch.randint(5, 99, mask.shape, generator=g) * mask
+        labels = torch.where((torch.rand(mask.shape, generator=g) < 0.4) & mask.bool(), ids,
+                             IGNORE_INDEX)
+        labels[0, 0] = ids[0, 0]
+        return dict(input_ids=ids, attention_mask=mask, labels=labels,
+                    batch_meta=batch_meta(mask, labels))
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**TINY), with_nsp=False, options=ModelOptions(unpad=True))
+    first = [batch([10, 6, 1, 3], 10, 0), batch([12, 5, 1, 3], 12, 1)]
+    graphs = _train(model.train(), first)  # the second length: one recompile, made dynamic
+    assert _train(model, first + [batch([12] * 4, 12, 2), batch([16, 2, 9, 4], 16, 3),
+                                  batch([16] * 4, 16, 4)]) == graphs

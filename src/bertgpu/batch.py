@@ -121,7 +121,7 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
 
     masked = None
     if mlm_labels is not None:
-        masked = (mlm_labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)  # (M,)
+        masked = _positions(mlm_labels.reshape(-1) != IGNORE_INDEX)  # (M,)
     if attention_mask is None:
         if shape is None:
             raise ValueError("batch_meta needs an attention mask or the batch shape")
@@ -149,9 +149,16 @@ def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | N
         labelled = masked[flat.index_select(0, masked)]
         rows = row_of.index_select(0, labelled)
     meta = BatchMeta(padded=True, packed_ok=packed_ok, max_len=int(lengths.max()),
-                     index=flat.nonzero().squeeze(1), cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)),
+                     index=_positions(flat), cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)),
                      masked=masked, masked_rows=rows)
     return _to_capacity(meta, masked_capacity)
+
+
+def _positions(flags: torch.Tensor) -> torch.Tensor:
+    """(N,) bool -> the positions that are True, (K,) int64: a tensor of its own, never a view
+    (nonzero's (K, 1) squeezed is one): compiled on the CPU, a graph guarded on the view's base,
+    and the first batch without padding (an arange, no base) compiled again."""
+    return flags.nonzero().squeeze(1).clone()
 
 
 def _to_capacity(meta: BatchMeta, capacity: int | None) -> BatchMeta:
