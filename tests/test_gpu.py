@@ -350,14 +350,15 @@ def _micro_steps(name: str):
         cpu = [padded_batch(i, lengths, device=torch.device("cpu"))
                for i, lengths in enumerate(mask_rows)]
     else:
-        model = (BertForSequenceClassification(cfg, num_labels=3) if name == "classification"
-                 else BertForQuestionAnswering(cfg))
+        unpadded = ModelOptions(unpad="unpadded" in name)  # fine-tuning's default on CUDA
+        model = (BertForSequenceClassification(cfg, num_labels=3, options=unpadded)
+                 if name.startswith("classification") else BertForQuestionAnswering(cfg, unpadded))
         cpu = []
         for i, lengths in enumerate(mask_rows):
             b = {k: v for k, v in padded_batch(i, lengths, device=torch.device("cpu")).items()
                  if k in ("input_ids", "attention_mask", "token_type_ids")}
             b["batch_meta"] = batch_meta(b["attention_mask"])  # the fine-tuning collator's hook
-            if name == "classification":
+            if name.startswith("classification"):
                 b["labels"] = torch.tensor([0, 2, 1, 0])
             else:
                 b.update(start_positions=torch.tensor([3, 1, 40, 2]),
@@ -370,7 +371,8 @@ def _micro_steps(name: str):
 
 @pytest.mark.parametrize("name",
                          ["pretraining padded", "pretraining unpadded", "pretraining compiled",
-                          "classification", "qa", "modernbert pretraining padded",
+                          "classification", "classification unpadded", "qa", "qa unpadded",
+                          "modernbert pretraining padded",
                           "modernbert pretraining unpadded"])
 def test_steady_state_micro_steps_make_no_host_sync(name):
     model, opt, batches = _micro_steps(name)
