@@ -269,3 +269,21 @@ def test_pretraining_says_when_the_shards_word_starts_go_unused(tmp_path):
     assert data.whole_word_note(True) is None
     data.train.has_word_starts = False
     assert data.whole_word_note(False) is None
+
+
+def test_cjk_ranges_are_the_normalisers_own():
+    # U+2B820-U+2B91F counted as ideographs (Google's ranges) where the tokenizers library's
+    # BertNormalizer, which encodes the shards, keeps them in words: a line past 1 MiB was cut
+    # inside a word there, and its shards held other ids than transformers gives.
+    import re
+
+    from tokenizers.normalizers import BertNormalizer
+
+    from bertgpu.data.textio import CJK_IDEOGRAPHS
+
+    norm = BertNormalizer(clean_text=False, handle_chinese_chars=True, strip_accents=False,
+                          lowercase=False)
+    ours = re.compile(f"[{CJK_IDEOGRAPHS}]")
+    points = [c for c in range(0x2E80, 0x30000) if not 0xD800 <= c < 0xE000]
+    split = {c for c in points if norm.normalize_str(chr(c)) != chr(c)}
+    assert {c for c in points if ours.match(chr(c))} == split

@@ -21,10 +21,12 @@ from bertgpu.data.sources import Source
 from bertgpu.errors import BertgpuError
 
 CJK_IDEOGRAPHS = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
-                  "\U0002a700-\U0002b73f\U0002b740-\U0002b81f\U0002b820-\U0002ceaf"
+                  "\U0002a700-\U0002b73f\U0002b740-\U0002b81f\U0002b920-\U0002ceaf"
                   "\U0002f800-\U0002fa1f")
-"""CJK ideographs, which BERT's normaliser makes words of their own (its _is_chinese_char
-ranges), as a regex character class body."""
+"""CJK ideographs, which BERT's normaliser makes words of their own, as a regex character class
+body: the ranges of the tokenizers library's BertNormalizer, which encodes our shards and
+transformers' fast tokenizers (from U+2B920: Google's BERT and transformers' slow tokenizer
+start at U+2B820)."""
 LONG_WORD_CHARS = 1000
 """A word with more characters than this (counting those BERT's normaliser keeps) encodes as one
 [UNK] with any BERT vocabulary (their max_input_chars_per_word is 100), whatever follows it."""
