@@ -700,3 +700,20 @@ def test_byte_level_bpe_answers_have_no_leading_space() -> None:
     for ex in examples:
         assert preds[ex.id] == ex.answers[0]
         assert all(d["text"] == d["text"].strip() for d in nbest[ex.id])
+
+
+def test_answers_keep_the_marks_the_normaliser_strips() -> None:
+    # An uncased vocabulary strips combining marks, so a token's offsets end before them: the
+    # predicted text lost a word's last vowel sign ("गुरु" -> "गुर") or an NFD accent ("Cafe").
+    contexts = [("मेरे गुरु आज आए हैं।", "गुरु"), ("वे दिल्ली में हैं।", "वे"),
+                ("Cafe\u0301 de Flore est à Paris.", "Cafe\u0301")]
+    examples = [SquadExample(f"q{i}", "t", "कौन?", c, (a,), (c.index(a),))
+                for i, (c, a) in enumerate(contexts)]
+    vocab = {w: i for i, w in enumerate(_vocab([e.context for e in examples] + ["कौन?"]))}
+    t = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    t.normalizer = normalizers.BertNormalizer(lowercase=True)
+    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    feats = featurize(examples, t, max_seq_len=32, doc_stride=8, is_training=True)
+    sl, el = _logits_for(feats, _answer_windows(feats), null=0.0)
+    preds, _ = postprocess(examples, feats, sl, el)
+    assert preds == {f"q{i}": a for i, (_, a) in enumerate(contexts)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,6 +309,7 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
         for a, b in zip(*np.nonzero(valid), strict=True):
             s, e = int(s_idx[a]), int(e_idx[b])
             cs, ce = features.offsets[f][s][0], features.offsets[f][e][1]  # type: ignore[index]
+            ce = _past_marks(ex.context, ce)
             # A byte-level BPE piece ("Ġof") carries the space before its word, and its offsets
             # do too unless the tokenizer trims them; the official normalisation drops it, so
             # stripping changes only the text in predictions.json (and merges " x" with "x").
@@ -315,6 +317,15 @@ def _candidates(ex: SquadExample, feature_ids: list[int], features: Features, sl
             cands.append((float(sl[s] + el[e]), float(sl[s]), float(el[e]), text))
     cands.sort(key=lambda c: -c[0])
     return cands, null_score
+
+
+def _past_marks(text: str, end: int) -> int:
+    """`end` moved past the combining marks that follow it: an uncased vocabulary's normaliser
+    strips them (accents, Devanagari vowel signs, Hebrew points), so a token's offsets end before
+    them, and answers lost their last vowel ("गुरु" came out "गुर", an NFD "Café" "Cafe")."""
+    while end < len(text) and unicodedata.category(text[end]).startswith("M"):
+        end += 1
+    return end
 
 
 def _top_positions(logits: np.ndarray, allowed: np.ndarray, n: int) -> np.ndarray:
