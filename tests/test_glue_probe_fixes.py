@@ -212,3 +212,29 @@ def test_a_new_submission_replaces_every_file_of_the_earlier_one(tmp_path):
     assert [p.name for p in (tmp_path / "submission").iterdir()] == ["SST-2.tsv"]
     with zipfile.ZipFile(tmp_path / "submission.zip") as z:
         assert z.namelist() == ["SST-2.tsv"]
+
+
+def test_hf_json_lines_with_a_bom_or_a_line_separator_inside_a_string(tmp_path):
+    # Valid files refused: a BOM ("Unexpected UTF-8 BOM"), and U+2028 / U+0085 written raw in a
+    # JSON string (ensure_ascii=False), which str.splitlines cut as line ends.
+    from bertgpu.tasks.glue_files import read_examples
+
+    rows = [{"sentence": "a cat\u2028sits .", "label": 1, "idx": 0},
+            {"sentence": "a dog\x85runs .", "label": 0, "idx": 1}]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("\ufeff" + "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows),
+                     encoding="utf-8")
+    examples = read_examples("sst2", jsonl)
+    assert [e.text_a for e in examples] == ["a cat\u2028sits .", "a dog\x85runs ."]
+    assert [e.label for e in examples] == [1, 0]
+
+
+def test_squad_json_with_a_bom(tmp_path):
+    from bertgpu.tasks.squad_read import read_squad
+
+    data = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+        {"context": "A cat sits.", "qas": [{"id": "q", "question": "Who sits?",
+                                            "answers": [{"text": "cat", "answer_start": 2}]}]}]}]}
+    path = tmp_path / "dev.json"
+    path.write_text("\ufeff" + json.dumps(data), encoding="utf-8")
+    assert [e.answers for e in read_squad(path)] == [("cat",)]

@@ -223,8 +223,8 @@ def _hf_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             reader = csv.DictReader(f)
             for rec in reader:
                 yield f"line {reader.line_num}", rec
-    else:
-        with open(path, encoding="utf-8") as f:
+    else:  # utf-8-sig: a BOM is no JSON error; lines end at \n only (JSON strings hold U+2028)
+        with open(path, encoding="utf-8-sig") as f:
             text = f.read()
         if text.lstrip().startswith("["):  # a JSON array rather than JSON lines
             try:
@@ -234,7 +234,7 @@ def _hf_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             for i, rec in enumerate(items):
                 yield f"item {i}", rec
             return
-        for n, rec in json_lines(path, text.splitlines()):
+        for n, rec in json_lines(path, text.split("\n")):
             yield f"line {n}", rec
 
 

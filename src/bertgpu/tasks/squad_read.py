@@ -125,7 +125,7 @@ def _read_json(path: Path) -> Any:
     if not path.is_file():
         raise BertgpuError(f"{path}: no such file (expected a SQuAD v1.1/v2.0 JSON file)")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM is no JSON error
             return json.load(f)
     except json.JSONDecodeError as e:
         raise BertgpuError(f"{path}: invalid JSON at line {e.lineno} column "
