@@ -460,3 +460,17 @@ def test_a_tokenizer_json_that_pads_does_not_pad_sentences(tmp_path):
     assert [e.tolist() for e in enc.ids] == want
     assert [len(x) for x in enc.token_targets["labels"]] == [6, 3]
     assert [f.tolist() for f in firsts] == [[1, 2, 3], [1]]
+
+
+def test_a_full_width_space_token_reads_in_json_lines_as_in_conll(tmp_path):
+    """People's Daily-style sets hold U+3000 as a token: CoNLL read it, JSON lines refused it as
+    "an empty entry". ASCII whitespace alone is still empty in both."""
+    (tmp_path / "x.conll").write_text("人\tO\n\u3000\tO\n民\tO\n", encoding="utf-8")
+    (tmp_path / "x.jsonl").write_text(json.dumps({"tokens": ["人", "\u3000", "民"],
+                                                  "tags": ["O", "O", "O"]}) + "\n")
+    conll, jsonl = (ner.read_sentences(tmp_path / f"x.{kind}") for kind in ("conll", "jsonl"))
+    assert [(s.tokens, s.tags) for s in jsonl] == [(s.tokens, s.tags) for s in conll] == [
+        (["人", "\u3000", "民"], ["O", "O", "O"])]
+    (tmp_path / "y.jsonl").write_text(json.dumps({"tokens": ["人", " "], "tags": ["O", "O"]}))
+    with pytest.raises(BertgpuError, match="y.jsonl:1: 'tokens' is empty or has an empty entry"):
+        ner.read_sentences(tmp_path / "y.jsonl")

@@ -159,7 +159,9 @@ def _word_list(path: Path, line: int, value: Any, name: str) -> list[str]:
                            f"ds.features[{name!r}].feature.names) before writing the file")
     if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
         raise BertgpuError(f"{path}:{line}: {name!r} is not a list of strings")
-    if not value or any(not w.strip() for w in value):
+    # ASCII whitespace only is empty, as CoNLL reads it; a full-width space (U+3000) is a token
+    # in Chinese sets (People's Daily), as in their CoNLL files
+    if not value or any(not w.strip(" \t\r\n") for w in value):
         raise BertgpuError(f"{path}:{line}: {name!r} is empty or has an empty entry; expected "
                            "one per token")
     return value
