@@ -49,6 +49,14 @@ def test_text_format_paragraphs_are_documents_split_into_sentences(tmp_path):
 def test_split_sentences_handles_quotes_and_cjk():
     assert split_sentences('He said "Stop." Then he left.') == ['He said "Stop."', "Then he left."]
     assert split_sentences("我爱自然语言处理。很有趣。") == ["我爱自然语言处理。", "很有趣。"]
+    # a closing quote stays with its sentence; a run of ends is one end; ! and ? after an
+    # ideograph; the danda and the Arabic question mark
+    assert split_sentences("他说：“你好。”然后走了。") == ["他说：“你好。”", "然后走了。"]
+    assert split_sentences("真的吗？！太好了。") == ["真的吗？！", "太好了。"]
+    assert split_sentences("你好!我是小明?你呢") == ["你好!", "我是小明?", "你呢"]
+    assert split_sentences("वे दिल्ली में हैं। फिर आए।") == ["वे दिल्ली में हैं।", "फिर आए।"]
+    assert split_sentences("هل أنت بخير؟ نعم.") == ["هل أنت بخير؟", "نعم."]
+    assert split_sentences("e.g. the cat. The dog") == ["e.g. the cat.", "The dog"]
 
 
 def test_jsonl_reads_text_field_and_custom_field(tmp_path):

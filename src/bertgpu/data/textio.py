@@ -283,11 +283,19 @@ def is_json_object_line(line: bytes) -> bool:
         return False
 
 
-# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) and whitespace, when
-# the next word does not start with a lower-case ASCII letter ("e.g. the" stays whole). CJK full
-# stops end a sentence with no space after them.
-_SENT_END = re.compile(r"(?<=[.!?][\"')\]’”])\s+(?=[^\sa-z])|(?<=[.!?])\s+(?=[^\sa-z])"
-                       r"|(?<=[。！？])")
+# A sentence ends at . ! ? (also the Devanagari danda and the Arabic question mark and full
+# stop), optionally followed by a closing quote or bracket, and whitespace, when the next word
+# does not start with a lower-case ASCII letter ("e.g. the" stays whole). CJK full stops, and ! ?
+# after an ideograph, end a sentence with no space after them: after their closing quote
+# ("你好。”然后" kept its ” out of the first sentence) and after a run of them ("！！").
+_ENDS = ".!?\u0964\u0965\u061f\u06d4"
+_CLOSING = "\"')\\]’”」』）》"
+_CJK_ENDS = "。！？"
+_SENT_END = re.compile(
+    rf"(?<=[{_ENDS}][{_CLOSING}])\s+(?=[^\sa-z])|(?<=[{_ENDS}])\s+(?=[^\sa-z])"
+    rf"|(?<=[{_CJK_ENDS}])(?![{_CJK_ENDS}!?{_CLOSING}])"
+    rf"|(?<=[{_CJK_ENDS}][{_CLOSING}])(?![{_CLOSING}])"
+    rf"|(?<=[{CJK_IDEOGRAPHS}][!?])(?![{_CJK_ENDS}!?{_CLOSING}\s])")
 
 
 def split_sentences(text: str) -> list[str]:
