@@ -20,7 +20,7 @@ from bertgpu.data.corpus import (
     resolve_inputs,
 )
 from bertgpu.data.textio import split_sentences
-from bertgpu.data.wikitext import strip_wiki_markup
+from bertgpu.data.wikitext import strip_wiki_markup, wiki_to_sentences
 from bertgpu.errors import BertgpuError
 
 needs_gensim = pytest.mark.skipif(importlib.util.find_spec("gensim") is None,
@@ -554,3 +554,14 @@ def test_a_pattern_reads_the_folders_it_matches_as_folders_given_by_name(tmp_pat
     (tmp_path / "only" / "en").mkdir(parents=True)
     (tmp_path / "only" / "en" / "t.txt").write_text("x\n")
     assert resolve_inputs([str(tmp_path / "only" / "*")]) == [tmp_path / "only/en/t.txt"]
+
+
+def test_chinese_wikipedia_variant_markup_shows_one_variant():
+    # -{...}- went into the shards as markup, with both spellings
+    text = ("'''电子计算机'''，简称-{zh-hans:计算机;zh-hant:電腦}-，是一种设备。"
+            "它可以执行-{zh-cn:程序; zh-tw:程式}-。")
+    assert wiki_to_sentences(text) == ["电子计算机，简称计算机，是一种设备。", "它可以执行程序。"]
+    assert strip_wiki_markup("-{C++}- 时间-{10:30}-") == "C++ 时间10:30"  # no variants: the text
+    assert strip_wiki_markup("-{H|zh-cn:软件;zh-tw:軟體}-x-{T|zh-cn:标题}-") == "x"  # rules only
+    assert strip_wiki_markup("-{A|zh-cn:软件;zh-tw:軟體}- -{zh-hans;zh-hant|函数}-") == "软件 函数"
+    assert strip_wiki_markup("a -{ 计算机=>zh-cn:电脑; 计算机=>zh-tw:電腦 }- b") == "a 电脑 b"

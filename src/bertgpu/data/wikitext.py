@@ -128,6 +128,38 @@ def _remove_nested(text: str, marks: re.Pattern[str]) -> str:
         text = text[outer:]  # the outermost unclosed opener: the scan goes on after it
 
 
+# Language-variant markup of the Chinese (and Serbian, Kazakh...) Wikipedias: -{...}-, with
+# optional flags before a "|" and "code:text" variants separated by ";" (MediaWiki's
+# LanguageConverter). Most zhwiki articles hold it; it went into the shards as markup.
+_VARIANT_BLOCK = re.compile(r"-\{(.*?)\}-", re.S)
+_VARIANT_CODE = r"(?:zh|[a-z]{2,3}-[a-z]+)"
+_VARIANT_SPLIT = re.compile(rf";(?=\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:)")
+_VARIANT = re.compile(rf"\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:(.*)", re.S)
+_VARIANT_FLAGS = re.compile(r"[A-Za-z\- ;]+")
+
+
+def _variant_text(m: re.Match[str]) -> str:
+    """The text a -{...}- block shows: its first variant ("-{zh-hans:计算机;zh-hant:電腦}-" ->
+    计算机), its text when it holds none ("-{C++}-", a raw -{R|...}-), nothing for a rule that
+    shows nothing (H, T and - flags)."""
+    body = m.group(1)
+    flags, bar, rest = body.partition("|")
+    if bar and _VARIANT_FLAGS.fullmatch(flags):
+        names = {f.strip() for f in flags.split(";")}
+        if names & {"H", "T", "-"}:
+            return ""
+        if "R" in names:
+            return rest
+        body = rest
+    for part in _VARIANT_SPLIT.split(body):
+        variant = _VARIANT.match(part)
+        if variant is None:
+            return body  # no variants: the text itself
+        if variant.group(1).strip():
+            return variant.group(1).strip()
+    return ""
+
+
 def _link_text(inner: str) -> str:
     if _DROP_LINK.match(inner):
         return ""
@@ -169,6 +201,8 @@ def strip_wiki_markup(text: str) -> str:
     text = _REF_SELF.sub("", text)
     text = _REF.sub("", text)
     text = _DROP_BLOCKS.sub("", text)
+    if "-{" in text:
+        text = _VARIANT_BLOCK.sub(_variant_text, text)
     text = _remove_nested(text, _TEMPLATE_BRACES)  # templates, infoboxes (nested)
     text = _remove_nested(text, _TABLE_MARKS)  # tables (nested)
     text = _replace_links(text)
