@@ -287,3 +287,22 @@ def test_cjk_ranges_are_the_normalisers_own():
     points = [c for c in range(0x2E80, 0x30000) if not 0xD800 <= c < 0xE000]
     split = {c for c in points if norm.normalize_str(chr(c)) != chr(c)}
     assert {c for c in points if ours.match(chr(c))} == split
+
+
+def test_text_without_spaces_is_named_when_its_runs_can_only_be_unk(tmp_path):
+    # Two thirds of a Thai corpus's lines were one [UNK] each (a run past 100 characters), left
+    # out of the training silently; prepare then blamed the tokenizer for the [UNK]s.
+    rng = random.Random(0)
+    thai = [chr(c) for c in range(0x0E01, 0x0E2F)]
+    corpus = tmp_path / "th.txt"
+    corpus.write_text("".join("".join(rng.choice(thai) for _ in range(rng.randint(40, 200)))
+                              + "\n" for _ in range(300)), encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"\d+% of the text is in runs of letters longer than "
+                                         r"100 characters without a space .* Thai"):
+        train_tokenizer([corpus], tmp_path / "th", vocab_size=300, lowercase=False)
+    # one data blob among ordinary lines is left out without a word
+    other = tmp_path / "en.txt"
+    other.write_text("the cat sat on the mat .\n" * 2000 + "QUJD" * 60 + "\n", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_tokenizer([other], tmp_path / "en", vocab_size=20)

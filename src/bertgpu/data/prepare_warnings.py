@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 from bertgpu.data.manifest import Manifest
+from bertgpu.data.tokenizer_folder import MAX_WORD_CHARS
 
 UNK_WARN_SHARE = 0.05  # more [UNK] than this: the vocabulary does not cover the text
 NSP_WARN_SHARE = 0.9  # one NSP label on more rows than this: the task teaches little
@@ -24,8 +25,10 @@ def warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
     if tokens and unk > UNK_WARN_SHARE * tokens:
         warnings.warn(f"{unk / tokens:.0%} of the tokens are [UNK] ({unk} of {tokens}): the "
                       f"tokenizer {os.fspath(tokenizer_dir)} does not cover this text; expected a "
-                      "tokenizer trained on similar text (bertgpu tokenizer --corpus ...)",
-                      stacklevel=2)
+                      "tokenizer trained on similar text (bertgpu tokenizer --corpus ...), or, "
+                      f"where it was, words of at most {MAX_WORD_CHARS} characters (BERT encodes "
+                      "a longer one as one [UNK]: text without spaces, such as Thai, must be "
+                      "split into words first)", stacklevel=2)
     rows = manifest.counts["sequences"]
     if manifest.objective != "mlm+nsp" or not rows:
         return

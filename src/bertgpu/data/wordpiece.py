@@ -29,8 +29,13 @@ DROPPED_CHARS_WARN = 0.005
 _LONG_WORD = re.compile(rf"(?:(?![{_CJK}])[^\W_]){{{MAX_WORD_CHARS + 1},}}")
 
 
-def _without_unknown_words(text: str) -> str:
-    """`text` without its runs of letters and digits (CJK aside) longer than MAX_WORD_CHARS.
+LONG_RUNS_WARN = 0.01
+"""Characters in runs of letters that can only be [UNK] above this share of the text: a warning."""
+
+
+def _without_unknown_words(text: str) -> tuple[str, int]:
+    """`text` without its runs of letters and digits (CJK aside) longer than MAX_WORD_CHARS, and
+    how many characters those runs held.
 
     Such a run lies inside one word of BERT's pre-tokenizer (letters and digits are neither
     whitespace nor punctuation), a word that encodes as [UNK] whatever the vocabulary; the
@@ -39,14 +44,17 @@ def _without_unknown_words(text: str) -> str:
     whitespace-free stretch than that are touched (found by str.split, at C speed)."""
     words = text.split()
     if not words or max(map(len, words)) <= MAX_WORD_CHARS:
-        return text
+        return text, 0
     lines = text.split("\n")
+    removed = 0
     for i, line in enumerate(lines):
         parts = line.split()
         if parts and max(map(len, parts)) > MAX_WORD_CHARS:
+            removed += sum(len(m) for w in parts if len(w) > MAX_WORD_CHARS
+                           for m in _LONG_WORD.findall(w))
             lines[i] = " ".join(_LONG_WORD.sub(" ", w) if len(w) > MAX_WORD_CHARS else w
                                 for w in parts)
-    return "\n".join(lines)
+    return "\n".join(lines), removed
 
 
 def _sentence_batches(parts: Iterator[tuple[list[str], bool]],
@@ -80,18 +88,21 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     """
     chunks: Counter[str] = Counter()
     chars: Counter[str] = Counter()
+    in_runs = 0  # characters left out in runs that can only be [UNK]
     for batch in batches:
         joined = "\n".join(batch)
         # The normaliser works character by character, so one call per batch equals one per line.
         text = tokenizer.normalizer.normalize_str(joined)
         words = text.split()  # whitespace first (fast), punctuation per distinct chunk below
         if words and max(map(len, words)) > MAX_WORD_CHARS:  # rare: a word that can only be [UNK]
-            joined = _without_unknown_words(joined)
+            joined, removed = _without_unknown_words(joined)
+            in_runs += removed
             text = tokenizer.normalizer.normalize_str(joined)
             words = text.split()
         copy.write(joined + "\n")
         chars.update(text)
         chunks.update(words)
+    _warn_long_runs(in_runs, sum(chars.values()))
     in_words: set[str] = set()
     inside: set[str] = set()
     for chunk in chunks:
@@ -120,6 +131,20 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size,
                              (len(wanted), _needed(wanted, inside)) if trimmed else None)
     return alphabet, [f"##{c}" for c in alphabet if c in inside]
+
+
+def _warn_long_runs(in_runs: int, kept: int) -> None:
+    """One warning when more than LONG_RUNS_WARN of the text is in runs of letters longer than
+    MAX_WORD_CHARS: a script written without spaces (two thirds of a Thai corpus's lines were
+    one [UNK] each, and `prepare` then blamed the tokenizer for the [UNK]s)."""
+    share = in_runs / max(in_runs + kept, 1)
+    if share > LONG_RUNS_WARN:
+        warnings.warn(f"{share:.0%} of the text is in runs of letters longer than "
+                      f"{MAX_WORD_CHARS} characters without a space or punctuation (a script "
+                      "written without spaces, such as Thai, Lao, Khmer or Burmese, or data such "
+                      "as base64): BERT encodes each run as one [UNK], so they were left out of "
+                      "the vocabulary's training; expected text split into words first (Thai: "
+                      "PyThaiNLP's word_tokenize)", stacklevel=3)
 
 
 def _fit(ranked: list[str], room: int, inside: set[str]) -> tuple[list[str], int]:
