@@ -306,3 +306,25 @@ def test_text_without_spaces_is_named_when_its_runs_can_only_be_unk(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         train_tokenizer([other], tmp_path / "en", vocab_size=20)
+
+
+def test_stripping_accents_off_latin_scripts_is_named(tmp_path):
+    # Uncased (accents stripped) made がっこう and かっこう one word, silently.
+    ja = tmp_path / "ja.txt"
+    ja.write_text("がっこうへいきます。\nかっこういいですね。\nパンをたべます。\n" * 40,
+                  encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"stripping accents \(the default without --cased\) "
+                                         r"changes \d+% of the letters .*--strip-accents no"):
+        train_tokenizer([ja], tmp_path / "ja", vocab_size=100)
+    quiet = {"ja": dict(strip_accents=False), "ja2": dict(lowercase=False)}
+    for name, kw in quiet.items():  # the settings the warning names keep the marks: no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            warnings.filterwarnings("ignore", message="--vocab-size")
+            train_tokenizer([ja], tmp_path / name / "tok", vocab_size=100, **kw)
+    fr = tmp_path / "fr.txt"  # Latin accents: stripped by design, no warning
+    fr.write_text("Café crème à la française, élève.\n" * 60 + "中文字。\n" * 20, encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message="--vocab-size")
+        train_tokenizer([fr], tmp_path / "fr", vocab_size=100)

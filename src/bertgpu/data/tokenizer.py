@@ -143,7 +143,11 @@ def train_tokenizer(
     _check_out_dir(out, paths, inputs)
     stats = stats if stats is not None else CorpusStats()
 
-    from bertgpu.data.wordpiece import new_wordpiece, train_on_copy  # (it imports _pipeline)
+    from bertgpu.data.wordpiece import (  # (it imports _pipeline)
+        new_wordpiece,
+        train_on_copy,
+        warn_stripped_letters,
+    )
 
     tok = new_wordpiece(lowercase, strip_accents)
     with output_lock(out, "bertgpu tokenizer"):  # one at a time writes OUT (OUT.tmp)
@@ -154,6 +158,9 @@ def train_tokenizer(
                                             stats, sample_bytes, limit_alphabet, vocab_size)
             tok = train_on_copy(tok, copy, alphabet, pieces, lowercase, strip_accents, vocab_size,
                                 min_frequency)
+            if lowercase if strip_accents is None else strip_accents:
+                with open(copy, encoding="utf-8", errors="replace") as f:
+                    warn_stripped_letters(f.read(1 << 20))
             copy.unlink()
             got = tok.get_vocab_size(with_added_tokens=True)
             if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way

@@ -12,6 +12,7 @@ encode as [UNK] (a run of letters over MAX_WORD_CHARS) are left out of the train
 from __future__ import annotations
 
 import re
+import unicodedata
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -196,6 +197,37 @@ def _warn_dropped_characters(ranked: list[str], kept: set[str], chars: Counter[s
     warnings.warn(f"{len(dropped)} characters ({share:.1%} of the characters in words, e.g. "
                   f"{' '.join(dropped[:5])}) are not in the vocabulary and will encode as [UNK]: "
                   f"{why}; expected {expected}", stacklevel=3)
+
+
+STRIPPED_LETTERS_WARN = 0.02
+"""Letters past Latin, Greek and Cyrillic that stripping accents changes, above this share of
+the letters: a warning."""
+
+
+def warn_stripped_letters(sample: str) -> None:
+    """One warning when stripping accents (the uncased default) changes more than
+    STRIPPED_LETTERS_WARN of the letters of `sample` (the start of the corpus) outside Latin,
+    Greek and Cyrillic, whose accents BERT's uncased models drop by design: kana lost their
+    voicing marks (がっこう and かっこう became one word), Devanagari its vowel signs and nukta,
+    and Hangul broke into jamo, silently."""
+    letters = changed = 0
+    seen: Counter[str] = Counter()
+    for c in sample:
+        mark = unicodedata.category(c)[0] == "M"
+        if not (mark or c.isalpha()):
+            continue
+        letters += 1
+        if c >= "\u0530" and (mark or unicodedata.normalize("NFD", c) != c):
+            changed += 1
+            seen[c] += 1
+    if letters and changed > STRIPPED_LETTERS_WARN * letters:
+        warnings.warn(f"stripping accents (the default without --cased) changes "
+                      f"{changed / letters:.0%} of the letters of this corpus outside Latin, "
+                      f"Greek and Cyrillic (e.g. {' '.join(c for c, _ in seen.most_common(5))}): "
+                      "kana lose their voicing marks (が becomes か), Indic scripts their vowel "
+                      "signs, Hangul breaks into jamo; expected --strip-accents no (lower-cased, "
+                      "marks kept) or --cased, as Google's multilingual BERT advises for such "
+                      "scripts", stacklevel=3)
 
 
 def new_wordpiece(lowercase: bool, strip_accents: bool | None):
