@@ -41,10 +41,22 @@ def warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
                       stacklevel=2)
     same = sum(r.get("nsp_same_document", 0) for r in records)
     if same > SAME_DOC_WARN_SHARE * rows:
-        warnings.warn(f"{same} of {rows} NSP rows labelled random took B from A's own document: "
-                      "their chunk held pieces of a single document of its split (as BERT "
-                      "falls back to); expected more documents per chunk (--chunk-docs, or "
+        warnings.warn(f"{same} of {rows} NSP rows are labelled random with B from A's own "
+                      "document: their chunk held pieces of a single document of its split (as "
+                      "BERT falls back to); expected more documents per chunk (--chunk-docs, or "
                       "shorter documents)", stacklevel=2)
+        return
+    # The validation split alone: a hundredth of the rows, where a chunk's held-out side is
+    # often pieces of one long document; its val_nsp_acc then scores some IsNext text as random.
+    val_rows = sum(r.get("nsp_validation_rows", 0) for r in records)
+    val_same = sum(r.get("nsp_validation_same_document", 0) for r in records)
+    if val_same > SAME_DOC_WARN_SHARE * val_rows:
+        warnings.warn(f"validation: {val_same} of its {val_rows} NSP rows are labelled random "
+                      "with B from A's own document (its chunks held out pieces of one long "
+                      "document), so val_nsp_acc scores some text that follows A as random; "
+                      "expected a larger --validation-fraction (more documents held out) or "
+                      "shorter documents",
+                      stacklevel=2)
 
 
 def _why_random(records: list[dict[str, Any]], seq_len: int) -> str:

@@ -202,7 +202,9 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
     text's tokens), and for mlm+nsp ``nsp_random`` (rows labelled 1) and, of those,
     ``nsp_same_document`` (rows whose B had to come from A's own document: a chunk with pieces
     of one document) and the causes of the rows random because A is one sentence
-    (``nsp_one_sentence_document``, ...: `prepare_worker.RANDOM_CAUSES`)."""
+    (``nsp_one_sentence_document``, ...: `prepare_worker.RANDOM_CAUSES`); the validation split's
+    rows and same-document rows apart (``nsp_validation_rows``, ...), which are a hundredth of
+    the whole and whose chunks more often hold pieces of one document."""
     special = job.settings
     packers = {s: Packer(writers[s], special["seq_len"], special["cls"], special["sep"])
                for s in SPLITS}
@@ -210,7 +212,8 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
     tokens = 0
     counts = {"unk_tokens": 0}
     if job.nsp:
-        counts.update({"nsp_random": 0, **{f"nsp_{c}": 0 for c in RANDOM_CAUSES}})
+        counts.update({"nsp_random": 0, **{f"nsp_{c}": 0 for c in RANDOM_CAUSES},
+                       "nsp_validation_rows": 0, "nsp_validation_same_document": 0})
     for result in results:
         if job.nsp:
             for split, part in result.items():
@@ -221,6 +224,9 @@ def _write(results: Iterator, job: UnitJob, writers: dict[str, ShardWriter], sta
                 counts["nsp_random"] += int(part["labels"].sum())
                 for cause in RANDOM_CAUSES:
                     counts[f"nsp_{cause}"] += part[cause]
+                if split == "validation":
+                    counts["nsp_validation_rows"] += len(part["lengths"])
+                    counts["nsp_validation_same_document"] += part["same_document"]
                 if unk is not None:
                     counts["unk_tokens"] += int(np.count_nonzero(part["ids"] == unk))
         else:
