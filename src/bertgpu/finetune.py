@@ -411,7 +411,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli; any "
                              "alias), squad / squad2, or classify / ner (your own labelled files)")
     parser.add_argument("--data",
-                        help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json")
+                        help="GLUE root or task folder; SQuAD: folder with train-/dev-v1.1.json "
+                             "(squad2: train-/dev-v2.0.json)")
     parser.add_argument("--init",
                         help="run folder, checkpoint folder, Hugging Face BERT or ModernBERT "
                              "folder, or random")

@@ -52,13 +52,13 @@ class FinetuneConfig:
                                           "where 128 does not fit below it; a value given must "
                                           "be below max_seq_len - max_query_len - 3)")
     max_query_len: int = option(64, "SQuAD: question tokens kept")
-    epochs: int | None = option(None, "passes over the training set (none = by model size: 3 for "
-                                      "hidden size 768+, 5 up to 512, 10 up to 256)")
+    epochs: int | None = option(None, "passes over the training set (none = by model size: 3 past "
+                                      "hidden size 512, 5 up to 512, 10 up to 256)")
     global_batch_size: int = reuse(TrainSection, "global_batch_size", 32)
     micro_batch_size: int | None = option(None, "sequences per forward pass per device (none = "
                                                 "global / devices)")
     lr: float | None = reuse(OptimSection, "lr", None,
-                             "peak learning rate (none = by model size: 2e-5 for hidden size 768+, "
+                             "peak learning rate (none = by model size: 2e-5 past hidden size 512, "
                              "1e-4 up to 512, 3e-4 up to 256)")
     lr_scaling: str = reuse(OptimSection, "lr_scaling")
     reference_batch_size: int | None = reuse(OptimSection, "reference_batch_size")

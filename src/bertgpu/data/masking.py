@@ -1,6 +1,6 @@
 """Deterministic global sample order and dynamic masking.
 
-Determinism (Megatron's idea, see DESIGN.md §3): the sample at global position `p` is
+Determinism (Megatron's idea): the sample at global position `p` is
 `sample_order(n, seed, p // n)[p % n]`, and the mask of sample `i` in epoch `e` comes from a
 numpy Philox generator keyed on `(seed, e, i)` alone. Nothing depends on the world size, the
 micro batch size, the number of workers or restarts, so resuming at another world size continues
