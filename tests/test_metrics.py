@@ -79,14 +79,15 @@ def test_throughput_leaves_compile_steps_and_the_first_step_out():
         tp.update(tokens=1000, sequences=4)
 
     step(30.0, compiles=15)  # the first compile
-    assert tp.rates() == {} and tp.compile_fields() == {"compile_s": 30.0, "compile_steps": 1}
+    assert tp.rates() == {}
+    assert tp.compile_fields() == {"compile_s": 30.0, "compile_steps": 1, "rate_steps": 0}
     step(0.5)
     assert tp.rates()["tokens_per_s"] == pytest.approx(2000)  # the steady rate at once
     step(5.0, compiles=3)  # a recompile
     step(0.5)
     assert tp.rates()["tokens_per_s"] == pytest.approx(2000)
     assert tp.rates()["step_time_s"] == pytest.approx(0.5)
-    assert tp.compile_fields() == {"compile_s": 35.0, "compile_steps": 2}
+    assert tp.compile_fields() == {"compile_s": 35.0, "compile_steps": 2, "rate_steps": 2}
     assert (tp.tokens, tp.steps, tp.warmup_s) == (4000, 4, 0.0)
     clock.t += 60.0  # an evaluation that compiled its own graph, then reset()
     events[0] += 7
@@ -337,7 +338,7 @@ def test_runtime_guard_timings_are_not_compile_work(monkeypatch):
             metrics["entire_frame_compile"].append(3.0)
         tp.update(tokens=1000, sequences=4)
     assert compile_events() == 2
-    assert tp.compile_fields() == {"compile_s": 0.5, "compile_steps": 1}
+    assert tp.compile_fields() == {"compile_s": 0.5, "compile_steps": 1, "rate_steps": 2}
     assert tp.rates()["tokens_per_s"] == pytest.approx(2000)
 
 
@@ -357,7 +358,7 @@ def test_a_compile_counter_that_fell_after_a_dynamo_reset():
     assert tp.compile_steps == 0 and tp.rates()["tokens_per_s"] == pytest.approx(100)
     step(5)
     step(2)  # reset, then 2 compile phases: below the count before, yet a compile
-    assert tp.compile_fields() == {"compile_s": 2.0, "compile_steps": 2}
+    assert tp.compile_fields() == {"compile_s": 2.0, "compile_steps": 2, "rate_steps": 1}
     assert tp.rates()["steps_per_s"] == pytest.approx(1.0)  # only the first step measured
 
 

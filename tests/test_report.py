@@ -307,7 +307,10 @@ def test_a_run_that_diverged_or_stopped_says_so(tmp_path, run_dir):
     run.mkdir()
     _write_jsonl(run / "metrics.jsonl", [
         {"step": 0, "kind": "info", "event": "start", "host": "h", "pid": 7, "max_steps": 30},
-        _train(1, 9.009, 100.0), *[_train(s, None, 100.0) for s in (2, 3, 4, 5)],
+        _train(1, 9.009, 100.0),
+        {"step": 1, "kind": "eval", "val_mlm_loss": 4.7285, "val_mlm_acc": 0.2},
+        *[_train(s, None, 100.0) for s in (2, 3, 4, 5)],
+        {"step": 5, "kind": "eval", "val_mlm_loss": None, "val_mlm_acc": 0.0333},
         {"step": 6, "kind": "info", "event": "end", "reason": "diverged",
          "error": "training diverged: 5 steps in a row"},
     ])
@@ -323,6 +326,9 @@ def test_a_run_that_diverged_or_stopped_says_so(tmp_path, run_dir):
     md = (build_report([run, term, killed, run_dir], tmp_path / "rep") / "README.md").read_text()
     rows = _table_rows(md)
     assert rows["final train loss"] == ["nan", "4.5000", "3.0000", "6.5000"]
+    # the last evaluation's loss beside its accuracy, not an earlier finite one (4.7285)
+    assert rows["final val MLM loss"][0] == "nan"
+    assert rows["final val MLM accuracy"][0] == "3.33 %"
     assert rows["how the run ended"] == [
         "stopped (diverged at step 6)",
         "stopped (preempted at step 9 of 30; re-run the same command to resume)",
@@ -478,3 +484,15 @@ def test_an_input_given_twice_is_reported_once(tmp_path, run_dir):
     md = (build_report([run_dir, run_dir / "metrics.jsonl", run_dir], tmp_path / "rep")
           / "README.md").read_text(encoding="utf-8")
     assert _table_rows(md)["optimizer steps"] == ["4"], md
+
+
+def test_an_interval_weighs_only_the_steps_its_rates_measured():
+    """The first interval of a process measures one step fewer (the first is warm-up), and one
+    with an evaluation only the steps after it: its time is `rate_steps` / steps_per_s, not all
+    its steps' (2 of 3 steps at 1 step/s, then 3 at 0.5: 2 + 6 s, 5 steps of 1,000 tokens)."""
+    start = {"step": 0, "kind": "info", "event": "start"}
+    records = [start, _train(3, 5.0, 1000.0, steps_per_s=1.0, compile_s=0.0, rate_steps=2),
+               _train(6, 4.0, 500.0, steps_per_s=0.5, compile_s=0.0, rate_steps=3)]
+    assert pretrain_summary(records)["tokens_per_s"] == pytest.approx(5000 / 8)
+    del records[1]["rate_steps"], records[2]["rate_steps"]  # an older run: all its steps
+    assert pretrain_summary(records)["tokens_per_s"] == pytest.approx((3000 + 3000) / 9)

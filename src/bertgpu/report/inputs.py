@@ -332,7 +332,8 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     Throughput and MFU are over the logged train intervals, weighted by their time: total tokens
     over total seconds (a plain mean of the rates would count a short fast interval as much as a
-    long slow one). An interval's time is its steps over its ``steps_per_s``. A run that logs
+    long slow one). An interval's time is its measured steps (``rate_steps``, at most the
+    interval's; an older run: all its steps) over its ``steps_per_s``. A run that logs
     ``compile_s``
     measured its rates without the steps that compiled and without its first step, so every
     interval counts; an older run's first interval included start-up (compilation, data
@@ -351,7 +352,8 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             prev = step
         elif r.get("kind") == "train" and step is not None:
             sps = num(r.get("steps_per_s"))
-            intervals.append((r, (step - prev) / sps if sps and step > prev else 1.0))
+            measured = min(step - prev, num(r.get("rate_steps")) or step - prev)
+            intervals.append((r, measured / sps if sps and measured > 0 else 1.0))
             prev = step
     intervals = intervals[1:] if len(intervals) >= 3 and not honest else intervals
 
@@ -385,9 +387,10 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steps": max(steps) if steps else None,
         "tokens_seen": _last(records, "train", "tokens_seen"),
         "train_loss": _final(records, "train", "loss"),
-        "val_mlm_loss": _last(records, "eval", "val_mlm_loss"),
-        "val_mlm_acc": _last(records, "eval", "val_mlm_acc"),
-        "val_nsp_acc": _last(records, "eval", "val_nsp_acc"),
+        # the last evaluation's, as it was: a NaN loss is not replaced by an earlier finite one
+        "val_mlm_loss": _final(records, "eval", "val_mlm_loss"),
+        "val_mlm_acc": _final(records, "eval", "val_mlm_acc"),
+        "val_nsp_acc": _final(records, "eval", "val_nsp_acc"),
         "tokens_per_s": rate("tokens_per_s"),
         "tokens_per_s_per_device": rate("tokens_per_s_per_device"),
         "mfu": rate("mfu"),
