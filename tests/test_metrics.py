@@ -456,3 +456,23 @@ def test_a_whole_last_record_without_newline_and_a_linked_file_are_kept(tmp_path
     link.symlink_to(target)
     assert cut_after(link, 3) == 2 and link.is_symlink()
     assert [r["step"] for r in read_metrics(target)] == [0, 1, 2, 3]
+
+
+def test_a_resume_keeps_the_record_of_the_checkpoint_it_resumes_from(tmp_path):
+    """A background write of step 80's checkpoint ends at step 81 and is logged there; resumed
+    from that checkpoint, its record was cut with step 81's, and report counted one checkpoint
+    too few. A later checkpoint's record goes with its steps."""
+    from bertgpu.telemetry.records import cut_after
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 80, "kind": "train"},
+             {"step": 80, "kind": "info", "event": "checkpoint", "background": True},
+             {"step": 81, "kind": "info", "event": "checkpoint_written", "saved_step": 80},
+             {"step": 90, "kind": "train"},
+             {"step": 90, "kind": "info", "event": "checkpoint", "background": True},
+             {"step": 92, "kind": "info", "event": "checkpoint_written", "saved_step": 90},
+             {"step": 95, "kind": "train"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert cut_after(path, 80) == 4
+    assert [(r["step"], r.get("event")) for r in read_metrics(path)] == [
+        (80, None), (80, "checkpoint"), (81, "checkpoint_written")]

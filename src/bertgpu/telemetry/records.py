@@ -61,7 +61,9 @@ def cut_after(path: Path, step: int) -> int:
             start, line = _last_line(f, end)
             record = _record(line)
             at = _step(record) if record is not None else -1  # -1: no step (not a record)
-            if at > step:
+            if at > step and _written_by(record, step):
+                kept.append(line + b"\n")  # the checkpoint resumed from, or one before it
+            elif at > step:
                 cut += 1
             elif at >= 0:
                 break
@@ -73,6 +75,16 @@ def cut_after(path: Path, step: int) -> int:
             f.truncate()
             f.write(b"".join(reversed(kept)))
     return cut
+
+
+def _written_by(record: dict[str, Any] | None, step: int) -> bool:
+    """Whether `record` says a checkpoint of `step` or before was written: a background write
+    ends steps after its checkpoint (logged at step 81 for step 80), and the resume from that
+    checkpoint keeps it (report counted one checkpoint too few)."""
+    if record is None or record.get("event") != "checkpoint_written":
+        return False
+    saved = record.get("saved_step")
+    return isinstance(saved, int) and not isinstance(saved, bool) and saved <= step
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
