@@ -79,6 +79,12 @@ def test_report_takes_a_finetuning_run_in_progress_from_out_and_files_it_as_fine
     lines = (work / "metrics.jsonl").read_text().splitlines()
     (work / "metrics.jsonl").write_text("\n".join(lines[:6]) + "\n")
     assert load_source(out).data["ended"] == "no end record (still running, or killed)"
+    # The newest record is an epoch's evaluation after the train record before it: its step
+    # counts (the steps were taken from train records alone: "10 of 30" beside step 20's score)
+    _write_jsonl(work / "metrics.jsonl", [
+        _info(0, "start", 0.001, host="h", pid=1, world_size=1, max_steps=30),
+        _ft_train(10), _ft_train(20), _ft_eval(24, 75.0)])
+    assert load_source(out).data["steps"] == 24
     (tmp_path / "gone.tmp").mkdir()
     with pytest.raises(BertgpuError, match=r"gone: does not exist, and .*gone.tmp \(a fine-tuning "
                                         r"run starting\) has no records yet"):

@@ -259,7 +259,8 @@ def finetune_progress(path: Path, records: list[dict[str, Any]]) -> dict[str, An
 
     evals = [r for r in records if r.get("kind") == "eval" and "score" in r]
     latest = evals[-1] if evals else {}
-    steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") == "train")
+    # the newest train or eval record (an epoch's evaluation comes after its last train record)
+    steps = [s for s in (num(r.get("step")) for r in records if r.get("kind") in ("train", "eval"))
              if s is not None]
     start = run_start(records)
     return {
