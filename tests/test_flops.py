@@ -318,3 +318,19 @@ def test_peak_override_that_is_not_a_positive_finite_number_is_refused(value):
     with pytest.raises(BertgpuError, match=r"^peak TFLOP/s override: found .*, expected a finite "
                                            r"number > 0$"):
         peak_and_source("NVIDIA H100 80GB HBM3", "bf16", override=value)
+
+
+def test_the_peak_environment_variable_gives_mfu_on_any_device(monkeypatch):
+    # pretrain and finetune ignored BERTGPU_PEAK_TFLOPS off CUDA, which bench model honours
+    from types import SimpleNamespace
+
+    import torch
+
+    from bertgpu.train.loop_state import device_mfu
+
+    engine = SimpleNamespace(device=torch.device("cpu"), precision="fp32")
+    monkeypatch.delenv("BERTGPU_PEAK_TFLOPS", raising=False)
+    assert device_mfu(engine, 1e6, 1, 2e6) is None  # no peak known for a CPU: no made-up MFU
+    monkeypatch.setenv("BERTGPU_PEAK_TFLOPS", "4")
+    assert device_mfu(engine, 1e6, 2, 2e6) == pytest.approx(2e12 / (2 * 4e12))
+    assert device_mfu(engine, None, 2, 2e6) is None

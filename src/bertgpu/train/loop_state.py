@@ -129,15 +129,17 @@ def eval_pending(state: dict[str, Any], step: int, every: int) -> bool:
 
 def device_mfu(engine: Any, flops_per_token: float | None, world: int,
                tokens_per_s: float) -> float | None:
-    """Model FLOPs utilisation of all devices, on GPUs with a known peak (TF32's for fp32)."""
+    """Model FLOPs utilisation of all devices, on devices with a known peak: BERTGPU_PEAK_TFLOPS
+    on any device (it was ignored off CUDA), else a GPU's table entry (TF32's for fp32)."""
     import torch
 
     from bertgpu.telemetry import flops
 
-    if engine.device.type != "cuda" or not flops_per_token:
+    if not flops_per_token:
         return None
     dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[engine.precision]
-    peak = flops.peak_tflops(torch.cuda.get_device_name(engine.device), dtype)
+    name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None
+    peak = flops.peak_tflops(name, dtype)
     return flops.mfu(tokens_per_s, flops_per_token, peak, n_devices=world) if peak else None
 
 
