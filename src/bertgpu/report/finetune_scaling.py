@@ -81,7 +81,7 @@ def time_split(rows: list[dict[str, Any]]) -> str:
             f"{100 * (run - load - train - evals) / run:.1f} %. Starting each cell's processes "
             f"(imports, launcher, rendezvous) added {launch:.1f} s per cell. Median rates: "
             f"training {train_rate:.1f} examples/s (all workers), evaluation {eval_rate:.1f} "
-            "examples/s per worker.")
+            "sequences/s per worker (forward passes alone).")
 
 
 def _median_by(rows: list[dict[str, Any]], group: tuple[str, ...], x: str, y: str
