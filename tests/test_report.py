@@ -156,7 +156,7 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
     assert rows["tokens/s per device (likewise)"] == ["150"]
     assert rows["MFU (weighted by interval time)"] == ["20.0 %"]
     assert rows["peak memory"] == ["1.40 GiB"]
-    assert rows["wall time"] == ["46 s"]
+    assert rows["wall time (of the kept timeline: work lost to a crash not counted)"] == ["46 s"]
     assert "final val NSP accuracy" not in rows  # never logged: no row
     assert "2 layers x 64 hidden" in md
     # GLUE: columns from the task table, missing score as an empty cell.

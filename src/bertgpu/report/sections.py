@@ -67,7 +67,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mfu", "MFU (weighted by interval time)", lambda v: f"{100 * v:.1f} %"),
     ("compile_s", "time in steps that compiled", lambda v: f"{v:.1f} s"),
     ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
-    ("wall_s", "wall time", _fmt_duration),
+    ("wall_s", "wall time (of the kept timeline: work lost to a crash not counted)", _fmt_duration),
     ("checkpoints", "checkpoints", lambda v: f"{v:.0f}"),
     ("checkpoint_stall_s", "mean checkpoint stall (training waits)", lambda v: f"{v:.3g} s"),
     ("checkpoint_stall_max_s", "longest checkpoint stall", lambda v: f"{v:.3g} s"),
