@@ -573,3 +573,13 @@ def test_chinese_wikipedia_variant_markup_shows_one_variant():
     assert strip_wiki_markup("-{H|zh-cn:软件;zh-tw:軟體}-x-{T|zh-cn:标题}-") == "x"  # rules only
     assert strip_wiki_markup("-{A|zh-cn:软件;zh-tw:軟體}- -{zh-hans;zh-hant|函数}-") == "软件 函数"
     assert strip_wiki_markup("a -{ 计算机=>zh-cn:电脑; 计算机=>zh-tw:電腦 }- b") == "a 电脑 b"
+
+
+def test_variant_markup_leaves_templates_after_a_hyphen_alone():
+    # "-{{" is a hyphen before a template, not variant markup: it lost a brace on each side and
+    # its markup went into the text; an unclosed "-{" scanned the whole article for each one
+    assert wiki_to_sentences("The house has a 2-{{frac|1|2}}-story tower. It was built.") == [
+        "The house has a 2--story tower.", "It was built."]
+    assert wiki_to_sentences("The {{convert|5|km}}-long road is new.") == ["The -long road is new."]
+    assert strip_wiki_markup("outer -{zh-hans:a -{x}- b;zh-hant:c}- end") == "outer a x b end"
+    assert strip_wiki_markup("a -{ unclosed. And -{x}- more.") == "a -{ unclosed. And x more."

@@ -131,7 +131,9 @@ def _remove_nested(text: str, marks: re.Pattern[str]) -> str:
 # Language-variant markup of the Chinese (and Serbian, Kazakh...) Wikipedias: -{...}-, with
 # optional flags before a "|" and "code:text" variants separated by ";" (MediaWiki's
 # LanguageConverter). Most zhwiki articles hold it; it went into the shards as markup.
-_VARIANT_BLOCK = re.compile(r"-\{(.*?)\}-", re.S)
+# Within a line, never across another "-{" (an inner block goes first), never from "-{{" (a
+# hyphen before a template, "2-{{frac|1|2}}-story", is no variant markup).
+_VARIANT_BLOCK = re.compile(r"-\{(?!\{)((?:(?!-\{)[^\n])*?)\}-")
 _VARIANT_CODE = r"(?:zh|[a-z]{2,3}-[a-z]+)"
 _VARIANT_SPLIT = re.compile(rf";(?=\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:)")
 _VARIANT = re.compile(rf"\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:(.*)", re.S)
@@ -201,8 +203,12 @@ def strip_wiki_markup(text: str) -> str:
     text = _REF_SELF.sub("", text)
     text = _REF.sub("", text)
     text = _DROP_BLOCKS.sub("", text)
-    if "-{" in text:
-        text = _VARIANT_BLOCK.sub(_variant_text, text)
+    for _ in range(3):  # nested blocks, the innermost first
+        if "-{" not in text:
+            break
+        text, found = _VARIANT_BLOCK.subn(_variant_text, text)
+        if not found:
+            break
     text = _remove_nested(text, _TEMPLATE_BRACES)  # templates, infoboxes (nested)
     text = _remove_nested(text, _TABLE_MARKS)  # tables (nested)
     text = _replace_links(text)
