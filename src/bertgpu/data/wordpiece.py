@@ -11,7 +11,9 @@ encode as [UNK] (a run of letters over MAX_WORD_CHARS) are left out of the train
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -27,7 +29,23 @@ _CJK = CJK_IDEOGRAPHS  # split one by one by BERT's normaliser
 _CJK_CHAR = re.compile(f"[{_CJK}]")
 DROPPED_CHARS_WARN = 0.005
 """Characters left out of the alphabet above this share of the characters in words: a warning."""
-_LONG_WORD = re.compile(rf"(?:(?![{_CJK}])[^\W_]){{{MAX_WORD_CHARS + 1},}}")
+
+
+@functools.cache
+def _long_word() -> re.Pattern[str]:
+    """A run of more than MAX_WORD_CHARS letters, digits and combining marks, CJK aside: inside
+    one word of BERT's pre-tokenizer (they are neither whitespace nor punctuation). The marks
+    count: Thai, Lao, Khmer and Burmese words are full of vowel and tone marks, which cut a run
+    of letters alone into short pieces (a 165-character Thai word counted as none)."""
+    marks, start = [], None
+    for code in range(sys.maxunicode + 2):  # 0.2 s, once per process that trains a vocabulary
+        is_mark = code <= sys.maxunicode and unicodedata.category(chr(code))[0] == "M"
+        if is_mark and start is None:
+            start = code
+        elif not is_mark and start is not None:
+            marks.append(f"{re.escape(chr(start))}-{re.escape(chr(code - 1))}")
+            start = None
+    return re.compile(rf"(?:(?![{_CJK}])[^\W_]|[{''.join(marks)}]){{{MAX_WORD_CHARS + 1},}}")
 
 
 LONG_RUNS_WARN = 0.01
@@ -52,8 +70,8 @@ def _without_unknown_words(text: str) -> tuple[str, int]:
         parts = line.split()
         if parts and max(map(len, parts)) > MAX_WORD_CHARS:
             removed += sum(len(m) for w in parts if len(w) > MAX_WORD_CHARS
-                           for m in _LONG_WORD.findall(w))
-            lines[i] = " ".join(_LONG_WORD.sub(" ", w) if len(w) > MAX_WORD_CHARS else w
+                           for m in _long_word().findall(w))
+            lines[i] = " ".join(_long_word().sub(" ", w) if len(w) > MAX_WORD_CHARS else w
                                 for w in parts)
     return "\n".join(lines), removed
 
@@ -217,17 +235,26 @@ def warn_stripped_letters(sample: str) -> None:
         if not (mark or c.isalpha()):
             continue
         letters += 1
-        if c >= "\u0530" and (mark or unicodedata.normalize("NFD", c) != c):
+        if _off_latin(c) if mark else (
+                (d := unicodedata.normalize("NFD", c)) != c and _off_latin(d[0])):
             changed += 1
             seen[c] += 1
     if letters and changed > STRIPPED_LETTERS_WARN * letters:
-        warnings.warn(f"stripping accents (the default without --cased) changes "
+        warnings.warn(f"stripping accents (--strip-accents; the default without --cased) changes "
                       f"{changed / letters:.0%} of the letters of this corpus outside Latin, "
                       f"Greek and Cyrillic (e.g. {' '.join(c for c, _ in seen.most_common(5))}): "
                       "kana lose their voicing marks (が becomes か), Indic scripts their vowel "
                       "signs, Hangul breaks into jamo; expected --strip-accents no (lower-cased, "
                       "marks kept) or --cased, as Google's multilingual BERT advises for such "
                       "scripts", stacklevel=3)
+
+
+def _off_latin(c: str) -> bool:
+    """Whether `c` (a letter, the base of a decomposed letter, or a combining mark) is outside
+    Latin, Greek and Cyrillic and their combining marks: Vietnamese (ệ), polytonic Greek (ἀ) and
+    Yoruba (ẹ́) are Latin and Greek letters under their accents."""
+    return not (c < "\u0530" or "\u1ab0" <= c <= "\u1aff" or "\u1dc0" <= c <= "\u1fff"
+                or "\u20d0" <= c <= "\u20ff" or "\ufe20" <= c <= "\ufe2f")
 
 
 def new_wordpiece(lowercase: bool, strip_accents: bool | None):
