@@ -334,3 +334,12 @@ def test_the_peak_environment_variable_gives_mfu_on_any_device(monkeypatch):
     monkeypatch.setenv("BERTGPU_PEAK_TFLOPS", "4")
     assert device_mfu(engine, 1e6, 2, 2e6) == pytest.approx(2e12 / (2 * 4e12))
     assert device_mfu(engine, None, 2, 2e6) is None
+
+
+def test_a_bad_peak_environment_variable_is_refused_before_the_first_step(monkeypatch):
+    from bertgpu.errors import BertgpuError
+    from bertgpu.train.loop_state import LogWindow
+
+    monkeypatch.setenv("BERTGPU_PEAK_TFLOPS", "abc")
+    with pytest.raises(BertgpuError, match="BERTGPU_PEAK_TFLOPS: found 'abc'"):
+        LogWindow(1, 0, 10)

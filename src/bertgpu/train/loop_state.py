@@ -52,7 +52,10 @@ class LogWindow:
     """What the loop accumulates between log lines, evaluations and rebalancings, on this rank."""
 
     def __init__(self, world: int, rank: int, log_every: int) -> None:
+        from bertgpu.telemetry import flops
         from bertgpu.telemetry.throughput import Throughput, compile_events
+
+        flops.peak_and_source(None)  # a bad BERTGPU_PEAK_TFLOPS: refused now, not at the first log
 
         # Rates over the last log interval of steps that neither compiled nor were the first;
         # the compile steps' time is reported apart (telemetry/throughput.py).
