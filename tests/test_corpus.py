@@ -65,6 +65,10 @@ def test_split_sentences_handles_quotes_and_cjk():
         "Mr. and Mrs. Brown live at No. 5 Main St. in town.", "Fine."]
     assert split_sentences("It was William B. Yeats in the U.S. Army. I saw it. Go.") == [
         "It was William B. Yeats in the U.S. Army.", "I saw it.", "Go."]
+    assert split_sentences("Answer: No. It is not.") == ["Answer: No.", "It is not."]  # no number
+    assert split_sentences("他说：『她说：「好。」』然后走了。") == [
+        "他说：『她说：「好。」』", "然后走了。"]
+    assert split_sentences("真的?!然后。") == ["真的?!", "然后。"]
 
 
 def test_jsonl_reads_text_field_and_custom_field(tmp_path):
