@@ -474,3 +474,24 @@ def test_a_full_width_space_token_reads_in_json_lines_as_in_conll(tmp_path):
     (tmp_path / "y.jsonl").write_text(json.dumps({"tokens": ["人", " "], "tags": ["O", "O"]}))
     with pytest.raises(BertgpuError, match="y.jsonl:1: 'tokens' is empty or has an empty entry"):
         ner.read_sentences(tmp_path / "y.jsonl")
+
+
+def test_tagged_words_the_tokenizer_drops_are_named_not_taken_for_long_sentences(tmp_path):
+    """A full-width space (U+3000) has no token: tagged inside an entity, it can never be
+    learned or predicted. It was counted as a sentence "longer than max_seq_len (or holding
+    words the tokenizer drops)"; tagged O it said that too, though O is what it gets."""
+    import warnings
+
+    from bertgpu.config.finetune import FinetuneConfig
+
+    (tmp_path / "train.conll").write_text("Emma B-PER\n\u3000\tI-PER\nvisited O\n\n"
+                                          "Emma B-PER\n\u3000\tO\n", encoding="utf-8")
+    (tmp_path / "dev.conll").write_text("Emma B-PER\n\u3000\tO\nvisited O\n", encoding="utf-8")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ner.ner_job(tmp_path / "train.conll", tmp_path / "dev.conll", _tokenizer(tmp_path),
+                    FinetuneConfig(max_seq_len=64))
+    messages = [str(w.message) for w in seen]
+    assert not any("longer than max_seq_len" in m or "dev.conll" in m for m in messages), messages
+    named = f"{tmp_path / 'train.conll'}: the tokenizer gives no token to 1 of the words tagged"
+    assert any(m.startswith(named) and m.endswith("their tags go unlearned") for m in messages)

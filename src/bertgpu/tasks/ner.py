@@ -246,6 +246,17 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
     return enc, firsts
 
 
+def _warn_tokenless(path: Path, sentences: list[Sentence], firsts: list[np.ndarray],
+                    ids: list[np.ndarray], seq: int, outcome: str) -> None:
+    """One warning for the words tagged other than O that the tokenizer gives no token (a
+    full-width space U+3000, control characters) in sentences not cut by max_seq_len."""
+    words = [s.tokens[w] for s, f, row in zip(sentences, firsts, ids, strict=True)
+             if len(row) < seq for w in np.flatnonzero(f < 0) if s.tags[w] != "O"]
+    if words:
+        warnings.warn(f"{path}: the tokenizer gives no token to {len(words)} of the words tagged "
+                      f"as entities (e.g. {words[0]!r}): {outcome}", stacklevel=3)
+
+
 def is_byte_level(tokenizer: Any) -> bool:
     """Whether the tokenizer's pre-tokenizer (alone or inside a Sequence) is ByteLevel, the
     GPT-2 byte-to-symbol mapping in which a word's leading space is part of its first piece."""
@@ -302,15 +313,16 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
     check_known(dev_path, dev, labels, cut)
     tag_ids = {t: i for i, t in enumerate(labels)}
     seq = cfg.max_seq_len or DEFAULT_MAX_SEQ_LEN
-    train_enc, _ = encode_sentences(tokenizer, train, tag_ids, seq)
+    train_enc, train_firsts = encode_sentences(tokenizer, train, tag_ids, seq)
     dev_enc, firsts = encode_sentences(tokenizer, dev, tag_ids, seq)
     dev_enc.token_targets.clear()  # kept out of the forward pass: eval needs logits only
-    cut = sum(int((f < 0).any()) for f in firsts)
+    cut = sum(int((f < 0).any()) for f, ids in zip(firsts, dev_enc.ids, strict=True)
+              if len(ids) >= seq)
     if cut:
         warnings.warn(f"{dev_path}: {cut} of {len(dev)} sentences are longer than max_seq_len "
-                      f"{seq} tokens (or hold words the tokenizer drops); those words count as "
-                      "predicted O",
-                      stacklevel=2)
+                      f"{seq} tokens; their words past it count as predicted O", stacklevel=2)
+    _warn_tokenless(train_path, train, train_firsts, train_enc.ids, seq, "their tags go unlearned")
+    _warn_tokenless(dev_path, dev, firsts, dev_enc.ids, seq, "they count as predicted O")
     gold = [s.tags for s in dev]
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
