@@ -141,9 +141,10 @@ class Throughput:
 
     def compile_fields(self) -> dict[str, float | int]:
         """``compile_s`` (wall seconds of the steps that compiled, this process),
-        ``compile_steps``, and ``rate_steps`` (the steps the rates were measured over: fewer than
-        the log interval after a first step, a compile or an evaluation): the keys a train record
-        carries beside the rates."""
+        ``compile_steps``, and ``rate_steps`` (the steps the rates were measured over, the
+        window's: fewer than the log interval after a process's first step or an evaluation;
+        after a compile mid-run the window reaches back into the interval before): the keys a
+        train record carries beside the rates."""
         return {"compile_s": self.compile_s, "compile_steps": self.compile_steps,
                 "rate_steps": sum(w[3] for w in self._window)}
 
