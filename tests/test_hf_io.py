@@ -577,3 +577,25 @@ def test_init_weights_grow_positions_to_a_length_that_is_not_a_multiple(tmp_path
     for start in (0, 32, 64):
         assert torch.equal(grown[start:start + 32], table)
     assert torch.equal(grown[96:], table[:4])
+
+
+def test_a_modernbert_export_says_its_tokenizer_gives_no_token_types(tmp_path):
+    """A BERT tokenizer class gives token_type_ids, which ModernBERT has not (transformers 4.x's
+    ModernBertModel refused the key); its export's tokenizer_config.json names the inputs, as
+    answerdotai's folders do. A BERT export keeps them."""
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the war ended in paris and the city was free again.\n\n" * 50,
+                      encoding="utf-8")
+    tok = train_tokenizer([corpus], tmp_path / "tok", vocab_size=60)
+    modern = build_model({**TINY_MODERN, "architecture": "modernbert", "vocab_size": 64},
+                         "masked_lm")
+    out = save_pretrained(modern, tmp_path / "modern", tokenizer=tok)
+    for cls in (transformers.AutoTokenizer, transformers.BertTokenizerFast):
+        assert set(cls.from_pretrained(out)("the war")) == {"input_ids", "attention_mask"}
+    hf = transformers.AutoModel.from_pretrained(out)
+    assert hf(**transformers.BertTokenizerFast.from_pretrained(out)("the war", return_tensors="pt"))
+    bert = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60}), with_nsp=False)
+    out = save_pretrained(bert, tmp_path / "bert", tokenizer=tok)
+    assert "token_type_ids" in transformers.BertTokenizerFast.from_pretrained(out)("the war")

@@ -82,7 +82,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         raise BertgpuError(f"{folder}: cannot export this {model.config.architecture} model: "
                            f"{problem}")
     tok_files = ({} if tokenizer is None else
-                 tokenizer_files(tokenizer, model.config.max_position_embeddings))
+                 tokenizer_files(tokenizer, model.config.max_position_embeddings,
+                                 hasattr(model.config, "type_vocab_size")))
     check_export_folder(folder)
 
     # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
@@ -117,21 +118,26 @@ STANDARD_MAX_LENGTH = 512
 """The model_max_length of bertgpu's tokenizer folders (data/tokenizer.py) and of BERT's."""
 
 
-def tokenizer_files(tokenizer: str | os.PathLike, positions: int) -> dict[str, bytes]:
+def tokenizer_files(tokenizer: str | os.PathLike, positions: int,
+                    token_types: bool = True) -> dict[str, bytes]:
     """The files of a tokenizer folder that travel with a model (`TOKENIZER_FILES`, those it
     has), by name, with tokenizer_config.json's `model_max_length` fitted to the model's
-    `positions` (`_fitted_config`); a one-line error when the folder holds none of them."""
+    `positions` (`_fitted_config`), and for a model without token types (ModernBERT) its
+    `model_input_names` without token_type_ids, as answerdotai's folders say (transformers 4.x's
+    ModernBertModel refused the key a BERT tokenizer class gives); a one-line error when the
+    folder holds none of them."""
     tok_dir = Path(tokenizer)
     files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES if (tok_dir / n).is_file()}
     if not files:
         raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
                            f"{', '.join(TOKENIZER_FILES[:4])})")
     if "tokenizer_config.json" in files:
-        files["tokenizer_config.json"] = _fitted_config(files["tokenizer_config.json"], positions)
+        files["tokenizer_config.json"] = _fitted_config(files["tokenizer_config.json"], positions,
+                                                        token_types)
     return files
 
 
-def _fitted_config(data: bytes, positions: int) -> bytes:
+def _fitted_config(data: bytes, positions: int, token_types: bool = True) -> bytes:
     """The tokenizer's `model_max_length` (what `truncation=True` cuts to) is the model's
     positions: our tokenizer folders say 512. A 128-position model's export made transformers'
     pipelines fail on long inputs ("size of tensor a (486) must match ... (128)") or, for
@@ -145,12 +151,17 @@ def _fitted_config(data: bytes, positions: int) -> bytes:
         return data  # not ours to mend: copied as it was
     if not isinstance(config, dict):
         return data
+    names = None if token_types else ["input_ids", "attention_mask"]
     given = config.get("model_max_length")
     if isinstance(given, (int, float)) and not isinstance(given, bool):
         asks_fewer = given < positions and given != STANDARD_MAX_LENGTH
-        if given == positions or asks_fewer:
+        if (given == positions or asks_fewer) and names in (None, config.get("model_input_names")):
             return data
+        if asks_fewer:
+            positions = int(given)
     config["model_max_length"] = positions
+    if names is not None:
+        config["model_input_names"] = names
     return (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -320,7 +320,8 @@ def checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | by
 
     return {"config.toml": text,
             "config.json": json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
-            **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings)}
+            **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings,
+                              hasattr(model.config, "type_vocab_size"))}
 
 
 def open_checked(init: str, data: PretrainData, warn: bool = True) -> InitSource:
