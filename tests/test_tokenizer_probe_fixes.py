@@ -334,3 +334,21 @@ def test_stripping_accents_off_latin_scripts_is_named(tmp_path):
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", message="--vocab-size")
         train_tokenizer([fr], tmp_path / "fr", vocab_size=100)
+
+
+def test_a_run_is_measured_as_the_normaliser_leaves_it(tmp_path):
+    # A Thai word of 115 characters, 40 of them marks that the uncased default strips, is a word
+    # of 75 to BERT: it was cut out of the training text (all 999 times) and counted as [UNK].
+    from bertgpu.data.wordpiece import copy_corpus, new_wordpiece, warn_stripped_letters
+
+    word = ("ที่นี่มีความสุขมาก" * 7)[:115]
+    lines = [word + " ดี"] * 999 + ["x" * 150]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        copy_corpus(iter([(lines, False)]), new_wordpiece(True, None), tmp_path / "copy.txt",
+                    1000, 30522)
+    assert (tmp_path / "copy.txt").read_text(encoding="utf-8").count(word) == 999
+    assert not any("runs of letters" in str(w.message) for w in seen)
+    with warnings.catch_warnings():  # emoji's variation selector (U+FE0F) changes no letter
+        warnings.simplefilter("error")
+        warn_stripped_letters("Love this \u2764\ufe0f so much! Done \u2714\ufe0f\n" * 100)
