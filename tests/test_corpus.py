@@ -587,3 +587,7 @@ def test_variant_markup_leaves_templates_after_a_hyphen_alone():
     assert wiki_to_sentences("The {{convert|5|km}}-long road is new.") == ["The -long road is new."]
     assert strip_wiki_markup("outer -{zh-hans:a -{x}- b;zh-hant:c}- end") == "outer a x b end"
     assert strip_wiki_markup("a -{ unclosed. And -{x}- more.") == "a -{ unclosed. And x more."
+    # a block across lines (wrapping a list), and one whose variant breaks a line
+    assert strip_wiki_markup("名单：\n-{\n* 臺灣大學\n* 國立清華大學\n}-\n正文。") == (
+        "名单：\n\n臺灣大學\n國立清華大學\n\n正文。")
+    assert strip_wiki_markup("他生于-{zh-hans:\n北京;zh-hant:北平}-。") == "他生于北京。"

@@ -131,9 +131,10 @@ def _remove_nested(text: str, marks: re.Pattern[str]) -> str:
 # Language-variant markup of the Chinese (and Serbian, Kazakh...) Wikipedias: -{...}-, with
 # optional flags before a "|" and "code:text" variants separated by ";" (MediaWiki's
 # LanguageConverter). Most zhwiki articles hold it; it went into the shards as markup.
-# Within a line, never across another "-{" (an inner block goes first), never from "-{{" (a
-# hyphen before a template, "2-{{frac|1|2}}-story", is no variant markup).
-_VARIANT_BLOCK = re.compile(r"-\{(?!\{)((?:(?!-\{)[^\n])*?)\}-")
+# Never across another "-{" (an inner block goes first; an unclosed one then costs a scan to
+# the next, not to the article's end), never from "-{{" (a hyphen before a template,
+# "2-{{frac|1|2}}-story", is no variant markup); across lines (a block may wrap a list).
+_VARIANT_BLOCK = re.compile(r"-\{(?!\{)((?:(?!-\{).)*?)\}-", re.S)
 _VARIANT_CODE = r"(?:zh|[a-z]{2,3}-[a-z]+)"
 _VARIANT_SPLIT = re.compile(rf";(?=\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:)")
 _VARIANT = re.compile(rf"\s*(?:[^;:=|]*=>)?\s*{_VARIANT_CODE}\s*:(.*)", re.S)
@@ -203,7 +204,7 @@ def strip_wiki_markup(text: str) -> str:
     text = _REF_SELF.sub("", text)
     text = _REF.sub("", text)
     text = _DROP_BLOCKS.sub("", text)
-    for _ in range(3):  # nested blocks, the innermost first
+    for _ in range(8):  # nested blocks, the innermost first
         if "-{" not in text:
             break
         text, found = _VARIANT_BLOCK.subn(_variant_text, text)
