@@ -191,7 +191,7 @@ def test_first_piece_carries_the_tag(tmp_path, init):
     logits[0, [1, 2, 3, 4, 5], [3, 0, 1, 4, 0]] = 1.0  # the second piece's vote is ignored
     assert ner.word_predictions(logits, firsts, labels) == [["B-PER", "O", "B-LOC", "O"]]
     short, cut = ner.encode_sentences(tok, [s], ids, 5)
-    assert len(short.ids[0]) == 5 and cut[0].tolist() == [1, 2, 3, -1]
+    assert len(short.ids[0]) == 5 and cut[0].tolist() == [1, 2, 3, -2]  # -2: cut off
     assert ner.word_predictions(logits[:, :5], cut, labels) == [["B-PER", "O", "B-LOC", "O"]]
     # The batch pads token labels with IGNORE_INDEX.
     batch = short.__class__(short.ids + enc.ids, short.types + enc.types,
@@ -495,3 +495,21 @@ def test_tagged_words_the_tokenizer_drops_are_named_not_taken_for_long_sentences
     assert not any("longer than max_seq_len" in m or "dev.conll" in m for m in messages), messages
     named = f"{tmp_path / 'train.conll'}: the tokenizer gives no token to 1 of the words tagged"
     assert any(m.startswith(named) and m.endswith("their tags go unlearned") for m in messages)
+
+
+def test_a_sentence_that_just_fits_is_not_cut_and_its_tokenless_entity_is_named(tmp_path):
+    """[CLS] emma visited [SEP] is exactly max_seq_len 4: "longer than max_seq_len" was said of
+    it (any sentence of that length counted as cut), and its tokenless I-PER went unnamed."""
+    import warnings
+
+    from bertgpu.config.finetune import FinetuneConfig
+
+    train = _conll(tmp_path / "train.conll", 2)
+    (tmp_path / "dev.conll").write_text("Emma B-PER\n\u3000\tI-PER\nvisited O\n", encoding="utf-8")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ner.ner_job(train, tmp_path / "dev.conll", _tokenizer(tmp_path),
+                    FinetuneConfig(max_seq_len=4))
+    messages = [str(w.message) for w in seen]
+    assert not any("longer than max_seq_len" in m for m in messages), messages
+    assert any("dev.conll: the tokenizer gives no token to 1 of the words" in m for m in messages)

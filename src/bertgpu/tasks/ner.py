@@ -214,8 +214,8 @@ def check_known(path: Path, sentences: list[Sentence], labels: tuple[str, ...],
 def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[str, int],
                      max_seq_len: int) -> tuple[Encoded, list[np.ndarray]]:
     """`[CLS] pieces [SEP]` per sentence with the tag id on each word's first piece (IGNORE_INDEX
-    elsewhere), and per sentence the position of each word's first piece (-1: cut off by
-    `max_seq_len`, or a word the tokenizer drops).
+    elsewhere), and per sentence the position of each word's first piece (-1: a word the
+    tokenizer gives no token, -2: a word cut off by `max_seq_len`).
 
     A byte-level BPE tokenizer (RoBERTa's, ModernBERT's) gets every word with a leading space,
     as transformers' `is_split_into_words` with `add_prefix_space=True`: without it "of" is
@@ -240,6 +240,10 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
                 first[word] = pos
                 row[pos] = tag_ids[s.tags[word]]
             previous = word
+        if e.overflowing:  # truncated: the words after the last one with a token were cut
+            kept = np.flatnonzero(first >= 0)
+            tail = first[kept[-1] + 1 if len(kept) else 0:]  # a view
+            tail[tail < 0] = -2
         labels.append(row)
         firsts.append(first)
     enc.token_targets["labels"] = labels
@@ -247,11 +251,11 @@ def encode_sentences(tokenizer: Any, sentences: list[Sentence], tag_ids: dict[st
 
 
 def _warn_tokenless(path: Path, sentences: list[Sentence], firsts: list[np.ndarray],
-                    ids: list[np.ndarray], seq: int, outcome: str) -> None:
+                    outcome: str) -> None:
     """One warning for the words tagged other than O that the tokenizer gives no token (a
-    full-width space U+3000, control characters) in sentences not cut by max_seq_len."""
-    words = [s.tokens[w] for s, f, row in zip(sentences, firsts, ids, strict=True)
-             if len(row) < seq for w in np.flatnonzero(f < 0) if s.tags[w] != "O"]
+    full-width space U+3000, control characters; `encode_sentences`' -1)."""
+    words = [s.tokens[w] for s, f in zip(sentences, firsts, strict=True)
+             for w in np.flatnonzero(f == -1) if s.tags[w] != "O"]
     if words:
         warnings.warn(f"{path}: the tokenizer gives no token to {len(words)} of the words tagged "
                       f"as entities (e.g. {words[0]!r}): {outcome}", stacklevel=3)
@@ -316,13 +320,12 @@ def ner_job(train_file: str | os.PathLike[str], dev_file: str | os.PathLike[str]
     train_enc, train_firsts = encode_sentences(tokenizer, train, tag_ids, seq)
     dev_enc, firsts = encode_sentences(tokenizer, dev, tag_ids, seq)
     dev_enc.token_targets.clear()  # kept out of the forward pass: eval needs logits only
-    cut = sum(int((f < 0).any()) for f, ids in zip(firsts, dev_enc.ids, strict=True)
-              if len(ids) >= seq)
+    cut = sum(int((f == -2).any()) for f in firsts)
     if cut:
         warnings.warn(f"{dev_path}: {cut} of {len(dev)} sentences are longer than max_seq_len "
                       f"{seq} tokens; their words past it count as predicted O", stacklevel=2)
-    _warn_tokenless(train_path, train, train_firsts, train_enc.ids, seq, "their tags go unlearned")
-    _warn_tokenless(dev_path, dev, firsts, dev_enc.ids, seq, "they count as predicted O")
+    _warn_tokenless(train_path, train, train_firsts, "their tags go unlearned")
+    _warn_tokenless(dev_path, dev, firsts, "they count as predicted O")
     gold = [s.tags for s in dev]
 
     def score(outputs: dict[str, np.ndarray], folder: Path | None) -> dict[str, float]:
