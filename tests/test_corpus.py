@@ -66,6 +66,8 @@ def test_split_sentences_handles_quotes_and_cjk():
     assert split_sentences("It was William B. Yeats in the U.S. Army. I saw it. Go.") == [
         "It was William B. Yeats in the U.S. Army.", "I saw it.", "Go."]
     assert split_sentences("Answer: No. It is not.") == ["Answer: No.", "It is not."]  # no number
+    assert split_sentences("He wore No. IX, then No. #5. Yes.") == [
+        "He wore No. IX, then No. #5.", "Yes."]
     assert split_sentences("他说：『她说：「好。」』然后走了。") == [
         "他说：『她说：「好。」』", "然后走了。"]
     assert split_sentences("真的?!然后。") == ["真的?!", "然后。"]

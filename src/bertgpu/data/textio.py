@@ -308,6 +308,7 @@ _ABBREVIATION_END = re.compile(
     r"Sep|Sept|Oct|Nov|Dec|approx|ca|cf|al|Fig|Vol|pp|e\.g|i\.e)\.$"
     r"|(?:^|[\s(\[\"'.])[A-Z]\.$")
 _NUMBER_MARK = re.compile(r"(?:^|[\s(\[\"'])Nos?\.$")  # "No. 5": goes on before a number only
+_NUMBER_START = re.compile(r"(?:\d|#|[IVXLCDM]+\b)")  # 5, #5, IX
 
 
 def split_sentences(text: str) -> list[str]:
@@ -321,7 +322,7 @@ def split_sentences(text: str) -> list[str]:
             continue
         last = sentences[-1][-1][-12:] if sentences else ""
         if last.endswith(".") and (_ABBREVIATION_END.search(last) or (
-                part[0].isdigit() and _NUMBER_MARK.search(last))):
+                _NUMBER_START.match(part) and _NUMBER_MARK.search(last))):
             sentences[-1].append(part)
         else:
             sentences.append([part])
