@@ -432,3 +432,31 @@ def test_compiled_hash_dropout_on_cuda():
     finally:
         set_compiled_dropout(old)
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_modernbert_mean_pooling_in_bf16_on_cuda_is_the_exact_mean_rounded_once(unpad):
+    """CUDA's index_add into a bf16 buffer rounds at every row (the unpadded mean of 512 rows was
+    up to 20% off, emulated on the CPU): the pooling sums and counts in fp32."""
+    from _tiny import unpad_index
+    from _tiny_modern import TINY_MODERN
+
+    from bertgpu.models.modernbert.config import ModernBertConfig
+    from bertgpu.models.modernbert.model import ModernBertForSequenceClassification
+
+    model = ModernBertForSequenceClassification(
+        ModernBertConfig(**dict(TINY_MODERN, classifier_pooling="mean")), 3).to(CUDA)
+    T, H = 512, 64
+    mask = (torch.arange(T, device=CUDA)[None]
+            < torch.tensor([[301], [512]], device=CUDA)).long()
+    torch.manual_seed(0)
+    x = (torch.randn(2, T, H, device=CUDA) + torch.empty(H, device=CUDA).uniform_(1, 3)).to(
+        torch.bfloat16)
+    exact = (x.double() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    un = unpad_index(mask) if unpad else None
+    rows = x.reshape(2 * T, H).index_select(0, un.index) if unpad else x
+    pooled = model._pool(rows, un, mask)
+    assert pooled.dtype == torch.bfloat16
+    # fp32 sums on the GPU add in another order than float64: at most one bf16 step apart
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs()
+    assert ((pooled.double() - exact).abs() <= ulp).all()
