@@ -71,12 +71,7 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
     and URL outputs (a store has no locks) do nothing. Folders made on the way to the lock are
     removed again when the command leaves nothing in them."""
     text = os.fspath(out)
-    if not hold or "://" in text:
-        yield
-        return
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system
+    if "://" in text or not can_lock(hold):
         yield
         return
     out = Path(os.path.abspath(text))
@@ -92,13 +87,12 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
             os.close(fd)
             raise BertgpuError(f"{path}: a file bertgpu did not write, where it keeps the lock of "
                                f"{out}; expected it gone (move it) or another --out")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        taken = try_flock(fd)
+        if not taken:
             who = _holder(content, command)
             os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                yield  # ENOLCK, EOPNOTSUPP: no locks on this file system
+            if taken is None:  # no locks on this file system
+                yield
                 return
             raise BertgpuError(f"{out}: another {who} is writing this output; wait for it to end "
                                "or stop it, or give another --out") from None
@@ -116,6 +110,31 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
     finally:
         _remove(path, made)  # while locked: a process waiting on it finds it gone and retries
         os.close(fd)
+
+
+def can_lock(hold: bool = True) -> bool:
+    """Whether this process takes a lock at all: not the other ranks of a job (`hold` False),
+    and not where the system has no POSIX locks."""
+    if not hold:
+        return False
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def try_flock(fd: int) -> bool | None:
+    """An exclusive lock on `fd` without waiting: True when taken, False when another process
+    holds it, None where the file system cannot lock (ENOLCK, EOPNOTSUPP: some network file
+    systems), where a command goes on unlocked."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return False if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    return True
 
 
 def _open(path: Path, out: Path) -> int | None:

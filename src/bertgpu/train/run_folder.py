@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import socket
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import RUN_LOCK
+from bertgpu.locks import can_lock, try_flock
 from bertgpu.telemetry.sinks import flatten_config
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
@@ -288,12 +288,7 @@ def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
     another process holds it. `hold=False` (the other ranks; a launcher checking before it starts
     workers, see `check_run_folder_free`) does nothing. Where the file system cannot lock (some
     network file systems), the run goes on unlocked, as before this lock existed."""
-    if not hold:
-        yield
-        return
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system
+    if not can_lock(hold):
         yield
         return
     made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
@@ -304,12 +299,11 @@ def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
         raise BertgpuError(f"{run_dir}: cannot write the run folder here ({e.strerror}); expected "
                            "a folder this user may create and write") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                yield  # ENOLCK, EOPNOTSUPP: no locks on this file system
-                return
+        taken = try_flock(fd)
+        if taken is None:  # no locks on this file system
+            yield
+            return
+        if not taken:
             raise BertgpuError(
                 f"{run_dir}: another bertgpu pretrain{_holder(fd)} is training in this run folder; "
                 "wait for it to end or stop it, or give another --out") from None
