@@ -599,3 +599,31 @@ def test_a_modernbert_export_says_its_tokenizer_gives_no_token_types(tmp_path):
     bert = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60}), with_nsp=False)
     out = save_pretrained(bert, tmp_path / "bert", tokenizer=tok)
     assert "token_type_ids" in transformers.BertTokenizerFast.from_pretrained(out)("the war")
+
+
+def test_a_modernbert_export_names_its_tokenizers_cls_and_sep_ids(tmp_path):
+    """ModernBERT's config.json holds the ids of [CLS] and [SEP] (bos/eos too, as answerdotai's
+    folders say); an export wrote null, which transformers takes as ModernBERT's own vocabulary's
+    50281/50282 where it reads them. An export with a tokenizer names that tokenizer's ids; a
+    BERT export's config.json stays as it was (BertConfig has no such fields)."""
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the war ended in paris and the city was free again.\n\n" * 50,
+                      encoding="utf-8")
+    tok = train_tokenizer([corpus], tmp_path / "tok", vocab_size=60)
+    unset = dict.fromkeys(("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"))
+    modern = build_model({**TINY_MODERN, **unset, "architecture": "modernbert", "vocab_size": 64},
+                         "masked_lm")
+    out = save_pretrained(modern, tmp_path / "modern", tokenizer=tok)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert (config.cls_token_id, config.sep_token_id) == (hf_tok.cls_token_id, hf_tok.sep_token_id)
+    assert (config.bos_token_id, config.eos_token_id) == (hf_tok.cls_token_id, hf_tok.sep_token_id)
+    assert hf_tok.cls_token_id is not None and hf_tok.cls_token_id != hf_tok.sep_token_id
+    bare = json.loads((save_pretrained(modern, tmp_path / "bare") / "config.json").read_text())
+    assert bare["cls_token_id"] is None  # no tokenizer: nothing to name
+    bert = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60}), with_nsp=False)
+    written = json.loads((save_pretrained(bert, tmp_path / "bert", tokenizer=tok)
+                          / "config.json").read_text())
+    assert "cls_token_id" not in written and "sep_token_id" not in written

@@ -39,11 +39,15 @@ def _unsharded_class(model: nn.Module) -> type:
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
-def hf_config(model: nn.Module) -> dict[str, Any]:
+def hf_config(model: nn.Module, token_ids: dict[str, int] | None = None) -> dict[str, Any]:
     """config.json content that transformers (4.4x and 5.x) reads as a BertConfig or a
-    ModernBertConfig."""
+    ModernBertConfig. `token_ids`: the special-token ids of the tokenizer that travels with the
+    model (`special_token_ids`), which fill the config's token-id fields left unset (None)."""
     model = unwrap_model(model)
     fields = model.config.to_dict()
+    for key, value in (token_ids or {}).items():
+        if key in fields and fields[key] is None:
+            fields[key] = value
     cfg: dict[str, Any] = {
         "architectures": [architecture(model)],
         "model_type": fields.pop("architecture"),
@@ -99,7 +103,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
         tmp = make_scratch(scratch, folder)
         fsutil.save_safetensors(state, tmp / "model.safetensors")
         (tmp / "config.json").write_text(
-            json.dumps({**hf_config(model), EXPORT_MARK: True}, indent=2, sort_keys=True) + "\n",
+            json.dumps({**hf_config(model, special_token_ids(tok_files)), EXPORT_MARK: True},
+                       indent=2, sort_keys=True) + "\n",
             encoding="utf-8")
         for name, data in tok_files.items():
             (tmp / name).write_bytes(data)
@@ -135,6 +140,43 @@ def tokenizer_files(tokenizer: str | os.PathLike, positions: int,
         files["tokenizer_config.json"] = _fitted_config(files["tokenizer_config.json"], positions,
                                                         token_types)
     return files
+
+
+_SPECIAL_ID_FIELDS = {"cls_token": ("cls_token_id", "bos_token_id"),
+                      "sep_token": ("sep_token_id", "eos_token_id")}
+"""Which config.json fields take the id of which tokenizer token: ModernBERT's (answerdotai's
+folders: bos = [CLS], eos = [SEP]). Exported as null, transformers 4.x read ModernBERT's own
+vocabulary's 50281/50282 from its defaults elsewhere, ids past a vocabulary of ours."""
+
+
+def special_token_ids(files: dict[str, bytes]) -> dict[str, int]:
+    """The ids of the tokenizer's [CLS] and [SEP] (the names its tokenizer_config.json or
+    special_tokens_map.json gives, else BERT's), by the config.json fields that hold them
+    (`_SPECIAL_ID_FIELDS`), looked up in tokenizer.json's vocabulary or else vocab.txt's lines;
+    a token the vocabulary lacks is left out."""
+    names = {"cls_token": "[CLS]", "sep_token": "[SEP]"}
+    for source in ("special_tokens_map.json", "tokenizer_config.json"):
+        try:
+            given = json.loads(files[source].decode("utf-8")) if source in files else {}
+        except ValueError:
+            continue
+        for key in names:
+            value = given.get(key) if isinstance(given, dict) else None
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                names[key] = value
+    vocab: dict[str, int] = {}
+    try:
+        if "tokenizer.json" in files:
+            from tokenizers import Tokenizer
+            vocab = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8")).get_vocab()
+        elif "vocab.txt" in files:
+            lines = files["vocab.txt"].decode("utf-8").split("\n")
+            vocab = {token.rstrip("\r"): i for i, token in reversed(list(enumerate(lines)))}
+    except Exception:  # noqa: BLE001 - unreadable tokenizer files: no ids, as before
+        vocab = {}
+    return {field: vocab[names[key]] for key, fields in _SPECIAL_ID_FIELDS.items()
+            for field in fields if names[key] in vocab}
 
 
 def _fitted_config(data: bytes, positions: int, token_types: bool = True) -> bytes:
@@ -225,4 +267,4 @@ def check_export_folder(folder: str | os.PathLike) -> None:
 
 
 __all__ = ["EXPORT_MARK", "MODEL_FOLDER", "check_export_folder", "hf_config", "is_model_folder",
-           "save_pretrained", "tokenizer_files"]
+           "save_pretrained", "special_token_ids", "tokenizer_files"]
