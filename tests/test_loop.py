@@ -369,6 +369,25 @@ def test_steps_read_one_step_late_are_counted_as_if_read_at_once(tmp_path, capsy
         assert torch.equal(v, runs[True][2][k]), k
 
 
+def test_a_step_is_read_behind_the_next_steps_work_not_before_it(tmp_path, monkeypatch):
+    """Reading step k's numbers (loss, skip flag) makes the host wait for the device to finish
+    step k; read late (the CUDA default, forced here), each is read only once step k + 1 is
+    queued, except where a record asks for it (the last step's). The preemption snapshot taken
+    before every step read them all first (`Engine.state_dict` in `begin_step`), so the GPU sat
+    idle while the host fetched and queued each step."""
+    from bertgpu.train import readback
+
+    lp, _, _ = make_loop(tmp_path / "run", max_steps=6, log_every=100)
+    lp.engine.read_late = True
+    assert lp.engine.skips_on_device()
+    first_read = {}  # step -> the engine's step when its numbers were first read
+    read = readback.PendingStep.read
+    monkeypatch.setattr(readback.PendingStep, "read", lambda self: (
+        first_read.setdefault(self.step, lp.engine.step), read(self))[1])
+    lp.run()
+    assert first_read == {1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 6}
+
+
 def _poison_from(task, first: int) -> None:
     """Steps from `first` (0-based) on have a non-finite loss."""
     batches = task.micro_batches

@@ -168,6 +168,9 @@ class _State:
     def state_dict(self):
         return {}
 
+    def state_later(self):
+        return self.state_dict
+
 
 class _Exited(Exception):
     pass

@@ -51,7 +51,7 @@ from bertgpu.config.sections import (
 )
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed, sharding
-from bertgpu.train.readback import PendingStep, StepNumbers, StepResult
+from bertgpu.train.readback import PendingStep, StepNumbers, StepResult, diverged_message
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
@@ -416,20 +416,10 @@ class Engine:
         if self.on_numerics_reset is not None:
             self.on_numerics_reset()
         if self._nonfinite_in_row >= self.max_nonfinite_steps:
-            raise TrainingDiverged(self._diverged_message(pending.step, numbers, pending.lr))
+            raise TrainingDiverged(diverged_message(self._nonfinite_in_row, pending.step,
+                                                    numbers, pending.lr, self.precision))
         if self.on_skipped is not None:
             self.on_skipped(pending.step, self._nonfinite_in_row)
-
-    def _diverged_message(self, step: int, numbers: StepNumbers, lr: float) -> str:
-        hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)",
-                 "train.grad_clip 1.0"]
-        if self.precision == "fp16":
-            hints.insert(0, "train.precision bf16 (fp16 overflows)")
-        return (
-            f"training diverged: {self._nonfinite_in_row} steps in a row with non-finite loss or "
-            f"gradients (step {step}, loss {numbers.loss}, grad norm {numbers.grad_norm}, "
-            f"lr {lr:.3g}); try {', '.join(hints)}; resume from the last checkpoint"
-        )
 
     # -- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -441,6 +431,16 @@ class Engine:
             "nonfinite_in_row": self._nonfinite_in_row,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
+
+    def state_later(self) -> Callable[[], dict[str, Any]]:
+        """`state_dict()` of now, read when called (the preemption snapshot before every step:
+        read now, the host would wait for the device). Valid until the next step is applied."""
+        step, micro_step = self.step, self.micro_step
+        def state() -> dict[str, Any]:
+            if self.step != step:
+                raise RuntimeError(f"the engine state of step {step} read at step {self.step}")
+            return {**self.state_dict(), "micro_step": micro_step}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._unread.clear()

@@ -408,7 +408,7 @@ class Loop:
         if self.info.is_main:
             state = {
                 "step": self.engine.step,
-                "engine": snapshot.engine if snapshot else self.engine.state_dict(),
+                "engine": snapshot.engine() if snapshot else self.engine.state_dict(),
                 **(snapshot.task if snapshot else self.task.state_dict()),
                 "rng": rngs,
                 "comm_hook": hooks,  # every rank's PowerSGD state, or None

@@ -83,7 +83,7 @@ class Snapshot:
 
     rng: tuple[Any, ...]
     task: dict[str, Any]
-    engine: dict[str, Any]
+    engine: Callable[[], dict[str, Any]]  # read when written: Engine.state_later
     loss: Any = None  # the loop's LogWindow.loss_mark() (train/loop_state.py), if any
 
 
@@ -405,7 +405,7 @@ class Preemption:
         (the RNG states, the task's state, the engine's counters, the loop's `loss` mark)."""
         from bertgpu.train.checkpoint import capture_rng
 
-        self.snapshot = Snapshot(capture_rng(), task.state_dict(), engine.state_dict(), loss)
+        self.snapshot = Snapshot(capture_rng(), task.state_dict(), engine.state_later(), loss)
         self.phase, self.step = f"in step {step + 1}", step
 
     def end_step(self, step: int) -> None:

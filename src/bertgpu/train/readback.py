@@ -127,3 +127,14 @@ class StepResult:
     def extras(self) -> dict[str, float]:
         """Global sums of the extra scalar outputs ("_"-prefixed keys of loss_fn's result)."""
         return self.numbers().extras
+
+
+def diverged_message(in_row: int, step: int, numbers: StepNumbers, lr: float,
+                     precision: str) -> str:
+    """TrainingDiverged's message: `in_row` non-finite steps up to `step`, with what to try."""
+    hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)", "train.grad_clip 1.0"]
+    if precision == "fp16":
+        hints.insert(0, "train.precision bf16 (fp16 overflows)")
+    return (f"training diverged: {in_row} steps in a row with non-finite loss or gradients "
+            f"(step {step}, loss {numbers.loss}, grad norm {numbers.grad_norm}, lr {lr:.3g}); "
+            f"try {', '.join(hints)}; resume from the last checkpoint")
