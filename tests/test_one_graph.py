@@ -110,3 +110,55 @@ def test_a_full_batch_after_padded_ones_of_another_length_compiles_nothing(one_t
     graphs = _train(model.train(), first)  # the second length: one recompile, made dynamic
     assert _train(model, first + [batch([12] * 4, 12, 2), batch([16, 2, 9, 4], 16, 3),
                                   batch([16] * 4, 16, 4)]) == graphs
+
+
+def _split_with_one_short_row(tmp_path) -> ShardSet:
+    """10 full training sequences of 16 but the 8th, cut to 6 tokens (a packed MLM split's
+    last sequence)."""
+    import numpy as np
+
+    data = write_synthetic_shards(tmp_path / "data", n_train=10, n_val=2, seq_len=16,
+                                  vocab_size=99, variable_lengths=False)
+    shards = ShardSet(data, "train")
+    assert len(shards.shard_names) == 1 and not shards.has_short_rows()
+    stem = data / shards.shard_names[0]
+    lengths = np.load(f"{stem}.lengths.npy")
+    ids = np.load(f"{stem}.input_ids.npy")
+    lengths[7], ids[7, 6:] = 6, 0
+    np.save(f"{stem}.lengths.npy", lengths)
+    np.save(f"{stem}.input_ids.npy", ids)
+    return ShardSet(data, "train")
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_a_masked_model_compiles_once_when_the_split_has_a_short_row(tmp_path, arch, one_thread):
+    """Without unpadding (the CPU, fp32 on CUDA, `impl.unpad false`) a model masks attention only
+    for a batch with padding, and dynamo guards on `BatchMeta.padded`: the first padded batch
+    among full ones compiled the model again, mid-run. A compiled run's loader marks every batch
+    padded when its split has any short row: one graph."""
+    shards = _split_with_one_short_row(tmp_path)
+    assert shards.has_short_rows()
+    graphs = {}
+    for compiled in (False, True):
+        loader = PretrainLoader(shards, MaskingConfig(), global_batch_size=4, micro_batch_size=4,
+                                compiled=compiled)
+        batches = [loader.next_step()[0] for _ in range(5)]  # 20 samples: rows 7 and 17 short
+        loader.close()
+        real = [bool((b["attention_mask"] == 0).any()) for b in batches]
+        assert True in real and False in real
+        torch.manual_seed(0)
+        if arch == "bert":
+            model = BertForPreTraining(BertConfig(**TINY), with_nsp=False,
+                                       options=ModelOptions(unpad=False))
+            batches = [{k: v for k, v in b.items() if k != "next_sentence_label"}
+                       for b in batches]
+        else:
+            model = ModernBertForMaskedLM(ModernBertConfig(
+                vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                intermediate_size=40, local_attention=8, global_attn_every_n_layers=3,
+                pad_token_id=0), options=ModelOptions(unpad=False))
+            batches = [{k: v for k, v in b.items() if k not in ("next_sentence_label",
+                                                                "token_type_ids")}
+                       for b in batches]
+        graphs[compiled] = _train(model.train(), batches)
+    assert graphs == {False: 2, True: 1}

@@ -38,7 +38,8 @@ class BatchMeta:
 
     padded: bool
     """Some position is padding: attention needs a mask (False keeps `attn_mask=None`, which lets
-    SDPA use the flash kernel)."""
+    SDPA use the flash kernel). A compiled run's loader sets it on every batch when its split has
+    short rows (`PretrainLoader(compiled=True)`): one graph, full rows masking nothing."""
     packed_ok: bool = True
     """Column 0 of every row is a real token, so attention over each gathered sequence equals the
     masked padded attention and the varlen / nested kernels are exact (left padding or an empty

@@ -372,7 +372,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),
                             bucket_window=impl.bucket_window, allow_seed_change=allow_data_change,
-                            static_shapes=impl.cuda_graphs(kind))
+                            static_shapes=impl.cuda_graphs(kind), compiled=ran.compile)
     # notes: a run inside its warm-up, a batch larger than the split, word starts left unused,
     # an init whose tokenizer could not be checked
     for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),

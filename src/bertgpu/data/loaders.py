@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +173,7 @@ class PretrainLoader:
         bucket_window: int = 0,
         static_shapes: bool = False,
         allow_seed_change: bool = False,
+        compiled: bool = False,
     ) -> None:
         for name, value in (("global_batch_size", global_batch_size),
                             ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
@@ -198,6 +200,10 @@ class PretrainLoader:
         self.bucket_window = bucket_window
         self.static_shapes = static_shapes
         self.shards = shards
+        # A compiled model that masks attention guards on `BatchMeta.padded`: the first batch
+        # with padding in a run of full ones (or the reverse) compiled it again, mid-run. When
+        # the split has any, every batch says padded: one graph (full rows mask nothing).
+        self.always_masked = compiled and shards.has_short_rows()
         self.masker = _as_masker(masking, shards)
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
@@ -283,6 +289,9 @@ class PretrainLoader:
         if self.bucket_window:
             out = bucket_by_length(out, self.bucket_window)
             pin = self.pin_memory  # new tensors: pin them again
+        if self.always_masked:
+            out = [{**mb, "batch_meta": dataclasses.replace(mb["batch_meta"], padded=True)}
+                   for mb in out]
         if pin:
             import torch
 

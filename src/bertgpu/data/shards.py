@@ -126,6 +126,11 @@ class ShardSet:
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
+    def has_short_rows(self) -> bool:
+        """Whether some sequence is shorter than seq_len (padding in its batch): a packed MLM
+        split's last sequences, most NSP pairs. Reads the lengths (4 bytes a sequence)."""
+        return any(bool((shard["lengths"] < self.seq_len).any()) for shard in self._open())
+
     def __repr__(self) -> str:
         return (
             f"ShardSet({str(self.data_dir)!r}, split={self.split!r}: {len(self)} sequences of "
