@@ -112,6 +112,65 @@ def test_an_interrupted_runs_scratch_is_still_cleaned(init, tmp_path):
     assert not old.exists()
 
 
+@pytest.mark.parametrize("cut", range(1, 7))
+def test_a_scratch_folder_cut_while_it_is_removed_is_still_bertgpus(tmp_path, monkeypatch, cut):
+    """A kill while bertgpu removes its own OUT.tmp (a re-run starting afresh, an export's
+    scratch): `shutil.rmtree` deletes in listing order, so the mark could go first and the
+    partial folder left was refused by every later run as "not made by bertgpu". The mark now
+    goes last; a kill at any of the deletions leaves a folder the next run removes."""
+    import os
+
+    out, scratch = tmp_path / "out", tmp_path / "out.tmp"
+    fsutil.make_scratch(scratch, out)
+    for name in ("a", "m", "z", "0"):
+        (scratch / name).write_text("x")
+    (scratch / "sub").mkdir()
+    (scratch / "sub" / "f").write_text("x")
+    calls, real, real_scandir = [], os.unlink, os.scandir
+
+    def unlink(path, *args, **kwargs):  # the cut-th deletion is a kill
+        calls.append(path)
+        if len(calls) == cut:
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    class MarkFirst:  # a listing order with the mark first (file systems list in hash order)
+        def __init__(self, *args, **kwargs):
+            self.it = real_scandir(*args, **kwargs)
+            self.entries = sorted(self.it, key=lambda e: e.name != fsutil.SCRATCH_MARK)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.it.close()
+
+        def __iter__(self):
+            return iter(self.entries)
+
+        def close(self):
+            self.it.close()
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    monkeypatch.setattr(os, "scandir", MarkFirst)
+    with pytest.raises(KeyboardInterrupt):
+        fsutil.make_scratch(scratch, out)
+    monkeypatch.undo()
+    fsutil.make_scratch(scratch, out)  # the next run
+    assert sorted(p.name for p in scratch.iterdir()) == [fsutil.SCRATCH_MARK]
+
+
+def test_an_empty_folder_a_kill_left_as_scratch_is_taken(tmp_path):
+    """A kill between a scratch folder's mkdir and its mark left it empty and unmarked: nothing
+    of anyone's is in it, so the next run takes it (a folder with files is still refused)."""
+    out, scratch = tmp_path / "out", tmp_path / "out.tmp"
+    scratch.mkdir()
+    assert fsutil.is_scratch(fsutil.make_scratch(scratch, out))
+    _user_folder(tmp_path / "out.old")
+    with pytest.raises(BertgpuError, match=r"out.old: exists and was not made by bertgpu"):
+        fsutil.make_scratch(tmp_path / "out.old", out)
+
+
 def test_replace_dir_marks_the_old_folder_and_refuses_a_users(tmp_path):
     final = tmp_path / "out"
     final.mkdir()

@@ -5,10 +5,11 @@ new, rename old aside (`NAME.old`), rename new in, remove old. At every moment e
 the new whole folder exists under one of those two names.
 
 Only bertgpu's own folders are ever deleted. `NAME.tmp` and `NAME.old` beside a user's output
-folder hold `SCRATCH_MARK` (`make_scratch`, `replace_dir`); one without it is the user's and is
-refused in one line, never removed. A folder that `replace_dir` replaces must be empty or pass
-the command's own test (`replaces`: an earlier output of that command, e.g. a shard set's
-manifest.json), checked at start-up by `check_output_folder(..., replaces=...)`.
+folder hold `SCRATCH_MARK` (`make_scratch`, `replace_dir`; removed last: `remove_marked`); one
+without it is the user's and is refused in one line, never removed (an empty one excepted). A
+folder that `replace_dir` replaces must be empty or pass the command's own test (`replaces`: an
+earlier output of that command, e.g. a shard set's manifest.json), checked at start-up by
+`check_output_folder(..., replaces=...)`.
 
 Sealed folders. `seal(folder)` records the size and sha256 of every file in `checksums.json`,
 then writes `COMPLETE`, and flushes all of it to disk. The one definition used everywhere
@@ -24,6 +25,7 @@ Checkpoint folders `ROOT/step_N/` built on these: `step_folders.py`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -148,9 +150,12 @@ def check_replaceable(path: Path, replaces: Callable[[Path], bool], what: str) -
 
 
 def check_scratch(scratch: Path, output: Path) -> None:
-    """`scratch` (OUTPUT.tmp or OUTPUT.old) is absent or bertgpu's own: it will be removed."""
+    """`scratch` (OUTPUT.tmp or OUTPUT.old) is absent, bertgpu's own or an empty folder (one a
+    kill left between its mkdir and its mark, or after `remove_marked` took the mark): it will
+    be removed."""
     scratch = Path(scratch)
-    if not (scratch.exists() or scratch.is_symlink()) or is_scratch(scratch):
+    if (not (scratch.exists() or scratch.is_symlink()) or is_scratch(scratch)
+            or (not scratch.is_symlink() and _empty_dir(scratch))):
         return
     raise BertgpuError(f"{scratch}: exists and was not made by bertgpu, which writes {output.name} "
                        f"through it (and would remove it); move it away or choose another output")
@@ -166,7 +171,7 @@ def make_scratch(scratch: Path, output: Path) -> Path:
     folder of the user's there is refused). Marked so a later run knows it may remove it."""
     scratch = Path(scratch)
     check_scratch(scratch, output)
-    shutil.rmtree(scratch, ignore_errors=True)
+    remove_marked(scratch)
     scratch.mkdir(parents=True)
     (scratch / SCRATCH_MARK).touch()
     return scratch
@@ -175,7 +180,26 @@ def make_scratch(scratch: Path, output: Path) -> Path:
 def remove_scratch(scratch: Path, output: Path) -> None:
     """Remove `scratch` if it is bertgpu's (a folder of the user's there is refused)."""
     check_scratch(scratch, output)
-    shutil.rmtree(scratch, ignore_errors=True)
+    remove_marked(scratch)
+
+
+def remove_marked(folder: Path) -> None:
+    """Remove a scratch folder of bertgpu's, its mark last: a kill midway leaves it marked (or
+    empty), which the next run removes. `shutil.rmtree` deletes in listing order: a kill after
+    the mark went left a partial folder that every later run refused as the user's."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == SCRATCH_MARK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    (folder / SCRATCH_MARK).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _mark(folder: Path) -> None:
@@ -205,7 +229,7 @@ def replace_dir(tmp: Path, final: Path, between: Hook | None = None,
         check_replaceable(final, replaces, what)
     if final.exists():
         check_scratch(old, final)
-        shutil.rmtree(old, ignore_errors=True)  # left by an earlier crash; `final` is the whole one
+        remove_marked(old)  # left by an earlier crash; `final` is the whole one
         _mark(final)  # before the rename: `old` is marked from its first moment
         os.replace(final, old)
         if between is not None:
@@ -213,12 +237,12 @@ def replace_dir(tmp: Path, final: Path, between: Hook | None = None,
         os.replace(tmp, final)
         (final / SCRATCH_MARK).unlink(missing_ok=True)
         fsync_dir(final.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_marked(old)
     else:
         os.replace(tmp, final)
         (final / SCRATCH_MARK).unlink(missing_ok=True)
         if is_scratch(old):  # a kill between an earlier run's renames left the old folder
-            shutil.rmtree(old, ignore_errors=True)
+            remove_marked(old)
     fsync_dir(final.parent)
     return final
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from bertgpu.data.rerun import PREPARED
 from bertgpu.data.sources import filesystem, is_url, local_path
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import SCRATCH_MARK, is_scratch, make_scratch, replace_dir
+from bertgpu.fsutil import SCRATCH_MARK, is_scratch, make_scratch, remove_marked, replace_dir
 
 PLAN = "prepare-plan.json"
 UNITS = "units"
@@ -255,7 +255,7 @@ class WorkFolder:
         """Remove everything this run wrote (bad input: nothing is kept, nothing sealed)."""
         if not self.remote:
             if is_scratch(Path(self.folder)):
-                shutil.rmtree(self.folder, ignore_errors=True)
+                remove_marked(Path(self.folder))
             return
         fs, root = self._fs()
         try:

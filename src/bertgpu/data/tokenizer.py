@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Iterator
@@ -68,6 +67,7 @@ from bertgpu.fsutil import (
     check_output_folder,
     check_siblings,
     make_scratch,
+    remove_marked,
     replace_dir,
 )
 from bertgpu.locks import output_lock
@@ -175,7 +175,7 @@ def train_tokenizer(
                 out.rmdir()  # _check_out_dir made sure it is empty
             replace_dir(tmp, out)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_marked(tmp)
             raise
     return out
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bertgpu.data.manifest import Manifest
-from bertgpu.fsutil import is_scratch, make_scratch, replace_dir
+from bertgpu.fsutil import is_scratch, make_scratch, remove_marked, replace_dir
 
 SPLITS = ("train", "validation")
 
@@ -57,7 +57,7 @@ class ShardSetWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if not self._committed and is_scratch(self.folder):
-            shutil.rmtree(self.folder, ignore_errors=True)
+            remove_marked(self.folder)
 
     def close(self, documents: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
         """Write each split's last shard and return the manifest's ``splits``.

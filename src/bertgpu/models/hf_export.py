@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +109,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
             (tmp / name).write_bytes(data)
         return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
     except OSError as exc:  # a full disk, a folder that is not writable: no half-written output
-        shutil.rmtree(scratch, ignore_errors=True)
+        fsutil.remove_marked(scratch)
         needed = (sum(t.numel() * t.element_size() for t in state.values())
                   + sum(len(data) for data in tok_files.values()) + (64 << 10))
         where = folder.parent if folder.parent != Path(".") else Path.cwd()

@@ -45,12 +45,11 @@ bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (mat
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder, make_scratch, replace_dir, within
+from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, replace_dir, within
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_sources
 from bertgpu.report.quality import quality_blocks
@@ -125,7 +124,7 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
         if fmt in ("html", "both"):
             (tmp / "index.html").write_text(render_html(blocks, tmp), encoding="utf-8")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_marked(tmp)
         raise
     return replace_dir(tmp, out, replaces=is_report, what=REPORT_FOLDER)
 
