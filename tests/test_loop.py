@@ -252,6 +252,40 @@ def _crashed_finetune(monkeypatch, tmp_path: Path, init: Path, args: list[str], 
             finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
 
 
+def test_a_finetune_stopped_while_its_checkpoints_go_is_finished_by_the_same_command(
+        tmp_path, monkeypatch):
+    """At its end a fine-tuning writes results.json in OUT.tmp, removes its checkpoints and
+    renames OUT.tmp to OUT. A stop while the checkpoints went left a "complete" checkpoint with
+    files missing, and every re-run refused OUT.tmp ("no good checkpoint"). The same command now
+    finishes that end: no training, the results as they were."""
+    import shutil
+
+    from bertgpu.finetune import finetune
+
+    init, args = _tiny_finetune(tmp_path)
+    out, real = tmp_path / "ft", shutil.rmtree
+
+    def cut(path, *a, **k):  # at the end, a kill after the first file of a folder removed
+        if "checkpoints" in Path(path).parts and (tmp_path / "ft.tmp" / "results.json").exists():
+            next(p for p in sorted(Path(path).rglob("*")) if p.is_file()
+                 and p.name not in ("COMPLETE", "checksums.json")).unlink()
+            raise KeyboardInterrupt("stopped")
+        return real(path, *a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "rmtree", cut)
+        with pytest.raises(KeyboardInterrupt):
+            finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
+    work = tmp_path / "ft.tmp"
+    first = json.loads((work / "results.json").read_text())
+    assert not out.exists() and (work / "checkpoints").is_dir()
+    with pytest.warns(UserWarning, match=r"ft.tmp: holds this fine-tuning finished"):
+        again = finetune("sst2", tmp_path / "SST-2", init, out, overrides=args)
+    assert again == first == json.loads((out / "results.json").read_text())
+    assert not work.exists() and not (out / "checkpoints").exists()
+    assert (out / "model" / "model.safetensors").is_file()
+
+
 def test_finetune_resumes_a_crashed_run_bitwise(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 

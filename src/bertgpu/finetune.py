@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -78,8 +77,9 @@ from bertgpu.tasks.finetune_output import (
     check_out,
     device_name,
     discard_unresumable,
+    drop_checkpoints,
     finished_key,
-    finished_results,
+    finished_run,
     is_finetune_output,
     metric_text,
     note_replaced,
@@ -229,7 +229,7 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                              "config_from": str(config_from)},
                             config_to_dict(cfg), job, info.world_size)
     key = finished_key(identity, bool(job.predict_test))
-    done = finished_results(out, key) if info.is_main and not force else None
+    done = finished_run(out, key) if info.is_main and not force else None
     if distributed.any_true(done is not None):  # rank 0 read it; every rank ends here
         if info.is_main:
             print(f"{job.name}: {out} already holds this fine-tuning (the same init, data and "
@@ -393,7 +393,7 @@ def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str,
     tmp = work / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, work / "results.json")
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)
+    drop_checkpoints(work)
     replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
     scores = (f"{s} " + ", ".join(metric_text(k, v) for k, v in m.items())
               for s, m in final["metrics"].items())

@@ -118,6 +118,39 @@ def finished_results(out: Path, key: str) -> dict[str, Any] | None:
     return results if isinstance(results, dict) and results.get("run_key") == key else None
 
 
+def drop_checkpoints(work: Path) -> None:
+    """A finished run's checkpoints (OUT.tmp/checkpoints), each unsealed before it goes
+    (`fsutil.remove_dir`): a stop midway leaves incomplete folders, which a resume skips, never
+    a "complete" one with files missing, which it refused as damaged."""
+    import shutil
+
+    from bertgpu.fsutil import remove_dir
+
+    folder = work / "checkpoints"
+    if folder.is_dir() and not folder.is_symlink():
+        for step in sorted(folder.iterdir()):
+            if step.is_dir() and not step.is_symlink():
+                remove_dir(step)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def finished_run(out: Path, key: str) -> dict[str, Any] | None:
+    """`finished_results` of `out`, or of OUT.tmp when a stop cut this run's end short (after
+    its results.json, while its checkpoints went or before OUT.tmp became OUT): that end is
+    finished here (`drop_checkpoints`, the rename), not trained again."""
+    from bertgpu.fsutil import is_scratch, replace_dir
+
+    done = finished_results(out, key)
+    work = out.with_name(out.name + ".tmp")
+    if done is not None or not is_scratch(work) or finished_results(work, key) is None:
+        return done
+    warnings.warn(f"{work}: holds this fine-tuning finished, its last move cut short by a stop; "
+                  f"moved to {out}", stacklevel=2)
+    drop_checkpoints(work)
+    replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
+    return finished_results(out, key)
+
+
 def metric_text(name: str, value: float | int) -> str:
     """A metric of the last line: a count whole (SQuAD's "total 60"), a score to 2 decimals."""
     return f"{name} {value}" if isinstance(value, int) else f"{name} {value:.2f}"
