@@ -109,7 +109,7 @@ def output_lock(out: str | os.PathLike[str], command: str, hold: bool = True) ->
         yield
     finally:
         _remove(path, made)  # while locked: a process waiting on it finds it gone and retries
-        os.close(fd)
+        release(fd)
 
 
 def can_lock(hold: bool = True) -> bool:
@@ -134,7 +134,32 @@ def try_flock(fd: int) -> bool | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         return False if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    _LOCK_FDS.add(fd)
     return True
+
+
+def release(fd: int) -> None:
+    """Close a lock's descriptor, which releases the lock (`try_flock`)."""
+    _LOCK_FDS.discard(fd)
+    os.close(fd)
+
+
+_LOCK_FDS: set[int] = set()
+"""The descriptors of the locks this process holds. A forked child (a DataLoader worker) shares
+them, and a flock lasts until the last of them closes: a run killed by SIGKILL stayed locked for
+the seconds its orphaned workers took to notice, and the same command run again at once was
+refused, naming the dead process. Each child closes its copies (`_close_in_child`)."""
+
+
+def _close_in_child() -> None:
+    for fd in _LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 def _open(path: Path, out: Path) -> int | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import RUN_LOCK
-from bertgpu.locks import can_lock, try_flock
+from bertgpu.locks import can_lock, release, try_flock
 from bertgpu.telemetry.sinks import flatten_config
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
@@ -311,7 +311,7 @@ def run_folder_lock(run_dir: Path, hold: bool = True) -> Iterator[None]:
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        release(fd)  # releases the lock
         _remove_if_unused(run_dir, made)
 
 
