@@ -210,6 +210,23 @@ def test_every_rank_sets_a_budget_steps_lr_from_the_agreed_clock(tmp_path, monke
     assert applied[-1] > 0  # no last step taken after the budget was spent, at lr 0
 
 
+def test_a_budget_run_its_step_limit_ends_early_says_its_lr_never_decayed(tmp_path, capsys):
+    """In budget mode the lr follows the clock and max_steps is an upper bound: a run it stopped
+    early (a recipe's max_steps left in with --train.budget_hours) ended near its peak lr,
+    silently. Said at the end; not when the budget was nearly used up anyway."""
+    from bertgpu.train.schedule import BudgetClock
+
+    lp, _, _ = make_loop(tmp_path / "run", max_steps=4, budget_hours=1.0)
+    assert lp.run().stop_reason == "max_steps"
+    out = capsys.readouterr().out
+    assert ("the step limit ended this 1 h budget run at step 4 after 0 s (0%): its lr follows "
+            "the clock and had not decayed; allow more steps (train.max_steps, in budget mode an "
+            "upper bound) to train to the budget") in out
+    clock = BudgetClock(100.0, time_fn=lambda: 0.0)
+    clock.elapsed_s = 96.0
+    assert clock.cut_note(7) is None
+
+
 def test_budget_warmup_counts_steps_not_clock():
     """Budget mode: warmup_steps ramps over optimizer steps while the decay follows the clock; in
     step mode warmup_steps is the same as warmup_steps / max_steps of progress."""

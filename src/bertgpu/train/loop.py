@@ -26,9 +26,8 @@ number on every rank. A stop signal ends the run within `checkpoint.grace_s` (tr
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
 evaluate / checkpoint; everything that must be exactly right in one optimizer step
 (accumulation, DDP sync, AMP, clipping, skipping) lives in `engine.py`, with what is built before
-the loop (optimizer, DDP, compile: `build_engine`); the checkpoint to resume from, agreed by every
-rank, comes from `checkpoint.load_resume`. The loop takes the config sections as they are
-(`[train]`, `[schedule]`, `[checkpoint]`, `[distributed]`, `[logging]`).
+the loop (`build_engine`); the checkpoint to resume from, agreed by every rank, comes from
+`checkpoint.load_resume`. The loop takes the config sections as they are.
 
 What readers of metrics.jsonl (`bertgpu watch`, `bertgpu report`) learn of a run's life: an
 `info` record `event: start` (host, pid, world_size, max_steps; a fine-tuning run's `task`) when
@@ -76,8 +75,7 @@ class Loop:
     """Drives `task` with `engine` until max_steps, the budget or a preemption (see module doc).
 
     `model` is the unwrapped module (saved, evaluated, exported); `engine.model` may be its
-    DDP / compiled wrapper. Construction resumes from the newest checkpoint under
-    `settings.run_dir`, if any (the same one on every rank)."""
+    DDP / compiled wrapper. It resumes from `resume` (`checkpoint.load_resume`), if given."""
 
     def __init__(self, task: Task, model: torch.nn.Module, engine: Engine,
                  info: distributed.DistInfo, *, run_dir: Path, train: TrainSection,
@@ -226,6 +224,8 @@ class Loop:
             f"step {step}: non-finite loss or gradients, update skipped ({n} in a row)")
         while True:
             if self.max_steps and self.engine.step >= self.max_steps:
+                if self.budget is not None and (note := self.budget.cut_note(self.engine.step)):
+                    logger.print(note)  # its lr follows the clock: it never decayed
                 break
             if self.budget is not None and self.budget.expired_agreed():
                 logger.print(f"budget of {t.budget_hours:g} h reached at step {self.engine.step}")

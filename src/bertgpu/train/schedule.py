@@ -257,6 +257,19 @@ class BudgetClock:
             self._started_at = self._read_at
         self._read_at = None
 
+    def cut_note(self, step: int) -> str | None:
+        """What a budget run that its step limit stopped early says: its lr follows the clock, so
+        it ended before its decay (None when the budget was nearly used up anyway)."""
+        if self.progress() >= 0.95:
+            return None
+        used = self.elapsed_s
+        used_text = (f"{used:.0f} s" if used < 120 else f"{used / 60:.0f} min" if used < 7200
+                     else f"{used / 3600:.1f} h")
+        return (f"the step limit ended this {self.budget_s / 3600:g} h budget run at step {step} "
+                f"after {used_text} ({self.progress():.0%}): its lr follows the clock and had not "
+                "decayed; allow more steps (train.max_steps, in budget mode an upper bound) to "
+                "train to the budget")
+
     def fields(self) -> dict[str, float]:
         """For a train record: `budget_elapsed_s`, the agreed elapsed time (what `progress()`
         and the stop decision use), and `budget_left_s`, the budget minus it."""
