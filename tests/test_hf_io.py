@@ -627,3 +627,22 @@ def test_a_modernbert_export_names_its_tokenizers_cls_and_sep_ids(tmp_path):
     written = json.loads((save_pretrained(bert, tmp_path / "bert", tokenizer=tok)
                           / "config.json").read_text())
     assert "cls_token_id" not in written and "sep_token_id" not in written
+
+
+def test_a_config_without_a_pad_token_id_loads_and_exports(tmp_path):
+    """Some published config.json files say "pad_token_id": null, which transformers loads;
+    bertgpu refused it with "'<=' not supported between instances of 'int' and 'NoneType'"
+    (fine-tuning from it, or --config-from). It loads as transformers builds it (no padding
+    row), gives transformers' outputs, and exports as it came."""
+    hf = hf_model(transformers.BertForMaskedLM)
+    hf.config.pad_token_id = None
+    hf.save_pretrained(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["pad_token_id"] is None
+    ours = load_pretrained(tmp_path / "hf", head="masked_lm").eval()
+    assert ours.config.pad_token_id is None
+    b = tiny_batch(1)
+    del b["next_sentence_label"]
+    torch.testing.assert_close(ours(**b).loss, hf.eval()(**b).loss, atol=1e-5, rtol=1e-5)
+    again = transformers.BertForMaskedLM.from_pretrained(save_pretrained(ours, tmp_path / "out"))
+    assert again.config.pad_token_id is None
+    torch.testing.assert_close(again.eval()(**b).loss, hf(**b).loss, atol=1e-5, rtol=1e-5)

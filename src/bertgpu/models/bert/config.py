@@ -57,8 +57,9 @@ class BertConfig:
     """Standard deviation of the normal initialisation of Linear and Embedding weights."""
     layer_norm_eps: float = 1e-12
     """Epsilon of every LayerNorm."""
-    pad_token_id: int = 0
-    """Id of [PAD]; its word embedding row is initialised to zero."""
+    pad_token_id: int | None = 0
+    """Id of [PAD]; its word embedding row is initialised to zero and gets no gradient (None, as
+    some published config.json files say: no such row)."""
     classifier_dropout: float | None = None
     """Dropout before the sequence-classification layer; None means hidden_dropout_prob."""
     position_embedding_type: str = "absolute"
@@ -109,7 +110,8 @@ class BertConfig:
               "classifier_dropout", "a number in [0, 1) or none")
         check(self.initializer_range > 0, "initializer_range", "a positive number")
         check(self.layer_norm_eps > 0, "layer_norm_eps", "a positive number")
-        check(0 <= self.pad_token_id < self.vocab_size, "pad_token_id", "an id below vocab_size")
+        check(self.pad_token_id is None or 0 <= self.pad_token_id < self.vocab_size,
+              "pad_token_id", "an id below vocab_size, or none")
         check(self.position_embedding_type == "absolute", "position_embedding_type",
               "'absolute' (relative position embeddings are not supported)")
         return self
