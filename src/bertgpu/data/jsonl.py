@@ -1,12 +1,14 @@
 """JSON Lines corpora: the text field of each line, and one-line errors that say what a file is
 when it is not JSON Lines (a pretty-printed document, an array, a missing or non-string field,
-a string with an unpaired surrogate escape, which is not text).
+a string with an unpaired surrogate escape, which is not text, and valid JSON that Python's json
+does not decode: an integer of thousands of digits, arrays nested thousands deep).
 A null text field is no document, like a null in a Parquet or Arrow column: it is passed on as
 None, and `corpus` counts and skips it."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 
 from bertgpu.data.sources import Source
@@ -39,6 +41,16 @@ def read_jsonl(path: Source | str, text_field: str, lines: Iterator[tuple[int, s
             raise BertgpuError(
                 f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at column "
                 f"{exc.colno}); expected one JSON object per line"
+            ) from None
+        except RecursionError:  # valid JSON, nested deeper than Python's json follows
+            raise BertgpuError(
+                f"{where}: JSON nested too deep for Python's json; expected one JSON object per "
+                f"line, nested less than {sys.getrecursionlimit()} levels deep"
+            ) from None
+        except ValueError as exc:  # valid JSON Python's json refuses: an int of 5000 digits
+            raise BertgpuError(
+                f"{where}: JSON that Python's json cannot decode ({' '.join(str(exc).split())}); "
+                "expected one JSON object per line"
             ) from None
         if first and isinstance(obj, list):
             raise BertgpuError(f"{where}: a JSON array, not JSON Lines; expected one "
