@@ -15,7 +15,9 @@ import pytest
 from _text_fixtures import train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
+from bertgpu.data import sources
 from bertgpu.data.corpus import CorpusStats, iter_documents
+from bertgpu.data.sources import file_version
 from bertgpu.errors import BertgpuError
 
 fsspec = pytest.importorskip("fsspec")
@@ -34,6 +36,39 @@ def _one_line_exit_2(args, capsys) -> str:
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, (code, err)
     return err
+
+
+# --------------------------------------------------------------------------- 2: https versions
+
+
+class _Info:
+    """A store whose info is ``info``, as `sources.filesystem` gives it."""
+
+    def __init__(self, info: dict) -> None:
+        self.info_dict = info
+
+    def info(self, path: str) -> dict:
+        return {"name": path, "size": 5, "type": "file", **self.info_dict}
+
+
+@pytest.mark.parametrize("key", ["Last-Modified", "ETag", "Content-MD5", "Digest", "blob_id"])
+def test_a_same_size_edit_of_a_url_changes_its_version(monkeypatch, key):
+    """fsspec's https info names the time "Last-Modified" (and may give Content-MD5 or Digest
+    alone), hf:// names its hash "blob_id": only the size was the version, and a re-run took
+    a changed corpus of the same size for the one it had read."""
+    versions = []
+    for value in ("one", "two"):
+        monkeypatch.setattr(sources, "filesystem", lambda url, v=value: (_Info({key: v}), url))
+        versions.append(file_version("https://host/corpus.txt"))
+    assert versions == ["5:one", "5:two"]
+
+
+def test_a_url_version_prefers_a_hash_to_a_time(monkeypatch):
+    """The keys are tried in one order, hashes first: s3's ETag over its LastModified, as
+    before (a re-run of an s3 corpus finds the version it recorded)."""
+    info = {"LastModified": "t", "Last-Modified": "t2", "ETag": "e", "Digest": "d"}
+    monkeypatch.setattr(sources, "filesystem", lambda url: (_Info(info), url))
+    assert file_version("s3://bucket/corpus.txt") == "5:e"
 
 
 # --------------------------------------------------------------------------- 3: JSON Python refuses

@@ -110,15 +110,23 @@ def file_size(src: Source) -> int:
     return int(_info(src, fs, path)["size"])
 
 
+# The keys of fsspec's info that change with a stored file, the first found is used: content
+# hashes (s3's and gcs's ETag, gcs's md5Hash, an https server's ETag, Content-MD5 or Digest
+# header, hf://'s git blob_id), then times (s3's LastModified, an https server's Last-Modified
+# header, ...). With none, the size alone: a same-size edit goes unnoticed.
+VERSION_KEYS = ("ETag", "etag", "md5Hash", "Content-MD5", "Digest", "blob_id", "LastModified",
+                "Last-Modified", "mtime", "updated", "created")
+
+
 def file_version(src: Source) -> str:
-    """What changes when the file does (size and modification time, or the store's ETag): a
-    re-run resumes only the work of an unchanged corpus."""
+    """What changes when the file does (size and modification time, or the store's ETag,
+    `VERSION_KEYS`): a re-run resumes only the work of an unchanged corpus."""
     if isinstance(src, Path):
         st = _stat(src)
         return f"{st.st_size}:{st.st_mtime_ns}"
     fs, path = filesystem(src)
     info = _info(src, fs, path)
-    for key in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "updated", "created"):
+    for key in VERSION_KEYS:
         if info.get(key) is not None:
             return f"{info['size']}:{info[key]}"
     return str(info["size"])
