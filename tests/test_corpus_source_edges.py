@@ -9,6 +9,7 @@ path, exit 2; with --skip-bad the file or folder is skipped and listed."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,14 @@ from _text_fixtures import train_small_tokenizer
 from bertgpu.cli import main as cli_main
 from bertgpu.data import sources
 from bertgpu.data.corpus import CorpusStats, iter_documents
+from bertgpu.data.prepare import prepare
 from bertgpu.data.sources import file_version
 from bertgpu.errors import BertgpuError
 
 fsspec = pytest.importorskip("fsspec")
 
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem  # noqa: E402
 
 DOCS = "".join(f"Document {i} has a sentence.\nAnd a second one here.\n\n" for i in range(50))
 
@@ -103,3 +107,115 @@ def test_json_python_refuses_is_a_bad_line(tok, tmp_path, monkeypatch, capsys, l
                             "--out", "out", "--workers", "1"], capsys)
     assert err.endswith(f"/{message}\n")  # the path made absolute for the workers
 
+
+# --------------------------------------------------------------------------- 5: no range requests
+
+NO_RANGES = ("The HTTP server doesn't appear to support range requests. Only reading this file "
+             "from the beginning is supported. Open with block_size=0 for a streaming file "
+             "interface.")
+
+
+class _NoRangeFile(AbstractBufferedFile):
+    """A local file read as fsspec's HTTPFile reads one from a server without range requests:
+    a fetch from byte 0 gives the bytes asked for, a fetch past it fsspec's ValueError."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        if start > 0:
+            raise ValueError(NO_RANGES if "other" not in self.path else "another ValueError")
+        with open(self.path, "rb") as f:
+            return f.read(end)
+
+
+class _NoRangeStore(AbstractFileSystem):
+    """Local files behind the `norange://` protocol, in blocks of ``block`` bytes."""
+
+    protocol = "norange"
+    block = 4096
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.local = LocalFileSystem()
+
+    def ls(self, path, detail=True, **kwargs):
+        return self.local.ls(self._strip_protocol(path), detail=detail)
+
+    def info(self, path, **kwargs):
+        return self.local.info(self._strip_protocol(path))
+
+    def _open(self, path, mode="rb", block_size=None, **kwargs):
+        path = self._strip_protocol(path)
+        return _NoRangeFile(self, path, mode, block_size=self.block,
+                            size=os.path.getsize(path))
+
+
+fsspec.register_implementation("norange", _NoRangeStore, clobber=True)
+
+
+@pytest.fixture
+def norange():
+    return _NoRangeStore
+
+
+RANGE_ERROR = ("cannot read (the HTTP server does not answer range requests, which reading it "
+               "past its start needs; expected a server that does (or the file downloaded "
+               "first))")
+
+
+def test_a_server_without_range_requests_is_a_read_error(norange, tmp_path):
+    """A file longer than its first read: prepare and tokenizer stopped with fsspec's ValueError."""
+    (tmp_path / "big.txt").write_text(DOCS * 500)  # over the 1 MiB that open_raw buffers
+    (tmp_path / "good.txt").write_text("A good sentence.\n")
+    url = f"norange://{tmp_path}/big.txt"
+    with pytest.raises(BertgpuError) as info:
+        list(iter_documents([url]))
+    assert str(info.value) == f"{url}: {RANGE_ERROR}"
+    stats = CorpusStats()
+    list(iter_documents([url, f"norange://{tmp_path}/good.txt"], skip_bad=True, stats=stats))
+    assert stats.skipped == [(url, f"{url}: {RANGE_ERROR}")]
+
+
+def test_another_value_error_of_a_remote_file_is_not_a_read_error(norange, tmp_path):
+    """Only fsspec's range-request error is taken for a read error: any other ValueError is a
+    bug, and stays one."""
+    (tmp_path / "other.txt").write_text(DOCS * 500)
+    with pytest.raises(ValueError, match="another ValueError"):
+        list(iter_documents([f"norange://{tmp_path}/other.txt"]))
+
+
+def test_parquet_from_a_server_without_range_requests_is_one_line(norange, tmp_path):
+    """Parquet is read from its footer, at its end."""
+    from _corpora import documents, write_parquet
+
+    pytest.importorskip("pyarrow")
+    write_parquet(tmp_path / "c.parquet", documents(), row_group_size=8)
+    url = f"norange://{tmp_path}/c.parquet"
+    with pytest.raises(BertgpuError) as info:
+        list(iter_documents([url]))
+    assert str(info.value).startswith(f"{url}: ")
+    assert "the HTTP server does not answer range requests" in str(info.value)
+
+
+def test_the_sha256_of_a_part_from_a_server_without_range_requests_is_one_line(
+        tok, norange, tmp_path, monkeypatch):
+    """A file within the first block is read whole from byte 0 for its text, but the sha256 of
+    a part of it (--unit-bytes) is read from the part's start: fsspec's ValueError came from
+    unit_job's hash as a traceback."""
+    monkeypatch.setattr(norange, "block", 1 << 20)
+    (tmp_path / "c.txt").write_text(DOCS * 10)  # ~40 KB: three parts of 16 KiB
+    url = f"norange://{tmp_path}/c.txt"
+    with pytest.raises(BertgpuError) as info:
+        prepare([url], tok, tmp_path / "out", workers=1, unit_bytes=16 << 10)
+    assert str(info.value) == f"{url}: {RANGE_ERROR}"
+
+
+def test_a_part_skipped_for_range_requests_is_not_read_again_for_its_sha256(tok, norange,
+                                                                              tmp_path):
+    """--skip-bad: the part past the first MiB cannot be read, and the file is left out; its
+    sha256 was then read from that part's start, and the same error stopped the run."""
+    (tmp_path / "big.txt").write_text(DOCS * 500)
+    (tmp_path / "good.txt").write_text(DOCS)
+    url = f"norange://{tmp_path}/big.txt"
+    m = prepare([url, tmp_path / "good.txt"], tok, tmp_path / "out", workers=1,
+                unit_bytes=1 << 20, skip_bad=True)
+    assert m["skipped_inputs"] == [{"path": url, "reason": f"{url}: {RANGE_ERROR}"}]
+    assert [i["path"] for i in m["inputs"]] == [str(tmp_path / "good.txt")]

@@ -13,6 +13,7 @@ the path or URL: a protocol without its package, a host that does not answer, no
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import glob
@@ -89,11 +90,60 @@ def open_raw(src: Source) -> BinaryIO:
             return f
         # s3fs, gcsfs, https: fsspec's own buffered files, whose readline takes no size and
         # which have no peek; io's reader over them has both (fsspec still caches the blocks)
-        return io.BufferedReader(f, buffer_size=1 << 20)
+        return io.BufferedReader(_Remote(f), buffer_size=1 << 20)
     except FileNotFoundError:
         raise BertgpuError(f"{src}: no such file") from None
     except Exception as exc:  # noqa: BLE001 - any store's failure is one line naming the URL
         raise BertgpuError(f"{src}: cannot open ({_oneline(exc)})") from None
+
+
+NO_RANGES = "The HTTP server doesn't appear to support range requests"
+"""How fsspec's https files start the ValueError of a server that sends the whole file for a
+read past its first block."""
+
+
+class RangesRefused(OSError):
+    """A read of an https file from a server without range requests: an error reading the
+    file (`compressed.read_errors` takes OSErrors), not the ValueError of a bug."""
+
+    def __str__(self) -> str:
+        return ("the HTTP server does not answer range requests, which reading it past its start "
+                "needs; expected a server that does (or the file downloaded first)")
+
+
+class _Remote(io.RawIOBase):
+    """An fsspec file as the raw file of a buffered reader; its one ValueError that is a read
+    error, `NO_RANGES`, comes out as `RangesRefused`."""
+
+    def __init__(self, f) -> None:
+        super().__init__()
+        self.f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self.f.seekable()
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self.f.readinto(buffer)
+        except ValueError as exc:
+            if str(exc).startswith(NO_RANGES):
+                raise RangesRefused(errno.EOPNOTSUPP, str(exc)) from exc
+            raise
+
+    def close(self) -> None:
+        try:
+            self.f.close()
+        finally:
+            super().close()
 
 
 def _stat(src: Path) -> os.stat_result:

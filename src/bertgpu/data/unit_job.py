@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bertgpu.data import pipeline
+from bertgpu.data.compressed import read_errors
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
 from bertgpu.data.output import WorkFolder
 from bertgpu.data.prepare_worker import RANDOM_CAUSES
@@ -31,6 +32,7 @@ from bertgpu.data.sources import filesystem, local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
 from bertgpu.data.units import Unit
 from bertgpu.data.writer import SPLITS, Packer, ShardWriter
+from bertgpu.errors import BertgpuError
 from bertgpu.testing import faults
 
 Progress = Callable[[int, int], None]  # (tokens written, stored bytes read) so far in the unit
@@ -75,18 +77,23 @@ class UnitJob:
 
 
 def _sha256(src, span: tuple[int, int]) -> str:
-    """sha256 of the stored bytes ``[a, b)`` of a file (a whole file is ``[0, size)``)."""
+    """sha256 of the stored bytes ``[a, b)`` of a file (a whole file is ``[0, size)``); a file
+    that cannot be read (since its text was: a lost connection, a server without range requests
+    for this span) is a one-line error naming it."""
     h = hashlib.sha256()
     a, b = span
-    with open_raw(src) as f:
-        f.seek(a)
-        left = b - a
-        while left > 0:
-            block = f.read(min(left, 8 << 20))
-            if not block:
-                break
-            h.update(block)
-            left -= len(block)
+    try:
+        with open_raw(src) as f:
+            f.seek(a)
+            left = b - a
+            while left > 0:
+                block = f.read(min(left, 8 << 20))
+                if not block:
+                    break
+                h.update(block)
+                left -= len(block)
+    except read_errors() as exc:
+        raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
     return h.hexdigest()
 
 
@@ -125,6 +132,8 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
                             for key in job.keys])
     # The files as the plan names them (as given: relative paths stay relative), not as opened.
     named = {str(q.src): str(p.src) for p, q in zip(unit.pieces, pieces, strict=True)}
+    # A skipped file is left out of the manifest: not read again for a sha256 (it failed once)
+    skipped = {path for path, _ in stats.skipped}
     record = {
         "unit": unit.index,
         "keys": job.keys,
@@ -139,7 +148,8 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
         "bytes": unit.bytes,
         "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
                     "span": list(p.span) if p.span else None,
-                    "sha256": _sha256(q.src, p.span) if p.span else None}
+                    "sha256": (_sha256(q.src, p.span) if p.span and str(q.src) not in skipped
+                               else None)}
                    for p, q in zip(unit.pieces, pieces, strict=True)],
         **counts,
         "seconds": round(time.perf_counter() - start, 3),
