@@ -19,7 +19,7 @@ from bertgpu.cli import main as cli_main
 from bertgpu.data import sources
 from bertgpu.data.corpus import CorpusStats, iter_documents
 from bertgpu.data.prepare import prepare
-from bertgpu.data.sources import file_version
+from bertgpu.data.sources import file_version, resolve_inputs
 from bertgpu.errors import BertgpuError
 
 fsspec = pytest.importorskip("fsspec")
@@ -40,6 +40,59 @@ def _one_line_exit_2(args, capsys) -> str:
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, (code, err)
     return err
+
+
+# --------------------------------------------------------------------------- 1: unreadable folders
+
+
+def _unlistable(monkeypatch, *folders: Path) -> None:
+    """os.scandir of ``folders`` fails as on a folder at mode 000 (root's DAC override would
+    read one, so chmod alone proves nothing under root)."""
+    real = os.scandir
+    refused = {str(f) for f in folders}
+
+    def scandir(path="."):
+        if not isinstance(path, int) and os.path.abspath(os.fspath(path)) in refused:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def test_a_subfolder_that_cannot_be_listed_is_an_error_or_skipped(tok, tmp_path, monkeypatch,
+                                                                  capsys):
+    """c/sub at mode 000: os.walk passed over it, and prepare exited 0 with half the corpus and
+    a manifest listing only c/a.txt."""
+    corpus = tmp_path / "c"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text(DOCS)
+    (corpus / "sub" / "b.txt").write_text(DOCS)
+    _unlistable(monkeypatch, corpus / "sub")
+    monkeypatch.chdir(tmp_path)
+    message = ("c/sub: cannot read the folder (PermissionError: [Errno 13] Permission denied: "
+               "'c/sub'); expected a folder this user can list")
+    for command in (["tokenizer", "--vocab-size", "100"], ["prepare", "--tokenizer", str(tok),
+                                                            "--workers", "1"]):
+        err = _one_line_exit_2([*command, "--corpus", "c", "--out", "out"], capsys)
+        assert err.endswith(f"error: {message} (or --skip-bad)\n"), err
+        assert not Path("out").exists()
+    m = prepare(["c"], tok, "data", workers=1, skip_bad=True)
+    assert [i["path"] for i in m["inputs"]] == ["c/a.txt"]
+    assert m["skipped_inputs"] == [{"path": "c/sub", "reason": message}]
+
+
+def test_a_corpus_folder_that_cannot_be_listed_says_so(tmp_path, monkeypatch):
+    """--corpus c at mode 000 said "folder contains no corpus files (hidden files, README...)"."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text(DOCS)
+    _unlistable(monkeypatch, corpus)
+    with pytest.raises(BertgpuError, match=r"^.*/c: cannot read the folder \(PermissionError: "
+                       r".*\); expected a folder this user can list \(or --skip-bad\)$"):
+        resolve_inputs([corpus])
+    with pytest.raises(BertgpuError, match=r"^no documents read from the corpus \(1 file skipped "
+                       r"by --skip-bad; the first: .*/c: cannot read the folder"):
+        resolve_inputs([corpus], [])
 
 
 # --------------------------------------------------------------------------- 2: https versions
@@ -106,6 +159,47 @@ def test_json_python_refuses_is_a_bad_line(tok, tmp_path, monkeypatch, capsys, l
     err = _one_line_exit_2(["prepare", "--corpus", "bad.jsonl", "--tokenizer", str(tok),
                             "--out", "out", "--workers", "1"], capsys)
     assert err.endswith(f"/{message}\n")  # the path made absolute for the workers
+
+
+# --------------------------------------------------------------------------- 4: pipes
+
+
+def test_a_pipe_given_as_the_corpus_is_not_a_broken_link(tok, tmp_path, capsys):
+    """`--corpus <(xzcat c.jsonl.xz)` is /dev/fd/63, a link to "pipe:[988431]": it was called a
+    broken symbolic link."""
+    read, write = os.pipe()
+    try:
+        path = f"/dev/fd/{read}"
+        if not os.path.islink(path):
+            pytest.skip("no /dev/fd links to the process's pipes here")
+        message = (f"{path}: not a regular file (a pipe, socket or device); expected a corpus "
+                   "file or folder (write a stream to a file first, e.g. decompress it)")
+        with pytest.raises(BertgpuError) as info:
+            resolve_inputs([path])
+        assert str(info.value) == message
+        err = _one_line_exit_2(["prepare", "--corpus", path, "--format", "jsonl", "--tokenizer",
+                                str(tok), "--out", str(tmp_path / "out")], capsys)
+        assert err.endswith(f"error: {message}\n")
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_a_pipe_in_a_corpus_folder_is_an_error_or_skipped(tmp_path):
+    """A named pipe in a folder was listed as a corpus file, and reading it waited for a writer
+    forever."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text(DOCS)
+    os.mkfifo(corpus / "b.txt")
+    message = (f"{corpus}/b.txt: not a regular file (a pipe, socket or device); expected a "
+               "corpus file or folder (write a stream to a file first, e.g. decompress it)")
+    with pytest.raises(BertgpuError) as info:
+        resolve_inputs([corpus])
+    assert str(info.value) == message + " (or --skip-bad)"
+    skipped: list[tuple[str, str]] = []
+    assert resolve_inputs([corpus], skipped) == [corpus / "a.txt"]
+    assert skipped == [(str(corpus / "b.txt"), message)]
 
 
 # --------------------------------------------------------------------------- 5: no range requests

@@ -209,27 +209,29 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     ``_SUCCESS`` and a repository's README, LICENSE, ... (`not_corpus`) are ignored; a file named
     on the command line, or matched by a pattern, is always read. Symbolic links to folders are
     followed (each folder read once).
-    A broken symbolic link found in a folder or by a pattern is an error, or with ``skipped``
+    A broken symbolic link found in a folder or by a pattern, and a folder that cannot be read
+    (no permission: os.walk passed over it without a word), is an error, or with ``skipped``
     (--skip-bad) left out and recorded there as (path, reason).
     Local inputs come back as Paths, URLs as URL strings (``memory:///corpus/a.jsonl``).
     """
     out: list[Source] = []
     seen: set = set()
-    broken: list[Path] = []
+    bad: list[tuple[str, str]] = []
     for raw in paths:
-        found = (_resolve_url(raw, broken) if is_url(raw)
-                 else _resolve_local(os.fspath(raw), broken))
+        found = (_resolve_url(raw, bad) if is_url(raw)
+                 else _resolve_local(os.fspath(raw), bad))
         for f in found:
             text = None if isinstance(f, Path) else local_path(f)  # file:///x is the file x
             key = f.resolve() if text is None else Path(text).resolve() if text != f else f
             if key not in seen:
                 seen.add(key)
                 out.append(f)
-    for link in broken:
-        reason = f"{link}: a broken symbolic link (to {os.readlink(link)}); expected a file"
+    for path, reason in bad:
         if skipped is None:
             raise BertgpuError(reason + " (or --skip-bad)")
-        skipped.append((str(link), reason))
+        skipped.append((path, reason))
+    if not out and bad:  # all of them skipped
+        raise no_documents(skipped or [], "corpus files that can be read")
     if not out:
         raise BertgpuError("no corpus files given; expected --corpus PATH...")
     return out
@@ -244,37 +246,59 @@ def no_documents(skipped: list[tuple[str, str]], expected: str) -> BertgpuError:
     return BertgpuError(f"no documents read from the corpus{why}; expected {expected}")
 
 
-def _resolve_local(text: str, broken: list[Path]) -> list[Source]:
+def _broken(link: Path) -> tuple[str, str]:
+    """(path, reason) of a broken symbolic link found in a folder or by a pattern."""
+    return str(link), f"{link}: a broken symbolic link (to {os.readlink(link)}); expected a file"
+
+
+def _special(path: Path) -> tuple[str, str]:
+    """(path, reason) of a pipe, socket or device: a corpus is read more than once (its size,
+    its format, its text), and opening a pipe in a folder waited for a writer forever."""
+    return str(path), (f"{path}: not a regular file (a pipe, socket or device); expected a "
+                       "corpus file or folder (write a stream to a file first, e.g. decompress "
+                       "it)")
+
+
+def _resolve_local(text: str, bad: list[tuple[str, str]]) -> list[Source]:
     p = Path(text)
     if p.is_dir():
-        found = sorted(_walk_files(p, broken))
-        if not found and not broken:
+        found = sorted(_walk_files(p, bad))
+        if not found and not bad:
             raise BertgpuError(f"{text}: folder contains no corpus files ({SKIPPED_IN_FOLDERS}); "
                                "expected corpus files")
         return found
     if p.is_file():
         return [p]
+    if p.exists():  # <(xzcat c.jsonl.xz) is /dev/fd/63, a link to "pipe:[...]" that stats
+        raise BertgpuError(_special(p)[1])
     if p.is_symlink():
         raise BertgpuError(f"{text}: a broken symbolic link (to {os.readlink(p)}); expected a "
                            "file or folder")
     if glob.has_magic(text):
         matches = sorted(Path(m) for m in glob.glob(text, recursive=True))
-        broken.extend(m for m in matches if m.is_symlink() and not m.exists())
+        bad.extend(_broken(m) for m in matches if m.is_symlink() and not m.exists())
         # a folder it matches is read as a folder given by name is (the shell's expansion of
         # the same pattern gives it so): it was left out without a word
         found = [f for m in matches for f in ([m] if m.is_file() else sorted(
-            _walk_files(m, broken)) if m.is_dir() else [])]
-        if not found and not broken:
+            _walk_files(m, bad)) if m.is_dir() else [])]
+        if not found and not bad:
             raise BertgpuError(f"{text}: pattern matches no files")
         return found
     raise BertgpuError(f"{text}: no such file or folder")
 
 
-def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
+def _walk_files(root: Path, bad: list[tuple[str, str]]) -> Iterator[Path]:
     """The files under ``root``, through links to folders (a folder reached twice, as by a link
-    to one of its parents, is read once); broken links go to ``broken``."""
+    to one of its parents, is read once); broken links and folders that cannot be listed (``root``
+    too) go to ``bad`` as (path, reason)."""
+    def unreadable(folder: str, exc: OSError) -> None:
+        bad.append((folder, f"{folder}: cannot read the folder ({_oneline(exc)}); expected a "
+                            "folder this user can list"))
+
     visited: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    walk = os.walk(root, onerror=lambda exc: unreadable(str(exc.filename or root), exc),
+                   followlinks=True)
+    for dirpath, dirnames, filenames in walk:
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in visited:
             dirnames[:] = []
@@ -284,12 +308,17 @@ def _walk_files(root: Path, broken: list[Path]) -> Iterator[Path]:
         # own name, and which of two links to one folder is read does not depend on the listing.
         dirnames[:] = sorted((d for d in dirnames if not d.startswith(".")),
                              key=lambda d: (os.path.islink(os.path.join(dirpath, d)), d))
-        for name in filenames:
-            if not_corpus(name):
-                continue
-            path = Path(dirpath) / name
-            if path.is_symlink() and not path.exists():
-                broken.append(path)
+        files = [Path(dirpath) / name for name in filenames if not not_corpus(name)]
+        try:  # a folder readable but not searchable (mode 644) lists names it cannot stat
+            broken = {path for path in files if path.is_symlink() and not path.exists()}
+            special = {path for path in files if path not in broken and not path.is_file()}
+        except OSError as exc:
+            unreadable(dirpath, exc)
+            dirnames[:] = []
+            continue
+        for path in files:
+            if path in broken or path in special:
+                bad.append(_broken(path) if path in broken else _special(path))
             else:
                 yield path
 
@@ -305,14 +334,14 @@ def _hidden(rel: str) -> bool:
     return any(p.startswith(".") for p in parts) or not_corpus(parts[-1])
 
 
-def _resolve_url(url: str, broken: list[Path]) -> list[Source]:
+def _resolve_url(url: str, bad: list[tuple[str, str]]) -> list[Source]:
     if url.startswith("file://"):
         # A local folder, file or pattern behind file:// is found as the same path given by
         # name is: fsspec's local find and glob list a link to a folder as a file ("Is a
         # directory" when read) or not at all.
         path = local_path(url)
         try:
-            found = [str(p) for p in _resolve_local(path, broken)]
+            found = [str(p) for p in _resolve_local(path, bad)]
         except BertgpuError as exc:
             text = str(exc)
             raise BertgpuError(url + text[len(path):] if text.startswith(path + ":")
