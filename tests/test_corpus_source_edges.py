@@ -313,3 +313,15 @@ def test_a_part_skipped_for_range_requests_is_not_read_again_for_its_sha256(tok,
                 unit_bytes=1 << 20, skip_bad=True)
     assert m["skipped_inputs"] == [{"path": url, "reason": f"{url}: {RANGE_ERROR}"}]
     assert [i["path"] for i in m["inputs"]] == [str(tmp_path / "good.txt")]
+
+
+def test_a_json_line_nested_too_deep_for_json_is_sniffed_as_json_lines():
+    """Format sniffing (a .txt that holds JSON Lines, a file without an extension) parsed the
+    first line with json.loads and caught only ValueError: a record nested deeper than Python's
+    json follows raised RecursionError. It is judged as a line too long to parse is: by its
+    start, so the JSON Lines reader then names the problem."""
+    from bertgpu.data.textio import is_json_object_line
+
+    deep = b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert is_json_object_line(deep)
+    assert not is_json_object_line(b"{" + b"[" * 5000 + b"]" * 5000)

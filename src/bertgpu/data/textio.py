@@ -281,6 +281,8 @@ def is_json_object_line(line: bytes) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
         return False
+    except RecursionError:  # nested deeper than Python's json follows: judged as a cut line is
+        return line[1:].lstrip().startswith(b'"')
 
 
 # A sentence ends at . ! ? (also the Devanagari danda and the Arabic question mark and full
