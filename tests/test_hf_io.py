@@ -646,3 +646,39 @@ def test_a_config_without_a_pad_token_id_loads_and_exports(tmp_path):
     again = transformers.BertForMaskedLM.from_pretrained(save_pretrained(ours, tmp_path / "out"))
     assert again.config.pad_token_id is None
     torch.testing.assert_close(again.eval()(**b).loss, hf(**b).loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_an_export_from_a_tokenizer_without_its_config_still_says_the_positions(tmp_path, arch):
+    """A tokenizer folder of vocab.txt alone (a converted Google checkpoint) has no
+    tokenizer_config.json, so its export had none either: transformers' model_max_length was
+    "no limit", truncation=True cut nothing, and a long input crashed the 64-position model
+    ("The size of tensor a (202) must match ... (64)"). The export writes one with the
+    positions; the tokenizer's ids stay those of the folder it came from."""
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the war ended in paris and the city was free again.\n\n" * 50,
+                      encoding="utf-8")
+    tok = train_tokenizer([corpus], tmp_path / "tok", vocab_size=60)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(tok / "vocab.txt", bare / "vocab.txt")
+    if arch == "bert":  # vocab.txt alone
+        model = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": 60,
+                                                 "max_position_embeddings": 64}), with_nsp=False)
+    else:  # tokenizer.json alone (transformers' ModernBERT tokenizer class needs it)
+        shutil.move(bare / "vocab.txt", tmp_path / "vocab.txt")
+        shutil.copy(tok / "tokenizer.json", bare / "tokenizer.json")
+        model = build_model({**TINY_MODERN, "architecture": "modernbert", "vocab_size": 64},
+                            "masked_lm")
+    out = save_pretrained(model, tmp_path / "out", tokenizer=bare)
+    positions = model.config.max_position_embeddings
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok.model_max_length == positions
+    text = "the war ended " * 100
+    ids, full = hf_tok(text, truncation=True)["input_ids"], hf_tok(text)["input_ids"]
+    assert len(ids) == positions < len(full) and ids == full[:positions - 1] + full[-1:]
+    assert full == transformers.AutoTokenizer.from_pretrained(tok)(text)["input_ids"]
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out)
+    assert hf(**hf_tok(text, truncation=True, return_tensors="pt")).logits.shape[1] == positions

@@ -126,7 +126,8 @@ def tokenizer_files(tokenizer: str | os.PathLike, positions: int,
                     token_types: bool = True) -> dict[str, bytes]:
     """The files of a tokenizer folder that travel with a model (`TOKENIZER_FILES`, those it
     has), by name, with tokenizer_config.json's `model_max_length` fitted to the model's
-    `positions` (`_fitted_config`), and for a model without token types (ModernBERT) its
+    `positions` (`_fitted_config`; one written where the folder has none), and for a model
+    without token types (ModernBERT) its
     `model_input_names` without token_type_ids, as answerdotai's folders say (transformers 4.x's
     ModernBertModel refused the key a BERT tokenizer class gives); a one-line error when the
     folder holds none of them."""
@@ -135,9 +136,11 @@ def tokenizer_files(tokenizer: str | os.PathLike, positions: int,
     if not files:
         raise BertgpuError(f"{tok_dir}: no tokenizer files (expected "
                            f"{', '.join(TOKENIZER_FILES[:4])})")
-    if "tokenizer_config.json" in files:
-        files["tokenizer_config.json"] = _fitted_config(files["tokenizer_config.json"], positions,
-                                                        token_types)
+    # A folder without one (vocab.txt or tokenizer.json alone: a converted Google checkpoint)
+    # gets one that says the positions: transformers' default is no limit, and truncation=True
+    # cut nothing ("The size of tensor a (202) must match ... (64)").
+    files["tokenizer_config.json"] = _fitted_config(files.get("tokenizer_config.json", b"{}"),
+                                                    positions, token_types)
     return files
 
 
