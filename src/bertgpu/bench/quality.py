@@ -51,6 +51,7 @@ from bertgpu.bench.downstream import (
     compare_downstream,
     quiet,
     read_score,
+    set_overrides,
     spread_row,
     stopped,
 )
@@ -367,6 +368,7 @@ def main(args: argparse.Namespace) -> int:
     names = _names(recipes)
     # typos fail before any work
     cfgs = [schema.load_config(r, _kv(args.sets_, "--set")) for r in recipes]
+    check_finetune_options(args)
     vocab = args.vocab_size or min(c.model.vocab_size for c in cfgs)
     budget = f"{args.tokens:,} tokens" if args.tokens else f"{args.budget_minutes:g} min wall-clock"
     corpus = "the Wikipedia sample (gensim test data)" if not (args.corpus or args.data) else \
@@ -391,6 +393,36 @@ def main(args: argparse.Namespace) -> int:
     print(md)
     print(f"wrote {out / 'quality.jsonl'}, {out / 'quality.md'}, {out / 'quality.png'}")
     return 0
+
+
+def check_finetune_options(args: argparse.Namespace) -> None:
+    """run_bench uses --ft, --glue and --glue-tasks only after every recipe has pretrained for
+    its whole budget: their mistakes fail here, before any work, as --set's do."""
+    from bertgpu.config.finetune import load_finetune_config
+    from bertgpu.glue import _find_tasks
+    from bertgpu.tasks import glue as glue_tasks
+
+    extra = _kv(args.ft, "--ft")
+    for word in extra:
+        if word.lstrip("-").split("=")[0].replace("-", "_") in ("seed", "train.seed"):
+            raise BertgpuError(f"--ft {word[2:]}: the fine-tuning seeds are --seeds N [N ...]")
+    for name in [None] if args.glue else args.sets:
+        try:
+            load_finetune_config(None, set_overrides(name, extra))
+        except BertgpuError as e:
+            raise BertgpuError(f"--ft: {e}") from None
+    if args.glue_tasks and not args.glue:
+        raise BertgpuError("--glue-tasks: only with --glue DIR (without it the demo's sets, "
+                           "--sets, are fine-tuned on)")
+    if args.glue and not Path(args.glue).is_dir():
+        raise BertgpuError(f"--glue {args.glue}: not a folder (expected a GLUE folder: CoLA/, "
+                           "SST-2/, ...)")
+    if args.glue and args.glue_tasks:  # as compare_glue: the tasks named must all be there
+        for task in map(glue_tasks.get_task, args.glue_tasks):
+            for split in ("train", *task.dev_splits):
+                glue_tasks.find_split_file(args.glue, task, split)
+    elif args.glue:  # all nine, those there
+        _find_tasks(args.glue, list(glue_tasks.TASKS.values()), skip_missing=True)
 
 
 def run_bench(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any],
