@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bertgpu.bench.cells import positive
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError, Terminated
 from bertgpu.fsutil import check_not_cwd, check_output_folder, check_replaceable
@@ -47,7 +48,7 @@ FILL_MASK_SENTENCES = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo_out",
                         help="folder for everything the demo writes (default: demo_out)")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=positive(int), default=None,
                         help="pretraining steps (default: the recipe's)")
     parser.add_argument("--vocab-size", type=int, default=8192,
                         help="WordPiece vocabulary size (default: 8192)")
@@ -224,6 +225,8 @@ def is_demo_output(folder: Path) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    if len(set(args.seeds)) != len(args.seeds):  # one run counted twice: a spread of 0
+        raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
     out = Path(args.out)
     check_output_folder(out)
     if args.fresh and out.exists():
@@ -264,7 +267,7 @@ def _run_stages(args: argparse.Namespace, out: Path, begun: list[str]) -> int:
     t0 = _stage(f"3. bertgpu pretrain configs/{RECIPE}", begun)
     overrides = ["--data", str(data_dir), "--out", str(run_dir),
                  "--model.vocab_size", str(args.vocab_size)]
-    if args.steps:
+    if args.steps is not None:
         overrides += ["--train.max_steps", str(args.steps)]
     cfg = schema.load_config(_recipe(), overrides)
     result = pretrain.run(cfg)
