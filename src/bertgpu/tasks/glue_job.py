@@ -44,8 +44,14 @@ finetune.py)."""
 
 def check_request(request: JobRequest) -> None:
     """A GLUE name, --data given and holding the task's train and dev files, no own-file
-    flags."""
+    flags: --train-file and --dev-file too would be read by nothing (results.json named --data's
+    train file)."""
     request.check_no_columns()
+    files = [flag for flag, v in (("--train-file", request.train_file),
+                                  ("--dev-file", request.dev_file)) if v is not None]
+    if files:
+        raise BertgpuError(f"{', '.join(files)}: only for finetune squad, classify and ner; "
+                           f"finetune {request.task} reads its files under --data")
     task, data = glue.get_task(request.task), _data_dir(request)
     for split in ("train", *task.dev_splits):
         glue.find_split_file(data, task, split)

@@ -42,8 +42,12 @@ max_position_embeddings (finetune.py)."""
 
 
 def check_request(request: JobRequest) -> None:
-    """No own-file flags (SQuAD's JSON fixes its fields); a file given is a file."""
+    """No own-file flags (SQuAD's JSON fixes its fields); a file given is a file; --data only
+    for a file not given (with both, it would be read by nothing)."""
     request.check_no_columns()
+    if request.data is not None and None not in (request.train_file, request.dev_file):
+        raise BertgpuError(f"finetune {request.task}: --data with both --train-file and "
+                           "--dev-file would be unused; give the folder or the two files")
     for flag, given in (("--train-file", request.train_file), ("--dev-file", request.dev_file)):
         if given is not None and Path(given).is_dir():
             raise BertgpuError(f"{given}: is a folder, expected a SQuAD JSON file ({flag})")
