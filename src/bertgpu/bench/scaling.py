@@ -416,6 +416,11 @@ def main(args: argparse.Namespace) -> int:
     expected = expected_table(list(args.bandwidth_gbps), args.device_tflops)
     expected_text = format_expected(expected, args.device_tflops, 32, 128)
     if args.predict_only:
+        unused = [flag for flag, v in (("--recipe", args.recipe), ("--data", args.data),
+                                       ("--set", args.sets)) if v]
+        if unused:  # the table said nothing of them: they were read by nothing
+            raise BertgpuError(f"{', '.join(unused)}: not with --predict-only, whose table is "
+                               "the cost model of the built-in BERT-base and BERT-large")
         print(expected_text)
         return 0
     workers, accumulations = _points(args, on_gpu)
