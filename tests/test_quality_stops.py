@@ -99,7 +99,8 @@ def test_a_stop_in_a_glue_run_ends_bench_quality_with_one_line(tmp_path, capsys,
     monkeypatch.setattr(glue, "run", lambda *a, **k: {"preempted": True, "step": 7,
                                                         "exit_status": 130})
     out = tmp_path / "out"
-    assert cli_main(["bench", "quality", "--glue", str(tmp_path / "glue"), "--seeds", "0",
+    glue_dir = Path(__file__).parent / "fixtures" / "glue"  # checked before any work
+    assert cli_main(["bench", "quality", "--glue", str(glue_dir), "--seeds", "0",
                      "--out", str(out)]) == 130
     err = capsys.readouterr().err
     assert err.startswith("bertgpu bench quality: stopped by SIGINT in the fine-tuning "
