@@ -183,3 +183,35 @@ def test_state_dict_round_trip_after_late_reads():
     other = engine_for("adamw", "fp32", on_device=True, read_late=True)
     other.load_state_dict(state)
     assert other.state_dict() == state and other.nonfinite_in_row == 1
+
+
+def big_grad_loss(scale: float):
+    """The toy's loss times `scale`: finite, with gradients that overflow fp16 once the loss
+    scale times `scale` is large enough."""
+    def loss(model, batch):
+        out = loss_fn(model, batch)
+        return {"mlm": out["mlm"] * scale, "nsp": out["nsp"]}
+    return loss
+
+
+@pytest.mark.skipif(not cpu_fp16_available(), reason="needs fp16 autocast on the CPU")
+@pytest.mark.parametrize("on_device", [True, False])
+def test_fp16_overflows_while_the_scaler_finds_its_level_are_not_divergence(on_device):
+    """torch's GradScaler starts at 65536 and halves per overflowing step: a run whose gradients
+    overflowed its first five steps, its loss finite, was stopped as diverged
+    (max_nonfinite_steps 5) one halving before it would have trained. Those skips are counted
+    and said, not fatal, while the scale is 1 or more; gradients that overflow even below that
+    still stop the run."""
+    engine = engine_for("adamw", "fp16", on_device=on_device, max_nonfinite_steps=5)
+    engine.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    loss = big_grad_loss(2.0**10)  # overflows until the scale is about 2**5
+    results = [engine.train_step([make_batch(4, i)], loss, count_fn) for i in range(14)]
+    skipped = [r.skipped for r in results]
+    assert skipped[:6] == [True] * 6 and not skipped[-1], skipped
+    assert engine.skipped_steps == sum(skipped) and math.isfinite(results[0].loss)
+    engine = engine_for("adamw", "fp16", on_device=on_device, max_nonfinite_steps=5)
+    engine.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    with pytest.raises(TrainingDiverged, match="steps in a row"):  # at scale 0.5: 5 in a row
+        for i in range(30):
+            engine.train_step([make_batch(4, i)], big_grad_loss(1e30), count_fn).read()
+    assert engine.skipped_steps == 6  # 16, 8, 4, 2, 1 calibrating, then 0.5

@@ -219,11 +219,12 @@ class Engine:
         self.step += 1
         vector = torch.cat([summed.to(self.device), grad_norm.reshape(1).double()])
         on_device = self.skips_on_device()
+        scale = self._scale_tensor()  # fp16: the loss scale of this step (`StepNumbers`)
+        vector = vector if scale is None else torch.cat([vector, scale])
         if on_device:
-            scale = self._scale_tensor()
             self._apply(lr, found_inf)
-            if scale is not None:  # the loss scale before and after, for a compression hook
-                vector = torch.cat([vector, scale, self._scale_tensor()])
+            if scale is not None:  # and after it, for a compression hook
+                vector = torch.cat([vector, self._scale_tensor()])
         pending = PendingStep(self.step, lr, vector, keys, extra_keys, divisors)
         if not on_device:  # the host decides before the update, as torch's non-fused optimizers
             numbers = pending.read()
@@ -380,9 +381,8 @@ class Engine:
                 found.zero_()
 
     def _scale_tensor(self) -> torch.Tensor | None:
-        """The fp16 loss scale as a (1,) float64 device tensor (no sync), where a compression
-        hook needs to hear that it changed; None otherwise."""
-        if self.scaler is None or self.on_numerics_reset is None:
+        """The fp16 loss scale as a (1,) float64 device tensor (no sync); None without one."""
+        if self.scaler is None:
             return None
         return self.scaler._get_scale_async().detach().double().reshape(1).clone()
 
@@ -415,7 +415,7 @@ class Engine:
         self._nonfinite_in_row += 1
         if self.on_numerics_reset is not None:
             self.on_numerics_reset()
-        if self._nonfinite_in_row >= self.max_nonfinite_steps:
+        if self._nonfinite_in_row >= self.max_nonfinite_steps and not numbers.calibrating:
             raise TrainingDiverged(diverged_message(self._nonfinite_in_row, pending.step,
                                                     numbers, pending.lr, self.precision))
         if self.on_skipped is not None:

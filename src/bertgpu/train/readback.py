@@ -32,6 +32,11 @@ class StepNumbers:
     """True when the update was not applied (non-finite loss or gradients on some rank)."""
     scale_changed: bool = False
     """The fp16 loss scale moved (recorded only where a compression hook must hear of it)."""
+    calibrating: bool = False
+    """fp16: the gradients overflowed with a finite loss at a loss scale of 1 or more: the
+    scaler looking for its level (65536 at the start halves per skipped step), not divergence.
+    Skipped and counted, but no abort for `max_nonfinite_steps` in a row while it lasts (a run
+    whose gradients overflowed its first five steps, loss finite, was stopped as diverged)."""
 
     @property
     def loss(self) -> float:
@@ -41,9 +46,10 @@ class StepNumbers:
 
 class PendingStep:
     """One step's device numbers on their way to the host: `vector` is (loss terms, extras, the
-    two summed non-finite flags, grad norm[, loss scale before, after]) in float64. On CUDA it is
-    copied into pinned memory behind the step's kernels (no wait now; by the end of the next step
-    the copy has long landed); elsewhere it is read as it is when asked (free on the CPU)."""
+    two summed non-finite flags, grad norm[, fp16 loss scale before[, after]]) in float64. On
+    CUDA it is copied into pinned memory behind the step's kernels (no wait now; by the end of
+    the next step the copy has long landed); elsewhere it is read as it is when asked (free on
+    the CPU)."""
 
     def __init__(self, step: int, lr: float, vector: torch.Tensor, keys: list[str],
                  extra_keys: list[str], divisors: Mapping[str, float]) -> None:
@@ -71,7 +77,8 @@ class PendingStep:
                 losses={k: values[i] / self.divisors[k] for i, k in enumerate(self.keys)},
                 extras={k: values[nt + i] for i, k in enumerate(self.extra_keys)},
                 grad_norm=rest[2], skipped=rest[0] > 0 or rest[1] > 0,
-                scale_changed=len(rest) > 3 and rest[3] != rest[4])
+                scale_changed=len(rest) > 4 and rest[3] != rest[4],
+                calibrating=len(rest) > 3 and rest[0] == 0 and rest[1] > 0 and rest[3] >= 1)
         return self.numbers
 
 
