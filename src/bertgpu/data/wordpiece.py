@@ -85,22 +85,75 @@ def _without_unknown_words(text: str, normalize: Callable[[str], str] = str) -> 
     return "\n".join(lines), removed
 
 
-def _sentence_batches(parts: Iterator[tuple[list[str], bool]],
-                      batch: int = 1000) -> Iterator[list[str]]:
+BATCH_CHARS = 1 << 18
+"""Characters of sentences counted together (`_sentence_batches`; its words take about 15 times
+their size): a one-line corpus arrives in 1 MiB pieces, each one "sentence", and 1000 of them
+made a batch of 1 GB."""
+NORMALIZE_CHARS = 1 << 16
+"""Characters the normaliser gets in one call (`_normalized`): it keeps an alignment per byte,
+about 58 times its input (a batch of 100 MB of text took 5.9 GB)."""
+_CUT_WINDOW = 4096  # characters before a piece's end where `_piece_end` looks for a cut
+
+
+def _sentence_batches(parts: Iterator[tuple[list[str], bool]], batch: int = 1000
+                      ) -> Iterator[list[str]]:
+    """The sentences of ``parts`` in batches of ``batch`` sentences or BATCH_CHARS characters,
+    whichever comes first (the batches only bound memory: what is counted does not depend on
+    them)."""
     buf: list[str] = []
+    chars = 0
     for sentences, _ in parts:
         buf.extend(sentences)
-        if len(buf) >= batch:
+        chars += sum(map(len, sentences))
+        if len(buf) >= batch or chars >= BATCH_CHARS:
             yield buf
-            buf = []
+            buf, chars = [], 0
     if buf:
         yield buf
+
+
+def _normalized(text: str, normalize: Callable[[str], str]) -> str:
+    """``normalize(text)`` (BERT's normaliser), called on pieces of at most NORMALIZE_CHARS
+    characters so that its memory does not grow with the text (a line can be megabytes).
+
+    The result is the same: the normaliser maps character by character, except that NFD (accent
+    stripping) reorders a run of combining marks, and a piece ends before a character that
+    starts no such run (`_piece_end`)."""
+    if len(text) <= NORMALIZE_CHARS:
+        return normalize(text)
+    pieces = []
+    start = 0
+    while start < len(text):
+        end = _piece_end(text, start, start + NORMALIZE_CHARS)
+        pieces.append(normalize(text[start:end]))
+        start = end
+    return "".join(pieces)
+
+
+def _piece_end(text: str, start: int, end: int) -> int:
+    """Where a piece of ``text`` from ``start`` ends, at or before ``end``: after the last space
+    or newline in the `_CUT_WINDOW` characters before it, else before the last character there
+    that the normaliser keeps and that decomposes to a starter first (NFD reorders nothing
+    across it), else at ``end`` (a run of combining marks that long is no text)."""
+    if end >= len(text):
+        return len(text)
+    low = max(start + 1, end - _CUT_WINDOW)
+    space = max(text.rfind(" ", low, end), text.rfind("\n", low, end))
+    if space >= 0:
+        return space + 1
+    for i in range(end, low - 1, -1):
+        c = text[i]
+        if (unicodedata.category(c)[0] != "C" and not unicodedata.combining(c)
+                and not unicodedata.combining(unicodedata.normalize("NFD", c)[0])):
+            return i
+    return end
 
 
 def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet: int,
                         copy: TextIO, vocab_size: int = 30522) -> tuple[list[str], list[str]]:
     """(alphabet, continuation pieces) the WordPiece trainer starts from, chosen deterministically;
-    every sentence is also written to ``copy``, one per line, for the trainer to read back.
+    every sentence is also written to ``copy``, one per line (a long one cut at spaces,
+    `_write_copy`), for the trainer to read back.
 
     Why: the `tokenizers` trainer (0.2x) numbers the "##c" pieces in the iteration order of a
     Rust HashMap of words, which is seeded at random in every process, and breaks ties between
@@ -117,17 +170,18 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     chunks: Counter[str] = Counter()
     chars: Counter[str] = Counter()
     in_runs = 0  # characters left out in runs that can only be [UNK]
+    normalize = functools.partial(_normalized, normalize=tokenizer.normalizer.normalize_str)
     for batch in batches:
         joined = "\n".join(batch)
         # The normaliser works character by character, so one call per batch equals one per line.
-        text = tokenizer.normalizer.normalize_str(joined)
+        text = normalize(joined)
         words = text.split()  # whitespace first (fast), punctuation per distinct chunk below
         if words and max(map(len, words)) > MAX_WORD_CHARS:  # rare: a word that can only be [UNK]
-            joined, removed = _without_unknown_words(joined, tokenizer.normalizer.normalize_str)
+            joined, removed = _without_unknown_words(joined, normalize)
             in_runs += removed
-            text = tokenizer.normalizer.normalize_str(joined)
+            text = normalize(joined)
             words = text.split()
-        copy.write(joined + "\n")
+        _write_copy(copy, joined)
         chars.update(text)
         chunks.update(words)
     _warn_long_runs(in_runs, sum(chars.values()))
@@ -159,6 +213,27 @@ def _initial_vocabulary(batches: Iterator[list[str]], tokenizer, limit_alphabet:
     _warn_dropped_characters(ranked, set(alphabet), chars, limit_alphabet, vocab_size,
                              (len(wanted), _needed(wanted, inside)) if trimmed else None)
     return alphabet, [f"##{c}" for c in alphabet if c in inside]
+
+
+def _write_copy(copy: TextIO, text: str) -> None:
+    """``text`` and a newline into the trainer's copy, a line over NORMALIZE_CHARS characters
+    cut at spaces into lines: the trainer normalises a line at a time, at 58 times its size too
+    (1 MiB lines took it 145 MB more), and a newline ends a word where a space did, so it counts
+    the same words."""
+    lines = text.split("\n")
+    if max(map(len, lines)) <= NORMALIZE_CHARS:
+        copy.write(text + "\n")
+        return
+    for line in lines:
+        start = 0
+        while len(line) - start > NORMALIZE_CHARS:
+            end = line.rfind(" ", start + 1, start + NORMALIZE_CHARS)
+            end = end if end >= 0 else line.find(" ", start + NORMALIZE_CHARS)  # a long word
+            if end < 0:
+                break
+            copy.write(line[start:end] + "\n")
+            start = end + 1
+        copy.write(line[start:] + "\n")
 
 
 def _warn_long_runs(in_runs: int, kept: int) -> None:
