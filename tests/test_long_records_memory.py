@@ -6,13 +6,17 @@ the same as when everything went whole."""
 
 from __future__ import annotations
 
+import json
 import random
 import types
+from pathlib import Path
 
 import pytest
-from _text_fixtures import tokenizer_corpus
+from _corpora import tree_bytes
+from _text_fixtures import tokenizer_corpus, train_small_tokenizer
 
-from bertgpu.data import corpus, wordpiece
+from bertgpu.data import corpus, prepare_worker, wordpiece
+from bertgpu.data.prepare import prepare
 from bertgpu.data.tokenizer import train_tokenizer
 
 BOUND = 1 << 17  # far below the megabytes the stages were handed at once
@@ -103,3 +107,62 @@ def test_normalised_in_pieces_equals_normalised_whole(monkeypatch):
         for _ in range(40):
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 2000)))
             assert wordpiece._normalized(text, normalize) == normalize(text)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
+
+
+def _write_records(path: Path, texts: list[str]) -> Path:
+    if path.suffix == ".parquet":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": texts}), path)
+    else:
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def _records(big: int) -> list[str]:
+    """Ordinary records around one of ``big`` characters in paragraphs and one long line."""
+    huge = "\n\n".join([_text(big // 2, seed=5), *(_text(300, seed=s) for s in range(20)),
+                        _text(big // 2, seed=6)])
+    return [_text(500, seed=10 + i) for i in range(5)] + [huge] + [_text(800, seed=30)]
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", "records.parquet"])
+def test_prepare_encodes_a_huge_record_in_bounded_parts(tok, tmp_path, monkeypatch, name):
+    monkeypatch.setattr(corpus, "PART_CHARS", 4096)
+    monkeypatch.setattr(corpus, "LINE_PIECE_BYTES", 16384)
+    path = _write_records(tmp_path / name, _records(200_000))
+    sizes: list[int] = []
+    encode = prepare_worker._encode
+
+    def recording(texts):
+        sizes.extend(map(len, texts))
+        return encode(texts)
+
+    monkeypatch.setattr(prepare_worker, "_encode", recording)
+    prepare([path], tok, tmp_path / "data", seq_len=64, workers=1)
+    assert sum(sizes) > 200_000
+    assert max(sizes) <= 4096 + 16384, "a record was encoded whole"
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", "records.parquet"])
+def test_a_record_in_parts_gives_the_shards_of_the_record_whole(tok, tmp_path, monkeypatch,
+                                                                  name):
+    path = _write_records(tmp_path / name, _records(60_000))
+    kw = dict(seq_len=64, workers=1, validation_fraction=0.0)
+    monkeypatch.setattr(corpus, "PART_CHARS", 1 << 40)  # every record whole, as before
+    prepare([path], tok, tmp_path / "whole", **kw)
+    monkeypatch.setattr(corpus, "PART_CHARS", 4096)
+    monkeypatch.setattr(corpus, "LINE_PIECE_BYTES", 16384)
+    prepare([path], tok, tmp_path / "parts", **kw)
+    whole, parts = _shards(tmp_path / "whole"), _shards(tmp_path / "parts")
+    assert whole and whole == parts
+
+
+def _shards(folder: Path) -> dict[str, bytes]:
+    return {k: v for k, v in tree_bytes(folder).items() if k.endswith(".npy")}
