@@ -26,10 +26,11 @@ def cut_part(item: tuple, budget: int) -> tuple[tuple, int]:
     """A raw part cut to about ``budget`` bytes of text, and its bytes after the cut.
 
     Why: a sample of a corpus of long documents would otherwise take a whole part (up to
-    `corpus.PART_CHARS` characters, a JSON text or a table row whole) wherever it needs a few
-    kilobytes: 100 kB asked of 50 kB documents read 337 kB. The cut falls between words where
-    the text has spaces, never inside a character, and keeps at least one character. A wiki
-    article is kept whole (its markup is stripped later and must not be cut open).
+    `corpus.PART_CHARS` characters: a long JSON text or table row is cut so too) wherever it
+    needs a few kilobytes: 100 kB asked of 50 kB documents read 337 kB. The cut falls between
+    words where the text has spaces, never inside a character, and keeps at least one
+    character. A wiki article is kept whole (its markup is stripped later and must not be cut
+    open).
     """
     kind, payload, first = item
     if kind == "wiki":
