@@ -162,6 +162,31 @@ def test_sigterm_during_an_evaluation_stops_it_and_writes_the_checkpoint(
 
 
 @pytest.mark.timeout(300)
+def test_a_final_evaluation_cut_short_is_in_the_final_checkpoint_after_the_rerun(
+        shards, tmp_path, one_thread, no_faults):
+    """SIGTERM during the evaluation of the last step (4): the preemption checkpoint of step 4
+    says that evaluation is still to come. The re-run does it, and rewrites that checkpoint: it
+    was kept as it was (the same step, "already saved"), so the final checkpoint said step 4
+    unevaluated, and a run extended from it (--train.max_steps 8) evaluated step 4 again (two
+    eval records of one step)."""
+    import torch
+
+    run = tmp_path / "run"
+    extra = ["--train.eval_every_steps", "4", "--train.max_steps", "4"]
+    proc = _start(shards, run, *extra, faults="slow_eval=60")
+    _until(lambda: _trained(run, 4))
+    err, _ = _stop(proc, 0.3)
+    assert proc.returncode == 143, err[-2000:]
+    assert "wrote a preemption checkpoint of step 4" in _last_line(err), err[-2000:]
+    _rerun(shards, run, *extra, "--checkpoint.async_save", "false")
+    state = torch.load(run / "checkpoints" / "step_4" / "train_state.pt", weights_only=True)
+    assert state["evaluated_at"] == 4 and state["last_eval"]
+    _rerun(shards, run, "--train.eval_every_steps", "4", "--train.max_steps", "8")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [4, 8]
+
+
+@pytest.mark.timeout(300)
 def test_sigterm_during_a_background_write_waits_for_it(shards, tmp_path, tmp_path_factory,
                                                         one_thread, no_faults):
     """Step 8's checkpoint write takes 2 s more, every micro-step 0.12 s: SIGTERM in step 10

@@ -132,9 +132,8 @@ class Loop:
         engine.lr_fn = self.lr
         self.tokens_seen = self.sequences_seen = 0
         self.elapsed_offset = 0.0
-        # Step of the newest checkpoint written or resumed from; the same on every rank by
-        # construction (a directory listing on a lagging network filesystem may not be), so the
-        # final "save unless already saved" is collective.
+        # Step of the newest checkpoint written or resumed from, the same on every rank (a lagging
+        # network filesystem's listing may not be): the final "save unless saved" is collective.
         self.saved_step: int | None = None
         self.resumed_from: Path | None = None
         # The result being built while `run()` lasts (a task may read its clocks), then returned.
@@ -218,6 +217,7 @@ class Loop:
             w.throughput.reset()  # the rates start after it
         if self._eval_pending:  # the evaluation of the resumed step was cut short by a stop
             result.last_eval = self._evaluate(logger, self.engine.step, w)
+            self.saved_step = None  # its checkpoint still awaits it: the final one is written
         if self.budget is not None:
             self.budget.start()
         self.engine.on_skipped = lambda step, n: logger.print(  # when the engine reads the step
