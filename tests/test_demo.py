@@ -65,3 +65,24 @@ def test_finetune_table_gives_medians_benefit_spread_and_an_honest_verdict(
     assert verdict in text
     assert ("seed noise, not a benefit" in text) == ("2 of 2" not in verdict)
     assert "160 train, 40 dev" in text  # the sizes the rows carry
+
+
+def test_a_demo_folder_of_other_settings_is_refused_not_reused(tmp_path: Path) -> None:
+    """The demo resumes by running its stages again, each finding its output done. It skipped a
+    stage whose folder existed: a tokenizer of another --vocab-size (or another corpus's, in a
+    folder that was not a demo's) was used as it was, and the run ended in a traceback when the
+    model predicted ids the tokenizer did not have."""
+    from bertgpu.data.corpus import gensim_test_data
+    from bertgpu.demo import _tokenizer_and_shards
+    from bertgpu.errors import BertgpuError
+
+    wiki = Path(gensim_test_data("enwiki-latest-pages-articles1.xml-p000000010p000030302-"
+                                 "shortened.bz2"))
+    tok, data = tmp_path / "tokenizer", tmp_path / "data"
+    _tokenizer_and_shards(wiki, tok, data, 1000, [])
+    made = (tok / "vocab.txt").stat().st_mtime_ns
+    _tokenizer_and_shards(wiki, tok, data, 1000, [])  # the same: nothing to do
+    assert (tok / "vocab.txt").stat().st_mtime_ns == made
+    with pytest.raises(BertgpuError, match=r"tokenizer: holds a tokenizer trained with "
+                                           r"--vocab-size 1000 \(asked 2000\)"):
+        _tokenizer_and_shards(wiki, tok, data, 2000, [])

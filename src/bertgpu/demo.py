@@ -174,20 +174,20 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
 
 def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size: int,
                           begun: list[str]) -> None:
-    """Stages 1 and 2 (skipped when their folders exist: the demo resumes)."""
+    """Stages 1 and 2. Run again, each finds its output made from the same corpus and settings
+    and does nothing (the demo resumes); one of other settings, or not a demo's, is an error
+    naming it (it was used as it was: another vocabulary's, then a traceback)."""
     from bertgpu.data.prepare import prepare
     from bertgpu.data.tokenizer import train_tokenizer
 
     t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}", begun)
-    if not tok_dir.exists():
-        train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
+    train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
     print(f"    {tok_dir}: "
           f"{sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces")
     _done(t0)
 
     t0 = _stage("2. bertgpu prepare --objective mlm --seq-len 128", begun)
-    if not data_dir.exists():
-        prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm", validation_fraction=0.05)
+    prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm", validation_fraction=0.05)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     splits = manifest["splits"]
     print(f"    {manifest['counts']['documents']} documents -> {splits['train']['sequences']:,} "
