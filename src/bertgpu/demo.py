@@ -130,7 +130,9 @@ def fill_mask(hf_dir: Path, sentences: list[str], top_k: int = 3) -> list[tuple[
         where = (enc["input_ids"][0] == tok.mask_token_id).nonzero().flatten()
         if len(where) == 0:
             continue
-        top = logits[where[0]].topk(top_k).indices.tolist()
+        # a model vocabulary larger than the tokenizer's (--vocab-size past what the corpus
+        # gives) has rows no token names: predictions among the tokenizer's ids only
+        top = logits[where[0], :len(tok)].topk(top_k).indices.tolist()
         results.append((text, [tok.convert_ids_to_tokens(i) for i in top]))
     return results
 
