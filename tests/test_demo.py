@@ -86,3 +86,28 @@ def test_a_demo_folder_of_other_settings_is_refused_not_reused(tmp_path: Path) -
     with pytest.raises(BertgpuError, match=r"tokenizer: holds a tokenizer trained with "
                                            r"--vocab-size 1000 \(asked 2000\)"):
         _tokenizer_and_shards(wiki, tok, data, 2000, [])
+
+
+def test_fill_mask_predicts_only_tokens_the_tokenizer_has(tmp_path: Path) -> None:
+    """A model vocabulary larger than the tokenizer's (the recipe's --vocab-size past what the
+    corpus gives) has rows no token names; one of them on top came out as None."""
+    import torch
+    from _tiny import TINY
+
+    from bertgpu.data.tokenizer import train_tokenizer
+    from bertgpu.demo import fill_mask
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.models.hf_export import save_pretrained
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the war ended in paris and the city was free again.\n\n" * 50,
+                      encoding="utf-8")
+    tok = train_tokenizer([corpus], tmp_path / "tok", vocab_size=60)
+    size = sum(1 for _ in open(tok / "vocab.txt", encoding="utf-8"))
+    model = BertForPreTraining(BertConfig(**{**TINY, "vocab_size": size + 8}), with_nsp=False)
+    with torch.no_grad():  # the rows past the tokenizer's win every prediction
+        model.cls.predictions.bias[size:] = 100.0
+    out = save_pretrained(model, tmp_path / "hf", tokenizer=tok)
+    [(_, tokens)] = fill_mask(out, ["the war [MASK] in paris."])
+    assert len(tokens) == 3 and all(isinstance(t, str) for t in tokens), tokens
