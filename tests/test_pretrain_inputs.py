@@ -469,3 +469,14 @@ def test_a_key_added_since_the_run_started_is_no_changed_setting(tmp_path, capsy
     other = full.replace("grace_s = ", "grace_s = 1", 1)  # e.g. 30.0 -> 130.0
     run_folder.keep_config_history(run, other, 5)
     assert "checkpoint.grace_s" in capsys.readouterr().out
+
+
+def test_the_manifest_given_for_its_folder_says_so(shards: Path, tmp_path: Path,
+                                                    capsys) -> None:
+    """`--data DIR/manifest.json` said "DIR/manifest.json/manifest.json: no manifest.json
+    found"; it names the file as a file and the folder to give."""
+    err = _one_line_error(capsys, ["pretrain", TINY, "--data", str(shards / "manifest.json"),
+                                   "--out", str(tmp_path / "r"), *SMALL])
+    assert (f"{shards / 'manifest.json'}: a file, not a folder; expected the folder of a shard "
+            f"set written by `bertgpu prepare` (its folder: {shards})") in err, err
+    assert not (tmp_path / "r").exists()

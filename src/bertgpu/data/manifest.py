@@ -112,6 +112,10 @@ class Manifest:
         if not path.parent.exists():
             raise BertgpuError(f"{path.parent}: does not exist (expected a shard set written by "
                                "`bertgpu prepare`)")
+        if path.parent.is_file():  # --data DIR/manifest.json: "DIR/manifest.json/manifest.json"
+            hint = f" (its folder: {path.parent.parent})" if path.parent.name == path.name else ""
+            raise BertgpuError(f"{path.parent}: a file, not a folder; expected the folder of a "
+                               f"shard set written by `bertgpu prepare`{hint}")
         if not path.is_file():
             if any((path.parent / n).exists() for n in ("metrics.jsonl", "checkpoints")):
                 raise BertgpuError(f"{path}: no manifest.json found: {path.parent} is a run "
