@@ -325,3 +325,21 @@ def test_a_json_line_nested_too_deep_for_json_is_sniffed_as_json_lines():
     deep = b'{"text": "x", "a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     assert is_json_object_line(deep)
     assert not is_json_object_line(b"{" + b"[" * 5000 + b"]" * 5000)
+
+
+def test_a_file_whose_lines_end_in_cr_alone_is_refused_not_read_as_one_line(tmp_path):
+    """Classic Mac OS line ends (CR alone) made the whole file one line: one document, one
+    'sentence', without a word. It is a one-line error naming the file; CRLF and a stray CR in
+    a line read as before."""
+    import io
+
+    from bertgpu.data.textio import decoded_lines
+    from bertgpu.errors import BertgpuError
+
+    cr = b"The first line.\rThe second line.\r\rAnother document.\r"
+    with pytest.raises(BertgpuError, match=r"c.txt: lines end in CR alone \(classic Mac OS\); "
+                                           r"expected LF or CRLF line ends"):
+        list(decoded_lines("c.txt", io.BytesIO(cr)))
+    crlf = b"The first line.\r\nThe second line.\r\n\r\nAnother\rdocument.\r\n"
+    assert [t for _, t, _ in decoded_lines("c.txt", io.BytesIO(crlf))] == [
+        "The first line.", "The second line.", "", "Another\rdocument."]

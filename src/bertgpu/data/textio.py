@@ -157,8 +157,11 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
                 f"{line_label(path, number, by_byte)}: invalid UTF-8 byte 0x{raw[exc.start]:02x} "
                 f"at byte offset {offset + exc.start}; expected UTF-8 text"
             ) from None
-        if total == 0 and first_offset == 0 and text.startswith("\ufeff"):
-            text = text[1:]  # a byte-order mark is not text
+        if total == 0 and first_offset == 0:
+            text = text.removeprefix("\ufeff")  # a byte-order mark is not text
+            if text.rstrip("\r\n").count("\r") > 1:  # the whole file one line, one document
+                raise BertgpuError(f"{path}: lines end in CR alone (classic Mac OS); expected LF "
+                                   "or CRLF line ends (convert: tr '\\r' '\\n')")
         offset += len(raw)
         total += 1
         open_line = not ends
