@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = r'''
 import sys, types, warnings
 from bertgpu import cli
@@ -429,3 +431,18 @@ def test_a_folder_the_file_system_will_not_create_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("bertgpu tokenizer: error: /proc/bertgpu-test"), err
         assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv", [["prepare", "--seq-len", "abc"], ["export", "--step", "x"],
+                                  ["bench", "model", "--bogus"], ["bench", "nosuch"]])
+def test_an_option_argparse_refuses_is_one_line(argv, capsys):
+    """argparse printed its whole usage (up to 16 lines) before the error; like every other
+    error of bertgpu's it is one line, pointing at --help, exit 2."""
+    from bertgpu import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "usage" not in err, err
+    assert err.startswith("bertgpu ") and err.endswith(" --help)"), err

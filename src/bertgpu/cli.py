@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 from bertgpu import __version__, errors
 from bertgpu.errors import BertgpuError, Terminated
@@ -118,7 +119,7 @@ def _main(argv: list[str]) -> int:
         return 2
     module_name, text = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"bertgpu {name}", description=text)
+    parser = OneLineParser(prog=f"bertgpu {name}", description=text)
     module.add_arguments(parser)
     launches = getattr(module, "LAUNCHES_WORKERS", False)
     if launches:
@@ -150,6 +151,15 @@ def _main(argv: list[str]) -> int:
         return 2
     finally:
         errors.running_command = outer
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line as every other error of bertgpu's (argparse
+    printed its whole usage first: up to 16 lines, the error last); the options are --help's."""
+
+    def error(self, message: str) -> NoReturn:
+        say(f"{self.prog}: error: {message} (the options: {self.prog} --help)")
+        self.exit(2)
 
 
 def say(line: str, stream=None) -> None:

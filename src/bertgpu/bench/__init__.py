@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     module_name, text = SUITES[args.suite]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"bertgpu bench {args.suite}", description=text)
+    from bertgpu.cli import OneLineParser
+
+    parser = OneLineParser(prog=f"bertgpu bench {args.suite}", description=text)
     module.add_arguments(parser)
     return int(module.main(parser.parse_args(args.suite_args)) or 0)
