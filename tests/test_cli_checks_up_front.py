@@ -88,13 +88,15 @@ def demo_stages(monkeypatch):
     monkeypatch.setattr(demo, "_run_stages", _no_work)
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--vocab-size"])
 @pytest.mark.parametrize("steps", ["0", "-3"])
-def test_demo_steps_must_be_positive(demo_stages, tmp_path: Path, capsys, steps: str):
-    """0 ran the recipe's default number of steps; -3 failed after the tokenizer and shards."""
+def test_demo_steps_must_be_positive(demo_stages, tmp_path: Path, capsys, steps: str, flag):
+    """--steps 0 ran the recipe's default number of steps, -3 failed after the tokenizer and
+    shards; --vocab-size 0 or -3 went on to the tokenizer."""
     with pytest.raises(SystemExit) as exit_:
-        main(["demo", "--steps", steps, "--out", str(tmp_path / "demo")])
+        main(["demo", flag, steps, "--out", str(tmp_path / "demo")])
     assert exit_.value.code == 2
-    assert f"argument --steps: expected a positive finite int, found {steps}" in \
+    assert f"argument {flag}: expected a positive finite int, found {steps}" in \
         capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
 

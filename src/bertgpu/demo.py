@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for everything the demo writes (default: demo_out)")
     parser.add_argument("--steps", type=positive(int), default=None,
                         help="pretraining steps (default: the recipe's)")
-    parser.add_argument("--vocab-size", type=int, default=8192,
+    parser.add_argument("--vocab-size", type=positive(int), default=8192,
                         help="WordPiece vocabulary size (default: 8192)")
     parser.add_argument("--skip-finetune", action="store_true",
                         help="stop after export and fill-mask")
