@@ -343,3 +343,26 @@ def test_a_file_whose_lines_end_in_cr_alone_is_refused_not_read_as_one_line(tmp_
     crlf = b"The first line.\r\nThe second line.\r\n\r\nAnother\rdocument.\r\n"
     assert [t for _, t, _ in decoded_lines("c.txt", io.BytesIO(crlf))] == [
         "The first line.", "The second line.", "", "Another\rdocument."]
+
+
+def test_crs_in_a_first_line_that_ends_or_in_a_long_record_are_text(tmp_path):
+    """The CR-alone check read two CRs in the first line as a CR-only file: a first line that
+    ends in LF ("Chapter 1\\rThe Beginning\\rBy Someone\\n") was refused, and so was a JSONL
+    record over PART_CHARS with CRs between its paragraphs (its text is read in lines too)."""
+    import io
+    import json
+
+    from bertgpu.data.corpus import PART_CHARS
+    from bertgpu.data.textio import decoded_lines
+    from bertgpu.data.tokenizer import train_tokenizer
+
+    first = b"Chapter 1\rThe Beginning\rBy Someone\nThe story starts here.\n"
+    assert [t for _, t, _ in decoded_lines("c.txt", io.BytesIO(first))] == [
+        "Chapter 1\rThe Beginning\rBy Someone", "The story starts here."]
+    paragraph = "the war ended in paris and the city was free again. "
+    long_text = "\r".join([paragraph * 40] * (PART_CHARS // (len(paragraph) * 40) + 2))
+    assert len(long_text) > PART_CHARS
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in [paragraph] * 5 + [long_text])
+                      + "\n", encoding="utf-8")
+    assert (train_tokenizer([corpus], tmp_path / "tok", vocab_size=60) / "vocab.txt").is_file()

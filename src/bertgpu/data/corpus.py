@@ -319,7 +319,8 @@ def _records(src: Source, items: Iterator[RawItem], stats: CorpusStats) -> Itera
             yield kind, text, first
         else:
             f = io.BytesIO(text.encode("utf-8"))
-            lines = (line for line in decoded_lines(src, f, LINE_PIECE_BYTES) if line[1].strip())
+            lines = (line for line in decoded_lines(src, f, LINE_PIECE_BYTES, a_file=False)
+                     if line[1].strip())
             for block, first_part in _line_parts(src, f, per_line=False, lines=lines):
                 yield kind, "\n".join(block), first and first_part
 

@@ -111,7 +111,8 @@ def line_label(path: Source | str, line: int, by_byte: bool = False) -> str:
 
 
 def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = None,
-                  first_offset: int = 0, part: bool = False) -> Iterator[tuple[int, str, bool]]:
+                  first_offset: int = 0, part: bool = False,
+                  a_file: bool = True) -> Iterator[tuple[int, str, bool]]:
     """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line
     and byte.
 
@@ -122,7 +123,8 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
     ``first_offset``: where ``f`` starts in the file, for the byte offsets in errors. ``part``:
     ``f`` is a `LineRange` of the file, and may be empty; when it starts after the file's first
     byte the lines before it are not counted, so each line's "number" is the byte offset in the
-    file where it starts (`line_label` with ``by_byte``).
+    file where it starts (`line_label` with ``by_byte``). ``a_file`` False: ``f`` holds a
+    record's text (a JSONL string, a table cell), whose CRs say nothing of its file's line ends.
     """
     by_byte = part and first_offset > 0
     offset = first_offset
@@ -159,7 +161,8 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
             ) from None
         if total == 0 and first_offset == 0:
             text = text.removeprefix("\ufeff")  # a byte-order mark is not text
-            if text.rstrip("\r\n").count("\r") > 1:  # the whole file one line, one document
+            # the whole file one line, one document (a first line that ends in LF is a line)
+            if a_file and not raw.endswith(b"\n") and text.count("\r") > 1:
                 raise BertgpuError(f"{path}: lines end in CR alone (classic Mac OS); expected LF "
                                    "or CRLF line ends (convert: tr '\\r' '\\n')")
         offset += len(raw)
