@@ -366,3 +366,28 @@ def test_crs_in_a_first_line_that_ends_or_in_a_long_record_are_text(tmp_path):
     corpus.write_text("\n".join(json.dumps({"text": t}) for t in [paragraph] * 5 + [long_text])
                       + "\n", encoding="utf-8")
     assert (train_tokenizer([corpus], tmp_path / "tok", vocab_size=60) / "vocab.txt").is_file()
+
+
+def test_an_upgrade_alone_does_not_make_a_url_corpus_look_changed(tmp_path):
+    """Outputs made before https's Last-Modified (and hf://'s blob_id) were read recorded such
+    files by their size alone; the same command after the upgrade said "1 file changed since"
+    and refused the tokenizer and shard set (hours of prepare to redo). A size-only version
+    matches a versioned one of the same size; another size is still a change."""
+    import json
+
+    from bertgpu.data.rerun import TRAINED, same_as_prepared, same_as_trained
+    from bertgpu.errors import BertgpuError
+
+    url = "https://example.org/c.txt"
+    now = {"versions": {url: "18661:Tue, 01 Dec 2026 10:00:00 GMT"}, "settings": {"cased": False}}
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "vocab.txt").write_text("[PAD]\n", encoding="utf-8")
+    (tok / TRAINED).write_text(json.dumps({**now, "versions": {url: "18661"}}), encoding="utf-8")
+    assert same_as_trained(tok, now)
+    (tok / TRAINED).write_text(json.dumps({**now, "versions": {url: "18000"}}), encoding="utf-8")
+    with pytest.raises(BertgpuError, match="1 file changed since"):
+        same_as_trained(tok, now)
+    plan = {"tokenizer_hash": "h", "settings": {"objective": "mlm+nsp"}, "job": [],
+            "unit_bytes": 1, "versions": now["versions"]}
+    assert same_as_prepared("out", "{}", json.dumps({**plan, "versions": {url: "18661"}}), plan)

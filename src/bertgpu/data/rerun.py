@@ -51,7 +51,7 @@ def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder (or "
                            "--overwrite)")
     try:
-        before = json.loads(prepared)
+        before = _sizes_read_on(json.loads(prepared), plan)
     except json.JSONDecodeError:
         before = {}
     if _without_version(before) == _without_version(plan):
@@ -111,6 +111,20 @@ def _corpus_differences(before: dict[str, str], now: dict[str, str]) -> list[str
     return []
 
 
+def _sizes_read_on(before: Any, now: dict[str, Any]) -> Any:
+    """`before` (a record of an earlier run) with each file version that is a size alone taken
+    as `now`'s when the sizes agree: a bertgpu before https's Last-Modified and hf://'s blob_id
+    were read (`sources.VERSION_KEYS`) recorded those files by size, and an upgrade alone remakes
+    nothing (every such corpus would have been "changed since")."""
+    versions, new = (before.get("versions") if isinstance(before, dict) else None), now["versions"]
+    if not isinstance(versions, dict):
+        return before
+    kept = {path: (new[path] if isinstance(old, str) and ":" not in old and path in new
+                   and new[path].split(":", 1)[0] == old else old)
+            for path, old in versions.items()}
+    return {**before, "versions": kept}
+
+
 def _files(paths: list[str]) -> str:
     return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
 
@@ -142,7 +156,7 @@ def same_as_trained(out: Path, record: dict[str, Any]) -> bool:
     if not path.is_file() or not (out / "vocab.txt").is_file():
         return False
     try:
-        before = json.loads(path.read_text(encoding="utf-8"))
+        before = _sizes_read_on(json.loads(path.read_text(encoding="utf-8")), record)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     if before == record:
