@@ -63,7 +63,9 @@ class TrainSection:
     grad_clip: float = option(1.0, "clip the global gradient L2 norm to this (0 = no clipping)")
     budget_hours: float | None = option(None, "wall-clock budget; the schedule follows "
                                               "elapsed/budget (none = step-based)")
-    max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row")
+    max_nonfinite_steps: int = option(5, "abort after this many non-finite steps in a row "
+                                         "(fp16 overflows with a finite loss count once the "
+                                         "loss scale is below 1)")
     eval_every_steps: int = option(1000, "evaluate on the validation split every N steps (0 = "
                                          "only at the end)")
     eval_sequences: int = option(
