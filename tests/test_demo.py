@@ -84,8 +84,16 @@ def test_a_demo_folder_of_other_settings_is_refused_not_reused(tmp_path: Path) -
     _tokenizer_and_shards(wiki, tok, data, 1000, [])  # the same: nothing to do
     assert (tok / "vocab.txt").stat().st_mtime_ns == made
     with pytest.raises(BertgpuError, match=r"tokenizer: holds a tokenizer trained with "
-                                           r"--vocab-size 1000 \(asked 2000\)"):
+                                           r"--vocab-size 1000 \(asked 2000\).*; this demo folder "
+                                           r"was made otherwise: give --fresh to start it afresh"):
         _tokenizer_and_shards(wiki, tok, data, 2000, [])
+    # a demo folder of a bertgpu that kept no record of how it made them: taken as it is
+    from bertgpu.data.rerun import PREPARED, TRAINED
+
+    (tok / TRAINED).unlink()
+    (data / PREPARED).unlink()
+    _tokenizer_and_shards(wiki, tok, data, 2000, [])
+    assert (tok / "vocab.txt").stat().st_mtime_ns == made
 
 
 def test_fill_mask_predicts_only_tokens_the_tokenizer_has(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bertgpu import errors
 from bertgpu.bench.cells import positive
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError, Terminated
@@ -178,24 +179,41 @@ def _tokenizer_and_shards(wiki: Path, tok_dir: Path, data_dir: Path, vocab_size:
                           begun: list[str]) -> None:
     """Stages 1 and 2. Run again, each finds its output made from the same corpus and settings
     and does nothing (the demo resumes); one of other settings, or not a demo's, is an error
-    naming it (it was used as it was: another vocabulary's, then a traceback)."""
+    naming it (it was used as it was: another vocabulary's, then a traceback). A folder of a
+    bertgpu that kept no record of its making (trained-from.json, prepared-from.json) is taken
+    as it is, as then."""
     from bertgpu.data.prepare import prepare
+    from bertgpu.data.rerun import PREPARED, TRAINED
     from bertgpu.data.tokenizer import train_tokenizer
 
     t0 = _stage(f"1. bertgpu tokenizer --vocab-size {vocab_size}", begun)
-    train_tokenizer([wiki], tok_dir, vocab_size=vocab_size)
+    if not (tok_dir / "vocab.txt").is_file() or (tok_dir / TRAINED).is_file():
+        _as_demo(lambda: train_tokenizer([wiki], tok_dir, vocab_size=vocab_size))
     print(f"    {tok_dir}: "
           f"{sum(1 for _ in open(tok_dir / 'vocab.txt', encoding='utf-8')):,} WordPieces")
     _done(t0)
 
     t0 = _stage("2. bertgpu prepare --objective mlm --seq-len 128", begun)
-    prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm", validation_fraction=0.05)
+    if not (data_dir / "manifest.json").is_file() or (data_dir / PREPARED).is_file():
+        _as_demo(lambda: prepare([wiki], tok_dir, data_dir, seq_len=128, objective="mlm",
+                                 validation_fraction=0.05))
     manifest = json.loads((data_dir / "manifest.json").read_text())
     splits = manifest["splits"]
     print(f"    {manifest['counts']['documents']} documents -> {splits['train']['sequences']:,} "
           f"train / {splits['validation']['sequences']:,} validation sequences of "
           f"{manifest['seq_len']} tokens")
     _done(t0)
+
+
+def _as_demo(stage: Any) -> None:
+    """A stage's refusal of the folder it finds, with the demo's way out: the command's own
+    (remove the folder, --overwrite) do not fit a demo folder (`bertgpu demo` has no
+    --overwrite, and removing only tokenizer/ then refused data/)."""
+    try:
+        stage()
+    except BertgpuError as exc:
+        raise BertgpuError(f"{errors.one_line(exc)}; this demo folder was made otherwise: give "
+                           "--fresh to start it afresh, or another --out") from None
 
 
 def _pretraining_table(run_dir: Path) -> str:
