@@ -24,8 +24,8 @@ from bertgpu.errors import BertgpuError
 
 fsspec = pytest.importorskip("fsspec")
 
-from fsspec.implementations.local import LocalFileSystem  # noqa: E402
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem  # noqa: E402
+from fsspec.spec import AbstractBufferedFile  # noqa: E402
+from test_prepare_remote import _RangeStore  # noqa: E402  (local files behind a protocol)
 
 DOCS = "".join(f"Document {i} has a sentence.\nAnd a second one here.\n\n" for i in range(50))
 
@@ -220,21 +220,11 @@ class _NoRangeFile(AbstractBufferedFile):
             return f.read(end)
 
 
-class _NoRangeStore(AbstractFileSystem):
+class _NoRangeStore(_RangeStore):
     """Local files behind the `norange://` protocol, in blocks of ``block`` bytes."""
 
     protocol = "norange"
     block = 4096
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.local = LocalFileSystem()
-
-    def ls(self, path, detail=True, **kwargs):
-        return self.local.ls(self._strip_protocol(path), detail=detail)
-
-    def info(self, path, **kwargs):
-        return self.local.info(self._strip_protocol(path))
 
     def _open(self, path, mode="rb", block_size=None, **kwargs):
         path = self._strip_protocol(path)
