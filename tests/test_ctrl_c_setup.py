@@ -63,12 +63,12 @@ def test_the_set_up_delay_is_parsed_and_needs_no_step():
 
 _GUARDED = """
 import os, signal, sys, time
-from bertgpu.train.distributed import _stop_ends_setup
+from bertgpu.train.setup_signals import stop_ends_setup
 rank = int(sys.argv[1])
 # Python's own SIGINT handler, as in a terminal (a job started in the background of a
 # non-interactive shell inherits SIGINT ignored, and Python then leaves it so)
 signal.signal(signal.SIGINT, signal.default_int_handler)
-with _stop_ends_setup(rank):
+with stop_ends_setup(rank):
     pass
 assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 try:
@@ -76,7 +76,7 @@ try:
     time.sleep(5)
 except KeyboardInterrupt:
     print("after: KeyboardInterrupt", flush=True)
-with _stop_ends_setup(rank):
+with stop_ends_setup(rank):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)  # as inside init_process_group: Python's handlers do not run in C
 print("not reached", flush=True)
@@ -101,9 +101,9 @@ def test_a_stop_signal_during_set_up_ends_the_process_with_one_line_on_rank_0(ra
 _LOCKED = """
 import os, signal, sys, time
 from bertgpu.locks import output_lock
-from bertgpu.train.distributed import _stop_ends_setup
+from bertgpu.train.setup_signals import stop_ends_setup
 signal.signal(signal.SIGINT, signal.default_int_handler)
-with output_lock(sys.argv[1], "bertgpu finetune"), _stop_ends_setup(0):
+with output_lock(sys.argv[1], "bertgpu finetune"), stop_ends_setup(0):
     assert os.path.exists(sys.argv[1] + ".bertgpu-lock")
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
