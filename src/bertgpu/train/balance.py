@@ -85,7 +85,7 @@ class RankTimes:
         """(compute seconds, sequences) of every rank since the last gather; collective. Resets."""
         mine = torch.zeros(2 * self.world, dtype=torch.float64)
         mine[self.rank], mine[self.world + self.rank] = self.compute_s, float(self.sequences)
-        both = distributed.all_reduce_sum(mine.to(distributed.collective_device())).cpu().tolist()
+        both = distributed.host_all_reduce_sum(mine).tolist()
         self.compute_s, self.sequences, self.steps = 0.0, 0, 0
         return both[: self.world], [int(round(x)) for x in both[self.world:]]
 

@@ -147,8 +147,9 @@ def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = 
         from datetime import timedelta
 
         minutes = DEFAULT_TIMEOUT_MINUTES if timeout_minutes is None else float(timeout_minutes)
+        _host["timeout"] = timedelta(minutes=minutes)
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size,
-                                  "timeout": timedelta(minutes=minutes)}
+                                  "timeout": _host["timeout"]}
         if alone:
             kwargs["store"] = dist.HashStore()  # a group of one: no rendezvous, no port
         if backend == "nccl":
@@ -174,6 +175,7 @@ def destroy() -> None:
     if is_initialized():
         gc.collect()  # modules in reference cycles (loop <-> engine) go now, not at exit
         _dist().destroy_process_group()
+        _host.pop("of", None), _host.pop("group", None)
 
 
 @contextlib.contextmanager
@@ -203,6 +205,35 @@ def barrier() -> None:
         _dist().barrier()
 
 
+# The gloo group of host numbers under NCCL (`host_group`), and the timeout it is made with.
+_host: dict[str, Any] = {}
+
+
+def host_group() -> Any:
+    """Where host numbers (counts, clocks, flags) are reduced: the default group under gloo;
+    under NCCL a gloo group over the same ranks, made on first use (every rank makes its first
+    call at the same point of the run). Through NCCL a host number waits for the GPU: the
+    collective queues behind every kernel queued before it (the previous step's backward and
+    update), and reading the result back made the host wait for them on every step, then
+    queue the next step on an idle GPU. Through gloo it waits only for the other ranks' hosts.
+    (Multi-node: gloo picks the interface of the host name; GLOO_SOCKET_IFNAME sets it.)"""
+    dist = _dist()
+    if dist.get_backend() != "nccl":
+        return None
+    world = dist.group.WORLD
+    if _host.get("of") is not world:
+        _host.update(of=world, group=dist.new_group(backend="gloo", timeout=_host.get("timeout")))
+    return _host["group"]
+
+
+def host_all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a CPU tensor over ranks in place through `host_group`; returned as is without a
+    group."""
+    if is_initialized():
+        _dist().all_reduce(t, group=host_group())
+    return t
+
+
 def collective_device() -> torch.device:
     """Where small tensors for collectives must live: the current GPU under NCCL, else CPU."""
     import torch
@@ -222,9 +253,9 @@ def _reduce(x: Any, op_name: str) -> Any:
     if isinstance(x, torch.Tensor):
         dist.all_reduce(x, op=op)
         return x
-    # Python scalar: float64 so integer counts up to 2**53 stay exact.
-    t = torch.tensor(float(x), dtype=torch.float64, device=collective_device())
-    dist.all_reduce(t, op=op)
+    # Python scalar: float64 so integer counts up to 2**53 stay exact; a host number.
+    t = torch.tensor(float(x), dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=host_group())
     value = t.item()
     return int(value) if isinstance(x, int) and not isinstance(x, bool) else value
 
@@ -247,8 +278,8 @@ def broadcast_scalar(x: float, src: int = 0) -> float:
         return x
     import torch
 
-    t = torch.tensor(float(x), dtype=torch.float64, device=collective_device())
-    _dist().broadcast(t, src=src)
+    t = torch.tensor(float(x), dtype=torch.float64)
+    _dist().broadcast(t, src=src, group=host_group())
     return t.item()
 
 

@@ -256,7 +256,7 @@ class Engine:
             return {k: local[k] for k in keys}, {k: float(signals[k]) for k in signal_keys}
         vector = torch.tensor([local[k] for k in keys] + [float(signals[k]) for k in signal_keys],
                               dtype=torch.float64)
-        summed = distributed.all_reduce_sum(vector.to(distributed.collective_device())).tolist()
+        summed = distributed.host_all_reduce_sum(vector).tolist()
         return (dict(zip(keys, summed[: len(keys)], strict=True)),
                 dict(zip(signal_keys, summed[len(keys):], strict=True)))
 
