@@ -91,3 +91,14 @@ def test_under_gloo_the_default_group_carries_host_numbers(monkeypatch):
     monkeypatch.setattr(distributed, "_host", {}, raising=False)
     assert distributed.all_reduce_sum(2.0) == 4.0
     assert fake.calls == [("all_reduce", None, "cpu")] and fake.groups_made == []
+
+
+def test_a_world_of_one_reduces_no_host_number(monkeypatch):
+    """FSDP on one GPU runs in an NCCL group of one, which takes no CPU tensor."""
+    fake = FakeNcclDist()
+    monkeypatch.setattr(fake, "get_world_size", lambda: 1)
+    monkeypatch.setattr(distributed, "_dist", lambda: fake)
+    monkeypatch.setattr(distributed, "_host", {}, raising=False)
+    assert distributed.all_reduce_sum(3) == 3 and distributed.broadcast_scalar(1.5) == 1.5
+    assert distributed.host_all_reduce_sum(torch.ones(2)).tolist() == [1.0, 1.0]
+    assert fake.calls == [] and fake.groups_made == []

@@ -227,9 +227,9 @@ def host_group() -> Any:
 
 
 def host_all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a CPU tensor over ranks in place through `host_group`; returned as is without a
-    group."""
-    if is_initialized():
+    """Sum a CPU tensor over ranks in place through `host_group`; returned as is in a world of
+    one (with or without a group: an NCCL group of one takes no CPU tensor)."""
+    if get_world_size() > 1:
         _dist().all_reduce(t, group=host_group())
     return t
 
@@ -253,6 +253,8 @@ def _reduce(x: Any, op_name: str) -> Any:
     if isinstance(x, torch.Tensor):
         dist.all_reduce(x, op=op)
         return x
+    if get_world_size() == 1:  # a host number, as `host_all_reduce_sum`
+        return x
     # Python scalar: float64 so integer counts up to 2**53 stay exact; a host number.
     t = torch.tensor(float(x), dtype=torch.float64)
     dist.all_reduce(t, op=op, group=host_group())
@@ -274,7 +276,7 @@ def all_reduce_max(x: Any) -> Any:
 def broadcast_scalar(x: float, src: int = 0) -> float:
     """Rank `src`'s value of `x` on every rank (e.g. the wall clock,
     so all ranks agree on progress)."""
-    if not is_initialized():
+    if get_world_size() == 1:  # a host number, as `host_all_reduce_sum`
         return x
     import torch
 
