@@ -207,12 +207,13 @@ def test_max_steps_says_what_it_accepts():
     expected = (r"expected a positive integer \(0, no step limit, only with train.budget_hours "
                 r"set\)$")
     for steps in ("-5", "0"):
-        with pytest.raises(BertgpuError, match=rf"^config: train.max_steps = {steps}: {expected}"):
+        with pytest.raises(BertgpuError,
+                           match=rf"^command line: train.max_steps = {steps}: {expected}"):
             schema.load_config(TINY, ["--train.max_steps", steps])
     budget = ["--train.budget_hours", "1"]
-    with pytest.raises(BertgpuError, match=r"^config: train.max_steps = -5: expected 0 \(no step "
-                                           r"limit: train.budget_hours ends the run\) or a "
-                                           r"positive integer$"):
+    with pytest.raises(BertgpuError, match=r"^command line: train.max_steps = -5: expected 0 "
+                                           r"\(no step limit: train.budget_hours ends the run\) "
+                                           r"or a positive integer$"):
         schema.load_config(TINY, ["--train.max_steps", "-5", *budget])
     assert schema.load_config(TINY, ["--train.max_steps", "0", *budget]).train.max_steps == 0
     assert schema.load_config(TINY, ["--train.max_steps", "1"]).train.max_steps == 1

@@ -208,7 +208,7 @@ def test_whole_run_cosine_and_the_default_span():
 
 @pytest.mark.parametrize("decay", ["constant", "wsd", "triangle", "one-cycle"])
 def test_whole_run_is_refused_where_it_means_nothing(decay):
-    with pytest.raises(BertgpuError, match=r"^config: schedule\.decay_span = 'whole_run': "
+    with pytest.raises(BertgpuError, match=r"^command line: schedule\.decay_span = 'whole_run': "
                                            r"expected after_warmup with schedule\.decay"):
         load_config(None, ["--schedule.decay", decay, "--schedule.decay_span", "whole_run"])
     with pytest.raises(BertgpuError, match=r"schedule\.decay_span"):
@@ -217,8 +217,8 @@ def test_whole_run_is_refused_where_it_means_nothing(decay):
 
 
 def test_an_unknown_decay_span_is_refused():
-    with pytest.raises(BertgpuError, match=r"^config: schedule\.decay_span = 'whole': expected "
-                                           r"one of after_warmup, whole_run$"):
+    with pytest.raises(BertgpuError, match=r"^command line: schedule\.decay_span = 'whole': "
+                                           r"expected one of after_warmup, whole_run$"):
         load_config(None, ["--schedule.decay_span", "whole"])
 
 

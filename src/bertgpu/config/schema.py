@@ -68,6 +68,7 @@ from bertgpu.config.sections import (
     check,
     check_choice,
     divisor_up_to,
+    name_the_source,
     one_warmup,
     resolve_batch,
 )
@@ -178,7 +179,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         given = {key.replace("-", "_"): str(path) for key in data.get("model", {})}
         given.update((key, "command line") for key, _ in _model_words(words))
         continued.check_recipe(cfg.model, base, given, init)
-    validate(cfg, check_batch)
+    try:
+        validate(cfg, check_batch)
+    except BertgpuError as e:
+        line_keys = word_keys(words, PRETRAIN_ALIASES)
+        raise name_the_source(e, data, str(path), line_keys) from None
     return cfg
 
 
@@ -248,10 +253,7 @@ def _refuse_other_architectures_keys(model: Any, table: dict[str, Any], words: l
                        f"{spec.name}{hint}")
 
 
-# --------------------------------------------------------------------------------------------
 # Validation and batch arithmetic
-# --------------------------------------------------------------------------------------------
-
 
 def validate(cfg: PretrainConfig, check_batch: bool = True) -> PretrainConfig:
     """Range and consistency checks; raises BertgpuError naming the key. Returns `cfg`.

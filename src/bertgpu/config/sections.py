@@ -293,6 +293,26 @@ def check(ok: bool, key: str, value: Any, expected: str) -> None:
         raise BertgpuError(f"config: {key} = {value!r}: expected {expected}")
 
 
+def name_the_source(error: BertgpuError, data: dict[str, Any], file: str,
+                    line_keys: set[str]) -> BertgpuError:
+    """`check`'s "config: KEY = VALUE: expected ..." with "config" replaced by where KEY was set:
+    the command line (`line_keys`, which win) or `file` (its TOML `data`). The same error for a
+    key set nowhere (a default that another setting rules out) or another message."""
+    head, sep, rest = str(error).partition(" = ")
+    key = head.removeprefix("config: ")
+    if not sep or key == head:
+        return error
+    if key in line_keys:
+        return BertgpuError(f"command line: {key} = {rest}")
+    node: Any = data
+    for part in key.split("."):
+        node = {k.replace("-", "_"): v for k, v in node.items()} if isinstance(node, dict) else {}
+        if part not in node:
+            return error
+        node = node[part]
+    return BertgpuError(f"{file}: {key} = {rest}")
+
+
 def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     check(value in choices, key, value, "one of " + ", ".join(choices))
 
