@@ -30,7 +30,24 @@ def test_check_graph_passes_for_every_configuration(capsys, one_thread):
             "modernbert pretraining unpadded mlm", "modernbert classification mean unpadded",
             "modernbert token classification unpadded",
             "modernbert question answering unpadded"} <= names
-    assert all(ln.endswith("graph breaks: 0  host syncs: 0") for ln in rows)
+    assert all(ln.endswith("graph breaks: 0  host syncs: 0  recompiles: 0") for ln in rows)
+
+
+def test_the_check_sees_a_recompile_on_the_configurations_next_batches(monkeypatch, one_thread):
+    # The loader marks the lengths that vary (kept tokens, masked tokens) dynamic; without the
+    # marks the second batch of another length compiles the model again, mid-run.
+    from bertgpu.batch import BatchMeta
+
+    case = next(c for c in graph_check.cases(torch.device("cpu"))
+                if c.name == "pretraining unpadded mlm")
+    assert {b["batch_meta"].index.numel() for b in [case.batch, *case.more]} != {
+        case.batch["batch_meta"].index.numel()}
+    assert graph_check.recompiles(case) == 0
+    monkeypatch.setattr(BatchMeta, "mark_dynamic", lambda self: None)
+    case = next(c for c in graph_check.cases(torch.device("cpu"))
+                if c.name == "pretraining unpadded mlm")
+    result = graph_check.check(case)
+    assert result.recompiles > 0 and not result.ok
 
 
 def test_the_check_sees_breaks_and_syncs_without_metadata(one_thread):

@@ -12,15 +12,18 @@ loss function (summed losses), the engine's normalisation into one scalar, then 
   reports the graph breaks and their reasons;
 - the eager forward and backward run under a dispatch mode that counts host syncs: `.item()` /
   `bool(tensor)` (`_local_scalar_dense`), `nonzero` and friends (output shapes read back from the
-  device), tensors built from Python values (`lift_fresh`, an H2D copy on CUDA).
+  device), tensors built from Python values (`lift_fresh`, an H2D copy on CUDA);
+- the model, compiled as the engine compiles it, runs on two more batches of the same
+  configuration (other lengths, other masked-token counts, as the loader ships them): a graph
+  made for either is a recompile that a real run would pay mid-run.
 
-One line per configuration, `graph breaks: N  host syncs: M`, then the reasons. Under bf16,
-also what the compiled step keeps for backward per token and encoder layer of BERT-base and
-ModernBERT-base, by dtype (bench/saved_bytes.py): an fp32 activation there (a LayerNorm or a
-residual left in fp32) doubles that tensor's memory traffic on a GPU. The exit status is 1 when
-any N or M is above 0 or such an fp32 activation is kept::
+One line per configuration, `graph breaks: N  host syncs: M  recompiles: R`, then the reasons.
+Under bf16, also what the compiled step keeps for backward per token and encoder layer of
+BERT-base and ModernBERT-base, by dtype (bench/saved_bytes.py): an fp32 activation there (a
+LayerNorm or a residual left in fp32) doubles that tensor's memory traffic on a GPU. The exit
+status is 1 when any N, M or R is above 0 or such an fp32 activation is kept::
 
-    bertgpu bench model --check-graph                 # CPU, tiny models, fp32, well under a minute
+    bertgpu bench model --check-graph                 # CPU, tiny models, fp32, about a minute
     bertgpu bench model --check-graph --dtype bf16    # under bf16 autocast, and the saved bytes
 """
 
@@ -92,6 +95,9 @@ class Case:
     loss_fn: LossFn
     counts: dict[str, float]
     """The engine's global counts (the loss normalisers), computed on the host."""
+    more: list[dict[str, Any]] = field(default_factory=list)
+    """Further batches of the same configuration (same shape, other contents): none may
+    compile the model again."""
 
 
 @dataclass
@@ -101,10 +107,11 @@ class Result:
     breaks: int
     reasons: list[str] = field(default_factory=list)
     syncs: list[str] = field(default_factory=list)
+    recompiles: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.breaks == 0 and not self.syncs
+        return self.breaks == 0 and not self.syncs and self.recompiles == 0
 
 
 def _pretraining_loss(model: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -146,11 +153,12 @@ def _mlm_batch(seed: int, lengths: list[int] | None, rate: float,
     return b, counts
 
 
-def _task_batch(seed: int, head: str) -> tuple[dict[str, Any], dict[str, float]]:
+def _task_batch(seed: int, head: str, lengths: list[int] | None = None
+                ) -> tuple[dict[str, Any], dict[str, float]]:
     """A fine-tuning batch of `head` (cls, tok or qa) with the collator's BatchMeta,
     and its counts."""
     B, T = 4, 32
-    b = _inputs(seed, B, T, [32, 17, 25, 8])
+    b = _inputs(seed, B, T, lengths or [32, 17, 25, 8])
     g = b.pop("_g")
     if head == "cls":
         b["labels"] = torch.randint(0, 3, (B,), generator=g)
@@ -169,6 +177,28 @@ def _task_batch(seed: int, head: str) -> tuple[dict[str, Any], dict[str, float]]
 
 
 PADDINGS = (("padded", [32, 20, 9, 27]), ("packed", None), ("unpadded", [32, 20, 9, 27]))
+OTHER_LENGTHS = ([14, 32, 32, 3], [32, 31, 32, 32])
+"""The row lengths of the further batches of a configuration with short rows."""
+
+
+def _mlm_more(seed: int, lengths: list[int] | None, nsp: bool,
+              masked_capacity: int | None = None) -> list[dict[str, Any]]:
+    """Two more pretraining batches like `_mlm_batch(seed, lengths, ...)`'s: other rows, other
+    lengths (when it has short rows), more and fewer masked tokens."""
+    out = []
+    for i, rate in enumerate((0.35, 0.1)):
+        b, _ = _mlm_batch(seed + 10 + i, None if lengths is None else OTHER_LENGTHS[i], rate, nsp)
+        if masked_capacity is not None:
+            b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"],
+                                         masked_capacity=masked_capacity)
+        out.append(b)
+    return out
+
+
+def _task_more(seed: int, head: str) -> list[dict[str, Any]]:
+    """Two more fine-tuning batches of `head`, rows of other lengths."""
+    return [_task_batch(seed + 10 + i, head, list(lengths))[0]
+            for i, lengths in enumerate(([9, 32, 30, 2], [32, 32, 32, 31]))]
 
 
 def cases(device: torch.device) -> list[Case]:
@@ -181,29 +211,30 @@ def cases(device: torch.device) -> list[Case]:
             model = BertForPreTraining(cfg, with_nsp=nsp,
                                        options=ModelOptions(unpad=padding == "unpadded"))
             out.append(Case(f"pretraining {padding} {'mlm+nsp' if nsp else 'mlm'}", model, b,
-                            _pretraining_loss, counts))
+                            _pretraining_loss, counts, _mlm_more(0, lengths, nsp)))
     # CUDA graphs' batches (impl.compile_mode reduce-overhead): padded, MLM rows to a capacity
     b, counts = _mlm_batch(0, PADDINGS[0][1], 0.2, False)
     b["batch_meta"] = batch_meta(b["attention_mask"], b["labels"], masked_capacity=4 * 32)
     out.append(Case("pretraining padded mlm, static shapes",
-                    BertForPreTraining(cfg, with_nsp=False), b, _pretraining_loss, counts))
+                    BertForPreTraining(cfg, with_nsp=False), b, _pretraining_loss, counts,
+                    _mlm_more(0, PADDINGS[0][1], False, masked_capacity=4 * 32)))
     for unpad in (False, True):
         b, counts = _task_batch(1, "cls")
         model = BertForSequenceClassification(cfg, num_labels=3, options=ModelOptions(unpad=unpad))
         out.append(Case(f"classification {'unpadded' if unpad else 'padded'}", model, b,
-                        _task_loss("cls"), counts))
+                        _task_loss("cls"), counts, _task_more(1, "cls")))
     b, counts = _task_batch(2, "tok")
     # token classification and QA unpadded, as they run on CUDA (the padded encoder is above)
     unpadded = ModelOptions(unpad=True)
     out.append(Case("token classification unpadded",
                     BertForTokenClassification(cfg, num_labels=5, options=unpadded), b,
-                    _task_loss("tok"), counts))
+                    _task_loss("tok"), counts, _task_more(2, "tok")))
     b, counts = _task_batch(3, "qa")
     out.append(Case("question answering unpadded", BertForQuestionAnswering(cfg, unpadded), b,
-                    _task_loss("qa"), counts))
+                    _task_loss("qa"), counts, _task_more(3, "qa")))
     out += _modernbert_cases()
-    return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts)
-            for c in out]
+    return [Case(c.name, c.model.to(device).train(), _to(c.batch, device), c.loss_fn, c.counts,
+                 [_to(b, device) for b in c.more]) for c in out]
 
 
 def _modernbert_cases() -> list[Case]:
@@ -218,23 +249,23 @@ def _modernbert_cases() -> list[Case]:
         b, counts = _mlm_batch(4, lengths, 0.3, nsp=False)
         model = mb.ModernBertForMaskedLM(cfg, options=ModelOptions(unpad=padding == "unpadded"))
         out.append(Case(f"modernbert pretraining {padding} mlm", model, b,
-                        _pretraining_loss, counts))
+                        _pretraining_loss, counts, _mlm_more(4, lengths, False)))
     for pooling, unpad in (("cls", False), ("mean", True)):
         b, counts = _task_batch(5, "cls")
         model = mb.ModernBertForSequenceClassification(
             ModernBertConfig(**TINY_MODERN, classifier_pooling=pooling), num_labels=3,
             options=ModelOptions(unpad=unpad))
         out.append(Case(f"modernbert classification {pooling} {'unpadded' if unpad else 'padded'}",
-                        model, b, _task_loss("cls"), counts))
+                        model, b, _task_loss("cls"), counts, _task_more(5, "cls")))
     b, counts = _task_batch(6, "tok")
     unpadded = ModelOptions(unpad=True)
     out.append(Case("modernbert token classification unpadded",
                     mb.ModernBertForTokenClassification(cfg, num_labels=5, options=unpadded), b,
-                    _task_loss("tok"), counts))
+                    _task_loss("tok"), counts, _task_more(6, "tok")))
     b, counts = _task_batch(7, "qa")
     out.append(Case("modernbert question answering unpadded",
                     mb.ModernBertForQuestionAnswering(cfg, options=unpadded), b,
-                    _task_loss("qa"), counts))
+                    _task_loss("qa"), counts, _task_more(7, "qa")))
     return out
 
 
@@ -277,7 +308,26 @@ def check(case: Case, autocast: Callable[[], Any] = nullcontext) -> Result:
         step(case.batch).backward()
     case.model.zero_grad(set_to_none=True)
     return Result(case.name, explained.graph_count, explained.graph_break_count, reasons,
-                  counter.ops)
+                  counter.ops, recompiles(case, autocast))
+
+
+def recompiles(case: Case, autocast: Callable[[], Any] = nullcontext) -> int:
+    """Graphs that the model, compiled as the engine compiles it, makes for `case.more` after
+    its first batch: dynamo's guards (its backend runs the captured graph as it is, forward
+    only: the guards are the forward's). Each batch goes through `BatchMeta.to` as the engine
+    moves it, which marks the lengths that vary dynamic."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(case.model, backend=counter)
+    device = case.batch["input_ids"].device
+    first = 0
+    for i, batch in enumerate([case.batch, *case.more]):
+        with autocast():
+            case.loss_fn(compiled, _to(batch, device))
+        first = counter.frame_count if i == 0 else first
+    return counter.frame_count - first
 
 
 def main(args: argparse.Namespace) -> int:
@@ -294,15 +344,15 @@ def main(args: argparse.Namespace) -> int:
     results = [check(case, autocast) for case in cases(device)]
     width = max(len(r.name) for r in results)
     for r in results:
-        print(f"{r.name:<{width}}  graph breaks: {r.breaks}  host syncs: {len(r.syncs)}",
-              flush=True)
+        print(f"{r.name:<{width}}  graph breaks: {r.breaks}  host syncs: {len(r.syncs)}  "
+              f"recompiles: {r.recompiles}", flush=True)
         for reason in r.reasons:
             print(f"    break: {reason}")
         if r.syncs:
             print(f"    syncs: {', '.join(sorted(set(r.syncs)))}")
     bad = [r.name for r in results if not r.ok]
     print(f"{len(results) - len(bad)}/{len(results)} configurations compile to one graph without "
-          "host syncs"
+          "host syncs or recompiles"
           + (f"; not: {', '.join(bad)}" if bad else ""), flush=True)
     if dtype == "bf16":
         from bertgpu.bench import saved_bytes
@@ -316,4 +366,5 @@ def main(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-__all__ = ["SYNC_OPS", "HostSyncCounter", "Case", "Result", "cases", "micro_step", "check", "main"]
+__all__ = ["SYNC_OPS", "HostSyncCounter", "Case", "Result", "cases", "micro_step", "check",
+           "recompiles", "main"]

@@ -21,7 +21,7 @@ row to trust).
     bertgpu bench model --arch modernbert --size base --seq-len 1024 --compile on
     bertgpu bench model --preset gpu --out results/h100.jsonl   # the GPU table (see GPU_PRESET)
     bertgpu bench model --preset gpu-smoke       # the same code path, tiny, on the CPU (seconds)
-    bertgpu bench model --check-graph            # graph breaks / host syncs (graph_check.py)
+    bertgpu bench model --check-graph            # graph breaks / host syncs / recompiles
     bertgpu bench model --strategy fsdp --size base   # bytes per rank, ddp vs fsdp
 
 Models are built once per (architecture, size) and serve every point of it (unpadding is a
@@ -179,8 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-graph", action="store_true",
                         help="instead of timing: check that every training micro-step (pretraining "
                              "padded/packed/unpadded, NSP on/off, the task heads) compiles with no "
-                             "graph break and runs with no host sync; exit 1 if not (see "
-                             "bench/graph_check.py)")
+                             "graph break, runs with no host sync and compiles nothing again on "
+                             "the next batches; exit 1 if not (see bench/graph_check.py)")
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
                         help="instead of ours vs transformers: parameter + gradient + optimizer "
                              "bytes per rank of ddp and fsdp on --ranks processes, predicted for "
