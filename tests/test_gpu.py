@@ -255,7 +255,8 @@ def test_ddp_with_each_comm_hook_matches_the_bare_model(nccl_group, hook):
     tol = dict(atol=1e-6, rtol=1e-5) if hook in ("none", "powersgd") else dict(atol=1e-3, rtol=1e-2)
     assert_close(got, ref, **tol)
     assert timer._ready and all(isinstance(e, torch.cuda.Event) for e in timer._ready + timer._done)
-    exposed = timer.pop_step()
+    assert timer.pop_step() == 0.0  # this step's events are kept, read at the next step
+    exposed = timer.settle()
     assert 0.0 <= exposed < 10.0 and not timer._ready  # seconds, from CUDA events
 
 

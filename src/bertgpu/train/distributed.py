@@ -351,13 +351,18 @@ class CommTimer:
     waiting for the slowest rank. It does not count the slowdown of compute that runs
     concurrently with communication, nor the engine's few small collectives (counts, loss, flags).
     no_sync micro-steps call no hook and add nothing. On CUDA the times are CUDA events
-    (stream order, no host sync in the hot path); on CPU wall-clock times.
+    (stream order) read one step late: `pop_step` returns the previous call's, which are
+    complete by then (the engine has read that step behind this one's kernels), and `settle`
+    the ones it keeps (a log step, which reads its step anyway). Waiting for this step's
+    events made the host wait for its backward and all-reduce on every step. On CPU wall-clock
+    times, at once.
     """
 
     def __init__(self, device: Any) -> None:
         self.cuda = getattr(device, "type", str(device)).startswith("cuda")
         self._ready: list[Any] = []
         self._done: list[Any] = []
+        self._late: list[tuple[list[Any], list[Any]]] = []  # CUDA: recorded, not read yet
 
     def _now(self) -> Any:
         if self.cuda:
@@ -385,15 +390,24 @@ class CommTimer:
         return timed
 
     def pop_step(self) -> float:
-        """Exposed all-reduce seconds of the backward(s) since the last call (0.0 if none)."""
+        """Exposed all-reduce seconds of the backward(s) since the last call (0.0 if none); on
+        CUDA those of the backward(s) before the last call (see the class)."""
         ready, done = self._ready, self._done
         self._ready, self._done = [], []
-        if not ready or not done:
-            return 0.0
         if not self.cuda:
-            return max(0.0, max(done) - max(ready))
+            return max(0.0, max(done) - max(ready)) if ready and done else 0.0
+        earlier, self._late = self._late, [(ready, done)] if ready and done else []
+        return sum(self._exposed(r, d) for r, d in earlier)
+
+    def settle(self) -> float:
+        """The seconds `pop_step` keeps for its next call, now (CUDA: waits for them)."""
+        earlier, self._late = self._late, []
+        return sum(self._exposed(r, d) for r, d in earlier)
+
+    @staticmethod
+    def _exposed(ready: list[Any], done: list[Any]) -> float:
         for event in done:
-            event.synchronize()  # already complete after the engine's host sync; cheap
+            event.synchronize()
         ref = ready[0]
         last_ready = max(ref.elapsed_time(e) for e in ready)
         last_done = max(ref.elapsed_time(e) for e in done)

@@ -19,24 +19,22 @@ losses and their counts, how to evaluate and what to export.
 Every decision that ends or skips work is collective, so ranks never disagree about the step they
 are on. Rank 0's budget clock and its time since the last checkpoint ride in the count all-reduce
 the engine does anyway at the start of each step (`signals`), so they cost no collective of their
-own; the decision they carry takes effect after that step. The budget clock is rank 0's (per-rank
-clocks drift); the learning rate of a step uses the clock agreed at the previous step, the same
-number on every rank. A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
+own; the decision they carry takes effect after that step. The budget clock is rank 0's; a
+step's learning rate uses the clock agreed at the previous step, the same number on every rank.
+A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
 
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
-evaluate / checkpoint; everything that must be exactly right in one optimizer step
-(accumulation, DDP sync, AMP, clipping, skipping) lives in `engine.py`, with what is built before
-the loop (`build_engine`); the checkpoint to resume from, agreed by every rank, comes from
-`checkpoint.load_resume`. The loop takes the config sections as they are.
+evaluate / checkpoint; what must be exactly right in one optimizer step (accumulation, DDP sync,
+AMP, clipping, skipping) lives in `engine.py` (and `build_engine`); the checkpoint to resume
+from comes from `checkpoint.load_resume`. The loop takes the config sections as they are.
 
 What readers of metrics.jsonl (`bertgpu watch`, `bertgpu report`) learn of a run's life: an
 `info` record `event: start` (host, pid, world_size, max_steps; a fine-tuning run's `task`) when
 `run()` begins, and one `event: end` however it stops: reason max_steps, budget or preempted, or,
 for an exception leaving the loop (raised as it was), "diverged" (`TrainingDiverged`) or "error"
 with its message. Before it the newest step gets its train record whatever the log cadence
-(except after an "error": its numbers may still be on a device in trouble). A budget run's train
-records carry its budget clock (`budget_elapsed_s`, `budget_left_s`: what the stop decision
-reads), which `elapsed_s` is not.
+(except after an "error": its numbers may be on a device in trouble). A budget run's train
+records carry its budget clock (`budget_elapsed_s`, `budget_left_s`), which `elapsed_s` is not.
 """
 
 from __future__ import annotations
@@ -297,6 +295,8 @@ class Loop:
         from bertgpu.telemetry import metrics
 
         rates = w.throughput.rates()
+        if self.comm_timer is not None and gather:  # the steps' all-reduce times kept back
+            w.comm_s += self.comm_timer.settle()
         stragglers = (straggler_fields(w.log_times.gather()[0])
                       if self.stragglers and gather else {})
         logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
