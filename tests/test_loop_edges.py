@@ -5,6 +5,7 @@ torchrun's LOCAL_WORLD_SIZE default and the start-up table's batch arithmetic.""
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,3 +162,17 @@ def test_startup_table_batch_arithmetic():
     assert rows["batch per device per step"] == "8"
     assert rows["devices"] == "2" and rows["global batch (sequences/step)"] == "16"
     assert rows["tokens per step (at most)"] == "2,048"
+
+
+def test_the_data_identity_reads_the_manifest_once_not_every_step(pretrain_task, monkeypatch):
+    """The preemption snapshot takes the task's state before every step: the identity of the
+    shard set (the manifest's sha256) is read when the task is made, not hashed again each
+    step (1.8 ms a step for a 3 MB manifest, more on a shared file system)."""
+    reads = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or read_bytes(self))
+    first = pretrain_task.data_identity()
+    assert all(pretrain_task.data_identity() == first for _ in range(5))
+    assert reads == []
+    assert first["manifest_sha256"] == hashlib.sha256(
+        pretrain_task.data.train.manifest_path.read_bytes()).hexdigest()

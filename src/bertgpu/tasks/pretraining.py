@@ -144,6 +144,8 @@ class PretrainTask:
         self.device = torch.device(info.device)
         self.with_nsp = data.with_nsp
         self.allow_data_change = allow_data_change
+        # read once, as the shard set was: `state_dict` runs before every step
+        self._manifest_sha256 = hashlib.sha256(data.train.manifest_path.read_bytes()).hexdigest()
         # step (0-based) -> the epoch of its samples, noted when its batches are taken: by the
         # time a step is logged the loader may have moved on (a stop signal takes the next
         # step's batches before the step is dropped), so its position no longer says.
@@ -255,8 +257,8 @@ class PretrainTask:
         """What decides the stream of training samples: the shard set (its manifest, byte for
         byte) and the masking. Resuming with any of them changed would silently train on
         another stream, so it is an error unless the user says so."""
-        manifest = hashlib.sha256(self.data.train.manifest_path.read_bytes()).hexdigest()
-        return {"manifest_sha256": manifest, "mask_rate": float(self.masking.mask_rate),
+        return {"manifest_sha256": self._manifest_sha256,
+                "mask_rate": float(self.masking.mask_rate),
                 "whole_word_masking": bool(self.masking.whole_word)}
 
     def shares(self) -> list[int]:
