@@ -279,3 +279,28 @@ def test_stable_grads_survive_a_cuda_graph_pool_overwritten_by_the_next_replay()
     assert grads[0] is grads[1] is grads[2]  # one tensor, zeroed in place between steps
     torch.testing.assert_close(graphed.w, ref.w, rtol=0, atol=0)
     torch.testing.assert_close(graphed.unused, ref.unused, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not cpu_fp16_available(),
+                    reason="this torch has no CPU fp16 autocast/GradScaler")
+def test_an_optimizer_that_skips_on_the_host_reads_no_loss_scale_after_its_update():
+    """RAdam under fp16 gets the host's skip decision before its step (documented); reading the
+    loss scale after the update too made the host wait for the update on every step, for a
+    number that only a compression hook's reset reads."""
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    opt = torch.optim.RAdam(model.parameters(), lr=1e-3)
+    engine = Engine(model, opt, precision="fp16")
+    engine.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    events = []
+    step, get_scale = opt.step, engine.scaler.get_scale
+    opt.step = lambda *a, **k: events.append("update") or step(*a, **k)
+    engine.scaler.get_scale = lambda: events.append("scale read") or get_scale()
+    for i in range(3):
+        assert not engine.train_step([make_batch(4, i)], loss_fn, count_fn).skipped
+    assert events == ["update"] * 3
+    # with a hook to reset, the change of scale is read around the update, as before
+    engine.on_numerics_reset = lambda: None
+    events.clear()
+    engine.train_step([make_batch(4, 9)], loss_fn, count_fn)
+    assert events == ["scale read", "update", "scale read"]

@@ -28,8 +28,7 @@ loop's log line, evaluation, a checkpoint: `StepResult`'s numbers, `state_dict`)
 applies its counters in order (skipped steps, the run of non-finite ones, the abort after
 `max_nonfinite_steps`, the compression hook's reset), so they keep their meaning; only their
 moment moves. On the CPU every step is read at its end, as if synchronous. An optimizer that
-cannot skip on the device (RAdam, a foreach AdamW) gets the host's decision before its step,
-as before.
+cannot skip on the device (RAdam, a foreach AdamW) gets the host's decision before its step.
 """
 
 from __future__ import annotations
@@ -228,9 +227,10 @@ class Engine:
         pending = PendingStep(self.step, lr, vector, keys, extra_keys, divisors)
         if not on_device:  # the host decides before the update, as torch's non-fused optimizers
             numbers = pending.read()
-            before = self.scaler.get_scale() if self.scaler is not None else None
+            hooked = self.scaler is not None and self.on_numerics_reset is not None  # see _count
+            before = self.scaler.get_scale() if hooked else None  # after: waits for the update
             self._apply(lr, found_inf, host_skip=numbers.skipped)
-            numbers.scale_changed = before is not None and self.scaler.get_scale() != before
+            numbers.scale_changed = hooked and self.scaler.get_scale() != before
         self._unread.append(pending)
         if not (self.read_late and on_device):
             self.read_all()
