@@ -304,3 +304,32 @@ def test_an_optimizer_that_skips_on_the_host_reads_no_loss_scale_after_its_updat
     events.clear()
     engine.train_step([make_batch(4, 9)], loss_fn, count_fn)
     assert events == ["scale read", "update", "scale read"]
+
+
+def test_with_a_hook_to_reset_the_previous_step_is_read_after_this_steps_forwards(monkeypatch):
+    """A compression hook's state must be cleared (after a skipped step or a scale change)
+    before the backward that runs the hook: the last micro batch's. Reading the previous step
+    at the top of the step made the host wait for it before queueing any of this step's work."""
+    from bertgpu.train import readback
+
+    torch.manual_seed(0)
+    model = ToyPretrain()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    events = []
+    engine = Engine(model, opt, read_late=True, on_numerics_reset=lambda: events.append("reset"))
+    assert engine.skips_on_device()
+    model.register_forward_pre_hook(lambda m, a: events.append(f"forward {engine.step + 1}"))
+    read = readback.PendingStep.read
+
+    def logged_read(self):
+        if not getattr(self, "_logged", False):
+            self._logged = True
+            events.append(f"read {self.step}")
+        return read(self)
+
+    monkeypatch.setattr(readback.PendingStep, "read", logged_read)
+    for i in range(3):
+        engine.train_step(split(make_batch(4, i), 2), loss_fn, count_fn)
+    assert events == ["forward 1", "forward 1",
+                      "forward 2", "forward 2", "read 1",
+                      "forward 3", "forward 3", "read 2"]

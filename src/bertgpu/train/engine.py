@@ -202,8 +202,6 @@ class Engine:
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         t0 = time.perf_counter()
-        if self.on_numerics_reset is not None:
-            self.read_all()  # a hook's state must be cleared before this step's backward runs
         totals, signals_out = self._global_counts(micro_batches, count_fn, signals or {})
         divisors = {k: max(v, 1.0) for k, v in totals.items()}  # a term with no items adds 0
         term_sums, extras = self._accumulate(micro_batches, loss_fn, divisors)
@@ -291,6 +289,8 @@ class Engine:
                     loss = loss + value32 / divisors[key]
                     term_sums[key] = term_sums.get(key, 0.0) + value32.detach()
                 scaled = loss * loss_scale
+                if i == n - 1 and self.on_numerics_reset is not None:
+                    self.read_all()  # a reset clears a hook's state before the backward runs it
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             if self._grads_to_copy:
                 self._copy_grads_out()
