@@ -241,7 +241,9 @@ def no_documents(skipped: list[tuple[str, str]], expected: str) -> BertgpuError:
     """The error of a corpus that gave no document; with --skip-bad, how many files were skipped
     and why the first was (it read "no documents read from the corpus" alone)."""
     n = len(skipped)
-    why = (f" ({n} file{'s' if n != 1 else ''} skipped by --skip-bad; the first: "
+    # a folder that cannot be read or a broken link is not a file
+    kind = "file" if all(os.path.isfile(path) for path, _ in skipped) else "input"
+    why = (f" ({n} {kind}{'s' if n != 1 else ''} skipped by --skip-bad; the first: "
            f"{skipped[0][1]})" if skipped else "")
     return BertgpuError(f"no documents read from the corpus{why}; expected {expected}")
 
