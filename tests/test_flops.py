@@ -240,6 +240,9 @@ def _no_peak_env(monkeypatch):
         ("NVIDIA RTX A6000", "bf16", 155.0),
         ("Tesla V100-SXM2-16GB", "fp16", 125.0),
         ("Tesla T4", "fp16", 65.0),
+        # no TF32 tensor cores: an fp32 run's matrix products run at the fp32 rate
+        ("Tesla V100-SXM2-16GB", "tf32", 15.7),
+        ("Tesla T4", "tf32", 8.1),
     ],
 )
 def test_peak_lookup_by_device_name(name, dtype, expected):

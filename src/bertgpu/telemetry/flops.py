@@ -66,8 +66,9 @@ def flops_per_real_token(cfg: Any, lengths: Iterable[int], mlm_fraction: float =
 
 # Dense (no 2:4 sparsity) tensor-core peak TFLOP/s from the vendors' data sheets. "bf16"/"fp16"
 # are with fp32 accumulation (what autocast uses); "fp32" is the plain CUDA-core rate; "tf32" is
-# the fp32 matmul rate with TF32 tensor cores allowed. A missing dtype means "not supported in
-# hardware" (V100 and T4 have no bf16 tensor cores): peak_tflops returns None and MFU is not shown.
+# the fp32 matmul rate with TF32 tensor cores allowed (without them, V100 and T4, the fp32 rate).
+# Another missing dtype means "not supported in hardware" (V100 and T4 have no bf16 tensor cores):
+# peak_tflops returns None and MFU is not shown.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
@@ -179,6 +180,8 @@ def peak_and_source(
         return value, PEAK_ENV_VAR
     key = _dtype_key(dtype)
     model = gpu_model(device_name) if device_name else None
+    if key == "tf32" and model is not None and "tf32" not in PEAK_TFLOPS[model]:
+        key = "fp32"  # no TF32 tensor cores (V100, T4): fp32 matrix products at the fp32 rate
     peak = PEAK_TFLOPS[model].get(key) if model is not None else None
     return (peak, f"table: {model} {key}") if peak is not None else (None, None)
 
