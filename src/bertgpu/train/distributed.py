@@ -175,7 +175,8 @@ def destroy() -> None:
     if is_initialized():
         gc.collect()  # modules in reference cycles (loop <-> engine) go now, not at exit
         _dist().destroy_process_group()
-        _host.pop("of", None), _host.pop("group", None)
+        _host.pop("group", None)
+        _host.pop("of", None)
 
 
 @contextlib.contextmanager
@@ -216,7 +217,8 @@ def host_group() -> Any:
     collective queues behind every kernel queued before it (the previous step's backward and
     update), and reading the result back made the host wait for them on every step, then
     queue the next step on an idle GPU. Through gloo it waits only for the other ranks' hosts.
-    (Multi-node: gloo picks the interface of the host name; GLOO_SOCKET_IFNAME sets it.)"""
+    (Multi-node: gloo picks the interface of the host name, as the preemption checks' group
+    does; GLOO_SOCKET_IFNAME sets it.)"""
     dist = _dist()
     if dist.get_backend() != "nccl":
         return None
