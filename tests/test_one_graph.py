@@ -162,3 +162,36 @@ def test_a_masked_model_compiles_once_when_the_split_has_a_short_row(tmp_path, a
                        for b in batches]
         graphs[compiled] = _train(model.train(), batches)
     assert graphs == {False: 2, True: 1}
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_modernbert_bucketed_widths_on_either_side_of_the_window_compile_twice(unpad, one_thread):
+    # `impl.bucket_window` pads each micro batch to a multiple of 16: widths at most half the
+    # local window (every pair within it) took a shortcut that branched on T, so the first
+    # such batch after wider ones compiled a third graph, mid-run. Two: the first width, then
+    # one graph for any width (dynamo makes T dynamic at its second value).
+    from bertgpu.batch import IGNORE_INDEX, batch_meta
+
+    def batch(T: int, seed: int) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.tensor([T, max(T - 5, 2), T, max(T // 2, 2)])
+        mask = (torch.arange(T)[None] < lengths[:, None]).long()
+        ids = torch.randint(5, 99, mask.shape, generator=g) * mask
+        labels = torch.where((torch.rand(mask.shape, generator=g) < 0.3) & mask.bool(), ids,
+                             IGNORE_INDEX)
+        labels[:, 1] = ids[:, 1]
+        return dict(input_ids=ids, attention_mask=mask, labels=labels,
+                    batch_meta=batch_meta(mask, labels))
+
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(ModernBertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=40, local_attention=32, global_attn_every_n_layers=3,
+        pad_token_id=0, max_position_embeddings=64), options=ModelOptions(unpad=unpad))
+    widths = [48, 64, 16, 32, 16, 48]  # 16: within half the window (17); the others beyond it
+    assert _train(model.train(), [batch(T, i) for i, T in enumerate(widths)]) == 2
+    # compiled, a width within the window takes the windowed path: the same loss as eager's
+    short = batch(16, 9)
+    eager = model(**short).loss
+    compiled = torch.compile(model, backend="aot_eager")(**short).loss
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -105,7 +105,9 @@ def attention_masks(attention_mask: torch.Tensor | None, seq_len: int, local_att
     from transformers', whose eager and SDPA paths disagree there as well. No host sync.
     """
     full = None if attention_mask is None else sdpa_mask(attention_mask)  # (B, 1, 1, T)
-    if seq_len <= local_attention // 2 + 1:  # every pair is within the window
+    # every pair within the window: the window's mask is the full one. Not under compile, where
+    # branching on T made a graph of its own for widths on either side (`impl.bucket_window`).
+    if not torch.compiler.is_compiling() and seq_len <= local_attention // 2 + 1:
         return {"full_attention": full, "sliding_attention": full}
     local = sliding_window_mask(seq_len, local_attention, device)[None, None]  # (1, 1, T, T)
     if full is not None:
@@ -297,7 +299,8 @@ class ModernBertModel(ModernBertPreTrainedModel):
         ropes = {"full_attention": cos_sin(positions, c.head_dim, c.global_rope_theta),
                  "sliding_attention": cos_sin(positions, c.head_dim, c.local_theta)}
         half = c.local_attention // 2
-        windows = {"full_attention": None, "sliding_attention": half if T > half + 1 else None}
+        covered = not torch.compiler.is_compiling() and T <= half + 1  # as attention_masks
+        windows = {"full_attention": None, "sliding_attention": None if covered else half}
         x = self.embeddings(input_ids)  # (B, T, H) or (N_tok, H)
         for layer in self.layers:
             kind = layer.attention_type
