@@ -90,7 +90,7 @@ def test_a_corpus_folder_that_cannot_be_listed_says_so(tmp_path, monkeypatch):
     with pytest.raises(BertgpuError, match=r"^.*/c: cannot read the folder \(PermissionError: "
                        r".*\); expected a folder this user can list \(or --skip-bad\)$"):
         resolve_inputs([corpus])
-    with pytest.raises(BertgpuError, match=r"^no documents read from the corpus \(1 file skipped "
+    with pytest.raises(BertgpuError, match=r"^no documents read from the corpus \(1 input skipped "
                        r"by --skip-bad; the first: .*/c: cannot read the folder"):
         resolve_inputs([corpus], [])
 
