@@ -140,6 +140,13 @@ def test_pretrain_summary_of_a_run_that_logs_compile_time():
     s = pretrain_summary(records)
     assert s["tokens_per_s"] == pytest.approx(250.0) and s["compile_s"] == pytest.approx(62.0)
     assert pretrain_summary([_train(s, 1.0, 100.0 * s) for s in (1, 2, 3)])["compile_s"] is None
+    # A resumed process that compiled longer than the first (a cold cache on another node): its
+    # start record says a new count begins; a drop alone could not see it (65.3 for 80.9).
+    start = {"kind": "info", "event": "start", "step": 0}
+    records = [start, _train(5, 9.0, 100.0, compile_s=15.6), _train(10, 8.0, 200.0, compile_s=15.6),
+               {**start, "step": 10}, _train(15, 7.0, 300.0, compile_s=65.3),
+               _train(20, 6.0, 400.0, compile_s=65.3)]
+    assert pretrain_summary(records)["compile_s"] == pytest.approx(80.9)
 
 
 def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, bench_files):

@@ -364,9 +364,12 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         return sum(y * t for y, t in pairs) / seconds if seconds else None
 
     compile_s, last = 0.0, 0.0
-    for y in series(records, "train", "compile_s")[1]:
-        compile_s += y - last if y >= last else y  # a drop: a new process after a resume
-        last = y
+    for r in records:  # each process's compile_s counts from zero, from its start record
+        if r.get("kind") == "info" and r.get("event") == "start":
+            last = 0.0
+        elif r.get("kind") == "train" and (y := num(r.get("compile_s"))) is not None:
+            compile_s += y - last if y >= last else y  # a drop: a process without a start record
+            last = y
 
     # Optimizer steps: the highest step of a train record or of an end record (where it ended).
     steps = [s for s in (num(r.get("step")) for r in records
