@@ -195,3 +195,55 @@ def test_modernbert_bucketed_widths_on_either_side_of_the_window_compile_twice(u
     eager = model(**short).loss
     compiled = torch.compile(model, backend="aot_eager")(**short).loss
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def _rows_batch(B: int, seed: int) -> dict:
+    from bertgpu.batch import IGNORE_INDEX, batch_meta
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.full((B,), 16)
+    lengths[-1] = 9  # every micro batch has padding: one layout for all
+    mask = (torch.arange(16)[None] < lengths[:, None]).long()
+    ids = torch.randint(5, 99, mask.shape, generator=g) * mask
+    labels = torch.where((torch.rand(mask.shape, generator=g) < 0.3) & mask.bool(), ids,
+                         IGNORE_INDEX)
+    labels[:, 1] = ids[:, 1]
+    return dict(input_ids=ids, attention_mask=mask, labels=labels,
+                batch_meta=batch_meta(mask, labels))
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_micro_batches_that_change_size_compile_once_when_marked(unpad, one_thread):
+    """Load balancing (distributed.balance auto) re-shares the global batch mid-run, and a
+    rank's micro batches change size (4, 4, 2 for a share of 10): each new size compiled the
+    model again on every rank that saw it (TORCH_LOGS: 'input_ids size mismatch at index 0').
+    Marked (`mark_rows_dynamic`, what the pretraining task does with balance auto), one graph
+    serves every size from 2 up."""
+    import torch._dynamo  # noqa: F401 (marking needs torch.compile in use, as a compiled run)
+
+    from bertgpu.batch import mark_rows_dynamic
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(**TINY), with_nsp=False,
+                               options=ModelOptions(unpad=unpad)).train()
+    sizes = [4, 4, 2, 3, 4, 2]
+    batches = [_rows_batch(B, i) for i, B in enumerate(sizes)]
+    assert _train(model, batches) > 1  # unmarked: a graph more for a new size
+    for b in batches:
+        mark_rows_dynamic(b)
+    assert _train(model, batches) == 1
+
+
+def test_the_pretraining_task_marks_rows_only_when_they_vary(monkeypatch):
+    from bertgpu.tasks import pretraining
+
+    marked = []
+    monkeypatch.setattr(pretraining, "mark_rows_dynamic", marked.append)
+    task = object.__new__(pretraining.PretrainTask)
+    task.with_nsp = False
+    model = BertForPreTraining(BertConfig(**TINY), with_nsp=False)
+    batch = {**_rows_batch(3, 0), "token_type_ids": torch.zeros(3, 16, dtype=torch.long)}
+    for rows_vary in (False, True):
+        task.rows_vary = rows_vary
+        task.loss(model, batch)
+    assert marked == [batch]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch comes with the first batch: the config schema reads IGNORE_INDEX too
     import torch
@@ -103,6 +103,22 @@ class BatchMeta:
 
         return replace(self, **{f.name: v.pin_memory() for f in fields(self)
                                 if isinstance(v := getattr(self, f.name), torch.Tensor)})
+
+
+def mark_rows_dynamic(batch: dict[str, Any]) -> None:
+    """Mark the number of rows (dimension 0) of a device batch's tensors dynamic for
+    torch.compile, once it is in use (as `BatchMeta.mark_dynamic`), with `cu_seqlens` (B + 1).
+    For a run whose micro batches change size mid-run (load balancing re-shares the global
+    batch): one graph for every size from 2 up, where each new size compiled again. A micro
+    batch of one row still makes a graph of its own (dynamo specialises sizes 0 and 1)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return
+    meta = batch.get("batch_meta")
+    cu = getattr(meta, "cu_seqlens", None)
+    for t in [*batch.values(), cu]:
+        if getattr(t, "dim", lambda: 0)() >= 1 and t.shape[0] > 1:
+            dynamo.maybe_mark_dynamic(t, 0)
 
 
 def batch_meta(attention_mask: torch.Tensor | None, mlm_labels: torch.Tensor | None = None,

@@ -373,15 +373,15 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             pin_memory=info.device.startswith("cuda"),
                             bucket_window=impl.bucket_window, allow_seed_change=allow_data_change,
                             static_shapes=impl.cuda_graphs(kind), compiled=ran.compile)
-    # notes: a run inside its warm-up, a batch larger than the split, word starts left unused,
-    # an init whose tokenizer could not be checked
+    # notes: in the warm-up, a batch larger than the split, word starts unused, unchecked init
     for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),
                  data.whole_word_note(cfg.data.whole_word_masking), data.unchecked_init_note()):
         if note and info.is_main:
             warnings.warn(note, stacklevel=2)
     task = PretrainTask(data, model, loader, masking, eval_masking, seed=cfg.seed, run_dir=run_dir,
                         eval_sequences=t.eval_sequences, autocast=engine.autocast, info=info,
-                        allow_data_change=allow_data_change)
+                        allow_data_change=allow_data_change,
+                        rows_vary=cfg.distributed.balance == "auto")
     training = loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
                          peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
                          logging=cfg.logging, seed=cfg.seed,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bertgpu.batch import IGNORE_INDEX
+from bertgpu.batch import IGNORE_INDEX, mark_rows_dynamic
 from bertgpu.config.schema import resolve_with_nsp
 from bertgpu.data.loaders import PretrainLoader, iter_eval_batches
 from bertgpu.data.masking import MaskingConfig
@@ -136,7 +136,7 @@ class PretrainTask:
     def __init__(self, data: PretrainData, model: torch.nn.Module, loader: PretrainLoader,
                  masking: MaskingConfig, eval_masking: MaskingConfig, *, seed: int, run_dir: Path,
                  eval_sequences: int, autocast: Any, info: distributed.DistInfo,
-                 allow_data_change: bool = False) -> None:
+                 allow_data_change: bool = False, rows_vary: bool = False) -> None:
         self.data, self.model, self.loader = data, model, loader
         self.masking, self.eval_masking = masking, eval_masking
         self.seed, self.run_dir, self.eval_sequences = seed, Path(run_dir), eval_sequences
@@ -144,6 +144,7 @@ class PretrainTask:
         self.device = torch.device(info.device)
         self.with_nsp = data.with_nsp
         self.allow_data_change = allow_data_change
+        self.rows_vary = rows_vary  # load balancing re-shares: micro batches change size
         # read once, as the shard set was: `state_dict` runs before every step
         self._manifest_sha256 = hashlib.sha256(data.train.manifest_path.read_bytes()).hexdigest()
         # step (0-based) -> the epoch of its samples, noted when its batches are taken: by the
@@ -166,6 +167,8 @@ class PretrainTask:
     def loss(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         # batch_meta: the loader's host-side layout (padding, unpad indices, masked rows), so the
         # forward and backward never wait on the host.
+        if self.rows_vary:
+            mark_rows_dynamic(batch)  # one compiled graph for the sizes re-sharing makes
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"], labels=batch["labels"],
                     next_sentence_label=batch.get("next_sentence_label") if self.with_nsp else None,
