@@ -274,7 +274,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.tasks.finetune_output import warn_left_out
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops, run_logger
-    from bertgpu.train import distributed, loop, schedule
+    from bertgpu.train import distributed, loop, readback, schedule
     from bertgpu.train.checkpoint import load_resume
     from bertgpu.train.engine import build_engine, seed_dropout
 
@@ -288,12 +288,12 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     warn_left_out(job, cfg.global_batch_size, world, say=info.is_main)
     sec = as_sections(cfg, max_steps=per_epoch * cfg.epochs, eval_every=per_epoch,
                       micro_batch_size=micro)
-    model = model.to(torch.device(info.device))
-    # padding-free on CUDA in bf16/fp16 (fine-tuning batches are the ones with padding)
+    model = model.to(torch.device(info.device))  # then padding-free on CUDA in bf16/fp16
     model.unpad_enable(resolved_unpad(sec.impl.unpad, info.device, sec.train.precision))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
                                  impl=sec.impl, dist=sec.distributed)
+    engine.advice = readback.FINETUNING_ADVICE  # its options, if it diverges
     seed_dropout(cfg.seed, info.rank)
     task = FinetuneTask(job, model, pad_id=pad_id, seed=cfg.seed,
                         global_batch_size=cfg.global_batch_size, micro_batch_size=micro,

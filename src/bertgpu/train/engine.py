@@ -141,6 +141,7 @@ class Engine:
         # compression hook's error feedback (distributed.reset_comm_hook_state).
         self.on_numerics_reset = on_numerics_reset
         self.on_skipped: Callable[[int, int], None] | None = None
+        self.advice: dict[str, str] | None = None  # TrainingDiverged's keys (readback.py)
         self.read_late = self.device.type == "cuda" if read_late is None else read_late
         self.scaler = make_grad_scaler(self.device.type) if precision == "fp16" else None
         # Counters (saved in checkpoints): each has one meaning.
@@ -416,8 +417,9 @@ class Engine:
         if self.on_numerics_reset is not None:
             self.on_numerics_reset()
         if self._nonfinite_in_row >= self.max_nonfinite_steps and not numbers.calibrating:
-            raise TrainingDiverged(diverged_message(self._nonfinite_in_row, pending.step,
-                                                    numbers, pending.lr, self.precision))
+            raise TrainingDiverged(diverged_message(self._nonfinite_in_row, pending.step, numbers,
+                                                    pending.lr, self.precision, self.grad_clip,
+                                                    self.advice))
         if self.on_skipped is not None:
             self.on_skipped(pending.step, self._nonfinite_in_row)
 
@@ -467,9 +469,7 @@ def build_engine(model: torch.nn.Module, info: distributed.DistInfo, *, lr: floa
     from bertgpu.train.optim import build_optimizer
 
     device = torch.device(info.device)
-    if device.type == "cuda" and train.precision == "fp32":
-        # fp32 matmuls on tensor cores (TF32): ~7x faster on A100/H100, 10-bit mantissa inputs;
-        # MFU is reported against the TF32 peak accordingly.
+    if device.type == "cuda" and train.precision == "fp32":  # TF32 matmuls (MFU: its peak)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     sharded = dist.strategy == "fsdp"

@@ -136,12 +136,25 @@ class StepResult:
         return self.numbers().extras
 
 
-def diverged_message(in_row: int, step: int, numbers: StepNumbers, lr: float,
-                     precision: str) -> str:
-    """TrainingDiverged's message: `in_row` non-finite steps up to `step`, with what to try."""
-    hints = ["lower optim.lr", "a longer warm-up (schedule.warmup_steps)", "train.grad_clip 1.0"]
+PRETRAINING_ADVICE = {"lr": "optim.lr", "warmup": "schedule.warmup_steps",
+                      "clip": "train.grad_clip", "precision": "train.precision",
+                      "then": "resume from the last checkpoint"}
+"""The keys `diverged_message` names; fine-tuning's (`FINETUNING_ADVICE`) are its options."""
+FINETUNING_ADVICE = {"lr": "--lr", "warmup": "--warmup_fraction", "clip": "--grad_clip",
+                     "precision": "--precision", "then": "run it again"}
+
+
+def diverged_message(in_row: int, step: int, numbers: StepNumbers, lr: float, precision: str,
+                     grad_clip: float | None = None,
+                     advice: dict[str, str] | None = None) -> str:
+    """TrainingDiverged's message: `in_row` non-finite steps up to `step`, with what to try,
+    in the job's own keys (`advice`; pretraining's by default): clipping only when it is off."""
+    keys = advice or PRETRAINING_ADVICE
+    hints = [f"lower {keys['lr']}", f"a longer warm-up ({keys['warmup']})"]
+    if not grad_clip:
+        hints.append(f"{keys['clip']} 1.0")
     if precision == "fp16":
-        hints.insert(0, "train.precision bf16 (fp16 overflows)")
+        hints.insert(0, f"{keys['precision']} bf16 (fp16 overflows)")
     return (f"training diverged: {in_row} steps in a row with non-finite loss or gradients "
             f"(step {step}, loss {numbers.loss}, grad norm {numbers.grad_norm}, lr {lr:.3g}); "
-            f"try {', '.join(hints)}; resume from the last checkpoint")
+            f"try {', '.join(hints)}; {keys['then']}")
