@@ -467,8 +467,11 @@ def test_a_run_that_stops_on_an_exception_says_so_in_its_records(tmp_path):
     assert recs[0]["host"] == socket.gethostname() and recs[0]["pid"] == os.getpid()
     assert recs[0]["pid_started"] == process_started(os.getpid()) is not None
     train = [r for r in recs if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [4, 5]  # step 5 unlogged at the time: logged at the end
+    # step 5 unlogged at the time: logged at the end; then step 6, which made the count (its
+    # result never reached the loop): `watch` read "step 5" under "diverged at step 6"
+    assert [r["step"] for r in train] == [4, 5, 6]
     assert train[-1]["loss"] != train[-1]["loss"]  # NaN, as it was (null in the file)
+    assert train[-1]["skipped_steps"] == 5 and 0 < train[-1]["lr"] < train[-2]["lr"]
     end = recs[-1]
     assert (end["event"], end["reason"], end["step"]) == ("end", "diverged", 6)
     assert end["error"].startswith("training diverged: 5 steps in a row")

@@ -14,21 +14,19 @@ batch B, and DP=2 equals DP=1 with accumulation 2 (the Megatron-LM convention of
 the global number of tokens, rather than averaging per-micro-batch means).
 
 DDP and FSDP average gradients over ranks, so the loss is multiplied by world_size before
-backward to turn that average back into the sum the normalisation above expects. With FSDP
-(`sharding.py`) the micro-steps before the last neither reduce nor reshard (`sharding.accumulating`,
-DDP's no_sync), and the clipping norm is the global norm of the sharded gradients.
+backward (the sum the normalisation expects). FSDP's micro-steps before the last neither reduce
+nor reshard (`sharding.accumulating`), and clipping takes the sharded gradients' global norm.
 
 No host sync before the update. Whether a step is skipped is decided on the device: the summed
 non-finite flags become a 0/1 `found_inf` that the optimizer's own kernels honour (torch's fused
 AdamW, our LAMB: weights, moments and step counts stay as they were), and the fp16 scaler backs
-off by the same flag. The loss, the grad norm and the flag reach the host afterwards: on CUDA a
-copy into pinned memory queued behind the update, read one step late (at the end of the next
-`train_step`, whose kernels are queued by then) or when the caller first asks for them (the
-loop's log line, evaluation, a checkpoint: `StepResult`'s numbers, `state_dict`). Reading a step
-applies its counters in order (skipped steps, the run of non-finite ones, the abort after
-`max_nonfinite_steps`, the compression hook's reset), so they keep their meaning; only their
-moment moves. On the CPU every step is read at its end, as if synchronous. An optimizer that
-cannot skip on the device (RAdam, a foreach AdamW) gets the host's decision before its step.
+off by the same flag. The loss, the grad norm and the flag reach the host afterwards (on CUDA
+a pinned copy queued behind the update), read one step late, at the end of the next
+`train_step`, or when first asked for (the loop's log line, evaluation, a checkpoint). Reading
+a step applies its counters in order (skipped steps, the run of non-finite ones, the abort after
+`max_nonfinite_steps`, the hook's reset): only their moment moves. On the CPU every step is
+read at its end. An optimizer that cannot skip on the device (RAdam, a foreach AdamW) gets the
+host's decision before its step.
 """
 
 from __future__ import annotations
@@ -50,15 +48,17 @@ from bertgpu.config.sections import (
 )
 from bertgpu.errors import BertgpuError
 from bertgpu.train import distributed, sharding
-from bertgpu.train.readback import PendingStep, StepNumbers, StepResult, diverged_message
+from bertgpu.train.readback import (
+    PendingStep,
+    StepNumbers,
+    StepResult,
+    TrainingDiverged,
+    diverged_message,
+)
 
 Batch = Mapping[str, Any]
 LossFn = Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]
 CountFn = Callable[[Batch], Mapping[str, Any]]
-
-
-class TrainingDiverged(BertgpuError):
-    """Raised after too many non-finite steps in a row."""
 
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
@@ -419,7 +419,7 @@ class Engine:
         if self._nonfinite_in_row >= self.max_nonfinite_steps and not numbers.calibrating:
             raise TrainingDiverged(diverged_message(self._nonfinite_in_row, pending.step, numbers,
                                                     pending.lr, self.precision, self.grad_clip,
-                                                    self.advice))
+                                                    self.advice), pending.step, numbers, pending.lr)
         if self.on_skipped is not None:
             self.on_skipped(pending.step, self._nonfinite_in_row)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from bertgpu.errors import BertgpuError
+
 
 @dataclass
 class StepNumbers:
@@ -134,6 +136,16 @@ class StepResult:
     def extras(self) -> dict[str, float]:
         """Global sums of the extra scalar outputs ("_"-prefixed keys of loss_fn's result)."""
         return self.numbers().extras
+
+
+class TrainingDiverged(BertgpuError):
+    """Raised after too many non-finite steps in a row; `step`, `numbers` and `lr` are the
+    step's that made the count (the run's last train record)."""
+
+    def __init__(self, message: str, step: int | None = None,
+                 numbers: StepNumbers | None = None, lr: float | None = None) -> None:
+        super().__init__(message)
+        self.step, self.numbers, self.lr = step, numbers, lr
 
 
 PRETRAINING_ADVICE = {"lr": "optim.lr", "warmup": "schedule.warmup_steps",

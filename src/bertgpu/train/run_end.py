@@ -14,8 +14,8 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
     """An exception leaving `loop` (a train.loop.Loop; divergence, a failed write, a crash in the
     task): an `end` record with reason "diverged" or "error" and the message, so that readers of
     metrics.jsonl see that the run stopped; after a divergence the newest step's train record
-    first if it had none (its loss as it was). Best effort, on rank 0 alone and without
-    collectives: a failure here must not replace `error`."""
+    first if it had none, then the diverged step's (their loss as it was). Best effort, on
+    rank 0 alone and without collectives: a failure here must not replace `error`."""
     if isinstance(error, BrokenPipeError) and getattr(loop.preemption, "end_logged", False):
         return  # a stopped run whose console went away (a closed terminal): its end stands
     diverged = isinstance(error, TrainingDiverged)
@@ -29,6 +29,15 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
                 loop._log_train(logger, last, w, gather=False)
         except Exception:  # noqa: BLE001 - e.g. reading a step that diverged too
             pass
+        # the step that made the count, whose result the loop never got: its numbers as they were
+        step, numbers = getattr(error, "step", None), getattr(error, "numbers", None)
+        if step is not None and numbers is not None and step > (w.logged_at or 0):
+            try:
+                logger.log(step, "train", loss=numbers.loss, grad_norm=numbers.grad_norm,
+                           lr=getattr(error, "lr", None),
+                           skipped_steps=loop.engine.skipped_steps, tokens_seen=loop.tokens_seen)
+            except Exception:  # noqa: BLE001
+                pass
     text = one_line(error).strip().splitlines()[0] if str(error).strip() else ""
     if not isinstance(error, BertgpuError):
         text = f"{type(error).__name__}: {text}" if text else type(error).__name__
