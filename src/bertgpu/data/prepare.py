@@ -347,6 +347,10 @@ def split_summary(manifest: dict[str, Any]) -> str:
     asked = manifest["validation_fraction"]
     text = (f"validation: {val['sequences']} sequences, {share:.2%} of the tokens "
             f"(asked {asked:.2%})")
+    if manifest.get("objective") == "mlm+nsp":  # the split counts the corpus's tokens
+        text = (f"validation: {val['sequences']} sequences, {share:.2%} of the shards' tokens "
+                f"(asked {asked:.2%} of the corpus's: sentence pairs add [CLS], [SEP] and "
+                "random next sentences, in other proportions in a small split)")
     if unit == "chunk":
         n = manifest["counts"]["documents"]
         return (f"{text}; split by chunks of documents: {manifest['cut_documents']} of {n} "
