@@ -439,6 +439,41 @@ def test_a_step_is_read_behind_the_next_steps_work_not_before_it(tmp_path, monke
     assert first_read == {1: 2, 2: 3, 3: 4, 4: 5, 5: 6, 6: 6}
 
 
+def test_a_log_step_is_read_behind_the_next_steps_work(tmp_path, monkeypatch):
+    """A train record needs its step's loss and grad norm: read at the log step itself, the
+    host waited for the device to finish that step before it fetched and queued the next one,
+    every log interval (10 steps in the shipped configs). Read late (the CUDA default), the
+    record's host numbers are taken at its step and the record is written once the next step is
+    queued; evaluation, a checkpoint and the last step read their step anyway, and are logged at
+    once. The records are those of the run that reads every step at once."""
+    from bertgpu.train import readback
+
+    def records(run: str, late: bool) -> tuple[dict, list]:
+        lp, _, _ = make_loop(tmp_path / run, max_steps=9, log_every=2, eval_every=4)
+        lp.engine.read_late = late
+        first_read = {}  # step -> the engine's step when its numbers were first read
+        read = readback.PendingStep.read
+        monkeypatch.setattr(readback.PendingStep, "read", lambda self: (
+            first_read.setdefault(self.step, lp.engine.step), read(self))[1])
+        lp.run()
+        monkeypatch.setattr(readback.PendingStep, "read", read)
+        return first_read, read_metrics(tmp_path / run / "metrics.jsonl")
+
+    first_read, late = records("late", True)
+    assert first_read == {1: 2, 2: 3, 3: 4, 4: 4, 5: 6, 6: 7, 7: 8, 8: 8, 9: 9}  # 4, 8: evaluated
+    _, at_once = records("now", False)
+    keys = ("step", "loss", "grad_norm", "lr", "mlm_acc", "skipped_steps", "tokens_seen")
+
+    def train(recs: list) -> list:
+        return [{k: r.get(k) for k in keys} for r in recs if r["kind"] == "train"]
+
+    assert [r["step"] for r in train(late)] == [2, 4, 6, 8, 9]
+    assert train(late) == train(at_once)
+    kinds = [(r["kind"], r["step"]) for r in late if r["kind"] in ("train", "eval")]
+    assert kinds == [("train", 2), ("train", 4), ("eval", 4), ("train", 6), ("train", 8),
+                     ("eval", 8), ("train", 9), ("eval", 9)]
+
+
 def _poison_from(task, first: int) -> None:
     """Steps from `first` (0-based) on have a non-finite loss."""
     batches = task.micro_batches

@@ -67,6 +67,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bertgpu.errors import BertgpuError
 
@@ -254,6 +255,21 @@ def nonfinite(rank: int, step: int) -> bool:
     it by NaN, so the real forward and backward still run)."""
     plan = active()
     return plan is not None and any(t.hits(rank, step) for t in plan.nonfinite)
+
+
+def faulty_loss(loss: Callable[..., Any], rank: int, step: int) -> Callable[..., Any]:
+    """A task's `loss` (model, batch) -> {term: tensor}, made non-finite on this rank when a
+    fault is injected for the step (the forward and backward still run: the engine must find
+    and skip it), and slowed down per sequence when a slow rank is injected (load balancing)."""
+    poison = nonfinite(rank, step)
+
+    def injected(model: Any, batch: Any) -> Any:
+        slow_down(rank, int(batch["input_ids"].shape[0]))
+        out = loss(model, batch)
+        return {k: v * float("nan") if poison and not k.startswith("_") else v
+                for k, v in out.items()}
+
+    return injected
 
 
 def delay(rank: int, step: int | None = None) -> None:

@@ -21,7 +21,8 @@ from equal shares and measures again.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -105,3 +106,16 @@ def straggler_fields(compute_s: Sequence[float]) -> dict[str, object]:
 def speeds_of(compute_s: Sequence[float], sequences: Sequence[int]) -> list[float]:
     """Sequences per second of each rank over a window."""
     return [n / s if s > 0 else 0.0 for s, n in zip(compute_s, sequences, strict=True)]
+
+
+def rebalance(task: Any, times: RankTimes, global_batch: int, step: int,
+              say: Callable[[str], None]) -> None:
+    """Collective: new shares of the global batch for `task` (`shares()` / `set_shares()`) from
+    every rank's speed measured in `times`; `say` tells of a change."""
+    compute_s, sequences = times.gather()
+    speeds = speeds_of(compute_s, sequences)
+    shares = shares_for(speeds, global_batch)
+    if shares != task.shares():
+        task.set_shares(shares)
+        say(f"step {step}: batch shares per rank {shares} (sequences/s measured: "
+            f"{', '.join(f'{x:.1f}' for x in speeds)})")

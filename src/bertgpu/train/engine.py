@@ -88,11 +88,10 @@ def make_grad_scaler(device_type: str) -> Any:
 class Engine:
     """Owns AMP, accumulation, DDP/FSDP sync, clipping and skipping for one model + optimizer.
 
-    `lr_fn()` gives the lr of the step about to be taken (e.g. peak * schedule factor); it is set
-    on every param group before `optimizer.step()`. `ddp=None` detects a DDP-wrapped model, and
-    an FSDP2-sharded one (or its compiled wrapper) is detected always. `read_late` (default: on
-    CUDA) reads a step's numbers at the end of the next step instead of at its own end (module
-    docstring); `on_skipped(step, in_row)` hears of every skipped step when it is read.
+    `lr_fn()` gives the lr of the step about to be taken, set on every param group before
+    `optimizer.step()`. `ddp=None` detects a DDP-wrapped model; an FSDP2-sharded one is always
+    detected. `read_late` (default: on CUDA) reads a step's numbers at the end of the next step
+    (module docstring); `on_skipped(step, in_row)` hears of every skipped step when it is read.
     """
 
     def __init__(
@@ -127,18 +126,14 @@ class Engine:
             ddp = isinstance(model, DistributedDataParallel)
         self.ddp = ddp
         self.sharded = sharding.is_sharded(model)
-        # With DDP's gradient_as_bucket_view the .grad tensors alias the all-reduce buckets:
-        # zeroing them in place keeps that single copy, setting them to None would make DDP
-        # allocate a second one on the next backward.
-        # CUDA graphs: a compiled backward's gradient lives in the graphs' pool, which the next
-        # replay overwrites, and AccumulateGrad keeps the first as .grad. So those are copied out
-        # once and zeroed in place after (never None); parameters without one keep None. DDP's
-        # bucket views are such stable gradients already.
+        # Gradients zeroed in place, never None, where they must stay one buffer: DDP's
+        # gradient_as_bucket_view (.grad aliases the all-reduce buckets), and CUDA graphs (a
+        # compiled backward's gradient lives in the graphs' pool, which the next replay
+        # overwrites: copied out once, then zeroed in place; parameters without one keep None).
         self.set_grads_to_none = not (grads_are_bucket_views or stable_grads)
         self.stable_grads = stable_grads and not grads_are_bucket_views
         self._grads_to_copy = self.stable_grads  # until the first backward's are copied out
-        # Called after a skipped step and after an fp16 loss-scale change, e.g. to clear a
-        # compression hook's error feedback (distributed.reset_comm_hook_state).
+        # after a skipped step or an fp16 scale change: distributed.reset_comm_hook_state
         self.on_numerics_reset = on_numerics_reset
         self.on_skipped: Callable[[int, int], None] | None = None
         self.advice: dict[str, str] | None = None  # TrainingDiverged's keys (readback.py)
@@ -155,6 +150,11 @@ class Engine:
     def skipped_steps(self) -> int:
         """Steps whose update was not applied (non-finite loss or gradients), read so far."""
         self.read_all()
+        return self._skipped_steps
+
+    @property
+    def skipped_read(self) -> int:
+        """`skipped_steps` of the steps read so far: reads none (a record of a step read)."""
         return self._skipped_steps
 
     @property

@@ -60,7 +60,7 @@ from bertgpu.errors import BertgpuError
 from bertgpu.telemetry.records import process_started
 from bertgpu.testing import faults
 from bertgpu.train import distributed, loop_state
-from bertgpu.train.balance import shares_for, speeds_of, straggler_fields
+from bertgpu.train.balance import rebalance, straggler_fields
 from bertgpu.train.engine import Engine, StepResult
 from bertgpu.train.loop_state import LogWindow, LoopResult, device_mfu, eval_pending, loss_state
 from bertgpu.train.preemption import Preempted, Preemption, Snapshot
@@ -232,19 +232,28 @@ class Loop:
             self._log_written(logger, self.checkpoints.poll())
             res = w.last = self._train_step(w, result)
             step = self.engine.step
+            if w.later is not None:  # the previous step's record: read behind this step's work
+                self._write_train(logger, *w.later)
             if res.signals.get("checkpoint_failed", 0.0) > 0:  # a background write, on some rank
                 raise self.checkpoints.failure()
-            if step % t.log_every_steps == 0 or step == self.max_steps:
-                self._log_train(logger, res, w)
-            if self.balance_every and step % self.balance_every == 0:
-                self._rebalance(logger, w)
+            reshare = bool(self.balance_every) and step % self.balance_every == 0
             # The final step's evaluation comes before its checkpoint, so a run resumed there
             # (killed before its export) knows it was done.
-            if (t.eval_every_steps and step % t.eval_every_steps == 0) or step == self.max_steps:
-                result.last_eval = self._evaluate(logger, step, w)
+            evaluate = step == self.max_steps or bool(t.eval_every_steps
+                                                      and step % t.eval_every_steps == 0)
             by_time = (c.every_minutes is not None
                        and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
-            if (c.every_steps and step % c.every_steps == 0) or by_time:
+            save = (c.every_steps and step % c.every_steps == 0) or by_time
+            if step % t.log_every_steps == 0 or step == self.max_steps:
+                # later unless the step is read now anyway (evaluation, a save, re-sharing)
+                self._log_train(logger, res, w, later=self.engine.read_late
+                                and not (evaluate or save or reshare))
+            if reshare:
+                rebalance(self.task, w.balance_times, self.train.global_batch_size, step,
+                          logger.print)
+            if evaluate:
+                result.last_eval = self._evaluate(logger, step, w)
+            if save:
                 self.save(logger, background=c.async_save)
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
@@ -289,53 +298,42 @@ class Loop:
         w.add_loss(res, sequences)
         return res
 
-    def _log_train(self, logger: Any, res: StepResult, w: LogWindow, gather: bool = True) -> None:
+    def _log_train(self, logger: Any, res: StepResult, w: LogWindow, gather: bool = True,
+                   later: bool = False) -> None:
         """The train record of step `res.step`; collective with several ranks unless `gather`
-        is False (then without the straggler fields: after an error, the others may be gone)."""
+        is False (then without the straggler fields: after an error, the others may be gone).
+        `later`: the host's numbers now, the step's own (loss, grad norm: a wait for the
+        device) once the next step is queued (`w.later`, `_write_train`)."""
         from bertgpu.telemetry import metrics
 
         rates = w.throughput.rates()
-        if self.comm_timer is not None and gather:  # the steps' all-reduce times kept back
+        if self.comm_timer is not None and gather and not later:  # all-reduce times kept back
             w.comm_s += self.comm_timer.settle()
         stragglers = (straggler_fields(w.log_times.gather()[0])
                       if self.stragglers and gather else {})
-        logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
-                   grad_norm=res.grad_norm, **rates, **w.throughput.compile_fields(),
-                   mfu=self._mfu(rates["tokens_per_s"]) if rates else None,
-                   data_wait_share=w.data_s / max(w.window_s, 1e-9),
-                   comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
-                   tokens_seen=self.tokens_seen, skipped_steps=self.engine.skipped_steps,
-                   **(self.budget.fields() if self.budget is not None else {}),
-                   **stragglers, **metrics.device_memory(self.engine.device))
-        w.logged_at = res.step
+        fields = dict(**rates, **w.throughput.compile_fields(),
+                      mfu=self._mfu(rates["tokens_per_s"]) if rates else None,
+                      data_wait_share=w.data_s / max(w.window_s, 1e-9),
+                      comm_share=w.comm_s / max(w.window_s, 1e-9) if self.comm_timer else None,
+                      tokens_seen=self.tokens_seen,
+                      **(self.budget.fields() if self.budget is not None else {}),
+                      **stragglers, **metrics.device_memory(self.engine.device))
         w.window_s = w.data_s = w.comm_s = 0.0
+        w.later = (res, fields) if later else None
+        if not later:
+            self._write_train(logger, res, fields)
 
-    def _rebalance(self, logger: Any, w: LogWindow) -> None:
-        """Collective: new shares of the global batch from every rank's measured speed."""
-        compute_s, sequences = w.balance_times.gather()
-        shares = shares_for(speeds_of(compute_s, sequences), self.train.global_batch_size)
-        if shares != self.task.shares():
-            self.task.set_shares(shares)
-            logger.print(f"step {self.engine.step}: batch shares per rank {shares} "
-                         "(sequences/s measured: "
-                         f"{', '.join(f'{x:.1f}' for x in speeds_of(compute_s, sequences))})")
+    def _write_train(self, logger: Any, res: StepResult, fields: dict[str, Any]) -> None:
+        w = self._window
+        logger.log(res.step, "train", loss=res.loss, **self.task.log_scalars(res), lr=res.lr,
+                   grad_norm=res.grad_norm, skipped_steps=self.engine.skipped_read, **fields)
+        w.logged_at, w.later = res.step, None
 
     def _loss_fn(self) -> Callable[[torch.nn.Module, Batch], Mapping[str, torch.Tensor]]:
-        """The task's loss, made non-finite on this rank when a fault is injected for the step
-        (the forward and backward still run: the engine must find and skip it), and slowed down
-        when a slow rank is injected (load balancing tests)."""
+        """The task's loss; with a fault injected for this step, `faults.faulty_loss`."""
         if self.faults is None:
             return self.task.loss
-        rank, poison = self.info.rank, faults.nonfinite(self.info.rank, self.engine.step + 1)
-
-        def injected(model: torch.nn.Module, batch: Batch) -> Mapping[str, torch.Tensor]:
-            # a slower device, per sequence
-            faults.slow_down(rank, int(batch["input_ids"].shape[0]))
-            out = self.task.loss(model, batch)
-            return {k: v * float("nan") if poison and not k.startswith("_") else v
-                    for k, v in out.items()}
-
-        return injected
+        return faults.faulty_loss(self.task.loss, self.info.rank, self.engine.step + 1)
 
     def _finish(self, logger: Any, result: LoopResult, w: LogWindow) -> LoopResult:
         """End of training (steps, budget, or preemption): evaluate, checkpoint, export; when

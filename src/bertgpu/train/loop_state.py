@@ -71,6 +71,8 @@ class LogWindow:
         self.evaluated_at: int | None = None
         self.last: StepResult | None = None  # the newest completed step's
         self.logged_at: int | None = None  # the step of the newest train record
+        # a train record whose host numbers are taken, written once its step is read
+        self.later: tuple[StepResult, dict[str, Any]] | None = None
 
     def unlogged(self) -> StepResult | None:
         """The newest completed step when it has no train record yet (however the run ends,
