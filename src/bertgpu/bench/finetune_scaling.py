@@ -44,7 +44,8 @@ document pairs with human similarity scores, `classify --regression`).
 Writes OUT/finetune_scaling.jsonl (one row per cell, appended as each cell ends: a cell runs after
 its references, so every row is complete when written), OUT/finetune_scaling.md (this run's
 table) and two plots (dev metric against aggregation, efficiency against workers), drawn by
-report/finetune_scaling.py as `bertgpu report OUT/finetune_scaling.jsonl` draws them. Runs stay in
+report/finetune_scaling.py as `bertgpu report OUT/finetune_scaling.jsonl` draws them (without
+matplotlib, the report extra, the table alone: a note says so before the first cell). Runs stay in
 OUT/runs/STUDY/CELL/ (results.json, metrics.jsonl; model/ removed unless --keep-models; STUDY is
 the study's start time) with the console in OUT/runs/STUDY/CELL.log.
 
@@ -249,6 +250,7 @@ def run_study(plan: Plan, out: Path, base: dict[str, Any]) -> list[dict[str, Any
 
 def main(args: argparse.Namespace) -> int:
     from bertgpu.report.finetune_scaling import study_blocks
+    from bertgpu.report.plots import INSTALL, have_matplotlib
     from bertgpu.report.render import render_markdown
     from bertgpu.tasks.finetuning import task_key
 
@@ -263,10 +265,15 @@ def main(args: argparse.Namespace) -> int:
     base = {"bench": "finetune-scaling", "run_id": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "task": args.task, "init": plan.init, "threads_per_worker": plan.threads,
             "command": "bertgpu " + " ".join(sys.argv[1:])}
+    plots = have_matplotlib()  # said before the cells train; the table is the result
+    if not plots:
+        print(f"note: matplotlib is not installed: the table without its plots ({INSTALL} "
+              "for them)", flush=True)
     rows = run_study(plan, out, base)
     md = render_markdown([("h1", "bertgpu bench finetune-scaling"),
-                          *study_blocks(rows, out, "finetune_scaling")])
+                          *study_blocks(rows, out if plots else None, "finetune_scaling")])
     runner.write_atomic(out / "finetune_scaling.md", md)
     print(md)
-    print(f"wrote {out / 'finetune_scaling.jsonl'}, {out / 'finetune_scaling.md'} and its plots")
+    print(f"wrote {out / 'finetune_scaling.jsonl'}, {out / 'finetune_scaling.md'}"
+          + (" and its plots" if plots else " (no plots: matplotlib is not installed)"))
     return 0

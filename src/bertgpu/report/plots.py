@@ -9,6 +9,20 @@ from typing import Any
 from bertgpu.report.inputs import Source, num, series
 
 _DPI = 120
+INSTALL = "pip install 'bertgpu[report]'"
+"""How to get matplotlib, which the plots need: the report extra (not a dependency)."""
+
+
+def have_matplotlib() -> bool:
+    """Whether plots can be drawn. Asked before any work, so that a missing matplotlib is one
+    line up front (`bertgpu report`) or plots left out (the bench commands, whose table is the
+    result), never a traceback after the tables were computed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 def pyplot() -> Any:
     import matplotlib

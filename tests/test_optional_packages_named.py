@@ -1,0 +1,69 @@
+"""A missing optional package is one line naming how to install it, or (the bench commands,
+whose table is the result) plots left out with a note; never a traceback, never a lost table.
+Packages are hidden by a `sys.modules` entry of None (`import matplotlib` then raises
+ImportError); nothing is uninstalled."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from bertgpu.bench import finetune_scaling as fs
+from bertgpu.cli import main
+
+
+def _hide(monkeypatch, name: str) -> None:
+    monkeypatch.setitem(sys.modules, name, None)
+
+
+def _cell(workers: int, aggregation: int, rate: float) -> dict:
+    """A finetune_scaling.jsonl row with the numbers the table and the time split read."""
+    return {"bench": "finetune-scaling", "run_id": "2026-01-01T00:00:00", "task": "classify",
+            "init": "tiny", "optimizer": "adamw", "lr_scaling": "none", "seed": 0,
+            "workers": workers, "aggregation": aggregation, "global_batch": 4 * aggregation,
+            "steps": 10, "peak_lr": 1e-3, "metric": "accuracy", "metric_value": 75.0,
+            "train_seconds": 40.0 / rate, "train_examples_per_s": rate, "load_seconds": 1.0,
+            "eval_seconds": 0.5, "data_wait_seconds": 0.1, "data_wait_share": 0.01,
+            "eval_examples_per_s": 100.0, "seconds": 2.0 + 40.0 / rate,
+            "wall_s": 4.0 + 40.0 / rate, "speedup": 1.0, "efficiency": 1.0 / workers}
+
+
+def test_report_without_matplotlib_is_one_line_before_any_output(tmp_path, monkeypatch, capsys):
+    """Every kind of report input has plots. Without matplotlib the report crashed in the plot
+    code (ModuleNotFoundError, exit 1); now it is refused up front, exit 2, no folder."""
+    rows = tmp_path / "finetune_scaling.jsonl"
+    rows.write_text("".join(json.dumps(_cell(1, a, 10.0)) + "\n" for a in (1, 2)))
+    out = tmp_path / "rep"
+    _hide(monkeypatch, "matplotlib")
+    assert main(["report", str(rows), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("bertgpu report: error: report: the plots need matplotlib, which is not "
+                   "installed; expected `pip install 'bertgpu[report]'`\n")
+    assert not out.exists() and not out.with_name("rep.tmp").exists()
+
+
+def test_bench_finetune_scaling_without_matplotlib_keeps_its_table(tmp_path, monkeypatch,
+                                                                    capsys):
+    """As bench quality and bench scaling: the table without plots, said before the cells
+    train. It crashed after every cell had trained, with finetune_scaling.md never written."""
+    rows = [_cell(1, 1, 10.0), _cell(1, 2, 10.0)]
+    trained: list[bool] = []
+
+    def study(plan, out: Path, base):  # the cells' rows, as run_study appends them
+        trained.append(True)
+        (out / "finetune_scaling.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+
+    monkeypatch.setattr(fs, "make_plan", lambda args: SimpleNamespace(init="tiny", threads=1))
+    monkeypatch.setattr(fs, "run_study", study)
+    _hide(monkeypatch, "matplotlib")
+    out = tmp_path / "out"
+    assert main(["bench", "finetune-scaling", "--task", "classify", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    note = printed.index("note: matplotlib is not installed")
+    assert "pip install 'bertgpu[report]'" in printed.splitlines()[0] and note == 0 and trained
+    md = (out / "finetune_scaling.md").read_text()
+    assert "| adamw |" in md and ".png" not in md
+    assert not list(out.glob("*.png"))
