@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from bertgpu.bench import finetune_scaling as fs
 from bertgpu.cli import main
 
@@ -67,3 +69,23 @@ def test_bench_finetune_scaling_without_matplotlib_keeps_its_table(tmp_path, mon
     md = (out / "finetune_scaling.md").read_text()
     assert "| adamw |" in md and ".png" not in md
     assert not list(out.glob("*.png"))
+
+
+def test_demo_without_transformers_is_refused_before_any_stage(tmp_path, monkeypatch, capsys):
+    """Stage 4 (fill-mask) loads the export through transformers: without it the demo died
+    there with a traceback, after the tokenizer, shards and pretraining. Now one line first."""
+    _hide(monkeypatch, "transformers")
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--steps", "30", "--skip-finetune"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "pip install 'bertgpu[demo]'" in captured.err
+    assert "transformers, which is not installed" in captured.err
+    assert "===" not in captured.out and not out.exists()
+
+
+def test_the_demo_extra_installs_transformers():
+    """`pip install 'bertgpu[demo]'` then `bertgpu demo` failed: transformers was only in dev."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    demo = project["project"]["optional-dependencies"]["demo"]
+    assert any(d.startswith("transformers") for d in demo)

@@ -244,9 +244,21 @@ def is_demo_output(folder: Path) -> bool:
                for e in Path(folder).iterdir())
 
 
+def _check_transformers() -> None:
+    """Stage 4 loads the export through transformers (an independent reader of our files), so
+    the demo needs it: refused before stage 1 rather than after minutes of pretraining."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise BertgpuError("demo: stage 4 (fill-mask) loads the exported model through "
+                           "transformers, which is not installed; expected `pip install "
+                           "'bertgpu[demo]'` (or `pip install transformers`)") from None
+
+
 def main(args: argparse.Namespace) -> int:
     if len(set(args.seeds)) != len(args.seeds):  # one run counted twice: a spread of 0
         raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+    _check_transformers()
     out = Path(args.out)
     check_output_folder(out)
     if args.fresh and out.exists():
