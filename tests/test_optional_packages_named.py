@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from bertgpu.bench import finetune_scaling as fs
+from bertgpu.bench import model as bench_model
 from bertgpu.cli import main
 
 
@@ -89,3 +90,32 @@ def test_the_demo_extra_installs_transformers():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     demo = project["project"]["optional-dependencies"]["demo"]
     assert any(d.startswith("transformers") for d in demo)
+
+
+def _bench_argv(*extra: str) -> list[str]:
+    return ["bench", "model", "--size", "tiny", "--micro-batch", "1", "--seq-len", "8",
+            "--iters", "1", "--warmup", "0", "--device", "cpu", *extra]
+
+
+def test_bench_model_without_transformers(tmp_path, monkeypatch, capsys):
+    """Without transformers `bench model` crashed building the models (model_runs.py imported
+    it even for ours alone). The default (both models) is now one line before any model is
+    built; --models bertgpu times ours without it."""
+    _hide(monkeypatch, "transformers")
+    built: list[str] = []
+    real = bench_model.Models
+
+    def counting(*a, **kw):
+        built.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bench_model, "Models", counting)
+    assert main(_bench_argv()) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not built
+    assert "transformers is not installed" in err and "--models bertgpu" in err
+    out = tmp_path / "rows.jsonl"
+    assert main(_bench_argv("--models", "bertgpu", "--out", str(out))) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["model"] for r in rows] == ["bertgpu"] and rows[0]["transformers"] is None
+    assert "| transformers - |" in capsys.readouterr().out

@@ -291,6 +291,14 @@ def format_compact(rows: list[dict[str, Any]]) -> str:
     return format_table(named, COMPACT)
 
 
+def _have_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(args: argparse.Namespace) -> int:
     if args.check_graph:
         from bertgpu.bench import graph_check
@@ -326,6 +334,10 @@ def main(args: argparse.Namespace) -> int:
         raise BertgpuError(f"--mask-rate {args.mask_rate}: expected a value in (0, 1)")
     if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
         raise BertgpuError(f"--dropout {args.dropout}: expected a probability in [0, 1)")
+    if _HF in args.models and not _have_transformers():  # before any model is built
+        raise BertgpuError(f"--models {','.join(args.models)}: transformers is not installed; "
+                           "expected `pip install transformers` (or `pip install "
+                           "'bertgpu[demo]'`), or --models bertgpu to time ours alone")
     backend = args.compile_backend or ("eager" if smoke and not cuda else "inductor")
     grid = _grid(args, cuda)  # bad sizes refused before any model is built
     if cuda:
@@ -364,8 +376,9 @@ def main(args: argparse.Namespace) -> int:
         if args.out is not None:
             append_rows(args.out, new)
     print()
+    first = rows[0] if rows else {}
     print(f"{name} | torch {torch.__version__} | transformers "
-          f"{rows[0]['transformers'] if rows else '-'} | {rows[0]['dtype'] if rows else '-'} | "
+          f"{first.get('transformers') or '-'} | {first.get('dtype', '-')} | "
           f"{time.perf_counter() - start:.0f} s in all")
     print(format_compact(rows))
     peaks = sorted({f"{r['peak_tflops']:g} TFLOP/s ({r['peak_source']})" for r in rows

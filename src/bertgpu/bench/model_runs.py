@@ -64,14 +64,16 @@ class Models:
         from bertgpu.models.shared import ModelOptions
         from bertgpu.train.optim import build_optimizer
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import transformers
-
         self.arch, self.size = arch, size
         self.backend = backend
         # every dropout probability of both models, or None: each architecture's own
         self.overrides = {} if dropout is None else dict.fromkeys(DROPOUTS[arch], dropout)
-        self.transformers_version = transformers.__version__
+        self.transformers_version: str | None = None  # ours alone: transformers not needed
+        if "transformers" in names:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            import transformers
+
+            self.transformers_version = transformers.__version__
         torch._dynamo.reset()  # the previous size's graphs: free them, and no cache limit hit
         torch.manual_seed(seed)
         ours = self._ours(ModelOptions(gradient_checkpointing=grad_ckpt))
