@@ -60,7 +60,12 @@ from bertgpu.data.sources import (
     local_path,
     no_documents,
 )
-from bertgpu.data.tokenizer_folder import SPECIAL_TOKEN_MAP, SPECIAL_TOKENS, load_tokenizer
+from bertgpu.data.tokenizer_folder import (
+    MAX_WORD_CHARS,
+    SPECIAL_TOKEN_MAP,
+    SPECIAL_TOKENS,
+    load_tokenizer,
+)
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import (
     check_apart,
@@ -190,7 +195,8 @@ def _copy_corpus(tok, copy: Path, inputs: list, before: list[tuple[str, str]], f
     A file skipped (--skip-bad) after some of its text was read is left out whole, as `prepare`
     leaves it out: the corpus is read again without the files skipped the first time (their
     reasons kept), so that neither the vocabulary nor the counts hold any of its text. A corpus
-    with no document, or whose text is only characters BERT's normaliser removes, is an error.
+    with no document, or whose text is only characters BERT's normaliser removes or runs that
+    can only be [UNK] (`_no_text`), is an error.
     """
     from bertgpu.data.wordpiece import copy_corpus
 
@@ -213,10 +219,25 @@ def _copy_corpus(tok, copy: Path, inputs: list, before: list[tuple[str, str]], f
         bad = {path for path, _ in stats.skipped}
         names = [str(src) for src in kept if str(src) not in bad]
         more = f" and {len(names) - 3} more files" if len(names) > 3 else ""
-        raise BertgpuError(f"{', '.join(names[:3])}{more}: no text (only control or format "
-                           "characters, which BERT's normaliser removes); expected text to "
-                           "train on")
+        raise BertgpuError(f"{', '.join(names[:3])}{more}: {_no_text(copy)}")
     return alphabet, pieces
+
+
+def _no_text(copy: Path) -> str:
+    """Why a corpus with documents left no character to train on, read off the trainer's copy:
+    it holds the text as read, less the runs of letters longer than MAX_WORD_CHARS (each cut to
+    a space, `wordpiece._without_unknown_words`). Nothing but spaces and line breaks left: all
+    of the text was such runs (base64, hex, a script without spaces), which the warning before
+    counted; anything else left is what BERT's normaliser removes."""
+    with open(copy, encoding="utf-8", errors="replace") as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip(" \t\r\n"):
+                return ("no text (only control or format characters, which BERT's normaliser "
+                        "removes); expected text to train on")
+    return (f"no text left to train on: all of it is in runs of letters or digits longer than "
+            f"{MAX_WORD_CHARS} characters without a space or punctuation, which BERT encodes as "
+            "[UNK] and the vocabulary's training leaves out; expected text split into words "
+            "(not base64 or hex data; Thai: PyThaiNLP's word_tokenize)")
 
 
 def _document_parts(inputs: list, fmt: str, text_field: str, skip_bad: bool, stats: CorpusStats,
