@@ -49,6 +49,9 @@ from bertgpu.errors import BertgpuError
 from bertgpu.report.bench_rows import MODEL_COLUMNS, fmt_model_value
 
 _OURS, _HF = "bertgpu", "transformers"
+DEFAULT_SIZE = {"bert": "small", "modernbert": "tiny"}
+"""Each architecture's size without --size: the one a CPU times in about a minute (ModernBERT has
+no small, and its base takes 22 layers)."""
 VARIABLE = "variable"
 """A preset point's lengths: each of `--real-lengths` other than full (default: uniform)."""
 
@@ -120,8 +123,10 @@ def _csv_list(kind: type, choices: tuple[str, ...] | None = None):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", type=_csv_list(str, ARCHS), default=["bert"],
                         help="bert and/or modernbert (sizes tiny and base) (default bert)")
-    parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=["small"],
-                        help="model sizes, comma list of tiny, small, base, large (default small)")
+    parser.add_argument("--size", type=_csv_list(str, tuple(SIZES)), default=None,
+                        help="model sizes, comma list of tiny, small, base, large (modernbert: "
+                             "tiny, base); default: "
+                             + ", ".join(f"{s} for {a}" for a, s in DEFAULT_SIZE.items()))
     parser.add_argument("--micro-batch", type=_csv_list(int), default=[8],
                         help="sequences per step (comma list; default: 8)")
     parser.add_argument("--seq-len", type=_csv_list(int), default=[128],
@@ -216,6 +221,10 @@ BERT_POSITIONS = 512  # transformers' BertConfig default, which the BERT sizes k
 MIN_SEQ_LEN = 8  # as `prepare --seq-len`: [CLS], [SEP] and a few tokens to mask
 
 
+def _sizes(args: argparse.Namespace, arch: str) -> list[str]:
+    return args.size or [DEFAULT_SIZE[arch]]
+
+
 def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     """The points to time, in order (grouped by architecture and size: models built once)."""
     sources = args.real_lengths or ["full"]
@@ -230,10 +239,10 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
                 for p in preset for s in (variable if p["lengths"] == VARIABLE else [p["lengths"]])]
     for arch in args.arch:
         sizes = MODERN_SIZES if arch == "modernbert" else SIZES
-        bad = [s for s in args.size if s not in sizes]
+        bad = [s for s in _sizes(args, arch) if s not in sizes]
         if bad:
             raise BertgpuError(f"--size {bad[0]}: {arch} comes in {', '.join(sizes)}")
-        for size in args.size:
+        for size in _sizes(args, arch):
             positions = sizes[size].get("max_position_embeddings", BERT_POSITIONS)
             for t in args.seq_len:
                 if not MIN_SEQ_LEN <= t <= positions:
@@ -245,7 +254,8 @@ def _grid(args: argparse.Namespace, cuda: bool) -> list[dict[str, Any]]:
     dtypes = args.dtype or (["bf16"] if cuda else ["fp32"])
     return [dict(arch=a, size=s, micro_batch=b, seq_len=t, dtype=d, lengths=n,
                  variants=_variants(args))
-            for a in args.arch for s in args.size for b in args.micro_batch for t in args.seq_len
+            for a in args.arch for s in _sizes(args, a) for b in args.micro_batch
+            for t in args.seq_len
             for d in dtypes for n in sources]
 
 
@@ -307,6 +317,7 @@ def main(args: argparse.Namespace) -> int:
     if args.strategy is not None:
         from bertgpu.bench import sharded
 
+        args.size = _sizes(args, "bert")  # it measures BERT
         return sharded.main(args)
     import torch
 
