@@ -36,8 +36,10 @@ bench stage times them eager), `bert-large compiled` (BERT-large 64 x 128, ours 
 `--impl.compile_mode reduce-overhead`), `optimizer step` (benchmarks/optim_step.py on CUDA: one
 LAMB and AdamW step on BERT-base's parameters, each variant), `pretrain bert-base adamw` (the
 bert-base run with the bench's fused AdamW in place of LAMB: the optimizer's share of the run's
-gap to the bench), `saved bytes` (`bench model --check-graph --dtype bf16` on
-CUDA: what the compiled step keeps for backward, padded and padding-free), and `attention kernels`
+gap to the bench), `pretrain syncs` (benchmarks/step_syncs.py: the bert-base run with torch's
+CUDA sync debug mode from step 10, each wait for the GPU by step and line), `saved bytes`
+(`bench model --check-graph --dtype bf16` on CUDA: what the compiled step keeps for backward,
+padded and padding-free), and `attention kernels`
 (benchmarks/attention_kernels.py: our flash call against cuDNN's varlen call and SDPA's
 backends, forward + backward at BERT's and ModernBERT's shapes).
 
@@ -216,6 +218,12 @@ def stages(smoke: bool, out: Path) -> list[dict]:
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
                   "--out", str(out / "run-adamw"), *common, *bert_args,
                   "--optim.name", "adamw"]),
+        # the bert-base run in one process with torch's CUDA sync debug mode on from step 10:
+        # every call that made the host wait for the GPU, by step and by the line that made it
+        dict(name="pretrain syncs", limit=100, extra=True, grep="synchronising calls",
+             cmd=[py, "benchmarks/step_syncs.py", "--from", "10", "--", "pretrain",
+                  "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
+                  "--out", str(out / "run-syncs"), *common, *bert_args]),
         dict(name="pretrain cuda graphs", limit=90, run=out / "run-graphs", extra=True,
              torch_logs="recompiles,cudagraphs",
              cmd=[*pretrain, "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),

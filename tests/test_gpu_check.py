@@ -40,9 +40,12 @@ def test_every_stage_command_parses(tmp_path, smoke):
         "profile", "profile philox dropout", "profile pointwise autotune", "profile modernbert",
         "compile modes", "hf compiled", "dropout off", "modernbert compiled",
         "unpadded compiled", "bert-large compiled", "saved bytes", "attention kernels",
-        "optimizer step", "pretrain bert-base adamw", "pretrain cuda graphs"]
+        "optimizer step", "pretrain bert-base adamw", "pretrain syncs", "pretrain cuda graphs"]
     for stage in stages:
         cmd = stage["cmd"]
+        if cmd[1] == "benchmarks/step_syncs.py":  # a bertgpu command after its own options
+            assert (ROOT / cmd[1]).exists()
+            cmd = [cmd[0], "-m", "bertgpu", *cmd[cmd.index("--") + 1:]]
         if cmd[1:4] == ["-m", "bertgpu", "bench"]:
             parser = argparse.ArgumentParser()
             bench_model.add_arguments(parser)
@@ -289,3 +292,43 @@ def test_saved_bytes_stage_puts_its_audit_lines_in_the_summary(tmp_path, monkeyp
     assert ("| saved bytes | 0 | 1.0 | bert-base padded saved for backward: 34.1 x H bytes "
             "(bf16 32.0 H); bert-base unpadded saved for backward: 33.9 x H bytes (bf16 31.9 H) |"
             ) in (tmp_path / "summary.md").read_text()
+
+
+def test_step_syncs_counts_the_sync_warnings_of_each_step(tmp_path, monkeypatch, capsys,
+                                                         one_thread):
+    """benchmarks/step_syncs.py on the CPU, torch's CUDA sync warning stood in for by the same
+    warning raised where the engine reads a step's numbers (a wait for the device on CUDA):
+    each step from --from on counts, with the engine's frame; the CLI's one-line warnings do
+    not take them first."""
+    import warnings
+
+    from _shards import write_synthetic_shards
+    from _tiny import TINY
+
+    from bertgpu.train import readback
+
+    step_syncs = load("step_syncs")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    read = readback.PendingStep.read
+
+    def waits(self):
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return read(self)
+
+    monkeypatch.setattr(readback.PendingStep, "read", waits)
+    data = write_synthetic_shards(tmp_path / "data", n_train=16, n_val=4, seq_len=16,
+                                  vocab_size=TINY["vocab_size"])
+    rc = step_syncs.main(["--from", "3", "--", "pretrain", str(ROOT / "configs/tiny.toml"),
+                          "--data", str(data), "--out", str(tmp_path / "run"),
+                          "--train.max_steps", "5", "--train.global_batch_size", "4",
+                          "--impl.micro_batch_size", "4", "--impl.num_workers", "0",
+                          "--train.eval_every_steps", "0", "--impl.device", "cpu",
+                          "--model.vocab_size",
+                          str(TINY["vocab_size"])])
+    out = capsys.readouterr().out
+    assert rc == 0 and modes == ["warn", "default"]
+    summary = out[out.index("steps 3-5:"):].splitlines()
+    assert summary[0].startswith("steps 3-5: ") and "in 3 of 3 steps (steps 3, 4, 5)" in summary[0]
+    assert "bertgpu/train/engine.py:" in summary[1]
