@@ -27,6 +27,7 @@ import contextlib
 import errno
 import importlib
 import os
+import shutil
 import signal
 import sys
 import warnings
@@ -282,7 +283,14 @@ def place_error(exc: OSError, argv: list[str] = ()) -> str | None:
     the error is not one (see PLACE_ERRORS). Commands that write an --out check that it is a
     folder, not that this user may write there, and they write through scratch folders, mkdir,
     lock files and libraries in many places: catching the file system's answer once here covers
-    them all. The path shown is the one that failed (`OUT.tmp` for a scratch folder beside OUT)."""
+    them all. The path shown is the one that failed (`OUT.tmp` for a scratch folder beside OUT).
+    shutil's copytree collects its files' errors into one without an errno: the first is said."""
+    failed = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else None
+    if isinstance(failed, list) and failed and len(failed[0]) == 3:
+        src, dst, why = failed[0]
+        return f"{dst}: {why} (copying {src}; {len(failed)} file(s) not copied)"
+    if exc.errno is None:  # not the file system's answer
+        return None
     said = exc.strerror or os.strerror(exc.errno)
     if exc.filename is None:  # a write to an open file (a full disk mid-run) names no path
         out = _typed_out(argv) if exc.errno in _NO_PATH_NEEDED else None

@@ -12,6 +12,7 @@ loss, accuracy and perplexity (and NSP accuracy) on the held-out split with mask
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import math
 import shutil
@@ -309,10 +310,22 @@ class PretrainTask:
 
 
 def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
-    """RUN_DIR/tokenizer: the shards' tokenizer, exported with the model (rank 0, once)."""
-    dst = Path(run_dir) / "tokenizer"
-    if not dst.exists():
-        shutil.copytree(data.train.tokenizer_dir, dst)
+    """RUN_DIR/tokenizer: the shards' tokenizer, exported with the model (rank 0). Copied whole
+    or not at all (a scratch folder renamed into place), and again when its files differ from
+    the shards' tokenizer: a copy cut short (a full disk) went silently into every checkpoint
+    and the export, which transformers then could not load."""
+    from bertgpu.fsutil import make_scratch, replace_dir
+
+    src, dst = Path(data.train.tokenizer_dir), Path(run_dir) / "tokenizer"
+    names = sorted(p.name for p in src.iterdir() if p.is_file())
+    if dst.is_dir() and sorted(p.name for p in dst.iterdir() if p.is_file()) == names:
+        _, differ, unread = filecmp.cmpfiles(src, dst, names, shallow=False)
+        if not differ and not unread:
+            return
+    tmp = make_scratch(dst.with_name(dst.name + ".tmp"), dst)
+    for name in names:  # one by one: a full disk raises its OSError (copytree's shutil.Error
+        shutil.copy2(src / name, tmp / name)  # has no errno, and the CLI could not say it)
+    replace_dir(tmp, dst)
 
 
 def checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | bytes]:
