@@ -256,3 +256,19 @@ def test_budget_and_step_mode_warmups_give_the_same_lr_per_step(warm):
     linear = dataclasses.replace(budget, decay="linear")
     assert [linear.lr(0.0, k) for k in range(warm + 1)] == pytest.approx(
         [steps.lr(k / 100, k) for k in range(warm + 1)])
+
+
+def test_a_checkpoint_holds_the_budget_clock_at_the_save_not_at_the_last_agreement():
+    """The loop agrees the clock at the start of each step; the step, an evaluation and the save
+    after it count too. A checkpoint that held the agreed value lost them on every resume (a
+    run killed after a long evaluation trained past its budget)."""
+    t = FakeTime()
+    clock = BudgetClock(100.0, time_fn=t)
+    clock.start()
+    t.now += 20
+    clock.agree(clock.read())  # the step's agreement
+    t.now += 7  # the step, its evaluation, the save
+    assert clock.progress() == pytest.approx(0.20)  # the lr still follows the agreed value
+    assert clock.state_dict()["elapsed_s"] == pytest.approx(27.0)
+    clock.pause()
+    assert clock.state_dict()["elapsed_s"] == pytest.approx(27.0)

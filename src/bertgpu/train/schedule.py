@@ -281,7 +281,14 @@ class BudgetClock:
         return self.elapsed_s >= self.budget_s
 
     def state_dict(self) -> dict[str, float]:
-        return {"elapsed_s": float(self.elapsed_s), "budget_s": self.budget_s}
+        """The clock now (a checkpoint's: rank 0's, which writes it), not as last agreed at the
+        start of the step: the step, its evaluation and the save count, as the loop counts them.
+        A run resumed from the agreed value lost them on every crash and trained past its
+        budget."""
+        now = self.elapsed_s
+        if self._started_at is not None:
+            now += self.time_fn() - self._started_at
+        return {"elapsed_s": float(now), "budget_s": self.budget_s}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.elapsed_s = float(state["elapsed_s"])
