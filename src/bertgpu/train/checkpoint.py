@@ -41,6 +41,7 @@ warning that names what is wrong, and fall back to the previous one.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
@@ -226,6 +227,15 @@ def _save_failed(run_dir: Path, final: Path, exc: OSError, needed: int) -> Bertg
     after = (f"{kept[-1].name} is intact: {fix} and re-run the same command to resume from it"
              if kept else f"no earlier checkpoint: {fix} and re-run the same command")
     return BertgpuError(f"{final.parent}: cannot write {final.name}: {why}; {after}")
+
+
+def disk_full(folder: Path, needed: int) -> OSError | None:
+    """ENOSPC for a save that failed without an OSError where `folder`'s file system has no room
+    for its `needed` bytes: torch's zip writer (a sharded checkpoint's files) reports a full disk
+    as "unexpected pos 704 vs 598", and the one line then said nothing of the disk."""
+    if fsutil.free_bytes(folder) >= needed:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
 
 
 def _prune(run_dir: Path, final: Path, step: int, keep_last: int) -> None:

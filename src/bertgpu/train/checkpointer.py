@@ -47,6 +47,7 @@ from bertgpu.train.checkpoint import (
     _torch_save,
     check_free_space,
     checkpoint_dir,
+    disk_full,
     is_sharded_checkpoint,
     list_checkpoints,
 )
@@ -180,7 +181,7 @@ class ShardedCheckpoints:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, BertgpuError):
             return exc
-        os_error = _os_error(exc)
+        os_error = _os_error(exc) or disk_full(final.parent, needed)
         if os_error is not None:
             return _save_failed(self.run_dir, final, os_error, needed)
         return BertgpuError(f"{final.parent}: cannot write {final.name}: {first_line(exc)}")
