@@ -153,8 +153,7 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         before = {**{k: v for k, v in _as_read_now(path).items() if k in after}, **before}
         changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
                    for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
-                   and not _as_asked(k, before.get(k), given.get(k)) and k != "out"]
-        # (`out` is where the run folder is, not how it trains: a copy resumed changes nothing)
+                   and not _as_asked(k, before.get(k), given.get(k)) and k not in WHERE]
     if not changed:
         return
     earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
@@ -167,6 +166,12 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         os.replace(tmp, aside)
     print(f"{run_dir}: resuming at step {step} with changed settings: {', '.join(changed)} "
           f"(the earlier config.toml is kept as {aside.name})", flush=True)
+
+
+WHERE = ("out", "data.dir")
+"""Keys that say where a run or its shards are, not how it trains: a copy resumed in its new
+place, or the same shards named from another folder (`../work/data` for `work/data`), change no
+setting. Other shards are the resume's check of the shard set's manifest (data_identity)."""
 
 
 def _as_read_now(path: Path) -> dict[str, Any]:
