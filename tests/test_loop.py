@@ -474,6 +474,30 @@ def test_a_log_step_is_read_behind_the_next_steps_work(tmp_path, monkeypatch):
                      ("eval", 8), ("train", 9), ("eval", 9)]
 
 
+def test_a_record_left_for_later_is_written_as_taken_when_a_stop_ends_the_run(tmp_path):
+    """Read late, a log step's record waits for the next step; a stop signal in that step ends
+    the run: the record is written with the numbers of its own log interval, not taken again
+    after the window was reset (its data-wait share read 0)."""
+    import os
+    import signal
+
+    lp, task, _ = make_loop(tmp_path / "term", max_steps=20, log_every=3)
+    lp.engine.read_late = True
+    batches = task.micro_batches
+
+    def term_at_3(step):
+        if step == 3:  # the 4th step's data: steps 1-3 are done, step 3's record is pending
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batches(step)
+
+    task.micro_batches = term_at_3
+    res = lp.run()
+    assert res.preempted
+    train = [r for r in read_metrics(tmp_path / "term" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [3]
+    assert train[0]["data_wait_share"] > 0
+
+
 def _poison_from(task, first: int) -> None:
     """Steps from `first` (0-based) on have a non-finite loss."""
     batches = task.micro_batches

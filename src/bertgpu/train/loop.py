@@ -340,6 +340,8 @@ class Loop:
         preempted, the preemption checkpoint if it fits in the grace (train/preemption.py).
         The last steps not logged yet get their train record first, however the run ended."""
         step = result.step = self.engine.step
+        if w.later is not None:  # a log step's record, its host numbers taken at its step
+            self._write_train(logger, *w.later)
         last = w.unlogged()
         if last is not None:  # the same on every rank: the steps agree
             self._log_train(logger, last, w)

@@ -24,6 +24,8 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
     # to decide), whereas after another error a wait on the device might never end.
     if diverged and w is not None and loop.info.is_main:
         try:
+            if w.later is not None:
+                loop._write_train(logger, *w.later)
             last = w.unlogged()
             if last is not None:
                 loop._log_train(logger, last, w, gather=False)
