@@ -34,8 +34,8 @@ def _cell(workers: int, aggregation: int, rate: float) -> dict:
 
 
 def test_report_without_matplotlib_is_one_line_before_any_output(tmp_path, monkeypatch, capsys):
-    """Every kind of report input has plots. Without matplotlib the report crashed in the plot
-    code (ModuleNotFoundError, exit 1); now it is refused up front, exit 2, no folder."""
+    """Without matplotlib a report that draws crashed in the plot code (ModuleNotFoundError,
+    exit 1); now it is refused in one line, exit 2, no folder."""
     rows = tmp_path / "finetune_scaling.jsonl"
     rows.write_text("".join(json.dumps(_cell(1, a, 10.0)) + "\n" for a in (1, 2)))
     out = tmp_path / "rep"
@@ -45,6 +45,23 @@ def test_report_without_matplotlib_is_one_line_before_any_output(tmp_path, monke
     assert err == ("bertgpu report: error: report: the plots need matplotlib, which is not "
                    "installed; expected `pip install 'bertgpu[report]'`\n")
     assert not out.exists() and not out.with_name("rep.tmp").exists()
+
+
+def test_a_report_that_draws_no_plot_needs_no_matplotlib(tmp_path, monkeypatch):
+    """`bench model --strategy` rows make a table only: refusing every report without
+    matplotlib refused these too."""
+    from bertgpu.report import build_report
+
+    rows = tmp_path / "memory.jsonl"
+    rows.write_text(json.dumps({
+        "bench": "model_memory", "strategy": "ddp", "ranks": 1, "size": "small", "dtype": "fp32",
+        "micro_batch": 8, "seq_len": 128, "params_bytes": 1, "grads_bytes": 1,
+        "optimizer_bytes": 2, "total_bytes": 4, "step_ms": 3.0, "mem_peak_gib": None,
+        "device": "cpu", "source": "measured"}) + "\n")
+    _hide(monkeypatch, "matplotlib")
+    out = build_report([rows], tmp_path / "rep")
+    assert (out / "README.md").is_file()
+    assert not list(out.glob("*.png"))
 
 
 def test_bench_finetune_scaling_without_matplotlib_keeps_its_table(tmp_path, monkeypatch,

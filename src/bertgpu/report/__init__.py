@@ -36,8 +36,9 @@ Each PATH is one of (recognised in this order):
 plots embedded in it: the page alone can be copied), and the plots are PNG files next to them
 (the markdown links them). OUT is written as ``OUT.tmp`` and renamed into place, replacing an
 existing report. Missing keys and null (NaN) values are skipped, never plotted as zeros. The
-plots need matplotlib (`pip install 'bertgpu[report]'`): without it the report is refused in one
-line before anything is read or written.
+plots need matplotlib (`pip install 'bertgpu[report]'`): without it a report that would draw one
+is refused in one line and nothing is written (inputs without plots, such as `bench model
+--strategy` rows, are reported).
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
 bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers),
@@ -54,7 +55,6 @@ from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, replace_dir, within
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_sources
-from bertgpu.report.plots import INSTALL, have_matplotlib
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
 from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
@@ -83,9 +83,6 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     if not paths:
         raise BertgpuError("report: no inputs; expected run folders, GLUE/fine-tuning folders "
                            "or bench .jsonl files")
-    if not have_matplotlib():  # every kind of input has plots: refused before any reading
-        raise BertgpuError(f"report: the plots need matplotlib, which is not installed; "
-                           f"expected `{INSTALL}`")
     out = Path(out)
     check_output_folder(out, REPORT_FOLDER, replaces=is_report)
     for p in paths:

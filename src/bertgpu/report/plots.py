@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bertgpu.errors import BertgpuError
 from bertgpu.report.inputs import Source, num, series
 
 _DPI = 120
@@ -13,10 +14,15 @@ INSTALL = "pip install 'bertgpu[report]'"
 """How to get matplotlib, which the plots need: the report extra (not a dependency)."""
 
 
+class NoMatplotlib(BertgpuError, ImportError):
+    """A plot asked for without matplotlib: one line for `bertgpu report` (whose scratch folder
+    goes, so nothing is half written), and an ImportError for the bench commands that leave
+    their plots out."""
+
+
 def have_matplotlib() -> bool:
-    """Whether plots can be drawn. Asked before any work, so that a missing matplotlib is one
-    line up front (`bertgpu report`) or plots left out (the bench commands, whose table is the
-    result), never a traceback after the tables were computed."""
+    """Whether plots can be drawn: the bench commands ask before any work, and leave their
+    plots out (their table is the result), never a traceback after the tables were computed."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -25,7 +31,12 @@ def have_matplotlib() -> bool:
 
 
 def pyplot() -> Any:
-    import matplotlib
+    """matplotlib's pyplot for files; `NoMatplotlib` without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise NoMatplotlib(f"report: the plots need matplotlib, which is not installed; "
+                           f"expected `{INSTALL}`") from None
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     import matplotlib.pyplot as plt
