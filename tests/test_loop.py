@@ -3,6 +3,7 @@ fine-tuning conveniences it brings (mid-run checkpoints that resume bitwise, bud
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -24,7 +25,7 @@ from bertgpu.telemetry.records import read_metrics
 from bertgpu.train import loop as loop_mod
 from bertgpu.train.checkpoint import load_resume
 from bertgpu.train.distributed import DistInfo
-from bertgpu.train.engine import build_engine
+from bertgpu.train.engine import TrainingDiverged, build_engine
 from bertgpu.train.schedule import Schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -496,6 +497,26 @@ def test_a_record_left_for_later_is_written_as_taken_when_a_stop_ends_the_run(tm
     train = [r for r in read_metrics(tmp_path / "term" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in train] == [3]
     assert train[0]["data_wait_share"] > 0
+
+
+def test_records_left_for_later_with_a_host_skip_and_an_error_end(tmp_path):
+    """Read late but with an optimizer that skips on the host (RAdam), every step is read at its
+    own end: a record left for later counted the next step's skip. And an error in the step
+    after a log step (an OOM, a data error) lost that step's record: it is written with its host
+    numbers (its loss may sit on a device in trouble)."""
+    def train(run: str, late: bool, host_skip: bool = False, crash_at=None) -> list:
+        lp, task, _ = make_loop(tmp_path / run, max_steps=6, log_every=2, crash_at=crash_at)
+        lp.engine.read_late = late
+        if host_skip:
+            lp.engine.skips_on_device = lambda: False
+        _poison_from(task, 2)  # step 3 on: non-finite
+        with contextlib.suppress(KeyboardInterrupt, TrainingDiverged):
+            lp.run()
+        return [(r["step"], r.get("skipped_steps"), r.get("loss") is None)
+                for r in read_metrics(tmp_path / run / "metrics.jsonl") if r["kind"] == "train"]
+
+    assert train("late", True, host_skip=True) == train("now", False, host_skip=True)
+    assert train("late_crash", True, crash_at=2) == [(2, None, True)]  # crash in step 3
 
 
 def _poison_from(task, first: int) -> None:

@@ -110,7 +110,8 @@ def mark_rows_dynamic(batch: dict[str, Any]) -> None:
     torch.compile, once it is in use (as `BatchMeta.mark_dynamic`), with `cu_seqlens` (B + 1).
     For a run whose micro batches change size mid-run (load balancing re-shares the global
     batch): one graph for every size from 2 up, where each new size compiled again. A micro
-    batch of one row still makes a graph of its own (dynamo specialises sizes 0 and 1)."""
+    batch of one row still makes a graph of its own (dynamo specialises sizes 0 and 1), and so
+    does each size in the CUDA-graph modes (their MLM capacity follows the rows)."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:
         return

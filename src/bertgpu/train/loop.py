@@ -245,9 +245,9 @@ class Loop:
                        and res.signals.get("since_checkpoint_s", 0.0) >= c.every_minutes * 60)
             save = (c.every_steps and step % c.every_steps == 0) or by_time
             if step % t.log_every_steps == 0 or step == self.max_steps:
-                # later unless the step is read now anyway (evaluation, a save, re-sharing)
+                # later where steps are read late, unless evaluation or a save reads it now
                 self._log_train(logger, res, w, later=self.engine.read_late
-                                and not (evaluate or save or reshare))
+                                and self.engine.skips_on_device() and not (evaluate or save))
             if reshare:
                 rebalance(self.task, w.balance_times, self.train.global_batch_size, step,
                           logger.print)

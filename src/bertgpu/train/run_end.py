@@ -20,6 +20,12 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
         return  # a stopped run whose console went away (a closed terminal): its end stands
     diverged = isinstance(error, TrainingDiverged)
     w = loop._window
+    if not diverged and w is not None and w.later is not None and loop.info.is_main:
+        try:  # a log step's record waiting for its numbers: its host numbers, without a wait
+            res, fields = w.later
+            logger.log(res.step, "train", lr=res.lr, **fields)
+        except Exception:  # noqa: BLE001
+            pass
     # Only after a divergence: the steps' numbers are on the host then (the engine read them
     # to decide), whereas after another error a wait on the device might never end.
     if diverged and w is not None and loop.info.is_main:
@@ -36,8 +42,7 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
         if step is not None and numbers is not None and step > (w.logged_at or 0):
             try:
                 logger.log(step, "train", loss=numbers.loss, grad_norm=numbers.grad_norm,
-                           lr=getattr(error, "lr", None),
-                           skipped_steps=loop.engine.skipped_steps, tokens_seen=loop.tokens_seen)
+                           lr=getattr(error, "lr", None), skipped_steps=loop.engine.skipped_steps)
             except Exception:  # noqa: BLE001
                 pass
     text = one_line(error).strip().splitlines()[0] if str(error).strip() else ""
