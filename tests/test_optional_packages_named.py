@@ -47,6 +47,21 @@ def test_report_without_matplotlib_is_one_line_before_any_output(tmp_path, monke
     assert not out.exists() and not out.with_name("rep.tmp").exists()
 
 
+def test_a_fine_tuning_report_without_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
+    """Its curves imported matplotlib.ticker before asking for pyplot: a traceback."""
+    ft = tmp_path / "run"
+    ft.mkdir()
+    (ft / "results.json").write_text(json.dumps({
+        "task": "sst2", "score": 75.0, "steps": 24,
+        "epochs": [{"epoch": 1, "train_loss": 0.6, "score": 70.0},
+                   {"epoch": 2, "train_loss": 0.5, "score": 75.0}]}))
+    _hide(monkeypatch, "matplotlib")
+    assert main(["report", str(ft), "--out", str(tmp_path / "rep")]) == 2
+    assert capsys.readouterr().err.startswith("bertgpu report: error: report: the plots need "
+                                              "matplotlib")
+    assert not (tmp_path / "rep").exists() and not (tmp_path / "rep.tmp").exists()
+
+
 def test_a_report_that_draws_no_plot_needs_no_matplotlib(tmp_path, monkeypatch):
     """`bench model --strategy` rows make a table only: refusing every report without
     matplotlib refused these too."""

@@ -199,9 +199,9 @@ def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
         "train examples/s"], rows), *notes]
     curves = [(r, [e for e in r.data.get("epochs") or [] if isinstance(e, dict)]) for r in runs]
     if any(eps for _, eps in curves):
+        plt = pyplot()  # first: without matplotlib, its one-line error
         from matplotlib.ticker import MaxNLocator
 
-        plt = pyplot()
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for ax, key, title, ylabel in ((a1, "train_loss", "Fine-tuning train loss", "loss"),
                                        (a2, "score", "Fine-tuning dev score", "score (0-100)")):
