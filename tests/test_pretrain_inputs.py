@@ -312,17 +312,22 @@ def test_a_copied_run_folder_resumed_in_its_new_place_changes_no_setting(
                                        "config.step_5.toml)\n")
 
 
-def test_the_same_shards_named_from_another_folder_change_no_setting(tmp_path: Path,
-                                                                     capsys) -> None:
-    """Resumed from another working folder (`--data ../work/data` for `work/data`), the run said
-    "changed settings: data.dir ../work/data (was work/data)" and kept a config copy; the
-    resume's check of the shards' manifest is what tells other data."""
+def test_the_same_shards_spelled_another_way_change_no_setting(tmp_path: Path, capsys,
+                                                                monkeypatch) -> None:
+    """`./work/data` or an absolute path for `work/data`: the same folder, no changed setting.
+    Other shards (a resume with --allow-data-change) are still said and the config kept."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    (tmp_path / "work" / "other").mkdir()
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text('seed = 0\n[data]\ndir = "work/data"\n')
-    run_folder.keep_config_history(run, 'seed = 0\n[data]\ndir = "../work/data"\n', 5)
+    same = str(tmp_path / "work" / "data")
+    run_folder.keep_config_history(run, f'seed = 0\n[data]\ndir = "{same}"\n', 5)
     assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
     assert capsys.readouterr().out == ""
+    run_folder.keep_config_history(run, 'seed = 0\n[data]\ndir = "work/other"\n', 5)
+    assert "changed settings: data.dir work/other (was work/data)" in capsys.readouterr().out
 
 
 def test_config_toml_holds_the_values_the_run_used_and_auto_again_changes_nothing(

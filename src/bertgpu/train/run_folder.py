@@ -153,7 +153,9 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         before = {**{k: v for k, v in _as_read_now(path).items() if k in after}, **before}
         changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
                    for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
-                   and not _as_asked(k, before.get(k), given.get(k)) and k not in WHERE]
+                   and not _as_asked(k, before.get(k), given.get(k)) and k != "out"
+                   and not _same_folder(k, before.get(k), after.get(k))]
+        # (`out` is where the run folder is, not how it trains: a copy resumed changes nothing)
     if not changed:
         return
     earlier, aside, k = path.read_bytes(), run_dir / f"config.step_{step}.toml", 1
@@ -168,10 +170,16 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
           f"(the earlier config.toml is kept as {aside.name})", flush=True)
 
 
-WHERE = ("out", "data.dir")
-"""Keys that say where a run or its shards are, not how it trains: a copy resumed in its new
-place, or the same shards named from another folder (`../work/data` for `work/data`), change no
-setting. Other shards are the resume's check of the shard set's manifest (data_identity)."""
+def _same_folder(key: str, before: Any, after: Any) -> bool:
+    """`data.dir` spelled two ways for one folder (`./work/data`, an absolute path) is no
+    change. Named from another working folder it cannot be told apart from other shards (with
+    --allow-data-change a resume takes those silently), so it is still said."""
+    if key != "data.dir" or not isinstance(before, str) or not isinstance(after, str):
+        return False
+    try:
+        return os.path.samefile(before, after)
+    except OSError:
+        return False
 
 
 def _as_read_now(path: Path) -> dict[str, Any]:
