@@ -26,21 +26,23 @@ ROOT = Path(__file__).resolve().parent.parent
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")
 
 
-def first_own_frame(stack: list[traceback.FrameSummary]) -> str:
-    """file:line of the innermost frame in bertgpu's sources (else the innermost frame)."""
+def first_own_frame(stack: list[traceback.FrameSummary], package: Path) -> str:
+    """file:line of the innermost frame in the bertgpu package at `package` (not a checkout's
+    .venv, whose path may hold "bertgpu" too), else of the innermost frame."""
     for frame in reversed(stack):
-        if "/bertgpu/" in frame.filename.replace("\\", "/"):
-            path = frame.filename.replace("\\", "/").split("/bertgpu/", 1)[1]
-            return f"bertgpu/{path}:{frame.lineno}"
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(package):
+            return f"bertgpu/{path.relative_to(package).as_posix()}:{frame.lineno}"
     return f"{stack[-1].filename}:{stack[-1].lineno}" if stack else "?"
 
 
 class SyncCounter:
     """Counts sync warnings by step (the one the loop is in) and by the code that made them."""
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self, start: int, package: Path) -> None:
+        self.start, self.package = start, package
         self.step = 0
+        self.first: int | None = None  # the first step counted (a resumed run's may be later)
         self.by_step: collections.Counter[int] = collections.Counter()
         self.by_place: collections.Counter[str] = collections.Counter()
 
@@ -50,13 +52,14 @@ class SyncCounter:
                   file=sys.stderr, end="")
             return
         self.by_step[self.step] += 1
-        self.by_place[first_own_frame(traceback.extract_stack()[:-1])] += 1
+        self.by_place[first_own_frame(traceback.extract_stack()[:-1], self.package)] += 1
 
     def summary(self, last_step: int) -> list[str]:
-        steps = range(self.start, last_step + 1)
+        first = self.first if self.first is not None else self.start
+        steps = range(first, last_step + 1)
         hit = [s for s in steps if self.by_step[s]]
         total = sum(self.by_step[s] for s in steps)
-        lines = [f"steps {self.start}-{last_step}: {total} synchronising calls in {len(hit)} of "
+        lines = [f"steps {first}-{last_step}: {total} synchronising calls in {len(hit)} of "
                  f"{len(steps)} steps" + (f" (steps {', '.join(map(str, hit))})" if hit else "")]
         lines += [f"  {n:5d}  {place}" for place, n in self.by_place.most_common(15)]
         return lines
@@ -75,17 +78,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import bertgpu
     from bertgpu import cli
     from bertgpu.train import loop as loop_mod
 
-    counter = SyncCounter(args.start)
+    counter = SyncCounter(args.start, Path(bertgpu.__file__).resolve().parent)
     cuda = torch.cuda.is_available()
     train_step = loop_mod.Loop._train_step
 
     def counted_step(self, w, result):  # noqa: ANN001, ANN202
         counter.step = self.engine.step + 1
-        if cuda and counter.step == args.start:
-            torch.cuda.set_sync_debug_mode("warn")
+        if counter.first is None and counter.step >= args.start:  # a resumed run: its first
+            counter.first = counter.step
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
         return train_step(self, w, result)
 
     loop_mod.Loop._train_step = counted_step
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         loop_mod.Loop._train_step = train_step
     if not cuda:
         print("step_syncs: no CUDA device: torch reports no synchronising call to count")
-    elif counter.step < args.start:
+    elif counter.first is None:
         print(f"step_syncs: the run ended at step {counter.step}, before --from {args.start}")
     else:
         print("\n".join(counter.summary(counter.step)))

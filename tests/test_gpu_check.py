@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import re
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -331,4 +332,24 @@ def test_step_syncs_counts_the_sync_warnings_of_each_step(tmp_path, monkeypatch,
     assert rc == 0 and modes == ["warn", "default"]
     summary = out[out.index("steps 3-5:"):].splitlines()
     assert summary[0].startswith("steps 3-5: ") and "in 3 of 3 steps (steps 3, 4, 5)" in summary[0]
-    assert "bertgpu/train/engine.py:" in summary[1]
+    assert summary[1].split()[-1].startswith("bertgpu/train/engine.py:")
+    # the same command again with more steps resumes at 5: it counts from its own first step
+    modes.clear()
+    rc = step_syncs.main(["--from", "3", "--", "pretrain", str(ROOT / "configs/tiny.toml"),
+                          "--data", str(data), "--out", str(tmp_path / "run"),
+                          "--train.max_steps", "7", "--train.global_batch_size", "4",
+                          "--impl.micro_batch_size", "4", "--impl.num_workers", "0",
+                          "--train.eval_every_steps", "0", "--impl.device", "cpu",
+                          "--model.vocab_size", str(TINY["vocab_size"])])
+    out = capsys.readouterr().out
+    assert rc == 0 and modes == ["warn", "default"]
+    assert "steps 6-7: " in out and "in 2 of 2 steps (steps 6, 7)" in out
+
+
+def test_step_syncs_names_the_package_frame_not_a_venv_beside_it(tmp_path):
+    step_syncs = load("step_syncs")
+    package = tmp_path / "bertgpu" / "src" / "bertgpu"
+    venv_torch = tmp_path / "bertgpu" / ".venv" / "lib" / "torch" / "nn" / "clip_grad.py"
+    stack = [traceback.FrameSummary(str(package / "train" / "engine.py"), 398, "f"),
+             traceback.FrameSummary(str(venv_torch), 90, "g")]
+    assert step_syncs.first_own_frame(stack, package) == "bertgpu/train/engine.py:398"
