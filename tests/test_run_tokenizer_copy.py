@@ -32,7 +32,8 @@ def test_a_copy_cut_short_is_copied_again(data, tmp_path):
     assert _same(src, dst)
     cut = next(p for p in sorted(dst.iterdir()) if p.stat().st_size > 10)
     cut.write_bytes(cut.read_bytes()[:5])  # what a full disk left
-    copy_tokenizer(data, run)
+    with pytest.warns(UserWarning, match="replaced by the tokenizer of .*their files differed"):
+        copy_tokenizer(data, run)
     assert _same(src, dst)
     assert not (run / "tokenizer.tmp").exists() and not (run / "tokenizer.old").exists()
 
@@ -62,3 +63,18 @@ def test_an_oserror_without_errno_is_no_crash_and_copytrees_error_is_one_line():
     assert place_error(err) == ("run/tokenizer/tokenizer.json: [Errno 28] No space left on "
                                 "device (copying data/tok/tokenizer.json; 1 file(s) not copied)")
     assert place_error(OSError("a message, no errno")) is None  # a bug's traceback, as before
+
+
+def test_a_tokenizer_link_is_replaced_by_a_copy_and_its_target_left_alone(data, tmp_path):
+    other = tmp_path / "elsewhere"
+    shutil.copytree(data.train.tokenizer_dir, other)
+    (other / "vocab.txt").write_text("[PAD]\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer").symlink_to(other)
+    copy_tokenizer(data, run)
+    assert not (run / "tokenizer").is_symlink() and _same(data.train.tokenizer_dir,
+                                                           run / "tokenizer")
+    assert sorted(p.name for p in other.iterdir()) == sorted(
+        p.name for p in data.train.tokenizer_dir.iterdir())  # no scratch mark left in it
+    assert not (run / "tokenizer.old").exists()

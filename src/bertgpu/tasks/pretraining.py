@@ -322,6 +322,11 @@ def copy_tokenizer(data: PretrainData, run_dir: Path) -> None:
         _, differ, unread = filecmp.cmpfiles(src, dst, names, shallow=False)
         if not differ and not unread:
             return
+    if dst.is_symlink():  # a link someone made: replaced by the copy, its target left alone
+        dst.unlink()
+    elif dst.exists():  # a copy cut short, or other shards' (resumed with --allow-data-change)
+        warnings.warn(f"{dst}: replaced by the tokenizer of {src} (their files differed); "
+                      "exports from now on carry it", stacklevel=2)
     tmp = make_scratch(dst.with_name(dst.name + ".tmp"), dst)
     for name in names:  # one by one: a full disk raises its OSError (copytree's shutil.Error
         shutil.copy2(src / name, tmp / name)  # has no errno, and the CLI could not say it)
