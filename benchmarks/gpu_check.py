@@ -220,7 +220,7 @@ def stages(smoke: bool, out: Path) -> list[dict]:
                   "--optim.name", "adamw"]),
         # the bert-base run in one process with torch's CUDA sync debug mode on from step 10:
         # every call that made the host wait for the GPU, by step and by the line that made it
-        dict(name="pretrain syncs", limit=100, extra=True, grep="synchronising calls",
+        dict(name="pretrain syncs", limit=100, extra=True, grep="step_syncs:",
              cmd=[py, "benchmarks/step_syncs.py", "--from", "10", "--", "pretrain",
                   "configs/bert-base.toml", "--data", str(DATA / "wiki-128"),
                   "--out", str(out / "run-syncs"), *common, *bert_args]),

@@ -59,8 +59,9 @@ class SyncCounter:
         steps = range(first, last_step + 1)
         hit = [s for s in steps if self.by_step[s]]
         total = sum(self.by_step[s] for s in steps)
-        lines = [f"steps {first}-{last_step}: {total} synchronising calls in {len(hit)} of "
-                 f"{len(steps)} steps" + (f" (steps {', '.join(map(str, hit))})" if hit else "")]
+        which = f" (steps {', '.join(map(str, hit))})" if hit else ""
+        lines = [f"step_syncs: steps {first}-{last_step}: {total} synchronising calls in "
+                 f"{len(hit)} of {len(steps)} steps{which}"]
         lines += [f"  {n:5d}  {place}" for place, n in self.by_place.most_common(15)]
         return lines
 

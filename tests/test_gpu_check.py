@@ -330,8 +330,9 @@ def test_step_syncs_counts_the_sync_warnings_of_each_step(tmp_path, monkeypatch,
                           str(TINY["vocab_size"])])
     out = capsys.readouterr().out
     assert rc == 0 and modes == ["warn", "default"]
-    summary = out[out.index("steps 3-5:"):].splitlines()
-    assert summary[0].startswith("steps 3-5: ") and "in 3 of 3 steps (steps 3, 4, 5)" in summary[0]
+    summary = out[out.index("step_syncs: steps 3-5:"):].splitlines()
+    assert summary[0].startswith("step_syncs: steps 3-5: ")
+    assert "in 3 of 3 steps (steps 3, 4, 5)" in summary[0]
     assert summary[1].split()[-1].startswith("bertgpu/train/engine.py:")
     # the same command again with more steps resumes at 5: it counts from its own first step
     modes.clear()
