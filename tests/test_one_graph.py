@@ -170,18 +170,8 @@ def test_modernbert_bucketed_widths_on_either_side_of_the_window_compile_twice(u
     # local window (every pair within it) took a shortcut that branched on T, so the first
     # such batch after wider ones compiled a third graph, mid-run. Two: the first width, then
     # one graph for any width (dynamo makes T dynamic at its second value).
-    from bertgpu.batch import IGNORE_INDEX, batch_meta
-
     def batch(T: int, seed: int) -> dict:
-        g = torch.Generator().manual_seed(seed)
-        lengths = torch.tensor([T, max(T - 5, 2), T, max(T // 2, 2)])
-        mask = (torch.arange(T)[None] < lengths[:, None]).long()
-        ids = torch.randint(5, 99, mask.shape, generator=g) * mask
-        labels = torch.where((torch.rand(mask.shape, generator=g) < 0.3) & mask.bool(), ids,
-                             IGNORE_INDEX)
-        labels[:, 1] = ids[:, 1]
-        return dict(input_ids=ids, attention_mask=mask, labels=labels,
-                    batch_meta=batch_meta(mask, labels))
+        return _padded_batch([T, max(T - 5, 2), T, max(T // 2, 2)], T, seed)
 
     torch.manual_seed(0)
     model = ModernBertForMaskedLM(ModernBertConfig(
@@ -197,19 +187,23 @@ def test_modernbert_bucketed_widths_on_either_side_of_the_window_compile_twice(u
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
-def _rows_batch(B: int, seed: int) -> dict:
+def _padded_batch(lengths: list[int], T: int, seed: int) -> dict:
+    """An MLM micro batch of rows of `lengths` right-padded to T, 30% masked (position 1 always),
+    with its metadata as the loader builds it."""
     from bertgpu.batch import IGNORE_INDEX, batch_meta
 
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.full((B,), 16)
-    lengths[-1] = 9  # every micro batch has padding: one layout for all
-    mask = (torch.arange(16)[None] < lengths[:, None]).long()
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(5, 99, mask.shape, generator=g) * mask
     labels = torch.where((torch.rand(mask.shape, generator=g) < 0.3) & mask.bool(), ids,
                          IGNORE_INDEX)
     labels[:, 1] = ids[:, 1]
     return dict(input_ids=ids, attention_mask=mask, labels=labels,
                 batch_meta=batch_meta(mask, labels))
+
+
+def _rows_batch(B: int, seed: int) -> dict:
+    return _padded_batch([16] * (B - 1) + [9], 16, seed)  # every micro batch has padding
 
 
 @pytest.mark.parametrize("unpad", [False, True])

@@ -322,11 +322,15 @@ def recompiles(case: Case, autocast: Callable[[], Any] = nullcontext) -> int:
     counter = CompileCounter()
     compiled = torch.compile(case.model, backend=counter)
     device = case.batch["input_ids"].device
-    first = 0
-    for i, batch in enumerate([case.batch, *case.more]):
+
+    def run(batch: dict[str, Any]) -> None:
         with autocast():
             case.loss_fn(compiled, _to(batch, device))
-        first = counter.frame_count if i == 0 else first
+
+    run(case.batch)
+    first = counter.frame_count
+    for batch in case.more:
+        run(batch)
     return counter.frame_count - first
 
 
