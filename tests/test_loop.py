@@ -604,3 +604,22 @@ def test_every_way_the_loop_ends_logs_its_last_step(tmp_path):
     steps, end = ends(tmp_path / "term")
     assert res.preempted and res.exit_status == 143
     assert steps == [3] and (end["reason"], end["step"]) == ("preempted", 3)
+
+
+def test_a_divergence_read_late_ends_at_the_step_that_made_the_count(tmp_path):
+    """Read late (the CUDA default), the step that made the count is read once the next step is
+    queued: the run's end record said that next step (7) while the message, the last train record
+    and a run read at once said 6. Both reads now end on step 6's train record and end record."""
+    def records(run: str, late: bool) -> list:
+        lp, task, _ = make_loop(tmp_path / run, max_steps=20, log_every=4)
+        lp.engine.read_late = late
+        _poison_from(task, 1)
+        with pytest.raises(TrainingDiverged, match="up to step 6|step 6"):
+            lp.run()
+        return [(r["kind"], r["step"], r.get("event"), r.get("reason"), r.get("skipped_steps"))
+                for r in read_metrics(tmp_path / run / "metrics.jsonl")
+                if r["kind"] == "train" or r.get("event") == "end"]
+
+    at_once, late = records("now", False), records("late", True)
+    assert at_once[-2:] == [("train", 6, None, None, 5), ("info", 6, "end", "diverged", None)]
+    assert late[-2:] == at_once[-2:]  # read late, step 5's numbers are in step 6's record

@@ -48,8 +48,11 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
     text = one_line(error).strip().splitlines()[0] if str(error).strip() else ""
     if not isinstance(error, BertgpuError):
         text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    # Read late (CUDA), the step after the one that made the count was queued before the count
+    # was read: the run ends where the message says, as when each step is read at its end.
+    end_step = getattr(error, "step", None) if diverged else None
     try:
-        logger.log(loop.engine.step, "info", event="end",
+        logger.log(end_step or loop.engine.step, "info", event="end",
                    reason="diverged" if diverged else "error", error=text[:500],
                    world_size=loop.world)
     except Exception:  # noqa: BLE001
