@@ -3,10 +3,10 @@
 torch's `PowerSGDState` carries, per rank, the iteration count (the first `start_powerSGD_iter`
 steps all-reduce uncompressed), the error-feedback residual of every gradient bucket (what
 compression lost, added back at the next step) and the low-rank factors P and Q (Q warm-starts the
-next step), besides the random generator that draws a fresh Q. A run resumed without them starts
-over: 10 uncompressed steps, then no residuals and new factors, so it leaves the path of the run
-that was never interrupted. `PowerSGDHook.state_dict()` saves them and `load_state_dict()`
-restores them; the loop gathers every rank's into the checkpoint (train/loop_state.py).
+next step). A run resumed without them starts over: 10 uncompressed steps, then no residuals and
+new factors, so it leaves the path of the run that was never interrupted.
+`PowerSGDHook.state_dict()` saves them and `load_state_dict()` restores them; the loop gathers
+every rank's into the checkpoint (train/loop_state.py).
 
 Buckets are keyed by DDP's bucket index, and DDP rebuilds its buckets after a process's first
 step in the order the gradients arrived: the layout of a resumed process's first step is not the
@@ -14,6 +14,15 @@ one the state was saved under. So the state is saved per parameter (by name), an
 re-cuts it whenever a bucket's parameters differ from those it was stored under: at a resume, and
 at the rebuild after it. Each parameter's residual, P and Q are the same numbers in any bucket
 (the compression works tensor by tensor and sums elementwise), so a resumed run continues exactly.
+
+A parameter with nothing stored (the first compressed step, or the first after a reset: a skipped
+step or an fp16 scale change) starts per parameter too: a zero residual and a fresh Q drawn from a
+generator seeded by its name and the iteration count, the same on every rank. torch's hook draws
+one seed per bucket from the state's generator and fills the bucket's Qs in their order there; the
+checkpoint of a skipped step holds no factors, and the resumed process's first step, in the other
+layout, drew other Qs than the run that went on. Handed every bucket's factors, torch's hook only
+orthogonalizes Q, as it does a fresh one, and never draws (the generator is still saved and
+restored, so checkpoints keep their format).
 
 On gloo (CPU) each bucket's collectives end before the next bucket's begin. torch's hook chains
 three all-reduces per bucket in callbacks, which gloo runs on its own threads as each one
@@ -24,6 +33,7 @@ calling thread; there the hook is left asynchronous.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -57,8 +67,11 @@ class PowerSGDHook:
             # buckets before this one kept their layout and are done, the others are not used yet.
             for other in [b for b in self._layouts if b >= index]:
                 self._to_pool(other)
-            self._from_pool(index, layout, bucket.buffer())
             self._layouts[index] = layout
+        # Compressing, or with pieces waiting in the pool: the bucket's memory, every piece.
+        if index not in state.p_memory_dict and (state.iter >= state.start_powerSGD_iter
+                                                 or self._pool):
+            self._from_pool(index, layout, bucket.buffer())
         if self._in_order is None:
             import torch.distributed as dist
 
@@ -127,25 +140,28 @@ class PowerSGDHook:
 
     def _from_pool(self, index: int, layout: tuple[tuple[str, torch.Size], ...],
                    like: torch.Tensor) -> None:
-        """Bucket `index`'s residual and factors from the pool, on `like`'s device and dtype,
-        where the pool has every piece (else torch's hook starts that bucket afresh: a zero
-        residual, factors from a new seed)."""
-        resumed = False
+        """Bucket `index`'s residual and factors from the pool, on `like`'s device and dtype; a
+        parameter without its piece starts afresh (see the module docstring). Every bucket gets
+        its factors, empty ones too: torch's hook would draw Qs of its own for a bucket without."""
         for kind, pieces in self._pieces(layout).items():
-            if not pieces and resumed:
-                # A compressed bucket with no matrix worth compressing still has its (empty)
-                # factors; without them torch's hook would draw a seed from its generator again.
-                self._memories()[kind][index] = like.new_empty(0)
-                continue
-            parts = [self._pool.get(name, {}).get(kind) for name, _ in pieces]
-            if not pieces or any(p is None or p.numel() != n
-                                 for p, (_, n) in zip(parts, pieces, strict=True)):
-                continue
-            joined = torch.cat(parts)  # type: ignore[arg-type]
-            self._memories()[kind][index] = joined.to(device=like.device, dtype=like.dtype)
-            resumed = resumed or kind == "error"
-            for name, _ in pieces:
-                del self._pool[name][kind]
+            parts = []
+            for name, n in pieces:
+                kinds = self._pool.get(name, {})
+                part = kinds.pop(kind, None)
+                if not kinds:
+                    self._pool.pop(name, None)
+                if part is None or part.numel() != n:
+                    part = self._fresh_q(name, n) if kind == "q" else torch.zeros(n)
+                parts.append(part.to(device=like.device, dtype=like.dtype))
+            joined = torch.cat(parts) if parts else like.new_zeros(0)
+            self._memories()[kind][index] = joined
+
+    def _fresh_q(self, name: str, numel: int) -> torch.Tensor:
+        """A fresh Q for parameter `name`: its own seed at this iteration, on every rank alike,
+        in any bucket layout (torch's hook orthogonalizes it)."""
+        digest = hashlib.sha256(f"{self.state.iter} {name}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+        return torch.randn(numel, generator=generator)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
