@@ -42,9 +42,14 @@ max_position_embeddings (finetune.py)."""
 
 
 def check_request(request: JobRequest) -> None:
-    """No own-file flags (SQuAD's JSON fixes its fields); a file given is a file; --data only
-    for a file not given (with both, it would be read by nothing)."""
+    """No own-file flags (SQuAD's JSON fixes its fields) and no --predict-test (GLUE's: SQuAD's
+    test set is not public, so a run ignored the flag without a word); a file given is a file;
+    --data only for a file not given (with both, it would be read by nothing)."""
     request.check_no_columns()
+    if request.predict_test:
+        raise BertgpuError(f"finetune {request.task}: takes --data or --train-file and "
+                           "--dev-file (not --predict-test: SQuAD has no public test set, "
+                           "the flag is for GLUE tasks)")
     if request.data is not None and None not in (request.train_file, request.dev_file):
         raise BertgpuError(f"finetune {request.task}: --data with both --train-file and "
                            "--dev-file would be unused; give the folder or the two files")
