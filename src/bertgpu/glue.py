@@ -29,6 +29,7 @@ from typing import Any
 from bertgpu import glue_reuse
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
+from bertgpu.glue_protocol import other_settings, peak_lr, protocol_text, subset_text
 from bertgpu.tasks.glue import remove_stale_submission, write_submission
 
 ACCEPTS_OVERRIDES = True
@@ -330,13 +331,21 @@ def summarise(runs: dict[str, dict[int, dict[str, Any]]], chosen: list[Any], see
     seq = (used[0] if len(used) == 1 else "/".join(map(str, used))) if used else (
         c["max_seq_len"] or 128)
     protocol = {
-        "epochs": c["epochs"], "lr": c["lr"], "global_batch_size": c["global_batch_size"],
+        "epochs": c["epochs"], "lr": peak_lr(runs, c), "global_batch_size": c["global_batch_size"],
         "max_seq_len": seq, "warmup_fraction": c["warmup_fraction"],
         "decay": c["decay"], "weight_decay": c["weight_decay"], "precision": c["precision"],
         "seeds": seeds,
         "aggregate": f"median over {len(seeds)} seed{'s' * (len(seeds) > 1)} per metric",
         "checkpoint": "final epoch",
+        "optimizer": c["optimizer"],
+        "lr_scaling": None if c["lr_scaling"] == "none" else {
+            "lr": c["lr"], "rule": c["lr_scaling"],
+            "reference_batch_size": c["reference_batch_size"]},
+        "max_train_examples": c["max_train_examples"], "max_eval_examples": c["max_eval_examples"],
+        "other": other_settings(c),
     }
+    # in words too: `bertgpu report` quotes them (it does not import the commands)
+    protocol.update(text=protocol_text(protocol), subset=subset_text(protocol))
     return {
         "init": init,
         "data": data,
@@ -368,22 +377,21 @@ def render_markdown(summary: dict[str, Any]) -> str:
     """The table as markdown: one row for us, one per reference; then per-task metrics."""
     p = summary["protocol"]
     cols = list(summary["columns"])
+    subset = subset_text(p)
     lines = [
-        "# GLUE dev results",
+        "# GLUE dev results" + (" (subset)" if subset else ""),
         "",
         f"Model: `{summary['init']}`" + _checkpoint_text(summary.get("init_checkpoint")),
         "",
-        f"Protocol: fine-tuning {p['epochs']} epoch{'s' * (p['epochs'] != 1)}, lr "
-        f"{'by model size' if p['lr'] is None else format(p['lr'], 'g')} ({p['decay']} decay, "
-        f"{p['warmup_fraction']:.0%} warm-up), batch {p['global_batch_size']}, max_seq_len "
-        f"{p['max_seq_len']}, {p['precision']}, seeds {' '.join(map(str, p['seeds']))}; each cell "
-        f"is the {p['aggregate']} of the {p['checkpoint']} dev score.",
+        *([f"**{subset}.**", ""] if subset else []),
+        f"Protocol: {protocol_text(p)}.",
         "",
         f"Average: \"{summary['convention']}\" convention: {summary['convention_text']}.",
         "",
         "| model | " + " | ".join(cols) + " | average |",
         "|---|" + "---:|" * (len(cols) + 1),
-        "| ours | " + " | ".join(_fmt(summary["columns"][c]) for c in cols)
+        f"| ours{' (subset)' if subset else ''} | "
+        + " | ".join(_fmt(summary["columns"][c]) for c in cols)
         + f" | {_fmt(summary['average'])} |",
     ]
     for ref in summary["references"]:

@@ -239,6 +239,8 @@ def _glue_protocol(p: Any) -> str:
     """The fine-tuning protocol of a GLUE folder, as `bertgpu glue` words it in its own table."""
     if not isinstance(p, dict) or not p:
         return "protocol: not recorded (glue_results.json of an older version)"
+    if isinstance(p.get("text"), str):  # its own words: optimizer, lr as used, other settings
+        return f"protocol: {p['text']}"
 
     def get(key: str) -> Any:
         return p.get(key, "?")
@@ -251,6 +253,18 @@ def _glue_protocol(p: Any) -> str:
             f"{get('global_batch_size')}, max_seq_len {get('max_seq_len')}, {get('precision')}, "
             f"seeds {' '.join(map(str, seeds)) if isinstance(seeds, list) else seeds}; each cell "
             f"is the {get('aggregate')} of the {get('checkpoint')} dev score")
+
+
+def _glue_subset(summary: dict[str, Any]) -> str | None:
+    """Why a folder's table of --max_eval_examples / --max_train_examples runs is not GLUE dev
+    (in its protocol's words; an older one's from its config), or None for a full table."""
+    p, cfg = summary.get("protocol"), summary.get("config")
+    if isinstance(p, dict) and "subset" in p:
+        return p["subset"] if isinstance(p["subset"], str) else None
+    flags = " ".join(f"--{k} {cfg[k]}" for k in ("max_eval_examples", "max_train_examples")
+                     if isinstance(cfg, dict) and cfg.get(k) is not None)
+    return (f"Subset ({flags}): not comparable with full GLUE dev results or published rows"
+            if flags else None)
 
 
 def _glue_task_scores(summary: dict[str, Any]) -> dict[str, float]:
@@ -314,10 +328,13 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
     """Our row of each GLUE folder (its protocol and average convention named), then the
     published rows they asked for, each once, quoted as published with its source and note."""
     cols_by = [_glue_columns(s.data) for s in sources]
+    subsets = [_glue_subset(s.data) for s in sources]
+    names = [f"{s.name} (subset)" if sub else s.name
+             for s, sub in zip(sources, subsets, strict=True)]
     columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
     avg_header, averages, avg_cells, avg_note = _glue_averages(sources, cols_by)
-    rows = [[s.name, *[_fmt_score(cols.get(c)) for c in columns], cell]
-            for s, cols, cell in zip(sources, cols_by, avg_cells, strict=True)]
+    rows = [[name, *[_fmt_score(cols.get(c)) for c in columns], cell]
+            for name, cols, cell in zip(names, cols_by, avg_cells, strict=True)]
     refs: dict[str, dict[str, Any]] = {}  # label -> reference; two folders may ask for one
     for s in sources:
         for ref in s.data.get("references") or []:
@@ -326,8 +343,8 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
     rows += [[label, *[_fmt_score(ref["columns"].get(c)) for c in columns],
               _fmt_score(ref.get("average"))] for label, ref in refs.items()]
     blocks: list[Block] = [("h2", "GLUE (dev)")]
-    for s in sources:
-        text = f"{s.name}: {_glue_protocol(s.data.get('protocol'))}."
+    for s, sub in zip(sources, subsets, strict=True):
+        text = f"{s.name}: {sub + '. ' if sub else ''}{_glue_protocol(s.data.get('protocol'))}."
         if s.data.get("convention_text"):
             name = f"\"{s.data['convention']}\" " if s.data.get("convention") else ""
             text += (f" Average of the {s.name} row (not of the published rows, which keep "
@@ -344,8 +361,8 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
         # averages of different task sets never stand side by side: none when not comparable
         with_avg = avg_note is None or any(v is not None for v in averages)
         cats = [*columns, avg_header] if with_avg else columns
-        series = [(s.name, [cols.get(c) for c in columns] + ([avg] if with_avg else []))
-                  for s, cols, avg in zip(sources, cols_by, averages, strict=True)]
+        series = [(name, [cols.get(c) for c in columns] + ([avg] if with_avg else []))
+                  for name, cols, avg in zip(names, cols_by, averages, strict=True)]
         file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (0-100)", cats,
                           series)
         blocks.append(("img", file, "GLUE dev scores per task"))
