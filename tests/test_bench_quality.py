@@ -123,8 +123,12 @@ def test_projection_arithmetic_and_inputs(tmp_path: Path):
         bq.project(recipe, "Abacus", 0.4, 24.0)
     with pytest.raises(BertgpuError, match="--mfu"):
         bq.project(recipe, "H100 SXM", 1.5, 24.0)
+    (tmp_path / "quality.md").write_text("a measured run's table\n")
     assert main(["bench", "quality", "--project", "--out", str(tmp_path)]) == 0
-    assert "modern-budget-24h (ours)" in (tmp_path / "quality.md").read_text()
+    assert "modern-budget-24h (ours)" in (tmp_path / "projection.md").read_text()
+    # the measured run's table stays beside its plot (the projection replaced it)
+    assert (tmp_path / "quality.md").read_text() == "a measured run's table\n"
+    assert "modern-budget-24h (ours)" in (tmp_path / "quality.jsonl").read_text()
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path: Path, capsys):

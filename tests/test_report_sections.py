@@ -165,7 +165,7 @@ def test_the_quality_table_names_its_rate_for_what_it_divides_by():
     md = render_markdown(quality_blocks(rows, None, "quality"))
     assert ("tokens / wall-clock s: tokens seen over the wall-clock of the run's last train "
             "record (its first step, compilation, evaluations and checkpoints included)" in md)
-    assert "mean of the logged interval rates" in md
+    assert "shows tokens over the time of the logged intervals" in md  # as the report does
 
 
 def test_published_sources_render_as_a_list_in_html(tmp_path):

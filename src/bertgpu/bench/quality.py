@@ -109,7 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "shared machine)")
     parser.add_argument("--out", default="bench_out/quality",
                         help="results folder (default: bench_out/quality)")
-    parser.add_argument("--project", action="store_true", help="print the GPU projection and exit")
+    parser.add_argument("--project", action="store_true",
+                        help="print the GPU projection and exit (its rows are appended to "
+                             "OUT/quality.jsonl and its table written to OUT/projection.md; a "
+                             "measured run's quality.md and plot are left as they are)")
     parser.add_argument("--project-recipe", default="configs/modern-budget-24h.toml",
                         help="recipe of the projection (default: "
                              "configs/modern-budget-24h.toml)")
@@ -331,8 +334,11 @@ def project(recipe: Path, gpu: str, mfu: float, hours: float,
 # Output
 
 
-def write_outputs(rows: list[dict[str, Any]], out: Path, command: str) -> str:
-    """Append the rows to quality.jsonl, write quality.md and quality.png; returns the markdown."""
+def write_outputs(rows: list[dict[str, Any]], out: Path, command: str,
+                  projection: bool = False) -> str:
+    """Append the rows to quality.jsonl, write quality.md and quality.png; returns the markdown.
+    A `projection` (`--project`: no measurement, no curve) writes projection.md instead: it
+    replaced the measured run's quality.md beside that run's plot."""
     from bertgpu.report.quality import curve_plot, quality_blocks
     from bertgpu.report.render import render_markdown
 
@@ -340,6 +346,9 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, command: str) -> str:
     cells.append_jsonl(out / "quality.jsonl", rows)
     md = (f"# bertgpu bench quality\n\n`{command}`\n\n"
           + render_markdown(quality_blocks(rows, None, "quality")))
+    if projection:
+        cells.write_atomic(out / "projection.md", md)
+        return md
     cells.write_atomic(out / "quality.md", md)
     with contextlib.suppress(ImportError):  # matplotlib is the report extra
         png = curve_plot(rows, out, "quality.tmp.png")
@@ -353,14 +362,14 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_output_folder(out)
-    cells.check_result_files(out, ["quality.jsonl", "quality.md", "quality.png"])
+    cells.check_result_files(out, ["quality.jsonl", "quality.md", "quality.png", "projection.md"])
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     command = "bertgpu " + " ".join(sys.argv[1:])
     if args.project:
         rows = [{"bench": "quality", "run_id": stamp, **r}
                 for r in project(resolve_recipe(args.project_recipe), args.gpu, args.mfu,
                                  args.hours, args.seq_len)]
-        print(write_outputs(rows, out, command.strip()))
+        print(write_outputs(rows, out, command.strip(), projection=True))
         return 0
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         raise BertgpuError(f"--seeds {' '.join(map(str, args.seeds))}: expected distinct seeds")

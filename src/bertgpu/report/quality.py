@@ -44,12 +44,12 @@ def _minutes(v: Any) -> str:
     return f"{v:.0f} s" if v < 90 else f"{v / 60:.1f} min"
 
 
-# What the pretraining table's rate is, said under it: not the interval rates that `bertgpu
-# report RUN` and the console average.
+# What the pretraining table's rate is, said under it: not the rate of the logged intervals
+# that `bertgpu report RUN` and the console show.
 RATE_NOTE = ("tokens / wall-clock s: tokens seen over the wall-clock of the run's last train "
              "record (its first step, compilation, evaluations and checkpoints included), the "
-             "rate the budget buys; `bertgpu report` of a run folder shows the mean of the "
-             "logged interval rates, which leave out the first step, compiling steps, "
+             "rate the budget buys; `bertgpu report` of a run folder shows tokens over the time "
+             "of the logged intervals, which leave out the first step, compiling steps, "
              "evaluations and checkpoints, so it is usually higher.")
 
 

@@ -154,7 +154,7 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
     if not rows:
         return [*blocks, ("p", "No train or eval records logged yet.")]
     blocks.append(("table", ["", *[r.name for r in runs]], rows))
-    blocks.append(("p", "Means of tokens/s and MFU are over the logged intervals, whose rates "
+    blocks.append(("p", "Tokens/s and MFU are over the time of the logged intervals, which "
                         "leave out the first step and the steps that compiled (runs that log "
                         "compile time); for older runs, without the first logged interval "
                         "(start-up) when a run logged three or more."))
