@@ -304,6 +304,15 @@ def test_peak_lookup_leaves_out_the_4090_d_and_3090_ti():
     assert gpu_model("NVIDIA GeForce RTX 4090") == "RTX 4090"
 
 
+def test_peak_lookup_leaves_out_laptop_parts():
+    """"NVIDIA GeForce RTX 4090 Laptop GPU" (an AD103, about 80 TFLOP/s bf16) took the desktop
+    card's 165: its MFU read half the true value. No MFU rather than a wrong one
+    (BERTGPU_PEAK_TFLOPS gives it)."""
+    assert gpu_model("NVIDIA GeForce RTX 4090 Laptop GPU") is None
+    assert peak_tflops("NVIDIA GeForce RTX 4090 Laptop GPU", "bf16") is None
+    assert gpu_model("NVIDIA RTX A6000") == "RTX A6000"
+
+
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-5"])
 def test_peak_env_that_is_not_a_positive_finite_number_is_refused(monkeypatch, value):
     """An infinite peak would show every MFU as 0 %: refused, naming the variable and value."""

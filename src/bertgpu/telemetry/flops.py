@@ -137,7 +137,11 @@ def _dtype_key(dtype: Any) -> str:
 
 
 def gpu_model(device_name: str) -> str | None:
-    """The ``PEAK_TFLOPS`` key for a ``torch.cuda.get_device_name()`` string, or None."""
+    """The ``PEAK_TFLOPS`` key for a ``torch.cuda.get_device_name()`` string, or None. A laptop
+    part ("NVIDIA GeForce RTX 4090 Laptop GPU") is another chip with about half the desktop
+    card's peak: None, not the desktop's (its MFU read half the true value)."""
+    if re.search(r"\b(Laptop|Mobile|Max-Q)\b", device_name, flags=re.IGNORECASE):
+        return None
     for pattern, key in _NAME_PATTERNS:
         if re.search(pattern, device_name, flags=re.IGNORECASE):
             return key
