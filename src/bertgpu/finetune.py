@@ -331,8 +331,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
                    seed=cfg.seed, config=sink_config, title="bertgpu finetune", startup_rows=rows,
                    checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
                    comm_timer=timer, resume=resume, task_name=job.name,
-                   flops_per_token=flops.flops_per_real_token(
-                       model.config, map(len, job.train.ids), mlm_fraction=0.0, with_nsp=False))
+                   flops_per_token=flops.finetune_flops_per_token(
+                       model, map(len, job.train.ids), job.head))
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
