@@ -295,11 +295,21 @@ def load_tokenizer(folder: str | os.PathLike):
 
 
 def _read_vocab(path: Path) -> dict[str, int]:
+    """Token -> id (its 0-based line). A token on two lines is refused: transformers'
+    BertTokenizer gives it the id of its last line, this its first, so the shards' ids would not
+    be the exported model's (a repeated [CLS] on line 2003: id 2002, past the model's vocabulary,
+    and its fill-mask pipeline failed with an IndexError)."""
     vocab: dict[str, int] = {}
     try:
         with open(path, encoding="utf-8") as f:
             for i, line in enumerate(f):
-                vocab.setdefault(line.rstrip("\n"), i)
+                token = line.rstrip("\n")
+                first = vocab.setdefault(token, i)
+                if first != i:
+                    raise BertgpuError(
+                        f"{path}: token {token!r} is on lines {first + 1} and {i + 1}; expected "
+                        "each token on one line (transformers would give it the id of its last "
+                        "line, bertgpu its first)")
     except UnicodeDecodeError:
         raise BertgpuError(f"{path}: invalid UTF-8; expected one token per line") from None
     if not vocab:

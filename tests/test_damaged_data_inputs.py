@@ -1,0 +1,76 @@
+"""Damaged inputs of a run that were accepted or crashed: a vocab.txt with a token on two lines
+(bertgpu read its first id, transformers its last: the exported model's fill-mask pipeline failed
+with an IndexError), shard lengths outside 2..seq_len (zeros trained at loss 0 and exported a
+model), an empty .npy shard (an EOFError traceback) and a shard set without its tokenizer/ (a
+traceback, or an error naming the run's copy, with files left in --out). Each is now one line
+naming the damaged file, before anything is written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from _shards import write_synthetic_shards
+
+from bertgpu.cli import main
+from bertgpu.data.tokenizer_folder import load_tokenizer
+from bertgpu.errors import BertgpuError
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN = ["pretrain", str(ROOT / "configs" / "tiny.toml"), "--model.vocab_size", "100",
+            "--model.hidden_size", "32", "--model.intermediate_size", "64",
+            "--model.max_position_embeddings", "64", "--train.global_batch_size", "8",
+            "--impl.micro_batch_size", "4", "--train.max_steps", "2", "--impl.num_workers", "0"]
+DAMAGED = "a damaged shard; expected the shard set as bertgpu prepare wrote it (prepare it again)"
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return write_synthetic_shards(tmp_path / "data", n_train=30, n_val=4, seq_len=16,
+                                  vocab_size=100)
+
+
+def _one_line_error(capsys, argv: list[str], command: str) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"bertgpu {command}: error: "), err
+    return err.removeprefix(f"bertgpu {command}: error: ")
+
+
+def _pretrain_error(capsys, data: Path, out: Path) -> str:
+    """The one-line error of a pretrain run on `data`, which wrote nothing to `out`."""
+    err = _one_line_error(capsys, [*PRETRAIN, "--data", str(data), "--out", str(out)],
+                          "pretrain")
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    return err
+
+
+# 1. a vocab.txt with a token on two lines ---------------------------------------------------
+
+
+def test_a_vocab_txt_with_a_repeated_token_is_refused(data, tmp_path, capsys):
+    tok = tmp_path / "tok"
+    shutil.copytree(data / "tokenizer", tok)
+    (tok / "tokenizer.json").unlink()  # vocab.txt is the vocabulary
+    lines = (tok / "vocab.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tok / "vocab.txt").write_text("".join(lines + lines[2:4]), encoding="utf-8")  # [CLS] [SEP]
+    expected = (f"{tok / 'vocab.txt'}: token '[CLS]' is on lines 3 and 101; expected each token "
+                "on one line (transformers would give it the id of its last line, bertgpu its "
+                "first)")
+    with pytest.raises(BertgpuError) as caught:
+        load_tokenizer(tok)
+    assert str(caught.value) == expected
+    (tmp_path / "corpus.txt").write_text("w1 w2 ##c3 w4\nw5 w6 w7\n", encoding="utf-8")
+    out = tmp_path / "shards"
+    assert _one_line_error(capsys, ["prepare", "--corpus", str(tmp_path / "corpus.txt"),
+                                    "--format", "lines", "--tokenizer", str(tok), "--seq-len",
+                                    "16", "--out", str(out)], "prepare") == expected
+    assert not out.exists()
+
+
+def test_a_vocab_txt_without_repeats_still_loads(data, tmp_path):
+    tok = tmp_path / "tok"
+    shutil.copytree(data / "tokenizer", tok)
+    (tok / "tokenizer.json").unlink()
+    assert load_tokenizer(tok).token_to_id("[MASK]") == 4
