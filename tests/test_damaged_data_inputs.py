@@ -7,13 +7,16 @@ naming the damaged file, before anything is written."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _shards import write_synthetic_shards
 
 from bertgpu.cli import main
+from bertgpu.data.shards import ShardSet
 from bertgpu.data.tokenizer_folder import load_tokenizer
 from bertgpu.errors import BertgpuError
 
@@ -74,3 +77,63 @@ def test_a_vocab_txt_without_repeats_still_loads(data, tmp_path):
     shutil.copytree(data / "tokenizer", tok)
     (tok / "tokenizer.json").unlink()
     assert load_tokenizer(tok).token_to_id("[MASK]") == 4
+
+
+# 2. lengths outside 2..seq_len, or not the manifest's tokens ---------------------------------
+
+
+def _set_length(data: Path, row: int, value: int, shard: str = "train-00000") -> Path:
+    path = data / f"{shard}.lengths.npy"
+    lengths = np.load(path)
+    lengths[row] = value
+    np.save(path, lengths)
+    return path
+
+
+@pytest.mark.parametrize("value", [0, 1, 17, 9999])
+def test_a_length_outside_2_to_seq_len_is_a_damaged_shard(data, tmp_path, capsys, value):
+    path = _set_length(data, 5, value)
+    expected = (f"{path}: row 5 has length {value}, expected 2 ([CLS] and [SEP]) to seq_len 16 "
+                f"({data / 'manifest.json'}): {DAMAGED}")
+    with pytest.raises(BertgpuError) as caught:
+        ShardSet(data, "train")
+    assert str(caught.value) == expected
+    assert _pretrain_error(capsys, data, tmp_path / "run") == expected
+
+
+def test_every_length_zero_does_not_train_at_loss_zero(data, tmp_path, capsys):
+    path = data / "train-00000.lengths.npy"
+    np.save(path, np.zeros_like(np.load(path)))
+    err = _pretrain_error(capsys, data, tmp_path / "run")
+    assert err.startswith(f"{path}: row 0 has length 0, expected 2"), err
+
+
+def test_lengths_that_do_not_sum_to_the_manifests_tokens_are_a_damaged_shard(data):
+    path = _set_length(data, 5, 9)  # within 2..16, but 7 tokens fewer than prepare counted
+    listed = json.loads((data / "manifest.json").read_text())["splits"]["train"]["shards"][0]
+    with pytest.raises(BertgpuError) as caught:
+        ShardSet(data, "train")
+    assert str(caught.value) == (
+        f"{path}: the lengths sum to {listed['tokens'] - 7} tokens, expected the "
+        f"{listed['tokens']} that {data / 'manifest.json'} lists for train-00000: {DAMAGED}")
+
+
+def test_a_short_last_row_with_its_tokens_counted_is_fine(data):
+    """A packed split's last row is short, and prepare counts its tokens in the manifest."""
+    _set_length(data, 5, 9, shard="train-00001")  # rows 24..29: the last is 9 tokens long
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][1]["tokens"] -= 7
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    assert ShardSet(data, "train").has_short_rows()
+
+
+def test_a_manifest_without_shard_tokens_checks_the_lengths_alone(data):
+    manifest = json.loads((data / "manifest.json").read_text())
+    for shard in manifest["splits"]["train"]["shards"]:
+        del shard["tokens"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    _set_length(data, 5, 9)
+    assert len(ShardSet(data, "train")) == 30
+    _set_length(data, 5, 0)
+    with pytest.raises(BertgpuError, match="row 5 has length 0"):
+        ShardSet(data, "train")

@@ -114,7 +114,9 @@ def test_a_full_batch_after_padded_ones_of_another_length_compiles_nothing(one_t
 
 def _split_with_one_short_row(tmp_path) -> ShardSet:
     """10 full training sequences of 16 but the 8th, cut to 6 tokens (a packed MLM split's
-    last sequence)."""
+    last sequence); the manifest counts its tokens, as prepare's would."""
+    import json
+
     import numpy as np
 
     data = write_synthetic_shards(tmp_path / "data", n_train=10, n_val=2, seq_len=16,
@@ -127,6 +129,9 @@ def _split_with_one_short_row(tmp_path) -> ShardSet:
     lengths[7], ids[7, 6:] = 6, 0
     np.save(f"{stem}.lengths.npy", lengths)
     np.save(f"{stem}.input_ids.npy", ids)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["tokens"] -= 10
+    (data / "manifest.json").write_text(json.dumps(manifest))
     return ShardSet(data, "train")
 
 

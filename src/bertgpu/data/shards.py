@@ -59,6 +59,7 @@ class ShardSet:
         self._starts = self._ends - self._counts
         self._arrays: list[dict[str, np.ndarray]] | None = None
         self._open()
+        self._check_lengths()
 
     @property
     def has_nsp(self) -> bool:
@@ -113,6 +114,29 @@ class ShardSet:
             arrays.append(shard)
         self._arrays = arrays
         return arrays
+
+    def _check_lengths(self) -> None:
+        """Every row's length within 2 ([CLS] [SEP]) .. seq_len, and each shard's lengths summing
+        to the manifest's count of its tokens. Damaged lengths (zeros) trained silently: no real
+        token, loss 0, and a checkpoint and an export of nothing learned. Reads the lengths
+        only (4 bytes a sequence), once: not in the worker processes that re-open the files."""
+        listed = self.manifest.splits[self.split]["shards"]
+        tokens = {s["name"]: s.get("tokens") for s in listed}  # checked by split_shards
+        damaged = ("a damaged shard; expected the shard set as bertgpu prepare wrote it (prepare "
+                   "it again)")
+        for name, shard in zip(self.shard_names, self._open(), strict=True):
+            path, lengths = self.data_dir / f"{name}.lengths.npy", np.asarray(shard["lengths"])
+            bad = np.flatnonzero((lengths < 2) | (lengths > self.seq_len))
+            if bad.size:
+                raise BertgpuError(
+                    f"{path}: row {int(bad[0])} has length {int(lengths[bad[0]])}, expected 2 "
+                    f"([CLS] and [SEP]) to seq_len {self.seq_len} ({self.manifest_path}): "
+                    f"{damaged}")
+            total = int(lengths.sum(dtype=np.int64))
+            if isinstance(tokens[name], int) and total != tokens[name]:
+                raise BertgpuError(
+                    f"{path}: the lengths sum to {total} tokens, expected the {tokens[name]} that "
+                    f"{self.manifest_path} lists for {name}: {damaged}")
 
     # Worker processes re-open the memmaps instead of pickling their contents.
     def __getstate__(self) -> dict[str, Any]:
