@@ -137,3 +137,22 @@ def test_a_manifest_without_shard_tokens_checks_the_lengths_alone(data):
     _set_length(data, 5, 0)
     with pytest.raises(BertgpuError, match="row 5 has length 0"):
         ShardSet(data, "train")
+
+
+# 3. an empty .npy shard -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["input_ids", "lengths"])
+def test_an_empty_shard_file_is_one_line(data, tmp_path, capsys, field):
+    from bertgpu.bench.batches import sample_lengths
+
+    path = data / f"train-00001.{field}.npy"
+    path.write_bytes(b"")
+    expected = f"{path}: not a readable .npy file (No data left in file)"
+    with pytest.raises(BertgpuError) as caught:
+        ShardSet(data, "train")
+    assert str(caught.value) == expected
+    assert _pretrain_error(capsys, data, tmp_path / "run") == expected
+    with pytest.raises(BertgpuError) as caught:  # bench model --real-lengths DATA
+        sample_lengths(str(data), 8, 16, 0)
+    assert str(caught.value) == expected

@@ -102,7 +102,7 @@ class ShardSet:
                                        f"{self.manifest_path})")
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
-                except (ValueError, OSError) as e:
+                except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file
                     raise BertgpuError(f"{path}: not a readable .npy file ({e})") from None
                 shape = (count, self.seq_len) if has_t else (count,)
                 if arr.shape != shape or arr.dtype != dtype:
