@@ -156,3 +156,27 @@ def test_an_empty_shard_file_is_one_line(data, tmp_path, capsys, field):
     with pytest.raises(BertgpuError) as caught:  # bench model --real-lengths DATA
         sample_lengths(str(data), 8, 16, 0)
     assert str(caught.value) == expected
+
+
+# 4. a shard set without its tokenizer ---------------------------------------------------------
+
+
+AGAIN = ("expected the copy of the tokenizer that `bertgpu prepare` writes beside manifest.json "
+         "(prepare again, or copy the tokenizer the shards were made with there)")
+
+
+def test_a_shard_set_without_its_tokenizer_folder_is_refused_before_the_run(data, tmp_path,
+                                                                            capsys):
+    shutil.rmtree(data / "tokenizer")
+    assert (_pretrain_error(capsys, data, tmp_path / "run")
+            == f"{data / 'tokenizer'}: missing from the shard set; {AGAIN}")
+    (data / "tokenizer").write_text("")
+    assert (_pretrain_error(capsys, data, tmp_path / "run")
+            == f"{data / 'tokenizer'}: a file, not a folder; {AGAIN}")
+
+
+def test_an_empty_tokenizer_folder_names_the_shard_set_not_the_run(data, tmp_path, capsys):
+    for name in ("tokenizer.json", "vocab.txt"):
+        (data / "tokenizer" / name).unlink()
+    assert (_pretrain_error(capsys, data, tmp_path / "run")
+            == f"{data / 'tokenizer'}: neither tokenizer.json nor vocab.txt found; {AGAIN}")

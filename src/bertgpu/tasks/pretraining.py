@@ -42,6 +42,7 @@ class PretrainData:
     def __init__(self, data_dir: str | Path, objective: str | None, with_nsp: bool | None) -> None:
         self.dir = Path(data_dir)
         self.train = ShardSet(self.dir, "train")
+        _check_tokenizer_copy(self.train)
         if len(self.train) == 0:
             raise BertgpuError(f"{self.train.manifest_path}: the train split has no sequences")
         self.val: ShardSet | None = None
@@ -129,6 +130,22 @@ class PretrainData:
             raise BertgpuError(f"{path}: special_tokens {self.train.special_tokens} differ from "
                                f"--init's tokenizer {tokenizer_dir} ({ids}); expected shards made "
                                f"with bertgpu prepare --tokenizer {tokenizer_dir}")
+
+
+def _check_tokenizer_copy(shards: ShardSet) -> None:
+    """The shard set's tokenizer/ (prepare's copy, which the run copies and exports with the
+    model) holds a tokenizer: checked with the shards, before the run folder is made. Found
+    missing by `copy_tokenizer`, it was a traceback, or an error naming the run's copy, with
+    config.toml and the lock file left in --out."""
+    folder = shards.tokenizer_dir
+    again = (f"expected the copy of the tokenizer that `bertgpu prepare` writes beside "
+             f"{shards.manifest_path.name} (prepare again, or copy the tokenizer the shards were "
+             "made with there)")
+    if not folder.is_dir():
+        what = "a file, not a folder" if folder.exists() else "missing from the shard set"
+        raise BertgpuError(f"{folder}: {what}; {again}")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        raise BertgpuError(f"{folder}: neither tokenizer.json nor vocab.txt found; {again}")
 
 
 class PretrainTask:
