@@ -124,15 +124,18 @@ class ShardSet:
         tokens = {s["name"]: s.get("tokens") for s in listed}  # checked by split_shards
         damaged = ("a damaged shard; expected the shard set as bertgpu prepare wrote it (prepare "
                    "it again)")
+        chunk = 1 << 22  # rows at a time: a shard set of 10^8 sequences needs no 2 x 400 MB
         for name, shard in zip(self.shard_names, self._open(), strict=True):
-            path, lengths = self.data_dir / f"{name}.lengths.npy", np.asarray(shard["lengths"])
-            bad = np.flatnonzero((lengths < 2) | (lengths > self.seq_len))
-            if bad.size:
-                raise BertgpuError(
-                    f"{path}: row {int(bad[0])} has length {int(lengths[bad[0]])}, expected 2 "
-                    f"([CLS] and [SEP]) to seq_len {self.seq_len} ({self.manifest_path}): "
-                    f"{damaged}")
-            total = int(lengths.sum(dtype=np.int64))
+            path, lengths, total = self.data_dir / f"{name}.lengths.npy", shard["lengths"], 0
+            for start in range(0, len(lengths), chunk):
+                part = np.asarray(lengths[start:start + chunk])
+                bad = np.flatnonzero((part < 2) | (part > self.seq_len))
+                if bad.size:
+                    raise BertgpuError(
+                        f"{path}: row {start + int(bad[0])} has length {int(part[bad[0]])}, "
+                        f"expected 2 ([CLS] and [SEP]) to seq_len {self.seq_len} "
+                        f"({self.manifest_path}): {damaged}")
+                total += int(part.sum(dtype=np.int64))
             if isinstance(tokens[name], int) and total != tokens[name]:
                 raise BertgpuError(
                     f"{path}: the lengths sum to {total} tokens, expected the {tokens[name]} that "
