@@ -110,16 +110,89 @@ def check_result_files(folder: Path, names: list[str]) -> None:
                                "results file there (move the folder away or choose another --out)")
 
 
-def check_rows_file(path: str | Path) -> None:
+BENCH_MARK = ".bertgpu-bench"
+"""In a benchmark's --out folder: the name of the suite that writes there (`mark_bench_folder`)."""
+
+
+def check_bench_folder(out: Path, bench: str, results: list[str]) -> None:
+    """Before a benchmark runs: `out` is new, empty or an earlier output of `bertgpu bench
+    {bench}` (its mark, or one of its `results` files), none of whose `results` is a folder
+    (`check_result_files`). A suite adds its runs, data and results to the folder (and
+    `bench quality` replaces its tokenizer/ and data/): a tokenizer or run folder given as --out
+    took them all, and a run folder's rows went into the same metrics file."""
+    check_output_folder(out, f"a folder for the results of bertgpu bench {bench}")
+    check_result_files(out, results)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    mark = out / BENCH_MARK
+    if mark.is_file():
+        if mark.read_text(encoding="utf-8", errors="replace").strip() == bench:
+            return
+    elif any((out / name).exists() for name in results):  # an output of an older bertgpu
+        return
+    raise BertgpuError(f"{out}: a folder that is not an output of bertgpu bench {bench} (no "
+                       f"{results[0]}); expected a new or empty --out folder, or an earlier one "
+                       "of this benchmark (it adds its runs and results there)")
+
+
+def mark_bench_folder(out: Path, bench: str) -> None:
+    """`out` made (if need be) and marked as `bench`'s, before the suite writes anything else
+    there: a run stopped before its results is still its own to the next (`check_bench_folder`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    mark = out / BENCH_MARK
+    if not mark.is_file():
+        mark.write_text(bench + "\n", encoding="utf-8")
+
+
+def check_rows_file(path: str | Path, bench: str, also: tuple[str, ...] = ()) -> None:
     """Before a benchmark runs: `path` can take its rows (not a folder, under a folder that is
-    or can be made), so that minutes of measurements are not lost at the end."""
-    if Path(path).is_dir():
+    or can be made), so that minutes of measurements are not lost at the end; and an existing
+    file is an earlier results file of this benchmark: its first row's ``bench`` is `bench` (a
+    JSONL file may hold the rows of `also` as well: each row keeps its own fields; a CSV's
+    columns are those of one kind). Any other .jsonl (a run's metrics.jsonl, a corpus) or CSV
+    got the rows appended (a CSV of another header, rows of empty fields)."""
+    path = Path(path)
+    if path.is_dir():
         raise BertgpuError(f"{path}: is a folder; expected a .jsonl or .csv file to append the "
                            "rows to")
-    if Path(path).suffix not in (".jsonl", ".csv"):
+    if path.suffix not in (".jsonl", ".csv"):
         raise BertgpuError(f"{path}: expected a .jsonl or .csv file name (the rows' format "
                            "follows it, and `bertgpu report` reads them by it)")
-    check_output_folder(Path(path).parent, "a folder for the results file")
+    check_output_folder(path.parent, "a folder for the results file")
+    found = _first_bench(path)
+    kinds = (bench,) if path.suffix == ".csv" else (bench, *also)
+    if found is not None and found[0] not in kinds:
+        raise BertgpuError(f"{path}: not a file of `bench: {bench}` rows ({found[1]}); expected "
+                           "a new file name, or an earlier --out of these rows (they are "
+                           "appended)")
+
+
+def _first_bench(path: Path) -> tuple[str | None, str] | None:
+    """The ``bench`` field of the first row of a results file (None: it has none) and what that
+    row is, in words; None for a missing or empty file."""
+    try:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            if path.suffix == ".csv":
+                header = next(csv.reader(f), [])
+                if header and "bench" not in header:
+                    return None, f"its header has no bench column: {','.join(header)[:60]!r}"
+                row = next(csv.DictReader(f, fieldnames=header), None) if header else None
+            else:
+                line = next((text for text in f if text.strip()), None)
+                try:
+                    row = json.loads(line) if line is not None else None
+                except ValueError:
+                    row = line
+                if row is not None and not (isinstance(row, dict) and "bench" in row):
+                    return None, (f"its first line is not a row with a bench field: "
+                                  f"{line.strip()[:60]!r}")
+    except FileNotFoundError:
+        return None
+    except csv.Error as e:  # (a binary file)
+        return None, f"not a CSV file: {e}"
+    if row is None:
+        return None
+    return str(row.get("bench")), f"its first row is bench {row.get('bench')}'s"
 
 
 def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:

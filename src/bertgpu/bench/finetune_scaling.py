@@ -67,7 +67,6 @@ from typing import Any
 
 from bertgpu.bench import cells as runner
 from bertgpu.bench.finetune_grid import DEMO_SETS, Cell, Plan, Target, make_plan
-from bertgpu.fsutil import check_output_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -256,9 +255,9 @@ def main(args: argparse.Namespace) -> int:
 
     plan = make_plan(args)  # every check before the output folder exists
     out = Path(args.out)
-    check_output_folder(out)
-    runner.check_result_files(out, ["finetune_scaling.jsonl", "finetune_scaling.md"])
-    out.mkdir(parents=True, exist_ok=True)
+    runner.check_bench_folder(out, "finetune-scaling",
+                              ["finetune_scaling.jsonl", "finetune_scaling.md"])
+    runner.mark_bench_folder(out, "finetune-scaling")
     key = task_key(args.task)
     if key in DEMO_SETS:
         plan.task_words = write_demo_set(key, out / "data" / key)

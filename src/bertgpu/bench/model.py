@@ -314,6 +314,9 @@ def main(args: argparse.Namespace) -> int:
         from bertgpu.bench import graph_check
 
         return graph_check.main(args)
+    if args.out is not None:  # (either kind of row may follow the other in a JSONL file)
+        check_rows_file(args.out, "model_memory" if args.strategy else "model",
+                        ("model", "model_memory"))
     if args.strategy is not None:
         from bertgpu.bench import sharded
 
@@ -329,8 +332,6 @@ def main(args: argparse.Namespace) -> int:
             and args.preset is None):
         print("note: --real-lengths full has no padding, so unpadded equals padded; try "
               "--real-lengths uniform")
-    if args.out is not None:
-        check_rows_file(args.out)
     cuda = device.type == "cuda"
     if args.preset in ("gpu", "gpu-check") and not cuda:
         print("note: --preset gpu is the GPU table (BERT-large, ModernBERT-base at 1024): hours "

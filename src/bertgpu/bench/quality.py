@@ -57,7 +57,6 @@ from bertgpu.bench.downstream import (
 )
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_RECIPES = ("configs/tiny.toml", "configs/modern-tiny.toml")
@@ -342,7 +341,7 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, command: str,
     from bertgpu.report.quality import curve_plot, quality_blocks
     from bertgpu.report.render import render_markdown
 
-    out.mkdir(parents=True, exist_ok=True)
+    cells.mark_bench_folder(out, "quality")
     cells.append_jsonl(out / "quality.jsonl", rows)
     md = (f"# bertgpu bench quality\n\n`{command}`\n\n"
           + render_markdown(quality_blocks(rows, None, "quality")))
@@ -361,8 +360,8 @@ def main(args: argparse.Namespace) -> int:
     from bertgpu.config import schema
 
     out = Path(args.out)
-    check_output_folder(out)
-    cells.check_result_files(out, ["quality.jsonl", "quality.md", "quality.png", "projection.md"])
+    cells.check_bench_folder(out, "quality",
+                             ["quality.jsonl", "quality.md", "quality.png", "projection.md"])
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     command = "bertgpu " + " ".join(sys.argv[1:])
     if args.project:
@@ -437,6 +436,7 @@ def check_finetune_options(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace, recipes: list[Path], names: list[str], cfgs: list[Any],
               out: Path, vocab: int, base: dict[str, Any]) -> list[dict[str, Any]]:
     """Steps 1-4 of the module docstring; the rows of quality.jsonl."""
+    cells.mark_bench_folder(out, "quality")  # (shared_data replaces its tokenizer/ and data/)
     data_dir = shared_data(args, out, vocab)
     rows = pretrain_all(args, recipes, names, cfgs, data_dir, out, base)
     if not args.skip_finetune:

@@ -38,7 +38,6 @@ from typing import Any
 
 from bertgpu.bench import cells
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import check_output_folder
 
 # The default model when no recipe is given: small enough for a 2-core CPU.
 TINY_MODEL = {
@@ -426,13 +425,13 @@ def main(args: argparse.Namespace) -> int:
     workers, accumulations = _points(args, on_gpu)
 
     out = Path(args.out)
-    check_output_folder(out)
-    cells.check_result_files(out, ["scaling.jsonl", "scaling.md", "scaling.png"])
+    cells.check_bench_folder(out, "scaling", ["scaling.jsonl", "scaling.md", "scaling.png"])
     model_overrides, cfg = _model_config(args)
     seq_len = sequence_length(args, cfg, on_gpu)  # nothing written before these checks
     run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
+    cells.mark_bench_folder(out, "scaling")
     runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    runs_dir.mkdir(exist_ok=True)
     data_dir = (Path(args.data) if args.data
                 else write_synthetic_data(out / "synthetic_data", cfg.model.vocab_size, seq_len))
     env = _child_env(args, on_gpu, max(workers))
