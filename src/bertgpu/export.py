@@ -48,6 +48,9 @@ def export_step(run_dir: str | Path, out: str | Path,
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
 
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BertgpuError(f"{run_dir}: is a file, not a run folder; expected a pretraining run "
+                           "folder, or one of its checkpoint folders")
     if not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: no such run folder")
     _check_not_finetuning(run_dir)

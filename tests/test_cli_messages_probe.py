@@ -1,0 +1,64 @@
+"""Messages that said something other than the true problem, and a check that came too late,
+from a bad-input probe of the CLI:
+
+- `glue --predict-test` read a task's test file only when that task ran: a malformed
+  SST-2/test.tsv stopped the command after CoLA had trained, though every task's files are read
+  before the first trains.
+- `glue --predict-test` named a task without a test file (RTE) among the submission's sources.
+- `export FILE` said "no such run folder" of a file that is there.
+- `tokenizer --sample-bytes 1` blamed the corpus for its 6-token vocabulary.
+- `bench scaling --timeout-s 0` made OUT/runs and then failed its first point; `--precision
+  fp64` and `--device tpu` were found by the first child, after runs/ and synthetic_data/.
+- `finetune sst2 --n_best 5` (and classify, and SQuAD's other keys) was accepted and read by
+  nothing, while --train-file, which GLUE does not read either, was refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import _tiny_init
+import pytest
+from _tiny_init import SPECIAL
+
+from bertgpu.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+GLUE = Path(__file__).parent / "fixtures" / "glue"
+FAST = ["--max_seq_len", "32", "--global_batch_size", "4", "--epochs", "1",
+        "--max_train_examples", "8", "--max_eval_examples", "8", "--warmup_fraction", "0"]
+
+
+@pytest.fixture
+def tiny_init(tmp_path) -> Path:
+    """A tiny random BERT whose vocabulary holds the words of the CoLA, SST-2 and RTE fixtures."""
+    words = sorted({w for task in ("CoLA", "SST-2", "RTE") for p in (GLUE / task).glob("*.tsv")
+                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
+                                        p.read_text(encoding="utf-8").lower())})
+    return _tiny_init.tiny_init(tmp_path / "init", [*SPECIAL, *words])
+
+
+def _glue_copy(root: Path, *tasks: str) -> Path:
+    for task in tasks:
+        shutil.copytree(GLUE / task, root / task)
+    return root
+
+
+def _one_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_export_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    err = _one_error(capsys, ["export", str(afile), "--out", str(tmp_path / "x")])
+    assert f"{afile}: is a file, not a run folder" in err, err
+    assert "no such" not in err
+    err = _one_error(capsys, ["export", str(tmp_path / "absent"), "--out", str(tmp_path / "x")])
+    assert "absent: no such run folder" in err, err
