@@ -62,3 +62,25 @@ def test_export_of_a_file_says_it_is_a_file(tmp_path, capsys):
     assert "no such" not in err
     err = _one_error(capsys, ["export", str(tmp_path / "absent"), "--out", str(tmp_path / "x")])
     assert "absent: no such run folder" in err, err
+
+
+def test_bench_scaling_refuses_bad_run_options_before_writing(tmp_path, capsys, monkeypatch):
+    """--timeout-s 0 made out/runs and then failed its first point ("no result within
+    --timeout-s 0"); --precision fp64 and --device tpu were found by the first child, after
+    runs/ and synthetic_data/ were written."""
+    from bertgpu.bench import scaling
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a point ran")
+
+    monkeypatch.setattr(scaling, "_run_point", ran)
+    out = tmp_path / "scaling"
+    for flag, value, message in (("--timeout-s", "0", "expected a positive finite float"),
+                                 ("--precision", "fp64", "invalid choice: 'fp64'"),
+                                 ("--device", "tpu", "invalid choice: 'tpu'")):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "scaling", "--workers", "1", flag, value, "--out", str(out)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: {message}" in err, err
+        assert not out.exists()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.bench import cells
+from bertgpu.config.sections import PRECISIONS
 from bertgpu.errors import BertgpuError
 
 # The default model when no recipe is given: small enough for a 2-core CPU.
@@ -64,14 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
     add("--steps", type=int, default=20, help="measured optimizer steps (default: 20)")
     add("--warmup-steps", type=int, default=3, help="unmeasured steps first, >= 1 (default: 3)")
-    add("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    add("--precision", default=None, help="fp32, bf16 or fp16 (default: the recipe's)")
+    add("--device", default="auto", choices=["auto", "cpu", "cuda"], help="(default: auto)")
+    add("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: the recipe's)")
     add("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
         help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)")
     add("--threads-per-worker", type=cells.positive(int), default=None,
         help="OMP threads per worker on CPU (default: cores / the largest worker count)")
     add("--out", default="bench_out/scaling", help="results folder (default: bench_out/scaling)")
-    add("--timeout-s", type=float, default=1800.0,
+    add("--timeout-s", type=cells.positive(), default=1800.0,
         help="limit per training run, seconds (default: 1800)")
     add("--bandwidth-gbps", type=cells.positive(), nargs="+", default=[200.0, 16.0],
         help="all-reduce bus bandwidths (GB/s) for the cost model: NVLink ~150-300, PCIe ~12-25 "
