@@ -54,6 +54,19 @@ def _one_error(capsys, argv: list[str]) -> str:
     return err
 
 
+def test_glue_predict_test_reads_every_test_file_before_the_first_task_trains(
+        tmp_path, tiny_init, capsys):
+    data = _glue_copy(tmp_path / "g", "CoLA", "SST-2")
+    test = data / "SST-2" / "test.tsv"
+    test.write_text(test.read_text(encoding="utf-8") + "x\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["glue", "--init", str(tiny_init), "--data-dir", str(data), "--tasks", "cola",
+                 "sst2", "--out", str(out), "--predict-test", *FAST]) == 2
+    assert not (out / "CoLA").exists()  # nothing trained before the refusal
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{test}:4: 1 columns, expected 2" in err, err
+
+
 def test_export_of_a_file_says_it_is_a_file(tmp_path, capsys):
     afile = tmp_path / "notes.txt"
     afile.write_text("mine")

@@ -210,7 +210,8 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
                 glue_reuse.check_same_settings(path, _read_results(path), cfg, seed, init,
                                                config_from, ckpt, data_dir, used, files)
 
-    glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed)
+    glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed,
+                                    predict_test)
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
         runs: dict[str, dict[int, dict[str, Any]]] = {}

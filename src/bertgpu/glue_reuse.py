@@ -17,22 +17,32 @@ if TYPE_CHECKING:
 
 
 def read_before_training(present: list[Any], seeds: list[int], out: Path, force: bool,
-                          data_dir: str | os.PathLike[str], skip_malformed: bool) -> None:
+                          data_dir: str | os.PathLike[str], skip_malformed: bool,
+                          predict_test: bool = False) -> None:
     """Read the train and dev files of every task still to run, before the first one trains: a
     malformed row in QQP's train.tsv stopped the command after CoLA, SST-2, MRPC and STS-B had
-    trained, and its advice (--skip_malformed true) then refused those runs as made otherwise."""
+    trained, and its advice (--skip_malformed true) then refused those runs as made otherwise.
+    With `predict_test`, its test files too (those there, as the run reads them): a malformed
+    SST-2 test.tsv stopped the command after CoLA had trained. A finished run without test
+    predictions runs again then, so its files are read as well."""
     from bertgpu.tasks import glue as tasks_mod
     from bertgpu.tasks import glue_files
+    from bertgpu.tasks.glue_job import _test_sets
 
     for task in present:
-        if not force and all((out / task.name / f"seed_{s}" / "results.json").is_file()
-                             for s in seeds):
+        runs = [out / task.name / f"seed_{s}" for s in seeds]
+        if not force and all((run / "results.json").is_file()
+                             and (not predict_test or (run / "submission").is_dir())
+                             for run in runs):
             continue
-        for split in ("train", *task.dev_splits):
-            with warnings.catch_warnings():  # the run says how many rows it skipped
-                warnings.simplefilter("ignore")
+        # (the run itself says how many rows it skipped, and which test file is missing)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for split in ("train", *task.dev_splits):
                 glue_files.read_examples(task, tasks_mod.find_split_file(data_dir, task, split),
                                          skip_malformed=skip_malformed)
+            if predict_test:
+                _test_sets(task, data_dir)
 
 
 def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,
