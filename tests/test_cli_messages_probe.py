@@ -67,6 +67,17 @@ def test_glue_predict_test_reads_every_test_file_before_the_first_task_trains(
     assert len(err.splitlines()) == 1 and f"{test}:4: 1 columns, expected 2" in err, err
 
 
+def test_glue_submission_names_only_the_tasks_whose_files_it_holds(tmp_path, tiny_init,
+                                                                   capsys):
+    data = _glue_copy(tmp_path / "g", "CoLA", "RTE")  # RTE has no test file
+    out = tmp_path / "out"
+    assert main(["glue", "--init", str(tiny_init), "--data-dir", str(data), "--tasks", "cola",
+                 "rte", "--out", str(out), "--predict-test", *FAST]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith("GLUE submission:"))
+    assert line.startswith("GLUE submission: 1 files (CoLA seed 1) -> "), line
+
+
 def test_export_of_a_file_says_it_is_a_file(tmp_path, capsys):
     afile = tmp_path / "notes.txt"
     afile.write_text("mine")

@@ -358,13 +358,16 @@ def write_submission(out: Path, runs: dict[str, dict[int, dict[str, Any]]]) -> d
 
     from bertgpu.fsutil import make_scratch, replace_dir
 
-    folder, chosen = out / "submission", {}
+    folder, chosen, sources = out / "submission", {}, []
     tmp = make_scratch(out / "submission.tmp", folder)
     for name, per_seed in runs.items():
         seed = max(sorted(per_seed), key=lambda s: per_seed[s]["score"])
         chosen[name] = seed
-        for path in sorted((out / name / f"seed_{seed}" / "submission").glob("*.tsv")):
+        files = sorted((out / name / f"seed_{seed}" / "submission").glob("*.tsv"))
+        for path in files:
             shutil.copyfile(path, tmp / path.name)
+        if files:  # a task without a test file wrote none: not a source of the submission
+            sources.append(f"{name} seed {seed}")
     written = sorted(p.stem for p in tmp.glob("*.tsv"))
     missing = [f for f in LEADERBOARD_FILES if f not in written]
     replace_dir(tmp, folder, replaces=lambda p: True)
@@ -377,8 +380,8 @@ def write_submission(out: Path, runs: dict[str, dict[int, dict[str, Any]]]) -> d
         warnings.warn(f"{zipped}: the GLUE leaderboard asks for {', '.join(missing)} as well "
                       "(no run of this command wrote them: a task not run, or its test file "
                       "missing)", stacklevel=2)
-    seeds = ", ".join(f"{n} seed {s}" for n, s in chosen.items())
-    print(f"GLUE submission: {len(written)} files ({seeds}) -> {zipped}", flush=True)
+    print(f"GLUE submission: {len(written)} files ({', '.join(sources) or 'no task'}) -> "
+          f"{zipped}", flush=True)
     return {"folder": str(folder), "zip": str(zipped), "seeds": chosen, "files": written,
             "missing": missing}
 
