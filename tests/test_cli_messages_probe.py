@@ -88,6 +88,22 @@ def test_export_of_a_file_says_it_is_a_file(tmp_path, capsys):
     assert "absent: no such run folder" in err, err
 
 
+def test_a_vocabulary_cut_short_by_sample_bytes_names_sample_bytes(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog.\n" * 200, encoding="utf-8")
+    assert main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "500",
+                 "--sample-bytes", "1", "--out", str(tmp_path / "t")]) == 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--vocab-size 500: the --sample-bytes 1 sample of the corpus gave only" in err, err
+    assert "expected a larger --sample-bytes" in err and "larger or more varied corpus" not in err
+    # a sample as large as the corpus is the corpus: then it is the corpus that is small
+    assert main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "500",
+                 "--sample-bytes", "1000000", "--out", str(tmp_path / "t2")]) == 0
+    err = capsys.readouterr().err
+    assert "the corpus gave only" in err and "expected a larger or more varied corpus" in err, err
+
+
 def test_bench_scaling_refuses_bad_run_options_before_writing(tmp_path, capsys, monkeypatch):
     """--timeout-s 0 made out/runs and then failed its first point ("no result within
     --timeout-s 0"); --precision fp64 and --device tpu were found by the first child, after

@@ -169,10 +169,8 @@ def train_tokenizer(
             copy.unlink()
             got = tok.get_vocab_size(with_added_tokens=True)
             if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
-                warnings.warn(f"--vocab-size {vocab_size}: the corpus gave only {got} tokens "
-                              f"(pieces seen at least --min-frequency {min_frequency} times); "
-                              "expected a larger or more varied corpus, or a smaller "
-                              "--vocab-size", stacklevel=2)
+                warnings.warn(_shortfall(vocab_size, got, min_frequency, sample_bytes, inputs),
+                              stacklevel=2)
             _write_folder(tok, tmp, lowercase, strip_accents)
             # (ASCII: a file name that is not UTF-8 is kept as its escaped surrogates)
             (tmp / TRAINED).write_text(json.dumps(record, indent=2) + "\n", encoding="ascii")
@@ -183,6 +181,22 @@ def train_tokenizer(
             remove_marked(tmp)
             raise
     return out
+
+
+def _shortfall(vocab_size: int, got: int, min_frequency: int, sample_bytes: int | None,
+               inputs: list) -> str:
+    """The warning of a vocabulary well short of --vocab-size, naming what limited it:
+    --sample-bytes when the sample was smaller than the corpus (`--sample-bytes 1` gave 6 tokens,
+    and the warning asked for a larger corpus), else the corpus."""
+    from bertgpu.data.sources import file_size
+
+    seen = f"pieces seen at least --min-frequency {min_frequency} times"
+    if sample_bytes is not None and sample_bytes < sum(file_size(src) for src in inputs):
+        return (f"--vocab-size {vocab_size}: the --sample-bytes {sample_bytes} sample of the "
+                f"corpus gave only {got} tokens ({seen}); expected a larger --sample-bytes (or "
+                "none: the whole corpus), or a smaller --vocab-size")
+    return (f"--vocab-size {vocab_size}: the corpus gave only {got} tokens ({seen}); expected a "
+            "larger or more varied corpus, or a smaller --vocab-size")
 
 
 def _copy_corpus(tok, copy: Path, inputs: list, before: list[tuple[str, str]], fmt: str,
