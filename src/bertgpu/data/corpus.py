@@ -29,6 +29,9 @@ Formats (``fmt``; "auto" picks one per file from its name):
 Memory does not depend on the length of a document, a wiki article (one XML element) aside: a
 document is read as parts of about PART_CHARS characters and a line longer than LINE_PIECE_BYTES
 as pieces; a JSONL record (one JSON value) or a row's text is read whole, then cut the same way.
+For a tokenizer whose tokens depend on whitespace (byte-level BPE, Metaspace), `prepare` reads
+each document as written instead (``as_written``): lines joined by their line breaks, indentation
+kept, cut only where that changes no token (`document_parts`).
 gzip, bzip2 and zstd files are decompressed on the fly (`textio`); paths may be URLs (`sources`).
 
 What is read is a list of `Piece`s: a whole file, or a part of a large one (a byte range of an
@@ -70,6 +73,7 @@ from typing import BinaryIO
 
 from bertgpu.data.columnar import read_arrow, read_parquet
 from bertgpu.data.compressed import check_rest, compression_suffix, open_binary, read_errors
+from bertgpu.data.document_parts import line_parts, running_line_parts, running_record_parts
 from bertgpu.data.jsonl import not_json_lines, null_text_message, read_jsonl
 from bertgpu.data.sources import Source, file_size, name_of, open_raw, resolve_inputs
 from bertgpu.data.textio import (
@@ -216,62 +220,32 @@ RawItem = tuple  # (kind, payload, first): see the module docstring
 DOC_KINDS = ("lines", "text", "jsonl", "wiki")  # parts of raw documents; the rest are file events
 
 
-def _line_parts(path: Source | str, f: BinaryIO, per_line: bool,
-                lines: Iterator[tuple[int, str, bool]] | None = None
-                ) -> Iterator[tuple[list[str], bool]]:
-    """(stripped non-empty lines, first) parts of documents of at most about PART_CHARS characters.
-
-    A document ends at a blank line, or with ``per_line`` at the end of each line. The pieces
-    of an over-long line count as lines of their own (they were cut at whitespace).
-    """
-    part: list[str] = []
-    chars = 0
-    first = True  # the next part starts a document
-    line_has_text = False
-    for _, piece, ends_line in lines or decoded_lines(path, f, LINE_PIECE_BYTES):
-        text = piece.strip()
-        if text:
-            part.append(text)
-            chars += len(text)
-            line_has_text = True
-        if not ends_line:
-            if chars >= PART_CHARS:
-                yield part, first
-                part, chars, first = [], 0, False
-            continue
-        doc_ends = line_has_text if per_line else not line_has_text
-        line_has_text = False
-        if doc_ends:
-            if part:
-                yield part, first
-            part, chars, first = [], 0, True
-        elif chars >= PART_CHARS:
-            yield part, first
-            part, chars, first = [], 0, False
-    if part:
-        yield part, first
-
-
 def _text_items(label: Source | str, f: BinaryIO, kind: str, text_field: str,
-                part: LineRange | None = None) -> Iterator[RawItem]:
-    """The raw items of a line-based or wiki stream (``part``: ``f`` is a part of a file)."""
+                part: LineRange | None = None, as_written: bool = False) -> Iterator[RawItem]:
+    """The raw items of a line-based or wiki stream (``part``: ``f`` is a part of a file;
+    ``as_written``: see `iter_piece_items`)."""
     if kind == "wiki":
         yield from (("wiki", article, True) for article in read_wiki(label, f))
         return
     pieces = None if kind == "jsonl" else LINE_PIECE_BYTES
     lines = decoded_lines(label, f, pieces, first_offset=part.first if part else 0,
-                          part=part is not None)
-    if kind == "sentences":  # one sentence per line: final already
-        for block, first in _line_parts(label, f, per_line=False, lines=lines):
-            yield "lines", block, first
+                          part=part is not None, whole_chars=as_written)
+    if as_written and kind != "jsonl":  # one "sentence": the text, line breaks and all
+        for text, first in running_line_parts(lines, kind == "lines", PART_CHARS,
+                                              LINE_PIECE_BYTES):
+            yield "lines", [text], first
+    elif kind == "sentences":  # one sentence per line: final already
+        yield from (("lines", block, first) for block, first in line_parts(lines, False,
+                                                                            PART_CHARS))
     elif kind in ("text", "lines"):  # a paragraph (or a line) per document, lines joined
-        for block, first in _line_parts(label, f, per_line=kind == "lines", lines=lines):
+        for block, first in line_parts(lines, kind == "lines", PART_CHARS):
             yield "text", " ".join(block), first
     else:
         yield from read_jsonl(label, text_field, lines, whole=part is None or part.first == 0)
 
 
-def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> Iterator[RawItem]:
+def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats,
+                as_written: bool = False) -> Iterator[RawItem]:
     """The raw items of a piece; ``stats.read`` follows the stored bytes read so far."""
     src = piece.src
     kind = piece.kind or (detect_format(src) if fmt == "auto" else fmt)
@@ -281,24 +255,25 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
         if kind in TABLE_FORMATS:  # a row's text is a document, like a JSONL line's
             rows = (read_parquet(src, text_field, piece.start, piece.stop) if kind == "parquet"
                     else read_arrow(src, text_field))
-            yield from _records(src, (("jsonl", text, True) for text in rows), stats)
+            yield from _records(src, (("jsonl", text, True) for text in rows), stats, as_written)
         elif not piece.whole:
             if kind not in LINE_FORMATS:
                 raise ValueError(f"{src}: a {kind} file is not read in parts")
             with open_binary(src) as raw:  # uncompressed (`units`): the stored bytes
                 part = LineRange(raw, piece.start, piece.stop, kind in ("sentences", "text"))
-                items = _text_items(src, part, kind, text_field, part)  # type: ignore[arg-type]
-                items = not_json_lines(src, items) if json_check else items
-                for item in _records(src, items, stats):
+                items = _text_items(src, part, kind, text_field, part,  # type: ignore[arg-type]
+                                    as_written)
+                items = _not_json_lines(src, items) if json_check else items
+                for item in _records(src, items, stats, as_written):
                     yield item
                     stats.read = base + part.pos - piece.start
         else:
             with open_binary(src) as f:
                 stored = getattr(f, "_under", f)  # under a decompressor: the compressed bytes
-                items = _text_items(src, f, kind, text_field)
-                items = not_json_lines(src, items) if json_check else items
+                items = _text_items(src, f, kind, text_field, None, as_written)
+                items = _not_json_lines(src, items) if json_check else items
                 try:
-                    for item in _records(src, items, stats):
+                    for item in _records(src, items, stats, as_written):
                         yield item
                         stats.read = base + stored.tell()
                 except BertgpuError as exc:  # damage to a compressed stream shows as bad text
@@ -307,21 +282,35 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats) -> 
         raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from None
 
 
-def _records(src: Source, items: Iterator[RawItem], stats: CorpusStats) -> Iterator[RawItem]:
+def _not_json_lines(src: Source, items: Iterator[RawItem]) -> Iterator[RawItem]:
+    """`jsonl.not_json_lines` on the first line of the first part (one as written holds lines)."""
+    for i, item in enumerate(items):
+        if i == 0:
+            first = item[1][0].lstrip().split("\n", 1)[0].rstrip()
+            next(not_json_lines(src, iter([(item[0], [first], item[2])])))
+        yield item
+
+
+def _records(src: Source, items: Iterator[RawItem], stats: CorpusStats,
+             as_written: bool = False) -> Iterator[RawItem]:
     """``items`` without the rows whose text is null (counted in ``stats.nulls``), and a JSONL
     record's or a row's text over PART_CHARS characters in parts, cut like a document's lines
-    (`_line_parts`; a blank line ends no document here): else every later stage held it whole
-    (a record of 20 MB took `prepare` 2.3 GB, the same text as lines 0.2 GB)."""
+    (`document_parts`; a blank line ends no document here): else every later stage held it
+    whole (a record of 20 MB took `prepare` 2.3 GB, the same text as lines 0.2 GB). As written
+    (`iter_piece_items`), a text is a part of ``("lines", [text], first)``."""
     for kind, text, first in items:
         if text is None:
             stats.nulls[str(src)] = stats.nulls.get(str(src), 0) + 1
+        elif as_written and kind == "jsonl":
+            for k, part in enumerate(running_record_parts(text, PART_CHARS, LINE_PIECE_BYTES)):
+                yield "lines", [part], first and k == 0
         elif kind != "jsonl" or len(text) <= PART_CHARS:
             yield kind, text, first
         else:
             f = io.BytesIO(text.encode("utf-8"))
             lines = (line for line in decoded_lines(src, f, LINE_PIECE_BYTES, a_file=False)
                      if line[1].strip())
-            for block, first_part in _line_parts(src, f, per_line=False, lines=lines):
+            for block, first_part in line_parts(lines, False, PART_CHARS):
                 yield kind, "\n".join(block), first and first_part
 
 
@@ -330,14 +319,19 @@ def _records(src: Source, items: Iterator[RawItem], stats: CorpusStats) -> Itera
 
 def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str = "text",
                      skip_bad: bool = False, stats: CorpusStats | None = None,
-                     quota: Callable[[Piece], int | None] | None = None) -> Iterator[RawItem]:
+                     quota: Callable[[Piece], int | None] | None = None,
+                     as_written: bool = False) -> Iterator[RawItem]:
     """The cheap, sequential stage: raw document parts and file events of the pieces, in order.
 
     Only ``stats.bytes`` is counted here; `settle_parts` counts the rest. A bad file raises
     `BertgpuError`, or with ``skip_bad`` ends with a ``("bad", (path, reason), False)`` event
     instead of ``("end", path, False)`` (``("slice", ...)`` for a part of a file).
     ``quota(piece)``: read about that many bytes of text (UTF-8) of the piece (a sample); the
-    part that reaches it is cut there (`textsize.cut_part`).
+    part that reaches it is cut there (`textsize.cut_part`). ``as_written``: for a tokenizer
+    whose tokens depend on whitespace (`document_parts.whitespace_sensitive`), each part of a
+    document of the line formats, JSON Lines, Parquet and Arrow is ``("lines", [text], first)``,
+    its text as written (its parts joined give the document's text) and cut only where no token
+    changes (`document_parts.last_cut`); a wiki article is still its sentences.
     """
     if fmt not in FORMATS:
         raise BertgpuError(f"--format {fmt!r}: unknown; expected one of {', '.join(FORMATS)}")
@@ -349,7 +343,7 @@ def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str
         base = stats.read
         try:
             size = 0
-            for item in _read_piece(piece, fmt, text_field, stats):
+            for item in _read_piece(piece, fmt, text_field, stats, as_written):
                 n = text_bytes(item) if limit is not None else 0
                 cut = limit is not None and size + n > limit
                 if cut:  # the part would go past the quota: its start, then stop

@@ -62,6 +62,7 @@ import numpy as np
 
 from bertgpu import __version__
 from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
+from bertgpu.data.document_parts import whitespace_sensitive
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.jsonl import null_text_message
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
@@ -164,6 +165,13 @@ def prepare(
     special = special_token_ids(tok_dir)  # also checks the folder loads
     tokenizer = load_tokenizer(tok_dir)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    spaced = whitespace_sensitive(tokenizer.to_str())  # its tokens hold the text's whitespace
+    if spaced and objective == "mlm+nsp":
+        raise BertgpuError(
+            f"--objective mlm+nsp: the tokenizer in {tok_dir} encodes the whitespace between "
+            f"sentences ({spaced}), which sentence pairs made of sentences encoded one by one "
+            "would change; expected --objective mlm (ModernBERT, whose tokenizers these are, "
+            "has no next-sentence head) or a WordPiece tokenizer for BERT's sentence pairs")
     tokenizer_files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES
                        if (tok_dir / n).is_file()}
     dtype = np.dtype(np.uint32 if vocab_size > 65535 else np.uint16)
@@ -187,7 +195,9 @@ def prepare(
                   "short_seq_prob": short_seq_prob, "cls": special["cls"], "sep": special["sep"],
                   "unk": special["unk"], "segmenter": segmenter,
                   # the plan changed: units of a run that matched them as specials are redone
-                  "special_tokens_in_text": "text"},
+                  "special_tokens_in_text": "text",
+                  # a tokenizer that encodes whitespace reads each document as written
+                  **({"text": "as written"} if spaced else {})},
         fmt=fmt, text_field=text_field, skip_bad=skip_bad, fraction=validation_fraction,
         validation_docs=validation_docs, min_unit=4 * seq_len if nsp else MIN_UNIT_TOKENS,
         shard_size=shard_size, chunk_docs=chunk_docs, dtype=dtype.name,

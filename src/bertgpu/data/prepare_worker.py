@@ -48,7 +48,8 @@ class Encoded(NamedTuple):
     """A document part after stage 1."""
 
     tokens: np.ndarray
-    """(n,) int32: the part's token ids (its sentences joined by spaces: the same tokens)."""
+    """(n,) int32: the part's token ids (its sentences joined by spaces: the same tokens with
+    BERT's tokenizer; a part read as written is one "sentence", its text)."""
     word_starts: np.ndarray | None
     """(n,) uint8 word-start flags, with a whole-word segmenter."""
     bounds: np.ndarray | None
@@ -108,8 +109,11 @@ def encode_items(items: list[tuple]) -> list[tuple]:
     events pass through.
 
     mlm encodes each part's sentences joined by a space, which tokenizes exactly like encoding
-    them one by one (the BERT pre-tokenizer splits on whitespace) with far fewer Encoding
-    objects; mlm+nsp needs each sentence's tokens and encodes them one by one.
+    them one by one (the BERT pre-tokenizer splits on whitespace and drops it) with far fewer
+    Encoding objects; mlm+nsp needs each sentence's tokens and encodes them one by one. A
+    tokenizer whose tokens depend on whitespace (byte-level BPE, Metaspace) has its parts read
+    as written, each one "sentence" whose text is the document's (`corpus.iter_piece_items`
+    with ``as_written``; `prepare` refuses mlm+nsp for it), so the join changes nothing.
     """
     out = convert_items(items)
     parts = [k for k, item in enumerate(out) if item[0] == "part" and item[1]]

@@ -111,8 +111,8 @@ def line_label(path: Source | str, line: int, by_byte: bool = False) -> str:
 
 
 def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = None,
-                  first_offset: int = 0, part: bool = False,
-                  a_file: bool = True) -> Iterator[tuple[int, str, bool]]:
+                  first_offset: int = 0, part: bool = False, a_file: bool = True,
+                  whole_chars: bool = False) -> Iterator[tuple[int, str, bool]]:
     """(line number, text, ends_line) for each line, newline removed; invalid UTF-8 names line
     and byte.
 
@@ -125,6 +125,8 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
     byte the lines before it are not counted, so each line's "number" is the byte offset in the
     file where it starts (`line_label` with ``by_byte``). ``a_file`` False: ``f`` holds a
     record's text (a JSONL string, a table cell), whose CRs say nothing of its file's line ends.
+    ``whole_chars``: a piece ends after its whole characters, nothing is left out (for a reader
+    that joins the pieces again and cuts the text itself, `document_parts.RunningText`).
     """
     by_byte = part and first_offset > 0
     offset = first_offset
@@ -151,7 +153,7 @@ def decoded_lines(path: Source | str, f: BinaryIO, piece_bytes: int | None = Non
                     carry = raw  # an incomplete character at most
                     continue
             if not ends:
-                cut, skipping = _cut(raw)
+                cut, skipping = (_whole_chars(raw) or len(raw), False) if whole_chars else _cut(raw)
                 raw, carry = raw[:cut], raw[cut:]
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

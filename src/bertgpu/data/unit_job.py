@@ -48,7 +48,8 @@ class UnitJob:
     tokenizer_hash: str
     settings: dict[str, Any]
     """For `prepare_worker.init_worker`: seed, objective, seq_len, short_seq_prob, cls, sep,
-    unk, segmenter."""
+    unk, segmenter; ``text``: "as written" for a tokenizer whose tokens depend on whitespace
+    (`document_parts`), absent for BERT's."""
     fmt: str
     text_field: str
     skip_bad: bool
@@ -194,7 +195,8 @@ def _prepare(job: UnitJob, unit: Unit, pieces: list, held_docs: int | None, work
         writers = {s: ShardWriter(scratch, s, seq_len, dtype, job.shard_size, job.nsp,
                                   job.word_starts, prefix=f"{s}-{unit.index:05d}",
                                   on_file=work.publish) for s in SPLITS}
-        raw = iter_piece_items(pieces, job.fmt, job.text_field, job.skip_bad, stats)
+        raw = iter_piece_items(pieces, job.fmt, job.text_field, job.skip_bad, stats,
+                               as_written=job.settings.get("text") == "as written")
         results = pipeline.run(raw, plan, job.chunk_docs, workers, job.tokenizer_json,
                                job.settings, job.skip_bad, stats, pool=pool)
         counts = _write(results, job, writers, stats, unit.index, progress)
