@@ -293,17 +293,19 @@ def is_json_object_line(line: bytes) -> bool:
         return line[1:].lstrip().startswith(b'"')
 
 
-# A sentence ends at . ! ? (also the Devanagari danda and the Arabic question mark and full
-# stop), optionally followed by a closing quote or bracket, and whitespace, when the next word
-# does not start with a lower-case ASCII letter ("e.g. the" stays whole). CJK full stops, and ! ?
-# after an ideograph, end a sentence with no space after them: after their closing quote
-# ("你好。”然后" kept its ” out of the first sentence) and after a run of them ("！！").
-_ENDS = ".!?\u0964\u0965\u061f\u06d4"
+# A sentence ends at . ! ? (also the Devanagari danda, the Arabic question mark and full stop,
+# the Armenian full stop and the Ethiopic full stop and question mark: scripts that space their
+# words), optionally followed by a closing quote or bracket, and whitespace, when the next word
+# does not start with a lower-case ASCII letter ("e.g. the" stays whole). The full stops of
+# scripts that do not space their words (CJK's, full- and half-width; Burmese; Tibetan's shad),
+# and ! ? after an ideograph, end a sentence with no space after them: after their closing quote
+# ("你好。”然后" kept its ” out of the first sentence) and after a run of them ("！！", "།།").
+_ENDS = ".!?\u0964\u0965\u061f\u06d4\u0589\u1362\u1367"
 _CLOSING = "\"')\\]’”」』）》"
-_CJK_ENDS = "。！？"
+_CJK_ENDS = "。！？\uff0e\uff61\u104b\u0f0d\u0f0e"
 _SENT_END = re.compile(
     rf"(?<=[{_ENDS}][{_CLOSING}])\s+(?=[^\sa-z])|(?<=[{_ENDS}])\s+(?=[^\sa-z])"
-    rf"|(?<=[{_CJK_ENDS}])(?![{_CJK_ENDS}!?{_CLOSING}])"
+    rf"|(?<=[{_CJK_ENDS}])(?![{_CJK_ENDS}!?{_CLOSING}]|\s+[\u0f0d\u0f0e])"  # Tibetan's "། །"
     rf"|(?<=[{_CJK_ENDS}][{_CLOSING}])(?![{_CLOSING}])"
     rf"|(?<=[{_CJK_ENDS}][{_CLOSING}][{_CLOSING}])(?![{_CLOSING}])"  # 「…。」』
     rf"|(?<=[{CJK_IDEOGRAPHS}][!?])(?![{_CJK_ENDS}!?{_CLOSING}\s])"
