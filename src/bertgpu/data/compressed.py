@@ -38,10 +38,13 @@ def compression_suffix(name: str) -> str | None:
 
 
 def sniff_compression(head: bytes) -> str | None:
-    """"gzip", "bz2" or "zstd" from a stream's first 10 bytes, or None for anything else."""
+    """"gzip", "bz2" or "zstd" from a stream's first 10 bytes, or None for anything else. A zstd
+    stream may start with a skippable frame (magic 0x184D2A50 to 0x184D2A5F): pzstd writes one
+    before each frame, and its files were refused as "not a zstd stream"."""
     if head[:3] == b"\x1f\x8b\x08":
         return "gzip"
-    if head[:4] == b"\x28\xb5\x2f\xfd":
+    if head[:4] == b"\x28\xb5\x2f\xfd" or (head[1:4] == b"\x2a\x4d\x18"
+                                          and head[0] & 0xF0 == 0x50):
         return "zstd"
     if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:10] in _BZ2_BLOCKS:
         return "bz2"
