@@ -20,6 +20,7 @@ import glob
 import io
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -36,11 +37,13 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DATASET_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 # ... and the empty marker Spark writes beside its part-NNNNN files (its .crc files are hidden).
 NOT_CORPUS = DATASET_METADATA | {"_SUCCESS"}
-# The files a dataset's repository keeps beside its data to describe it: a Hugging Face dataset
-# card (README.md, whose YAML front matter became the first training row), LICENSE, CITATION.cff,
-# ... Skipped inside folders by name alone, in any case and with any extension or suffix after
-# ".", "-" or "_" (README_zh.md, LICENSE-MIT), so the rule does not depend on what else is there.
-REPO_FILES = re.compile(r"(readme|licen[cs]e|copying|citation|notice|changelog)([._-].*)?",
+# The files a dataset's repository keeps beside its data to describe it (README.md, the Hugging
+# Face dataset card whose YAML front matter became the first training row; LICENSE-MIT,
+# CITATION.cff), skipped inside folders by name (any case): the word, one tag of letters after
+# "-" or "_" at most (README_zh-CN), extensions. Digits or more words after it make a corpus file
+# (notice_of_appeal_0001.txt); those left out are named in one warning (`resolve_inputs`).
+REPO_FILES = re.compile(r"(readme|licen[cs]e|copying|citation|notice|changelog)"
+                        r"([-_][a-z]{1,10}(-[a-z]{2,4})?)?(\.[a-z][a-z0-9-]{0,9})*",
                         re.IGNORECASE)
 SKIPPED_IN_FOLDERS = ("hidden files, README/LICENSE/CITATION/COPYING/NOTICE/CHANGELOG files and "
                       "dataset metadata (dataset_info.json, state.json, _SUCCESS) are not read")
@@ -217,9 +220,10 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
     out: list[Source] = []
     seen: set = set()
     bad: list[tuple[str, str]] = []
+    left_out: list[str] = []  # repository files in folders (README.md, LICENSE, ...)
     for raw in paths:
-        found = (_resolve_url(raw, bad) if is_url(raw)
-                 else _resolve_local(os.fspath(raw), bad))
+        found = (_resolve_url(raw, bad, left_out) if is_url(raw)
+                 else _resolve_local(os.fspath(raw), bad, left_out))
         for f in found:
             text = None if isinstance(f, Path) else local_path(f)  # file:///x is the file x
             key = f.resolve() if text is None else Path(text).resolve() if text != f else f
@@ -234,6 +238,12 @@ def resolve_inputs(paths: Iterable[str | os.PathLike],
         raise no_documents(skipped or [], "corpus files that can be read")
     if not out:
         raise BertgpuError("no corpus files given; expected --corpus PATH...")
+    if left_out:  # one line: a corpus file named like one was dropped without a word
+        names, n = sorted(set(left_out)), len(set(left_out))
+        warnings.warn(f"left out {n} file{'s' if n != 1 else ''} of the corpus folders as a "
+                      f"repository's README, LICENSE, ... by name: {', '.join(names[:3])}"
+                      f"{f' and {n - 3} more' if n > 3 else ''}; name a file on the command line "
+                      "(or by a pattern) to read it", stacklevel=2)
     return out
 
 
@@ -261,10 +271,10 @@ def _special(path: Path) -> tuple[str, str]:
                        "it)")
 
 
-def _resolve_local(text: str, bad: list[tuple[str, str]]) -> list[Source]:
+def _resolve_local(text: str, bad: list[tuple[str, str]], left_out: list[str]) -> list[Source]:
     p = Path(text)
     if p.is_dir():
-        found = sorted(_walk_files(p, bad))
+        found = sorted(_walk_files(p, bad, left_out))
         if not found and not bad:
             raise BertgpuError(f"{text}: folder contains no corpus files ({SKIPPED_IN_FOLDERS}); "
                                "expected corpus files")
@@ -282,17 +292,17 @@ def _resolve_local(text: str, bad: list[tuple[str, str]]) -> list[Source]:
         # a folder it matches is read as a folder given by name is (the shell's expansion of
         # the same pattern gives it so): it was left out without a word
         found = [f for m in matches for f in ([m] if m.is_file() else sorted(
-            _walk_files(m, bad)) if m.is_dir() else [])]
+            _walk_files(m, bad, left_out)) if m.is_dir() else [])]
         if not found and not bad:
             raise BertgpuError(f"{text}: pattern matches no files")
         return found
     raise BertgpuError(f"{text}: no such file or folder")
 
 
-def _walk_files(root: Path, bad: list[tuple[str, str]]) -> Iterator[Path]:
+def _walk_files(root: Path, bad: list[tuple[str, str]], left_out: list[str]) -> Iterator[Path]:
     """The files under ``root``, through links to folders (a folder reached twice, as by a link
     to one of its parents, is read once); broken links and folders that cannot be listed (``root``
-    too) go to ``bad`` as (path, reason)."""
+    too) go to ``bad`` as (path, reason), a repository's README, LICENSE, ... to ``left_out``."""
     def unreadable(folder: str, exc: OSError) -> None:
         bad.append((folder, f"{folder}: cannot read the folder ({_oneline(exc)}); expected a "
                             "folder this user can list"))
@@ -311,6 +321,7 @@ def _walk_files(root: Path, bad: list[tuple[str, str]]) -> Iterator[Path]:
         dirnames[:] = sorted((d for d in dirnames if not d.startswith(".")),
                              key=lambda d: (os.path.islink(os.path.join(dirpath, d)), d))
         files = [Path(dirpath) / name for name in filenames if not not_corpus(name)]
+        left_out.extend(os.path.join(dirpath, n) for n in filenames if REPO_FILES.fullmatch(n))
         try:  # a folder readable but not searchable (mode 644) lists names it cannot stat
             broken = {path for path in files if path.is_symlink() and not path.exists()}
             special = {path for path in files if path not in broken and not path.is_file()}
@@ -325,25 +336,29 @@ def _walk_files(root: Path, bad: list[tuple[str, str]]) -> Iterator[Path]:
                 yield path
 
 
-def _find(fs, folder: str) -> list[str]:
-    """The corpus files under a store's ``folder`` (hidden ones and LICENSEs left out)."""
-    root = folder.rstrip("/")
-    return [p for p in fs.find(folder) if not _hidden(p[len(root):])]
+def _find(fs, folder: str, left_out: list[str]) -> list[str]:
+    """The corpus files under a store's ``folder``: hidden ones and `not_corpus` names left out,
+    the URLs of a repository's README, LICENSE, ... added to ``left_out``."""
+    root, found = folder.rstrip("/"), []
+    for p in fs.find(folder):
+        parts = p[len(root):].strip("/").split("/")
+        if any(part.startswith(".") for part in parts) or parts[-1] in NOT_CORPUS:
+            continue
+        if REPO_FILES.fullmatch(parts[-1]):
+            left_out.append(fs.unstrip_protocol(p))
+        else:
+            found.append(p)
+    return found
 
 
-def _hidden(rel: str) -> bool:
-    parts = rel.strip("/").split("/")
-    return any(p.startswith(".") for p in parts) or not_corpus(parts[-1])
-
-
-def _resolve_url(url: str, bad: list[tuple[str, str]]) -> list[Source]:
+def _resolve_url(url: str, bad: list[tuple[str, str]], left_out: list[str]) -> list[Source]:
     if url.startswith("file://"):
         # A local folder, file or pattern behind file:// is found as the same path given by
         # name is: fsspec's local find and glob list a link to a folder as a file ("Is a
         # directory" when read) or not at all.
         path = local_path(url)
         try:
-            found = [str(p) for p in _resolve_local(path, bad)]
+            found = [str(p) for p in _resolve_local(path, bad, left_out)]
         except BertgpuError as exc:
             text = str(exc)
             raise BertgpuError(url + text[len(path):] if text.startswith(path + ":")
@@ -353,12 +368,12 @@ def _resolve_url(url: str, bad: list[tuple[str, str]]) -> list[Source]:
     try:
         if glob.has_magic(path):
             found = sorted(p for m, i in fs.glob(path, detail=True).items()
-                           for p in ([m] if i.get("type") == "file" else _find(fs, m)
+                           for p in ([m] if i.get("type") == "file" else _find(fs, m, left_out)
                                      if i.get("type") == "directory" else []))
             if not found:
                 raise BertgpuError(f"{url}: pattern matches no files")
         elif fs.isdir(path):  # first: over http this is what fails on a host that is down
-            found = sorted(_find(fs, path))
+            found = sorted(_find(fs, path, left_out))
             if not found:
                 raise BertgpuError(f"{url}: folder contains no corpus files "
                                    f"({SKIPPED_IN_FOLDERS}); expected corpus files")
