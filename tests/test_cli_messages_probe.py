@@ -104,24 +104,6 @@ def test_a_vocabulary_cut_short_by_sample_bytes_names_sample_bytes(tmp_path, cap
     assert "the corpus gave only" in err and "expected a larger or more varied corpus" in err, err
 
 
-@pytest.mark.parametrize("flag, value", [("--doc_stride", "64"), ("--n_best", "5"),
-                                         ("--null_threshold", "1.5"), ("--max_query_len", "32"),
-                                         ("--max_answer_len", "10")])
-def test_squad_keys_are_refused_for_other_tasks(tmp_path, tiny_init, capsys, flag, value):
-    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
-    for path in (train, dev):
-        path.write_text('{"text": "a good film", "label": "pos"}\n'
-                        '{"text": "a bad film", "label": "neg"}\n', encoding="utf-8")
-    for task in (["sst2", "--data", str(_glue_copy(tmp_path / "g", "SST-2"))],
-                 ["classify", "--train-file", str(train), "--dev-file", str(dev)]):
-        out = tmp_path / "out"
-        err = _one_error(capsys, ["finetune", *task, "--init", str(tiny_init), "--out", str(out),
-                                  *FAST, flag, value])
-        assert f"{flag} {value}: only for finetune squad and squad2" in err, err
-        assert not out.exists()
-        shutil.rmtree(tmp_path / "g", ignore_errors=True)
-
-
 def test_bench_scaling_refuses_bad_run_options_before_writing(tmp_path, capsys, monkeypatch):
     """--timeout-s 0 made out/runs and then failed its first point ("no result within
     --timeout-s 0"); --precision fp64 and --device tpu were found by the first child, after

@@ -253,29 +253,9 @@ def job_config(cfg: FinetuneConfig, max_seq_len: int, *, windows: bool = True
     and, for a task cut into windows (SQuAD, `windows`), the `doc_stride` it cuts them with
     (`window_stride`: None when chosen per question; a given one that does not fit is an error
     here, before anything loads). results.json records `cfg` itself, as given, and the stride
-    used beside it (`doc_stride`). Any other task refuses SQuAD's own keys
-    (`check_no_squad_keys`)."""
-    if not windows:
-        check_no_squad_keys(cfg)
-        return dataclasses.replace(cfg, max_seq_len=max_seq_len)
-    return dataclasses.replace(cfg, max_seq_len=max_seq_len,
-                               doc_stride=window_stride(cfg, max_seq_len))
-
-
-SQUAD_ONLY = ("doc_stride", "max_query_len", "n_best", "max_answer_len", "null_threshold")
-"""The keys only SQuAD's question-and-context windows and answer spans read."""
-
-
-def check_no_squad_keys(cfg: FinetuneConfig) -> None:
-    """A GLUE, classify or ner run with a SQuAD key given away from its default is a one-line
-    error naming it: the run read nothing of it (`finetune sst2 --n_best 5` was accepted without
-    a word, while --train-file, which GLUE does not read either, was refused)."""
-    defaults = FinetuneConfig()
-    given = [k for k in SQUAD_ONLY if getattr(cfg, k) != getattr(defaults, k)]
-    if given:
-        raise BertgpuError(f"--{given[0]} {getattr(cfg, given[0])}: only for finetune squad and "
-                           "squad2 (their question and context windows and answer spans); "
-                           "expected it left out for this task")
+    used beside it (`doc_stride`)."""
+    stride = window_stride(cfg, max_seq_len) if windows else cfg.doc_stride
+    return dataclasses.replace(cfg, max_seq_len=max_seq_len, doc_stride=stride)
 
 
 def _finetune_aliases() -> dict[str, str]:
