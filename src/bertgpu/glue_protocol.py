@@ -26,13 +26,14 @@ IN_THE_LINE = ("seed", "epochs", "lr", "lr_scaling", "reference_batch_size", "gl
                "max_seq_len", "warmup_fraction", "decay", "weight_decay", "precision", "optimizer",
                "max_train_examples", "max_eval_examples")
 """The settings the protocol line words itself; `other_settings` names the rest."""
+SQUAD_ONLY = ("doc_stride", "max_query_len", "n_best", "max_answer_len", "null_threshold")
 
 
 def other_settings(c: dict[str, Any]) -> dict[str, Any]:
     """Every other setting that changes the scores (not how a run logs or checkpoints:
     RESUME_NEUTRAL) given away from its default (--hidden_dropout_prob 0 was left out, so the
     line did not say how to reproduce the table)."""
-    from bertgpu.config.finetune import SQUAD_ONLY, FinetuneConfig
+    from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.config.overrides import config_to_dict
     from bertgpu.tasks.finetune_output import RESUME_NEUTRAL
 
