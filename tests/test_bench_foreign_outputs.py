@@ -139,3 +139,21 @@ def test_bench_scaling_is_refused_a_run_folder(tmp_path, capsys, no_runs):
              f"{run}: a folder that is not an output of bertgpu bench scaling (no scaling.jsonl)")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
     assert Path(run / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1}\n'
+
+
+def test_an_older_bench_scaling_folder_stopped_before_its_results_is_still_its_own(tmp_path):
+    """A run of the bertgpu before the mark, stopped before its results, left runs/ and
+    synthetic_data/ only: refused as "not an output of bertgpu bench scaling", where users
+    re-run into it. Its synthetic_data/ (only bench scaling makes one) says whose it is; a
+    folder that only has runs/ (any project's) stays refused, and says how to mark it."""
+    from bertgpu.bench import cells
+
+    old = tmp_path / "old"
+    (old / "runs" / "w1").mkdir(parents=True)
+    (old / "synthetic_data").mkdir()
+    cells.check_bench_folder(old, "scaling", ["scaling.jsonl"], ("synthetic_data",))
+    project = tmp_path / "project"
+    (project / "runs").mkdir(parents=True)
+    with pytest.raises(BertgpuError, match=r"echo scaling > .*\.bertgpu-bench"):
+        cells.check_bench_folder(project, "scaling", ["scaling.jsonl"], ("synthetic_data",))
+    assert cli(["bench", "scaling", "--predict-only", "--device", "cuda:1"]) == 0

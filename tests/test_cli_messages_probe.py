@@ -117,7 +117,8 @@ def test_bench_scaling_refuses_bad_run_options_before_writing(tmp_path, capsys, 
     out = tmp_path / "scaling"
     for flag, value, message in (("--timeout-s", "0", "expected a positive finite float"),
                                  ("--precision", "fp64", "invalid choice: 'fp64'"),
-                                 ("--device", "tpu", "invalid choice: 'tpu'")):
+                                 ("--device", "tpu",
+                                  "'tpu': expected auto, cpu, cuda, cuda:N or mps")):
         with pytest.raises(SystemExit) as e:
             main(["bench", "scaling", "--workers", "1", flag, value, "--out", str(out)])
         assert e.value.code == 2

@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -110,16 +111,27 @@ def check_result_files(folder: Path, names: list[str]) -> None:
                                "results file there (move the folder away or choose another --out)")
 
 
+def device(text: str) -> str:
+    """argparse type of a --device passed on to `pretrain --impl.device`: auto, cpu, cuda,
+    cuda:N or mps, refused at parsing (it failed in the first run, after OUT/runs was made)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
 BENCH_MARK = ".bertgpu-bench"
 """In a benchmark's --out folder: the name of the suite that writes there (`mark_bench_folder`)."""
 
 
-def check_bench_folder(out: Path, bench: str, results: list[str]) -> None:
+def check_bench_folder(out: Path, bench: str, results: list[str],
+                       folders: tuple[str, ...] = ()) -> None:
     """Before a benchmark runs: `out` is new, empty or an earlier output of `bertgpu bench
-    {bench}` (its mark, or one of its `results` files), none of whose `results` is a folder
-    (`check_result_files`). A suite adds its runs, data and results to the folder (and
-    `bench quality` replaces its tokenizer/ and data/): a tokenizer or run folder given as --out
-    took them all, and a run folder's rows went into the same metrics file."""
+    {bench}` (its mark, one of its `results` files, or one of the `folders` only it makes: a
+    run of an older bertgpu stopped before its results), none of whose `results` is a folder
+    (`check_result_files`). A suite adds its runs, data and results to the folder (and `bench
+    quality` replaces its tokenizer/ and data/): a tokenizer or run folder given as --out took
+    them all, and a run folder's rows went into the same metrics file. So folders any project
+    has (runs/, data/) prove nothing."""
     check_output_folder(out, f"a folder for the results of bertgpu bench {bench}")
     check_result_files(out, results)
     if not out.is_dir() or not any(out.iterdir()):
@@ -128,11 +140,13 @@ def check_bench_folder(out: Path, bench: str, results: list[str]) -> None:
     if mark.is_file():
         if mark.read_text(encoding="utf-8", errors="replace").strip() == bench:
             return
-    elif any((out / name).exists() for name in results):  # an output of an older bertgpu
+    elif (any((out / name).exists() for name in results)  # an output of an older bertgpu
+          or any((out / name).is_dir() for name in folders)):
         return
     raise BertgpuError(f"{out}: a folder that is not an output of bertgpu bench {bench} (no "
                        f"{results[0]}); expected a new or empty --out folder, or an earlier one "
-                       "of this benchmark (it adds its runs and results there)")
+                       "of this benchmark (it adds its runs and results there; one an older "
+                       f"bertgpu left unfinished: echo {bench} > {out / BENCH_MARK})")
 
 
 def mark_bench_folder(out: Path, bench: str) -> None:

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
     add("--steps", type=int, default=20, help="measured optimizer steps (default: 20)")
     add("--warmup-steps", type=int, default=3, help="unmeasured steps first, >= 1 (default: 3)")
-    add("--device", default="auto", choices=["auto", "cpu", "cuda"], help="(default: auto)")
+    add("--device", default="auto", type=cells.device, help="auto, cpu, cuda, cuda:N or mps")
     add("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: the recipe's)")
     add("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
         help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)")
@@ -426,13 +426,13 @@ def main(args: argparse.Namespace) -> int:
     workers, accumulations = _points(args, on_gpu)
 
     out = Path(args.out)
-    cells.check_bench_folder(out, "scaling", ["scaling.jsonl", "scaling.md", "scaling.png"])
+    cells.check_bench_folder(out, "scaling", ["scaling.jsonl", "scaling.md", "scaling.png"],
+                             ("synthetic_data",))
     model_overrides, cfg = _model_config(args)
     seq_len = sequence_length(args, cfg, on_gpu)  # nothing written before these checks
     run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
     cells.mark_bench_folder(out, "scaling")
-    runs_dir = out / "runs"
-    runs_dir.mkdir(exist_ok=True)
+    (runs_dir := out / "runs").mkdir(exist_ok=True)
     data_dir = (Path(args.data) if args.data
                 else write_synthetic_data(out / "synthetic_data", cfg.model.vocab_size, seq_len))
     env = _child_env(args, on_gpu, max(workers))
