@@ -57,3 +57,16 @@ def test_amharic_paragraphs_give_sentence_pairs(tmp_path):
     labels = np.concatenate([np.load(tmp_path / "d" / f"{s['name']}.nsp_labels.npy")
                              for s in manifest["splits"]["train"]["shards"]])
     assert 0 < labels.mean() < 0.9
+
+
+def test_the_full_width_full_stop_in_numbers_and_abbreviations_ends_no_sentence():
+    """The full-width full stop also writes Japanese decimals and abbreviations: "１．５倍" was
+    cut into "１．" and "５倍", "Ｕ．Ｓ．" into three sentences."""
+    from bertgpu.data.textio import split_sentences
+
+    assert split_sentences("売上は前年の１．５倍になった。次の文。") == [
+        "売上は前年の１．５倍になった。", "次の文。"]
+    assert split_sentences("Ｕ．Ｓ．の大統領。") == ["Ｕ．Ｓ．の大統領。"]
+    assert split_sentences("第１．２節を見よ。") == ["第１．２節を見よ。"]
+    assert split_sentences("これはペンです．あれは本です．") == [
+        "これはペンです．", "あれは本です．"]

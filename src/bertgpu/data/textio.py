@@ -302,10 +302,14 @@ def is_json_object_line(line: bytes) -> bool:
 # ("你好。”然后" kept its ” out of the first sentence) and after a run of them ("！！", "།།").
 _ENDS = ".!?\u0964\u0965\u061f\u06d4\u0589\u1362\u1367"
 _CLOSING = "\"')\\]’”」』）》"
-_CJK_ENDS = "。！？\uff0e\uff61\u104b\u0f0d\u0f0e"
+_CJK_ENDS = "。！？\uff61\u104b\u0f0d\u0f0e"
+# The full-width full stop also writes decimals and abbreviations ("１．５倍", "Ｕ．Ｓ．"): it
+# ends a sentence only between two characters that are not letters or digits of either width.
+_ALNUM = "0-9A-Za-z\uff10-\uff19\uff21-\uff3a\uff41-\uff5a"
 _SENT_END = re.compile(
     rf"(?<=[{_ENDS}][{_CLOSING}])\s+(?=[^\sa-z])|(?<=[{_ENDS}])\s+(?=[^\sa-z])"
     rf"|(?<=[{_CJK_ENDS}])(?![{_CJK_ENDS}!?{_CLOSING}]|\s+[\u0f0d\u0f0e])"  # Tibetan's "། །"
+    rf"|(?<=[^{_ALNUM}\uff0e]\uff0e)(?![{_ALNUM}{_CJK_ENDS}!?{_CLOSING}\uff0e])"
     rf"|(?<=[{_CJK_ENDS}][{_CLOSING}])(?![{_CLOSING}])"
     rf"|(?<=[{_CJK_ENDS}][{_CLOSING}][{_CLOSING}])(?![{_CLOSING}])"  # 「…。」』
     rf"|(?<=[{CJK_IDEOGRAPHS}][!?])(?![{_CJK_ENDS}!?{_CLOSING}\s])"
