@@ -125,3 +125,24 @@ def test_bench_scaling_refuses_bad_run_options_before_writing(tmp_path, capsys, 
         err = capsys.readouterr().err
         assert f"argument {flag}: {message}" in err, err
         assert not out.exists()
+
+
+def test_a_sampled_compressed_corpus_names_sample_bytes_too(tmp_path, capsys):
+    """A compressed file's stored size is not its text's: a 300 kB sample of 680 kB of text
+    stored as 161 kB of gzip was taken for the whole corpus, and the warning asked for a larger
+    corpus. A whole compressed corpus smaller than the sample still names the corpus."""
+    import gzip
+
+    text = "".join(f"Line {i % 50} says the quick brown fox jumps over the lazy dog.\n"
+                   for i in range(12000))
+    corpus = tmp_path / "c.txt.gz"
+    corpus.write_bytes(gzip.compress(text.encode()))
+    assert len(text) > 2 * 300_000 and corpus.stat().st_size < 300_000
+    assert main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "30000",
+                 "--sample-bytes", "300000", "--out", str(tmp_path / "t")]) == 0
+    err = capsys.readouterr().err
+    assert "the --sample-bytes 300000 sample of the corpus gave only" in err, err
+    assert main(["tokenizer", "--corpus", str(corpus), "--vocab-size", "30000",
+                 "--sample-bytes", str(10 * len(text)), "--out", str(tmp_path / "t2")]) == 0
+    err = capsys.readouterr().err
+    assert "the corpus gave only" in err and "larger or more varied corpus" in err, err

@@ -170,11 +170,12 @@ def train_tokenizer(
                                 min_frequency)
             if lowercase if strip_accents is None else strip_accents:
                 warn_stripped_letters(_spread_sample(copy))
+            copied = copy.stat().st_size
             copy.unlink()
             got = tok.get_vocab_size(with_added_tokens=True)
             if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
-                warnings.warn(_shortfall(vocab_size, got, min_frequency, sample_bytes, inputs),
-                              stacklevel=2)
+                warnings.warn(_shortfall(vocab_size, got, min_frequency, sample_bytes, inputs,
+                                         copied), stacklevel=2)
             _write_folder(tok, tmp, lowercase, strip_accents)
             # (ASCII: a file name that is not UTF-8 is kept as its escaped surrogates)
             (tmp / TRAINED).write_text(json.dumps(record, indent=2) + "\n", encoding="ascii")
@@ -204,14 +205,19 @@ def _spread_sample(copy: Path) -> str:
 
 
 def _shortfall(vocab_size: int, got: int, min_frequency: int, sample_bytes: int | None,
-               inputs: list) -> str:
+               inputs: list, copied: int) -> str:
     """The warning of a vocabulary well short of --vocab-size, naming what limited it:
     --sample-bytes when the sample was smaller than the corpus (`--sample-bytes 1` gave 6 tokens,
-    and the warning asked for a larger corpus), else the corpus."""
+    and the warning asked for a larger corpus), else the corpus. A compressed file's stored size
+    is not its text's: there, a sample that filled half of --sample-bytes (`copied`: the bytes
+    of text kept; the sampler keeps N/2 to N of a larger corpus) names --sample-bytes too."""
     from bertgpu.data.sources import file_size
+    from bertgpu.data.units import _compressed
 
     seen = f"pieces seen at least --min-frequency {min_frequency} times"
-    if sample_bytes is not None and sample_bytes < sum(file_size(src) for src in inputs):
+    if sample_bytes is not None and (
+            sample_bytes < sum(file_size(src) for src in inputs)
+            or (2 * copied >= sample_bytes and any(_compressed(src) for src in inputs))):
         return (f"--vocab-size {vocab_size}: the --sample-bytes {sample_bytes} sample of the "
                 f"corpus gave only {got} tokens ({seen}); expected a larger --sample-bytes (or "
                 "none: the whole corpus), or a smaller --vocab-size")
