@@ -46,16 +46,26 @@ class RunStopped(BertgpuError):
     units stay in the work folder and a re-run of the same command redoes only the rest."""
 
 
-class Progress:
-    """The one progress line: stored bytes (rate, ETA), units done of all, tokens/s."""
+PROGRESS_LINE_S = 60.0
+"""Seconds between the plain progress lines of a run whose stderr is not a terminal."""
 
-    def __init__(self, units: list[Unit], finished: Iterable[int], enabled: bool) -> None:
+
+class Progress:
+    """The one progress line: stored bytes (rate, ETA), units done of all, tokens/s. On a
+    terminal (`enabled`) a bar; else, with `lines`, a plain line every PROGRESS_LINE_S (a batch
+    job's log, `nohup`: a 200 MB corpus printed nothing for two minutes, a large one for hours)."""
+
+    def __init__(self, units: list[Unit], finished: Iterable[int], enabled: bool,
+                 lines: bool = False) -> None:
         self.total_units = len(units)
         finished = set(finished)
         self.done = len(finished)
         self.tokens = 0
-        self.start = time.perf_counter()
+        self.start = self._last_line = time.perf_counter()
         self.live = 0  # bytes of the unit in progress (local engine)
+        self.total_bytes = sum(u.bytes for u in units)
+        self.initial = self.bytes_done = sum(u.bytes for u in units if u.index in finished)
+        self.lines_every_s = PROGRESS_LINE_S if lines and not enabled else None
         self.bar = None
         if enabled:
             from tqdm import tqdm
@@ -72,23 +82,45 @@ class Progress:
 
     def within(self, read_bytes: int) -> None:
         """Bytes read so far of the unit in progress."""
-        if self.bar is not None and read_bytes > self.live:
-            self.bar.update(read_bytes - self.live)
+        if read_bytes > self.live:
+            if self.bar is not None:
+                self.bar.update(read_bytes - self.live)
+            self.bytes_done += read_bytes - self.live
             self.live = read_bytes
+        self._line()
 
     def unit_done(self, record: dict[str, Any], tokens_seen: int = 0) -> None:
         self.done += 1
         self.tokens += sum(s["tokens"] for s in record["splits"].values()) - tokens_seen
+        self.bytes_done += record["bytes"] - self.live
         if self.bar is not None:
             self.bar.update(record["bytes"] - self.live)
-            self.live = 0
             self._postfix()
             self.bar.refresh()
+        self.live = 0
+        self._line()
 
     def tokens_within(self, tokens: int) -> None:
         self.tokens += tokens
         if self.bar is not None:
             self._postfix()
+        self._line()
+
+    def _line(self) -> None:
+        """The plain line, when `lines_every_s` have passed since the last one (or the start)."""
+        now = time.perf_counter()
+        if self.lines_every_s is None or now - self._last_line < self.lines_every_s:
+            return
+        from bertgpu.telemetry.console import duration
+
+        self._last_line, elapsed = now, max(now - self.start, 1e-9)
+        rate = (self.bytes_done - self.initial) / elapsed
+        left = (f", ETA {duration((self.total_bytes - self.bytes_done) / rate)}" if rate > 0
+                else "")
+        print(f"prepare: {self.bytes_done / max(self.total_bytes, 1):.0%} of "
+              f"{_si(self.total_bytes)}B, {self.done}/{self.total_units} units, "
+              f"{_si(self.tokens / elapsed)} tokens/s, {duration(elapsed)} elapsed{left}",
+              file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

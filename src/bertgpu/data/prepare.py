@@ -140,6 +140,7 @@ def prepare(
     overwrite: bool = False,
     chunk_docs: int = 1000,
     progress: bool = False,
+    progress_lines: bool = False,
     segmenter: str | None = None,
     engine: str = "local",
     ray_address: str | None = None,
@@ -215,7 +216,7 @@ def prepare(
                 report.update(done=True)
             return Manifest.parse(sealed[0], Path(work.out, "manifest.json")).to_json()
         finished = work.begin(plan, overwrite)
-        bar = Progress(units, finished, progress)
+        bar = Progress(units, finished, progress, lines=progress_lines)
         try:
             runner = open_engine(engine, job, workers, ray_address, bar)
             try:
@@ -446,7 +447,7 @@ def main(args: argparse.Namespace) -> int:
         validation_fraction=args.validation_fraction,
         validation_docs=args.validation_docs, seed=args.seed, shard_size=args.shard_size,
         workers=args.workers, fmt=args.format, text_field=args.text_field, skip_bad=args.skip_bad,
-        overwrite=args.overwrite, progress=sys.stderr.isatty(),
+        overwrite=args.overwrite, progress=sys.stderr.isatty(), progress_lines=True,
         segmenter=args.whole_word_segmenter, engine=args.engine, ray_address=args.ray_address,
         unit_bytes=args.unit_bytes, report=report, **nsp_settings,
     )
