@@ -111,6 +111,9 @@ def check_result_files(folder: Path, names: list[str]) -> None:
                                "results file there (move the folder away or choose another --out)")
 
 
+DEVICE_HELP = "auto, cpu, cuda, cuda:N or mps (default: auto)"
+
+
 def device(text: str) -> str:
     """argparse type of a --device passed on to `pretrain --impl.device`: auto, cpu, cuda,
     cuda:N or mps, refused at parsing (it failed in the first run, after OUT/runs was made)."""

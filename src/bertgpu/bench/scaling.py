@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sequence length (default: --data's, else 64 on CPU, 128 on GPU)")
     add("--steps", type=int, default=20, help="measured optimizer steps (default: 20)")
     add("--warmup-steps", type=int, default=3, help="unmeasured steps first, >= 1 (default: 3)")
-    add("--device", default="auto", type=cells.device, help="auto, cpu, cuda, cuda:N or mps")
+    add("--device", default="auto", type=cells.device, help=cells.DEVICE_HELP)
     add("--precision", choices=PRECISIONS, help="fp32, bf16 or fp16 (default: the recipe's)")
     add("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
         help="extra pretrain override, e.g. --set distributed.bucket_cap_mb=50 (repeatable)")
