@@ -102,14 +102,16 @@ class Throughput:
         # A count that fell was cleared (torch._dynamo.reset()): compiled if it grew again.
         return self._seen > seen or (self._seen < seen and self._seen > 0)
 
-    def update(self, tokens: int, sequences: int, steps: int = 1) -> None:
-        """Record that ``steps`` steps covering ``tokens`` / ``sequences`` have finished now."""
+    def update(self, tokens: int, sequences: int, steps: int = 1) -> bool:
+        """Record that ``steps`` steps covering ``tokens`` / ``sequences`` have finished now;
+        whether they compiled."""
         now = self._clock()
         dt, self._mark = now - self._mark, now
         self.tokens += int(tokens)
         self.sequences += int(sequences)
         self.steps += int(steps)
-        if self._compiled():
+        compiled = self._compiled()
+        if compiled:
             self.compile_s += dt
             self.compile_steps += int(steps)
         elif self._skip:
@@ -117,6 +119,7 @@ class Throughput:
         else:
             self._window.append((dt, int(tokens), int(sequences), int(steps)))
         self._skip = False
+        return compiled
 
     def rates(self) -> dict[str, float]:
         """``tokens_per_s``, ``tokens_per_s_per_device``, ``sequences_per_s``,

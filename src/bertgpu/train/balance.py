@@ -113,6 +113,8 @@ def rebalance(task: Any, times: RankTimes, global_batch: int, step: int,
     """Collective: new shares of the global batch for `task` (`shares()` / `set_shares()`) from
     every rank's speed measured in `times`; `say` tells of a change."""
     compute_s, sequences = times.gather()
+    if not all(sequences):  # a rank measured nothing (every step of its window compiled): its
+        return  # speed is unknown, not 0, which gave it the minimum share
     speeds = speeds_of(compute_s, sequences)
     shares = shares_for(speeds, global_batch)
     if shares != task.shares():

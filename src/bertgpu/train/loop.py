@@ -287,14 +287,14 @@ class Loop:
         t2 = time.perf_counter()
         comm = self.comm_timer.pop_step() if self.comm_timer is not None else 0.0
         local = sum(int(mb["input_ids"].shape[0]) for mb in micro_batches)
-        w.add_step(data_s=t1 - t0, step_s=t2 - t1, comm_s=comm, local_sequences=local)
         result.train_s += t2 - t0
         result.data_s += t1 - t0
         tokens = res.counts.get("tokens", 0)
         sequences = res.counts.get("sequences", self.train.global_batch_size)
         self.tokens_seen += tokens
         self.sequences_seen += sequences
-        w.throughput.update(tokens=tokens, sequences=sequences)
+        compiled = w.throughput.update(tokens=tokens, sequences=sequences)
+        w.add_step(t1 - t0, t2 - t1, comm_s=comm, local_sequences=local, compiled=compiled)
         w.add_loss(res, sequences)
         return res
 

@@ -79,10 +79,13 @@ class LogWindow:
         its last steps are logged)."""
         return self.last if self.last is not None and self.last.step != self.logged_at else None
 
-    def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int) -> None:
+    def add_step(self, data_s: float, step_s: float, comm_s: float, local_sequences: int,
+                 compiled: bool = False) -> None:
         self.window_s += data_s + step_s
         self.data_s += data_s
         self.comm_s += comm_s
+        if compiled:  # a compile is no measure of this rank's speed: 25 s against 0.1 s steps
+            return  # read as a straggler 400x slower, and the balancer gave it 1 row of 32
         # This rank's compute: the step minus what it waited for the others (exposed all-reduce).
         self.log_times.add(step_s - comm_s, local_sequences)
         self.balance_times.add(step_s - comm_s, local_sequences)
