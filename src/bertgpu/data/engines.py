@@ -111,8 +111,9 @@ class Progress:
         now = time.perf_counter()
         if self.lines_every_s is None or now - self._last_line < self.lines_every_s:
             return
-        from bertgpu.telemetry.console import duration
+        from tqdm import tqdm  # (its bar's clock format: 01:10, 1:01:40)
 
+        duration = tqdm.format_interval
         self._last_line, elapsed = now, max(now - self.start, 1e-9)
         rate = (self.bytes_done - self.initial) / elapsed
         left = (f", ETA {duration((self.total_bytes - self.bytes_done) / rate)}" if rate > 0
