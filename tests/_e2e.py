@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -183,6 +184,12 @@ def _make_reference(shards: Path, run: Path, nproc: int) -> None:
     shutil.rmtree(run, ignore_errors=True)  # what a failed attempt left
     done = bertgpu_here(args(shards, run, *(["--nproc", str(nproc)] if nproc > 1 else [])))
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def train_records(run: Path) -> dict[int, dict]:
+    """The train records of a run's metrics.jsonl, by step."""
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in recs if r["kind"] == "train"}
 
 
 def final_weights(run: Path) -> dict:

@@ -153,7 +153,7 @@ def test_the_diagnostic_set_is_found_beside_an_mnli_task_folder(tmp_path, monkey
     shutil.copytree(FIXTURES / "MNLI", root / "MNLI")
     diag = _diagnostic_tsv(root / "diagnostic" / "diagnostic.tsv")
     with pytest.warns(UserWarning, match="no test_mismatched file"):  # the fixtures have none
-        tests = dict(glue_job._test_sets(mnli, root / "MNLI"))
+        tests = dict(glue_job.read_test_splits(mnli, root / "MNLI"))
     assert [e.text_a for e in tests[glue.DIAGNOSTIC]] == ["a cat sits .", "nobody came ."]
     assert glue.find_diagnostic_file(root, mnli) == diag  # the root as before
     monkeypatch.chdir(root / "MNLI")

@@ -8,12 +8,10 @@ table, beside published rows)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-import _tiny_init
 import pytest
-from _tiny_init import SPECIAL
+from test_glue_cli import tiny_init  # noqa: F401 (the fixture)
 from test_report import _table_rows
 
 from bertgpu.cli import main
@@ -23,22 +21,14 @@ FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def tiny_init(tmp_path) -> Path:
-    """A tiny random BERT whose vocab.txt holds every lower-cased word of the fixtures."""
-    words = sorted({w for p in FIXTURES.rglob("*.tsv")
-                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
-                                        p.read_text(encoding="utf-8").lower())})
-    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
-
-
 def _glue(init: Path, out: Path, task: str, *extra: str) -> int:
     return main(["glue", "--data-dir", str(FIXTURES), "--init", str(init), "--out", str(out),
                  "--tasks", task, "--epochs", "1", "--max_seq_len", "64", *extra])
 
 
 def test_the_line_names_the_lr_the_runs_used_the_optimizer_and_other_settings(tmp_path,
-                                                                              tiny_init, capsys):
+                                                                              tiny_init,  # noqa: F811
+                                                                              capsys):
     out = tmp_path / "glue"
     assert _glue(tiny_init, out, "rte", "--lr", "1e-4", "--lr_scaling", "linear",
                  "--reference_batch_size", "8", "--global_batch_size", "32", "--optimizer",
@@ -98,8 +88,8 @@ def test_runs_that_did_not_record_their_peak_lr_get_the_scaled_one():
     assert "lr 0.0002 (0.0001 x sqrt scaling from batch 8, " in p["text"]
 
 
-def test_a_subset_table_says_so_in_its_heading_protocol_row_and_report(tmp_path, tiny_init,
-                                                                       capsys):
+def test_a_subset_table_says_so_in_its_heading_protocol_row_and_report(
+        tmp_path, tiny_init, capsys):  # noqa: F811
     out = tmp_path / "glue"
     assert _glue(tiny_init, out, "mnli", "--max_eval_examples", "1", "--max_train_examples", "2",
                  "--reference", "sidsite-8gb") == 0

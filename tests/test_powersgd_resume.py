@@ -4,12 +4,18 @@ back, per parameter, across DDP's bucket rebuild (train/powersgd.py). CPU, gloo,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from _e2e import args, assert_bitwise_equal, bertgpu_here, e2e_shards, final_weights
+from _e2e import (
+    args,
+    assert_bitwise_equal,
+    bertgpu_here,
+    e2e_shards,
+    final_weights,
+    train_records,
+)
 
 from bertgpu.train import loop_state
 from bertgpu.train.distributed import DistInfo
@@ -28,11 +34,6 @@ def shards(tmp_path_factory) -> Path:
     return e2e_shards(tmp_path_factory)
 
 
-def _train(run: Path) -> dict[int, dict]:
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in recs if r["kind"] == "train"}
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("buckets", ["one", "two"])
 def test_an_interrupted_powersgd_run_equals_the_uninterrupted_one(shards, tmp_path, buckets):
@@ -47,7 +48,7 @@ def test_an_interrupted_powersgd_run_equals_the_uninterrupted_one(shards, tmp_pa
     done = bertgpu_here(args(shards, resumed, *powersgd))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "PowerSGD starts afresh" not in done.stdout
-    a, b = _train(full), _train(resumed)
+    a, b = train_records(full), train_records(resumed)
     for step in range(13, 17):  # it used to differ from step 13 on
         assert (b[step]["loss"], b[step]["grad_norm"]) == (a[step]["loss"], a[step]["grad_norm"])
     assert_bitwise_equal(final_weights(full), final_weights(resumed))

@@ -6,12 +6,18 @@ that went on, and fresh factors drawn per bucket from one generator then differe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from _e2e import args, assert_bitwise_equal, bertgpu_here, e2e_shards, final_weights
+from _e2e import (
+    args,
+    assert_bitwise_equal,
+    bertgpu_here,
+    e2e_shards,
+    final_weights,
+    train_records,
+)
 
 # PowerSGD compresses from its 10th step on; step 12 is non-finite on rank 1 and checkpointed.
 POWERSGD = ["--nproc", "2", "--distributed.comm_hook", "powersgd", "--train.max_steps", "16",
@@ -22,11 +28,6 @@ NONFINITE = "nonfinite_rank=1@step=12"
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     return e2e_shards(tmp_path_factory)
-
-
-def _train(run: Path) -> dict[int, dict]:
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in recs if r["kind"] == "train"}
 
 
 @pytest.mark.timeout(400)
@@ -42,7 +43,7 @@ def test_a_resume_from_a_skipped_steps_checkpoint_equals_the_uninterrupted_run(s
     done = bertgpu_here(args(shards, resumed, *POWERSGD))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout and "PowerSGD starts afresh" not in done.stdout
-    a, b = _train(full), _train(resumed)
+    a, b = train_records(full), train_records(resumed)
     assert a[16]["skipped_steps"] == b[16]["skipped_steps"] == 1
     for step in range(13, 17):  # it used to differ from step 13 on
         assert (b[step]["loss"], b[step]["grad_norm"]) == (a[step]["loss"], a[step]["grad_norm"])

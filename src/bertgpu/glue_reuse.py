@@ -27,7 +27,7 @@ def read_before_training(present: list[Any], seeds: list[int], out: Path, force:
     predictions runs again then, so its files are read as well."""
     from bertgpu.tasks import glue as tasks_mod
     from bertgpu.tasks import glue_files
-    from bertgpu.tasks.glue_job import _test_sets
+    from bertgpu.tasks.glue_job import read_test_splits
 
     for task in present:
         runs = [out / task.name / f"seed_{s}" for s in seeds]
@@ -42,7 +42,7 @@ def read_before_training(present: list[Any], seeds: list[int], out: Path, force:
                 glue_files.read_examples(task, tasks_mod.find_split_file(data_dir, task, split),
                                          skip_malformed=skip_malformed)
             if predict_test:
-                _test_sets(task, data_dir)
+                read_test_splits(task, data_dir)
 
 
 def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int,

@@ -212,12 +212,12 @@ def _shortfall(vocab_size: int, got: int, min_frequency: int, sample_bytes: int 
     is not its text's: there, a sample that filled half of --sample-bytes (`copied`: the bytes
     of text kept; the sampler keeps N/2 to N of a larger corpus) names --sample-bytes too."""
     from bertgpu.data.sources import file_size
-    from bertgpu.data.units import _compressed
+    from bertgpu.data.units import is_compressed
 
     seen = f"pieces seen at least --min-frequency {min_frequency} times"
     if sample_bytes is not None and (
             sample_bytes < sum(file_size(src) for src in inputs)
-            or (2 * copied >= sample_bytes and any(_compressed(src) for src in inputs))):
+            or (2 * copied >= sample_bytes and any(is_compressed(src) for src in inputs))):
         return (f"--vocab-size {vocab_size}: the --sample-bytes {sample_bytes} sample of the "
                 f"corpus gave only {got} tokens ({seen}); expected a larger --sample-bytes (or "
                 "none: the whole corpus), or a smaller --vocab-size")

@@ -68,7 +68,8 @@ class Unit:
         return f"unit {self.index} ({what}{f' and {more} more files' if more else ''})"
 
 
-def _compressed(src: Source) -> bool:
+def is_compressed(src: Source) -> bool:
+    """Whether the file is a gzip, bzip2 or zstd stream (by its first bytes)."""
     with open_raw(src) as raw:
         return compression_of(src, raw.read(10)) is not None
 
@@ -94,7 +95,7 @@ def split_file(src: Source, size: int, fmt: str, part_bytes: int) -> list[Piece]
         ends = cuts[1:] + [None]
         return [Piece(src, kind, cuts[k], ends[k], k, len(cuts), (starts[k], starts[k + 1]))
                 for k in range(len(cuts))]
-    if kind in LINE_FORMATS and not _compressed(src):
+    if kind in LINE_FORMATS and not is_compressed(src):
         n = math.ceil(size / part_bytes)
         bounds = [size * k // n for k in range(n + 1)]
         return [Piece(src, kind, bounds[k], bounds[k + 1] if k < n - 1 else None, k, n,
@@ -169,7 +170,7 @@ def sample_plan(src: Source, size: int, fmt: str, share: float) -> tuple[list[Pi
     start: through, it would be downloaded whole).
     """
     kind = detect_format(src) if fmt == "auto" else fmt
-    if kind != "parquet" and (kind not in LINE_FORMATS or _compressed(src)):
+    if kind != "parquet" and (kind not in LINE_FORMATS or is_compressed(src)):
         # read through even for a share larger than the file: stored bytes are compressed. A
         # URL's is read from its start instead: reading it through would download it whole (a
         # corpus of many compressed shards is spread over its files all the same)

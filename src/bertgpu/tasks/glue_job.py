@@ -67,7 +67,7 @@ def build_job(request: JobRequest, tokenizer: Any,
     devs = [(s, glue_files.read_examples(task, glue.find_split_file(data, task, s),
                                          skip_malformed=skip))
             for s in task.dev_splits]
-    tests = _test_sets(task, data) if request.predict_test else []
+    tests = read_test_splits(task, data) if request.predict_test else []
     job = examples_job(task, glue_files.read_examples(task, train_path, skip_malformed=skip),
                        devs, tokenizer, cfg, str(train_path), tests)
     # absolute: `glue` compares a finished run's data with its own --data-dir, from any folder
@@ -92,7 +92,8 @@ def _data_dir(request: JobRequest) -> str | os.PathLike[str]:
     return request.data
 
 
-def _test_sets(task: GlueTask, data: str | os.PathLike[str]) -> list[tuple[str, list[Example]]]:
+def read_test_splits(task: GlueTask, data: str | os.PathLike[str]
+                     ) -> list[tuple[str, list[Example]]]:
     """The unlabeled test splits that have a file (MNLI has two, the others one)."""
     tests = []
     for split in task.test_splits:
