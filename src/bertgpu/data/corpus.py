@@ -249,7 +249,8 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats,
     """The raw items of a piece; ``stats.read`` follows the stored bytes read so far."""
     src = piece.src
     kind = piece.kind or (detect_format(src) if fmt == "auto" else fmt)
-    json_check = fmt == "auto" and kind == "sentences" and piece.part == 0  # a misnamed .jsonl
+    # a misnamed .jsonl (auto finds no "lines": those are a sample's lines of "sentences")
+    json_check = fmt == "auto" and kind in ("sentences", "lines") and piece.part == 0
     base = stats.read
     try:
         if kind in TABLE_FORMATS:  # a row's text is a document, like a JSONL line's
@@ -285,8 +286,9 @@ def _read_piece(piece: Piece, fmt: str, text_field: str, stats: CorpusStats,
 def _not_json_lines(src: Source, items: Iterator[RawItem]) -> Iterator[RawItem]:
     """`jsonl.not_json_lines` on the first line of the first part (one as written holds lines)."""
     for i, item in enumerate(items):
-        if i == 0:
-            first = item[1][0].lstrip().split("\n", 1)[0].rstrip()
+        if i == 0:  # (a sample's windows read paragraphs a line at a time: a "text" item)
+            text = item[1] if isinstance(item[1], str) else item[1][0]
+            first = text.lstrip().split("\n", 1)[0].rstrip()
             next(not_json_lines(src, iter([(item[0], [first], item[2])])))
         yield item
 

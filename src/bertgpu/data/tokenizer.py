@@ -71,6 +71,7 @@ from bertgpu.fsutil import (
     check_apart,
     check_output_folder,
     check_siblings,
+    human_bytes,
     make_scratch,
     remove_marked,
     replace_dir,
@@ -172,6 +173,8 @@ def train_tokenizer(
                 warn_stripped_letters(_spread_sample(copy))
             copied = copy.stat().st_size
             copy.unlink()
+            if report is not None and sample_bytes is not None:
+                report["sample_bytes"] = copied  # what the summary line says was trained on
             got = tok.get_vocab_size(with_added_tokens=True)
             if got < VOCAB_SHORTFALL_WARN * vocab_size:  # a few percent short is the corpus's way
                 warnings.warn(_shortfall(vocab_size, got, min_frequency, sample_bytes, inputs,
@@ -402,8 +405,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"tokenizer: {out} already holds this tokenizer (vocab {size}), trained on the same "
               "corpus with the same settings; nothing to do")
         return 0
+    sample = (f" (a sample: {human_bytes(report['sample_bytes'])} of text)"
+              if "sample_bytes" in report else "")
     print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "
-          f"{stats.summary()} in {time.perf_counter() - start:.1f}s -> {out}")
+          f"{stats.summary()}{sample} in {time.perf_counter() - start:.1f}s -> {out}")
     for _, reason in stats.skipped:  # a line each, as prepare's
         print(f"tokenizer: skipped {reason}")
     return 0
