@@ -18,10 +18,10 @@ losses and their counts, how to evaluate and what to export.
 
 Every decision that ends or skips work is collective, so ranks never disagree about the step they
 are on. Rank 0's budget clock and its time since the last checkpoint ride in the count all-reduce
-the engine does anyway at the start of each step (`signals`), so they cost no collective of their
-own; the decision they carry takes effect after that step. The budget clock is rank 0's; a
-step's learning rate uses the clock agreed at the previous step, the same number on every rank.
-A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
+the engine does anyway at the start of each step (`signals`): no collective of their own, and a
+step's lr uses the clock agreed at the previous step, the same on every rank. After an evaluation,
+a save or a compiled run's first step the clock is agreed at once: one that spent the budget ends
+the run. A stop signal ends the run within `checkpoint.grace_s` (train/preemption.py).
 
 The body of the loop is `task.micro_batches(step)` -> `engine.train_step(...)` -> log /
 evaluate / checkpoint; what must be exactly right in one optimizer step (accumulation, DDP sync,
@@ -124,12 +124,9 @@ class Loop:
         self.balance_every = (dist.balance_every_steps
                               if dist.balance == "auto" and self.stragglers else 0)
         self.budget = BudgetClock(train.budget_hours * 3600.0) if train.budget_hours else None
-        # Fault injection (testing/faults.py) is read once: None unless BERTGPU_FAULTS is set, and
-        # then the step pays for nothing else.
-        self.faults = faults.active()
+        self.faults = faults.active()  # read once: None unless BERTGPU_FAULTS (testing/faults.py)
         engine.lr_fn = self.lr
-        self.tokens_seen = self.sequences_seen = 0
-        self.elapsed_offset = 0.0
+        self.tokens_seen, self.sequences_seen, self.elapsed_offset = 0, 0, 0.0
         # Step of the newest checkpoint written or resumed from, the same on every rank (a lagging
         # network filesystem's listing may not be): the final "save unless saved" is collective.
         self.saved_step: int | None = None
@@ -218,6 +215,7 @@ class Loop:
             self.saved_step = None  # its checkpoint still awaits it: the final one is written
         if self.budget is not None:
             self.budget.start()
+        first = self.engine.step + 1 if hasattr(self.engine.model, "_orig_mod") else -1  # compiles
         self.engine.on_skipped = lambda step, n: logger.print(  # when the engine reads the step
             f"step {step}: non-finite loss or gradients, update skipped ({n} in a row)")
         while True:
@@ -257,6 +255,8 @@ class Loop:
                 self.save(logger, background=c.async_save)
                 self._last_ckpt = time.monotonic()
                 w.throughput.reset()
+            if self.budget is not None and (evaluate or save or step == first):
+                self.budget.sync()  # what used up the budget ends the run: no step at a stale lr
 
     def _train_step(self, w: LogWindow, result: LoopResult) -> StepResult:
         """One optimizer step with its timing and counters; Preempted when a stop signal came
