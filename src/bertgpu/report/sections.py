@@ -204,7 +204,7 @@ def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for ax, key, title, ylabel in ((a1, "train_loss", "Fine-tuning train loss", "loss"),
-                                       (a2, "score", "Fine-tuning dev score", "score (0-100)")):
+                                       (a2, "score", "Fine-tuning dev score", "score (x 100)")):
             for i, (r, eps) in enumerate(curves):
                 pts = [(e.get("epoch"), num(e.get(key))) for e in eps]
                 pts = [(x, y) for x, y in pts if num(x) is not None and y is not None]
@@ -363,7 +363,7 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
         cats = [*columns, avg_header] if with_avg else columns
         series = [(name, [cols.get(c) for c in columns] + ([avg] if with_avg else []))
                   for name, cols, avg in zip(names, cols_by, averages, strict=True)]
-        file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (0-100)", cats,
+        file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (x 100)", cats,
                           series)
         blocks.append(("img", file, "GLUE dev scores per task"))
     return blocks
@@ -373,8 +373,10 @@ def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
     """Name each row by the configuration fields that differ between rows (all if none do)."""
     keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows)]
     varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1] or keys
-    return [" / ".join(str(r[k]) for k in varying if r.get(k) not in (None, "")) or f"row {i + 1}"
-            for i, r in enumerate(rows)]
+    devices = len({_measured_on(r) for r in rows}) > 1  # rows of two cards: which is which
+    return [" / ".join([*(str(r[k]) for k in varying if r.get(k) not in (None, "")),
+                        *([str(r.get("device_name") or r.get("device"))] if devices else [])])
+            or f"row {i + 1}" for i, r in enumerate(rows)]
 
 
 def scaling_runs(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -438,6 +440,13 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
     return f"MFU is model FLOP/s over the peak of one device: {said}."
 
 
+def _measured_on(row: dict[str, Any]) -> str:
+    """"NVIDIA H200 (torch 2.11.0+cu130)" for a `bench model` row ("" without a device)."""
+    if not row.get("device"):
+        return ""
+    return f"{row.get('device_name') or row['device']} (torch {row.get('torch', '?')})"
+
+
 def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     rows = source.data
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -447,17 +456,22 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
         return blocks + _scaling_blocks(rows, folder, stem, source.name)
     if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
-        where = sorted({f"{r.get('device_name') or r['device']} (torch {r.get('torch', '?')})"
-                        for r in rows if r.get("device")})
-        if where:
-            blocks.append(("p", f"Measured on {', '.join(where)}; every field of each row is "
-                                f"in `{source.path}`."))
-        blocks.append(("table", *model_table(rows)))
+        # a table per device: runs on two cards appended to one --out file had merged into one
+        # table whose rows could not be told apart, under "Measured on A, B"
+        by_device: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_device.setdefault(_measured_on(r), []).append(r)
+        for where, group in by_device.items():
+            if where:
+                blocks.append(("p", f"Measured on {where}; every field of each row is in "
+                                    f"`{source.path}`."))
+            blocks.append(("table", *model_table(group)))
+            if note := _peak_note(group):
+                blocks.append(("p", note))
     else:
         blocks.append(_bench_table(rows))
-    note = _peak_note(rows)
-    if note:
-        blocks.append(("p", note))
+        if note := _peak_note(rows):
+            blocks.append(("p", note))
     if tps:
         labels = _bench_labels(rows)
         series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",
