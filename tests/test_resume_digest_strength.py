@@ -21,7 +21,8 @@ def _digests(tmp_path: Path, edits: dict[str, tuple[str, Callable[[list[str]], l
     rows changed, for each edit (name -> (file, change))."""
     from bertgpu.config.finetune import job_config, load_finetune_config
     from bertgpu.data.tokenizer_folder import load_tokenizer
-    from bertgpu.tasks.finetuning import JobRequest, data_digest
+    from bertgpu.tasks.finetune_output import data_digest
+    from bertgpu.tasks.finetuning import JobRequest
     from bertgpu.tasks.glue_job import build_job
 
     init, _ = _tiny_finetune(tmp_path)
@@ -64,7 +65,7 @@ def test_the_resume_digest_sees_the_dev_labels_of_own_files(tmp_path):
     from bertgpu.config.finetune import job_config, load_finetune_config
     from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.tasks.classify import classify_job
-    from bertgpu.tasks.finetuning import data_digest
+    from bertgpu.tasks.finetune_output import data_digest
     from bertgpu.tasks.ner import ner_job
 
     init, _ = _tiny_finetune(tmp_path)

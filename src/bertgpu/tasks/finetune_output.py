@@ -10,11 +10,14 @@ prints of itself (metric_text, device_name, scaling_note)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     from bertgpu.tasks.finetuning import Job
@@ -86,13 +89,32 @@ def run_identity(fields: dict[str, Any], config: dict[str, Any], job: Job,
     per rank (the dropout RNG) as for pretraining, reseeding it at another world size. Only the
     steps per epoch depend on it (an epoch's last, smaller step is taken only when every device
     gets a sequence of it), which moves every later step's sequences and the schedule's length."""
-    from bertgpu.tasks.finetuning import data_digest, steps_per_epoch
+    from bertgpu.tasks.finetuning import steps_per_epoch
 
     kept = {k: v for k, v in config.items() if k not in RESUME_NEUTRAL}
     steps = steps_per_epoch(job, int(config["global_batch_size"]), world_size)
     fields = {k: v for k, v in fields.items() if k != "data_files"}  # data_digest's business
     return json.dumps({**fields, "config": kept, "data": data_digest(job),
                        "world_size": world_size, "steps_per_epoch": steps}, sort_keys=True)
+
+
+def data_digest(job: Job) -> str:
+    """sha256 of what a run trains and evaluates on (every sequence's tokens, token types and
+    targets, in order, and each dev split's gold, `EvalSet.truth`): a checkpoint resumes only
+    into the same data, whatever the files are called (a training file fixed after a crash was
+    resumed into: epochs 1-4 on one dataset, 7-10 on another, reported as one run)."""
+    h = hashlib.sha256()
+    for ev in job.evals:  # the gold a dev split is scored against (corrected labels: another run)
+        h.update(len(ev.truth).to_bytes(8, "little") + ev.truth)
+    for enc in (job.train, *(ev.data for ev in job.evals)):
+        rows = [enc.ids, enc.types, *(enc.token_targets[k] for k in sorted(enc.token_targets))]
+        for seqs in rows:
+            h.update(np.asarray([len(x) for x in seqs], dtype=np.int64).tobytes())
+            if seqs:
+                h.update(np.concatenate([np.asarray(x, dtype=np.int64) for x in seqs]).tobytes())
+        for name in sorted(enc.targets):
+            h.update(name.encode() + np.ascontiguousarray(enc.targets[name]).tobytes())
+    return h.hexdigest()
 
 
 def finished_key(identity: str, predict_test: bool) -> str:

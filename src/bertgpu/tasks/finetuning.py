@@ -27,7 +27,6 @@ This module turns a `Job` into what the loop asks for:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import time
 import warnings
@@ -156,7 +155,7 @@ class EvalSet:
     """GLUE results-table column ("MNLI-m", "SST-2"); empty for SQuAD."""
     truth: bytes = b""
     """What `score` compares the outputs with when it is not in `data` (GLUE's dev labels, as
-    read; SQuAD's gold answers), serialised for `data_digest`."""
+    read; SQuAD's gold answers), serialised for `finetune_output.data_digest`."""
 
 
 @dataclass
@@ -229,25 +228,6 @@ def nonfinite_rows(outputs: Mapping[str, np.ndarray], lengths: Sequence[int] | N
     return 0 if bad is None else int(bad.sum())
 
 
-def data_digest(job: Job) -> str:
-    """sha256 of what a run trains and evaluates on (every sequence's tokens, token types and
-    targets, in order, and each dev split's gold, `EvalSet.truth`): a checkpoint resumes only
-    into the same data, whatever the files are called (a training file fixed after a crash was
-    resumed into: epochs 1-4 on one dataset, 7-10 on another, reported as one run)."""
-    h = hashlib.sha256()
-    for ev in job.evals:  # the gold a dev split is scored against (corrected labels: another run)
-        h.update(len(ev.truth).to_bytes(8, "little") + ev.truth)
-    for enc in (job.train, *(ev.data for ev in job.evals)):
-        rows = [enc.ids, enc.types, *(enc.token_targets[k] for k in sorted(enc.token_targets))]
-        for seqs in rows:
-            h.update(np.asarray([len(x) for x in seqs], dtype=np.int64).tobytes())
-            if seqs:
-                h.update(np.concatenate([np.asarray(x, dtype=np.int64) for x in seqs]).tobytes())
-        for name in sorted(enc.targets):
-            h.update(name.encode() + np.ascontiguousarray(enc.targets[name]).tobytes())
-    return h.hexdigest()
-
-
 def strip_padding(feats: Any) -> Encoded:
     """Fixed-length features (squad.Features: input_ids, token_type_ids, attention_mask (F, T),
     optional start/end positions) -> Encoded, so that their batches are padded per batch too."""
@@ -298,8 +278,10 @@ class FinetuneTask:
         self.total_steps = self.steps_per_epoch * epochs
         self.loss_key = {"qa": "qa", "token_classification": "tok"}.get(job.head, "cls")
         self.history: list[dict[str, Any]] = []
-        self.eval_s = 0.0
-        self.eval_examples = 0
+        self.eval_s, self.eval_examples = 0.0, 0
+        # rank 0's newest evaluation outputs, (step, outputs), when their files were not written
+        # (not the last step): a run its budget ends there writes them at its export
+        self._unwritten: tuple[int, list[dict[str, np.ndarray]]] | None = None
         # The loop's (train_s, data_s) since this process started training; the wiring points it
         # at the running loop (finetune.py). `_clock_before`: the same at the resumed checkpoint.
         self.clock: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
@@ -441,6 +423,7 @@ class FinetuneTask:
             last = step >= self.total_steps
             metrics = {ev.name: self._score(ev, out, self.work_dir if last else None, step)
                        for ev, out in zip(self.job.evals, outputs, strict=True)}
+            self._unwritten = None if last else (step, outputs)
             record["metrics"] = metrics
             record["score"] = self.job.primary(metrics)
             flat = {"epoch": epoch, "score": record["score"],
@@ -492,6 +475,12 @@ class FinetuneTask:
                               float(state.get("data_wait_seconds", 0.0)))
 
     def export(self, step: int) -> Path:
+        """The model; and the prediction files of a run that ended before its last step (its
+        budget), from the evaluation of the step it ended at."""
+        if self._unwritten is not None and self._unwritten[0] == step and self.work_dir:
+            with np.errstate(invalid="ignore", over="ignore"):
+                for ev, out in zip(self.job.evals, self._unwritten[1], strict=True):
+                    ev.score(out, self.work_dir)
         return self._export()
 
     def close(self) -> None:
