@@ -208,7 +208,8 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
             files = data_files(data_dir, task)  # hashed once a task, not once a seed
             for seed, path in done.items():
                 glue_reuse.check_same_settings(path, _read_results(path), cfg, seed, init,
-                                               config_from, ckpt, data_dir, used, files)
+                                               config_from, ckpt, data_dir, used, files,
+                                               int(os.environ.get("WORLD_SIZE", "1")))
 
     glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed,
                                     predict_test)

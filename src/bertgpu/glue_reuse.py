@@ -51,13 +51,16 @@ def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int
                          ckpt: InitCheckpoint | None = None,
                          data_dir: str | os.PathLike[str] | None = None,
                          used: dict[str, Any] | None = None,
-                         files: dict[str, dict[str, str]] | None = None) -> None:
+                         files: dict[str, dict[str, str]] | None = None,
+                         world_size: int = 1) -> None:
     """A finished run counts in this command's table only when it was made the same way: from
     the same checkpoint `ckpt` (what `init` resolved to: init_model.resolve_init; None for
     random), not merely the same --init, whose newest checkpoint moves while pretraining goes
     on, with the same settings (`used`: `as_used`'s), on the same --data-dir (compared resolved:
-    a relative path recorded, resolved from here, matches the same folder given absolutely) and
-    the same task files (`files`: `glue_job.data_files` now)."""
+    a relative path recorded, resolved from here, matches the same folder given absolutely), the
+    same task files (`files`: `glue_job.data_files` now) and the same steps per epoch on this
+    command's `world_size` devices (an epoch's last, smaller step is left out when a device would
+    get no sequence of it)."""
     from bertgpu.tasks.init_model import checkpoint_change
 
     differs = _config_differences(results, cfg, seed, used)
@@ -79,10 +82,25 @@ def check_same_settings(path: Path, results: dict[str, Any], cfg: Any, seed: int
         changes.append(f"data {recorded} (now {data_dir})")
     elif files and isinstance(results.get("data_files"), dict):
         changes += _changed_files(results["data_files"], files)
+    changes += _steps_change(results, cfg, world_size)
     differs = ", ".join([*changes, differs] if differs else changes)
     if differs:
         raise BertgpuError(f"{path}: made with {differs}; a table would mix the two settings: "
                            "pass --force to re-run it with this command's, or use another --out")
+
+
+def _steps_change(results: dict[str, Any], cfg: Any, world_size: int) -> list[str]:
+    """The steps per epoch a finished run took on its devices, where this command's would take
+    others (a seed trained on 2 processes, 3 sequences left out of each epoch, had counted in
+    a table with seeds trained on 1)."""
+    from bertgpu.tasks.finetune_output import epoch_steps
+
+    then, n, g = results.get("world_size"), results.get("train_sequences"), cfg.global_batch_size
+    if not all(isinstance(v, int) and v > 0 for v in (then, n, g)) or then == world_size:
+        return []
+    before, now = epoch_steps(n, g, then), epoch_steps(n, g, world_size)
+    return [] if before == now else [f"{then} process{'es' if then > 1 else ''}, {before} steps "
+                                     f"an epoch (now {now} on {world_size})"]
 
 
 def _changed_files(recorded: dict[str, Any], now: dict[str, dict[str, str]]) -> list[str]:

@@ -41,6 +41,7 @@ import torch
 from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
+from bertgpu.tasks.finetune_output import epoch_steps
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
@@ -258,8 +259,7 @@ def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:
     if n < world_size:
         raise BertgpuError(f"{job.name}: {n} training sequences for {world_size} devices; "
                            f"expected at least one per device (--nproc {max(n, 1)} or fewer)")
-    full, rest = divmod(n, global_batch_size)
-    return full + (1 if rest >= world_size else 0)
+    return epoch_steps(n, global_batch_size, world_size)
 
 
 class FinetuneTask:
