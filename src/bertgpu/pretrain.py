@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
-from bertgpu.train.pretrain_startup import defaults_note, device_type, startup_rows
+from bertgpu.train.pretrain_startup import defaults_note, device_type, lamb_note, startup_rows
 from bertgpu.train.run_folder import (
     check_device,
     check_not_past_max_steps,
@@ -374,7 +374,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
                             bucket_window=impl.bucket_window, allow_seed_change=allow_data_change,
                             static_shapes=impl.cuda_graphs(kind), compiled=ran.compile)
     # notes: in the warm-up, a batch larger than the split, word starts unused, unchecked init
-    for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(),
+    for note in (warmup_note(cfg.schedule, t, peak_lr), loader.repeats_note(), lamb_note(cfg.optim),
                  data.whole_word_note(cfg.data.whole_word_masking), data.unchecked_init_note()):
         if note and info.is_main:
             warnings.warn(note, stacklevel=2)

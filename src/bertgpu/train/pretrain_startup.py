@@ -103,3 +103,15 @@ def model_line(model: Any, c: Any) -> str:
     return (f"{c.architecture}, {num_parameters(model) / 1e6:.1f} M parameters "
             f"(L={c.num_hidden_layers}, H={c.hidden_size}, A={c.num_attention_heads}, "
             f"V={c.vocab_size})")
+
+
+def lamb_note(optim: Any) -> str | None:
+    """The start-up warning of LAMB with optim.weight_decay 0: LAMB's layer-wise trust ratio is
+    applied to the groups with weight decay only (NVIDIA's FusedLAMB rule, train/optim.py), so
+    every step is Adam's and the run is AdamW's under another name."""
+    if optim.name != "lamb" or optim.weight_decay != 0:
+        return None
+    return ("optim.name lamb with optim.weight_decay 0: LAMB's trust ratio applies to the "
+            "parameters with weight decay only (NVIDIA's FusedLAMB rule), so none gets it and "
+            "every step is Adam's; expected a weight decay (BERT's recipes: 0.01), or "
+            "optim.name adamw")
