@@ -148,7 +148,8 @@ class MetricsLogger:
       ``start`` event (host and pid, for ``bertgpu watch``), which only goes to the file.
     - Sinks (``sinks.Sink``: W&B, MLflow, ...) get every record, on a background thread;
       ``tensorboard`` adds TensorBoard scalars ``KIND/KEY`` under ``RUN_DIR/tensorboard`` when
-      the tensorboard package is installed.
+      the tensorboard package is installed (a resumed run has its readers drop the earlier
+      events of the steps past ``initial_step``, as the file drops their records).
     - With a GPU ``monitor`` (``monitor.GpuMonitor``), train records also carry this process's
       GPU (``gpu_util_pct``, ``gpu_mem_used_gib`` of ``device``) and the node's extremes
       (``gpu_temp_max_c``, ``gpu_util_min_pct``), the console line ends with the monitor's
@@ -210,7 +211,8 @@ class MetricsLogger:
             self.path = run_dir / "metrics.jsonl"
             self._file = open_for_append(self.path)  # (its writes go to the end as it is then)
             cut_after(self.path, initial_step)  # the steps this run goes through (again)
-            tb = TensorBoardSink.open_if_installed(run_dir / "tensorboard") if tensorboard else None
+            tb = TensorBoardSink.open_if_installed(
+                run_dir / "tensorboard", purge_after=initial_step) if tensorboard else None
             sinks += [tb] if tb is not None else []
         if sinks:
             self._sinks = SinkFanout(sinks)

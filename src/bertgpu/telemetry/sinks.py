@@ -71,20 +71,28 @@ def check_packages(cfg: LoggingSection) -> None:
 
 
 class TensorBoardSink:
-    """Scalars ``KIND/KEY`` at the optimizer step, under ``log_dir``."""
+    """Scalars ``KIND/KEY`` at the optimizer step, under ``log_dir``.
+
+    ``purge_after``: the step a resumed run continues from. The events an earlier process of
+    the run wrote for later steps were of a timeline that no longer is (the resumed run goes
+    through those steps again), as their records in metrics.jsonl, which the resume removes:
+    TensorBoard cannot delete them either, but its ``purge_step`` makes every reader drop them.
+    A folder without events yet needs no purge."""
 
     name = "tensorboard"
     close_s = 0.5  # flushes the event file (its records wait in memory until then)
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, purge_after: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        earlier = any(Path(log_dir).glob("*tfevents*"))
+        purge = {"purge_step": purge_after + 1} if earlier else {}
+        self._writer = SummaryWriter(log_dir=str(log_dir), **purge)
 
     @classmethod
-    def open_if_installed(cls, log_dir: Path) -> TensorBoardSink | None:
+    def open_if_installed(cls, log_dir: Path, purge_after: int = 0) -> TensorBoardSink | None:
         try:
-            return cls(log_dir)
+            return cls(log_dir, purge_after)
         except Exception:  # ImportError without tensorboard; anything odd in its import chain
             return None
 
