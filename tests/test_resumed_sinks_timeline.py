@@ -1,6 +1,6 @@
-"""A resumed run's TensorBoard holds each step once, as its metrics.jsonl does: the
+"""A resumed run's TensorBoard and MLflow hold each step once, as its metrics.jsonl does: the
 process that died had logged steps past the checkpoint the run resumed from, and the resumed
-run goes through them again (a probe read train/loss at steps 25 and 30 twice)."""
+run goes through them again (a probe read train/loss at steps 25 and 30 twice in both)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from bertgpu.config.sections import LoggingSection
 from bertgpu.telemetry.metrics import MetricsLogger
 from bertgpu.telemetry.records import read_metrics
+from bertgpu.telemetry.run_logger import open_logger
+from bertgpu.telemetry.sinks import MlflowSink
 
+CONFIG = {"model": {"hidden_size": 32}, "train": {"max_steps": 40}}
 CHECKPOINT = 20  # the step the second process resumes from
 
 
@@ -34,6 +38,59 @@ def _died_and_resumed(run: Path, make_logger) -> None:
     _process(make_logger(CHECKPOINT), range(25, 41, 5), tokens_per_s=2000.0)
     train = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
     assert train == list(range(5, 41, 5))  # the file held each step once before this fix too
+
+
+# --------------------------------------------------------------------------------------------
+# MLflow: points cannot be deleted, so the steps an earlier process logged are not logged again
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mlflow_store(monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return LoggingSection(mlflow=True, mlflow_experiment="tests", tensorboard=False,
+                          gpu_monitor_interval_s=0)
+
+
+def _history(run: Path, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    return sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, key))
+
+
+def test_a_resumed_mlflow_run_holds_each_step_once(tmp_path, mlflow_store):
+    run = tmp_path / "run"
+    _died_and_resumed(run, lambda step: open_logger(run, True, mlflow_store, CONFIG,
+                                                    stream=io.StringIO(), initial_step=step))
+    loss = _history(run, "train/loss")
+    assert [s for s, _ in loss] == list(range(5, 41, 5))
+    assert [v for _, v in loss] == pytest.approx([10.0 / s for s in range(5, 41, 5)])
+    assert [s for s, _ in _history(run, "eval/val_mlm_loss")] == [10, 20, 30, 40]
+    # Steps 25 and 30 keep the rates the first process measured; the resumed run's follow.
+    rate = dict(_history(run, "train/tokens_per_s"))
+    assert (rate[25], rate[30], rate[35], rate[40]) == (1025.0, 1030.0, 2035.0, 2040.0)
+
+
+def test_a_resumed_mlflow_run_logs_what_the_earlier_process_did_not_get_to(tmp_path,
+                                                                          mlflow_store):
+    """Sinks log on a background thread: the process that died may have written step 30 to
+    metrics.jsonl but not yet to MLflow. Each metric goes on after its own last step."""
+    run = tmp_path / "run"
+    first = MlflowSink(run, mlflow_store)
+    for step in range(5, 31, 5):
+        first.log(step, "train", {"loss": 10.0 / step, **({"lr": 0.1} if step <= 25 else {})})
+    resumed = MlflowSink(run, mlflow_store)
+    assert resumed.run_id == first.run_id and resumed.resumed
+    for step in range(25, 41, 5):
+        resumed.log(step, "train", {"loss": 10.0 / step, "lr": 0.2})
+    resumed.close()
+    assert [s for s, _ in _history(run, "train/loss")] == list(range(5, 41, 5))
+    assert _history(run, "train/lr") == [(s, 0.1) for s in range(5, 26, 5)] + [
+        (30, 0.2), (35, 0.2), (40, 0.2)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -284,9 +284,11 @@ class MlflowSink:
                                  f"({type(e).__name__}: {text})") from e
         run_id = _recall(run_dir, "mlflow_run_id")
         self.resumed = False
+        self._logged_to: dict[str, int] = {}  # a resumed run's metrics: the last step of each
         if run_id:
             try:
                 self._client.update_run(run_id, status="RUNNING")
+                self._logged_to = _last_steps(self._client.get_run(run_id))
                 self.resumed = True
             except Exception:  # the store was moved or deleted: start a new run
                 run_id = None
@@ -299,10 +301,17 @@ class MlflowSink:
         self.tracking_uri = uri
 
     def log(self, step: int, kind: str, scalars: Mapping[str, float]) -> None:
+        """A resumed run goes through the steps after its checkpoint again. MLflow cannot delete
+        the points an earlier process logged for them, and a second point at a step reads as a
+        duplicate (two losses at step 30): each metric keeps the points it has, and gets the
+        steps after them. After an exact resume the losses are the same; timings differ, and a
+        resume with changed settings shows the earlier values up to where that process got
+        (W&B drops them as well: ``WandbSink.log``)."""
         from mlflow.entities import Metric
 
         ms = int(time.time() * 1000)
-        metrics = [Metric(f"{kind}/{k}", float(v), ms, step) for k, v in scalars.items()]
+        metrics = [Metric(f"{kind}/{k}", float(v), ms, step) for k, v in scalars.items()
+                   if step > self._logged_to.get(f"{kind}/{k}", -1)]
         for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
             self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
@@ -331,6 +340,12 @@ class MlflowSink:
         status = ("FAILED" if reason in _FAILED else "KILLED" if reason == "preempted"
                   else "FINISHED")
         self._client.set_terminated(self.run_id, status=status)
+
+
+def _last_steps(run: Any) -> dict[str, int]:
+    """The last step of each metric of an MLflow run: the store's latest value of a metric is
+    that of its largest step, and ``get_run`` returns it with the step (one call, any store)."""
+    return {m.key: int(m.step) for m in run.data.to_proto().metrics}
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
