@@ -9,7 +9,8 @@ over the last log interval of steps that did not compile, the seconds spent comp
 evaluations, the per-rank step times), ``gpu.jsonl`` and ``gpu.nodeN.jsonl`` (the GPU monitor's
 samples) and ``config.toml`` (model, batch, length of the run), following each file as it grows.
 It needs nothing but a terminal, so it works over ssh, and it never touches the run. A
-fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there. A
+fine-tuning run in progress writes to ``OUT.tmp/``; ``bertgpu watch OUT`` finds it there, and
+follows it into ``OUT`` when it finished (the folder is renamed then). A
 folder with none of a run's files (config.toml, checkpoints/, metrics.jsonl, results.json) is
 refused, naming the runs it holds (``bertgpu watch runs`` for ``runs/base``); an empty one (only
 hidden files: a run in its first seconds) is waited for, as is one not made yet in a folder that
@@ -101,6 +102,7 @@ class RunState:
 
     def poll(self) -> None:
         """Read what the files gained since the last poll."""
+        self._follow_rename()
         if not self.config and (self.folder / "config.toml").is_file():
             from bertgpu.config.overrides import read_toml
 
@@ -119,6 +121,23 @@ class RunState:
                 if isinstance(rec.get("gpu"), int):
                     key = (label, rec["gpu"])
                     self.gpus.setdefault(key, deque(maxlen=_GPU_HISTORY)).append(rec)
+
+    def _follow_rename(self) -> None:
+        """A fine-tuning run's OUT.tmp, gone: once finished it is OUT (fsutil.replace_dir), and
+        the view moves there, each file read on from where it was. Watching the vanished folder
+        read nothing more, not even the end record, and took the run for killed once its process
+        had exited. Only to the metrics file it was reading: an OUT holding another one is not
+        this run."""
+        name = self.folder.name
+        if not name.endswith(".tmp") or self.folder.exists():
+            return
+        final = self.folder.with_name(name.removesuffix(".tmp"))
+        metrics = self.followers.get("metrics.jsonl")
+        if metrics is None or not metrics.move_to(final / "metrics.jsonl"):
+            return
+        self.folder = final
+        for file, follower in self.followers.items():
+            follower.path = final / file
 
     def _follow(self, name: str) -> list[dict[str, Any]]:
         if name not in self.followers:

@@ -255,21 +255,39 @@ class JsonlFollower:
 
     Only complete lines are consumed: a line still being written is read on a later call. A
     file that shrank (replaced, or a new run in the same folder) is read again from the start,
-    and ``reset`` tells the caller to forget what it had.
+    and ``reset`` tells the caller to forget what it had. A file whose folder was renamed (a
+    fine-tuning run's OUT.tmp, once finished, is OUT) is followed there with `move_to`.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offset = 0
         self._lineno = 0
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file last seen
         self.reset = False
+
+    def move_to(self, path: Path) -> bool:
+        """Follow the file to `path`, reading on from where this follower was: True when `path`
+        is the very file it read (its device and inode), or any file when it has seen none yet
+        (read from its start, as a new follower would). Another file at `path` (the previous
+        run's, between the two renames of fsutil.replace_dir) is not the rest of these records:
+        False, and nothing changes."""
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        if self._file is not None and (st.st_dev, st.st_ino) != self._file:
+            return False
+        self.path = path
+        return True
 
     def poll(self) -> list[dict[str, Any]]:
         self.reset = False
         try:
-            size = self.path.stat().st_size
+            st = self.path.stat()
         except OSError:
             return []
+        size, self._file = st.st_size, (st.st_dev, st.st_ino)
         if size < self._offset:
             self._offset, self._lineno, self.reset = 0, 0, True
         if size == self._offset:
