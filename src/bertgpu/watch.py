@@ -28,8 +28,10 @@ without them (an older bertgpu) fall back on it.
 
 The status line says how a run ended from its ``end`` record (finished; stopped by a signal, by
 divergence or by an error, without an ETA), and the live view then prints its last frame and
-exits. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran on: the
-``start`` record names the host and pid of its process, and a process that is gone is said so.
+exits; an error after which ``--max-restarts`` may restart the job is followed on while its
+launcher runs. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran
+on: the ``start`` record names the host and pid of its process, and a process that is gone is
+said so.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ from bertgpu.telemetry.records import (
     JsonlFollower,
     describe_end,
     drop_superseded_records,
-    process_started,
+    error_at,
+    process_gone,
+    restart_launcher,
     run_end,
     run_start,
 )
@@ -218,28 +222,12 @@ def budget_share(state: RunState) -> float | None:
     return min(elapsed / (budget * 3600), 1.0) if elapsed is not None else 0.0
 
 
-def _process_gone(pid: int, started: Any = None) -> bool:
-    """True when process ``pid`` is no longer on this host (one of another user's still counts):
-    no such pid, or (with ``started``, its start time when the run wrote it) a pid that another
-    process has taken since."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: it exists; anything else: cannot tell
-        pass
-    if isinstance(started, int) and not isinstance(started, bool):
-        now = process_started(pid)
-        return now is not None and now != started
-    return False
-
-
 def ended(state: RunState) -> str | None:
     """The status of a run that is over: its end record's, or, for a run started on this host
     whose process is gone without writing one, that; None while it may still be running."""
     end = run_end(state.records)
     if end is not None:
-        return describe_end(end, _max_steps(state))
+        return describe_end(end, _max_steps(state)) if _restart_awaited(state) is None else None
     start = run_start(state.records)
     if start is None and not state.records:
         return _gone_before_first_record(state.folder)
@@ -247,9 +235,26 @@ def ended(state: RunState) -> str | None:
         return None  # a run of an older version, or of another host: its clock decides
     pid = start.get("pid")
     if (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-            and _process_gone(pid, start.get("pid_started"))):
+            and process_gone(pid, start.get("pid_started"))):
         return f"stopped (process {pid} is gone; no end record: killed or crashed)"
     return None
+
+
+def _restart_awaited(state: RunState) -> str | None:
+    """The status of a ``--max-restarts`` job between a worker's error and its restart: the error
+    end record names the launcher that may start it again (records.restart_launcher), which still
+    runs (or runs on another host: only its clock tells). Watch used to stop at that record while
+    the job trained on. A launcher gone without a new start record restarted nothing: None."""
+    end = run_end(state.records)
+    launcher = restart_launcher(end) if end is not None else None
+    if end is None or launcher is None:
+        return None
+    here = socket.gethostname()
+    host = (run_start(state.records) or {}).get("host", here)
+    if host == here and process_gone(*launcher):
+        return None
+    where = f"(process {launcher[0]}) is still running" if host == here else f"runs on {host}"
+    return f"waiting for a restart ({error_at(end)}; --max-restarts: its launcher {where})"
 
 
 def _gone_before_first_record(folder: Path) -> str | None:
@@ -263,13 +268,13 @@ def _gone_before_first_record(folder: Path) -> str | None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    if host != socket.gethostname() or pid <= 0 or not _process_gone(pid, None):
+    if host != socket.gethostname() or pid <= 0 or not process_gone(pid, None):
         return None
     return f"stopped (process {pid} is gone before its first record: killed or crashed)"
 
 
 def _status(state: RunState, now: float) -> str:
-    over = ended(state)
+    over = ended(state) or _restart_awaited(state)
     if over is not None:
         return over
     updated = state.last_update()
@@ -321,7 +326,8 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
                     if (e := _num(r.get("elapsed_s"))) is not None), None)
     if elapsed is not None:
         parts.append(f"elapsed {duration(elapsed)}")
-    eta = eta_s(state) if ended(state) is None else None  # a run that stopped has none
+    stopped = ended(state) or _restart_awaited(state)
+    eta = eta_s(state) if stopped is None else None  # a run that stopped has none
     if eta is not None:
         parts.append(f"ETA {duration(eta)}")
     if _num(last.get("tokens_seen")) is not None:

@@ -1,6 +1,7 @@
 """JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following;
 how a run's records say it started and ended (``run_start``, ``run_task``, ``run_end``,
-``describe_end``).
+``describe_end``, ``restart_launcher``), and whether the process they name is gone
+(``process_gone``).
 
 Writers append one JSON object per line and flush it, so a reader may see a file that grows while
 it reads, and a run killed mid-write leaves a last line without its newline. Readers here skip
@@ -184,6 +185,22 @@ def process_started(pid: int) -> int | None:
         return None
 
 
+def process_gone(pid: int, started: Any = None) -> bool:
+    """True when process ``pid`` is no longer on this host (one of another user's still counts):
+    no such pid, or (with ``started``, its start time when the run wrote it) a pid that another
+    process has taken since."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists; anything else: cannot tell
+        pass
+    if isinstance(started, int) and not isinstance(started, bool):
+        now = process_started(pid)
+        return now is not None and now != started
+    return False
+
+
 def run_start(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest ``start`` record (the loop writes one per process: host, pid, world_size,
     max_steps, and a fine-tuning run's ``task``); None for runs of older versions, which wrote
@@ -216,8 +233,12 @@ def run_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _step(record: dict[str, Any]) -> int:
-    step = record.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) else -1
+    return _whole(record.get("step"))
+
+
+def _whole(value: Any) -> int:
+    """`value` when it is a whole number of 0 or more, else -1."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def describe_end(end: dict[str, Any], max_steps: float | None = None) -> str:
@@ -232,10 +253,25 @@ def describe_end(end: dict[str, Any], max_steps: float | None = None) -> str:
     if reason == "diverged":
         return f"stopped (diverged {at})"
     if reason == "error":
-        error = end.get("error")
-        detail = f": {_clipped(error)}" if isinstance(error, str) and error else ""
-        return f"stopped (error {at}{detail})"
+        return f"stopped ({error_at(end)})"
     return f"finished ({reason})" if isinstance(reason, str) else "finished"
+
+
+def error_at(end: dict[str, Any]) -> str:
+    """``error at step 24: RuntimeError: ...`` of an ``end`` record with reason "error"."""
+    step, error = _step(end), end.get("error")
+    at = f"at step {step}" if step >= 0 else "at an unknown step"
+    return f"error {at}" + (f": {_clipped(error)}" if isinstance(error, str) and error else "")
+
+
+def restart_launcher(end: dict[str, Any]) -> tuple[int, int | None] | None:
+    """(pid, start time) of the process that may start a failed job again (``--max-restarts``),
+    as the job's error ``end`` record names it: written while restarts remain, by a worker whose
+    error is no stop and no bad input (train/run_end.py); None when no restart may follow."""
+    pid, started = end.get("launcher_pid"), end.get("launcher_pid_started")
+    if end.get("reason") != "error" or _whole(pid) <= 0:
+        return None
+    return pid, (started if _whole(started) >= 0 else None)
 
 
 def _clipped(text: str, limit: int = 200) -> str:

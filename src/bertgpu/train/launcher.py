@@ -19,10 +19,11 @@ With `max_restarts`, a failed job is started again, up to that many times, and r
 newest good checkpoint. The restart is a fresh launcher (a new rendezvous, new ports) rather than
 torch's in-place worker restart: on CPU the gloo group of a restarted attempt fails to connect
 about three times in four (torch 2.13, a plain two-rank script shows it too), a fresh launch
-does not. Each attempt sees its number in BERTGPU_RESTART_COUNT. When the job fails for good,
-the launcher's report is followed by one line naming the rank that died and of what (read from
-that report), and how to resume. A job that failed of bad input (a worker's one-line error, exit
-status 2) is not restarted, and ends with that line alone.
+does not. Each attempt sees its number in BERTGPU_RESTART_COUNT, and, while another may follow,
+this process in BERTGPU_RESTART_BY (`bertgpu watch` waits for the restart). When the job fails
+for good, the launcher's report is followed by one line naming the rank that died and of what
+(read from that report), and how to resume. A job that failed of bad input (a worker's
+one-line error, exit status 2) is not restarted, and ends with that line alone.
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 RESTART_ENV = "BERTGPU_RESTART_COUNT"
+RESTART_BY_ENV = "BERTGPU_RESTART_BY"
+"""Set for the workers of an attempt that `max_restarts` may follow with another: "PID STARTED",
+this process (which restarts the job) and its start time (records.process_started; "-" where
+unknown). A worker's error end record names it (train/run_end.py), so that `bertgpu watch` waits
+for the restart while this process lives, instead of ending at the error. Unset on the last
+attempt: no record may promise a restart that cannot come."""
 
 
 def launcher_command(nproc: int, argv: list[str], log_dir: str) -> list[str]:
@@ -60,7 +68,8 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
     name = f"bertgpu {argv[0]}" if argv else "bertgpu"
     _warn_oversubscribed(name, nproc)
     for attempt in range(max_restarts + 1):
-        rc, tail, received = _launch_once(nproc, argv, attempt)
+        with _restart_by(attempt < max_restarts):
+            rc, tail, received = _launch_once(nproc, argv, attempt)
         if rc == 0:
             return 0
         hint = ((resume_hint() if resume_hint else None)
@@ -86,6 +95,25 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0,
             continue
         print(f"{name}: {describe_failure(tail)}; {hint}", file=sys.stderr, flush=True)
     return rc
+
+
+@contextmanager
+def _restart_by(may_restart: bool) -> Iterator[None]:
+    """RESTART_BY_ENV in this process's environment, which the launcher and its workers inherit,
+    while one attempt runs: naming this process when a restart may follow, else unset (one left
+    by a command that started this one is not this job's)."""
+    from bertgpu.telemetry.records import process_started
+
+    outer = os.environ.pop(RESTART_BY_ENV, None)
+    if may_restart:
+        started = process_started(os.getpid())
+        os.environ[RESTART_BY_ENV] = f"{os.getpid()} {'-' if started is None else started}"
+    try:
+        yield
+    finally:
+        os.environ.pop(RESTART_BY_ENV, None)
+        if outer is not None:
+            os.environ[RESTART_BY_ENV] = outer
 
 
 _STOP_EXITS = {code for sig in STOP_SIGNALS for code in (128 + sig, -sig)}

@@ -1,13 +1,16 @@
 """The `end` record of a run that an exception stops (train/loop.py's `Loop.run`): reason
-"diverged" (`TrainingDiverged`) or "error" with its message. A run that ends on its steps, its
+"diverged" (`TrainingDiverged`) or "error" with its message, and, where `--max-restarts` may
+start the job again, the process that would (`restart_by`). A run that ends on its steps, its
 budget or a stop signal gets its end record from `Loop._finish` instead."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from bertgpu.errors import BertgpuError, one_line
 from bertgpu.train.engine import TrainingDiverged
+from bertgpu.train.launcher import RESTART_BY_ENV
 
 
 def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
@@ -54,9 +57,27 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
     try:
         logger.log(end_step or loop.engine.step, "info", event="end",
                    reason="diverged" if diverged else "error", error=text[:500],
-                   world_size=loop.world)
+                   world_size=loop.world, **restart_by(error))
     except Exception:  # noqa: BLE001
         pass
 
 
-__all__ = ["log_failure"]
+def restart_by(error: BaseException) -> dict[str, Any]:
+    """``launcher_pid`` and ``launcher_pid_started`` for the end record of an error after which
+    ``--max-restarts`` may start the job again: the launcher said one may follow (RESTART_BY_ENV,
+    naming itself) and the error is a crash, not bad input (a BertgpuError, divergence included:
+    exit status 2, never restarted) nor a stop (KeyboardInterrupt, SystemExit). `bertgpu watch`
+    then follows the job on while that process lives; {} otherwise. Whether the launcher does
+    restart is its own decision (another rank may have failed first, of bad input): the record
+    says one may come, the launcher's process whether it did."""
+    said = os.environ.get(RESTART_BY_ENV, "").split()
+    if not isinstance(error, Exception) or isinstance(error, BertgpuError) or len(said) != 2:
+        return {}
+    pid, started = said
+    if not pid.isdigit():
+        return {}
+    return {"launcher_pid": int(pid), "launcher_pid_started": int(started) if started.isdigit()
+            else None}
+
+
+__all__ = ["log_failure", "restart_by"]
