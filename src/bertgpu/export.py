@@ -90,8 +90,7 @@ def export_step(run_dir: str | Path, out: str | Path,
         if problem is not None:
             raise BertgpuError(f"{ckpt}: cannot export: {problem}")
     model = load_pretrained(ckpt, head="pretraining")
-    tokenizer = run_dir / "tokenizer"
-    folder = save_pretrained(model, out, tokenizer=tokenizer if tokenizer.is_dir() else None)
+    folder = save_pretrained(model, out, tokenizer=_tokenizer_of(ckpt, run_dir, warn=False))
     return folder, int(ckpt.name.removeprefix("step_").removesuffix(fsutil.OLD))
 
 
@@ -113,8 +112,8 @@ def _check_not_finetuning(folder: Path) -> None:
 def _export_checkpoint_folder(ckpt: Path, out: str | Path,
                               step: int | None) -> tuple[Path, int | None]:
     """A checkpoint folder given in place of its run (as `--init` takes one): verified as export
-    --step verifies one, its run's tokenizer from RUN/tokenizer, two levels up (`--init`'s rule,
-    tasks/init_model.find_tokenizer), when it lies in a run's checkpoints/ folder."""
+    --step verifies one, with its run's tokenizer (RUN/tokenizer, two levels up, when it lies in
+    a run's checkpoints/ folder) or else its own copy (`_tokenizer_of`)."""
     from bertgpu import fsutil
     from bertgpu.models.hf_export import check_export_folder, save_pretrained
     from bertgpu.models.hf_io import load_pretrained
@@ -131,15 +130,31 @@ def _export_checkpoint_folder(ckpt: Path, out: str | Path,
     problem = checkpoint_problem(ckpt)
     if problem is not None:
         raise BertgpuError(f"{ckpt}: cannot export: {problem}")
-    tokenizer: Path | None = ckpt.parent.parent / "tokenizer"
-    if not in_run or not tokenizer.is_dir():
-        where = (f"no {tokenizer}" if in_run
-                 else f"it is not in a run's {CHECKPOINTS}/ folder, beside the run's tokenizer/")
-        warnings.warn(f"{ckpt}: no tokenizer to export with it ({where}); the export has no "
-                      "tokenizer files", stacklevel=2)
-        tokenizer = None
-    folder = save_pretrained(load_pretrained(ckpt, head="pretraining"), out, tokenizer=tokenizer)
+    folder = save_pretrained(load_pretrained(ckpt, head="pretraining"), out,
+                             tokenizer=_tokenizer_of(ckpt, ckpt.parent.parent if in_run else None))
     return folder, _step_of(ckpt)
+
+
+def _tokenizer_of(ckpt: Path, run: Path | None, warn: bool = True) -> Path | None:
+    """The tokenizer folder that travels with `ckpt`'s export, by `--init`'s rule
+    (tasks/init_model.find_tokenizer): its run's own, RUN/tokenizer, else the copy of it the
+    checkpoint holds for transformers. A checkpoint copied out of its run, or of a run whose
+    tokenizer/ was removed, was exported without one although it held the files, and
+    transformers 5 then built an empty 5-token tokenizer from the export: fill-mask gave ''.
+    None when neither has one (with a warning when `warn`: a checkpoint folder given in place of
+    a run)."""
+    from bertgpu.tasks.init_model import has_tokenizer
+
+    for folder in ([run / "tokenizer"] if run is not None else []) + [ckpt]:
+        if folder.is_dir() and has_tokenizer(folder):
+            return folder
+    if not warn:
+        return None
+    where = (f"no {run / 'tokenizer'}" if run is not None
+             else "it is not in a run's checkpoints/ folder, beside the run's tokenizer/")
+    warnings.warn(f"{ckpt}: no tokenizer to export with it ({where}, and it holds no tokenizer "
+                  "files); the export has no tokenizer files", stacklevel=3)
+    return None
 
 
 def _step_of(ckpt: Path) -> int | None:

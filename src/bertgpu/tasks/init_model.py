@@ -26,7 +26,9 @@ from bertgpu.errors import BertgpuError
 if TYPE_CHECKING:
     import torch
 
-def _has_tokenizer(folder: Path) -> bool:
+def has_tokenizer(folder: Path) -> bool:
+    """`folder` holds a tokenizer AutoTokenizer builds from its files (not the empty 5-token one
+    it makes of a folder without them)."""
     return (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
 
 
@@ -42,7 +44,7 @@ def find_tokenizer(init: str | os.PathLike[str]) -> Path:
                else [])  # not a copy's: the folder two levels up is then not its run
     for cand in (*run_own, folder, folder / "tokenizer", resolved,
                  resolved.parent.parent / "tokenizer"):
-        if cand.is_dir() and _has_tokenizer(cand):
+        if cand.is_dir() and has_tokenizer(cand):
             return cand
     raise BertgpuError(f"{folder}: no tokenizer (expected tokenizer.json or vocab.txt in it, or a "
                        "tokenizer/ folder of a bertgpu run)")
