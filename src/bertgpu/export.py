@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a pretraining run folder (bertgpu pretrain --out), or "
                         "one of its checkpoint folders (RUN/checkpoints/step_N)")
     parser.add_argument("--out", required=True,
-                        help="folder to write (an earlier export there is replaced; any other "
-                        "non-empty folder is refused)")
+                        help="folder to write (an earlier export there is replaced, the files "
+                        "you added to it kept; any other non-empty folder is refused)")
     parser.add_argument("--step", type=int, default=None,
                         help="checkpoint step (default: the latest)")
 

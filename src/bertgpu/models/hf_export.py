@@ -71,12 +71,12 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
     `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered
     whole by the caller: the model's parameters are then only shards).
 
-    Written to `folder.tmp` and renamed into place; an earlier export there is replaced, any
-    other non-empty folder refused before any work (`check_export_folder`), and so is a model
-    whose config.json some transformers version would read as another model
-    (`config.export_problem()`: ModernBERT layer types that no period derives). A write
-    that fails (a full disk, a folder that is not writable) removes `folder.tmp` and raises one
-    line naming the folder and the cause (for a full disk the bytes needed and free).
+    Written to `folder.tmp` and renamed into place; an earlier export there is replaced (the files
+    the user added beside it kept: `keep_added_files`), any other non-empty folder refused before
+    any work (`check_export_folder`), and so is a model whose config.json some transformers version
+    would read as another model (`config.export_problem()`: ModernBERT layer types that no period
+    derives). A write that fails (a full disk, a folder that is not writable) removes `folder.tmp`
+    and raises one line naming the folder and the cause (for a full disk the bytes needed and free).
     """
     model = unwrap_model(model)
     folder = Path(folder)
@@ -107,6 +107,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
             encoding="utf-8")
         for name, data in tok_files.items():
             (tmp / name).write_bytes(data)
+        keep_added_files(folder, tmp)
         return replace_dir(tmp, folder, replaces=is_model_folder, what=MODEL_FOLDER)
     except OSError as exc:  # a full disk, a folder that is not writable: no half-written output
         fsutil.remove_marked(scratch)
@@ -221,13 +222,14 @@ safetensors header, so an export holds exactly the files and weight bytes transf
 
 
 def is_model_folder(folder: Path) -> bool:
-    """An earlier export, which a new export replaces whole: its config.json a model's (a JSON
-    object with a model_type) carrying `EXPORT_MARK` and no transformers_version, no folder and
-    no hidden entry beside it. Never a checkpoint, a folder of the user's that happens to hold a
-    config.json (a project's .git and sources), a clone of a model repository (its .git), nor a
-    model folder transformers (or an older bertgpu, whose exports had no mark) wrote: a hub
-    download with its model card, a run's --init folder. The one unmarked folder replaced is a
-    run's own hf/ holding only export files (`_unmarked_run_export`)."""
+    """An earlier export, which a new export replaces (keeping the plain files the user added beside
+    it, `keep_added_files`): its config.json a model's (a JSON object with a model_type) carrying
+    `EXPORT_MARK` and no transformers_version, no folder and no hidden entry beside it. Never a
+    checkpoint, a folder of the user's that happens to hold a config.json (a project's .git and
+    sources), a clone of a model repository (its .git), nor a model folder transformers (or an older
+    bertgpu, whose exports had no mark) wrote: a hub download with its model card, a run's --init
+    folder. The one unmarked folder replaced is a run's own hf/ holding only export files
+    (`_unmarked_run_export`)."""
     folder = Path(folder)
     if is_checkpoint_folder(folder):
         return False
@@ -243,14 +245,39 @@ def is_model_folder(folder: Path) -> bool:
             and not any(p.is_dir() or p.name.startswith(".") for p in entries))
 
 
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", *TOKENIZER_FILES})
+"""Every file an export may write: an earlier export's copies are replaced (or dropped, a
+tokenizer file the new export has not), never carried over."""
+
+
+def keep_added_files(folder: Path, tmp: Path) -> None:
+    """Carry the files added to an earlier export at `folder` (a model card README.md,
+    eval_results.json: anything but `EXPORT_FILES`) into its replacement `tmp`. A re-export
+    deleted them without a word. Linked where the file system allows (no copy of a large file),
+    copied elsewhere; the earlier export stays whole until `replace_dir` swaps it."""
+    import shutil
+
+    if not is_model_folder(folder):
+        return
+    for path in sorted(Path(folder).iterdir()):
+        if path.name in EXPORT_FILES:
+            continue
+        if path.is_symlink():
+            os.symlink(os.readlink(path), tmp / path.name)
+            continue
+        try:
+            os.link(path, tmp / path.name)
+        except OSError:
+            shutil.copy2(path, tmp / path.name)
+
+
 def _unmarked_run_export(folder: Path, entries: list[Path]) -> bool:
     """A pretraining run's own hf/ written before exports were marked: its place says whose it
     is, and it holds only what an export writes. Refusing it would fail a resumed run of an older
     bertgpu at its very end, after the training."""
     run = folder.parent
-    written = {"config.json", "model.safetensors", *TOKENIZER_FILES}
     return (folder.name == "hf" and (run / "checkpoints").is_dir()
-            and (run / "config.toml").is_file() and all(p.name in written for p in entries))
+            and (run / "config.toml").is_file() and all(p.name in EXPORT_FILES for p in entries))
 
 
 def check_export_folder(folder: str | os.PathLike) -> None:
@@ -263,10 +290,11 @@ def check_export_folder(folder: str | os.PathLike) -> None:
         raise BertgpuError(f"{folder}: a folder that is not an earlier bertgpu export (no "
                            f"config.json marked {EXPORT_MARK}: a folder of yours, a model saved "
                            "by transformers, or an export of a bertgpu older than the mark); an "
-                           "export replaces its folder whole, so expected a new or empty folder: "
+                           "export replaces its folder, so expected a new or empty folder: "
                            "choose another --out, or remove this folder first")
     check_output_folder(folder, MODEL_FOLDER, replaces=is_model_folder)
 
 
-__all__ = ["EXPORT_MARK", "MODEL_FOLDER", "check_export_folder", "hf_config", "is_model_folder",
-           "save_pretrained", "special_token_ids", "tokenizer_files"]
+__all__ = ["EXPORT_FILES", "EXPORT_MARK", "MODEL_FOLDER", "check_export_folder", "hf_config",
+           "is_model_folder", "keep_added_files", "save_pretrained", "special_token_ids",
+           "tokenizer_files"]
