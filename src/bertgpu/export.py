@@ -41,13 +41,21 @@ def export_step(run_dir: str | Path, out: str | Path,
                 step: int | None = None) -> tuple[Path, int | None]:
     """`export`, and the step of the checkpoint it wrote (the newest good one when `step` is
     None: a newer damaged or incomplete one is skipped with a warning; None when a checkpoint
-    folder copied out of its run does not say)."""
+    folder copied out of its run does not say). One command at a time writes `out`
+    (locks.output_lock): two exports into one --out shared OUT.tmp, each removing the other's,
+    and left config.json of one beside model.safetensors of the other, both saying done."""
+    from bertgpu.locks import output_lock
+
+    with output_lock(out, "bertgpu export"):
+        return _export_step(Path(run_dir), out, step)
+
+
+def _export_step(run_dir: Path, out: str | Path, step: int | None) -> tuple[Path, int | None]:
     from bertgpu import fsutil, step_folders
     from bertgpu.models.hf_export import check_export_folder, is_model_folder, save_pretrained
     from bertgpu.models.hf_io import finetuned_model, is_checkpoint_folder, load_pretrained
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
 
-    run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: is a file, not a run folder; expected a pretraining run "
                            "folder, or one of its checkpoint folders")
