@@ -23,19 +23,25 @@ def tiny_model(seed: int = 0, **overrides):
 
 
 def tiny_run(run: Path, steps: tuple[int, ...] = (10,), keep_last: int = 0) -> Path:
-    """RUN with tokenizer/ (VOCAB) and a checkpoint per step (weights seeded by the step)."""
-    from bertgpu.models.hf_export import hf_config, tokenizer_files
-    from bertgpu.train import checkpoint as ckpt
-
+    """RUN with tokenizer/ (VOCAB) and a checkpoint per step (`save_step`)."""
     (run / "tokenizer").mkdir(parents=True, exist_ok=True)
     (run / "tokenizer" / "vocab.txt").write_text(VOCAB, encoding="utf-8")
     for step in steps:
-        model = tiny_model(step)
-        files = {"config.json": json.dumps(hf_config(model)),
-                 **tokenizer_files(run / "tokenizer", model.config.max_position_embeddings)}
-        ckpt.save_checkpoint(run, step, model.state_dict(), {"step": step}, extra_files=files,
-                             keep_last=keep_last)
+        save_step(run, step, keep_last)
     return run
+
+
+def save_step(run: Path, step: int, keep_last: int = 0) -> Path:
+    """The checkpoint of `step` (weights seeded by the step), saved as pretraining saves one:
+    its older ones pruned to `keep_last` (0: all kept)."""
+    from bertgpu.models.hf_export import hf_config, tokenizer_files
+    from bertgpu.train import checkpoint as ckpt
+
+    model = tiny_model(step)
+    files = {"config.json": json.dumps(hf_config(model)),
+             **tokenizer_files(run / "tokenizer", model.config.max_position_embeddings)}
+    return ckpt.save_checkpoint(run, step, model.state_dict(), {"step": step}, extra_files=files,
+                                keep_last=keep_last)
 
 
 def word_embeddings(folder: Path) -> torch.Tensor:

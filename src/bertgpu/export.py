@@ -51,10 +51,12 @@ def export_step(run_dir: str | Path, out: str | Path,
 
 
 def _export_step(run_dir: Path, out: str | Path, step: int | None) -> tuple[Path, int | None]:
-    from bertgpu import fsutil, step_folders
-    from bertgpu.models.hf_export import check_export_folder, is_model_folder, save_pretrained
-    from bertgpu.models.hf_io import finetuned_model, is_checkpoint_folder, load_pretrained
-    from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
+    """`export_step` with `out` locked. The newest checkpoint, picked again when the run removes
+    the one picked while it is read (keep_last): a FileNotFoundError traceback before."""
+    from bertgpu import fsutil
+    from bertgpu.models.hf_export import check_export_folder
+    from bertgpu.models.hf_io import is_checkpoint_folder
+    from bertgpu.train.checkpoint import CHECKPOINTS
 
     if run_dir.exists() and not run_dir.is_dir():
         raise BertgpuError(f"{run_dir}: is a file, not a run folder; expected a pretraining run "
@@ -68,38 +70,108 @@ def _export_step(run_dir: Path, out: str | Path, step: int | None) -> tuple[Path
     if fsutil.within(out, run_dir / CHECKPOINTS):
         raise BertgpuError(f"{out}: inside the run's {CHECKPOINTS}/ folder; expected a folder "
                            "outside it (an export there would replace or mix with a checkpoint)")
-    if step is None:
-        # the newest good one; damaged newer ones are warned about
-        ckpt = step_folders.newest_good(run_dir / CHECKPOINTS,
-                                        advice="nothing of this run can be exported")
-        model = finetuned_model(run_dir) if ckpt is None else None
-        if model is not None:
-            raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
-                               f"model {model} is already in the Hugging Face layout (expected "
-                               "a pretraining run folder, or one of its checkpoint folders)")
-        if ckpt is None and is_model_folder(run_dir):
-            raise BertgpuError(f"{run_dir}: an export, already in the Hugging Face layout "
-                               "(expected a pretraining run folder, or one of its checkpoint "
-                               "folders)")
-        if ckpt is None:
-            raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
-                               "(expected a pretraining run folder, or one of its checkpoint "
-                               "folders)")
-    else:
-        ckpt = step_folders.step_folder(run_dir / CHECKPOINTS, step)
-        if not ckpt.is_dir():
-            listed = list_checkpoints(run_dir)
-            damaged = [s for s, p in listed if checkpoint_problem(p) is not None]
-            steps = ", ".join(str(s) for s, _ in listed if s not in damaged) or "none"
-            raise BertgpuError(f"{run_dir}: has no checkpoint step_{step} under {CHECKPOINTS}/ "
-                               f"(complete ones: {steps}" + (f"; damaged: "
-                               f"{', '.join(map(str, damaged))})" if damaged else ")"))
-        problem = checkpoint_problem(ckpt)
-        if problem is not None:
-            raise BertgpuError(f"{ckpt}: cannot export: {problem}")
-    model = load_pretrained(ckpt, head="pretraining")
-    folder = save_pretrained(model, out, tokenizer=_tokenizer_of(ckpt, run_dir, warn=False))
-    return folder, int(ckpt.name.removeprefix("step_").removesuffix(fsutil.OLD))
+    if step is not None:
+        ckpt = _step_checkpoint(run_dir, step)
+        return _write(ckpt, out, run_dir), step
+    attempts = 1
+    while True:
+        try:
+            ckpt = _newest_checkpoint(run_dir)
+            return _write(ckpt, out, run_dir), _step_of(ckpt)
+        except fsutil.FolderRemoved as removed:
+            if attempts == _ATTEMPTS:
+                raise
+            attempts += 1
+            warnings.warn(f"{removed}; exporting the newest checkpoint now", stacklevel=3)
+
+
+_ATTEMPTS = 5
+"""Checkpoints picked in turn when the one picked is removed while it is read (a run saving one
+every few seconds with keep_last 1), before that is the error."""
+
+
+def _newest_checkpoint(run_dir: Path) -> Path:
+    """The newest good checkpoint of `run_dir`; damaged newer ones are warned about."""
+    from bertgpu import step_folders
+    from bertgpu.models.hf_export import is_model_folder
+    from bertgpu.models.hf_io import finetuned_model
+    from bertgpu.train.checkpoint import CHECKPOINTS
+
+    ckpt = step_folders.newest_good(run_dir / CHECKPOINTS,
+                                    advice="nothing of this run can be exported")
+    if ckpt is not None:
+        return ckpt
+    model = finetuned_model(run_dir)
+    if model is not None:
+        raise BertgpuError(f"{run_dir}: a fine-tuning output, not a pretraining run; its "
+                           f"model {model} is already in the Hugging Face layout (expected "
+                           "a pretraining run folder, or one of its checkpoint folders)")
+    if is_model_folder(run_dir):
+        raise BertgpuError(f"{run_dir}: an export, already in the Hugging Face layout "
+                           "(expected a pretraining run folder, or one of its checkpoint "
+                           "folders)")
+    raise BertgpuError(f"{run_dir}: has no complete checkpoint under {CHECKPOINTS}/ "
+                       "(expected a pretraining run folder, or one of its checkpoint folders)")
+
+
+def _step_checkpoint(run_dir: Path, step: int) -> Path:
+    """Checkpoint `step` of `run_dir` (--step), verified; a one-line error naming the complete
+    and damaged ones when it is not there."""
+    from bertgpu import fsutil, step_folders
+    from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem, list_checkpoints
+
+    def damaged(path: Path) -> bool:
+        try:
+            return checkpoint_problem(path) is not None
+        except fsutil.FolderRemoved:  # pruned by the run as it saves: not listed as damaged
+            return False
+
+    ckpt = step_folders.step_folder(run_dir / CHECKPOINTS, step)
+    if not ckpt.is_dir():
+        listed = list_checkpoints(run_dir)
+        bad = [s for s, p in listed if damaged(p)]
+        steps = ", ".join(str(s) for s, _ in listed if s not in bad) or "none"
+        raise BertgpuError(f"{run_dir}: has no checkpoint step_{step} under {CHECKPOINTS}/ "
+                           f"(complete ones: {steps}" + (f"; damaged: "
+                           f"{', '.join(map(str, bad))})" if bad else ")"))
+    problem = checkpoint_problem(ckpt)
+    if problem is not None:
+        raise BertgpuError(f"{ckpt}: cannot export: {problem}")
+    return ckpt
+
+
+def _write(ckpt: Path, out: str | Path, run: Path | None, given: bool = False) -> Path:
+    """Export good checkpoint `ckpt` to `out` with its tokenizer (`_tokenizer_of`; one found
+    nowhere is warned about when the checkpoint folder was `given` in place of a run), or raise
+    `fsutil.FolderRemoved` when its run removed it while it was read (keep_last; it read as a
+    FileNotFoundError traceback, or "incomplete" of a checkpoint that had been complete). The
+    tokenizer files of the checkpoint itself are read with its weights, before the check that it
+    is still there: a run removes COMPLETE first (`fsutil.remove_dir`)."""
+    import shutil
+    import tempfile
+
+    from bertgpu import fsutil
+    from bertgpu.models.hf_export import save_pretrained
+    from bertgpu.models.hf_io import TOKENIZER_FILES, load_pretrained
+
+    with tempfile.TemporaryDirectory(prefix="bertgpu-export-") as held:
+        try:
+            model = load_pretrained(ckpt, head="pretraining")
+            tokenizer = _tokenizer_of(ckpt, run)
+            if tokenizer == ckpt:
+                for name in TOKENIZER_FILES:
+                    if (ckpt / name).is_file():
+                        shutil.copyfile(ckpt / name, Path(held) / name)
+                tokenizer = Path(held)
+        except (BertgpuError, OSError):
+            if fsutil.is_complete(ckpt):
+                raise
+            raise fsutil.FolderRemoved(ckpt) from None
+        if not fsutil.is_complete(ckpt):
+            raise fsutil.FolderRemoved(ckpt)
+        if tokenizer is None and given:
+            _warn_no_tokenizer(ckpt, run)
+        return save_pretrained(model, out, tokenizer=tokenizer)
 
 
 def _check_not_finetuning(folder: Path) -> None:
@@ -123,8 +195,7 @@ def _export_checkpoint_folder(ckpt: Path, out: str | Path,
     --step verifies one, with its run's tokenizer (RUN/tokenizer, two levels up, when it lies in
     a run's checkpoints/ folder) or else its own copy (`_tokenizer_of`)."""
     from bertgpu import fsutil
-    from bertgpu.models.hf_export import check_export_folder, save_pretrained
-    from bertgpu.models.hf_io import load_pretrained
+    from bertgpu.models.hf_export import check_export_folder
     from bertgpu.train.checkpoint import CHECKPOINTS, checkpoint_problem
 
     if step is not None:
@@ -138,31 +209,29 @@ def _export_checkpoint_folder(ckpt: Path, out: str | Path,
     problem = checkpoint_problem(ckpt)
     if problem is not None:
         raise BertgpuError(f"{ckpt}: cannot export: {problem}")
-    folder = save_pretrained(load_pretrained(ckpt, head="pretraining"), out,
-                             tokenizer=_tokenizer_of(ckpt, ckpt.parent.parent if in_run else None))
-    return folder, _step_of(ckpt)
+    return _write(ckpt, out, ckpt.parent.parent if in_run else None, given=True), _step_of(ckpt)
 
 
-def _tokenizer_of(ckpt: Path, run: Path | None, warn: bool = True) -> Path | None:
+def _tokenizer_of(ckpt: Path, run: Path | None) -> Path | None:
     """The tokenizer folder that travels with `ckpt`'s export, by `--init`'s rule
     (tasks/init_model.find_tokenizer): its run's own, RUN/tokenizer, else the copy of it the
     checkpoint holds for transformers. A checkpoint copied out of its run, or of a run whose
     tokenizer/ was removed, was exported without one although it held the files, and
     transformers 5 then built an empty 5-token tokenizer from the export: fill-mask gave ''.
-    None when neither has one (with a warning when `warn`: a checkpoint folder given in place of
-    a run)."""
+    None when neither has one (`_warn_no_tokenizer`)."""
     from bertgpu.tasks.init_model import has_tokenizer
 
     for folder in ([run / "tokenizer"] if run is not None else []) + [ckpt]:
         if folder.is_dir() and has_tokenizer(folder):
             return folder
-    if not warn:
-        return None
+    return None
+
+
+def _warn_no_tokenizer(ckpt: Path, run: Path | None) -> None:
     where = (f"no {run / 'tokenizer'}" if run is not None
              else "it is not in a run's checkpoints/ folder, beside the run's tokenizer/")
     warnings.warn(f"{ckpt}: no tokenizer to export with it ({where}, and it holds no tokenizer "
-                  "files); the export has no tokenizer files", stacklevel=3)
-    return None
+                  "files); the export has no tokenizer files", stacklevel=5)
 
 
 def _step_of(ckpt: Path) -> int | None:

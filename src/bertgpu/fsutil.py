@@ -18,6 +18,9 @@ then writes `COMPLETE`, and flushes all of it to disk. The one definition used e
 - complete: the folder holds `COMPLETE` (`is_complete`); anything else was interrupted;
 - good: complete, and every file has its recorded size and checksum (`verify_folder` is None).
 
+A sealed folder deleted while it is verified (`remove_dir` takes COMPLETE first: a run's
+checkpoint.keep_last pruning an older checkpoint) is not damage: `FolderRemoved`.
+
 Checkpoint folders `ROOT/step_N/` built on these: `step_folders.py`.
 
 `write_problem` words a failed write for its one-line error (space figures for a full disk only).
@@ -334,19 +337,40 @@ def _size_problem(folder: Path, files: dict[str, dict]) -> str | None:
     return None
 
 
+class FolderRemoved(BertgpuError):
+    """A sealed folder deleted while it was read: a run removes its older checkpoints as it saves
+    newer ones (checkpoint.keep_last). Not damage: a caller that picks the newest good checkpoint
+    picks again; others say so in one line (it read as a FileNotFoundError traceback, or as
+    "incomplete (no COMPLETE marker ...)" of a checkpoint that was complete)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(f"{folder}: removed while being read (a running pretraining deletes its "
+                         "older checkpoints as it saves newer ones: checkpoint.keep_last)")
+        self.folder = Path(folder)
+
+
 def verify_folder(folder: Path) -> str | None:
     """None when the folder is good; otherwise what is wrong, in a few words (incomplete, a file
-    missing or truncated, a checksum mismatch). Sizes are checked before any file is read."""
+    missing or truncated, a checksum mismatch). Sizes are checked before any file is read.
+    `FolderRemoved` when the folder was deleted meanwhile (`remove_dir` takes COMPLETE first)."""
     folder = Path(folder)
     if folder.name.endswith(TMP):
         return "half-written (its save was interrupted)"
     if not (folder / COMPLETE).is_file():
         return f"incomplete (no {COMPLETE} marker: its save did not finish)"
     files = _recorded(folder)
-    if files is None:  # sealed before checksums existed (bertgpu 0.1): COMPLETE is all we have
-        return None
-    if isinstance(files, str):
-        return files
+    problem = files if isinstance(files, str) else None  # None: sealed before checksums existed
+    if isinstance(files, dict):
+        try:
+            problem = _checksum_problem(folder, files)
+        except FileNotFoundError as e:
+            problem = f"{Path(e.filename or '?').name} is missing"
+    if not (folder / COMPLETE).is_file():
+        raise FolderRemoved(folder)
+    return problem
+
+
+def _checksum_problem(folder: Path, files: dict[str, dict]) -> str | None:
     problem = _size_problem(folder, files)
     if problem is not None:
         return problem

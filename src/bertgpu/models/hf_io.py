@@ -73,9 +73,7 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
             raise BertgpuError(f"{folder}: not a usable checkpoint: {problem}")
     if (folder / "config.json").is_file():
         return folder
-    newest = step_folders.newest_good(folder / "checkpoints",
-                                      advice="expected a run with a good checkpoint, or a good "
-                                      "checkpoint folder")
+    newest = _newest_good(folder / "checkpoints")
     if newest is not None:
         return newest
     model = finetuned_model(folder)
@@ -84,6 +82,21 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
                            f"expected its model folder {model} (in the Hugging Face layout)")
     raise BertgpuError(f"{folder}: no config.json (expected a Hugging Face model folder, a "
                        "checkpoint folder, or a run folder with a complete checkpoints/step_N/)")
+
+
+def _newest_good(root: Path, attempts: int = 5) -> Path | None:
+    """`step_folders.newest_good`, asked again when the run removes the checkpoint it is
+    verifying (its keep_last, as it saves a newer one: `fsutil.FolderRemoved`, which was a
+    FileNotFoundError traceback), with a note each time."""
+    for attempt in range(attempts):
+        try:
+            return step_folders.newest_good(root, advice="expected a run with a good "
+                                            "checkpoint, or a good checkpoint folder")
+        except fsutil.FolderRemoved as removed:
+            if attempt == attempts - 1:
+                raise
+            warnings.warn(f"{removed}; taking the newest checkpoint now", stacklevel=3)
+    return None
 
 
 def finetuned_model(folder: Path) -> Path | None:
