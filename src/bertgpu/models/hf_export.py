@@ -86,7 +86,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike,
                            f"{problem}")
     tok_files = ({} if tokenizer is None else
                  tokenizer_files(tokenizer, model.config.max_position_embeddings,
-                                 hasattr(model.config, "type_vocab_size")))
+                                 getattr(model.config, "type_vocab_size", 1) > 1))
     check_export_folder(folder)
 
     # Tied copies are left out (HF re-ties them on load); the fused and padded tensors in HF's
@@ -128,9 +128,10 @@ def tokenizer_files(tokenizer: str | os.PathLike, positions: int,
     """The files of a tokenizer folder that travel with a model (`TOKENIZER_FILES`, those it
     has), by name, with tokenizer_config.json's `model_max_length` fitted to the model's
     `positions` (`_fitted_config`; one written where the folder has none), and for a model
-    without token types (ModernBERT) its
+    without token types (`token_types` False: ModernBERT, a BERT of type_vocab_size 1) its
     `model_input_names` without token_type_ids, as answerdotai's folders say (transformers 4.x's
-    ModernBertModel refused the key a BERT tokenizer class gives); a one-line error when the
+    ModernBertModel refused the key a BERT tokenizer class gives; a BERT of one token type
+    raised IndexError on the 1s of a text pair's second segment); a one-line error when the
     folder holds none of them."""
     tok_dir = Path(tokenizer)
     files = {n: (tok_dir / n).read_bytes() for n in TOKENIZER_FILES if (tok_dir / n).is_file()}
