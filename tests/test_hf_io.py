@@ -210,10 +210,11 @@ def test_save_replaces_existing_folder_and_copies_tokenizer(tmp_path):
     (tok / "tokenizer_config.json").write_text("{}")
     (tok / "config.json").write_text("{\"not\": \"copied\"}")
     out = save_pretrained(BertForPreTraining(BertConfig(**TINY)), tmp_path / "out")
-    (out / "stale.txt").write_text("old")  # an earlier export's, replaced whole
+    (out / "stale.txt").write_text("old")  # the user's: kept (the export's own are replaced)
     save_pretrained(BertModel(BertConfig(**TINY)), out, tokenizer=tok)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
-                                                     "tokenizer_config.json", "vocab.txt"]
+                                                     "stale.txt", "tokenizer_config.json",
+                                                     "vocab.txt"]
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
     (tmp_path / "run").mkdir()
     with pytest.raises(BertgpuError, match="no tokenizer files"):
