@@ -19,3 +19,14 @@ def test_token_type_ids_travel_only_with_a_model_that_has_token_types(tmp_path, 
                           tokenizer=run / "tokenizer")
     config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config.get("model_input_names") == names
+
+
+@pytest.mark.parametrize("types, names", [(1, ["input_ids", "attention_mask"]), (2, None)])
+def test_a_checkpoints_tokenizer_files_follow_the_same_rule(tmp_path, types, names):
+    """The tokenizer files beside each pretraining checkpoint (what --init and a copied
+    checkpoint's export read) kept token_type_ids for a BERT of type_vocab_size 1."""
+    from bertgpu.tasks.pretraining import checkpoint_files
+
+    run = tiny_run(tmp_path / "run", steps=())
+    files = checkpoint_files("", tiny_model(type_vocab_size=types), run)
+    assert json.loads(files["tokenizer_config.json"]).get("model_input_names") == names

@@ -361,7 +361,7 @@ def checkpoint_files(text: str, model: Any, run_dir: Path) -> dict[str, str | by
     return {"config.toml": text,
             "config.json": json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n",
             **tokenizer_files(run_dir / "tokenizer", model.config.max_position_embeddings,
-                              hasattr(model.config, "type_vocab_size"))}
+                              getattr(model.config, "type_vocab_size", 1) > 1)}
 
 
 def open_checked(init: str, data: PretrainData, warn: bool = True) -> InitSource:
