@@ -93,7 +93,7 @@ def _steps_change(results: dict[str, Any], cfg: Any, world_size: int) -> list[st
     """The steps per epoch a finished run took on its devices, where this command's would take
     others (a seed trained on 2 processes, 3 sequences left out of each epoch, had counted in
     a table with seeds trained on 1)."""
-    from bertgpu.tasks.finetune_output import epoch_steps
+    from bertgpu.tasks.finetuning import epoch_steps
 
     then, n, g = results.get("world_size"), results.get("train_sequences"), cfg.global_batch_size
     if not all(isinstance(v, int) and v > 0 for v in (then, n, g)) or then == world_size:

@@ -117,13 +117,6 @@ def data_digest(job: Job) -> str:
     return h.hexdigest()
 
 
-def epoch_steps(sequences: int, global_batch_size: int, world_size: int) -> int:
-    """Optimizer steps in one pass over ``sequences`` training sequences: the last, smaller
-    step of an epoch is kept when every device gets a sequence of it."""
-    full, rest = divmod(sequences, global_batch_size)
-    return full + (1 if rest >= world_size else 0)
-
-
 def finished_key(identity: str, predict_test: bool) -> str:
     """What results.json records of its run (`run_key`): the sha256 of its `run_identity` less
     the world size, which changes no result unless the steps per epoch change with it, and

@@ -41,7 +41,6 @@ import torch
 from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
-from bertgpu.tasks.finetune_output import epoch_steps
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
@@ -250,6 +249,13 @@ def pad_to(rows: np.ndarray, width: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------
 # The loop's task
+
+
+def epoch_steps(sequences: int, global_batch_size: int, world_size: int) -> int:
+    """Optimizer steps in one pass over ``sequences`` training sequences: the last, smaller
+    step of an epoch is kept when every device gets a sequence of it."""
+    full, rest = divmod(sequences, global_batch_size)
+    return full + (1 if rest >= world_size else 0)
 
 
 def steps_per_epoch(job: Job, global_batch_size: int, world_size: int) -> int:
