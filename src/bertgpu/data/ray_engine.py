@@ -128,8 +128,8 @@ class RayEngine:
             try:
                 if address is not None:
                     ray.init(address=address, **options)
-                else:
-                    ray.init(num_cpus=workers, **options)
+                else:  # "local": a cluster of its own, even where `ray start` left one
+                    ray.init(address="local", num_cpus=workers, **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 what = (f"{source}{address}: cannot join the Ray cluster" if address is not None
                         else f"--engine ray: cannot start a local Ray cluster of {workers} CPUs")
