@@ -367,13 +367,13 @@ def _resolve_url(url: str, bad: list[tuple[str, str]], left_out: list[str]) -> l
     fs, path = filesystem(url)
     try:
         if glob.has_magic(path):
-            found = sorted(p for m, i in fs.glob(path, detail=True).items()
-                           for p in ([m] if i.get("type") == "file" else _find(fs, m, left_out)
-                                     if i.get("type") == "directory" else []))
+            found = [p for m, i in fs.glob(path, detail=True).items()
+                     for p in ([m] if i.get("type") == "file" else _find(fs, m, left_out)
+                               if i.get("type") == "directory" else [])]
             if not found:
                 raise BertgpuError(f"{url}: pattern matches no files")
         elif fs.isdir(path):  # first: over http this is what fails on a host that is down
-            found = sorted(_find(fs, path, left_out))
+            found = _find(fs, path, left_out)
             if not found:
                 raise BertgpuError(f"{url}: folder contains no corpus files "
                                    f"({SKIPPED_IN_FOLDERS}); expected corpus files")
@@ -385,6 +385,7 @@ def _resolve_url(url: str, bad: list[tuple[str, str]], left_out: list[str]) -> l
         raise
     except Exception as exc:  # noqa: BLE001 - unreachable host, refused credentials, ...
         raise BertgpuError(f"{url}: cannot reach ({_oneline(exc)})") from None
+    found.sort(key=lambda p: p.split("/"))  # by part, as local paths: "a/x" before "a-b"
     return [url if p == path else fs.unstrip_protocol(p) for p in found]
 
 
@@ -399,9 +400,8 @@ def local_path(path: str | os.PathLike) -> str:
 def check_url_apart(out: str, given: Iterable[str | os.PathLike],
                     flag: str = "--corpus") -> None:
     """An output URL neither lies inside a URL input (a file, a folder, the folder a pattern
-    starts in) nor holds one, on the same filesystem, compared by the paths fsspec gives: a store
-    has no rename, so its output is written in place and an overlap would read or remove the
-    corpus."""
+    starts in) nor holds one, on the same filesystem, compared by fsspec's paths: a store has no
+    rename, so its output is written in place and an overlap would read or remove the corpus."""
     fs_out, where = filesystem(out)
     where = where.rstrip("/")
     for raw in given:
