@@ -222,7 +222,7 @@ model (a model card, training_args.bin). In config.json, not in a file of its ow
 safetensors header, so an export holds exactly the files and weight bytes transformers writes."""
 
 
-def is_model_folder(folder: Path) -> bool:
+def is_model_folder(folder: Path, beside: bool = True) -> bool:
     """An earlier export, which a new export replaces (keeping the plain files the user added beside
     it, `keep_added_files`): its config.json a model's (a JSON object with a model_type) carrying
     `EXPORT_MARK` and no transformers_version, no folder and no hidden entry beside it. Never a
@@ -230,7 +230,7 @@ def is_model_folder(folder: Path) -> bool:
     sources), a clone of a model repository (its .git), nor a model folder transformers (or an older
     bertgpu, whose exports had no mark) wrote: a hub download with its model card, a run's --init
     folder. The one unmarked folder replaced is a run's own hf/ holding only export files
-    (`_unmarked_run_export`)."""
+    (`_unmarked_run_export`). ``beside`` False: whatever else is beside it."""
     folder = Path(folder)
     if is_checkpoint_folder(folder):
         return False
@@ -243,7 +243,7 @@ def is_model_folder(folder: Path) -> bool:
         return False
     marked = config.get(EXPORT_MARK) is True and "transformers_version" not in config
     return ((marked or _unmarked_run_export(folder, entries))
-            and not any(p.is_dir() or p.name.startswith(".") for p in entries))
+            and not (beside and any(p.is_dir() or p.name.startswith(".") for p in entries)))
 
 
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", *TOKENIZER_FILES})
@@ -288,6 +288,12 @@ def check_export_folder(folder: str | os.PathLike) -> None:
     folder = Path(folder)
     if (folder.is_dir() and not folder.is_symlink() and any(folder.iterdir())
             and not is_model_folder(folder)):
+        blocking = sorted(p.name for p in folder.iterdir() if p.is_dir() or p.name[0] == ".")
+        if blocking and is_model_folder(folder, beside=False):  # a .gitattributes, an eval/
+            raise BertgpuError(f"{folder}: an earlier bertgpu export, but it also holds "
+                               f"{blocking[0]} (a folder or hidden file: an export keeps only "
+                               "plain files added beside it); expected it moved out of the "
+                               "folder, or another --out")
         raise BertgpuError(f"{folder}: a folder that is not an earlier bertgpu export (no "
                            f"config.json marked {EXPORT_MARK}: a folder of yours, a model saved "
                            "by transformers, or an export of a bertgpu older than the mark); an "
