@@ -243,7 +243,7 @@ def ended(state: RunState) -> str | None:
 def _restart_awaited(state: RunState) -> str | None:
     """The status of a ``--max-restarts`` job between a worker's error and its restart: the error
     end record names the launcher that may start it again (records.restart_launcher), which still
-    runs (or runs on another host: only its clock tells). Watch used to stop at that record while
+    runs (or runs on another host: for 10 minutes after the record). Watch used to stop at it while
     the job trained on. A launcher gone without a new start record restarted nothing: None."""
     end = run_end(state.records)
     launcher = restart_launcher(end) if end is not None else None
@@ -251,7 +251,8 @@ def _restart_awaited(state: RunState) -> str | None:
         return None
     here = socket.gethostname()
     host = (run_start(state.records) or {}).get("host", here)
-    if host == here and process_gone(*launcher):
+    if (process_gone(*launcher) if host == here  # elsewhere: 10 minutes without a restart
+            else time.time() - (state.last_update() or 0.0) > 600):
         return None
     where = f"(process {launcher[0]}) is still running" if host == here else f"runs on {host}"
     return f"waiting for a restart ({error_at(end)}; --max-restarts: its launcher {where})"
