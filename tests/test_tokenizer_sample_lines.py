@@ -76,3 +76,5 @@ def test_the_summary_line_says_how_much_text_the_sample_trained_on(tmp_path, cap
     assert code == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "(a sample: 4" in line and " kB of text)" in line, line
+    # no count of documents: a sample reads paragraphs a line at a time (it said 6,000)
+    assert "from 1 file (a sample: " in line and "document" not in line, line

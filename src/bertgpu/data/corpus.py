@@ -123,9 +123,11 @@ class CorpusStats:
     """path -> rows whose text is null (a Parquet or Arrow null, a JSON null), skipped: a
     missing value is no document, in every format alike."""
 
-    def summary(self) -> str:
-        """"3 files, 120 documents, 2 null texts skipped, 1 skipped" (the reasons: ``skipped``)."""
-        text = f"{_plural(self.files, 'file')}, {_plural(self.documents, 'document')}"
+    def summary(self, documents: bool = True) -> str:
+        """"3 files, 120 documents, 2 null texts skipped, 1 skipped" (the reasons: ``skipped``;
+        ``documents`` False: without the count, which a sample read by lines does not know)."""
+        text = _plural(self.files, "file") + (f", {_plural(self.documents, 'document')}"
+                                               if documents else "")
         if self.nulls:
             text += f", {_plural(sum(self.nulls.values()), 'null text')} skipped"
         return text + (f", {len(self.skipped)} skipped" if self.skipped else "")

@@ -408,7 +408,8 @@ def main(args: argparse.Namespace) -> int:
     sample = (f" (a sample: {human_bytes(report['sample_bytes'])} of text)"
               if "sample_bytes" in report else "")
     print(f"tokenizer: vocab {size} ({'uncased' if not args.cased else 'cased'}) from "
-          f"{stats.summary()}{sample} in {time.perf_counter() - start:.1f}s -> {out}")
+          f"{stats.summary(documents=not sample)}{sample} in {time.perf_counter() - start:.1f}s "
+          f"-> {out}")
     for _, reason in stats.skipped:  # a line each, as prepare's
         print(f"tokenizer: skipped {reason}")
     return 0
