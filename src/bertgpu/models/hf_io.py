@@ -65,6 +65,8 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
     complete, checksums matching; a damaged newer one is skipped with a warning)."""
     folder = Path(path)
     if not folder.is_dir():
+        if folder.parent.name == "checkpoints" and folder.parent.is_dir():  # chosen, then pruned
+            raise fsutil.FolderRemoved(folder)
         raise BertgpuError(f"{folder}: not a folder (expected a Hugging Face model folder or a "
                            "bertgpu run folder)")
     if is_checkpoint_folder(folder):  # wherever it lies (a copied step_N too): verified
