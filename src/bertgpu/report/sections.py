@@ -375,7 +375,7 @@ def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
     varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1] or keys
     devices = len({_measured_on(r) for r in rows}) > 1  # rows of two cards: which is which
     return [" / ".join([*(str(r[k]) for k in varying if r.get(k) not in (None, "")),
-                        *([str(r.get("device_name") or r.get("device"))] if devices else [])])
+                        *([_measured_on(r)] if devices and _measured_on(r) else [])])
             or f"row {i + 1}" for i, r in enumerate(rows)]
 
 

@@ -198,8 +198,9 @@ class BudgetClock:
     `bertgpu watch` use, so they say when the run stops. In the loop, rank 0 reads its clock
     at the start of each step (`read()`), the reading rides on the step's all-reduce, and every
     rank then takes it (`agree()`): `progress()` and `expired_agreed()` use only agreed values, so
-    every rank sets the same lr and stops at the same step. Outside the loop, `sync()` (a
-    broadcast from rank 0) agrees at once.
+    every rank sets the same lr and stops at the same step. `sync()` (a broadcast from rank 0)
+    agrees at once: the loop calls it after an evaluation, a save and a compiled run's first
+    step, which may use up the budget between two steps' readings.
     """
 
     def __init__(self, budget_s: float, time_fn: Callable[[], float] = time.monotonic) -> None:
