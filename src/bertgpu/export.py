@@ -73,21 +73,13 @@ def _export_step(run_dir: Path, out: str | Path, step: int | None) -> tuple[Path
     if step is not None:
         ckpt = _step_checkpoint(run_dir, step)
         return _write(ckpt, out, run_dir), step
-    attempts = 1
-    while True:
-        try:
-            ckpt = _newest_checkpoint(run_dir)
-            return _write(ckpt, out, run_dir), _step_of(ckpt)
-        except fsutil.FolderRemoved as removed:
-            if attempts == _ATTEMPTS:
-                raise
-            attempts += 1
-            warnings.warn(f"{removed}; exporting the newest checkpoint now", stacklevel=3)
+    def newest() -> tuple[Path, int]:
+        ckpt = _newest_checkpoint(run_dir)
+        return _write(ckpt, out, run_dir), _step_of(ckpt)
 
+    from bertgpu.step_folders import again_if_removed
 
-_ATTEMPTS = 5
-"""Checkpoints picked in turn when the one picked is removed while it is read (a run saving one
-every few seconds with keep_last 1), before that is the error."""
+    return again_if_removed(newest, "exporting the newest checkpoint now")
 
 
 def _newest_checkpoint(run_dir: Path) -> Path:

@@ -24,6 +24,7 @@ from bertgpu.fsutil import (
     OLD,
     SCRATCH_MARK,
     TMP,
+    FolderRemoved,
     fsync_dir,
     is_complete,
     remember_damage,
@@ -101,6 +102,20 @@ def newest_good(root: Path, accept: Callable[[Path], T] | None = None,
     if damaged:
         raise BertgpuError(f"{root}: no good checkpoint ({'; '.join(damaged)}); {advice}")
     return None
+
+
+def again_if_removed(pick: Callable[[], T], then: str, attempts: int = 5) -> T:
+    """`pick()`, called again when a checkpoint it reads is removed meanwhile (a run saving one
+    every few seconds with keep_last 1: `FolderRemoved`), with a warning ending in `then`; the
+    last attempt's FolderRemoved is the error."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return pick()
+        except FolderRemoved as removed:
+            if attempt == attempts:
+                raise
+            warnings.warn(f"{removed}; {then}", stacklevel=3)
+    raise ValueError(f"attempts {attempts}: expected 1 or more")
 
 
 def recover_leftovers(root: Path) -> list[str]:

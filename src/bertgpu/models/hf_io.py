@@ -86,19 +86,14 @@ def resolve_checkpoint_folder(path: str | os.PathLike) -> Path:
                        "checkpoint folder, or a run folder with a complete checkpoints/step_N/)")
 
 
-def _newest_good(root: Path, attempts: int = 5) -> Path | None:
+def _newest_good(root: Path) -> Path | None:
     """`step_folders.newest_good`, asked again when the run removes the checkpoint it is
     verifying (its keep_last, as it saves a newer one: `fsutil.FolderRemoved`, which was a
     FileNotFoundError traceback), with a note each time."""
-    for attempt in range(attempts):
-        try:
-            return step_folders.newest_good(root, advice="expected a run with a good "
-                                            "checkpoint, or a good checkpoint folder")
-        except fsutil.FolderRemoved as removed:
-            if attempt == attempts - 1:
-                raise
-            warnings.warn(f"{removed}; taking the newest checkpoint now", stacklevel=3)
-    return None
+    return step_folders.again_if_removed(
+        lambda: step_folders.newest_good(root, advice="expected a run with a good checkpoint, "
+                                         "or a good checkpoint folder"),
+        "taking the newest checkpoint now")
 
 
 def finetuned_model(folder: Path) -> Path | None:
