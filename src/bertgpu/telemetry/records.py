@@ -340,6 +340,8 @@ class JsonlFollower:
                 try:
                     records.append(_parse(line, self.path, self._lineno))
                 except BertgpuError:
+                    if self._lineno == 1:  # a run's first line is its start record: not a log
+                        raise
                     continue  # a line cut by a crash, then continued after a resume: skip it
         self._offset += end
         return records
