@@ -10,9 +10,10 @@ A local output (a path, or a file:// URL: a shared filesystem a cluster mounts) 
 DATADIR.tmp and renamed to DATADIR when sealed (`fsutil.replace_dir`: an old DATADIR stays whole
 until the new one replaces it). A URL output is built in place, since
 an object store cannot rename a folder: every file is uploaded whole under its final name (a PUT
-is atomic: a reader never sees half a shard), the bookkeeping is removed and manifest.json,
-uploaded last, seals the set; readers need the manifest, so there is no moment with a set that
-looks complete and is not.
+is atomic: a reader never sees half a shard), and manifest.json, uploaded after every other file
+of the set, seals it; readers need the manifest, so there is no moment with a set that looks
+complete and is not. The bookkeeping is removed after the manifest: a run stopped while sealing
+leaves either a set a re-run seals from its records or a sealed set.
 
 The bookkeeping of a run in progress is ``prepare-plan.json`` (the work units and the files'
 versions, `units.plan_record`) and ``units/NNNNN.json`` (one record per finished unit, written
@@ -142,7 +143,9 @@ class WorkFolder:
 
     def _begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
         text = json.dumps(plan, sort_keys=True)
-        if self._read_text(PLAN) == text:
+        # (a URL's plan beside a manifest: a set sealed just before its bookkeeping went; here
+        # only to be replaced, with --overwrite)
+        if self._read_text(PLAN) == text and not (self.remote and self._exists(MANIFEST)):
             if not self.remote:
                 (Path(self.folder) / SCRATCH_MARK).touch()  # (bertgpu 0.1 did not mark it)
             return self._finished()
@@ -162,7 +165,8 @@ class WorkFolder:
             raise BertgpuError(f"{self.out}: cannot reach ({' '.join(str(exc).split())})") from None
         if found:
             sealed = self._exists(MANIFEST)
-            if not sealed and not self._exists(PLAN):  # the user's files: never removed
+            ours = self._exists(PLAN) or self._exists(PREPARED)  # (PREPARED: a seal stopped)
+            if not sealed and not ours:  # the user's files: never removed
                 raise BertgpuError(f"{self.out}: holds files that are not {SHARD_SET}; it would "
                                    "be replaced, so expected a new or empty folder, or an earlier "
                                    "output of this command")
@@ -171,6 +175,10 @@ class WorkFolder:
                                    "folder (or --overwrite)")
             if sealed:  # (a store cannot swap folders: the old set goes before the new is made)
                 fs.rm_file(self._path(MANIFEST))  # unseal first: never a manifest over a mix
+            marks = {self._path(PLAN), self._path(PREPARED)}  # last: a stop midway leaves a
+            rest = [p for p in fs.find(root) if p not in marks]  # folder still known as ours
+            if rest:
+                fs.rm(rest)
             fs.rm(root, recursive=True)
         fs.makedirs(f"{root.rstrip('/')}/{UNITS}", exist_ok=True)
 
@@ -213,7 +221,7 @@ class WorkFolder:
 
     def seal(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
         """tokenizer/ (``tokenizer_files``: name -> bytes), the bookkeeping removed,
-        manifest.json last; the set in place."""
+        manifest.json last (at a URL: before the bookkeeping goes); the set in place."""
         if self.remote:
             with self._store_errors("cannot write"):
                 return self._seal_remote(manifest_text, tokenizer_files)
@@ -228,13 +236,16 @@ class WorkFolder:
         return self.out
 
     def _seal_remote(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
+        """The bookkeeping goes after manifest.json, not before: a stop at any point leaves the
+        plan and the records (a re-run seals the set from them) or a sealed set. Removed first,
+        a stop before the manifest left a folder no re-run could resume, or even replace."""
         fs, _ = self._fs()
         for name, data in sorted(tokenizer_files.items()):
             fs.pipe_file(self._path(f"tokenizer/{name}"), data)
-        fs.rm(self._path(UNITS), recursive=True)
         fs.pipe_file(self._path(PREPARED), fs.cat_file(self._path(PLAN)))
-        fs.rm_file(self._path(PLAN))
         self._write_text(MANIFEST, manifest_text)
+        fs.rm_file(self._path(PLAN))
+        fs.rm(self._path(UNITS), recursive=True)
         return self.out
 
     def sealed(self) -> tuple[str | None, str | None]:
