@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from bertgpu.data import pipeline
+from bertgpu.data.output import StoreFailed
 from bertgpu.data.unit_job import UnitJob, run_unit
 from bertgpu.data.units import Unit
 from bertgpu.errors import BertgpuError
@@ -157,10 +158,11 @@ class LocalEngine:
 
             try:
                 record = run_unit(self.job, unit, held, self.workers, self.pool, progress)
-            except BrokenProcessPool:
-                raise RunStopped(f"{unit.describe()}: a worker process of the pool died (killed "
-                                 "by a signal or for lack of memory); the finished units are "
-                                 "kept: re-run the same command to do the rest") from None
+            except (BrokenProcessPool, StoreFailed) as exc:  # as a Ray task's failure
+                why = (str(exc) if isinstance(exc, StoreFailed) else "a worker process of the "
+                       "pool died (killed by a signal or for lack of memory)")
+                raise RunStopped(f"{unit.describe()}: {why}; the finished units are kept: re-run "
+                                 "the same command to do the rest") from None
             self.progress.unit_done(record, tokens_seen=seen[0])
             done(record)
 

@@ -107,8 +107,9 @@ class WorkFolder:
     def publish(self, path: Path) -> None:
         """A finished file of the scratch folder into the output (uploaded whole)."""
         if self.remote:
-            fs, _ = self._fs()
-            fs.put_file(str(path), self._path(path.name))
+            with self.store_errors("cannot write", midway=True):
+                fs, _ = self._fs()
+                fs.put_file(str(path), self._path(path.name))
             path.unlink()
 
     def drop_scratch(self, scratch: Path) -> None:
@@ -117,27 +118,33 @@ class WorkFolder:
 
     def write_record(self, unit: int, record: dict) -> None:
         """The last thing a unit writes: after it, the unit counts as done."""
-        self._write_text(f"{UNITS}/{unit:05d}.json", json.dumps(record, indent=1) + "\n")
+        with self.store_errors("cannot write", midway=True):
+            self._write_text(f"{UNITS}/{unit:05d}.json", json.dumps(record, indent=1) + "\n")
 
     # ------------------------------------------------------------------ the driver's side
 
     def begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
         """Start writing; returns the records of the units a run of the same plan finished."""
-        if not self.remote:
-            return self._begin(plan, overwrite)
-        with self._store_errors("cannot write"):
+        with self.store_errors("cannot write"):
             return self._begin(plan, overwrite)
 
     @contextlib.contextmanager
-    def _store_errors(self, what: str) -> Iterator[None]:
-        """Any failure of the store (a host that does not answer, a write refused) as one line
-        naming the output URL."""
+    def store_errors(self, what: str, midway: bool = False) -> Iterator[None]:
+        """Any failure of a URL output's store (a host that does not answer, a write refused)
+        as one line naming the output URL: at the start, a BertgpuError (the URL is the user's to
+        fix); ``midway`` (the store took the run's writes so far), a `StoreFailed`. Nothing for a
+        local output: its OSErrors are the file system's (`cli.place_error`)."""
+        if not self.remote:
+            yield
+            return
         try:
             yield
-        except BertgpuError:
+        except (BertgpuError, StoreFailed):
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the store raises
             why = " ".join(f"{type(exc).__name__}: {exc}".split())
+            if midway:
+                raise StoreFailed(f"{self.out}: {what} ({why})") from None
             raise BertgpuError(f"{self.out}: {what} ({why}); expected an output URL this "
                                "machine can write to") from None
 
@@ -205,7 +212,7 @@ class WorkFolder:
         a Ray worker on another node writes a local --out on its own disk, and one in another
         process writes memory:// in its own memory."""
         if self.remote:
-            with self._store_errors("cannot read"):
+            with self.store_errors("cannot read", midway=True):
                 fs, root = self._fs()
                 there = {p.rsplit("/", 1)[-1] for p in fs.find(root)}
         else:
@@ -223,7 +230,7 @@ class WorkFolder:
         """tokenizer/ (``tokenizer_files``: name -> bytes), the bookkeeping removed,
         manifest.json last (at a URL: before the bookkeeping goes); the set in place."""
         if self.remote:
-            with self._store_errors("cannot write"):
+            with self.store_errors("cannot write", midway=True):
                 return self._seal_remote(manifest_text, tokenizer_files)
         folder = Path(self.folder)
         (folder / "tokenizer").mkdir(exist_ok=True)
@@ -252,7 +259,7 @@ class WorkFolder:
         """The texts of manifest.json and prepared-from.json of a shard set sealed at the output
         (None for a file that is not there): what a re-run finds (`rerun.same_as_prepared`)."""
         if self.remote:
-            with self._store_errors("cannot read"):
+            with self.store_errors("cannot read"):
                 return self._read_text(MANIFEST), self._read_text(PREPARED)
         texts = []
         for name in (MANIFEST, PREPARED):
@@ -274,6 +281,14 @@ class WorkFolder:
                 fs.rm(root, recursive=True)
         except Exception:  # noqa: BLE001 - the error being reported matters more
             pass
+
+
+class StoreFailed(ConnectionError):
+    """A store (the output's, or the corpus's) or the network to it failed while the run went
+    on: a reset connection, a timeout, an upload refused. No bad input: the run stops with this
+    one line and keeps its finished units for a re-run of the same command (`engines.RunStopped`),
+    as for a killed worker. Not a BertgpuError: a Ray task raising it is a failed task, not bad
+    input (`ray_engine`)."""
 
 
 SHARD_SET = "a shard set (bertgpu prepare's output, with manifest.json)"

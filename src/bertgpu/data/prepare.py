@@ -41,9 +41,10 @@ place with manifest.json last (`output`). Bad input stops the run with one line 
 it wrote; with --skip-bad a bad file is left out whole (a unit that read part of it before the
 problem is prepared again without it, and the other parts of a file read in parts are dropped),
 and listed in the manifest's ``skipped_inputs``. A run stopped otherwise (a worker or the driver
-killed, Ctrl-C) keeps its finished units: the same command redoes only the others. Run again
-after the end, it finds the set made from the same corpus and settings and does nothing; a set
-made otherwise at --out is an error naming the difference, unless --overwrite (`rerun`).
+killed, Ctrl-C, a store or the network failing midway: `output.StoreFailed`) keeps its finished
+units: the same command redoes only the others. Run again after the end, it finds the set made
+from the same corpus and settings and does nothing; a set made otherwise at --out is an error
+naming the difference, unless --overwrite (`rerun`).
 
 A finished run warns (`prepare_warnings`) when the set is complete but not what the user
 expects: mostly [UNK], NSP labels mostly one class, random next segments from A's own document.
@@ -66,7 +67,7 @@ from bertgpu.data.document_parts import whitespace_sensitive
 from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
 from bertgpu.data.jsonl import null_text_message
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
-from bertgpu.data.output import SHARD_SET, WorkFolder, is_shard_set, shard_files
+from bertgpu.data.output import SHARD_SET, StoreFailed, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.prepare_warnings import warn_about_result
 from bertgpu.data.rerun import same_as_prepared
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
@@ -232,6 +233,9 @@ def prepare(
             work.seal(manifest.dumps(), tokenizer_files)
         except RunStopped:
             raise  # the finished units stay for a re-run (its message says so)
+        except StoreFailed as exc:  # checking or sealing: the store, not the input
+            raise RunStopped(f"{exc}; the work units finished so far are kept in {work.folder}; "
+                             "the same command goes on from them") from None
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished units stay for a re-run
             print(f"bertgpu prepare: the work units finished so far are kept in {work.folder}; the "
                   "same command goes on from them", file=sys.stderr, flush=True)

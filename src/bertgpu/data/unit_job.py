@@ -26,7 +26,7 @@ import numpy as np
 from bertgpu.data import pipeline
 from bertgpu.data.compressed import read_errors
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
-from bertgpu.data.output import WorkFolder
+from bertgpu.data.output import StoreFailed, WorkFolder
 from bertgpu.data.prepare_worker import RANDOM_CAUSES
 from bertgpu.data.sources import filesystem, local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
@@ -114,7 +114,30 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
     out when this unit starts (the units before it hold the others). A file skipped (--skip-bad)
     after some of its text went into the shards is left out whole: the unit is prepared again
     without it, its first shards replaced.
+
+    A corpus file that cannot be read for the network (a reset connection, a timeout) is a
+    `StoreFailed`, not bad input: the run stops and keeps its finished units.
     """
+    try:
+        return _run_unit(job, unit, held_docs, workers, pool, progress)
+    except BertgpuError as exc:
+        if not _network_failure(exc):
+            raise
+        raise StoreFailed(str(exc)) from None
+
+
+def _network_failure(exc: BaseException | None) -> bool:
+    """Whether ``exc`` was raised from a ConnectionError or a TimeoutError (the one-line
+    errors of an unreadable file are raised from what the read raised)."""
+    while exc is not None:
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, pool,
+              progress: Progress | None) -> dict[str, Any]:
     start = time.perf_counter()
     work = WorkFolder(job.out, job.base)
     pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
@@ -172,11 +195,12 @@ def remove_files(work: WorkFolder, names: list[str]) -> None:
         for name in names:
             (Path(work.folder) / name).unlink(missing_ok=True)
         return
-    fs, root = filesystem(work.folder)
-    for name in names:
-        path = f"{root.rstrip('/')}/{name}"
-        if fs.exists(path):
-            fs.rm_file(path)
+    with work.store_errors("cannot remove", midway=True):
+        fs, root = filesystem(work.folder)
+        for name in names:
+            path = f"{root.rstrip('/')}/{name}"
+            if fs.exists(path):
+                fs.rm_file(path)
 
 
 def _prepare(job: UnitJob, unit: Unit, pieces: list, held_docs: int | None, work: WorkFolder,
