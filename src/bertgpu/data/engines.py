@@ -10,7 +10,7 @@ progress line. The output never depends on the engine (`unit_job`).
 
 `run_all` sends the engine the units not already finished. With --validation-docs N a unit must
 know how many of the first N documents the units before it held, so the units that may hold
-some run one at a time first, the rest all at once.
+some run one at a time first, the rest all at once (and a unit whose count changed, again).
 
 The progress line (stderr, when it is a terminal) counts the stored bytes read, with the units
 done of the total, tokens/s and bytes/s across the cluster and the ETA:
@@ -187,18 +187,41 @@ def open_engine(name: str, job: UnitJob, workers: int, address: str | None,
 
 def run_all(engine: Engine, units: list[Unit], finished: dict[int, dict[str, Any]],
             validation_docs: int | None) -> dict[int, dict[str, Any]]:
-    """Every unit's record, in a dict by unit index: ``finished`` ones kept, the rest run."""
+    """Every unit's record, in a dict by unit index: ``finished`` ones kept, the rest run.
+
+    A file read in parts that a unit skips (--skip-bad) is left out whole (`left_out`), and so
+    are the documents its parts held out of the first N: the units after it that now hold them
+    run again, until every unit holds what the corpus that is kept gives it."""
     records = dict(finished)
-    start = 0
-    if validation_docs is not None:  # the units that hold the first N documents, in order
-        left = validation_docs
-        while start < len(units) and left > 0:
-            if start not in records:
-                engine.run([(units[start], left)], lambda r: records.__setitem__(r["unit"], r))
-            left -= records[start]["documents"]
-            start += 1
-    todo = [(u, 0 if validation_docs is not None else None) for u in units[start:]
-            if u.index not in records]
-    if todo:
-        engine.run(todo, lambda r: records.__setitem__(r["unit"], r))
+    while due := _due(units, records, validation_docs):
+        engine.run(due, lambda r: records.__setitem__(r["unit"], r))
     return records
+
+
+def _due(units: list[Unit], records: dict[int, dict[str, Any]], validation_docs: int | None
+         ) -> list[tuple[Unit, int | None]]:
+    """What to run next: the first unit of the first N documents without its record, or run with
+    another count of them left (``held_docs``; one at a time, as the next depends on it), else
+    every unit without a record, or that held some and is past them now."""
+    if validation_docs is None:
+        return [(u, None) for u in units if u.index not in records]
+    out, left, holding = left_out(units, records), validation_docs, set()
+    for unit in units:
+        if left <= 0:
+            break
+        if unit.index in out:  # (its record may come later: it is emptied whatever it holds)
+            continue
+        record = records.get(unit.index)
+        if record is None or record.get("held_docs", left) != left:
+            return [(unit, left)]
+        left -= record["documents"]
+        holding.add(unit.index)
+    return [(u, 0) for u in units if u.index not in records or (
+        u.index not in holding | out and records[u.index].get("held_docs", 0) != 0)]
+
+
+def left_out(units: list[Unit], records: dict[int, dict[str, Any]]) -> set[int]:
+    """The units that read a part of a file some unit skipped (--skip-bad): the file is left out
+    whole, so they are emptied (`prepare`)."""
+    bad = {path for r in records.values() for path, _ in r["skipped"]}
+    return {u.index for u in units if any(not p.whole and str(p.src) in bad for p in u.pieces)}

@@ -121,6 +121,25 @@ class WorkFolder:
         with self.store_errors("cannot write", midway=True):
             self._write_text(f"{UNITS}/{unit:05d}.json", json.dumps(record, indent=1) + "\n")
 
+    def take_record(self, unit: int) -> dict | None:
+        """The record of ``unit`` an earlier run of it wrote (None: none), removed: the unit runs
+        again (`unit_job.run_unit`), and a stop midway must not leave it over the new shards."""
+        name = f"{UNITS}/{unit:05d}.json"
+        with self.store_errors("cannot write", midway=True):
+            record = self._record(name)
+            if record is not None and self.remote:
+                self._fs()[0].rm_file(self._path(name))
+            elif record is not None:
+                Path(self._path(name)).unlink()
+        return record
+
+    def _record(self, name: str) -> dict | None:
+        text = self._read_text(name)
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return None
+
     # ------------------------------------------------------------------ the driver's side
 
     def begin(self, plan: dict, overwrite: bool) -> dict[int, dict]:
@@ -198,11 +217,7 @@ class WorkFolder:
             names = [p.name for p in Path(self._path(UNITS)).glob("*.json")]
         out = {}
         for name in names:
-            text = self._read_text(f"{UNITS}/{name}")
-            try:
-                record = json.loads(text) if text else None
-            except json.JSONDecodeError:
-                record = None
+            record = self._record(f"{UNITS}/{name}")
             if record is not None and all(self._exists(f) for f in shard_files(record)):
                 out[int(record["unit"])] = record
         return out

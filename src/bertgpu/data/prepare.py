@@ -64,7 +64,7 @@ import numpy as np
 from bertgpu import __version__
 from bertgpu.data.corpus import add_corpus_arguments, resolve_inputs
 from bertgpu.data.document_parts import whitespace_sensitive
-from bertgpu.data.engines import ENGINES, Progress, RunStopped, open_engine, run_all
+from bertgpu.data.engines import ENGINES, Progress, RunStopped, left_out, open_engine, run_all
 from bertgpu.data.jsonl import null_text_message
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, StoreFailed, WorkFolder, is_shard_set, shard_files
@@ -256,13 +256,10 @@ def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any
                              work: WorkFolder) -> None:
     """A file read in parts by several units and skipped by one of them (--skip-bad) is left out
     whole: the other parts' units (one piece each) are emptied and their shards removed."""
-    bad = {path for r in records.values() for path, _ in r["skipped"]}
-    for unit in units:
-        record = records[unit.index]
-        if not any(not p.whole and str(p.src) in bad for p in unit.pieces):
-            continue
+    for index in sorted(left_out(units, records)):
+        record = records[index]
         remove_files(work, shard_files(record))
-        records[unit.index] = {
+        records[index] = {
             **record, "documents": 0, "slices": {}, "nulls": {}, "cut_documents": 0,
             "splits": {s: {"sequences": 0, "tokens": 0, "documents": 0, "shards": []}
                        for s in record["splits"]},

@@ -26,7 +26,7 @@ import numpy as np
 from bertgpu.data import pipeline
 from bertgpu.data.compressed import read_errors
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
-from bertgpu.data.output import StoreFailed, WorkFolder
+from bertgpu.data.output import StoreFailed, WorkFolder, shard_files
 from bertgpu.data.prepare_worker import RANDOM_CAUSES
 from bertgpu.data.sources import filesystem, local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
@@ -140,6 +140,8 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
               progress: Progress | None) -> dict[str, Any]:
     start = time.perf_counter()
     work = WorkFolder(job.out, job.base)
+    # run again to hold another count of the first N documents (`engines.run_all`)
+    earlier = work.take_record(unit.index) if held_docs else None
     pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
     writers, plan, stats, counts = _prepare(job, unit, pieces, held_docs, work, workers, pool,
                                             progress)
@@ -170,6 +172,7 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
         "nulls": {named.get(path, path): n for path, n in stats.nulls.items()},
         "cut_documents": plan.cut_documents,
         "bytes": unit.bytes,
+        "held_docs": held_docs,
         "inputs": [{"path": str(p.src), "part": p.part, "parts": p.parts,
                     "span": list(p.span) if p.span else None,
                     "sha256": (_sha256(q.src, p.span) if p.span and str(q.src) not in skipped
@@ -179,6 +182,8 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
         "seconds": round(time.perf_counter() - start, 3),
         "peak_rss_kb": _peak_rss_kb(),
     }
+    if earlier is not None:  # its shards this run did not write again
+        remove_files(work, sorted(set(shard_files(earlier)) - set(shard_files(record))))
     work.write_record(unit.index, record)
     return record
 
