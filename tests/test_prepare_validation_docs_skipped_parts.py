@@ -46,11 +46,15 @@ def corpora(tmp_path_factory) -> tuple[Path, Path]:
     return bad, good
 
 
-def _prepare(tok: Path, corpus: Path, out: Path, n: int) -> dict:
+def _run(tok: Path, corpus: Path, out: Path, n: int) -> int:
     """(--shard-size 20: a unit run again to hold documents writes fewer train shards)"""
-    assert cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out",
+    return cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out",
                      str(out), "--seq-len", "64", "--unit-bytes", "50000", "--workers", "1",
-                     "--shard-size", "20", "--validation-docs", str(n), "--skip-bad"]) == 0
+                     "--shard-size", "20", "--validation-docs", str(n), "--skip-bad"])
+
+
+def _prepare(tok: Path, corpus: Path, out: Path, n: int) -> dict:
+    assert _run(tok, corpus, out, n) == 0
     return json.loads((out / "manifest.json").read_text())
 
 
@@ -78,3 +82,32 @@ def test_the_first_n_documents_of_the_kept_corpus_are_held_out(tok, corpora, tmp
     listed = {f"{s['name']}.{k}.npy" for split in skipped["splits"].values()
               for s in split["shards"] for k in ("input_ids", "lengths")}
     assert npy == listed  # no shard of a unit run again left behind
+
+
+def test_a_run_stopped_as_a_unit_runs_again_leaves_none_of_its_shards(tok, corpora, tmp_path,
+                                                                      capsys, monkeypatch):
+    """Ctrl-C just as a unit is run again (its earlier shards and record removed): the same
+    command finishes the set with the reference's split and no shard of the earlier run."""
+    from bertgpu.data.output import WorkFolder
+
+    bad, good = corpora
+    forget = WorkFolder.forget
+
+    def stopping(self, unit):
+        again = self._record(f"units/{unit:05d}.json") is not None
+        forget(self, unit)
+        if again:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(WorkFolder, "forget", stopping)
+    assert _run(tok, bad, tmp_path / "skipped", 200) == 130
+    assert "the same command goes on from them" in capsys.readouterr().err
+    monkeypatch.undo()
+    skipped = _prepare(tok, bad, tmp_path / "skipped", 200)
+    reference = _prepare(tok, good, tmp_path / "reference", 200)
+    assert skipped["splits"]["validation"] == {**reference["splits"]["validation"],
+                                               "shards": skipped["splits"]["validation"]["shards"]}
+    npy = {p.name for p in (tmp_path / "skipped").glob("*.npy")}
+    listed = {f"{s['name']}.{k}.npy" for split in skipped["splits"].values()
+              for s in split["shards"] for k in ("input_ids", "lengths")}
+    assert npy == listed

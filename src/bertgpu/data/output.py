@@ -121,17 +121,26 @@ class WorkFolder:
         with self.store_errors("cannot write", midway=True):
             self._write_text(f"{UNITS}/{unit:05d}.json", json.dumps(record, indent=1) + "\n")
 
-    def take_record(self, unit: int) -> dict | None:
-        """The record of ``unit`` an earlier run of it wrote (None: none), removed: the unit runs
-        again (`unit_job.run_unit`), and a stop midway must not leave it over the new shards."""
+    def remove(self, names: list[str]) -> None:
+        """Remove files of the folder (shards of a unit prepared again, or left out)."""
+        if not self.remote:
+            for name in names:
+                Path(self._path(name)).unlink(missing_ok=True)
+            return
+        with self.store_errors("cannot remove", midway=True):
+            fs, _ = self._fs()
+            for path in map(self._path, names):
+                if fs.exists(path):
+                    fs.rm_file(path)
+
+    def forget(self, unit: int) -> None:
+        """What an earlier run of ``unit`` wrote, removed: it runs again (`unit_job.run_unit`).
+        Its shards go first: a stop midway leaves a record without them, a unit not done."""
         name = f"{UNITS}/{unit:05d}.json"
-        with self.store_errors("cannot write", midway=True):
+        with self.store_errors("cannot read", midway=True):
             record = self._record(name)
-            if record is not None and self.remote:
-                self._fs()[0].rm_file(self._path(name))
-            elif record is not None:
-                Path(self._path(name)).unlink()
-        return record
+        if record is not None:
+            self.remove([*shard_files(record), name])
 
     def _record(self, name: str) -> dict | None:
         text = self._read_text(name)

@@ -88,7 +88,7 @@ from bertgpu.data.tokenizer_folder import (
     special_token_ids,
     tokenizer_hash,
 )
-from bertgpu.data.unit_job import UnitJob, remove_files
+from bertgpu.data.unit_job import UnitJob
 from bertgpu.data.units import UNIT_BYTES, Unit, plan_record, plan_units
 from bertgpu.data.writer import SPLITS
 from bertgpu.errors import BertgpuError
@@ -258,7 +258,7 @@ def _leave_out_skipped_parts(units: list[Unit], records: dict[int, dict[str, Any
     whole: the other parts' units (one piece each) are emptied and their shards removed."""
     for index in sorted(left_out(units, records)):
         record = records[index]
-        remove_files(work, shard_files(record))
+        work.remove(shard_files(record))
         records[index] = {
             **record, "documents": 0, "slices": {}, "nulls": {}, "cut_documents": 0,
             "splits": {s: {"sequences": 0, "tokens": 0, "documents": 0, "shards": []}

@@ -18,7 +18,6 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,9 @@ import numpy as np
 from bertgpu.data import pipeline
 from bertgpu.data.compressed import read_errors
 from bertgpu.data.corpus import CorpusStats, iter_piece_items
-from bertgpu.data.output import StoreFailed, WorkFolder, shard_files
+from bertgpu.data.output import StoreFailed, WorkFolder
 from bertgpu.data.prepare_worker import RANDOM_CAUSES
-from bertgpu.data.sources import filesystem, local_or_url, open_raw
+from bertgpu.data.sources import local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
 from bertgpu.data.units import Unit
 from bertgpu.data.writer import SPLITS, Packer, ShardWriter
@@ -140,8 +139,8 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
               progress: Progress | None) -> dict[str, Any]:
     start = time.perf_counter()
     work = WorkFolder(job.out, job.base)
-    # run again to hold another count of the first N documents (`engines.run_all`)
-    earlier = work.take_record(unit.index) if held_docs else None
+    if held_docs:  # maybe run again, to hold another count of them (`engines.run_all`)
+        work.forget(unit.index)
     pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
     writers, plan, stats, counts = _prepare(job, unit, pieces, held_docs, work, workers, pool,
                                             progress)
@@ -154,8 +153,8 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
         again.skipped[:0] = stats.skipped  # the others were read to their end again
         stats = again
         names = {shard["name"] for w in writers.values() for shard in w.shards}
-        remove_files(work, [f"{name}.{key}.npy" for name in first if name not in names
-                            for key in job.keys])
+        work.remove([f"{name}.{key}.npy" for name in first if name not in names
+                     for key in job.keys])
     # The files as the plan names them (as given: relative paths stay relative), not as opened.
     named = {str(q.src): str(p.src) for p, q in zip(unit.pieces, pieces, strict=True)}
     # A skipped file is left out of the manifest: not read again for a sha256 (it failed once)
@@ -182,30 +181,12 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
         "seconds": round(time.perf_counter() - start, 3),
         "peak_rss_kb": _peak_rss_kb(),
     }
-    if earlier is not None:  # its shards this run did not write again
-        remove_files(work, sorted(set(shard_files(earlier)) - set(shard_files(record))))
     work.write_record(unit.index, record)
     return record
 
 
 def _renamed(reason: str, opened: str, named: str) -> str:
     return named + reason[len(opened):] if reason.startswith(opened) else reason
-
-
-def remove_files(work: WorkFolder, names: list[str]) -> None:
-    """Remove shard files of the work folder (a unit prepared again, or left out)."""
-    if not names:
-        return
-    if not work.remote:
-        for name in names:
-            (Path(work.folder) / name).unlink(missing_ok=True)
-        return
-    with work.store_errors("cannot remove", midway=True):
-        fs, root = filesystem(work.folder)
-        for name in names:
-            path = f"{root.rstrip('/')}/{name}"
-            if fs.exists(path):
-                fs.rm_file(path)
 
 
 def _prepare(job: UnitJob, unit: Unit, pieces: list, held_docs: int | None, work: WorkFolder,
