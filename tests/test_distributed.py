@@ -334,8 +334,10 @@ def test_the_workers_end_with_the_command_that_started_them(tmp_path):
     marker.mkdir()
     script = ("from bertgpu.train import launcher; "
               f"launcher.launch_local(2, ['watch', {str(marker)!r}, '--interval', '0.5'])")
+    # (TMPDIR: the launcher's log folder, which a SIGKILLed launcher cannot remove, stays here)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=subprocess.DEVNULL,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
 
     def ours() -> list[int]:  # the launcher and its workers: their command lines name the marker
         pids = []
