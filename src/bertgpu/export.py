@@ -70,6 +70,10 @@ def _export_step(run_dir: Path, out: str | Path, step: int | None) -> tuple[Path
     if fsutil.within(out, run_dir / CHECKPOINTS):
         raise BertgpuError(f"{out}: inside the run's {CHECKPOINTS}/ folder; expected a folder "
                            "outside it (an export there would replace or mix with a checkpoint)")
+    if Path(out).resolve() == (run_dir / "hf").resolve():  # a live run writes it at its end
+        from bertgpu.train.run_folder import check_run_folder_free
+
+        check_run_folder_free(run_dir)
     if step is not None:
         ckpt = _step_checkpoint(run_dir, step)
         return _write(ckpt, out, run_dir), step
