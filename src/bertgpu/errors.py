@@ -25,6 +25,17 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+def from_network(exc: BaseException | None) -> bool:
+    """Whether ``exc`` was raised from a ConnectionError or a TimeoutError (the one-line errors
+    of an unreadable file are raised from what the read raised): a store's failure, not bad
+    input, which --skip-bad must not leave out as a bad file."""
+    while exc is not None:
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, a scheduler's time limit) to a command that is not training: raised in the
     main thread so that it stops as Ctrl-C stops it (a half-written output removed, `prepare`'s

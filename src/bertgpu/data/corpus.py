@@ -85,7 +85,7 @@ from bertgpu.data.textio import (
 )
 from bertgpu.data.textsize import cut_part, text_bytes
 from bertgpu.data.wikitext import read_wiki, wiki_to_sentences
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, from_network
 
 __all__ = ["FORMATS", "CorpusStats", "Piece", "detect_format", "iter_documents",
            "iter_document_parts", "iter_piece_items", "iter_raw_documents", "null_text_message",
@@ -357,7 +357,7 @@ def iter_piece_items(pieces: Iterable[Piece], fmt: str = "auto", text_field: str
                 if cut or (limit is not None and size >= limit):
                     break
         except BertgpuError as exc:
-            if not skip_bad:
+            if not skip_bad or from_network(exc):  # a store's failure is no bad file
                 raise
             yield "bad", (str(piece.src), str(exc)), False
         else:

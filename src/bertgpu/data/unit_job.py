@@ -31,7 +31,7 @@ from bertgpu.data.sources import local_or_url, open_raw
 from bertgpu.data.split import SplitPlan
 from bertgpu.data.units import Unit
 from bertgpu.data.writer import SPLITS, Packer, ShardWriter
-from bertgpu.errors import BertgpuError
+from bertgpu.errors import BertgpuError, from_network
 from bertgpu.testing import faults
 
 Progress = Callable[[int, int], None]  # (tokens written, stored bytes read) so far in the unit
@@ -120,19 +120,9 @@ def run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int = 1, 
     try:
         return _run_unit(job, unit, held_docs, workers, pool, progress)
     except BertgpuError as exc:
-        if not _network_failure(exc):
+        if not from_network(exc):
             raise
         raise StoreFailed(str(exc)) from None
-
-
-def _network_failure(exc: BaseException | None) -> bool:
-    """Whether ``exc`` was raised from a ConnectionError or a TimeoutError (the one-line
-    errors of an unreadable file are raised from what the read raised)."""
-    while exc is not None:
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, pool,
