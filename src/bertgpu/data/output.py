@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -135,12 +136,17 @@ class WorkFolder:
 
     def forget(self, unit: int) -> None:
         """What an earlier run of ``unit`` wrote, removed: it runs again (`unit_job.run_unit`).
-        Its shards go first: a stop midway leaves a record without them, a unit not done."""
-        name = f"{UNITS}/{unit:05d}.json"
+        Its shards go first (a stop midway leaves a record without them, a unit not done), and
+        they are every file named for the unit, not those of its record: a run cut off before
+        its record had left shards (and a .part) that no record named, beside the new ones."""
+        mine = re.compile(rf"[a-z]+-{unit:05d}-\d+\.")
         with self.store_errors("cannot read", midway=True):
-            record = self._record(name)
-        if record is not None:
-            self.remove([*shard_files(record), name])
+            if self.remote:
+                fs, root = self._fs()
+                names = [p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+            else:
+                names = os.listdir(self.folder)
+        self.remove([*sorted(n for n in names if mine.match(n)), f"{UNITS}/{unit:05d}.json"])
 
     def _record(self, name: str) -> dict | None:
         text = self._read_text(name)

@@ -129,7 +129,7 @@ def _run_unit(job: UnitJob, unit: Unit, held_docs: int | None, workers: int, poo
               progress: Progress | None) -> dict[str, Any]:
     start = time.perf_counter()
     work = WorkFolder(job.out, job.base)
-    if held_docs:  # maybe run again, to hold another count of them (`engines.run_all`)
+    if held_docs is not None:  # maybe run again, to hold another count (`engines.run_all`)
         work.forget(unit.index)
     pieces = [replace(p, src=local_or_url(p.src, job.base)) for p in unit.pieces]
     writers, plan, stats, counts = _prepare(job, unit, pieces, held_docs, work, workers, pool,
