@@ -7,50 +7,20 @@ on from the finished units."""
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import pytest
-from _corpora import documents
-from _text_fixtures import train_small_tokenizer
+from test_prepare_store_failures_keep_units import (  # noqa: F401 (fixtures: tok, corpus, bucket)
+    _prepare,
+    _tree,
+    bucket,
+    corpus,
+    tok,
+)
 
-from bertgpu.cli import main as cli_main
 from bertgpu.data.output import MANIFEST, PLAN, WorkFolder
 
 fsspec = pytest.importorskip("fsspec")
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    docs = documents()
-    (folder / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:40]))
-    (folder / "b.txt").write_text("".join(d + "\n\n" for d in docs[40:]))
-    return folder
-
-
-@pytest.fixture
-def bucket():
-    memory = fsspec.filesystem("memory")
-    yield "/seal-stops"
-    if memory.exists("/seal-stops"):
-        memory.rm("/seal-stops", recursive=True)
-
-
-def _prepare(tok: Path, out: str, corpus: Path, *extra: str) -> int:
-    return cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", out,
-                     "--seq-len", "64", "--unit-bytes", "20000", "--workers", "1", *extra])
-
-
-def _tree(root: str) -> dict[str, bytes]:
-    memory = fsspec.filesystem("memory")
-    return {p[len(root):]: memory.cat_file(p) for p in memory.find(root)}
 
 
 def _stop_at_the_manifest(monkeypatch) -> None:
@@ -66,7 +36,7 @@ def _stop_at_the_manifest(monkeypatch) -> None:
 
 
 def test_a_seal_stopped_before_the_manifest_is_finished_by_the_same_command(
-        tok, corpus, bucket, capsys, monkeypatch):
+        tok, corpus, bucket, capsys, monkeypatch):  # noqa: F811
     assert _prepare(tok, f"memory://{bucket}/fresh", corpus) == 0
     fresh = _tree(f"{bucket}/fresh")
     _stop_at_the_manifest(monkeypatch)
@@ -81,7 +51,7 @@ def test_a_seal_stopped_before_the_manifest_is_finished_by_the_same_command(
 
 
 def test_a_seal_stopped_before_the_manifest_is_sealed_with_overwrite(
-        tok, corpus, bucket, capsys, monkeypatch):
+        tok, corpus, bucket, capsys, monkeypatch):  # noqa: F811
     """(--overwrite replaces a sealed set; the finished units of the same plan are kept, as
     for a run stopped earlier)"""
     _stop_at_the_manifest(monkeypatch)
@@ -92,7 +62,8 @@ def test_a_seal_stopped_before_the_manifest_is_sealed_with_overwrite(
     assert "/manifest.json" in _tree(f"{bucket}/data")
 
 
-def test_a_seal_stopped_by_an_earlier_version_is_prepared_again(tok, corpus, bucket, capsys):
+def test_a_seal_stopped_by_an_earlier_version_is_prepared_again(
+        tok, corpus, bucket, capsys):  # noqa: F811
     """What an earlier bertgpu left when stopped while sealing (prepared-from.json, no plan,
     no manifest) is its own output: the same command prepares it again."""
     assert _prepare(tok, f"memory://{bucket}/data", corpus) == 0
@@ -103,7 +74,7 @@ def test_a_seal_stopped_by_an_earlier_version_is_prepared_again(tok, corpus, buc
 
 
 def test_a_set_stopped_after_its_manifest_is_done_and_its_overwrite_prepares_again(
-        tok, corpus, bucket, capsys, monkeypatch):
+        tok, corpus, bucket, capsys, monkeypatch):  # noqa: F811
     """Stopped after manifest.json, before the bookkeeping went: a sealed set (the same
     command does nothing), and --overwrite prepares it again rather than resuming."""
     memory = fsspec.filesystem("memory")

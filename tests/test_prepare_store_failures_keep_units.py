@@ -21,37 +21,24 @@ from bertgpu.errors import BertgpuError
 
 fsspec = pytest.importorskip("fsspec")
 
-from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem  # noqa: E402
+from test_prepare_remote import _RangeFile, _RangeStore  # noqa: E402 (local files by ranges)
 
 
-class _FlakyFile(AbstractBufferedFile):
-    """A local file read by byte ranges; a reset connection for the file `_FlakyStore.fails`."""
+class _FlakyFile(_RangeFile):
+    """A reset connection for the file `_FlakyStore.fails`."""
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         if _FlakyStore.fails and self.path.endswith(_FlakyStore.fails):
             raise ConnectionResetError(104, "Connection reset by peer")
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
+        return super()._fetch_range(start, end)
 
 
-class _FlakyStore(AbstractFileSystem):
+class _FlakyStore(_RangeStore):
     """Local files behind `flaky://`, as a store serves them."""
 
     protocol = "flaky"
     fails: str | None = None
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.local = LocalFileSystem()
-
-    def ls(self, path, detail=True, **kwargs):
-        return self.local.ls(self._strip_protocol(path), detail=detail)
-
-    def info(self, path, **kwargs):
-        return self.local.info(self._strip_protocol(path))
 
     def _open(self, path, mode="rb", block_size=None, **kwargs):
         path = self._strip_protocol(path)
@@ -84,9 +71,9 @@ def bucket():
         memory.rm("/store-failures", recursive=True)
 
 
-def _prepare(tok: Path, out: str, corpus: str) -> int:
-    return cli_main(["prepare", "--corpus", corpus, "--tokenizer", str(tok), "--out", out,
-                     "--seq-len", "64", "--unit-bytes", "20000", "--workers", "1"])
+def _prepare(tok: Path, out: str, corpus: str | Path, *extra: str) -> int:
+    return cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", out,
+                     "--seq-len", "64", "--unit-bytes", "20000", "--workers", "1", *extra])
 
 
 def _tree(root: str) -> dict[str, bytes]:
