@@ -69,7 +69,7 @@ from bertgpu.data.jsonl import null_text_message
 from bertgpu.data.manifest import OBJECTIVES, Manifest, total_counts
 from bertgpu.data.output import SHARD_SET, StoreFailed, WorkFolder, is_shard_set, shard_files
 from bertgpu.data.prepare_warnings import warn_about_result
-from bertgpu.data.rerun import same_as_prepared
+from bertgpu.data.rerun import resolved_paths, same_as_prepared
 from bertgpu.data.segment import SEGMENTERS, check_segmenter
 from bertgpu.data.sources import (
     check_glob_apart,
@@ -207,10 +207,11 @@ def prepare(
     # one prepare at a time writes OUT (through OUT.tmp): two died on each other's files
     with output_lock(out, "bertgpu prepare"):
         work = WorkFolder(out, job.base)
-        plan = {"created_by": f"bertgpu {__version__}", "tokenizer_hash": job.tokenizer_hash,
-                "settings": job.settings, "unit_bytes": unit_bytes,
-                "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
-                        chunk_docs, dtype.name], **plan_record(units)}
+        plan = resolved_paths({  # (local files by resolved path: ./c.txt is $PWD/c.txt)
+            "created_by": f"bertgpu {__version__}", "tokenizer_hash": job.tokenizer_hash,
+            "settings": job.settings, "unit_bytes": unit_bytes,
+            "job": [fmt, text_field, skip_bad, validation_fraction, validation_docs, shard_size,
+                    chunk_docs, dtype.name], **plan_record(units)}, job.base, mark_base=True)
         sealed = work.sealed() if not overwrite else (None, None)  # a set there: the same plan's?
         if same_as_prepared(out, *sealed, plan):  # (another plan's is an error naming how)
             if report is not None:

@@ -13,17 +13,22 @@ Each output keeps the record of what it was made from:
 - a tokenizer folder, ``trained-from.json``: the settings and each corpus file's version.
 
 A file's version is its size and modification time (or a store's ETag): a corpus copied or
-touched since counts as changed. An output of an older bertgpu, without its record, is refused
-as before (the user decides: --overwrite for a shard set, another --out for a tokenizer).
+touched since counts as changed. A local file is recorded by its resolved path (`resolved_paths`):
+``corpus.txt``, ``./corpus.txt`` and ``$PWD/corpus.txt``, or a relative path from another folder,
+name the same corpus; an older record's relative paths are read against the current folder.
+An output of an older bertgpu, without its record, is refused as before (the user decides:
+--overwrite for a shard set, another --out for a tokenizer).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bertgpu.data.sources import is_url, local_path
 from bertgpu.errors import BertgpuError
 
 PREPARED = "prepared-from.json"
@@ -51,7 +56,7 @@ def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
         raise BertgpuError(f"{out}: already exists and is not empty; expected a new folder (or "
                            "--overwrite)")
     try:
-        before = _sizes_read_on(json.loads(prepared), plan)
+        before = _sizes_read_on(resolved_paths(json.loads(prepared)), plan)
     except json.JSONDecodeError:
         before = {}
     if _without_version(before) == _without_version(plan):
@@ -61,11 +66,54 @@ def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
                        "folder, or --overwrite to replace it")
 
 
+def resolved_paths(record: Any, base: str | None = None, mark_base: bool = False) -> Any:
+    """``record`` (a plan or a tokenizer's record) with each local corpus path (the keys of its
+    versions, its units' pieces' ``src``) absolute and resolved against ``base`` (default: the
+    current folder), URLs as they are: the same file given another way (``./corpus.txt``,
+    ``$PWD/corpus.txt``, a relative path from another folder) is the same corpus. A record of an
+    older bertgpu held paths as written; read against the current folder, the same command from
+    the same folder still finds its output.
+
+    ``mark_base`` (prepare's plan): a record that named a file by a relative path keeps ``base``
+    as ``read_from``, which a finished set's comparison ignores: the units' own records name
+    their files as written, so a stopped run resumed from another folder redoes its units
+    rather than mix two spellings of one file (--skip-bad leaves a file out by its name)."""
+    if not isinstance(record, dict):
+        return record
+    base = os.getcwd() if base is None else base
+    out = dict(record)
+    versions = record.get("versions")
+    if isinstance(versions, dict):
+        out["versions"] = {_resolved(path, base): v for path, v in versions.items()}
+    units = record.get("units")
+    if isinstance(units, list):
+        out["units"] = [[{**piece, "src": _resolved(piece["src"], base)}
+                         if isinstance(piece, dict) and isinstance(piece.get("src"), str)
+                         else piece for piece in unit] if isinstance(unit, list) else unit
+                        for unit in units]
+    relative = any(not is_url(local_path(path)) and not os.path.isabs(local_path(path))
+                   for path in (versions if isinstance(versions, dict) else ()))
+    if mark_base and relative:
+        out["read_from"] = base
+    return out
+
+
+def _resolved(path: str, base: str) -> str:
+    text = local_path(path)  # (a file:// URL is the local file it names)
+    if is_url(text):
+        return path
+    full = os.path.join(base, text)
+    # an older record's relative path that names no file here stays as written: an error names
+    # it as the user gave it, not as a path in this folder that never held it
+    return os.path.realpath(full) if os.path.isabs(text) or os.path.lexists(full) else path
+
+
 def _without_version(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan less the bertgpu version that made it (an upgrade alone remakes nothing) and, for
-    mlm, less --short-seq-prob and --chunk-docs: they change no byte of an mlm set (an older
-    bertgpu took them with mlm and recorded them; its sets re-run as the same)."""
-    plan = {k: v for k, v in plan.items() if k != "created_by"}
+    """A plan less the bertgpu version that made it (an upgrade alone remakes nothing), less the
+    folder its relative paths were read from (`resolved_paths`: the set is the same from any)
+    and, for mlm, less --short-seq-prob and --chunk-docs: they change no byte of an mlm set (an
+    older bertgpu took them with mlm and recorded them; its sets re-run as the same)."""
+    plan = {k: v for k, v in plan.items() if k not in ("created_by", "read_from")}
     settings = plan.get("settings")
     if isinstance(settings, dict) and settings.get("objective") == "mlm":
         plan["settings"] = {**settings, "short_seq_prob": None}
@@ -145,7 +193,8 @@ def _shown(value: Any) -> str:
 def tokenizer_record(inputs: list, settings: dict[str, Any],
                      version: Callable[[Any], str]) -> dict[str, Any]:
     """trained-from.json of a tokenizer trained on the files ``inputs`` with ``settings``."""
-    return {"settings": settings, "versions": {str(src): version(src) for src in inputs}}
+    return resolved_paths({"settings": settings,
+                           "versions": {str(src): version(src) for src in inputs}})
 
 
 def same_as_trained(out: Path, record: dict[str, Any]) -> bool:
@@ -156,7 +205,8 @@ def same_as_trained(out: Path, record: dict[str, Any]) -> bool:
     if not path.is_file() or not (out / "vocab.txt").is_file():
         return False
     try:
-        before = _sizes_read_on(json.loads(path.read_text(encoding="utf-8")), record)
+        before = _sizes_read_on(resolved_paths(json.loads(path.read_text(encoding="utf-8"))),
+                                record)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     if before == record:
