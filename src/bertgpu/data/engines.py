@@ -54,18 +54,22 @@ PROGRESS_LINE_S = 60.0
 class Progress:
     """The one progress line: stored bytes (rate, ETA), units done of all, tokens/s. On a
     terminal (`enabled`) a bar; else, with `lines`, a plain line every PROGRESS_LINE_S (a batch
-    job's log, `nohup`: a 200 MB corpus printed nothing for two minutes, a large one for hours)."""
+    job's log, `nohup`: a 200 MB corpus printed nothing for two minutes, a large one for hours).
+
+    A unit run again (--validation-docs, `_due`) is done and its bytes read once: counted twice,
+    the line said "10/8 units" at 130%. Its tokens count again (the rate is of the work done)."""
 
     def __init__(self, units: list[Unit], finished: Iterable[int], enabled: bool,
                  lines: bool = False) -> None:
         self.total_units = len(units)
-        finished = set(finished)
-        self.done = len(finished)
+        self.counted = set(finished)  # the units done (their bytes in `bytes_done`)
+        self.done = len(self.counted)
         self.tokens = 0
         self.start = self._last_line = time.perf_counter()
         self.live = 0  # bytes of the unit in progress (local engine)
+        self.again = False  # the unit in progress was done before: its bytes are counted
         self.total_bytes = sum(u.bytes for u in units)
-        self.initial = self.bytes_done = sum(u.bytes for u in units if u.index in finished)
+        self.initial = self.bytes_done = sum(u.bytes for u in units if u.index in self.counted)
         self.lines_every_s = PROGRESS_LINE_S if lines and not enabled else None
         self.bar = None
         if enabled:
@@ -73,7 +77,7 @@ class Progress:
 
             self.bar = tqdm(total=sum(u.bytes for u in units), unit="B", unit_scale=True,
                             desc="prepare", file=sys.stderr, dynamic_ncols=True,
-                            initial=sum(u.bytes for u in units if u.index in finished))
+                            initial=self.initial)
             self._postfix()
 
     def _postfix(self) -> None:
@@ -81,9 +85,13 @@ class Progress:
         self.bar.set_postfix_str(f"{self.done}/{self.total_units} units, "
                                  f"{_si(rate)} tokens/s", refresh=False)
 
+    def starting(self, unit: int) -> None:
+        """The unit (index) whose bytes `within` reports next (local engine)."""
+        self.again, self.live = unit in self.counted, 0
+
     def within(self, read_bytes: int) -> None:
         """Bytes read so far of the unit in progress."""
-        if read_bytes > self.live:
+        if read_bytes > self.live and not self.again:
             if self.bar is not None:
                 self.bar.update(read_bytes - self.live)
             self.bytes_done += read_bytes - self.live
@@ -91,14 +99,18 @@ class Progress:
         self._line()
 
     def unit_done(self, record: dict[str, Any], tokens_seen: int = 0) -> None:
-        self.done += 1
         self.tokens += sum(s["tokens"] for s in record["splits"].values()) - tokens_seen
-        self.bytes_done += record["bytes"] - self.live
+        first = record["unit"] not in self.counted
+        if first:
+            self.counted.add(record["unit"])
+            self.done += 1
+            self.bytes_done += record["bytes"] - self.live
         if self.bar is not None:
-            self.bar.update(record["bytes"] - self.live)
+            if first:
+                self.bar.update(record["bytes"] - self.live)
             self._postfix()
             self.bar.refresh()
-        self.live = 0
+        self.live, self.again = 0, False
         self._line()
 
     def tokens_within(self, tokens: int) -> None:
@@ -156,6 +168,7 @@ class LocalEngine:
                 seen[0] = tokens
                 self.progress.within(read)
 
+            self.progress.starting(unit.index)
             try:
                 record = run_unit(self.job, unit, held, self.workers, self.pool, progress)
             except (BrokenProcessPool, StoreFailed) as exc:  # as a Ray task's failure

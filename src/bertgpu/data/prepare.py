@@ -225,6 +225,7 @@ def prepare(
                 records = run_all(runner, units, finished, validation_docs)
             finally:
                 runner.close()
+            kept = sorted(i for i in finished if records[i] is finished[i])  # (not run again)
             bar.close()
             _leave_out_skipped_parts(units, records, work)
             work.check_arrived(records, engine)
@@ -247,8 +248,8 @@ def prepare(
         finally:
             bar.close()
         if report is not None:
-            report.update(units=[records[u.index] for u in units], resumed=len(finished),
-                          kept=sorted(finished), engine=engine)
+            report.update(units=[records[u.index] for u in units], resumed=len(kept), kept=kept,
+                          engine=engine)
         warn_about_result([records[u.index] for u in units], manifest, tokenizer_dir)
         return manifest.to_json()
 
