@@ -85,6 +85,7 @@ from bertgpu.data.tokenizer_folder import (
     find_tokenizer_folder,
     is_lowercase,
     load_tokenizer,
+    local_tokenizer_folder,
     special_token_ids,
     tokenizer_hash,
 )
@@ -163,6 +164,11 @@ def prepare(
                 shard_size, workers, chunk_docs, segmenter)
     if engine not in ENGINES:
         raise BertgpuError(f"--engine {engine!r}: unknown; expected one of {', '.join(ENGINES)}")
+    if engine == "ray":
+        from bertgpu.data.ray_engine import check_shared_inputs
+
+        check_shared_inputs(paths)
+    tokenizer_dir = local_tokenizer_folder(tokenizer_dir)
     tok_dir = find_tokenizer_folder(tokenizer_dir) or Path(tokenizer_dir)  # errors name the path
     special = special_token_ids(tok_dir)  # also checks the folder loads
     tokenizer = load_tokenizer(tok_dir)

@@ -69,6 +69,18 @@ def check_address(address: str, source: str = "--ray-address ") -> None:
                            "the address `ray start --head` printed (HOST:6379)") from None
 
 
+def check_shared_inputs(paths: list, flag: str = "--corpus") -> None:
+    """Refuse, before any work, a memory:// input: each Ray worker is another process with a
+    memory:// store of its own, empty, so every unit failed with "no such file" for a file the
+    driver had just listed."""
+    for path in paths:
+        if isinstance(path, str) and path.startswith("memory://"):
+            raise BertgpuError(f"{flag} {path} with --engine ray: Ray's workers are other "
+                               "processes and cannot read this process's memory:// store; "
+                               "expected a path every worker can read (a local or shared "
+                               "folder, an object store's URL), or --engine local")
+
+
 def _stop_handlers() -> dict[int, object]:
     """SIGTERM's and SIGINT's handlers now (main thread only: no other thread may set them)."""
     if threading.current_thread() is not threading.main_thread():

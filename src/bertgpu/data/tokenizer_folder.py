@@ -29,6 +29,7 @@ import os
 import warnings
 from pathlib import Path
 
+from bertgpu.data.sources import is_url, local_path
 from bertgpu.errors import BertgpuError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -132,6 +133,17 @@ def _check_folder(folder: Path) -> None:
         raise BertgpuError(
             f"{folder}: neither tokenizer.json nor vocab.txt found; expected a tokenizer folder"
         )
+
+
+def local_tokenizer_folder(path: str | os.PathLike, flag: str = "--tokenizer") -> str:
+    """``path`` as a local folder (a file:// URL as the folder it names); a URL (s3://,
+    memory://) is refused naming ``flag``: the tokenizers library reads a folder from disk, and
+    Path() had made "s3://b/tok" the local "s3:/b/tok" ("no such tokenizer folder")."""
+    text = local_path(path)
+    if is_url(text):
+        raise BertgpuError(f"{flag} {text}: a tokenizer folder must be a local folder; expected "
+                           "a local path (copy the folder here first)")
+    return text
 
 
 def find_tokenizer_folder(path: str | os.PathLike) -> Path | None:
