@@ -12,8 +12,9 @@ until the new one replaces it). A URL output is built in place, since
 an object store cannot rename a folder: every file is uploaded whole under its final name (a PUT
 is atomic: a reader never sees half a shard), and manifest.json, uploaded after every other file
 of the set, seals it; readers need the manifest, so there is no moment with a set that looks
-complete and is not. The bookkeeping is removed after the manifest: a run stopped while sealing
-leaves either a set a re-run seals from its records or a sealed set.
+complete and is not. Either way the bookkeeping is removed only once the set is sealed (renamed
+into place, or its manifest uploaded): a run stopped while sealing leaves either a set a re-run
+seals from its records or a sealed set, whose leftover bookkeeping the re-run removes (`sealed`).
 
 The bookkeeping of a run in progress is ``prepare-plan.json`` (the work units and the files'
 versions, `units.plan_record`) and ``units/NNNNN.json`` (one record per finished unit, written
@@ -257,8 +258,9 @@ class WorkFolder:
                                f"units wrote are not there (first: {missing[0]}); {why}")
 
     def seal(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
-        """tokenizer/ (``tokenizer_files``: name -> bytes), the bookkeeping removed,
-        manifest.json last (at a URL: before the bookkeeping goes); the set in place."""
+        """tokenizer/ (``tokenizer_files``: name -> bytes), prepared-from.json, manifest.json
+        last; the set in place, then the bookkeeping removed. Removed before the rename, a
+        local set stopped in between left a folder whose units every re-run prepared again."""
         if self.remote:
             with self.store_errors("cannot write", midway=True):
                 return self._seal_remote(manifest_text, tokenizer_files)
@@ -266,10 +268,10 @@ class WorkFolder:
         (folder / "tokenizer").mkdir(exist_ok=True)
         for name, data in sorted(tokenizer_files.items()):
             (folder / "tokenizer" / name).write_bytes(data)
-        shutil.rmtree(folder / UNITS)
-        (folder / PLAN).rename(folder / PREPARED)  # what the set is made from (`rerun`)
+        self._write_text(PREPARED, self._read_text(PLAN))  # what the set is made from (`rerun`)
         self._write_text(MANIFEST, manifest_text)
         replace_dir(folder, Path(self.out), replaces=is_shard_set, what=SHARD_SET)
+        self._drop_bookkeeping()
         return self.out
 
     def _seal_remote(self, manifest_text: str, tokenizer_files: dict[str, bytes]) -> str:
@@ -281,23 +283,43 @@ class WorkFolder:
             fs.pipe_file(self._path(f"tokenizer/{name}"), data)
         fs.pipe_file(self._path(PREPARED), fs.cat_file(self._path(PLAN)))
         self._write_text(MANIFEST, manifest_text)
-        fs.rm_file(self._path(PLAN))
-        fs.rm(self._path(UNITS), recursive=True)
+        self._drop_bookkeeping()
         return self.out
+
+    def _drop_bookkeeping(self) -> None:
+        """prepare-plan.json and units/ of the sealed set at the output, where they are: nothing
+        reads them once manifest.json is there."""
+        if not self.remote:  # (what cannot be removed, a later run's `sealed` tries again)
+            with contextlib.suppress(OSError):
+                Path(self.out, PLAN).unlink(missing_ok=True)
+            shutil.rmtree(Path(self.out, UNITS), ignore_errors=True)
+            return
+        fs, _ = self._fs()
+        if fs.exists(self._path(PLAN)):
+            fs.rm_file(self._path(PLAN))
+        if fs.exists(self._path(UNITS)):
+            fs.rm(self._path(UNITS), recursive=True)
 
     def sealed(self) -> tuple[str | None, str | None]:
         """The texts of manifest.json and prepared-from.json of a shard set sealed at the output
-        (None for a file that is not there): what a re-run finds (`rerun.same_as_prepared`)."""
+        (None for a file that is not there): what a re-run finds (`rerun.same_as_prepared`).
+        The bookkeeping a run stopped just after sealing left beside them is removed here: the
+        set was tidy only if that run had gone on."""
         if self.remote:
             with self.store_errors("cannot read"):
-                return self._read_text(MANIFEST), self._read_text(PREPARED)
-        texts = []
-        for name in (MANIFEST, PREPARED):
-            try:
-                texts.append(Path(self.out, name).read_text(encoding="utf-8"))
-            except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-                texts.append(None)
-        return texts[0], texts[1]
+                texts = self._read_text(MANIFEST), self._read_text(PREPARED)
+        else:
+            texts = tuple(map(self._read_sealed, (MANIFEST, PREPARED)))
+        if None not in texts:
+            with self.store_errors("cannot write"):
+                self._drop_bookkeeping()
+        return texts
+
+    def _read_sealed(self, name: str) -> str | None:
+        try:
+            return Path(self.out, name).read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+            return None
 
     def discard(self) -> None:
         """Remove everything this run wrote (bad input: nothing is kept, nothing sealed)."""
