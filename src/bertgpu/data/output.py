@@ -193,16 +193,22 @@ class WorkFolder:
             return self._finished()
         if self.remote:
             self._clear_remote(overwrite)
+            self._write_text(PLAN, text)  # first: a folder holding it is known as ours
+            fs, _ = self._fs()
+            fs.makedirs(self._path(UNITS), exist_ok=True)
         else:  # another plan's, or none; a folder of the user's there is refused
             make_scratch(Path(self.folder), Path(self.out))
             Path(self.folder, UNITS).mkdir()
-        self._write_text(PLAN, text)
+            self._write_text(PLAN, text)
         return {}
 
     def _clear_remote(self, overwrite: bool) -> None:
         fs, root = self._fs()
-        try:
-            found = fs.exists(root) and bool(fs.ls(root))
+        units = self._path(UNITS)
+        try:  # (an empty units/ alone counts as nothing: made before the plan by an earlier
+            # bertgpu whose upload of the plan failed, on a store with folders, memory://)
+            there = [p.rstrip("/") for p in fs.ls(root, detail=False)] if fs.exists(root) else []
+            found = bool(there) and (there != [units] or bool(fs.find(units)))
         except Exception as exc:  # noqa: BLE001 - one line naming the URL, whatever the store
             raise BertgpuError(f"{self.out}: cannot reach ({' '.join(str(exc).split())})") from None
         if found:
@@ -222,7 +228,6 @@ class WorkFolder:
             if rest:
                 fs.rm(rest)
             fs.rm(root, recursive=True)
-        fs.makedirs(f"{root.rstrip('/')}/{UNITS}", exist_ok=True)
 
     def _finished(self) -> dict[int, dict]:
         """Records of finished units whose shard files are all there."""
