@@ -69,9 +69,16 @@ class Unit:
 
 
 def is_compressed(src: Source) -> bool:
-    """Whether the file is a gzip, bzip2 or zstd stream (by its first bytes)."""
-    with open_raw(src) as raw:
-        return compression_of(src, raw.read(10)) is not None
+    """Whether the file is a gzip, bzip2 or zstd stream (by its first bytes). A read that
+    fails (a URL's reset connection) is one line naming the file, as `corpus.detect_format`
+    says it: it raised out of the planning as a traceback. (Raised from what the read raised,
+    `errors.from_network` tells a store's failure from bad input.)"""
+    try:
+        with open_raw(src) as raw:
+            head = raw.read(10)
+    except OSError as exc:
+        raise BertgpuError(f"{src}: cannot read ({' '.join(str(exc).split())})") from exc
+    return compression_of(src, head) is not None
 
 
 def split_file(src: Source, size: int, fmt: str, part_bytes: int) -> list[Piece]:
