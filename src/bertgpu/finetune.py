@@ -50,7 +50,6 @@ and always on SIGTERM): the same command resumes there, and after the end does n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -69,19 +68,15 @@ from bertgpu.config.finetune import (
 from bertgpu.config.overrides import config_to_dict
 from bertgpu.config.render import format_help
 from bertgpu.errors import BertgpuError
-from bertgpu.fsutil import make_scratch, replace_dir
+from bertgpu.finetune_results import write_results
+from bertgpu.fsutil import make_scratch
 from bertgpu.locks import check_free, output_lock
 from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
-    FINETUNE_OUTPUT,
     check_out,
-    device_name,
     discard_unresumable,
-    drop_checkpoints,
     finished_key,
     finished_run,
-    is_finetune_output,
-    metric_text,
     note_replaced,
     resumable,
     run_identity,
@@ -252,8 +247,8 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
-        results = _write_results(job, task, loop, result, {**extra, "run_key": key}, cfg, init,
-                                 config_from, tok_dir, out, info, timing, seq[0], ckpt)
+        results = write_results(job, task, loop, result, {**extra, "run_key": key}, cfg, init,
+                                config_from, tok_dir, out, info, timing, seq[0], ckpt)
     distributed.barrier()
     return results
 
@@ -336,69 +331,6 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     # The task's per-epoch records carry the loop's cumulative train time (time-to-target).
     task.clock = lambda: (lp.result.train_s, lp.result.data_s) if lp.result else (0.0, 0.0)
     return lp, task
-
-
-def _write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, Any],
-                   cfg: FinetuneConfig, init: str, config_from: Any, tok_dir: Path, out: Path,
-                   info: Any, timing: dict[str, float], max_seq_len: int,
-                   ckpt: InitCheckpoint | None) -> dict[str, Any]:
-    """Rank 0: test predictions, results.json, then OUT.tmp -> OUT (checkpoints removed).
-
-    Times (rank 0, seconds): `seconds` the whole run in this process; `load_seconds` tokenizer,
-    data (`load_data_seconds`: reading and encoding), model and engine; `train_seconds` the
-    training steps (host batch building included: `data_wait_seconds`); `eval_seconds` every
-    dev evaluation (sharded forward, gather, scoring); per epoch, `epochs[i].train_seconds` is
-    the cumulative train time at that evaluation and `epochs[i].eval_seconds` its own time."""
-    import torch
-
-    from bertgpu import __version__
-    from bertgpu.config.finetune import doc_stride
-
-    work = loop.run_dir
-    for _split, data, write in job.predict_test:
-        write(task.predict(data), work)
-    history = task.history
-    train_s = task.train_seconds()  # the steps before a resume included
-    final = history[-1]
-    best = max(history, key=lambda r: r["score"])
-    # GLUE's results-table columns: each split's own score (the job's primary score of that split).
-    columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]})
-               for ev in job.evals if ev.column}
-    results = {
-        "task": job.name, **extra, "init": init,
-        # the weights it started from (a run folder's newest checkpoint when the run started)
-        "init_checkpoint": ckpt.record() if ckpt is not None else None,
-        "config_from": str(config_from) if config_from else None,
-        "tokenizer": str(tok_dir),
-        "metrics": final["metrics"], "score": final["score"], "columns": columns,
-        "best": {"epoch": best["epoch"], "metrics": best["metrics"], "score": best["score"]},
-        "epochs": history,
-        "config": config_to_dict(cfg),
-        "max_seq_len": max_seq_len,  # as used (config's max_seq_len stays as given, none = default)
-        # SQuAD's window overlap as used, likewise (config's doc_stride as given)
-        **({"doc_stride": doc_stride(cfg, max_seq_len)} if job.head == "qa" else {}),
-        "train_sequences": len(job.train),
-        "eval_sequences": {e.name: len(e.data) for e in job.evals},
-        "steps": loop.engine.step, "skipped_steps": loop.engine.skipped_steps,
-        "peak_lr": peak_lr(cfg),
-        **timing,
-        "train_seconds": train_s,
-        "data_wait_seconds": task.data_wait_seconds(),
-        "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in history),
-        "train_examples_per_s": result.sequences_seen / max(train_s, 1e-9),
-        "eval_examples_per_s": task.eval_examples / max(task.eval_s, 1e-9),
-        "device": device_name(info.device), "world_size": info.world_size,
-        "torch_version": torch.__version__, "bertgpu_version": __version__,
-    }
-    tmp = work / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, work / "results.json")
-    drop_checkpoints(work)
-    replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
-    scores = (f"{s} " + ", ".join(metric_text(k, v) for k, v in m.items())
-              for s, m in final["metrics"].items())
-    print(f"{job.name}: {', '.join(scores)} -> {out}", flush=True)
-    return results
 
 
 # --------------------------------------------------------------------------------------------
