@@ -53,6 +53,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -272,6 +273,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.train import distributed, loop, readback, schedule
     from bertgpu.train.checkpoint import load_resume
     from bertgpu.train.engine import build_engine, seed_dropout
+    from bertgpu.train.pretrain_startup import lamb_note
 
     resume = load_resume(work, info)
     if resume is not None and not resumable(work, resume[0], identity, say=info.is_main):
@@ -302,6 +304,9 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         work.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     schedule.warn_warmup(sec.schedule, sec.train, lr, say=info.is_main, knobs=schedule.FINETUNE)
+    note = lamb_note(sec.optim, keys=("optimizer", "weight_decay"))  # LAMB that is AdamW
+    if note and info.is_main:
+        warnings.warn(note, stacklevel=2)
     seq_len, seq_row = seq[0], f"{seq[0]}" + (f" ({seq[1]})" if seq[1] else "")
     if job.head == "qa":
         seq_row += f", doc stride {doc_stride_note(cfg, seq_len)}"

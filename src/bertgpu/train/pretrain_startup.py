@@ -105,13 +105,16 @@ def model_line(model: Any, c: Any) -> str:
             f"V={c.vocab_size})")
 
 
-def lamb_note(optim: Any) -> str | None:
+def lamb_note(optim: Any, keys: tuple[str, str] = ("optim.name", "optim.weight_decay")
+              ) -> str | None:
     """The start-up warning of LAMB with optim.weight_decay 0: LAMB's layer-wise trust ratio is
     applied to the groups with weight decay only (NVIDIA's FusedLAMB rule, train/optim.py), so
-    every step is Adam's and the run is AdamW's under another name."""
+    every step is Adam's and the run is AdamW's under another name. `keys`: the command's names
+    of the optimizer and the weight decay (fine-tuning's are flat: optimizer, weight_decay)."""
     if optim.name != "lamb" or optim.weight_decay != 0:
         return None
-    return ("optim.name lamb with optim.weight_decay 0: LAMB's trust ratio applies to the "
+    name, decay = keys
+    return (f"{name} lamb with {decay} 0: LAMB's trust ratio applies to the "
             "parameters with weight decay only (NVIDIA's FusedLAMB rule), so none gets it and "
             "every step is Adam's; expected a weight decay (BERT's recipes: 0.01), or "
-            "optim.name adamw")
+            f"{name} adamw")
