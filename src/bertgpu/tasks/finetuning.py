@@ -1,11 +1,12 @@
 """Fine-tuning as a task of the training loop: any job of encoded sequences with labels.
 
 The contract of the task modules (tasks/registry.py names them): a `JobRequest` (what the command
-line gave about the data) goes in, a `Job` comes out. A `Job` (built by tasks/glue_job.py for
-GLUE and STS-B-style regression, tasks/squad_job.py for SQuAD, tasks/classify.py and tasks/ner.py
-for your own files) holds variable-length training sequences with their targets and a list of
-evaluation sets, each with a scorer. The encoding helpers the task modules share live here too
-(`encode_pairs`, `strip_padding`, `pad_to`), so that no task module imports another for them.
+line gave about the data; tasks/job_request.py) goes in, a `Job` comes out. A `Job` (built by
+tasks/glue_job.py for GLUE and STS-B-style regression, tasks/squad_job.py for SQuAD,
+tasks/classify.py and tasks/ner.py for your own files) holds variable-length training sequences
+with their targets and a list of evaluation sets, each with a scorer. The encoding helpers the
+task modules share live here too (`encode_pairs`, `strip_padding`, `pad_to`), so that no task
+module imports another for them.
 
 This module turns a `Job` into what the loop asks for:
 
@@ -27,7 +28,6 @@ This module turns a `Job` into what the loop asks for:
 from __future__ import annotations
 
 import functools
-import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -41,61 +41,13 @@ import torch
 from bertgpu.batch import IGNORE_INDEX, batch_meta
 from bertgpu.data.loaders import bucket_width
 from bertgpu.errors import BertgpuError
+from bertgpu.tasks.job_request import JobRequest as JobRequest  # the task modules' import of it
+from bertgpu.tasks.job_request import task_key as task_key
 from bertgpu.train import distributed
 from bertgpu.train.engine import StepResult
 
 if TYPE_CHECKING:
     from bertgpu.tasks.glue import Example
-
-
-def task_key(name: str) -> str:
-    """A task name as the registry spells it: no case, "-", "_" or "." ("SQuAD-v2" -> "squadv2")."""
-    return name.lower().replace("-", "").replace("_", "").replace(".", "")
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What the command line (or `finetune()`'s arguments) says about a run's data. Each task
-    module reads the fields it takes and refuses the flags it does not (`check_request`)."""
-
-    task: str
-    """The task name as given ("SST-2", "squad2", "classify"); error messages quote it."""
-    data: str | os.PathLike[str] | None = None
-    """--data: the GLUE root or task folder, or the folder of the SQuAD files."""
-    train_file: str | os.PathLike[str] | None = None
-    """--train-file: SQuAD's training JSON, or your own labelled file (classify, ner)."""
-    dev_file: str | os.PathLike[str] | None = None
-    """--dev-file: the evaluation file, as --train-file."""
-    predict_test: bool = False
-    """--predict-test: GLUE test-set predictions in leaderboard format."""
-    text_field: str | None = None
-    """--text-field: the text (classify) or tokens (ner) column; None = the task's default."""
-    text_pair_field: str | None = None
-    """--text-pair-field: classify's second text column (pair tasks); None = single texts."""
-    label_field: str | None = None
-    """--label-field: the label (classify) or tags (ner) column; None = the task's default."""
-    regression: bool = False
-    """--regression: classify's labels are scores, not classes."""
-
-    @property
-    def key(self) -> str:
-        """The normalised task name (`task_key`)."""
-        return task_key(self.task)
-
-    def column_flags(self) -> list[str]:
-        """The own-file flags that were given, in command-line order."""
-        return [flag for flag, v in (("--text-field", self.text_field),
-                                     ("--text-pair-field", self.text_pair_field),
-                                     ("--label-field", self.label_field),
-                                     ("--regression", self.regression)) if v]
-
-    def check_no_columns(self) -> None:
-        """For the tasks whose file formats fix the columns (GLUE, SQuAD):
-        the flags are an error."""
-        given = self.column_flags()
-        if given:
-            raise BertgpuError(f"{', '.join(given)}: only for finetune classify and ner "
-                               "(your own files)")
 
 
 @dataclass
