@@ -240,6 +240,7 @@ class FinetuneTask:
         # rank 0's newest evaluation outputs, (step, outputs), when their files were not written
         # (not the last step): a run its budget ends there writes them at its export
         self._unwritten: tuple[int, list[dict[str, np.ndarray]]] | None = None
+        self._files_at: int | None = None  # the step whose prediction files are in work_dir
         # The loop's (train_s, data_s) since this process started training; the wiring points it
         # at the running loop (finetune.py). `_clock_before`: the same at the resumed checkpoint.
         self.clock: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
@@ -382,6 +383,7 @@ class FinetuneTask:
             metrics = {ev.name: self._score(ev, out, self.work_dir if last else None, step)
                        for ev, out in zip(self.job.evals, outputs, strict=True)}
             self._unwritten = None if last else (step, outputs)
+            self._files_at = step if last else self._files_at
             record["metrics"] = metrics
             record["score"] = self.job.primary(metrics)
             flat = {"epoch": epoch, "score": record["score"],
@@ -422,11 +424,12 @@ class FinetuneTask:
         return {"finetune_history": self.history, "eval_s": self.eval_s,
                 "eval_examples": self.eval_examples, "train_seconds": self.train_seconds(),
                 "data_wait_seconds": self.data_wait_seconds(),
-                "finetune_pending_eval": self._pending_eval}
+                "finetune_pending_eval": self._pending_eval, "finetune_files_at": self._files_at}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.history = list(state.get("finetune_history", []))
         self._pending_eval = state.get("finetune_pending_eval")
+        self._files_at = state.get("finetune_files_at")
         self.eval_s = float(state.get("eval_s", 0.0))
         self.eval_examples = int(state.get("eval_examples", 0))
         self._clock_before = (float(state.get("train_seconds", 0.0)),
@@ -434,11 +437,16 @@ class FinetuneTask:
 
     def export(self, step: int) -> Path:
         """The model; and the prediction files of a run that ended before its last step (its
-        budget), from the evaluation of the step it ended at."""
-        if self._unwritten is not None and self._unwritten[0] == step and self.work_dir:
+        budget), from the evaluation of the step it ended at. A run resumed from the checkpoint
+        of that evaluation (stopped before its export) has not its outputs: rank 0 runs the
+        model on the evaluation sets again, alone, with the weights that made them."""
+        if self.work_dir and self._files_at != step:
+            outputs = (self._unwritten[1] if self._unwritten and self._unwritten[0] == step
+                       else [self.predict(ev.data) for ev in self.job.evals])
             with np.errstate(invalid="ignore", over="ignore"):
-                for ev, out in zip(self.job.evals, self._unwritten[1], strict=True):
+                for ev, out in zip(self.job.evals, outputs, strict=True):
                     ev.score(out, self.work_dir)
+            self._files_at = step
         return self._export()
 
     def close(self) -> None:
