@@ -39,6 +39,7 @@ from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs, gol
 from bertgpu.tasks.tables import (
     Fields,
     check_own_files,
+    own_files,
     own_files_record,
     read_rows,
     request_fields,
@@ -203,6 +204,11 @@ def to_examples(path: Path, rows: list[tuple[int, str, str | None, str]],
 def check_request(request: JobRequest) -> None:
     """Your two files named and present; no GLUE or SQuAD flags."""
     check_own_files(request)
+
+
+def input_files(request: JobRequest) -> list[Path]:
+    """The files `build_job` reads (finetune.py hashes them before anything is encoded)."""
+    return own_files(request)
 
 
 def build_job(request: JobRequest, tokenizer: Any,

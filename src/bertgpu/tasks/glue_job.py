@@ -75,6 +75,22 @@ def build_job(request: JobRequest, tokenizer: Any,
                  "data_files": data_files(data, task)}
 
 
+def input_files(request: JobRequest) -> list[Path]:
+    """The files `build_job` reads (finetune.py hashes them before anything is encoded): the
+    task's train and dev files, and with --predict-test the test files there are."""
+    task, data = glue.get_task(request.task), _data_dir(request)
+    files = [glue.find_split_file(data, task, split) for split in ("train", *task.dev_splits)]
+    if request.predict_test:
+        for split in task.test_splits:
+            try:
+                files.append(glue.find_split_file(data, task, split))
+            except BertgpuError:  # read_test_splits warns of it when the job is built
+                pass
+        if task.key == "mnli" and (path := glue.find_diagnostic_file(data, task)) is not None:
+            files.append(path)
+    return files
+
+
 def data_files(data: str | os.PathLike[str], task: GlueTask | str) -> dict[str, dict[str, str]]:
     """{split: {"file", "sha256"}} of the task's train and dev files: `glue` compares them with a
     finished run's, so that a table never scores seeds on two versions of a dev set."""

@@ -51,6 +51,7 @@ from bertgpu.tasks.finetuning import Encoded, EvalSet, Job, JobRequest
 from bertgpu.tasks.tables import (
     Fields,
     check_own_files,
+    own_files,
     own_files_record,
     read_rows,
     request_fields,
@@ -291,6 +292,11 @@ def check_request(request: JobRequest) -> None:
     if request.text_pair_field or request.regression:
         raise BertgpuError("finetune ner: --text-pair-field and --regression are for classify")
     check_own_files(request)
+
+
+def input_files(request: JobRequest) -> list[Path]:
+    """The files `build_job` reads (finetune.py hashes them before anything is encoded)."""
+    return own_files(request)
 
 
 def build_job(request: JobRequest, tokenizer: Any,

@@ -1,6 +1,6 @@
 """The fine-tuning tasks by name: which module builds the job of `bertgpu finetune TASK`.
 
-Every task module has the same two functions and one constant (`TaskModule`):
+Every task module has the same three functions and one constant (`TaskModule`):
 
     check_request(request: JobRequest) -> None
         the flags it takes and refuses, and (your own files) that the files exist; called before
@@ -11,6 +11,9 @@ Every task module has the same two functions and one constant (`TaskModule`):
     DEFAULT_MAX_SEQ_LEN: int
         tokens per sequence when --max_seq_len is not given (finetune.py caps it at the model's
         max_position_embeddings and hands build_job a config with max_seq_len set).
+    input_files(request: JobRequest) -> list[Path]
+        the files build_job reads, after check_request: finetune.py hashes them to see a run
+        finished at --out before anything is encoded (tasks/request_key.py).
 
 A new task is one module with these and one line in `TASKS`.
 """
@@ -25,6 +28,8 @@ from bertgpu.tasks import classify, glue, glue_job, ner, squad_job
 from bertgpu.tasks.finetuning import task_key
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from bertgpu.config.finetune import FinetuneConfig
     from bertgpu.tasks.finetuning import Job, JobRequest
 
@@ -35,6 +40,8 @@ class TaskModule(Protocol):
     DEFAULT_MAX_SEQ_LEN: int
 
     def check_request(self, request: JobRequest) -> None: ...
+
+    def input_files(self, request: JobRequest) -> list[Path]: ...
 
     def build_job(self, request: JobRequest, tokenizer: Any, cfg: FinetuneConfig
                   ) -> tuple[Job, dict[str, Any]]: ...

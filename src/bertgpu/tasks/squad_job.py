@@ -68,6 +68,12 @@ def build_job(request: JobRequest, tokenizer: Any,
     return job, {"data": [str(train_file), str(dev_file)], "task_key": request.key}
 
 
+def input_files(request: JobRequest) -> list[Path]:
+    """The files `build_job` reads (finetune.py hashes them before anything is encoded)."""
+    return list(_files(request.data, VERSIONS[request.key], request.train_file,
+                       request.dev_file))
+
+
 def _files(data: str | os.PathLike[str] | None, v2: bool, train_file: str | os.PathLike[str] | None,
            dev_file: str | os.PathLike[str] | None) -> tuple[Path, Path]:
     """Each file as given, else `{split}-v1.1.json` (v2.0) in `data`."""

@@ -165,6 +165,11 @@ def check_own_files(request: JobRequest) -> None:
             raise BertgpuError(f"{path}: not found ({flag})")
 
 
+def own_files(request: JobRequest) -> list[Path]:
+    """--train-file and --dev-file (`check_own_files` has seen them given)."""
+    return [Path(f) for f in (request.train_file, request.dev_file) if f is not None]
+
+
 def request_fields(request: JobRequest, default: Fields) -> Fields:
     """The columns the flags name, `default`'s where a flag is not given."""
     return Fields(request.text_field or default.text, request.text_pair_field,
