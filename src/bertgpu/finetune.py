@@ -95,6 +95,7 @@ from bertgpu.tasks.init_model import (
     tokenizer_for,
 )
 from bertgpu.tasks.registry import task_module
+from bertgpu.tasks.request_key import request_key
 
 if TYPE_CHECKING:
     from bertgpu.tasks.finetuning import Job
@@ -139,8 +140,13 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     seq = sequence_length(cfg, module.DEFAULT_MAX_SEQ_LEN, load_from(init_s, ckpt), config_from)
     # results.json keeps cfg as given (and the stride used beside it)
     job_cfg = job_config(cfg, seq[0], windows=module is squad_job)
+
+    def early_key(world_size: int) -> str:  # a finished run seen before any encoding
+        return request_key(request, module.input_files(request), init_s, ckpt, config_from,
+                           tok_dir, cfg, seq[0], world_size)
+
     return _run(lambda tokenizer: module.build_job(request, tokenizer, job_cfg), init_s,
-                Path(out), cfg, tok_dir, config_from, seq, ckpt, force)
+                Path(out), cfg, tok_dir, config_from, seq, ckpt, force, early_key)
 
 
 def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Example],
@@ -178,29 +184,35 @@ def finetune_examples(task: GlueTask | str, train: list[Example], dev: list[Exam
 
 def _run(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
          cfg: FinetuneConfig, tok_dir: Path, config_from: Any,
-         seq: tuple[int, str], ckpt: InitCheckpoint | None, force: bool = False
-         ) -> dict[str, Any]:
+         seq: tuple[int, str], ckpt: InitCheckpoint | None, force: bool = False,
+         early_key: Callable[[int], str] | None = None) -> dict[str, Any]:
     from bertgpu.train import distributed
 
     t_start = time.perf_counter()  # one run at a time writes OUT (through OUT.tmp): locks.py
     with output_lock(out, "bertgpu finetune", hold=os.environ.get("RANK", "0") == "0"), \
             distributed.process_group(cfg.device, cfg.timeout_minutes) as info:
         return _run_in_group(job_fn, init, out, cfg, tok_dir, config_from, seq, ckpt, info,
-                             t_start, force)
+                             t_start, force, early_key)
 
 
 def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str, out: Path,
                   cfg: FinetuneConfig, tok_dir: Path, config_from: Any, seq: tuple[int, str],
                   ckpt: InitCheckpoint | None, info: Any, t_start: float,
-                  force: bool = False) -> dict[str, Any]:
+                  force: bool = False, early_key: Callable[[int], str] | None = None
+                  ) -> dict[str, Any]:
     """The run itself: its model, engine and loop die with this frame, before the process group
     is torn down (distributed.process_group). `seq`: the tokens per sequence (`sequence_length`)
     and its start-up note; `ckpt`: the checkpoint `init` resolved to (None for random); `force`:
-    train even when `out` holds this run finished."""
+    train even when `out` holds this run finished; `early_key`: the run's `request_key` on a
+    number of processes, which finds it finished before its data is encoded."""
     from bertgpu.data.tokenizer_folder import load_tokenizer
     from bertgpu.train import distributed
 
     check_batch(cfg, info.world_size)  # before anything loads
+    early = early_key(info.world_size) if early_key is not None and info.is_main else None
+    done = _finished(out, early, "request_key", info, force)
+    if done is not None:
+        return done
     # Loading, timed apart from training and evaluation (results.json: load_seconds): the
     # tokenizer, reading and encoding the data, then the model, the engine (and DDP).
     t_load = time.perf_counter()
@@ -225,12 +237,9 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
                              "config_from": str(config_from)},
                             config_to_dict(cfg), job, info.world_size)
     key = finished_key(identity, bool(job.predict_test))
-    done = finished_run(out, key) if info.is_main and not force else None
-    if distributed.any_true(done is not None):  # rank 0 read it; every rank ends here
-        if info.is_main:
-            print(f"{job.name}: {out} already holds this fine-tuning (the same init, data and "
-                  "settings); nothing to do (--force trains it again)", flush=True)
-        return done or {}
+    done = _finished(out, key, "run_key", info, force)
+    if done is not None:
+        return done
     if info.is_main:
         note_replaced(out, job.name)
     work = out.with_name(out.name + ".tmp")
@@ -248,10 +257,26 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     results: dict[str, Any] = {}
     if info.is_main:
         timing["seconds"] = time.perf_counter() - t_start
-        results = write_results(job, task, loop, result, {**extra, "run_key": key}, cfg, init,
+        results = write_results(job, task, loop, result,
+                                {**extra, "run_key": key, "request_key": early}, cfg, init,
                                 config_from, tok_dir, out, info, timing, seq[0], ckpt)
     distributed.barrier()
     return results
+
+
+def _finished(out: Path, key: str | None, field: str, info: Any, force: bool
+              ) -> dict[str, Any] | None:
+    """The results.json of this run finished at `out` (`key` in its `field`), on every rank once
+    rank 0 has said so; None to train (`force`, another run's, or no key to compare)."""
+    from bertgpu.train import distributed
+
+    done = finished_run(out, key, field) if info.is_main and key and not force else None
+    if not distributed.any_true(done is not None):  # rank 0 read it; every rank ends alike
+        return None
+    if done is not None:
+        print(f"{done.get('task')}: {out} already holds this fine-tuning (the same init, data "
+              "and settings); nothing to do (--force trains it again)", flush=True)
+    return done or {}
 
 
 def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: int, work: Path,

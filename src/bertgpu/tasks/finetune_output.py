@@ -128,16 +128,16 @@ def finished_key(identity: str, predict_test: bool) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def finished_results(out: Path, key: str) -> dict[str, Any] | None:
-    """The results.json of a run at `out` that was this one (`finished_key`), else None: the
-    same command again after it finished changes nothing, as pretrain's does (it trained again
-    and replaced the output). Results of an earlier version, without the key, are not this
-    run's."""
+def finished_results(out: Path, key: str, field: str = "run_key") -> dict[str, Any] | None:
+    """The results.json of a run at `out` that was this one (`finished_key`; `field`
+    "request_key": tasks/request_key.py's, before the data is encoded), else None: the same
+    command again after it finished changes nothing, as pretrain's does (it trained again and
+    replaced the output). Results of an earlier version, without the key, are not this run's."""
     try:
         results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    return results if isinstance(results, dict) and results.get("run_key") == key else None
+    return results if isinstance(results, dict) and results.get(field) == key else None
 
 
 def drop_checkpoints(work: Path) -> None:
@@ -156,21 +156,21 @@ def drop_checkpoints(work: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def finished_run(out: Path, key: str) -> dict[str, Any] | None:
+def finished_run(out: Path, key: str, field: str = "run_key") -> dict[str, Any] | None:
     """`finished_results` of `out`, or of OUT.tmp when a stop cut this run's end short (after
     its results.json, while its checkpoints went or before OUT.tmp became OUT): that end is
     finished here (`drop_checkpoints`, the rename), not trained again."""
     from bertgpu.fsutil import is_scratch, replace_dir
 
-    done = finished_results(out, key)
+    done = finished_results(out, key, field)
     work = out.with_name(out.name + ".tmp")
-    if done is not None or not is_scratch(work) or finished_results(work, key) is None:
+    if done is not None or not is_scratch(work) or finished_results(work, key, field) is None:
         return done
     warnings.warn(f"{work}: holds this fine-tuning finished, its last move cut short by a stop; "
                   f"moved to {out}", stacklevel=2)
     drop_checkpoints(work)
     replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
-    return finished_results(out, key)
+    return finished_results(out, key, field)
 
 
 def metric_text(name: str, value: float | int) -> str:
