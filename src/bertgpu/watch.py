@@ -53,13 +53,12 @@ from bertgpu.telemetry.records import (
     JsonlFollower,
     describe_end,
     drop_superseded_records,
-    error_at,
     process_gone,
-    restart_launcher,
     run_end,
     run_start,
 )
 from bertgpu.telemetry.run_folders import not_made_yet, resolve, wait_for
+from bertgpu.watch_liveness import gone_before_first_record, restart_awaited
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -230,7 +229,7 @@ def ended(state: RunState) -> str | None:
         return describe_end(end, _max_steps(state)) if _restart_awaited(state) is None else None
     start = run_start(state.records)
     if start is None and not state.records:
-        return _gone_before_first_record(state.folder)
+        return gone_before_first_record(state.folder)
     if start is None or start.get("host") != socket.gethostname():
         return None  # a run of an older version, or of another host: its clock decides
     pid = start.get("pid")
@@ -241,37 +240,8 @@ def ended(state: RunState) -> str | None:
 
 
 def _restart_awaited(state: RunState) -> str | None:
-    """The status of a ``--max-restarts`` job between a worker's error and its restart: the error
-    end record names the launcher that may start it again (records.restart_launcher), which still
-    runs (or runs on another host: for 10 minutes after the record). Watch used to stop at it while
-    the job trained on. A launcher gone without a new start record restarted nothing: None."""
-    end = run_end(state.records)
-    launcher = restart_launcher(end) if end is not None else None
-    if end is None or launcher is None:
-        return None
-    here = socket.gethostname()
-    host = (run_start(state.records) or {}).get("host", here)
-    if (process_gone(*launcher) if host == here  # elsewhere: 10 minutes without a restart
-            else time.time() - (state.last_update() or 0.0) > 600):
-        return None
-    where = f"(process {launcher[0]}) is still running" if host == here else f"runs on {host}"
-    return f"waiting for a restart ({error_at(end)}; --max-restarts: its launcher {where})"
-
-
-def _gone_before_first_record(folder: Path) -> str | None:
-    """A run killed at start-up, before its first record: the run folder's lock names the
-    process that took it ("PID HOST", written once it holds the lock), and that process is gone
-    (watch waited for the first record for ever)."""
-    from bertgpu.fsutil import RUN_LOCK
-
-    try:
-        pid_text, host = (folder / RUN_LOCK).read_text(encoding="utf-8").split()[:2]
-        pid = int(pid_text)
-    except (OSError, ValueError):
-        return None
-    if host != socket.gethostname() or pid <= 0 or not process_gone(pid, None):
-        return None
-    return f"stopped (process {pid} is gone before its first record: killed or crashed)"
+    """watch_liveness.restart_awaited of the run the view follows."""
+    return restart_awaited(state.records, state.last_update())
 
 
 def _status(state: RunState, now: float) -> str:
