@@ -31,7 +31,8 @@ divergence or by an error, without an ETA), and the live view then prints its la
 exits; an error after which ``--max-restarts`` may restart the job is followed on while its
 launcher runs. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran
 on: the ``start`` record names the host and pid of its process, and a process that is gone is
-said so.
+said so, unless the record names a ``--max-restarts`` launcher that is still there to start the
+job again (watch_liveness.py): then it is followed on, as after an error.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,12 +53,11 @@ from bertgpu.telemetry.records import (
     JsonlFollower,
     describe_end,
     drop_superseded_records,
-    process_gone,
     run_end,
     run_start,
 )
 from bertgpu.telemetry.run_folders import not_made_yet, resolve, wait_for
-from bertgpu.watch_liveness import gone_before_first_record, restart_awaited
+from bertgpu.watch_liveness import gone_before_first_record, restart_awaited, writer_gone
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -223,20 +222,17 @@ def budget_share(state: RunState) -> float | None:
 
 def ended(state: RunState) -> str | None:
     """The status of a run that is over: its end record's, or, for a run started on this host
-    whose process is gone without writing one, that; None while it may still be running."""
+    whose process is gone without writing one, that; None while it may still be running, or be
+    started again by its ``--max-restarts`` launcher (watch_liveness)."""
     end = run_end(state.records)
     if end is not None:
         return describe_end(end, _max_steps(state)) if _restart_awaited(state) is None else None
-    start = run_start(state.records)
-    if start is None and not state.records:
+    if not state.records:
         return gone_before_first_record(state.folder)
-    if start is None or start.get("host") != socket.gethostname():
-        return None  # a run of an older version, or of another host: its clock decides
-    pid = start.get("pid")
-    if (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-            and process_gone(pid, start.get("pid_started"))):
-        return f"stopped (process {pid} is gone; no end record: killed or crashed)"
-    return None
+    pid = writer_gone(state.records)
+    if pid is None or _restart_awaited(state) is not None:
+        return None
+    return f"stopped (process {pid} is gone; no end record: killed or crashed)"
 
 
 def _restart_awaited(state: RunState) -> str | None:

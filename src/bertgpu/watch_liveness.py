@@ -1,6 +1,13 @@
-"""Whether a run that writes no more is over, for `bertgpu watch`: its ``--max-restarts``
-launcher still there to start it again after an error, or its process gone from this host before
-its first record (killed or crashed)."""
+"""Whether a run that writes no more is over, for `bertgpu watch`: its process gone from this host
+without an end record (killed or crashed), or its ``--max-restarts`` launcher still there to start
+it again.
+
+A ``--max-restarts`` job's launcher names itself to each attempt that another may follow, and
+rank 0 writes it into its ``start`` record (records.launcher_fields) and a worker into an error's
+``end`` record (train/run_end.py). While that launcher lives, the job is waited for: after a
+worker's error, and after a rank 0 killed without an end record (watch said "killed or crashed"
+there and stopped, while the launcher restarted the job and it trained on).
+"""
 
 from __future__ import annotations
 
@@ -9,25 +16,55 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bertgpu.telemetry.records import error_at, process_gone, restart_launcher, run_end, run_start
+from bertgpu.telemetry.records import (
+    error_at,
+    named_launcher,
+    process_gone,
+    restart_launcher,
+    run_end,
+    run_start,
+)
+
+RESTART_WAIT_ELSEWHERE_S = 600
+"""How long after its last record a job whose launcher runs on another host (which this one
+cannot ask) is waited for."""
+
+
+def writer_gone(records: list[dict[str, Any]]) -> int | None:
+    """The pid of the process that wrote the newest ``start`` record, when it ran on this host and
+    is gone; None while it may run (or runs elsewhere: its clock decides)."""
+    start = run_start(records)
+    if start is None or start.get("host") != socket.gethostname():
+        return None  # a run of an older version, or of another host
+    pid = start.get("pid")
+    if (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+            and process_gone(pid, start.get("pid_started"))):
+        return pid
+    return None
 
 
 def restart_awaited(records: list[dict[str, Any]], last_update: float | None) -> str | None:
-    """The status of a ``--max-restarts`` job between a worker's error and its restart: the error
-    end record names the launcher that may start it again (records.restart_launcher), which still
-    runs (or runs on another host: for 10 minutes after the record). Watch used to stop at it while
-    the job trained on. A launcher gone without a new start record restarted nothing: None."""
+    """The status of a ``--max-restarts`` job between a failed attempt and the next one: its
+    error end record, or (rank 0 gone without one) its start record, names the launcher that may
+    start it again, which still runs (or runs on another host: for 10 minutes after the last
+    record). Watch used to stop there while the job trained on. A launcher gone without a new
+    start record restarted nothing: None."""
     end = run_end(records)
-    launcher = restart_launcher(end) if end is not None else None
-    if end is None or launcher is None:
+    if end is not None:
+        launcher, why = restart_launcher(end), error_at(end)
+    else:
+        gone = writer_gone(records)
+        launcher = named_launcher(run_start(records) or {}) if gone is not None else None
+        why = f"process {gone} is gone without an end record"
+    if launcher is None:
         return None
     here = socket.gethostname()
     host = (run_start(records) or {}).get("host", here)
-    if (process_gone(*launcher) if host == here  # elsewhere: 10 minutes without a restart
-            else time.time() - (last_update or 0.0) > 600):
+    if (process_gone(*launcher) if host == here
+            else time.time() - (last_update or 0.0) > RESTART_WAIT_ELSEWHERE_S):
         return None
     where = f"(process {launcher[0]}) is still running" if host == here else f"runs on {host}"
-    return f"waiting for a restart ({error_at(end)}; --max-restarts: its launcher {where})"
+    return f"waiting for a restart ({why}; --max-restarts: its launcher {where})"
 
 
 def gone_before_first_record(folder: Path) -> str | None:

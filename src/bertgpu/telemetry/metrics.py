@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bertgpu.telemetry.console import console_fields, duration
-from bertgpu.telemetry.records import cut_after, open_for_append
+from bertgpu.telemetry.records import cut_after, launcher_fields, open_for_append
 from bertgpu.telemetry.sinks import Sink, SinkFanout, TensorBoardSink, sink_scalars, system_scalars
 from bertgpu.telemetry.throughput import Throughput
 
@@ -43,8 +43,9 @@ from bertgpu.telemetry.throughput import Throughput
 __all__ = ["MetricsLogger", "Throughput", "device_memory", "gpu_utilisation"]
 
 _GIB = float(1 << 30)
-# Info events for the readers of metrics.jsonl only (`bertgpu watch`: the host and pid of a run),
-# neither printed (the start-up table says it) nor sent to the sinks (no numbers to plot).
+# Info events for the readers of metrics.jsonl only (`bertgpu watch`: the host and pid of a run,
+# and of the launcher that may restart it), neither printed (the start-up table says it) nor
+# sent to the sinks (no numbers to plot).
 FILE_ONLY_EVENTS = ("start",)
 
 
@@ -272,6 +273,9 @@ class MetricsLogger:
         }
         if kind == "train":
             scalars = {**self._gpu_scalars(), **scalars}
+        elif kind == "info" and scalars.get("event") == "start":
+            # the launcher that restarts the job should this process die without an end record
+            scalars = {**launcher_fields(), **scalars}
         for key, value in scalars.items():
             if value is None:
                 continue

@@ -1,7 +1,7 @@
 """JSON-lines files of a run (``metrics.jsonl``, ``gpu.jsonl``): appending, reading, following;
 how a run's records say it started and ended (``run_start``, ``run_task``, ``run_end``,
-``describe_end``, ``restart_launcher``), and whether the process they name is gone
-(``process_gone``).
+``describe_end``, ``restart_launcher``, ``named_launcher``), and whether the process they name is
+gone (``process_gone``).
 
 Writers append one JSON object per line and flush it, so a reader may see a file that grows while
 it reads, and a run killed mid-write leaves a last line without its newline. Readers here skip
@@ -268,10 +268,43 @@ def restart_launcher(end: dict[str, Any]) -> tuple[int, int | None] | None:
     """(pid, start time) of the process that may start a failed job again (``--max-restarts``),
     as the job's error ``end`` record names it: written while restarts remain, by a worker whose
     error is no stop and no bad input (train/run_end.py); None when no restart may follow."""
-    pid, started = end.get("launcher_pid"), end.get("launcher_pid_started")
-    if end.get("reason") != "error" or _whole(pid) <= 0:
+    return named_launcher(end) if end.get("reason") == "error" else None
+
+
+def named_launcher(record: dict[str, Any]) -> tuple[int, int | None] | None:
+    """(pid, start time) of the launcher that a record names (``launcher_pid``,
+    ``launcher_pid_started``): the process that may start the job again; None when it names
+    none. A ``start`` record names it for an attempt that another may follow (``launcher_fields``),
+    so that a rank 0 killed without an end record is waited for as an error is."""
+    pid, started = record.get("launcher_pid"), record.get("launcher_pid_started")
+    if _whole(pid) <= 0:
         return None
     return pid, (started if _whole(started) >= 0 else None)
+
+
+RESTART_BY_ENV = "BERTGPU_RESTART_BY"
+"""Set for the workers of an attempt that `--max-restarts` may follow with another: "PID STARTED",
+the process that restarts the job (train/launcher.py) and its start time (``process_started``;
+"-" where unknown). Unset on the last attempt: no record may promise a restart that cannot come."""
+
+
+def launcher_fields() -> dict[str, Any]:
+    """``launcher_pid`` and ``launcher_pid_started`` for the ``start`` record of an attempt that
+    another may follow, naming the process that would start it: bertgpu's launcher
+    (RESTART_BY_ENV, ``--nproc N --max-restarts M``), or, under torchrun with restarts left
+    (its TORCHELASTIC_RESTART_COUNT below TORCHELASTIC_MAX_RESTARTS), torch's agent, the
+    worker's parent; {} otherwise. A rank 0 that is killed writes no end record: `bertgpu
+    watch` took the job for over while the launcher restarted it."""
+    said = os.environ.get(RESTART_BY_ENV, "").split()
+    if len(said) == 2 and said[0].isdigit():
+        return {"launcher_pid": int(said[0]),
+                "launcher_pid_started": int(said[1]) if said[1].isdigit() else None}
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+    if count.isdigit() and most.isdigit() and int(count) < int(most):
+        agent = os.getppid()
+        return {"launcher_pid": agent, "launcher_pid_started": process_started(agent)}
+    return {}
 
 
 def _clipped(text: str, limit: int = 200) -> str:

@@ -20,9 +20,10 @@ newest good checkpoint. The restart is a fresh launcher (a new rendezvous, new p
 torch's in-place worker restart: on CPU the gloo group of a restarted attempt fails to connect
 about three times in four (torch 2.13, a plain two-rank script shows it too), a fresh launch
 does not. Each attempt sees its number in BERTGPU_RESTART_COUNT, and, while another may follow,
-this process in BERTGPU_RESTART_BY (`bertgpu watch` waits for the restart). When the job fails
-for good, the launcher's report is followed by one line naming the rank that died and of what
-(read from that report), and how to resume. A job that failed of bad input (a worker's
+this process in BERTGPU_RESTART_BY (`bertgpu watch` waits for the restart, after a worker's
+error as after a rank 0 killed without an end record). When the job fails for good, the
+launcher's report is followed by one line naming the rank that died and of what (read from that
+report), and how to resume. A job that failed of bad input (a worker's
 one-line error, exit status 2) is not restarted, and ends with that line alone.
 """
 
@@ -38,16 +39,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from bertgpu.telemetry.records import RESTART_BY_ENV, process_started
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 RESTART_ENV = "BERTGPU_RESTART_COUNT"
-RESTART_BY_ENV = "BERTGPU_RESTART_BY"
-"""Set for the workers of an attempt that `max_restarts` may follow with another: "PID STARTED",
-this process (which restarts the job) and its start time (records.process_started; "-" where
-unknown). A worker's error end record names it (train/run_end.py), so that `bertgpu watch` waits
-for the restart while this process lives, instead of ending at the error. Unset on the last
-attempt: no record may promise a restart that cannot come."""
+# RESTART_BY_ENV ("PID STARTED" of this process while another attempt may follow) is named by
+# rank 0's start record (records.launcher_fields) and a worker's error end record
+# (train/run_end.py), so that `bertgpu watch` waits for the restart while this process lives,
+# instead of ending at the error, or at rank 0 killed without an end record.
 
 
 def launcher_command(nproc: int, argv: list[str], log_dir: str) -> list[str]:
@@ -102,8 +103,6 @@ def _restart_by(may_restart: bool) -> Iterator[None]:
     """RESTART_BY_ENV in this process's environment, which the launcher and its workers inherit,
     while one attempt runs: naming this process when a restart may follow, else unset (one left
     by a command that started this one is not this job's)."""
-    from bertgpu.telemetry.records import process_started
-
     outer = os.environ.pop(RESTART_BY_ENV, None)
     if may_restart:
         started = process_started(os.getpid())
