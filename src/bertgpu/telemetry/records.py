@@ -319,13 +319,22 @@ def _clipped(text: str, limit: int = 200) -> str:
     return cut + " …"
 
 
+_CHECKED_BYTES = 256
+"""How many of the bytes it read last a follower finds again before it reads on: the ends of its
+last records, whose numbers a record written there after a cut does not repeat."""
+
+
 class JsonlFollower:
     """Reads the records appended to a JSON-lines file since the last call (``bertgpu watch``).
 
     Only complete lines are consumed: a line still being written is read on a later call. A
-    file that shrank (replaced, or a new run in the same folder) is read again from the start,
-    and ``reset`` tells the caller to forget what it had. A file whose folder was renamed (a
-    fine-tuning run's OUT.tmp, once finished, is OUT) is followed there with `move_to`.
+    file that shrank (replaced, or a new run in the same folder), or whose bytes before where
+    this follower got to are no longer the ones it read (a resumed run cuts the records after its
+    checkpoint, ``cut_after``, and its own soon grow the file past that point again), is read
+    again from the start, and ``reset`` tells the caller to forget what it had. Read on from
+    that point, the records of the restarted job were missed, its ``start`` record among them,
+    and watch took the old one for the run's. A file whose folder was renamed (a fine-tuning
+    run's OUT.tmp, once finished, is OUT) is followed there with `move_to`.
     """
 
     def __init__(self, path: Path) -> None:
@@ -333,6 +342,7 @@ class JsonlFollower:
         self._offset = 0
         self._lineno = 0
         self._file: tuple[int, int] | None = None  # (device, inode) of the file last seen
+        self._last = b""  # the last bytes read (up to _CHECKED_BYTES), which end at _offset
         self.reset = False
 
     def move_to(self, path: Path) -> bool:
@@ -357,14 +367,19 @@ class JsonlFollower:
         except OSError:
             return []
         size, self._file = st.st_size, (st.st_dev, st.st_ino)
-        if size < self._offset:
-            self._offset, self._lineno, self.reset = 0, 0, True
-        if size == self._offset:
+        try:
+            with open(self.path, "rb") as f:
+                if self._offset and not self._unchanged(f, size):
+                    self._offset, self._lineno, self.reset = 0, 0, True
+                if size == self._offset:
+                    return []
+                f.seek(self._offset)
+                chunk = f.read(size - self._offset)
+        except FileNotFoundError:  # gone since the stat (a folder renamed): the next poll sees
             return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read(size - self._offset)
         end = chunk.rfind(b"\n") + 1  # up to the last complete line
+        if end:
+            self._last = chunk[max(end - _CHECKED_BYTES, 0):end]
         records = []
         for raw in chunk[:end].splitlines():
             self._lineno += 1
@@ -378,3 +393,11 @@ class JsonlFollower:
                     continue  # a line cut by a crash, then continued after a resume: skip it
         self._offset += end
         return records
+
+    def _unchanged(self, f: IO[bytes], size: int) -> bool:
+        """Whether the file (`size` bytes) still holds the bytes this follower read last, where
+        it read them."""
+        if size < self._offset:
+            return False
+        f.seek(self._offset - len(self._last))
+        return f.read(len(self._last)) == self._last
