@@ -190,3 +190,32 @@ def test_the_live_view_follows_the_job_through_its_restart(tmp_path, capsys, mon
     assert "killed or crashed" not in out
     if piped:  # a frame per change: the wait for the restart is one of them
         assert f"waiting for a restart (process {RANK0} is gone without an end record" in out
+
+
+def test_a_piped_watch_shows_the_wait_that_begins_without_a_record(tmp_path, capsys, monkeypatch,
+                                                                  gone):
+    """`watch RUN > log` prints a frame per change: rank 0 killed adds no record, and the wait
+    was not shown (the log went from "running" to "finished")."""
+    records = _killed_attempt(tmp_path / "r5")
+    gone.discard(RANK0)  # rank 0 still trains when the watch starts
+    sleeps = []
+
+    def killed_then_restarted(seconds: float) -> None:
+        sleeps.append(seconds)
+        assert len(sleeps) < 6, "the view did not stop at the end record"
+        if len(sleeps) == 1:
+            gone.add(RANK0)  # SIGKILL: no record
+        elif len(sleeps) == 3:  # the launcher started the job again
+            _append(records, [_start(20, RANK0_AGAIN, None), _train(25), _train(45),
+                              _info(45, "end", reason="max_steps")])
+
+    monkeypatch.setattr(watch.time, "sleep", killed_then_restarted)
+    from rich.console import Console
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: False))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli_main(["watch", str(tmp_path / "r5"), "--interval", "1"]) == 0
+    frames = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("bertgpu watch")]
+    assert [frame.split("  ·  ")[1].split(" (")[0] for frame in frames] == [
+        "running", "waiting for a restart", "finished"], frames

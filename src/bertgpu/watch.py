@@ -446,12 +446,15 @@ def main(args: argparse.Namespace) -> int:
 
 def _frames(state: RunState, console: Any, interval: float) -> int:
     """The live view where there is no screen to redraw (`watch RUN > log`, a pipe): a frame
-    each time the run logged something, until it ends. rich's live view printed nothing there
-    until the run ended (its one frame, or none if the watch was stopped first)."""
+    each time the run logged something or began to wait for a ``--max-restarts`` restart (a
+    killed rank 0 logs nothing more: its wait was not shown), until it ends. rich's live view
+    printed nothing there until the run ended (its one frame, or none if the watch was stopped
+    first)."""
     shown = None
     try:
         while True:
-            seen = (len(state.records), ended(state) is not None)
+            seen = (len(state.records), ended(state) is not None,
+                    _restart_awaited(state) is not None)
             if seen != shown:
                 console.print(render(state, width=console.width))
                 console.file.flush()
