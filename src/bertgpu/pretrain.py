@@ -366,8 +366,8 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
         _warn_untrained_rows(cfg.model.vocab_size, data, cfg.init)
 
     masking = MaskingConfig(mask_rate=cfg.data.mask_rate, whole_word=cfg.data.whole_word_masking)
-    eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate,
-                                 whole_word=cfg.data.whole_word_masking)
+    # validation masks single tokens, as every recipe's: whole words would be a harder task
+    eval_masking = MaskingConfig(mask_rate=cfg.data.eval_mask_rate, whole_word=False)
     loader = PretrainLoader(data.train, masking, t.global_batch_size, micro, rank=info.rank,
                             world_size=info.world_size, seed=cfg.seed, num_workers=impl.num_workers,
                             pin_memory=info.device.startswith("cuda"),

@@ -26,8 +26,8 @@ class DataSection:
     )
     mask_rate: float = option(0.15, "fraction of tokens predicted (0.15 BERT, 0.3 MosaicBERT)")
     eval_mask_rate: float = option(
-        0.15, "fraction of tokens masked in validation, fixed so that recipes with other training "
-              "rates compare"
+        0.15, "fraction of tokens masked in validation, single tokens even with whole-word "
+              "masking, fixed so that recipes with other training rates or masking compare"
     )
     whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
 
