@@ -19,6 +19,7 @@ import numpy as np
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.shards import ShardSet
 from bertgpu.data.tokenizer_folder import load_tokenizer
+from bertgpu.data.word_rule import WORDPIECE, UnknownWordRule, word_rule
 from bertgpu.errors import BertgpuError
 
 _U64 = (1 << 64) - 1
@@ -96,8 +97,9 @@ class MaskingConfig:
     """Of the chosen tokens, the fraction replaced by a random non-special token; the remaining
     1 - replace_mask - replace_random stay unchanged (but are still predicted)."""
     whole_word: bool = False
-    """Choose whole words: all WordPiece pieces of a word (a vocab entry starting with "##"
-    continues the previous word) are chosen together, up to the same token budget. Shards
+    """Choose whole words: all tokens of a word are chosen together, up to the same token
+    budget. Where words start is the tokenizer's rule (data/word_rule.py: WordPiece's "##"
+    pieces continue a word, byte-level BPE's "Ġ" and Metaspace's "▁" tokens start one). Shards
     prepared with a word segmenter (`prepare --whole-word-segmenter jieba`) carry their own word
     starts, which then decide instead (whole Chinese words)."""
 
@@ -131,16 +133,22 @@ def continuation_table_from_vocab(vocab_txt_path: str | Path) -> np.ndarray:
 
 
 def continuation_table(tokenizer_dir: str | Path) -> np.ndarray:
-    """(V,) bool of a tokenizer folder: its vocab.txt's "##" entries, or, in a folder of
-    tokenizer.json alone (which `prepare` accepts, as transformers does), its vocabulary's by id.
-    """
+    """(V,) bool of a tokenizer folder: True for the tokens that continue a word, by the rule of
+    its kind (`word_rule`: "##" pieces of WordPiece, every token but a "Ġ"/"▁" word start of a
+    byte-level BPE or Metaspace one; added tokens never). A WordPiece folder's vocab.txt is read
+    as BERT's tokenizer reads it; a folder of tokenizer.json alone (which `prepare` accepts, as
+    transformers does) gives its vocabulary by id. A tokenizer of another kind is refused."""
     folder = Path(tokenizer_dir)
-    if (folder / "vocab.txt").is_file() or not (folder / "tokenizer.json").is_file():
+    rule = word_rule(folder)
+    if rule == WORDPIECE and ((folder / "vocab.txt").is_file()
+                              or not (folder / "tokenizer.json").is_file()):
         return continuation_table_from_vocab(folder / "vocab.txt")  # (names vocab.txt if absent)
-    vocab = load_tokenizer(folder).get_vocab(with_added_tokens=True)
+    tok = load_tokenizer(folder)
+    vocab = tok.get_vocab(with_added_tokens=True)
     table = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
     for token, i in vocab.items():
-        table[i] = token.startswith("##")
+        table[i] = rule.continues(token)
+    table[list(tok.get_added_tokens_decoder())] = False
     return table
 
 
@@ -171,7 +179,7 @@ class Masker:
         self._continuation: np.ndarray | None = None
         if cfg.whole_word:
             if continuation is None:
-                raise BertgpuError("masking.whole_word needs the tokenizer's \"##\" entries "
+                raise BertgpuError("masking.whole_word needs the tokenizer's word continuations "
                                    "(continuation table)")
             table = np.zeros(max(self.vocab_size, len(continuation)), dtype=bool)
             table[: len(continuation)] = np.asarray(continuation, dtype=bool)
@@ -179,11 +187,17 @@ class Masker:
 
     @classmethod
     def from_shards(cls, cfg: MaskingConfig, shards: ShardSet) -> Masker:
-        """A masker for a shard set: its vocab size, special tokens and (whole-word) the "##"
-        entries of its tokenizer (`continuation_table`)."""
+        """A masker for a shard set: its vocab size, special tokens and (whole-word) the word
+        continuations of its tokenizer (`continuation_table`). Shards that carry their own word
+        starts (a segmenter's) need no rule of the tokenizer's: one it has none of is no error."""
         continuation = None
         if cfg.whole_word:
-            continuation = continuation_table(shards.tokenizer_dir)
+            try:
+                continuation = continuation_table(shards.tokenizer_dir)
+            except UnknownWordRule:
+                if not shards.has_word_starts:
+                    raise
+                continuation = np.zeros(shards.vocab_size, dtype=bool)
             if len(continuation) != shards.vocab_size:
                 vocab = shards.tokenizer_dir / "vocab.txt"
                 source = vocab if vocab.is_file() else shards.tokenizer_dir / "tokenizer.json"
@@ -298,7 +312,8 @@ class Masker:
         prev_cand = np.zeros_like(cand)
         prev_cand[:, 1:] = cand[:, :-1]
         # A word starts at a candidate unless it continues the word of the candidate before it:
-        # a "##" piece, or (segmented shards) a token the segmenter did not mark as a start.
+        # by the tokenizer's rule ("##", no "Ġ"), or (segmented shards) a token the segmenter
+        # did not mark as a start.
         inside = (~np.asarray(word_starts, dtype=bool) if word_starts is not None
                   else self._continuation[ids])
         start = cand & ~(inside & prev_cand)
