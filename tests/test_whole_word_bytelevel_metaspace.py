@@ -169,3 +169,21 @@ def test_wordpiece_continuations_are_still_the_double_hash_pieces(tmp_path):
     (folder / "vocab.txt").unlink()
     np.testing.assert_array_equal(continuation_table(folder), expected)
 
+
+def test_the_start_up_table_says_where_words_start(tmp_path):
+    """`bertgpu pretrain` said "whole words" whatever its tokenizer made of them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bertgpu.config.schema import load_config
+    from bertgpu.train import distributed
+    from bertgpu.train.pretrain_startup import startup_rows
+
+    shards = _shards(_byte_level(tmp_path / "tok"), tmp_path)
+    cfg = load_config(None, ["--data.whole_word_masking", "true"])
+    info = distributed.DistInfo(0, 1, 0, "cpu", "gloo", 1)
+    rows = dict(startup_rows(cfg, SimpleNamespace(dir=tmp_path / "d", train=shards),
+                             torch.nn.Linear(2, 2), 1e-4, micro=4, accumulation=1, info=info))
+    assert rows["masking"] == ("15% of the tokens, whole words by byte-level BPE's \"Ġ\" word "
+                               "starts (validation 15%)")

@@ -41,8 +41,8 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
          f"{data.dir} ({len(data.train):,} sequences x {seq} tokens, {data.train.objective})"),
         ("model", model_line(model, cfg.model)),
         ("masking", f"{cfg.data.mask_rate:.0%} of the tokens"
-                    f"{', whole words' if cfg.data.whole_word_masking else ''} (validation "
-                    f"{cfg.data.eval_mask_rate:.0%})"),
+                    f"{whole_word_text(data.train) if cfg.data.whole_word_masking else ''} "
+                    f"(validation {cfg.data.eval_mask_rate:.0%})"),
         ("compute", compute_text(cfg, info)),
         ("micro batch per device", str(micro)),
         ("accumulation steps", str(accumulation)),
@@ -57,6 +57,16 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
           if info.world_size > 1 and d.strategy == "ddp" else []),
         *([("sharding", sharding_text(cfg, info))] if d.strategy == "fsdp" else []),
     ]
+
+
+def whole_word_text(train: Any) -> str:
+    """", whole words by ...": what says where words start (the shards' segmenter, or the
+    tokenizer's marks: data/word_rule.py), so a run shows which words it masks whole."""
+    from bertgpu.data.word_rule import word_rule
+
+    if train.has_word_starts:
+        return f", whole words by {train.manifest.whole_word_segmenter} word starts"
+    return f", whole words by {word_rule(train.tokenizer_dir).describe()}"
 
 
 def compute_text(cfg: Any, info: Any) -> str:
