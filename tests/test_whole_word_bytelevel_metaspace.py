@@ -151,6 +151,30 @@ def test_a_tokenizer_whose_words_cannot_be_told_is_refused(tmp_path):
     Masker.from_shards(MaskingConfig(whole_word=False), shards)  # single tokens: no rule needed
 
 
+def test_segmented_shards_need_no_rule_of_the_tokenizer(tmp_path):
+    """Shards with a segmenter's word starts (`prepare --whole-word-segmenter jieba`) decide
+    their words themselves: a tokenizer of no known kind is no error there."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate([*SPECIALS, "a"])}, merges=[],
+                               unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = _save(tok, tmp_path / "tok")
+    shards = SimpleNamespace(tokenizer_dir=folder, vocab_size=6, has_word_starts=True,
+                             special_tokens={k: i for i, k in enumerate(
+                                 ["pad", "unk", "cls", "sep", "mask"])})
+    masker = Masker.from_shards(MaskingConfig(whole_word=True), shards)
+    ids = np.array([[2, 5, 5, 5, 3]])
+    _, labels = masker.mask_batch(ids, np.array([5]), 0, np.zeros(1), np.zeros(1),
+                                  word_starts=np.array([[0, 1, 0, 0, 0]], bool))
+    assert (labels[0, 1:4] != IGNORE_INDEX).all()  # one word of three tokens, masked whole
+    shards.has_word_starts = False
+    with pytest.raises(BertgpuError, match="data.whole_word_masking"):
+        Masker.from_shards(MaskingConfig(whole_word=True), shards)
+
+
 def test_wordpiece_continuations_are_still_the_double_hash_pieces(tmp_path):
     """A WordPiece folder (vocab.txt and tokenizer.json, or tokenizer.json alone) keeps its
     "##" table."""
