@@ -210,4 +210,4 @@ def test_the_start_up_table_says_where_words_start(tmp_path):
     rows = dict(startup_rows(cfg, SimpleNamespace(dir=tmp_path / "d", train=shards),
                              torch.nn.Linear(2, 2), 1e-4, micro=4, accumulation=1, info=info))
     assert rows["masking"] == ("15% of the tokens, whole words by byte-level BPE's \"Ġ\" word "
-                               "starts (validation 15%)")
+                               "starts (validation 15% of single tokens)")

@@ -29,7 +29,9 @@ class DataSection:
         0.15, "fraction of tokens masked in validation, single tokens even with whole-word "
               "masking, fixed so that recipes with other training rates or masking compare"
     )
-    whole_word_masking: bool = option(False, "mask all WordPieces of a word together")
+    whole_word_masking: bool = option(
+        False, "mask all tokens of a word together (WordPiece '##', byte-level BPE 'Ġ' and "
+               "Metaspace '▁' word starts, or the shards' segmenter words)")
 
 
 MAX_SEED = 2**32 - 1

@@ -42,7 +42,8 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
         ("model", model_line(model, cfg.model)),
         ("masking", f"{cfg.data.mask_rate:.0%} of the tokens"
                     f"{whole_word_text(data.train) if cfg.data.whole_word_masking else ''} "
-                    f"(validation {cfg.data.eval_mask_rate:.0%})"),
+                    f"(validation {cfg.data.eval_mask_rate:.0%}"
+                    f"{' of single tokens' if cfg.data.whole_word_masking else ''})"),
         ("compute", compute_text(cfg, info)),
         ("micro batch per device", str(micro)),
         ("accumulation steps", str(accumulation)),
