@@ -4,6 +4,7 @@
     workers: strip wiki markup, split sentences, tokenize  (`packing.encode_items`)
     main: drop empty parts, count documents, cut units and split them by their exact token
           counts (`split`); mlm: the units go to the row packer (`writer`)
+    main (mlm+nsp): chunks of pieces, with random-B candidates of earlier ones (`nsp_candidates`)
     workers (mlm+nsp): sentence pairs from chunks of pieces  (`packing.nsp_chunk`)
     main: write shards  (`writer`)
 
@@ -31,6 +32,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 from bertgpu.data.corpus import CorpusStats, settle_parts
+from bertgpu.data.nsp_candidates import Candidates
 from bertgpu.data.prepare_worker import encode_items, init_worker, nsp_chunk
 from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 
@@ -38,6 +40,8 @@ from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 CHUNK_CHARS = 500_000
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books
 MAX_CHUNK_CHARS = 1_000_000  # ... and at this many whatever its pieces: bounds memory
+# (so a chunk of long documents holds few; its random Bs also come from earlier chunks' documents:
+# `nsp_candidates`)
 RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many characters ...
 RAW_BATCH_ITEMS = 512  # ... or this many items
 SIGNAL_CHECK_S = 0.2  # the longest the main thread sleeps in a wait for a worker (see _wait)
@@ -202,19 +206,28 @@ def prefetch(items: Iterator, depth: int) -> Iterator:
         thread.join()
 
 
+def nsp_tasks(parts: Iterator[tuple], plan: SplitPlan, chunk_docs: int,
+              settings: dict) -> Iterator[tuple]:
+    """The mlm+nsp tasks of a work unit for `prepare_worker.nsp_chunk`: its chunks, numbered
+    from ``unit << 32`` (their random generator's seed), each with the random-B candidates from
+    the unit's earlier documents that it needs (`nsp_candidates`)."""
+    carried = Candidates(settings["seed"], plan.work_unit, settings["seq_len"] - 3,
+                         long_chars=CHUNK_CHARS // MIN_CHUNK_DOCS,
+                         min_docs=min(MIN_CHUNK_DOCS, chunk_docs))
+    return carried.attach(work_chunks(nsp_pieces(parts, plan), chunk_docs,
+                                      plan.work_unit << 32))
+
+
 def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, tokenizer_json: str,
         settings: dict, skip_bad: bool, stats: CorpusStats, pool=None) -> Iterator:
     """In corpus order: mlm, ``(is_validation, tokens, word_starts, joins)`` of each unit;
     mlm+nsp, the rows of each chunk (`packing.nsp_chunk`). See the module docstring.
 
     ``pool``: a pool from `make_pool` to reuse (work unit after work unit); else one is made.
-    The NSP chunks of work unit u are numbered from ``u << 32`` (their random generator's seed).
     """
     nsp = settings["objective"] != "mlm"
-    first_chunk = plan.work_unit << 32
     if pool is not None:
-        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, nsp,
-                             first_chunk)
+        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, settings)
         return
     if workers <= 1:
         init_worker(tokenizer_json, settings)  # in-process; encode_batch uses Rust threads itself
@@ -225,22 +238,20 @@ def run(raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int, to
         if not nsp:
             yield from mlm_units(parts, plan)
             return
-        for task in work_chunks(nsp_pieces(parts, plan), chunk_docs, first_chunk):
+        for task in nsp_tasks(parts, plan, chunk_docs, settings):
             yield nsp_chunk(task)
         return
     with make_pool(workers, tokenizer_json, settings) as pool:
-        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, nsp,
-                             first_chunk)
+        yield from _run_pool(pool, raw, plan, chunk_docs, workers, skip_bad, stats, settings)
 
 
 def _run_pool(pool, raw: Iterator[tuple], plan: SplitPlan, chunk_docs: int, workers: int,
-              skip_bad: bool, stats: CorpusStats, nsp: bool, first_chunk: int) -> Iterator:
+              skip_bad: bool, stats: CorpusStats, settings: dict) -> Iterator:
     batches = prefetch(_raw_batches(raw), depth=2)  # decompression overlaps the rest of main
     encoded = _ordered_map(pool, encode_items, batches, 2 * workers)
     parts = settle_parts((item for batch in encoded for item in batch), skip_bad, stats)
-    if not nsp:
+    if settings["objective"] == "mlm":
         yield from mlm_units(parts, plan)
         return
-    yield from _ordered_map(pool, nsp_chunk,
-                            work_chunks(nsp_pieces(parts, plan), chunk_docs, first_chunk),
+    yield from _ordered_map(pool, nsp_chunk, nsp_tasks(parts, plan, chunk_docs, settings),
                             2 * workers)

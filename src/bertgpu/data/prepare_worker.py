@@ -15,17 +15,21 @@ pieces from `split.nsp_pieces`, per pseudo-document (the consecutive pieces of o
 split in the chunk): per document a target length (seq_len-3, or with short_seq_prob a random
 shorter one), sentences accumulated into segments A and B, B replaced by a random span of
 another document of the chunk and split half of the time (nsp_label 1), ``[CLS] A [SEP] B
-[SEP]`` with token types 0/1. "Another document" is another corpus document: the pseudo-documents
+[SEP]`` with token types 0/1. A chunk of one document, or of few long ones, also draws B from
+runs of the work unit's earlier documents that the main process sends with it
+(`nsp_candidates`). "Another document" is another corpus document: the pseudo-documents
 of a document that the validation split cut (its train sides around a held-out chunk, its
 held-out chunks) are never each other's random B. A chunk whose split holds pieces of a single
-document falls back to that document, as the original does after 10 misses (such rows are
-counted: ``same_document``, and `prepare` warns when they are many). The random generator is
-seeded from (seed, chunk index), so the rows do not depend on which process made them.
+document and no candidates falls back to that document, as the original does after 10 misses
+(such rows are counted: ``same_document``, and `prepare` warns when they are many). The random
+generator is seeded from (seed, chunk index), so the rows do not depend on which process made
+them.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -138,9 +142,13 @@ def encode_items(items: list[tuple]) -> list[tuple]:
     return [(item[0], None, item[2]) if item[0] == "part" and not item[1] else item for item in out]
 
 
-def nsp_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
-    """Stage 2: the sentence-pair rows of one chunk of pieces, per split."""
-    index, pieces = task
+def nsp_chunk(task: tuple) -> dict[str, dict]:
+    """Stage 2: the sentence-pair rows of one chunk of pieces, per split. ``task``: ``(index,
+    pieces)``, or ``(index, pieces, carried)`` with ``carried`` per is_validation the random-B
+    candidates of earlier chunks (`nsp_candidates`: ``(tokens, bounds, word_starts)`` each) or
+    None."""
+    index, pieces = task[:2]
+    carried = task[2] if len(task) > 2 else {}
     rng = np.random.default_rng([_STATE["seed"], index])
     out: dict[str, dict] = {}
     for split, flag in (("train", False), ("validation", True)):
@@ -149,21 +157,29 @@ def nsp_chunk(task: tuple[int, list[tuple]]) -> dict[str, dict]:
         for k, (tokens, bounds, flags, _, joins, is_val, doc) in enumerate(pieces):
             if is_val != flag:
                 continue
-            values = tokens.astype(np.int64) * 2 + flags if flags is not None else tokens
-            sentences = [s.tolist() for s in np.split(values, bounds[:-1])]
+            sentences = _sentences(tokens, bounds, flags)
             if joins and k > 0:  # piece k-1 is its predecessor, the last pseudo-document here
                 docs[-1].extend(sentences)
             else:
                 docs.append(sentences)
                 owners.append(doc)
-        out[split] = _nsp_rows(docs, owners, rng)
+        extra = [_sentences(*c) for c in carried.get(flag) or ()]
+        out[split] = _nsp_rows(docs, owners, rng, extra)
     return out
 
 
-def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Generator) -> dict:
+def _sentences(tokens: np.ndarray, bounds: np.ndarray, flags: np.ndarray | None) -> list:
+    values = tokens.astype(np.int64) * 2 + flags if flags is not None else tokens
+    return [s.tolist() for s in np.split(values, bounds[:-1])]
+
+
+def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Generator,
+              extra: Sequence[list[list[int]]] = ()) -> dict:
     """Sentence-pair rows of a chunk (BERT's create_instances_from_document, once per document).
 
     ``owners``: the corpus document of each of ``docs``, in corpus order (non-decreasing).
+    ``extra``: random-B candidates from other documents (`nsp_candidates`), drawn like another
+    document of the chunk, from a start with ``seq_len - 3`` tokens after it where there is one.
     With a segmenter each token travels as ``id * 2 + word_start`` through the pairing (which
     only moves tokens around) and is split again when the rows are written.
     """
@@ -172,16 +188,32 @@ def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Gen
     kept = [(sents, owner) for sents, owner in kept if sents]
     tokenized = [sents for sents, _ in kept]
     owned = [owner for _, owner in kept]
+    max_tokens = _STATE["seq_len"] - 3
+    carried = [(sents, _starts(sents, max_tokens))
+               for sents in ([s for s in c if s] for c in extra) if sents]
     pairs: list[tuple[list[int], list[int], int]] = []
     counts = dict.fromkeys(RANDOM_CAUSES, 0)
     for d in range(len(tokenized)):
         # A document's pseudo-documents are consecutive (pieces come in corpus order).
         own = (bisect.bisect_left(owned, owned[d]), bisect.bisect_right(owned, owned[d]))
-        pairs.extend(_document_pairs(tokenized, d, own, rng, _STATE["seq_len"] - 3,
-                                     _STATE["short_seq_prob"], counts))
+        pairs.extend(_document_pairs(tokenized, d, own, rng, max_tokens,
+                                     _STATE["short_seq_prob"], counts, carried))
     rows = _rows(pairs, _STATE["seq_len"])
     rows.update(counts)
     return rows
+
+
+def _starts(sentences: list[list[int]], max_tokens: int) -> int:
+    """How many of a candidate's first sentences have ``max_tokens`` tokens from them on (at
+    least 1): a B drawn from it starts at one of them, so that it is whole."""
+    left = sum(map(len, sentences))
+    n = 0
+    for s in sentences:
+        if left < max_tokens:
+            break
+        n += 1
+        left -= len(s)
+    return max(1, n)
 
 
 def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
@@ -208,11 +240,13 @@ def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
 
 def _document_pairs(
     docs: list[list[list[int]]], d: int, own: tuple[int, int], rng: np.random.Generator,
-    max_tokens: int, short_seq_prob: float, counts: dict[str, int]
+    max_tokens: int, short_seq_prob: float, counts: dict[str, int],
+    carried: Sequence[tuple[list[list[int]], int]] = ()
 ) -> list[tuple[list[int], list[int], int]]:
     """(A, B, nsp_label) pairs from document d; the random B comes from another of ``docs``
-    outside ``own`` (the ``[first, end)`` of the pseudo-documents of d's corpus document) when
-    there is one. ``counts`` (`RANDOM_CAUSES`) adds up why random rows were random."""
+    outside ``own`` (the ``[first, end)`` of the pseudo-documents of d's corpus document) or
+    one of ``carried`` (sentences, starts) when there is one. ``counts`` (`RANDOM_CAUSES`) adds
+    up why random rows were random."""
     document = docs[d]
     target = max_tokens
     if rng.random() < short_seq_prob:
@@ -234,11 +268,12 @@ def _document_pairs(
                              else "sentence_fills_target" if length >= target
                              else "last_sentence")
                     counts[cause] += 1
-                pick = _other_document(len(docs), d, own, rng)
+                pick = _other_document(len(docs), d, own, rng, len(carried))
                 counts["same_document"] += own[0] <= pick < own[1]
-                other = docs[pick]
+                other, starts = (carried[pick - len(docs)] if pick >= len(docs)
+                                 else (docs[pick], len(docs[pick])))
                 b: list[int] = []
-                for j in range(int(rng.integers(0, len(other))), len(other)):
+                for j in range(int(rng.integers(0, starts)), len(other)):
                     b.extend(other[j])
                     if len(b) >= target - len(a):
                         break
@@ -254,13 +289,20 @@ def _document_pairs(
     return pairs
 
 
-def _other_document(n: int, d: int, own: tuple[int, int], rng: np.random.Generator) -> int:
-    """A random one of ``n`` pseudo-documents outside ``own`` (d's corpus document), uniform;
-    with none, another of d's (BERT's fallback), or d itself when it is alone.
+def _other_document(n: int, d: int, own: tuple[int, int], rng: np.random.Generator,
+                    carried: int = 0) -> int:
+    """A random one of ``n`` pseudo-documents outside ``own`` (d's corpus document) and of
+    ``carried`` candidates (``n + k`` is candidate k), uniform; with none, another of d's
+    (BERT's fallback), or d itself when it is alone.
 
     When every document is whole (``own`` is ``(d, d + 1)``) this is the draw it always was, so
-    the rows of such corpora did not change when documents got their identity.
+    the rows of such corpora did not change when documents got their identity; likewise
+    without candidates when they came.
     """
+    if carried:
+        others = n - (own[1] - own[0])
+        r = int(rng.integers(0, others + carried))
+        return n + r - others if r >= others else r if r < own[0] else r + own[1] - own[0]
     if n == 1:
         return d
     lo, hi = own
