@@ -87,3 +87,15 @@ def test_long_documents_give_the_same_rows_for_one_and_two_workers(tok, tmp_path
     for path in sorted((tmp_path / "one").glob("*.npy")):
         assert path.read_bytes() == (tmp_path / "two" / path.name).read_bytes(), path.name
 
+
+
+def test_the_same_document_warning_does_not_suggest_chunk_docs(tok, tmp_path):
+    """A corpus of one document has no other for a random B, whatever --chunk-docs: the
+    warning asked for more documents per chunk with --chunk-docs, which changed no byte."""
+    corpus = write_sentences(tmp_path / "one.txt",
+                             [[f"the value number {i} is here ." for i in range(300)]])
+    with pytest.warns(UserWarning, match="labelled random with B from A's own document") as seen:
+        prepare([corpus], tok, tmp_path / "out", seq_len=32, objective="mlm+nsp", workers=1,
+                validation_fraction=0.0)
+    (message,) = [str(w.message) for w in seen if "A's own document" in str(w.message)]
+    assert "--chunk-docs" not in message and "more documents" in message

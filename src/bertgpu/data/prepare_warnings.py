@@ -54,10 +54,15 @@ def warn_about_result(records: list[dict[str, Any]], manifest: Manifest,
                       stacklevel=2)
     same = sum(r.get("nsp_same_document", 0) for r in records)
     if same > SAME_DOC_WARN_SHARE * rows:
+        # A chunk of one document's pieces takes B from the unit's earlier documents too
+        # (`nsp_candidates`): these are a unit's first chunks, closed by their characters before
+        # a second document came (a larger --chunk-docs than the ~8 pieces a chunk then holds
+        # changes nothing), or the chunks of a unit of one document.
         warnings.warn(f"{same} of {rows} NSP rows are labelled random with B from A's own "
-                      "document: their chunk held pieces of a single document of its split (as "
-                      "BERT falls back to); expected more documents per chunk (--chunk-docs, or "
-                      "shorter documents)", stacklevel=2)
+                      "document: their chunk held pieces of a single document of its split and "
+                      "no other document of that split came before it in its work unit (as BERT "
+                      "falls back to); expected a corpus of more documents (a document of about "
+                      "a million characters or more fills a chunk alone)", stacklevel=2)
         return
     # The validation split alone: a hundredth of the rows, where a chunk's held-out side is
     # often pieces of one long document; its val_nsp_acc then scores some IsNext text as random.
