@@ -422,8 +422,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stored bytes per work unit: whole files up to this, larger "
                              "Parquet and uncompressed files in parts of it (default 64 MiB)")
     parser.add_argument("--chunk-docs", type=int, default=None,
-                        help="mlm+nsp: documents (or pieces of long ones) per work unit, also the "
-                             "pool random B segments come from (default 1000)")
+                        help="mlm+nsp: documents (or pieces of long ones) per chunk (at most "
+                             "about 1M characters), the pool random B segments come from; a "
+                             "chunk of few long documents also draws from earlier documents of "
+                             "its work unit (default 1000)")
     parser.add_argument("--whole-word-segmenter", choices=SEGMENTERS, default=None,
                         help="store word boundaries for whole-word masking of Chinese (needs "
                              "`pip install 'bertgpu[zh]'`, or jieba)")
