@@ -5,8 +5,9 @@ or a shard set). `check_device`: `impl.device` is one this machine has. `check_s
 resume keeps the checkpoint's `[model]` (dropout and initialisation aside). `config_text`: the
 config.toml of a run, the values it used (`resolved_config`). `keep_config_history`: a resume
 with other settings says which, and keeps the earlier config.toml as `config.step_N.toml`.
-`check_not_past_max_steps`: a resume never starts past train.max_steps. `bertgpu pretrain` calls
-them before anything loads (and before `--nproc` starts workers).
+`check_not_past_max_steps`: a resume never starts past train.max_steps. `check_resumable`: a run
+that finished and lost its checkpoints is not started over. `bertgpu pretrain` calls them before
+anything loads (and before `--nproc` starts workers).
 `checkpoint_budget`: the budget clock a checkpoint stored (is a finished budget run finished for
 this config too?). `run_folder_lock`: one `bertgpu pretrain` at a time writes a run folder (two
 would interleave checkpoints and metrics.jsonl and overwrite each other's export).
@@ -49,6 +50,7 @@ def check_run_folder(run_dir: Path, inputs: dict[str, str | None] | None = None)
     from bertgpu.fsutil import within
 
     _check_run_folder(run_dir)
+    check_resumable(run_dir)
     for flag, folder in (inputs or {}).items():
         local = folder and "://" not in str(folder) and Path(folder).exists()
         if local and within(run_dir, folder):
@@ -77,6 +79,42 @@ def _check_run_folder(run_dir: Path) -> None:
     raise BertgpuError(f"{run_dir}: a folder that is not a pretraining run (it holds {shown}); "
                        "expected a new or empty folder, or a run folder to resume (config.toml, "
                        "metrics.jsonl, checkpoints/)")
+
+
+def check_resumable(run_dir: Path) -> None:
+    """A run folder without a checkpoint starts over, as after a crash before the first one;
+    refuse it in one line when the run got further: it finished (an end record of max_steps or
+    budget in metrics.jsonl) or left its Hugging Face export hf/. Its checkpoints were removed
+    (to free disk, say), and starting over trained from random weights, cut its metrics.jsonl,
+    replaced config.toml and overwrote hf/, all without a word. A run stopped (preempted, an
+    error) before its first checkpoint produced no model: it starts over, as before."""
+    from bertgpu.step_folders import complete_steps
+    from bertgpu.telemetry.records import read_metrics
+
+    if not run_dir.is_dir() or complete_steps(run_dir / "checkpoints"):
+        return
+    hf = run_dir / "hf"
+    export = hf.is_dir() and any(hf.iterdir())
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        records = read_metrics(metrics) if metrics.is_file() else []
+    except BertgpuError:  # a broken line: the export alone decides
+        records = []
+    ends = [r for r in records if r.get("kind") == "info" and r.get("event") == "end"
+            and r.get("reason") in ("max_steps", "budget")]
+    if not ends and not export:
+        return
+    steps = [r["step"] for r in (ends or records) if isinstance(r.get("step"), int)]
+    if ends:
+        held = (f"a run that finished at step {steps[-1] if steps else '?'} "
+                f"({ends[-1]['reason']}, its end record in metrics.jsonl)")
+    else:
+        held = f"a run that trained to step {max(steps)}" if steps else "a run"
+    held += " and its Hugging Face export hf/" if export else ""
+    raise BertgpuError(
+        f"{run_dir}: holds {held}, but no checkpoint to resume from (checkpoints/ is empty or "
+        "gone); restore its checkpoints/ to train on, or give another --out (or remove "
+        f"{run_dir}) to start over")
 
 
 def check_device(device: str) -> None:
