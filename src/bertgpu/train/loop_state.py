@@ -228,12 +228,38 @@ def length_change_note(state: dict[str, Any], checkpoint: Path, schedule: Any, s
         before = progress_from_steps(step, int(old_steps))
     else:
         return None  # a step run's checkpoint that does not say its max_steps
-    old = dataclasses.replace(schedule, max_steps=int(old_steps or 0),
-                              budget_mode=old_budget is not None)
+    old = _old_schedule(checkpoint, dataclasses.replace(
+        schedule, max_steps=int(old_steps or 0), budget_mode=old_budget is not None))
     return (f"{knob}: the lr schedule is re-stretched to the new length, so at step {step} its "
             f"progress goes from {before:.1%} to {progress:.1%} and the lr of step {step + 1} "
             f"jumps from {old.lr(before, step):.3g} to {schedule.lr(progress, step):.3g}; give "
             "the old value to go on with the schedule as it was")
+
+
+def _old_schedule(checkpoint: Path, schedule: Any) -> Any:
+    """`schedule` (the resumed run's, at the checkpoint's length) with the lr settings the
+    checkpoint's steps ran under, from its config.toml: the peak lr (scaled to its global batch
+    as the run scaled it), warm-up, decay and min_lr_ratio. The warning's "from" lr is then the
+    one the old run logged, also when the resume changes the lr too (it took the new peak lr to
+    the old progress, an lr no step ran at). `schedule` as it is without such a config.toml (a
+    fine-tuning checkpoint: a resume of one changes no lr setting)."""
+    from bertgpu.config import schema
+
+    path = checkpoint / "config.toml"
+    if not path.is_file():
+        return schedule
+    try:
+        cfg = schema.load_config(str(path), [], check_batch=False)
+        s, optim = cfg.schedule, cfg.optim
+        peak = schema.scaled_lr(optim.lr, cfg.train.global_batch_size,
+                                optim.reference_batch_size, optim.lr_scaling)
+    except Exception:  # noqa: BLE001 - not loadable by this version: the resumed run's settings
+        return schedule
+    return dataclasses.replace(schedule, peak_lr=peak, decay=s.decay,
+                               warmup_fraction=s.warmup_fraction or 0.0,
+                               warmup_steps=s.warmup_steps, min_lr_ratio=s.min_lr_ratio,
+                               power=s.power, decay_fraction=s.decay_fraction,
+                               decay_span=s.decay_span)
 
 
 def _hours(budget_s: float | None) -> str:
