@@ -32,7 +32,10 @@ exits; an error after which ``--max-restarts`` may restart the job is followed o
 launcher runs. A run killed without one (SIGKILL, out of memory) is told apart on the host it ran
 on: the ``start`` record names the host and pid of its process, and a process that is gone is
 said so, unless the record names a ``--max-restarts`` launcher that is still there to start the
-job again (watch_liveness.py): then it is followed on, as after an error.
+job again (watch_liveness.py): then it is followed on, as after an error. A run that ended and
+is started again (a larger ``train.max_steps``, a preempted run re-run) is said to be resuming
+from when its new process holds the run folder, and followed on; ``config.toml`` is read again
+when it changes (the new length).
 """
 
 from __future__ import annotations
@@ -57,7 +60,12 @@ from bertgpu.telemetry.records import (
     run_start,
 )
 from bertgpu.telemetry.run_folders import not_made_yet, resolve, wait_for
-from bertgpu.watch_liveness import gone_before_first_record, restart_awaited, writer_gone
+from bertgpu.watch_liveness import (
+    gone_before_first_record,
+    restart_awaited,
+    resuming,
+    writer_gone,
+)
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _GPU_HISTORY = 40  # samples per GPU kept for its utilisation sparkline
@@ -101,17 +109,12 @@ class RunState:
     records: list[dict[str, Any]] = field(default_factory=list)
     gpus: dict[tuple[str, int], deque[dict[str, Any]]] = field(default_factory=dict)
     followers: dict[str, JsonlFollower] = field(default_factory=dict)
+    config_stamp: int | None = None  # config.toml's mtime when `config` was read
 
     def poll(self) -> None:
         """Read what the files gained since the last poll."""
         self._follow_rename()
-        if not self.config and (self.folder / "config.toml").is_file():
-            from bertgpu.config.overrides import read_toml
-
-            try:
-                self.config = read_toml(self.folder / "config.toml")
-            except BertgpuError:
-                self.config = {}  # being written, or not ours: the view does without it
+        self._read_config()
         new = self._follow("metrics.jsonl")
         if self.followers["metrics.jsonl"].reset:
             self.records = []
@@ -123,6 +126,23 @@ class RunState:
                 if isinstance(rec.get("gpu"), int):
                     key = (label, rec["gpu"])
                     self.gpus.setdefault(key, deque(maxlen=_GPU_HISTORY)).append(rec)
+
+    def _read_config(self) -> None:
+        """config.toml, again whenever it changes: a run resumed with a larger train.max_steps
+        writes its new length there (read once, the view went on with the old: step 25 / 20)."""
+        from bertgpu.config.overrides import read_toml
+
+        path = self.folder / "config.toml"
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return
+        if stamp == self.config_stamp:
+            return
+        try:
+            self.config, self.config_stamp = read_toml(path), stamp
+        except BertgpuError:
+            pass  # being written (read at the next poll), or not ours: the view does without it
 
     def _follow_rename(self) -> None:
         """A fine-tuning run's OUT.tmp, gone: once finished it is OUT (fsutil.replace_dir), and
@@ -226,7 +246,9 @@ def ended(state: RunState) -> str | None:
     started again by its ``--max-restarts`` launcher (watch_liveness)."""
     end = run_end(state.records)
     if end is not None:
-        return describe_end(end, _max_steps(state)) if _restart_awaited(state) is None else None
+        if _restart_awaited(state) is not None or _resuming(state) is not None:
+            return None
+        return describe_end(end, _max_steps(state))
     if not state.records:
         return gone_before_first_record(state.folder)
     pid = writer_gone(state.records)
@@ -240,8 +262,15 @@ def _restart_awaited(state: RunState) -> str | None:
     return restart_awaited(state.records, state.last_update())
 
 
+def _resuming(state: RunState) -> str | None:
+    """watch_liveness.resuming of a run whose newest record is its end record: a process holds
+    its folder again (an extension's start-up: watch said "finished" and left)."""
+    end = run_end(state.records)
+    return resuming(state.folder, end) if end is not None else None
+
+
 def _status(state: RunState, now: float) -> str:
-    over = ended(state) or _restart_awaited(state)
+    over = ended(state) or _restart_awaited(state) or _resuming(state)
     if over is not None:
         return over
     updated = state.last_update()
@@ -293,8 +322,8 @@ def _progress_lines(state: RunState, now: float, width: int) -> list[str]:
                     if (e := _num(r.get("elapsed_s"))) is not None), None)
     if elapsed is not None:
         parts.append(f"elapsed {duration(elapsed)}")
-    stopped = ended(state) or _restart_awaited(state)
-    eta = eta_s(state) if stopped is None else None  # a run that stopped has none
+    stopped = ended(state) or _restart_awaited(state) or _resuming(state)
+    eta = eta_s(state) if stopped is None else None  # a run that stopped (or starts) has none
     if eta is not None:
         parts.append(f"ETA {duration(eta)}")
     if _num(last.get("tokens_seen")) is not None:

@@ -1,6 +1,6 @@
 """Whether a run that writes no more is over, for `bertgpu watch`: its process gone from this host
-without an end record (killed or crashed), or its ``--max-restarts`` launcher still there to start
-it again.
+without an end record (killed or crashed), its ``--max-restarts`` launcher still there to start
+it again, or a process that took its run folder after its end record (`resuming`).
 
 A ``--max-restarts`` job's launcher names itself to each attempt that another may follow, and
 rank 0 writes it into its ``start`` record (records.launcher_fields) and a worker into an error's
@@ -67,17 +67,47 @@ def restart_awaited(records: list[dict[str, Any]], last_update: float | None) ->
     return f"waiting for a restart ({why}; --max-restarts: its launcher {where})"
 
 
+def resuming(folder: Path, end: dict[str, Any]) -> str | None:
+    """The status of a run that ended (`end`, its newest record) and is started again (the same
+    command with a larger train.max_steps, or after a preemption): its new process loads,
+    evaluates and (on a GPU) compiles for minutes before its first record, and watch said
+    "finished" meanwhile and left. The run folder's lock names that process ("PID HOST",
+    written once it holds the lock), written after the end record, and it runs on this host
+    (of another host only its records tell). None otherwise: the lock of the process that
+    ended is older than its end record."""
+    lock = _lock_holder(folder)
+    at = end.get("time")
+    if lock is None or isinstance(at, bool) or not isinstance(at, (int, float)):
+        return None
+    pid, written = lock
+    if written < at or process_gone(pid, None):
+        return None
+    reason, step = end.get("reason"), end.get("step")
+    last = f"finished ({reason})" if reason in ("max_steps", "budget") else f"stopped ({reason})"
+    return f"resuming: process {pid} holds the run folder; last record: {last} at step {step}"
+
+
+def _lock_holder(folder: Path) -> tuple[int, float] | None:
+    """(pid, when it wrote the lock) of the process that took the run folder's lock on this
+    host, or None (no lock file, one of another host or not ours)."""
+    from bertgpu.fsutil import RUN_LOCK
+
+    try:
+        path = folder / RUN_LOCK
+        written = path.stat().st_mtime
+        pid_text, host = path.read_text(encoding="utf-8").split()[:2]
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    return (pid, written) if host == socket.gethostname() and pid > 0 else None
+
+
 def gone_before_first_record(folder: Path) -> str | None:
     """A run killed at start-up, before its first record: the run folder's lock names the
     process that took it ("PID HOST", written once it holds the lock), and that process is gone
     (watch waited for the first record for ever)."""
-    from bertgpu.fsutil import RUN_LOCK
-
-    try:
-        pid_text, host = (folder / RUN_LOCK).read_text(encoding="utf-8").split()[:2]
-        pid = int(pid_text)
-    except (OSError, ValueError):
+    lock = _lock_holder(folder)
+    if lock is None or not process_gone(lock[0], None):
         return None
-    if host != socket.gethostname() or pid <= 0 or not process_gone(pid, None):
-        return None
+    pid = lock[0]
     return f"stopped (process {pid} is gone before its first record: killed or crashed)"
