@@ -118,16 +118,12 @@ def _main(argv: list[str]) -> int:
     if name not in COMMANDS:
         say(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}")
         return 2
-    module_name, text = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = OneLineParser(prog=f"bertgpu {name}", description=text)
-    module.add_arguments(parser)
-    launches = getattr(module, "LAUNCHES_WORKERS", False)
-    if launches:
-        _add_launch_arguments(parser)
     outer, errors.running_command = errors.running_command, f"bertgpu {name}"
     try:
+        # the command's module is imported inside: a stop while it imports torch (seconds)
+        # printed a KeyboardInterrupt traceback (SIGINT) or died without a line (SIGTERM)
         with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
+            module, parser, launches = _parser(name)
             return _run(module, parser, name, rest, launches)
     except BertgpuError as exc:
         say(f"bertgpu {name}: error: {errors.one_line(exc)}")
@@ -152,6 +148,18 @@ def _main(argv: list[str]) -> int:
         return 2
     finally:
         errors.running_command = outer
+
+
+def _parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser, bool]:
+    """Command `name`'s module, its parser, and whether it launches workers (`--nproc`)."""
+    module_name, text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = OneLineParser(prog=f"bertgpu {name}", description=text)
+    module.add_arguments(parser)
+    launches = getattr(module, "LAUNCHES_WORKERS", False)
+    if launches:
+        _add_launch_arguments(parser)
+    return module, parser, launches
 
 
 class OneLineParser(argparse.ArgumentParser):
