@@ -38,6 +38,7 @@ from typing import NoReturn
 
 from bertgpu import __version__, errors
 from bertgpu.errors import BertgpuError, Terminated
+from bertgpu.stops import HungUp, stop_signal
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -81,14 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+_LATE_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _late_stops_exit() -> None:
     """A stop signal after the command returned, while the interpreter winds down (a second or
     so after a training run: threads, torch's modules), exits with the command's status, as the
     README promises of a second signal: it used to meet the default action once Python had put
     it back, and the process died of SIGTERM (-15) or SIGINT after its preemption checkpoint
-    was written and said. Until the exit handlers run, such a signal exits at once with
-    128 + its number; after them (Python resets its handlers to the default then) it is
-    ignored for the last moments of the shutdown, which end with the command's status."""
+    was written and said (SIGHUP, a closed terminal, likewise). Until the exit handlers run,
+    such a signal exits at once with 128 + its number; after them (Python resets its handlers
+    to the default then) it is ignored for the last moments of the shutdown, which end with the
+    command's status."""
     def exit_now(signum: int, frame: object) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
@@ -97,11 +102,11 @@ def _late_stops_exit() -> None:
 
     def ignore_from_now() -> None:
         with contextlib.suppress(ValueError):
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in _LATE_STOPS:
                 signal.signal(signum, signal.SIG_IGN)
 
     with contextlib.suppress(ValueError):  # (not the main thread)
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _LATE_STOPS:
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 signal.signal(signum, exit_now)
         atexit.register(ignore_from_now)
@@ -128,12 +133,11 @@ def _main(argv: list[str]) -> int:
     except BertgpuError as exc:
         say(f"bertgpu {name}: error: {errors.one_line(exc)}")
         return 2
-    except Terminated:
-        say(f"bertgpu {name}: stopped by SIGTERM")
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        say(f"bertgpu {name}: interrupted")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (`_sigterm_stops`)
+        sig = stop_signal(exc)
+        say(f"bertgpu {name}: " + ("interrupted" if sig == signal.SIGINT
+                                   else f"stopped by {sig.name}"))
+        return 128 + sig
     except BrokenPipeError:
         # the reader of our output went away (`bertgpu prepare ... | head -1`): stop quietly, as
         # a tool killed by SIGPIPE does, and keep the interpreter from failing on the final flush
@@ -239,29 +243,53 @@ def _warnings_as_lines(prog: str) -> Iterator[None]:
         warnings.showwarning = shown
 
 
+_RAISED = {signal.SIGTERM: Terminated, signal.SIGHUP: HungUp}
+"""The stop signals that raise in the main thread while a command runs (SIGINT raises
+KeyboardInterrupt by Python's own handler)."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    """The handler of `_sigterm_stops`."""
+    raise _RAISED[signal.Signals(signum)]()
+
+
+def _hangup_default_in_child() -> None:
+    """A forked child (a `prepare` pool worker, a loader worker) gets SIGHUP's default action
+    back, as before SIGHUP raised: a closed terminal signals the whole foreground group, and the
+    parent's handler raised in every worker, a traceback each. (Pool workers put SIGTERM's
+    default back themselves; loader workers ignore both.)"""
+    if signal.getsignal(signal.SIGHUP) is _raise_stop:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_hangup_default_in_child)
+
+
 @contextlib.contextmanager
 def _sigterm_stops() -> Iterator[None]:
-    """SIGTERM raises `Terminated` in the main thread while the command runs: it stops as Ctrl-C
-    does, in one line, with exit status 143. Before, the default action ended `prepare` or `glue`
-    at once: no line, and pool workers writing to a parent that was gone printed tracebacks. Not
-    in a distributed worker (WORLD_SIZE set: the launcher or torchrun reports the stop once), and
-    not where SIGTERM is ignored; a training loop and the launcher put their own handlers in while
-    they run and this one back after."""
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated()
-
+    """SIGTERM raises `Terminated`, SIGHUP (a closed terminal) `HungUp`, in the main thread while
+    the command runs: it stops as Ctrl-C does, cleaning up as Ctrl-C does, in one line, with exit
+    status 143 (129 for SIGHUP). Before, their default action ended `prepare` or `glue` at once:
+    no line, `OUT.tmp` and the lock file left, and pool workers writing to a parent that was gone
+    printed tracebacks. Not in a distributed worker (WORLD_SIZE set: the launcher or torchrun
+    reports the stop once), and not for a signal ignored (SIGHUP under nohup) or handled already;
+    a training loop and the launcher put their own handlers in while they run and these back
+    after."""
+    previous = {}
     try:
-        if "WORLD_SIZE" in os.environ or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            yield
-            return
-        previous = signal.signal(signal.SIGTERM, stop)
+        if "WORLD_SIZE" not in os.environ:
+            for signum in _RAISED:
+                if signal.getsignal(signum) is signal.SIG_DFL:
+                    previous[signum] = signal.signal(signum, _raise_stop)
     except ValueError:  # not the main thread (a test calling main from a thread)
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # What the user's file system may answer about a path the user chose (an --out on a read-only

@@ -13,9 +13,9 @@
 Every stage is the same code path as the corresponding `bertgpu` command. Re-running the demo
 resumes: stages 1 and 2 are kept once done, pretraining resumes from its newest checkpoint, a
 fine-tuning run stopped part-way from its own, and a finished one from the same export and
-settings is kept (bench/downstream.py). A stop signal (SIGTERM, Ctrl-C) ends the demo as a
-stop, not an error: one line names the stage it stopped and says how to resume, exit status 143
-(130 for SIGINT).
+settings is kept (bench/downstream.py). A stop signal (SIGTERM, Ctrl-C, a closed terminal's
+SIGHUP) ends the demo as a stop, not an error: one line names the stage it stopped and says how
+to resume, exit status 143 (130 for SIGINT, 129 for SIGHUP).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from typing import Any
 from bertgpu import errors
 from bertgpu.bench.cells import positive
 from bertgpu.config.sections import seed_number
-from bertgpu.errors import BertgpuError, Terminated
+from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_not_cwd, check_output_folder, check_replaceable
+from bertgpu.stops import stop_signal
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "modern-tiny.toml"
@@ -270,9 +271,8 @@ def main(args: argparse.Namespace) -> int:
     begun: list[str] = []
     try:
         return _run_stages(args, out, begun)
-    except (StageStopped, KeyboardInterrupt) as e:  # Terminated (SIGTERM) is a KeyboardInterrupt
-        status = (e.status if isinstance(e, StageStopped)
-                  else 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
+    except (StageStopped, KeyboardInterrupt) as e:  # SIGTERM and SIGHUP raise KeyboardInterrupts
+        status = e.status if isinstance(e, StageStopped) else 128 + stop_signal(e)
         # "3. bertgpu pretrain configs/..." -> "stage 3 (bertgpu pretrain"
         number, command = (begun[-1].split(". ", 1) + [""])[:2] if begun else ("0", "")
         where = f"stage {number} ({' '.join(command.split()[:2])}"
