@@ -34,6 +34,7 @@ from bertgpu.bench.cells import positive
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_not_cwd, check_output_folder, check_replaceable
+from bertgpu.locks import output_lock
 from bertgpu.stops import stop_signal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,12 +263,21 @@ def main(args: argparse.Namespace) -> int:
     _check_transformers()
     out = Path(args.out)
     check_output_folder(out)
-    if args.fresh and out.exists():
-        check_not_cwd(out)  # --fresh deletes the folder
-        check_replaceable(out, is_demo_output, "a demo folder (only tokenizer/, data/, run/ and "
-                          "finetune/ in it), which --fresh deletes")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # OUT.bertgpu-lock, beside the folder: a second demo into it is refused (its --fresh deleted
+    # the first's folder mid-run); the stages lock their own subfolders inside it
+    with output_lock(out, "bertgpu demo"):
+        if args.fresh and out.exists():
+            check_not_cwd(out)  # --fresh deletes the folder
+            check_replaceable(out, is_demo_output, "a demo folder (only tokenizer/, data/, run/ "
+                              "and finetune/ in it), which --fresh deletes")
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        return _run_stages_or_say_stop(args, out)
+
+
+def _run_stages_or_say_stop(args: argparse.Namespace, out: Path) -> int:
+    """The stages; a stop signal, or a stage stopped by one, ends the demo in one line that
+    names the stage and says how to resume."""
     begun: list[str] = []
     try:
         return _run_stages(args, out, begun)
