@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from bertgpu.errors import BertgpuError, one_line
+from bertgpu.telemetry.records import launcher_fields
 from bertgpu.train.engine import TrainingDiverged
 from bertgpu.train.launcher import RESTART_BY_ENV
 
@@ -64,20 +65,18 @@ def log_failure(loop: Any, logger: Any, error: BaseException) -> None:
 
 def restart_by(error: BaseException) -> dict[str, Any]:
     """``launcher_pid`` and ``launcher_pid_started`` for the end record of an error after which
-    ``--max-restarts`` may start the job again: the launcher said one may follow (RESTART_BY_ENV,
-    naming itself) and the error is a crash, not bad input (a BertgpuError, divergence included:
-    exit status 2, never restarted) nor a stop (KeyboardInterrupt, SystemExit). `bertgpu watch`
-    then follows the job on while that process lives; {} otherwise. Whether the launcher does
-    restart is its own decision (another rank may have failed first, of bad input): the record
-    says one may come, the launcher's process whether it did."""
-    said = os.environ.get(RESTART_BY_ENV, "").split()
-    if not isinstance(error, Exception) or isinstance(error, BertgpuError) or len(said) != 2:
+    the job may be started again (`records.launcher_fields`: bertgpu's launcher said one may
+    follow, naming itself, or torchrun has restarts left), and the error is a crash, not a stop
+    (KeyboardInterrupt, SystemExit). Bad input (a BertgpuError, divergence included: exit status
+    2) is never restarted by bertgpu's launcher, but torchrun restarts on any failure. `bertgpu
+    watch` then follows the job on while that process lives; {} otherwise. Whether the launcher
+    does restart is its own decision (another rank may have failed first, of bad input): the
+    record says one may come, the launcher's process whether it did."""
+    if not isinstance(error, Exception):
         return {}
-    pid, started = said
-    if not pid.isdigit():
+    if isinstance(error, BertgpuError) and os.environ.get(RESTART_BY_ENV):
         return {}
-    return {"launcher_pid": int(pid), "launcher_pid_started": int(started) if started.isdigit()
-            else None}
+    return launcher_fields()
 
 
 __all__ = ["log_failure", "restart_by"]
