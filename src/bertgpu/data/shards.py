@@ -78,6 +78,15 @@ class ShardSet:
         """Whether a whole-word segmenter stored word-start flags (`bertgpu.data.segment`)."""
         return self.manifest.has_word_starts
 
+    def word_starts_source(self) -> str:
+        """What says where whole words start, for a run's start-up table: the shards' segmenter
+        ("jieba word starts"), or the tokenizer's marks (data/word_rule.py)."""
+        if self.has_word_starts:
+            return f"{self.manifest.whole_word_segmenter} word starts"
+        from bertgpu.data.word_rule import word_rule
+
+        return word_rule(self.tokenizer_dir).describe()
+
     def _fields(self) -> dict[str, tuple[np.dtype, bool]]:
         """Per-sequence arrays of this objective: name -> (dtype, has a seq_len axis)."""
         fields = {"input_ids": (self.dtype, True), "lengths": (np.dtype("int32"), False)}

@@ -61,13 +61,9 @@ def startup_rows(cfg: Any, data: Any, model: Any, peak_lr: float, micro: int, ac
 
 
 def whole_word_text(train: Any) -> str:
-    """", whole words by ...": what says where words start (the shards' segmenter, or the
-    tokenizer's marks: data/word_rule.py), so a run shows which words it masks whole."""
-    from bertgpu.data.word_rule import word_rule
-
-    if train.has_word_starts:
-        return f", whole words by {train.manifest.whole_word_segmenter} word starts"
-    return f", whole words by {word_rule(train.tokenizer_dir).describe()}"
+    """", whole words by ...": what says where words start (the shard set's
+    `word_starts_source`), so a run shows which words it masks whole."""
+    return f", whole words by {train.word_starts_source()}"
 
 
 def compute_text(cfg: Any, info: Any) -> str:
