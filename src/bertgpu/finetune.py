@@ -44,7 +44,8 @@ OUT/ (written as OUT.tmp and renamed when complete): results.json (metrics per e
 best, resolved config, speed, device), metrics.jsonl, model/ (Hugging Face export), predictions.json
 (SQuAD; v2.0 adds null_odds.json, span_predictions.json), submission/*.tsv (GLUE, --predict-test).
 OUT.tmp/checkpoints/ holds resumable checkpoints while the run lasts (`--checkpoint_every_steps`,
-and always on SIGTERM): the same command resumes there, and after the end does nothing.
+always on SIGTERM, and with --predict-test the last step's, before the test predictions): the same
+command resumes there, and after the end does nothing.
 """
 
 from __future__ import annotations
@@ -286,7 +287,10 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     when `work` holds one of the same run (`identity`), else started afresh. `cfg` is resolved
     (lr and epochs set); `size_note` says which of them were chosen by model size; `seq` the
     tokens per sequence and how they were chosen. `work` is made (or emptied) only once the
-    engine is built, so a failure before leaves no folder behind."""
+    engine is built, so a failure before leaves no folder behind. With test predictions the
+    trained step is checkpointed before its export: they come after the loop, outside its stop
+    handling, and a stop there (a whole MNLI or QQP test set) threw the training away; the same
+    command resumes at that step, trains nothing and predicts (write_results drops it)."""
     import torch
 
     from bertgpu.config.finetune import as_sections, doc_stride_note
@@ -354,7 +358,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     lp = loop.Loop(task, model, engine, info, run_dir=work, train=sec.train, schedule=sec.schedule,
                    peak_lr=lr, checkpoint=sec.checkpoint, dist=sec.distributed, logging=logging,
                    seed=cfg.seed, config=sink_config, title="bertgpu finetune", startup_rows=rows,
-                   checkpoint_files=lambda: {"finetune.json": identity}, final_checkpoint=False,
+                   checkpoint_files=lambda: {"finetune.json": identity},
+                   final_checkpoint=bool(job.predict_test),
                    comm_timer=timer, resume=resume, task_name=job.name,
                    flops_per_token=flops.finetune_flops_per_token(
                        model, map(len, job.train.ids), job.head))
