@@ -215,6 +215,8 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
                                     predict_test)
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
+        if distributed.is_main():
+            _restore_markdown(out)
         runs: dict[str, dict[int, dict[str, Any]]] = {}
         for task in present:
             runs[task.name] = {}
@@ -422,15 +424,35 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def write_table(summary: dict[str, Any], out: Path) -> None:
-    """OUT/glue_results.json and .md (each written to .tmp and renamed), and the table on stdout."""
+    """OUT/glue_results.json and .md, and the table on stdout. Never a pair that disagrees (a
+    stop between their renames left the new json, which `bertgpu report` reads, beside the old
+    md): both are written to .tmp, the old md removed, then the json renamed and the md. A stop
+    between leaves the json without its md, which the next `glue` writes from it."""
     out.mkdir(parents=True, exist_ok=True)
     md = render_markdown(summary)
-    for name, text in (("glue_results.json", json.dumps(summary, indent=2, allow_nan=False) + "\n"),
-                       ("glue_results.md", md)):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
+    files = (("glue_results.json", json.dumps(summary, indent=2, allow_nan=False) + "\n"),
+             ("glue_results.md", md))
+    for name, text in files:
+        (out / (name + ".tmp")).write_text(text, encoding="utf-8")
+    (out / "glue_results.md").unlink(missing_ok=True)
+    for name, _ in files:
+        os.replace(out / (name + ".tmp"), out / name)
     print(md, flush=True)
+
+
+def _restore_markdown(out: Path) -> None:
+    """The glue_results.md of a glue_results.json whose md a stop kept from being renamed
+    (`write_table`); one that does not read as a table is left as it is."""
+    path = out / "glue_results.json"
+    if not path.is_file() or (out / "glue_results.md").exists():
+        return
+    try:
+        md = render_markdown(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    tmp = out / "glue_results.md.tmp"
+    tmp.write_text(md, encoding="utf-8")
+    os.replace(tmp, out / "glue_results.md")
 
 
 if __name__ == "__main__":  # pragma: no cover
