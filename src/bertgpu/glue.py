@@ -23,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,25 +198,33 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
     ckpt = resolve_init(str(init))
 
     present, skipped = _find_tasks(data_dir, chosen, skip_missing)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    known: dict[str, Any] = {}  # as_used, read once from the init's config.json; files per task
+
+    def same_settings(task: Any, seed: int) -> Callable[[Path, dict[str, Any]], None]:
+        """check_same_settings of a finished run of `task` and `seed`."""
+        def check(path: Path, results: dict[str, Any]) -> None:
+            if "used" not in known:
+                known["used"] = glue_reuse.as_used(cfg, init, config_from)
+            if task.name not in known:  # hashed once a task, not once a seed
+                known[task.name] = data_files(data_dir, task)
+            glue_reuse.check_same_settings(path, results, cfg, seed, init, config_from, ckpt,
+                                           data_dir, known["used"], known[task.name], world)
+        return check
+
     if not force:  # before any training: a finished run of other settings stops the command
-        used = None  # read once, from the init's config.json, when a finished run is compared
         for task in present:
-            done = {seed: path for seed in seeds
-                    if (path := out / task.name / f"seed_{seed}" / "results.json").is_file()}
-            if not done:
-                continue
-            used = used or glue_reuse.as_used(cfg, init, config_from)
-            files = data_files(data_dir, task)  # hashed once a task, not once a seed
-            for seed, path in done.items():
-                glue_reuse.check_same_settings(path, _read_results(path), cfg, seed, init,
-                                               config_from, ckpt, data_dir, used, files,
-                                               int(os.environ.get("WORLD_SIZE", "1")))
+            for seed in seeds:
+                path = glue_reuse.finished_results(out / task.name / f"seed_{seed}")
+                if path is not None:
+                    same_settings(task, seed)(path, _read_results(path))
 
     glue_reuse.read_before_training(present, seeds, out, force, data_dir, cfg.skip_malformed,
                                     predict_test)
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
-        if distributed.is_main():
+        main = distributed.is_main()
+        if main:
             _restore_markdown(out)
         runs: dict[str, dict[int, dict[str, Any]]] = {}
         for task in present:
@@ -223,16 +232,9 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
             for seed in seeds:
                 run_dir = out / task.name / f"seed_{seed}"
                 done = run_dir / "results.json"
-                untested = predict_test and not (run_dir / "submission").is_dir()
-                if done.is_file() and not force and not untested:
-                    if distributed.is_main():
-                        print(f"{task.name} seed {seed}: results.json exists, not re-run (--force "
-                              "to redo)",
-                              flush=True)
-                else:
-                    if done.is_file() and not force and distributed.is_main():
-                        print(f"{task.name} seed {seed}: ran without --predict-test; run again "
-                              "for its test predictions", flush=True)
+                # rank 0 decides (it may move the run into place), every rank follows
+                if not distributed.any_true(main and _keeps(
+                        run_dir, f"{task.name} seed {seed}", force, predict_test)):
                     result = finetune.finetune(task.key, data_dir, load_from(str(init), ckpt),
                                                run_dir, cfg, ["--seed", str(seed)],
                                                config_from=config_from,
@@ -252,6 +254,23 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
             write_table(summary, out)
         distributed.barrier()
         return summary
+
+
+def _keeps(run_dir: Path, what: str, force: bool, predict_test: bool) -> bool:
+    """Rank 0: whether the finished run in `run_dir` counts in the table as it is (said on
+    stdout), else it is trained (again). A run whose last move a stop cut short is moved into
+    place first. Not with `force`; with `predict_test`, one that wrote its test predictions."""
+    glue_reuse.finish_cut_move(run_dir)
+    if not (run_dir / "results.json").is_file():
+        return False
+    if predict_test and not (run_dir / "submission").is_dir():
+        if not force:
+            print(f"{what}: ran without --predict-test; run again for its test predictions",
+                  flush=True)
+        return False
+    if not force:
+        print(f"{what}: results.json exists, not re-run (--force to redo)", flush=True)
+    return not force
 
 
 def _read_results(path: Path) -> dict[str, Any]:

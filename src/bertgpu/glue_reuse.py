@@ -151,3 +151,32 @@ def _config_differences(results: dict[str, Any], cfg: Any, seed: int,
                      if then.get(k, defaults.get(k)) != v and k not in RESUME_NEUTRAL
                      and not (v is None and k in ("lr", "epochs"))
                      and not (v is None and k in former and then.get(k) == former[k]))
+
+
+def finished_results(run_dir: Path) -> Path | None:
+    """The results.json of the finished run in TASK/seed_N, None if none: that of its
+    TASK/seed_N.tmp when a stop cut the run's last move (`finish_cut_move`; newer than a
+    seed_N there, which it replaces), else its own."""
+    from bertgpu.fsutil import is_scratch
+
+    work = run_dir.with_name(run_dir.name + ".tmp")
+    if is_scratch(work) and (work / "results.json").is_file():
+        return work / "results.json"
+    return run_dir / "results.json" if (run_dir / "results.json").is_file() else None
+
+
+def finish_cut_move(run_dir: Path) -> None:
+    """Rank 0: a TASK/seed_N.tmp that holds its results.json finished, a stop cutting its last
+    move short (its checkpoints dropped, seed_N.tmp renamed seed_N): the move is finished here,
+    as `finetune` does (finetune_output.finished_run). glue runs finetune with force, which
+    skipped that: the seed trained again from scratch."""
+    from bertgpu.fsutil import replace_dir
+    from bertgpu.tasks.finetune_output import FINETUNE_OUTPUT, drop_checkpoints, is_finetune_output
+
+    work = run_dir.with_name(run_dir.name + ".tmp")
+    if finished_results(run_dir) != work / "results.json":
+        return
+    warnings.warn(f"{work}: holds this run finished, its last move cut short by a stop; moved "
+                  f"to {run_dir}", stacklevel=2)
+    drop_checkpoints(work)
+    replace_dir(work, run_dir, replaces=is_finetune_output, what=FINETUNE_OUTPUT)
