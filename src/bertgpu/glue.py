@@ -6,7 +6,8 @@
     bertgpu glue --data-dir glue_data --init runs/base --out glue/base --nproc 2
 
 Each run is `finetune.finetune(TASK, ...)` into OUT/TASK/seed_N/; a task/seed whose results.json
-exists is not run again (re-running the command only fills the gaps) unless --force. The table
+exists is not run again (re-running the command only fills the gaps) unless --force; the same
+--force command re-run after a stop keeps the runs it had finished (glue_force.py). The table
 reports each task's final-epoch dev metrics, median over seeds, and the GLUE average in the
 "glue-score" convention of `eval_metrics` (task score = mean of its official metrics, MNLI's
 matched and mismatched averaged so it counts once, unweighted mean over the tasks shown). It is
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bertgpu import glue_reuse
+from bertgpu import glue_force, glue_reuse
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.glue_protocol import other_settings, peak_lr, protocol_text, subset_text
@@ -129,7 +130,8 @@ def _check_out(out: str | os.PathLike[str]) -> None:
                            "folder, not a GLUE output; expected a new folder, or an earlier "
                            "`bertgpu glue` output")
     theirs = [n for n in ("submission", "submission.zip") if (folder / n).exists()]
-    if theirs and not (folder / "glue_results.json").is_file():  # not an earlier table's
+    if theirs and not any((folder / n).is_file() for n in ("glue_results.json",
+                                                          glue_force.MARKER)):  # not ours
         raise BertgpuError(f"{out}: holds {' and '.join(theirs)}, which no earlier `bertgpu glue` "
                            "wrote here (no glue_results.json) and which this command replaces "
                            "or removes; move them away, or choose another --out")
@@ -224,7 +226,9 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
     # One process group for all runs; each run's DDP model is gone before it is torn down.
     with distributed.process_group(cfg.device, cfg.timeout_minutes):
         main = distributed.is_main()
-        if main:
+        key = glue_force.settings_key(init, ckpt, config_from, data_dir, cfg, predict_test, world)
+        start = glue_force.begin(out, key) if force and main else None
+        if main and not force:
             _restore_markdown(out)
         runs: dict[str, dict[int, dict[str, Any]]] = {}
         for task in present:
@@ -234,7 +238,8 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
                 done = run_dir / "results.json"
                 # rank 0 decides (it may move the run into place), every rank follows
                 if not distributed.any_true(main and _keeps(
-                        run_dir, f"{task.name} seed {seed}", force, predict_test)):
+                        run_dir, f"{task.name} seed {seed}", force, predict_test, start,
+                        same_settings(task, seed))):
                     result = finetune.finetune(task.key, data_dir, load_from(str(init), ckpt),
                                                run_dir, cfg, ["--seed", str(seed)],
                                                config_from=config_from,
@@ -252,14 +257,17 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
             else:
                 remove_stale_submission(out)
             write_table(summary, out)
+            glue_force.finish(out)
         distributed.barrier()
         return summary
 
 
-def _keeps(run_dir: Path, what: str, force: bool, predict_test: bool) -> bool:
+def _keeps(run_dir: Path, what: str, force: bool, predict_test: bool, start: float | None,
+           same_settings: Callable[[Path, dict[str, Any]], None]) -> bool:
     """Rank 0: whether the finished run in `run_dir` counts in the table as it is (said on
     stdout), else it is trained (again). A run whose last move a stop cut short is moved into
-    place first. Not with `force`; with `predict_test`, one that wrote its test predictions."""
+    place first. With `force`, only one this --force command finished since `start`
+    (glue_force.kept); with `predict_test`, one that wrote its test predictions."""
     glue_reuse.finish_cut_move(run_dir)
     if not (run_dir / "results.json").is_file():
         return False
@@ -270,7 +278,12 @@ def _keeps(run_dir: Path, what: str, force: bool, predict_test: bool) -> bool:
         return False
     if not force:
         print(f"{what}: results.json exists, not re-run (--force to redo)", flush=True)
-    return not force
+        return True
+    if glue_force.kept(run_dir / "results.json", start, same_settings):
+        print(f"{what}: finished by this --force command before it stopped (the same settings), "
+              "not re-run", flush=True)
+        return True
+    return False
 
 
 def _read_results(path: Path) -> dict[str, Any]:
