@@ -40,9 +40,10 @@ plots need matplotlib (`pip install 'bertgpu[report]'`): without it a report tha
 is refused in one line and nothing is written (inputs without plots, such as `bench model
 --strategy` rows, are reported).
 
-The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE,
-bench), ``quality`` (bench quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers),
-``finetune_scaling`` (bench finetune-scaling), ``render`` (markdown, HTML).
+The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE),
+``bench_section`` (bench result files), ``formats`` (numbers in tables), ``quality`` (bench
+quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``finetune_scaling``
+(bench finetune-scaling), ``render`` (markdown, HTML).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, replace_dir, within
+from bertgpu.report.bench_section import bench_section
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_sources
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
-from bertgpu.report.sections import bench_section, finetune_section, glue_section, pretrain_section
+from bertgpu.report.sections import finetune_section, glue_section, pretrain_section
 from bertgpu.report.system import system_section
 
 __all__ = ["add_arguments", "build_report", "main"]

@@ -1,61 +1,25 @@
-"""The report's sections: pretraining runs, fine-tuning folders, GLUE tables, benchmarks."""
+"""The report's sections: pretraining runs, fine-tuning folders, GLUE tables (benchmarks:
+bench_section.py)."""
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bertgpu.report.bench_rows import model_table
+from bertgpu.report.bench_section import scaling_runs  # noqa: F401 (its former home)
+from bertgpu.report.formats import fmt_count, fmt_duration, fmt_score, fmt_value
 from bertgpu.report.inputs import Source, num, pretrain_summary, series
-from bertgpu.report.plots import bar_chart, pyplot, run_plot, save, scaling_plot
+from bertgpu.report.plots import bar_chart, pyplot, run_plot, save
 from bertgpu.report.render import Block
 
-# Row label fields of a bench table, in the order they name a configuration.
-_BENCH_LABEL_KEYS = ("bench", "arch", "model", "size", "micro_batch", "seq_len", "batch",
-                     "lengths", "padding", "compile_mode", "dtype", "device")
-
-def _fmt_count(v: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= size:
-            return f"{v / size:.2f}{unit}"
-    return f"{v:.0f}"
-
-
-def _fmt_duration(s: float) -> str:
-    """"1 h 05 min", "2 min 03 s", "42 s"; under 10 s to two significant digits ("0.08 s",
-    not "0 s")."""
-    if s < 9.5:
-        return f"{s:.2g} s"
-    s = int(round(s))
-    h, m = divmod(s // 60, 60)
-    return f"{h} h {m:02d} min" if h else f"{m} min {s % 60:02d} s" if m else f"{s} s"
-
-
-def _fmt_value(v: Any) -> str:
-    """A table cell: numbers to 4 significant digits, missing as an empty cell."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return ""
-    if isinstance(v, bool) or isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
-    return str(v)
-
-
-def _fmt_score(v: Any) -> str:
-    """A GLUE cell: a score (0-100) to one decimal, as `bertgpu glue`'s own table and the
-    published tables give it."""
-    return f"{v:.1f}" if num(v) is not None and not isinstance(v, bool) else _fmt_value(v)
-
+_fmt_duration = fmt_duration  # its former name, which tests import
 
 _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("ended", "how the run ended", str),
     ("steps", "optimizer steps", lambda v: f"{v:,.0f}"),
-    ("tokens_seen", "tokens seen", _fmt_count),
+    ("tokens_seen", "tokens seen", fmt_count),
     ("train_loss", "final train loss", lambda v: f"{v:.4f}"),
     ("val_mlm_loss", "final val MLM loss", lambda v: f"{v:.4f}"),
     ("val_mlm_acc", "final val MLM accuracy", lambda v: f"{100 * v:.2f} %"),
@@ -67,7 +31,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("mfu", "MFU (weighted by interval time)", lambda v: f"{100 * v:.1f} %"),
     ("compile_s", "time in steps that compiled", lambda v: f"{v:.1f} s"),
     ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
-    ("wall_s", "wall time (of the kept timeline: work lost to a crash not counted)", _fmt_duration),
+    ("wall_s", "wall time (of the kept timeline: work lost to a crash not counted)", fmt_duration),
     ("checkpoints", "checkpoints", lambda v: f"{v:.0f}"),
     ("checkpoint_stall_s", "mean checkpoint stall (training waits)", lambda v: f"{v:.3g} s"),
     ("checkpoint_stall_max_s", "longest checkpoint stall", lambda v: f"{v:.3g} s"),
@@ -166,7 +130,7 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
 def _in_progress_note(run: Source) -> str:
     """What the row of a fine-tuning run without results.json (still in OUT.tmp) shows."""
     d = run.data
-    at = (f" (epoch {_fmt_value(d['latest_epoch'])}, step {_fmt_value(d['latest_step'])})"
+    at = (f" (epoch {fmt_value(d['latest_epoch'])}, step {fmt_value(d['latest_step'])})"
           if d.get("latest_step") is not None else "")
     scores = (f"its score is that of its latest evaluation{at}" if d.get("latest")
               else "it has no evaluation yet")
@@ -181,19 +145,19 @@ def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
         d = r.data
         metrics = d.get("metrics") if isinstance(d.get("metrics"), dict) else {}
         text = "; ".join(
-            f"{split}: " + ", ".join(f"{k} {_fmt_value(num(v))}" for k, v in m.items())
+            f"{split}: " + ", ".join(f"{k} {fmt_value(num(v))}" for k, v in m.items())
             for split, m in metrics.items() if isinstance(m, dict))
-        steps = _fmt_value(d.get("steps"))
+        steps = fmt_value(d.get("steps"))
         if d.get("in_progress"):  # its records' metrics (split_metric keys), not results.json's
-            text = ", ".join(f"{k} {_fmt_value(num(v))}" for k, v in d["latest"].items())
+            text = ", ".join(f"{k} {fmt_value(num(v))}" for k, v in d["latest"].items())
             text = f"latest: {text}" if text else ""
-            steps += f" of {_fmt_value(d['max_steps'])}" if d.get("max_steps") and steps else ""
+            steps += f" of {fmt_value(d['max_steps'])}" if d.get("max_steps") and steps else ""
             notes.append(("p", _in_progress_note(r)))
         train_s = num(d.get("train_seconds")) or num(d.get("seconds"))
-        rows.append([r.name, str(d.get("task", "")), _fmt_value(num(d.get("score"))), text,
+        rows.append([r.name, str(d.get("task", "")), fmt_value(num(d.get("score"))), text,
                      str(len(d["epochs"])) if isinstance(d.get("epochs"), list) else "",
-                     steps, _fmt_duration(train_s) if train_s else "",
-                     _fmt_value(num(d.get("train_examples_per_s")))])
+                     steps, fmt_duration(train_s) if train_s else "",
+                     fmt_value(num(d.get("train_examples_per_s")))])
     blocks: list[Block] = [("h2", "Fine-tuning"), ("table", [
         "run", "task", "score", "final metrics", "epochs", "steps", "train time",
         "train examples/s"], rows), *notes]
@@ -296,11 +260,11 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
     no task table), each cell says how many tasks it averages and the chart leaves it out."""
     own = [num(s.data.get("average")) for s in sources]
     if len({frozenset(cols) for cols in cols_by}) <= 1:
-        return "average", own, [_fmt_score(v) for v in own], None
+        return "average", own, [fmt_score(v) for v in own], None
     scores = [_glue_task_scores(s.data) for s in sources]
     shared = [t for t in scores[0] if all(t in sc for sc in scores[1:])]
     counts = [_task_count(s.data, cols) for s, cols in zip(sources, cols_by, strict=True)]
-    owns = ", ".join(f"{s.name} {_fmt_score(v) or 'none'} ({n} task{'s' * (n != 1)})"
+    owns = ", ".join(f"{s.name} {fmt_score(v) or 'none'} ({n} task{'s' * (n != 1)})"
                      for s, v, n in zip(sources, own, counts, strict=True))
     if shared and all(s.data.get("convention") == "glue-score" for s in sources):
         values: list[float | None] = [sum(sc[t] for t in shared) / len(shared) for sc in scores]
@@ -308,13 +272,13 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
                 f"{len(shared)} task{'s' * (len(shared) != 1)} every row has: "
                 f"{', '.join(shared)} (\"glue-score\" convention: the unweighted mean of those "
                 f"task scores). Each folder's own average, over all its tasks: {owns}.")
-        return "average (shared tasks)", values, [_fmt_score(v) for v in values], note
+        return "average (shared tasks)", values, [fmt_score(v) for v in values], note
     why = ("no task is in every row" if not shared and all(scores) else
            "not every folder records its task scores in the \"glue-score\" convention")
     note = (f"The GLUE rows cover different tasks and their averages are not comparable: each "
             f"average is over its own tasks, and the count is beside it ({why}, so no common "
             f"average is given): {owns}.")
-    cells = [f"{_fmt_score(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
+    cells = [f"{fmt_score(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
              for v, n in zip(own, counts, strict=True)]
     return "average (own tasks)", [None] * len(own), cells, note
 
@@ -333,15 +297,15 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
              for s, sub in zip(sources, subsets, strict=True)]
     columns = list(dict.fromkeys(c for cols in cols_by for c in cols))
     avg_header, averages, avg_cells, avg_note = _glue_averages(sources, cols_by)
-    rows = [[name, *[_fmt_score(cols.get(c)) for c in columns], cell]
+    rows = [[name, *[fmt_score(cols.get(c)) for c in columns], cell]
             for name, cols, cell in zip(names, cols_by, avg_cells, strict=True)]
     refs: dict[str, dict[str, Any]] = {}  # label -> reference; two folders may ask for one
     for s in sources:
         for ref in s.data.get("references") or []:
             if isinstance(ref, dict) and isinstance(ref.get("columns"), dict):
                 refs.setdefault(str(ref.get("label") or ref.get("name") or "reference"), ref)
-    rows += [[label, *[_fmt_score(ref["columns"].get(c)) for c in columns],
-              _fmt_score(ref.get("average"))] for label, ref in refs.items()]
+    rows += [[label, *[fmt_score(ref["columns"].get(c)) for c in columns],
+              fmt_score(ref.get("average"))] for label, ref in refs.items()]
     blocks: list[Block] = [("h2", "GLUE (dev)")]
     for s, sub in zip(sources, subsets, strict=True):
         text = f"{s.name}: {sub + '. ' if sub else ''}{_glue_protocol(s.data.get('protocol'))}."
@@ -366,118 +330,4 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
         file = bar_chart(folder, "glue.png", "GLUE dev scores per task", "score (x 100)", cats,
                           series)
         blocks.append(("img", file, "GLUE dev scores per task"))
-    return blocks
-
-
-def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
-    """Name each row by the configuration fields that differ between rows (all if none do)."""
-    keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows)]
-    varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1] or keys
-    devices = len({_measured_on(r) for r in rows}) > 1  # rows of two cards: which is which
-    return [" / ".join([*(str(r[k]) for k in varying if r.get(k) not in (None, "")),
-                        *([_measured_on(r)] if devices and _measured_on(r) else [])])
-            or f"row {i + 1}" for i, r in enumerate(rows)]
-
-
-def scaling_runs(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The bench runs that appended the rows of a scaling file, in file order, as (label,
-    rows): grouped by ``run_id``, or by ``time`` for rows of versions that wrote no run id (a
-    run stamps all its rows with one time); rows with neither form one group, labelled ""."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        key = next((str(r[k]) for k in ("run_id", "time") if r.get(k) not in (None, "")), "")
-        groups.setdefault(key, []).append(r)
-    return list(groups.items())
-
-
-def _bench_table(rows: list[dict[str, Any]]) -> Block:
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    cells = []
-    for r in rows:
-        line = []
-        for c in columns:
-            v = r.get(c)
-            if c == "time" and num(v) is not None and v > 1e9:  # unix time -> readable
-                line.append(time.strftime("%Y-%m-%d %H:%M", time.localtime(v)))
-            else:
-                line.append(_fmt_value(v))
-        cells.append(line)
-    return ("table", columns, cells)
-
-
-def _scaling_blocks(rows: list[dict[str, Any]], folder: Path, stem: str,
-                    name: str) -> list[Block]:
-    """One table and one plot per bench run in the file: runs appended to one file measured
-    other machines, settings or loads, so each is drawn against its own baseline."""
-    runs = scaling_runs(rows)
-    blocks: list[Block] = []
-    if len(runs) > 1:
-        blocks.append(("p", f"{len(runs)} bench runs appended to this file, each with its own "
-                            "table and plot: their speedup and efficiency are against the run's "
-                            "own 1-worker point, the ideal line starts at the run's smallest "
-                            "worker count."))
-    for n, (label, group) in enumerate(runs):
-        if len(runs) > 1:
-            blocks.append(("p", f"Run {label}:" if label else "Rows without a run id or time:"))
-        blocks.append(_bench_table(group))
-        title = f"{name}, run {label}" if len(runs) > 1 and label else name
-        file = scaling_plot([r for r in group if num(r.get("workers")) is not None], folder,
-                            f"{stem}_scaling{f'_{n}' if len(runs) > 1 else ''}.png", title)
-        if file:
-            blocks.append(("img", file, f"Scaling: tokens/s against workers ({title})"
-                           if len(runs) > 1 else "Scaling: tokens/s against workers"))
-    return blocks
-
-
-def _peak_note(rows: list[dict[str, Any]]) -> str | None:
-    """The peak TFLOP/s the rows' MFU is over, as `bench model` records it beside each MFU
-    (``peak_tflops``, ``peak_source``); None when no row has both (rows of older versions)."""
-    peaks = sorted({(p, str(r.get("peak_source") or "source not recorded")) for r in rows
-                    if num(r.get("mfu")) is not None and (p := num(r.get("peak_tflops")))})
-    if not peaks:
-        return None
-    said = ", ".join(f"{p:g} TFLOP/s ({source})" for p, source in peaks)
-    return f"MFU is model FLOP/s over the peak of one device: {said}."
-
-
-def _measured_on(row: dict[str, Any]) -> str:
-    """"NVIDIA H200 (torch 2.11.0+cu130)" for a `bench model` row ("" without a device)."""
-    if not row.get("device"):
-        return ""
-    return f"{row.get('device_name') or row['device']} (torch {row.get('torch', '?')})"
-
-
-def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
-    rows = source.data
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    blocks: list[Block] = [("h2", f"Benchmark: {source.name}"), ("p", f"From `{source.path}`.")]
-    tps = [c for c in columns if c == "tokens_per_s" or c.startswith("tokens_per_s.")]
-    stem = f"bench{index}_{re.sub(r'[^A-Za-z0-9_-]+', '_', source.name)}"
-    if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
-        return blocks + _scaling_blocks(rows, folder, stem, source.name)
-    if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
-        # a table per device: runs on two cards appended to one --out file had merged into one
-        # table whose rows could not be told apart, under "Measured on A, B"
-        by_device: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            by_device.setdefault(_measured_on(r), []).append(r)
-        for where, group in by_device.items():
-            if where:
-                blocks.append(("p", f"Measured on {where}; every field of each row is in "
-                                    f"`{source.path}`."))
-            blocks.append(("table", *model_table(group)))
-            if note := _peak_note(group):
-                blocks.append(("p", note))
-    else:
-        blocks.append(_bench_table(rows))
-        if note := _peak_note(rows):
-            blocks.append(("p", note))
-    if tps:
-        labels = _bench_labels(rows)
-        series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",
-                   [num(r.get(c)) for r in rows]) for c in tps]
-        if any(v is not None for _, vs in series for v in vs):
-            file = bar_chart(folder, f"{stem}.png", f"Throughput: {source.name}", "tokens/s",
-                              labels, series)
-            blocks.append(("img", file, "Throughput per configuration"))
     return blocks
