@@ -91,10 +91,12 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
 
 
 def measured_on(row: dict[str, Any]) -> str:
-    """"NVIDIA H200 (torch 2.11.0+cu130)" for a `bench model` row ("" without a device)."""
-    if not row.get("device"):
+    """"NVIDIA H200 (torch 2.11.0+cu130)" for a `bench model` row or a run's start record (""
+    without a device; a null name, read back as NaN, is no name)."""
+    if not isinstance(row.get("device"), str) or not row["device"]:
         return ""
-    return f"{row.get('device_name') or row['device']} (torch {row.get('torch', '?')})"
+    name = row.get("device_name") if isinstance(row.get("device_name"), str) else None
+    return f"{name or row['device']} (torch {row.get('torch', '?')})"
 
 
 def bench_section(source: Source, folder: Path, index: int) -> list[Block]:

@@ -323,7 +323,7 @@ def _ending(records: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _runs_of(values: list[float]) -> list[float]:
+def runs_of(values: list[Any]) -> list[Any]:
     """`values` without consecutive repeats: [2, 2, 1, 1] -> [2, 1]."""
     return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
 
@@ -402,8 +402,8 @@ def pretrain_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mem_peak_gib": max(mem) if mem else None,
         "wall_s": max(elapsed) if elapsed else None,
         # a run resumed on another number of devices: each count in turn, as its rates mix them
-        "world_size": (" then ".join(f"{w:.0f}" for w in _runs_of(worlds))
-                       if len(_runs_of(worlds)) > 1 else worlds[-1] if worlds else None),
+        "world_size": (" then ".join(f"{w:.0f}" for w in runs_of(worlds))
+                       if len(runs_of(worlds)) > 1 else worlds[-1] if worlds else None),
         "checkpoints": written or None,
         "checkpoint_stall_s": sum(stalls) / len(stalls) if stalls else None,
         "checkpoint_stall_max_s": max(stalls) if stalls else None,

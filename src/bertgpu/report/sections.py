@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bertgpu.report.bench_section import scaling_runs  # noqa: F401 (its former home)
+from bertgpu.report.bench_section import (
+    measured_on,
+    scaling_runs,  # noqa: F401 (its former home)
+)
 from bertgpu.report.formats import fmt_count, fmt_duration, fmt_score, fmt_value
-from bertgpu.report.inputs import Source, num, pretrain_summary, series
+from bertgpu.report.inputs import Source, num, pretrain_summary, runs_of, series
 from bertgpu.report.plots import bar_chart, pyplot, run_plot, save
 from bertgpu.report.render import Block
 
@@ -28,7 +31,9 @@ _SUMMARY_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
      lambda v: f"{v:,.0f}"),
     ("tokens_per_s_per_device", "tokens/s per device (likewise)", lambda v: f"{v:,.0f}"),
     ("world_size", "devices", lambda v: v if isinstance(v, str) else f"{v:.0f}"),
+    ("device", "measured on", str),
     ("mfu", "MFU (weighted by interval time)", lambda v: f"{100 * v:.1f} %"),
+    ("mfu_peak", "MFU is over the peak of one device", str),
     ("compile_s", "time in steps that compiled", lambda v: f"{v:.1f} s"),
     ("mem_peak_gib", "peak memory", lambda v: f"{v:.2f} GiB"),
     ("wall_s", "wall time (of the kept timeline: work lost to a crash not counted)", fmt_duration),
@@ -54,6 +59,19 @@ def _model_line(config: dict[str, Any]) -> str | None:
     if isinstance(t, dict) and "global_batch_size" in t:
         parts.append(f"global batch {t['global_batch_size']}, {t.get('precision', '?')}")
     return "; ".join(parts)
+
+def _run_device(records: list[dict[str, Any]], mfu: float | None) -> dict[str, str | None]:
+    """``device`` (where the run was measured: "NVIDIA H200 (torch 2.11.0+cu130)") and
+    ``mfu_peak`` (the peak its MFU is over, with its source), from its start records: a resumed
+    run names each in turn when they changed. None where no start record has them (runs of
+    older versions): the report says nothing rather than guess."""
+    starts = [r for r in records if r.get("kind") == "info" and r.get("event") == "start"]
+    where = runs_of([measured_on(r) for r in starts if r.get("device")])
+    peaks = runs_of([f"{p:g} TFLOP/s ({r.get('peak_source') or 'source not recorded'})"
+                     for r in starts if (p := num(r.get("peak_tflops")))])
+    return {"device": " then ".join(where) or None,
+            "mfu_peak": " then ".join(peaks) if peaks and mfu is not None else None}
+
 
 def _pretrain_plots(runs: list[Source], folder: Path) -> list[tuple[str, str]]:
     """(file, caption) of every plot drawn."""
@@ -110,6 +128,8 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
         if line:
             blocks.append(("p", f"{run.name} ({run.path}): {line}."))
     summaries = [pretrain_summary(r.data["records"]) for r in runs]
+    for run, summary in zip(runs, summaries, strict=True):
+        summary.update(_run_device(run.data["records"], summary["mfu"]))
     rows = []
     for key, label, fmt in _SUMMARY_ROWS:
         cells = [fmt(s[key]) if s[key] is not None else "" for s in summaries]

@@ -114,6 +114,36 @@ def gpu_utilisation(device: Any = None, monitor: Any = None) -> dict[str, float]
     return monitor.device_stats(device) if monitor is not None else {}
 
 
+# The dtype whose peak a run's MFU is over, by its precision: fp32 matrix products run as TF32
+# where the card has it (as train/loop_state.device_mfu reckons).
+_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
+
+
+def device_fields(device: Any, precision: Any = None) -> dict[str, Any]:
+    """What a run was measured on, for its ``start`` record: ``device`` ("cuda", "cpu"),
+    ``device_name`` (a CUDA card's), ``torch`` (its version) and, where its MFU has a peak,
+    ``peak_tflops`` with ``peak_source`` (BERTGPU_PEAK_TFLOPS on any device, else a GPU's table
+    entry for the run's precision): a report of the run names them beside its MFU, as `bench
+    model` does beside its rows. {} without a device."""
+    if device is None:
+        return {}
+    import torch
+
+    from bertgpu.errors import BertgpuError
+    from bertgpu.telemetry.flops import peak_and_source
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    out: dict[str, Any] = {"device": device.type, "device_name": name,
+                           "torch": torch.__version__}
+    if precision in _PEAK_DTYPE:
+        try:
+            out["peak_tflops"], out["peak_source"] = peak_and_source(name, _PEAK_DTYPE[precision])
+        except BertgpuError:  # a malformed BERTGPU_PEAK_TFLOPS: the train records say so
+            pass
+    return out
+
+
 def _clean(value: Any, key: str = "") -> Any:
     """A JSON-ready scalar: tensors and numpy scalars unwrapped, floats to 6 significant
     digits, non-finite floats to None (written as null: valid JSON, read back as NaN). Per-rank
@@ -192,6 +222,7 @@ class MetricsLogger:
         self.path: Path | None = None
         self.monitor = monitor
         self.device = device
+        self._precision: Any = None  # the config's train.precision (log_config): its MFU's peak
         self._start = time.monotonic()
         self._stream = stream if stream is not None else sys.stdout
         self._file: IO[str] | None = None
@@ -249,6 +280,7 @@ class MetricsLogger:
         the ETA unless ``budget_s`` was given."""
         train = config.get("train") if isinstance(config, dict) else None
         hours = train.get("budget_hours") if isinstance(train, dict) else None
+        self._precision = train.get("precision") if isinstance(train, dict) else None
         if self.budget_s is None and isinstance(hours, (int, float)) and hours > 0:
             self.budget_s = float(hours) * 3600.0
         if self.is_main and self._sinks is not None and not self._closed:
@@ -275,7 +307,8 @@ class MetricsLogger:
             scalars = {**self._gpu_scalars(), **scalars}
         elif kind == "info" and scalars.get("event") == "start":
             # the launcher that restarts the job should this process die without an end record
-            scalars = {**launcher_fields(), **scalars}
+            scalars = {**launcher_fields(), **device_fields(self.device, self._precision),
+                       **scalars}
         for key, value in scalars.items():
             if value is None:
                 continue
