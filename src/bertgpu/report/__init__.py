@@ -68,13 +68,24 @@ FORMATS = ("md", "html", "both")
 
 
 def _unique_names(sources: list[Source]) -> None:
-    """Label each source by its folder name, adding the parent's where two would collide."""
-    counts: dict[str, int] = {}
-    for s in sources:
-        counts[s.name] = counts.get(s.name, 0) + 1
-    for s in sources:
-        if counts[s.name] > 1:
-            s.name = f"{s.path.parent.name}/{s.name}"
+    """Label each source by its folder name, adding its parent folders' names, one at a time, to
+    the names still alike until no two are: the demo's .../pretrained/lee/seed_0 and
+    .../random/lee/seed_0 need two (with one, both read "lee/seed_0" in every table and legend)."""
+    base = {id(s): s.name for s in sources}
+    # the folders above the name's own parts (a GLUE run's name is already TASK/seed_N)
+    above = {id(s): s.path.resolve().parts[:-len(Path(s.name).parts) or None] for s in sources}
+    depth = dict.fromkeys(base, 0)
+    while True:
+        by_name: dict[str, list[Source]] = {}
+        for s in sources:
+            by_name.setdefault(s.name, []).append(s)
+        alike = [s for group in by_name.values() if len(group) > 1 for s in group
+                 if depth[id(s)] < len(above[id(s)]) - 1]  # (not up to the root: "/")
+        if not alike:
+            return
+        for s in alike:
+            depth[id(s)] += 1
+            s.name = "/".join([*above[id(s)][-depth[id(s)]:], base[id(s)]])
 
 
 def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:

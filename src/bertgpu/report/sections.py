@@ -159,6 +159,18 @@ def _in_progress_note(run: Source) -> str:
             "in the results.json of a finished run.")
 
 
+def init_text(d: dict[str, Any]) -> str:
+    """What a fine-tuning run or GLUE folder started from, as its results record it: "random"
+    (fresh weights) or the folder loaded, with its checkpoint's step when one was recorded; ""
+    where nothing is recorded (a run in progress, an older version)."""
+    init = d.get("init")
+    if not isinstance(init, str) or not init:
+        return ""
+    ckpt = d.get("init_checkpoint")
+    step = ckpt.get("step") if isinstance(ckpt, dict) else None
+    return f"{init} (step {step})" if isinstance(step, int) else init
+
+
 def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
     rows, notes = [], []
     for r in runs:
@@ -174,13 +186,16 @@ def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
             steps += f" of {fmt_value(d['max_steps'])}" if d.get("max_steps") and steps else ""
             notes.append(("p", _in_progress_note(r)))
         train_s = num(d.get("train_seconds")) or num(d.get("seconds"))
-        rows.append([r.name, str(d.get("task", "")), fmt_value(num(d.get("score"))), text,
+        rows.append([r.name, str(d.get("task", "")), init_text(d),
+                     fmt_value(num(d.get("score"))), text,
                      str(len(d["epochs"])) if isinstance(d.get("epochs"), list) else "",
                      steps, fmt_duration(train_s) if train_s else "",
                      fmt_value(num(d.get("train_examples_per_s")))])
-    blocks: list[Block] = [("h2", "Fine-tuning"), ("table", [
-        "run", "task", "score", "final metrics", "epochs", "steps", "train time",
-        "train examples/s"], rows), *notes]
+    header = ["run", "task", "init", "score", "final metrics", "epochs", "steps", "train time",
+              "train examples/s"]
+    if not any(row[2] for row in rows):  # results of versions that recorded no init
+        header, rows = [h for h in header if h != "init"], [row[:2] + row[3:] for row in rows]
+    blocks: list[Block] = [("h2", "Fine-tuning"), ("table", header, rows), *notes]
     curves = [(r, [e for e in r.data.get("epochs") or [] if isinstance(e, dict)]) for r in runs]
     if any(eps for _, eps in curves):
         plt = pyplot()  # first: without matplotlib, its one-line error
