@@ -283,6 +283,32 @@ def _task_count(summary: dict[str, Any], cols: dict[str, float]) -> int:
     return len(_glue_task_scores(summary)) or len({re.sub(r"-mm?$", "", c) for c in cols})
 
 
+def _shared_tasks(sources: list[Source]) -> list[str]:
+    """The tasks every GLUE folder has a score of, in the first folder's order."""
+    scores = [_glue_task_scores(s.data) for s in sources]
+    return [t for t in scores[0] if all(t in sc for sc in scores[1:])]
+
+
+def _published_shared_average(ref: dict[str, Any], sources: list[Source]) -> float | None:
+    """A published row's mean over the tasks our rows share, as our "average (shared tasks)"
+    cells are: each task the mean of its columns (MNLI's -m and -mm once); None when the row
+    did not publish every one of them. Its own average, of all its tasks, sat under that
+    header before."""
+    task_columns: dict[str, list[str]] = {}
+    for s in sources:
+        for name, t in (s.data.get("tasks") or {}).items():
+            cols = t.get("columns") if isinstance(t, dict) else None
+            task_columns.setdefault(name, list(cols) if isinstance(cols, dict) and cols
+                                    else [name])
+    per_task = []
+    for task in _shared_tasks(sources):
+        values = [num(ref["columns"].get(c)) for c in task_columns.get(task, [task])]
+        if any(v is None for v in values):
+            return None
+        per_task.append(sum(values) / len(values))
+    return sum(per_task) / len(per_task) if per_task else None
+
+
 def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
                    ) -> tuple[str, list[float | None], list[str], str | None]:
     """The average column of our GLUE rows: (header, values, cells, note or None).
@@ -297,7 +323,7 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
     if len({frozenset(cols) for cols in cols_by}) <= 1:
         return "average", own, [fmt_score(v) for v in own], None
     scores = [_glue_task_scores(s.data) for s in sources]
-    shared = [t for t in scores[0] if all(t in sc for sc in scores[1:])]
+    shared = _shared_tasks(sources)
     counts = [_task_count(s.data, cols) for s, cols in zip(sources, cols_by, strict=True)]
     owns = ", ".join(f"{s.name} {fmt_score(v) or 'none'} ({n} task{'s' * (n != 1)})"
                      for s, v, n in zip(sources, own, counts, strict=True))
@@ -316,6 +342,39 @@ def _glue_averages(sources: list[Source], cols_by: list[dict[str, float]]
     cells = [f"{fmt_score(v)} ({n} task{'s' * (n != 1)})" if v is not None else ""
              for v, n in zip(own, counts, strict=True)]
     return "average (own tasks)", [None] * len(own), cells, note
+
+
+def _glue_model(summary: dict[str, Any]) -> str:
+    """"`runs/base` (checkpoint `.../step_60`, step 60)": what a GLUE folder evaluated, as
+    `bertgpu glue` names it above its own table; "" for a folder that does not record it."""
+    init = summary.get("init")
+    if not isinstance(init, str) or not init:
+        return ""
+    ckpt = summary.get("init_checkpoint")
+    if not isinstance(ckpt, dict) or not ckpt.get("path"):
+        return f"`{init}`"
+    step = f", step {ckpt['step']}" if isinstance(ckpt.get("step"), int) else ""
+    return f"`{init}` (checkpoint `{ckpt['path']}`{step})"
+
+
+def _glue_breakdown(sources: list[Source], names: list[str]) -> list[list[str]]:
+    """Per folder and task: its metrics (each the aggregate over seeds) and each seed's score,
+    as `bertgpu glue`'s own table gives them: an STS-B cell of -15.8 is then seen to be
+    Pearson -31.6 and Spearman 0.0, seeds 43.3 and -74.9."""
+    rows = []
+    for s, row_name in zip(sources, names, strict=True):
+        for name, t in (s.data.get("tasks") or {}).items():
+            if not isinstance(t, dict):
+                continue
+            metrics = "; ".join(
+                f"{split}: " + ", ".join(f"{k} {fmt_score(v)}" for k, v in m.items())
+                for split, m in (t.get("metrics") or {}).items() if isinstance(m, dict))
+            seeds = ", ".join(
+                f"{seed}: " + "/".join(fmt_score(v) for v in c.values())
+                for seed, c in (t.get("per_seed") or {}).items() if isinstance(c, dict))
+            if metrics or seeds:
+                rows.append([row_name, str(name), metrics, seeds])
+    return rows
 
 
 def _reference_line(label: str, ref: dict[str, Any]) -> str:
@@ -339,11 +398,21 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
         for ref in s.data.get("references") or []:
             if isinstance(ref, dict) and isinstance(ref.get("columns"), dict):
                 refs.setdefault(str(ref.get("label") or ref.get("name") or "reference"), ref)
+    shared_avg = avg_header == "average (shared tasks)"
     rows += [[label, *[fmt_score(ref["columns"].get(c)) for c in columns],
-              fmt_score(ref.get("average"))] for label, ref in refs.items()]
+              fmt_score(_published_shared_average(ref, sources) if shared_avg
+                        else ref.get("average"))] for label, ref in refs.items()]
+    if refs and shared_avg:
+        avg_note = (avg_note or "") + (
+            " The published rows' cells in that column are likewise the mean of their published "
+            "scores of those tasks (empty where they did not publish all of them), not their own "
+            "averages: " + ", ".join(f"{label} {fmt_score(ref.get('average')) or 'none'}"
+                                     for label, ref in refs.items()) + ".")
     blocks: list[Block] = [("h2", "GLUE (dev)")]
     for s, sub in zip(sources, subsets, strict=True):
-        text = f"{s.name}: {sub + '. ' if sub else ''}{_glue_protocol(s.data.get('protocol'))}."
+        model = _glue_model(s.data)
+        text = (f"{s.name}: {sub + '. ' if sub else ''}{_glue_protocol(s.data.get('protocol'))}."
+                + (f" Model: {model}." if model else ""))
         if s.data.get("convention_text"):
             name = f"\"{s.data['convention']}\" " if s.data.get("convention") else ""
             text += (f" Average of the {s.name} row (not of the published rows, which keep "
@@ -356,6 +425,9 @@ def glue_section(sources: list[Source], folder: Path) -> list[Block]:
         blocks.append(("p", "Published rows are quoted as published (their own protocols and "
                             "averaging; empty cells were not reported or not in this table):"))
         blocks.append(("list", [_reference_line(label, ref) for label, ref in refs.items()]))
+    if breakdown := _glue_breakdown(sources, names):
+        blocks += [("p", "Per task: the metrics behind each cell and each seed's score:"),
+                   ("table", ["model", "task", "metrics", "score per seed"], breakdown)]
     if columns:
         # averages of different task sets never stand side by side: none when not comparable
         with_avg = avg_note is None or any(v is not None for v in averages)
