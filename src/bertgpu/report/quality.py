@@ -71,7 +71,8 @@ def pretrain_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per recipe and task: the pretrained and random-init medians, the benefit (difference of
-    the medians), the seed spread (the larger of the two max - min) and whether benefit > spread."""
+    the medians), the seed spread (the larger of the two max - min) and whether benefit > spread;
+    neither of the last two when either init ran one seed: no spread was measured."""
     by_key: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "finetune":
@@ -83,8 +84,10 @@ def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                "metric": (pre or rnd or {}).get("metric", "")}
         if pre and rnd:
             row["benefit"] = pre["median"] - rnd["median"]
-            row["spread"] = max(pre["spread"], rnd["spread"])
-            row["beats_spread"] = row["benefit"] > row["spread"]
+            # one seed has no spread (0 by construction, which any benefit would beat)
+            if not any(len(r.get("scores") or ()) < 2 for r in (pre, rnd)):
+                row["spread"] = max(pre["spread"], rnd["spread"])
+                row["beats_spread"] = row["benefit"] > row["spread"]
         out.append(row)
     return out
 
@@ -97,15 +100,20 @@ def _score(r: dict[str, Any] | None) -> str:
     return f"{r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f})"
 
 
+ONE_SEED = "n/a (one seed)"
+"""The seed spread and its verdict of a set fine-tuned with one seed: none measured."""
+
+
 def downstream_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = ["recipe", "task", "metric", "pretrained: median (min-max)",
               "random init: median (min-max)", "benefit", "seed spread", "benefit > spread"]
     cells = []
     for c in comparisons(rows):
-        verdict = "" if "beats_spread" not in c else "yes" if c["beats_spread"] else "no"
+        verdict = ("yes" if c["beats_spread"] else "no") if "beats_spread" in c else \
+            ONE_SEED if "benefit" in c else ""
         cells.append([c["name"], c["task"], c["metric"], _score(c["pretrained"]),
                       _score(c["random"]), _f(c.get("benefit"), "+.1f"),
-                      _f(c.get("spread"), ".1f"), verdict])
+                      _f(c.get("spread"), ".1f") if "beats_spread" in c else verdict, verdict])
     return header, cells
 
 
