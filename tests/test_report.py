@@ -175,10 +175,10 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
             "of the task columns." in md)
     # Fine-tuning and bench rows.
     assert rows["ft_sst2"][:3] == ["SST-2", "75", "dev: accuracy 75"]
-    assert "| model_vs_hf | tiny | 128 | fp32 | 1162 | 556.9 |" in md
-    assert "| model_vs_hf | base | 128 | fp32 | 58.25 |  |  |" in md  # nulls: empty cells
-    assert "| workers | accumulation | tokens_per_s | efficiency |" in md
-    assert "| 4 | 4 | 3600 | 0.9 |" in md
+    assert "| tiny | 1,162 | 557 | 2.087 |" in md
+    assert "| base | 58 |  |  |" in md  # nulls: empty cells
+    assert "| workers | accumulation | tokens/s | efficiency |" in md
+    assert "| 4 | 4 | 3,600 | 0.90 |" in md
 
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     for name in ("loss.png", "mlm_accuracy.png", "learning_rate.png", "throughput.png",

@@ -70,8 +70,8 @@ def test_a_scaling_file_of_two_bench_runs_draws_each_run_on_its_own(tmp_path):
     assert "2 bench runs appended to this file, each with its own table and plot" in md
     first_part, second_part = md.split("Run 2026-11-27T09:38:00:")
     assert "Run 2026-11-27T09:37:00:" in first_part
-    assert "| 2 | 1 | 11357 |" in first_part and "| 2 | 1 | 8703 |" not in first_part
-    assert "| 2 | 1 | 8703 |" in second_part and "| 2 | 1 | 11357 |" not in second_part
+    assert "| 2 | 1 | 11,357 |" in first_part and "| 2 | 1 | 8,703 |" not in first_part
+    assert "| 2 | 1 | 8,703 |" in second_part and "| 2 | 1 | 11,357 |" not in second_part
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert images == ["bench0_scaling_scaling_0.png", "bench0_scaling_scaling_1.png"]
     assert all((tmp_path / "rep" / name).read_bytes()[:4] == b"\x89PNG" for name in images)

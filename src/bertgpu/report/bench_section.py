@@ -4,12 +4,11 @@ with tokens/s): its tables and throughput plots."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 from bertgpu.report.bench_rows import model_table
-from bertgpu.report.formats import fmt_value
+from bertgpu.report.bench_tables import bench_table
 from bertgpu.report.inputs import Source, num
 from bertgpu.report.plots import bar_chart, scaling_plot
 from bertgpu.report.render import Block
@@ -40,23 +39,8 @@ def scaling_runs(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, A
     return list(groups.items())
 
 
-def _bench_table(rows: list[dict[str, Any]]) -> Block:
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    cells = []
-    for r in rows:
-        line = []
-        for c in columns:
-            v = r.get(c)
-            if c == "time" and num(v) is not None and v > 1e9:  # unix time -> readable
-                line.append(time.strftime("%Y-%m-%d %H:%M", time.localtime(v)))
-            else:
-                line.append(fmt_value(v))
-        cells.append(line)
-    return ("table", columns, cells)
-
-
 def _scaling_blocks(rows: list[dict[str, Any]], folder: Path, stem: str,
-                    name: str) -> list[Block]:
+                    name: str, path: Path) -> list[Block]:
     """One table and one plot per bench run in the file: runs appended to one file measured
     other machines, settings or loads, so each is drawn against its own baseline."""
     runs = scaling_runs(rows)
@@ -69,7 +53,7 @@ def _scaling_blocks(rows: list[dict[str, Any]], folder: Path, stem: str,
     for n, (label, group) in enumerate(runs):
         if len(runs) > 1:
             blocks.append(("p", f"Run {label}:" if label else "Rows without a run id or time:"))
-        blocks.append(_bench_table(group))
+        blocks += bench_table(group, path)
         title = f"{name}, run {label}" if len(runs) > 1 and label else name
         file = scaling_plot([r for r in group if num(r.get("workers")) is not None], folder,
                             f"{stem}_scaling{f'_{n}' if len(runs) > 1 else ''}.png", title)
@@ -106,7 +90,7 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     tps = [c for c in columns if c == "tokens_per_s" or c.startswith("tokens_per_s.")]
     stem = f"bench{index}_{re.sub(r'[^A-Za-z0-9_-]+', '_', source.name)}"
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
-        return blocks + _scaling_blocks(rows, folder, stem, source.name)
+        return blocks + _scaling_blocks(rows, folder, stem, source.name, source.path)
     if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
         # a table per device: runs on two cards appended to one --out file had merged into one
         # table whose rows could not be told apart, under "Measured on A, B"
@@ -121,7 +105,7 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
             if note := _peak_note(group):
                 blocks.append(("p", note))
     else:
-        blocks.append(_bench_table(rows))
+        blocks += bench_table(rows, source.path)
         if note := _peak_note(rows):
             blocks.append(("p", note))
     if tps:
