@@ -4,6 +4,7 @@ with tokens/s): its tables and throughput plots."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,13 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
     return f"MFU is model FLOP/s over the peak of one device: {said}."
 
 
+def _run_time(row: dict[str, Any]) -> str:
+    """When the `bench model` run that wrote a row started, to the second ("" without a time):
+    a run stamps all its rows with one time."""
+    t = num(row.get("time"))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else ""
+
+
 def measured_on(row: dict[str, Any]) -> str:
     """"NVIDIA H200 (torch 2.11.0+cu130)" for a `bench model` row or a run's start record (""
     without a device; a null name, read back as NaN, is no name)."""
@@ -92,15 +100,17 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
         return blocks + _scaling_blocks(rows, folder, stem, source.name, source.path)
     if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
-        # a table per device: runs on two cards appended to one --out file had merged into one
-        # table whose rows could not be told apart, under "Measured on A, B"
-        by_device: dict[str, list[dict[str, Any]]] = {}
+        # a table per device and run: runs on two cards, or two runs on one, appended to one
+        # --out file had merged into one table whose rows could not be told apart
+        by_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in rows:
-            by_device.setdefault(measured_on(r), []).append(r)
-        for where, group in by_device.items():
-            if where:
-                blocks.append(("p", f"Measured on {where}; every field of each row is in "
-                                    f"`{source.path}`."))
+            by_run.setdefault((measured_on(r), _run_time(r)), []).append(r)
+        for (where, when), group in by_run.items():
+            said = [f"Measured on {where}" if where else "",
+                    f"by the run of {when}" if len({w for _, w in by_run}) > 1 else ""]
+            if any(said):
+                blocks.append(("p", f"{' '.join(s for s in said if s)}; every field of each row "
+                                    f"is in `{source.path}`."))
             blocks.append(("table", *model_table(group)))
             if note := _peak_note(group):
                 blocks.append(("p", note))
