@@ -1,6 +1,7 @@
 """Rows of two `bench model` runs appended to one --out file (on one device) read as one table
-of identical-looking rows: they were grouped by device only. Each run now has its own table,
-under a line naming when it ran (its rows' ``time``), as scaling files are grouped by run."""
+of identical-looking rows: they were grouped by device only. The rows of each time (a run
+stamps its rows, part by part, with one) now have their own table, under a line naming that
+time, as scaling files are grouped by run."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def test_two_runs_on_one_device_get_a_table_each(tmp_path):
             _row("bertgpu", 1176.0, second), _row("transformers", 432.0, second)]
     bench.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     md = (build_report([bench], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
-    when = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) for t in (first, second)]
-    a = md.index(f"Measured on cpu (torch 2.13.0+cpu) by the run of {when[0]}")
-    b = md.index(f"Measured on cpu (torch 2.13.0+cpu) by the run of {when[1]}")
+    when = [time.strftime("%H:%M:%S", time.localtime(t)) for t in (first, second)]
+    a = md.index(f"Measured on cpu (torch 2.13.0+cpu) at {when[0]}; every field")
+    b = md.index(f"Measured on cpu (torch 2.13.0+cpu) at {when[1]}; every field")
     assert a < md.index("| 447 |") < md.index("| 268 |") < b < md.index("| 1,176 |")
     assert md.count("| arch | size |") == 2

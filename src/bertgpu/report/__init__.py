@@ -41,7 +41,7 @@ is refused in one line and nothing is written (inputs without plots, such as `be
 --strategy` rows, are reported).
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE),
-``bench_section`` (bench result files), ``formats`` (numbers in tables), ``quality`` (bench
+``bench_results`` (bench result files), ``formats`` (numbers in tables), ``quality`` (bench
 quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``finetune_scaling``
 (bench finetune-scaling), ``render`` (markdown, HTML).
 """
@@ -54,7 +54,7 @@ from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, replace_dir, within
-from bertgpu.report.bench_section import bench_section
+from bertgpu.report.bench_results import bench_section
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_sources
 from bertgpu.report.quality import quality_blocks

@@ -1,5 +1,5 @@
 """The report's sections: pretraining runs, fine-tuning folders, GLUE tables (benchmarks:
-bench_section.py)."""
+bench_results.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bertgpu.report.bench_section import (
+from bertgpu.report.bench_results import (
     measured_on,
     scaling_runs,  # noqa: F401 (its former home)
 )

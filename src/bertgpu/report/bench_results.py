@@ -11,22 +11,44 @@ from typing import Any
 from bertgpu.report.bench_rows import model_table
 from bertgpu.report.bench_tables import bench_table
 from bertgpu.report.inputs import Source, num
-from bertgpu.report.plots import bar_chart, scaling_plot
+from bertgpu.report.plots import bar_chart, hbar_chart, scaling_plot
 from bertgpu.report.render import Block
 
-# Row label fields of a bench table, in the order they name a configuration.
-_BENCH_LABEL_KEYS = ("bench", "arch", "model", "size", "micro_batch", "seq_len", "batch",
-                     "lengths", "padding", "compile_mode", "dtype", "device")
+# Row label fields of a bench table, in the order they name a configuration, each with the
+# name it is shown under ("" for values that say what they are: "bert", "padded", "bf16").
+_BENCH_LABEL_KEYS = {"bench": "", "arch": "", "model": "", "size": "", "micro_batch": "micro",
+                     "seq_len": "seq", "batch": "batch", "lengths": "lengths", "padding": "",
+                     "compile_mode": "compile", "dtype": "", "device": ""}
 
 
-def _bench_labels(rows: list[dict[str, Any]]) -> list[str]:
-    """Name each row by the configuration fields that differ between rows (all if none do)."""
-    keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows)]
-    varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1] or keys
+def _bench_labels(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
+    """Name each row by the configuration fields that differ between rows (all if none do and
+    the rows are of one device and time), each under its name ("micro 2", not a bare "2"), then
+    its device and its time (`model_runs`) where the rows are of several; `leave_out`: fields
+    said otherwise (the bars' colour)."""
+    keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows) and k not in leave_out]
+    varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1]
     devices = len({measured_on(r) for r in rows}) > 1  # rows of two cards: which is which
-    return [" / ".join([*(str(r[k]) for k in varying if r.get(k) not in (None, "")),
-                        *([measured_on(r)] if devices and measured_on(r) else [])])
-            or f"row {i + 1}" for i, r in enumerate(rows)]
+    runs = model_runs(rows) if all(r.get("bench") == "model" for r in rows) else [""] * len(rows)
+    several_runs = len(set(runs)) > 1
+    if not (varying or devices or several_runs):
+        varying = keys
+
+    def field(k: str, v: Any) -> str:
+        return f"{_BENCH_LABEL_KEYS[k]} {v}" if _BENCH_LABEL_KEYS[k] else str(v)
+
+    return [", ".join([*(field(k, r[k]) for k in varying if r.get(k) not in (None, "")),
+                       *([measured_on(r)] if devices and measured_on(r) else []),
+                       *([f"at {run}"] if several_runs and run else [])])
+            or f"row {i + 1}" for i, (r, run) in enumerate(zip(rows, runs, strict=True))]
+
+
+def _chart_title(source: Source, rows: list[dict[str, Any]]) -> str:
+    """"Throughput: NAME (DEVICE, DTYPE)": the device and dtype when all rows share one."""
+    shared = [next(iter(v)) for v in ({measured_on(r).split(" (torch")[0] for r in rows},
+                                      {str(r.get("dtype") or "") for r in rows})
+              if len(v) == 1 and next(iter(v))]
+    return f"Throughput: {source.name}" + (f" ({', '.join(shared)})" if shared else "")
 
 
 def scaling_runs(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -75,11 +97,17 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
     return f"MFU is model FLOP/s over the peak of one device: {said}."
 
 
-def _run_time(row: dict[str, Any]) -> str:
-    """When the `bench model` run that wrote a row started, to the second ("" without a time):
-    a run stamps all its rows with one time."""
-    t = num(row.get("time"))
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else ""
+def model_runs(rows: list[dict[str, Any]]) -> list[str]:
+    """Per `bench model` row, when it was written ("" without a time), to the second, its date
+    left out when all rows share one. A run stamps the rows of each of its parts with one time
+    (a preset's parts, one after another, have their own) and rows carry no run id, so rows of
+    one time are the finest group that is surely one run's: runs appended to one file had
+    merged into one table of identical-looking rows."""
+    stamps = [time.localtime(t) if (t := num(r.get("time"))) is not None else None
+              for r in rows]
+    one_day = len({time.strftime("%Y-%m-%d", t) for t in stamps if t is not None}) == 1
+    fmt = "%H:%M:%S" if one_day else "%Y-%m-%d %H:%M:%S"
+    return [time.strftime(fmt, t) if t is not None else "" for t in stamps]
 
 
 def measured_on(row: dict[str, Any]) -> str:
@@ -103,11 +131,11 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
         # a table per device and run: runs on two cards, or two runs on one, appended to one
         # --out file had merged into one table whose rows could not be told apart
         by_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for r in rows:
-            by_run.setdefault((measured_on(r), _run_time(r)), []).append(r)
+        for r, run in zip(rows, model_runs(rows), strict=True):
+            by_run.setdefault((measured_on(r), run), []).append(r)
         for (where, when), group in by_run.items():
             said = [f"Measured on {where}" if where else "",
-                    f"by the run of {when}" if len({w for _, w in by_run}) > 1 else ""]
+                    f"at {when}" if len({w for _, w in by_run}) > 1 else ""]
             if any(said):
                 blocks.append(("p", f"{' '.join(s for s in said if s)}; every field of each row "
                                     f"is in `{source.path}`."))
@@ -118,12 +146,19 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
         blocks += bench_table(rows, source.path)
         if note := _peak_note(rows):
             blocks.append(("p", note))
-    if tps:
+    if tps and all(r.get("bench") == "model" for r in rows) and tps == ["tokens_per_s"]:
+        values = [num(r.get("tokens_per_s")) for r in rows]
+        if any(v is not None for v in values):  # one bar per row, coloured by implementation
+            file = hbar_chart(folder, f"{stem}.png", _chart_title(source, rows), "tokens/s",
+                              _bench_labels(rows, leave_out=("model",)), values,
+                              [str(r.get("model") or "") for r in rows])
+            blocks.append(("img", file, "Throughput per configuration"))
+    elif tps:
         labels = _bench_labels(rows)
         series = [(c.removeprefix("tokens_per_s").lstrip(".") or "",
                    [num(r.get(c)) for r in rows]) for c in tps]
         if any(v is not None for _, vs in series for v in vs):
-            file = bar_chart(folder, f"{stem}.png", f"Throughput: {source.name}", "tokens/s",
-                              labels, series)
+            file = bar_chart(folder, f"{stem}.png", _chart_title(source, rows), "tokens/s",
+                             labels, series, fmt=",.0f")
             blocks.append(("img", file, "Throughput per configuration"))
     return blocks
