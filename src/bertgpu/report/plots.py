@@ -51,6 +51,14 @@ def save(fig: Any, folder: Path, name: str) -> str:
     return name
 
 
+def thousands() -> Any:
+    """A tick formatter with thousands separators: "600,000" (matplotlib's own wrote "600000"
+    or "1e6"), "2.5" for a tick between whole numbers."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{v:,.0f}" if v == int(v) else f"{v:,.4g}")
+
+
 def axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7.5, 4.5)) -> Any:
     fig, ax = pyplot().subplots(figsize=size)
     ax.set_title(title)
@@ -59,14 +67,19 @@ def axes(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7.5,
     ax.grid(True, alpha=0.3)
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, epochs, workers
+    # steps, epochs, workers: whole numbers at round intervals (10, 20, 30 for a run that logs
+    # every 10 steps; the default's 12, 18, 24 fell between the points)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     return fig, ax
 
 
 def run_plot(runs: list[Source], folder: Path, name: str, title: str, ylabel: str,
-              curves: Sequence[tuple[str, str, str]], scale: float = 1.0) -> str | None:
-    """One line per run and curve (kind, key, label suffix); runs share a colour. None when
-    no run has any of the curves (e.g. no eval rows: no val curve, and no empty plot)."""
+              curves: Sequence[tuple[str, str, str]], scale: float = 1.0,
+              from_zero: bool = False) -> str | None:
+    """One line per run and curve (kind, key, label suffix); runs share a colour; y ticks with
+    thousands separators, and from 0 with `from_zero` (a rate, whose dips read as collapses on
+    an axis cut above 0). None when no run has any of the curves (e.g. no eval rows: no val
+    curve, and no empty plot)."""
     fig, ax = axes(title, "optimizer step", ylabel)
     drawn = False
     for i, run in enumerate(runs):
@@ -87,6 +100,10 @@ def run_plot(runs: list[Source], folder: Path, name: str, title: str, ylabel: st
     if not drawn:
         pyplot().close(fig)
         return None
+    if max(abs(y) for line in ax.lines for y in line.get_ydata()) >= 1e3:  # "600,000"
+        ax.yaxis.set_major_formatter(thousands())
+    if from_zero:
+        ax.set_ylim(bottom=0)
     ax.legend()
     return save(fig, folder, name)
 
@@ -108,9 +125,7 @@ def bar_chart(folder: Path, name: str, title: str, ylabel: str, categories: list
                      fontsize=8, padding=2)
     ax.set_xticks(x, categories, rotation=20 if len(categories) > 6 else 0, ha="right"
                   if len(categories) > 6 else "center")
-    from matplotlib.ticker import FuncFormatter
-
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))  # "1,200", not "1200"
+    ax.yaxis.set_major_formatter(thousands())  # "1,200", not "1200"
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(False, axis="x")
     ax.margins(y=0.12)
@@ -127,7 +142,6 @@ def hbar_chart(folder: Path, name: str, title: str, xlabel: str, labels: list[st
     thousands separators at the bars' ends."""
     plt = pyplot()  # first: without matplotlib, its one-line error
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FuncFormatter
 
     longest = max((len(label) for label in labels), default=0)  # about 0.06 inch a character
     fig, ax = plt.subplots(figsize=(min(6.5 + 0.06 * longest, 16.0),
@@ -142,7 +156,7 @@ def hbar_chart(folder: Path, name: str, title: str, xlabel: str, labels: list[st
     ax.invert_yaxis()  # the first row on top, as in the table
     ax.set_title(title)
     ax.set_xlabel(xlabel)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+    ax.xaxis.set_major_formatter(thousands())
     ax.grid(True, axis="x", alpha=0.3)
     ax.margins(x=0.12)
     if len(colours) > 1:

@@ -77,21 +77,24 @@ def _pretrain_plots(runs: list[Source], folder: Path) -> list[tuple[str, str]]:
     """(file, caption) of every plot drawn."""
     has = {k for r in runs for rec in r.data["records"] for k in rec}
     mlm = "mlm_loss" if "mlm_loss" in has else "loss"
+    what = "MLM loss" if mlm == "mlm_loss" else "loss"
     specs = [
-        ("loss.png", "Loss", "cross-entropy (nats)",
+        ("loss.png", f"Train and validation {what} by optimizer step", "cross-entropy (nats)",
          [("train", mlm, "train MLM" if mlm == "mlm_loss" else "train"),
-          ("eval", "val_mlm_loss", "val MLM")], 1.0),
-        ("mlm_accuracy.png", "Masked-token accuracy", "accuracy (%)",
-         [("train", "mlm_acc", "train"), ("eval", "val_mlm_acc", "val")], 100.0),
-        ("learning_rate.png", "Learning rate", "learning rate", [("train", "lr", "")], 1.0),
-        ("throughput.png", "Throughput", "tokens/s",
+          ("eval", "val_mlm_loss", "val MLM")], 1.0, False),
+        ("mlm_accuracy.png", "Masked-token accuracy, train and validation", "accuracy (%)",
+         [("train", "mlm_acc", "train"), ("eval", "val_mlm_acc", "val")], 100.0, False),
+        ("learning_rate.png", "Learning rate schedule", "learning rate",
+         [("train", "lr", "")], 1.0, False),
+        ("throughput.png", "Training throughput over each logged interval", "tokens/s",
          [("train", "tokens_per_s", "all devices"),
           ("train", "tokens_per_s_per_device", "per device")]
-         if any(_has_multi_device(r) for r in runs) else [("train", "tokens_per_s", "")], 1.0),
+         if any(_has_multi_device(r) for r in runs) else [("train", "tokens_per_s", "")], 1.0,
+         True),
     ]
     out = []
-    for file, title, ylabel, curves, scale in specs:
-        if run_plot(runs, folder, file, title, ylabel, curves, scale):
+    for file, title, ylabel, curves, scale, from_zero in specs:
+        if run_plot(runs, folder, file, title, ylabel, curves, scale, from_zero):
             out.append((file, title))
     return out
 
