@@ -174,7 +174,7 @@ def test_full_report_md_and_html(tmp_path, run_dir, finetune_dir, glue_dir, benc
             "the glue row (not of the published rows, which keep their own): convention: mean "
             "of the task columns." in md)
     # Fine-tuning and bench rows.
-    assert rows["ft_sst2"][:3] == ["SST-2", "75", "dev: accuracy 75"]
+    assert rows["ft_sst2"][:3] == ["SST-2", "75.0", "dev: accuracy 75.0"]
     assert "| tiny | 1,162 | 557 | 2.087 |" in md
     assert "| base | 58 |  |  |" in md  # nulls: empty cells
     assert "| workers | accumulation | tokens/s | efficiency |" in md

@@ -67,7 +67,7 @@ def test_report_takes_a_finetuning_run_in_progress_from_out_and_files_it_as_fine
         assert (source.kind, source.name, source.path) == ("finetune", "sst2", work)
     md = (build_report([out], tmp_path / "rep") / "README.md").read_text(encoding="utf-8")
     assert "## Fine-tuning" in md and "## Pretraining" not in md
-    assert "| sst2 | SST-2 | 75 | latest: dev_accuracy 75 | 2 | 25 of 30 |" in md
+    assert "| sst2 | SST-2 | 75.0 | latest: dev_accuracy 75.0 | 2 | 25 of 30 |" in md
     assert (f"sst2 has not finished: it is in progress in `{work}` (stopped (preempted at step "
             "25 of 30; re-run the same command to resume)); its score is that of its latest "
             "evaluation (epoch 2, step 20)") in md

@@ -37,6 +37,6 @@ def fmt_value(v: Any) -> str:
 
 
 def fmt_score(v: Any) -> str:
-    """A GLUE cell: a score (0-100) to one decimal, as `bertgpu glue`'s own table and the
-    published tables give it."""
+    """A score (0-100; a GLUE cell, a fine-tuning metric) to one decimal, as `bertgpu glue`'s own
+    table and the published tables give it."""
     return f"{v:.1f}" if num(v) is not None and not isinstance(v, bool) else fmt_value(v)

@@ -175,22 +175,24 @@ def init_text(d: dict[str, Any]) -> str:
 
 
 def finetune_section(runs: list[Source], folder: Path) -> list[Block]:
+    """One row per fine-tuning run; scores and metrics (0-100) to one decimal, as the GLUE
+    table gives them (they were to 4 significant digits: "58.33" beside GLUE's "58.3")."""
     rows, notes = [], []
     for r in runs:
         d = r.data
         metrics = d.get("metrics") if isinstance(d.get("metrics"), dict) else {}
         text = "; ".join(
-            f"{split}: " + ", ".join(f"{k} {fmt_value(num(v))}" for k, v in m.items())
+            f"{split}: " + ", ".join(f"{k} {fmt_score(num(v))}" for k, v in m.items())
             for split, m in metrics.items() if isinstance(m, dict))
         steps = fmt_value(d.get("steps"))
         if d.get("in_progress"):  # its records' metrics (split_metric keys), not results.json's
-            text = ", ".join(f"{k} {fmt_value(num(v))}" for k, v in d["latest"].items())
+            text = ", ".join(f"{k} {fmt_score(num(v))}" for k, v in d["latest"].items())
             text = f"latest: {text}" if text else ""
             steps += f" of {fmt_value(d['max_steps'])}" if d.get("max_steps") and steps else ""
             notes.append(("p", _in_progress_note(r)))
         train_s = num(d.get("train_seconds")) or num(d.get("seconds"))
         rows.append([r.name, str(d.get("task", "")), init_text(d),
-                     fmt_value(num(d.get("score"))), text,
+                     fmt_score(num(d.get("score"))), text,
                      str(len(d["epochs"])) if isinstance(d.get("epochs"), list) else "",
                      steps, fmt_duration(train_s) if train_s else "",
                      fmt_value(num(d.get("train_examples_per_s")))])
