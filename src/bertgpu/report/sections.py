@@ -133,6 +133,14 @@ def pretrain_section(runs: list[Source], folder: Path) -> list[Block]:
     summaries = [pretrain_summary(r.data["records"]) for r in runs]
     for run, summary in zip(runs, summaries, strict=True):
         summary.update(_run_device(run.data["records"], summary["mfu"]))
+    # a run with only its start record: its world size and elapsed 0 read as "devices 1" and
+    # "wall time 0 s" of a run that did something
+    waiting = [not any(r.get("kind") in ("train", "eval") or r.get("event") == "end"
+                       for r in run.data["records"]) for run in runs]
+    summaries = [dict.fromkeys(s) if w else s for s, w in zip(summaries, waiting, strict=True)]
+    if any(waiting) and not all(waiting):
+        names = ", ".join(run.name for run, w in zip(runs, waiting, strict=True) if w)
+        blocks.append(("p", f"{names}: no train or eval records logged yet."))
     rows = []
     for key, label, fmt in _SUMMARY_ROWS:
         cells = [fmt(s[key]) if s[key] is not None else "" for s in summaries]
