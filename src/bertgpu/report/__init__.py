@@ -19,9 +19,9 @@ Each PATH is one of (recognised in this order):
   per-GPU temperature, utilisation, power and clock plots and a per-GPU table (throttling
   included); with per-rank compute times in the train records (``rank_compute_s``), each rank's
   compute time per step (table and plot);
-- a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``; a bench suite's --out
-  folder reads as the result file it holds): its rows as a table (`bench model`'s as its own
-  table, report/bench_rows.py), and
+- a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``, or the ``*.csv`` that
+  ``bench model --out FILE.csv`` writes; a bench suite's --out folder reads as the result file
+  it holds): its rows as a table (`bench model`'s as its own table, report/bench_rows.py), and
   tokens/s per configuration, or tokens/s against workers with the ideal linear line (one table
   and plot per bench run that appended to a scaling file);
 - a quality benchmark file (``quality.jsonl`` from ``bertgpu bench quality``): per recipe the
@@ -163,7 +163,7 @@ def is_report(folder: Path) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="pretraining run folders, fine-tuning or GLUE output folders, "
-                             "bench result .jsonl files (any mix)")
+                             "bench result .jsonl files (or bench model's .csv) (any mix)")
     parser.add_argument("--out", type=Path, default=Path("report"),
                         help="output folder: a new or empty one, or an earlier report, which "
                              "is replaced; any other folder is refused (default: report/)")

@@ -97,6 +97,39 @@ def _read_bench(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _csv_value(text: str) -> Any:
+    """A CSV cell as `bench model` wrote it from a JSON value: "" for none, True/False, numbers."""
+    if text in ("", "None"):
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _read_bench_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of `bench model --out FILE.csv` (it writes CSV for a name ending in .csv), as
+    the JSONL form's: the report refused the CSV that bench model documents."""
+    import csv
+
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            rows = [{k: _csv_value(v or "") for k, v in row.items() if k}
+                    for row in csv.DictReader(f)]
+    except (OSError, csv.Error) as e:
+        raise BertgpuError(f"{path}: cannot read ({e}); expected a CSV file from bertgpu bench "
+                           "model --out FILE.csv") from None
+    if not rows or not all(any(k in r for k in BENCH_ROW_KEYS) for r in rows):
+        raise BertgpuError(f"{path}: no benchmark rows (a header with none of the fields "
+                           f"{', '.join(BENCH_ROW_KEYS)}); expected a CSV file from bertgpu bench "
+                           "model --out FILE.csv")
+    return rows
+
+
 def read_gpu_files(run: Path) -> dict[str, list[dict[str, Any]]]:
     """The GPU monitor's samples of a run folder: ``{"": gpu.jsonl's, "node1": ...}``."""
     from bertgpu.telemetry.records import read_jsonl
@@ -141,6 +174,8 @@ def load_source(path: Path | str) -> Source:
             if all(r.get("bench") == "finetune-scaling" for r in rows):  # finetune_scaling.py
                 return Source("finetune-scaling", path.stem, path, rows)
             return Source("bench", path.stem, path, [_flatten(r) for r in rows])
+        if path.suffix == ".csv":
+            return Source("bench", path.stem, path, _read_bench_csv(path))
     else:
         if (path / "glue_results.json").is_file():
             return Source("glue", path.name, path, _read_json(path / "glue_results.json"))
@@ -159,7 +194,8 @@ def load_source(path: Path | str) -> Source:
                 return load_source(path / name)
     raise BertgpuError(
         f"{path}: not a pretraining run (metrics.jsonl), fine-tuning folder (results.json), "
-        "GLUE folder (glue_results.json), bench result file (*.jsonl) or bench folder "
+        "GLUE folder (glue_results.json), bench result file (*.jsonl, or bench model's *.csv) "
+        "or bench folder "
         f"({', '.join(BENCH_FILES)})"
     )
 
