@@ -14,11 +14,11 @@ Each PATH is one of (recognised in this order):
   watch`` does; told from a pretraining run by its marks, ``inputs.finetune_in_progress``): the
   same row from its records, with the score of its latest evaluation and how far it got;
 - a pretraining run folder (``metrics.jsonl``, ``config.toml``): a summary table (how the run
-  ended, steps, tokens, final losses, throughput, MFU, memory, wall time) and loss / accuracy /
-  lr / tokens/s plots with all runs on the same axes; with the GPU monitor's ``gpu.jsonl``,
-  per-GPU temperature, utilisation, power and clock plots and a per-GPU table (throttling
-  included); with per-rank compute times in the train records (``rank_compute_s``), each rank's
-  compute time per step (table and plot);
+  ended, steps, tokens, final losses, throughput, the device, MFU and the peak it is over,
+  memory, wall time) and loss / accuracy / lr / tokens/s plots with all runs on the same axes;
+  with the GPU monitor's ``gpu.jsonl``, per-GPU temperature, utilisation, power and clock plots
+  and a per-GPU table (throttling included); with per-rank compute times in the train records
+  (``rank_compute_s``), each rank's compute time per step (table and plot);
 - a bench result file (``*.jsonl`` from ``bertgpu bench model|scaling``, or the ``*.csv`` that
   ``bench model --out FILE.csv`` writes; a bench suite's --out folder reads as the result file
   it holds): its rows as a table (`bench model`'s as its own table, report/bench_rows.py), and

@@ -60,6 +60,7 @@ def _model_line(config: dict[str, Any]) -> str | None:
         parts.append(f"global batch {t['global_batch_size']}, {t.get('precision', '?')}")
     return "; ".join(parts)
 
+
 def _run_device(records: list[dict[str, Any]], mfu: float | None) -> dict[str, str | None]:
     """``device`` (where the run was measured: "NVIDIA H200 (torch 2.11.0+cu130)") and
     ``mfu_peak`` (the peak its MFU is over, with its source), from its start records: a resumed
