@@ -24,14 +24,14 @@ _BENCH_LABEL_KEYS = {"bench": "", "arch": "", "model": "", "size": "", "micro_ba
 def _bench_labels(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
     """Name each row by the configuration fields that differ between rows (all if none do and
     the rows are of one device and time), each under its name ("micro 2", not a bare "2"), then
-    its device and its time (`model_runs`) where the rows are of several; `leave_out`: fields
+    its device and its time (`row_times`) where the rows are of several; `leave_out`: fields
     said otherwise (the bars' colour)."""
     keys = [k for k in _BENCH_LABEL_KEYS if any(k in r for r in rows) and k not in leave_out]
     varying = [k for k in keys if len({str(r.get(k)) for r in rows}) > 1]
     devices = len({measured_on(r) for r in rows}) > 1  # rows of two cards: which is which
-    runs = model_runs(rows) if all(r.get("bench") == "model" for r in rows) else [""] * len(rows)
-    several_runs = len(set(runs)) > 1
-    if not (varying or devices or several_runs):
+    times = row_times(rows) if all(r.get("bench") == "model" for r in rows) else [""] * len(rows)
+    several_times = len(set(times)) > 1
+    if not (varying or devices or several_times):
         varying = keys
 
     def field(k: str, v: Any) -> str:
@@ -39,8 +39,8 @@ def _bench_labels(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -
 
     return [", ".join([*(field(k, r[k]) for k in varying if r.get(k) not in (None, "")),
                        *([measured_on(r)] if devices and measured_on(r) else []),
-                       *([f"at {run}"] if several_runs and run else [])])
-            or f"row {i + 1}" for i, (r, run) in enumerate(zip(rows, runs, strict=True))]
+                       *([f"at {when}"] if several_times and when else [])])
+            or f"row {i + 1}" for i, (r, when) in enumerate(zip(rows, times, strict=True))]
 
 
 def _chart_title(source: Source, rows: list[dict[str, Any]]) -> str:
@@ -97,7 +97,7 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
     return f"MFU is model FLOP/s over the peak of one device: {said}."
 
 
-def model_runs(rows: list[dict[str, Any]]) -> list[str]:
+def row_times(rows: list[dict[str, Any]]) -> list[str]:
     """Per `bench model` row, when it was written ("" without a time), to the second, its date
     left out when all rows share one. A run stamps the rows of each of its parts with one time
     (a preset's parts, one after another, have their own) and rows carry no run id, so rows of
@@ -128,11 +128,11 @@ def bench_section(source: Source, folder: Path, index: int) -> list[Block]:
     if any(num(r.get("workers")) is not None for r in rows) and "tokens_per_s" in columns:
         return blocks + _scaling_blocks(rows, folder, stem, source.name, source.path)
     if rows and all(r.get("bench") == "model" for r in rows):  # the table the run printed
-        # a table per device and run: runs on two cards, or two runs on one, appended to one
-        # --out file had merged into one table whose rows could not be told apart
+        # a table per device and time (row_times): runs on two cards, or two on one, appended to
+        # one --out file had merged into one table whose rows could not be told apart
         by_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for r, run in zip(rows, model_runs(rows), strict=True):
-            by_run.setdefault((measured_on(r), run), []).append(r)
+        for r, when in zip(rows, row_times(rows), strict=True):
+            by_run.setdefault((measured_on(r), when), []).append(r)
         for (where, when), group in by_run.items():
             said = [f"Measured on {where}" if where else "",
                     f"at {when}" if len({w for _, w in by_run}) > 1 else ""]
