@@ -148,6 +148,10 @@ _DTYPE_ALIASES = {
 
 PEAK_ENV_VAR = "BERTGPU_PEAK_TFLOPS"
 
+RUN_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
+"""The peak a run's MFU is measured against, by its `impl.precision`: an fp32 run's matrix
+products take TF32 where the card has it (the table's fp32 peak where it has not)."""
+
 
 def _dtype_key(dtype: Any) -> str:
     name = str(dtype).lower().removeprefix("torch.")

@@ -116,9 +116,6 @@ def gpu_utilisation(device: Any = None, monitor: Any = None) -> dict[str, float]
 
 # The dtype whose peak a run's MFU is over, by its precision: fp32 matrix products run as TF32
 # where the card has it (as train/loop_state.device_mfu reckons).
-_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}
-
-
 def device_fields(device: Any, precision: Any = None) -> dict[str, Any]:
     """What a run was measured on, for its ``start`` record: ``device`` ("cuda", "cpu"),
     ``device_name`` (a CUDA card's), ``torch`` (its version) and, where its MFU has a peak,
@@ -130,15 +127,16 @@ def device_fields(device: Any, precision: Any = None) -> dict[str, Any]:
     import torch
 
     from bertgpu.errors import BertgpuError
-    from bertgpu.telemetry.flops import peak_and_source
+    from bertgpu.telemetry.flops import RUN_PEAK_DTYPE, peak_and_source
 
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     out: dict[str, Any] = {"device": device.type, "device_name": name,
                            "torch": torch.__version__}
-    if precision in _PEAK_DTYPE:
+    if precision in RUN_PEAK_DTYPE:
         try:
-            out["peak_tflops"], out["peak_source"] = peak_and_source(name, _PEAK_DTYPE[precision])
+            peak = peak_and_source(name, RUN_PEAK_DTYPE[precision])
+            out["peak_tflops"], out["peak_source"] = peak
         except BertgpuError:  # a malformed BERTGPU_PEAK_TFLOPS: the train records say so
             pass
     return out

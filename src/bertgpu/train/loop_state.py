@@ -145,7 +145,7 @@ def device_mfu(engine: Any, flops_per_token: float | None, world: int,
 
     if not flops_per_token:
         return None
-    dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32"}[engine.precision]
+    dtype = flops.RUN_PEAK_DTYPE[engine.precision]
     name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None
     peak = flops.peak_tflops(name, dtype)
     return flops.mfu(tokens_per_s, flops_per_token, peak, n_devices=world) if peak else None
