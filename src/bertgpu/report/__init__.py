@@ -54,6 +54,7 @@ from pathlib import Path
 
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, replace_dir, within
+from bertgpu.locks import output_lock
 from bertgpu.report.bench_results import bench_section
 from bertgpu.report.finetune_scaling import study_blocks
 from bertgpu.report.inputs import Source, load_sources
@@ -113,6 +114,13 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
                          f"{runs} below as fine-tuning runs.")
     _unique_names(sources)
 
+    # one report at a time writes OUT (through OUT.tmp): two crashed on each other's files
+    with output_lock(out, "bertgpu report"):
+        return _write(sources, notes, out, fmt)
+
+
+def _write(sources: list[Source], notes: list[str], out: Path, fmt: str) -> Path:
+    """The report's blocks, rendered into OUT.tmp, which then replaces OUT."""
     tmp = make_scratch(out.with_name(out.name + ".tmp"), out)  # (one of an interrupted report)
     try:
         blocks: list[Block] = [
