@@ -36,6 +36,7 @@ bucketed` is not a model switch: see `PretrainLoader(bucket_window=k)`. Rows are
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from dataclasses import replace
@@ -364,6 +365,8 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     models: Models | None = None
     start = time.perf_counter()
+    # the rows of this run, in a file of several (two runs may start within one second)
+    run_id = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.urandom(2).hex()}"
     for point in grid:
         if models is None or (models.arch, models.size) != (point["arch"], point["size"]):
             models = None  # free the previous size first
@@ -379,7 +382,8 @@ def main(args: argparse.Namespace) -> int:
                         tokenizer=args.tokenizer, mask_rate=mask_rate, peak_source=source)
         stamp = dict(grad_ckpt=bool(args.grad_ckpt), dropout=models.dropout,
                      device=str(device), device_name=name, torch=torch.__version__,
-                     threads=torch.get_num_threads(), preset=args.preset, time=time.time(),
+                     threads=torch.get_num_threads(), preset=args.preset, run_id=run_id,
+                     time=time.time(),
                      wall_s=round(time.perf_counter() - t0, 1))
         new = [{**r, **stamp} for r in new]
         rows += new

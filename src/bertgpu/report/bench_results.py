@@ -98,13 +98,18 @@ def _peak_note(rows: list[dict[str, Any]]) -> str | None:
 
 
 def row_times(rows: list[dict[str, Any]]) -> list[str]:
-    """Per `bench model` row, when it was written ("" without a time), to the second, its date
-    left out when all rows share one. A run stamps the rows of each of its parts with one time
-    (a preset's parts, one after another, have their own) and rows carry no run id, so rows of
-    one time are the finest group that is surely one run's: runs appended to one file had
-    merged into one table of identical-looking rows."""
-    stamps = [time.localtime(t) if (t := num(r.get("time"))) is not None else None
-              for r in rows]
+    """Per `bench model` row, when its run wrote its first row ("" without a time), to the
+    second, its date left out when all rows share one: the rows of a run share its ``run_id``
+    (a preset's parts, one after another, stamp their own times). Rows of a version that wrote
+    no run id go by their own time, the finest group that is surely one run's: runs appended to
+    one file had merged into one table of identical-looking rows."""
+    first: dict[str, Any] = {}
+    for r in rows:
+        if r.get("run_id") not in (None, ""):
+            first.setdefault(str(r["run_id"]), r.get("time"))
+    stamps = [time.localtime(t) if (t := num(first[str(r["run_id"])] if r.get("run_id")
+                                             not in (None, "") else r.get("time"))) is not None
+              else None for r in rows]
     one_day = len({time.strftime("%Y-%m-%d", t) for t in stamps if t is not None}) == 1
     fmt = "%H:%M:%S" if one_day else "%Y-%m-%d %H:%M:%S"
     return [time.strftime(fmt, t) if t is not None else "" for t in stamps]
