@@ -155,6 +155,21 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
     beats = sum(bool(c.get("beats_spread")) for c in verdicts)
     text = render_markdown([("table", header, cells)]).rstrip()
     sizes = {r["task"]: f"{r['train_examples']} train, {r['dev_examples']} dev" for r in rows}
+    if len(seeds) == 1:  # no spread measured: nothing to call noise or a benefit
+        said = (f"    Seed {seeds[0]} alone measures no seed spread: a difference may be noise. "
+                "Give --seeds 0 1 2 to\n    measure one.")
+    else:
+        said = (f"    Seeds {', '.join(map(str, seeds))} change the fresh head (and the twin's "
+                "weights) and the data order; the\n"
+                "    seed spread is the larger max - min of the two rows. Pretraining beats its "
+                "random twin by more than the\n"
+                f"    spread on {beats} of {len(verdicts)} sets."
+                + ("" if beats == len(verdicts) else
+                   " At this size and budget (a tiny model, a few CPU minutes on 106 articles) a\n"
+                   "    difference within the spread is seed noise, not a benefit; what the "
+                   "minutes bought is the held-out MLM\n"
+                   "    loss above. `bertgpu bench quality` measures both for any recipes and "
+                   "corpus, on a GPU too."))
     return "\n".join([
         f"    polarity: movie-review sentences, positive or negative ({sizes['polarity']}), scored "
         "like SST-2",
@@ -163,17 +178,7 @@ def finetune_table(hf_dir: Path, out: Path, seeds: list[int], name: str) -> str:
         "",
         *("    " + line for line in text.splitlines()),
         "",
-        f"    Seeds {', '.join(map(str, seeds))} change the fresh head (and the twin's weights) "
-        "and the data order; the\n"
-        "    seed spread is the larger max - min of the two rows. Pretraining beats its random "
-        "twin by more than the\n"
-        f"    spread on {beats} of {len(verdicts)} sets."
-        + ("" if beats == len(verdicts) else
-           " At this size and budget (a tiny model, a few CPU minutes on 106 articles) a\n"
-           "    difference within the spread is seed noise, not a benefit; what the minutes "
-           "bought is the held-out MLM\n"
-           "    loss above. `bertgpu bench quality` measures both for any recipes and corpus, "
-           "on a GPU too."),
+        said,
     ])
 
 
