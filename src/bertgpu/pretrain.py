@@ -43,6 +43,7 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError
 from bertgpu.train.pretrain_startup import defaults_note, device_type, lamb_note, startup_rows
+from bertgpu.train.rank_agreement import agree, startup_shared
 from bertgpu.train.run_folder import (
     check_device,
     check_not_past_max_steps,
@@ -75,10 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume even though the shard set, the masking or the seed (the "
                              "sample order) differ from the checkpoint's")
-    parser.epilog = (
-        "Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
-        "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR"
-    )
+    parser.epilog = ("Overrides: --section.key value (or =value), e.g. --train.max_steps 100 "
+                     "--train.global_batch_size 256 --seed 1 --data DIR --out RUN_DIR")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
@@ -203,12 +202,13 @@ def main(args: argparse.Namespace) -> int:
     if args.help_config:
         print(schema.help_text())
         return 0
-    cfg = _config(args)
-    check_config(cfg)
-    schema.check_batch_for(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # a worker: its world
-    if args.recipe is None and cfg.init is None and os.environ.get("RANK", "0") == "0":
-        warnings.warn(defaults_note(cfg), stacklevel=1)
-    result = run(cfg, allow_data_change=args.allow_data_change)
+    with startup_shared() as startup:  # a rank that fails before the group tells the others
+        cfg = startup.cfg = _config(args)
+        check_config(cfg)
+        schema.check_batch_for(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # a worker: its world
+        if args.recipe is None and cfg.init is None and os.environ.get("RANK", "0") == "0":
+            warnings.warn(defaults_note(cfg), stacklevel=1)
+        result = run(cfg, allow_data_change=args.allow_data_change)
     return result.exit_status if result.preempted else 0
 
 
@@ -252,7 +252,8 @@ def run(cfg: Any, allow_data_change: bool = False) -> RunResult:
 
 def _train(cfg: Any, info: Any, allow_data_change: bool) -> RunResult:
     """Build and run the loop; the loop (and the DDP or FSDP model in it) dies with this frame,
-    before the process group is torn down."""
+    before the process group is torn down. First the ranks agree on what they train."""
+    agree(cfg, info, allow_data_change)
     done = finished_run(cfg, say=info.is_main)
     if done is not None:
         return done
@@ -385,8 +386,7 @@ def build(cfg: Any, info: Any, allow_data_change: bool = False) -> Any:
     training = loop.Loop(task, model, engine, info, run_dir=run_dir, train=t, schedule=cfg.schedule,
                          peak_lr=peak_lr, checkpoint=cfg.checkpoint, dist=cfg.distributed,
                          logging=cfg.logging, seed=cfg.seed,
-                         config=overrides.config_to_dict(resolved),
-                         title="bertgpu pretrain",
+                         config=overrides.config_to_dict(resolved), title="bertgpu pretrain",
                          startup_rows=[*startup_rows(cfg, data, model, peak_lr, micro,
                                                       accumulation, info), *init_rows],
                          checkpoint_files=lambda: checkpoint_files(text, model, run_dir),

@@ -1,0 +1,155 @@
+"""The ranks of a job agree on what they train before the first step.
+
+Each machine of a multi-node job runs its own `bertgpu pretrain` command, and nothing made them
+the same: a node given another lr trained at it while config.toml said rank 0's, one given
+other shards trained on two data sets, one given another train.max_steps left rank 0 waiting in
+a collective until distributed.timeout_minutes. One that failed a start-up check (a held
+lock, a bad override) exited at once while the others waited in init_process_group for the
+whole timeout and died of a store timeout that named no cause. So, at start-up:
+
+- `startup_shared`: a rank whose start-up fails under a multi-process launch still joins the
+  process group and hands its one line to the others, which stop with it
+  ("rank 1 stopped at start-up: ...") instead of waiting out the timeout.
+- `agree`: right after the group exists, every rank all-gathers what it will train (its config,
+  less what may differ per machine, and its shard set's identity); any difference from rank 0's
+  stops every rank with the same line.
+
+A single process (no WORLD_SIZE, or a world of one) does none of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bertgpu.errors import BertgpuError, one_line
+from bertgpu.train import distributed
+
+PER_MACHINE = ("out", "data.dir", "impl.num_workers")
+"""Config keys that may differ between ranks: where this machine finds the run folder and the
+shards (their identity is compared instead), and this process's loader workers."""
+SAME_COMMAND = "every machine must run the same command and recipe"
+_met: dict[str, bool] = {"group": False}  # this process reached `agree`: later errors are not
+#     start-up errors, every rank meets them in its own collectives
+
+
+class _Startup:
+    """What `startup_shared` needs to join the group: the config, once it is read."""
+
+    cfg: Any = None
+
+
+def _launched() -> bool:
+    """Under torchrun or `--nproc` with other ranks (their rendezvous address set)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" in os.environ
+
+
+@contextlib.contextmanager
+def startup_shared() -> Iterator[_Startup]:
+    """Around a rank's start-up, up to `agree`: a BertgpuError raised before it (a bad override,
+    a held run-folder lock, a run folder it refuses) is handed to the other ranks through the
+    process group this rank joins all the same, and raised here too. Without it the others
+    waited in init_process_group for distributed.timeout_minutes. Set `.cfg` once the config is
+    read: its device, timeout and strategy make the same group as the others'."""
+    startup = _Startup()
+    _met["group"] = False
+    try:
+        yield startup
+    except BertgpuError as exc:
+        if _launched() and not _met["group"]:
+            _hand_over(exc, startup.cfg)
+        raise
+
+
+def _hand_over(exc: BertgpuError, cfg: Any) -> None:
+    """Join the group and give the others `exc`'s line. Best effort: a group this rank cannot
+    make (no device of the config's kind, a rendezvous that fails) leaves only its own line."""
+    d = cfg.distributed if cfg is not None else None
+    try:
+        with distributed.process_group(cfg.impl.device if cfg is not None else "auto",
+                                       d.timeout_minutes if d else None,
+                                       strategy=d.strategy if d else "ddp"):
+            distributed.gather_objects({"error": one_line(exc)})
+    except Exception:  # noqa: BLE001 - its own error, raised by the caller, says the rest
+        pass
+
+
+def agree(cfg: Any, info: distributed.DistInfo, allow_data_change: bool) -> None:
+    """Every rank, right after the process group exists: stop them all, with one line, when a
+    rank failed its start-up (`startup_shared`) or will train anything else than rank 0 (the
+    first few differing keys, with both values)."""
+    _met["group"] = True
+    if info.world_size == 1:
+        return
+    own = None
+    try:
+        mine: dict[str, Any] = {"recipe": describe(cfg, allow_data_change), "out": str(cfg.out),
+                                "data": str(cfg.data.dir)}
+    except BertgpuError as exc:
+        own, mine = exc, {"error": one_line(exc)}
+    everyone = distributed.gather_objects(mine)
+    failed = [(r, e["error"]) for r, e in enumerate(everyone) if "error" in e]
+    if own is not None:
+        raise own
+    if failed:
+        rank, line = failed[0]
+        raise BertgpuError(f"rank {rank} stopped at start-up: {line}")
+    _check_same_recipe(everyone)
+
+
+def describe(cfg: Any, allow_data_change: bool) -> dict[str, Any]:
+    """What this rank will train, flat: every config key but `PER_MACHINE`, the shard set's
+    identity (its manifest.json's sha256, as checkpoints record it) and --allow-data-change."""
+    from bertgpu.config import overrides
+    from bertgpu.telemetry.sinks import flatten_config
+
+    manifest = Path(cfg.data.dir) / "manifest.json"
+    try:
+        shard_set = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    except OSError as e:
+        raise BertgpuError(f"{manifest}: cannot read the shard set ({e.strerror}); expected "
+                           "--data to be a shard set written by `bertgpu prepare` that this "
+                           "machine sees (a shared folder or an identical copy)") from None
+    flat = flatten_config(overrides.config_to_dict(cfg))
+    described = {k: v for k, v in flat.items() if k not in PER_MACHINE}
+    described["shard set"] = shard_set
+    described["allow-data-change"] = bool(allow_data_change)
+    return described
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(_shown, value))
+    return str(value)
+
+
+def _check_same_recipe(everyone: list[dict[str, Any]]) -> None:
+    """The first rank whose description differs from rank 0's, in one line: its first three
+    differing keys with both values."""
+    first = everyone[0]
+    for rank, other in enumerate(everyone[1:], start=1):
+        keys = sorted(set(first["recipe"]) | set(other["recipe"]))
+        differ = [k for k in keys if first["recipe"].get(k) != other["recipe"].get(k)]
+        if not differ:
+            continue
+        said = [(_item(k, other)[0], _item(k, first)[1]) for k in differ[:3]]
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        rest = "".join(f", its {theirs} from {ours}" for theirs, ours in said[1:])
+        raise BertgpuError(f"rank {rank}'s {said[0][0]} differs from rank 0's {said[0][1]}{rest}"
+                           f"{more}: {SAME_COMMAND}")
+
+
+def _item(key: str, described: dict[str, Any]) -> tuple[str, str]:
+    """(the key as its flag with this rank's value, the value alone) of one differing key."""
+    value = described["recipe"].get(key)
+    if key == "shard set":
+        shown = f"(--data {described['data']}, its manifest.json sha256 {str(value)[:12]})"
+        return f"shard set {shown}", shown
+    shown = "unset" if key not in described["recipe"] else _shown(value)
+    return f"--{key} {shown}", shown
