@@ -12,7 +12,9 @@ whole timeout and died of a store timeout that named no cause. So, at start-up:
   ("rank 1 stopped at start-up: ...") instead of waiting out the timeout.
 - `agree`: right after the group exists, every rank all-gathers what it will train (its config,
   less what may differ per machine, and its shard set's identity); any difference from rank 0's
-  stops every rank with the same line.
+  stops every rank with the same line. Then rank 0 writes a token into the run folder that every
+  other rank must read back: `--out` is one folder every node sees (a fresh run with another
+  --out per node trained, a stale run folder at the same path on a node's disk was resumed).
 
 A single process (no WORLD_SIZE, or a world of one) does none of this.
 """
@@ -22,17 +24,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError, one_line
 from bertgpu.train import distributed
+from bertgpu.train.run_folder import SHARED_CHECK
 
 PER_MACHINE = ("out", "data.dir", "impl.num_workers")
 """Config keys that may differ between ranks: where this machine finds the run folder and the
 shards (their identity is compared instead), and this process's loader workers."""
 SAME_COMMAND = "every machine must run the same command and recipe"
+SHARED_OUT = ("--out must be one folder every node sees (on a shared filesystem), not a folder "
+              "of the same name on each machine")
 _met: dict[str, bool] = {"group": False}  # this process reached `agree`: later errors are not
 #     start-up errors, every rank meets them in its own collectives
 
@@ -81,7 +88,7 @@ def _hand_over(exc: BertgpuError, cfg: Any) -> None:
 def agree(cfg: Any, info: distributed.DistInfo, allow_data_change: bool) -> None:
     """Every rank, right after the process group exists: stop them all, with one line, when a
     rank failed its start-up (`startup_shared`) or will train anything else than rank 0 (the
-    first few differing keys, with both values)."""
+    first few differing keys, with both values), then check that they share the run folder."""
     _met["group"] = True
     if info.world_size == 1:
         return
@@ -99,6 +106,7 @@ def agree(cfg: Any, info: distributed.DistInfo, allow_data_change: bool) -> None
         rank, line = failed[0]
         raise BertgpuError(f"rank {rank} stopped at start-up: {line}")
     _check_same_recipe(everyone)
+    _check_shared_folder(Path(cfg.out), info, everyone, cfg.distributed.timeout_minutes)
 
 
 def describe(cfg: Any, allow_data_change: bool) -> dict[str, Any]:
@@ -153,3 +161,70 @@ def _item(key: str, described: dict[str, Any]) -> tuple[str, str]:
         return f"shard set {shown}", shown
     shown = "unset" if key not in described["recipe"] else _shown(value)
     return f"--{key} {shown}", shown
+
+
+def _check_shared_folder(run_dir: Path, info: distributed.DistInfo,
+                         everyone: list[dict[str, Any]], timeout_minutes: float) -> None:
+    """Rank 0 writes a fresh token into the run folder; every other rank must read it back.
+    A rank on another machine that has no such folder, or a folder of its own at that path
+    (another run's checkpoints, which it then resumed from while rank 0 resumed from the
+    shared one), stops every rank with one line. The token is gone once every rank read it."""
+    token, made, problem = None, False, None
+    if info.is_main:
+        try:
+            made = not run_dir.exists()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            token = secrets.token_hex(16)
+            (run_dir / SHARED_CHECK).write_text(token, encoding="utf-8")
+        except OSError as e:
+            problem = f"{run_dir}: rank 0 cannot write the run folder ({e.strerror})"
+    try:
+        token, problem = rank_0s((token, problem))
+        seen = None if info.is_main or problem else _read_token(run_dir, token, timeout_minutes)
+        found = distributed.gather_objects(seen)
+    finally:
+        if info.is_main:
+            with contextlib.suppress(OSError):
+                (run_dir / SHARED_CHECK).unlink(missing_ok=True)
+                if made:
+                    run_dir.rmdir()  # only while empty: the run writes it later
+    if problem:
+        raise BertgpuError(problem)
+    for rank, seen in enumerate(found):
+        if seen is None:
+            continue
+        theirs, ours = everyone[rank]["out"], everyone[0]["out"]
+        where = f"its --out {theirs}" + (f", rank 0's {ours}" if theirs != ours else "")
+        raise BertgpuError(f"rank {rank} does not see the run folder rank 0 writes ({where}: "
+                           f"{seen}); {SHARED_OUT}")
+
+
+def rank_0s(obj: Any) -> Any:
+    """Rank 0's `obj` (picklable) on every rank of the group."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _read_token(run_dir: Path, token: str, timeout_minutes: float) -> str | None:
+    """None when `run_dir` holds rank 0's `token`, else what it holds. A token not there yet is
+    looked for again for a while (a network filesystem may show a new file late), never as long
+    as the collective timeout that rank 0 waits under meanwhile."""
+    path = run_dir / SHARED_CHECK
+    deadline = time.monotonic() + min(60.0, timeout_minutes * 60.0 / 4)
+    while True:
+        with contextlib.suppress(OSError):
+            os.listdir(run_dir)  # refreshes a network filesystem's view of the folder
+        try:
+            found = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            found = None
+        if found == token:
+            return None
+        if found is not None:
+            return f"its {SHARED_CHECK} is another run's"
+        if time.monotonic() >= deadline:
+            return "no such folder" if not run_dir.is_dir() else "no token from rank 0 in it"
+        time.sleep(0.2)

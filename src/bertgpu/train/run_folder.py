@@ -34,6 +34,9 @@ OTHER_OUTPUTS = ("manifest.json", "results.json")
 """A shard set's and a fine-tuning's own files: such a folder is not a run to resume."""
 LOCK_FILE = RUN_LOCK
 """Held (flock) by the process that trains in the run folder; left behind, never a sign of a run."""
+SHARED_CHECK = ".bertgpu-shared-check"
+"""Rank 0's token at a job's start-up (train/rank_agreement.py), which every other rank must read
+back; removed once read, and never a sign of a run when a killed job left it."""
 RESOLVED = {"impl.micro_batch_size": "auto", "data.objective": "none", "train.with_nsp": "none",
             "impl.device": "auto", "impl.compile": "auto", "impl.unpad": "auto"}
 """Keys whose config.toml value is the one the run used, with the placeholder a config may give
@@ -71,7 +74,7 @@ def _check_run_folder(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     names = sorted(e.name + ("/" if e.is_dir() else "") for e in run_dir.iterdir()
-                   if e.name != LOCK_FILE)
+                   if e.name not in (LOCK_FILE, SHARED_CHECK))
     found = {n.rstrip("/") for n in names}
     if not names or (found & set(RUN_FILES) and not found & set(OTHER_OUTPUTS)):
         return
