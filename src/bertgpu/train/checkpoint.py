@@ -53,11 +53,11 @@ from typing import Any
 
 import torch
 
-from bertgpu import fsutil, step_folders
+from bertgpu import errors, fsutil, step_folders
 from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import CHECKSUMS, COMPLETE
 from bertgpu.testing import faults
-from bertgpu.train import distributed
+from bertgpu.train import distributed, rank_agreement
 
 CHECKPOINTS = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -352,28 +352,40 @@ def load_resume(run_dir: Path, info: distributed.DistInfo
     Rank 0 first repairs what a crash may have left (a `step_N.old` whose `step_N` is missing,
     stale `.tmp`/`.old` folders), then takes the newest checkpoint that verifies against its
     checksums and loads (a damaged newer one is skipped with a warning naming the problem), and
-    broadcasts its step; the other ranks load that step (and fail clearly if they cannot see it:
-    the run folder must be on a filesystem shared by every node)."""
+    broadcasts its step; the other ranks load that step. Every rank then stops with one line
+    when one cannot open it, or opened another checkpoint of that step (its checksums differ:
+    a run folder at the same path on a node's own disk): the run folder must be on a filesystem
+    shared by every node. One rank alone stopping left the others waiting in a collective."""
 
     run_dir = Path(run_dir)
-    found = None
+    found, refused = None, None
     if info.is_main:
         for line in recover_checkpoints(run_dir):
             print(f"{run_dir}: {line}", flush=True)
-        found = resume_checkpoint(run_dir)
+        try:
+            found = resume_checkpoint(run_dir)
+        except BertgpuError as exc:  # every checkpoint damaged: the others wait for its step
+            if info.world_size == 1:
+                raise
+            refused = exc
     if info.world_size == 1:
         return found
-    step = int(distributed.broadcast_scalar(float(int(found[0].name.split("_")[1])
-                                                  if found else -1)))
+    step, line = rank_agreement.rank_0s((int(found[0].name.split("_")[1]) if found else -1,
+                                         None if refused is None else errors.one_line(refused)))
+    if line is not None:
+        raise refused or BertgpuError(f"rank 0 cannot resume: {line}")
     if step < 0:
         return None
-    if info.is_main:
-        return found
-    path = checkpoint_dir(run_dir, step)
-    if not (path / COMPLETE).is_file():
-        raise BertgpuError(f"{path}: rank {info.rank} cannot see the checkpoint rank 0 resumes "
-                           "from; expected the output folder on a filesystem shared by every node")
-    return (path, *load_checkpoint(path))
+    problem = None  # why this rank cannot open rank 0's step: said by every rank, not this one
+    if not info.is_main:
+        path = checkpoint_dir(run_dir, step)
+        try:
+            found = (path, *load_checkpoint(path)) if (path / COMPLETE).is_file() else None
+            problem = None if found else f"{path} is not there"
+        except BertgpuError as exc:
+            problem = errors.one_line(exc)
+    rank_agreement.same_checkpoint(found[0] if found else None, problem, info)
+    return found
 
 
 def capture_rng() -> tuple[Any, ...]:

@@ -15,6 +15,8 @@ whole timeout and died of a store timeout that named no cause. So, at start-up:
   stops every rank with the same line. Then rank 0 writes a token into the run folder that every
   other rank must read back: `--out` is one folder every node sees (a fresh run with another
   --out per node trained, a stale run folder at the same path on a node's disk was resumed).
+- `same_checkpoint` (train/checkpoint.py's `load_resume`): the ranks resume from the same
+  checkpoint, the same bytes and not another copy of the same step, or all stop in one line.
 
 A single process (no WORLD_SIZE, or a world of one) does none of this.
 """
@@ -228,3 +230,24 @@ def _read_token(run_dir: Path, token: str, timeout_minutes: float) -> str | None
         if time.monotonic() >= deadline:
             return "no such folder" if not run_dir.is_dir() else "no token from rank 0 in it"
         time.sleep(0.2)
+
+
+def same_checkpoint(path: Path | None, problem: str | None, info: distributed.DistInfo) -> None:
+    """Every rank (of a group of more than one) resumes from the same checkpoint: rank 0's
+    `path`, the one the others opened under the same name (`problem`: why one could not), the
+    same bytes by its checksums.json. Stops every rank with the same line otherwise."""
+    digest = None
+    if path is not None and problem is None:
+        try:
+            digest = hashlib.sha256((path / "checksums.json").read_bytes()).hexdigest()
+        except OSError as e:
+            problem = f"{path}: cannot read checksums.json ({e.strerror})"
+    everyone = distributed.gather_objects((digest, problem))
+    for rank, (theirs, why) in enumerate(everyone):
+        if why is not None:
+            raise BertgpuError(f"rank {rank} cannot open the checkpoint rank 0 resumes from "
+                               f"({why}); {SHARED_OUT}")
+        if theirs != everyone[0][0]:
+            name = path.name if path is not None else "checkpoint"
+            raise BertgpuError(f"rank {rank} resumes from another {name} than rank 0 (its "
+                               f"checksums.json differs); {SHARED_OUT}")
