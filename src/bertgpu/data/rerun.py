@@ -16,6 +16,8 @@ A file's version is its size and modification time (or a store's ETag): a corpus
 touched since counts as changed. A local file is recorded by its resolved path (`resolved_paths`):
 ``corpus.txt``, ``./corpus.txt`` and ``$PWD/corpus.txt``, or a relative path from another folder,
 name the same corpus; an older record's relative paths are read against the current folder.
+A project folder moved or copied whole (`_same_when_moved`: the same files, relative to the
+folder they share, of the same versions) re-runs as the same.
 An output of an older bertgpu, without its record, is refused as before (the user decides:
 --overwrite for a shard set, another --out for a tokenizer).
 """
@@ -59,9 +61,9 @@ def same_as_prepared(out: str, manifest: str | None, prepared: str | None,
         before = _sizes_read_on(resolved_paths(json.loads(prepared)), plan)
     except json.JSONDecodeError:
         before = {}
-    if _without_version(before) == _without_version(plan):
+    if _without_version(before) == _without_version(plan) or _same_when_moved(before, plan):
         return True
-    diffs = _plan_differences(before, plan)
+    diffs = _plan_differences(*_compared(before, plan))
     raise BertgpuError(f"{out}: holds a shard set prepared {'; '.join(diffs)}; expected a new "
                        "folder, or --overwrite to replace it")
 
@@ -106,6 +108,58 @@ def _resolved(path: str, base: str) -> str:
     # an older record's relative path that names no file here stays as written: an error names
     # it as the user gave it, not as a path in this folder that never held it
     return os.path.realpath(full) if os.path.isabs(text) or os.path.lexists(full) else path
+
+
+def _same_when_moved(before: Any, now: dict[str, Any]) -> bool:
+    """Whether `before` and `now` differ only in where their local corpus lies: each local file
+    taken relative to the folder all of them share, the same files of the same versions (sizes
+    and modification times, which `mv` and `cp -a` keep). A project folder moved or copied
+    whole, its corpus and outputs in it, re-runs as the same; its records name files by their
+    resolved paths, which the move changed."""
+    return (_relocatable(before) and _relocatable(now)
+            and _without_version(_relocated(before)) == _without_version(_relocated(now)))
+
+
+def _relocatable(record: Any) -> bool:
+    """A record whose local files are all named by absolute paths (an older bertgpu's relative
+    ones are not compared relocated: they stay as they were read)."""
+    if not isinstance(record, dict) or not isinstance(record.get("versions"), dict):
+        return False
+    local = [local_path(p) for p in record["versions"] if not is_url(local_path(p))]
+    return bool(local) and all(os.path.isabs(p) for p in local)
+
+
+def _compared(before: Any, now: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The two records to name the differences of: as recorded, or, for a project moved whole
+    (the same files relative to their shared folder), relocated, so that a file changed since
+    is named so and not as another corpus."""
+    if not (_relocatable(before) and _relocatable(now)):
+        return before, now
+    moved_before, moved_now = _relocated(before), _relocated(now)
+    if set(moved_before["versions"]) != set(moved_now["versions"]):
+        return before, now
+    real = dict(zip(moved_now["versions"], now["versions"], strict=True))  # (named as now)
+    return {**before, "versions": {real[k]: v for k, v in moved_before["versions"].items()}}, now
+
+
+def _relocated(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with each local path (its versions' keys, its units' pieces' ``src``) relative
+    to the deepest folder every local corpus file is in; URLs as they are."""
+    texts = [local_path(p) for p in record["versions"] if not is_url(local_path(p))]
+    common = os.path.commonpath(texts) if len(texts) > 1 else os.path.dirname(texts[0])
+
+    def moved(path: str) -> str:
+        text = local_path(path)
+        return path if is_url(text) or not os.path.isabs(text) else os.path.relpath(text, common)
+
+    out = {**record, "versions": {moved(p): v for p, v in record["versions"].items()}}
+    units = record.get("units")
+    if isinstance(units, list):
+        out["units"] = [[{**piece, "src": moved(piece["src"])}
+                         if isinstance(piece, dict) and isinstance(piece.get("src"), str)
+                         else piece for piece in unit] if isinstance(unit, list) else unit
+                        for unit in units]
+    return out
 
 
 def _without_version(plan: dict[str, Any]) -> dict[str, Any]:
@@ -209,11 +263,12 @@ def same_as_trained(out: Path, record: dict[str, Any]) -> bool:
                                 record)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    if before == record:
+    if before == record or _same_when_moved(before, record):
         return True
     old, new = before.get("settings", {}), record["settings"]
     diffs = [_flag(flag, old.get(key), new.get(key)) for key, flag in TOKENIZER_FLAGS.items()
              if old.get(key) != new.get(key)]
+    before, record = _compared(before, record)
     diffs += _corpus_differences(before.get("versions", {}), record["versions"])
     raise BertgpuError(f"{out}: holds a tokenizer trained {'; '.join(diffs or ['otherwise'])}; "
                        "expected a new output folder (or remove this one)")
