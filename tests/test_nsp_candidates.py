@@ -40,7 +40,7 @@ def test_the_candidates_are_bounded_in_tokens_and_exclude_the_chunks_documents()
     tasks = list(carried.attach(chunks))
     assert tasks[0][2][False] == []
     for index, _, given in tasks[1:]:
-        assert 0 < len(given[False]) <= min(index, CANDIDATES)
+        assert 0 < len(given[False]) <= min(8 * index, CANDIDATES)  # 8 windows a chunk
         assert all(len(t) <= 58 and (t // 1000 != index).all() and bounds[-1] == len(t)
                    and np.array_equal(flags, (t % 4 == 0)) for t, bounds, flags in given[False])
     again = list(Candidates(seed=1, work_unit=3, max_tokens=29, long_chars=125,

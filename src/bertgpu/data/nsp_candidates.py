@@ -1,24 +1,25 @@
 """Random next segments carried from earlier chunks of a work unit to a chunk of few documents.
 
-    carried = Candidates(seed, work_unit, max_tokens, long_chars=CHUNK_CHARS // MIN_CHUNK_DOCS,
-                         min_docs=min(MIN_CHUNK_DOCS, chunk_docs))
+    carried = Candidates(seed, work_unit, max_tokens, long_chars=CHUNK_CHARS // FEW_DOCS,
+                         min_docs=min(FEW_DOCS, chunk_docs))
     for index, pieces, candidates in carried.attach(work_chunks(...)): ...   # main process
 
 `prepare_worker.nsp_chunk` takes a random B from the chunk's other documents. A chunk closes at
-`pipeline.MAX_CHUNK_CHARS`, so a chunk of books (BookCorpus: ~700k characters each) holds one
-to three of them: every random B of a book came from one neighbour, or from the book itself
-when it was alone in its split of the chunk. BERT's create_pretraining_data draws the random
-document over its whole input. Here the main process, which builds the chunks in order, keeps
-per split a reservoir of B candidates from the documents already read in the unit: up to
-CANDIDATES runs of whole sentences (at most ``2 * max_tokens`` tokens each, from a random start
-of a document's run in a chunk), reservoir-sampled over those runs, so memory is bounded in
-tokens whatever the unit holds. A chunk gets, per split, the candidates not from any of its
-own documents when it holds pieces of one document, or few documents because they are long:
-fewer than ``min_docs`` (`pipeline.MIN_CHUNK_DOCS`, or a smaller --chunk-docs), of
-``long_chars`` or more on average (read so far: a chunk closes on its characters before it
-holds ``min_docs`` of those; the last chunk of a unit of books holds few too, while a unit's
-last few short documents keep their pool). The worker then draws B uniformly over the chunk's
-other documents of the split and the candidates.
+`pipeline.MAX_CHUNK_CHARS`, so a chunk of books (BookCorpus: ~700k characters each) holds one to
+three of them: every random B of a book came from one neighbour, or from the book itself when it
+was alone in its split of the chunk. BERT's create_pretraining_data draws the random document
+over its whole input. Here the main process, which builds the chunks in order, keeps per split a
+reservoir of B candidates from the documents already read in the unit: up to CANDIDATES windows
+of whole sentences (at most ``2 * max_tokens`` tokens each, the text read so far cut into
+consecutive windows), reservoir-sampled over all those windows, so memory is bounded in tokens
+whatever the unit holds. A chunk gets, per split, the candidates not from any of its own
+documents when it holds pieces of one document, or few documents because they are long: fewer
+than ``min_docs`` (`pipeline.FEW_DOCS`, 4, or a smaller --chunk-docs), of ``long_chars`` (a
+quarter of `pipeline.CHUNK_CHARS`) or more on average (read so far; the last chunk of a unit of
+books holds few too, while a unit's last few short documents keep their pool). Chunks of a dozen
+long articles (papers, ~45k characters) keep their own pool: a review measured that the
+candidates, each weighed as a whole document, halved their distinct random Bs. The worker draws
+B uniformly over the chunk's other documents of the split and the candidates.
 
 Other chunks get none: the rows of a corpus of short documents are what they were, but for a
 chunk of one document, whose random Bs all came from it (a held-out side of a chunk of short
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-CANDIDATES = 128  # per split: B draws spread over this many runs of earlier documents
+CANDIDATES = 512  # per split: B draws spread over this many windows of earlier text
 STREAM = 0x6E7370  # the candidates' random stream of a unit, apart from its chunks' ("nsp")
 
 
@@ -88,33 +89,41 @@ class Candidates:
                 for split in (False, True)}
 
     def _offer(self, runs: list[tuple]) -> None:
-        """Each run of the chunk is offered to its split's reservoir (Algorithm R: the kept
-        runs are a uniform sample of all offered so far)."""
+        """Each run of the chunk, cut into windows of whole sentences of at most ``cap`` tokens,
+        offers its windows to its split's reservoir (Algorithm R: the kept windows are a
+        uniform sample of all the text read so far, not one window per document: a unit of six
+        books had offered a handful, each drawn as B dozens of times)."""
         for split, doc, pieces in runs:
-            self.offers[split] += 1
-            kept = self.kept[split]
-            if len(kept) < CANDIDATES:
-                kept.append(self._candidate(pieces, doc))
-                continue
-            slot = int(self.rng.integers(0, self.offers[split]))
-            if slot < CANDIDATES:
-                kept[slot] = self._candidate(pieces, doc)
+            tokens = np.concatenate([p[0] for p in pieces])
+            flags = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])
+            offsets = np.cumsum([0] + [len(p[0]) for p in pieces[:-1]])
+            ends = np.concatenate([p[1] + o for p, o in zip(pieces, offsets, strict=True)])
+            for lo, hi, bounds in self._windows(ends):
+                self.offers[split] += 1
+                kept = self.kept[split]
+                slot = len(kept) if len(kept) < CANDIDATES else \
+                    int(self.rng.integers(0, self.offers[split]))
+                if slot >= CANDIDATES:
+                    continue
+                window = (tokens[lo:hi].copy(), bounds,  # copies: the chunk's arrays go
+                          None if flags is None else flags[lo:hi].copy(), doc)
+                if slot == len(kept):
+                    kept.append(window)
+                else:
+                    kept[slot] = window
 
-    def _candidate(self, pieces: list[tuple], doc: int) -> tuple:
-        """Whole sentences of a run from a random start (one from which ``cap`` tokens follow,
-        where there is one), up to ``cap`` tokens (a longer first sentence is cut there);
-        copies, so that the chunk's arrays are not kept."""
-        tokens = np.concatenate([p[0] for p in pieces])
-        flags = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])
-        offsets = np.cumsum([0] + [len(p[0]) for p in pieces[:-1]])
-        ends = np.concatenate([p[1] + o for p, o in zip(pieces, offsets, strict=True)])
+    def _windows(self, ends: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(start, end, sentence ends within) of consecutive windows of whole sentences of at
+        most ``cap`` tokens (a longer sentence is a window of its first ``cap``)."""
         starts = np.concatenate([[0], ends[:-1]])
-        room = int(np.searchsorted(starts, len(tokens) - self.cap, side="right"))
-        s = int(self.rng.integers(0, max(1, room)))
-        lo = int(starts[s])
-        within = int(np.searchsorted(ends[s:], lo + self.cap, side="right"))
-        hi = int(ends[s + within - 1]) if within else min(lo + self.cap, int(ends[s]))
-        bounds = np.unique(ends[s : s + within]) - lo if within else np.array([hi - lo])
-        bounds = bounds[bounds > 0]  # without empty sentences: at most a bound per token
-        return (tokens[lo:hi].copy(), bounds.astype(np.int64),
-                None if flags is None else flags[lo:hi].copy(), doc)
+        s = 0
+        while s < len(ends):
+            lo = int(starts[s])
+            within = int(np.searchsorted(ends[s:], lo + self.cap, side="right"))
+            if within == 0:  # one sentence longer than a window
+                yield lo, lo + self.cap, np.array([self.cap], dtype=np.int64)
+                s += 1
+                continue
+            bounds = np.unique(ends[s : s + within]) - lo
+            yield lo, int(ends[s + within - 1]), bounds[bounds > 0].astype(np.int64)
+            s += within

@@ -40,6 +40,8 @@ from bertgpu.data.split import SplitPlan, mlm_units, nsp_pieces
 CHUNK_CHARS = 500_000
 MIN_CHUNK_DOCS = 16  # so that a random NSP segment can come from another document even for books
 MAX_CHUNK_CHARS = 1_000_000  # ... and at this many whatever its pieces: bounds memory
+FEW_DOCS = 4  # a chunk of fewer documents, of CHUNK_CHARS / FEW_DOCS or more on average (books),
+#               also draws random B segments from the unit's earlier documents (nsp_candidates)
 # (so a chunk of long documents holds few; its random Bs also come from earlier chunks' documents:
 # `nsp_candidates`)
 RAW_BATCH_CHARS = 1 << 19  # raw parts per first-stage task: at most this many characters ...
@@ -212,8 +214,7 @@ def nsp_tasks(parts: Iterator[tuple], plan: SplitPlan, chunk_docs: int,
     from ``unit << 32`` (their random generator's seed), each with the random-B candidates from
     the unit's earlier documents that it needs (`nsp_candidates`)."""
     carried = Candidates(settings["seed"], plan.work_unit, settings["seq_len"] - 3,
-                         long_chars=CHUNK_CHARS // MIN_CHUNK_DOCS,
-                         min_docs=min(MIN_CHUNK_DOCS, chunk_docs))
+                         long_chars=CHUNK_CHARS // FEW_DOCS, min_docs=min(FEW_DOCS, chunk_docs))
     return carried.attach(work_chunks(nsp_pieces(parts, plan), chunk_docs,
                                       plan.work_unit << 32))
 
