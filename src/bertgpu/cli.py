@@ -145,6 +145,11 @@ def _main(argv: list[str]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:
+        if (stop := _stop_behind(exc)) is not None:  # a stop whose own cleanup could not write
+            sig = stop_signal(stop)  # (a closed terminal: every write to it fails with EIO)
+            say(f"bertgpu {name}: " + ("interrupted" if sig == signal.SIGINT
+                                       else f"stopped by {sig.name}"))
+            return 128 + sig
         line = place_error(exc, rest)
         if line is None:  # not the user's file system saying no: a bug, keep its traceback
             raise
@@ -152,6 +157,18 @@ def _main(argv: list[str]) -> int:
         return 2
     finally:
         errors.running_command = outer
+
+
+def _stop_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The stop (Ctrl-C, SIGTERM, SIGHUP) an error was raised while handling, if any: a
+    command's message after SIGHUP fails to reach the closed terminal it was written to."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser, bool]:
@@ -181,8 +198,11 @@ def say(line: str, stream=None) -> None:
     a job, which share the launcher's pipe and find the same bad input at once, then interleaved
     as "...error: Xbertgpu tokenizer: error: X\n\n", one line the launcher could not take apart."""
     stream = sys.stderr if stream is None else stream
-    stream.write(line + "\n")
-    stream.flush()
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+    except OSError:  # a terminal closed under us (SIGHUP: EIO): there is no one to tell
+        pass
 
 
 def _run(module: ModuleType, parser: argparse.ArgumentParser, name: str, rest: list[str],
