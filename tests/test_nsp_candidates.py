@@ -29,7 +29,7 @@ def test_which_chunks_get_candidates():
     assert given[0] == given[1] == {False: None, True: None}
     assert len(given[2][False]) == 21 and len(given[2][True]) == 1  # 0-20 (21: held out); 21
     assert len(given[3][False]) == 23 and len(given[3][True]) == 1 and given[4][True] is None
-    ids = {d for g in given[2:] for split in g.values() for t, _, _ in split or () for d in
+    ids = {d for g in given[2:] for split in g.values() for t, *_ in split or () for d in
            set((t // 1000).tolist())}
     assert ids <= set(range(23)) and 23 not in ids
 
@@ -42,7 +42,7 @@ def test_the_candidates_are_bounded_in_tokens_and_exclude_the_chunks_documents()
     for index, _, given in tasks[1:]:
         assert 0 < len(given[False]) <= min(8 * index, CANDIDATES)  # 8 windows a chunk
         assert all(len(t) <= 58 and (t // 1000 != index).all() and bounds[-1] == len(t)
-                   and np.array_equal(flags, (t % 4 == 0)) for t, bounds, flags in given[False])
+                   and np.array_equal(flags, (t % 4 == 0)) for t, bounds, flags, _ in given[False])
     again = list(Candidates(seed=1, work_unit=3, max_tokens=29, long_chars=125,
                             min_docs=16).attach(chunks))
     assert all(np.array_equal(x[0], y[0]) for (_, _, g), (_, _, h) in zip(tasks, again,

@@ -17,9 +17,9 @@ def test_a_long_document_offers_a_window_per_stretch_of_its_text():
     given = [g for _, _, g in carried.attach(chunks)]
     windows = given[1][False]
     assert len(windows) == 72  # 4,000 tokens in windows of 14 sentences of 4: 71 and a rest
-    starts = [int(t[0]) for t, _, _ in windows]
+    starts = [int(t[0]) for t, *_ in windows]
     assert starts == sorted(starts) and starts[0] == 0 and starts[-1] == 3976
-    assert all(len(t) <= 58 and bounds[-1] == len(t) for t, bounds, _ in windows)
+    assert all(len(t) <= 58 and bounds[-1] == len(t) for t, bounds, *_ in windows)
 
 
 def test_the_reservoir_is_a_sample_of_all_the_text_read():
@@ -27,7 +27,7 @@ def test_the_reservoir_is_a_sample_of_all_the_text_read():
     chunks = [(k, [_piece(k, 900, 5_000) for _ in range(20)]) for k in range(4)]  # a book each
     given = [g for _, _, g in carried.attach(chunks)]
     assert len(given[3][False]) == CANDIDATES
-    counts = np.bincount([int(t[0]) // 1000 for t, _, _ in given[3][False]], minlength=3)
+    counts = np.bincount([int(t[0]) // 1000 for t, *_ in given[3][False]], minlength=3)
     assert len(counts) == 3 and counts.min() > CANDIDATES // 5  # each earlier book about a third
 
 
@@ -45,3 +45,16 @@ def test_a_chunk_of_a_dozen_long_articles_keeps_its_own_pool():
     given = [g for _, _, g in carried.attach(papers + books)]
     assert given[0][False] is None and given[1][False] is None
     assert given[2][False]  # two books in a chunk: the earlier documents' windows
+
+
+def test_a_random_b_is_drawn_over_documents_then_over_their_windows():
+    """With candidates a chunk's neighbour document (a few pseudo-documents) and an earlier book
+    (hundreds of windows) are drawn alike, as BERT draws its random document; drawn window by
+    window the book had outweighed the neighbour a hundred times."""
+    from bertgpu.data.prepare_worker import _from_other_document
+
+    by_document = {7: [0, 1], 8: [2, 3, 4], 3: list(range(5, 505))}  # 3: an earlier book
+    rng = np.random.default_rng(0)
+    picks = [_from_other_document(by_document, 7, rng) for _ in range(4000)]
+    from_book = sum(p >= 5 for p in picks)
+    assert 1800 < from_book < 2200 and not {0, 1} & set(picks)

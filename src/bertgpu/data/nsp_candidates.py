@@ -84,7 +84,7 @@ class Candidates:
         own = self.read
         few = len(own) == 1 or (len(own) < self.min_docs
                                 and sum(own.values()) >= self.long_chars * len(own))
-        return {split: [c[:3] for c in self.kept[split] if c[3] not in own]
+        return {split: [c for c in self.kept[split] if c[3] not in own]
                 if few and any(is_val == split for is_val, _, _ in runs) else None
                 for split in (False, True)}
 

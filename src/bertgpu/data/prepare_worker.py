@@ -145,8 +145,8 @@ def encode_items(items: list[tuple]) -> list[tuple]:
 def nsp_chunk(task: tuple) -> dict[str, dict]:
     """Stage 2: the sentence-pair rows of one chunk of pieces, per split. ``task``: ``(index,
     pieces)``, or ``(index, pieces, carried)`` with ``carried`` per is_validation the random-B
-    candidates of earlier chunks (`nsp_candidates`: ``(tokens, bounds, word_starts)`` each) or
-    None."""
+    candidates of earlier chunks (`nsp_candidates`: ``(tokens, bounds, word_starts, document)``
+    each) or None."""
     index, pieces = task[:2]
     carried = task[2] if len(task) > 2 else {}
     rng = np.random.default_rng([_STATE["seed"], index])
@@ -163,7 +163,7 @@ def nsp_chunk(task: tuple) -> dict[str, dict]:
             else:
                 docs.append(sentences)
                 owners.append(doc)
-        extra = [_sentences(*c) for c in carried.get(flag) or ()]
+        extra = [(_sentences(*c[:3]), c[3]) for c in carried.get(flag) or ()]
         out[split] = _nsp_rows(docs, owners, rng, extra)
     return out
 
@@ -174,12 +174,14 @@ def _sentences(tokens: np.ndarray, bounds: np.ndarray, flags: np.ndarray | None)
 
 
 def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Generator,
-              extra: Sequence[list[list[int]]] = ()) -> dict:
+              extra: Sequence[tuple[list[list[int]], int]] = ()) -> dict:
     """Sentence-pair rows of a chunk (BERT's create_instances_from_document, once per document).
 
     ``owners``: the corpus document of each of ``docs``, in corpus order (non-decreasing).
-    ``extra``: random-B candidates from other documents (`nsp_candidates`), drawn like another
-    document of the chunk, from a start with ``seq_len - 3`` tokens after it where there is one.
+    ``extra``: random-B candidates from other documents (`nsp_candidates`), (sentences, corpus
+    document) each; with them a random B is drawn uniformly over the corpus documents (those of
+    the chunk and of the candidates), then over that document's pseudo-documents or candidates,
+    from a start with ``seq_len - 3`` tokens after it where there is one.
     With a segmenter each token travels as ``id * 2 + word_start`` through the pairing (which
     only moves tokens around) and is split again when the rows are written.
     """
@@ -189,15 +191,22 @@ def _nsp_rows(docs: list[list[list[int]]], owners: list[int], rng: np.random.Gen
     tokenized = [sents for sents, _ in kept]
     owned = [owner for _, owner in kept]
     max_tokens = _STATE["seq_len"] - 3
-    carried = [(sents, _starts(sents, max_tokens))
-               for sents in ([s for s in c if s] for c in extra) if sents]
+    kept_extra = [(sents, doc) for sents, doc in (([s for s in c if s], doc) for c, doc in extra)
+                  if sents]
+    carried = [(sents, _starts(sents, max_tokens)) for sents, _ in kept_extra]
+    by_document: dict[int, list[int]] = {}  # (with candidates) what B is drawn over, by document
+    if carried:
+        for i, owner in [*enumerate(owned), *((len(owned) + k, doc) for k, (_, doc)
+                                               in enumerate(kept_extra))]:
+            by_document.setdefault(owner, []).append(i)
     pairs: list[tuple[list[int], list[int], int]] = []
     counts = dict.fromkeys(RANDOM_CAUSES, 0)
     for d in range(len(tokenized)):
         # A document's pseudo-documents are consecutive (pieces come in corpus order).
         own = (bisect.bisect_left(owned, owned[d]), bisect.bisect_right(owned, owned[d]))
         pairs.extend(_document_pairs(tokenized, d, own, rng, max_tokens,
-                                     _STATE["short_seq_prob"], counts, carried))
+                                     _STATE["short_seq_prob"], counts, carried,
+                                     (by_document, owned[d]) if carried else None))
     rows = _rows(pairs, _STATE["seq_len"])
     rows.update(counts)
     return rows
@@ -241,12 +250,15 @@ def _rows(pairs: list[tuple[list[int], list[int], int]], seq_len: int) -> dict:
 def _document_pairs(
     docs: list[list[list[int]]], d: int, own: tuple[int, int], rng: np.random.Generator,
     max_tokens: int, short_seq_prob: float, counts: dict[str, int],
-    carried: Sequence[tuple[list[list[int]], int]] = ()
+    carried: Sequence[tuple[list[list[int]], int]] = (),
+    sources: tuple[dict[int, list[int]], int] | None = None
 ) -> list[tuple[list[int], list[int], int]]:
     """(A, B, nsp_label) pairs from document d; the random B comes from another of ``docs``
     outside ``own`` (the ``[first, end)`` of the pseudo-documents of d's corpus document) or
-    one of ``carried`` (sentences, starts) when there is one. ``counts`` (`RANDOM_CAUSES`) adds
-    up why random rows were random."""
+    one of ``carried`` (sentences, starts) when there is one: with ``sources`` (``carried``'s
+    and ``docs``' indices by corpus document, and d's), uniformly over the other documents
+    first (`_from_other_document`). ``counts`` (`RANDOM_CAUSES`) adds up why random rows were
+    random."""
     document = docs[d]
     target = max_tokens
     if rng.random() < short_seq_prob:
@@ -268,7 +280,8 @@ def _document_pairs(
                              else "sentence_fills_target" if length >= target
                              else "last_sentence")
                     counts[cause] += 1
-                pick = _other_document(len(docs), d, own, rng, len(carried))
+                pick = (_from_other_document(*sources, rng) if sources
+                        else _other_document(len(docs), d, own, rng, len(carried)))
                 counts["same_document"] += own[0] <= pick < own[1]
                 other, starts = (carried[pick - len(docs)] if pick >= len(docs)
                                  else (docs[pick], len(docs[pick])))
@@ -287,6 +300,19 @@ def _document_pairs(
             length = 0
         i += 1
     return pairs
+
+
+def _from_other_document(by_document: dict[int, list[int]], mine: int,
+                         rng: np.random.Generator) -> int:
+    """A corpus document other than ``mine`` drawn uniformly (as BERT draws its random
+    document), then one of its pseudo-documents or candidates (`by_document`'s indices):
+    candidates are windows of text, and drawn one by one a long earlier document outweighed a
+    neighbour in the chunk hundreds of times."""
+    others = [doc for doc in by_document if doc != mine]
+    if not others:
+        return by_document[mine][0]
+    group = by_document[others[int(rng.integers(0, len(others)))]]
+    return group[int(rng.integers(0, len(group)))]
 
 
 def _other_document(n: int, d: int, own: tuple[int, int], rng: np.random.Generator,
