@@ -34,3 +34,17 @@ def test_the_stop_line_on_a_terminal_that_works(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run", _stopped_then_cannot_say)
     assert cli.main(["report", "x"]) == 129
     assert capsys.readouterr().err == "bertgpu report: stopped by SIGHUP\n"
+
+
+def test_another_error_while_stopping_is_still_said(monkeypatch, capsys):
+    """A disk that filled up while a stop cleaned up is an error the user must see, not a stop
+    (the review: `bertgpu prepare: interrupted` hid 'No space left on device')."""
+    def full_disk_while_stopping(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt:
+            raise OSError(errno.ENOSPC, "No space left on device", "/tmp/out/x") from None
+
+    monkeypatch.setattr(cli, "_run", full_disk_while_stopping)
+    assert cli.main(["report", "x"]) == 2
+    assert "No space left on device" in capsys.readouterr().err

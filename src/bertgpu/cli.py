@@ -145,8 +145,9 @@ def _main(argv: list[str]) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:
-        if (stop := _stop_behind(exc)) is not None:  # a stop whose own cleanup could not write
-            sig = stop_signal(stop)  # (a closed terminal: every write to it fails with EIO)
+        stop = _stop_behind(exc) if exc.errno in (errno.EIO, errno.EPIPE) else None
+        if stop is not None:  # a stop whose own message could not be written: a closed
+            sig = stop_signal(stop)  # terminal (EIO); any other error says what it was
             say(f"bertgpu {name}: " + ("interrupted" if sig == signal.SIGINT
                                        else f"stopped by {sig.name}"))
             return 128 + sig

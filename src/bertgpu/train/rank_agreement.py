@@ -225,9 +225,9 @@ def _read_token(run_dir: Path, token: str, timeout_minutes: float) -> str | None
             found = None
         if found == token:
             return None
-        if found is not None:
-            return f"its {SHARED_CHECK} is another run's"
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:  # (another token may be a late view of a killed
+            if found is not None:  # job's, or of rank 0's write half-way: looked at again)
+                return f"its {SHARED_CHECK} is another run's"
             return "no such folder" if not run_dir.is_dir() else "no token from rank 0 in it"
         time.sleep(0.2)
 
