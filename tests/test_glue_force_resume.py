@@ -4,52 +4,16 @@ kept), and the table of the settings it replaces goes when it starts."""
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 
-import _tiny_init
 import pytest
-from _tiny_init import SPECIAL
+from test_glue_stop_keeps_finished_work import _glue, _seeds_trained, tiny_init  # noqa: F401
 
-from bertgpu import finetune, finetune_results
-from bertgpu.cli import main
-
-FIXTURES = Path(__file__).parent / "fixtures" / "glue"
-FAST = ["--epochs", "1", "--max_seq_len", "64", "--global_batch_size", "4"]
+from bertgpu import finetune_results
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def tiny_init(tmp_path) -> Path:
-    """A tiny random BERT whose vocab.txt holds every lower-cased word of SST-2's fixtures."""
-    words = sorted({w for p in (FIXTURES / "SST-2").glob("*.tsv")
-                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
-                                        p.read_text(encoding="utf-8").lower())})
-    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
-
-
-def _glue(init: Path, out: Path, *extra: str) -> int:
-    return main(["glue", "--data-dir", str(FIXTURES), "--init", str(init), "--out", str(out),
-                 "--tasks", "sst2", *FAST, *extra])
-
-
-def _seeds_trained(monkeypatch, stop_at: int | None = None) -> list[int]:
-    """The seeds glue fine-tunes from now on (a Ctrl-C as seed `stop_at` starts)."""
-    real, seeds = finetune.finetune, []
-
-    def counted(task, data, init, out, cfg, overrides, **kwargs):
-        seed = int(overrides[overrides.index("--seed") + 1])
-        if seed == stop_at:
-            raise KeyboardInterrupt
-        seeds.append(seed)
-        return real(task, data, init, out, cfg, overrides, **kwargs)
-
-    monkeypatch.setattr(finetune, "finetune", counted)
-    return seeds
-
-
-def test_the_same_force_command_keeps_the_runs_it_finished(tmp_path, tiny_init, monkeypatch):
+def test_the_same_force_command_keeps_the_runs_it_finished(tmp_path, tiny_init, monkeypatch):  # noqa: F811
     """A --force run of new settings stopped after 2 of 3 seeds: the same command trains the
     third only (it trained all 3 again; without --force the 2 were refused as made otherwise)."""
     out = tmp_path / "glue"
@@ -74,7 +38,7 @@ def test_the_same_force_command_keeps_the_runs_it_finished(tmp_path, tiny_init, 
     assert _glue(tiny_init, out, *new) == 0 and seeds == [1, 2, 3]
 
 
-def test_a_force_run_removes_the_earlier_table_when_it_starts(tmp_path, tiny_init, monkeypatch,
+def test_a_force_run_removes_the_earlier_table_when_it_starts(tmp_path, tiny_init, monkeypatch,  # noqa: F811
                                                              capsys):
     """The table of the old settings stood beside the new runs of an interrupted --force, and
     `bertgpu report` showed it as current."""
@@ -96,7 +60,7 @@ def test_a_force_run_removes_the_earlier_table_when_it_starts(tmp_path, tiny_ini
                                                      "glue_results.md"]
 
 
-def test_a_force_run_whose_last_move_was_cut_is_not_trained_again(tmp_path, tiny_init,
+def test_a_force_run_whose_last_move_was_cut_is_not_trained_again(tmp_path, tiny_init,  # noqa: F811
                                                                   monkeypatch, capsys):
     """The same --force command keeps a run of its own whose last move a stop cut short."""
     out = tmp_path / "glue"

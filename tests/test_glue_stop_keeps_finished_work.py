@@ -4,31 +4,17 @@ a stop in a seed's test predictions keeps its training."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-import _tiny_init
 import pytest
-from _tiny_init import SPECIAL
+from test_glue_probe_fixes import FAST, FIXTURES, tiny_init  # noqa: F401 (a fixture)
 
 from bertgpu import finetune, finetune_results
 from bertgpu.cli import main
 from bertgpu.tasks import glue as glue_tasks
 from bertgpu.tasks.finetuning import FinetuneTask
 
-FIXTURES = Path(__file__).parent / "fixtures" / "glue"
-FAST = ["--epochs", "1", "--max_seq_len", "64", "--global_batch_size", "4"]
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture
-def tiny_init(tmp_path) -> Path:
-    """A tiny random BERT whose vocab.txt holds every lower-cased word of SST-2's fixtures."""
-    words = sorted({w for p in (FIXTURES / "SST-2").glob("*.tsv")
-                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
-                                        p.read_text(encoding="utf-8").lower())})
-    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
 
 
 def _glue(init: Path, out: Path, *extra: str) -> int:
@@ -53,7 +39,7 @@ def _seeds_trained(monkeypatch, stop_at: int | None = None) -> list[int]:
 
 @pytest.mark.parametrize(("cut_in", "flags"), [("replace_dir", ()),
                                               ("drop_checkpoints", ("--predict-test",))])
-def test_a_run_whose_last_move_was_cut_is_not_trained_again(tmp_path, tiny_init, monkeypatch,
+def test_a_run_whose_last_move_was_cut_is_not_trained_again(tmp_path, tiny_init, monkeypatch,  # noqa: F811
                                                             capsys, cut_in, flags):
     """A stop after seed_1.tmp's results.json, before seed_1.tmp became seed_1 (while its
     checkpoints went, or at the rename): glue trained the seed again from scratch (standalone
@@ -79,7 +65,7 @@ def test_a_run_whose_last_move_was_cut_is_not_trained_again(tmp_path, tiny_init,
     assert not (out / "SST-2" / "seed_1" / "checkpoints").exists()
 
 
-def test_a_stop_in_a_runs_test_predictions_keeps_its_training(tmp_path, tiny_init, monkeypatch):
+def test_a_stop_in_a_runs_test_predictions_keeps_its_training(tmp_path, tiny_init, monkeypatch):  # noqa: F811
     """`glue --predict-test` stopped while a seed predicted its test set: the same command
     resumes the seed at its last step (finetune's final checkpoint) and trains nothing."""
     out = tmp_path / "glue"

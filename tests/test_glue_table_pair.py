@@ -5,38 +5,17 @@ is renamed, and the next `glue` writes a missing md from the json."""
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 
-import _tiny_init
 import pytest
-from _tiny_init import SPECIAL
+from test_glue_stop_keeps_finished_work import _glue, tiny_init  # noqa: F401 (a fixture)
 
 from bertgpu import finetune
 from bertgpu import glue as glue_cmd
-from bertgpu.cli import main
-
-FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def tiny_init(tmp_path) -> Path:
-    """A tiny random BERT whose vocab.txt holds every lower-cased word of SST-2's fixtures."""
-    words = sorted({w for p in (FIXTURES / "SST-2").glob("*.tsv")
-                    for w in re.findall(r"[a-z0-9]+|[^\sa-z0-9]",
-                                        p.read_text(encoding="utf-8").lower())})
-    return _tiny_init.tiny_init(tmp_path, [*SPECIAL, *words])
-
-
-def _glue(init: Path, out: Path, *extra: str) -> int:
-    return main(["glue", "--data-dir", str(FIXTURES), "--init", str(init), "--out", str(out),
-                 "--tasks", "sst2", "--epochs", "1", "--max_seq_len", "64",
-                 "--global_batch_size", "4", *extra])
-
-
-def test_the_table_files_never_disagree(tmp_path, tiny_init, monkeypatch):
+def test_the_table_files_never_disagree(tmp_path, tiny_init, monkeypatch):  # noqa: F811
     """A stop between the renames of glue_results.json and .md left the new json beside the
     old md; the md is now gone until the json is in place, and the next glue writes it."""
     out = tmp_path / "glue"

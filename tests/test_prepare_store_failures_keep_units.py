@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from _corpora import documents
-from _text_fixtures import train_small_tokenizer
 
 from bertgpu.cli import main as cli_main
 from bertgpu.data.output import MANIFEST, WorkFolder
@@ -22,7 +21,11 @@ from bertgpu.errors import BertgpuError
 fsspec = pytest.importorskip("fsspec")
 
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
-from test_prepare_remote import _RangeFile, _RangeStore  # noqa: E402 (local files by ranges)
+from test_prepare_remote import (  # noqa: E402 (local files by ranges)
+    _RangeFile,
+    _RangeStore,
+    tok,  # noqa: E402, F401 (a fixture)
+)
 
 
 class _FlakyFile(_RangeFile):
@@ -50,11 +53,6 @@ fsspec.register_implementation("flaky", _FlakyStore, clobber=True)
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return train_small_tokenizer(tmp_path_factory.mktemp("tok") / "tok", vocab_size=1000)
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("corpus")
     docs = documents()
@@ -71,7 +69,7 @@ def bucket():
         memory.rm("/store-failures", recursive=True)
 
 
-def _prepare(tok: Path, out: str, corpus: str | Path, *extra: str) -> int:
+def _prepare(tok: Path, out: str, corpus: str | Path, *extra: str) -> int:  # noqa: F811
     return cli_main(["prepare", "--corpus", str(corpus), "--tokenizer", str(tok), "--out", out,
                      "--seq-len", "64", "--unit-bytes", "20000", "--workers", "1", *extra])
 
@@ -85,7 +83,7 @@ def _records(root: str) -> list[str]:
     return [name for name in _tree(root) if name.startswith("/units/")]
 
 
-def _stopped_and_resumed(tok, corpus: str, bucket: str, capsys, monkeypatch, said: str) -> None:
+def _stopped_and_resumed(tok, corpus: str, bucket: str, capsys, monkeypatch, said: str) -> None:  # noqa: F811
     """The run under the fault stops with one line and keeps units; the re-run seals the set
     from them with the bytes of a run that never failed."""
     code = _prepare(tok, f"memory://{bucket}/data", corpus)
@@ -102,7 +100,7 @@ def _stopped_and_resumed(tok, corpus: str, bucket: str, capsys, monkeypatch, sai
     assert _tree(f"{bucket}/data") == _tree(f"{bucket}/fresh")
 
 
-def test_a_failed_manifest_upload_keeps_every_unit(tok, corpus, bucket, capsys, monkeypatch):
+def test_a_failed_manifest_upload_keeps_every_unit(tok, corpus, bucket, capsys, monkeypatch):  # noqa: F811
     write = WorkFolder._write_text
 
     def failing(self, name, text):
@@ -116,7 +114,7 @@ def test_a_failed_manifest_upload_keeps_every_unit(tok, corpus, bucket, capsys, 
                          "104] Connection reset by peer)")
 
 
-def test_a_failed_shard_upload_keeps_the_finished_units(tok, corpus, bucket, capsys,
+def test_a_failed_shard_upload_keeps_the_finished_units(tok, corpus, bucket, capsys,  # noqa: F811
                                                         monkeypatch):
     put = MemoryFileSystem.put_file
     uploads = []
@@ -133,7 +131,7 @@ def test_a_failed_shard_upload_keeps_the_finished_units(tok, corpus, bucket, cap
 
 
 def test_a_reset_connection_while_reading_the_corpus_keeps_the_finished_units(
-        tok, corpus, bucket, capsys, monkeypatch):
+        tok, corpus, bucket, capsys, monkeypatch):  # noqa: F811
     from bertgpu.data import prepare
 
     def armed(*args, **kwargs):  # the units planned (b.txt's first bytes read): now it fails
@@ -146,7 +144,7 @@ def test_a_reset_connection_while_reading_the_corpus_keeps_the_finished_units(
                          "b.txt: cannot read ([Errno 104] Connection reset by peer)")
 
 
-def test_a_unit_that_cannot_read_for_the_network_fails_as_no_bad_input(tok, corpus, tmp_path,
+def test_a_unit_that_cannot_read_for_the_network_fails_as_no_bad_input(tok, corpus, tmp_path,  # noqa: F811
                                                                       monkeypatch):
     """What a Ray task raises: not a BertgpuError, which the Ray engine takes for bad input
     (and the run discards its units), but a failed task's error (the units kept)."""

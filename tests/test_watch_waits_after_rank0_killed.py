@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from test_watch_waits_for_a_restart import _append, _info, _train, _watch_through_a_restart
 
 from bertgpu import watch
 from bertgpu.cli import main as cli_main
@@ -80,26 +81,11 @@ def test_each_attempt_but_the_last_names_the_launcher_in_its_start_record(tmp_pa
     assert named == [os.getpid(), os.getpid(), None]
 
 
-def _info(step: int, event: str, **fields) -> dict:
-    return {"step": step, "kind": "info", "time": 1.7e9 + step, "elapsed_s": 1.0 * step,
-            "event": event, **fields}
-
-
 def _start(step: int, pid: int, launcher_pid: int | None = LAUNCHER) -> dict:
     named = ({"launcher_pid": launcher_pid, "launcher_pid_started": process_started(launcher_pid)}
              if launcher_pid else {})
     return _info(step, "start", host=socket.gethostname(), pid=pid, world_size=2, max_steps=45,
                  **named)
-
-
-def _train(step: int) -> dict:
-    return {"step": step, "kind": "train", "time": 1.7e9 + step, "elapsed_s": 1.0 * step,
-            "loss": 8.0 / step, "lr": 1e-4}
-
-
-def _append(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _killed_attempt(run: Path, launcher_pid: int | None = LAUNCHER) -> Path:
@@ -168,24 +154,9 @@ def test_a_launcher_whose_pid_another_process_took_is_gone(tmp_path, gone):
 @pytest.mark.parametrize("piped", [False, True])
 def test_the_live_view_follows_the_job_through_its_restart(tmp_path, capsys, monkeypatch, gone,
                                                           piped):
-    records = _killed_attempt(tmp_path / "r5")
-    sleeps = []
-
-    def restarted(seconds: float) -> None:
-        sleeps.append(seconds)
-        assert len(sleeps) < 5, "the view did not stop at the end record"
-        if len(sleeps) == 2:  # the launcher started the job again; it resumed from step 20
-            _append(records, [_start(20, RANK0_AGAIN, None), _train(25), _train(30)])
-        elif len(sleeps) == 3:
-            _append(records, [_train(45), _info(45, "end", reason="max_steps")])
-
-    monkeypatch.setattr(watch.time, "sleep", restarted)
-    from rich.console import Console  # a terminal: the live view; else a frame per change
-
-    monkeypatch.setattr(Console, "is_terminal", property(lambda self: not piped))
-    monkeypatch.setenv("COLUMNS", "200")
-    assert cli_main(["watch", str(tmp_path / "r5"), "--interval", "1"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out, sleeps = _watch_through_a_restart(_killed_attempt(tmp_path / "r5"),
+                                           _start(20, RANK0_AGAIN, None), monkeypatch, capsys,
+                                           piped)
     assert len(sleeps) == 3 and "finished (max_steps)" in out and "step 45 / 45" in out
     assert "killed or crashed" not in out
     if piped:  # a frame per change: the wait for the restart is one of them

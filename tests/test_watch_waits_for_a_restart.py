@@ -109,6 +109,30 @@ def _failed_attempt(run: Path, host: str | None = None) -> Path:
     return run / "metrics.jsonl"
 
 
+def _watch_through_a_restart(records: Path, start: dict, monkeypatch, capsys,
+                             piped: bool) -> tuple[str, list[float]]:
+    """`bertgpu watch` of the run of `records` (its first attempt ended), as a terminal's live
+    view or piped: at its second sleep the restarted job logs `start` (resumed from step 20)
+    and two steps, at its third its end at step 45. Its output, one line, and its sleeps."""
+    sleeps: list[float] = []
+
+    def restarted(seconds: float) -> None:
+        sleeps.append(seconds)
+        assert len(sleeps) < 5, "the view did not stop at the end record"
+        if len(sleeps) == 2:  # the launcher started the job again; it resumed from step 20
+            _append(records, [start, _train(25), _train(30)])
+        elif len(sleeps) == 3:
+            _append(records, [_train(45), _info(45, "end", reason="max_steps")])
+
+    monkeypatch.setattr(watch.time, "sleep", restarted)
+    from rich.console import Console  # a terminal: the live view; else a frame per change
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: not piped))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli_main(["watch", str(records.parent), "--interval", "1"]) == 0
+    return " ".join(capsys.readouterr().out.split()), sleeps
+
+
 @pytest.fixture()
 def alive(monkeypatch) -> list[bool]:
     """Whether the launcher runs (this process, as os.kill(pid, 0) finds it: faked)."""
@@ -152,24 +176,8 @@ def test_a_launcher_on_another_host_is_waited_for(tmp_path, alive):
 @pytest.mark.parametrize("piped", [False, True])
 def test_the_live_view_follows_the_job_through_its_restart(tmp_path, capsys, monkeypatch,
                                                           alive, piped):
-    records = _failed_attempt(tmp_path / "r5")
-    sleeps = []
-
-    def restarted(seconds: float) -> None:
-        sleeps.append(seconds)
-        assert len(sleeps) < 5, "the view did not stop at the end record"
-        if len(sleeps) == 2:  # the launcher started the job again; it resumed from step 20
-            _append(records, [_start(20), _train(25), _train(30)])
-        elif len(sleeps) == 3:
-            _append(records, [_train(45), _info(45, "end", reason="max_steps")])
-
-    monkeypatch.setattr(watch.time, "sleep", restarted)
-    from rich.console import Console  # a terminal: the live view; else a frame per change
-
-    monkeypatch.setattr(Console, "is_terminal", property(lambda self: not piped))
-    monkeypatch.setenv("COLUMNS", "200")
-    assert cli_main(["watch", str(tmp_path / "r5"), "--interval", "1"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out, sleeps = _watch_through_a_restart(_failed_attempt(tmp_path / "r5"), _start(20),
+                                           monkeypatch, capsys, piped)
     assert len(sleeps) == 3 and "finished (max_steps)" in out and "step 45 / 45" in out
     assert "stopped (error" not in out
     if piped:  # a frame per change: the wait for the restart is one of them

@@ -83,16 +83,8 @@ def resolved_paths(record: Any, base: str | None = None, mark_base: bool = False
     if not isinstance(record, dict):
         return record
     base = os.getcwd() if base is None else base
-    out = dict(record)
+    out = _paths_mapped(record, lambda path: _resolved(path, base))
     versions = record.get("versions")
-    if isinstance(versions, dict):
-        out["versions"] = {_resolved(path, base): v for path, v in versions.items()}
-    units = record.get("units")
-    if isinstance(units, list):
-        out["units"] = [[{**piece, "src": _resolved(piece["src"], base)}
-                         if isinstance(piece, dict) and isinstance(piece.get("src"), str)
-                         else piece for piece in unit] if isinstance(unit, list) else unit
-                        for unit in units]
     relative = any(not is_url(local_path(path)) and not os.path.isabs(local_path(path))
                    for path in (versions if isinstance(versions, dict) else ()))
     if mark_base and relative:
@@ -152,10 +144,19 @@ def _relocated(record: dict[str, Any]) -> dict[str, Any]:
         text = local_path(path)
         return path if is_url(text) or not os.path.isabs(text) else os.path.relpath(text, common)
 
-    out = {**record, "versions": {moved(p): v for p, v in record["versions"].items()}}
+    return _paths_mapped(record, moved)
+
+
+def _paths_mapped(record: dict[str, Any], path_to: Callable[[str], str]) -> dict[str, Any]:
+    """`record` with `path_to` applied to each corpus path it names: its versions' keys and its
+    units' pieces' ``src``."""
+    out = dict(record)
+    versions = record.get("versions")
+    if isinstance(versions, dict):
+        out["versions"] = {path_to(path): v for path, v in versions.items()}
     units = record.get("units")
     if isinstance(units, list):
-        out["units"] = [[{**piece, "src": moved(piece["src"])}
+        out["units"] = [[{**piece, "src": path_to(piece["src"])}
                          if isinstance(piece, dict) and isinstance(piece.get("src"), str)
                          else piece for piece in unit] if isinstance(unit, list) else unit
                         for unit in units]
