@@ -73,7 +73,6 @@ from bertgpu.errors import BertgpuError
 from bertgpu.finetune_results import write_results
 from bertgpu.fsutil import make_scratch
 from bertgpu.locks import check_free, output_lock
-from bertgpu.tasks import squad_job
 from bertgpu.tasks.finetune_output import (
     check_out,
     discard_unresumable,
@@ -84,7 +83,6 @@ from bertgpu.tasks.finetune_output import (
     run_identity,
     scaling_note,
 )
-from bertgpu.tasks.finetuning import JobRequest
 from bertgpu.tasks.init_model import (
     InitCheckpoint,
     build_model,
@@ -95,7 +93,7 @@ from bertgpu.tasks.init_model import (
     sequence_length,
     tokenizer_for,
 )
-from bertgpu.tasks.registry import task_module
+from bertgpu.tasks.job_request import JobRequest
 from bertgpu.tasks.request_key import request_key
 
 if TYPE_CHECKING:
@@ -127,6 +125,9 @@ def finetune(task: str, data: str | os.PathLike[str] | None, init: str | os.Path
     `dev_file` name them; classify and ner take `train_file` and `dev_file`, with the column
     names and `regression` as tasks/classify.py and tasks/ner.py describe. A run finished at
     `out` with the same init, data and settings is not run again unless `force`."""
+    from bertgpu.tasks import squad_job  # (the task modules import torch: not for --help)
+    from bertgpu.tasks.registry import task_module
+
     check_out(out)
     cfg = load_finetune_config(cfg, overrides)
     request = JobRequest(task, data=data, train_file=train_file, dev_file=dev_file,
@@ -427,6 +428,9 @@ def check_before_launch(args: argparse.Namespace, nproc: int) -> None:
     if args.init:  # the init folder and its tokenizer (the workers would each fail on it)
         tokenizer_for(str(args.init), args.config_from)
     if args.task:  # the task's own checks of its flags and files (tasks/registry.py)
+        from bertgpu.tasks import squad_job
+        from bertgpu.tasks.registry import task_module
+
         module = task_module(args.task)
         module.check_request(JobRequest(
             args.task, data=args.data, train_file=args.train_file, dev_file=args.dev_file,
