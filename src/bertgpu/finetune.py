@@ -79,6 +79,7 @@ from bertgpu.tasks.finetune_output import (
     finished_key,
     finished_run,
     note_replaced,
+    record_request_key,
     resumable,
     run_identity,
     scaling_note,
@@ -241,6 +242,8 @@ def _run_in_group(job_fn: Callable[[Any], tuple[Job, dict[str, Any]]], init: str
     key = finished_key(identity, bool(job.predict_test))
     done = _finished(out, key, "run_key", info, force)
     if done is not None:
+        if early and done.get("request_key") != early:  # rank 0: found here, not before encoding
+            done = record_request_key(out, done, early)
         return done
     if info.is_main:
         note_replaced(out, job.name)

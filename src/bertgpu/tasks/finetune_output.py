@@ -140,6 +140,38 @@ def finished_results(out: Path, key: str, field: str = "run_key") -> dict[str, A
     return results if isinstance(results, dict) and results.get(field) == key else None
 
 
+def record_request_key(out: Path, results: dict[str, Any], key: str) -> dict[str, Any]:
+    """`results` (OUT/results.json, this run finished by its `run_key`) with `key` as its
+    `request_key`, written back (atomically, nothing else changed) where the early check missed
+    it: results of an older bertgpu, without one, or of another number of processes. Else every
+    later run of the same command encoded its data again before it said there was nothing to do.
+    A results.json that cannot be rewritten stays as it is (a warning)."""
+    if "request_key" in results:  # (in place, else after run_key, as write_results puts it)
+        new = {**results, "request_key": key}
+    else:
+        new = {}
+        for name, value in results.items():
+            new[name] = value
+            if name == "run_key":
+                new["request_key"] = key
+        new.setdefault("request_key", key)
+    path = out / "results.json"
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(new, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        warnings.warn(f"{path}: could not record its request_key ({e.strerror or e}); the same "
+                      "command again encodes the data before it finds the run finished",
+                      stacklevel=2)
+        return results
+    except BaseException:  # a stop half-way: no results.json.tmp left beside it
+        tmp.unlink(missing_ok=True)
+        raise
+    return new
+
+
 def drop_checkpoints(work: Path) -> None:
     """A finished run's checkpoints (OUT.tmp/checkpoints), each unsealed before it goes
     (`fsutil.remove_dir`): a stop midway leaves incomplete folders, which a resume skips, never
