@@ -130,8 +130,8 @@ def _check_out(out: str | os.PathLike[str]) -> None:
                            "folder, not a GLUE output; expected a new folder, or an earlier "
                            "`bertgpu glue` output")
     theirs = [n for n in ("submission", "submission.zip") if (folder / n).exists()]
-    if theirs and not any((folder / n).is_file() for n in ("glue_results.json",
-                                                          glue_force.MARKER)):  # not ours
+    ours = ("glue_results.json", glue_force.MARKER, glue_force.WRITING)  # (glue_force.py)
+    if theirs and not any((folder / n).is_file() for n in ours):
         raise BertgpuError(f"{out}: holds {' and '.join(theirs)}, which no earlier `bertgpu glue` "
                            "wrote here (no glue_results.json) and which this command replaces "
                            "or removes; move them away, or choose another --out")
@@ -253,6 +253,7 @@ def _run(data_dir: str | os.PathLike[str], init: str | os.PathLike[str],
         summary["init_checkpoint"] = ckpt.record() if ckpt is not None else None
         if distributed.is_main():
             if predict_test:
+                glue_force.writing(out)
                 summary["submission"] = write_submission(out, runs)
             else:
                 remove_stale_submission(out)

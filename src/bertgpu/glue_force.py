@@ -10,6 +10,11 @@ other settings writes a marker of its own, and trains every run again.
 
 The table of the old settings (glue_results.json and .md) and their submission go when the
 --force run starts: `bertgpu report OUT` showed the old table as current beside new runs.
+
+Any --predict-test run writes OUT/glue_writing.json before its submission (`writing`), removed
+with the marker above once its table is written: a first run stopped between its submission and
+its table left them without a table, and the same command refused them as another's (glue
+refuses a submission/ or submission.zip no glue wrote, which it would replace or remove).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
     from bertgpu.tasks.init_model import InitCheckpoint
 
 MARKER = "glue_force.json"
+WRITING = "glue_writing.json"
 TABLE = ("submission.zip", "submission", "glue_results.json", "glue_results.md")
 """The earlier table's files, in the order they go: its json before its md, `bertgpu report`
 reading the json."""
@@ -98,6 +104,20 @@ def kept(results: Path, start: float | None, check: Callable[[Path, dict[str, An
     return True
 
 
+def writing(out: Path) -> None:
+    """Rank 0, before it writes OUT/submission/ and submission.zip: they are glue's until its
+    table is written (`finish`), which vouches for them from then on."""
+    path = out / WRITING
+    tmp = path.with_name(path.name + ".tmp")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps({
+        "note": "a `bertgpu glue --predict-test` run writing its submission and table, or "
+                "stopped while it did: the same command finishes them; removed once "
+                "glue_results.json is written"}, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def finish(out: Path) -> None:
-    """Rank 0, once the table is written: the marker goes (the next --force trains anew)."""
+    """Rank 0, once the table is written: the markers go (the next --force trains anew)."""
     (out / MARKER).unlink(missing_ok=True)
+    (out / WRITING).unlink(missing_ok=True)
