@@ -124,14 +124,21 @@ def _main(argv: list[str]) -> int:
         say(f"bertgpu: error: unknown command {name!r}; one of: {', '.join(COMMANDS)}")
         return 2
     outer, errors.running_command = errors.running_command, f"bertgpu {name}"
+    module = None
     try:
         # the command's module is imported inside: a stop while it imports torch (seconds)
         # printed a KeyboardInterrupt traceback (SIGINT) or died without a line (SIGTERM)
         with _warnings_as_lines(f"bertgpu {name}"), _sigterm_stops():
             module, parser, launches = _parser(name)
-            return _run(module, parser, name, rest, launches)
+            try:
+                return _run(module, parser, name, rest, launches)
+            except SystemExit as exc:  # argparse's error, said by OneLineParser
+                if exc.code and getattr(parser, "said", None):
+                    _tell_other_ranks(module, parser.said, rest)
+                raise
     except BertgpuError as exc:
         say(f"bertgpu {name}: error: {errors.one_line(exc)}")
+        _tell_other_ranks(module, errors.one_line(exc), rest)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (`_sigterm_stops`)
         sig = stop_signal(exc)
@@ -155,9 +162,24 @@ def _main(argv: list[str]) -> int:
         if line is None:  # not the user's file system saying no: a bug, keep its traceback
             raise
         say(f"bertgpu {name}: error: {line}")
+        _tell_other_ranks(module, line, rest)
         return 2
     finally:
         errors.running_command = outer
+
+
+def _tell_other_ranks(module: ModuleType | None, line: str, argv: list[str]) -> None:
+    """A rank of a multi-node job (torchrun's variables set) whose command stops before it
+    joined the process group (a bad option value on one node, a recipe that does not parse
+    there) gives the others its `line`, as the command's own start-up errors are given
+    (train/rank_agreement.hand_over): they stopped only at distributed.timeout_minutes. For a
+    command whose ranks all meet at start-up (`STARTUP_SHARED`); the timeout is the command
+    line's --distributed.timeout_minutes when it parses."""
+    if not getattr(module, "STARTUP_SHARED", False) or "WORLD_SIZE" not in os.environ:
+        return
+    from bertgpu.train.rank_agreement import hand_over, typed_timeout
+
+    hand_over(line, typed_timeout(argv))
 
 
 def _stop_behind(exc: BaseException) -> KeyboardInterrupt | None:
@@ -188,8 +210,12 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line as every other error of bertgpu's (argparse
     printed its whole usage first: up to 16 lines, the error last); the options are --help's."""
 
+    said: str | None = None
+    """The error line (without the program's name), for the other ranks of a job."""
+
     def error(self, message: str) -> NoReturn:
-        say(f"{self.prog}: error: {message} (the options: {self.prog} --help)")
+        self.said = f"{message} (the options: {self.prog} --help)"
+        say(f"{self.prog}: error: {self.said}")
         self.exit(2)
 
 

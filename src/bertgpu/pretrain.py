@@ -59,6 +59,7 @@ from bertgpu.train.run_folder import (
 
 ACCEPTS_OVERRIDES = True
 LAUNCHES_WORKERS = True
+STARTUP_SHARED = True  # every rank meets the others at start-up (train/startup_gate.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,8 +148,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 def check_config(cfg: Any) -> None:
     """What the config alone can refuse, before a process group, a shard or a model is made:
-    data.dir and out given, out a new folder or a run folder to resume, impl.device on this
-    machine."""
+    data.dir and out given, out new or a run folder to resume, impl.device on this machine."""
     if not cfg.out and not cfg.data.dir:
         raise BertgpuError("config: data.dir and out are not set; give --data DIR (made by "
                            "bertgpu prepare) and --out RUN_DIR, e.g. bertgpu pretrain "

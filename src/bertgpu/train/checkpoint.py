@@ -355,23 +355,25 @@ def load_resume(run_dir: Path, info: distributed.DistInfo
     broadcasts its step; the other ranks load that step. Every rank then stops with one line
     when one cannot open it, or opened another checkpoint of that step (its checksums differ:
     a run folder at the same path on a node's own disk): the run folder must be on a filesystem
-    shared by every node. One rank alone stopping left the others waiting in a collective."""
+    shared by every node. One rank alone stopping left the others waiting in a collective: any
+    error of rank 0's (an OSError or ValueError from a damaged file too) reaches the others as
+    "rank 0 cannot resume: TYPE: MESSAGE"."""
 
     run_dir = Path(run_dir)
     found, refused = None, None
     if info.is_main:
-        for line in recover_checkpoints(run_dir):
-            print(f"{run_dir}: {line}", flush=True)
         try:
+            for line in recover_checkpoints(run_dir):
+                print(f"{run_dir}: {line}", flush=True)
             found = resume_checkpoint(run_dir)
-        except BertgpuError as exc:  # every checkpoint damaged: the others wait for its step
-            if info.world_size == 1:
-                raise
+        except Exception as exc:  # every checkpoint damaged, or a file the OS fails to read
+            if info.world_size == 1:  # (OSError) or a library refuses (ValueError): the
+                raise  # others wait for its step, so they get its line
             refused = exc
     if info.world_size == 1:
         return found
     step, line = rank_agreement.rank_0s((int(found[0].name.split("_")[1]) if found else -1,
-                                         None if refused is None else errors.one_line(refused)))
+                                         None if refused is None else _said(refused)))
     if line is not None:
         raise refused or BertgpuError(f"rank 0 cannot resume: {line}")
     if step < 0:
@@ -382,10 +384,17 @@ def load_resume(run_dir: Path, info: distributed.DistInfo
         try:
             found = (path, *load_checkpoint(path)) if (path / COMPLETE).is_file() else None
             problem = None if found else f"{path} is not there"
-        except BertgpuError as exc:
-            problem = errors.one_line(exc)
+        except Exception as exc:  # noqa: BLE001 - said by every rank, in one line
+            problem = _said(exc)
     rank_agreement.same_checkpoint(found[0] if found else None, problem, info)
     return found
+
+
+def _said(exc: Exception) -> str:
+    """`exc` in one line: a BertgpuError's own, any other's type and message."""
+    if isinstance(exc, BertgpuError):
+        return errors.one_line(exc)
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def capture_rng() -> tuple[Any, ...]:

@@ -157,9 +157,12 @@ def init_distributed(device_pref: str = "auto", timeout_minutes: float | None = 
             # "device id unknown" barrier warning.
             kwargs["device_id"] = torch.device(device)
         from bertgpu.testing import faults
+        from bertgpu.train import startup_gate
 
         with stop_ends_setup(rank):
             faults.delay_setup(rank)  # the test double (testing/faults.py): off unless set
+            if not alone:  # every rank's start-up went well, or all stop (train/startup_gate.py)
+                kwargs["store"] = startup_gate.store_for_group(rank, world_size, minutes)
             dist.init_process_group(**kwargs)
     return DistInfo(rank, world_size, local_rank, device, backend, local_world)
 

@@ -7,11 +7,13 @@ a collective until distributed.timeout_minutes. One that failed a start-up check
 lock, a bad override) exited at once while the others waited in init_process_group for the
 whole timeout and died of a store timeout that named no cause. So, at start-up:
 
-- `startup_shared`: a rank whose start-up fails under a multi-process launch still joins the
-  process group and hands its one line to the others, which stop with it
-  ("rank 1 stopped at start-up: ...") instead of waiting out the timeout.
+- `startup_shared` (and cli.py for what fails before the command's main, an argparse error
+  included): a rank whose start-up fails under a multi-process launch hands its one line to the
+  others through the rendezvous store (train/startup_gate.py: no device, no backend), and they
+  stop with it ("rank 1 stopped at start-up: ...") instead of waiting out the timeout.
 - `agree`: right after the group exists, every rank all-gathers what it will train (its config,
-  less what may differ per machine, and its shard set's identity); any difference from rank 0's
+  less what may differ per machine, its shard set's identity and its --init model's, not their
+  paths); any difference from rank 0's
   stops every rank with the same line. Then rank 0 writes a token into the run folder that every
   other rank must read back: `--out` is one folder every node sees (a fresh run with another
   --out per node trained, a stale run folder at the same path on a node's disk was resumed).
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError, one_line
-from bertgpu.train import distributed
+from bertgpu.train import distributed, startup_gate
 from bertgpu.train.run_folder import SHARED_CHECK
 
 PER_MACHINE = ("out", "data.dir", "impl.num_workers")
@@ -42,8 +44,6 @@ shards (their identity is compared instead), and this process's loader workers."
 SAME_COMMAND = "every machine must run the same command and recipe"
 SHARED_OUT = ("--out must be one folder every node sees (on a shared filesystem), not a folder "
               "of the same name on each machine")
-_met: dict[str, bool] = {"group": False}  # this process reached `agree`: later errors are not
-#     start-up errors, every rank meets them in its own collectives
 
 
 class _Startup:
@@ -65,39 +65,55 @@ def startup_shared() -> Iterator[_Startup]:
     waited in init_process_group for distributed.timeout_minutes. Set `.cfg` once the config is
     read: its device, timeout and strategy make the same group as the others'."""
     startup = _Startup()
-    _met["group"] = False
+    startup_gate.reset()
     try:
         yield startup
     except BertgpuError as exc:
-        if _launched() and not _met["group"]:
-            _hand_over(exc, startup.cfg)
+        cfg = startup.cfg
+        hand_over(one_line(exc), cfg.distributed.timeout_minutes if cfg is not None else None)
         raise
 
 
-def _hand_over(exc: BertgpuError, cfg: Any) -> None:
-    """Join the group and give the others `exc`'s line. Best effort: a group this rank cannot
-    make (no device of the config's kind, a rendezvous that fails) leaves only its own line."""
-    d = cfg.distributed if cfg is not None else None
+def hand_over(line: str, timeout_minutes: float | None) -> None:
+    """Under a multi-process launch, a rank that stops before it joined the group gives the
+    others its `line` through the rendezvous store, as they wait to make the group (a rank past
+    that point meets the others' errors in its collectives: nothing to do). No device and no
+    backend are needed, so this works without the config (cfg None: an argparse error, a recipe
+    that does not parse), on a GPU node of a CPU job, or on a node without the job's GPU. Best
+    effort: a rendezvous that fails leaves only its own line."""
+    if not _launched() or startup_gate.said():
+        return
+    minutes = distributed.DEFAULT_TIMEOUT_MINUTES if timeout_minutes is None else timeout_minutes
     try:
-        with distributed.process_group(cfg.impl.device if cfg is not None else "auto",
-                                       d.timeout_minutes if d else None,
-                                       strategy=d.strategy if d else "ddp"):
-            distributed.gather_objects({"error": one_line(exc)})
+        startup_gate.hand_over(line, float(minutes))
     except Exception:  # noqa: BLE001 - its own error, raised by the caller, says the rest
         pass
+
+
+def typed_timeout(words: list[str]) -> float | None:
+    """--distributed.timeout_minutes as typed among command-line `words` (the last wins), or
+    None: how long a rank whose command line did not parse waits to hand its line over."""
+    found = None
+    for i, word in enumerate(words):
+        name, eq, text = word.partition("=")
+        if name == "--distributed.timeout_minutes":
+            found = text if eq else (words[i + 1] if i + 1 < len(words) else None)
+    try:
+        return float(found) if found is not None and float(found) > 0 else None
+    except ValueError:
+        return None
 
 
 def agree(cfg: Any, info: distributed.DistInfo, allow_data_change: bool) -> None:
     """Every rank, right after the process group exists: stop them all, with one line, when a
     rank failed its start-up (`startup_shared`) or will train anything else than rank 0 (the
     first few differing keys, with both values), then check that they share the run folder."""
-    _met["group"] = True
     if info.world_size == 1:
         return
     own = None
     try:
         mine: dict[str, Any] = {"recipe": describe(cfg, allow_data_change), "out": str(cfg.out),
-                                "data": str(cfg.data.dir)}
+                                "data": str(cfg.data.dir), "init": str(cfg.init)}
     except BertgpuError as exc:
         own, mine = exc, {"error": one_line(exc)}
     everyone = distributed.gather_objects(mine)
@@ -113,7 +129,9 @@ def agree(cfg: Any, info: distributed.DistInfo, allow_data_change: bool) -> None
 
 def describe(cfg: Any, allow_data_change: bool) -> dict[str, Any]:
     """What this rank will train, flat: every config key but `PER_MACHINE`, the shard set's
-    identity (its manifest.json's sha256, as checkpoints record it) and --allow-data-change."""
+    identity (its manifest.json's sha256, as checkpoints record it), --init's model's identity
+    in place of its path (`init_identity`: a published model mounted at another path on each
+    node is the same model) and --allow-data-change."""
     from bertgpu.config import overrides
     from bertgpu.telemetry.sinks import flatten_config
 
@@ -127,6 +145,8 @@ def describe(cfg: Any, allow_data_change: bool) -> dict[str, Any]:
     flat = flatten_config(overrides.config_to_dict(cfg))
     described = {k: v for k, v in flat.items() if k not in PER_MACHINE}
     described["shard set"] = shard_set
+    if cfg.init:
+        described["init"] = init_identity(cfg.init)
     described["allow-data-change"] = bool(allow_data_change)
     return described
 
@@ -161,6 +181,9 @@ def _item(key: str, described: dict[str, Any]) -> tuple[str, str]:
     if key == "shard set":
         shown = f"(--data {described['data']}, its manifest.json sha256 {str(value)[:12]})"
         return f"shard set {shown}", shown
+    if key == "init" and value is not None:
+        shown = f"(--init {described['init']}, its model digest {str(value)[:12]})"
+        return f"init model {shown}", shown
     shown = "unset" if key not in described["recipe"] else _shown(value)
     return f"--{key} {shown}", shown
 
@@ -199,6 +222,35 @@ def _check_shared_folder(run_dir: Path, info: distributed.DistInfo,
         where = f"its --out {theirs}" + (f", rank 0's {ours}" if theirs != ours else "")
         raise BertgpuError(f"rank {rank} does not see the run folder rank 0 writes ({where}: "
                            f"{seen}); {SHARED_OUT}")
+
+
+_SAMPLE = 1 << 20  # bytes hashed at each end of a weights file
+
+
+def init_identity(init: str) -> str:
+    """What identifies `--init`'s model wherever it is mounted: a sha256 over the files of the
+    folder it resolves to (a run folder's newest good checkpoint), each by name, size and its
+    first and last MiB (config.json and a checkpoint's checksums.json, smaller, whole). Two
+    copies of one model agree; two models differ (their weights' bytes at both ends, their
+    config or, for checkpoints, their checksums), without reading gigabytes of weights."""
+    from bertgpu.models.hf_io import resolve_checkpoint_folder
+
+    folder = resolve_checkpoint_folder(init)
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            size = path.stat().st_size
+            digest.update(f"{path.name}\0{size}\0".encode())
+            with path.open("rb") as f:
+                digest.update(f.read(_SAMPLE))
+                if size > 2 * _SAMPLE:
+                    f.seek(size - _SAMPLE)
+                digest.update(f.read(_SAMPLE))
+    except OSError as e:
+        raise BertgpuError(f"{folder}: cannot read the --init model ({e.strerror}); expected a "
+                           "folder this machine sees (a shared folder or an identical copy)"
+                           ) from None
+    return digest.hexdigest()
 
 
 def rank_0s(obj: Any) -> Any:
