@@ -42,7 +42,8 @@ is refused in one line and nothing is written (inputs without plots, such as `be
 
 The package: ``inputs`` (reading and the run summary), ``sections`` (runs, fine-tuning, GLUE),
 ``bench_results`` (bench result files), ``formats`` (numbers in tables), ``quality`` (bench
-quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``finetune_scaling``
+quality), ``system`` (GPUs and ranks), ``plots`` (matplotlib helpers), ``fonts`` (a fallback
+font for characters matplotlib's default lacks, such as CJK run names), ``finetune_scaling``
 (bench finetune-scaling), ``render`` (markdown, HTML).
 """
 
@@ -57,6 +58,7 @@ from bertgpu.fsutil import check_output_folder, make_scratch, remove_marked, rep
 from bertgpu.locks import output_lock
 from bertgpu.report.bench_results import bench_section
 from bertgpu.report.finetune_scaling import study_blocks
+from bertgpu.report.fonts import glyph_notice
 from bertgpu.report.inputs import Source, load_sources
 from bertgpu.report.quality import quality_blocks
 from bertgpu.report.render import Block, render_html, render_markdown
@@ -115,7 +117,8 @@ def build_report(paths: list[Path], out: Path, fmt: str = "md") -> Path:
     _unique_names(sources)
 
     # one report at a time writes OUT (through OUT.tmp): two crashed on each other's files
-    with output_lock(out, "bertgpu report"):
+    # (the characters no installed font has: one line for the whole report, report/fonts.py)
+    with output_lock(out, "bertgpu report"), glyph_notice():
         return _write(sources, notes, out, fmt)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bertgpu.errors import BertgpuError
+from bertgpu.report.fonts import fit_fonts, quiet_glyphs
 from bertgpu.report.inputs import Source, num, series
 
 _DPI = 120
@@ -45,8 +46,12 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, folder: Path, name: str) -> str:
-    fig.tight_layout()
-    fig.savefig(folder / name, dpi=_DPI)
+    """Lay out and write ``fig``: text its font cannot draw (CJK run names) in an installed font
+    that can, or one notice for the report (`fonts`), never matplotlib's warning per glyph."""
+    fit_fonts(fig)
+    with quiet_glyphs():
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=_DPI)
     pyplot().close(fig)
     return name
 
