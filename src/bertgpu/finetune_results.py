@@ -3,7 +3,6 @@ renamed to OUT, its checkpoints removed (finetune.py runs it once the loop has e
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from bertgpu.tasks.finetune_output import (
     device_name,
     drop_checkpoints,
     is_finetune_output,
+    json_text,
     metric_text,
 )
 
@@ -77,7 +77,7 @@ def write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, 
         "torch_version": torch.__version__, "bertgpu_version": __version__,
     }
     tmp = work / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(json_text(results, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     os.replace(tmp, work / "results.json")
     drop_checkpoints(work)
     replace_dir(work, out, replaces=is_finetune_output, what=FINETUNE_OUTPUT)

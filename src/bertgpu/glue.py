@@ -32,6 +32,7 @@ from bertgpu import glue_force, glue_reuse
 from bertgpu.config.sections import seed_number
 from bertgpu.errors import BertgpuError
 from bertgpu.glue_protocol import other_settings, peak_lr, protocol_text, subset_text
+from bertgpu.tasks.finetune_output import json_text
 from bertgpu.tasks.glue import remove_stale_submission, write_submission
 
 ACCEPTS_OVERRIDES = True
@@ -463,7 +464,7 @@ def write_table(summary: dict[str, Any], out: Path) -> None:
     between leaves the json without its md, which the next `glue` writes from it."""
     out.mkdir(parents=True, exist_ok=True)
     md = render_markdown(summary)
-    files = (("glue_results.json", json.dumps(summary, indent=2, allow_nan=False) + "\n"),
+    files = (("glue_results.json", json_text(summary, indent=2, allow_nan=False) + "\n"),
              ("glue_results.md", md))
     for name, text in files:
         (out / (name + ".tmp")).write_text(text, encoding="utf-8")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertgpu.errors import BertgpuError
+from bertgpu.tasks.finetune_output import json_text
 from bertgpu.tasks.finetuning import EvalSet, Job, JobRequest, encode_pairs, gold_labels
 from bertgpu.tasks.tables import (
     Fields,
@@ -279,7 +280,7 @@ def _write_predictions(path: Path, dev: list[Example], logits: np.ndarray,
         else:
             gold = classes[int(ex.label or 0)]
             pred = classes[int(np.argmax(row))] if finite else None
-        lines.append(json.dumps({"id": ex.guid, "label": gold, "prediction": pred}))
+        lines.append(json_text({"id": ex.guid, "label": gold, "prediction": pred}))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     os.replace(tmp, path)

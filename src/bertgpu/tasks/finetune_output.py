@@ -25,6 +25,20 @@ if TYPE_CHECKING:
 FINETUNE_OUTPUT = "a fine-tuning output folder (the fine-tuned model and results.json)"
 
 
+def json_text(value: Any, **kwargs: Any) -> str:
+    """JSON of an output a user reads (results.json, predictions.jsonl, glue_results.json) as
+    UTF-8 text: a label "正面", not "\\u6b63\\u9762", as SQuAD's predictions.json and the
+    tokenizer files; readers parse either form to the same values (old files stay good). Escaped
+    as before where it holds what UTF-8 cannot encode (a lone surrogate: a file name's
+    undecodable bytes, a JSON "\\ud800" label)."""
+    text = json.dumps(value, ensure_ascii=False, **kwargs)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, **kwargs)
+    return text
+
+
 def is_finetune_output(folder: Path) -> bool:
     """An earlier fine-tuning output, which a new run to the same --out replaces."""
     return (Path(folder) / "results.json").is_file()
@@ -158,7 +172,7 @@ def record_request_key(out: Path, results: dict[str, Any], key: str) -> dict[str
     path = out / "results.json"
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(new, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json_text(new, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
