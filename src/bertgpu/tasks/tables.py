@@ -91,6 +91,47 @@ def _missing(path: Path, line: int, what: str, name: str, flag: str,
                         f"expected {flag} to name one")
 
 
+_SENTENCE_MARKS = frozenset(",!?;，。！？；：、")
+
+
+def _data_cell(header: list[str]) -> str | None:
+    """A cell of a first line that reads as a row of data, not column names: a number (a
+    label: "1"), or text with spaces or sentence punctuation, or over 40 characters (a
+    sentence: "喜欢打篮球的男生喜欢什么样的女生？"). Column names are short words ("text",
+    "sentence1", "标签"); asked only when a named column is missing, so a guess wrong either way
+    changes only which hint the error gives."""
+    for cell in header:
+        try:
+            float(cell)
+            return f"{cell!r} is a number"
+        except ValueError:
+            pass
+        if (len(cell) > 40 or any(c.isspace() for c in cell)
+                or any(c in _SENTENCE_MARKS for c in cell)):
+            return f"{cell[:40] + ('...' if len(cell) > 40 else '')!r} reads as a text"
+    return None
+
+
+def _headerless(path: Path, name: str, data: str, columns: Mapping[str, str], width: int,
+                kind: str) -> BertgpuError:
+    """The error of a first line that looks like data (`_data_cell`): the file needs a header
+    line, e.g. one of the columns asked for (with a pair column for a three-column file asked
+    for a text and a label: a sentence pair per row)."""
+    roles = ("--text-field", "--text-pair-field", "--label-field")  # the example's order
+    names = sorted(columns, key=lambda n: roles.index(columns[n]) if columns[n] in roles else 3)
+    pair = (width == 3 and len(names) == 2
+            and set(columns.values()) == {"--text-field", "--label-field"})
+    if pair:
+        names.insert(1, "text_b")
+    sep = "<TAB>" if kind == "tsv" else ","
+    return BertgpuError(
+        f"{path}:1: no column {name!r}: the first line is read as the header naming the "
+        f"columns, and it looks like data ({data}); expected a header line first, e.g. "
+        f"'{sep.join(names)}'" + (" with --text-pair-field text_b (a sentence pair per row)"
+                                  if pair else "" if width == len(names)
+                                  else f" (one name per column, {width} here)"))
+
+
 def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
                     ) -> Iterator[tuple[int, dict[str, Any]]]:
     if kind == "tsv":  # quoting off, as GLUE's files: a stray quote must not glue rows together
@@ -105,6 +146,9 @@ def _delimited_rows(path: Path, f: Any, columns: Mapping[str, str], kind: str
     header = [h.strip() for h in header]
     for name, flag in columns.items():
         if name not in header:
+            data = _data_cell(header)
+            if data is not None:  # a file without a header line (CLUE's LCQMC and AFQMC)
+                raise _headerless(path, name, data, columns, len(header), kind)
             raise _missing(path, 1, "column", name, flag, header)
         if header.count(name) > 1:
             raise BertgpuError(f"{path}:1: the header names column {name!r} "
