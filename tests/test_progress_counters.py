@@ -96,7 +96,7 @@ def test_watch_reads_the_budget_clock(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_resume_with_more_steps_warns_that_the_lr_jumps(shards, tmp_path, capsys):
-    """A run finished at step 6 of 6 (lr 0 next) re-run with train.max_steps 12 resumes at
+    """A run finished at step 6 of 6 re-run with train.max_steps 12 resumes at
     progress 0.5, back at a high lr, and used to say only that the setting changed. One
     warning now names the old and new value and the lr's jump; its new lr is the one step 7
     logs. Resuming with the same length says nothing of the kind."""
@@ -107,10 +107,12 @@ def test_a_resume_with_more_steps_warns_that_the_lr_jumps(shards, tmp_path, caps
     err = capsys.readouterr().err
     notes = [x for x in err.splitlines() if "re-stretched" in x]
     lr = next(r["lr"] for r in _train_records(run) if r["step"] == 7)
+    last = next(r["lr"] for r in _train_records(run) if r["step"] == 6)  # the old run's
     assert notes == [f"bertgpu pretrain: warning: train.max_steps 6 -> 12: the lr schedule is "
                      f"re-stretched to the new length, so at step 6 its progress goes from "
-                     f"100.0% to 50.0% and the lr of step 7 jumps from 0 to {lr:.3g}; give the "
-                     "old value to go on with the schedule as it was"], err
+                     f"100.0% to 50.0% and the lr jumps from {last:.3g} (step 6's, the last the "
+                     f"old run took) to {lr:.3g} (step 7's); give the old value to go on with the "
+                     "schedule as it was"], err
     # The same length again (as after a crash past the step-9 checkpoint): no warning.
     shutil.rmtree(run / "checkpoints" / "step_12")
     assert main(_args(shards, run, "--train.max_steps", "12", *common)) == 0
@@ -127,7 +129,8 @@ def test_a_resume_with_a_larger_budget_warns_that_the_lr_jumps(shards, tmp_path,
     assert len(notes) == 1 and re.fullmatch(
         r"bertgpu pretrain: warning: train\.budget_hours 0\.0002 -> 0\.0004: the lr schedule is "
         r"re-stretched to the new length, so at step \d+ its progress goes from 100\.0% to "
-        r"5\d\.\d% and the lr of step \d+ jumps from 0 to \S+; give the old value to go on with "
+        r"5\d\.\d% and the lr jumps from \S+ \(step \d+'s, the last the old run took\) to \S+ "
+        r"\(step \d+'s\); give the old value to go on with "
         r"the schedule as it was", notes[0]), notes
 
 
@@ -137,7 +140,7 @@ def test_a_checkpoint_that_predates_the_stored_max_steps_is_read_from_its_config
     schedule = Schedule(peak_lr=1e-3, warmup_fraction=0.0, max_steps=12)
     note = length_change_note({"budget": None}, tmp_path, schedule, 6, 0.5, None)
     assert note is not None and note.startswith("train.max_steps 6 -> 12: ")
-    assert "jumps from 0 to 0.0005;" in note
+    assert "(step 6's, the last the old run took) to 0.0005 (step 7's);" in note
     assert length_change_note({"budget": None, "max_steps": 12}, tmp_path, schedule, 6, 0.5,
                               None) is None
     assert length_change_note({"budget": None}, tmp_path / "none", schedule, 6, 0.5, None) is None

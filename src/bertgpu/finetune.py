@@ -300,7 +300,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     from bertgpu.config.finetune import as_sections, doc_stride_note
     from bertgpu.config.sections import resolved_unpad
     from bertgpu.models.hf_export import save_pretrained
-    from bertgpu.tasks.finetune_output import warn_left_out
+    from bertgpu.tasks.finetune_output import warn_batch_over_set, warn_left_out
     from bertgpu.tasks.finetuning import FinetuneTask, steps_per_epoch
     from bertgpu.telemetry import flops, run_logger
     from bertgpu.train import distributed, loop, readback, schedule
@@ -321,6 +321,7 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     model = model.to(torch.device(info.device))  # then padding-free on CUDA in bf16/fp16
     model.unpad_enable(resolved_unpad(sec.impl.unpad, info.device, sec.train.precision))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
+    warn_batch_over_set(job, cfg, lr, world, say=info.is_main)  # lr kept: scaled for cfg's batch
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
                                  impl=sec.impl, dist=sec.distributed)
     engine.advice = readback.FINETUNING_ADVICE  # its options, if it diverges

@@ -353,7 +353,8 @@ def batch_fixes(batch: int, micro: int, world: int, flag: str = "--train.global_
     """What divides: every device takes an equal share of each step's `batch` sequences, in whole
     micro batches. When `world` shares `batch`, a micro batch that divides the share; otherwise
     the nearest multiples of `world`, each with the largest micro batch up to `micro` that
-    divides its share; then the nearest multiples of `micro` x `world` (the micro batch kept).
+    divides its share; then the nearest multiples of `micro` x `world` (the micro batch kept),
+    unless `micro` is 1: those are the multiples of `world` already named.
     `flag` and `micro_flag` name the two settings (fine-tuning's are flat)."""
     per_step = micro * world
     if batch % world == 0:
@@ -361,15 +362,21 @@ def batch_fixes(batch: int, micro: int, world: int, flag: str = "--train.global_
         head = (f"a micro batch that divides the {share} sequences per device, e.g. "
                 f"{micro_flag} {divisor_up_to(share, micro)}")
     else:
-        pairs = [(b, divisor_up_to(b // world, micro)) for b in
-                 (batch - batch % world, batch - batch % world + world) if b > 0]
+        near = _nearest(batch, world)
         head = (f"a global batch that the {world} devices share equally (a multiple of {world}) "
-                "in whole micro batches, e.g. " + ", ".join(
-                    f"{flag} {b}" + (f" {micro_flag} {m}" if m != micro else "")
-                    for b, m in pairs))
-    kept = [b for b in (batch - batch % per_step, batch - batch % per_step + per_step) if b > 0]
+                "in whole micro batches, e.g. ")
+        if micro == 1:  # the multiples of micro x world are these: each said once (it said twice)
+            return head + " or ".join(f"{flag} {b}" for b in (
+                near if len(near) > 1 else (world, 2 * world)))
+        head += ", ".join(f"{flag} {b}" + (f" {micro_flag} {m}" if m != micro else "")
+                          for b, m in ((b, divisor_up_to(b // world, micro)) for b in near))
     return f"{head}, or a multiple of {per_step} for micro batch {micro}: {flag} " + " or ".join(
-        map(str, kept))
+        map(str, _nearest(batch, per_step)))
+
+
+def _nearest(batch: int, step: int) -> list[int]:
+    """The positive multiples of `step` nearest `batch`, below and above."""
+    return [b for b in (batch - batch % step, batch - batch % step + step) if b > 0]
 
 
 def one_warmup(schedule: ScheduleSection, table: dict[str, Any], line_keys: set[str]) -> None:

@@ -295,3 +295,22 @@ def warn_left_out(job: Job, global_batch_size: int, world_size: int, say: bool =
                       f"left out: a step takes at least one per device ({world_size}); a "
                       f"global_batch_size that leaves none, or fewer devices, keeps them",
                       stacklevel=2)
+
+
+def warn_batch_over_set(job: Job, cfg: Any, lr: float, world_size: int, say: bool = True) -> None:
+    """The start-up warning of a global batch larger than the training set: every step then holds
+    the whole set, fewer sequences than the batch the start-up table, results.json and the GLUE
+    protocol name, and an lr scaled by --lr_scaling was scaled for that batch, not the one
+    trained (pretraining warns alike: loaders.repeats_note). The lr stays as configured, so that
+    results do not change silently; the warning names the batch that would train as said."""
+    n, g = len(job.train), cfg.global_batch_size
+    if g <= n or not say:
+        return
+    unit = world_size * (cfg.micro_batch_size or 1)  # the largest batch <= n that check_batch takes
+    fit = n // unit * unit or n // world_size * world_size
+    scaled = "" if cfg.lr_scaling == "none" else (
+        f", and the lr {lr:.3g} ({cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch "
+        f"{cfg.reference_batch_size}) is scaled for a batch of {g}")
+    warnings.warn(f"{job.name}: --global_batch_size {g} > the {n:,} training sequences: every "
+                  f"step holds all {n:,} of them, not {g}{scaled}; --global_batch_size {fit} or "
+                  "smaller trains at the batch it names", stacklevel=2)

@@ -203,9 +203,11 @@ def length_change_note(state: dict[str, Any], checkpoint: Path, schedule: Any, s
     checkpoint (`state`, in folder `checkpoint`) was trained for: train.max_steps in step mode,
     train.budget_hours in budget mode (or a switch between the two). The lr is a function of
     progress (step / max_steps, or the budget clock / budget), so the progress at the resumed
-    step jumps and the lr with it: a run finished at step 1000 of 1000 (lr 0) and given 2000
+    step jumps and the lr with it: a run finished at step 1000 of 1000 (lr near 0) and given 2000
     resumes at progress 0.5, back at a high lr. Maybe what the user wants, never silently: the
-    warning names the old and the new value, and the progress and lr of the next step under each.
+    warning names the old and the new value, and the progress and lr of the next step under each;
+    for a finished run, whose next step never ran, the "from" lr is that of its last step (the
+    old schedule's lr at progress 1, 0 under a linear decay, is an lr no step ran at).
     `schedule`, `progress` and `budget_s` are the resumed run's (`budget_s` None in step mode).
     None when the length is the same, or when the checkpoint does not say what it was (one
     written before it stored max_steps, without a config.toml)."""
@@ -230,10 +232,34 @@ def length_change_note(state: dict[str, Any], checkpoint: Path, schedule: Any, s
         return None  # a step run's checkpoint that does not say its max_steps
     old = _old_schedule(checkpoint, dataclasses.replace(
         schedule, max_steps=int(old_steps or 0), budget_mode=old_budget is not None))
-    return (f"{knob}: the lr schedule is re-stretched to the new length, so at step {step} its "
-            f"progress goes from {before:.1%} to {progress:.1%} and the lr of step {step + 1} "
-            f"jumps from {old.lr(before, step):.3g} to {schedule.lr(progress, step):.3g}; give "
-            "the old value to go on with the schedule as it was")
+    head = (f"{knob}: the lr schedule is re-stretched to the new length, so at step {step} its "
+            f"progress goes from {before:.1%} to {progress:.1%} and the lr")
+    tail = "; give the old value to go on with the schedule as it was"
+    new_lr = schedule.lr(progress, step)
+    if before < 1.0:  # the old run gave step + 1 this lr (it may have taken it before a stop)
+        return (f"{head} of step {step + 1} jumps from {old.lr(before, step):.3g} to "
+                f"{new_lr:.3g}{tail}")
+    last = _last_lr(state, old, step, int(old_steps or 0), clock is not None)
+    if last is None:  # a budget run's sharded checkpoint: its last step's progress is unknown
+        return (f"{head} of step {step + 1} is {new_lr:.3g}, after the old run ended its "
+                f"schedule{tail}")
+    return (f"{head} jumps from {last:.3g} (step {step}'s, the last the old run took) to "
+            f"{new_lr:.3g} (step {step + 1}'s){tail}")
+
+
+def _last_lr(state: dict[str, Any], old: Any, step: int, old_steps: int,
+             budget: bool) -> float | None:
+    """The lr of step `step`, the last a finished run took: its old schedule's at the progress
+    before that step in step mode; in budget mode (that progress is a clock the checkpoint does
+    not keep) the lr its optimizer state holds, set for that step, where the state is in
+    `state` (not in a sharded checkpoint)."""
+    from bertgpu.train.schedule import progress_from_steps
+
+    if not budget:
+        return old.lr(progress_from_steps(step - 1, old_steps), step - 1)
+    groups = (state.get("optimizer") or {}).get("param_groups") or [{}]
+    lr = groups[0].get("lr")
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
 
 
 def _old_schedule(checkpoint: Path, schedule: Any) -> Any:
