@@ -390,7 +390,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(vocab.txt or tokenizer.json), or a bertgpu run folder (its "
                              "tokenizer/): the vocabulary of a model to continue pretraining")
     parser.add_argument("--out", required=True, metavar="DATADIR",
-                        help="output folder (new or empty), or a URL (s3://bucket/data/, ...)")
+                        help="output folder: new or empty, or this command's earlier output "
+                             "(the same corpus and settings: nothing to do; others: an error), "
+                             "or a URL (s3://bucket/data/, ...)")
     parser.add_argument("--seq-len", type=int, default=128,
                         help="tokens per sequence incl. [CLS]/[SEP] (default 128)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="mlm",

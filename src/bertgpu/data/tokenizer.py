@@ -366,7 +366,8 @@ def _write_folder(tok, folder: Path, lowercase: bool, strip_accents: bool | None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_corpus_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="output folder (must not exist or be empty)")
+                        help="output folder: new or empty, or this command's earlier output "
+                             "(the same corpus and settings: nothing to do; others: an error)")
     parser.add_argument("--vocab-size", type=int, default=30522,
                         help="vocabulary size, never exceeded: when the alphabet (each "
                              "character and its ## piece) does not fit, the most frequent "
