@@ -34,7 +34,8 @@ def write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, 
     data (`load_data_seconds`: reading and encoding), model and engine; `train_seconds` the
     training steps (host batch building included: `data_wait_seconds`); `eval_seconds` every
     dev evaluation (sharded forward, gather, scoring); per epoch, `epochs[i].train_seconds` is
-    the cumulative train time at that evaluation and `epochs[i].eval_seconds` its own time."""
+    the cumulative train time at that evaluation and `epochs[i].eval_seconds` its own time.
+    `best` is the epoch with the highest dev score, the earliest of epochs tied on it."""
     import torch
 
     from bertgpu import __version__
@@ -46,6 +47,7 @@ def write_results(job: Job, task: Any, loop: Any, result: Any, extra: dict[str, 
     history = task.history
     train_s = task.train_seconds()  # the steps before a resume included
     final = history[-1]
+    # the highest dev score; of tied epochs the earliest (max keeps the first maximum)
     best = max(history, key=lambda r: r["score"])
     # GLUE's results-table columns: each split's own score (the job's primary score of that split).
     columns = {ev.column: job.primary({ev.name: final["metrics"][ev.name]})
