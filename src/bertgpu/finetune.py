@@ -321,7 +321,6 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
     model = model.to(torch.device(info.device))  # then padding-free on CUDA in bf16/fp16
     model.unpad_enable(resolved_unpad(sec.impl.unpad, info.device, sec.train.precision))
     lr = peak_lr(cfg)  # after --lr_scaling; cfg.lr stays the lr as given (results.json: both)
-    warn_batch_over_set(job, cfg, lr, world, say=info.is_main)  # lr kept: scaled for cfg's batch
     engine, timer = build_engine(model, info, lr=lr, train=sec.train, optim=sec.optim,
                                  impl=sec.impl, dist=sec.distributed)
     engine.advice = readback.FINETUNING_ADVICE  # its options, if it diverges
@@ -336,7 +335,8 @@ def _build_loop(job: Job, model: Any, cfg: FinetuneConfig, info: Any, pad_id: in
         if resume is None:  # one left over from an interrupted run is removed
             make_scratch(work, work.with_name(work.name.removesuffix(".tmp")))
         work.mkdir(parents=True, exist_ok=True)
-    distributed.barrier()
+    distributed.barrier()  # the warnings once --out is known to be a place this run can write
+    warn_batch_over_set(job, cfg, lr, world, say=info.is_main)  # lr kept: scaled for cfg's batch
     schedule.warn_warmup(sec.schedule, sec.train, lr, say=info.is_main, knobs=schedule.FINETUNE)
     note = lamb_note(sec.optim, keys=("optimizer", "weight_decay"))  # LAMB that is AdamW
     if note and info.is_main:
