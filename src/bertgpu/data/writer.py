@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from bertgpu.data.manifest import Manifest
+from bertgpu.errors import BertgpuError
 from bertgpu.fsutil import is_scratch, make_scratch, remove_marked, replace_dir
 
 SPLITS = ("train", "validation")
@@ -93,6 +94,7 @@ class ShardWriter:
         self.on_file = on_file  # called with each finished .npy file
         self.seq_len, self.dtype, self.shard_size = seq_len, np.dtype(dtype), shard_size
         self.dtypes = {"input_ids": self.dtype, "lengths": np.dtype(np.int32)}
+        self.id_limit = int(np.iinfo(self.dtype).max)  # a larger id would wrap: 70000 -> 4464
         if nsp:
             self.dtypes.update(token_type_ids=np.dtype(np.uint8), nsp_labels=np.dtype(np.uint8))
         if word_starts:
@@ -105,9 +107,18 @@ class ShardWriter:
     def _name(self) -> str:
         return f"{self.prefix}-{len(self.shards):05d}"
 
+    def check_ids(self, ids: np.ndarray) -> None:
+        """Refuse token ids this writer's dtype cannot hold, which a cast would wrap silently
+        (prepare picks uint32 for a vocabulary over 65535, so this is a bug's sign)."""
+        if ids.size and not np.can_cast(ids.dtype, self.dtype) and ids.max() > self.id_limit:
+            raise BertgpuError(f"token id {int(ids.max())} does not fit the shards' {self.dtype} "
+                               f"(ids up to {self.id_limit}); expected ids below the vocabulary "
+                               "size the dtype was chosen for")
+
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """Append rows: ``arrays`` holds every key of this writer,
         all with the same number of rows."""
+        self.check_ids(arrays["input_ids"])
         lengths = arrays["lengths"]
         done = 0
         while done < len(lengths):
@@ -183,6 +194,7 @@ class Packer:
         """One unit's tokens (int32) and, with flags, its word starts (uint8)."""
         if tokens.size == 0:
             return
+        self.writer.check_ids(tokens)  # (the rows below are made in the writer's dtype)
         sep = self.started and not joins
         buf = np.concatenate([self.carry, np.array([self.sep], np.int32), tokens] if sep
                              else [self.carry, tokens])
