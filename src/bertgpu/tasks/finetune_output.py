@@ -302,12 +302,18 @@ def warn_batch_over_set(job: Job, cfg: Any, lr: float, world_size: int, say: boo
     the whole set, fewer sequences than the batch the start-up table, results.json and the GLUE
     protocol name, and an lr scaled by --lr_scaling was scaled for that batch, not the one
     trained (pretraining warns alike: loaders.repeats_note). The lr stays as configured, so that
-    results do not change silently; the warning names the batch that would train as said."""
+    results do not change silently; the warning names the batch that would train as said, one
+    check_batch takes (with a smaller --micro_batch_size when the given one x the devices is
+    over the set: 10 sequences, --micro_batch_size 16 named a refused "--global_batch_size 10").
+    Fewer sequences than devices: `warn_left_out` says what happens, no batch would fit."""
     n, g = len(job.train), cfg.global_batch_size
-    if g <= n or not say:
+    if g <= n or n < world_size or not say:
         return
     unit = world_size * (cfg.micro_batch_size or 1)  # the largest batch <= n that check_batch takes
-    fit = n // unit * unit or n // world_size * world_size
+    fit = n // unit * unit
+    if not fit:  # the micro batch x the devices is over the set: a micro batch that fits
+        fit = n // world_size * world_size
+        fit = f"{fit} --micro_batch_size {fit // world_size}"
     scaled = "" if cfg.lr_scaling == "none" else (
         f", and the lr {lr:.3g} ({cfg.lr:.3g} x {cfg.lr_scaling} scaling from batch "
         f"{cfg.reference_batch_size}) is scaled for a batch of {g}")
