@@ -162,14 +162,16 @@ def _load_weight_file(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors, else pytorch_model.bin (also their sharded *.index.json forms), else
-    the weights of a sharded run's checkpoint (torch.distributed.checkpoint), gathered whole."""
+def weight_files(folder: Path) -> list[Path]:
+    """The files `read_state_dict` reads, the one it goes by first: model.safetensors, else
+    pytorch_model.bin, else either's *.index.json and its shards, else a sharded checkpoint's
+    .metadata and *.distcp files (also before both when model.safetensors is not there); []
+    when none."""
     if (folder / ".metadata").is_file() and not (folder / "model.safetensors").is_file():
-        return _read_dcp_weights(folder)
+        return [folder / ".metadata", *sorted(folder.glob("*.distcp"))]
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
-            return _load_weight_file(folder / name)
+            return [folder / name]
         index = folder / f"{name}.index.json"
         if index.is_file():
             try:
@@ -177,11 +179,22 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
                     json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             except (OSError, ValueError, KeyError, AttributeError) as e:
                 raise BertgpuError(f"{index}: cannot read the weight_map ({e})") from None
-            sd: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                sd.update(_load_weight_file(folder / shard))
-            return sd
-    raise BertgpuError(f"{folder}: no model.safetensors or pytorch_model.bin")
+            return [index, *(folder / shard for shard in shards)]
+    return []
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin (also their sharded *.index.json forms), else
+    the weights of a sharded run's checkpoint (torch.distributed.checkpoint), gathered whole."""
+    files = weight_files(folder)
+    if not files:
+        raise BertgpuError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    if files[0].name == ".metadata":
+        return _read_dcp_weights(folder)
+    sd: dict[str, torch.Tensor] = {}
+    for path in files[1:] if files[0].name.endswith(".index.json") else files:
+        sd.update(_load_weight_file(path))
+    return sd
 
 
 def _read_dcp_weights(folder: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:

@@ -229,16 +229,19 @@ _SAMPLE = 1 << 20  # bytes hashed at each end of a weights file
 
 def init_identity(init: str) -> str:
     """What identifies `--init`'s model wherever it is mounted: a sha256 over the files of the
-    folder it resolves to (a run folder's newest good checkpoint), each by name, size and its
-    first and last MiB (config.json and a checkpoint's checksums.json, smaller, whole). Two
-    copies of one model agree; two models differ (their weights' bytes at both ends, their
-    config or, for checkpoints, their checksums), without reading gigabytes of weights."""
-    from bertgpu.models.hf_io import resolve_checkpoint_folder
+    folder it resolves to (a run folder's newest good checkpoint) that make the model, each by
+    name, size and its first and last MiB (config.json and a checkpoint's checksums.json,
+    smaller, whole): the weights bertgpu loads (`hf_io.weight_files`), config.json,
+    checksums.json and the tokenizer's files. Two copies of one model agree, whatever else their
+    folders hold (a README.md, a pytorch_model.bin beside model.safetensors: they were refused
+    as two models); two models differ, without reading gigabytes of weights."""
+    from bertgpu.models.hf_io import TOKENIZER_FILES, resolve_checkpoint_folder, weight_files
 
     folder = resolve_checkpoint_folder(init)
     digest = hashlib.sha256()
     try:
-        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        named = [folder / name for name in ("config.json", "checksums.json", *TOKENIZER_FILES)]
+        for path in sorted({*weight_files(folder), *(p for p in named if p.is_file())}):
             size = path.stat().st_size
             digest.update(f"{path.name}\0{size}\0".encode())
             with path.open("rb") as f:
