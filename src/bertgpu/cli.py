@@ -171,15 +171,22 @@ def _main(argv: list[str]) -> int:
 def _tell_other_ranks(module: ModuleType | None, line: str, argv: list[str]) -> None:
     """A rank of a multi-node job (torchrun's variables set) whose command stops before it
     joined the process group (a bad option value on one node, a recipe that does not parse
-    there) gives the others its `line`, as the command's own start-up errors are given
-    (train/rank_agreement.hand_over): they stopped only at distributed.timeout_minutes. For a
-    command whose ranks all meet at start-up (`STARTUP_SHARED`); the timeout is the command
-    line's --distributed.timeout_minutes when it parses."""
+    there, a start-up check of the command's own) gives the others its `line`, once it said
+    it (train/rank_agreement.hand_over; they stopped only at distributed.timeout_minutes,
+    and the line used to come only after the hand-over's wait). For a command whose ranks all
+    meet at start-up (`STARTUP_SHARED`); the timeout is the config's once it was read, else the
+    command line's --distributed.timeout_minutes when it parses."""
     if not getattr(module, "STARTUP_SHARED", False) or "WORLD_SIZE" not in os.environ:
         return
-    from bertgpu.train.rank_agreement import hand_over, typed_timeout
+    try:  # a stop in the wait ends it (stop_ends_setup); one before, here, with its line
+        from bertgpu.train.rank_agreement import hand_over, typed_timeout
 
-    hand_over(line, typed_timeout(argv))
+        hand_over(line, typed_timeout(argv))
+    except KeyboardInterrupt as exc:
+        sig = stop_signal(exc)
+        say(f"{errors.running_command}: " + ("interrupted" if sig == signal.SIGINT
+                                              else f"stopped by {sig.name}"))
+        raise SystemExit(128 + sig) from None
 
 
 def _stop_behind(exc: BaseException) -> KeyboardInterrupt | None:

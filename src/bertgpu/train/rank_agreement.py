@@ -7,10 +7,11 @@ a collective until distributed.timeout_minutes. One that failed a start-up check
 lock, a bad override) exited at once while the others waited in init_process_group for the
 whole timeout and died of a store timeout that named no cause. So, at start-up:
 
-- `startup_shared` (and cli.py for what fails before the command's main, an argparse error
-  included): a rank whose start-up fails under a multi-process launch hands its one line to the
-  others through the rendezvous store (train/startup_gate.py: no device, no backend), and they
-  stop with it ("rank 1 stopped at start-up: ...") instead of waiting out the timeout.
+- `hand_over` (cli.py, once it said the line; `startup_shared` notes the config's timeout): a
+  rank whose start-up fails under a multi-process launch, an argparse error included, hands
+  its one line to the others through the rendezvous store (train/startup_gate.py: no device,
+  no backend), and they stop with it ("rank 1 stopped at start-up: ...") instead of waiting
+  out the timeout.
 - `agree`: right after the group exists, every rank all-gathers what it will train (its config,
   less what may differ per machine, its shard set's identity and its --init model's, not their
   paths); any difference from rank 0's
@@ -37,6 +38,7 @@ from typing import Any
 from bertgpu.errors import BertgpuError, one_line
 from bertgpu.train import distributed, startup_gate
 from bertgpu.train.run_folder import SHARED_CHECK
+from bertgpu.train.setup_signals import stop_ends_setup
 
 PER_MACHINE = ("out", "data.dir", "impl.num_workers")
 """Config keys that may differ between ranks: where this machine finds the run folder and the
@@ -59,18 +61,18 @@ def _launched() -> bool:
 
 @contextlib.contextmanager
 def startup_shared() -> Iterator[_Startup]:
-    """Around a rank's start-up, up to `agree`: a BertgpuError raised before it (a bad override,
-    a held run-folder lock, a run folder it refuses) is handed to the other ranks through the
-    process group this rank joins all the same, and raised here too. Without it the others
-    waited in init_process_group for distributed.timeout_minutes. Set `.cfg` once the config is
-    read: its device, timeout and strategy make the same group as the others'."""
+    """Around a rank's start-up, up to `agree`: an error raised before it (a bad override, a held
+    run-folder lock, a run folder it refuses) is handed to the other ranks by cli.py once it
+    said the line (`hand_over`: the line came only after the wait), for as long as the config's
+    distributed.timeout_minutes. Without it the others waited in init_process_group for that
+    long. Set `.cfg` once the config is read."""
     startup = _Startup()
     startup_gate.reset()
     try:
         yield startup
-    except BertgpuError as exc:
-        cfg = startup.cfg
-        hand_over(one_line(exc), cfg.distributed.timeout_minutes if cfg is not None else None)
+    except Exception:
+        if startup.cfg is not None:
+            startup_gate.note_timeout(startup.cfg.distributed.timeout_minutes)
         raise
 
 
@@ -80,12 +82,15 @@ def hand_over(line: str, timeout_minutes: float | None) -> None:
     that point meets the others' errors in its collectives: nothing to do). No device and no
     backend are needed, so this works without the config (cfg None: an argparse error, a recipe
     that does not parse), on a GPU node of a CPU job, or on a node without the job's GPU. Best
-    effort: a rendezvous that fails leaves only its own line."""
+    effort: a rendezvous that fails leaves only its own line. The timeout is the config's when
+    it was read (`startup_shared`), else `timeout_minutes`. A stop (Ctrl-C, SIGTERM) ends the
+    wait at once, as it ends a healthy rank's (train/setup_signals.py): it waits in C++."""
     if not _launched() or startup_gate.said():
         return
-    minutes = distributed.DEFAULT_TIMEOUT_MINUTES if timeout_minutes is None else timeout_minutes
+    minutes = startup_gate.noted_timeout() or timeout_minutes or distributed.DEFAULT_TIMEOUT_MINUTES
     try:
-        startup_gate.hand_over(line, float(minutes))
+        with stop_ends_setup(int(os.environ.get("RANK", "0"))):
+            startup_gate.hand_over(line, float(minutes))
     except Exception:  # noqa: BLE001 - its own error, raised by the caller, says the rest
         pass
 
