@@ -7,11 +7,11 @@ test failing when the engine synced on the last two micro batches.)"""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 from _toy import ToyPretrain, count_fn, loss_fn, make_batch, rows
+from test_distributed import free_port
 
 from bertgpu.train import distributed
 from bertgpu.train.engine import Engine
@@ -59,18 +59,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.save(found, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_ddp_reduces_one_bucket_round_per_step_whatever_the_accumulation(tmp_path):
     import torch.multiprocessing as mp
 
     world = 2
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
     for rank in range(world):
         found = torch.load(tmp_path / f"rank{rank}.pt")
         buckets = found[1][0]  # accumulation 1: one synchronising backward per step

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from test_prepare_short_sequences import word_corpus
 
 from bertgpu.batch import IGNORE_INDEX
 from bertgpu.data.masking import Masker, MaskingConfig
@@ -22,12 +23,7 @@ def shards(tmp_path_factory) -> ShardSet:
     from bertgpu.data.tokenizer import train_tokenizer
 
     tmp = tmp_path_factory.mktemp("specials")
-    rng = np.random.default_rng(0)
-    words = [f"w{a}{b}" for a in "abcdef" for b in "abcdef"]
-    docs = [" ".join(" ".join(rng.choice(words, int(rng.integers(4, 9)))).capitalize() + "."
-                     for _ in range(6)) for _ in range(40)]
-    corpus = tmp / "corpus.txt"
-    corpus.write_text("".join(d + "\n\n" for d in docs))
+    corpus = word_corpus(tmp / "corpus.txt", docs=40, sentences=6, words=(4, 9))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a small vocabulary: the tokenizer warns of it
         tok = train_tokenizer([corpus], tmp / "tok", vocab_size=80, min_frequency=1)

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from _e2e import bertgpu_here
-from _shards import write_synthetic_shards
 from _two_nodes import last_line, node, two_nodes
+from test_multinode_start_agreement import shards  # noqa: F401
 
 from bertgpu.step_folders import complete_steps
 
 PROMPT_S = 25.0  # well under the 30 s (TIMEOUT_MINUTES) a rank waited for one that never came
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return write_synthetic_shards(tmp_path_factory.mktemp("data") / "d", n_train=48, n_val=8)
 
 
 def _stopped_with(results, failing: int, tail: str) -> None:
@@ -39,7 +33,7 @@ def _stopped_with(results, failing: int, tail: str) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_an_argparse_error_on_one_node_stops_the_other_at_once(shards, tmp_path):
+def test_an_argparse_error_on_one_node_stops_the_other_at_once(shards, tmp_path):  # noqa: F811
     # the probe: rank 1 exited 2 on its bad --max-restarts; rank 0 waited out the timeout
     run = tmp_path / "run"
     start = time.monotonic()
@@ -51,7 +45,7 @@ def test_an_argparse_error_on_one_node_stops_the_other_at_once(shards, tmp_path)
 
 
 @pytest.mark.timeout(200)
-def test_an_error_in_rank_0s_command_line_stops_rank_1(shards, tmp_path):
+def test_an_error_in_rank_0s_command_line_stops_rank_1(shards, tmp_path):  # noqa: F811
     # rank 0 hosts the rendezvous store: it stays until rank 1 has read its line
     run = tmp_path / "run"
     results = two_nodes([node(shards, run, "--max-restarts", "-1"), node(shards, run)])
@@ -60,7 +54,7 @@ def test_an_error_in_rank_0s_command_line_stops_rank_1(shards, tmp_path):
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a node without a visible GPU")
-def test_a_node_without_the_jobs_gpu_stops_the_others_at_once(shards, tmp_path):
+def test_a_node_without_the_jobs_gpu_stops_the_others_at_once(shards, tmp_path):  # noqa: F811
     # the hand-over joined the group on the config's device: no GPU here, so no NCCL group, and
     # rank 0 (a gloo job) waited out the timeout; the rendezvous store needs no device
     run = tmp_path / "run"
@@ -73,7 +67,7 @@ def test_a_node_without_the_jobs_gpu_stops_the_others_at_once(shards, tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_one_init_model_at_another_path_per_node_trains_and_another_model_stops(shards, tmp_path):
+def test_one_init_model_at_another_path_per_node_trains_and_another_model_stops(shards, tmp_path):  # noqa: F811
     # the probe: the same published model mounted at /a on one node and /b on the other was
     # refused as "rank 1's --init /b differs from rank 0's /a"
     made = {}

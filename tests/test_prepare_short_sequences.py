@@ -30,6 +30,18 @@ def _row_lengths(out: Path) -> np.ndarray:
     return np.concatenate([np.load(out / f"{name}.lengths.npy") for name in shards.shard_names])
 
 
+def word_corpus(path: Path, docs: int, sentences: int, words: tuple[int, int]) -> Path:
+    """A generated corpus at `path`: `docs` documents of `sentences` sentences, each of
+    `words` (low, high exclusive) words drawn from 36 ("waa" ... "wff"), a blank line between
+    documents (seeded: the same text every time)."""
+    rng = np.random.default_rng(0)
+    vocabulary = [f"w{a}{b}" for a in "abcdef" for b in "abcdef"]
+    text = [" ".join(" ".join(rng.choice(vocabulary, int(rng.integers(*words)))).capitalize()
+                     + "." for _ in range(sentences)) for _ in range(docs)]
+    path.write_text("".join(d + "\n\n" for d in text))
+    return path
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> dict[float, np.ndarray]:
     """Row lengths of one generated corpus (600 documents of 30 sentences of 6 to 11 words)
@@ -38,12 +50,7 @@ def prepared(tmp_path_factory) -> dict[float, np.ndarray]:
     from bertgpu.data.tokenizer import train_tokenizer
 
     tmp = tmp_path_factory.mktemp("short")
-    rng = np.random.default_rng(0)
-    words = [f"w{a}{b}" for a in "abcdef" for b in "abcdef"]
-    docs = [" ".join(" ".join(rng.choice(words, int(rng.integers(6, 12)))).capitalize() + "."
-                     for _ in range(30)) for _ in range(600)]
-    corpus = tmp / "corpus.txt"
-    corpus.write_text("".join(d + "\n\n" for d in docs))
+    corpus = word_corpus(tmp / "corpus.txt", docs=600, sentences=30, words=(6, 12))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a small vocabulary: the tokenizer warns of it
         tok = train_tokenizer([corpus], tmp / "tok", vocab_size=100, min_frequency=1)

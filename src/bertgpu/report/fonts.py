@@ -22,19 +22,15 @@ _GLYPH_WARNING = r"Glyph \d+ .*missing from font"
 _missing: set[str] | None = None
 """The characters that no installed font has, collected for one report (`glyph_notice`)."""
 
-_charmaps: dict[str, frozenset[int]] = {}
-
-
+@functools.cache
 def _charmap(path: str) -> frozenset[int]:
     """The code points a font file has glyphs for (its first face), read once."""
-    if path not in _charmaps:
-        from matplotlib import font_manager
+    from matplotlib import font_manager
 
-        try:
-            _charmaps[path] = frozenset(font_manager.get_font(path).get_charmap())
-        except (OSError, RuntimeError, ValueError):  # an unreadable font: covers nothing
-            _charmaps[path] = frozenset()
-    return _charmaps[path]
+    try:
+        return frozenset(font_manager.get_font(path).get_charmap())
+    except (OSError, RuntimeError, ValueError):  # an unreadable font: covers nothing
+        return frozenset()
 
 
 @functools.lru_cache(maxsize=256)

@@ -37,7 +37,7 @@ from typing import Any
 
 from bertgpu.errors import BertgpuError, one_line
 from bertgpu.train import distributed, startup_gate
-from bertgpu.train.run_folder import SHARED_CHECK
+from bertgpu.train.run_folder import SHARED_CHECK, shown_value
 from bertgpu.train.setup_signals import stop_ends_setup
 
 PER_MACHINE = ("out", "data.dir", "impl.num_workers")
@@ -156,14 +156,6 @@ def describe(cfg: Any, allow_data_change: bool) -> dict[str, Any]:
     return described
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return ",".join(map(_shown, value))
-    return str(value)
-
-
 def _check_same_recipe(everyone: list[dict[str, Any]]) -> None:
     """The first rank whose description differs from rank 0's, in one line: its first three
     differing keys with both values."""
@@ -189,7 +181,7 @@ def _item(key: str, described: dict[str, Any]) -> tuple[str, str]:
     if key == "init" and value is not None:
         shown = f"(--init {described['init']}, its model digest {str(value)[:12]})"
         return f"init model {shown}", shown
-    shown = "unset" if key not in described["recipe"] else _shown(value)
+    shown = "unset" if key not in described["recipe"] else shown_value(value)
     return f"--{key} {shown}", shown
 
 

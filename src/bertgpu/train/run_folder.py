@@ -192,7 +192,8 @@ def keep_config_history(run_dir: Path, text: str, step: int, asked: str | None =
         # A key the earlier config.toml lacks (a setting added since that run started) counts as
         # what this version reads it as, its default: an upgrade mid-run changes no setting.
         before = {**{k: v for k, v in _as_read_now(path).items() if k in after}, **before}
-        changed = [f"{k} {_shown(after.get(k, 'unset'))} (was {_shown(before.get(k, 'unset'))})"
+        changed = [f"{k} {shown_value(after.get(k, 'unset'))} "
+                   f"(was {shown_value(before.get(k, 'unset'))})"
                    for k in sorted(set(after) | set(before)) if after.get(k) != before.get(k)
                    and not _as_asked(k, before.get(k), given.get(k)) and k != "out"
                    and not _same_folder(k, before.get(k), after.get(k))]
@@ -243,11 +244,12 @@ def _as_asked(key: str, before: Any, given: Any) -> bool:
     return placeholder is not None and placeholder in (before, given)
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
+    """A config value as a setting's line shows it (true, a,b, 1e-05)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
-        return ",".join(map(_shown, value))
+        return ",".join(map(shown_value, value))
     return str(value)
 
 
